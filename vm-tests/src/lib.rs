@@ -1,0 +1,1 @@
+//! Real Linux test hosts: systemd as PID 1 and sshd, booted with systemd-nspawn.
