@@ -1,1 +1,202 @@
-fn main() {}
+//! clawfleet-test-gateway: a tiny stand-in for the OpenClaw gateway that follows the same launch
+//! contract (see DESIGN.md, "Gateway launch contract"), so host-side behaviour can be tested in
+//! seconds instead of the real gateway's 20 s start and 1 GB of memory.
+//!
+//! - `OPENCLAW_GATEWAY_PORT`, `OPENCLAW_CONFIG_PATH` (and `OPENCLAW_GATEWAY_PASSWORD` when the
+//!   configuration asks for password auth) come from the environment; any problem with them exits
+//!   with status 78, like the real gateway, so systemd's `RestartPreventExitStatus=78` applies.
+//! - Listens on `127.0.0.1:<port>` only and serves `GET /readyz`, `GET /healthz`, `GET /info`.
+//! - Behaviour switches come from the reserved top-level key `x-clawfleet-test`.
+//!
+//! std only (plus serde_json and sha2): one thread per connection, no async runtime.
+
+mod config;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use crate::config::Settings;
+
+/// Exit status for configuration errors (sysexits `EX_CONFIG`), as the real gateway uses.
+const EXIT_CONFIG: u8 = 78;
+/// Exit status for a simulated crash or a runtime failure such as a port already in use.
+const EXIT_CRASH: u8 = 1;
+
+struct State {
+    settings: Settings,
+    ready: AtomicBool,
+    started: Instant,
+    started_unix_ms: u128,
+    uid: Option<u32>,
+    gid: Option<u32>,
+}
+
+fn main() -> ExitCode {
+    let settings = match config::load(|k| std::env::var(k).ok()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("clawfleet-test-gateway: configuration error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if settings.switches.crash_at_start {
+        eprintln!("clawfleet-test-gateway: crashAtStart is set, exiting 1");
+        return ExitCode::from(EXIT_CRASH);
+    }
+    let listener = match TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, settings.port)) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "clawfleet-test-gateway: cannot listen on 127.0.0.1:{}: {e}",
+                settings.port
+            );
+            return ExitCode::from(EXIT_CRASH);
+        }
+    };
+    let (uid, gid) = ids();
+    let state = Arc::new(State {
+        ready: AtomicBool::new(false),
+        started: Instant::now(),
+        started_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0),
+        uid,
+        gid,
+        settings,
+    });
+    eprintln!(
+        "clawfleet-test-gateway: listening on 127.0.0.1:{} config={} label={}",
+        state.settings.port,
+        state.settings.config_path.display(),
+        state.settings.switches.label.as_deref().unwrap_or("-")
+    );
+    start_timers(&state);
+    for conn in listener.incoming() {
+        match conn {
+            Ok(stream) => {
+                let state = Arc::clone(&state);
+                std::thread::spawn(move || handle(stream, &state));
+            }
+            Err(e) => eprintln!("clawfleet-test-gateway: accept failed: {e}"),
+        }
+    }
+    ExitCode::from(EXIT_CRASH)
+}
+
+/// Readiness and crash timers, so the HTTP side only reads a flag.
+fn start_timers(state: &Arc<State>) {
+    let sw = &state.settings.switches;
+    if !sw.never_ready {
+        if sw.ready_after_ms == 0 {
+            state.ready.store(true, Ordering::SeqCst);
+        } else {
+            let delay = Duration::from_millis(sw.ready_after_ms);
+            let state = Arc::clone(state);
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                state.ready.store(true, Ordering::SeqCst);
+                eprintln!("clawfleet-test-gateway: ready");
+            });
+        }
+    }
+    if let Some(ms) = sw.crash_after_ms {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            eprintln!("clawfleet-test-gateway: crashAfterMs={ms} elapsed, exiting 1");
+            std::process::exit(i32::from(EXIT_CRASH));
+        });
+    }
+}
+
+/// Effective uid and gid from /proc/self/status (std has no getuid).
+fn ids() -> (Option<u32>, Option<u32>) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    (field("Uid:"), field("Gid:"))
+}
+
+fn handle(stream: TcpStream, state: &State) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut reader = BufReader::new(&stream);
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    // Drain the header block (bounded) so the client sees a clean close.
+    let mut header = String::new();
+    for _ in 0..100 {
+        header.clear();
+        match reader.read_line(&mut header) {
+            Ok(0) | Err(_) => break,
+            Ok(_) if header == "\r\n" || header == "\n" => break,
+            Ok(_) => {}
+        }
+    }
+    let mut parts = request_line.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("");
+    let (status, body) = route(method, path, state);
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = stream;
+    let _ = stream.write_all(response.as_bytes());
+}
+
+fn route(method: &str, path: &str, state: &State) -> (u16, String) {
+    if method != "GET" && method != "HEAD" {
+        return (405, json!({"error": "method not allowed"}).to_string());
+    }
+    let ready = state.ready.load(Ordering::SeqCst);
+    match path {
+        "/readyz" if ready => (200, json!({"ready": true, "failing": []}).to_string()),
+        "/readyz" => (
+            503,
+            json!({"ready": false, "failing": ["startup"]}).to_string(),
+        ),
+        "/healthz" => (200, json!({"ok": true, "status": "live"}).to_string()),
+        "/info" => (200, info(state, ready).to_string()),
+        _ => (404, json!({"error": "not found"}).to_string()),
+    }
+}
+
+fn info(state: &State, ready: bool) -> serde_json::Value {
+    let s = &state.settings;
+    json!({
+        "pid": std::process::id(),
+        "uid": state.uid,
+        "gid": state.gid,
+        "port": s.port,
+        "configPath": s.config_path.to_string_lossy(),
+        "configSha256": s.config_sha256,
+        "label": s.switches.label,
+        "passwordSha256": s.password_sha256,
+        "stateDir": s.state_dir,
+        "home": s.home,
+        "cwd": std::env::current_dir().ok().map(|p| p.to_string_lossy().into_owned()),
+        "startedAtUnixMs": state.started_unix_ms as u64,
+        "uptimeMs": state.started.elapsed().as_millis() as u64,
+        "ready": ready,
+    })
+}
