@@ -1,4 +1,5 @@
 //! Runs the real binary on loopback and checks the launch contract from the outside.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -78,10 +79,8 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
 fn wait_status(port: u16, path: &str, want: u16, limit: Duration) -> Duration {
     let t0 = Instant::now();
     loop {
-        if let Some((s, _)) = get(port, path) {
-            if s == want {
-                return t0.elapsed();
-            }
+        if get(port, path).is_some_and(|(s, _)| s == want) {
+            return t0.elapsed();
         }
         assert!(t0.elapsed() < limit, "{path} never answered {want}");
         std::thread::sleep(Duration::from_millis(20));
