@@ -16,7 +16,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(other) => {
-            eprintln!("hostd: `{other}` is not available in this build yet; only `hostd version` is");
+            eprintln!(
+                "hostd: `{other}` is not available in this build yet; only `hostd version` is"
+            );
             ExitCode::from(2)
         }
         None => {

@@ -1,2 +1,32 @@
-//! The clawfleet operation protocol.
-pub const SUPPORTED_VERSIONS: &[u32] = &[1];
+//! The clawfleet operation protocol: the contract between the coordinator and hostd.
+//!
+//! - [`operation`]: typed requests; [`result`]: typed results, outcomes, progress.
+//! - [`envelope`]: who asks which host, until when; strict decoding with explicit limits.
+//! - [`signing`]: OpenSSH SSHSIG (Ed25519) over the exact bytes that travel.
+//! - [`allowed_signers`]: the subset of OpenSSH's allowed_signers format hostd trusts.
+//! - [`framing`]: many messages over one SSH session's stdin and stdout.
+//! - [`failure`]: class, stable code and safe message for every failure.
+
+pub mod allowed_signers;
+pub mod configuration;
+pub mod envelope;
+pub mod failure;
+pub mod framing;
+pub mod ident;
+pub mod operation;
+pub mod result;
+pub mod signing;
+pub mod time;
+
+pub use allowed_signers::AllowedSigners;
+pub use configuration::Configuration;
+pub use envelope::{Envelope, Limits, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Target};
+pub use failure::{Failure, FailureClass, FailureCode};
+pub use framing::{Frame, FrameDecoder, FrameKind, Message};
+pub use ident::{Fingerprint, HostName, Ident, OperationId, Principal, Sha256Hex};
+pub use operation::Operation;
+pub use result::{OperationResult, Outcome, ResultMessage};
+pub use signing::{HostIdentity, SIGNATURE_NAMESPACE, SignedEnvelope, Verifier};
+
+/// Re-exported so callers use the same pinned version for keys.
+pub use ssh_key;

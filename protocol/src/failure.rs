@@ -1,0 +1,220 @@
+//! The failure model: a class that tells the caller whether to retry, a stable code that
+//! programs match on, and a short message for people that never carries secrets or raw output.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Whether trying the same operation again may succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureClass {
+    /// A later attempt may succeed (lock busy, gateway not ready yet, session dropped).
+    Retryable,
+    /// Nothing changes by retrying; a person or a new revision has to act.
+    Permanent,
+}
+
+macro_rules! failure_codes {
+    ($( $(#[$meta:meta])* $variant:ident = $text:literal => $class:ident ),+ $(,)?) => {
+        /// Stable failure codes. The text form never changes once released.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum FailureCode {
+            $( $(#[$meta])* #[serde(rename = $text)] $variant, )+
+        }
+
+        impl FailureCode {
+            /// Every code, for documentation and tests.
+            pub const ALL: &'static [FailureCode] = &[$(FailureCode::$variant),+];
+
+            /// The stable text form, e.g. `LOCK_TIMEOUT`.
+            pub fn as_str(self) -> &'static str {
+                match self { $(FailureCode::$variant => $text,)+ }
+            }
+
+            /// The class this code has unless a caller has a reason to say otherwise.
+            pub fn default_class(self) -> FailureClass {
+                match self { $(FailureCode::$variant => FailureClass::$class,)+ }
+            }
+        }
+    };
+}
+
+failure_codes! {
+    // Envelope and transport rejections: no side effect happened.
+    /// The signature does not verify over the bytes received (tampered or malformed).
+    SignatureInvalid = "SIGNATURE_INVALID" => Permanent,
+    /// The signing key, or the issuer named in the envelope, is not in allowed_signers.
+    UnknownSigner = "UNKNOWN_SIGNER" => Permanent,
+    /// The allowed_signers entry of the key is outside its valid-after/valid-before window.
+    SignerNotValid = "SIGNER_NOT_VALID" => Permanent,
+    /// The host's allowed_signers file cannot be read or is outside the supported subset.
+    SignersFileInvalid = "SIGNERS_FILE_INVALID" => Permanent,
+    /// The envelope's expires-at has passed.
+    EnvelopeExpired = "ENVELOPE_EXPIRED" => Permanent,
+    /// The envelope's issued-at is in the future beyond the allowed clock skew.
+    EnvelopeNotYetValid = "ENVELOPE_NOT_YET_VALID" => Retryable,
+    /// The envelope names another host or another host key.
+    WrongHost = "WRONG_HOST" => Permanent,
+    /// The envelope's protocol version is not one this hostd speaks.
+    UnsupportedVersion = "UNSUPPORTED_VERSION" => Permanent,
+    /// The operation id was used before with a different body.
+    ReplayMismatch = "REPLAY_MISMATCH" => Permanent,
+    /// A frame, envelope, or field is larger than its limit.
+    InputTooLarge = "INPUT_TOO_LARGE" => Permanent,
+    /// The envelope or operation does not decode: unknown field, wrong type, bad identifier.
+    InvalidInput = "INVALID_INPUT" => Permanent,
+    // Host-side outcomes.
+    /// A lock could not be taken within its limit.
+    LockTimeout = "LOCK_TIMEOUT" => Retryable,
+    /// Something on the host is not ours or does not match its marker; nothing was changed.
+    OwnershipMismatch = "OWNERSHIP_MISMATCH" => Permanent,
+    /// An existing snapshot differs from the revision that was asked for.
+    SnapshotMismatch = "SNAPSHOT_MISMATCH" => Permanent,
+    /// A newer revision is already current for this Agent.
+    Superseded = "SUPERSEDED" => Permanent,
+    /// The snapshot to activate, stop or verify does not exist on the host.
+    RevisionNotPrepared = "REVISION_NOT_PREPARED" => Permanent,
+    /// No free gateway port is left in the host's configured range.
+    PortRangeExhausted = "PORT_RANGE_EXHAUSTED" => Permanent,
+    /// The host already runs its configured maximum number of Agents.
+    HostFull = "HOST_FULL" => Permanent,
+    /// The gateway did not answer /readyz with 200 within the readiness limit.
+    ReadinessTimeout = "READINESS_TIMEOUT" => Retryable,
+    /// The gateway's unit failed or exited (for example on a configuration error).
+    UnitFailed = "UNIT_FAILED" => Retryable,
+    /// systemd could not be reached over D-Bus or refused a job.
+    SystemdUnavailable = "SYSTEMD_UNAVAILABLE" => Retryable,
+    /// An account tool (useradd, groupadd, userdel, groupdel) failed.
+    AccountToolFailed = "ACCOUNT_TOOL_FAILED" => Retryable,
+    /// The revision's configuration is outside what this host accepts.
+    ConfigurationRejected = "CONFIGURATION_REJECTED" => Permanent,
+    /// hostd's own configuration file is invalid.
+    HostConfigInvalid = "HOST_CONFIG_INVALID" => Permanent,
+    /// A tool hostd needs is missing on the host.
+    MissingTool = "MISSING_TOOL" => Permanent,
+    /// The operation ran past its deadline; the step in progress was finished and recorded.
+    DeadlineExceeded = "DEADLINE_EXCEEDED" => Retryable,
+    /// The session closed during the operation; the step in progress was finished and recorded.
+    SessionClosed = "SESSION_CLOSED" => Retryable,
+    /// A file system operation failed on the host.
+    IoFailed = "IO_FAILED" => Retryable,
+    /// A Namespace still holds Agents and cannot be deleted.
+    NamespaceNotEmpty = "NAMESPACE_NOT_EMPTY" => Permanent,
+    /// An unexpected internal error; the host log has details under the operation id.
+    Internal = "INTERNAL" => Retryable,
+}
+
+impl fmt::Display for FailureCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Longest message a failure carries.
+pub const MESSAGE_MAX: usize = 512;
+
+/// A failed operation as it travels back to the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Failure {
+    pub class: FailureClass,
+    pub code: FailureCode,
+    /// One short human sentence. Never secrets, never raw command output.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with the code's default class. The message is cleaned of control characters
+    /// and shortened to [`MESSAGE_MAX`] characters.
+    pub fn new(code: FailureCode, message: impl AsRef<str>) -> Self {
+        Self::with_class(code.default_class(), code, message)
+    }
+
+    /// A failure with an explicit class.
+    pub fn with_class(class: FailureClass, code: FailureCode, message: impl AsRef<str>) -> Self {
+        Self {
+            class,
+            code,
+            message: clean_message(message.as_ref()),
+        }
+    }
+
+    /// Whether a retry may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.class == FailureClass::Retryable
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let class = match self.class {
+            FailureClass::Retryable => "retryable",
+            FailureClass::Permanent => "permanent",
+        };
+        write!(f, "{} ({class}): {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+fn clean_message(raw: &str) -> String {
+    let mut out: String = raw
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MESSAGE_MAX)
+        .collect();
+    if raw.chars().count() > MESSAGE_MAX {
+        out.pop();
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_as_text() {
+        for code in FailureCode::ALL {
+            let json = serde_json::to_string(code).unwrap();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+            let back: FailureCode = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, *code);
+        }
+    }
+
+    #[test]
+    fn codes_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for code in FailureCode::ALL {
+            assert!(seen.insert(code.as_str()), "duplicate {code}");
+            assert!(
+                code.as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_')
+            );
+        }
+    }
+
+    #[test]
+    fn messages_are_cleaned_and_bounded() {
+        let f = Failure::new(FailureCode::Internal, "a\nb\u{7}c");
+        assert_eq!(f.message, "a b c");
+        let long = "x".repeat(2000);
+        let f = Failure::new(FailureCode::Internal, &long);
+        assert_eq!(f.message.chars().count(), MESSAGE_MAX);
+        assert!(f.message.ends_with('…'));
+    }
+
+    #[test]
+    fn failure_rejects_unknown_fields_and_codes() {
+        let ok = r#"{"class":"retryable","code":"LOCK_TIMEOUT","message":"busy"}"#;
+        assert!(serde_json::from_str::<Failure>(ok).is_ok());
+        let extra = r#"{"class":"retryable","code":"LOCK_TIMEOUT","message":"busy","x":1}"#;
+        assert!(serde_json::from_str::<Failure>(extra).is_err());
+        let code = r#"{"class":"retryable","code":"NOPE","message":"busy"}"#;
+        assert!(serde_json::from_str::<Failure>(code).is_err());
+    }
+}

@@ -1,0 +1,316 @@
+//! The operations a coordinator can ask of a host, as typed requests.
+//!
+//! Every struct rejects unknown fields, and every identifier is validated on decode, so an
+//! operation that decodes is one hostd can act on without further parsing.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::configuration::Configuration;
+use crate::ident::{Ident, OperationId, Sha256Hex};
+
+/// One operation, tagged by `op`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum Operation {
+    /// Report version, protocol versions and missing tools; takes no lock.
+    Probe(ProbeArgs),
+    /// Create or verify a Namespace's directory and marker.
+    EnsureNamespace(NamespaceArgs),
+    /// Remove a Namespace, its Agents, units and accounts, after validating all of them.
+    DeleteNamespace(NamespaceArgs),
+    /// Stage a revision: account, directories, port, immutable snapshot, password file.
+    PrepareRevision(PrepareArgs),
+    /// Cut over to a prepared revision and wait for readiness.
+    ActivateRevision(RevisionArgs),
+    /// Check a revision's snapshot and ownership without side effects.
+    VerifyRevision(RevisionArgs),
+    /// Stop the gateway if it serves this revision; keeps snapshots, state and credentials.
+    StopRevision(RevisionArgs),
+    /// Stop if current, then remove this revision's snapshot.
+    RetireRevision(RevisionArgs),
+    /// Remove an Agent: unit, directory, port and account.
+    DeleteAgent(AgentArgs),
+    /// Read-only inventory of the host.
+    Status(StatusArgs),
+    /// The recorded outcome of an earlier operation id.
+    OperationStatus(OperationStatusArgs),
+}
+
+/// The operation names, for logs, metrics and progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OperationKind {
+    Probe,
+    EnsureNamespace,
+    DeleteNamespace,
+    PrepareRevision,
+    ActivateRevision,
+    VerifyRevision,
+    StopRevision,
+    RetireRevision,
+    DeleteAgent,
+    Status,
+    OperationStatus,
+}
+
+impl OperationKind {
+    /// The wire name, e.g. `prepare-revision`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationKind::Probe => "probe",
+            OperationKind::EnsureNamespace => "ensure-namespace",
+            OperationKind::DeleteNamespace => "delete-namespace",
+            OperationKind::PrepareRevision => "prepare-revision",
+            OperationKind::ActivateRevision => "activate-revision",
+            OperationKind::VerifyRevision => "verify-revision",
+            OperationKind::StopRevision => "stop-revision",
+            OperationKind::RetireRevision => "retire-revision",
+            OperationKind::DeleteAgent => "delete-agent",
+            OperationKind::Status => "status",
+            OperationKind::OperationStatus => "operation-status",
+        }
+    }
+
+    /// Whether the operation only reads host state.
+    pub fn is_read_only(self) -> bool {
+        matches!(
+            self,
+            OperationKind::Probe
+                | OperationKind::VerifyRevision
+                | OperationKind::Status
+                | OperationKind::OperationStatus
+        )
+    }
+}
+
+impl fmt::Display for OperationKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Operation {
+    /// Which operation this is.
+    pub fn kind(&self) -> OperationKind {
+        match self {
+            Operation::Probe(_) => OperationKind::Probe,
+            Operation::EnsureNamespace(_) => OperationKind::EnsureNamespace,
+            Operation::DeleteNamespace(_) => OperationKind::DeleteNamespace,
+            Operation::PrepareRevision(_) => OperationKind::PrepareRevision,
+            Operation::ActivateRevision(_) => OperationKind::ActivateRevision,
+            Operation::VerifyRevision(_) => OperationKind::VerifyRevision,
+            Operation::StopRevision(_) => OperationKind::StopRevision,
+            Operation::RetireRevision(_) => OperationKind::RetireRevision,
+            Operation::DeleteAgent(_) => OperationKind::DeleteAgent,
+            Operation::Status(_) => OperationKind::Status,
+            Operation::OperationStatus(_) => OperationKind::OperationStatus,
+        }
+    }
+}
+
+/// `probe` takes no arguments.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProbeArgs {}
+
+/// A Namespace as the host records it in its marker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespaceRef {
+    pub id: Ident,
+    pub name: Ident,
+}
+
+/// An Agent and the service principal it runs as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentRef {
+    pub id: Ident,
+    pub service_principal_id: Ident,
+}
+
+/// Arguments of `ensure-namespace` and `delete-namespace`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespaceArgs {
+    pub namespace: NamespaceRef,
+}
+
+/// Arguments of `delete-agent`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentArgs {
+    pub namespace: NamespaceRef,
+    pub agent: AgentRef,
+}
+
+/// The only harness this product deploys now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HarnessId {
+    Openclaw,
+}
+
+/// The only execution mode supported now: one gateway process per Agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HarnessMode {
+    Embedded,
+}
+
+/// Which harness a revision runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Harness {
+    pub id: HarnessId,
+    pub version: HarnessVersion,
+    pub mode: HarnessMode,
+}
+
+/// A harness version string: 1–64 characters of `[A-Za-z0-9.+_-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HarnessVersion(String);
+
+impl HarnessVersion {
+    /// Checks and wraps a version string.
+    pub fn new(value: impl Into<String>) -> Result<Self, String> {
+        let value = value.into();
+        if value.is_empty() || value.len() > 64 {
+            return Err(format!(
+                "harness version must be 1 to 64 characters, got {}",
+                value.len()
+            ));
+        }
+        if !value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '_' | '-'))
+        {
+            return Err(
+                "harness version may hold only letters, digits, '.', '+', '_' and '-'".to_owned(),
+            );
+        }
+        Ok(Self(value))
+    }
+
+    /// The version text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for HarnessVersion {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        HarnessVersion::new(raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A revision number: 1 to 2^53−1, so it survives every JSON implementation unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct RevisionNumber(u64);
+
+/// Largest revision number (JavaScript's safe integer limit).
+pub const REVISION_NUMBER_MAX: u64 = (1 << 53) - 1;
+
+impl RevisionNumber {
+    /// Checks and wraps a revision number.
+    pub fn new(value: u64) -> Result<Self, String> {
+        if value == 0 || value > REVISION_NUMBER_MAX {
+            return Err(format!(
+                "revision number must be between 1 and {REVISION_NUMBER_MAX}, got {value}"
+            ));
+        }
+        Ok(Self(value))
+    }
+
+    /// The number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for RevisionNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<'de> Deserialize<'de> for RevisionNumber {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = u64::deserialize(deserializer)?;
+        RevisionNumber::new(raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Names a revision without its configuration: enough to verify the snapshot on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevisionRef {
+    pub id: Ident,
+    pub number: RevisionNumber,
+    pub configuration_hash: Sha256Hex,
+}
+
+/// A full revision as `prepare-revision` stages it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevisionSpec {
+    pub id: Ident,
+    pub number: RevisionNumber,
+    pub harness: Harness,
+    /// The rendered `openclaw.json`.
+    pub configuration: Configuration,
+    /// SHA-256 of the configuration's canonical bytes; hostd recomputes and compares it.
+    pub configuration_hash: Sha256Hex,
+}
+
+impl RevisionSpec {
+    /// The reference that later operations on this revision carry.
+    pub fn reference(&self) -> RevisionRef {
+        RevisionRef {
+            id: self.id.clone(),
+            number: self.number,
+            configuration_hash: self.configuration_hash.clone(),
+        }
+    }
+
+    /// Whether the stated hash equals the hash of the configuration carried.
+    pub fn hash_matches(&self) -> bool {
+        self.configuration.hash() == self.configuration_hash
+    }
+}
+
+/// Arguments of `prepare-revision`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PrepareArgs {
+    pub namespace: NamespaceRef,
+    pub agent: AgentRef,
+    pub revision: RevisionSpec,
+}
+
+/// Arguments of `activate-revision`, `verify-revision`, `stop-revision`, `retire-revision`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevisionArgs {
+    pub namespace: NamespaceRef,
+    pub agent: AgentRef,
+    pub revision: RevisionRef,
+}
+
+/// Arguments of `status`: optionally one Namespace only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StatusArgs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_id: Option<Ident>,
+}
+
+/// Arguments of `operation-status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OperationStatusArgs {
+    pub operation_id: OperationId,
+}

@@ -1,0 +1,316 @@
+//! Typed results, outcomes and progress events that hostd sends back.
+
+use serde::{Deserialize, Serialize};
+
+use crate::failure::Failure;
+use crate::ident::{Fingerprint, Ident, OperationId};
+use crate::operation::{OperationKind, RevisionNumber};
+
+/// What happened to one operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Outcome {
+    Succeeded { result: OperationResult },
+    Failed { failure: Failure },
+}
+
+impl Outcome {
+    /// The failure, if the operation failed.
+    pub fn failure(&self) -> Option<&Failure> {
+        match self {
+            Outcome::Failed { failure } => Some(failure),
+            Outcome::Succeeded { .. } => None,
+        }
+    }
+}
+
+/// The answer to one envelope. `operation_id` is absent when the envelope could not be trusted
+/// enough to read it (for example a bad signature).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResultMessage {
+    pub operation_id: Option<OperationId>,
+    pub outcome: Outcome,
+}
+
+/// Typed success per operation, tagged by `op` like the request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum OperationResult {
+    Probe(ProbeResult),
+    EnsureNamespace(EnsureNamespaceResult),
+    DeleteNamespace(DeleteNamespaceResult),
+    PrepareRevision(PrepareResult),
+    ActivateRevision(ActivateResult),
+    VerifyRevision(VerifyResult),
+    StopRevision(StopResult),
+    RetireRevision(RetireResult),
+    DeleteAgent(DeleteAgentResult),
+    Status(Inventory),
+    OperationStatus(OperationStatusResult),
+}
+
+impl OperationResult {
+    /// Which operation this result answers.
+    pub fn kind(&self) -> OperationKind {
+        match self {
+            OperationResult::Probe(_) => OperationKind::Probe,
+            OperationResult::EnsureNamespace(_) => OperationKind::EnsureNamespace,
+            OperationResult::DeleteNamespace(_) => OperationKind::DeleteNamespace,
+            OperationResult::PrepareRevision(_) => OperationKind::PrepareRevision,
+            OperationResult::ActivateRevision(_) => OperationKind::ActivateRevision,
+            OperationResult::VerifyRevision(_) => OperationKind::VerifyRevision,
+            OperationResult::StopRevision(_) => OperationKind::StopRevision,
+            OperationResult::RetireRevision(_) => OperationKind::RetireRevision,
+            OperationResult::DeleteAgent(_) => OperationKind::DeleteAgent,
+            OperationResult::Status(_) => OperationKind::Status,
+            OperationResult::OperationStatus(_) => OperationKind::OperationStatus,
+        }
+    }
+}
+
+/// An inclusive port range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortRange {
+    pub start: u16,
+    pub end: u16,
+}
+
+/// What `probe` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProbeResult {
+    pub hostd_version: String,
+    pub protocol_versions: Vec<u32>,
+    /// The host's own idea of its name (`/etc/hostname`), for operators.
+    pub system_host_name: String,
+    pub host_key: Fingerprint,
+    pub systemd_version: Option<String>,
+    /// Tools hostd needs and did not find; empty when the host is ready.
+    pub missing_tools: Vec<String>,
+    pub port_range: PortRange,
+    pub max_agents: u32,
+    pub agents: u32,
+}
+
+/// What `ensure-namespace` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnsureNamespaceResult {
+    pub namespace_id: Ident,
+    /// False when the Namespace was already there and verified.
+    pub created: bool,
+}
+
+/// What `delete-namespace` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteNamespaceResult {
+    pub namespace_id: Ident,
+    /// False when nothing of the Namespace was left on the host.
+    pub removed: bool,
+    pub agents_removed: u32,
+}
+
+/// The systemd view of an Agent's unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UnitObservation {
+    pub name: String,
+    pub active_state: String,
+    pub sub_state: String,
+    pub n_restarts: u32,
+    pub enabled: bool,
+}
+
+/// What a host actually runs for one Agent. Every Agent-scoped result carries it, so the
+/// coordinator always knows the served revision.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentObservation {
+    /// The revision `current` points at.
+    pub current: Option<Ident>,
+    /// The revision last confirmed ready (`served.json`).
+    pub served: Option<Ident>,
+    pub port: Option<u16>,
+    pub unit: Option<UnitObservation>,
+}
+
+/// What `prepare-revision` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PrepareResult {
+    /// False when a newer revision is current: nothing was written.
+    pub ready: bool,
+    /// False when the snapshot already existed and verified.
+    pub created: bool,
+    pub observation: AgentObservation,
+}
+
+/// What `activate-revision` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ActivateResult {
+    /// False on the fast path: the revision was already served and ready.
+    pub restarted: bool,
+    /// True when the unit file was written and systemd reloaded.
+    pub unit_changed: bool,
+    pub observation: AgentObservation,
+}
+
+/// What `verify-revision` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VerifyResult {
+    pub observation: AgentObservation,
+}
+
+/// What `stop-revision` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StopResult {
+    /// True when the unit served this revision and was stopped now.
+    pub stopped: bool,
+    pub observation: AgentObservation,
+}
+
+/// What `retire-revision` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetireResult {
+    pub stopped: bool,
+    /// True when the snapshot existed and was removed now.
+    pub removed: bool,
+    pub observation: AgentObservation,
+}
+
+/// What `delete-agent` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeleteAgentResult {
+    /// False when nothing of the Agent was left on the host.
+    pub removed: bool,
+}
+
+/// One revision snapshot on a host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevisionInventory {
+    pub id: Ident,
+    pub number: RevisionNumber,
+}
+
+/// One Agent on a host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentInventory {
+    pub id: Ident,
+    pub service_principal_id: Ident,
+    pub account: String,
+    pub revisions: Vec<RevisionInventory>,
+    pub observation: AgentObservation,
+}
+
+/// One Namespace on a host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespaceInventory {
+    pub id: Ident,
+    pub name: Ident,
+    pub agents: Vec<AgentInventory>,
+}
+
+/// Something `status` found that it could not read as ours; reported, never repaired.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InventoryProblem {
+    pub path: String,
+    pub message: String,
+}
+
+/// What `status` reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Inventory {
+    pub namespaces: Vec<NamespaceInventory>,
+    pub problems: Vec<InventoryProblem>,
+}
+
+/// The steps of host work, for progress events and for "aborted after step X".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    Verify,
+    HostLock,
+    AgentLock,
+    Account,
+    Directories,
+    Port,
+    Snapshot,
+    PasswordFile,
+    UnitFile,
+    DaemonReload,
+    Enable,
+    PointerFlip,
+    Restart,
+    Readiness,
+    ServedRecord,
+    Stop,
+    Disable,
+    Remove,
+    AccountRemoval,
+}
+
+/// The recorded state of an operation id, as `operation-status` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum OperationState {
+    /// Another session is working on it now.
+    Running {
+        kind: OperationKind,
+        step: Option<Step>,
+    },
+    /// Finished; the recorded result.
+    Succeeded {
+        kind: OperationKind,
+        result: Box<OperationResult>,
+    },
+    /// Finished with a failure; `after_step` names the last step completed when it was aborted.
+    Failed {
+        kind: OperationKind,
+        failure: Failure,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after_step: Option<Step>,
+    },
+    /// This host has no record of the id (never received, or older than the journal).
+    Unknown,
+}
+
+/// What `operation-status` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OperationStatusResult {
+    pub operation_id: OperationId,
+    pub state: OperationState,
+}
+
+/// A progress event while an operation runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Progress {
+    pub operation_id: OperationId,
+    pub step: Step,
+    pub elapsed_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The first message hostd sends on a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hello {
+    pub hostd_version: String,
+    pub protocol_versions: Vec<u32>,
+    pub host_key: Fingerprint,
+}
