@@ -6,7 +6,7 @@ use thiserror::Error;
 
 use crate::failure::{Failure, FailureCode};
 use crate::ident::{Fingerprint, HostName, OperationId, Principal, truncate_for_message};
-use crate::operation::Operation;
+use crate::operation::{Operation, OperationDecodeError};
 
 /// The protocol version this crate writes.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -49,7 +49,11 @@ pub struct Target {
 
 /// One signed request. The signature covers exactly the serialized bytes of this struct.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    try_from = "EnvelopeWire"
+)]
 pub struct Envelope {
     pub version: u32,
     /// The idempotency key: a replay with the same body returns the recorded outcome.
@@ -150,9 +154,43 @@ fn truncate_for_message_long(message: &str) -> String {
     }
 }
 
+/// The envelope with its operation still undecoded, so that operation errors can carry their
+/// full path (serde loses paths inside tagged enums).
 #[derive(Deserialize)]
-struct VersionOnly {
-    version: Option<serde_json::Value>,
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct EnvelopeWire {
+    version: u32,
+    operation_id: OperationId,
+    target: Target,
+    issuer: Principal,
+    issued_at: u64,
+    expires_at: u64,
+    deadline_seconds: u32,
+    operation: serde_json::Value,
+}
+
+impl TryFrom<EnvelopeWire> for Envelope {
+    type Error = OperationDecodeError;
+    fn try_from(wire: EnvelopeWire) -> Result<Self, Self::Error> {
+        Ok(Envelope {
+            version: wire.version,
+            operation_id: wire.operation_id,
+            target: wire.target,
+            issuer: wire.issuer,
+            issued_at: wire.issued_at,
+            expires_at: wire.expires_at,
+            deadline_seconds: wire.deadline_seconds,
+            operation: Operation::from_value(wire.operation)?,
+        })
+    }
+}
+
+fn invalid(path: impl Into<String>, message: impl Into<String>) -> DecodeError {
+    DecodeError::Invalid {
+        what: "envelope",
+        path: path.into(),
+        message: message.into(),
+    }
 }
 
 impl Envelope {
@@ -166,19 +204,17 @@ impl Envelope {
                 max: limits.max_envelope,
             });
         }
-        let probe: VersionOnly =
+        // One parse into a tree: this also catches trailing garbage and deep nesting.
+        let tree: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| DecodeError::Malformed {
                 what: "envelope",
                 message: strip_position(&e.to_string()),
             })?;
-        match probe.version {
-            None => {
-                return Err(DecodeError::Invalid {
-                    what: "envelope",
-                    path: "version".to_owned(),
-                    message: "missing field `version`".to_owned(),
-                });
-            }
+        let serde_json::Value::Object(map) = &tree else {
+            return Err(invalid(".", "the envelope must be a JSON object"));
+        };
+        match map.get("version") {
+            None => return Err(invalid("version", "missing field `version`")),
             Some(serde_json::Value::Number(n))
                 if n.as_u64().is_some_and(|v| {
                     u32::try_from(v).is_ok_and(|v| SUPPORTED_VERSIONS.contains(&v))
@@ -190,7 +226,18 @@ impl Envelope {
                 });
             }
         }
-        let envelope: Envelope = decode_json("envelope", bytes)?;
+        let wire: EnvelopeWire = serde_path_to_error::deserialize(tree).map_err(|err| {
+            let path = err.path().to_string();
+            invalid(path, strip_position(&err.into_inner().to_string()))
+        })?;
+        let envelope = Envelope::try_from(wire).map_err(|e| {
+            let path = if e.path.is_empty() {
+                "operation".to_owned()
+            } else {
+                format!("operation.{}", e.path)
+            };
+            invalid(path, strip_position(&e.message))
+        })?;
         envelope.check_shape()?;
         Ok(envelope)
     }

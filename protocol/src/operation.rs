@@ -10,9 +10,10 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::configuration::Configuration;
 use crate::ident::{Ident, OperationId, Sha256Hex};
 
-/// One operation, tagged by `op`.
+/// One operation, tagged by `op`. Decoding goes through [`Operation::from_value`] so that
+/// errors name the exact field inside the arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "kebab-case")]
+#[serde(tag = "op", rename_all = "kebab-case", try_from = "serde_json::Value")]
 pub enum Operation {
     /// Report version, protocol versions and missing tools; takes no lock.
     Probe(ProbeArgs),
@@ -91,7 +92,78 @@ impl fmt::Display for OperationKind {
     }
 }
 
+/// An operation that does not decode, with the path of the offending field inside it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("at `{path}`: {message}")]
+pub struct OperationDecodeError {
+    /// Dotted path inside the operation object (`op`, `revision.id`, ...).
+    pub path: String,
+    pub message: String,
+}
+
+impl TryFrom<serde_json::Value> for Operation {
+    type Error = OperationDecodeError;
+    fn try_from(value: serde_json::Value) -> Result<Self, Self::Error> {
+        Operation::from_value(value)
+    }
+}
+
+fn args<T: serde::de::DeserializeOwned>(
+    value: serde_json::Value,
+) -> Result<T, OperationDecodeError> {
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        OperationDecodeError {
+            path: if path == "." { String::new() } else { path },
+            message: err.into_inner().to_string(),
+        }
+    })
+}
+
+const OPERATION_NAMES: &str = "probe, ensure-namespace, delete-namespace, prepare-revision, \
+     activate-revision, verify-revision, stop-revision, retire-revision, delete-agent, status, \
+     operation-status";
+
 impl Operation {
+    /// Decodes an operation object strictly: its `op` name, then its arguments.
+    pub fn from_value(value: serde_json::Value) -> Result<Self, OperationDecodeError> {
+        let err = |path: &str, message: String| OperationDecodeError {
+            path: path.to_owned(),
+            message,
+        };
+        let serde_json::Value::Object(mut map) = value else {
+            return Err(err("", "must be an object with an `op` field".to_owned()));
+        };
+        let op = match map.remove("op") {
+            Some(serde_json::Value::String(op)) => op,
+            Some(_) => return Err(err("op", "must be a string".to_owned())),
+            None => return Err(err("op", "missing field `op`".to_owned())),
+        };
+        let rest = serde_json::Value::Object(map);
+        Ok(match op.as_str() {
+            "probe" => Operation::Probe(args(rest)?),
+            "ensure-namespace" => Operation::EnsureNamespace(args(rest)?),
+            "delete-namespace" => Operation::DeleteNamespace(args(rest)?),
+            "prepare-revision" => Operation::PrepareRevision(args(rest)?),
+            "activate-revision" => Operation::ActivateRevision(args(rest)?),
+            "verify-revision" => Operation::VerifyRevision(args(rest)?),
+            "stop-revision" => Operation::StopRevision(args(rest)?),
+            "retire-revision" => Operation::RetireRevision(args(rest)?),
+            "delete-agent" => Operation::DeleteAgent(args(rest)?),
+            "status" => Operation::Status(args(rest)?),
+            "operation-status" => Operation::OperationStatus(args(rest)?),
+            other => {
+                return Err(err(
+                    "op",
+                    format!(
+                        "unknown operation {:?}; expected one of {OPERATION_NAMES}",
+                        crate::ident::truncate_for_message(other)
+                    ),
+                ));
+            }
+        })
+    }
+
     /// Which operation this is.
     pub fn kind(&self) -> OperationKind {
         match self {
