@@ -1,0 +1,62 @@
+//! Locating (building if needed) the workspace's test gateway binary from any crate's tests.
+//! Cargo cannot hand one package's binary to another package's tests, so the harness asks cargo
+//! to build it and reads the artifact path from cargo's JSON messages.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+use crate::sys;
+
+/// Where [`TestHost::install_test_gateway`](crate::TestHost::install_test_gateway) puts it.
+pub const TEST_GATEWAY_REMOTE_PATH: &str = "/usr/local/bin/clawfleet-test-gateway";
+
+const PACKAGE: &str = "clawfleet-test-gateway";
+
+static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// Path of the test gateway binary: `$CLAWFLEET_TEST_GATEWAY_BIN` if set, else built with
+/// `cargo build -p clawfleet-test-gateway` (same profile as the running test) once per process.
+pub fn test_gateway_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("CLAWFLEET_TEST_GATEWAY_BIN") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::GatewayBuild {
+                detail: format!("CLAWFLEET_TEST_GATEWAY_BIN={} is not a file", p.display()),
+            })
+        };
+    }
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = built.as_ref() {
+        return Ok(p.clone());
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", PACKAGE, "--bin", PACKAGE])
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::piped());
+    let release = std::env::current_exe()
+        .ok()
+        .is_some_and(|p| p.components().any(|c| c.as_os_str() == "release"));
+    if release {
+        cmd.arg("--release");
+    }
+    let out = sys::run(&mut cmd).map_err(|e| Error::GatewayBuild {
+        detail: e.to_string(),
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let exe = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == PACKAGE)
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| Error::GatewayBuild {
+            detail: "cargo reported no executable for clawfleet-test-gateway".into(),
+        })?;
+    *built = Some(exe.clone());
+    Ok(exe)
+}

@@ -1,0 +1,1 @@
+//! The real OpenClaw gateway as an optional workload (see notes/openclaw-gateway.md).
