@@ -384,8 +384,11 @@ pub(crate) fn teardown(
             problems.push(e.to_string());
         }
     }
-    if Path::new("/sys/class/net").join(&rec.veth).exists()
+    // The kernel removes the runner side of the pair asynchronously after the netns goes.
+    let veth = Path::new("/sys/class/net").join(&rec.veth);
+    if !sys::wait_until(Duration::from_secs(2), step, || !veth.exists())
         && let Err(e) = sys::run(Command::new("ip").args(["link", "del", &rec.veth]))
+        && veth.exists()
     {
         problems.push(e.to_string());
     }
