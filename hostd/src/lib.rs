@@ -5,3 +5,4 @@
 //! snapshots, the `current` pointer, and one hardened systemd unit per Agent.
 
 pub mod system;
+pub mod real;
