@@ -516,6 +516,18 @@ impl TestHost {
         Ok(remote.to_owned())
     }
 
+    /// Installs the real OpenClaw gateway (Node 24 + openclaw, fetched once into the cache)
+    /// under `/opt/clawfleet-openclaw` in this host; returns the paths for `ExecStart=`.
+    pub fn install_openclaw(&self) -> Result<crate::openclaw::OpenClawPaths> {
+        if self.lock().down {
+            return Err(Error::ShutDown {
+                name: self.name.clone(),
+            });
+        }
+        let bundle = crate::openclaw::ensure_cached(&self.config)?;
+        crate::openclaw::install_into(&bundle, &self.root)
+    }
+
     /// Reboots the guest (`systemctl reboot`): nspawn exits 133, the harness boots it again on
     /// the same overlay and waits until sshd and systemd are back. Returns the new boot time.
     pub fn reboot(&self) -> Result<Duration> {

@@ -3,6 +3,7 @@
 //! - `vmhosts build`        build (or confirm) the cached base rootfs; prints the time taken
 //! - `vmhosts list`         show every slot: in use / stale (owner dead) / free, with its ids
 //! - `vmhosts clean`        tear down every stale slot from its recorded ids
+//! - `vmhosts fetch-openclaw` fetch Node 24 + OpenClaw into the cache (optional workload)
 //! - `vmhosts up [N]`       boot N hosts (default 1), print how to reach them, keep them until
 //!   Ctrl-C / SIGTERM (for demos and debugging)
 
@@ -24,9 +25,10 @@ fn main() -> ExitCode {
         Some("build") => build(&config),
         Some("list") => list(&config),
         Some("clean") => clean(&config),
+        Some("fetch-openclaw") => fetch_openclaw(&config),
         Some("up") => up(&config, args.get(1).map(String::as_str)),
         _ => {
-            eprintln!("usage: vmhosts build | list | clean | up [COUNT]");
+            eprintln!("usage: vmhosts build | list | clean | fetch-openclaw | up [COUNT]");
             return ExitCode::from(2);
         }
     };
@@ -55,6 +57,15 @@ fn build(config: &HarnessConfig) -> clawfleet_vm_tests::Result<()> {
             t0.elapsed().as_secs_f64(),
             base.rootfs.display()
         ),
+    }
+    Ok(())
+}
+
+fn fetch_openclaw(config: &HarnessConfig) -> clawfleet_vm_tests::Result<()> {
+    let b = clawfleet_vm_tests::openclaw::ensure_cached(config)?;
+    match b.fetched_in {
+        Some(d) => println!("fetched in {:.1}s: {}", d.as_secs_f64(), b.dir.display()),
+        None => println!("already cached: {}", b.dir.display()),
     }
     Ok(())
 }
