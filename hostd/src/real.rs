@@ -179,11 +179,11 @@ impl RealSystem {
             Ok(result) => Ok(Some(result)),
             Err(JobFailure::Timeout) => Err(SystemError::JobTimeout {
                 unit: unit_name,
-                seconds: timeout.as_secs(),
+                seconds: whole_seconds(timeout),
             }),
             Err(JobFailure::Bus(e)) => {
                 self.drop_connection_if_broken(&e);
-                if action == "stop" && error_name(&e) == Some(NO_SUCH_UNIT) {
+                if action == "stop" && is_no_such_unit(&e) {
                     return Ok(None);
                 }
                 Err(systemd_error(action, unit, &e))
@@ -199,6 +199,7 @@ enum JobFailure {
 }
 
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+const FILE_NOT_FOUND: &str = "org.freedesktop.DBus.Error.FileNotFound";
 
 async fn manager(conn: &zbus::Connection) -> zbus::Result<ManagerProxy<'static>> {
     ManagerProxy::builder(conn)
@@ -207,20 +208,34 @@ async fn manager(conn: &zbus::Connection) -> zbus::Result<ManagerProxy<'static>>
         .await
 }
 
-/// The D-Bus error name of a method error reply, if it is one.
-fn error_name(e: &zbus::Error) -> Option<&str> {
+/// The D-Bus error name of an error reply, if it is one. zbus reports the standard
+/// `org.freedesktop.DBus.Error.*` names (which systemd uses for ENOENT and friends) as
+/// `Error::FDO`, and every other name as `Error::MethodError`.
+fn error_name(e: &zbus::Error) -> Option<String> {
+    use zbus::DBusError;
     match e {
-        zbus::Error::MethodError(name, _, _) => Some(name.as_str()),
+        zbus::Error::MethodError(name, _, _) => Some(name.to_string()),
+        zbus::Error::FDO(fdo) => Some(fdo.name().to_string()),
         _ => None,
     }
+}
+
+/// Whether systemd answered that the unit or its file does not exist.
+fn is_no_such_unit(e: &zbus::Error) -> bool {
+    error_name(e).is_some_and(|n| n == NO_SUCH_UNIT || n == FILE_NOT_FOUND)
 }
 
 /// A short, safe description of a bus error: the error name and systemd's own message
 /// (no secrets there), cleaned of control characters and shortened.
 fn bus_detail(e: &zbus::Error) -> String {
+    use zbus::DBusError;
     let text = match e {
         zbus::Error::MethodError(name, Some(message), _) => format!("{name}: {message}"),
         zbus::Error::MethodError(name, None, _) => name.to_string(),
+        zbus::Error::FDO(fdo) => match fdo.description() {
+            Some(d) => format!("{}: {d}", fdo.name()),
+            None => fdo.name().to_string(),
+        },
         other => other.to_string(),
     };
     sanitize(&text, 240)
@@ -664,10 +679,13 @@ impl System for RealSystem {
                     .await
                     .map(|_| ())
             },
-            |e| match error_name(e) {
-                // No unit file at all: nothing can be enabled.
-                Some(NO_SUCH_UNIT) => Ok(()),
-                _ => Err(systemd_error("disable", unit, e)),
+            // No unit file at all: nothing can be enabled.
+            |e| {
+                if is_no_such_unit(e) {
+                    Ok(())
+                } else {
+                    Err(systemd_error("disable", unit, e))
+                }
             },
             || bus_timeout(self.call_timeout),
         )
@@ -716,10 +734,7 @@ impl System for RealSystem {
                 // Read from disk each time: the property can lag behind EnableUnitFiles.
                 state.enabled = match manager.get_unit_file_state(name).await {
                     Ok(s) => s == "enabled",
-                    Err(e) if error_name(&e) == Some(NO_SUCH_UNIT) => false,
-                    Err(e) if error_name(&e) == Some("org.freedesktop.DBus.Error.FileNotFound") => {
-                        false
-                    }
+                    Err(e) if is_no_such_unit(&e) => false,
                     Err(e) => return Err(e),
                 };
                 if is_service && state.loaded {
@@ -763,10 +778,15 @@ impl System for RealSystem {
     }
 }
 
+/// Seconds for messages, rounded up so a sub-second limit never reads "0 s".
+fn whole_seconds(d: Duration) -> u64 {
+    d.as_millis().div_ceil(1000).try_into().unwrap_or(u64::MAX)
+}
+
 fn bus_timeout(limit: Duration) -> SystemError {
     SystemError::Bus(format!(
         "no answer from systemd within {} s",
-        limit.as_secs()
+        whole_seconds(limit)
     ))
 }
 
