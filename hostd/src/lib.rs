@@ -5,4 +5,5 @@
 //! snapshots, the `current` pointer, and one hardened systemd unit per Agent.
 
 pub mod system;
+pub mod enrol;
 pub mod real;
