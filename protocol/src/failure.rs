@@ -99,6 +99,10 @@ failure_codes! {
     SessionClosed = "SESSION_CLOSED" => Retryable,
     /// A file system operation failed on the host.
     IoFailed = "IO_FAILED" => Retryable,
+    /// The Namespace has not been ensured on this host yet.
+    NamespaceMissing = "NAMESPACE_MISSING" => Retryable,
+    /// Another session is executing the same operation id right now.
+    OperationInProgress = "OPERATION_IN_PROGRESS" => Retryable,
     /// A Namespace still holds Agents and cannot be deleted.
     NamespaceNotEmpty = "NAMESPACE_NOT_EMPTY" => Permanent,
     /// An unexpected internal error; the host log has details under the operation id.

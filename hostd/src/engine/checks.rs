@@ -1,0 +1,326 @@
+//! Read-only checks of what is on the host against what an operation expects. Every check
+//! fails closed and changes nothing.
+
+use std::path::Path;
+
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::ident::sha256;
+use clawfleet_protocol::operation::{AgentRef, NamespaceRef, RevisionRef};
+use clawfleet_protocol::{Ident, Sha256Hex};
+
+use super::{Engine, fs_failure, marker_failure, ownership, system_failure};
+use crate::fsutil::{self, Kind};
+use crate::layout::{AgentPaths, dir_name};
+use crate::markers::{
+    self, AccountMarker, AgentMarker, NamespaceMarker, RevisionMarker, ServedMarker,
+};
+use crate::system::Ids;
+use crate::unit;
+
+/// Largest snapshot read back for hash verification.
+const MAX_SNAPSHOT: u64 = 1024 * 1024;
+
+impl Engine<'_> {
+    /// The Namespace exists on this host and its marker names exactly this Namespace.
+    pub(crate) fn verify_namespace(&self, ns: &NamespaceRef) -> Result<(), Failure> {
+        let dir = self.layout.namespace_dir(&ns.id);
+        if !fsutil::dir_exists(&dir).map_err(fs_failure)? {
+            return Err(Failure::new(
+                FailureCode::NamespaceMissing,
+                format!("Namespace {} is not on this host; ensure it first", ns.id),
+            ));
+        }
+        let marker: NamespaceMarker =
+            markers::read(&self.layout.namespace_marker(&ns.id), "namespace")
+                .map_err(marker_failure)?;
+        if marker.namespace_id != ns.id || marker.namespace_name != ns.name {
+            return Err(ownership(format!(
+                "{} belongs to Namespace {} ({}), not {} ({})",
+                dir.display(),
+                marker.namespace_id,
+                marker.namespace_name,
+                ns.id,
+                ns.name
+            )));
+        }
+        fsutil::expect_kind(&self.layout.agents_dir(&ns.id), Kind::Dir).map_err(fs_failure)?;
+        Ok(())
+    }
+
+    /// The account marker names this Agent and the live account has the recorded ids.
+    pub(crate) fn verify_account(
+        &self,
+        ns: &Ident,
+        agent: &AgentRef,
+        paths: &AgentPaths,
+    ) -> Result<Ids, Failure> {
+        let marker: AccountMarker =
+            markers::read(&self.layout.account_marker(&paths.account), "account")
+                .map_err(marker_failure)?;
+        self.check_account_marker(&marker, ns, agent, &paths.account)?;
+        let live = self.system.user(&paths.account).map_err(system_failure)?;
+        let group = self.system.group(&paths.account).map_err(system_failure)?;
+        match (live, group) {
+            (Some(ids), Some(gid))
+                if ids.uid == marker.uid && ids.gid == marker.gid && gid == marker.gid =>
+            {
+                Ok(ids)
+            }
+            _ => Err(ownership(format!(
+                "account {} does not match its marker (uid {}, gid {})",
+                paths.account, marker.uid, marker.gid
+            ))),
+        }
+    }
+
+    pub(crate) fn check_account_marker(
+        &self,
+        marker: &AccountMarker,
+        ns: &Ident,
+        agent: &AgentRef,
+        account: &str,
+    ) -> Result<(), Failure> {
+        if &marker.namespace_id != ns
+            || marker.agent_id != agent.id
+            || marker.service_principal_id != agent.service_principal_id
+            || marker.account != account
+        {
+            return Err(ownership(format!(
+                "account {account} is bound to Agent {}/{} (service principal {}), not {}/{} ({})",
+                marker.namespace_id,
+                marker.agent_id,
+                marker.service_principal_id,
+                ns,
+                agent.id,
+                agent.service_principal_id
+            )));
+        }
+        if marker.uid == 0 || marker.gid == 0 {
+            return Err(ownership(format!(
+                "account {account} has uid or gid 0 in its marker"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The Agent directory's marker names this Agent, and its parts are what we made.
+    pub(crate) fn verify_agent(
+        &self,
+        ns: &Ident,
+        agent: &AgentRef,
+        paths: &AgentPaths,
+    ) -> Result<AgentMarker, Failure> {
+        fsutil::expect_kind(&paths.dir, Kind::Dir).map_err(fs_failure)?;
+        let marker: AgentMarker = markers::read(&paths.marker, "agent").map_err(marker_failure)?;
+        if &marker.namespace_id != ns
+            || marker.agent_id != agent.id
+            || marker.service_principal_id != agent.service_principal_id
+            || marker.account != paths.account
+        {
+            return Err(ownership(format!(
+                "{} belongs to Agent {}/{} (service principal {}), not {}/{} ({})",
+                paths.dir.display(),
+                marker.namespace_id,
+                marker.agent_id,
+                marker.service_principal_id,
+                ns,
+                agent.id,
+                agent.service_principal_id
+            )));
+        }
+        if marker.port < 1024 {
+            return Err(ownership(format!(
+                "{} names port {}",
+                paths.marker.display(),
+                marker.port
+            )));
+        }
+        for dir in [&paths.home, &paths.state, &paths.revisions] {
+            fsutil::expect_kind(dir, Kind::Dir).map_err(fs_failure)?;
+        }
+        self.verify_unit_file(ns, &agent.id, paths)?;
+        Ok(marker)
+    }
+
+    /// A unit file at our unit's name must carry our ownership line.
+    pub(crate) fn verify_unit_file(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<Option<String>, Failure> {
+        if !fsutil::file_exists(&paths.unit_file).map_err(fs_failure)? {
+            return Ok(None);
+        }
+        let bytes = fsutil::read_small(&paths.unit_file, 64 * 1024).map_err(fs_failure)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            ownership(format!(
+                "{} is not a unit hostd wrote",
+                paths.unit_file.display()
+            ))
+        })?;
+        if !unit::is_owned_by(&text, ns, agent) {
+            return Err(ownership(format!(
+                "{} exists but was not written by hostd for this Agent; refusing to touch it",
+                paths.unit_file.display()
+            )));
+        }
+        Ok(Some(text))
+    }
+
+    /// The revision `current` points at, fully verified; `None` if there is no `current`.
+    pub(crate) fn read_current(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<Option<RevisionMarker>, Failure> {
+        match fsutil::kind(&paths.current).map_err(fs_failure)? {
+            Kind::Missing => return Ok(None),
+            Kind::Symlink => {}
+            _ => {
+                return Err(ownership(format!(
+                    "{} is not a symlink",
+                    paths.current.display()
+                )));
+            }
+        }
+        let target = std::fs::read_link(&paths.current)
+            .map_err(fsutil::io_err(&paths.current))
+            .map_err(fs_failure)?;
+        let name = current_target_name(&target).ok_or_else(|| {
+            ownership(format!(
+                "{} points at {}, outside revisions/",
+                paths.current.display(),
+                target.display()
+            ))
+        })?;
+        let dir = paths.revisions.join(&name);
+        let marker = self.read_snapshot(ns, agent, &dir)?;
+        if dir_name(&marker.revision_id) != name {
+            return Err(ownership(format!(
+                "{} holds revision {}, whose directory name differs",
+                dir.display(),
+                marker.revision_id
+            )));
+        }
+        Ok(Some(marker))
+    }
+
+    /// Reads and verifies one snapshot directory: marker, ownership, and the hash of its bytes.
+    pub(crate) fn read_snapshot(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        dir: &Path,
+    ) -> Result<RevisionMarker, Failure> {
+        fsutil::expect_kind(dir, Kind::Dir).map_err(fs_failure)?;
+        let marker: RevisionMarker =
+            markers::read(&dir.join("revision.json"), "revision").map_err(marker_failure)?;
+        if &marker.namespace_id != ns || &marker.agent_id != agent {
+            return Err(ownership(format!(
+                "{} belongs to Agent {}/{}",
+                dir.display(),
+                marker.namespace_id,
+                marker.agent_id
+            )));
+        }
+        let bytes =
+            fsutil::read_small(&dir.join("openclaw.json"), MAX_SNAPSHOT).map_err(fs_failure)?;
+        if Sha256Hex::from_digest(&sha256(&bytes)) != marker.configuration_hash {
+            return Err(Failure::new(
+                FailureCode::SnapshotMismatch,
+                format!(
+                    "{} does not match its recorded hash",
+                    dir.join("openclaw.json").display()
+                ),
+            ));
+        }
+        Ok(marker)
+    }
+
+    /// This revision's snapshot exists and is exactly the revision referenced.
+    pub(crate) fn verify_snapshot(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        rev: &RevisionRef,
+    ) -> Result<RevisionMarker, Failure> {
+        let dir = paths.revision_dir(&rev.id);
+        if !fsutil::dir_exists(&dir).map_err(fs_failure)? {
+            return Err(Failure::new(
+                FailureCode::RevisionNotPrepared,
+                format!("revision {} is not prepared on this host", rev.id),
+            ));
+        }
+        let marker = self.read_snapshot(ns, agent, &dir)?;
+        snapshot_matches(&marker, rev)?;
+        Ok(marker)
+    }
+
+    /// `served.json`, if present and valid.
+    pub(crate) fn read_served(&self, paths: &AgentPaths) -> Result<Option<ServedMarker>, Failure> {
+        markers::read_optional(&paths.served, "served").map_err(marker_failure)
+    }
+}
+
+/// An existing snapshot must be exactly the revision asked for.
+pub(crate) fn snapshot_matches(marker: &RevisionMarker, rev: &RevisionRef) -> Result<(), Failure> {
+    if marker.revision_id != rev.id
+        || marker.number != rev.number
+        || marker.configuration_hash != rev.configuration_hash
+    {
+        return Err(Failure::new(
+            FailureCode::SnapshotMismatch,
+            format!(
+                "the snapshot of revision {} holds number {} with hash {}, not number {} with hash {}",
+                rev.id,
+                marker.number,
+                marker.configuration_hash,
+                rev.number,
+                rev.configuration_hash
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `revisions/<32 hex>` exactly, or nothing.
+fn current_target_name(target: &Path) -> Option<String> {
+    let mut parts = target.components();
+    let first = parts.next()?;
+    let second = parts.next()?;
+    if parts.next().is_some() || first.as_os_str() != "revisions" {
+        return None;
+    }
+    let name = second.as_os_str().to_str()?;
+    (name.len() == 32 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+        .then(|| name.to_owned())
+}
+
+/// Whether a namespace marker matches a reference (used where the marker is already read).
+pub(crate) fn namespace_matches(marker: &NamespaceMarker, ns: &NamespaceRef) -> bool {
+    marker.namespace_id == ns.id && marker.namespace_name == ns.name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_targets_are_confined() {
+        let ok = format!("revisions/{}", "a".repeat(32));
+        assert!(current_target_name(Path::new(&ok)).is_some());
+        for bad in [
+            "/etc",
+            "revisions/../../etc",
+            "revisions",
+            "other/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "revisions/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+            "revisions/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/x",
+        ] {
+            assert!(current_target_name(Path::new(bad)).is_none(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Read-only reports: `probe` (no lock, creates nothing) and `status` (the host's inventory).
+//! Anything unreadable is listed as a problem, never repaired and never fatal for the report.
+
+use clawfleet_protocol::Ident;
+use clawfleet_protocol::operation::AgentRef;
+use clawfleet_protocol::result::{
+    AgentInventory, Inventory, InventoryProblem, NamespaceInventory, PortRange, ProbeResult,
+    RevisionInventory,
+};
+
+use super::Engine;
+use crate::fsutil;
+use crate::layout::dir_name;
+use crate::markers::{self, AgentMarker, NamespaceMarker, RevisionMarker};
+
+/// What `probe` reports.
+pub fn probe(engine: &Engine<'_>) -> ProbeResult {
+    let agents = fsutil::list_dir(&engine.layout.ports_dir())
+        .map(|names| names.iter().filter(|n| n.ends_with(".json")).count())
+        .unwrap_or(0);
+    ProbeResult {
+        hostd_version: env!("CARGO_PKG_VERSION").to_owned(),
+        protocol_versions: clawfleet_protocol::SUPPORTED_VERSIONS.to_vec(),
+        system_host_name: crate::config::system_host_name().unwrap_or_default(),
+        host_key: engine.host_key.clone(),
+        systemd_version: engine.system.systemd_version().ok(),
+        missing_tools: engine.system.missing_tools(),
+        port_range: PortRange {
+            start: engine.config.port_range.0,
+            end: engine.config.port_range.1,
+        },
+        max_agents: engine.config.max_agents,
+        agents: u32::try_from(agents).unwrap_or(u32::MAX),
+    }
+}
+
+fn problem(problems: &mut Vec<InventoryProblem>, path: &std::path::Path, message: impl ToString) {
+    problems.push(InventoryProblem {
+        path: path.display().to_string(),
+        message: message.to_string(),
+    });
+}
+
+/// The host's inventory, optionally for one Namespace.
+pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
+    let mut out = Inventory::default();
+    let ns_root = engine.layout.namespaces_dir();
+    let names = match fsutil::dir_exists(&ns_root) {
+        Ok(true) => fsutil::list_dir(&ns_root).unwrap_or_default(),
+        Ok(false) => Vec::new(),
+        Err(e) => {
+            problem(&mut out.problems, &ns_root, e);
+            Vec::new()
+        }
+    };
+    for name in names {
+        if only.is_some_and(|id| dir_name(id) != name) {
+            continue;
+        }
+        let dir = ns_root.join(&name);
+        let marker: NamespaceMarker = match markers::read(&dir.join("namespace.json"), "namespace")
+        {
+            Ok(m) => m,
+            Err(e) => {
+                problem(&mut out.problems, &dir, e);
+                continue;
+            }
+        };
+        if dir_name(&marker.namespace_id) != name {
+            problem(
+                &mut out.problems,
+                &dir,
+                "directory name does not match its marker",
+            );
+            continue;
+        }
+        let mut ns = NamespaceInventory {
+            id: marker.namespace_id.clone(),
+            name: marker.namespace_name.clone(),
+            agents: Vec::new(),
+        };
+        let agents_dir = engine.layout.agents_dir(&marker.namespace_id);
+        for agent_name in fsutil::list_dir(&agents_dir).unwrap_or_default() {
+            let adir = agents_dir.join(&agent_name);
+            let am: AgentMarker = match markers::read(&adir.join("agent.json"), "agent") {
+                Ok(m) => m,
+                Err(e) => {
+                    problem(&mut out.problems, &adir, e);
+                    continue;
+                }
+            };
+            if am.namespace_id != marker.namespace_id || dir_name(&am.agent_id) != agent_name {
+                problem(
+                    &mut out.problems,
+                    &adir,
+                    "Agent marker does not match its directory",
+                );
+                continue;
+            }
+            let agent = AgentRef {
+                id: am.agent_id.clone(),
+                service_principal_id: am.service_principal_id.clone(),
+            };
+            let paths = engine.layout.agent(&marker.namespace_id, &agent.id);
+            let mut revisions = Vec::new();
+            for rev_name in fsutil::list_dir(&paths.revisions).unwrap_or_default() {
+                let rdir = paths.revisions.join(&rev_name);
+                match markers::read::<RevisionMarker>(&rdir.join("revision.json"), "revision") {
+                    Ok(r) if dir_name(&r.revision_id) == rev_name => {
+                        revisions.push(RevisionInventory {
+                            id: r.revision_id,
+                            number: r.number,
+                        })
+                    }
+                    Ok(_) => problem(
+                        &mut out.problems,
+                        &rdir,
+                        "revision marker does not match its directory",
+                    ),
+                    Err(e) => problem(&mut out.problems, &rdir, e),
+                }
+            }
+            revisions.sort_by_key(|r| r.number);
+            if let Err(f) = engine.read_current(&marker.namespace_id, &agent.id, &paths) {
+                problem(&mut out.problems, &paths.current, f.message);
+            }
+            ns.agents.push(AgentInventory {
+                observation: engine.observe(&marker.namespace_id, &agent.id, &paths),
+                id: agent.id,
+                service_principal_id: agent.service_principal_id,
+                account: am.account,
+                revisions,
+            });
+        }
+        out.namespaces.push(ns);
+    }
+    out
+}

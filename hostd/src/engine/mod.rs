@@ -1,0 +1,251 @@
+//! The operation engine: executes one verified operation against the host, step by step.
+//!
+//! Before every step it checks whether the session closed or the deadline passed; if so it
+//! starts no new step and reports the operation as aborted after the last completed one. Each
+//! step itself leaves the host consistent, so stopping between steps is always safe.
+
+mod checks;
+mod inventory;
+mod namespace;
+mod provision;
+mod removal;
+mod revision;
+
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::result::{OperationResult, Step};
+use clawfleet_protocol::{Fingerprint, Operation, OperationId};
+
+use crate::config::Config;
+use crate::fsutil::FsError;
+use crate::journal::{Journal, aborted_failure};
+use crate::layout::Layout;
+use crate::lock::{self, LockError, LockGuard};
+use crate::markers::MarkerError;
+use crate::system::{System, SystemError};
+
+pub use inventory::{inventory, probe};
+
+/// The host: configuration, layout and the privileged layer.
+pub struct Engine<'a> {
+    pub config: &'a Config,
+    pub layout: Layout,
+    pub system: &'a dyn System,
+    pub host_key: Fingerprint,
+}
+
+impl std::fmt::Debug for Engine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+/// The per-operation context: identity, deadline, cancellation and progress reporting.
+pub struct Ctx<'a> {
+    pub operation_id: OperationId,
+    pub deadline: Instant,
+    pub cancelled: &'a dyn Fn() -> bool,
+    pub on_step: &'a mut dyn FnMut(Step),
+    last_step: Option<Step>,
+    /// Unix seconds when the operation started (for served.json).
+    pub now_unix: u64,
+}
+
+impl std::fmt::Debug for Ctx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("operation_id", &self.operation_id)
+            .field("last_step", &self.last_step)
+            .finish()
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// A context for one operation.
+    pub fn new(
+        operation_id: OperationId,
+        deadline: Instant,
+        now_unix: u64,
+        cancelled: &'a dyn Fn() -> bool,
+        on_step: &'a mut dyn FnMut(Step),
+    ) -> Self {
+        Self {
+            operation_id,
+            deadline,
+            cancelled,
+            on_step,
+            last_step: None,
+            now_unix,
+        }
+    }
+
+    /// Declares the next step. Refuses to start it once the session closed or the deadline
+    /// passed.
+    pub fn step(&mut self, step: Step) -> Result<(), Failure> {
+        if (self.cancelled)() {
+            return Err(aborted_failure(self.last_step));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(Failure::new(
+                FailureCode::DeadlineExceeded,
+                format!(
+                    "the operation deadline passed before step {}; the host is consistent",
+                    step_name(step)
+                ),
+            ));
+        }
+        tracing::debug!(operation_id = %self.operation_id, step = step_name(step), "step");
+        (self.on_step)(step);
+        self.last_step = Some(step);
+        Ok(())
+    }
+
+    /// The last step started.
+    pub fn last_step(&self) -> Option<Step> {
+        self.last_step
+    }
+
+    /// Whether the session closed or the deadline passed (for waits inside a step).
+    pub fn should_stop(&self) -> bool {
+        (self.cancelled)() || Instant::now() >= self.deadline
+    }
+
+    /// Time left before the deadline.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The wire name of a step.
+pub fn step_name(step: Step) -> String {
+    serde_json::to_value(step)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+pub(crate) fn fs_failure(e: FsError) -> Failure {
+    match e {
+        FsError::WrongType { .. } => Failure::new(FailureCode::OwnershipMismatch, e.to_string()),
+        FsError::TooLarge { .. } => Failure::new(FailureCode::OwnershipMismatch, e.to_string()),
+        FsError::Io { .. } => Failure::new(FailureCode::IoFailed, e.to_string()),
+    }
+}
+
+pub(crate) fn marker_failure(e: MarkerError) -> Failure {
+    match e {
+        MarkerError::Fs(f) => fs_failure(f),
+        other => Failure::new(FailureCode::OwnershipMismatch, other.to_string()),
+    }
+}
+
+pub(crate) fn system_failure(e: SystemError) -> Failure {
+    let code = match e {
+        SystemError::AccountTool { .. } | SystemError::Lookup { .. } => {
+            FailureCode::AccountToolFailed
+        }
+        SystemError::Chown { .. } => FailureCode::IoFailed,
+        SystemError::Systemd { .. } | SystemError::Bus(_) | SystemError::JobTimeout { .. } => {
+            FailureCode::SystemdUnavailable
+        }
+    };
+    Failure::new(code, e.to_string())
+}
+
+pub(crate) fn ownership(message: impl AsRef<str>) -> Failure {
+    Failure::new(FailureCode::OwnershipMismatch, message)
+}
+
+impl<'a> Engine<'a> {
+    /// An engine over a configuration and a privileged layer.
+    pub fn new(config: &'a Config, system: &'a dyn System, host_key: Fingerprint) -> Self {
+        Self {
+            layout: Layout::new(&config.state_root, &config.unit_dir),
+            config,
+            system,
+            host_key,
+        }
+    }
+
+    fn lock(&self, ctx: &Ctx<'_>, path: &std::path::Path) -> Result<LockGuard, Failure> {
+        lock::acquire(path, self.config.limits.lock_timeout, ctx.cancelled).map_err(|e| match e {
+            LockError::Timeout { .. } => Failure::new(FailureCode::LockTimeout, e.to_string()),
+            LockError::Cancelled { .. } => aborted_failure(ctx.last_step()),
+            LockError::Open { .. } => Failure::new(FailureCode::IoFailed, e.to_string()),
+        })
+    }
+
+    /// The host lock: host inventory only, never held across a gateway wait.
+    pub(crate) fn host_lock(&self, ctx: &mut Ctx<'_>) -> Result<LockGuard, Failure> {
+        ctx.step(Step::HostLock)?;
+        crate::fsutil::ensure_dir(&self.layout.root, 0o755).map_err(fs_failure)?;
+        self.lock(ctx, &self.layout.host_lock())
+    }
+
+    /// One Agent's lock, held through its activation including the readiness wait.
+    pub(crate) fn agent_lock(
+        &self,
+        ctx: &mut Ctx<'_>,
+        lock_path: &std::path::Path,
+    ) -> Result<LockGuard, Failure> {
+        ctx.step(Step::AgentLock)?;
+        crate::fsutil::ensure_dir(&self.layout.root, 0o755).map_err(fs_failure)?;
+        crate::fsutil::ensure_dir(&self.layout.locks_dir(), 0o700).map_err(fs_failure)?;
+        self.lock(ctx, lock_path)
+    }
+
+    /// Executes one operation. `journal` answers `operation-status`.
+    pub fn execute(
+        &self,
+        operation: &Operation,
+        ctx: &mut Ctx<'_>,
+        journal: &Journal,
+    ) -> Result<OperationResult, Failure> {
+        match operation {
+            Operation::Probe(_) => Ok(OperationResult::Probe(probe(self))),
+            Operation::Status(args) => Ok(OperationResult::Status(inventory(
+                self,
+                args.namespace_id.as_ref(),
+            ))),
+            Operation::OperationStatus(args) => {
+                let state = journal.status(&args.operation_id).map_err(fs_failure)?;
+                Ok(OperationResult::OperationStatus(
+                    clawfleet_protocol::result::OperationStatusResult {
+                        operation_id: args.operation_id.clone(),
+                        state,
+                    },
+                ))
+            }
+            Operation::EnsureNamespace(args) => self
+                .ensure_namespace(ctx, &args.namespace)
+                .map(OperationResult::EnsureNamespace),
+            Operation::DeleteNamespace(args) => self
+                .delete_namespace(ctx, &args.namespace)
+                .map(OperationResult::DeleteNamespace),
+            Operation::PrepareRevision(args) => self
+                .prepare(ctx, args)
+                .map(OperationResult::PrepareRevision),
+            Operation::ActivateRevision(args) => self
+                .activate(ctx, args)
+                .map(OperationResult::ActivateRevision),
+            Operation::VerifyRevision(args) => {
+                self.verify(ctx, args).map(OperationResult::VerifyRevision)
+            }
+            Operation::StopRevision(args) => {
+                self.stop(ctx, args).map(OperationResult::StopRevision)
+            }
+            Operation::RetireRevision(args) => {
+                self.retire(ctx, args).map(OperationResult::RetireRevision)
+            }
+            Operation::DeleteAgent(args) => self
+                .delete_agent(ctx, &args.namespace, &args.agent)
+                .map(OperationResult::DeleteAgent),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

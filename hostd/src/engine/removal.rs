@@ -1,0 +1,241 @@
+//! `delete-agent` and `delete-namespace`. Both validate everything they will remove before
+//! stopping anything, and both are safe to retry after a failure halfway (for example a
+//! `groupdel` that failed after `userdel` succeeded): the account marker stays until the
+//! account is fully gone, and a retry finds and finishes it.
+
+use clawfleet_protocol::Ident;
+use clawfleet_protocol::failure::Failure;
+use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
+use clawfleet_protocol::result::{DeleteAgentResult, DeleteNamespaceResult, Step};
+
+use super::{Ctx, Engine, fs_failure, marker_failure, ownership, system_failure};
+use crate::fsutil::{self, Kind};
+use crate::layout::{AgentPaths, dir_name};
+use crate::markers::{self, AccountMarker, AgentMarker, NamespaceMarker, PortMarker};
+
+impl Engine<'_> {
+    /// Stops and disables the unit and removes its file. Assumes the file was verified ours.
+    fn remove_unit(&self, ctx: &mut Ctx<'_>, paths: &AgentPaths) -> Result<bool, Failure> {
+        let had_file = fsutil::file_exists(&paths.unit_file).map_err(fs_failure)?;
+        let state = self
+            .system
+            .unit_state(&paths.unit_name)
+            .map_err(system_failure)?;
+        if state.loaded {
+            ctx.step(Step::Stop)?;
+            self.system
+                .stop_unit(&paths.unit_name, self.config.limits.unit_stop_timeout)
+                .map_err(system_failure)?;
+        }
+        if had_file {
+            ctx.step(Step::Disable)?;
+            self.system
+                .disable_unit(&paths.unit_name)
+                .map_err(system_failure)?;
+            ctx.step(Step::Remove)?;
+            fsutil::remove_file_if_present(&paths.unit_file).map_err(fs_failure)?;
+        }
+        Ok(had_file)
+    }
+
+    /// Removes the account (user, then group, then marker) and its port reservations. Each
+    /// piece that is already gone is skipped, so this finishes a half-done earlier attempt.
+    fn remove_identity(&self, ctx: &mut Ctx<'_>, marker: &AccountMarker) -> Result<(), Failure> {
+        ctx.step(Step::AccountRemoval)?;
+        if let Some(ids) = self.system.user(&marker.account).map_err(system_failure)? {
+            if ids.uid != marker.uid {
+                return Err(ownership(format!(
+                    "user {} has uid {}, its marker says {}; refusing to remove it",
+                    marker.account, ids.uid, marker.uid
+                )));
+            }
+            self.system
+                .delete_user(&marker.account)
+                .map_err(system_failure)?;
+        }
+        if let Some(gid) = self.system.group(&marker.account).map_err(system_failure)? {
+            if gid != marker.gid || gid == 0 {
+                return Err(ownership(format!(
+                    "group {} has gid {gid}, its marker says {}; refusing to remove it",
+                    marker.account, marker.gid
+                )));
+            }
+            self.system
+                .delete_group(&marker.account)
+                .map_err(system_failure)?;
+        }
+        self.release_ports(&marker.namespace_id, &marker.agent_id)?;
+        fsutil::remove_file_if_present(&self.layout.account_marker(&marker.account))
+            .map_err(fs_failure)?;
+        Ok(())
+    }
+
+    fn release_ports(&self, ns: &Ident, agent: &Ident) -> Result<(), Failure> {
+        let dir = self.layout.ports_dir();
+        if !fsutil::dir_exists(&dir).map_err(fs_failure)? {
+            return Ok(());
+        }
+        for name in fsutil::list_dir(&dir).map_err(fs_failure)? {
+            let path = dir.join(&name);
+            if let Ok(m) = markers::read::<PortMarker>(&path, "port")
+                && &m.namespace_id == ns
+                && &m.agent_id == agent
+            {
+                fsutil::remove_file_if_present(&path).map_err(fs_failure)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes one Agent completely: unit, directory (state, credentials, snapshots), port,
+    /// account. Absence is success.
+    pub(crate) fn delete_agent(
+        &self,
+        ctx: &mut Ctx<'_>,
+        ns: &NamespaceRef,
+        agent: &AgentRef,
+    ) -> Result<DeleteAgentResult, Failure> {
+        let paths = self.layout.agent(&ns.id, &agent.id);
+        let agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        ctx.step(Step::Verify)?;
+        if fsutil::dir_exists(&self.layout.namespace_dir(&ns.id)).map_err(fs_failure)? {
+            self.verify_namespace(ns)?;
+        }
+        let account_marker: Option<AccountMarker> =
+            markers::read_optional(&self.layout.account_marker(&paths.account), "account")
+                .map_err(marker_failure)?;
+        if let Some(m) = &account_marker {
+            self.check_account_marker(m, &ns.id, agent, &paths.account)?;
+        }
+        let dir_present = fsutil::dir_exists(&paths.dir).map_err(fs_failure)?;
+        if dir_present {
+            self.verify_agent(&ns.id, agent, &paths)?;
+        } else {
+            self.verify_unit_file(&ns.id, &agent.id, &paths)?;
+        }
+        let _host = self.host_lock(ctx)?;
+        let unit_removed = self.remove_unit(ctx, &paths)?;
+        if unit_removed {
+            ctx.step(Step::DaemonReload)?;
+            self.system.daemon_reload().map_err(system_failure)?;
+        }
+        if dir_present {
+            ctx.step(Step::Remove)?;
+            fsutil::remove_tree_if_present(&paths.dir).map_err(fs_failure)?;
+        }
+        if let Some(m) = &account_marker {
+            self.remove_identity(ctx, m)?;
+        } else {
+            self.release_ports(&ns.id, &agent.id)?;
+        }
+        agent_lock.unlink();
+        let removed = dir_present || account_marker.is_some() || unit_removed;
+        if removed {
+            tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, "agent deleted");
+        }
+        Ok(DeleteAgentResult { removed })
+    }
+
+    /// Removes a Namespace and every Agent in it, after validating the whole set.
+    pub(crate) fn delete_namespace(
+        &self,
+        ctx: &mut Ctx<'_>,
+        ns: &NamespaceRef,
+    ) -> Result<DeleteNamespaceResult, Failure> {
+        ctx.step(Step::Verify)?;
+        let ns_dir = self.layout.namespace_dir(&ns.id);
+        let present = fsutil::dir_exists(&ns_dir).map_err(fs_failure)?;
+        // Validate the deletion set before stopping anything.
+        let mut agents: Vec<(AgentRef, AgentPaths)> = Vec::new();
+        if present {
+            let marker: NamespaceMarker =
+                markers::read(&self.layout.namespace_marker(&ns.id), "namespace")
+                    .map_err(marker_failure)?;
+            if !super::checks::namespace_matches(&marker, ns) {
+                return Err(ownership(format!(
+                    "{} belongs to Namespace {} ({})",
+                    ns_dir.display(),
+                    marker.namespace_id,
+                    marker.namespace_name
+                )));
+            }
+            let agents_dir = self.layout.agents_dir(&ns.id);
+            fsutil::expect_kind(&agents_dir, Kind::Dir).map_err(fs_failure)?;
+            for name in fsutil::list_dir(&agents_dir).map_err(fs_failure)? {
+                let dir = agents_dir.join(&name);
+                let m: AgentMarker =
+                    markers::read(&dir.join("agent.json"), "agent").map_err(marker_failure)?;
+                if m.namespace_id != ns.id || dir_name(&m.agent_id) != name {
+                    return Err(ownership(format!(
+                        "{} holds the marker of Agent {}/{}",
+                        dir.display(),
+                        m.namespace_id,
+                        m.agent_id
+                    )));
+                }
+                let agent = AgentRef {
+                    id: m.agent_id.clone(),
+                    service_principal_id: m.service_principal_id.clone(),
+                };
+                let paths = self.layout.agent(&ns.id, &agent.id);
+                self.verify_agent(&ns.id, &agent, &paths)?;
+                self.verify_account(&ns.id, &agent, &paths)?;
+                agents.push((agent, paths));
+            }
+        }
+        // Leftover accounts of this Namespace (from a retry after a partial failure).
+        let mut leftovers: Vec<AccountMarker> = Vec::new();
+        let accounts_dir = self.layout.accounts_dir();
+        if fsutil::dir_exists(&accounts_dir).map_err(fs_failure)? {
+            for name in fsutil::list_dir(&accounts_dir).map_err(fs_failure)? {
+                if !name.ends_with(".json") {
+                    continue;
+                }
+                // An unreadable marker of some other Agent must not block this deletion.
+                if let Ok(m) = markers::read::<AccountMarker>(&accounts_dir.join(&name), "account")
+                    && m.namespace_id == ns.id
+                {
+                    leftovers.push(m);
+                }
+            }
+        }
+        // Agent locks in a fixed order, then the host lock.
+        agents.sort_by(|a, b| a.1.lock.cmp(&b.1.lock));
+        let mut locks = Vec::new();
+        for (_, paths) in &agents {
+            locks.push(self.agent_lock(ctx, &paths.lock)?);
+        }
+        let _host = self.host_lock(ctx)?;
+        let mut any_unit = false;
+        for (_, paths) in &agents {
+            any_unit |= self.remove_unit(ctx, paths)?;
+        }
+        if any_unit {
+            ctx.step(Step::DaemonReload)?;
+            self.system.daemon_reload().map_err(system_failure)?;
+        }
+        if present {
+            ctx.step(Step::Remove)?;
+            fsutil::remove_tree_if_present(&ns_dir).map_err(fs_failure)?;
+        }
+        for m in &leftovers {
+            self.remove_identity(ctx, m)?;
+        }
+        for lock in &locks {
+            lock.unlink();
+        }
+        if !present && leftovers.is_empty() {
+            return Ok(DeleteNamespaceResult {
+                namespace_id: ns.id.clone(),
+                removed: false,
+                agents_removed: 0,
+            });
+        }
+        tracing::info!(operation_id = %ctx.operation_id, namespace = %ns.id, agents = agents.len(), "namespace deleted");
+        Ok(DeleteNamespaceResult {
+            namespace_id: ns.id.clone(),
+            removed: true,
+            agents_removed: u32::try_from(agents.len()).unwrap_or(u32::MAX),
+        })
+    }
+}

@@ -1,0 +1,494 @@
+//! Revision operations: prepare (stage only), activate (cutover and readiness), verify, stop
+//! and retire. All run under the Agent's own lock; the host lock is taken only for inventory
+//! changes and never across a wait on the gateway.
+
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::Ident;
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::operation::{PrepareArgs, RevisionArgs};
+use clawfleet_protocol::result::{
+    ActivateResult, AgentObservation, PrepareResult, RetireResult, Step, StopResult, VerifyResult,
+};
+use serde_json::Value;
+
+use super::checks::snapshot_matches;
+use super::{Ctx, Engine, fs_failure, system_failure};
+use crate::fsutil;
+use crate::layout::{AgentPaths, dir_name};
+use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker};
+use crate::system::Ids;
+use crate::unit;
+
+/// Whether a rendered configuration asks for the managed gateway password.
+pub(crate) fn needs_password(configuration: &Value) -> bool {
+    let auth = &configuration["gateway"]["auth"];
+    auth["mode"] == "password" || auth.get("password").is_some()
+}
+
+fn random_hex(bytes: usize) -> Result<String, Failure> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| {
+            Failure::new(
+                FailureCode::IoFailed,
+                format!("cannot read /dev/urandom: {e}"),
+            )
+        })?;
+    Ok(clawfleet_protocol::ident::hex(&buf))
+}
+
+impl Engine<'_> {
+    /// What the host runs for this Agent now.
+    pub(crate) fn observe(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> AgentObservation {
+        let current = self
+            .read_current(ns, agent, paths)
+            .ok()
+            .flatten()
+            .map(|m| m.revision_id);
+        let served = self
+            .read_served(paths)
+            .ok()
+            .flatten()
+            .map(|m| m.revision_id);
+        let port = markers::read::<markers::AgentMarker>(&paths.marker, "agent")
+            .ok()
+            .map(|m| m.port);
+        let unit = self
+            .system
+            .unit_state(&paths.unit_name)
+            .ok()
+            .filter(|u| u.loaded)
+            .map(|u| clawfleet_protocol::result::UnitObservation {
+                name: paths.unit_name.clone(),
+                active_state: u.active_state,
+                sub_state: u.sub_state,
+                n_restarts: u.n_restarts,
+                enabled: u.enabled,
+            });
+        AgentObservation {
+            current,
+            served,
+            port,
+            unit,
+        }
+    }
+
+    /// Stages a revision: account, directories, port, immutable snapshot, password file.
+    /// Never touches the unit or `current`.
+    pub(crate) fn prepare(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &PrepareArgs,
+    ) -> Result<PrepareResult, Failure> {
+        let ns = &args.namespace;
+        let agent = &args.agent;
+        let rev = &args.revision;
+        let paths = self.layout.agent(&ns.id, &agent.id);
+        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        ctx.step(Step::Verify)?;
+        self.verify_namespace(ns)?;
+        let ids: Ids;
+        {
+            // Inventory changes only: account, port, directory.
+            let _host = self.host_lock(ctx)?;
+            ids = self.ensure_account(ctx, &ns.id, agent, &paths)?;
+            self.ensure_agent_dir(ctx, &ns.id, agent, &paths, ids)?;
+        }
+        let current = self.read_current(&ns.id, &agent.id, &paths)?;
+        let reference = rev.reference();
+        let snapshot_dir = paths.revision_dir(&rev.id);
+        let existing = if fsutil::dir_exists(&snapshot_dir).map_err(fs_failure)? {
+            let m = self.read_snapshot(&ns.id, &agent.id, &snapshot_dir)?;
+            snapshot_matches(&m, &reference)?;
+            Some(m)
+        } else {
+            None
+        };
+        if let Some(cur) = &current {
+            if cur.number > rev.number {
+                // An older candidate: report not ready and write nothing.
+                return Ok(PrepareResult {
+                    ready: false,
+                    created: false,
+                    observation: self.observe(&ns.id, &agent.id, &paths),
+                });
+            }
+            if cur.number == rev.number && cur.revision_id != rev.id {
+                return Err(Failure::new(
+                    FailureCode::SnapshotMismatch,
+                    format!(
+                        "revision number {} is already taken by revision {}",
+                        rev.number, cur.revision_id
+                    ),
+                ));
+            }
+        }
+        let needs_pw = needs_password(rev.configuration.value());
+        let mut created = false;
+        if existing.is_none() {
+            ctx.step(Step::Snapshot)?;
+            fsutil::sweep_pending(&paths.revisions);
+            let marker = RevisionMarker {
+                schema: SCHEMA,
+                namespace_id: ns.id.clone(),
+                agent_id: agent.id.clone(),
+                revision_id: rev.id.clone(),
+                number: rev.number,
+                configuration_hash: rev.configuration_hash.clone(),
+                harness: rev.harness.clone(),
+                needs_password: needs_pw,
+            };
+            let root_group = Ids {
+                uid: 0,
+                gid: ids.gid,
+            };
+            let chown = |p: &std::path::Path| {
+                self.system
+                    .chown(p, root_group)
+                    .map_err(|e| fsutil::FsError::Io {
+                        path: p.display().to_string(),
+                        source: std::io::Error::other(e.to_string()),
+                    })
+            };
+            created = fsutil::create_dir_atomic(&snapshot_dir, 0o750, |tmp| {
+                fsutil::write_atomic(
+                    &tmp.join("openclaw.json"),
+                    rev.configuration.canonical_bytes(),
+                    0o640,
+                    chown,
+                )?;
+                fsutil::write_atomic(
+                    &tmp.join("revision.json"),
+                    &markers::to_bytes(&marker),
+                    0o600,
+                    |_| Ok(()),
+                )?;
+                chown(tmp)
+            })
+            .map_err(fs_failure)?;
+            // Read back what landed: the snapshot must verify before we report ready.
+            let m = self.read_snapshot(&ns.id, &agent.id, &snapshot_dir)?;
+            snapshot_matches(&m, &reference)?;
+            if dir_name(&m.revision_id) != dir_name(&rev.id) {
+                return Err(Failure::new(
+                    FailureCode::SnapshotMismatch,
+                    "snapshot landed under another name",
+                ));
+            }
+        }
+        if needs_pw {
+            ctx.step(Step::PasswordFile)?;
+            let line = format!("OPENCLAW_GATEWAY_PASSWORD={}\n", random_hex(32)?);
+            fsutil::create_once(&paths.password_file, line.as_bytes(), 0o600, |_| Ok(()))
+                .map_err(fs_failure)?;
+        }
+        if created {
+            tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, revision = %rev.id, "revision prepared");
+        }
+        Ok(PrepareResult {
+            ready: true,
+            created,
+            observation: self.observe(&ns.id, &agent.id, &paths),
+        })
+    }
+
+    /// The unit text for an Agent.
+    fn unit_text(&self, ns: &Ident, agent: &Ident, paths: &AgentPaths, port: u16) -> String {
+        unit::render(
+            ns,
+            agent,
+            paths,
+            port,
+            &self.config.gateway_command,
+            &self.config.unit,
+            self.config.limits.unit_stop_timeout.as_secs().max(1),
+        )
+    }
+
+    /// Cuts over to a prepared revision and waits until the gateway is ready.
+    pub(crate) fn activate(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+    ) -> Result<ActivateResult, Failure> {
+        let ns = &args.namespace;
+        let agent = &args.agent;
+        let rev = &args.revision;
+        let paths = self.layout.agent(&ns.id, &agent.id);
+        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        ctx.step(Step::Verify)?;
+        self.verify_namespace(ns)?;
+        self.verify_account(&ns.id, agent, &paths)?;
+        let agent_marker = self.verify_agent(&ns.id, agent, &paths)?;
+        let snapshot = self.verify_snapshot(&ns.id, &agent.id, &paths, rev)?;
+        let current = self.read_current(&ns.id, &agent.id, &paths)?;
+        if let Some(cur) = &current {
+            if cur.number > snapshot.number {
+                return Err(Failure::new(
+                    FailureCode::Superseded,
+                    format!(
+                        "revision {} (number {}) is already current",
+                        cur.revision_id, cur.number
+                    ),
+                ));
+            }
+            if cur.number == snapshot.number && cur.revision_id != snapshot.revision_id {
+                return Err(Failure::new(
+                    FailureCode::SnapshotMismatch,
+                    format!(
+                        "revision number {} is already taken by {}",
+                        cur.number, cur.revision_id
+                    ),
+                ));
+            }
+        }
+        if snapshot.needs_password
+            && !fsutil::file_exists(&paths.password_file).map_err(fs_failure)?
+        {
+            return Err(Failure::new(
+                FailureCode::RevisionNotPrepared,
+                "the gateway password file is missing; prepare the revision again",
+            ));
+        }
+
+        let text = self.unit_text(&ns.id, &agent.id, &paths, agent_marker.port);
+        let existing = self.verify_unit_file(&ns.id, &agent.id, &paths)?;
+        let unit_changed = existing.as_deref() != Some(text.as_str());
+        let state = self
+            .system
+            .unit_state(&paths.unit_name)
+            .map_err(system_failure)?;
+        if unit_changed || !state.enabled {
+            let _host = self.host_lock(ctx)?;
+            if unit_changed {
+                ctx.step(Step::UnitFile)?;
+                fsutil::write_atomic(&paths.unit_file, text.as_bytes(), 0o644, |_| Ok(()))
+                    .map_err(fs_failure)?;
+                ctx.step(Step::DaemonReload)?;
+                self.system.daemon_reload().map_err(system_failure)?;
+            }
+            ctx.step(Step::Enable)?;
+            self.system
+                .enable_unit(&paths.unit_name)
+                .map_err(system_failure)?;
+        }
+
+        let served = self.read_served(&paths)?;
+        let is_current = current.as_ref().is_some_and(|c| c.revision_id == rev.id);
+        let is_served = served.as_ref().is_some_and(|s| s.revision_id == rev.id);
+        if !unit_changed && is_current && is_served {
+            let state = self
+                .system
+                .unit_state(&paths.unit_name)
+                .map_err(system_failure)?;
+            if state.is_active()
+                && self
+                    .system
+                    .probe_ready(agent_marker.port, Duration::from_secs(1))
+            {
+                return Ok(ActivateResult {
+                    restarted: false,
+                    unit_changed: false,
+                    observation: self.observe(&ns.id, &agent.id, &paths),
+                });
+            }
+        }
+
+        ctx.step(Step::PointerFlip)?;
+        fsutil::sweep_pending(&paths.dir);
+        fsutil::replace_symlink(&paths.current, &AgentPaths::current_target(&rev.id))
+            .map_err(fs_failure)?;
+        ctx.step(Step::Restart)?;
+        self.system
+            .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
+            .map_err(system_failure)?;
+        ctx.step(Step::Readiness)?;
+        self.wait_ready(ctx, &paths, agent_marker.port)?;
+        ctx.step(Step::ServedRecord)?;
+        let marker = ServedMarker {
+            schema: SCHEMA,
+            revision_id: rev.id.clone(),
+            served_at: ctx.now_unix,
+            operation_id: ctx.operation_id.clone(),
+        };
+        fsutil::write_atomic(
+            &paths.served,
+            &markers::to_bytes(&marker),
+            0o600,
+            |_| Ok(()),
+        )
+        .map_err(fs_failure)?;
+        tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, revision = %rev.id, "revision serving");
+        Ok(ActivateResult {
+            restarted: true,
+            unit_changed,
+            observation: self.observe(&ns.id, &agent.id, &paths),
+        })
+    }
+
+    /// Polls `/readyz`: first probe within 50 ms, then a growing interval, 1 s per probe, up
+    /// to the readiness limit. A unit that systemd gave up on fails at once.
+    fn wait_ready(&self, ctx: &Ctx<'_>, paths: &AgentPaths, port: u16) -> Result<(), Failure> {
+        let limit = self.config.limits.readiness_timeout;
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        std::thread::sleep(Duration::from_millis(20));
+        loop {
+            let state = self
+                .system
+                .unit_state(&paths.unit_name)
+                .map_err(system_failure)?;
+            if state.is_failed() {
+                let why = if state.exec_main_status == 78 {
+                    "the gateway exited with status 78 (configuration error)".to_owned()
+                } else {
+                    format!(
+                        "the gateway unit failed (exit status {})",
+                        state.exec_main_status
+                    )
+                };
+                return Err(Failure::new(FailureCode::UnitFailed, why));
+            }
+            if state.is_active() && self.system.probe_ready(port, Duration::from_secs(1)) {
+                return Ok(());
+            }
+            if start.elapsed() >= limit {
+                return Err(Failure::new(
+                    FailureCode::ReadinessTimeout,
+                    format!(
+                        "the gateway did not answer /readyz with 200 within {} ms (unit {} {}, {} restarts)",
+                        limit.as_millis(),
+                        state.active_state,
+                        state.sub_state,
+                        state.n_restarts
+                    ),
+                ));
+            }
+            if ctx.should_stop() {
+                // Leaving the wait keeps the host consistent: served.json still names the
+                // previous revision, and a later activate repairs the cutover.
+                if (ctx.cancelled)() {
+                    return Err(crate::journal::aborted_failure(ctx.last_step()));
+                }
+                return Err(Failure::new(
+                    FailureCode::DeadlineExceeded,
+                    "the operation deadline passed while waiting for readiness",
+                ));
+            }
+            std::thread::sleep(
+                pause
+                    .min(limit.saturating_sub(start.elapsed()))
+                    .max(Duration::from_millis(1)),
+            );
+            pause = (pause * 3 / 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Checks a revision without side effects.
+    pub(crate) fn verify(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+    ) -> Result<VerifyResult, Failure> {
+        let ns = &args.namespace;
+        let paths = self.layout.agent(&ns.id, &args.agent.id);
+        ctx.step(Step::Verify)?;
+        self.verify_namespace(ns)?;
+        self.verify_account(&ns.id, &args.agent, &paths)?;
+        self.verify_agent(&ns.id, &args.agent, &paths)?;
+        self.read_current(&ns.id, &args.agent.id, &paths)?;
+        self.verify_snapshot(&ns.id, &args.agent.id, &paths, &args.revision)?;
+        Ok(VerifyResult {
+            observation: self.observe(&ns.id, &args.agent.id, &paths),
+        })
+    }
+
+    /// Stops the gateway if `current` names this revision. Keeps snapshots, state, the
+    /// password file, the account and the port. Returns whether it stopped the unit, and
+    /// whether the snapshot exists.
+    fn stop_if_current(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+        paths: &AgentPaths,
+    ) -> Result<(bool, bool), Failure> {
+        let ns = &args.namespace;
+        ctx.step(Step::Verify)?;
+        if !fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {
+            return Ok((false, false));
+        }
+        self.verify_namespace(ns)?;
+        self.verify_agent(&ns.id, &args.agent, paths)?;
+        self.verify_account(&ns.id, &args.agent, paths)?;
+        let current = self.read_current(&ns.id, &args.agent.id, paths)?;
+        if !fsutil::dir_exists(&paths.revision_dir(&args.revision.id)).map_err(fs_failure)? {
+            return Ok((false, false));
+        }
+        self.verify_snapshot(&ns.id, &args.agent.id, paths, &args.revision)?;
+        if current.is_none_or(|c| c.revision_id != args.revision.id) {
+            return Ok((false, true));
+        }
+        if fsutil::file_exists(&paths.unit_file).map_err(fs_failure)? {
+            ctx.step(Step::Stop)?;
+            self.system
+                .stop_unit(&paths.unit_name, self.config.limits.unit_stop_timeout)
+                .map_err(system_failure)?;
+            let _host = self.host_lock(ctx)?;
+            ctx.step(Step::Disable)?;
+            self.system
+                .disable_unit(&paths.unit_name)
+                .map_err(system_failure)?;
+        }
+        ctx.step(Step::PointerFlip)?;
+        fsutil::remove_file_if_present(&paths.current).map_err(fs_failure)?;
+        fsutil::remove_file_if_present(&paths.served).map_err(fs_failure)?;
+        fsutil::sync_dir(&paths.dir).map_err(fs_failure)?;
+        tracing::info!(operation_id = %ctx.operation_id, agent = %args.agent.id, revision = %args.revision.id, "revision stopped");
+        Ok((true, true))
+    }
+
+    /// `stop-revision`: repeatable.
+    pub(crate) fn stop(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+    ) -> Result<StopResult, Failure> {
+        let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
+        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let (stopped, _) = self.stop_if_current(ctx, args, &paths)?;
+        Ok(StopResult {
+            stopped,
+            observation: self.observe(&args.namespace.id, &args.agent.id, &paths),
+        })
+    }
+
+    /// `retire-revision`: stop if current, then remove the snapshot.
+    pub(crate) fn retire(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+    ) -> Result<RetireResult, Failure> {
+        let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
+        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let (stopped, exists) = self.stop_if_current(ctx, args, &paths)?;
+        if exists {
+            ctx.step(Step::Remove)?;
+            fsutil::remove_tree_if_present(&paths.revision_dir(&args.revision.id))
+                .map_err(fs_failure)?;
+            tracing::info!(operation_id = %ctx.operation_id, agent = %args.agent.id, revision = %args.revision.id, "revision retired");
+        }
+        Ok(RetireResult {
+            stopped,
+            removed: exists,
+            observation: self.observe(&args.namespace.id, &args.agent.id, &paths),
+        })
+    }
+}

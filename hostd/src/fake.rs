@@ -1,0 +1,285 @@
+//! An in-memory [`System`] for unit tests: accounts, units and readiness as plain data, and a
+//! log of every privileged call so tests can assert what happened (or that nothing did).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::system::{Ids, System, SystemError, UnitState};
+
+/// How a fake unit behaves when started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Behaviour {
+    /// Starts and answers /readyz with 200.
+    #[default]
+    Ready,
+    /// Starts but never answers 200.
+    NeverReady,
+    /// Exits with status 78 at start (configuration error).
+    ExitConfig,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    users: BTreeMap<String, Ids>,
+    groups: BTreeMap<String, u32>,
+    next_id: u32,
+    units: BTreeMap<String, UnitState>,
+    behaviour: BTreeMap<u16, Behaviour>,
+    unit_ports: BTreeMap<String, u16>,
+    calls: Vec<String>,
+    fail_next: BTreeSet<&'static str>,
+}
+
+/// The fake.
+#[derive(Debug, Default)]
+pub struct FakeSystem {
+    state: Mutex<State>,
+    unit_dir: PathBuf,
+}
+
+impl FakeSystem {
+    /// An empty host with ids starting at 900, whose units live in `unit_dir`: starting a
+    /// unit reads its `OPENCLAW_GATEWAY_PORT` from the file there, as a gateway would.
+    pub fn new(unit_dir: &Path) -> Self {
+        let fake = Self {
+            state: Mutex::default(),
+            unit_dir: unit_dir.to_path_buf(),
+        };
+        fake.with(|s| s.next_id = 900);
+        fake
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut guard = match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(&mut guard)
+    }
+
+    fn log(&self, call: String) {
+        self.with(|s| s.calls.push(call));
+    }
+
+    fn injected(&self, what: &'static str) -> bool {
+        self.with(|s| s.fail_next.remove(what))
+    }
+
+    /// Every privileged call so far, like `restart clawfleet-agent-….service`.
+    pub fn calls(&self) -> Vec<String> {
+        self.with(|s| s.calls.clone())
+    }
+
+    /// Forgets the call log.
+    pub fn clear_calls(&self) {
+        self.with(|s| s.calls.clear());
+    }
+
+    /// Adds an account that hostd did not create (to test refusal of foreign accounts).
+    pub fn add_foreign_user(&self, name: &str, ids: Ids) {
+        self.with(|s| {
+            s.users.insert(name.to_owned(), ids);
+            s.groups.insert(name.to_owned(), ids.gid);
+        });
+    }
+
+    /// Makes the next call of `what` (e.g. "groupdel", "restart") fail once.
+    pub fn fail_next(&self, what: &'static str) {
+        self.with(|s| {
+            s.fail_next.insert(what);
+        });
+    }
+
+    /// Tells the fake which port a unit's gateway listens on (hostd tests read it from the
+    /// unit file they just wrote) and how it behaves.
+    pub fn set_behaviour(&self, port: u16, behaviour: Behaviour) {
+        self.with(|s| {
+            s.behaviour.insert(port, behaviour);
+        });
+    }
+
+    /// A unit's current fake state.
+    pub fn unit(&self, unit: &str) -> UnitState {
+        self.with(|s| s.units.get(unit).cloned().unwrap_or_default())
+    }
+
+    /// Whether an account exists.
+    pub fn has_user(&self, name: &str) -> bool {
+        self.with(|s| s.users.contains_key(name))
+    }
+
+    /// Whether a group exists.
+    pub fn has_group(&self, name: &str) -> bool {
+        self.with(|s| s.groups.contains_key(name))
+    }
+
+    fn port_of(&self, unit: &str) -> Option<u16> {
+        let text = std::fs::read_to_string(self.unit_dir.join(unit)).ok()?;
+        let port = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Environment=OPENCLAW_GATEWAY_PORT="))?
+            .parse()
+            .ok()?;
+        self.with(|s| s.unit_ports.insert(unit.to_owned(), port));
+        Some(port)
+    }
+}
+
+fn fail(action: &'static str, unit: &str) -> SystemError {
+    SystemError::Systemd {
+        action,
+        unit: unit.to_owned(),
+        detail: "injected failure".to_owned(),
+    }
+}
+
+impl System for FakeSystem {
+    fn user(&self, name: &str) -> Result<Option<Ids>, SystemError> {
+        Ok(self.with(|s| s.users.get(name).copied()))
+    }
+
+    fn group(&self, name: &str) -> Result<Option<u32>, SystemError> {
+        Ok(self.with(|s| s.groups.get(name).copied()))
+    }
+
+    fn create_account(&self, name: &str, _home: &Path) -> Result<Ids, SystemError> {
+        self.log(format!("create-account {name}"));
+        if self.injected("useradd") {
+            return Err(SystemError::AccountTool {
+                tool: "useradd",
+                account: name.to_owned(),
+                detail: "injected failure".to_owned(),
+            });
+        }
+        Ok(self.with(|s| {
+            let id = s.next_id;
+            s.next_id += 1;
+            let ids = Ids { uid: id, gid: id };
+            s.users.insert(name.to_owned(), ids);
+            s.groups.insert(name.to_owned(), id);
+            ids
+        }))
+    }
+
+    fn delete_user(&self, name: &str) -> Result<(), SystemError> {
+        self.log(format!("userdel {name}"));
+        if self.injected("userdel") {
+            return Err(SystemError::AccountTool {
+                tool: "userdel",
+                account: name.to_owned(),
+                detail: "injected failure".to_owned(),
+            });
+        }
+        self.with(|s| s.users.remove(name));
+        Ok(())
+    }
+
+    fn delete_group(&self, name: &str) -> Result<(), SystemError> {
+        self.log(format!("groupdel {name}"));
+        if self.injected("groupdel") {
+            return Err(SystemError::AccountTool {
+                tool: "groupdel",
+                account: name.to_owned(),
+                detail: "injected failure".to_owned(),
+            });
+        }
+        self.with(|s| s.groups.remove(name));
+        Ok(())
+    }
+
+    fn chown(&self, _path: &Path, _ids: Ids) -> Result<(), SystemError> {
+        Ok(())
+    }
+
+    fn daemon_reload(&self) -> Result<(), SystemError> {
+        self.log("daemon-reload".to_owned());
+        if self.injected("daemon-reload") {
+            return Err(fail("reload", "manager"));
+        }
+        Ok(())
+    }
+
+    fn enable_unit(&self, unit: &str) -> Result<(), SystemError> {
+        self.log(format!("enable {unit}"));
+        self.with(|s| {
+            let u = s.units.entry(unit.to_owned()).or_default();
+            u.enabled = true;
+            u.loaded = true;
+        });
+        Ok(())
+    }
+
+    fn disable_unit(&self, unit: &str) -> Result<(), SystemError> {
+        self.log(format!("disable {unit}"));
+        self.with(|s| {
+            if let Some(u) = s.units.get_mut(unit) {
+                u.enabled = false;
+            }
+        });
+        Ok(())
+    }
+
+    fn restart_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
+        self.log(format!("restart {unit}"));
+        if self.injected("restart") {
+            return Err(fail("restart", unit));
+        }
+        let Some(port) = self.port_of(unit) else {
+            return Err(fail("restart", unit));
+        };
+        let behaviour = self.with(|s| s.behaviour.get(&port).copied().unwrap_or_default());
+        self.with(|s| {
+            let u = s.units.entry(unit.to_owned()).or_default();
+            u.loaded = true;
+            match behaviour {
+                Behaviour::ExitConfig => {
+                    u.active_state = "failed".to_owned();
+                    u.sub_state = "failed".to_owned();
+                    u.exec_main_status = 78;
+                }
+                _ => {
+                    u.active_state = "active".to_owned();
+                    u.sub_state = "running".to_owned();
+                    u.exec_main_status = 0;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn stop_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
+        self.log(format!("stop {unit}"));
+        self.with(|s| {
+            if let Some(u) = s.units.get_mut(unit) {
+                u.active_state = "inactive".to_owned();
+                u.sub_state = "dead".to_owned();
+            }
+        });
+        Ok(())
+    }
+
+    fn unit_state(&self, unit: &str) -> Result<UnitState, SystemError> {
+        Ok(self.unit(unit))
+    }
+
+    fn systemd_version(&self) -> Result<String, SystemError> {
+        Ok("252 (fake)".to_owned())
+    }
+
+    fn probe_ready(&self, port: u16, _timeout: Duration) -> bool {
+        self.with(|s| {
+            let unit_active = s
+                .unit_ports
+                .iter()
+                .filter(|(_, p)| **p == port)
+                .any(|(u, _)| s.units.get(u).is_some_and(|u| u.active_state == "active"));
+            unit_active && s.behaviour.get(&port).copied().unwrap_or_default() == Behaviour::Ready
+        })
+    }
+
+    fn missing_tools(&self) -> Vec<String> {
+        Vec::new()
+    }
+}

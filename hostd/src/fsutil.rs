@@ -1,0 +1,440 @@
+//! File system steps that are atomic and refuse anything that is not ours: every write goes to
+//! a pending name and is renamed into place, directories are synced after the rename, and
+//! paths are checked with `lstat` so a symlink planted by someone else is refused, not followed.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+/// A file system step that failed or found something foreign.
+#[derive(Debug, Error)]
+pub enum FsError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("{path} is {found}, expected {expected}")]
+    WrongType {
+        path: String,
+        found: &'static str,
+        expected: &'static str,
+    },
+    #[error("{path} is {size} bytes; at most {max} are read")]
+    TooLarge { path: String, size: u64, max: u64 },
+}
+
+impl FsError {
+    /// Whether this is a plain "does not exist".
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, FsError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// Attaches the path to an I/O error.
+pub fn io_err(path: &Path) -> impl FnOnce(io::Error) -> FsError + '_ {
+    move |source| FsError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// What a path is, without following symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Missing,
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+impl Kind {
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Missing => "missing",
+            Kind::File => "a regular file",
+            Kind::Dir => "a directory",
+            Kind::Symlink => "a symlink",
+            Kind::Other => "a special file",
+        }
+    }
+}
+
+/// `lstat` as a [`Kind`].
+pub fn kind(path: &Path) -> Result<Kind, FsError> {
+    match fs::symlink_metadata(path) {
+        Ok(m) => {
+            let t = m.file_type();
+            Ok(if t.is_symlink() {
+                Kind::Symlink
+            } else if t.is_dir() {
+                Kind::Dir
+            } else if t.is_file() {
+                Kind::File
+            } else {
+                Kind::Other
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Kind::Missing),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+/// Requires `path` to be of kind `expected`.
+pub fn expect_kind(path: &Path, expected: Kind) -> Result<(), FsError> {
+    let found = kind(path)?;
+    if found == expected {
+        Ok(())
+    } else {
+        Err(FsError::WrongType {
+            path: path.display().to_string(),
+            found: found.describe(),
+            expected: expected.describe(),
+        })
+    }
+}
+
+/// True if `path` is a real directory, false if missing; anything else is an error.
+pub fn dir_exists(path: &Path) -> Result<bool, FsError> {
+    match kind(path)? {
+        Kind::Missing => Ok(false),
+        Kind::Dir => Ok(true),
+        other => Err(FsError::WrongType {
+            path: path.display().to_string(),
+            found: other.describe(),
+            expected: Kind::Dir.describe(),
+        }),
+    }
+}
+
+/// True if `path` is a regular file, false if missing; anything else is an error.
+pub fn file_exists(path: &Path) -> Result<bool, FsError> {
+    match kind(path)? {
+        Kind::Missing => Ok(false),
+        Kind::File => Ok(true),
+        other => Err(FsError::WrongType {
+            path: path.display().to_string(),
+            found: other.describe(),
+            expected: Kind::File.describe(),
+        }),
+    }
+}
+
+/// Creates a directory with `mode` if it is missing; an existing non-directory is an error.
+pub fn ensure_dir(path: &Path, mode: u32) -> Result<bool, FsError> {
+    if dir_exists(path)? {
+        return Ok(false);
+    }
+    match fs::DirBuilder::new().mode(mode).create(path) {
+        Ok(()) => {
+            set_mode(path, mode)?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            expect_kind(path, Kind::Dir)?;
+            Ok(false)
+        }
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+/// Sets permission bits exactly (the umask does not apply).
+pub fn set_mode(path: &Path, mode: u32) -> Result<(), FsError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err(path))
+}
+
+/// fsync a directory so a rename inside it is durable.
+pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(dir))
+}
+
+/// A sibling name for staging: `<name>.pending-<pid>-<random>`.
+pub fn pending_name(target: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut random = [0u8; 8];
+    // A read failure only makes the suffix less random; O_EXCL still prevents clobbering.
+    let _ = File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut random));
+    target.with_file_name(format!(
+        "{name}.pending-{}-{}",
+        std::process::id(),
+        clawfleet_protocol::ident::hex(&random)
+    ))
+}
+
+fn parent(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new("/"))
+}
+
+/// Writes a file atomically with `mode`: exclusive create of a pending name, write, fsync,
+/// optional `prepare` (for chown), rename over the target, fsync the directory. A target
+/// that exists but is not a regular file is refused before anything is written.
+pub fn write_atomic(
+    target: &Path,
+    bytes: &[u8],
+    mode: u32,
+    prepare: impl FnOnce(&Path) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    if kind(target)? != Kind::Missing {
+        expect_kind(target, Kind::File)?;
+    }
+    let pending = pending_name(target);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&pending)
+            .map_err(io_err(&pending))?;
+        f.write_all(bytes).map_err(io_err(&pending))?;
+        f.sync_all().map_err(io_err(&pending))?;
+        drop(f);
+        set_mode(&pending, mode)?;
+        prepare(&pending)?;
+        fs::rename(&pending, target).map_err(io_err(target))?;
+        sync_dir(parent(target))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&pending);
+    }
+    result
+}
+
+/// Creates a file with `mode` only if it does not exist yet (never replaces): returns false
+/// when the file already existed.
+pub fn create_once(
+    target: &Path,
+    bytes: &[u8],
+    mode: u32,
+    prepare: impl FnOnce(&Path) -> Result<(), FsError>,
+) -> Result<bool, FsError> {
+    if file_exists(target)? {
+        return Ok(false);
+    }
+    let pending = pending_name(target);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&pending)
+            .map_err(io_err(&pending))?;
+        f.write_all(bytes).map_err(io_err(&pending))?;
+        f.sync_all().map_err(io_err(&pending))?;
+        drop(f);
+        set_mode(&pending, mode)?;
+        prepare(&pending)?;
+        // link(2) fails if the target appeared meanwhile: never replace.
+        match fs::hard_link(&pending, target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(io_err(target)(e)),
+        }
+        sync_dir(parent(target))?;
+        Ok(true)
+    })();
+    let _ = fs::remove_file(&pending);
+    result
+}
+
+/// Builds a directory completely under a pending name, then renames it into place, so the
+/// target is either absent or complete. Returns false if the target already existed.
+pub fn create_dir_atomic(
+    target: &Path,
+    mode: u32,
+    build: impl FnOnce(&Path) -> Result<(), FsError>,
+) -> Result<bool, FsError> {
+    if dir_exists(target)? {
+        return Ok(false);
+    }
+    let pending = pending_name(target);
+    let result = (|| {
+        fs::DirBuilder::new()
+            .mode(mode)
+            .create(&pending)
+            .map_err(io_err(&pending))?;
+        set_mode(&pending, mode)?;
+        build(&pending)?;
+        sync_dir(&pending)?;
+        fs::rename(&pending, target).map_err(io_err(target))?;
+        sync_dir(parent(target))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&pending);
+    }
+    result.map(|()| true)
+}
+
+/// Reads a small regular file (never through a symlink).
+pub fn read_small(path: &Path, max: u64) -> Result<Vec<u8>, FsError> {
+    expect_kind(path, Kind::File)?;
+    let meta = fs::symlink_metadata(path).map_err(io_err(path))?;
+    if meta.len() > max {
+        return Err(FsError::TooLarge {
+            path: path.display().to_string(),
+            size: meta.len(),
+            max,
+        });
+    }
+    fs::read(path).map_err(io_err(path))
+}
+
+/// Removes a file if present; a non-file is refused.
+pub fn remove_file_if_present(path: &Path) -> Result<bool, FsError> {
+    match kind(path)? {
+        Kind::Missing => Ok(false),
+        Kind::File | Kind::Symlink => {
+            fs::remove_file(path).map_err(io_err(path))?;
+            Ok(true)
+        }
+        other => Err(FsError::WrongType {
+            path: path.display().to_string(),
+            found: other.describe(),
+            expected: Kind::File.describe(),
+        }),
+    }
+}
+
+/// Removes a directory tree if present (symlinks inside are removed, never followed).
+pub fn remove_tree_if_present(path: &Path) -> Result<bool, FsError> {
+    match kind(path)? {
+        Kind::Missing => Ok(false),
+        Kind::Dir => {
+            fs::remove_dir_all(path).map_err(io_err(path))?;
+            sync_dir(parent(path))?;
+            Ok(true)
+        }
+        other => Err(FsError::WrongType {
+            path: path.display().to_string(),
+            found: other.describe(),
+            expected: Kind::Dir.describe(),
+        }),
+    }
+}
+
+/// Points the symlink `link` at `target` atomically (pending symlink, rename, dir fsync).
+pub fn replace_symlink(link: &Path, target: &Path) -> Result<(), FsError> {
+    let pending = pending_name(link);
+    std::os::unix::fs::symlink(target, &pending).map_err(io_err(&pending))?;
+    if let Err(e) = fs::rename(&pending, link) {
+        let _ = fs::remove_file(&pending);
+        return Err(io_err(link)(e));
+    }
+    sync_dir(parent(link))
+}
+
+/// Entry names of a directory, sorted, skipping our own pending leftovers.
+pub fn list_dir(path: &Path) -> Result<Vec<String>, FsError> {
+    let mut names = Vec::new();
+    for entry in fs::read_dir(path).map_err(io_err(path))? {
+        let entry = entry.map_err(io_err(path))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.contains(".pending-") {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Removes pending leftovers (from a killed run) in a directory.
+pub fn sweep_pending(path: &Path) {
+    if let Ok(entries) = fs::read_dir(path) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().contains(".pending-") {
+                let p = entry.path();
+                let _ = match kind(&p) {
+                    Ok(Kind::Dir) => fs::remove_dir_all(&p),
+                    _ => fs::remove_file(&p),
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn atomic_write_replaces_files_and_refuses_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("a.json");
+        write_atomic(&f, b"one", 0o600, |_| Ok(())).unwrap();
+        write_atomic(&f, b"two", 0o640, |_| Ok(())).unwrap();
+        assert_eq!(fs::read(&f).unwrap(), b"two");
+        assert_eq!(fs::metadata(&f).unwrap().mode() & 0o777, 0o640);
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+        assert!(matches!(
+            write_atomic(&link, b"x", 0o600, |_| Ok(())),
+            Err(FsError::WrongType { .. })
+        ));
+        assert_eq!(list_dir(dir.path()).unwrap(), vec!["a.json", "l"]);
+    }
+
+    #[test]
+    fn create_once_never_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("secret");
+        assert!(create_once(&f, b"first", 0o600, |_| Ok(())).unwrap());
+        assert!(!create_once(&f, b"second", 0o600, |_| Ok(())).unwrap());
+        assert_eq!(fs::read(&f).unwrap(), b"first");
+        assert_eq!(list_dir(dir.path()).unwrap(), vec!["secret"]);
+    }
+
+    #[test]
+    fn atomic_dirs_appear_complete_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("rev");
+        let failed = create_dir_atomic(&d, 0o750, |p| {
+            fs::write(p.join("x"), b"1").map_err(io_err(p))?;
+            Err(FsError::WrongType {
+                path: "x".into(),
+                found: "a test",
+                expected: "success",
+            })
+        });
+        assert!(failed.is_err());
+        assert_eq!(kind(&d).unwrap(), Kind::Missing);
+        assert!(
+            list_dir(dir.path()).unwrap().is_empty(),
+            "pending dir left behind"
+        );
+        assert!(
+            create_dir_atomic(&d, 0o750, |p| fs::write(p.join("x"), b"1")
+                .map_err(io_err(p)))
+            .unwrap()
+        );
+        assert!(!create_dir_atomic(&d, 0o750, |_| Ok(())).unwrap());
+        assert_eq!(fs::read(d.join("x")).unwrap(), b"1");
+    }
+
+    #[test]
+    fn symlink_flip_is_atomic_and_kinds_do_not_follow_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("current");
+        replace_symlink(&link, Path::new("revisions/a")).unwrap();
+        replace_symlink(&link, Path::new("revisions/b")).unwrap();
+        assert_eq!(fs::read_link(&link).unwrap(), PathBuf::from("revisions/b"));
+        assert_eq!(kind(&link).unwrap(), Kind::Symlink);
+        assert!(dir_exists(&link).is_err());
+        assert!(read_small(&link, 10).is_err());
+    }
+
+    #[test]
+    fn read_small_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("big");
+        fs::write(&f, vec![b'x'; 100]).unwrap();
+        assert!(matches!(read_small(&f, 10), Err(FsError::TooLarge { .. })));
+        assert_eq!(read_small(&f, 100).unwrap().len(), 100);
+    }
+}

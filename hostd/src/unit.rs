@@ -1,0 +1,147 @@
+//! The systemd unit of one Agent. Its text depends only on the Agent (never on the revision),
+//! so a revision cutover is a pointer flip plus `RestartUnit`, with no daemon-reload.
+
+use std::fmt::Write;
+
+use clawfleet_protocol::Ident;
+
+use crate::config::UnitResources;
+use crate::layout::AgentPaths;
+
+/// The first line of every unit hostd writes; a unit file without it is not ours.
+pub const HEADER_PREFIX: &str = "# Managed by clawfleet hostd; do not edit.";
+
+/// The ownership line for an Agent.
+pub fn header(namespace: &Ident, agent: &Ident) -> String {
+    format!("{HEADER_PREFIX} namespace={namespace} agent={agent}")
+}
+
+/// Whether unit text carries the exact ownership line of this Agent as its first line.
+pub fn is_owned_by(text: &str, namespace: &Ident, agent: &Ident) -> bool {
+    text.lines().next() == Some(header(namespace, agent).as_str())
+}
+
+/// Renders the unit.
+pub fn render(
+    namespace: &Ident,
+    agent: &Ident,
+    paths: &AgentPaths,
+    port: u16,
+    gateway_command: &[String],
+    resources: &UnitResources,
+    stop_timeout_secs: u64,
+) -> String {
+    let dir = paths.dir.display();
+    let mut u = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(u, "{}", header(namespace, agent));
+    let _ = writeln!(u, "[Unit]");
+    let _ = writeln!(
+        u,
+        "Description=clawfleet Agent {agent} (Namespace {namespace})"
+    );
+    let _ = writeln!(u, "After=network-online.target");
+    let _ = writeln!(u, "Wants=network-online.target");
+    let _ = writeln!(u);
+    let _ = writeln!(u, "[Service]");
+    let _ = writeln!(u, "Type=simple");
+    let _ = writeln!(u, "User={}", paths.account);
+    let _ = writeln!(u, "Group={}", paths.account);
+    let _ = writeln!(u, "WorkingDirectory={}", paths.state.display());
+    let _ = writeln!(u, "Environment=HOME={}", paths.home.display());
+    let _ = writeln!(
+        u,
+        "Environment=OPENCLAW_STATE_DIR={}",
+        paths.state.display()
+    );
+    let _ = writeln!(
+        u,
+        "Environment=OPENCLAW_CONFIG_PATH={dir}/current/openclaw.json"
+    );
+    let _ = writeln!(u, "Environment=OPENCLAW_GATEWAY_PORT={port}");
+    let _ = writeln!(u, "Environment=OPENCLAW_DISABLE_BONJOUR=1");
+    // Optional ("-"): present only when a revision's configuration uses password auth.
+    let _ = writeln!(u, "EnvironmentFile=-{}", paths.password_file.display());
+    // The operator's own credentials; hostd never reads or writes this file.
+    let _ = writeln!(u, "EnvironmentFile=-{}", paths.operator_env.display());
+    let _ = writeln!(u, "ExecStart={}", gateway_command.join(" "));
+    let _ = writeln!(u, "Restart=always");
+    let _ = writeln!(u, "RestartSec=2");
+    let _ = writeln!(u, "RestartPreventExitStatus=78");
+    let _ = writeln!(u, "KillSignal=SIGTERM");
+    let _ = writeln!(u, "TimeoutStopSec={stop_timeout_secs}");
+    let _ = writeln!(u, "UMask=0077");
+    let _ = writeln!(u, "ProtectSystem=strict");
+    let _ = writeln!(
+        u,
+        "ReadWritePaths={} {}",
+        paths.state.display(),
+        paths.home.display()
+    );
+    let _ = writeln!(u, "ProtectHome=yes");
+    let _ = writeln!(u, "PrivateTmp=yes");
+    let _ = writeln!(u, "PrivateDevices=yes");
+    let _ = writeln!(u, "NoNewPrivileges=yes");
+    let _ = writeln!(u, "ProtectKernelTunables=yes");
+    let _ = writeln!(u, "ProtectKernelModules=yes");
+    let _ = writeln!(u, "ProtectControlGroups=yes");
+    let _ = writeln!(u, "RestrictSUIDSGID=yes");
+    let _ = writeln!(u, "LockPersonality=yes");
+    let _ = writeln!(u, "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6");
+    let _ = writeln!(u, "SystemCallFilter=@system-service");
+    let _ = writeln!(u, "SystemCallArchitectures=native");
+    let _ = writeln!(u, "CapabilityBoundingSet=");
+    let _ = writeln!(u, "AmbientCapabilities=");
+    if let Some(m) = &resources.memory_max {
+        let _ = writeln!(u, "MemoryMax={m}");
+    }
+    if let Some(c) = &resources.cpu_quota {
+        let _ = writeln!(u, "CPUQuota={c}");
+    }
+    if let Some(t) = resources.tasks_max {
+        let _ = writeln!(u, "TasksMax={t}");
+    }
+    let _ = writeln!(u);
+    let _ = writeln!(u, "[Install]");
+    let _ = writeln!(u, "WantedBy=multi-user.target");
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Layout;
+
+    #[test]
+    fn unit_is_revision_independent_and_hardened() {
+        let ns = Ident::new("ns").unwrap();
+        let agent = Ident::new("a1").unwrap();
+        let layout = Layout::new("/var/lib/clawfleet", "/etc/systemd/system");
+        let paths = layout.agent(&ns, &agent);
+        let cmd = vec!["/usr/bin/gw".to_owned(), "run".to_owned()];
+        let text = render(
+            &ns,
+            &agent,
+            &paths,
+            18700,
+            &cmd,
+            &UnitResources::default(),
+            30,
+        );
+        assert!(is_owned_by(&text, &ns, &agent));
+        assert!(!is_owned_by(&text, &ns, &Ident::new("a2").unwrap()));
+        for needle in [
+            "User=cfa-",
+            "Group=cfa-",
+            "/current/openclaw.json",
+            "OPENCLAW_GATEWAY_PORT=18700",
+            "ProtectSystem=strict",
+            "RestartPreventExitStatus=78",
+            "CapabilityBoundingSet=\n",
+            "ExecStart=/usr/bin/gw run",
+        ] {
+            assert!(text.contains(needle), "missing {needle}\n{text}");
+        }
+        assert!(!text.contains("revisions/"));
+    }
+}
