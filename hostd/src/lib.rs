@@ -4,6 +4,15 @@
 //! allowed_signers and identity, and realises them: per-Agent accounts, immutable revision
 //! snapshots, the `current` pointer, and one hardened systemd unit per Agent.
 
+pub mod config;
+pub mod engine;
+pub mod fake;
+pub mod fsutil;
+pub mod journal;
+pub mod layout;
+pub mod lock;
+pub mod markers;
 pub mod system;
+pub mod unit;
 pub mod enrol;
 pub mod real;
