@@ -507,6 +507,17 @@ impl TestHost {
         self.install_file(binary, "/usr/sbin/hostd", 0o755)
     }
 
+    /// Installs a .deb (e.g. the clawfleet-hostd package) with `dpkg -i`; its dependencies
+    /// must already be in the base rootfs, since hosts have no network.
+    pub fn install_deb(&self, deb: &Path) -> Result<()> {
+        let remote = "/var/tmp/clawfleet-vm-tests-install.deb";
+        self.install_file(deb, remote, 0o644)?;
+        self.run_ok(&format!(
+            "DEBIAN_FRONTEND=noninteractive dpkg -i {remote} && rm -f {remote}"
+        ))
+        .map(|_| ())
+    }
+
     /// Installs the workspace's test gateway (built on demand, see
     /// [`test_gateway_binary`](crate::test_gateway_binary)); returns its path on the host.
     pub fn install_test_gateway(&self) -> Result<String> {
