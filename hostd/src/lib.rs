@@ -6,13 +6,14 @@
 
 pub mod config;
 pub mod engine;
+pub mod enrol;
 pub mod fake;
 pub mod fsutil;
 pub mod journal;
 pub mod layout;
 pub mod lock;
 pub mod markers;
+pub mod real;
+pub mod session;
 pub mod system;
 pub mod unit;
-pub mod enrol;
-pub mod real;

@@ -1,29 +1,293 @@
-//! hostd: the clawfleet helper installed on every host.
+//! `hostd`: the clawfleet helper on every host.
 //!
-//! This first cut only reports its identity; the operation executor lands with the hostd issue.
+//! - `hostd serve`: the forced command of the coordinator's SSH key; framed, signed operations
+//!   on stdin, results and progress on stdout.
+//! - `hostd apply FILE`: one signed operation from a file (signature in `FILE.sig`).
+//! - `hostd status`: the host's inventory, read-only.
+//! - `hostd enrol`: authorise a coordinator.
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use clawfleet_protocol::Fingerprint;
+use clawfleet_protocol::result::{Inventory, Outcome};
+use clawfleet_protocol::ssh_key::PublicKey;
+use hostd::config::{Config, DEFAULT_CONFIG_PATH};
+use hostd::engine::{Engine, inventory};
+use hostd::enrol::{EnrolRequest, enrol};
+use hostd::real::RealSystem;
+use hostd::session::{Responder, read_envelope_files, serve};
+
+#[derive(Parser, Debug)]
+#[command(name = "hostd", version, about = "clawfleet host helper")]
+struct Cli {
+    /// Configuration file (default /etc/clawfleet/hostd.toml; a missing default file means
+    /// all defaults).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve one SSH session (the forced command).
+    Serve,
+    /// Verify and execute one signed operation from a file; the signature is FILE.sig unless
+    /// --signature says otherwise. Prints the result as JSON.
+    Apply {
+        file: PathBuf,
+        #[arg(long)]
+        signature: Option<PathBuf>,
+    },
+    /// Show Namespaces, Agents, revisions, current, served and unit state (read-only).
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only this Namespace id.
+        #[arg(long)]
+        namespace: Option<String>,
+    },
+    /// Authorise a coordinator: its SSH key (forced command) and its signing key.
+    Enrol {
+        /// The coordinator's SSH public key: an OpenSSH line, or a path to a .pub file.
+        #[arg(long)]
+        ssh_key: String,
+        /// The coordinator's operation-signing public key: an OpenSSH line, or a path.
+        #[arg(long)]
+        signing_key: String,
+        /// The issuer principal the coordinator signs as.
+        #[arg(long)]
+        principal: String,
+        /// root's authorized_keys.
+        #[arg(long, default_value = hostd::enrol::DEFAULT_AUTHORIZED_KEYS)]
+        authorized_keys: PathBuf,
+        /// The command the coordinator's key is forced to run.
+        #[arg(long, default_value = hostd::enrol::DEFAULT_FORCED_COMMAND)]
+        forced_command: String,
+    },
+}
+
+fn init_logging() {
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HOSTD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let journald = tracing_journald::layer().ok();
+    let stderr = journald.is_none().then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(false)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(journald)
+        .with(stderr)
+        .try_init();
+}
+
+fn load_config(cli: &Cli) -> Result<Config> {
+    let (path, explicit) = match &cli.config {
+        Some(p) => (p.clone(), true),
+        None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+    };
+    Ok(Config::load(&path, explicit)?)
+}
+
+fn host_fingerprint(config: &Config) -> Result<Fingerprint> {
+    let text = std::fs::read_to_string(&config.host_key)
+        .with_context(|| format!("cannot read the host key {}", config.host_key.display()))?;
+    let key = PublicKey::from_openssh(text.trim())
+        .with_context(|| format!("{} is not an OpenSSH public key", config.host_key.display()))?;
+    Ok(Fingerprint::of(&key))
+}
+
+/// A key given as text or as a path to a file holding it.
+fn key_text(arg: &str) -> Result<String> {
+    if arg.starts_with("ssh-") {
+        return Ok(arg.to_owned());
+    }
+    let text =
+        std::fs::read_to_string(arg).with_context(|| format!("cannot read key file {arg}"))?;
+    Ok(text.trim().to_owned())
+}
+
+/// Marks the session closed when the peer goes away: SIGHUP/SIGTERM/SIGINT, or stdout's reader
+/// closing (poll reports POLLHUP/POLLERR on our end).
+fn watch_session(closed: &Arc<AtomicBool>) -> Result<()> {
+    for signal in [
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ] {
+        signal_hook::flag::register(signal, closed.clone())
+            .context("cannot install the signal handlers")?;
+    }
+    let flag = closed.clone();
+    std::thread::spawn(move || {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let stdout = std::io::stdout();
+        loop {
+            let mut fds = [PollFd::new(stdout.as_fd(), PollFlags::empty())];
+            if poll(&mut fds, PollTimeout::ZERO).is_ok()
+                && fds[0]
+                    .revents()
+                    .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+            {
+                flag.store(true, Ordering::SeqCst);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    Ok(())
+}
+
+fn print_table(inv: &Inventory) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{:<20} {:<20} {:<6} {:<16} {:<16} {:<24} REVISIONS",
+        "NAMESPACE", "AGENT", "PORT", "CURRENT", "SERVED", "UNIT"
+    );
+    for ns in &inv.namespaces {
+        if ns.agents.is_empty() {
+            let _ = writeln!(out, "{:<20} {:<20}", ns.id.as_str(), "-");
+        }
+        for a in &ns.agents {
+            let o = &a.observation;
+            let unit = o
+                .unit
+                .as_ref()
+                .map(|u| {
+                    format!(
+                        "{}/{}{}",
+                        u.active_state,
+                        u.sub_state,
+                        if u.enabled { " enabled" } else { "" }
+                    )
+                })
+                .unwrap_or_else(|| "-".to_owned());
+            let revs: Vec<String> = a
+                .revisions
+                .iter()
+                .map(|r| format!("{}#{}", r.id, r.number))
+                .collect();
+            let _ = writeln!(
+                out,
+                "{:<20} {:<20} {:<6} {:<16} {:<16} {:<24} {}",
+                ns.id.as_str(),
+                a.id.as_str(),
+                o.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                o.current.as_ref().map(|c| c.as_str()).unwrap_or("-"),
+                o.served.as_ref().map(|c| c.as_str()).unwrap_or("-"),
+                unit,
+                revs.join(",")
+            );
+        }
+    }
+    for p in &inv.problems {
+        let _ = writeln!(out, "problem: {}: {}", p.path, p.message);
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match &cli.command {
+        Command::Enrol {
+            ssh_key,
+            signing_key,
+            principal,
+            authorized_keys,
+            forced_command,
+        } => {
+            let config = load_config(&cli)?;
+            let mut req = EnrolRequest::new(key_text(ssh_key)?, key_text(signing_key)?, principal);
+            req.authorized_keys = authorized_keys.clone();
+            req.allowed_signers = config.allowed_signers.clone();
+            req.host_key = config.host_key.clone();
+            req.forced_command = forced_command.clone();
+            let outcome = enrol(&req)?;
+            println!("{}", serde_json::to_string_pretty(&outcome)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { json, namespace } => {
+            let config = load_config(&cli)?;
+            let system = RealSystem::new()?;
+            let host_key = host_fingerprint(&config)?;
+            let engine = Engine::new(&config, &system, host_key);
+            let only = match namespace {
+                Some(n) => Some(
+                    clawfleet_protocol::Ident::new(n.as_str())
+                        .with_context(|| format!("--namespace {n:?} is not a valid id"))?,
+                ),
+                None => None,
+            };
+            let inv = inventory(&engine, only.as_ref());
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&inv)?);
+            } else {
+                print_table(&inv);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Apply { file, signature } => {
+            let config = load_config(&cli)?;
+            let system = RealSystem::new()?;
+            let engine = Engine::new(&config, &system, host_fingerprint(&config)?);
+            let responder = Responder::new(&engine, &config)?;
+            let sig_path = signature
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{}.sig", file.display())));
+            let signed = read_envelope_files(file, &sig_path)?;
+            let closed = Arc::new(AtomicBool::new(false));
+            watch_session(&closed)?;
+            let cancelled = || closed.load(Ordering::SeqCst);
+            let mut progress = |p: clawfleet_protocol::result::Progress| {
+                eprintln!(
+                    "step {} ({} ms)",
+                    hostd::engine::step_name(p.step),
+                    p.elapsed_ms
+                );
+            };
+            let reply = responder.respond(&signed, &cancelled, &mut progress);
+            println!("{}", serde_json::to_string_pretty(&reply)?);
+            Ok(match reply.outcome {
+                Outcome::Succeeded { .. } => ExitCode::SUCCESS,
+                Outcome::Failed { .. } => ExitCode::from(1),
+            })
+        }
+        Command::Serve => {
+            let config = load_config(&cli)?;
+            let system = RealSystem::new()?;
+            let engine = Engine::new(&config, &system, host_fingerprint(&config)?);
+            let responder = Responder::new(&engine, &config)?;
+            let closed = Arc::new(AtomicBool::new(false));
+            watch_session(&closed)?;
+            serve(&responder, std::io::stdin(), std::io::stdout(), closed)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        Some("version") | Some("--version") => {
-            println!(
-                "hostd {} (protocol versions {:?})",
-                env!("CARGO_PKG_VERSION"),
-                clawfleet_protocol::SUPPORTED_VERSIONS
-            );
-            ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!(
-                "hostd: `{other}` is not available in this build yet; only `hostd version` is"
-            );
-            ExitCode::from(2)
-        }
-        None => {
-            eprintln!("usage: hostd version");
-            ExitCode::from(2)
+    let cli = Cli::parse();
+    init_logging();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hostd: {e:#}");
+            if matches!(std::env::args().nth(1).as_deref(), Some("serve")) {
+                // The coordinator reads stdout only; a clear line on stderr is all we can do.
+                tracing::error!("hostd serve could not start: {e:#}");
+            }
+            ExitCode::from(1)
         }
     }
 }

@@ -1,0 +1,352 @@
+//! One SSH session of `hostd serve`: a hello, then any number of signed envelopes in, and a
+//! result (plus progress events) out for each, over framed stdin/stdout.
+//!
+//! When the session closes (stdin ends, or SIGHUP/SIGTERM arrives) hostd finishes the step in
+//! progress, starts no new one, records the operation's outcome in the journal, releases its
+//! locks and exits. The coordinator learns the outcome with `operation-status`.
+
+use std::cell::RefCell;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::framing::{FrameError, read_frame, write_frame};
+use clawfleet_protocol::result::{Hello, Outcome, Progress, ResultMessage, Step};
+use clawfleet_protocol::signing::Rejection;
+use clawfleet_protocol::{AllowedSigners, HostIdentity, Limits, Message, SignedEnvelope, Verifier};
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::engine::{Ctx, Engine, step_name};
+use crate::journal::{Begin, Journal};
+
+/// Why a session could not start or had to end early.
+#[derive(Debug, Error)]
+pub enum SessionError {
+    #[error("cannot write to the session: {0}")]
+    Write(FrameError),
+    #[error("the session's input is not a clawfleet frame stream: {0}")]
+    Stream(FrameError),
+    #[error("cannot open the operation journal: {0}")]
+    Journal(crate::fsutil::FsError),
+}
+
+/// Current Unix time in seconds.
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Everything needed to answer envelopes on this host.
+pub struct Responder<'a> {
+    engine: &'a Engine<'a>,
+    verifier: Result<Verifier, Failure>,
+    journal: Journal,
+}
+
+impl std::fmt::Debug for Responder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responder").finish_non_exhaustive()
+    }
+}
+
+impl<'a> Responder<'a> {
+    /// Loads allowed_signers (an invalid file makes every envelope fail with
+    /// `SIGNERS_FILE_INVALID`, never trusts anything) and opens the journal.
+    pub fn new(engine: &'a Engine<'a>, config: &Config) -> Result<Self, SessionError> {
+        let verifier = AllowedSigners::load(&config.allowed_signers)
+            .map(|signers| {
+                let mut v = Verifier::new(
+                    signers,
+                    HostIdentity {
+                        name: config.host_name.clone(),
+                        host_key: engine.host_key.clone(),
+                    },
+                );
+                v.clock_skew_seconds = config.limits.clock_skew_seconds;
+                v.max_lifetime_seconds = config.limits.max_envelope_lifetime_seconds;
+                v
+            })
+            .map_err(|e| {
+                Failure::new(
+                    FailureCode::SignersFileInvalid,
+                    format!("this host's allowed_signers is not usable: {e}"),
+                )
+            });
+        crate::fsutil::ensure_dir(&config.state_root, 0o755).map_err(SessionError::Journal)?;
+        let journal = Journal::open(&engine.layout.journal_dir(), config.journal_max_entries)
+            .map_err(SessionError::Journal)?;
+        Ok(Self {
+            engine,
+            verifier,
+            journal,
+        })
+    }
+
+    /// Verifies and executes one envelope; `progress` receives each step as it starts.
+    pub fn respond(
+        &self,
+        signed: &SignedEnvelope,
+        cancelled: &dyn Fn() -> bool,
+        progress: &mut dyn FnMut(Progress),
+    ) -> ResultMessage {
+        let now = now_unix();
+        let verified = match &self.verifier {
+            Err(failure) => {
+                return ResultMessage {
+                    operation_id: None,
+                    outcome: Outcome::Failed {
+                        failure: failure.clone(),
+                    },
+                };
+            }
+            Ok(v) => v.verify(signed, now),
+        };
+        let verified = match verified {
+            Ok(v) => v,
+            Err(Rejection {
+                operation_id,
+                failure,
+            }) => {
+                tracing::warn!(
+                    operation_id = operation_id.as_ref().map(|i| i.as_str()).unwrap_or("-"),
+                    code = failure.code.as_str(),
+                    "envelope refused: {}",
+                    failure.message
+                );
+                return ResultMessage {
+                    operation_id,
+                    outcome: Outcome::Failed { failure },
+                };
+            }
+        };
+        let env = &verified.envelope;
+        let id = env.operation_id.clone();
+        let kind = env.operation.kind();
+        tracing::info!(operation_id = %id, op = kind.as_str(), issuer = %env.issuer, signer = %verified.signer, "operation received");
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(u64::from(env.deadline_seconds));
+
+        let handle = if kind.is_read_only() {
+            None
+        } else {
+            match self
+                .journal
+                .begin(&id, kind, &verified.body_sha256, env.expires_at, now)
+            {
+                Err(e) => {
+                    return failed(Some(id), Failure::new(FailureCode::IoFailed, e.to_string()));
+                }
+                Ok(Begin::Recorded(outcome)) => {
+                    tracing::info!(operation_id = %id, "replay: returning the recorded outcome");
+                    return ResultMessage {
+                        operation_id: Some(id),
+                        outcome,
+                    };
+                }
+                Ok(Begin::Mismatch) => {
+                    return failed(
+                        Some(id),
+                        Failure::new(
+                            FailureCode::ReplayMismatch,
+                            "this operation id was used before with a different body",
+                        ),
+                    );
+                }
+                Ok(Begin::InProgress) => {
+                    return failed(
+                        Some(id),
+                        Failure::new(
+                            FailureCode::OperationInProgress,
+                            "another session is executing this operation id now",
+                        ),
+                    );
+                }
+                Ok(Begin::Run(h)) => Some(h),
+            }
+        };
+        let handle = RefCell::new(handle);
+        let mut on_step = |step: Step| {
+            if let Some(h) = handle.borrow_mut().as_mut()
+                && let Err(e) = h.step(step)
+            {
+                tracing::warn!(operation_id = %id, "cannot record step {}: {e}", step_name(step));
+            }
+            progress(Progress {
+                operation_id: id.clone(),
+                step,
+                elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                detail: None,
+            });
+        };
+        let mut ctx = Ctx::new(id.clone(), deadline, now, cancelled, &mut on_step);
+        let result = self.engine.execute(&env.operation, &mut ctx, &self.journal);
+        let last_step = ctx.last_step();
+        drop(ctx);
+        let outcome = match result {
+            Ok(result) => Outcome::Succeeded { result },
+            Err(failure) => Outcome::Failed { failure },
+        };
+        match outcome.failure() {
+            None => {
+                tracing::info!(operation_id = %id, op = kind.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")
+            }
+            Some(f) => {
+                tracing::warn!(operation_id = %id, op = kind.as_str(), code = f.code.as_str(), "operation failed: {}", f.message)
+            }
+        }
+        if let Some(h) = handle.into_inner() {
+            let after = outcome.failure().and(last_step);
+            if let Err(e) = h.finish(&outcome, after) {
+                tracing::error!(operation_id = %id, "cannot record the outcome: {e}");
+            }
+            if let Err(e) = self.journal.prune(now) {
+                tracing::warn!(operation_id = %id, "cannot prune the journal: {e}");
+            }
+        }
+        ResultMessage {
+            operation_id: Some(id),
+            outcome,
+        }
+    }
+}
+
+fn failed(id: Option<clawfleet_protocol::OperationId>, failure: Failure) -> ResultMessage {
+    ResultMessage {
+        operation_id: id,
+        outcome: Outcome::Failed { failure },
+    }
+}
+
+enum Incoming {
+    Frame(clawfleet_protocol::Frame),
+    Broken(FrameError),
+}
+
+/// Serves one session until its input ends and every request read has been answered, or until
+/// `closed` is set (by signal handlers, by the caller's output watcher, or by a failed write).
+pub fn serve<R: Read + Send + 'static, W: Write>(
+    responder: &Responder<'_>,
+    input: R,
+    output: W,
+    closed: Arc<AtomicBool>,
+) -> Result<(), SessionError> {
+    let limits = Limits::default();
+    let output = RefCell::new(output);
+    let send = |message: &Message| -> Result<(), SessionError> {
+        let frame = message.to_frame().map_err(|e| {
+            SessionError::Write(FrameError::Io(std::io::Error::other(e.to_string())))
+        })?;
+        write_frame(&mut *output.borrow_mut(), &frame, limits.max_frame)
+            .map_err(SessionError::Write)
+    };
+    send(&Message::Hello(Hello {
+        hostd_version: env!("CARGO_PKG_VERSION").to_owned(),
+        protocol_versions: clawfleet_protocol::SUPPORTED_VERSIONS.to_vec(),
+        host_key: responder.engine.host_key.clone(),
+    }))?;
+
+    // End of input means "no more requests", not "session gone": queued envelopes still run.
+    // A gone session is noticed through `closed` (signals, the output watcher, write errors).
+    let (tx, rx) = mpsc::channel::<Incoming>();
+    std::thread::spawn(move || {
+        let mut input = input;
+        loop {
+            match read_frame(&mut input, limits.max_frame) {
+                Ok(Some(frame)) => {
+                    if tx.send(Incoming::Frame(frame)).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let _ = tx.send(Incoming::Broken(e));
+                    break;
+                }
+            }
+        }
+    });
+
+    let cancelled = || closed.load(Ordering::SeqCst);
+    loop {
+        let incoming = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(i) => i,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if cancelled() {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+        };
+        let frame = match incoming {
+            Incoming::Frame(f) => f,
+            Incoming::Broken(e) => {
+                let code = match e {
+                    FrameError::TooLarge { .. } => FailureCode::InputTooLarge,
+                    _ => FailureCode::InvalidInput,
+                };
+                let _ = send(&Message::Result(failed(
+                    None,
+                    Failure::new(code, e.to_string()),
+                )));
+                return Err(SessionError::Stream(e));
+            }
+        };
+        let reply = match Message::from_frame(&frame, &limits) {
+            Ok(Message::Envelope(signed)) => {
+                let mut progress = |p: Progress| {
+                    if send(&Message::Progress(p)).is_err() {
+                        closed.store(true, Ordering::SeqCst);
+                    }
+                };
+                responder.respond(&signed, &cancelled, &mut progress)
+            }
+            Ok(_) => failed(
+                None,
+                Failure::new(
+                    FailureCode::InvalidInput,
+                    "hostd accepts only envelope frames",
+                ),
+            ),
+            Err(e) => {
+                let failure = match e {
+                    clawfleet_protocol::framing::MessageError::Decode(d) => d.to_failure(),
+                    other => Failure::new(FailureCode::InvalidInput, other.to_string()),
+                };
+                failed(None, failure)
+            }
+        };
+        if let Err(e) = send(&Message::Result(reply)) {
+            // The peer is gone; the outcome is in the journal.
+            tracing::info!("session output closed: {e}");
+            return Ok(());
+        }
+    }
+}
+
+/// Reads an envelope body and its armored signature for `hostd apply`.
+pub fn read_envelope_files(body: &Path, signature: &Path) -> std::io::Result<SignedEnvelope> {
+    let limits = Limits::default();
+    let read = |p: &Path, max: usize| -> std::io::Result<Vec<u8>> {
+        let meta = std::fs::metadata(p)?;
+        if meta.len() > max as u64 {
+            return Err(std::io::Error::other(format!(
+                "{} is {} bytes; at most {max} are read",
+                p.display(),
+                meta.len()
+            )));
+        }
+        std::fs::read(p)
+    };
+    let body = read(body, limits.max_envelope)?;
+    let signature = String::from_utf8(read(signature, limits.max_signature)?)
+        .map_err(|_| std::io::Error::other(format!("{} is not text", signature.display())))?;
+    Ok(SignedEnvelope { body, signature })
+}

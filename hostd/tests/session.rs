@@ -1,0 +1,309 @@
+//! `hostd serve`'s session loop over the fake privileged layer: framing, verification, replay
+//! protection, many operations per session, and what happens at end of input.
+#![allow(clippy::unwrap_used)] // test helpers fail loudly by design
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use clawfleet_protocol::failure::FailureCode;
+use clawfleet_protocol::framing::{FrameDecoder, write_frame};
+use clawfleet_protocol::operation::*;
+use clawfleet_protocol::result::{OperationResult, OperationState, Outcome, ResultMessage};
+use clawfleet_protocol::ssh_key::{Algorithm, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr};
+use clawfleet_protocol::{
+    Configuration, Envelope, Fingerprint, HostName, Ident, Limits, Message, OperationId,
+    PROTOCOL_VERSION, Principal, SignedEnvelope, Target,
+};
+use hostd::config::Config;
+use hostd::engine::Engine;
+use hostd::fake::FakeSystem;
+use hostd::session::{Responder, now_unix, serve};
+use serde_json::json;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    config: Config,
+    fake: FakeSystem,
+    key: PrivateKey,
+    host_key: Fingerprint,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap();
+        let signers = dir.path().join("allowed_signers");
+        std::fs::write(
+            &signers,
+            format!(
+                "occ@test namespaces=\"clawfleet-operation\" {}\n",
+                key.public_key().to_openssh().unwrap()
+            ),
+        )
+        .unwrap();
+        let units = dir.path().join("units");
+        std::fs::create_dir_all(&units).unwrap();
+        let text = format!(
+            "host_name = \"h1\"\nstate_root = \"{}\"\nunit_dir = \"{}\"\nallowed_signers = \"{}\"\ngateway_command = [\"/usr/bin/gw\"]\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 300\n",
+            dir.path().join("state").display(),
+            units.display(),
+            signers.display()
+        );
+        let config = Config::parse(&text, "test", || None).unwrap();
+        Self {
+            fake: FakeSystem::new(&units),
+            _dir: dir,
+            config,
+            key,
+            host_key: Fingerprint::new(format!("SHA256:{}", "Q".repeat(43))).unwrap(),
+        }
+    }
+
+    fn envelope(&self, id: &str, operation: Operation) -> Envelope {
+        let now = now_unix();
+        Envelope {
+            version: PROTOCOL_VERSION,
+            operation_id: OperationId::new(id).unwrap(),
+            target: Target {
+                host: HostName::new("h1").unwrap(),
+                host_key: self.host_key.clone(),
+            },
+            issuer: Principal::new("occ@test").unwrap(),
+            issued_at: now,
+            expires_at: now + 300,
+            deadline_seconds: 60,
+            operation,
+        }
+    }
+
+    fn signed(&self, id: &str, operation: Operation) -> SignedEnvelope {
+        SignedEnvelope::sign(&self.envelope(id, operation), &self.key).unwrap()
+    }
+
+    /// Runs one session over `input` and returns every message hostd wrote.
+    fn session(&self, input: Vec<u8>) -> Vec<Message> {
+        let engine = Engine::new(&self.config, &self.fake, self.host_key.clone());
+        let responder = Responder::new(&engine, &self.config).unwrap();
+        let mut output = Vec::new();
+        let _ = serve(
+            &responder,
+            std::io::Cursor::new(input),
+            &mut output,
+            Arc::new(AtomicBool::new(false)),
+        );
+        let mut dec = FrameDecoder::new(1 << 20);
+        dec.push(&output);
+        let mut out = Vec::new();
+        while let Some(frame) = dec.next_frame().unwrap() {
+            out.push(Message::from_frame(&frame, &Limits::default()).unwrap());
+        }
+        out
+    }
+}
+
+fn frames(envelopes: &[SignedEnvelope]) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for e in envelopes {
+        write_frame(
+            &mut wire,
+            &Message::Envelope(e.clone()).to_frame().unwrap(),
+            1 << 20,
+        )
+        .unwrap();
+    }
+    wire
+}
+
+fn results(messages: &[Message]) -> Vec<ResultMessage> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Result(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn code(r: &ResultMessage) -> Option<FailureCode> {
+    r.outcome.failure().map(|f| f.code)
+}
+
+fn ns() -> NamespaceRef {
+    NamespaceRef {
+        id: Ident::new("ns1").unwrap(),
+        name: Ident::new("team").unwrap(),
+    }
+}
+
+fn prepare() -> Operation {
+    let configuration = Configuration::new(json!({"gateway": {"mode": "local"}})).unwrap();
+    Operation::PrepareRevision(PrepareArgs {
+        namespace: ns(),
+        agent: AgentRef {
+            id: Ident::new("a1").unwrap(),
+            service_principal_id: Ident::new("sp1").unwrap(),
+        },
+        revision: RevisionSpec {
+            id: Ident::new("r1").unwrap(),
+            number: RevisionNumber::new(1).unwrap(),
+            harness: Harness {
+                id: HarnessId::Openclaw,
+                version: HarnessVersion::new("2026.9.6").unwrap(),
+                mode: HarnessMode::Embedded,
+            },
+            configuration_hash: configuration.hash(),
+            configuration,
+        },
+    })
+}
+
+#[test]
+fn hello_then_many_operations_in_one_session_even_after_end_of_input() {
+    let f = Fixture::new();
+    let input = frames(&[
+        f.signed("op-1", Operation::Probe(ProbeArgs {})),
+        f.signed(
+            "op-2",
+            Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+        ),
+        f.signed("op-3", prepare()),
+        f.signed(
+            "op-4",
+            Operation::OperationStatus(OperationStatusArgs {
+                operation_id: OperationId::new("op-3").unwrap(),
+            }),
+        ),
+    ]);
+    let out = f.session(input);
+    match &out[0] {
+        Message::Hello(h) => {
+            assert_eq!(h.protocol_versions, vec![1]);
+            assert_eq!(h.host_key, f.host_key);
+        }
+        other => panic!("first message must be hello, got {other:?}"),
+    }
+    let rs = results(&out);
+    assert_eq!(
+        rs.len(),
+        4,
+        "every request read before end of input is answered"
+    );
+    for r in &rs {
+        assert!(code(r).is_none(), "{r:?}");
+    }
+    assert!(
+        out.iter()
+            .any(|m| matches!(m, Message::Progress(p) if p.operation_id.as_str() == "op-3"))
+    );
+    match &rs[3].outcome {
+        Outcome::Succeeded {
+            result: OperationResult::OperationStatus(s),
+        } => assert!(matches!(s.state, OperationState::Succeeded { .. })),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn replays_return_the_record_and_reused_ids_with_other_bodies_are_refused() {
+    let f = Fixture::new();
+    let ensure = f.signed(
+        "op-1",
+        Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    let first = f.session(frames(std::slice::from_ref(&ensure)));
+    let again = f.session(frames(std::slice::from_ref(&ensure)));
+    assert_eq!(results(&first)[0].outcome, results(&again)[0].outcome);
+    // The replay did no work: no progress events.
+    assert!(!again.iter().any(|m| matches!(m, Message::Progress(_))));
+    let other = f.signed(
+        "op-1",
+        Operation::DeleteNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    let out = f.session(frames(&[other]));
+    assert_eq!(code(&results(&out)[0]), Some(FailureCode::ReplayMismatch));
+    assert!(
+        f.config.state_root.join("namespaces").exists(),
+        "nothing was deleted"
+    );
+}
+
+#[test]
+fn refused_envelopes_change_nothing_and_carry_their_codes() {
+    let f = Fixture::new();
+    let good = f.signed(
+        "op-1",
+        Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    let mut tampered = good.clone();
+    let i = tampered.body.iter().position(|b| *b == b'1').unwrap();
+    tampered.body[i] = b'2';
+    let stranger_key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap();
+    let stranger = SignedEnvelope::sign(
+        &f.envelope(
+            "op-2",
+            Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+        ),
+        &stranger_key,
+    )
+    .unwrap();
+    let mut expired_env = f.envelope(
+        "op-3",
+        Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    expired_env.issued_at -= 1000;
+    expired_env.expires_at = expired_env.issued_at + 10;
+    let expired = SignedEnvelope::sign(&expired_env, &f.key).unwrap();
+    let mut future_env = f.envelope(
+        "op-4",
+        Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    future_env.issued_at += 1000;
+    future_env.expires_at += 1000;
+    let future = SignedEnvelope::sign(&future_env, &f.key).unwrap();
+    let mut wrong_env = f.envelope(
+        "op-5",
+        Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    wrong_env.target.host = HostName::new("h2").unwrap();
+    let wrong = SignedEnvelope::sign(&wrong_env, &f.key).unwrap();
+    let out = f.session(frames(&[tampered, stranger, expired, future, wrong]));
+    let codes: Vec<_> = results(&out).iter().map(code).collect();
+    assert_eq!(
+        codes,
+        vec![
+            Some(FailureCode::SignatureInvalid),
+            Some(FailureCode::UnknownSigner),
+            Some(FailureCode::EnvelopeExpired),
+            Some(FailureCode::EnvelopeNotYetValid),
+            Some(FailureCode::WrongHost),
+        ]
+    );
+    assert!(results(&out)[0].operation_id.is_none());
+    assert!(!f.config.state_root.join("namespaces").exists());
+    assert!(f.fake.calls().is_empty());
+}
+
+#[test]
+fn a_garbage_stream_gets_one_clear_error_and_the_session_ends() {
+    let f = Fixture::new();
+    let out = f.session(b"GET / HTTP/1.1\r\n\r\n".to_vec());
+    let rs = results(&out);
+    assert_eq!(rs.len(), 1);
+    assert_eq!(code(&rs[0]), Some(FailureCode::InvalidInput));
+    assert!(rs[0].outcome.failure().unwrap().message.contains("frame"));
+}
+
+#[test]
+fn an_invalid_allowed_signers_file_refuses_everything() {
+    let f = Fixture::new();
+    std::fs::write(
+        &f.config.allowed_signers,
+        "occ@test cert-authority ssh-ed25519 AAAA\n",
+    )
+    .unwrap();
+    let out = f.session(frames(&[f.signed("op-1", Operation::Probe(ProbeArgs {}))]));
+    assert_eq!(
+        code(&results(&out)[0]),
+        Some(FailureCode::SignersFileInvalid)
+    );
+}
