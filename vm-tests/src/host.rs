@@ -26,6 +26,14 @@ const NSPAWN_REBOOT_STATUS: i32 = 133;
 /// `/payload` of the runner's cgroup and the second container breaks (notes/test-hosts.md §2).
 const LAUNCH_SCRIPT: &str = r#"for f in $CFVM_CGROUP_PROCS; do echo $$ > "$f"; done; exec "$@""#;
 
+/// Per-host choices made at boot (they need nspawn arguments).
+#[derive(Debug, Clone, Default)]
+pub struct HostOptions {
+    /// Bind the cached OpenClaw bundle read-only at `/opt/clawfleet-openclaw` (no copy; fetched
+    /// once with npm). Without it, [`TestHost::install_openclaw`] copies the ~850 MB bundle.
+    pub openclaw: bool,
+}
+
 #[derive(Debug)]
 struct State {
     record: SlotRecord,
@@ -51,6 +59,8 @@ pub struct TestHost {
     host_public_key: String,
     fingerprint: String,
     machine_id: String,
+    /// `--bind-ro=` mounts given to nspawn (runner path, host path).
+    binds: Vec<(PathBuf, String)>,
     state: Mutex<State>,
     // Dropped last: the slot stays ours until teardown has finished.
     slot: Slot,
@@ -61,17 +71,32 @@ impl TestHost {
     pub fn start() -> Result<TestHost> {
         let config = HarnessConfig::from_env()?;
         let base = preflight(&config)?;
-        TestHost::start_on(&config, &base)
+        TestHost::start_on(&config, &base, &HostOptions::default())
     }
 
     /// Starts one host with the given settings.
     pub fn start_with(config: &HarnessConfig) -> Result<TestHost> {
         let base = preflight(config)?;
-        TestHost::start_on(config, &base)
+        TestHost::start_on(config, &base, &HostOptions::default())
+    }
+
+    /// Starts one host with boot-time options.
+    pub fn start_with_options(config: &HarnessConfig, options: &HostOptions) -> Result<TestHost> {
+        let base = preflight(config)?;
+        TestHost::start_on(config, &base, options)
     }
 
     /// Starts one host on an already built base rootfs (what [`TestHosts`] calls per host).
-    pub fn start_on(config: &HarnessConfig, base: &BaseRootfs) -> Result<TestHost> {
+    pub fn start_on(
+        config: &HarnessConfig,
+        base: &BaseRootfs,
+        options: &HostOptions,
+    ) -> Result<TestHost> {
+        let mut binds = Vec::new();
+        if options.openclaw {
+            let bundle = crate::openclaw::ensure_cached(config)?;
+            binds.push((bundle.dir, crate::openclaw::HOST_PREFIX.to_owned()));
+        }
         let slot = slot::acquire(config)?;
         let record = SlotRecord::plan(config, slot.n);
         for p in [&record.run_dir, &base.rootfs] {
@@ -110,6 +135,7 @@ impl TestHost {
             host_public_key: identity.public_key,
             fingerprint: identity.fingerprint,
             machine_id: identity.machine_id,
+            binds,
             state: Mutex::new(State {
                 record,
                 child: None,
@@ -231,6 +257,11 @@ impl TestHost {
             .arg("--link-journal=no")
             .arg("--resolv-conf=off")
             .arg("--timezone=off")
+            .args(
+                self.binds
+                    .iter()
+                    .map(|(from, to)| format!("--bind-ro={}:{to}", from.display())),
+            )
             .env("CFVM_CGROUP_PROCS", procs.join(" "))
             .env(
                 "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY",
@@ -535,6 +566,13 @@ impl TestHost {
                 name: self.name.clone(),
             });
         }
+        if self
+            .binds
+            .iter()
+            .any(|(_, to)| to == crate::openclaw::HOST_PREFIX)
+        {
+            return Ok(crate::openclaw::host_paths());
+        }
         let bundle = crate::openclaw::ensure_cached(&self.config)?;
         crate::openclaw::install_into(&bundle, &self.root)
     }
@@ -696,11 +734,20 @@ impl TestHosts {
     /// Starts `n` hosts in parallel; if any fails, the others are torn down and the first
     /// error is returned.
     pub fn start_with(config: &HarnessConfig, n: usize) -> Result<TestHosts> {
+        TestHosts::start_with_options(config, n, &HostOptions::default())
+    }
+
+    /// Starts `n` hosts in parallel with boot-time options.
+    pub fn start_with_options(
+        config: &HarnessConfig,
+        n: usize,
+        options: &HostOptions,
+    ) -> Result<TestHosts> {
         let base = preflight(config)?;
         let t0 = Instant::now();
         let results: Vec<Result<TestHost>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..n)
-                .map(|_| s.spawn(|| TestHost::start_on(config, &base)))
+                .map(|_| s.spawn(|| TestHost::start_on(config, &base, options)))
                 .collect();
             handles
                 .into_iter()

@@ -31,7 +31,7 @@ pub use base::{BaseRootfs, INCLUDES, detect_mirror, ensure_base_rootfs, recipe_k
 pub use config::HarnessConfig;
 pub use error::{Error, Result};
 pub use gateway::{TEST_GATEWAY_REMOTE_PATH, test_gateway_binary};
-pub use host::{TestHost, TestHosts, preflight};
+pub use host::{HostOptions, TestHost, TestHosts, preflight};
 pub use slot::{
     SlotRecord, SlotState, SlotStatus, host_address, list_slots, reclaim_stale, runner_address,
     slot_name,

@@ -170,8 +170,13 @@ pub(crate) fn install_into(bundle: &OpenClawBundle, host_root: &Path) -> Result<
         )?;
         std::fs::rename(&tmp, &target).map_err(|e| Error::io("rename into place", &target, e))?;
     }
-    Ok(OpenClawPaths {
+    Ok(host_paths())
+}
+
+/// The bundle's paths inside a host.
+pub(crate) fn host_paths() -> OpenClawPaths {
+    OpenClawPaths {
         node: format!("{HOST_PREFIX}/{NODE_BIN}"),
         openclaw_mjs: format!("{HOST_PREFIX}/{OPENCLAW_MJS}"),
-    })
+    }
 }

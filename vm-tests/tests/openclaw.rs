@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use clawfleet_vm_tests::{TestHost, openclaw, skip_unless_hosts};
+use clawfleet_vm_tests::{HarnessConfig, HostOptions, TestHost, openclaw, skip_unless_hosts};
 
 const PORT: u16 = 18720;
 const DIR: &str = "/var/lib/cfvm-oc";
@@ -20,12 +20,13 @@ fn real_openclaw_gateway_becomes_ready_in_a_host() {
     if let Some(reason) = openclaw::skip_reason() {
         panic!("CLAWFLEET_VM_OPENCLAW=1 but {reason}");
     }
-    let host = TestHost::start().unwrap();
     let t0 = Instant::now();
+    let config = HarnessConfig::from_env().unwrap();
+    let options = HostOptions { openclaw: true };
+    let host = TestHost::start_with_options(&config, &options).unwrap();
     let paths = host.install_openclaw().unwrap();
     eprintln!(
-        "OpenClaw bundle installed into {} in {:.1}s",
-        host.name(),
+        "host with the OpenClaw bundle bound in up in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
     assert!(
