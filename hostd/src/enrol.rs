@@ -239,7 +239,21 @@ fn shown(path: &Path) -> String {
 /// The file's bytes and metadata, or `None` if it does not exist. Refuses symlinks and other
 /// non-regular files (they would be replaced by the rename), and files over `max` bytes.
 fn read_existing(path: &Path, max: u64) -> Result<Option<(Vec<u8>, fs::Metadata)>, EnrolError> {
-    let meta = match fs::symlink_metadata(path) {
+    read_file(path, max, false)
+}
+
+/// Reads a file up to `max` bytes; `follow` allows a symlink (only for files never replaced).
+fn read_file(
+    path: &Path,
+    max: u64,
+    follow: bool,
+) -> Result<Option<(Vec<u8>, fs::Metadata)>, EnrolError> {
+    let stat = if follow {
+        fs::metadata
+    } else {
+        fs::symlink_metadata
+    };
+    let meta = match stat(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
@@ -493,7 +507,7 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
     let signing_key = parse_key("signing", &req.signing_key)?;
     check_forced_command(&req.forced_command)?;
 
-    let host_key = read_existing(&req.host_key, MAX_FILE_BYTES)?
+    let host_key = read_file(&req.host_key, MAX_FILE_BYTES, true)?
         .ok_or_else(|| EnrolError::HostKey {
             path: shown(&req.host_key),
             detail: "it does not exist".into(),
@@ -966,6 +980,19 @@ mod tests {
             enrol(&env.req).unwrap_err(),
             EnrolError::SshKeyOptionsConflict { .. }
         ));
+    }
+
+    #[test]
+    fn a_symlinked_host_key_is_read() {
+        let env = Env::new();
+        let link = env.dir.path().join("link.pub");
+        std::os::unix::fs::symlink(&env.req.host_key, &link).unwrap();
+        let mut req = env.req.clone();
+        req.host_key = link;
+        assert_eq!(
+            enrol(&req).unwrap().host_key_fingerprint,
+            Fingerprint::of(&PublicKey::from_openssh(KEY_C).unwrap())
+        );
     }
 
     #[test]

@@ -1072,6 +1072,6 @@ mod tests {
         assert!(matches!(e, SystemError::Bus(_)), "{e}");
         // The failed connect is not cached as a success; it fails the same way again.
         assert!(sys.unit_state("x.service").is_err());
-        assert!(sys.probe_ready(1, Duration::from_millis(100)) == false);
+        assert!(!sys.probe_ready(1, Duration::from_millis(100)));
     }
 }
