@@ -1,0 +1,243 @@
+//! Concurrency and session behaviour of hostd on a real host: per-Agent locks, lock release on
+//! SIGKILL, a session cut mid-operation, and a reboot.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hosts_support;
+
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::failure::FailureCode;
+use clawfleet_protocol::operation::*;
+use clawfleet_protocol::result::{OperationResult, OperationState, Step};
+use clawfleet_protocol::{Message, OperationId};
+use clawfleet_vm_tests::skip_unless_hosts;
+use hosts_support::*;
+use serde_json::json;
+
+fn port(r: &OperationResult) -> u16 {
+    match r {
+        OperationResult::PrepareRevision(p) => p.observation.port.unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn is_result(m: &Message) -> bool {
+    matches!(m, Message::Result(_))
+}
+
+#[test]
+fn a_never_ready_candidate_does_not_block_another_agent() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(
+        &occ,
+        "[limits]\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 8000\n",
+    );
+    occ.ok(&host, ensure("ns1"));
+    let stuck = spec("rev-1", 1, json!({"neverReady": true}));
+    let fine = spec("rev-1", 1, json!({"label": "fine"}));
+    occ.ok(&host, prepare("ns1", "slow", &stuck));
+    let p = port(&occ.ok(&host, prepare("ns1", "quick", &fine)));
+
+    let mut slow = Session::open(&occ, &host);
+    let id = occ.next_id();
+    slow.send(&occ.sign(&occ.envelope(
+        &host,
+        &id,
+        Operation::ActivateRevision(rargs("ns1", "slow", &stuck)),
+    )));
+    slow.wait_for(
+        Duration::from_secs(20),
+        |m| matches!(m, Message::Progress(p) if p.step == Step::Readiness),
+    )
+    .expect("the slow activation reaches its readiness wait");
+    // While it waits, the other Agent is prepared and activated at once.
+    let start = Instant::now();
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(rargs("ns1", "quick", &fine)),
+    );
+    let quick = start.elapsed();
+    assert!(
+        quick < Duration::from_secs(6),
+        "the other Agent waited {quick:?}"
+    );
+    assert_eq!(curl(&host, p, "/readyz").0, 200);
+    let done = slow
+        .wait_for(Duration::from_secs(30), is_result)
+        .expect("a result");
+    match done {
+        Message::Result(r) => {
+            let f = r.outcome.failure().expect("never-ready fails");
+            assert_eq!(f.code, FailureCode::ReadinessTimeout);
+            assert!(f.is_retryable());
+        }
+        _ => unreachable!(),
+    }
+    slow.finish();
+}
+
+#[test]
+fn lock_contention_times_out_and_sigkill_releases_the_lock() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(
+        &occ,
+        "[limits]\nlock_timeout_ms = 2000\nreadiness_timeout_ms = 60000\n",
+    );
+    occ.ok(&host, ensure("ns1"));
+    let slow = spec("rev-1", 1, json!({"readyAfterMs": 60000}));
+    occ.ok(&host, prepare("ns1", "a1", &slow));
+
+    let mut holder = Session::open(&occ, &host);
+    holder.send(&occ.sign(&occ.envelope(
+        &host,
+        &occ.next_id(),
+        Operation::ActivateRevision(rargs("ns1", "a1", &slow)),
+    )));
+    holder
+        .wait_for(
+            Duration::from_secs(20),
+            |m| matches!(m, Message::Progress(p) if p.step == Step::Readiness),
+        )
+        .expect("the holder waits for readiness under the Agent lock");
+
+    // A second session on the same Agent gives up after the configured 2 s.
+    let start = Instant::now();
+    let f = occ.fails(&host, Operation::StopRevision(rargs("ns1", "a1", &slow)));
+    assert_eq!(f.code, FailureCode::LockTimeout, "{f}");
+    assert!(f.is_retryable());
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+
+    // SIGKILL the holder's hostd (inside the test host, by its pid): the kernel drops the lock.
+    let pids = host.run_ok("pgrep -x hostd").unwrap();
+    for pid in pids.split_whitespace() {
+        host.run_ok(&format!("kill -9 {pid}")).unwrap();
+    }
+    holder.kill_client();
+    let start = Instant::now();
+    match occ.ok(&host, Operation::StopRevision(rargs("ns1", "a1", &slow))) {
+        OperationResult::StopRevision(s) => assert!(s.stopped),
+        other => panic!("{other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_session_cut_mid_operation_is_recorded_and_repairable() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(
+        &occ,
+        "[limits]\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 60000\n",
+    );
+    occ.ok(&host, ensure("ns1"));
+    let slow = spec("rev-1", 1, json!({"readyAfterMs": 30000}));
+    occ.ok(&host, prepare("ns1", "a1", &slow));
+
+    let mut s = Session::open(&occ, &host);
+    let id = occ.next_id();
+    s.send(&occ.sign(&occ.envelope(
+        &host,
+        &id,
+        Operation::ActivateRevision(rargs("ns1", "a1", &slow)),
+    )));
+    s.wait_for(
+        Duration::from_secs(20),
+        |m| matches!(m, Message::Progress(p) if p.step == Step::Readiness),
+    )
+    .expect("readiness wait");
+    s.kill_client();
+
+    // hostd notices, stops waiting, records the outcome and exits well before readiness.
+    let status = || {
+        occ.ok(
+            &host,
+            Operation::OperationStatus(OperationStatusArgs {
+                operation_id: OperationId::new(&id).unwrap(),
+            }),
+        )
+    };
+    let start = Instant::now();
+    let state = loop {
+        match status() {
+            OperationResult::OperationStatus(s) => match s.state {
+                OperationState::Running { .. } if start.elapsed() < Duration::from_secs(20) => {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                other => break other,
+            },
+            other => panic!("{other:?}"),
+        }
+    };
+    match state {
+        OperationState::Failed {
+            failure,
+            after_step,
+            ..
+        } => {
+            assert_eq!(failure.code, FailureCode::SessionClosed, "{failure}");
+            assert_eq!(after_step, Some(Step::Readiness));
+        }
+        other => panic!("expected an aborted record, got {other:?}"),
+    }
+    assert!(
+        host.run("pgrep -x hostd").unwrap().stdout.is_empty(),
+        "hostd exited"
+    );
+    // current was flipped, served was not: a later activate repairs the cutover.
+    let fixed = spec("rev-2", 2, json!({"label": "fixed"}));
+    occ.ok(&host, prepare("ns1", "a1", &fixed));
+    match occ.ok(
+        &host,
+        Operation::ActivateRevision(rargs("ns1", "a1", &fixed)),
+    ) {
+        OperationResult::ActivateRevision(r) => {
+            assert_eq!(r.observation.served, Some(id_of("rev-2")))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn id_of(s: &str) -> clawfleet_protocol::Ident {
+    clawfleet_protocol::Ident::new(s).unwrap()
+}
+
+#[test]
+fn a_reboot_keeps_serving_the_current_revision() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec("rev-1", 1, json!({"label": "before-reboot"}));
+    let p = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    host.reboot().unwrap();
+    // The unit is enabled: systemd starts it at boot. Give the gateway a moment.
+    let start = Instant::now();
+    while curl(&host, p, "/readyz").0 != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not serving after reboot"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(curl(&host, p, "/info").1.contains("before-reboot"));
+    match occ.ok(&host, Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => {
+            let a = &inv.namespaces[0].agents[0];
+            assert_eq!(a.observation.served, Some(id_of("rev-1")));
+            assert_eq!(a.observation.current, Some(id_of("rev-1")));
+        }
+        other => panic!("{other:?}"),
+    }
+    // And activating the same revision again is the no-restart fast path.
+    match occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1))) {
+        OperationResult::ActivateRevision(r) => assert!(!r.restarted),
+        other => panic!("{other:?}"),
+    }
+}
