@@ -1,0 +1,4 @@
+//! The clawfleet coordinator: desired state in SQLite, the deployment worker, the HTTP API,
+//! and the SSH backend that pushes signed operations to hostd.
+
+pub mod backend;
