@@ -2,3 +2,6 @@
 //! and the SSH backend that pushes signed operations to hostd.
 
 pub mod backend;
+pub mod config;
+pub mod model;
+pub mod store;

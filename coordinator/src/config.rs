@@ -1,0 +1,268 @@
+//! The coordinator's process settings (`/etc/clawfleet/occ.toml`, `--config` or
+//! `OCC_CONFIG_PATH`). Hosts, pools and tokens live in the database, not here. Unknown keys
+//! are rejected and every value is validated with an error that names its key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Default configuration path.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/clawfleet/occ.toml";
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/clawfleet-coordinator";
+
+/// Why the configuration was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Syntax { path: String, message: String },
+    #[error("{path}: `{key}` {message}")]
+    Invalid {
+        path: String,
+        key: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    listen: Option<String>,
+    state_dir: Option<PathBuf>,
+    worker: Option<RawWorker>,
+    ssh: Option<RawSsh>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorker {
+    lease_seconds: Option<u64>,
+    max_attempts: Option<u32>,
+    convergence_deadline_seconds: Option<u64>,
+    readiness_recheck_ms: Option<u64>,
+    readiness_recheck_max_ms: Option<u64>,
+    backoff_initial_ms: Option<u64>,
+    backoff_max_ms: Option<u64>,
+    poll_ms: Option<u64>,
+    operation_deadline_seconds: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSsh {
+    connect_timeout_seconds: Option<u64>,
+    max_parallel_hosts: Option<usize>,
+}
+
+/// Worker timing; the defaults are the design's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSettings {
+    pub lease: Duration,
+    pub max_attempts: u32,
+    pub convergence_deadline: Duration,
+    pub readiness_recheck: Duration,
+    pub readiness_recheck_max: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub poll: Duration,
+    pub operation_deadline_seconds: u32,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            max_attempts: 5,
+            convergence_deadline: Duration::from_secs(15 * 60),
+            readiness_recheck: Duration::from_millis(500),
+            readiness_recheck_max: Duration::from_secs(5),
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            poll: Duration::from_millis(250),
+            operation_deadline_seconds: 190,
+        }
+    }
+}
+
+/// SSH settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshSettings {
+    pub connect_timeout: Duration,
+    pub max_parallel_hosts: usize,
+}
+
+impl Default for SshSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(10),
+            max_parallel_hosts: 16,
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub state_dir: PathBuf,
+    pub worker: WorkerSettings,
+    pub ssh: SshSettings,
+}
+
+impl Config {
+    /// The SQLite database.
+    pub fn database(&self) -> PathBuf {
+        self.state_dir.join("occ.db")
+    }
+
+    /// The SSH login key (private, OpenSSH format).
+    pub fn login_key(&self) -> PathBuf {
+        self.state_dir.join("keys").join("login_ed25519")
+    }
+
+    /// The operation-signing key (private, OpenSSH format).
+    pub fn signing_key(&self) -> PathBuf {
+        self.state_dir.join("keys").join("signing_ed25519")
+    }
+
+    /// The first admin token, written 0600 by `occ init`.
+    pub fn admin_token_file(&self) -> PathBuf {
+        self.state_dir.join("admin.token")
+    }
+
+    /// Reads a configuration file; a missing file at the default path means all defaults.
+    pub fn load(path: &Path, explicit: bool) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => String::new(),
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: shown,
+                    source,
+                });
+            }
+        };
+        Self::parse(&text, &shown)
+    }
+
+    /// Parses configuration text.
+    pub fn parse(text: &str, shown: &str) -> Result<Self, ConfigError> {
+        let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: shown.to_owned(),
+            message: e.message().to_owned(),
+        })?;
+        let invalid = |key: &'static str, message: String| ConfigError::Invalid {
+            path: shown.to_owned(),
+            key,
+            message,
+        };
+        let listen_text = raw.listen.unwrap_or_else(|| "127.0.0.1:7300".to_owned());
+        let listen: SocketAddr = listen_text
+            .parse()
+            .map_err(|_| invalid("listen", format!("{listen_text:?} is not an IP:port address")))?;
+        let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        if !state_dir.is_absolute() {
+            return Err(invalid("state_dir", "must be an absolute path".to_owned()));
+        }
+        let w = raw.worker.unwrap_or_default();
+        let d = WorkerSettings::default();
+        let ms = |key: &'static str, v: Option<u64>, default: Duration| match v {
+            None => Ok(default),
+            Some(0) => Err(invalid(key, "must be at least 1".to_owned())),
+            Some(v) => Ok(Duration::from_millis(v)),
+        };
+        let secs = |key: &'static str, v: Option<u64>, default: Duration| match v {
+            None => Ok(default),
+            Some(0) => Err(invalid(key, "must be at least 1".to_owned())),
+            Some(v) => Ok(Duration::from_secs(v)),
+        };
+        let worker = WorkerSettings {
+            lease: secs("worker.lease_seconds", w.lease_seconds, d.lease)?,
+            max_attempts: match w.max_attempts {
+                Some(0) => return Err(invalid("worker.max_attempts", "must be at least 1".to_owned())),
+                v => v.unwrap_or(d.max_attempts),
+            },
+            convergence_deadline: secs(
+                "worker.convergence_deadline_seconds",
+                w.convergence_deadline_seconds,
+                d.convergence_deadline,
+            )?,
+            readiness_recheck: ms("worker.readiness_recheck_ms", w.readiness_recheck_ms, d.readiness_recheck)?,
+            readiness_recheck_max: ms(
+                "worker.readiness_recheck_max_ms",
+                w.readiness_recheck_max_ms,
+                d.readiness_recheck_max,
+            )?,
+            backoff_initial: ms("worker.backoff_initial_ms", w.backoff_initial_ms, d.backoff_initial)?,
+            backoff_max: ms("worker.backoff_max_ms", w.backoff_max_ms, d.backoff_max)?,
+            poll: ms("worker.poll_ms", w.poll_ms, d.poll)?,
+            operation_deadline_seconds: match w.operation_deadline_seconds {
+                Some(v) if v == 0 || v > clawfleet_protocol::envelope::MAX_DEADLINE_SECONDS => {
+                    return Err(invalid(
+                        "worker.operation_deadline_seconds",
+                        "must be between 1 and 3600".to_owned(),
+                    ));
+                }
+                v => v.unwrap_or(d.operation_deadline_seconds),
+            },
+        };
+        if worker.backoff_initial > worker.backoff_max {
+            return Err(invalid(
+                "worker.backoff_initial_ms",
+                "must not exceed worker.backoff_max_ms".to_owned(),
+            ));
+        }
+        let s = raw.ssh.unwrap_or_default();
+        let ssh = SshSettings {
+            connect_timeout: secs(
+                "ssh.connect_timeout_seconds",
+                s.connect_timeout_seconds,
+                SshSettings::default().connect_timeout,
+            )?,
+            max_parallel_hosts: match s.max_parallel_hosts {
+                Some(0) => return Err(invalid("ssh.max_parallel_hosts", "must be at least 1".to_owned())),
+                v => v.unwrap_or(SshSettings::default().max_parallel_hosts),
+            },
+        };
+        Ok(Self {
+            listen,
+            state_dir,
+            worker,
+            ssh,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_errors() {
+        let c = Config::parse("", "occ.toml").unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7300");
+        assert_eq!(c.worker.max_attempts, 5);
+        for (text, key) in [
+            ("listen = \"nowhere\"", "listen"),
+            ("state_dir = \"rel\"", "state_dir"),
+            ("[worker]\nmax_attempts = 0", "worker.max_attempts"),
+            ("[worker]\nbackoff_initial_ms = 9000\nbackoff_max_ms = 10", "worker.backoff_initial_ms"),
+            ("[ssh]\nmax_parallel_hosts = 0", "ssh.max_parallel_hosts"),
+        ] {
+            match Config::parse(text, "occ.toml") {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(Config::parse("bogus = 1", "x"), Err(ConfigError::Syntax { .. })));
+    }
+}

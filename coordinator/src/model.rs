@@ -1,0 +1,169 @@
+//! The coordinator's data model as the API shows it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Roles, in increasing power; each includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Read,
+    Operate,
+    Deploy,
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Operate => "operate",
+            Role::Deploy => "deploy",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "read" => Some(Role::Read),
+            "operate" => Some(Role::Operate),
+            "deploy" => Some(Role::Deploy),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// One grant of a token: a role in one Namespace, or in all (`"*"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Grant {
+    pub namespace: String,
+    pub role: Role,
+}
+
+/// A host known to the coordinator, with its pinned key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Host {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub host_key: String,
+    pub fingerprint: String,
+    pub max_agents: u32,
+    pub enrolled_at: i64,
+    pub last_probe: Option<Value>,
+}
+
+/// A Namespace and its host pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Namespace {
+    pub id: String,
+    pub name: String,
+    pub hosts: Vec<String>,
+    /// Pool hosts where `ensure-namespace` succeeded.
+    pub ready_hosts: Vec<String>,
+    pub ready: bool,
+    pub deleting: bool,
+    pub created_at: i64,
+}
+
+/// A Configuration generation: a native `openclaw.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Configuration {
+    pub namespace_id: String,
+    pub id: String,
+    pub generation: u32,
+    pub document: Value,
+    pub created_at: i64,
+}
+
+/// What the operator wants an Agent to be doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DesiredState {
+    Running,
+    Stopped,
+    Deleted,
+}
+
+impl DesiredState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DesiredState::Running => "running",
+            DesiredState::Stopped => "stopped",
+            DesiredState::Deleted => "deleted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "running" => Some(DesiredState::Running),
+            "stopped" => Some(DesiredState::Stopped),
+            "deleted" => Some(DesiredState::Deleted),
+            _ => None,
+        }
+    }
+}
+
+/// An Agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Agent {
+    pub namespace_id: String,
+    pub id: String,
+    pub service_principal_id: String,
+    pub configuration_id: String,
+    pub desired_state: DesiredState,
+    /// The host the Agent is placed on (sticky once set).
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub active_revision_id: Option<String>,
+    /// What the host last reported serving.
+    pub served_revision_id: Option<String>,
+    pub created_at: i64,
+}
+
+/// The last attempt at a revision's work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LastAttempt {
+    pub code: String,
+    pub message: String,
+    pub at: i64,
+    pub attempts: u32,
+}
+
+/// An immutable Agent revision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Revision {
+    pub namespace_id: String,
+    pub agent_id: String,
+    pub id: String,
+    pub number: u64,
+    pub configuration_id: String,
+    pub configuration_generation: u32,
+    pub configuration_hash: String,
+    /// pending, prepared, active, superseded, failed, retired.
+    pub status: String,
+    pub last_attempt: Option<LastAttempt>,
+    pub created_at: i64,
+    #[serde(skip)]
+    pub rendered: Value,
+}
+
+/// An audit event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    pub id: i64,
+    pub at: i64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub detail: Value,
+}

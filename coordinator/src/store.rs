@@ -1,0 +1,894 @@
+//! The state store: SQLite (bundled), WAL, versioned migrations. All SQL lives in this module so
+//! a PostgreSQL implementation can follow behind the same functions.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::model::{
+    Agent, AuditEvent, Configuration, DesiredState, Grant, Host, LastAttempt, Namespace, Revision,
+    Role,
+};
+
+/// A store failure.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("stored data is not valid: {0}")]
+    Corrupt(String),
+    #[error("the database schema is version {found}, newer than this coordinator ({known})")]
+    TooNew { found: i64, known: i64 },
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// Migrations, in order. Never edit a released one; add a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    "
+    CREATE TABLE hosts (
+        name TEXT PRIMARY KEY,
+        address TEXT NOT NULL,
+        port INTEGER NOT NULL,
+        host_key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        max_agents INTEGER NOT NULL,
+        enrolled_at INTEGER NOT NULL,
+        last_probe TEXT
+    );
+    CREATE TABLE namespaces (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        deleting INTEGER NOT NULL DEFAULT 0,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE namespace_hosts (
+        namespace_id TEXT NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        host_name TEXT NOT NULL REFERENCES hosts(name),
+        ready INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (namespace_id, host_name)
+    );
+    CREATE TABLE configurations (
+        namespace_id TEXT NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        id TEXT NOT NULL,
+        generation INTEGER NOT NULL,
+        document TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (namespace_id, id, generation)
+    );
+    CREATE TABLE agents (
+        namespace_id TEXT NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        id TEXT NOT NULL,
+        service_principal_id TEXT NOT NULL,
+        configuration_id TEXT NOT NULL,
+        desired_state TEXT NOT NULL,
+        host_name TEXT REFERENCES hosts(name),
+        port INTEGER,
+        active_revision_id TEXT,
+        served_revision_id TEXT,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (namespace_id, id)
+    );
+    CREATE TABLE revisions (
+        namespace_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        number INTEGER NOT NULL,
+        configuration_id TEXT NOT NULL,
+        configuration_generation INTEGER NOT NULL,
+        configuration_hash TEXT NOT NULL,
+        rendered TEXT NOT NULL,
+        status TEXT NOT NULL,
+        last_code TEXT,
+        last_message TEXT,
+        last_at INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        created_at INTEGER NOT NULL,
+        PRIMARY KEY (namespace_id, agent_id, id),
+        UNIQUE (namespace_id, agent_id, number),
+        FOREIGN KEY (namespace_id, agent_id) REFERENCES agents(namespace_id, id) ON DELETE CASCADE
+    );
+    CREATE TABLE work (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL,
+        namespace_id TEXT NOT NULL,
+        agent_id TEXT,
+        revision_id TEXT,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        not_before INTEGER NOT NULL,
+        lease_owner TEXT,
+        lease_until INTEGER,
+        last_code TEXT,
+        last_message TEXT,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE INDEX work_ready ON work(state, not_before);
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        secret_hash TEXT NOT NULL UNIQUE,
+        created_at INTEGER NOT NULL,
+        revoked INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE token_grants (
+        token_id TEXT NOT NULL REFERENCES tokens(id) ON DELETE CASCADE,
+        namespace TEXT NOT NULL,
+        role TEXT NOT NULL,
+        PRIMARY KEY (token_id, namespace)
+    );
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at INTEGER NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        detail TEXT NOT NULL
+    );
+    ",
+];
+
+/// A unit of deployment work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Work {
+    pub id: i64,
+    pub kind: WorkKind,
+    pub namespace_id: String,
+    pub agent_id: Option<String>,
+    pub revision_id: Option<String>,
+    pub attempts: u32,
+    pub created_at: i64,
+}
+
+/// What a work item does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkKind {
+    EnsureNamespace,
+    Deploy,
+    Stop,
+    DeleteAgent,
+    DeleteNamespace,
+}
+
+impl WorkKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkKind::EnsureNamespace => "ensure-namespace",
+            WorkKind::Deploy => "deploy",
+            WorkKind::Stop => "stop",
+            WorkKind::DeleteAgent => "delete-agent",
+            WorkKind::DeleteNamespace => "delete-namespace",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "ensure-namespace" => WorkKind::EnsureNamespace,
+            "deploy" => WorkKind::Deploy,
+            "stop" => WorkKind::Stop,
+            "delete-agent" => WorkKind::DeleteAgent,
+            "delete-namespace" => WorkKind::DeleteNamespace,
+            _ => return None,
+        })
+    }
+}
+
+/// The store: one SQLite connection behind a mutex (statements are short).
+#[derive(Debug, Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn json_col(text: String) -> Result<Value> {
+    serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+impl Store {
+    /// Opens (creating if needed) and migrates the database.
+    pub fn open(path: &Path) -> Result<Self> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    /// An in-memory database, for tests.
+    pub fn in_memory() -> Result<Self> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<Self> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
+        let current: i64 = conn
+            .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
+        let known = MIGRATIONS.len() as i64;
+        if current > known {
+            return Err(StoreError::TooNew {
+                found: current,
+                known,
+            });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+            let tx = conn.unchecked_transaction()?;
+            tx.execute_batch(sql)?;
+            tx.execute("INSERT INTO schema_version (version) VALUES (?1)", [i as i64 + 1])?;
+            tx.commit()?;
+        }
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn c(&self) -> MutexGuard<'_, Connection> {
+        match self.conn.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Schema version.
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self
+            .c()
+            .query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))?)
+    }
+
+    // ---- audit ----
+
+    pub fn audit(&self, actor: &str, action: &str, target: &str, detail: &Value, now: i64) -> Result<()> {
+        self.c().execute(
+            "INSERT INTO audit (at, actor, action, target, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![now, actor, action, target, detail.to_string()],
+        )?;
+        Ok(())
+    }
+
+    pub fn audit_events(&self, limit: u32) -> Result<Vec<AuditEvent>> {
+        let c = self.c();
+        let mut st = c.prepare("SELECT id, at, actor, action, target, detail FROM audit ORDER BY id DESC LIMIT ?1")?;
+        let rows = st.query_map([limit], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get::<_, String>(5)?))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, at, actor, action, target, detail) = row?;
+            out.push(AuditEvent {
+                id,
+                at,
+                actor,
+                action,
+                target,
+                detail: json_col(detail)?,
+            });
+        }
+        Ok(out)
+    }
+
+    // ---- tokens ----
+
+    pub fn create_token(&self, id: &str, name: &str, secret_hash: &str, grants: &[Grant], now: i64) -> Result<()> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        tx.execute(
+            "INSERT INTO tokens (id, name, secret_hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![id, name, secret_hash, now],
+        )?;
+        for g in grants {
+            tx.execute(
+                "INSERT INTO token_grants (token_id, namespace, role) VALUES (?1, ?2, ?3)",
+                params![id, g.namespace, g.role.as_str()],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The token id and grants for a secret's hash, if the token exists and is not revoked.
+    pub fn token_by_hash(&self, secret_hash: &str) -> Result<Option<(String, Vec<Grant>)>> {
+        let c = self.c();
+        let id: Option<String> = c
+            .query_row(
+                "SELECT id FROM tokens WHERE secret_hash = ?1 AND revoked = 0",
+                [secret_hash],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(id) = id else { return Ok(None) };
+        let mut st = c.prepare("SELECT namespace, role FROM token_grants WHERE token_id = ?1")?;
+        let grants = st
+            .query_map([&id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+            .filter_map(|r| r.ok())
+            .filter_map(|(namespace, role)| Role::parse(&role).map(|role| Grant { namespace, role }))
+            .collect();
+        Ok(Some((id, grants)))
+    }
+
+    /// Revokes a token; false if there was none.
+    pub fn revoke_token(&self, id: &str) -> Result<bool> {
+        Ok(self.c().execute("UPDATE tokens SET revoked = 1 WHERE id = ?1 AND revoked = 0", [id])? > 0)
+    }
+
+    pub fn token_count(&self) -> Result<i64> {
+        Ok(self.c().query_row("SELECT COUNT(*) FROM tokens", [], |r| r.get(0))?)
+    }
+
+    // ---- hosts ----
+
+    pub fn insert_host(&self, h: &Host) -> Result<bool> {
+        let n = self.c().execute(
+            "INSERT OR IGNORE INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at],
+        )?;
+        Ok(n > 0)
+    }
+
+    fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
+        Ok((
+            Host {
+                name: r.get(0)?,
+                address: r.get(1)?,
+                port: r.get(2)?,
+                host_key: r.get(3)?,
+                fingerprint: r.get(4)?,
+                max_agents: r.get(5)?,
+                enrolled_at: r.get(6)?,
+                last_probe: None,
+            },
+            r.get(7)?,
+        ))
+    }
+
+    fn finish_host((mut h, probe): (Host, Option<String>)) -> Result<Host> {
+        h.last_probe = probe.map(json_col).transpose()?;
+        Ok(h)
+    }
+
+    pub fn host(&self, name: &str) -> Result<Option<Host>> {
+        let row = self
+            .c()
+            .query_row(
+                "SELECT name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe FROM hosts WHERE name = ?1",
+                [name],
+                Self::host_row,
+            )
+            .optional()?;
+        row.map(Self::finish_host).transpose()
+    }
+
+    pub fn hosts(&self) -> Result<Vec<Host>> {
+        let c = self.c();
+        let mut st = c.prepare(
+            "SELECT name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe FROM hosts ORDER BY name",
+        )?;
+        let rows = st.query_map([], Self::host_row)?;
+        rows.map(|r| Self::finish_host(r?)).collect()
+    }
+
+    pub fn set_host_probe(&self, name: &str, probe: &Value) -> Result<()> {
+        self.c().execute("UPDATE hosts SET last_probe = ?2 WHERE name = ?1", params![name, probe.to_string()])?;
+        Ok(())
+    }
+
+    /// Agents placed on a host (not deleted).
+    pub fn agents_on_host(&self, name: &str) -> Result<u32> {
+        Ok(self.c().query_row(
+            "SELECT COUNT(*) FROM agents WHERE host_name = ?1",
+            [name],
+            |r| r.get(0),
+        )?)
+    }
+
+    // ---- namespaces ----
+
+    pub fn insert_namespace(&self, id: &str, name: &str, hosts: &[String], now: i64) -> Result<bool> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let n = tx.execute(
+            "INSERT OR IGNORE INTO namespaces (id, name, created_at) VALUES (?1, ?2, ?3)",
+            params![id, name, now],
+        )?;
+        if n == 0 {
+            return Ok(false);
+        }
+        for h in hosts {
+            tx.execute("INSERT INTO namespace_hosts (namespace_id, host_name) VALUES (?1, ?2)", params![id, h])?;
+        }
+        tx.execute(
+            "INSERT INTO work (kind, namespace_id, state, not_before, created_at, updated_at) VALUES ('ensure-namespace', ?1, 'queued', ?2, ?2, ?2)",
+            params![id, now],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    pub fn namespace(&self, id: &str) -> Result<Option<Namespace>> {
+        let c = self.c();
+        let row: Option<(String, String, bool, i64)> = c
+            .query_row(
+                "SELECT id, name, deleting, created_at FROM namespaces WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        let Some((id, name, deleting, created_at)) = row else {
+            return Ok(None);
+        };
+        let mut st = c.prepare("SELECT host_name, ready FROM namespace_hosts WHERE namespace_id = ?1 ORDER BY host_name")?;
+        let pool: Vec<(String, bool)> = st
+            .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let ready_hosts: Vec<String> = pool.iter().filter(|(_, r)| *r).map(|(h, _)| h.clone()).collect();
+        Ok(Some(Namespace {
+            ready: !pool.is_empty() && ready_hosts.len() == pool.len(),
+            hosts: pool.into_iter().map(|(h, _)| h).collect(),
+            ready_hosts,
+            id,
+            name,
+            deleting,
+            created_at,
+        }))
+    }
+
+    pub fn namespaces(&self) -> Result<Vec<Namespace>> {
+        let ids: Vec<String> = {
+            let c = self.c();
+            let mut st = c.prepare("SELECT id FROM namespaces ORDER BY id")?;
+            st.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?
+        };
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(ns) = self.namespace(&id)? {
+                out.push(ns);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn set_namespace_host_ready(&self, ns: &str, host: &str, ready: bool) -> Result<()> {
+        self.c().execute(
+            "UPDATE namespace_hosts SET ready = ?3 WHERE namespace_id = ?1 AND host_name = ?2",
+            params![ns, host, ready],
+        )?;
+        Ok(())
+    }
+
+    /// Marks a Namespace for deletion if it has no Agents; false if it has some.
+    pub fn mark_namespace_deleting(&self, id: &str, now: i64) -> Result<bool> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let agents: i64 = tx.query_row("SELECT COUNT(*) FROM agents WHERE namespace_id = ?1", [id], |r| r.get(0))?;
+        if agents > 0 {
+            return Ok(false);
+        }
+        tx.execute("UPDATE namespaces SET deleting = 1 WHERE id = ?1", [id])?;
+        tx.execute(
+            "INSERT INTO work (kind, namespace_id, state, not_before, created_at, updated_at) VALUES ('delete-namespace', ?1, 'queued', ?2, ?2, ?2)",
+            params![id, now],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    pub fn delete_namespace_row(&self, id: &str) -> Result<()> {
+        self.c().execute("DELETE FROM namespaces WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    // ---- configurations ----
+
+    /// Adds a generation; returns its number. `expect_new` refuses an existing id.
+    pub fn put_configuration(&self, ns: &str, id: &str, document: &Value, expect_new: bool, now: i64) -> Result<Option<u32>> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let current: Option<u32> = tx.query_row(
+            "SELECT MAX(generation) FROM configurations WHERE namespace_id = ?1 AND id = ?2",
+            params![ns, id],
+            |r| r.get(0),
+        )?;
+        if expect_new == current.is_some() {
+            return Ok(None);
+        }
+        let generation = current.unwrap_or(0) + 1;
+        tx.execute(
+            "INSERT INTO configurations (namespace_id, id, generation, document, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![ns, id, generation, document.to_string(), now],
+        )?;
+        tx.commit()?;
+        Ok(Some(generation))
+    }
+
+    pub fn configuration(&self, ns: &str, id: &str) -> Result<Option<Configuration>> {
+        let row: Option<(u32, String, i64)> = self
+            .c()
+            .query_row(
+                "SELECT generation, document, created_at FROM configurations WHERE namespace_id = ?1 AND id = ?2 ORDER BY generation DESC LIMIT 1",
+                params![ns, id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        row.map(|(generation, document, created_at)| {
+            Ok(Configuration {
+                namespace_id: ns.to_owned(),
+                id: id.to_owned(),
+                generation,
+                document: json_col(document)?,
+                created_at,
+            })
+        })
+        .transpose()
+    }
+
+    // ---- agents ----
+
+    pub fn insert_agent(&self, a: &Agent) -> Result<bool> {
+        Ok(self.c().execute(
+            "INSERT OR IGNORE INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![a.namespace_id, a.id, a.service_principal_id, a.configuration_id, a.desired_state.as_str(), a.created_at],
+        )? > 0)
+    }
+
+    fn agent_row(r: &Row<'_>) -> rusqlite::Result<(Agent, String)> {
+        Ok((
+            Agent {
+                namespace_id: r.get(0)?,
+                id: r.get(1)?,
+                service_principal_id: r.get(2)?,
+                configuration_id: r.get(3)?,
+                desired_state: DesiredState::Running,
+                host: r.get(5)?,
+                port: r.get(6)?,
+                active_revision_id: r.get(7)?,
+                served_revision_id: r.get(8)?,
+                created_at: r.get(9)?,
+            },
+            r.get(4)?,
+        ))
+    }
+
+    fn finish_agent((mut a, desired): (Agent, String)) -> Result<Agent> {
+        a.desired_state = DesiredState::parse(&desired).ok_or_else(|| StoreError::Corrupt(format!("desired state {desired:?}")))?;
+        Ok(a)
+    }
+
+    const AGENT_COLS: &'static str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at";
+
+    pub fn agent(&self, ns: &str, id: &str) -> Result<Option<Agent>> {
+        let sql = format!("SELECT {} FROM agents WHERE namespace_id = ?1 AND id = ?2", Self::AGENT_COLS);
+        let row = self.c().query_row(&sql, params![ns, id], Self::agent_row).optional()?;
+        row.map(Self::finish_agent).transpose()
+    }
+
+    pub fn agents(&self, ns: &str) -> Result<Vec<Agent>> {
+        let sql = format!("SELECT {} FROM agents WHERE namespace_id = ?1 ORDER BY id", Self::AGENT_COLS);
+        let c = self.c();
+        let mut st = c.prepare(&sql)?;
+        let rows = st.query_map([ns], Self::agent_row)?;
+        rows.map(|r| Self::finish_agent(r?)).collect()
+    }
+
+    pub fn set_agent_configuration(&self, ns: &str, id: &str, configuration_id: &str) -> Result<()> {
+        self.c().execute(
+            "UPDATE agents SET configuration_id = ?3 WHERE namespace_id = ?1 AND id = ?2",
+            params![ns, id, configuration_id],
+        )?;
+        Ok(())
+    }
+
+    /// Sets the placement once; returns the placement in force afterwards.
+    pub fn place_agent(&self, ns: &str, id: &str, host: &str) -> Result<Option<String>> {
+        let c = self.c();
+        c.execute(
+            "UPDATE agents SET host_name = ?3 WHERE namespace_id = ?1 AND id = ?2 AND host_name IS NULL",
+            params![ns, id, host],
+        )?;
+        Ok(c.query_row("SELECT host_name FROM agents WHERE namespace_id = ?1 AND id = ?2", params![ns, id], |r| r.get(0))?)
+    }
+
+    pub fn set_agent_observed(&self, ns: &str, id: &str, port: Option<u16>, served: Option<&str>) -> Result<()> {
+        self.c().execute(
+            "UPDATE agents SET port = COALESCE(?3, port), served_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2",
+            params![ns, id, port, served],
+        )?;
+        Ok(())
+    }
+
+    /// Compare-and-set of the active revision; true if it was `expected` and is now `new`.
+    pub fn cas_active_revision(&self, ns: &str, id: &str, expected: Option<&str>, new: Option<&str>) -> Result<bool> {
+        Ok(self.c().execute(
+            "UPDATE agents SET active_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2 AND active_revision_id IS ?3",
+            params![ns, id, expected, new],
+        )? > 0)
+    }
+
+    /// Sets the desired state and queues the work that realises it, in one transaction.
+    pub fn set_desired(&self, ns: &str, id: &str, desired: DesiredState, now: i64) -> Result<()> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        tx.execute(
+            "UPDATE agents SET desired_state = ?3 WHERE namespace_id = ?1 AND id = ?2",
+            params![ns, id, desired.as_str()],
+        )?;
+        let kind = match desired {
+            DesiredState::Stopped => "stop",
+            DesiredState::Deleted => "delete-agent",
+            DesiredState::Running => {
+                tx.commit()?;
+                return Ok(());
+            }
+        };
+        tx.execute(
+            "INSERT INTO work (kind, namespace_id, agent_id, state, not_before, created_at, updated_at) VALUES (?1, ?2, ?3, 'queued', ?4, ?4, ?4)",
+            params![kind, ns, id, now],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn delete_agent_row(&self, ns: &str, id: &str) -> Result<()> {
+        self.c().execute("DELETE FROM agents WHERE namespace_id = ?1 AND id = ?2", params![ns, id])?;
+        Ok(())
+    }
+
+    // ---- revisions ----
+
+    /// Creates the next revision of an Agent and queues its deployment; desired becomes running.
+    pub fn create_revision(&self, r: &Revision, now: i64) -> Result<()> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        tx.execute(
+            "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9)",
+            params![r.namespace_id, r.agent_id, r.id, r.number as i64, r.configuration_id, r.configuration_generation, r.configuration_hash, r.rendered.to_string(), now],
+        )?;
+        tx.execute(
+            "UPDATE agents SET desired_state = 'running' WHERE namespace_id = ?1 AND id = ?2",
+            params![r.namespace_id, r.agent_id],
+        )?;
+        tx.execute(
+            "INSERT INTO work (kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at) VALUES ('deploy', ?1, ?2, ?3, 'queued', ?4, ?4, ?4)",
+            params![r.namespace_id, r.agent_id, r.id, now],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn next_revision_number(&self, ns: &str, agent: &str) -> Result<u64> {
+        let n: i64 = self.c().query_row(
+            "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2",
+            params![ns, agent],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64 + 1)
+    }
+
+    fn revision_row(r: &Row<'_>) -> rusqlite::Result<(Revision, String, Option<String>, Option<String>, Option<i64>, u32)> {
+        Ok((
+            Revision {
+                namespace_id: r.get(0)?,
+                agent_id: r.get(1)?,
+                id: r.get(2)?,
+                number: r.get::<_, i64>(3)? as u64,
+                configuration_id: r.get(4)?,
+                configuration_generation: r.get(5)?,
+                configuration_hash: r.get(6)?,
+                status: r.get(8)?,
+                last_attempt: None,
+                created_at: r.get(13)?,
+                rendered: Value::Null,
+            },
+            r.get(7)?,
+            r.get(9)?,
+            r.get(10)?,
+            r.get(11)?,
+            r.get(12)?,
+        ))
+    }
+
+    fn finish_revision(
+        (mut rev, rendered, code, message, at, attempts): (Revision, String, Option<String>, Option<String>, Option<i64>, u32),
+    ) -> Result<Revision> {
+        rev.rendered = json_col(rendered)?;
+        if let (Some(code), Some(at)) = (code, at) {
+            rev.last_attempt = Some(LastAttempt {
+                code,
+                message: message.unwrap_or_default(),
+                at,
+                attempts,
+            });
+        }
+        Ok(rev)
+    }
+
+    const REV_COLS: &'static str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at";
+
+    pub fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
+        let sql = format!("SELECT {} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3", Self::REV_COLS);
+        let row = self.c().query_row(&sql, params![ns, agent, id], Self::revision_row).optional()?;
+        row.map(Self::finish_revision).transpose()
+    }
+
+    pub fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>> {
+        let sql = format!("SELECT {} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 ORDER BY number", Self::REV_COLS);
+        let c = self.c();
+        let mut st = c.prepare(&sql)?;
+        let rows = st.query_map(params![ns, agent], Self::revision_row)?;
+        rows.map(|r| Self::finish_revision(r?)).collect()
+    }
+
+    pub fn set_revision_status(&self, ns: &str, agent: &str, id: &str, status: &str) -> Result<()> {
+        self.c().execute(
+            "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+            params![ns, agent, id, status],
+        )?;
+        Ok(())
+    }
+
+    pub fn record_attempt(&self, ns: &str, agent: &str, id: &str, code: &str, message: &str, now: i64) -> Result<()> {
+        self.c().execute(
+            "UPDATE revisions SET last_code = ?4, last_message = ?5, last_at = ?6, attempts = attempts + 1 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+            params![ns, agent, id, code, message, now],
+        )?;
+        Ok(())
+    }
+
+    // ---- work ----
+
+    /// Claims the next runnable work item under a lease: queued and due, or running with an
+    /// expired lease (its worker died). Never two items of the same Agent or Namespace-level
+    /// item at once.
+    pub fn claim_work(&self, owner: &str, now_ms: i64, lease_ms: i64) -> Result<Option<Work>> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let row: Option<(i64, String, String, Option<String>, Option<String>, u32, i64)> = tx
+            .query_row(
+                "SELECT w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at FROM work w
+                 WHERE ((w.state = 'queued' AND w.not_before <= ?1) OR (w.state = 'running' AND w.lease_until < ?1))
+                   AND NOT EXISTS (
+                     SELECT 1 FROM work o WHERE o.id != w.id AND o.state = 'running' AND o.lease_until >= ?1
+                       AND o.namespace_id = w.namespace_id
+                       AND (o.agent_id IS w.agent_id OR o.agent_id IS NULL OR w.agent_id IS NULL))
+                   AND NOT EXISTS (
+                     SELECT 1 FROM work e WHERE e.id < w.id AND e.state IN ('queued', 'running')
+                       AND e.namespace_id = w.namespace_id
+                       AND (e.agent_id IS w.agent_id OR e.agent_id IS NULL OR w.agent_id IS NULL)
+                       AND e.kind IN ('ensure-namespace', 'delete-namespace', 'delete-agent'))
+                 ORDER BY w.not_before, w.id LIMIT 1",
+                [now_ms],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+            )
+            .optional()?;
+        let Some((id, kind, namespace_id, agent_id, revision_id, attempts, created_at)) = row else {
+            return Ok(None);
+        };
+        tx.execute(
+            "UPDATE work SET state = 'running', lease_owner = ?2, lease_until = ?3, updated_at = ?4 WHERE id = ?1",
+            params![id, owner, now_ms + lease_ms, now_ms],
+        )?;
+        tx.commit()?;
+        let kind = WorkKind::parse(&kind).ok_or_else(|| StoreError::Corrupt(format!("work kind {kind:?}")))?;
+        Ok(Some(Work {
+            id,
+            kind,
+            namespace_id,
+            agent_id,
+            revision_id,
+            attempts,
+            created_at,
+        }))
+    }
+
+    /// Extends a lease; false if another worker took the item meanwhile.
+    pub fn renew_lease(&self, id: i64, owner: &str, until_ms: i64) -> Result<bool> {
+        Ok(self.c().execute(
+            "UPDATE work SET lease_until = ?3 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
+            params![id, owner, until_ms],
+        )? > 0)
+    }
+
+    /// Finishes an item (done or failed).
+    pub fn finish_work(&self, id: i64, owner: &str, state: &str, code: &str, message: &str, now_ms: i64) -> Result<()> {
+        self.c().execute(
+            "UPDATE work SET state = ?3, last_code = ?4, last_message = ?5, lease_owner = NULL, lease_until = NULL, updated_at = ?6
+             WHERE id = ?1 AND lease_owner = ?2",
+            params![id, owner, state, code, message, now_ms],
+        )?;
+        Ok(())
+    }
+
+    /// Puts an item back in the queue for later.
+    pub fn requeue_work(&self, id: i64, owner: &str, not_before_ms: i64, count_attempt: bool, code: &str, message: &str, now_ms: i64) -> Result<()> {
+        self.c().execute(
+            "UPDATE work SET state = 'queued', not_before = ?3, attempts = attempts + ?4, last_code = ?5, last_message = ?6,
+                 lease_owner = NULL, lease_until = NULL, updated_at = ?7
+             WHERE id = ?1 AND lease_owner = ?2",
+            params![id, owner, not_before_ms, i64::from(count_attempt), code, message, now_ms],
+        )?;
+        Ok(())
+    }
+
+    /// Open work for an Agent (for deployment status).
+    pub fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<Value>> {
+        let c = self.c();
+        let mut st = c.prepare(
+            "SELECT id, kind, revision_id, state, attempts, last_code, last_message FROM work
+             WHERE namespace_id = ?1 AND agent_id = ?2 AND state IN ('queued', 'running') ORDER BY id",
+        )?;
+        let rows = st.query_map(params![ns, agent], |r| {
+            Ok(serde_json::json!({
+                "id": r.get::<_, i64>(0)?, "kind": r.get::<_, String>(1)?, "revisionId": r.get::<_, Option<String>>(2)?,
+                "state": r.get::<_, String>(3)?, "attempts": r.get::<_, u32>(4)?,
+                "lastCode": r.get::<_, Option<String>>(5)?, "lastMessage": r.get::<_, Option<String>>(6)?,
+            }))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Number of items not finished (for /metrics and tests).
+    pub fn pending_work(&self) -> Result<i64> {
+        Ok(self.c().query_row("SELECT COUNT(*) FROM work WHERE state IN ('queued', 'running')", [], |r| r.get(0))?)
+    }
+
+    /// Work counts by state (for /metrics).
+    pub fn work_counts(&self) -> Result<Vec<(String, String, i64)>> {
+        let c = self.c();
+        let mut st = c.prepare("SELECT kind, state, COUNT(*) FROM work GROUP BY kind, state")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_apply_once_and_a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("occ.db");
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        drop(s);
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        s.c().execute("INSERT INTO schema_version VALUES (99)", []).unwrap();
+        drop(s);
+        assert!(matches!(Store::open(&path), Err(StoreError::TooNew { found: 99, .. })));
+    }
+
+    #[test]
+    fn claims_respect_leases_and_per_agent_exclusivity() {
+        let s = Store::in_memory().unwrap();
+        s.insert_host(&Host {
+            name: "h1".into(),
+            address: "127.0.0.1".into(),
+            port: 22,
+            host_key: "k".into(),
+            fingerprint: "f".into(),
+            max_agents: 10,
+            enrolled_at: 0,
+            last_probe: None,
+        })
+        .unwrap();
+        s.insert_namespace("ns", "ns", &["h1".into()], 0).unwrap();
+        let ensure = s.claim_work("w1", 0, 1000).unwrap().unwrap();
+        assert_eq!(ensure.kind, WorkKind::EnsureNamespace);
+        // While a Namespace-level item runs, nothing else in the Namespace is claimed.
+        assert!(s.claim_work("w2", 10, 1000).unwrap().is_none());
+        // An expired lease is reclaimed by another worker.
+        let again = s.claim_work("w2", 2000, 1000).unwrap().unwrap();
+        assert_eq!(again.id, ensure.id);
+        s.finish_work(again.id, "w2", "done", "OK", "", 2001).unwrap();
+        // The first worker lost the lease: its finish does nothing.
+        s.finish_work(again.id, "w1", "failed", "X", "", 2002).unwrap();
+        assert_eq!(s.pending_work().unwrap(), 0);
+    }
+}
