@@ -51,7 +51,9 @@ pub enum CallError {
     Transport { host: String, message: String },
     /// The host presented a key other than the pinned one (or none is pinned). Permanent
     /// until an operator re-enrols the host.
-    #[error("host {host} presented key {presented}, but {expected} is pinned; refusing to talk to it")]
+    #[error(
+        "host {host} presented key {presented}, but {expected} is pinned; refusing to talk to it"
+    )]
     HostKeyMismatch {
         host: String,
         presented: String,

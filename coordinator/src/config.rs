@@ -166,10 +166,15 @@ impl Config {
             message,
         };
         let listen_text = raw.listen.unwrap_or_else(|| "127.0.0.1:7300".to_owned());
-        let listen: SocketAddr = listen_text
-            .parse()
-            .map_err(|_| invalid("listen", format!("{listen_text:?} is not an IP:port address")))?;
-        let state_dir = raw.state_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            invalid(
+                "listen",
+                format!("{listen_text:?} is not an IP:port address"),
+            )
+        })?;
+        let state_dir = raw
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         if !state_dir.is_absolute() {
             return Err(invalid("state_dir", "must be an absolute path".to_owned()));
         }
@@ -188,7 +193,12 @@ impl Config {
         let worker = WorkerSettings {
             lease: secs("worker.lease_seconds", w.lease_seconds, d.lease)?,
             max_attempts: match w.max_attempts {
-                Some(0) => return Err(invalid("worker.max_attempts", "must be at least 1".to_owned())),
+                Some(0) => {
+                    return Err(invalid(
+                        "worker.max_attempts",
+                        "must be at least 1".to_owned(),
+                    ));
+                }
                 v => v.unwrap_or(d.max_attempts),
             },
             convergence_deadline: secs(
@@ -196,13 +206,21 @@ impl Config {
                 w.convergence_deadline_seconds,
                 d.convergence_deadline,
             )?,
-            readiness_recheck: ms("worker.readiness_recheck_ms", w.readiness_recheck_ms, d.readiness_recheck)?,
+            readiness_recheck: ms(
+                "worker.readiness_recheck_ms",
+                w.readiness_recheck_ms,
+                d.readiness_recheck,
+            )?,
             readiness_recheck_max: ms(
                 "worker.readiness_recheck_max_ms",
                 w.readiness_recheck_max_ms,
                 d.readiness_recheck_max,
             )?,
-            backoff_initial: ms("worker.backoff_initial_ms", w.backoff_initial_ms, d.backoff_initial)?,
+            backoff_initial: ms(
+                "worker.backoff_initial_ms",
+                w.backoff_initial_ms,
+                d.backoff_initial,
+            )?,
             backoff_max: ms("worker.backoff_max_ms", w.backoff_max_ms, d.backoff_max)?,
             poll: ms("worker.poll_ms", w.poll_ms, d.poll)?,
             operation_deadline_seconds: match w.operation_deadline_seconds {
@@ -229,7 +247,12 @@ impl Config {
                 SshSettings::default().connect_timeout,
             )?,
             max_parallel_hosts: match s.max_parallel_hosts {
-                Some(0) => return Err(invalid("ssh.max_parallel_hosts", "must be at least 1".to_owned())),
+                Some(0) => {
+                    return Err(invalid(
+                        "ssh.max_parallel_hosts",
+                        "must be at least 1".to_owned(),
+                    ));
+                }
                 v => v.unwrap_or(SshSettings::default().max_parallel_hosts),
             },
         };
@@ -255,7 +278,10 @@ mod tests {
             ("listen = \"nowhere\"", "listen"),
             ("state_dir = \"rel\"", "state_dir"),
             ("[worker]\nmax_attempts = 0", "worker.max_attempts"),
-            ("[worker]\nbackoff_initial_ms = 9000\nbackoff_max_ms = 10", "worker.backoff_initial_ms"),
+            (
+                "[worker]\nbackoff_initial_ms = 9000\nbackoff_max_ms = 10",
+                "worker.backoff_initial_ms",
+            ),
             ("[ssh]\nmax_parallel_hosts = 0", "ssh.max_parallel_hosts"),
         ] {
             match Config::parse(text, "occ.toml") {
@@ -263,6 +289,9 @@ mod tests {
                 other => panic!("{text}: {other:?}"),
             }
         }
-        assert!(matches!(Config::parse("bogus = 1", "x"), Err(ConfigError::Syntax { .. })));
+        assert!(matches!(
+            Config::parse("bogus = 1", "x"),
+            Err(ConfigError::Syntax { .. })
+        ));
     }
 }

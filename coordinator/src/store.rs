@@ -206,8 +206,11 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
-        let current: i64 = conn
-            .query_row("SELECT COALESCE(MAX(version), 0) FROM schema_version", [], |r| r.get(0))?;
+        let current: i64 = conn.query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+            [],
+            |r| r.get(0),
+        )?;
         let known = MIGRATIONS.len() as i64;
         if current > known {
             return Err(StoreError::TooNew {
@@ -218,7 +221,10 @@ impl Store {
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
             let tx = conn.unchecked_transaction()?;
             tx.execute_batch(sql)?;
-            tx.execute("INSERT INTO schema_version (version) VALUES (?1)", [i as i64 + 1])?;
+            tx.execute(
+                "INSERT INTO schema_version (version) VALUES (?1)",
+                [i as i64 + 1],
+            )?;
             tx.commit()?;
         }
         Ok(Self {
@@ -242,7 +248,14 @@ impl Store {
 
     // ---- audit ----
 
-    pub fn audit(&self, actor: &str, action: &str, target: &str, detail: &Value, now: i64) -> Result<()> {
+    pub fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        target: &str,
+        detail: &Value,
+        now: i64,
+    ) -> Result<()> {
         self.c().execute(
             "INSERT INTO audit (at, actor, action, target, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![now, actor, action, target, detail.to_string()],
@@ -252,9 +265,18 @@ impl Store {
 
     pub fn audit_events(&self, limit: u32) -> Result<Vec<AuditEvent>> {
         let c = self.c();
-        let mut st = c.prepare("SELECT id, at, actor, action, target, detail FROM audit ORDER BY id DESC LIMIT ?1")?;
+        let mut st = c.prepare(
+            "SELECT id, at, actor, action, target, detail FROM audit ORDER BY id DESC LIMIT ?1",
+        )?;
         let rows = st.query_map([limit], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get::<_, String>(5)?))
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get::<_, String>(5)?,
+            ))
         })?;
         let mut out = Vec::new();
         for row in rows {
@@ -273,7 +295,14 @@ impl Store {
 
     // ---- tokens ----
 
-    pub fn create_token(&self, id: &str, name: &str, secret_hash: &str, grants: &[Grant], now: i64) -> Result<()> {
+    pub fn create_token(
+        &self,
+        id: &str,
+        name: &str,
+        secret_hash: &str,
+        grants: &[Grant],
+        now: i64,
+    ) -> Result<()> {
         let mut c = self.c();
         let tx = c.transaction()?;
         tx.execute(
@@ -303,20 +332,29 @@ impl Store {
         let Some(id) = id else { return Ok(None) };
         let mut st = c.prepare("SELECT namespace, role FROM token_grants WHERE token_id = ?1")?;
         let grants = st
-            .query_map([&id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+            .query_map([&id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })?
             .filter_map(|r| r.ok())
-            .filter_map(|(namespace, role)| Role::parse(&role).map(|role| Grant { namespace, role }))
+            .filter_map(|(namespace, role)| {
+                Role::parse(&role).map(|role| Grant { namespace, role })
+            })
             .collect();
         Ok(Some((id, grants)))
     }
 
     /// Revokes a token; false if there was none.
     pub fn revoke_token(&self, id: &str) -> Result<bool> {
-        Ok(self.c().execute("UPDATE tokens SET revoked = 1 WHERE id = ?1 AND revoked = 0", [id])? > 0)
+        Ok(self.c().execute(
+            "UPDATE tokens SET revoked = 1 WHERE id = ?1 AND revoked = 0",
+            [id],
+        )? > 0)
     }
 
     pub fn token_count(&self) -> Result<i64> {
-        Ok(self.c().query_row("SELECT COUNT(*) FROM tokens", [], |r| r.get(0))?)
+        Ok(self
+            .c()
+            .query_row("SELECT COUNT(*) FROM tokens", [], |r| r.get(0))?)
     }
 
     // ---- hosts ----
@@ -373,7 +411,10 @@ impl Store {
     }
 
     pub fn set_host_probe(&self, name: &str, probe: &Value) -> Result<()> {
-        self.c().execute("UPDATE hosts SET last_probe = ?2 WHERE name = ?1", params![name, probe.to_string()])?;
+        self.c().execute(
+            "UPDATE hosts SET last_probe = ?2 WHERE name = ?1",
+            params![name, probe.to_string()],
+        )?;
         Ok(())
     }
 
@@ -388,7 +429,13 @@ impl Store {
 
     // ---- namespaces ----
 
-    pub fn insert_namespace(&self, id: &str, name: &str, hosts: &[String], now: i64) -> Result<bool> {
+    pub fn insert_namespace(
+        &self,
+        id: &str,
+        name: &str,
+        hosts: &[String],
+        now: i64,
+    ) -> Result<bool> {
         let mut c = self.c();
         let tx = c.transaction()?;
         let n = tx.execute(
@@ -399,7 +446,10 @@ impl Store {
             return Ok(false);
         }
         for h in hosts {
-            tx.execute("INSERT INTO namespace_hosts (namespace_id, host_name) VALUES (?1, ?2)", params![id, h])?;
+            tx.execute(
+                "INSERT INTO namespace_hosts (namespace_id, host_name) VALUES (?1, ?2)",
+                params![id, h],
+            )?;
         }
         tx.execute(
             "INSERT INTO work (kind, namespace_id, state, not_before, created_at, updated_at) VALUES ('ensure-namespace', ?1, 'queued', ?2, ?2, ?2)",
@@ -425,7 +475,11 @@ impl Store {
         let pool: Vec<(String, bool)> = st
             .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<rusqlite::Result<_>>()?;
-        let ready_hosts: Vec<String> = pool.iter().filter(|(_, r)| *r).map(|(h, _)| h.clone()).collect();
+        let ready_hosts: Vec<String> = pool
+            .iter()
+            .filter(|(_, r)| *r)
+            .map(|(h, _)| h.clone())
+            .collect();
         Ok(Some(Namespace {
             ready: !pool.is_empty() && ready_hosts.len() == pool.len(),
             hosts: pool.into_iter().map(|(h, _)| h).collect(),
@@ -441,7 +495,8 @@ impl Store {
         let ids: Vec<String> = {
             let c = self.c();
             let mut st = c.prepare("SELECT id FROM namespaces ORDER BY id")?;
-            st.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?
+            st.query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?
         };
         let mut out = Vec::new();
         for id in ids {
@@ -464,7 +519,11 @@ impl Store {
     pub fn mark_namespace_deleting(&self, id: &str, now: i64) -> Result<bool> {
         let mut c = self.c();
         let tx = c.transaction()?;
-        let agents: i64 = tx.query_row("SELECT COUNT(*) FROM agents WHERE namespace_id = ?1", [id], |r| r.get(0))?;
+        let agents: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM agents WHERE namespace_id = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
         if agents > 0 {
             return Ok(false);
         }
@@ -478,14 +537,22 @@ impl Store {
     }
 
     pub fn delete_namespace_row(&self, id: &str) -> Result<()> {
-        self.c().execute("DELETE FROM namespaces WHERE id = ?1", [id])?;
+        self.c()
+            .execute("DELETE FROM namespaces WHERE id = ?1", [id])?;
         Ok(())
     }
 
     // ---- configurations ----
 
     /// Adds a generation; returns its number. `expect_new` refuses an existing id.
-    pub fn put_configuration(&self, ns: &str, id: &str, document: &Value, expect_new: bool, now: i64) -> Result<Option<u32>> {
+    pub fn put_configuration(
+        &self,
+        ns: &str,
+        id: &str,
+        document: &Value,
+        expect_new: bool,
+        now: i64,
+    ) -> Result<Option<u32>> {
         let mut c = self.c();
         let tx = c.transaction()?;
         let current: Option<u32> = tx.query_row(
@@ -555,27 +622,42 @@ impl Store {
     }
 
     fn finish_agent((mut a, desired): (Agent, String)) -> Result<Agent> {
-        a.desired_state = DesiredState::parse(&desired).ok_or_else(|| StoreError::Corrupt(format!("desired state {desired:?}")))?;
+        a.desired_state = DesiredState::parse(&desired)
+            .ok_or_else(|| StoreError::Corrupt(format!("desired state {desired:?}")))?;
         Ok(a)
     }
 
     const AGENT_COLS: &'static str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at";
 
     pub fn agent(&self, ns: &str, id: &str) -> Result<Option<Agent>> {
-        let sql = format!("SELECT {} FROM agents WHERE namespace_id = ?1 AND id = ?2", Self::AGENT_COLS);
-        let row = self.c().query_row(&sql, params![ns, id], Self::agent_row).optional()?;
+        let sql = format!(
+            "SELECT {} FROM agents WHERE namespace_id = ?1 AND id = ?2",
+            Self::AGENT_COLS
+        );
+        let row = self
+            .c()
+            .query_row(&sql, params![ns, id], Self::agent_row)
+            .optional()?;
         row.map(Self::finish_agent).transpose()
     }
 
     pub fn agents(&self, ns: &str) -> Result<Vec<Agent>> {
-        let sql = format!("SELECT {} FROM agents WHERE namespace_id = ?1 ORDER BY id", Self::AGENT_COLS);
+        let sql = format!(
+            "SELECT {} FROM agents WHERE namespace_id = ?1 ORDER BY id",
+            Self::AGENT_COLS
+        );
         let c = self.c();
         let mut st = c.prepare(&sql)?;
         let rows = st.query_map([ns], Self::agent_row)?;
         rows.map(|r| Self::finish_agent(r?)).collect()
     }
 
-    pub fn set_agent_configuration(&self, ns: &str, id: &str, configuration_id: &str) -> Result<()> {
+    pub fn set_agent_configuration(
+        &self,
+        ns: &str,
+        id: &str,
+        configuration_id: &str,
+    ) -> Result<()> {
         self.c().execute(
             "UPDATE agents SET configuration_id = ?3 WHERE namespace_id = ?1 AND id = ?2",
             params![ns, id, configuration_id],
@@ -590,10 +672,20 @@ impl Store {
             "UPDATE agents SET host_name = ?3 WHERE namespace_id = ?1 AND id = ?2 AND host_name IS NULL",
             params![ns, id, host],
         )?;
-        Ok(c.query_row("SELECT host_name FROM agents WHERE namespace_id = ?1 AND id = ?2", params![ns, id], |r| r.get(0))?)
+        Ok(c.query_row(
+            "SELECT host_name FROM agents WHERE namespace_id = ?1 AND id = ?2",
+            params![ns, id],
+            |r| r.get(0),
+        )?)
     }
 
-    pub fn set_agent_observed(&self, ns: &str, id: &str, port: Option<u16>, served: Option<&str>) -> Result<()> {
+    pub fn set_agent_observed(
+        &self,
+        ns: &str,
+        id: &str,
+        port: Option<u16>,
+        served: Option<&str>,
+    ) -> Result<()> {
         self.c().execute(
             "UPDATE agents SET port = COALESCE(?3, port), served_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2",
             params![ns, id, port, served],
@@ -602,7 +694,13 @@ impl Store {
     }
 
     /// Compare-and-set of the active revision; true if it was `expected` and is now `new`.
-    pub fn cas_active_revision(&self, ns: &str, id: &str, expected: Option<&str>, new: Option<&str>) -> Result<bool> {
+    pub fn cas_active_revision(
+        &self,
+        ns: &str,
+        id: &str,
+        expected: Option<&str>,
+        new: Option<&str>,
+    ) -> Result<bool> {
         Ok(self.c().execute(
             "UPDATE agents SET active_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2 AND active_revision_id IS ?3",
             params![ns, id, expected, new],
@@ -634,7 +732,10 @@ impl Store {
     }
 
     pub fn delete_agent_row(&self, ns: &str, id: &str) -> Result<()> {
-        self.c().execute("DELETE FROM agents WHERE namespace_id = ?1 AND id = ?2", params![ns, id])?;
+        self.c().execute(
+            "DELETE FROM agents WHERE namespace_id = ?1 AND id = ?2",
+            params![ns, id],
+        )?;
         Ok(())
     }
 
@@ -670,7 +771,16 @@ impl Store {
         Ok(n as u64 + 1)
     }
 
-    fn revision_row(r: &Row<'_>) -> rusqlite::Result<(Revision, String, Option<String>, Option<String>, Option<i64>, u32)> {
+    fn revision_row(
+        r: &Row<'_>,
+    ) -> rusqlite::Result<(
+        Revision,
+        String,
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+        u32,
+    )> {
         Ok((
             Revision {
                 namespace_id: r.get(0)?,
@@ -694,7 +804,14 @@ impl Store {
     }
 
     fn finish_revision(
-        (mut rev, rendered, code, message, at, attempts): (Revision, String, Option<String>, Option<String>, Option<i64>, u32),
+        (mut rev, rendered, code, message, at, attempts): (
+            Revision,
+            String,
+            Option<String>,
+            Option<String>,
+            Option<i64>,
+            u32,
+        ),
     ) -> Result<Revision> {
         rev.rendered = json_col(rendered)?;
         if let (Some(code), Some(at)) = (code, at) {
@@ -711,13 +828,22 @@ impl Store {
     const REV_COLS: &'static str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at";
 
     pub fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
-        let sql = format!("SELECT {} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3", Self::REV_COLS);
-        let row = self.c().query_row(&sql, params![ns, agent, id], Self::revision_row).optional()?;
+        let sql = format!(
+            "SELECT {} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+            Self::REV_COLS
+        );
+        let row = self
+            .c()
+            .query_row(&sql, params![ns, agent, id], Self::revision_row)
+            .optional()?;
         row.map(Self::finish_revision).transpose()
     }
 
     pub fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>> {
-        let sql = format!("SELECT {} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 ORDER BY number", Self::REV_COLS);
+        let sql = format!(
+            "SELECT {} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 ORDER BY number",
+            Self::REV_COLS
+        );
         let c = self.c();
         let mut st = c.prepare(&sql)?;
         let rows = st.query_map(params![ns, agent], Self::revision_row)?;
@@ -732,7 +858,15 @@ impl Store {
         Ok(())
     }
 
-    pub fn record_attempt(&self, ns: &str, agent: &str, id: &str, code: &str, message: &str, now: i64) -> Result<()> {
+    pub fn record_attempt(
+        &self,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        code: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<()> {
         self.c().execute(
             "UPDATE revisions SET last_code = ?4, last_message = ?5, last_at = ?6, attempts = attempts + 1 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
             params![ns, agent, id, code, message, now],
@@ -766,7 +900,8 @@ impl Store {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
             )
             .optional()?;
-        let Some((id, kind, namespace_id, agent_id, revision_id, attempts, created_at)) = row else {
+        let Some((id, kind, namespace_id, agent_id, revision_id, attempts, created_at)) = row
+        else {
             return Ok(None);
         };
         tx.execute(
@@ -774,7 +909,8 @@ impl Store {
             params![id, owner, now_ms + lease_ms, now_ms],
         )?;
         tx.commit()?;
-        let kind = WorkKind::parse(&kind).ok_or_else(|| StoreError::Corrupt(format!("work kind {kind:?}")))?;
+        let kind = WorkKind::parse(&kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("work kind {kind:?}")))?;
         Ok(Some(Work {
             id,
             kind,
@@ -795,7 +931,15 @@ impl Store {
     }
 
     /// Finishes an item (done or failed).
-    pub fn finish_work(&self, id: i64, owner: &str, state: &str, code: &str, message: &str, now_ms: i64) -> Result<()> {
+    pub fn finish_work(
+        &self,
+        id: i64,
+        owner: &str,
+        state: &str,
+        code: &str,
+        message: &str,
+        now_ms: i64,
+    ) -> Result<()> {
         self.c().execute(
             "UPDATE work SET state = ?3, last_code = ?4, last_message = ?5, lease_owner = NULL, lease_until = NULL, updated_at = ?6
              WHERE id = ?1 AND lease_owner = ?2",
@@ -805,7 +949,16 @@ impl Store {
     }
 
     /// Puts an item back in the queue for later.
-    pub fn requeue_work(&self, id: i64, owner: &str, not_before_ms: i64, count_attempt: bool, code: &str, message: &str, now_ms: i64) -> Result<()> {
+    pub fn requeue_work(
+        &self,
+        id: i64,
+        owner: &str,
+        not_before_ms: i64,
+        count_attempt: bool,
+        code: &str,
+        message: &str,
+        now_ms: i64,
+    ) -> Result<()> {
         self.c().execute(
             "UPDATE work SET state = 'queued', not_before = ?3, attempts = attempts + ?4, last_code = ?5, last_message = ?6,
                  lease_owner = NULL, lease_until = NULL, updated_at = ?7
@@ -834,7 +987,11 @@ impl Store {
 
     /// Number of items not finished (for /metrics and tests).
     pub fn pending_work(&self) -> Result<i64> {
-        Ok(self.c().query_row("SELECT COUNT(*) FROM work WHERE state IN ('queued', 'running')", [], |r| r.get(0))?)
+        Ok(self.c().query_row(
+            "SELECT COUNT(*) FROM work WHERE state IN ('queued', 'running')",
+            [],
+            |r| r.get(0),
+        )?)
     }
 
     /// Work counts by state (for /metrics).
@@ -859,9 +1016,14 @@ mod tests {
         drop(s);
         let s = Store::open(&path).unwrap();
         assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
-        s.c().execute("INSERT INTO schema_version VALUES (99)", []).unwrap();
+        s.c()
+            .execute("INSERT INTO schema_version VALUES (99)", [])
+            .unwrap();
         drop(s);
-        assert!(matches!(Store::open(&path), Err(StoreError::TooNew { found: 99, .. })));
+        assert!(matches!(
+            Store::open(&path),
+            Err(StoreError::TooNew { found: 99, .. })
+        ));
     }
 
     #[test]
@@ -886,9 +1048,11 @@ mod tests {
         // An expired lease is reclaimed by another worker.
         let again = s.claim_work("w2", 2000, 1000).unwrap().unwrap();
         assert_eq!(again.id, ensure.id);
-        s.finish_work(again.id, "w2", "done", "OK", "", 2001).unwrap();
+        s.finish_work(again.id, "w2", "done", "OK", "", 2001)
+            .unwrap();
         // The first worker lost the lease: its finish does nothing.
-        s.finish_work(again.id, "w1", "failed", "X", "", 2002).unwrap();
+        s.finish_work(again.id, "w1", "failed", "X", "", 2002)
+            .unwrap();
         assert_eq!(s.pending_work().unwrap(), 0);
     }
 }

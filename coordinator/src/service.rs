@@ -1,0 +1,474 @@
+//! The coordinator's operations on desired state, shared by the HTTP API and tests: each
+//! validates its input, changes the store in one transaction where it matters, records an
+//! audit event, and queues the work that realises it. Nothing here talks to hosts.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use thiserror::Error;
+
+use crate::model::{Agent, DesiredState, Host, Namespace, Revision};
+use crate::render;
+use crate::store::{Store, StoreError};
+
+/// A refused or failed request, with the HTTP status and stable code the API answers with.
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    #[error("{message}")]
+    Invalid { code: &'static str, message: String },
+    #[error("{what} {id} does not exist")]
+    NotFound { what: &'static str, id: String },
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ServiceError {
+    fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        ServiceError::Invalid {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        ServiceError::Conflict {
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn not_found(what: &'static str, id: &str) -> Self {
+        ServiceError::NotFound {
+            what,
+            id: id.to_owned(),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, ServiceError>;
+
+fn check_id(field: &str, value: &str) -> Result<()> {
+    clawfleet_protocol::Ident::new(value)
+        .map(|_| ())
+        .map_err(|e| ServiceError::invalid("INVALID_IDENTIFIER", format!("{field} {value:?} {e}")))
+}
+
+/// Body of `POST /namespaces`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewNamespace {
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub hosts: Vec<String>,
+}
+
+/// Body of `POST /hosts`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewHost {
+    pub name: String,
+    pub address: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// The host's SSH public key (the line from `/etc/ssh/ssh_host_ed25519_key.pub`), pinned.
+    pub host_key: String,
+    #[serde(default = "default_max_agents")]
+    pub max_agents: u32,
+}
+
+fn default_port() -> u16 {
+    22
+}
+
+fn default_max_agents() -> u32 {
+    100
+}
+
+/// Body of `POST /namespaces/{ns}/configurations`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewConfiguration {
+    pub id: String,
+    pub document: Value,
+}
+
+/// Body of `PUT /namespaces/{ns}/configurations/{cfg}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigurationUpdate {
+    pub document: Value,
+}
+
+/// Harness authentication: only operator-managed runtime credentials are supported.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HarnessAuth {
+    pub method: String,
+}
+
+/// Body of `POST /namespaces/{ns}/agents`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewAgent {
+    pub id: String,
+    #[serde(default)]
+    pub service_principal_id: Option<String>,
+    pub configuration_id: String,
+    #[serde(default)]
+    pub harness_auth: Option<HarnessAuth>,
+}
+
+/// Body of `PATCH /namespaces/{ns}/agents/{agent}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentPatch {
+    pub configuration_id: Option<String>,
+}
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    pub store: Store,
+}
+
+fn now() -> i64 {
+    crate::worker::now_ms() / 1000
+}
+
+impl Service {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    fn audit(&self, actor: &str, action: &str, target: &str, detail: Value) -> Result<()> {
+        Ok(self.store.audit(actor, action, target, &detail, now())?)
+    }
+
+    pub fn enrol_host(&self, actor: &str, h: NewHost) -> Result<Host> {
+        check_id("name", &h.name)?;
+        clawfleet_protocol::HostName::new(h.name.as_str())
+            .map_err(|e| ServiceError::invalid("INVALID_IDENTIFIER", format!("name {e}")))?;
+        if h.address.is_empty()
+            || h.address.starts_with('-')
+            || !h
+                .address
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-'))
+        {
+            return Err(ServiceError::invalid(
+                "INVALID_ADDRESS",
+                format!("address {:?} must be an IP address or DNS name", h.address),
+            ));
+        }
+        if h.port == 0 {
+            return Err(ServiceError::invalid(
+                "INVALID_PORT",
+                "port must be 1 to 65535",
+            ));
+        }
+        if h.max_agents == 0 {
+            return Err(ServiceError::invalid(
+                "INVALID_CAPACITY",
+                "maxAgents must be at least 1",
+            ));
+        }
+        let key = clawfleet_protocol::ssh_key::PublicKey::from_openssh(h.host_key.trim()).map_err(
+            |e| {
+                ServiceError::invalid(
+                    "INVALID_HOST_KEY",
+                    format!("hostKey is not an OpenSSH public key: {e}"),
+                )
+            },
+        )?;
+        let host = Host {
+            name: h.name.clone(),
+            address: h.address,
+            port: h.port,
+            host_key: key
+                .to_openssh()
+                .map_err(|e| ServiceError::invalid("INVALID_HOST_KEY", e.to_string()))?,
+            fingerprint: clawfleet_protocol::Fingerprint::of(&key).to_string(),
+            max_agents: h.max_agents,
+            enrolled_at: now(),
+            last_probe: None,
+        };
+        if !self.store.insert_host(&host)? {
+            return Err(ServiceError::conflict(
+                "HOST_EXISTS",
+                format!("host {} is already enrolled", h.name),
+            ));
+        }
+        self.audit(
+            actor,
+            "host.enrol",
+            &host.name,
+            json!({"fingerprint": host.fingerprint}),
+        )?;
+        Ok(host)
+    }
+
+    pub fn create_namespace(&self, actor: &str, n: NewNamespace) -> Result<Namespace> {
+        check_id("id", &n.id)?;
+        let name = n.name.unwrap_or_else(|| n.id.clone());
+        check_id("name", &name)?;
+        if n.hosts.is_empty() {
+            return Err(ServiceError::invalid(
+                "EMPTY_POOL",
+                "hosts must name at least one enrolled host",
+            ));
+        }
+        for h in &n.hosts {
+            if self.store.host(h)?.is_none() {
+                return Err(ServiceError::invalid(
+                    "UNKNOWN_HOST",
+                    format!("host {h} is not enrolled"),
+                ));
+            }
+        }
+        let mut hosts = n.hosts.clone();
+        hosts.sort();
+        hosts.dedup();
+        if !self
+            .store
+            .insert_namespace(&n.id, &name, &hosts, now() * 1000)?
+        {
+            return Err(ServiceError::conflict(
+                "NAMESPACE_EXISTS",
+                format!("Namespace {} exists", n.id),
+            ));
+        }
+        self.audit(actor, "namespace.create", &n.id, json!({"hosts": hosts}))?;
+        self.store
+            .namespace(&n.id)?
+            .ok_or_else(|| ServiceError::not_found("Namespace", &n.id))
+    }
+
+    pub fn namespace(&self, id: &str) -> Result<Namespace> {
+        self.store
+            .namespace(id)?
+            .ok_or_else(|| ServiceError::not_found("Namespace", id))
+    }
+
+    /// Deletes an empty Namespace (409 while it has Agents).
+    pub fn delete_namespace(&self, actor: &str, id: &str) -> Result<()> {
+        self.namespace(id)?;
+        if !self
+            .store
+            .mark_namespace_deleting(id, crate::worker::now_ms())?
+        {
+            return Err(ServiceError::conflict(
+                "NAMESPACE_NOT_EMPTY",
+                format!("Namespace {id} still has Agents; delete them first"),
+            ));
+        }
+        self.audit(actor, "namespace.delete", id, json!({}))
+    }
+
+    pub fn put_configuration(
+        &self,
+        actor: &str,
+        ns: &str,
+        id: &str,
+        document: Value,
+        new: bool,
+    ) -> Result<Value> {
+        self.namespace(ns)?;
+        check_id("id", id)?;
+        // Refuse what can never be deployed now, not at deploy time.
+        render::render(&document)
+            .map_err(|r| ServiceError::invalid("CONFIGURATION_REFUSED", r.to_string()))?;
+        let canonical = clawfleet_protocol::Configuration::new(document.clone())
+            .map_err(|e| ServiceError::invalid("CONFIGURATION_REFUSED", e.to_string()))?;
+        let generation = self
+            .store
+            .put_configuration(ns, id, canonical.value(), new, now())?
+            .ok_or_else(|| {
+                if new {
+                    ServiceError::conflict(
+                        "CONFIGURATION_EXISTS",
+                        format!("configuration {id} exists; PUT a new generation"),
+                    )
+                } else {
+                    ServiceError::not_found("configuration", id)
+                }
+            })?;
+        self.audit(
+            actor,
+            if new {
+                "configuration.create"
+            } else {
+                "configuration.update"
+            },
+            &format!("{ns}/{id}"),
+            json!({"generation": generation}),
+        )?;
+        Ok(json!({"namespaceId": ns, "id": id, "generation": generation, "document": document}))
+    }
+
+    pub fn create_agent(&self, actor: &str, ns: &str, a: NewAgent) -> Result<Agent> {
+        let namespace = self.namespace(ns)?;
+        if namespace.deleting {
+            return Err(ServiceError::conflict(
+                "NAMESPACE_DELETING",
+                format!("Namespace {ns} is being deleted"),
+            ));
+        }
+        check_id("id", &a.id)?;
+        let sp = a
+            .service_principal_id
+            .unwrap_or_else(|| format!("sp-{}", a.id));
+        let sp: String = sp.chars().take(63).collect();
+        check_id("servicePrincipalId", &sp)?;
+        if let Some(auth) = &a.harness_auth
+            && auth.method != "runtime"
+        {
+            return Err(ServiceError::invalid(
+                "HARNESS_AUTH_UNSUPPORTED",
+                "harnessAuth.method must be \"runtime\": operator-managed credentials stay on the host",
+            ));
+        }
+        if self.store.configuration(ns, &a.configuration_id)?.is_none() {
+            return Err(ServiceError::invalid(
+                "UNKNOWN_CONFIGURATION",
+                format!("configuration {} does not exist", a.configuration_id),
+            ));
+        }
+        let agent = Agent {
+            namespace_id: ns.to_owned(),
+            id: a.id.clone(),
+            service_principal_id: sp,
+            configuration_id: a.configuration_id,
+            desired_state: DesiredState::Stopped,
+            host: None,
+            port: None,
+            active_revision_id: None,
+            served_revision_id: None,
+            created_at: now(),
+        };
+        if !self.store.insert_agent(&agent)? {
+            return Err(ServiceError::conflict(
+                "AGENT_EXISTS",
+                format!("Agent {} exists", a.id),
+            ));
+        }
+        self.audit(actor, "agent.create", &format!("{ns}/{}", a.id), json!({}))?;
+        self.agent(ns, &a.id)
+    }
+
+    pub fn agent(&self, ns: &str, id: &str) -> Result<Agent> {
+        self.store
+            .agent(ns, id)?
+            .ok_or_else(|| ServiceError::not_found("Agent", id))
+    }
+
+    pub fn patch_agent(&self, actor: &str, ns: &str, id: &str, p: AgentPatch) -> Result<Agent> {
+        self.agent(ns, id)?;
+        if let Some(cfg) = &p.configuration_id {
+            if self.store.configuration(ns, cfg)?.is_none() {
+                return Err(ServiceError::invalid(
+                    "UNKNOWN_CONFIGURATION",
+                    format!("configuration {cfg} does not exist"),
+                ));
+            }
+            self.store.set_agent_configuration(ns, id, cfg)?;
+        }
+        self.audit(
+            actor,
+            "agent.update",
+            &format!("{ns}/{id}"),
+            json!({"configurationId": p.configuration_id}),
+        )?;
+        self.agent(ns, id)
+    }
+
+    /// Creates the next immutable revision from the Agent's configuration and queues it.
+    pub fn deploy(&self, actor: &str, ns: &str, id: &str) -> Result<Revision> {
+        let agent = self.agent(ns, id)?;
+        if agent.desired_state == DesiredState::Deleted {
+            return Err(ServiceError::conflict(
+                "AGENT_DELETING",
+                format!("Agent {id} is being deleted"),
+            ));
+        }
+        let cfg = self
+            .store
+            .configuration(ns, &agent.configuration_id)?
+            .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
+        let rendered = render::render(&cfg.document)
+            .map_err(|r| ServiceError::invalid("CONFIGURATION_REFUSED", r.to_string()))?;
+        let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
+            .map_err(|e| ServiceError::invalid("CONFIGURATION_REFUSED", e.to_string()))?;
+        let number = self.store.next_revision_number(ns, id)?;
+        let rev = Revision {
+            namespace_id: ns.to_owned(),
+            agent_id: id.to_owned(),
+            id: format!("rev-{number}"),
+            number,
+            configuration_id: cfg.id.clone(),
+            configuration_generation: cfg.generation,
+            configuration_hash: canonical.hash().to_string(),
+            status: "pending".to_owned(),
+            last_attempt: None,
+            created_at: now(),
+            rendered,
+        };
+        self.store.create_revision(&rev, crate::worker::now_ms())?;
+        self.audit(
+            actor,
+            "agent.deploy",
+            &format!("{ns}/{id}"),
+            json!({"revisionId": rev.id, "number": number}),
+        )?;
+        Ok(rev)
+    }
+
+    pub fn stop(&self, actor: &str, ns: &str, id: &str) -> Result<()> {
+        let agent = self.agent(ns, id)?;
+        if agent.desired_state == DesiredState::Deleted {
+            return Err(ServiceError::conflict(
+                "AGENT_DELETING",
+                format!("Agent {id} is being deleted"),
+            ));
+        }
+        self.store
+            .set_desired(ns, id, DesiredState::Stopped, crate::worker::now_ms())?;
+        self.audit(actor, "agent.stop", &format!("{ns}/{id}"), json!({}))
+    }
+
+    pub fn delete_agent(&self, actor: &str, ns: &str, id: &str) -> Result<()> {
+        self.agent(ns, id)?;
+        self.store
+            .set_desired(ns, id, DesiredState::Deleted, crate::worker::now_ms())?;
+        self.audit(actor, "agent.delete", &format!("{ns}/{id}"), json!({}))
+    }
+
+    /// Desired state, active and served revision, per-revision progress and open work.
+    pub fn deployment_status(&self, ns: &str, id: &str) -> Result<Value> {
+        let agent = self.agent(ns, id)?;
+        let revisions = self.store.revisions(ns, id)?;
+        let work = self.store.open_work(ns, id)?;
+        let converged = work.is_empty()
+            && match agent.desired_state {
+                DesiredState::Running => {
+                    agent.active_revision_id.is_some()
+                        && agent.active_revision_id == agent.served_revision_id
+                }
+                DesiredState::Stopped => agent.active_revision_id.is_none(),
+                DesiredState::Deleted => false,
+            };
+        Ok(json!({
+            "namespaceId": ns,
+            "agentId": id,
+            "desiredState": agent.desired_state,
+            "host": agent.host,
+            "port": agent.port,
+            "activeRevisionId": agent.active_revision_id,
+            "servedRevisionId": agent.served_revision_id,
+            "converged": converged,
+            "revisions": revisions,
+            "openWork": work,
+        }))
+    }
+}

@@ -1,0 +1,750 @@
+//! The deployment worker: claims work under a lease, re-checks the desired state, and drives
+//! hosts through prepare → compare-and-set `activeRevisionId` → activate (after the commit) →
+//! retire predecessors → finalize. Every step is idempotent on the host, so a crash at any
+//! point resumes by running the item again once its lease expires.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clawfleet_protocol::operation::{
+    AgentArgs, AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceArgs,
+    NamespaceRef, PrepareArgs, RevisionArgs, RevisionNumber, RevisionRef, RevisionSpec,
+};
+use clawfleet_protocol::result::{AgentObservation, OperationResult};
+use clawfleet_protocol::{Configuration, HostName, Ident, Operation, Sha256Hex};
+use tokio::sync::{Semaphore, watch};
+
+use crate::backend::{Backend, CallError, CallOptions, HostTarget};
+use crate::config::WorkerSettings;
+use crate::model::{Agent, DesiredState, Host, Namespace, Revision};
+use crate::store::{Store, StoreError, Work, WorkKind};
+
+/// The harness version revisions are deployed with.
+pub const HARNESS_VERSION: &str = "2026.9.6";
+
+/// How one pass over a work item ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Finished; the code says how (e.g. `REVISION_ACTIVATED`).
+    Done { code: String, message: String },
+    /// Finished without success; retrying cannot help.
+    Failed { code: String, message: String },
+    /// Try again later. `attempt` counts against the attempt budget.
+    Retry {
+        code: String,
+        message: String,
+        attempt: bool,
+        delay: Duration,
+    },
+}
+
+fn done(code: &str, message: impl Into<String>) -> Step {
+    Step::Done {
+        code: code.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn failed(code: &str, message: impl Into<String>) -> Step {
+    Step::Failed {
+        code: code.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn ident(s: &str) -> Result<Ident, Step> {
+    Ident::new(s).map_err(|e| failed("INVALID_STORED_ID", format!("{s:?} {e}")))
+}
+
+fn store_err(e: StoreError) -> Step {
+    Step::Retry {
+        code: "STORE_UNAVAILABLE".to_owned(),
+        message: e.to_string(),
+        attempt: false,
+        delay: Duration::from_secs(1),
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The worker.
+pub struct Worker<B: Backend> {
+    pub store: Store,
+    pub backend: Arc<B>,
+    pub settings: WorkerSettings,
+    pub owner: String,
+}
+
+impl<B: Backend> std::fmt::Debug for Worker<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl<B: Backend> Worker<B> {
+    /// A worker with a unique lease owner name.
+    pub fn new(store: Store, backend: Arc<B>, settings: WorkerSettings) -> Self {
+        Self {
+            owner: format!("{}@{}", std::process::id(), now_ms()),
+            store,
+            backend,
+            settings,
+        }
+    }
+
+    /// Runs until `shutdown` turns true, with up to `parallel` items in flight.
+    pub async fn run(self: Arc<Self>, parallel: usize, mut shutdown: watch::Receiver<bool>) {
+        let slots = Arc::new(Semaphore::new(parallel.max(1)));
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let lease = self.settings.lease.as_millis() as i64;
+            match self.store.claim_work(&self.owner, now_ms(), lease) {
+                Ok(Some(work)) => {
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        me.process(work).await;
+                        drop(permit);
+                    });
+                    continue;
+                }
+                Ok(None) => drop(permit),
+                Err(e) => {
+                    drop(permit);
+                    tracing::error!("cannot claim work: {e}");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.settings.poll) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+
+    /// Claims and processes one item if one is due (for tests and single-step use).
+    pub async fn run_once(&self) -> Option<(Work, Step)> {
+        let work = self
+            .store
+            .claim_work(
+                &self.owner,
+                now_ms(),
+                self.settings.lease.as_millis() as i64,
+            )
+            .ok()??;
+        let step = self.process(work.clone()).await;
+        Some((work, step))
+    }
+
+    /// Processes one claimed item and records the result.
+    pub async fn process(&self, work: Work) -> Step {
+        // Aborted when this future ends or is dropped, so a cancelled pass stops renewing.
+        let _renew = AbortOnDrop({
+            let store = self.store.clone();
+            let owner = self.owner.clone();
+            let id = work.id;
+            let lease = self.settings.lease;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(lease / 3).await;
+                    match store.renew_lease(id, &owner, now_ms() + lease.as_millis() as i64) {
+                        Ok(true) => {}
+                        _ => return,
+                    }
+                }
+            })
+        });
+        let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
+        let step = if age > self.settings.convergence_deadline {
+            failed(
+                "CONVERGENCE_DEADLINE_EXCEEDED",
+                format!(
+                    "not converged within {} s",
+                    self.settings.convergence_deadline.as_secs()
+                ),
+            )
+        } else {
+            let result = match work.kind {
+                WorkKind::EnsureNamespace => self.ensure_namespace(&work).await,
+                WorkKind::DeleteNamespace => self.delete_namespace(&work).await,
+                WorkKind::Deploy => self.deploy(&work).await,
+                WorkKind::Stop => self.stop(&work).await,
+                WorkKind::DeleteAgent => self.delete_agent(&work).await,
+            };
+            result.unwrap_or_else(|s| s)
+        };
+        let step = self.budget(&work, step);
+        self.record(&work, &step);
+        step
+    }
+
+    /// Applies the attempt budget: an attempt-counting retry beyond it becomes a failure.
+    fn budget(&self, work: &Work, step: Step) -> Step {
+        match step {
+            Step::Retry {
+                code,
+                message,
+                attempt: true,
+                ..
+            } if work.attempts + 1 >= self.settings.max_attempts => failed(
+                &code,
+                format!("{message} (gave up after {} attempts)", work.attempts + 1),
+            ),
+            other => other,
+        }
+    }
+
+    fn record(&self, work: &Work, step: &Step) {
+        let now = now_ms();
+        let (code, message) = match step {
+            Step::Done { code, message }
+            | Step::Failed { code, message }
+            | Step::Retry { code, message, .. } => (code.as_str(), message.as_str()),
+        };
+        tracing::info!(
+            work = work.id,
+            kind = work.kind.as_str(),
+            agent = work.agent_id.as_deref().unwrap_or("-"),
+            code,
+            "{message}"
+        );
+        if let (Some(agent), Some(rev)) = (&work.agent_id, &work.revision_id) {
+            let _ = self.store.record_attempt(
+                &work.namespace_id,
+                agent,
+                rev,
+                code,
+                message,
+                now / 1000,
+            );
+            if matches!(step, Step::Failed { .. }) {
+                let _ = self
+                    .store
+                    .set_revision_status(&work.namespace_id, agent, rev, "failed");
+            }
+        }
+        let result = match step {
+            Step::Done { .. } => {
+                self.store
+                    .finish_work(work.id, &self.owner, "done", code, message, now)
+            }
+            Step::Failed { .. } => {
+                self.store
+                    .finish_work(work.id, &self.owner, "failed", code, message, now)
+            }
+            Step::Retry { attempt, delay, .. } => self.store.requeue_work(
+                work.id,
+                &self.owner,
+                now + delay.as_millis() as i64,
+                *attempt,
+                code,
+                message,
+                now,
+            ),
+        };
+        if let Err(e) = result {
+            tracing::error!(work = work.id, "cannot record the outcome: {e}");
+        }
+    }
+
+    /// Backoff for failures: initial × 2^attempts, capped.
+    fn backoff(&self, attempts: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempts.min(20)).unwrap_or(u32::MAX);
+        (self.settings.backoff_initial * factor).min(self.settings.backoff_max)
+    }
+
+    /// Readiness recheck interval, growing with the item's age.
+    fn recheck(&self, work: &Work) -> Duration {
+        let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
+        let grown = self.settings.readiness_recheck + age / 10;
+        grown.min(self.settings.readiness_recheck_max)
+    }
+
+    fn call_failed(&self, work: &Work, e: CallError, after_commit: bool) -> Step {
+        if e.is_retryable() {
+            let code = if after_commit {
+                "REVISION_FINALIZATION_INCOMPLETE"
+            } else {
+                e.code()
+            };
+            Step::Retry {
+                code: code.to_owned(),
+                message: format!("{} ({})", e, e.code()),
+                // Before the commit, host failures use the attempt budget; after it, the
+                // worker keeps finalizing until the convergence deadline.
+                attempt: !after_commit,
+                delay: self.backoff(work.attempts),
+            }
+        } else {
+            failed(e.code(), e.to_string())
+        }
+    }
+
+    fn target(&self, host: &Host) -> Result<HostTarget, Step> {
+        Ok(HostTarget {
+            name: HostName::new(host.name.as_str())
+                .map_err(|e| failed("INVALID_STORED_ID", e.to_string()))?,
+            address: host.address.clone(),
+            port: host.port,
+            host_key: host.host_key.clone(),
+        })
+    }
+
+    fn options(&self) -> CallOptions {
+        CallOptions {
+            deadline: Duration::from_secs(u64::from(self.settings.operation_deadline_seconds)),
+        }
+    }
+
+    fn namespace_ref(ns: &Namespace) -> Result<NamespaceRef, Step> {
+        Ok(NamespaceRef {
+            id: ident(&ns.id)?,
+            name: ident(&ns.name)?,
+        })
+    }
+
+    async fn ensure_on(&self, ns: &Namespace, host: &Host) -> Result<(), Step> {
+        let op = Operation::EnsureNamespace(NamespaceArgs {
+            namespace: Self::namespace_ref(ns)?,
+        });
+        self.backend
+            .call(&self.target(host)?, op, self.options())
+            .await
+            .map_err(|e| self.call_failed_plain(e))?;
+        self.store
+            .set_namespace_host_ready(&ns.id, &host.name, true)
+            .map_err(store_err)?;
+        Ok(())
+    }
+
+    fn call_failed_plain(&self, e: CallError) -> Step {
+        if e.is_retryable() {
+            Step::Retry {
+                code: e.code().to_owned(),
+                message: e.to_string(),
+                attempt: true,
+                delay: self.settings.backoff_initial,
+            }
+        } else {
+            failed(e.code(), e.to_string())
+        }
+    }
+
+    async fn ensure_namespace(&self, work: &Work) -> Result<Step, Step> {
+        let Some(ns) = self
+            .store
+            .namespace(&work.namespace_id)
+            .map_err(store_err)?
+        else {
+            return Ok(done("NAMESPACE_GONE", "the Namespace was deleted"));
+        };
+        let mut pending = Vec::new();
+        for name in ns.hosts.iter().filter(|h| !ns.ready_hosts.contains(h)) {
+            let Some(host) = self.store.host(name).map_err(store_err)? else {
+                continue;
+            };
+            if let Err(step) = self.ensure_on(&ns, &host).await {
+                pending.push((name.clone(), step));
+            }
+        }
+        match pending.into_iter().next() {
+            None => Ok(done("NAMESPACE_READY", "ready on every pool host")),
+            Some((host, Step::Retry { code, message, .. })) => Ok(Step::Retry {
+                code,
+                message: format!("{host}: {message}"),
+                attempt: true,
+                delay: self.backoff(work.attempts),
+            }),
+            Some((host, Step::Failed { code, message } | Step::Done { code, message })) => {
+                Ok(failed(&code, format!("{host}: {message}")))
+            }
+        }
+    }
+
+    async fn delete_namespace(&self, work: &Work) -> Result<Step, Step> {
+        let Some(ns) = self
+            .store
+            .namespace(&work.namespace_id)
+            .map_err(store_err)?
+        else {
+            return Ok(done("NAMESPACE_DELETED", "already gone"));
+        };
+        if !self.store.agents(&ns.id).map_err(store_err)?.is_empty() {
+            return Ok(failed(
+                "NAMESPACE_NOT_EMPTY",
+                "the Namespace still has Agents",
+            ));
+        }
+        for name in &ns.hosts {
+            let Some(host) = self.store.host(name).map_err(store_err)? else {
+                continue;
+            };
+            let op = Operation::DeleteNamespace(NamespaceArgs {
+                namespace: Self::namespace_ref(&ns)?,
+            });
+            if let Err(e) = self
+                .backend
+                .call(&self.target(&host)?, op, self.options())
+                .await
+            {
+                return Ok(self.call_failed(work, e, false));
+            }
+        }
+        self.store.delete_namespace_row(&ns.id).map_err(store_err)?;
+        Ok(done("NAMESPACE_DELETED", "removed from every pool host"))
+    }
+
+    /// Picks a ready pool host with room, least loaded first.
+    fn place(&self, ns: &Namespace, agent: &Agent) -> Result<Option<Host>, Step> {
+        if let Some(name) = &agent.host {
+            return self.store.host(name).map_err(store_err);
+        }
+        let mut best: Option<(u32, Host)> = None;
+        for name in &ns.ready_hosts {
+            let Some(host) = self.store.host(name).map_err(store_err)? else {
+                continue;
+            };
+            let load = self.store.agents_on_host(name).map_err(store_err)?;
+            if load >= host.max_agents {
+                continue;
+            }
+            if best.as_ref().is_none_or(|(l, _)| load < *l) {
+                best = Some((load, host));
+            }
+        }
+        let Some((_, host)) = best else {
+            return Ok(None);
+        };
+        let placed = self
+            .store
+            .place_agent(&ns.id, &agent.id, &host.name)
+            .map_err(store_err)?;
+        match placed {
+            Some(p) if p == host.name => Ok(Some(host)),
+            Some(p) => self.store.host(&p).map_err(store_err),
+            None => Ok(None),
+        }
+    }
+
+    fn agent_ref(agent: &Agent) -> Result<AgentRef, Step> {
+        Ok(AgentRef {
+            id: ident(&agent.id)?,
+            service_principal_id: ident(&agent.service_principal_id)?,
+        })
+    }
+
+    fn revision_ref(rev: &Revision) -> Result<RevisionRef, Step> {
+        Ok(RevisionRef {
+            id: ident(&rev.id)?,
+            number: RevisionNumber::new(rev.number).map_err(|e| failed("INVALID_STORED_ID", e))?,
+            configuration_hash: Sha256Hex::new(rev.configuration_hash.as_str())
+                .map_err(|e| failed("INVALID_STORED_ID", e.to_string()))?,
+        })
+    }
+
+    fn observe(&self, agent: &Agent, o: &AgentObservation) {
+        let served = o.served.as_ref().map(|s| s.as_str().to_owned());
+        let _ = self.store.set_agent_observed(
+            &agent.namespace_id,
+            &agent.id,
+            o.port,
+            served.as_deref(),
+        );
+    }
+
+    async fn deploy(&self, work: &Work) -> Result<Step, Step> {
+        let (Some(agent_id), Some(rev_id)) = (&work.agent_id, &work.revision_id) else {
+            return Ok(failed(
+                "INVALID_WORK",
+                "deploy work without an Agent or revision",
+            ));
+        };
+        let ns_id = &work.namespace_id;
+        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
+            return Ok(done("AGENT_GONE", "the Agent was deleted"));
+        };
+        let Some(rev) = self
+            .store
+            .revision(ns_id, agent_id, rev_id)
+            .map_err(store_err)?
+        else {
+            return Ok(done("REVISION_GONE", "the revision was deleted"));
+        };
+        if agent.desired_state != DesiredState::Running {
+            return Ok(done(
+                "REVISION_STOPPED",
+                "the Agent is no longer meant to run",
+            ));
+        }
+        let revisions = self.store.revisions(ns_id, agent_id).map_err(store_err)?;
+        if revisions.iter().any(|r| r.number > rev.number) {
+            self.store
+                .set_revision_status(ns_id, agent_id, rev_id, "superseded")
+                .map_err(store_err)?;
+            return Ok(done("REVISION_SUPERSEDED", "a newer revision exists"));
+        }
+        let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
+            return Ok(done("NAMESPACE_GONE", "the Namespace was deleted"));
+        };
+        if ns.deleting {
+            return Ok(failed(
+                "NAMESPACE_DELETING",
+                "the Namespace is being deleted",
+            ));
+        }
+        let Some(host) = self.place(&ns, &agent)? else {
+            return Ok(Step::Retry {
+                code: "NO_HOST_AVAILABLE".to_owned(),
+                message: "no ready pool host has room for this Agent yet".to_owned(),
+                attempt: false,
+                delay: self.recheck(work),
+            });
+        };
+        if !ns.ready_hosts.contains(&host.name) {
+            self.ensure_on(&ns, &host).await?;
+        }
+        let target = self.target(&host)?;
+        let namespace = Self::namespace_ref(&ns)?;
+        let agent_ref = Self::agent_ref(&agent)?;
+        let reference = Self::revision_ref(&rev)?;
+        let configuration = Configuration::new(rev.rendered.clone())
+            .map_err(|e| failed("CONFIGURATION_REJECTED", e.to_string()))?;
+        let after_commit = agent.active_revision_id.as_deref() == Some(rev_id.as_str());
+
+        // Prepare: stage only; the running gateway is untouched.
+        let spec = RevisionSpec {
+            id: reference.id.clone(),
+            number: reference.number,
+            harness: Harness {
+                id: HarnessId::Openclaw,
+                version: HarnessVersion::new(HARNESS_VERSION)
+                    .map_err(|e| failed("INVALID_HARNESS", e))?,
+                mode: HarnessMode::Embedded,
+            },
+            configuration_hash: configuration.hash(),
+            configuration,
+        };
+        let prepared = self
+            .backend
+            .call(
+                &target,
+                Operation::PrepareRevision(PrepareArgs {
+                    namespace: namespace.clone(),
+                    agent: agent_ref.clone(),
+                    revision: spec,
+                }),
+                self.options(),
+            )
+            .await;
+        match prepared {
+            Err(e) => return Ok(self.call_failed(work, e, after_commit)),
+            Ok(OperationResult::PrepareRevision(p)) => {
+                self.observe(&agent, &p.observation);
+                if !p.ready {
+                    self.store
+                        .set_revision_status(ns_id, agent_id, rev_id, "superseded")
+                        .map_err(store_err)?;
+                    return Ok(done(
+                        "REVISION_SUPERSEDED",
+                        "the host already runs a newer revision",
+                    ));
+                }
+            }
+            Ok(other) => {
+                return Ok(failed(
+                    "INVALID_HOST_RESULT",
+                    format!("prepare answered {:?}", other.kind()),
+                ));
+            }
+        }
+        if !after_commit {
+            self.store
+                .set_revision_status(ns_id, agent_id, rev_id, "prepared")
+                .map_err(store_err)?;
+            // Compare-and-set the active revision; another writer wins only with a newer one.
+            if let Some(active) = &agent.active_revision_id
+                && let Some(current) = revisions.iter().find(|r| &r.id == active)
+                && current.number >= rev.number
+            {
+                return Ok(done("REVISION_SUPERSEDED", "a newer revision is active"));
+            }
+            let swapped = self
+                .store
+                .cas_active_revision(
+                    ns_id,
+                    agent_id,
+                    agent.active_revision_id.as_deref(),
+                    Some(rev_id),
+                )
+                .map_err(store_err)?;
+            if !swapped {
+                return Ok(Step::Retry {
+                    code: "REVISION_INCOMPLETE".to_owned(),
+                    message: "the active revision changed meanwhile; re-checking".to_owned(),
+                    attempt: false,
+                    delay: Duration::from_millis(10),
+                });
+            }
+        }
+        // Activate after the commit.
+        let activated = self
+            .backend
+            .call(
+                &target,
+                Operation::ActivateRevision(RevisionArgs {
+                    namespace: namespace.clone(),
+                    agent: agent_ref.clone(),
+                    revision: reference,
+                }),
+                self.options(),
+            )
+            .await;
+        match activated {
+            Err(CallError::Failed(f)) if f.code == clawfleet_protocol::FailureCode::Superseded => {
+                self.store
+                    .set_revision_status(ns_id, agent_id, rev_id, "superseded")
+                    .map_err(store_err)?;
+                return Ok(done("REVISION_SUPERSEDED", f.message));
+            }
+            Err(e) => return Ok(self.call_failed(work, e, true)),
+            Ok(OperationResult::ActivateRevision(a)) => self.observe(&agent, &a.observation),
+            Ok(other) => {
+                return Ok(failed(
+                    "INVALID_HOST_RESULT",
+                    format!("activate answered {:?}", other.kind()),
+                ));
+            }
+        }
+        self.store
+            .set_revision_status(ns_id, agent_id, rev_id, "active")
+            .map_err(store_err)?;
+        // Retire predecessors.
+        for old in revisions
+            .iter()
+            .filter(|r| r.number < rev.number && r.status != "retired")
+        {
+            let op = Operation::RetireRevision(RevisionArgs {
+                namespace: namespace.clone(),
+                agent: agent_ref.clone(),
+                revision: Self::revision_ref(old)?,
+            });
+            match self.backend.call(&target, op, self.options()).await {
+                Ok(_) => self
+                    .store
+                    .set_revision_status(ns_id, agent_id, &old.id, "retired")
+                    .map_err(store_err)?,
+                Err(e) => return Ok(self.call_failed(work, e, true)),
+            }
+        }
+        Ok(done(
+            "REVISION_ACTIVATED",
+            format!("serving on {}", host.name),
+        ))
+    }
+
+    async fn stop(&self, work: &Work) -> Result<Step, Step> {
+        let Some(agent_id) = &work.agent_id else {
+            return Ok(failed("INVALID_WORK", "stop work without an Agent"));
+        };
+        let ns_id = &work.namespace_id;
+        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
+            return Ok(done("AGENT_GONE", "the Agent was deleted"));
+        };
+        if agent.desired_state != DesiredState::Stopped {
+            return Ok(done("STOP_SUPERSEDED", "the Agent is meant to run again"));
+        }
+        let (Some(host_name), Some(active)) = (&agent.host, &agent.active_revision_id) else {
+            return Ok(done("REVISION_STOPPED", "nothing was running"));
+        };
+        let (Some(host), Some(ns), Some(rev)) = (
+            self.store.host(host_name).map_err(store_err)?,
+            self.store.namespace(ns_id).map_err(store_err)?,
+            self.store
+                .revision(ns_id, agent_id, active)
+                .map_err(store_err)?,
+        ) else {
+            return Ok(failed(
+                "INVALID_STATE",
+                "the Agent's host, Namespace or revision is missing",
+            ));
+        };
+        let op = Operation::StopRevision(RevisionArgs {
+            namespace: Self::namespace_ref(&ns)?,
+            agent: Self::agent_ref(&agent)?,
+            revision: Self::revision_ref(&rev)?,
+        });
+        match self
+            .backend
+            .call(&self.target(&host)?, op, self.options())
+            .await
+        {
+            Ok(OperationResult::StopRevision(s)) => self.observe(&agent, &s.observation),
+            Ok(_) => {}
+            Err(e) => return Ok(self.call_failed(work, e, false)),
+        }
+        // Only now that the host stopped is the active revision cleared.
+        self.store
+            .cas_active_revision(ns_id, agent_id, Some(active), None)
+            .map_err(store_err)?;
+        self.store
+            .set_revision_status(ns_id, agent_id, active, "stopped")
+            .map_err(store_err)?;
+        Ok(done("REVISION_STOPPED", format!("stopped on {host_name}")))
+    }
+
+    async fn delete_agent(&self, work: &Work) -> Result<Step, Step> {
+        let Some(agent_id) = &work.agent_id else {
+            return Ok(failed("INVALID_WORK", "delete work without an Agent"));
+        };
+        let ns_id = &work.namespace_id;
+        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
+            return Ok(done("AGENT_DELETED", "already gone"));
+        };
+        if let Some(host_name) = &agent.host {
+            let (Some(host), Some(ns)) = (
+                self.store.host(host_name).map_err(store_err)?,
+                self.store.namespace(ns_id).map_err(store_err)?,
+            ) else {
+                return Ok(failed(
+                    "INVALID_STATE",
+                    "the Agent's host or Namespace is missing",
+                ));
+            };
+            let op = Operation::DeleteAgent(AgentArgs {
+                namespace: Self::namespace_ref(&ns)?,
+                agent: Self::agent_ref(&agent)?,
+            });
+            if let Err(e) = self
+                .backend
+                .call(&self.target(&host)?, op, self.options())
+                .await
+            {
+                return Ok(self.call_failed(work, e, false));
+            }
+        }
+        self.store
+            .delete_agent_row(ns_id, agent_id)
+            .map_err(store_err)?;
+        Ok(done("AGENT_DELETED", "removed from its host"))
+    }
+}

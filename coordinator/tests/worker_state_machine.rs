@@ -1,0 +1,330 @@
+//! The deployment worker over the fake backend: convergence, supersession, permanence,
+//! stop/delete ordering, and a crash at every call followed by resumption.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawfleet_protocol::failure::FailureCode;
+use coordinator::config::WorkerSettings;
+use coordinator::fake::{FakeBackend, Inject};
+use coordinator::model::DesiredState;
+use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::store::Store;
+use coordinator::worker::{Step, Worker};
+use serde_json::json;
+
+const HOST_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+
+fn settings() -> WorkerSettings {
+    WorkerSettings {
+        lease: Duration::from_millis(200),
+        backoff_initial: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(5),
+        readiness_recheck: Duration::from_millis(1),
+        readiness_recheck_max: Duration::from_millis(5),
+        ..WorkerSettings::default()
+    }
+}
+
+struct World {
+    svc: Service,
+    backend: Arc<FakeBackend>,
+}
+
+impl World {
+    fn new(hosts: usize) -> Self {
+        let store = Store::in_memory().unwrap();
+        let svc = Service::new(store);
+        let names: Vec<String> = (1..=hosts).map(|i| format!("h{i}")).collect();
+        for n in &names {
+            svc.enrol_host(
+                "test",
+                NewHost {
+                    name: n.clone(),
+                    address: "127.0.0.1".into(),
+                    port: 22,
+                    host_key: HOST_KEY.into(),
+                    max_agents: 100,
+                },
+            )
+            .unwrap();
+        }
+        svc.create_namespace(
+            "test",
+            NewNamespace {
+                id: "ns1".into(),
+                name: None,
+                hosts: names,
+            },
+        )
+        .unwrap();
+        svc.put_configuration(
+            "test",
+            "ns1",
+            "cfg",
+            json!({"logging": {"level": "info"}}),
+            true,
+        )
+        .unwrap();
+        Self {
+            svc,
+            backend: Arc::new(FakeBackend::new()),
+        }
+    }
+
+    fn worker(&self) -> Worker<FakeBackend> {
+        Worker::new(self.svc.store.clone(), self.backend.clone(), settings())
+    }
+
+    fn agent(&self, id: &str) {
+        self.svc
+            .create_agent(
+                "test",
+                "ns1",
+                NewAgent {
+                    id: id.into(),
+                    service_principal_id: None,
+                    configuration_id: "cfg".into(),
+                    harness_auth: None,
+                },
+            )
+            .unwrap();
+    }
+
+    /// Runs the worker until no work is left (or a bound is hit); returns every step.
+    async fn settle(&self, w: &Worker<FakeBackend>) -> Vec<Step> {
+        let mut steps = Vec::new();
+        for _ in 0..500 {
+            match w.run_once().await {
+                Some((_, s)) => steps.push(s),
+                None => {
+                    if self.svc.store.pending_work().unwrap() == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        }
+        steps
+    }
+}
+
+#[tokio::test]
+async fn deploy_replace_stop_delete_converge() {
+    let w = World::new(2);
+    let worker = w.worker();
+    w.agent("a1");
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    let a = w.svc.agent("ns1", "a1").unwrap();
+    let host = a.host.clone().unwrap();
+    assert_eq!(a.active_revision_id.as_deref(), Some("rev-1"));
+    assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
+    assert!(w.backend.has_namespace("h1", "ns1") && w.backend.has_namespace("h2", "ns1"));
+
+    // Replace: rev-2 active, rev-1 retired on the host, placement sticky.
+    w.svc
+        .put_configuration(
+            "test",
+            "ns1",
+            "cfg",
+            json!({"logging": {"level": "debug"}}),
+            false,
+        )
+        .unwrap();
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    let a = w.svc.agent("ns1", "a1").unwrap();
+    assert_eq!(a.host.as_deref(), Some(host.as_str()));
+    assert_eq!(a.active_revision_id.as_deref(), Some("rev-2"));
+    let on_host = w.backend.agent(&host, "ns1", "a1").unwrap();
+    assert_eq!(on_host.served.as_deref(), Some("rev-2"));
+    assert_eq!(on_host.snapshots.keys().collect::<Vec<_>>(), vec!["rev-2"]);
+    let revs = w.svc.store.revisions("ns1", "a1").unwrap();
+    assert_eq!(revs[0].status, "retired");
+    assert_eq!(revs[1].status, "active");
+    assert_eq!(
+        revs[1].last_attempt.as_ref().unwrap().code,
+        "REVISION_ACTIVATED"
+    );
+
+    // Stop: the host stops first, then activeRevisionId is cleared.
+    w.svc.stop("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    let a = w.svc.agent("ns1", "a1").unwrap();
+    assert_eq!(a.active_revision_id, None);
+    assert_eq!(a.desired_state, DesiredState::Stopped);
+    assert_eq!(w.backend.agent(&host, "ns1", "a1").unwrap().served, None);
+
+    // Namespace deletion is refused while it has Agents.
+    assert!(w.svc.delete_namespace("test", "ns1").is_err());
+    w.svc.delete_agent("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    assert!(w.svc.store.agent("ns1", "a1").unwrap().is_none());
+    assert!(w.backend.agent(&host, "ns1", "a1").is_none());
+    w.svc.delete_namespace("test", "ns1").unwrap();
+    w.settle(&worker).await;
+    assert!(w.svc.store.namespace("ns1").unwrap().is_none());
+    assert!(!w.backend.has_namespace("h1", "ns1"));
+}
+
+#[tokio::test]
+async fn a_newer_revision_supersedes_older_work() {
+    let w = World::new(1);
+    let worker = w.worker();
+    w.agent("a1");
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    let revs = w.svc.store.revisions("ns1", "a1").unwrap();
+    assert_eq!(
+        revs[0].last_attempt.as_ref().unwrap().code,
+        "REVISION_SUPERSEDED"
+    );
+    assert_eq!(
+        revs[1].last_attempt.as_ref().unwrap().code,
+        "REVISION_SUPERSEDED"
+    );
+    assert_eq!(
+        w.svc
+            .agent("ns1", "a1")
+            .unwrap()
+            .active_revision_id
+            .as_deref(),
+        Some("rev-3")
+    );
+    // rev-1 and rev-2 were never prepared on the host.
+    assert_eq!(
+        w.backend
+            .log()
+            .iter()
+            .filter(|l| l.contains("prepare"))
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
+    let w = World::new(1);
+    let worker = w.worker();
+    w.agent("a1");
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    // Call 0 is ensure-namespace for the pool; call 1 is the first prepare.
+    w.backend
+        .inject(1, Inject::Fail(FailureCode::SnapshotMismatch));
+    w.settle(&worker).await;
+    let rev = &w.svc.store.revisions("ns1", "a1").unwrap()[0];
+    assert_eq!(rev.status, "failed");
+    assert_eq!(rev.last_attempt.as_ref().unwrap().code, "SNAPSHOT_MISMATCH");
+    assert_eq!(
+        w.svc.agent("ns1", "a1").unwrap().active_revision_id,
+        None,
+        "nothing was committed"
+    );
+
+    // Transport errors before the commit: retried, then given up after max_attempts.
+    let n = w.backend.calls();
+    for i in 0..5 {
+        w.backend.inject(n + i, Inject::Transport);
+    }
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    let rev = &w.svc.store.revisions("ns1", "a1").unwrap()[1];
+    assert_eq!(rev.status, "failed");
+    let attempt = rev.last_attempt.as_ref().unwrap();
+    assert_eq!(attempt.code, "HOST_UNREACHABLE");
+    assert_eq!(attempt.attempts, 5);
+
+    // A retryable failure after the commit is REVISION_FINALIZATION_INCOMPLETE, then converges.
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    let n = w.backend.calls();
+    w.backend
+        .inject(n + 1, Inject::Fail(FailureCode::ReadinessTimeout));
+    let steps = w.settle(&worker).await;
+    assert!(
+        steps.iter().any(
+            |s| matches!(s, Step::Retry { code, .. } if code == "REVISION_FINALIZATION_INCOMPLETE")
+        ),
+        "{steps:?}"
+    );
+    assert_eq!(
+        w.svc
+            .agent("ns1", "a1")
+            .unwrap()
+            .served_revision_id
+            .as_deref(),
+        Some("rev-3")
+    );
+}
+
+#[tokio::test]
+async fn a_crash_at_every_call_resumes_and_converges() {
+    // Count the calls of an uninterrupted deploy + replace + stop + delete.
+    let script = |w: &World| {
+        w.agent("a1");
+    };
+    let baseline = World::new(1);
+    script(&baseline);
+    let worker = baseline.worker();
+    baseline.svc.deploy("test", "ns1", "a1").unwrap();
+    baseline.settle(&worker).await;
+    let total = baseline.backend.calls();
+    assert!(total >= 3);
+
+    for crash_at in 0..total {
+        for applied in [false, true] {
+            let w = World::new(1);
+            script(&w);
+            w.svc.deploy("test", "ns1", "a1").unwrap();
+            w.backend.inject(crash_at, Inject::Hang { applied });
+            // The first worker "crashes": its future is dropped mid-call.
+            let first = w.worker();
+            let _ = tokio::time::timeout(Duration::from_millis(300), w.settle(&first)).await;
+            drop(first);
+            // A restarted coordinator (new lease owner) resumes after the lease expires.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let second = w.worker();
+            w.settle(&second).await;
+            let a = w.svc.agent("ns1", "a1").unwrap();
+            assert_eq!(
+                a.active_revision_id.as_deref(),
+                Some("rev-1"),
+                "crash at call {crash_at} (applied {applied})"
+            );
+            let on_host = w
+                .backend
+                .agent(a.host.as_deref().unwrap(), "ns1", "a1")
+                .unwrap();
+            assert_eq!(
+                on_host.served.as_deref(),
+                Some("rev-1"),
+                "crash at call {crash_at}"
+            );
+            assert_eq!(w.svc.store.pending_work().unwrap(), 0);
+        }
+    }
+}
+
+#[tokio::test]
+async fn placement_spreads_agents_and_respects_capacity() {
+    let w = World::new(3);
+    let worker = w.worker();
+    for i in 0..9 {
+        w.agent(&format!("a{i}"));
+        w.svc.deploy("test", "ns1", &format!("a{i}")).unwrap();
+    }
+    w.settle(&worker).await;
+    let mut per_host = std::collections::BTreeMap::new();
+    for a in w.svc.store.agents("ns1").unwrap() {
+        assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
+        *per_host.entry(a.host.unwrap()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        per_host.values().copied().collect::<Vec<_>>(),
+        vec![3, 3, 3]
+    );
+}
