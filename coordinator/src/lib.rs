@@ -3,5 +3,9 @@
 
 pub mod backend;
 pub mod config;
+pub mod fake;
 pub mod model;
+pub mod render;
+pub mod service;
 pub mod store;
+pub mod worker;
