@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds the clawfleet packages from a clean clone with one command:
+#
+#   packaging/build.sh
+#
+# -> target/packages/clawfleet-hostd_<v>-1_amd64.deb        clawfleet-hostd-<v>-1.x86_64.rpm
+#    target/packages/clawfleet-coordinator_<v>-1_amd64.deb  clawfleet-coordinator-<v>-1.x86_64.rpm
+#    target/packages/SHA256SUMS
+#    target/packages/test/*.deb   the same packages with a higher version (<v>+pkgtest1-1),
+#                                 only for the upgrade/downgrade tests; never publish these.
+#
+# The release binaries are built once (`cargo build --release --locked`, stripped by the
+# workspace release profile) and packaged as they are (`--no-build`) into both formats.
+# cargo-deb and cargo-generate-rpm are installed with `cargo install --locked` when missing.
+#
+# Environment: CARGO_TARGET_DIR (default target), CLAWFLEET_PACKAGES_DIR (default
+# $CARGO_TARGET_DIR/packages), CLAWFLEET_SKIP_TEST_PACKAGES=1 to leave out target/packages/test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CARGO_DEB_VERSION=3.8.0
+CARGO_GENERATE_RPM_VERSION=0.21.1
+PACKAGES=(clawfleet-hostd clawfleet-coordinator)
+
+target_dir="${CARGO_TARGET_DIR:-target}"
+out="${CLAWFLEET_PACKAGES_DIR:-$target_dir/packages}"
+start=$(date +%s%N)
+elapsed() { local ms=$(( ($(date +%s%N) - start) / 1000000 )); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
+step() { printf '== %s (%ss)\n' "$*" "$(elapsed)"; }
+
+step "packaging tools"
+if ! command -v cargo-deb >/dev/null; then
+  cargo install --locked "cargo-deb@$CARGO_DEB_VERSION"
+fi
+if ! command -v cargo-generate-rpm >/dev/null; then
+  cargo install --locked "cargo-generate-rpm@$CARGO_GENERATE_RPM_VERSION"
+fi
+
+step "release binaries (built once for both formats)"
+cargo build --release --locked -p clawfleet-hostd -p clawfleet-coordinator
+
+rm -rf "$out"
+mkdir -p "$out"
+
+for p in "${PACKAGES[@]}"; do
+  step ".deb $p"
+  cargo deb --no-build --locked -p "$p" -o "$out/"
+  step ".rpm $p"
+  cargo generate-rpm -p "${p#clawfleet-}" -o "$out/"
+done
+
+if [ "${CLAWFLEET_SKIP_TEST_PACKAGES:-0}" != 1 ]; then
+  # The upgrade/downgrade tests install these over the real packages and back.
+  mkdir -p "$out/test"
+  for p in "${PACKAGES[@]}"; do
+    deb=$(ls "$out/${p}_"*.deb)
+    version=$(dpkg-deb -f "$deb" Version)
+    step ".deb $p ${version%-*}+pkgtest1-${version##*-} (tests only)"
+    cargo deb --no-build --locked -p "$p" --deb-version "${version%-*}+pkgtest1-${version##*-}" \
+      -o "$out/test/"
+  done
+fi
+
+(cd "$out" && sha256sum -- *.deb *.rpm > SHA256SUMS)
+step "done"
+ls -l "$out" "$out/test" 2>/dev/null | grep -v '^total'

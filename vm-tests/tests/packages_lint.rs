@@ -1,0 +1,247 @@
+//! Static checks of the built packages on the runner (no test host, no root needed):
+//! lintian reports no errors on either .deb, the .deb control data is what the operator guide
+//! promises, and `rpm -qip`, `rpm -qlp` and `rpm -qp --requires` show the expected metadata,
+//! files and dependencies for both .rpm files.
+//!
+//! Needs `packaging/build.sh` output, lintian and rpm (.ci/run installs both); otherwise
+//! prints `SKIP: ...` (fails under `CI=true`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod packages_support;
+
+use std::path::Path;
+
+use packages_support::*;
+
+fn tools_or_skip(tools: &[&str]) -> bool {
+    let absent: Vec<&str> = tools.iter().copied().filter(|t| !have_tool(t)).collect();
+    if absent.is_empty() {
+        return true;
+    }
+    missing(&format!(
+        "{} not installed (apt-get install lintian rpm; .ci/run does)",
+        absent.join(", ")
+    ));
+    false
+}
+
+fn lintian(deb: &Path) {
+    let (_, out, err) = run_local(
+        "lintian",
+        &[
+            "--no-tag-display-limit",
+            "--display-info",
+            deb.to_str().unwrap(),
+        ],
+    );
+    eprintln!("lintian {}:\n{out}{err}", deb.display());
+    let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("E: ")).collect();
+    assert!(errors.is_empty(), "lintian errors: {errors:#?}");
+    assert!(
+        !err.contains("error") || err.contains("running with root privileges"),
+        "lintian failed to run: {err}"
+    );
+}
+
+fn deb_contents(deb: &Path) -> Vec<String> {
+    let (ok, out, err) = run_local("dpkg-deb", &["-c", deb.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    out.lines().map(str::to_owned).collect()
+}
+
+fn has_entry(listing: &[String], mode: &str, path: &str) -> bool {
+    listing
+        .iter()
+        .any(|l| l.starts_with(mode) && l.contains(" root/root ") && l.ends_with(path))
+}
+
+#[test]
+fn lintian_finds_no_errors_and_the_debs_hold_what_the_guide_says() {
+    let Some(pkgs) = packages_or_skip() else {
+        return;
+    };
+    if !tools_or_skip(&["lintian", "dpkg-deb"]) {
+        return;
+    }
+    lintian(&pkgs.hostd_deb);
+    lintian(&pkgs.coordinator_deb);
+
+    // hostd
+    let depends = deb_field(&pkgs.hostd_deb, "Depends");
+    for want in ["libc6 (>=", "openssh-server", "passwd", "systemd"] {
+        assert!(depends.contains(want), "{want} in {depends}");
+    }
+    assert_eq!(deb_field(&pkgs.hostd_deb, "Package"), "clawfleet-hostd");
+    let c = deb_contents(&pkgs.hostd_deb);
+    assert!(has_entry(&c, "-rwxr-xr-x", "./usr/sbin/hostd"), "{c:#?}");
+    assert!(
+        has_entry(&c, "-rw-r--r--", "./etc/clawfleet/hostd.toml"),
+        "{c:#?}"
+    );
+    assert!(
+        has_entry(
+            &c,
+            "-rw-r--r--",
+            "./usr/share/doc/clawfleet-hostd/changelog.Debian.gz"
+        ),
+        "{c:#?}"
+    );
+    assert!(!c.iter().any(|l| l.contains("allowed_signers")), "{c:#?}");
+    let (ok, conffiles, _) = run_local(
+        "dpkg-deb",
+        &["-I", pkgs.hostd_deb.to_str().unwrap(), "conffiles"],
+    );
+    assert!(ok);
+    assert_eq!(conffiles.trim(), "/etc/clawfleet/hostd.toml");
+
+    // coordinator
+    let depends = deb_field(&pkgs.coordinator_deb, "Depends");
+    for want in ["libc6 (>=", "systemd"] {
+        assert!(depends.contains(want), "{want} in {depends}");
+    }
+    let c = deb_contents(&pkgs.coordinator_deb);
+    for (mode, path) in [
+        ("-rwxr-xr-x", "./usr/bin/occ"),
+        ("-rw-r--r--", "./etc/clawfleet/occ.toml"),
+        (
+            "-rw-r--r--",
+            "./usr/lib/systemd/system/clawfleet-coordinator.service",
+        ),
+        (
+            "-rw-r--r--",
+            "./usr/lib/sysusers.d/clawfleet-coordinator.conf",
+        ),
+    ] {
+        assert!(has_entry(&c, mode, path), "{path} in {c:#?}");
+    }
+    let (ok, postinst, _) = run_local(
+        "dpkg-deb",
+        &["-I", pkgs.coordinator_deb.to_str().unwrap(), "postinst"],
+    );
+    assert!(ok);
+    assert!(
+        postinst.contains("systemd-sysusers") && postinst.contains("clawfleet-coordinator.conf"),
+        "{postinst}"
+    );
+    assert!(
+        postinst.contains("deb-systemd-helper enable 'clawfleet-coordinator.service'")
+            || postinst.contains("deb-systemd-helper enable clawfleet-coordinator.service"),
+        "{postinst}"
+    );
+}
+
+fn rpm_query(rpm: &Path, args: &[&str]) -> String {
+    let mut all = vec!["-qp"];
+    all.extend_from_slice(args);
+    all.push(rpm.to_str().unwrap());
+    let (ok, out, err) = run_local("rpm", &all);
+    assert!(ok, "rpm {all:?}: {err}");
+    out
+}
+
+fn info_field(info: &str, field: &str) -> String {
+    info.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == field).then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("{field} not in {info}"))
+}
+
+#[test]
+fn rpm_metadata_files_and_dependencies() {
+    let Some(pkgs) = packages_or_skip() else {
+        return;
+    };
+    if !tools_or_skip(&["rpm"]) {
+        return;
+    }
+    let version = deb_field(&pkgs.hostd_deb, "Version");
+    let upstream = version.rsplit_once('-').unwrap().0;
+
+    // hostd
+    let info = rpm_query(&pkgs.hostd_rpm, &["-i"]);
+    eprintln!("rpm -qip {}:\n{info}", pkgs.hostd_rpm.display());
+    assert_eq!(info_field(&info, "Name"), "clawfleet-hostd");
+    assert_eq!(info_field(&info, "Version"), upstream);
+    assert_eq!(info_field(&info, "Release"), "1");
+    assert_eq!(info_field(&info, "Architecture"), "x86_64");
+    assert_eq!(info_field(&info, "License"), "Apache-2.0");
+    assert!(info_field(&info, "Summary").contains("host helper"));
+    let files = rpm_query(&pkgs.hostd_rpm, &["-l"]);
+    assert_eq!(
+        files.lines().collect::<Vec<_>>(),
+        [
+            "/etc/clawfleet/hostd.toml",
+            "/usr/sbin/hostd",
+            "/usr/share/doc/clawfleet-hostd/operator-guide.md",
+        ],
+        "{files}"
+    );
+    let config = rpm_query(&pkgs.hostd_rpm, &["-c"]);
+    assert_eq!(config.trim(), "/etc/clawfleet/hostd.toml");
+    let modes = rpm_query(
+        &pkgs.hostd_rpm,
+        &["--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"],
+    );
+    assert!(modes.contains("-rwxr-xr-x /usr/sbin/hostd"), "{modes}");
+    let requires = rpm_query(&pkgs.hostd_rpm, &["--requires"]);
+    eprintln!(
+        "rpm -qp --requires {}:\n{requires}",
+        pkgs.hostd_rpm.display()
+    );
+    for want in [
+        "libc.so.6(GLIBC_2.34)(64bit)",
+        "openssh-server",
+        "shadow-utils",
+        "systemd",
+        "/bin/sh",
+    ] {
+        assert!(
+            requires.lines().any(|l| l.starts_with(want)),
+            "{want} in {requires}"
+        );
+    }
+    let scripts = rpm_query(&pkgs.hostd_rpm, &["--scripts"]);
+    assert!(scripts.contains("postinstall scriptlet"), "{scripts}");
+    assert!(scripts.contains("postuninstall scriptlet"), "{scripts}");
+    assert!(scripts.contains("install -d -m 0755 -o root -g root /var/lib/clawfleet"));
+
+    // coordinator
+    let info = rpm_query(&pkgs.coordinator_rpm, &["-i"]);
+    eprintln!("rpm -qip {}:\n{info}", pkgs.coordinator_rpm.display());
+    assert_eq!(info_field(&info, "Name"), "clawfleet-coordinator");
+    assert_eq!(info_field(&info, "Version"), upstream);
+    assert_eq!(info_field(&info, "Architecture"), "x86_64");
+    let files = rpm_query(&pkgs.coordinator_rpm, &["-l"]);
+    assert_eq!(
+        files.lines().collect::<Vec<_>>(),
+        [
+            "/etc/clawfleet/occ.toml",
+            "/usr/bin/occ",
+            "/usr/lib/systemd/system/clawfleet-coordinator.service",
+            "/usr/lib/sysusers.d/clawfleet-coordinator.conf",
+            "/usr/share/doc/clawfleet-coordinator/operator-guide.md",
+        ],
+        "{files}"
+    );
+    let requires = rpm_query(&pkgs.coordinator_rpm, &["--requires"]);
+    eprintln!(
+        "rpm -qp --requires {}:\n{requires}",
+        pkgs.coordinator_rpm.display()
+    );
+    for want in ["libc.so.6(GLIBC_2.34)(64bit)", "systemd", "/bin/sh"] {
+        assert!(
+            requires.lines().any(|l| l.starts_with(want)),
+            "{want} in {requires}"
+        );
+    }
+    let scripts = rpm_query(&pkgs.coordinator_rpm, &["--scripts"]);
+    for want in [
+        "systemd-sysusers /usr/lib/sysusers.d/clawfleet-coordinator.conf",
+        "systemctl --no-reload disable --now clawfleet-coordinator.service",
+        "systemctl try-restart clawfleet-coordinator.service",
+    ] {
+        assert!(scripts.contains(want), "{want} in {scripts}");
+    }
+}
