@@ -1,34 +1,834 @@
-//! occ: the clawfleet coordinator and its CLI.
-//!
-//! This first cut only reports its identity; the coordinator lands with its own issue.
+//! `occ`: the clawfleet coordinator (`occ init`, `occ serve`) and its CLI over the HTTP API.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use clawfleet_protocol::ssh_key::{
+    Algorithm, LineEnding, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
+};
+use clawfleet_protocol::{Principal, signing::load_signing_key};
+use coordinator::api::{AppState, router};
+use coordinator::client::Client;
+use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
+use coordinator::model::{Grant, Role};
+use coordinator::service::Service;
+use coordinator::ssh::{SshBackend, SshSettings};
+use coordinator::store::Store;
+use coordinator::worker::Worker;
+use serde_json::{Value, json};
+
+#[derive(Parser, Debug)]
+#[command(name = "occ", version, about = "clawfleet coordinator")]
+struct Cli {
+    /// Configuration file (default /etc/clawfleet/occ.toml, or OCC_CONFIG_PATH).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Coordinator URL for client commands (default: from the configuration's listen).
+    #[arg(long, global = true)]
+    server: Option<String>,
+    /// API token for client commands (default: OCC_TOKEN, then the state dir's admin.token).
+    #[arg(long, global = true)]
+    token: Option<String>,
+    /// Output format of client commands.
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create the state directory, the SSH login and signing keys, the database and the first
+    /// admin token (idempotent).
+    Init,
+    /// Run the API and the deployment worker.
+    Serve,
+    /// Print the `hostd enrol` command that authorises this coordinator on a host.
+    EnrolCommand,
+    /// Namespaces.
+    #[command(subcommand)]
+    Namespace(NamespaceCmd),
+    /// Configurations (native openclaw.json documents).
+    #[command(subcommand)]
+    Configuration(ConfigurationCmd),
+    /// Agents.
+    #[command(subcommand)]
+    Agent(AgentCmd),
+    /// Hosts.
+    #[command(subcommand)]
+    Host(HostCmd),
+    /// API tokens.
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum NamespaceCmd {
+    Create {
+        id: String,
+        /// Comma-separated host pool.
+        #[arg(long, value_delimiter = ',', required = true)]
+        hosts: Vec<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    List,
+    Get {
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigurationCmd {
+    Create {
+        namespace: String,
+        id: String,
+        /// JSON file with the document.
+        #[arg(long)]
+        file: PathBuf,
+    },
+    Update {
+        namespace: String,
+        id: String,
+        #[arg(long)]
+        file: PathBuf,
+    },
+    Get {
+        namespace: String,
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+struct WaitArgs {
+    /// Wait until the deployment converges, printing progress.
+    #[arg(long)]
+    wait: bool,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout: u64,
+}
+
+#[derive(Subcommand, Debug)]
+enum AgentCmd {
+    Create {
+        namespace: String,
+        id: String,
+        #[arg(long)]
+        configuration: String,
+        #[arg(long)]
+        service_principal: Option<String>,
+    },
+    List {
+        namespace: String,
+    },
+    Get {
+        namespace: String,
+        id: String,
+    },
+    /// Change the Agent's Configuration (deploy afterwards).
+    Set {
+        namespace: String,
+        id: String,
+        #[arg(long)]
+        configuration: String,
+    },
+    Deploy {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    Stop {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    Delete {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    Status {
+        namespace: String,
+        id: String,
+    },
+    Revisions {
+        namespace: String,
+        id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum HostCmd {
+    /// Enrol a host: pins its SSH host key.
+    Enrol {
+        name: String,
+        #[arg(long)]
+        address: String,
+        #[arg(long, default_value_t = 22)]
+        port: u16,
+        /// The host's public key line, or a path to it.
+        #[arg(long)]
+        host_key: String,
+        #[arg(long, default_value_t = 100)]
+        max_agents: u32,
+    },
+    List,
+    Get {
+        name: String,
+    },
+    Probe {
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCmd {
+    /// Create a token; grants are NAMESPACE:ROLE (NAMESPACE may be *).
+    Create {
+        name: String,
+        #[arg(long = "grant", required = true)]
+        grants: Vec<String>,
+    },
+    Revoke {
+        id: String,
+    },
+}
+
+fn load_config(cli: &Cli) -> Result<Config> {
+    let (path, explicit) = match (&cli.config, std::env::var_os("OCC_CONFIG_PATH")) {
+        (Some(p), _) => (p.clone(), true),
+        (None, Some(p)) => (PathBuf::from(p), true),
+        (None, None) => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+    };
+    Ok(Config::load(&path, explicit)?)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+fn ensure_key(path: &Path) -> Result<PrivateKey> {
+    if path.exists() {
+        return load_signing_key(path).with_context(|| format!("cannot use {}", path.display()));
+    }
+    let key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519)?;
+    write_private(path, key.to_openssh(LineEnding::LF)?.as_bytes())?;
+    std::fs::write(
+        path.with_extension("pub"),
+        format!("{}\n", key.public_key().to_openssh()?),
+    )?;
+    Ok(key)
+}
+
+/// The issuer principal: derived from the signing key, so it names the key.
+fn issuer(signing: &PrivateKey) -> Result<Principal> {
+    let line = signing.public_key().to_openssh()?;
+    let digest = clawfleet_protocol::ident::sha256(line.as_bytes());
+    Ok(Principal::new(format!(
+        "occ-{}",
+        &clawfleet_protocol::ident::hex(&digest)[..12]
+    ))?)
+}
+
+fn enrol_command(config: &Config) -> Result<String> {
+    let login = ensure_key_readonly(&config.login_key())?;
+    let signing = ensure_key_readonly(&config.signing_key())?;
+    Ok(format!(
+        "hostd enrol --ssh-key '{}' --signing-key '{}' --principal {}",
+        login.public_key().to_openssh()?,
+        signing.public_key().to_openssh()?,
+        issuer(&signing)?
+    ))
+}
+
+fn ensure_key_readonly(path: &Path) -> Result<PrivateKey> {
+    load_signing_key(path)
+        .with_context(|| format!("cannot use {} (run `occ init` first)", path.display()))
+}
+
+fn init(config: &Config) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    for dir in [config.state_dir.clone(), config.state_dir.join("keys")] {
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+    }
+    ensure_key(&config.login_key())?;
+    ensure_key(&config.signing_key())?;
+    let store = Store::open(&config.database())?;
+    if store.token_count()? == 0 {
+        let (id, token) = coordinator::tokens::create(
+            &store,
+            "admin",
+            &[Grant {
+                namespace: "*".to_owned(),
+                role: Role::Admin,
+            }],
+        )?;
+        let file = config.admin_token_file();
+        if file.exists() {
+            std::fs::remove_file(&file)?;
+        }
+        write_private(&file, format!("{token}\n").as_bytes())?;
+        println!("created admin token {id} in {}", file.display());
+    }
+    println!("state directory: {}", config.state_dir.display());
+    println!(
+        "authorise this coordinator on each host with:\n  {}",
+        enrol_command(config)?
+    );
+    Ok(())
+}
+
+async fn serve(config: Config) -> Result<()> {
+    let store = Store::open(&config.database()).with_context(|| {
+        format!(
+            "cannot open {} (run `occ init` first)",
+            config.database().display()
+        )
+    })?;
+    let login = ensure_key_readonly(&config.login_key())?;
+    let signing = ensure_key_readonly(&config.signing_key())?;
+    let principal = issuer(&signing)?;
+    let settings = SshSettings {
+        connect_timeout: config.ssh.connect_timeout,
+        max_parallel_hosts: config.ssh.max_parallel_hosts,
+        ..SshSettings::default()
+    };
+    let backend = Arc::new(SshBackend::new(login, signing, principal, settings)?);
+    let worker = Arc::new(Worker::new(
+        store.clone(),
+        backend.clone(),
+        config.worker.clone(),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker_task = tokio::spawn(worker.clone().run(16, stop_rx));
+    let state = Arc::new(AppState {
+        service: Service::new(store),
+        backend,
+    });
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    tracing::info!(listen = %config.listen, "occ serving");
+    eprintln!("occ: serving the API on http://{}", config.listen);
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => return std::future::pending().await,
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+        .await?;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), worker_task).await;
+    Ok(())
+}
+
+fn client(cli: &Cli) -> Result<Client> {
+    let config = load_config(cli)?;
+    let server = cli
+        .server
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let token = match (&cli.token, std::env::var("OCC_TOKEN")) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Ok(t)) => Some(t),
+        (None, Err(_)) => std::fs::read_to_string(config.admin_token_file())
+            .ok()
+            .map(|t| t.trim().to_owned()),
+    };
+    Ok(Client::new(&server, token)?)
+}
+
+fn print(cli: &Cli, value: &Value, columns: &[(&str, &str)]) {
+    if cli.output == Output::Json || columns.is_empty() {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
+        return;
+    }
+    let rows: Vec<&Value> = match value {
+        Value::Array(items) => items.iter().collect(),
+        other => vec![other],
+    };
+    let cell = |v: &Value| match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| x.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        other => other.to_string(),
+    };
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| columns.iter().map(|(_, k)| cell(&r[*k])).collect())
+        .collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, (h, _))| {
+            table
+                .iter()
+                .map(|r| r[i].len())
+                .max()
+                .unwrap_or(0)
+                .max(h.len())
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    println!(
+        "{}",
+        line(columns.iter().map(|(h, _)| h.to_string()).collect())
+    );
+    for r in table {
+        println!("{}", line(r));
+    }
+}
+
+const AGENT_COLUMNS: &[(&str, &str)] = &[
+    ("AGENT", "id"),
+    ("DESIRED", "desiredState"),
+    ("HOST", "host"),
+    ("PORT", "port"),
+    ("ACTIVE", "activeRevisionId"),
+    ("SERVED", "servedRevisionId"),
+];
+
+/// Polls deployment-status until it converges (or a revision fails), printing each change.
+fn wait(client: &Client, ns: &str, agent: &str, args: &WaitArgs, gone_ok: bool) -> Result<Value> {
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        let status = match client.request(
+            "GET",
+            &format!("/namespaces/{ns}/agents/{agent}/deployment-status"),
+            None,
+        ) {
+            Ok(s) => s,
+            Err(coordinator::client::ClientError::Api { status: 404, .. }) if gone_ok => {
+                eprintln!("[{:>5.1}s] {agent}: deleted", start.elapsed().as_secs_f64());
+                return Ok(Value::Null);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let newest = status["revisions"]
+            .as_array()
+            .and_then(|r| r.last())
+            .cloned()
+            .unwrap_or(Value::Null);
+        let line = format!(
+            "desired {} · active {} · served {} · {} {} {}",
+            status["desiredState"].as_str().unwrap_or("-"),
+            status["activeRevisionId"].as_str().unwrap_or("-"),
+            status["servedRevisionId"].as_str().unwrap_or("-"),
+            newest["id"].as_str().unwrap_or("-"),
+            newest["status"].as_str().unwrap_or("-"),
+            newest["lastAttempt"]["code"].as_str().unwrap_or(""),
+        );
+        if line != last {
+            eprintln!("[{:>5.1}s] {agent}: {line}", start.elapsed().as_secs_f64());
+            last = line;
+        }
+        if status["converged"] == json!(true) {
+            return Ok(status);
+        }
+        if newest["status"] == "failed"
+            && status["openWork"].as_array().is_some_and(|w| w.is_empty())
+        {
+            bail!(
+                "revision {} failed: {} {}",
+                newest["id"].as_str().unwrap_or("-"),
+                newest["lastAttempt"]["code"].as_str().unwrap_or("-"),
+                newest["lastAttempt"]["message"].as_str().unwrap_or("")
+            );
+        }
+        if start.elapsed() > Duration::from_secs(args.timeout) {
+            bail!("not converged after {} s", args.timeout);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+}
+
+fn run_client(cli: &Cli) -> Result<()> {
+    let c = client(cli)?;
+    match &cli.command {
+        Command::Namespace(cmd) => match cmd {
+            NamespaceCmd::Create { id, hosts, name } => {
+                let v = c.request(
+                    "POST",
+                    "/namespaces",
+                    Some(&json!({"id": id, "name": name, "hosts": hosts})),
+                )?;
+                print(
+                    cli,
+                    &v,
+                    &[("NAMESPACE", "id"), ("HOSTS", "hosts"), ("READY", "ready")],
+                );
+            }
+            NamespaceCmd::List => print(
+                cli,
+                &c.request("GET", "/namespaces", None)?,
+                &[
+                    ("NAMESPACE", "id"),
+                    ("NAME", "name"),
+                    ("HOSTS", "hosts"),
+                    ("READY", "ready"),
+                    ("DELETING", "deleting"),
+                ],
+            ),
+            NamespaceCmd::Get { id } => print(
+                cli,
+                &c.request("GET", &format!("/namespaces/{id}"), None)?,
+                &[
+                    ("NAMESPACE", "id"),
+                    ("HOSTS", "hosts"),
+                    ("READY HOSTS", "readyHosts"),
+                    ("READY", "ready"),
+                ],
+            ),
+            NamespaceCmd::Delete { id } => print(
+                cli,
+                &c.request("DELETE", &format!("/namespaces/{id}"), None)?,
+                &[],
+            ),
+        },
+        Command::Configuration(cmd) => match cmd {
+            ConfigurationCmd::Create {
+                namespace,
+                id,
+                file,
+            } => {
+                let v = c.request(
+                    "POST",
+                    &format!("/namespaces/{namespace}/configurations"),
+                    Some(&json!({"id": id, "document": read_json(file)?})),
+                )?;
+                print(
+                    cli,
+                    &v,
+                    &[("CONFIGURATION", "id"), ("GENERATION", "generation")],
+                );
+            }
+            ConfigurationCmd::Update {
+                namespace,
+                id,
+                file,
+            } => {
+                let v = c.request(
+                    "PUT",
+                    &format!("/namespaces/{namespace}/configurations/{id}"),
+                    Some(&json!({"document": read_json(file)?})),
+                )?;
+                print(
+                    cli,
+                    &v,
+                    &[("CONFIGURATION", "id"), ("GENERATION", "generation")],
+                );
+            }
+            ConfigurationCmd::Get { namespace, id } => print(
+                cli,
+                &c.request(
+                    "GET",
+                    &format!("/namespaces/{namespace}/configurations/{id}"),
+                    None,
+                )?,
+                &[],
+            ),
+        },
+        Command::Agent(cmd) => match cmd {
+            AgentCmd::Create {
+                namespace,
+                id,
+                configuration,
+                service_principal,
+            } => {
+                let v = c.request("POST", &format!("/namespaces/{namespace}/agents"), Some(&json!({"id": id, "configurationId": configuration, "servicePrincipalId": service_principal})))?;
+                print(cli, &v, AGENT_COLUMNS);
+            }
+            AgentCmd::List { namespace } => print(
+                cli,
+                &c.request("GET", &format!("/namespaces/{namespace}/agents"), None)?,
+                AGENT_COLUMNS,
+            ),
+            AgentCmd::Get { namespace, id } => print(
+                cli,
+                &c.request("GET", &format!("/namespaces/{namespace}/agents/{id}"), None)?,
+                AGENT_COLUMNS,
+            ),
+            AgentCmd::Set {
+                namespace,
+                id,
+                configuration,
+            } => {
+                let v = c.request(
+                    "PATCH",
+                    &format!("/namespaces/{namespace}/agents/{id}"),
+                    Some(&json!({"configurationId": configuration})),
+                )?;
+                print(cli, &v, AGENT_COLUMNS);
+            }
+            AgentCmd::Deploy {
+                namespace,
+                id,
+                wait: w,
+            } => {
+                let rev = c.request(
+                    "POST",
+                    &format!("/namespaces/{namespace}/agents/{id}/deploy"),
+                    None,
+                )?;
+                print(
+                    cli,
+                    &rev,
+                    &[
+                        ("REVISION", "id"),
+                        ("NUMBER", "number"),
+                        ("STATUS", "status"),
+                        ("HASH", "configurationHash"),
+                    ],
+                );
+                if w.wait {
+                    let status = wait(&c, namespace, id, w, false)?;
+                    print(
+                        cli,
+                        &status,
+                        &[
+                            ("AGENT", "agentId"),
+                            ("HOST", "host"),
+                            ("PORT", "port"),
+                            ("ACTIVE", "activeRevisionId"),
+                            ("SERVED", "servedRevisionId"),
+                            ("CONVERGED", "converged"),
+                        ],
+                    );
+                }
+            }
+            AgentCmd::Stop {
+                namespace,
+                id,
+                wait: w,
+            } => {
+                c.request(
+                    "POST",
+                    &format!("/namespaces/{namespace}/agents/{id}/stop"),
+                    None,
+                )?;
+                if w.wait {
+                    wait(&c, namespace, id, w, false)?;
+                }
+                println!("{id}: stopped");
+            }
+            AgentCmd::Delete {
+                namespace,
+                id,
+                wait: w,
+            } => {
+                c.request(
+                    "DELETE",
+                    &format!("/namespaces/{namespace}/agents/{id}"),
+                    None,
+                )?;
+                if w.wait {
+                    wait(&c, namespace, id, w, true)?;
+                }
+                println!("{id}: deleted");
+            }
+            AgentCmd::Status { namespace, id } => print(
+                cli,
+                &c.request(
+                    "GET",
+                    &format!("/namespaces/{namespace}/agents/{id}/deployment-status"),
+                    None,
+                )?,
+                &[
+                    ("AGENT", "agentId"),
+                    ("DESIRED", "desiredState"),
+                    ("HOST", "host"),
+                    ("PORT", "port"),
+                    ("ACTIVE", "activeRevisionId"),
+                    ("SERVED", "servedRevisionId"),
+                    ("CONVERGED", "converged"),
+                ],
+            ),
+            AgentCmd::Revisions { namespace, id } => print(
+                cli,
+                &c.request(
+                    "GET",
+                    &format!("/namespaces/{namespace}/agents/{id}/revisions"),
+                    None,
+                )?,
+                &[
+                    ("REVISION", "id"),
+                    ("NUMBER", "number"),
+                    ("STATUS", "status"),
+                    ("CONFIGURATION", "configurationId"),
+                    ("GEN", "configurationGeneration"),
+                ],
+            ),
+        },
+        Command::Host(cmd) => match cmd {
+            HostCmd::Enrol {
+                name,
+                address,
+                port,
+                host_key,
+                max_agents,
+            } => {
+                let key = if host_key.starts_with("ssh-") {
+                    host_key.clone()
+                } else {
+                    std::fs::read_to_string(host_key)
+                        .with_context(|| format!("cannot read {host_key}"))?
+                };
+                let v = c.request("POST", "/hosts", Some(&json!({"name": name, "address": address, "port": port, "hostKey": key.trim(), "maxAgents": max_agents})))?;
+                print(
+                    cli,
+                    &v,
+                    &[
+                        ("HOST", "name"),
+                        ("ADDRESS", "address"),
+                        ("FINGERPRINT", "fingerprint"),
+                    ],
+                );
+            }
+            HostCmd::List => print(
+                cli,
+                &c.request("GET", "/hosts", None)?,
+                &[
+                    ("HOST", "name"),
+                    ("ADDRESS", "address"),
+                    ("PORT", "port"),
+                    ("MAX", "maxAgents"),
+                    ("FINGERPRINT", "fingerprint"),
+                ],
+            ),
+            HostCmd::Get { name } => print(
+                cli,
+                &c.request("GET", &format!("/hosts/{name}"), None)?,
+                &[],
+            ),
+            HostCmd::Probe { name } => print(
+                cli,
+                &c.request("POST", &format!("/hosts/{name}/probe"), None)?,
+                &[],
+            ),
+        },
+        Command::Token(cmd) => match cmd {
+            TokenCmd::Create { name, grants } => {
+                let mut parsed = Vec::new();
+                for g in grants {
+                    let (ns, role) = g
+                        .split_once(':')
+                        .with_context(|| format!("grant {g:?} must be NAMESPACE:ROLE"))?;
+                    parsed.push(json!({"namespace": ns, "role": role}));
+                }
+                print(
+                    cli,
+                    &c.request(
+                        "POST",
+                        "/tokens",
+                        Some(&json!({"name": name, "grants": parsed})),
+                    )?,
+                    &[("ID", "id"), ("TOKEN", "token")],
+                );
+            }
+            TokenCmd::Revoke { id } => {
+                c.request("DELETE", &format!("/tokens/{id}"), None)?;
+                println!("token {id} revoked");
+            }
+        },
+        Command::Init | Command::Serve | Command::EnrolCommand => {}
+    }
+    Ok(())
+}
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        Some("version") | Some("--version") => {
-            println!(
-                "occ {} (protocol versions {:?})",
-                env!("CARGO_PKG_VERSION"),
-                clawfleet_protocol::SUPPORTED_VERSIONS
-            );
-            ExitCode::SUCCESS
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OCC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = match &cli.command {
+        Command::Init => load_config(&cli).and_then(|c| init(&c)),
+        Command::EnrolCommand => {
+            load_config(&cli).and_then(|c| enrol_command(&c).map(|s| println!("{s}")))
         }
-        Some("demo") => {
-            eprintln!(
-                "occ demo: the coordinator, its worker and the SSH backend are not built yet \
-                 (see the coordinator issue); nothing was started"
-            );
-            ExitCode::from(2)
-        }
-        Some(other) => {
-            eprintln!("occ: `{other}` is not available in this build yet; try `occ version`");
-            ExitCode::from(2)
-        }
-        None => {
-            eprintln!("usage: occ version | occ demo");
-            ExitCode::from(2)
+        Command::Serve => load_config(&cli).and_then(|config| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(serve(config))
+        }),
+        _ => run_client(&cli),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("occ: {e:#}");
+            ExitCode::from(1)
         }
     }
 }

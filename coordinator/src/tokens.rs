@@ -1,0 +1,42 @@
+//! API tokens: `cf_<id>_<secret>`. Only the SHA-256 of the whole token is stored.
+
+use clawfleet_protocol::ident::{hex, sha256};
+
+use crate::model::Grant;
+use crate::store::{Store, StoreError};
+
+/// Random bytes from the kernel.
+pub fn random_hex(bytes: usize) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(hex(&buf))
+}
+
+/// The stored form of a token.
+pub fn hash(token: &str) -> String {
+    hex(&sha256(token.as_bytes()))
+}
+
+/// Why a token could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("cannot read random bytes: {0}")]
+    Random(#[from] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Creates a token; returns its id and the secret token text (shown once).
+pub fn create(store: &Store, name: &str, grants: &[Grant]) -> Result<(String, String), TokenError> {
+    let id = random_hex(6)?;
+    let token = format!("cf_{id}_{}", random_hex(24)?);
+    store.create_token(
+        &id,
+        name,
+        &hash(&token),
+        grants,
+        crate::worker::now_ms() / 1000,
+    )?;
+    Ok((id, token))
+}

@@ -1,0 +1,587 @@
+//! The HTTP API over real HTTP on loopback with the fake backend: every route, authentication
+//! and authorisation failures, invalid bodies and unknown fields (each a 4xx with a code, with
+//! nothing stored), and the happy path through the worker.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coordinator::api::{AppState, ROUTES, router};
+use coordinator::client::{Client, ClientError};
+use coordinator::config::WorkerSettings;
+use coordinator::fake::FakeBackend;
+use coordinator::model::{Grant, Role};
+use coordinator::service::Service;
+use coordinator::store::Store;
+use coordinator::worker::Worker;
+use serde_json::{Value, json};
+
+const HOST_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+
+struct Api {
+    server: String,
+    store: Store,
+    admin: String,
+    worker: Arc<Worker<FakeBackend>>,
+}
+
+impl Api {
+    async fn start() -> Self {
+        let store = Store::in_memory().unwrap();
+        let (_, admin) = coordinator::tokens::create(
+            &store,
+            "admin",
+            &[Grant {
+                namespace: "*".into(),
+                role: Role::Admin,
+            }],
+        )
+        .unwrap();
+        let backend = Arc::new(FakeBackend::new());
+        let settings = WorkerSettings {
+            backoff_initial: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(5),
+            ..WorkerSettings::default()
+        };
+        let worker = Arc::new(Worker::new(store.clone(), backend.clone(), settings));
+        let state = Arc::new(AppState {
+            service: Service::new(store.clone()),
+            backend,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        Self {
+            server: format!("http://{addr}"),
+            store,
+            admin,
+            worker,
+        }
+    }
+
+    fn client(&self, token: Option<&str>) -> Client {
+        Client::new(&self.server, token.map(str::to_owned)).unwrap()
+    }
+
+    async fn call(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, (u16, String)> {
+        let c = self.client(token);
+        let method = method.to_owned();
+        let path = path.to_owned();
+        tokio::task::spawn_blocking(move || c.request(&method, &path, body.as_ref()))
+            .await
+            .unwrap()
+            .map_err(|e| match e {
+                ClientError::Api { status, code, .. } => (status, code),
+                other => panic!("{other}"),
+            })
+    }
+
+    async fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, (u16, String)> {
+        let admin = self.admin.clone();
+        self.call(Some(&admin), method, path, body).await
+    }
+
+    async fn settle(&self) {
+        for _ in 0..200 {
+            if self.worker.run_once().await.is_none() && self.store.pending_work().unwrap() == 0 {
+                return;
+            }
+        }
+    }
+
+    /// A fingerprint of everything stored, to prove a refused request stored nothing.
+    fn snapshot(&self) -> String {
+        let mut out = format!(
+            "{:?}{:?}",
+            self.store.hosts().unwrap(),
+            self.store.namespaces().unwrap()
+        );
+        for ns in self.store.namespaces().unwrap() {
+            out.push_str(&format!("{:?}", self.store.agents(&ns.id).unwrap()));
+            for a in self.store.agents(&ns.id).unwrap() {
+                out.push_str(&format!(
+                    "{:?}",
+                    self.store.revisions(&ns.id, &a.id).unwrap()
+                ));
+            }
+            out.push_str(&format!(
+                "{:?}",
+                self.store.configuration(&ns.id, "cfg").unwrap()
+            ));
+        }
+        out.push_str(&self.store.pending_work().unwrap().to_string());
+        out
+    }
+}
+
+#[tokio::test]
+async fn happy_path_through_every_resource() {
+    let api = Api::start().await;
+    assert_eq!(
+        api.call(None, "GET", "/healthz", None).await.unwrap()["status"],
+        "ok"
+    );
+    let openapi = api.call(None, "GET", "/openapi.json", None).await.unwrap();
+    assert_eq!(openapi["paths"].as_object().unwrap().len(), 19);
+    let host = api
+        .admin(
+            "POST",
+            "/hosts",
+            Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
+        )
+        .await
+        .unwrap();
+    assert!(host["fingerprint"].as_str().unwrap().starts_with("SHA256:"));
+    api.admin("GET", "/hosts", None).await.unwrap();
+    api.admin("GET", "/hosts/h1", None).await.unwrap();
+    api.admin(
+        "POST",
+        "/namespaces",
+        Some(json!({"id": "ns1", "hosts": ["h1"]})),
+    )
+    .await
+    .unwrap();
+    api.admin(
+        "POST",
+        "/namespaces/ns1/configurations",
+        Some(json!({"id": "cfg", "document": {"logging": {"level": "info"}}})),
+    )
+    .await
+    .unwrap();
+    let g2 = api
+        .admin(
+            "PUT",
+            "/namespaces/ns1/configurations/cfg",
+            Some(json!({"document": {}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(g2["generation"], 2);
+    assert_eq!(
+        api.admin("GET", "/namespaces/ns1/configurations/cfg", None)
+            .await
+            .unwrap()["generation"],
+        2
+    );
+    api.admin(
+        "POST",
+        "/namespaces/ns1/agents",
+        Some(json!({"id": "a1", "configurationId": "cfg"})),
+    )
+    .await
+    .unwrap();
+    api.admin(
+        "PATCH",
+        "/namespaces/ns1/agents/a1",
+        Some(json!({"configurationId": "cfg"})),
+    )
+    .await
+    .unwrap();
+    let rev = api
+        .admin("POST", "/namespaces/ns1/agents/a1/deploy", None)
+        .await
+        .unwrap();
+    assert_eq!(rev["id"], "rev-1");
+    api.settle().await;
+    let status = api
+        .admin("GET", "/namespaces/ns1/agents/a1/deployment-status", None)
+        .await
+        .unwrap();
+    assert_eq!(status["servedRevisionId"], "rev-1");
+    assert_eq!(status["converged"], true);
+    assert_eq!(
+        api.admin("GET", "/namespaces/ns1/agents", None)
+            .await
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    api.admin("GET", "/namespaces/ns1/agents/a1", None)
+        .await
+        .unwrap();
+    api.admin("GET", "/namespaces/ns1/agents/a1/revisions", None)
+        .await
+        .unwrap();
+    api.admin("GET", "/namespaces/ns1/agents/a1/revisions/rev-1", None)
+        .await
+        .unwrap();
+    api.admin("POST", "/namespaces/ns1/agents/a1/stop", None)
+        .await
+        .unwrap();
+    api.settle().await;
+    assert_eq!(
+        api.admin("GET", "/namespaces/ns1", None).await.unwrap()["ready"],
+        true
+    );
+    assert_eq!(
+        api.admin("DELETE", "/namespaces/ns1", None)
+            .await
+            .unwrap_err(),
+        (409, "NAMESPACE_NOT_EMPTY".into())
+    );
+    api.admin("DELETE", "/namespaces/ns1/agents/a1", None)
+        .await
+        .unwrap();
+    api.settle().await;
+    api.admin("DELETE", "/namespaces/ns1", None).await.unwrap();
+    api.settle().await;
+    assert_eq!(
+        api.admin("GET", "/namespaces", None).await.unwrap(),
+        json!([])
+    );
+    let metrics = api.call(None, "GET", "/metrics", None).await.unwrap();
+    assert!(metrics.as_str().unwrap().contains("clawfleet_hosts 1"));
+    // Every change left an audit event.
+    let actions: Vec<String> = api
+        .store
+        .audit_events(100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    for a in [
+        "host.enrol",
+        "namespace.create",
+        "configuration.create",
+        "configuration.update",
+        "agent.create",
+        "agent.update",
+        "agent.deploy",
+        "agent.stop",
+        "agent.delete",
+        "namespace.delete",
+    ] {
+        assert!(actions.contains(&a.to_owned()), "missing audit {a}");
+    }
+}
+
+#[tokio::test]
+async fn authentication_and_authorisation_are_enforced_on_every_route() {
+    let api = Api::start().await;
+    api.admin(
+        "POST",
+        "/hosts",
+        Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
+    )
+    .await
+    .unwrap();
+    api.admin(
+        "POST",
+        "/namespaces",
+        Some(json!({"id": "ns1", "hosts": ["h1"]})),
+    )
+    .await
+    .unwrap();
+    api.admin(
+        "POST",
+        "/namespaces",
+        Some(json!({"id": "ns2", "hosts": ["h1"]})),
+    )
+    .await
+    .unwrap();
+    let reader = api
+        .admin(
+            "POST",
+            "/tokens",
+            Some(json!({"name": "r", "grants": [{"namespace": "ns1", "role": "read"}]})),
+        )
+        .await
+        .unwrap();
+    let reader = reader["token"].as_str().unwrap().to_owned();
+    let revoked = api
+        .admin(
+            "POST",
+            "/tokens",
+            Some(json!({"name": "x", "grants": [{"namespace": "*", "role": "admin"}]})),
+        )
+        .await
+        .unwrap();
+    api.admin(
+        "DELETE",
+        &format!("/tokens/{}", revoked["id"].as_str().unwrap()),
+        None,
+    )
+    .await
+    .unwrap();
+    let revoked = revoked["token"].as_str().unwrap().to_owned();
+    for (method, path, role, _) in ROUTES {
+        if *role == "none" {
+            continue;
+        }
+        let path = path
+            .replace("{ns}", "ns1")
+            .replace("{cfg}", "cfg")
+            .replace("{agent}", "a1")
+            .replace("{rev}", "rev-1")
+            .replace("{host}", "h1")
+            .replace("{id}", "abc");
+        let method = method.to_uppercase();
+        let before = api.snapshot();
+        for token in [None, Some("cf_nope_nope"), Some(revoked.as_str())] {
+            let got = api.call(token, &method, &path, Some(json!({}))).await;
+            assert_eq!(
+                got.unwrap_err(),
+                (401, "UNAUTHENTICATED".into()),
+                "{method} {path} with {token:?}"
+            );
+        }
+        if *role != "read" {
+            let got = api
+                .call(Some(&reader), &method, &path, Some(json!({})))
+                .await;
+            assert_eq!(
+                got.unwrap_err(),
+                (403, "FORBIDDEN".into()),
+                "{method} {path} as reader"
+            );
+        }
+        assert_eq!(api.snapshot(), before, "{method} {path} changed state");
+    }
+    // A reader of ns1 sees ns1 only and cannot read ns2.
+    let visible = api
+        .call(Some(&reader), "GET", "/namespaces", None)
+        .await
+        .unwrap();
+    assert_eq!(visible.as_array().unwrap().len(), 1);
+    assert_eq!(
+        api.call(Some(&reader), "GET", "/namespaces/ns2", None)
+            .await
+            .unwrap_err()
+            .0,
+        403
+    );
+}
+
+#[tokio::test]
+async fn invalid_bodies_are_4xx_with_a_code_and_store_nothing() {
+    let api = Api::start().await;
+    api.admin(
+        "POST",
+        "/hosts",
+        Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
+    )
+    .await
+    .unwrap();
+    api.admin(
+        "POST",
+        "/namespaces",
+        Some(json!({"id": "ns1", "hosts": ["h1"]})),
+    )
+    .await
+    .unwrap();
+    api.admin(
+        "POST",
+        "/namespaces/ns1/configurations",
+        Some(json!({"id": "cfg", "document": {}})),
+    )
+    .await
+    .unwrap();
+    let cases: Vec<(&str, &str, Value, u16, &str)> = vec![
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "hostKey": HOST_KEY, "extra": 1}),
+            400,
+            "INVALID_BODY",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "-oProxyCommand=x", "hostKey": HOST_KEY}),
+            400,
+            "INVALID_ADDRESS",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "hostKey": "not a key"}),
+            400,
+            "INVALID_HOST_KEY",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h 2", "address": "127.0.0.1", "hostKey": HOST_KEY}),
+            400,
+            "INVALID_IDENTIFIER",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY}),
+            409,
+            "HOST_EXISTS",
+        ),
+        (
+            "POST",
+            "/namespaces",
+            json!({"id": "ns2", "hosts": ["nope"]}),
+            400,
+            "UNKNOWN_HOST",
+        ),
+        (
+            "POST",
+            "/namespaces",
+            json!({"id": "ns2", "hosts": []}),
+            400,
+            "EMPTY_POOL",
+        ),
+        (
+            "POST",
+            "/namespaces",
+            json!({"id": "../x", "hosts": ["h1"]}),
+            400,
+            "INVALID_IDENTIFIER",
+        ),
+        (
+            "POST",
+            "/namespaces",
+            json!({"id": "ns2", "hosts": "h1"}),
+            400,
+            "INVALID_BODY",
+        ),
+        (
+            "POST",
+            "/namespaces",
+            json!({"id": "ns1", "hosts": ["h1"]}),
+            409,
+            "NAMESPACE_EXISTS",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/configurations",
+            json!({"id": "c2", "document": {"gateway": {"bind": "lan"}}}),
+            400,
+            "CONFIGURATION_REFUSED",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/configurations",
+            json!({"id": "c2", "document": {"gateway": {"auth": {"password": "secret"}}}}),
+            400,
+            "CONFIGURATION_REFUSED",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/configurations",
+            json!({"id": "c2", "document": [], "x": 1}),
+            400,
+            "INVALID_BODY",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/configurations",
+            json!({"id": "cfg", "document": {}}),
+            409,
+            "CONFIGURATION_EXISTS",
+        ),
+        (
+            "PUT",
+            "/namespaces/ns1/configurations/none",
+            json!({"document": {}}),
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "a1", "configurationId": "none"}),
+            400,
+            "UNKNOWN_CONFIGURATION",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "a1", "configurationId": "cfg", "harnessAuth": {"method": "managed"}}),
+            400,
+            "HARNESS_AUTH_UNSUPPORTED",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "a1", "configurationId": "cfg", "secretBindings": []}),
+            400,
+            "INVALID_BODY",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "a1", "configurationId": "cfg", "sandbox": {}}),
+            400,
+            "INVALID_BODY",
+        ),
+        (
+            "POST",
+            "/namespaces/nope/agents",
+            json!({"id": "a1", "configurationId": "cfg"}),
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents/none/deploy",
+            json!(null),
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            "POST",
+            "/tokens",
+            json!({"name": "t", "grants": []}),
+            400,
+            "INVALID_BODY",
+        ),
+        (
+            "POST",
+            "/tokens",
+            json!({"name": "t", "grants": [{"namespace": "ns1", "role": "root"}]}),
+            400,
+            "INVALID_BODY",
+        ),
+        ("DELETE", "/tokens/nope", json!(null), 404, "NOT_FOUND"),
+        ("GET", "/nowhere", json!(null), 404, "NO_SUCH_ROUTE"),
+    ];
+    for (method, path, body, status, code) in cases {
+        let before = api.snapshot();
+        let body = if body.is_null() { None } else { Some(body) };
+        let got = api.admin(method, path, body.clone()).await;
+        assert_eq!(
+            got.unwrap_err(),
+            (status, code.to_owned()),
+            "{method} {path} {body:?}"
+        );
+        assert_eq!(api.snapshot(), before, "{method} {path} stored something");
+    }
+    // A body on a bodyless route.
+    api.admin(
+        "POST",
+        "/namespaces/ns1/agents",
+        Some(json!({"id": "a1", "configurationId": "cfg"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        api.admin(
+            "POST",
+            "/namespaces/ns1/agents/a1/deploy",
+            Some(json!({"force": true}))
+        )
+        .await
+        .unwrap_err(),
+        (400, "UNEXPECTED_BODY".into())
+    );
+}
