@@ -748,7 +748,7 @@ impl Store {
         tx.execute(
             "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9)",
-            params![r.namespace_id, r.agent_id, r.id, r.number as i64, r.configuration_id, r.configuration_generation, r.configuration_hash, r.rendered.to_string(), now],
+            params![r.namespace_id, r.agent_id, r.id, r.number as i64, r.configuration_id, r.configuration_generation, r.configuration_hash, r.rendered.to_string(), r.created_at],
         )?;
         tx.execute(
             "UPDATE agents SET desired_state = 'running' WHERE namespace_id = ?1 AND id = ?2",
