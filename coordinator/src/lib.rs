@@ -9,6 +9,7 @@ pub mod fake;
 pub mod model;
 pub mod render;
 pub mod service;
+pub mod ssh;
 pub mod store;
 pub mod tokens;
 pub mod worker;

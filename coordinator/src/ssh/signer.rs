@@ -1,0 +1,131 @@
+//! Minting operation ids and signing envelopes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clawfleet_protocol::envelope::MAX_DEADLINE_SECONDS;
+use clawfleet_protocol::ident::IdentError;
+use clawfleet_protocol::signing::SignError;
+use clawfleet_protocol::ssh_key::PrivateKey;
+use clawfleet_protocol::{
+    Envelope, Fingerprint, HostName, Operation, OperationId, PROTOCOL_VERSION, Principal,
+    SignedEnvelope, Target,
+};
+
+/// Signs envelopes as one issuer and mints their operation ids.
+#[derive(Debug)]
+pub(crate) struct EnvelopeSigner {
+    key: PrivateKey,
+    issuer: Principal,
+    lifetime: Duration,
+    counter: AtomicU64,
+}
+
+/// The current Unix time in milliseconds (0 if the clock is before 1970).
+pub(crate) fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Eight random hex digits; falls back to clock nanoseconds if the system RNG fails (the
+/// counter already makes ids unique within this process).
+fn random_suffix() -> String {
+    let mut bytes = [0u8; 4];
+    if clawfleet_protocol::ssh_key::getrandom::fill(&mut bytes).is_err() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        bytes = nanos.to_be_bytes();
+    }
+    clawfleet_protocol::ident::hex(&bytes)
+}
+
+/// The envelope deadline for a requested duration: whole seconds, rounded up, within the
+/// protocol's bounds.
+pub(crate) fn deadline_seconds(deadline: Duration) -> u32 {
+    let secs = deadline.as_secs() + u64::from(deadline.subsec_nanos() > 0);
+    u32::try_from(secs)
+        .unwrap_or(MAX_DEADLINE_SECONDS)
+        .clamp(1, MAX_DEADLINE_SECONDS)
+}
+
+impl EnvelopeSigner {
+    pub(crate) fn new(key: PrivateKey, issuer: Principal, lifetime: Duration) -> Self {
+        Self {
+            key,
+            issuer,
+            lifetime,
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh, unique operation id: `occ-<unix ms>-<counter>-<8 random hex>`.
+    /// (Always valid: ASCII digits, letters and '-', alphanumeric at both ends, under 63
+    /// characters; the error exists only because the type checks its input.)
+    pub(crate) fn mint_id(&self) -> Result<OperationId, IdentError> {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
+        OperationId::new(format!("occ-{}-{n}-{}", now_unix_ms(), random_suffix()))
+    }
+
+    /// Builds and signs the envelope for one operation.
+    pub(crate) fn sign(
+        &self,
+        id: &OperationId,
+        host: &HostName,
+        host_key: &Fingerprint,
+        deadline: Duration,
+        operation: Operation,
+    ) -> Result<SignedEnvelope, SignError> {
+        let issued_at = now_unix_ms() / 1000;
+        let envelope = Envelope {
+            version: PROTOCOL_VERSION,
+            operation_id: id.clone(),
+            target: Target {
+                host: host.clone(),
+                host_key: host_key.clone(),
+            },
+            issuer: self.issuer.clone(),
+            issued_at,
+            expires_at: issued_at + self.lifetime.as_secs().max(1),
+            deadline_seconds: deadline_seconds(deadline),
+            operation,
+        };
+        SignedEnvelope::sign(&envelope, &self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_round_up_and_clamp() {
+        assert_eq!(deadline_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(deadline_seconds(Duration::ZERO), 1);
+        assert_eq!(deadline_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(deadline_seconds(Duration::from_secs(190)), 190);
+        assert_eq!(
+            deadline_seconds(Duration::from_secs(1 << 40)),
+            MAX_DEADLINE_SECONDS
+        );
+    }
+
+    #[test]
+    fn ids_are_unique_and_valid() {
+        use clawfleet_protocol::ssh_key::{Algorithm, getrandom::SysRng, rand_core::UnwrapErr};
+        let Ok(key) = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519) else {
+            panic!("no key");
+        };
+        let Ok(issuer) = Principal::new("occ@test") else {
+            panic!("principal");
+        };
+        let s = EnvelopeSigner::new(key, issuer, Duration::from_secs(600));
+        let ids: std::collections::HashSet<_> =
+            (0..1000).filter_map(|_| s.mint_id().ok()).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids.iter().all(|i| i.as_str().starts_with("occ-")));
+    }
+}
