@@ -1,0 +1,567 @@
+//! Shared pieces of the SSH backend's tests and benchmark: the coordinator's keys, hostd
+//! built with cargo, a private OpenSSH `sshd` on loopback whose forced command runs hostd,
+//! and a real test host with hostd enrolled.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::operation::*;
+use clawfleet_protocol::result::Hello;
+use clawfleet_protocol::ssh_key::{
+    Algorithm, LineEnding, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
+};
+use clawfleet_protocol::{Configuration, Fingerprint, HostName, Ident, Principal};
+use coordinator::backend::HostTarget;
+use coordinator::ssh::{SshBackend, SshSettings};
+use serde_json::{Value, json};
+
+pub const PRINCIPAL: &str = "occ@ssh-tests";
+
+/// Whether loopback sshd tests can run; prints SKIP otherwise (fails under CI=true).
+pub fn loopback_skip() -> bool {
+    let reason = if !nix_is_root() {
+        Some("the loopback sshd tests need root (sshd logs in as root and runs hostd)")
+    } else if !Path::new("/usr/sbin/sshd").exists() {
+        Some("/usr/sbin/sshd not found (apt-get install openssh-server)")
+    } else {
+        None
+    };
+    match reason {
+        None => false,
+        Some(r) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+                panic!("CI is set but the loopback sshd tests cannot run: {r}");
+            }
+            eprintln!("SKIP: {r}");
+            true
+        }
+    }
+}
+
+fn nix_is_root() -> bool {
+    // /proc/self/status: "Uid:\t<real>\t<effective>…"
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+pub fn random_key() -> PrivateKey {
+    PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap()
+}
+
+/// The coordinator's two keys, as `occ init` makes them.
+pub struct Keys {
+    pub login: PrivateKey,
+    pub signing: PrivateKey,
+    pub principal: Principal,
+}
+
+impl Keys {
+    pub fn new() -> Self {
+        Self {
+            login: random_key(),
+            signing: random_key(),
+            principal: Principal::new(PRINCIPAL).unwrap(),
+        }
+    }
+
+    pub fn login_public(&self) -> String {
+        self.login.public_key().to_openssh().unwrap()
+    }
+
+    pub fn signing_public(&self) -> String {
+        self.signing.public_key().to_openssh().unwrap()
+    }
+
+    pub fn backend(&self, settings: SshSettings) -> SshBackend {
+        SshBackend::new(
+            self.login.clone(),
+            self.signing.clone(),
+            self.principal.clone(),
+            settings,
+        )
+        .unwrap()
+    }
+
+    /// Writes the login key as an OpenSSH private key file (0600) for the stock `ssh`.
+    pub fn write_login_key(&self, path: &Path) {
+        std::fs::write(path, self.login.to_openssh(LineEnding::LF).unwrap().as_bytes()).unwrap();
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+    }
+}
+
+/// Settings with short limits, so tests wait seconds.
+pub fn fast_settings() -> SshSettings {
+    SshSettings {
+        connect_timeout: Duration::from_secs(5),
+        reconnect_backoff_base: Duration::from_millis(100),
+        reconnect_backoff_max: Duration::from_secs(1),
+        status_poll_interval: Duration::from_millis(200),
+        transport_grace: Duration::from_secs(2),
+        ..SshSettings::default()
+    }
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SSH_TEST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+static HOSTD: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// The hostd binary: `$CLAWFLEET_HOSTD_BIN` if set, else built once per process with
+/// `cargo build -p clawfleet-hostd --bin hostd` (same target dir and profile as the test),
+/// the path read from cargo's JSON messages. Cargo cannot hand one package's binary to
+/// another package's tests (`CARGO_BIN_EXE_hostd` exists only in hostd's own tests).
+pub fn hostd_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("CLAWFLEET_HOSTD_BIN") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "CLAWFLEET_HOSTD_BIN={} is not a file", p.display());
+        return p;
+    }
+    let mut built = HOSTD.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = built.as_ref() {
+        return p.clone();
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "-p", "clawfleet-hostd", "--bin", "hostd"])
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::inherit());
+    let release = std::env::current_exe()
+        .ok()
+        .is_some_and(|p| p.components().any(|c| c.as_os_str() == "release"));
+    if release {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().expect("cannot run cargo to build hostd");
+    assert!(out.status.success(), "cargo build -p clawfleet-hostd failed");
+    let exe = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "hostd")
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .expect("cargo reported no executable for hostd");
+    *built = Some(exe.clone());
+    exe
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A private OpenSSH sshd on 127.0.0.1 with its own host key; the coordinator's login key
+/// is authorised with a forced command that runs hostd (through a small wrapper whose
+/// one-shot modes simulate lost results and swallowed envelopes).
+pub struct Loopback {
+    pub dir: tempfile::TempDir,
+    pub state_root: PathBuf,
+    pub name: String,
+    pub port: u16,
+    /// The pinned key line (the host key sshd presents unless told otherwise).
+    pub host_pub: String,
+    host_key_file: PathBuf,
+    sshd: Option<Child>,
+}
+
+impl Loopback {
+    pub fn start(keys: &Keys) -> Self {
+        let hostd = hostd_binary();
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let dir = tempfile::Builder::new()
+            .prefix("clawfleet-ssh-test-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        let name = format!("loop-{}-{n}", std::process::id());
+        let state_root = PathBuf::from(format!(
+            "/var/lib/clawfleet-ssh-test-{}-{n}",
+            std::process::id()
+        ));
+        let host_key = random_key();
+        let host_key_file = d.join("host_ed25519");
+        write_private(&host_key_file, &host_key);
+        let host_pub = host_key.public_key().to_openssh().unwrap();
+        std::fs::write(d.join("host_ed25519.pub"), format!("{host_pub}\n")).unwrap();
+        std::fs::write(
+            d.join("allowed_signers"),
+            format!("{PRINCIPAL} {}\n", keys.signing_public()),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("hostd.toml"),
+            format!(
+                "host_name = \"{name}\"\nhost_key = \"{hk}\"\nallowed_signers = \"{as_}\"\n\
+                 state_root = \"{sr}\"\nunit_dir = \"{sr}/units\"\ngateway_command = [\"/bin/true\"]\n\
+                 [limits]\nlock_timeout_ms = 3000\n",
+                hk = d.join("host_ed25519.pub").display(),
+                as_ = d.join("allowed_signers").display(),
+                sr = state_root.display(),
+            ),
+        )
+        .unwrap();
+        // The hello hostd sends, to let the "lose-result" mode pass exactly that through.
+        let hello = Hello {
+            hostd_version: env!("CARGO_PKG_VERSION").to_owned(),
+            protocol_versions: clawfleet_protocol::SUPPORTED_VERSIONS.to_vec(),
+            host_key: Fingerprint::of(host_key.public_key()),
+        };
+        let hello_len = 7 + serde_json::to_vec(&hello).unwrap().len();
+        let wrapper = d.join("forced.sh");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\n\
+                 D='{d}'\n\
+                 H=\"{hostd} --config $D/hostd.toml serve\"\n\
+                 # lose-result: hostd runs the envelope, but only its hello reaches the client.\n\
+                 if [ -e \"$D/mode-lose-result\" ]; then rm -f \"$D/mode-lose-result\"; $H | {{ head -c {hello_len}; cat > /dev/null; }}; exit 0; fi\n\
+                 # hold: like lose-result, but the session stays open for 20 s.\n\
+                 if [ -e \"$D/mode-hold\" ]; then rm -f \"$D/mode-hold\"; $H | {{ head -c {hello_len}; sleep 20; cat > /dev/null; }}; exit 0; fi\n\
+                 # swallow: hostd says hello and exits; the envelope goes nowhere.\n\
+                 if [ -e \"$D/mode-swallow\" ]; then rm -f \"$D/mode-swallow\"; $H < /dev/null; cat > /dev/null; exit 0; fi\n\
+                 exec $H\n",
+                d = d.display(),
+                hostd = hostd.display(),
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        std::fs::write(
+            d.join("authorized_keys"),
+            format!(
+                "restrict,command=\"{}\" {}\n",
+                wrapper.display(),
+                keys.login_public()
+            ),
+        )
+        .unwrap();
+        let mut me = Self {
+            dir,
+            state_root,
+            name,
+            port: free_port(),
+            host_pub,
+            host_key_file,
+            sshd: None,
+        };
+        me.start_sshd();
+        me
+    }
+
+    pub fn target(&self) -> HostTarget {
+        HostTarget {
+            name: HostName::new(self.name.as_str()).unwrap(),
+            address: "127.0.0.1".to_owned(),
+            port: self.port,
+            host_key: self.host_pub.clone(),
+        }
+    }
+
+    pub fn fingerprint(&self) -> String {
+        clawfleet_protocol::ssh_key::PublicKey::from_openssh(&self.host_pub)
+            .unwrap()
+            .fingerprint(clawfleet_protocol::ssh_key::HashAlg::Sha256)
+            .to_string()
+    }
+
+    fn config_text(&self, host_key_file: &Path) -> String {
+        let d = self.dir.path();
+        format!(
+            "ListenAddress 127.0.0.1:{port}\nHostKey {hk}\nPidFile {d}/sshd.pid\n\
+             AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPermitRootLogin prohibit-password\n\
+             PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+             UsePAM no\nLogLevel VERBOSE\nMaxSessions 10\nMaxStartups 100:30:200\nPrintMotd no\n",
+            port = self.port,
+            hk = host_key_file.display(),
+            d = d.display(),
+        )
+    }
+
+    /// Starts sshd with the pinned host key.
+    pub fn start_sshd(&mut self) {
+        let file = self.host_key_file.clone();
+        self.start_sshd_with(&file);
+    }
+
+    /// Starts sshd presenting another host key; returns that key's fingerprint.
+    pub fn start_sshd_with_other_key(&mut self) -> String {
+        let other = random_key();
+        let file = self.dir.path().join("other_host_ed25519");
+        write_private(&file, &other);
+        self.start_sshd_with(&file);
+        Fingerprint::of(other.public_key()).to_string()
+    }
+
+    fn start_sshd_with(&mut self, host_key_file: &Path) {
+        assert!(self.sshd.is_none(), "sshd already running");
+        let conf = self.dir.path().join("sshd_config");
+        std::fs::write(&conf, self.config_text(host_key_file)).unwrap();
+        let child = Command::new("/usr/sbin/sshd")
+            .arg("-D")
+            .arg("-f")
+            .arg(&conf)
+            .arg("-E")
+            .arg(self.dir.path().join("sshd.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        self.sshd = Some(child);
+        // Ready once it sends its SSH banner.
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut buf = [0u8; 7];
+                if s.read_exact(&mut buf).is_ok() && &buf == b"SSH-2.0" {
+                    return;
+                }
+            }
+            if let Some(c) = self.sshd.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!("sshd exited at start ({status}); log: {}", self.log());
+            }
+            assert!(Instant::now() < until, "sshd did not come up: {}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills sshd and every session process it started (by pid), so connections drop.
+    pub fn stop_sshd(&mut self) {
+        let Some(mut child) = self.sshd.take() else {
+            return;
+        };
+        let pids = descendants(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        kill_pids(&pids);
+    }
+
+    pub fn sshd_running(&self) -> bool {
+        self.sshd.is_some()
+    }
+
+    /// Arms a one-shot mode of the forced-command wrapper.
+    pub fn arm(&self, mode: &str) {
+        std::fs::write(self.dir.path().join(format!("mode-{mode}")), b"").unwrap();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sshd.log")).unwrap_or_default()
+    }
+
+    /// Logins sshd accepted (one per TCP connection).
+    pub fn accepted_logins(&self) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("Accepted publickey for root"))
+            .count()
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        self.stop_sshd();
+        let _ = std::fs::remove_dir_all(&self.state_root);
+    }
+}
+
+fn write_private(path: &Path, key: &PrivateKey) {
+    std::fs::write(path, key.to_openssh(LineEnding::LF).unwrap().as_bytes()).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Every process below `root` (children first found, deepest last).
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // "pid (comm) state ppid …"; comm may hold spaces and parentheses.
+            let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            if let Some(ppid) = after
+                .split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u32>().ok())
+            {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(pid, ppid) in &parent_of {
+            if ppid == p && !out.contains(&pid) {
+                out.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    out
+}
+
+fn kill_pids(pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .arg("-KILL")
+        .args(pids.iter().map(|p| p.to_string()))
+        .stderr(Stdio::null())
+        .status();
+}
+
+// ---- operations ----
+
+pub fn id(s: &str) -> Ident {
+    Ident::new(s).unwrap()
+}
+
+pub fn ns(n: &str) -> NamespaceRef {
+    NamespaceRef {
+        id: id(n),
+        name: id(&format!("{n}-name")),
+    }
+}
+
+pub fn agent(a: &str) -> AgentRef {
+    AgentRef {
+        id: id(a),
+        service_principal_id: id(&format!("sp-{a}")),
+    }
+}
+
+pub fn probe() -> Operation {
+    Operation::Probe(ProbeArgs {})
+}
+
+pub fn status() -> Operation {
+    Operation::Status(StatusArgs::default())
+}
+
+pub fn ensure(n: &str) -> Operation {
+    Operation::EnsureNamespace(NamespaceArgs { namespace: ns(n) })
+}
+
+/// A rendered configuration as the coordinator sends it, with test-gateway switches.
+pub fn configuration(switches: Value) -> Configuration {
+    let gateway = json!({"mode": "local", "bind": "loopback",
+        "auth": {"mode": "password", "password": {"source": "env", "provider": "default", "id": "OPENCLAW_GATEWAY_PASSWORD"}}});
+    Configuration::new(json!({"gateway": gateway, "x-clawfleet-test": switches})).unwrap()
+}
+
+pub fn spec(rev: &str, number: u64, switches: Value) -> RevisionSpec {
+    let configuration = configuration(switches);
+    RevisionSpec {
+        id: id(rev),
+        number: RevisionNumber::new(number).unwrap(),
+        harness: Harness {
+            id: HarnessId::Openclaw,
+            version: HarnessVersion::new("2026.9.6").unwrap(),
+            mode: HarnessMode::Embedded,
+        },
+        configuration_hash: configuration.hash(),
+        configuration,
+    }
+}
+
+pub fn prepare(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
+    Operation::PrepareRevision(PrepareArgs {
+        namespace: ns(n),
+        agent: agent(a),
+        revision: rev.clone(),
+    })
+}
+
+pub fn activate(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
+    Operation::ActivateRevision(RevisionArgs {
+        namespace: ns(n),
+        agent: agent(a),
+        revision: rev.reference(),
+    })
+}
+
+// ---- real test hosts ----
+
+/// Installs hostd and the test gateway on a test host, writes hostd.toml with short limits
+/// and enrols the coordinator's keys with `hostd enrol`.
+pub fn install_hostd(host: &clawfleet_vm_tests::TestHost, keys: &Keys) {
+    host.install_hostd(&hostd_binary()).unwrap();
+    let gateway = host.install_test_gateway().unwrap();
+    let config = format!(
+        "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n[limits]\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 20000\nunit_stop_timeout_ms = 10000\n",
+        host.name()
+    );
+    host.write_file("/etc/clawfleet/hostd.toml", config.as_bytes(), 0o644)
+        .unwrap();
+    host.write_file("/tmp/occ-login.pub", keys.login_public().as_bytes(), 0o644)
+        .unwrap();
+    host.write_file(
+        "/tmp/occ-signing.pub",
+        keys.signing_public().as_bytes(),
+        0o644,
+    )
+    .unwrap();
+    let out = host
+        .run_ok(&format!(
+            "hostd enrol --ssh-key /tmp/occ-login.pub --signing-key /tmp/occ-signing.pub --principal {PRINCIPAL}"
+        ))
+        .unwrap();
+    assert!(
+        out.contains(host.host_key_fingerprint()),
+        "enrol prints the fingerprint to pin: {out}"
+    );
+}
+
+/// How the coordinator's database would describe a test host.
+pub fn host_target(host: &clawfleet_vm_tests::TestHost) -> HostTarget {
+    HostTarget {
+        name: HostName::new(host.name()).unwrap(),
+        address: host.address().to_string(),
+        port: 22,
+        host_key: host.host_public_key().trim().to_owned(),
+    }
+}
