@@ -51,6 +51,9 @@ fn probe_and_status_reuse_one_connection() {
         let stats = backend.stats();
         assert_eq!(stats.connections_opened, 1, "{stats:?}");
         assert_eq!(stats.sessions_opened, 21, "{stats:?}");
+        // No call needed a second attempt.
+        assert_eq!(stats.calls, 21, "{stats:?}");
+        assert_eq!(stats.recoveries, 0, "{stats:?}");
         assert_eq!(backend.host_connections_opened(&target), 1);
         assert!(backend.connection_local_addr(&target).await.is_some());
         eprintln!("20 probes over one connection: {elapsed:?}");

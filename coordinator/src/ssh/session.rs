@@ -46,18 +46,42 @@ pub(crate) struct Lost {
     pub(crate) timed_out: bool,
 }
 
+/// The last line hostd wrote to stderr (its closing error, if any), without terminal escapes
+/// or control characters, for error messages. On hosts with journald hostd logs there, and
+/// stderr holds only fatal errors.
 fn stderr_text(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
-    let text: String = text
-        .trim()
+    let mut clean = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters final-byte
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        clean.push(c);
+    }
+    let last = clean
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or("");
+    let line: String = last
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(300)
         .collect();
-    if text.is_empty() {
+    if line.is_empty() {
         String::new()
     } else {
-        format!("; hostd said: {text}")
+        format!("; hostd's last words: {line}")
     }
 }
 
@@ -74,6 +98,7 @@ pub(crate) async fn open(
 ) -> Result<OpenSession, OpenError> {
     let host = entry.target.name.as_str();
     let label = entry.label();
+    let started = Instant::now();
     let channel = match tokio::time::timeout(limit, conn.handle.channel_open_session()).await {
         Err(_) => {
             return Err(OpenError::Connection(transport(
@@ -99,6 +124,10 @@ pub(crate) async fn open(
         }
         Ok(Ok(c)) => c,
     };
+    tracing::trace!(
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "channel open"
+    );
     let mut session = OpenSession {
         channel,
         decoder: FrameDecoder::new(Limits::default().max_frame),
@@ -135,6 +164,10 @@ pub(crate) async fn open(
         }
         Ok(Ok(h)) => h,
     };
+    tracing::trace!(
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "hello read"
+    );
     // The hello names the host key hostd is configured with; it must be the pinned one.
     if Some(&hello.host_key) != entry.fingerprint() {
         let _ = session.channel.close().await;
@@ -167,6 +200,7 @@ impl OpenSession {
         self.channel.exec(true, REMOTE_COMMAND).await.map_err(|e| {
             OpenError::Connection(transport(host, format!("cannot run hostd on {label}: {e}")))
         })?;
+        let mut exit = None;
         loop {
             if let Some(frame) = self.decoder.next_frame().map_err(|e| {
                 OpenError::Refused(transport(
@@ -190,8 +224,12 @@ impl OpenSession {
                 };
             }
             match self.channel.wait().await {
-                Some(ChannelMsg::Data { data }) => self.decoder.push(&data),
+                Some(ChannelMsg::Data { data }) => {
+                    tracing::trace!(bytes = data.len(), "data before hello");
+                    self.decoder.push(&data)
+                }
                 Some(ChannelMsg::ExtendedData { data, .. }) => keep_stderr(&mut self.stderr, &data),
+                Some(ChannelMsg::Success) => tracing::trace!("exec accepted"),
                 Some(ChannelMsg::Failure) => {
                     return Err(OpenError::Refused(transport(
                         host,
@@ -199,21 +237,16 @@ impl OpenSession {
                     )));
                 }
                 Some(ChannelMsg::ExitStatus { exit_status }) => {
-                    return Err(OpenError::Refused(transport(
-                        host,
-                        format!(
-                            "hostd on {label} exited with status {exit_status} before its hello{}",
-                            stderr_text(&self.stderr)
-                        ),
-                    )));
+                    exit = Some(exit_status);
                 }
-                Some(ChannelMsg::Eof | ChannelMsg::Close) | None => {
+                Some(ChannelMsg::Close) | None => {
+                    let how = match exit {
+                        Some(status) => format!("hostd on {label} exited with status {status}"),
+                        None => format!("the session to {label} ended"),
+                    };
                     let err = transport(
                         host,
-                        format!(
-                            "the session to {label} ended before hostd's hello{}",
-                            stderr_text(&self.stderr)
-                        ),
+                        format!("{how} before its hello{}", stderr_text(&self.stderr)),
                     );
                     return Err(if conn.is_closed() {
                         OpenError::Connection(err)
@@ -283,6 +316,8 @@ impl OpenSession {
             .map_err(|e| lost(format!("sending the envelope failed: {e}")))?;
         // No more requests on this session: hostd answers this one and exits.
         let _ = self.channel.eof().await;
+        let mut exit = None;
+        let mut eof = false;
         loop {
             while let Some(frame) = self
                 .decoder
@@ -307,20 +342,23 @@ impl OpenSession {
             match self.channel.wait().await {
                 Some(ChannelMsg::Data { data }) => self.decoder.push(&data),
                 Some(ChannelMsg::ExtendedData { data, .. }) => keep_stderr(&mut self.stderr, &data),
+                // sshd may report the exit before it forwards the last output: keep
+                // reading until the channel ends.
                 Some(ChannelMsg::ExitStatus { exit_status }) => {
-                    return Err(lost(format!(
-                        "hostd exited with status {exit_status} before the result{}",
-                        stderr_text(&self.stderr)
-                    )));
+                    exit = Some(format!("exit status {exit_status}"))
                 }
                 Some(ChannelMsg::ExitSignal { signal_name, .. }) => {
-                    return Err(lost(format!(
-                        "hostd was killed by signal {signal_name:?} before the result"
-                    )));
+                    exit = Some(format!("signal {signal_name:?}"))
                 }
-                Some(ChannelMsg::Eof | ChannelMsg::Close) | None => {
+                Some(ChannelMsg::Eof) => eof = true,
+                Some(ChannelMsg::Close) | None => {
+                    let how = match (&exit, eof) {
+                        (Some(e), _) => format!("hostd ended ({e})"),
+                        (None, true) => "hostd closed its output".to_owned(),
+                        (None, false) => "the session ended".to_owned(),
+                    };
                     return Err(lost(format!(
-                        "the session ended before the result{}",
+                        "{how} before the result{}",
                         stderr_text(&self.stderr)
                     )));
                 }
