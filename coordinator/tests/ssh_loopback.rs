@@ -44,7 +44,10 @@ fn probe_and_status_reuse_one_connection() {
             }
         }
         let elapsed = started.elapsed();
-        match backend.call(&target, status(), CallOptions::default()).await {
+        match backend
+            .call(&target, status(), CallOptions::default())
+            .await
+        {
             Ok(OperationResult::Status(inv)) => assert!(inv.namespaces.is_empty()),
             other => panic!("status: {other:?}"),
         }
@@ -235,7 +238,11 @@ fn unreachable_host_fails_fast_with_backoff() {
         // Inside the backoff window (longer than the connect timeout): no new attempt.
         let t = Instant::now();
         let e = backend.call(&target, probe(), short(10)).await.unwrap_err();
-        assert!(t.elapsed() < Duration::from_millis(100), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
         assert!(e.to_string().contains("backing off"), "{e}");
         assert_eq!(backend.stats().connect_attempts, 1);
         eprintln!("{e}");
@@ -272,7 +279,10 @@ fn a_lost_result_is_recovered_with_operation_status() {
         // A recorded failure comes back as that failure.
         lo.arm("lose-result");
         let rev = spec("r1", 1, serde_json::json!({}));
-        match backend.call(&target, prepare("nowhere", "a1", &rev), short(10)).await {
+        match backend
+            .call(&target, prepare("nowhere", "a1", &rev), short(10))
+            .await
+        {
             Err(CallError::Failed(f)) => assert_eq!(f.code, FailureCode::NamespaceMissing),
             other => panic!("expected the recorded failure: {other:?}"),
         }
@@ -336,7 +346,10 @@ fn a_silent_session_times_out_after_deadline_plus_grace_then_asks() {
         let took = t.elapsed();
         // The transport gave up at deadline (1 s) + grace (1 s), then operation-status found
         // the recorded success.
-        assert!(matches!(r, Ok(OperationResult::EnsureNamespace(_))), "{r:?}");
+        assert!(
+            matches!(r, Ok(OperationResult::EnsureNamespace(_))),
+            "{r:?}"
+        );
         assert!(took >= Duration::from_secs(2), "{took:?}");
         assert!(took < Duration::from_secs(6), "{took:?}");
         assert_eq!(backend.stats().recoveries, 1);
@@ -360,7 +373,10 @@ fn operation_status_reports_recorded_outcomes() {
         }));
     let target = lo.target();
     runtime().block_on(async {
-        backend.call(&target, ensure("ns1"), short(10)).await.unwrap();
+        backend
+            .call(&target, ensure("ns1"), short(10))
+            .await
+            .unwrap();
         let progress = seen.lock().unwrap().clone();
         assert!(!progress.is_empty(), "progress events arrive");
         let id = progress[0].operation_id.clone();

@@ -96,7 +96,11 @@ impl Keys {
 
     /// Writes the login key as an OpenSSH private key file (0600) for the stock `ssh`.
     pub fn write_login_key(&self, path: &Path) {
-        std::fs::write(path, self.login.to_openssh(LineEnding::LF).unwrap().as_bytes()).unwrap();
+        std::fs::write(
+            path,
+            self.login.to_openssh(LineEnding::LF).unwrap().as_bytes(),
+        )
+        .unwrap();
         std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();
     }
@@ -141,7 +145,11 @@ static HOSTD: Mutex<Option<PathBuf>> = Mutex::new(None);
 pub fn hostd_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("CLAWFLEET_HOSTD_BIN") {
         let p = PathBuf::from(p);
-        assert!(p.is_file(), "CLAWFLEET_HOSTD_BIN={} is not a file", p.display());
+        assert!(
+            p.is_file(),
+            "CLAWFLEET_HOSTD_BIN={} is not a file",
+            p.display()
+        );
         return p;
     }
     let mut built = HOSTD.lock().unwrap_or_else(|p| p.into_inner());
@@ -150,10 +158,17 @@ pub fn hostd_binary() -> PathBuf {
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "clawfleet-hostd", "--bin", "hostd"])
-        .arg("--message-format=json-render-diagnostics")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "build",
+        "--quiet",
+        "-p",
+        "clawfleet-hostd",
+        "--bin",
+        "hostd",
+    ])
+    .arg("--message-format=json-render-diagnostics")
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .stderr(Stdio::inherit());
     let release = std::env::current_exe()
         .ok()
         .is_some_and(|p| p.components().any(|c| c.as_os_str() == "release"));
@@ -161,7 +176,10 @@ pub fn hostd_binary() -> PathBuf {
         cmd.arg("--release");
     }
     let out = cmd.output().expect("cannot run cargo to build hostd");
-    assert!(out.status.success(), "cargo build -p clawfleet-hostd failed");
+    assert!(
+        out.status.success(),
+        "cargo build -p clawfleet-hostd failed"
+    );
     let exe = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -251,8 +269,11 @@ impl Loopback {
             ),
         )
         .unwrap();
-        std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         std::fs::write(
             d.join("authorized_keys"),
             format!(
@@ -350,7 +371,11 @@ impl Loopback {
             {
                 panic!("sshd exited at start ({status}); log: {}", self.log());
             }
-            assert!(Instant::now() < until, "sshd did not come up: {}", self.log());
+            assert!(
+                Instant::now() < until,
+                "sshd did not come up: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
