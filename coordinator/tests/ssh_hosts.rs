@@ -206,8 +206,9 @@ fn lifecycle_concurrency_and_dropped_sessions_on_a_real_host() {
         rb.unwrap();
         rc.unwrap();
         eprintln!("two 3 s activations at once took {both:?}");
+        // One after the other would take at least 6 s.
         assert!(
-            both < Duration::from_millis(2900),
+            both < Duration::from_millis(5500),
             "they ran one after the other: {both:?}"
         );
         assert_eq!(backend.stats().connections_opened, 1);
