@@ -55,7 +55,8 @@ enum Command {
     /// Run the API and the deployment worker.
     Serve,
     /// Print the `hostd enrol` command that authorises this coordinator on a host.
-    EnrolCommand,
+    #[command(name = "enrol-command")]
+    PrintEnrol,
     /// Namespaces.
     #[command(subcommand)]
     Namespace(NamespaceCmd),
@@ -796,7 +797,7 @@ fn run_client(cli: &Cli) -> Result<()> {
                 println!("token {id} revoked");
             }
         },
-        Command::Init | Command::Serve | Command::EnrolCommand => {}
+        Command::Init | Command::Serve | Command::PrintEnrol => {}
     }
     Ok(())
 }
@@ -812,7 +813,7 @@ fn main() -> ExitCode {
         .try_init();
     let result = match &cli.command {
         Command::Init => load_config(&cli).and_then(|c| init(&c)),
-        Command::EnrolCommand => {
+        Command::PrintEnrol => {
             load_config(&cli).and_then(|c| enrol_command(&c).map(|s| println!("{s}")))
         }
         Command::Serve => load_config(&cli).and_then(|config| {

@@ -133,6 +133,27 @@ const MIGRATIONS: &[&str] = &[
     ",
 ];
 
+/// A revision row with its raw rendered text and last-attempt columns.
+type RevisionRow = (
+    Revision,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    u32,
+);
+
+/// A claimable work row: id, kind, namespace, agent, revision, attempts, created.
+type WorkRow = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    u32,
+    i64,
+);
+
 /// A unit of deployment work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Work {
@@ -771,16 +792,7 @@ impl Store {
         Ok(n as u64 + 1)
     }
 
-    fn revision_row(
-        r: &Row<'_>,
-    ) -> rusqlite::Result<(
-        Revision,
-        String,
-        Option<String>,
-        Option<String>,
-        Option<i64>,
-        u32,
-    )> {
+    fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
         Ok((
             Revision {
                 namespace_id: r.get(0)?,
@@ -804,14 +816,7 @@ impl Store {
     }
 
     fn finish_revision(
-        (mut rev, rendered, code, message, at, attempts): (
-            Revision,
-            String,
-            Option<String>,
-            Option<String>,
-            Option<i64>,
-            u32,
-        ),
+        (mut rev, rendered, code, message, at, attempts): RevisionRow,
     ) -> Result<Revision> {
         rev.rendered = json_col(rendered)?;
         if let (Some(code), Some(at)) = (code, at) {
@@ -882,7 +887,7 @@ impl Store {
     pub fn claim_work(&self, owner: &str, now_ms: i64, lease_ms: i64) -> Result<Option<Work>> {
         let mut c = self.c();
         let tx = c.transaction()?;
-        let row: Option<(i64, String, String, Option<String>, Option<String>, u32, i64)> = tx
+        let row: Option<WorkRow> = tx
             .query_row(
                 "SELECT w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at FROM work w
                  WHERE ((w.state = 'queued' AND w.not_before <= ?1) OR (w.state = 'running' AND w.lease_until < ?1))
@@ -955,8 +960,7 @@ impl Store {
         owner: &str,
         not_before_ms: i64,
         count_attempt: bool,
-        code: &str,
-        message: &str,
+        (code, message): (&str, &str),
         now_ms: i64,
     ) -> Result<()> {
         self.c().execute(

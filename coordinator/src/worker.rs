@@ -257,8 +257,7 @@ impl<B: Backend> Worker<B> {
                 &self.owner,
                 now + delay.as_millis() as i64,
                 *attempt,
-                code,
-                message,
+                (code, message),
                 now,
             ),
         };

@@ -18,6 +18,8 @@ pub enum Behaviour {
     NeverReady,
     /// Exits with status 78 at start (configuration error).
     ExitConfig,
+    /// Exits with status 1 soon after every start; systemd keeps restarting it.
+    CrashLoop,
 }
 
 #[derive(Debug, Default)]
@@ -261,6 +263,21 @@ impl System for FakeSystem {
     }
 
     fn unit_state(&self, unit: &str) -> Result<UnitState, SystemError> {
+        let port = self.with(|s| s.unit_ports.get(unit).copied());
+        let crashing = port.is_some_and(|p| {
+            self.with(|s| s.behaviour.get(&p).copied() == Some(Behaviour::CrashLoop))
+        });
+        if crashing {
+            // Every look finds one more restart, as a crash loop under Restart=always would.
+            self.with(|s| {
+                if let Some(u) = s.units.get_mut(unit) {
+                    u.n_restarts += 1;
+                    u.active_state = "activating".to_owned();
+                    u.sub_state = "auto-restart".to_owned();
+                    u.exec_main_status = 1;
+                }
+            });
+        }
         Ok(self.unit(unit))
     }
 

@@ -42,6 +42,9 @@ pub fn render(
     );
     let _ = writeln!(u, "After=network-online.target");
     let _ = writeln!(u, "Wants=network-online.target");
+    // Cutovers restart the unit; systemd's default start limit (5 in 10 s) would refuse a
+    // sixth quick cutover. Crash loops are already paced by RestartSec.
+    let _ = writeln!(u, "StartLimitIntervalSec=0");
     let _ = writeln!(u);
     let _ = writeln!(u, "[Service]");
     let _ = writeln!(u, "Type=simple");
@@ -85,7 +88,8 @@ pub fn render(
     let _ = writeln!(u, "ProtectKernelTunables=yes");
     let _ = writeln!(u, "ProtectKernelModules=yes");
     let _ = writeln!(u, "ProtectControlGroups=yes");
-    let _ = writeln!(u, "RestrictSUIDSGID=yes");
+    // Not RestrictSUIDSGID=yes: it makes openat2(2) fail with ENOSYS, and the OpenClaw gateway
+    // needs openat2 for its lock (found by the real-gateway test).
     let _ = writeln!(u, "LockPersonality=yes");
     let _ = writeln!(u, "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6");
     let _ = writeln!(u, "SystemCallFilter=@system-service");

@@ -20,6 +20,9 @@ use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker};
 use crate::system::Ids;
 use crate::unit;
 
+/// Restarts seen during one readiness wait that mean "crash loop", not "slow start".
+const CRASH_LOOP_RESTARTS: u32 = 3;
+
 /// Whether a rendered configuration asks for the managed gateway password.
 pub(crate) fn needs_password(configuration: &Value) -> bool {
     let auth = &configuration["gateway"]["auth"];
@@ -341,11 +344,23 @@ impl Engine<'_> {
         let start = Instant::now();
         let mut pause = Duration::from_millis(50);
         std::thread::sleep(Duration::from_millis(20));
+        let mut first_restarts: Option<u32> = None;
         loop {
             let state = self
                 .system
                 .unit_state(&paths.unit_name)
                 .map_err(system_failure)?;
+            let base = *first_restarts.get_or_insert(state.n_restarts);
+            if state.n_restarts.saturating_sub(base) >= CRASH_LOOP_RESTARTS {
+                return Err(Failure::new(
+                    FailureCode::UnitFailed,
+                    format!(
+                        "the gateway keeps exiting (last exit status {}, {} restarts while waiting for readiness)",
+                        state.exec_main_status,
+                        state.n_restarts - base
+                    ),
+                ));
+            }
             if state.is_failed() {
                 let why = if state.exec_main_status == 78 {
                     "the gateway exited with status 78 (configuration error)".to_owned()

@@ -472,6 +472,12 @@ fn readiness_timeout_and_configuration_exit_are_reported_and_recoverable() {
     assert_eq!(f.code, FailureCode::UnitFailed);
     assert!(f.message.contains("78"), "{}", f.message);
 
+    // A crash loop fails fast instead of waiting out the readiness limit.
+    h.fake.set_behaviour(port, Behaviour::CrashLoop);
+    let f = h.fails(activate("ns1", "a1", "r1", 1));
+    assert_eq!(f.code, FailureCode::UnitFailed);
+    assert!(f.message.contains("keeps exiting"), "{}", f.message);
+
     // Fixed: a later activate repairs the interrupted cutover (current set, served missing).
     h.fake.set_behaviour(port, Behaviour::Ready);
     match h.ok(activate("ns1", "a1", "r1", 1)) {
