@@ -39,6 +39,12 @@ fi
 step "release binaries (built once for both formats)"
 cargo build --release --locked -p clawfleet-hostd -p clawfleet-coordinator
 
+# File times and build dates from the last commit, so a rebuild of the same commit gives the
+# same package contents (both tools honour SOURCE_DATE_EPOCH). Set only now: some build
+# scripts rerun when it changes, and the release build must not depend on it.
+SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}"
+export SOURCE_DATE_EPOCH
+
 rm -rf "$out"
 mkdir -p "$out"
 
@@ -46,6 +52,7 @@ for p in "${PACKAGES[@]}"; do
   step ".deb $p"
   cargo deb --no-build --locked -p "$p" -o "$out/"
   step ".rpm $p"
+  # cargo-generate-rpm 0.21 takes the crate's directory here (hostd/, coordinator/).
   cargo generate-rpm -p "${p#clawfleet-}" -o "$out/"
 done
 

@@ -27,11 +27,14 @@ fn installed_version(host: &TestHost) -> String {
         .to_owned()
 }
 
+/// `ii`, `rc`, ... or `absent` (unknown to dpkg, or known as not installed).
 fn package_status(host: &TestHost) -> String {
-    host.run_ok("dpkg-query -W -f='${db:Status-Abbrev}' clawfleet-hostd 2>/dev/null || echo absent")
+    let s = host
+        .run_ok("dpkg-query -W -f='${db:Status-Abbrev}' clawfleet-hostd 2>/dev/null || echo absent")
         .unwrap()
         .trim()
-        .to_owned()
+        .to_owned();
+    if s == "un" { "absent".to_owned() } else { s }
 }
 
 fn exists(host: &TestHost, path: &str) -> bool {

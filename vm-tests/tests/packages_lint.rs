@@ -29,7 +29,8 @@ fn lintian(deb: &Path) {
     let (_, out, err) = run_local(
         "lintian",
         &[
-            "--no-tag-display-limit",
+            "--tag-display-limit",
+            "0",
             "--display-info",
             deb.to_str().unwrap(),
         ],
@@ -52,7 +53,7 @@ fn deb_contents(deb: &Path) -> Vec<String> {
 fn has_entry(listing: &[String], mode: &str, path: &str) -> bool {
     listing
         .iter()
-        .any(|l| l.starts_with(mode) && l.contains(" root/root ") && l.ends_with(path))
+        .any(|l| l.starts_with(mode) && l.contains(" 0/0 ") && l.ends_with(path))
 }
 
 #[test]
@@ -180,6 +181,12 @@ fn rpm_metadata_files_and_dependencies() {
     );
     let config = rpm_query(&pkgs.hostd_rpm, &["-c"]);
     assert_eq!(config.trim(), "/etc/clawfleet/hostd.toml");
+    // %config(noreplace): an edited hostd.toml survives upgrades.
+    let flags = rpm_query(
+        &pkgs.hostd_rpm,
+        &["--qf", "[%{FILEFLAGS:fflags} %{FILENAMES}\n]"],
+    );
+    assert!(flags.contains("cn /etc/clawfleet/hostd.toml"), "{flags}");
     let modes = rpm_query(
         &pkgs.hostd_rpm,
         &["--qf", "[%{FILEMODES:perms} %{FILENAMES}\n]"],
@@ -225,6 +232,11 @@ fn rpm_metadata_files_and_dependencies() {
         ],
         "{files}"
     );
+    let flags = rpm_query(
+        &pkgs.coordinator_rpm,
+        &["--qf", "[%{FILEFLAGS:fflags} %{FILENAMES}\n]"],
+    );
+    assert!(flags.contains("cn /etc/clawfleet/occ.toml"), "{flags}");
     let requires = rpm_query(&pkgs.coordinator_rpm, &["--requires"]);
     eprintln!(
         "rpm -qp --requires {}:\n{requires}",
