@@ -437,10 +437,7 @@ impl SshBackend {
                     last_loss = Some(lost);
                 }
                 Attempt::Lost(lost) => {
-                    return self
-                        .recover(&entry, &id, kind, options, lost)
-                        .instrument(span)
-                        .await;
+                    return self.recover(&entry, &id, kind, lost).instrument(span).await;
                 }
             }
         }
@@ -558,20 +555,21 @@ impl SshBackend {
         entry: &Arc<HostEntry>,
         id: &OperationId,
         kind: OperationKind,
-        options: CallOptions,
         lost: Lost,
     ) -> Result<OperationResult, CallError> {
         let settings = &self.shared.settings;
         let host = entry.target.name.as_str();
         self.shared.stats.recoveries.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(operation_id = %id, "no result ({}); asking the host for the recorded outcome", lost.reason);
-        let lost_at = Instant::now();
-        let deadline = Duration::from_secs(u64::from(signer::deadline_seconds(options.deadline)));
-        let give_up = if lost.timed_out {
-            lost_at + settings.connect_timeout
+        let what = if lost.timed_out {
+            "timed out"
         } else {
-            lost_at + deadline + settings.transport_grace
+            "dropped"
         };
+        tracing::warn!(operation_id = %id, timed_out = lost.timed_out, "no result ({}); asking the host for the recorded outcome", lost.reason);
+        let lost_at = Instant::now();
+        // Within the call's own transport deadline, but always with time for a reconnect
+        // and one query.
+        let give_up = lost.until.max(lost_at + settings.connect_timeout);
         // hostd may still be reading the envelope out of its pipe when the first query
         // lands; "unknown" counts only once confirmed a moment later.
         let confirm_unknown_after = Duration::from_secs(1).max(settings.status_poll_interval);
@@ -622,7 +620,7 @@ impl SshBackend {
                         return Err(transport(
                             host,
                             format!(
-                                "the session to {} dropped after operation {id} was sent ({}), and the host has no record of it: it never arrived; safe to retry with a new operation id",
+                                "the session to {} {what} after operation {id} was sent ({}), and the host has no record of it: it never arrived; safe to retry with a new operation id",
                                 entry.label(),
                                 lost.reason
                             ),
@@ -650,7 +648,7 @@ impl SshBackend {
         Err(transport(
             host,
             format!(
-                "the session to {} dropped after operation {id} was sent ({}), and its outcome is still unknown at the transport deadline: {last_problem}; ask operation-status for {id} later",
+                "the session to {} {what} after operation {id} was sent ({}), and its outcome is still unknown at the transport deadline: {last_problem}; ask operation-status for {id} later",
                 entry.label(),
                 lost.reason
             ),

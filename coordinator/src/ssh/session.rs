@@ -44,6 +44,8 @@ pub(crate) enum OpenError {
 pub(crate) struct Lost {
     pub(crate) reason: String,
     pub(crate) timed_out: bool,
+    /// The transport deadline of the call (envelope deadline + grace after sending).
+    pub(crate) until: Instant,
 }
 
 /// The last line hostd wrote to stderr (its closing error, if any), without terminal escapes
@@ -281,12 +283,16 @@ impl OpenSession {
                 return Err(Lost {
                     reason: format!("the envelope cannot be framed: {e}"),
                     timed_out: false,
+                    until,
                 });
             }
         };
         let deadline = tokio::time::Instant::from_std(until);
-        let result =
-            tokio::time::timeout_at(deadline, self.send_and_read(&payload, id, on_progress)).await;
+        let result = tokio::time::timeout_at(
+            deadline,
+            self.send_and_read(&payload, id, until, on_progress),
+        )
+        .await;
         let _ = self.channel.close().await;
         match result {
             Ok(r) => r,
@@ -296,6 +302,7 @@ impl OpenSession {
                     stderr_text(&self.stderr)
                 ),
                 timed_out: true,
+                until,
             }),
         }
     }
@@ -304,11 +311,13 @@ impl OpenSession {
         &mut self,
         payload: &[u8],
         id: &OperationId,
+        until: Instant,
         on_progress: &(dyn Fn(&Progress) + Send + Sync),
     ) -> Result<ResultMessage, Lost> {
         let lost = |reason: String| Lost {
             reason,
             timed_out: false,
+            until,
         };
         self.channel
             .data(payload)
