@@ -165,6 +165,33 @@ fn hostd_deb_install_enrol_deploy_upgrade_downgrade_remove_purge() {
     // and `hostd apply` runs one from a file.
     let probed = occ.apply_ok(&host, &occ.envelope(&host, probe()));
     assert_eq!(probed["op"], "probe", "{probed:#}");
+    // The host's records of the activation: hostd's journald events carry the operation id,
+    // and its operation journal holds the SHA-256 of the exact envelope body it ran.
+    let activation = &ops[2];
+    let logged = host
+        .run_ok(&format!(
+            "journalctl -t hostd -o verbose --no-pager | grep -c -- '{}' || true",
+            activation.id
+        ))
+        .unwrap();
+    assert!(
+        logged.trim().parse::<u32>().unwrap() > 0,
+        "journalctl -t hostd"
+    );
+    let entry: serde_json::Value = serde_json::from_str(
+        &host
+            .run_ok(&format!(
+                "cat /var/lib/clawfleet/journal/{}.json",
+                activation.id
+            ))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        entry["bodySha256"],
+        json!(sha256_hex(&activation.body)),
+        "{entry:#}"
+    );
 
     let (pid, port) = assert_serving(&host);
     let (unit, account) = agent_names(NS, AGENT);
