@@ -6,8 +6,9 @@
 # -> target/packages/clawfleet-hostd_<v>-1_amd64.deb        clawfleet-hostd-<v>-1.x86_64.rpm
 #    target/packages/clawfleet-coordinator_<v>-1_amd64.deb  clawfleet-coordinator-<v>-1.x86_64.rpm
 #    target/packages/SHA256SUMS
-#    target/packages/test/*.deb   the same packages with a higher version (<v>+pkgtest1-1),
-#                                 only for the upgrade/downgrade tests; never publish these.
+#    target/packages/test/        the same packages with a higher version (.deb <v>+pkgtest1-1,
+#                                 .rpm release 1.pkgtest1), only for the upgrade/downgrade
+#                                 tests; never publish these.
 #
 # The release binaries are built once (`cargo build --release --locked`, stripped by the
 # workspace release profile) and packaged as they are (`--no-build`) into both formats.
@@ -65,6 +66,8 @@ if [ "${CLAWFLEET_SKIP_TEST_PACKAGES:-0}" != 1 ]; then
     step ".deb $p ${version%-*}+pkgtest1-${version##*-} (tests only)"
     cargo deb --no-build --locked -p "$p" --deb-version "${version%-*}+pkgtest1-${version##*-}" \
       -o "$out/test/"
+    step ".rpm $p release ${version##*-}.pkgtest1 (tests only)"
+    cargo generate-rpm -p "${p#clawfleet-}" -s "release = \"${version##*-}.pkgtest1\"" -o "$out/test/"
   done
 fi
 

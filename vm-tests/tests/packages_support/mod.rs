@@ -37,6 +37,8 @@ pub struct Packages {
     /// The same packages with a higher version, for upgrade/downgrade tests.
     pub hostd_deb_next: Option<PathBuf>,
     pub coordinator_deb_next: Option<PathBuf>,
+    pub hostd_rpm_next: Option<PathBuf>,
+    pub coordinator_rpm_next: Option<PathBuf>,
 }
 
 /// The built packages, or `None` after [`missing`] when `packaging/build.sh` has not run.
@@ -65,6 +67,8 @@ pub fn packages_or_skip() -> Option<Packages> {
         coordinator_rpm: found.next().unwrap(),
         hostd_deb_next: find_one(&test_dir, "clawfleet-hostd_", ".deb"),
         coordinator_deb_next: find_one(&test_dir, "clawfleet-coordinator_", ".deb"),
+        hostd_rpm_next: find_one(&test_dir, "clawfleet-hostd-", ".rpm"),
+        coordinator_rpm_next: find_one(&test_dir, "clawfleet-coordinator-", ".rpm"),
         dir,
     })
 }
