@@ -175,3 +175,93 @@ fn coordinator_deb_service_starts_runs_init_and_answers_healthz() {
     assert_eq!(host.run_ok(&format!("sha256sum {keys}")).unwrap(), before);
     host.run_ok("getent passwd clawfleet").unwrap();
 }
+
+/// Both packages on one host, the coordinator enrolling its own host over 127.0.0.1: an Agent
+/// deployed by `occ serve` running inside its hardened unit (sandbox, no capabilities, the
+/// `clawfleet` user) through sshd's forced command to the packaged hostd.
+#[test]
+fn both_packages_on_one_host_deploy_an_agent_from_the_hardened_service() {
+    skip_unless_hosts!();
+    let Some(pkgs) = packages_or_skip() else {
+        return;
+    };
+    let host = TestHost::start().unwrap();
+    install_hostd_deb(&host, &pkgs.hostd_deb).unwrap();
+    host.install_deb(&pkgs.coordinator_deb).unwrap();
+    if let Some(reason) = occ_commands_missing(&host) {
+        eprintln!("SKIP: {reason}");
+        return;
+    }
+    let gateway = host.install_test_gateway().unwrap();
+    host.write_file(
+        "/etc/clawfleet/hostd.toml",
+        format!(
+            "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n\
+             [limits]\nreadiness_timeout_ms = 30000\nlock_timeout_ms = 5000\n",
+            host.name()
+        )
+        .as_bytes(),
+        0o644,
+    )
+    .unwrap();
+    wait_healthy(&host);
+
+    // The guide's enrolment, all on this host (as root, the client commands read admin.token).
+    let t = Instant::now();
+    let enrol = host.run_ok("occ enrol-command").unwrap();
+    let enrolled = host.run_ok(enrol.trim()).unwrap();
+    assert!(enrolled.contains(host.host_key_fingerprint()), "{enrolled}");
+    host.run_ok(&format!(
+        "occ host enrol {} --address 127.0.0.1 --host-key /etc/ssh/ssh_host_ed25519_key.pub",
+        host.name()
+    ))
+    .unwrap();
+    host.run_ok(&format!(
+        "occ namespace create solo --hosts {}",
+        host.name()
+    ))
+    .unwrap();
+    let json = |cmd: &str| -> serde_json::Value {
+        serde_json::from_str(&host.run_ok(&format!("occ --output json {cmd}")).unwrap()).unwrap()
+    };
+    let mut last = serde_json::Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            last = json("namespace get solo");
+            last["ready"] == serde_json::json!(true)
+        }),
+        "{last:#}"
+    );
+    host.write_file(
+        "/var/tmp/cfg.json",
+        br#"{"logging": {"level": "info"}, "x-clawfleet-test": {"label": "solo-1"}}"#,
+        0o644,
+    )
+    .unwrap();
+    host.run_ok("occ configuration create solo a1 --file /var/tmp/cfg.json && occ agent create solo a1 --configuration a1")
+        .unwrap();
+    let rev = json("agent deploy solo a1")["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        wait_until(Duration::from_secs(90), || {
+            last = json("agent status solo a1");
+            last["converged"] == serde_json::json!(true)
+                && last["servedRevisionId"] == serde_json::json!(rev)
+        }),
+        "{last:#}\n{}",
+        host.run_ok(&format!("journalctl -u {UNIT} --no-pager | tail -n 40"))
+            .unwrap()
+    );
+    eprintln!(
+        "enrol + Namespace + deploy through the packaged service: {:?}",
+        t.elapsed()
+    );
+    let o = observation(&host, "solo", "a1");
+    assert_eq!(o["served"], serde_json::json!(rev), "{o:#}");
+    let port = o["port"].as_u64().unwrap();
+    let (code, info) = curl(&host, &format!("http://127.0.0.1:{port}/info"));
+    assert_eq!(code, 200);
+    assert!(info.contains("\"label\":\"solo-1\""), "{info}");
+}
