@@ -257,3 +257,21 @@ fn rpm_metadata_files_and_dependencies() {
         assert!(scripts.contains(want), "{want} in {scripts}");
     }
 }
+
+/// The helper other suites use to install hostd tells a current package from a stale one.
+#[test]
+fn a_hostd_deb_older_than_the_sources_is_stale() {
+    let Some(pkgs) = packages_or_skip() else {
+        return;
+    };
+    let dir = ScratchDir::new("pkgtest-stale");
+    let copy = dir.0.join("clawfleet-hostd_0_amd64.deb");
+    std::fs::copy(&pkgs.hostd_deb, &copy).unwrap();
+    let f = std::fs::File::options().write(true).open(&copy).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    assert!(!hostd_deb_is_stale(&copy));
+    f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1))
+        .unwrap();
+    assert!(hostd_deb_is_stale(&copy));
+}

@@ -7,6 +7,12 @@
 //! let Some(deb) = install::hostd_deb_or_skip() else { return }; // SKIP, or panic under CI=true
 //! install::install_hostd_deb(&host, &deb).unwrap();              // dpkg -i, /usr/sbin/hostd
 //! ```
+//!
+//! or, replacing `host.install_hostd(binary)` in suites that test hostd itself:
+//!
+//! ```ignore
+//! install::install_hostd_package_or_binary(&host, Path::new(env!("CARGO_BIN_EXE_hostd"))).unwrap();
+//! ```
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -89,4 +95,61 @@ pub fn install_hostd_deb(host: &TestHost, deb: &Path) -> Result<(), String> {
     host.run_ok("/usr/sbin/hostd --version")
         .map(|_| ())
         .map_err(|e| format!("hostd from {} does not run: {e}", deb.display()))
+}
+
+/// Newest modification time of the files a hostd package is built from.
+fn newest_source(dir: &Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::symlink_metadata(dir).ok()?;
+    if !meta.is_dir() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| newest_source(&e.path()))
+        .max()
+}
+
+/// Whether `deb` is older than hostd's sources (hostd/, protocol/, packaging/hostd/,
+/// Cargo.lock): then it does not hold the code under test.
+pub fn hostd_deb_is_stale(deb: &Path) -> bool {
+    let Ok(built) = std::fs::metadata(deb).and_then(|m| m.modified()) else {
+        return true;
+    };
+    let ws = workspace_dir();
+    [
+        "hostd/src",
+        "hostd/Cargo.toml",
+        "protocol/src",
+        "packaging/hostd",
+        "Cargo.lock",
+    ]
+    .iter()
+    .filter_map(|p| newest_source(&ws.join(p)))
+    .any(|t| t > built)
+}
+
+/// The switch for real-host tests that used `host.install_hostd(binary)`: installs hostd from
+/// its .deb (`dpkg -i`, as operators do) when `packaging/build.sh` built one that is not older
+/// than the hostd sources. Without a current .deb it fails under `CI=true` (where .ci/run
+/// builds the packages first), and elsewhere copies `binary` with a NOTE on stderr, so a local
+/// edit-and-test loop keeps working without rebuilding the package.
+pub fn install_hostd_package_or_binary(host: &TestHost, binary: &Path) -> Result<(), String> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let dir = packages_dir();
+    let why = match find_one(&dir, "clawfleet-hostd_", ".deb") {
+        Some(deb) if !hostd_deb_is_stale(&deb) => return install_hostd_deb(host, &deb),
+        Some(deb) => format!("{} is older than the hostd sources", deb.display()),
+        None => format!("no clawfleet-hostd_*.deb in {}", dir.display()),
+    };
+    if ci {
+        return Err(format!(
+            "CI=true and {why} (run packaging/build.sh; .ci/run does)"
+        ));
+    }
+    eprintln!(
+        "NOTE: {why}; installing {} instead (packaging/build.sh makes the package)",
+        binary.display()
+    );
+    host.install_hostd(binary).map_err(|e| e.to_string())
 }
