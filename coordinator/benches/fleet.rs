@@ -78,7 +78,7 @@ fn main() {
         ("Agents / hosts", format!("{count} / {}", per_host.len())),
         ("placement (Agents per host)", placement),
         (
-            "setup (hosts, hostd, occ init/serve, enrol, create Agents)",
+            "setup, untimed (cargo build if stale, hosts, hostd, enrol, Agents)",
             secs(setup),
         ),
         ("deploy requests sent (POST .../deploy x N)", secs(requests)),

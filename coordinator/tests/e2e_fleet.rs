@@ -292,6 +292,20 @@ pub mod fleet {
             self.server = Some(child);
         }
 
+        /// Lines of every `occ serve` run's log that contain `needle`.
+        pub fn serve_log_lines(&self, needle: &str) -> Vec<String> {
+            (1..=self.serve_runs)
+                .map(|run| {
+                    let log = self.dir.path().join(format!("serve-{run}.log"));
+                    std::fs::read_to_string(log).unwrap_or_default() + "\n"
+                })
+                .collect::<String>()
+                .lines()
+                .filter(|l| l.contains(needle))
+                .map(str::to_owned)
+                .collect()
+        }
+
         /// The pid of the running `occ serve`.
         pub fn serve_pid(&self) -> u32 {
             self.server.as_ref().expect("occ serve is not running").id()
@@ -1135,6 +1149,13 @@ fn fleet_end_to_end_on_three_hosts() {
         );
     }
     phase_done("7: delete all Agents, 409, then the Namespace", t);
+    let errors = fleet.serve_log_lines("ERROR");
+    eprintln!("occ serve logged {} ERROR lines", errors.len());
+    for l in errors.iter().take(20) {
+        eprintln!("  {l}");
+    }
+    let panics = fleet.serve_log_lines("panicked");
+    assert!(panics.is_empty(), "occ serve panicked: {panics:?}");
     eprintln!(
         "e2e fleet: all phases passed in {:.1} s",
         total.elapsed().as_secs_f64()
