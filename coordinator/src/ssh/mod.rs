@@ -15,6 +15,15 @@
 //!   `operation-status` until the operation is no longer running (within the original
 //!   deadline), and returns the recorded outcome. It never guesses: an operation the host
 //!   has no record of is a transport error (safe to retry with a new id).
+//!
+//! Tests and benchmark (as root; each prints `SKIP: …` otherwise, and fails under `CI=true`):
+//! - `cargo test -p clawfleet-coordinator --test ssh_loopback`: a private OpenSSH sshd on
+//!   127.0.0.1 with the real hostd (built with cargo on first use, or `$CLAWFLEET_HOSTD_BIN`)
+//!   as the forced command: connection reuse, concurrency, pinning, refused login keys,
+//!   reconnects, fast failures, lost results recovered through `operation-status`.
+//! - `cargo test -p clawfleet-coordinator --test ssh_hosts`: a real test host (vm-tests).
+//! - `cargo bench -p clawfleet-coordinator --bench transport`: latency against the peer's
+//!   transport (a new `ssh` process per operation).
 
 mod connection;
 mod pinning;
