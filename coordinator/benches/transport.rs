@@ -199,7 +199,6 @@ fn main() {
     let rt = runtime();
     let backend = keys.backend(fast_settings());
     let options = CallOptions::default();
-    let mut russh_results = Vec::new();
     rt.block_on(async {
         backend
             .call(&target, ensure("bench"), options)
@@ -210,45 +209,43 @@ fn main() {
             .call(&target, prepare("bench", "a1", &rev), options)
             .await
             .unwrap();
-        for (name, op) in &ops {
-            for _ in 0..warmup {
-                backend.call(&target, op.clone(), options).await.unwrap();
-            }
-            let mut samples = Vec::with_capacity(iterations);
-            for _ in 0..iterations {
-                let t = Instant::now();
-                let r = backend.call(&target, op.clone(), options).await.unwrap();
-                samples.push(t.elapsed());
-                if let OperationResult::PrepareRevision(p) = &r {
-                    assert!(!p.created, "prepare must be idempotent here");
-                }
-            }
-            russh_results.push((*name, summarise(samples)));
-        }
     });
-    let russh_connections = backend.stats().connections_opened;
-
     let mut peer = PeerSsh::new(&host, &keys);
+    let check = |r: &OperationResult| {
+        if let OperationResult::PrepareRevision(p) = r {
+            assert!(!p.created, "prepare must be idempotent here");
+        }
+    };
+    // The two transports alternate, so both see the same load on the machine.
+    let mut russh_results = Vec::new();
     let mut peer_results = Vec::new();
     for (name, op) in &ops {
-        for _ in 0..warmup {
-            peer.call(op.clone());
-        }
-        let mut samples = Vec::with_capacity(iterations);
-        for _ in 0..iterations {
+        let mut russh_samples = Vec::with_capacity(iterations);
+        let mut peer_samples = Vec::with_capacity(iterations);
+        for i in 0..warmup + iterations {
+            let t = Instant::now();
+            let r = rt
+                .block_on(backend.call(&target, op.clone(), options))
+                .unwrap();
+            let russh_took = t.elapsed();
+            check(&r);
             let t = Instant::now();
             let r = peer.call(op.clone());
-            samples.push(t.elapsed());
-            if let OperationResult::PrepareRevision(p) = &r {
-                assert!(!p.created);
+            let peer_took = t.elapsed();
+            check(&r);
+            if i >= warmup {
+                russh_samples.push(russh_took);
+                peer_samples.push(peer_took);
             }
         }
-        peer_results.push((*name, summarise(samples)));
+        russh_results.push((*name, summarise(russh_samples)));
+        peer_results.push((*name, summarise(peer_samples)));
     }
+    let russh_connections = backend.stats().connections_opened;
 
     println!();
     println!(
-        "host {} ({}), {iterations} iterations after {warmup} warm-up, latency per operation in ms",
+        "host {} ({}), {iterations} iterations after {warmup} warm-up (transports alternating), latency per operation in ms",
         host.name(),
         host.address()
     );
