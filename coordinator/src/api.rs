@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use crate::backend::{Backend, CallOptions, HostTarget};
 use crate::model::{Grant, Role};
 use crate::service::{
-    AgentPatch, ConfigurationUpdate, NewAgent, NewConfiguration, NewHost, NewNamespace, Service,
-    ServiceError,
+    AgentPatch, ConfigurationUpdate, HostUpdate, NewAgent, NewConfiguration, NewHost, NewNamespace,
+    Service, ServiceError,
 };
 use crate::tokens;
 
@@ -251,6 +251,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
     ("get", "/hosts", "admin", "List hosts"),
     ("get", "/hosts/{host}", "admin", "Get a host"),
     (
+        "put",
+        "/hosts/{host}",
+        "admin",
+        "Re-pin a host's key, address or capacity",
+    ),
+    (
         "post",
         "/hosts/{host}/probe",
         "admin",
@@ -332,7 +338,7 @@ pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
             get(deployment_status::<B>),
         )
         .route("/hosts", post(enrol_host::<B>).get(list_hosts::<B>))
-        .route("/hosts/{host}", get(get_host::<B>))
+        .route("/hosts/{host}", get(get_host::<B>).put(update_host::<B>))
         .route("/hosts/{host}/probe", post(probe_host::<B>))
         .route("/tokens", post(create_token::<B>))
         .route("/tokens/{id}", axum::routing::delete(revoke_token::<B>))
@@ -669,6 +675,28 @@ async fn get_host<B: Backend>(
             )
         })?;
     ok(StatusCode::OK, h)
+}
+
+async fn update_host<B: Backend>(
+    State(st): S<B>,
+    headers: HeaderMap,
+    Path(host): Path<String>,
+    bytes: Bytes,
+) -> ApiResult {
+    let caller = authenticate(&st, &headers)?;
+    caller.require("*", Role::Admin)?;
+    let req: HostUpdate = body(&bytes)?;
+    let update = NewHost {
+        name: host,
+        address: req.address,
+        port: req.port,
+        host_key: req.host_key,
+        max_agents: req.max_agents,
+    };
+    ok(
+        StatusCode::OK,
+        st.service.update_host(&caller.token_id, update)?,
+    )
 }
 
 async fn probe_host<B: Backend>(

@@ -190,6 +190,9 @@ enum HostCmd {
         host_key: String,
         #[arg(long, default_value_t = 100)]
         max_agents: u32,
+        /// Re-pin an already enrolled host (after a legitimate re-key or move).
+        #[arg(long)]
+        replace: bool,
     },
     List,
     Get {
@@ -733,6 +736,7 @@ fn run_client(cli: &Cli) -> Result<()> {
                 port,
                 host_key,
                 max_agents,
+                replace,
             } => {
                 let key = if host_key.starts_with("ssh-") {
                     host_key.clone()
@@ -740,7 +744,11 @@ fn run_client(cli: &Cli) -> Result<()> {
                     std::fs::read_to_string(host_key)
                         .with_context(|| format!("cannot read {host_key}"))?
                 };
-                let v = c.request("POST", "/hosts", Some(&json!({"name": name, "address": address, "port": port, "hostKey": key.trim(), "maxAgents": max_agents})))?;
+                let v = if *replace {
+                    c.request("PUT", &format!("/hosts/{name}"), Some(&json!({"address": address, "port": port, "hostKey": key.trim(), "maxAgents": max_agents})))?
+                } else {
+                    c.request("POST", "/hosts", Some(&json!({"name": name, "address": address, "port": port, "hostKey": key.trim(), "maxAgents": max_agents})))?
+                };
                 print(
                     cli,
                     &v,

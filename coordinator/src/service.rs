@@ -86,6 +86,18 @@ fn default_max_agents() -> u32 {
     100
 }
 
+/// Body of `PUT /hosts/{host}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostUpdate {
+    pub address: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    pub host_key: String,
+    #[serde(default = "default_max_agents")]
+    pub max_agents: u32,
+}
+
 /// Body of `POST /namespaces/{ns}/configurations`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -147,6 +159,45 @@ impl Service {
     }
 
     pub fn enrol_host(&self, actor: &str, h: NewHost) -> Result<Host> {
+        let host = Self::validate_host(h)?;
+        if !self.store.insert_host(&host)? {
+            return Err(ServiceError::conflict(
+                "HOST_EXISTS",
+                format!(
+                    "host {} is already enrolled; PUT /hosts/{} (occ host enrol --replace) re-pins it",
+                    host.name, host.name
+                ),
+            ));
+        }
+        self.audit(
+            actor,
+            "host.enrol",
+            &host.name,
+            json!({"fingerprint": host.fingerprint}),
+        )?;
+        Ok(host)
+    }
+
+    /// Re-pins an enrolled host (a legitimate re-key, a new address or capacity).
+    pub fn update_host(&self, actor: &str, h: NewHost) -> Result<Host> {
+        let old = self
+            .store
+            .host(&h.name)?
+            .ok_or_else(|| ServiceError::not_found("host", &h.name))?;
+        let mut host = Self::validate_host(h)?;
+        host.enrolled_at = old.enrolled_at;
+        self.store.update_host(&host)?;
+        self.audit(
+            actor,
+            "host.update",
+            &host.name,
+            json!({"oldFingerprint": old.fingerprint, "fingerprint": host.fingerprint,
+                   "address": host.address, "port": host.port, "maxAgents": host.max_agents}),
+        )?;
+        Ok(host)
+    }
+
+    fn validate_host(h: NewHost) -> Result<Host> {
         check_id("name", &h.name)?;
         clawfleet_protocol::HostName::new(h.name.as_str())
             .map_err(|e| ServiceError::invalid("INVALID_IDENTIFIER", format!("name {e}")))?;
@@ -194,18 +245,6 @@ impl Service {
             enrolled_at: now(),
             last_probe: None,
         };
-        if !self.store.insert_host(&host)? {
-            return Err(ServiceError::conflict(
-                "HOST_EXISTS",
-                format!("host {} is already enrolled", h.name),
-            ));
-        }
-        self.audit(
-            actor,
-            "host.enrol",
-            &host.name,
-            json!({"fingerprint": host.fingerprint}),
-        )?;
         Ok(host)
     }
 

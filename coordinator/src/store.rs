@@ -389,6 +389,14 @@ impl Store {
         Ok(n > 0)
     }
 
+    pub fn update_host(&self, h: &Host) -> Result<bool> {
+        let n = self.c().execute(
+            "UPDATE hosts SET address = ?2, port = ?3, host_key = ?4, fingerprint = ?5, max_agents = ?6, last_probe = NULL WHERE name = ?1",
+            params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents],
+        )?;
+        Ok(n > 0)
+    }
+
     fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
         Ok((
             Host {

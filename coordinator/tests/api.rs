@@ -135,6 +135,7 @@ async fn happy_path_through_every_resource() {
     );
     let openapi = api.call(None, "GET", "/openapi.json", None).await.unwrap();
     assert_eq!(openapi["paths"].as_object().unwrap().len(), 19);
+    assert!(openapi["paths"]["/hosts/{host}"]["put"].is_object());
     let host = api
         .admin(
             "POST",
@@ -146,6 +147,34 @@ async fn happy_path_through_every_resource() {
     assert!(host["fingerprint"].as_str().unwrap().starts_with("SHA256:"));
     api.admin("GET", "/hosts", None).await.unwrap();
     api.admin("GET", "/hosts/h1", None).await.unwrap();
+    // Re-pinning after a legitimate re-key.
+    const NEW_KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMnG0PIjuNWnr7IJFWyMNGnJdSnF0PoCieZ3+AuhqjOM";
+    let repinned = api
+        .admin(
+            "PUT",
+            "/hosts/h1",
+            Some(json!({"address": "127.0.0.1", "hostKey": NEW_KEY})),
+        )
+        .await;
+    assert_ne!(repinned.unwrap()["fingerprint"], host["fingerprint"]);
+    api.admin(
+        "PUT",
+        "/hosts/h1",
+        Some(json!({"address": "127.0.0.1", "hostKey": HOST_KEY})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        api.admin(
+            "PUT",
+            "/hosts/nope",
+            Some(json!({"address": "127.0.0.1", "hostKey": HOST_KEY}))
+        )
+        .await
+        .unwrap_err(),
+        (404, "NOT_FOUND".into())
+    );
     api.admin(
         "POST",
         "/namespaces",
