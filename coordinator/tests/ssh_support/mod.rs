@@ -3,6 +3,10 @@
 //! and a real test host with hostd enrolled.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+/// Installs hostd from the project's .deb when a current one was built (always under CI).
+#[path = "../../../vm-tests/tests/packages_support/install.rs"]
+mod install;
+
 use std::io::Read;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -554,7 +558,7 @@ pub fn activate(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
 /// Installs hostd and the test gateway on a test host, writes hostd.toml with short limits
 /// and enrols the coordinator's keys with `hostd enrol`.
 pub fn install_hostd(host: &clawfleet_vm_tests::TestHost, keys: &Keys) {
-    host.install_hostd(&hostd_binary()).unwrap();
+    install::install_hostd_package_or_binary(host, &hostd_binary()).unwrap();
     let gateway = host.install_test_gateway().unwrap();
     let config = format!(
         "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n[limits]\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 20000\nunit_stop_timeout_ms = 10000\n",

@@ -22,6 +22,10 @@ use clawfleet_protocol::{
 use clawfleet_vm_tests::TestHost;
 use serde_json::{Value, json};
 
+/// Installs hostd from the project's .deb when a current one was built (always under CI).
+#[path = "../../../vm-tests/tests/packages_support/install.rs"]
+mod install;
+
 pub const PRINCIPAL: &str = "occ@tests";
 
 /// A coordinator's two keys, as `occ init` would make them.
@@ -346,8 +350,7 @@ pub fn host_with_hostd(coordinator: &Coordinator, extra_config: &str) -> TestHos
 }
 
 pub fn install_hostd(host: &TestHost, coordinator: &Coordinator, extra_config: &str) {
-    host.install_hostd(Path::new(env!("CARGO_BIN_EXE_hostd")))
-        .unwrap();
+    install::install_hostd_package_or_binary(host, Path::new(env!("CARGO_BIN_EXE_hostd"))).unwrap();
     let gateway = host.install_test_gateway().unwrap();
     let config = format!(
         "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n{extra_config}\n",
