@@ -81,44 +81,39 @@ pub fn kind(path: &Path) -> Result<Kind, FsError> {
     }
 }
 
+fn wrong_type(path: &Path, found: Kind, expected: Kind) -> FsError {
+    FsError::WrongType {
+        path: path.display().to_string(),
+        found: found.describe(),
+        expected: expected.describe(),
+    }
+}
+
 /// Requires `path` to be of kind `expected`.
 pub fn expect_kind(path: &Path, expected: Kind) -> Result<(), FsError> {
-    let found = kind(path)?;
-    if found == expected {
-        Ok(())
-    } else {
-        Err(FsError::WrongType {
-            path: path.display().to_string(),
-            found: found.describe(),
-            expected: expected.describe(),
-        })
+    match kind(path)? {
+        found if found == expected => Ok(()),
+        found => Err(wrong_type(path, found, expected)),
+    }
+}
+
+/// True if `path` is of kind `expected`, false if missing; anything else is an error.
+fn exists_as(path: &Path, expected: Kind) -> Result<bool, FsError> {
+    match kind(path)? {
+        Kind::Missing => Ok(false),
+        found if found == expected => Ok(true),
+        found => Err(wrong_type(path, found, expected)),
     }
 }
 
 /// True if `path` is a real directory, false if missing; anything else is an error.
 pub fn dir_exists(path: &Path) -> Result<bool, FsError> {
-    match kind(path)? {
-        Kind::Missing => Ok(false),
-        Kind::Dir => Ok(true),
-        other => Err(FsError::WrongType {
-            path: path.display().to_string(),
-            found: other.describe(),
-            expected: Kind::Dir.describe(),
-        }),
-    }
+    exists_as(path, Kind::Dir)
 }
 
 /// True if `path` is a regular file, false if missing; anything else is an error.
 pub fn file_exists(path: &Path) -> Result<bool, FsError> {
-    match kind(path)? {
-        Kind::Missing => Ok(false),
-        Kind::File => Ok(true),
-        other => Err(FsError::WrongType {
-            path: path.display().to_string(),
-            found: other.describe(),
-            expected: Kind::File.describe(),
-        }),
-    }
+    exists_as(path, Kind::File)
 }
 
 /// Creates a directory with `mode` if it is missing; an existing non-directory is an error.
@@ -171,18 +166,14 @@ fn parent(path: &Path) -> &Path {
     path.parent().unwrap_or(Path::new("/"))
 }
 
-/// Writes a file atomically with `mode`: exclusive create of a pending name, write, fsync,
-/// optional `prepare` (for chown), rename over the target, fsync the directory. A target
-/// that exists but is not a regular file is refused before anything is written.
-pub fn write_atomic(
+/// Writes `bytes` to a new pending sibling of `target` (exclusive create, no symlink
+/// following), fsyncs it, sets `mode` and runs `prepare` (for chown). Removes it on failure.
+fn write_pending(
     target: &Path,
     bytes: &[u8],
     mode: u32,
     prepare: impl FnOnce(&Path) -> Result<(), FsError>,
-) -> Result<(), FsError> {
-    if kind(target)? != Kind::Missing {
-        expect_kind(target, Kind::File)?;
-    }
+) -> Result<PathBuf, FsError> {
     let pending = pending_name(target);
     let result = (|| {
         let mut f = OpenOptions::new()
@@ -196,14 +187,33 @@ pub fn write_atomic(
         f.sync_all().map_err(io_err(&pending))?;
         drop(f);
         set_mode(&pending, mode)?;
-        prepare(&pending)?;
-        fs::rename(&pending, target).map_err(io_err(target))?;
-        sync_dir(parent(target))
+        prepare(&pending)
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&pending);
+    match result {
+        Ok(()) => Ok(pending),
+        Err(e) => {
+            let _ = fs::remove_file(&pending);
+            Err(e)
+        }
     }
-    result
+}
+
+/// Writes a file atomically with `mode`: a pending file (see [`write_pending`]) renamed over
+/// the target, then the directory synced. A target that exists but is not a regular file is
+/// refused before anything is written.
+pub fn write_atomic(
+    target: &Path,
+    bytes: &[u8],
+    mode: u32,
+    prepare: impl FnOnce(&Path) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    file_exists(target)?;
+    let pending = write_pending(target, bytes, mode, prepare)?;
+    if let Err(e) = fs::rename(&pending, target) {
+        let _ = fs::remove_file(&pending);
+        return Err(io_err(target)(e));
+    }
+    sync_dir(parent(target))
 }
 
 /// Creates a file with `mode` only if it does not exist yet (never replaces): returns false
@@ -217,30 +227,18 @@ pub fn create_once(
     if file_exists(target)? {
         return Ok(false);
     }
-    let pending = pending_name(target);
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&pending)
-            .map_err(io_err(&pending))?;
-        f.write_all(bytes).map_err(io_err(&pending))?;
-        f.sync_all().map_err(io_err(&pending))?;
-        drop(f);
-        set_mode(&pending, mode)?;
-        prepare(&pending)?;
-        // link(2) fails if the target appeared meanwhile: never replace.
-        match fs::hard_link(&pending, target) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
-            Err(e) => return Err(io_err(target)(e)),
-        }
-        sync_dir(parent(target))?;
-        Ok(true)
-    })();
+    let pending = write_pending(target, bytes, mode, prepare)?;
+    // link(2) fails if the target appeared meanwhile: never replace.
+    let linked = fs::hard_link(&pending, target);
     let _ = fs::remove_file(&pending);
-    result
+    match linked {
+        Ok(()) => {
+            sync_dir(parent(target))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(io_err(target)(e)),
+    }
 }
 
 /// Builds a directory completely under a pending name, then renames it into place, so the
@@ -293,11 +291,7 @@ pub fn remove_file_if_present(path: &Path) -> Result<bool, FsError> {
             fs::remove_file(path).map_err(io_err(path))?;
             Ok(true)
         }
-        other => Err(FsError::WrongType {
-            path: path.display().to_string(),
-            found: other.describe(),
-            expected: Kind::File.describe(),
-        }),
+        other => Err(wrong_type(path, other, Kind::File)),
     }
 }
 
@@ -310,11 +304,7 @@ pub fn remove_tree_if_present(path: &Path) -> Result<bool, FsError> {
             sync_dir(parent(path))?;
             Ok(true)
         }
-        other => Err(FsError::WrongType {
-            path: path.display().to_string(),
-            found: other.describe(),
-            expected: Kind::Dir.describe(),
-        }),
+        other => Err(wrong_type(path, other, Kind::Dir)),
     }
 }
 
