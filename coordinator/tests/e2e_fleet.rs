@@ -1054,18 +1054,28 @@ fn fleet_end_to_end_on_three_hosts() {
         "hostd status on the re-keyed host {x} changed"
     );
     fleet.check_hosts(&model, true);
-    // Restore the original key: the coordinator talks to the host again.
-    fleet
-        .host(&x)
-        .run_ok(
-            "set -e; cp -a /root/cf-old-hostkey/ssh_host_ed25519_key /root/cf-old-hostkey/ssh_host_ed25519_key.pub /etc/ssh/; \
-             systemctl restart ssh",
+    // The operator re-pins the host's new key (PUT /hosts/{host}, `occ host enrol --replace`):
+    // the coordinator talks to the host again, with the new key pinned.
+    let current = fleet
+        .api
+        .request("GET", &format!("/hosts/{x}"), None)
+        .expect("cannot read the host record");
+    let repinned = fleet
+        .api
+        .request(
+            "PUT",
+            &format!("/hosts/{x}"),
+            Some(&serde_json::json!({
+                "address": address,
+                "port": current["port"],
+                "maxAgents": current["maxAgents"],
+                "hostKey": new_key.trim(),
+            })),
         )
-        .expect("cannot restore the host key");
-    pin_in_known_hosts(
-        fleet.host(&x).known_hosts_path(),
-        &address,
-        fleet.host(&x).host_public_key(),
+        .expect("cannot re-pin the host key");
+    assert_ne!(
+        repinned["fingerprint"], current["fingerprint"],
+        "re-pinning must change the pinned fingerprint"
     );
     let start = Instant::now();
     loop {
@@ -1076,7 +1086,7 @@ fn fleet_end_to_end_on_three_hosts() {
             Ok(_) => break,
             Err(e) => assert!(
                 start.elapsed() < Duration::from_secs(30),
-                "probe of {x} after restoring its key still fails: {e}"
+                "probe of {x} after re-pinning its key still fails: {e}"
             ),
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -1090,7 +1100,7 @@ fn fleet_end_to_end_on_three_hosts() {
     fleet.wait_converged(&[(victim_agent, want.clone())], Instant::now(), converge);
     model.insert(victim_agent.to_owned(), want);
     fleet.check_hosts(&model, true);
-    phase_done("6: changed host key refused, nothing changed, restored", t);
+    phase_done("6: changed host key refused, nothing changed, re-pinned", t);
 
     // 7. Delete everything: the Namespace first (409 while it has Agents), then every Agent,
     // then the Namespace.
