@@ -172,6 +172,7 @@ fn write_pending(
     target: &Path,
     bytes: &[u8],
     mode: u32,
+    durable: bool,
     prepare: impl FnOnce(&Path) -> Result<(), FsError>,
 ) -> Result<PathBuf, FsError> {
     let pending = pending_name(target);
@@ -184,7 +185,9 @@ fn write_pending(
             .open(&pending)
             .map_err(io_err(&pending))?;
         f.write_all(bytes).map_err(io_err(&pending))?;
-        f.sync_all().map_err(io_err(&pending))?;
+        if durable {
+            f.sync_all().map_err(io_err(&pending))?;
+        }
         drop(f);
         set_mode(&pending, mode)?;
         prepare(&pending)
@@ -208,12 +211,24 @@ pub fn write_atomic(
     prepare: impl FnOnce(&Path) -> Result<(), FsError>,
 ) -> Result<(), FsError> {
     file_exists(target)?;
-    let pending = write_pending(target, bytes, mode, prepare)?;
+    let pending = write_pending(target, bytes, mode, true, prepare)?;
     if let Err(e) = fs::rename(&pending, target) {
         let _ = fs::remove_file(&pending);
         return Err(io_err(target)(e));
     }
     sync_dir(parent(target))
+}
+
+/// Like [`write_atomic`] (readers see the old or the new file, never a mix) but without
+/// fsync: for records whose loss in a power cut only makes them older, such as the step a
+/// running operation last reported.
+pub fn replace_quickly(target: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    file_exists(target)?;
+    let pending = write_pending(target, bytes, mode, false, |_| Ok(()))?;
+    fs::rename(&pending, target).map_err(|e| {
+        let _ = fs::remove_file(&pending);
+        io_err(target)(e)
+    })
 }
 
 /// Creates a file with `mode` only if it does not exist yet (never replaces): returns false
@@ -227,7 +242,7 @@ pub fn create_once(
     if file_exists(target)? {
         return Ok(false);
     }
-    let pending = write_pending(target, bytes, mode, prepare)?;
+    let pending = write_pending(target, bytes, mode, true, prepare)?;
     // link(2) fails if the target appeared meanwhile: never replace.
     let linked = fs::hard_link(&pending, target);
     let _ = fs::remove_file(&pending);

@@ -281,9 +281,9 @@ impl RunHandle {
     /// Records the step about to start.
     pub fn step(&mut self, step: Step) -> Result<(), FsError> {
         self.entry.state = EntryState::Running { step: Some(step) };
-        fsutil::write_atomic(&self.path, &markers::to_bytes(&self.entry), 0o600, |_| {
-            Ok(())
-        })
+        // Not fsynced: after a power cut the record names an earlier step, which is still
+        // true ("aborted after step X" with an earlier X). The start and the outcome are.
+        fsutil::replace_quickly(&self.path, &markers::to_bytes(&self.entry), 0o600)
     }
 
     /// The last step recorded.
