@@ -656,16 +656,11 @@ async fn list_hosts<B: Backend>(State(st): S<B>, headers: HeaderMap) -> ApiResul
     )
 }
 
-async fn get_host<B: Backend>(
-    State(st): S<B>,
-    headers: HeaderMap,
-    Path(host): Path<String>,
-) -> ApiResult {
-    authenticate(&st, &headers)?.require("*", Role::Admin)?;
-    let h = st
-        .service
+/// The enrolled host of that name, or 404.
+fn enrolled_host<B: Backend>(st: &AppState<B>, host: &str) -> Result<crate::model::Host, ApiError> {
+    st.service
         .store
-        .host(&host)
+        .host(host)
         .map_err(ServiceError::from)?
         .ok_or_else(|| {
             ApiError::new(
@@ -673,7 +668,16 @@ async fn get_host<B: Backend>(
                 "NOT_FOUND",
                 format!("host {host} is not enrolled"),
             )
-        })?;
+        })
+}
+
+async fn get_host<B: Backend>(
+    State(st): S<B>,
+    headers: HeaderMap,
+    Path(host): Path<String>,
+) -> ApiResult {
+    authenticate(&st, &headers)?.require("*", Role::Admin)?;
+    let h = enrolled_host(&st, &host)?;
     ok(StatusCode::OK, h)
 }
 
@@ -708,30 +712,14 @@ async fn probe_host<B: Backend>(
     let caller = authenticate(&st, &headers)?;
     caller.require("*", Role::Admin)?;
     bodyless(&bytes)?;
-    let h = st
-        .service
-        .store
-        .host(&host)
-        .map_err(ServiceError::from)?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "NOT_FOUND",
-                format!("host {host} is not enrolled"),
-            )
-        })?;
-    let target = HostTarget {
-        name: clawfleet_protocol::HostName::new(h.name.as_str()).map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INVALID_STORED_ID",
-                e.to_string(),
-            )
-        })?,
-        address: h.address.clone(),
-        port: h.port,
-        host_key: h.host_key.clone(),
-    };
+    let h = enrolled_host(&st, &host)?;
+    let target = HostTarget::of(&h).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "INVALID_STORED_ID",
+            e.to_string(),
+        )
+    })?;
     let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
     match st.backend.call(&target, op, CallOptions::default()).await {
         Ok(result) => {

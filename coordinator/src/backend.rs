@@ -22,6 +22,18 @@ pub struct HostTarget {
     pub host_key: String,
 }
 
+impl HostTarget {
+    /// The target for a host record from the database.
+    pub fn of(host: &crate::model::Host) -> Result<Self, clawfleet_protocol::ident::IdentError> {
+        Ok(Self {
+            name: HostName::new(host.name.as_str())?,
+            address: host.address.clone(),
+            port: host.port,
+            host_key: host.host_key.clone(),
+        })
+    }
+}
+
 /// Per-call options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallOptions {

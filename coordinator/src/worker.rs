@@ -11,7 +11,7 @@ use clawfleet_protocol::operation::{
     NamespaceRef, PrepareArgs, RevisionArgs, RevisionNumber, RevisionRef, RevisionSpec,
 };
 use clawfleet_protocol::result::{AgentObservation, OperationResult};
-use clawfleet_protocol::{Configuration, HostName, Ident, Operation, Sha256Hex};
+use clawfleet_protocol::{Configuration, Ident, Operation, Sha256Hex};
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, HostTarget};
@@ -300,13 +300,7 @@ impl<B: Backend> Worker<B> {
     }
 
     fn target(&self, host: &Host) -> Result<HostTarget, Step> {
-        Ok(HostTarget {
-            name: HostName::new(host.name.as_str())
-                .map_err(|e| failed("INVALID_STORED_ID", e.to_string()))?,
-            address: host.address.clone(),
-            port: host.port,
-            host_key: host.host_key.clone(),
-        })
+        HostTarget::of(host).map_err(|e| failed("INVALID_STORED_ID", e.to_string()))
     }
 
     fn options(&self) -> CallOptions {
