@@ -338,7 +338,12 @@ pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
             get(deployment_status::<B>),
         )
         .route("/hosts", post(enrol_host::<B>).get(list_hosts::<B>))
-        .route("/hosts/{host}", get(get_host::<B>).put(update_host::<B>))
+        .route(
+            "/hosts/{host}",
+            get(get_host::<B>)
+                .put(update_host::<B>)
+                .delete(delete_host::<B>),
+        )
         .route("/hosts/{host}/probe", post(probe_host::<B>))
         .route("/tokens", post(create_token::<B>))
         .route("/tokens/{id}", axum::routing::delete(revoke_token::<B>))
@@ -701,6 +706,17 @@ async fn update_host<B: Backend>(
         StatusCode::OK,
         st.service.update_host(&caller.token_id, update)?,
     )
+}
+
+async fn delete_host<B: Backend>(
+    State(st): S<B>,
+    headers: HeaderMap,
+    Path(host): Path<String>,
+) -> ApiResult {
+    let caller = authenticate(&st, &headers)?;
+    caller.require("*", Role::Admin)?;
+    st.service.delete_host(&caller.token_id, &host)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn probe_host<B: Backend>(

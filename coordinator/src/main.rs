@@ -201,6 +201,10 @@ enum HostCmd {
     Probe {
         name: String,
     },
+    /// Forget a host that no Namespace pool and no Agent uses.
+    Remove {
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -775,6 +779,10 @@ fn run_client(cli: &Cli) -> Result<()> {
                 &c.request("GET", &format!("/hosts/{name}"), None)?,
                 &[],
             ),
+            HostCmd::Remove { name } => {
+                c.request("DELETE", &format!("/hosts/{name}"), None)?;
+                println!("host {name} removed");
+            }
             HostCmd::Probe { name } => print(
                 cli,
                 &c.request("POST", &format!("/hosts/{name}/probe"), None)?,

@@ -197,6 +197,18 @@ impl Service {
         Ok(host)
     }
 
+    /// Forgets a host that no Namespace pool and no Agent uses (decommissioning).
+    pub fn delete_host(&self, actor: &str, name: &str) -> Result<()> {
+        match self.store.delete_host(name)? {
+            None => Err(ServiceError::not_found("host", name)),
+            Some(false) => Err(ServiceError::conflict(
+                "HOST_IN_USE",
+                format!("host {name} is still in a Namespace pool or runs Agents"),
+            )),
+            Some(true) => self.audit(actor, "host.delete", name, json!({})),
+        }
+    }
+
     fn validate_host(h: NewHost) -> Result<Host> {
         check_id("name", &h.name)?;
         clawfleet_protocol::HostName::new(h.name.as_str())

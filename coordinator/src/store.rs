@@ -397,6 +397,31 @@ impl Store {
         Ok(n > 0)
     }
 
+    /// Removes a host that no Namespace pool and no Agent uses; `None` if it does not exist,
+    /// `Some(false)` if it is still in use.
+    pub fn delete_host(&self, name: &str) -> Result<Option<bool>> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let exists: i64 =
+            tx.query_row("SELECT COUNT(*) FROM hosts WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let used: i64 = tx.query_row(
+            "SELECT (SELECT COUNT(*) FROM namespace_hosts WHERE host_name = ?1) + (SELECT COUNT(*) FROM agents WHERE host_name = ?1)",
+            [name],
+            |r| r.get(0),
+        )?;
+        if used > 0 {
+            return Ok(Some(false));
+        }
+        tx.execute("DELETE FROM hosts WHERE name = ?1", [name])?;
+        tx.commit()?;
+        Ok(Some(true))
+    }
+
     fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
         Ok((
             Host {

@@ -175,6 +175,22 @@ async fn happy_path_through_every_resource() {
         .unwrap_err(),
         (404, "NOT_FOUND".into())
     );
+    // An unused host can be forgotten; a host in a pool cannot.
+    api.admin(
+        "POST",
+        "/hosts",
+        Some(json!({"name": "spare", "address": "127.0.0.2", "hostKey": HOST_KEY})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        api.admin("DELETE", "/hosts/spare", None).await.unwrap(),
+        Value::Null
+    );
+    assert_eq!(
+        api.admin("DELETE", "/hosts/spare", None).await.unwrap_err(),
+        (404, "NOT_FOUND".into())
+    );
     api.admin(
         "POST",
         "/namespaces",
@@ -182,6 +198,10 @@ async fn happy_path_through_every_resource() {
     )
     .await
     .unwrap();
+    assert_eq!(
+        api.admin("DELETE", "/hosts/h1", None).await.unwrap_err(),
+        (409, "HOST_IN_USE".into())
+    );
     api.admin(
         "POST",
         "/namespaces/ns1/configurations",
@@ -293,6 +313,8 @@ async fn happy_path_through_every_resource() {
         "agent.stop",
         "agent.delete",
         "namespace.delete",
+        "host.update",
+        "host.delete",
     ] {
         assert!(actions.contains(&a.to_owned()), "missing audit {a}");
     }
