@@ -40,28 +40,8 @@ pub mod fleet {
 
     /// Builds a workspace binary with the running test's profile; returns its path.
     pub fn build_binary(package: &str, bin: &str) -> PathBuf {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "-p", package, "--bin", bin])
-            .arg("--message-format=json-render-diagnostics")
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stderr(Stdio::inherit());
-        let release = std::env::current_exe()
-            .ok()
-            .is_some_and(|p| p.components().any(|c| c.as_os_str() == "release"));
-        if release {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run cargo to build {bin}: {e}"));
-        assert!(out.status.success(), "building {bin} failed");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == bin)
-            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-            .unwrap_or_else(|| panic!("cargo reported no executable for {bin}"))
+        clawfleet_vm_tests::cargo_build(package, clawfleet_vm_tests::Artifact::Bin, bin)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn free_port() -> u16 {

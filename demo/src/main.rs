@@ -10,41 +10,15 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clawfleet_vm_tests::TestHost;
+use clawfleet_vm_tests::{Artifact, TestHost};
 
 /// Builds a workspace binary with the demo's own profile and returns its path.
 fn build(package: &str, bin: &str) -> Result<PathBuf> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "build",
-        "--quiet",
-        "-p",
+    Ok(clawfleet_vm_tests::cargo_build(
         package,
-        "--bin",
+        Artifact::Bin,
         bin,
-        "--message-format=json-render-diagnostics",
-    ])
-    .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .stderr(Stdio::inherit());
-    let release = std::env::current_exe()
-        .ok()
-        .is_some_and(|p| p.components().any(|c| c.as_os_str() == "release"));
-    if release {
-        cmd.arg("--release");
-    }
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run cargo to build {bin}"))?;
-    if !out.status.success() {
-        bail!("building {bin} failed");
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == bin)
-        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .with_context(|| format!("cargo reported no executable for {bin}"))
+    )?)
 }
 
 struct Occ {

@@ -5,40 +5,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
 use serde_json::Value;
 
 fn example_binary(name: &str) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "build",
-        "--quiet",
-        "-p",
+    clawfleet_vm_tests::cargo_build(
         "clawfleet-hostd",
-        "--example",
+        clawfleet_vm_tests::Artifact::Example,
         name,
-    ])
-    .arg("--message-format=json-render-diagnostics")
-    .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .stderr(Stdio::inherit());
-    if std::env::current_exe()
-        .unwrap()
-        .components()
-        .any(|c| c.as_os_str() == "release")
-    {
-        cmd.arg("--release");
-    }
-    let out = cmd.output().unwrap();
-    assert!(out.status.success(), "building the {name} example failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == name)
-        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .expect("cargo reported no executable for the example")
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn keygen(dir: &Path, name: &str) -> PathBuf {

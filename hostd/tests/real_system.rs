@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
 use serde_json::Value;
@@ -12,37 +11,12 @@ use serde_json::Value;
 /// Builds the example with the cargo running this test (same profile and target dir) and
 /// returns its path from cargo's JSON messages.
 fn system_check_binary() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "build",
-        "--quiet",
-        "-p",
+    clawfleet_vm_tests::cargo_build(
         "clawfleet-hostd",
-        "--example",
+        clawfleet_vm_tests::Artifact::Example,
         "system_check",
-        "--message-format=json-render-diagnostics",
-    ])
-    .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .stderr(Stdio::inherit());
-    let release = std::env::current_exe()
-        .unwrap()
-        .components()
-        .any(|c| c.as_os_str() == "release");
-    if release {
-        cmd.arg("--release");
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "building the system_check example failed"
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "system_check")
-        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .expect("cargo reported no executable for the system_check example")
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn ok(v: &Value, key: &str) -> Value {

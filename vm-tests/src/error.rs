@@ -96,9 +96,9 @@ pub enum Error {
     #[error("teardown of {name} left resources behind: {detail}")]
     Teardown { name: String, detail: String },
 
-    /// The test gateway binary could not be built or found.
-    #[error("could not build the test gateway with cargo: {detail}")]
-    GatewayBuild { detail: String },
+    /// A workspace binary (the test gateway, hostd, occ, an example) could not be built or found.
+    #[error("could not build {target} with cargo: {detail}")]
+    Build { target: String, detail: String },
 
     /// A local file to install is not a regular readable file.
     #[error("{} cannot be installed: {reason}", path.display())]

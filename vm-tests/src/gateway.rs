@@ -1,6 +1,6 @@
-//! Locating (building if needed) the workspace's test gateway binary from any crate's tests.
-//! Cargo cannot hand one package's binary to another package's tests, so the harness asks cargo
-//! to build it and reads the artifact path from cargo's JSON messages.
+//! Locating (building if needed) workspace binaries, the test gateway first of all, from any
+//! crate's tests. Cargo cannot hand one package's binary to another package's tests, so the
+//! harness asks cargo to build it and reads the artifact path from cargo's JSON messages.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -24,7 +24,8 @@ pub fn test_gateway_binary() -> Result<PathBuf> {
         return if p.is_file() {
             Ok(p)
         } else {
-            Err(Error::GatewayBuild {
+            Err(Error::Build {
+                target: PACKAGE.to_owned(),
                 detail: format!("CLAWFLEET_TEST_GATEWAY_BIN={} is not a file", p.display()),
             })
         };
@@ -33,9 +34,35 @@ pub fn test_gateway_binary() -> Result<PathBuf> {
     if let Some(p) = built.as_ref() {
         return Ok(p.clone());
     }
+    let exe = cargo_build(PACKAGE, Artifact::Bin, PACKAGE)?;
+    *built = Some(exe.clone());
+    Ok(exe)
+}
+
+/// What kind of cargo target to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Artifact {
+    /// A `[[bin]]` target (`--bin`).
+    Bin,
+    /// An example (`--example`).
+    Example,
+}
+
+/// Builds one target of a workspace package with the cargo running this process, in the same
+/// target directory and profile (release when the running executable is a release build), and
+/// returns the executable's path from cargo's JSON messages.
+pub fn cargo_build(package: &str, artifact: Artifact, name: &str) -> Result<PathBuf> {
+    let failed = |detail: String| Error::Build {
+        target: format!("{package} {name}"),
+        detail,
+    };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", PACKAGE, "--bin", PACKAGE])
+    let kind = match artifact {
+        Artifact::Bin => "--bin",
+        Artifact::Example => "--example",
+    };
+    cmd.args(["build", "--quiet", "-p", package, kind, name])
         .arg("--message-format=json-render-diagnostics")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stderr(Stdio::piped());
@@ -45,18 +72,11 @@ pub fn test_gateway_binary() -> Result<PathBuf> {
     if release {
         cmd.arg("--release");
     }
-    let out = sys::run(&mut cmd).map_err(|e| Error::GatewayBuild {
-        detail: e.to_string(),
-    })?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let exe = stdout
+    let out = sys::run(&mut cmd).map_err(|e| failed(e.to_string()))?;
+    String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == PACKAGE)
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == name)
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| Error::GatewayBuild {
-            detail: "cargo reported no executable for clawfleet-test-gateway".into(),
-        })?;
-    *built = Some(exe.clone());
-    Ok(exe)
+        .ok_or_else(|| failed("cargo reported no executable".to_owned()))
 }

@@ -30,7 +30,7 @@ mod sys;
 pub use base::{BaseRootfs, INCLUDES, detect_mirror, ensure_base_rootfs, recipe_key};
 pub use config::HarnessConfig;
 pub use error::{Error, Result};
-pub use gateway::{TEST_GATEWAY_REMOTE_PATH, test_gateway_binary};
+pub use gateway::{Artifact, TEST_GATEWAY_REMOTE_PATH, cargo_build, test_gateway_binary};
 pub use host::{HostOptions, TestHost, TestHosts, preflight};
 pub use slot::{
     SlotRecord, SlotState, SlotStatus, host_address, list_slots, reclaim_stale, runner_address,

@@ -160,36 +160,12 @@ pub fn hostd_binary() -> PathBuf {
     if let Some(p) = built.as_ref() {
         return p.clone();
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args([
-        "build",
-        "--quiet",
-        "-p",
+    let exe = clawfleet_vm_tests::cargo_build(
         "clawfleet-hostd",
-        "--bin",
+        clawfleet_vm_tests::Artifact::Bin,
         "hostd",
-    ])
-    .arg("--message-format=json-render-diagnostics")
-    .current_dir(env!("CARGO_MANIFEST_DIR"))
-    .stderr(Stdio::inherit());
-    let release = std::env::current_exe()
-        .ok()
-        .is_some_and(|p| p.components().any(|c| c.as_os_str() == "release"));
-    if release {
-        cmd.arg("--release");
-    }
-    let out = cmd.output().expect("cannot run cargo to build hostd");
-    assert!(
-        out.status.success(),
-        "cargo build -p clawfleet-hostd failed"
-    );
-    let exe = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "hostd")
-        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .expect("cargo reported no executable for hostd");
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     *built = Some(exe.clone());
     exe
 }
