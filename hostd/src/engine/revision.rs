@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
-use clawfleet_protocol::operation::{PrepareArgs, RevisionArgs};
+use clawfleet_protocol::operation::{PrepareArgs, RevisionArgs, RevisionNumber};
 use clawfleet_protocol::result::{
     ActivateResult, AgentObservation, PrepareResult, RetireResult, Step, StopResult, VerifyResult,
 };
@@ -22,6 +22,28 @@ use crate::unit;
 
 /// Restarts seen during one readiness wait that mean "crash loop", not "slow start".
 const CRASH_LOOP_RESTARTS: u32 = 3;
+
+/// Whether the revision `current` points at is newer than revision `number`. Another revision
+/// with the same number is a snapshot mismatch: numbers name exactly one revision.
+fn newer_is_current(
+    current: Option<&RevisionMarker>,
+    id: &Ident,
+    number: RevisionNumber,
+) -> Result<bool, Failure> {
+    let Some(cur) = current else {
+        return Ok(false);
+    };
+    if cur.number == number && &cur.revision_id != id {
+        return Err(Failure::new(
+            FailureCode::SnapshotMismatch,
+            format!(
+                "revision number {number} is already taken by revision {}",
+                cur.revision_id
+            ),
+        ));
+    }
+    Ok(cur.number > number)
+}
 
 /// Whether a rendered configuration asks for the managed gateway password.
 pub(crate) fn needs_password(configuration: &Value) -> bool {
@@ -115,24 +137,13 @@ impl Engine<'_> {
         } else {
             None
         };
-        if let Some(cur) = &current {
-            if cur.number > rev.number {
-                // An older candidate: report not ready and write nothing.
-                return Ok(PrepareResult {
-                    ready: false,
-                    created: false,
-                    observation: self.observe(&ns.id, &agent.id, &paths),
-                });
-            }
-            if cur.number == rev.number && cur.revision_id != rev.id {
-                return Err(Failure::new(
-                    FailureCode::SnapshotMismatch,
-                    format!(
-                        "revision number {} is already taken by revision {}",
-                        rev.number, cur.revision_id
-                    ),
-                ));
-            }
+        if newer_is_current(current.as_ref(), &rev.id, rev.number)? {
+            // An older candidate: report not ready and write nothing.
+            return Ok(PrepareResult {
+                ready: false,
+                created: false,
+                observation: self.observe(&ns.id, &agent.id, &paths),
+            });
         }
         let needs_pw = needs_password(rev.configuration.value());
         let mut created = false;
@@ -233,25 +244,16 @@ impl Engine<'_> {
         let agent_marker = self.verify_agent(&ns.id, agent, &paths)?;
         let snapshot = self.verify_snapshot(&ns.id, &agent.id, &paths, rev)?;
         let current = self.read_current(&ns.id, &agent.id, &paths)?;
-        if let Some(cur) = &current {
-            if cur.number > snapshot.number {
-                return Err(Failure::new(
-                    FailureCode::Superseded,
-                    format!(
-                        "revision {} (number {}) is already current",
-                        cur.revision_id, cur.number
-                    ),
-                ));
-            }
-            if cur.number == snapshot.number && cur.revision_id != snapshot.revision_id {
-                return Err(Failure::new(
-                    FailureCode::SnapshotMismatch,
-                    format!(
-                        "revision number {} is already taken by {}",
-                        cur.number, cur.revision_id
-                    ),
-                ));
-            }
+        if newer_is_current(current.as_ref(), &snapshot.revision_id, snapshot.number)?
+            && let Some(cur) = &current
+        {
+            return Err(Failure::new(
+                FailureCode::Superseded,
+                format!(
+                    "revision {} (number {}) is already current",
+                    cur.revision_id, cur.number
+                ),
+            ));
         }
         if snapshot.needs_password
             && !fsutil::file_exists(&paths.password_file).map_err(fs_failure)?
