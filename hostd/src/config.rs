@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clawfleet_protocol::HostName;
-use serde::Deserialize;
 use thiserror::Error;
 
 /// Default location of the configuration file.
@@ -26,14 +25,15 @@ pub enum ConfigError {
     #[error("{path}: `{key}` {message}")]
     Invalid {
         path: String,
-        key: &'static str,
+        key: String,
         message: String,
     },
 }
 
-/// The file as written; everything optional.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
+/// The file as written; everything optional. Read by hand from a [`toml::Table`] rather than
+/// derived, so that every wrong type, fraction, negative or out-of-range number and unknown
+/// key is refused with an error naming its key (a derived reader reports only a byte offset).
+#[derive(Debug, Default)]
 struct RawConfig {
     host_name: Option<String>,
     host_key: Option<PathBuf>,
@@ -41,15 +41,14 @@ struct RawConfig {
     state_root: Option<PathBuf>,
     unit_dir: Option<PathBuf>,
     gateway_command: Option<Vec<String>>,
-    port_range: Option<[u32; 2]>,
+    port_range: Option<(u16, u16)>,
     max_agents: Option<u32>,
-    limits: Option<RawLimits>,
-    unit: Option<RawUnit>,
-    journal: Option<RawJournal>,
+    limits: RawLimits,
+    unit: RawUnit,
+    journal: RawJournal,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
+#[derive(Debug, Default)]
 struct RawLimits {
     lock_timeout_ms: Option<u64>,
     unit_stop_timeout_ms: Option<u64>,
@@ -59,18 +58,257 @@ struct RawLimits {
     max_envelope_lifetime_seconds: Option<u64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
+#[derive(Debug, Default)]
 struct RawUnit {
     memory_max: Option<String>,
     cpu_quota: Option<String>,
     tasks_max: Option<u32>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
+#[derive(Debug, Default)]
 struct RawJournal {
     max_entries: Option<usize>,
+}
+
+/// Takes typed values out of one table of the file, naming each key in its errors.
+struct TableReader<'a> {
+    shown: &'a str,
+    /// `""` for the top level, `"limits."` for `[limits]`.
+    prefix: &'static str,
+    table: toml::Table,
+}
+
+impl<'a> TableReader<'a> {
+    fn invalid(&self, key: &str, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.shown.to_owned(),
+            key: format!("{}{key}", self.prefix),
+            message,
+        }
+    }
+
+    fn string(&mut self, key: &str) -> Result<Option<String>, ConfigError> {
+        match self.table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(other) => {
+                Err(self.invalid(key, format!("must be a string, got {}", describe(&other))))
+            }
+        }
+    }
+
+    fn path(&mut self, key: &str) -> Result<Option<PathBuf>, ConfigError> {
+        Ok(self.string(key)?.map(PathBuf::from))
+    }
+
+    fn strings(&mut self, key: &str) -> Result<Option<Vec<String>>, ConfigError> {
+        let items = match self.table.remove(key) {
+            None => return Ok(None),
+            Some(toml::Value::Array(items)) => items,
+            Some(other) => {
+                return Err(self.invalid(
+                    key,
+                    format!("must be an array of strings, got {}", describe(&other)),
+                ));
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            match item {
+                toml::Value::String(s) => out.push(s),
+                other => {
+                    return Err(self.invalid(
+                        key,
+                        format!(
+                            "element {} must be a string, got {}",
+                            i + 1,
+                            describe(&other)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// A whole number within `min..=max`.
+    fn integer(&mut self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ConfigError> {
+        match self.table.remove(key) {
+            None => Ok(None),
+            Some(v) => whole(&v, min, max)
+                .map(Some)
+                .map_err(|m| self.invalid(key, m)),
+        }
+    }
+
+    fn port_range(&mut self, key: &str) -> Result<Option<(u16, u16)>, ConfigError> {
+        let items = match self.table.remove(key) {
+            None => return Ok(None),
+            Some(toml::Value::Array(items)) => items,
+            Some(other) => {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "must be an array of two port numbers [start, end], got {}",
+                        describe(&other)
+                    ),
+                ));
+            }
+        };
+        let [s, e] = items.as_slice() else {
+            return Err(self.invalid(
+                key,
+                format!(
+                    "must be an array of exactly two port numbers [start, end], got {} elements",
+                    items.len()
+                ),
+            ));
+        };
+        let port = |which: &str, v: &toml::Value| {
+            whole(v, 1024, 65535)
+                .map(|p| p as u16)
+                .map_err(|m| self.invalid(key, format!("{which} {m}")))
+        };
+        let (s, e) = (port("start", s)?, port("end", e)?);
+        if s > e {
+            return Err(self.invalid(key, format!("start {s} must not exceed end {e}")));
+        }
+        Ok(Some((s, e)))
+    }
+
+    /// A sub-table such as `[limits]`.
+    fn table(&mut self, key: &'static str, prefix: &'static str) -> Result<Self, ConfigError> {
+        let table = match self.table.remove(key) {
+            None => toml::Table::new(),
+            Some(toml::Value::Table(t)) => t,
+            Some(other) => {
+                return Err(self.invalid(
+                    key,
+                    format!("must be a table ([{key}]), got {}", describe(&other)),
+                ));
+            }
+        };
+        Ok(Self {
+            shown: self.shown,
+            prefix,
+            table,
+        })
+    }
+
+    /// Refuses whatever key was not taken.
+    fn finish(self) -> Result<(), ConfigError> {
+        match self.table.keys().next() {
+            None => Ok(()),
+            Some(key) => Err(self.invalid(key, "is not a hostd.toml key".to_owned())),
+        }
+    }
+}
+
+/// A TOML value as a short phrase for error messages.
+fn describe(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => format!("the string {s:?}"),
+        toml::Value::Integer(i) => format!("the number {i}"),
+        toml::Value::Float(f) => format!("the fractional number {f}"),
+        other => format!("a {}", other.type_str()),
+    }
+}
+
+/// A whole number within `min..=max`, or a sentence saying why not.
+fn whole(v: &toml::Value, min: u64, max: u64) -> Result<u64, String> {
+    let range = format!("a whole number from {min} to {max}");
+    match v {
+        toml::Value::Integer(i) => match u64::try_from(*i) {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(format!("must be {range}, got {i}")),
+        },
+        other => Err(format!("must be {range}, got {}", describe(other))),
+    }
+}
+
+impl RawConfig {
+    fn read(text: &str, shown: &str) -> Result<Self, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: shown.to_owned(),
+            message: e.message().to_owned()
+                + &e.span()
+                    .map(|s| format!(" ({})", locate(text, s.start)))
+                    .unwrap_or_default(),
+        })?;
+        let mut top = TableReader {
+            shown,
+            prefix: "",
+            table,
+        };
+        let u32_max = u64::from(u32::MAX);
+        let mut raw = RawConfig {
+            host_name: top.string("host_name")?,
+            host_key: top.path("host_key")?,
+            allowed_signers: top.path("allowed_signers")?,
+            state_root: top.path("state_root")?,
+            unit_dir: top.path("unit_dir")?,
+            gateway_command: top.strings("gateway_command")?,
+            port_range: top.port_range("port_range")?,
+            max_agents: top.integer("max_agents", 1, u32_max)?.map(|n| n as u32),
+            ..RawConfig::default()
+        };
+        let mut limits = top.table("limits", "limits.")?;
+        raw.limits = RawLimits {
+            lock_timeout_ms: limits.integer("lock_timeout_ms", 1, 600_000)?,
+            unit_stop_timeout_ms: limits.integer("unit_stop_timeout_ms", 1, 600_000)?,
+            unit_start_timeout_ms: limits.integer("unit_start_timeout_ms", 1, 600_000)?,
+            readiness_timeout_ms: limits.integer("readiness_timeout_ms", 1, 3_600_000)?,
+            clock_skew_seconds: limits.integer("clock_skew_seconds", 0, 3600)?,
+            max_envelope_lifetime_seconds: limits.integer(
+                "max_envelope_lifetime_seconds",
+                1,
+                86_400,
+            )?,
+        };
+        limits.finish()?;
+        let mut unit = top.table("unit", "unit.")?;
+        raw.unit = RawUnit {
+            memory_max: unit.string("memory_max")?,
+            cpu_quota: unit.string("cpu_quota")?,
+            tasks_max: unit.integer("tasks_max", 1, u32_max)?.map(|n| n as u32),
+        };
+        unit.finish()?;
+        let mut journal = top.table("journal", "journal.")?;
+        raw.journal = RawJournal {
+            max_entries: journal
+                .integer("max_entries", 16, 1_000_000)?
+                .map(|n| n as usize),
+        };
+        journal.finish()?;
+        top.finish()?;
+        Ok(raw)
+    }
+}
+
+/// "line L, column C", plus the key being set on that line when it has one (syntax errors
+/// inside a value, such as a number too large for TOML, still name their key).
+fn locate(text: &str, offset: usize) -> String {
+    let before = text.get(..offset).unwrap_or(text);
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    let mut out = format!("line {line_no}, column {column}");
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim())
+        .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    if let Some(key) = key {
+        let section = before[..line_start]
+            .lines()
+            .rev()
+            .map(str::trim)
+            .find(|l| l.starts_with('[') && l.ends_with(']'))
+            .map(|l| format!("{}.", l.trim_matches(['[', ']']).trim()))
+            .unwrap_or_default();
+        out.push_str(&format!(", in `{section}{key}`"));
+    }
+    out
 }
 
 /// Limits on waiting, all configurable so tests wait seconds, not minutes.
@@ -155,16 +393,10 @@ impl Config {
         shown: &str,
         default_host_name: impl FnOnce() -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
-            path: shown.to_owned(),
-            message: e.message().to_owned()
-                + &e.span()
-                    .map(|s| format!(" (at byte {})", s.start))
-                    .unwrap_or_default(),
-        })?;
+        let raw = RawConfig::read(text, shown)?;
         let invalid = |key: &'static str, message: String| ConfigError::Invalid {
             path: shown.to_owned(),
-            key,
+            key: key.to_owned(),
             message,
         };
         let host_name_text = match raw.host_name {
@@ -238,83 +470,25 @@ impl Config {
             }
         }
 
-        let (start, end) = match raw.port_range {
-            None => (18700, 18999),
-            Some([s, e]) => {
-                if !(1024..=65535).contains(&s) || !(1024..=65535).contains(&e) {
-                    return Err(invalid(
-                        "port_range",
-                        format!("must lie within 1024..=65535, got [{s}, {e}]"),
-                    ));
-                }
-                if s > e {
-                    return Err(invalid(
-                        "port_range",
-                        format!("start {s} must not exceed end {e}"),
-                    ));
-                }
-                (s as u16, e as u16)
-            }
-        };
+        let (start, end) = raw.port_range.unwrap_or((18700, 18999));
         let max_agents = raw.max_agents.unwrap_or(1000);
-        if max_agents == 0 {
-            return Err(invalid("max_agents", "must be at least 1".to_owned()));
-        }
 
-        let l = raw.limits.unwrap_or_default();
+        // Ranges were checked while reading.
+        let l = raw.limits;
         let d = Limits::default();
-        let ms = |key: &'static str, v: Option<u64>, default: Duration, max_ms: u64| match v {
-            None => Ok(default),
-            Some(0) => Err(invalid(key, "must be at least 1 ms".to_owned())),
-            Some(v) if v > max_ms => Err(invalid(key, format!("must be at most {max_ms} ms"))),
-            Some(v) => Ok(Duration::from_millis(v)),
-        };
+        let ms = |v: Option<u64>, default: Duration| v.map_or(default, Duration::from_millis);
         let limits = Limits {
-            lock_timeout: ms(
-                "limits.lock_timeout_ms",
-                l.lock_timeout_ms,
-                d.lock_timeout,
-                600_000,
-            )?,
-            unit_stop_timeout: ms(
-                "limits.unit_stop_timeout_ms",
-                l.unit_stop_timeout_ms,
-                d.unit_stop_timeout,
-                600_000,
-            )?,
-            unit_start_timeout: ms(
-                "limits.unit_start_timeout_ms",
-                l.unit_start_timeout_ms,
-                d.unit_start_timeout,
-                600_000,
-            )?,
-            readiness_timeout: ms(
-                "limits.readiness_timeout_ms",
-                l.readiness_timeout_ms,
-                d.readiness_timeout,
-                3_600_000,
-            )?,
-            clock_skew_seconds: match l.clock_skew_seconds {
-                Some(v) if v > 3600 => {
-                    return Err(invalid(
-                        "limits.clock_skew_seconds",
-                        "must be at most 3600".to_owned(),
-                    ));
-                }
-                v => v.unwrap_or(d.clock_skew_seconds),
-            },
-            max_envelope_lifetime_seconds: match l.max_envelope_lifetime_seconds {
-                Some(v) if v == 0 || v > 86_400 => {
-                    return Err(invalid(
-                        "limits.max_envelope_lifetime_seconds",
-                        "must be between 1 and 86400".to_owned(),
-                    ));
-                }
-                v => v.unwrap_or(d.max_envelope_lifetime_seconds),
-            },
+            lock_timeout: ms(l.lock_timeout_ms, d.lock_timeout),
+            unit_stop_timeout: ms(l.unit_stop_timeout_ms, d.unit_stop_timeout),
+            unit_start_timeout: ms(l.unit_start_timeout_ms, d.unit_start_timeout),
+            readiness_timeout: ms(l.readiness_timeout_ms, d.readiness_timeout),
+            clock_skew_seconds: l.clock_skew_seconds.unwrap_or(d.clock_skew_seconds),
+            max_envelope_lifetime_seconds: l
+                .max_envelope_lifetime_seconds
+                .unwrap_or(d.max_envelope_lifetime_seconds),
         };
 
-        let u = raw.unit.unwrap_or_default();
+        let u = raw.unit;
         if let Some(m) = &u.memory_max
             && !valid_size(m)
         {
@@ -331,16 +505,7 @@ impl Config {
                 format!("{c:?} is not a percentage such as 50% or 200%"),
             ));
         }
-        if u.tasks_max == Some(0) {
-            return Err(invalid("unit.tasks_max", "must be at least 1".to_owned()));
-        }
-        let journal_max_entries = raw.journal.and_then(|j| j.max_entries).unwrap_or(10_000);
-        if !(16..=1_000_000).contains(&journal_max_entries) {
-            return Err(invalid(
-                "journal.max_entries",
-                "must be between 16 and 1000000".to_owned(),
-            ));
-        }
+        let journal_max_entries = raw.journal.max_entries.unwrap_or(10_000);
 
         Ok(Self {
             host_name,
@@ -461,9 +626,10 @@ max_entries = 100
     #[test]
     fn every_bad_value_names_its_key() {
         let cases = [
-            ("surprise = 1", "syntax"),
-            ("[limits]\nlock_timeout = 1", "syntax"),
-            ("port_range = \"1-2\"", "syntax"),
+            ("surprise = 1", "surprise"),
+            ("[limits]\nlock_timeout = 1", "limits.lock_timeout"),
+            ("limits = 5", "limits"),
+            ("port_range = \"1-2\"", "port_range"),
             ("host_name = \"bad name\"", "host_name"),
             ("state_root = \"relative\"", "state_root"),
             ("state_root = \"/tmp/x\"", "state_root"),
@@ -498,6 +664,96 @@ max_entries = 100
         for (text, key) in cases {
             let got = key_of(parse(text).unwrap_err());
             assert!(got.starts_with(key), "{text:?}: expected {key}, got {got}");
+        }
+    }
+
+    /// The refusal of `text`: which key it names, and its whole message.
+    fn refusal(text: &str) -> (String, String) {
+        let err = parse(text).unwrap_err();
+        let shown = err.to_string();
+        (key_of(err), shown)
+    }
+
+    #[test]
+    fn a_fractional_number_names_its_key() {
+        let (key, shown) = refusal("[limits]\nlock_timeout_ms = 1.5");
+        assert_eq!(key, "limits.lock_timeout_ms", "{shown}");
+        assert!(
+            shown.contains("whole number") && shown.contains("1.5"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_fractional_port_names_its_key() {
+        let (key, shown) = refusal("port_range = [1.5, 18710]");
+        assert_eq!(key, "port_range", "{shown}");
+        assert!(shown.contains("start") && shown.contains("1.5"), "{shown}");
+    }
+
+    #[test]
+    fn a_negative_number_names_its_key() {
+        let (key, shown) = refusal("[limits]\nunit_start_timeout_ms = -5");
+        assert_eq!(key, "limits.unit_start_timeout_ms", "{shown}");
+        assert!(shown.contains("-5"), "{shown}");
+        let (key, _) = refusal("port_range = [18700, -1]");
+        assert_eq!(key, "port_range");
+    }
+
+    #[test]
+    fn an_overflowing_number_names_its_key() {
+        // Beyond the field's type.
+        let (key, shown) = refusal("max_agents = 5000000000");
+        assert_eq!(key, "max_agents", "{shown}");
+        let (key, _) = refusal("[unit]\ntasks_max = 4294967296");
+        assert_eq!(key, "unit.tasks_max");
+        let (key, _) = refusal("port_range = [18700, 4294967297]");
+        assert_eq!(key, "port_range");
+        // Beyond what TOML can hold at all: a syntax error, which still names the key.
+        let (key, shown) = refusal("[limits]\nlock_timeout_ms = 99999999999999999999999");
+        assert!(key.starts_with("syntax"), "{shown}");
+        assert!(shown.contains("`limits.lock_timeout_ms`"), "{shown}");
+        assert!(shown.contains("line 2"), "{shown}");
+    }
+
+    #[test]
+    fn a_wrong_type_names_its_key() {
+        for (text, key) in [
+            (
+                "[limits]\nlock_timeout_ms = \"300\"",
+                "limits.lock_timeout_ms",
+            ),
+            (
+                "[limits]\nreadiness_timeout_ms = true",
+                "limits.readiness_timeout_ms",
+            ),
+            ("max_agents = [1]", "max_agents"),
+            ("host_name = 7", "host_name"),
+            ("state_root = [\"/srv\"]", "state_root"),
+            ("gateway_command = \"/usr/bin/node\"", "gateway_command"),
+            (
+                "gateway_command = [\"/usr/bin/node\", 1]",
+                "gateway_command",
+            ),
+            ("port_range = [\"18700\", \"18710\"]", "port_range"),
+            ("[unit]\nmemory_max = 512", "unit.memory_max"),
+            ("[journal]\nmax_entries = 1e3", "journal.max_entries"),
+        ] {
+            let (got, shown) = refusal(text);
+            assert_eq!(got, key, "{text:?}: {shown}");
+        }
+    }
+
+    #[test]
+    fn a_port_range_needs_exactly_two_elements() {
+        for text in [
+            "port_range = [18700, 18705, 18710]",
+            "port_range = [18700]",
+            "port_range = []",
+        ] {
+            let (key, shown) = refusal(text);
+            assert_eq!(key, "port_range", "{text}: {shown}");
+            assert!(shown.contains("exactly two"), "{shown}");
         }
     }
 
