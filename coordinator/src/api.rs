@@ -143,7 +143,7 @@ fn authenticate<B: Backend>(state: &AppState<B>, headers: &HeaderMap) -> Result<
 }
 
 fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
-    if bytes.len() > 1024 * 1024 {
+    if bytes.len() > MAX_BODY {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "BODY_TOO_LARGE",
@@ -247,6 +247,12 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "read",
         "Desired state, active and served revision, progress",
     ),
+    (
+        "get",
+        "/namespaces/{ns}/agents/{agent}/work/{id}",
+        "read",
+        "One work item (deploy, stop, delete) with its last attempt",
+    ),
     ("post", "/hosts", "admin", "Enrol a host (pins its key)"),
     ("get", "/hosts", "admin", "List hosts"),
     ("get", "/hosts/{host}", "admin", "Get a host"),
@@ -337,6 +343,10 @@ pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
             "/namespaces/{ns}/agents/{agent}/deployment-status",
             get(deployment_status::<B>),
         )
+        .route(
+            "/namespaces/{ns}/agents/{agent}/work/{id}",
+            get(get_work::<B>),
+        )
         .route("/hosts", post(enrol_host::<B>).get(list_hosts::<B>))
         .route(
             "/hosts/{host}",
@@ -354,7 +364,56 @@ pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
                 "no such route; see /openapi.json",
             )
         })
+        .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
+}
+
+/// The largest request body accepted.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+/// Gives the framework's own rejections (body too large, method not allowed, unsupported
+/// media type, ...) the API's JSON error shape, so every error a client sees is
+/// `{"error": {"code", "message"}}`.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return response;
+    }
+    let (code, message) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "BODY_TOO_LARGE",
+            format!("request bodies are limited to {} KiB", MAX_BODY / 1024),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "METHOD_NOT_ALLOWED",
+            "this route does not take that method; see /openapi.json".to_owned(),
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "UNSUPPORTED_MEDIA_TYPE",
+            "request bodies must be JSON".to_owned(),
+        ),
+        s if s.is_server_error() => (
+            "INTERNAL_ERROR",
+            "the coordinator failed; see its log".to_owned(),
+        ),
+        _ => (
+            "INVALID_REQUEST",
+            format!(
+                "the request was refused: {}",
+                status.canonical_reason().unwrap_or("bad request")
+            ),
+        ),
+    };
+    ApiError::new(status, code, message).into_response()
 }
 
 type S<B> = State<Arc<AppState<B>>>;
@@ -548,10 +607,10 @@ async fn delete_agent<B: Backend>(
 ) -> ApiResult {
     let caller = authenticate(&st, &headers)?;
     caller.require(&ns, Role::Deploy)?;
-    st.service.delete_agent(&caller.token_id, &ns, &agent)?;
+    let work = st.service.delete_agent(&caller.token_id, &ns, &agent)?;
     ok(
         StatusCode::ACCEPTED,
-        json!({"namespaceId": ns, "agentId": agent, "deleting": true}),
+        json!({"namespaceId": ns, "agentId": agent, "deleting": true, "workId": work}),
     )
 }
 
@@ -575,10 +634,16 @@ async fn deploy<B: Backend>(
     let caller = authenticate(&st, &headers)?;
     caller.require(&ns, Role::Deploy)?;
     bodyless(&bytes)?;
-    ok(
-        StatusCode::ACCEPTED,
-        st.service.deploy(&caller.token_id, &ns, &agent)?,
-    )
+    let (rev, work) = st.service.deploy(&caller.token_id, &ns, &agent)?;
+    let mut value = serde_json::to_value(&rev).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "INTERNAL_ERROR",
+            format!("cannot encode the revision: {e}"),
+        )
+    })?;
+    value["workId"] = json!(work);
+    ok(StatusCode::ACCEPTED, value)
 }
 
 async fn stop<B: Backend>(
@@ -590,11 +655,27 @@ async fn stop<B: Backend>(
     let caller = authenticate(&st, &headers)?;
     caller.require(&ns, Role::Operate)?;
     bodyless(&bytes)?;
-    st.service.stop(&caller.token_id, &ns, &agent)?;
+    let work = st.service.stop(&caller.token_id, &ns, &agent)?;
     ok(
         StatusCode::ACCEPTED,
-        json!({"namespaceId": ns, "agentId": agent, "desiredState": "stopped"}),
+        json!({"namespaceId": ns, "agentId": agent, "desiredState": "stopped", "workId": work}),
     )
+}
+
+async fn get_work<B: Backend>(
+    State(st): S<B>,
+    headers: HeaderMap,
+    Path((ns, agent, id)): Path<(String, String, String)>,
+) -> ApiResult {
+    authenticate(&st, &headers)?.require(&ns, Role::Read)?;
+    let id: i64 = id.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_IDENTIFIER",
+            format!("work id {id:?} must be a whole number"),
+        )
+    })?;
+    ok(StatusCode::OK, st.service.work_item(&ns, &agent, id)?)
 }
 
 async fn list_revisions<B: Backend>(

@@ -28,6 +28,8 @@ pub enum Inject {
     Transport,
     /// Return this host failure.
     Fail(FailureCode),
+    /// The host presents a key other than the pinned one.
+    HostKeyMismatch,
     /// Never return (the caller's future is dropped: a crash mid-call). The host applies the
     /// operation first when `applied` is true.
     Hang { applied: bool },
@@ -281,6 +283,13 @@ impl Backend for FakeBackend {
             }
             Some(Inject::Fail(code)) => {
                 return Err(CallError::Failed(Failure::new(code, "injected")));
+            }
+            Some(Inject::HostKeyMismatch) => {
+                return Err(CallError::HostKeyMismatch {
+                    host: host.name.to_string(),
+                    presented: "SHA256:injected".into(),
+                    expected: "SHA256:pinned".into(),
+                });
             }
             Some(Inject::Hang { applied }) => {
                 if applied {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clawfleet_protocol::ssh_key::{
     Algorithm, LineEnding, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
@@ -455,58 +455,177 @@ const AGENT_COLUMNS: &[(&str, &str)] = &[
     ("SERVED", "servedRevisionId"),
 ];
 
-/// Polls deployment-status until it converges (or a revision fails), printing each change.
-fn wait(client: &Client, ns: &str, agent: &str, args: &WaitArgs, gone_ok: bool) -> Result<Value> {
+/// Exit codes of `occ` (documented in docs/operator-guide.md, "Exit codes").
+mod exit {
+    /// The command did what was asked (with `--wait`: the requested work converged).
+    pub const OK: u8 = 0;
+    /// The command failed: bad configuration, the API refused the request, or it was
+    /// unreachable.
+    pub const ERROR: u8 = 1;
+    /// With `--wait`: the requested work failed (its code and message are printed).
+    pub const WORK_FAILED: u8 = 3;
+    /// With `--wait`: the request was overtaken before it took effect (a newer deploy, a
+    /// stop, or the Agent meant to run again).
+    pub const SUPERSEDED: u8 = 4;
+    /// With `--wait`: the timeout passed before the work finished.
+    pub const TIMED_OUT: u8 = 5;
+}
+
+/// How a `--wait` ended when it did not converge; `main` turns it into the exit code.
+#[derive(Debug)]
+struct WaitFailure {
+    exit: u8,
+    message: String,
+}
+
+impl std::fmt::Display for WaitFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for WaitFailure {}
+
+fn wait_failure(exit: u8, message: String) -> anyhow::Error {
+    anyhow::Error::new(WaitFailure { exit, message })
+}
+
+/// What a `--wait` follows: the work item the request queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    /// A deploy; converged when its work finished with `REVISION_ACTIVATED`.
+    Deploy,
+    /// A stop; converged when its work finished with the Agent stopped.
+    Stop,
+    /// A delete; converged when its work finished with the Agent gone.
+    Delete,
+}
+
+/// Codes a finished work item may end with that mean "done as asked".
+fn converged_code(what: Waited, code: &str) -> bool {
+    match what {
+        Waited::Deploy => code == "REVISION_ACTIVATED",
+        Waited::Stop => matches!(code, "REVISION_STOPPED" | "AGENT_GONE"),
+        Waited::Delete => matches!(code, "AGENT_DELETED"),
+    }
+}
+
+/// Follows one work item until it finishes, printing each change of its progress, and
+/// returns the final deployment status (null once a deleted Agent is gone). A failed,
+/// overtaken or timed-out item is an error carrying its exit code.
+fn wait(
+    client: &Client,
+    ns: &str,
+    agent: &str,
+    work_id: i64,
+    what: Waited,
+    args: &WaitArgs,
+) -> Result<Value> {
     let start = Instant::now();
     let mut last = String::new();
+    let label = match what {
+        Waited::Deploy => "deploy",
+        Waited::Stop => "stop",
+        Waited::Delete => "delete",
+    };
     loop {
+        let work = client.request(
+            "GET",
+            &format!("/namespaces/{ns}/agents/{agent}/work/{work_id}"),
+            None,
+        )?;
         let status = match client.request(
             "GET",
             &format!("/namespaces/{ns}/agents/{agent}/deployment-status"),
             None,
         ) {
             Ok(s) => s,
-            Err(coordinator::client::ClientError::Api { status: 404, .. }) if gone_ok => {
-                eprintln!("[{:>5.1}s] {agent}: deleted", start.elapsed().as_secs_f64());
-                return Ok(Value::Null);
+            Err(coordinator::client::ClientError::Api { status: 404, .. })
+                if what == Waited::Delete =>
+            {
+                Value::Null
             }
             Err(e) => return Err(e.into()),
         };
-        let newest = status["revisions"]
-            .as_array()
-            .and_then(|r| r.last())
-            .cloned()
-            .unwrap_or(Value::Null);
-        let line = format!(
-            "desired {} · active {} · served {} · {} {} {}",
-            status["desiredState"].as_str().unwrap_or("-"),
-            status["activeRevisionId"].as_str().unwrap_or("-"),
-            status["servedRevisionId"].as_str().unwrap_or("-"),
-            newest["id"].as_str().unwrap_or("-"),
-            newest["status"].as_str().unwrap_or("-"),
-            newest["lastAttempt"]["code"].as_str().unwrap_or(""),
-        );
+        let state = work["state"].as_str().unwrap_or("-");
+        let code = work["lastAttempt"]["code"].as_str().unwrap_or("");
+        let message = work["lastAttempt"]["message"].as_str().unwrap_or("");
+        let revision = work["revisionId"].as_str().unwrap_or("-");
+        let line = if status.is_null() {
+            format!("{label} {state} {code}")
+        } else {
+            let rev_status = status["revisions"]
+                .as_array()
+                .and_then(|revs| revs.iter().find(|r| r["id"] == work["revisionId"]))
+                .and_then(|r| r["status"].as_str())
+                .unwrap_or("-");
+            format!(
+                "{label}{} {state} {code} · desired {} · active {} · served {}{}",
+                if what == Waited::Deploy {
+                    format!(" {revision} ({rev_status})")
+                } else {
+                    String::new()
+                },
+                status["desiredState"].as_str().unwrap_or("-"),
+                status["activeRevisionId"].as_str().unwrap_or("-"),
+                status["servedRevisionId"].as_str().unwrap_or("-"),
+                match work["attempts"].as_u64() {
+                    Some(n) if n > 0 => format!(" · attempts {n}"),
+                    _ => String::new(),
+                },
+            )
+        };
         if line != last {
             eprintln!("[{:>5.1}s] {agent}: {line}", start.elapsed().as_secs_f64());
             last = line;
         }
-        if status["converged"] == json!(true) {
-            return Ok(status);
-        }
-        if newest["status"] == "failed"
-            && status["openWork"].as_array().is_some_and(|w| w.is_empty())
-        {
-            bail!(
-                "revision {} failed: {} {}",
-                newest["id"].as_str().unwrap_or("-"),
-                newest["lastAttempt"]["code"].as_str().unwrap_or("-"),
-                newest["lastAttempt"]["message"].as_str().unwrap_or("")
-            );
+        let subject = if what == Waited::Deploy {
+            format!("{agent} {revision}")
+        } else {
+            format!("{label} of {agent}")
+        };
+        match state {
+            "done" if converged_code(what, code) => return Ok(status),
+            "done" => {
+                let served = status["servedRevisionId"].as_str().unwrap_or("nothing");
+                return Err(wait_failure(
+                    exit::SUPERSEDED,
+                    format!("{subject} was overtaken: {code} {message} ({served} serves)"),
+                ));
+            }
+            "failed" => {
+                let served = status["servedRevisionId"].as_str().unwrap_or("nothing");
+                return Err(wait_failure(
+                    exit::WORK_FAILED,
+                    format!("{subject} failed: {code} {message} ({served} serves)"),
+                ));
+            }
+            _ => {}
         }
         if start.elapsed() > Duration::from_secs(args.timeout) {
-            bail!("not converged after {} s", args.timeout);
+            return Err(wait_failure(
+                exit::TIMED_OUT,
+                format!(
+                    "{subject} not finished after {} s (last: {code} {message})",
+                    args.timeout
+                ),
+            ));
         }
         std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Prints what a probe found missing, so an operator sees it at enrolment and probe time.
+fn report_probe(name: &str, probe: &Value) {
+    let missing: Vec<&str> = probe["missingTools"]
+        .as_array()
+        .map(|m| m.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if !missing.is_empty() {
+        eprintln!(
+            "warning: host {name} lacks {}; deploys to it fail with GATEWAY_COMMAND_MISSING until that is installed",
+            missing.join(", ")
+        );
     }
 }
 
@@ -655,7 +774,10 @@ fn run_client(cli: &Cli) -> Result<()> {
                     ],
                 );
                 if w.wait {
-                    let status = wait(&c, namespace, id, w, false)?;
+                    let work = rev["workId"]
+                        .as_i64()
+                        .context("the deploy answer has no workId")?;
+                    let status = wait(&c, namespace, id, work, Waited::Deploy, w)?;
                     print(
                         cli,
                         &status,
@@ -675,30 +797,40 @@ fn run_client(cli: &Cli) -> Result<()> {
                 id,
                 wait: w,
             } => {
-                c.request(
+                let v = c.request(
                     "POST",
                     &format!("/namespaces/{namespace}/agents/{id}/stop"),
                     None,
                 )?;
                 if w.wait {
-                    wait(&c, namespace, id, w, false)?;
+                    let work = v["workId"]
+                        .as_i64()
+                        .context("the stop answer has no workId")?;
+                    wait(&c, namespace, id, work, Waited::Stop, w)?;
+                    println!("{id}: stopped");
+                } else {
+                    println!("{id}: stop requested");
                 }
-                println!("{id}: stopped");
             }
             AgentCmd::Delete {
                 namespace,
                 id,
                 wait: w,
             } => {
-                c.request(
+                let v = c.request(
                     "DELETE",
                     &format!("/namespaces/{namespace}/agents/{id}"),
                     None,
                 )?;
                 if w.wait {
-                    wait(&c, namespace, id, w, true)?;
+                    let work = v["workId"]
+                        .as_i64()
+                        .context("the delete answer has no workId")?;
+                    wait(&c, namespace, id, work, Waited::Delete, w)?;
+                    println!("{id}: deleted");
+                } else {
+                    println!("{id}: deletion requested");
                 }
-                println!("{id}: deleted");
             }
             AgentCmd::Status { namespace, id } => print(
                 cli,
@@ -762,6 +894,13 @@ fn run_client(cli: &Cli) -> Result<()> {
                         ("FINGERPRINT", "fingerprint"),
                     ],
                 );
+                // Probe at once, so a host that lacks the gateway command says so now.
+                match c.request("POST", &format!("/hosts/{name}/probe"), None) {
+                    Ok(probe) => report_probe(name, &probe),
+                    Err(e) => eprintln!(
+                        "note: host {name} is enrolled but its probe failed ({e}); run `occ host probe {name}` once hostd is enrolled there"
+                    ),
+                }
             }
             HostCmd::List => print(
                 cli,
@@ -783,11 +922,11 @@ fn run_client(cli: &Cli) -> Result<()> {
                 c.request("DELETE", &format!("/hosts/{name}"), None)?;
                 println!("host {name} removed");
             }
-            HostCmd::Probe { name } => print(
-                cli,
-                &c.request("POST", &format!("/hosts/{name}/probe"), None)?,
-                &[],
-            ),
+            HostCmd::Probe { name } => {
+                let v = c.request("POST", &format!("/hosts/{name}/probe"), None)?;
+                print(cli, &v, &[]);
+                report_probe(name, &v);
+            }
         },
         Command::Token(cmd) => match cmd {
             TokenCmd::Create { name, grants } => {
@@ -842,10 +981,13 @@ fn main() -> ExitCode {
         _ => run_client(&cli),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(exit::OK),
         Err(e) => {
             eprintln!("occ: {e:#}");
-            ExitCode::from(1)
+            match e.downcast_ref::<WaitFailure>() {
+                Some(w) => ExitCode::from(w.exit),
+                None => ExitCode::from(exit::ERROR),
+            }
         }
     }
 }

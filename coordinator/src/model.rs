@@ -137,6 +137,62 @@ pub struct LastAttempt {
     pub attempts: u32,
 }
 
+/// Where a revision is in its life. The revision named by the Agent's `activeRevisionId` is
+/// `activating`, `active` or `failed` (a committed candidate that never became ready); no
+/// other revision is ever `activating` or `active`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RevisionStatus {
+    /// Created, not yet staged on the host.
+    Pending,
+    /// Staged on the host (prepare succeeded); not committed.
+    Prepared,
+    /// Committed as the active revision; the host is switching to it or waiting for it to
+    /// become ready. Nothing is served meanwhile.
+    Activating,
+    /// Committed and served by the host.
+    Active,
+    /// Replaced by a newer revision (skipped before it was committed, or committed over).
+    Superseded,
+    /// Failed permanently (before or after the commit).
+    Failed,
+    /// Was active; the Agent was stopped (`activeRevisionId` is cleared).
+    Stopped,
+    /// Removed from the host after a successor became active.
+    Retired,
+}
+
+impl RevisionStatus {
+    /// Every status, for the OpenAPI document and tests.
+    pub const ALL: &[RevisionStatus] = &[
+        RevisionStatus::Pending,
+        RevisionStatus::Prepared,
+        RevisionStatus::Activating,
+        RevisionStatus::Active,
+        RevisionStatus::Superseded,
+        RevisionStatus::Failed,
+        RevisionStatus::Stopped,
+        RevisionStatus::Retired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RevisionStatus::Pending => "pending",
+            RevisionStatus::Prepared => "prepared",
+            RevisionStatus::Activating => "activating",
+            RevisionStatus::Active => "active",
+            RevisionStatus::Superseded => "superseded",
+            RevisionStatus::Failed => "failed",
+            RevisionStatus::Stopped => "stopped",
+            RevisionStatus::Retired => "retired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|v| v.as_str() == s)
+    }
+}
+
 /// An immutable Agent revision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -148,8 +204,7 @@ pub struct Revision {
     pub configuration_id: String,
     pub configuration_generation: u32,
     pub configuration_hash: String,
-    /// pending, prepared, active, superseded, failed, retired.
-    pub status: String,
+    pub status: RevisionStatus,
     pub last_attempt: Option<LastAttempt>,
     pub created_at: i64,
     #[serde(skip)]

@@ -6,9 +6,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use crate::model::{Agent, DesiredState, Host, Namespace, Revision};
+use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::render;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, WorkRecord, WorkState};
+
+/// How many of an Agent's newest work items deployment status shows.
+pub const RECENT_WORK: u32 = 10;
 
 /// A refused or failed request, with the HTTP status and stable code the API answers with.
 #[derive(Debug, Error)]
@@ -114,10 +117,35 @@ pub struct ConfigurationUpdate {
 }
 
 /// Harness authentication: only operator-managed runtime credentials are supported.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+///
+/// Decoding reads `method` first: `runtime` takes no other field (an unknown one is an invalid
+/// body, as elsewhere), while any other method decodes whatever its other fields (a
+/// `codex_pat` with its `source`, say) so that the check refuses it as
+/// HARNESS_AUTH_UNSUPPORTED instead of as an unknown field.
+#[derive(Debug, Clone)]
 pub struct HarnessAuth {
     pub method: String,
+}
+
+/// The only supported harness authentication method.
+pub const HARNESS_AUTH_RUNTIME: &str = "runtime";
+
+impl<'de> Deserialize<'de> for HarnessAuth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut fields = serde_json::Map::<String, Value>::deserialize(d)?;
+        let method = match fields.remove("method") {
+            Some(Value::String(m)) => m,
+            Some(_) => return Err(D::Error::custom("method must be a string")),
+            None => return Err(D::Error::missing_field("method")),
+        };
+        if method == HARNESS_AUTH_RUNTIME
+            && let Some(key) = fields.keys().next()
+        {
+            return Err(D::Error::unknown_field(key, &["method"]));
+        }
+        Ok(HarnessAuth { method })
+    }
 }
 
 /// Body of `POST /namespaces/{ns}/agents`.
@@ -373,11 +401,15 @@ impl Service {
         let sp: String = sp.chars().take(63).collect();
         check_id("servicePrincipalId", &sp)?;
         if let Some(auth) = &a.harness_auth
-            && auth.method != "runtime"
+            && auth.method != HARNESS_AUTH_RUNTIME
         {
+            let shown: String = auth.method.chars().take(64).collect();
             return Err(ServiceError::invalid(
                 "HARNESS_AUTH_UNSUPPORTED",
-                "harnessAuth.method must be \"runtime\": operator-managed credentials stay on the host",
+                format!(
+                    "harnessAuth.method {shown:?} is not supported; it must be \"runtime\": \
+                     operator-managed credentials stay on the host"
+                ),
             ));
         }
         if self.store.configuration(ns, &a.configuration_id)?.is_none() {
@@ -434,8 +466,9 @@ impl Service {
         self.agent(ns, id)
     }
 
-    /// Creates the next immutable revision from the Agent's configuration and queues it.
-    pub fn deploy(&self, actor: &str, ns: &str, id: &str) -> Result<Revision> {
+    /// Creates the next immutable revision from the Agent's configuration and queues it;
+    /// returns it with the id of the work that deploys it.
+    pub fn deploy(&self, actor: &str, ns: &str, id: &str) -> Result<(Revision, i64)> {
         let agent = self.agent(ns, id)?;
         if agent.desired_state == DesiredState::Deleted {
             return Err(ServiceError::conflict(
@@ -451,31 +484,34 @@ impl Service {
             .map_err(|r| ServiceError::invalid("CONFIGURATION_REFUSED", r.to_string()))?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid("CONFIGURATION_REFUSED", e.to_string()))?;
-        let number = self.store.next_revision_number(ns, id)?;
-        let rev = Revision {
+        // The store allocates the number and id inside its transaction.
+        let mut rev = Revision {
             namespace_id: ns.to_owned(),
             agent_id: id.to_owned(),
-            id: format!("rev-{number}"),
-            number,
+            id: String::new(),
+            number: 0,
             configuration_id: cfg.id.clone(),
             configuration_generation: cfg.generation,
             configuration_hash: canonical.hash().to_string(),
-            status: "pending".to_owned(),
+            status: RevisionStatus::Pending,
             last_attempt: None,
             created_at: now(),
             rendered,
         };
-        self.store.create_revision(&rev, crate::worker::now_ms())?;
+        let work = self
+            .store
+            .create_revision(&mut rev, crate::worker::now_ms())?;
         self.audit(
             actor,
             "agent.deploy",
             &format!("{ns}/{id}"),
-            json!({"revisionId": rev.id, "number": number}),
+            json!({"revisionId": rev.id, "number": rev.number, "workId": work}),
         )?;
-        Ok(rev)
+        Ok((rev, work))
     }
 
-    pub fn stop(&self, actor: &str, ns: &str, id: &str) -> Result<()> {
+    /// Queues a stop; returns the id of the work that realises it.
+    pub fn stop(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
         let agent = self.agent(ns, id)?;
         if agent.desired_state == DesiredState::Deleted {
             return Err(ServiceError::conflict(
@@ -483,30 +519,71 @@ impl Service {
                 format!("Agent {id} is being deleted"),
             ));
         }
-        self.store
-            .set_desired(ns, id, DesiredState::Stopped, crate::worker::now_ms())?;
-        self.audit(actor, "agent.stop", &format!("{ns}/{id}"), json!({}))
+        let work = self
+            .store
+            .set_desired(ns, id, DesiredState::Stopped, crate::worker::now_ms())?
+            .ok_or_else(|| ServiceError::not_found("Agent", id))?;
+        self.audit(
+            actor,
+            "agent.stop",
+            &format!("{ns}/{id}"),
+            json!({"workId": work}),
+        )?;
+        Ok(work)
     }
 
-    pub fn delete_agent(&self, actor: &str, ns: &str, id: &str) -> Result<()> {
+    /// Queues the deletion; returns the id of the work that realises it.
+    pub fn delete_agent(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
         self.agent(ns, id)?;
-        self.store
-            .set_desired(ns, id, DesiredState::Deleted, crate::worker::now_ms())?;
-        self.audit(actor, "agent.delete", &format!("{ns}/{id}"), json!({}))
+        let work = self
+            .store
+            .set_desired(ns, id, DesiredState::Deleted, crate::worker::now_ms())?
+            .ok_or_else(|| ServiceError::not_found("Agent", id))?;
+        self.audit(
+            actor,
+            "agent.delete",
+            &format!("{ns}/{id}"),
+            json!({"workId": work}),
+        )?;
+        Ok(work)
     }
 
-    /// Desired state, active and served revision, per-revision progress and open work.
+    /// One work item of an Agent (what `occ ... --wait` follows).
+    pub fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<WorkRecord> {
+        self.namespace(ns)?;
+        self.store
+            .work_item(ns, agent, id)?
+            .ok_or_else(|| ServiceError::not_found("work item", &id.to_string()))
+    }
+
+    /// Desired state, active and served revision, per-revision progress, open work, and the
+    /// newest work items with their last attempts (stop and delete work included).
     pub fn deployment_status(&self, ns: &str, id: &str) -> Result<Value> {
         let agent = self.agent(ns, id)?;
         let revisions = self.store.revisions(ns, id)?;
         let work = self.store.open_work(ns, id)?;
+        let recent = self.store.recent_work(ns, id, RECENT_WORK)?;
+        // Converged: nothing open, and the newest request of its kind did not fail.
+        let newest_failed = |kinds: &[crate::store::WorkKind]| {
+            recent
+                .iter()
+                .find(|w| kinds.contains(&w.kind))
+                .is_some_and(|w| w.state == WorkState::Failed)
+        };
         let converged = work.is_empty()
             && match agent.desired_state {
                 DesiredState::Running => {
-                    agent.active_revision_id.is_some()
-                        && agent.active_revision_id == agent.served_revision_id
+                    let newest = revisions.last();
+                    newest.is_some_and(|r| {
+                        r.status == RevisionStatus::Active
+                            && agent.active_revision_id.as_deref() == Some(r.id.as_str())
+                            && agent.served_revision_id.as_deref() == Some(r.id.as_str())
+                    })
                 }
-                DesiredState::Stopped => agent.active_revision_id.is_none(),
+                DesiredState::Stopped => {
+                    agent.active_revision_id.is_none()
+                        && !newest_failed(&[crate::store::WorkKind::Stop])
+                }
                 DesiredState::Deleted => false,
             };
         Ok(json!({
@@ -520,6 +597,7 @@ impl Service {
             "converged": converged,
             "revisions": revisions,
             "openWork": work,
+            "recentWork": recent,
         }))
     }
 }

@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use crate::model::{
     Agent, AuditEvent, Configuration, DesiredState, Grant, Host, LastAttempt, Namespace, Revision,
-    Role,
+    RevisionStatus, Role,
 };
 
 /// A store failure.
@@ -133,9 +133,10 @@ const MIGRATIONS: &[&str] = &[
     ",
 ];
 
-/// A revision row with its raw rendered text and last-attempt columns.
+/// A revision row with its raw status, rendered text and last-attempt columns.
 type RevisionRow = (
     Revision,
+    String,
     String,
     Option<String>,
     Option<String>,
@@ -167,7 +168,8 @@ pub struct Work {
 }
 
 /// What a work item does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum WorkKind {
     EnsureNamespace,
     Deploy,
@@ -187,7 +189,7 @@ impl WorkKind {
         }
     }
 
-    fn parse(s: &str) -> Option<Self> {
+    pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "ensure-namespace" => WorkKind::EnsureNamespace,
             "deploy" => WorkKind::Deploy,
@@ -197,6 +199,107 @@ impl WorkKind {
             _ => return None,
         })
     }
+}
+
+/// Where a work item is in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkState {
+    /// Waiting for its `not_before` time and a free lane.
+    Queued,
+    /// Claimed by a worker under a lease.
+    Running,
+    /// Finished; its last code says how.
+    Done,
+    /// Finished without success; retrying cannot help (or the budget is spent).
+    Failed,
+}
+
+impl WorkState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Queued => "queued",
+            WorkState::Running => "running",
+            WorkState::Done => "done",
+            WorkState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => WorkState::Queued,
+            "running" => WorkState::Running,
+            "done" => WorkState::Done,
+            "failed" => WorkState::Failed,
+            _ => return None,
+        })
+    }
+
+    /// Whether the item is finished.
+    pub fn is_finished(self) -> bool {
+        matches!(self, WorkState::Done | WorkState::Failed)
+    }
+}
+
+/// A work item as deployment status and `occ ... --wait` show it: what it does, where it is,
+/// and its last attempt (code, message, time in seconds), so failed stop and delete work is as
+/// visible as a failed revision.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkRecord {
+    pub id: i64,
+    pub kind: WorkKind,
+    pub revision_id: Option<String>,
+    pub state: WorkState,
+    /// Attempts that counted against the budget.
+    pub attempts: u32,
+    pub last_attempt: Option<WorkAttempt>,
+    /// Seconds since the epoch.
+    pub created_at: i64,
+}
+
+/// The last attempt at a work item.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkAttempt {
+    pub code: String,
+    pub message: String,
+    /// Seconds since the epoch.
+    pub at: i64,
+}
+
+const WORK_RECORD_COLS: &str =
+    "id, kind, revision_id, state, attempts, last_code, last_message, updated_at, created_at";
+
+fn work_record(r: &Row<'_>) -> rusqlite::Result<WorkRecord> {
+    let kind: String = r.get(1)?;
+    let state: String = r.get(3)?;
+    let corrupt = |i: usize, what: String| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Text,
+            Box::new(StoreError::Corrupt(what)),
+        )
+    };
+    let code: Option<String> = r.get(5)?;
+    let updated_ms: i64 = r.get(7)?;
+    Ok(WorkRecord {
+        id: r.get(0)?,
+        kind: WorkKind::parse(&kind).ok_or_else(|| corrupt(1, format!("work kind {kind:?}")))?,
+        revision_id: r.get(2)?,
+        state: WorkState::parse(&state)
+            .ok_or_else(|| corrupt(3, format!("work state {state:?}")))?,
+        attempts: r.get(4)?,
+        last_attempt: match code {
+            Some(code) => Some(WorkAttempt {
+                code,
+                message: r.get::<_, Option<String>>(6)?.unwrap_or_default(),
+                at: updated_ms / 1000,
+            }),
+            None => None,
+        },
+        created_at: r.get::<_, i64>(8)? / 1000,
+    })
 }
 
 /// The store: one SQLite connection behind a mutex (statements are short).
@@ -762,7 +865,14 @@ impl Store {
     }
 
     /// Sets the desired state and queues the work that realises it, in one transaction.
-    pub fn set_desired(&self, ns: &str, id: &str, desired: DesiredState, now: i64) -> Result<()> {
+    /// Returns the queued work's id (none for `running`, which a deploy realises).
+    pub fn set_desired(
+        &self,
+        ns: &str,
+        id: &str,
+        desired: DesiredState,
+        now: i64,
+    ) -> Result<Option<i64>> {
         let mut c = self.c();
         let tx = c.transaction()?;
         tx.execute(
@@ -774,15 +884,16 @@ impl Store {
             DesiredState::Deleted => "delete-agent",
             DesiredState::Running => {
                 tx.commit()?;
-                return Ok(());
+                return Ok(None);
             }
         };
         tx.execute(
             "INSERT INTO work (kind, namespace_id, agent_id, state, not_before, created_at, updated_at) VALUES (?1, ?2, ?3, 'queued', ?4, ?4, ?4)",
             params![kind, ns, id, now],
         )?;
+        let work = tx.last_insert_rowid();
         tx.commit()?;
-        Ok(())
+        Ok(Some(work))
     }
 
     pub fn delete_agent_row(&self, ns: &str, id: &str) -> Result<()> {
@@ -796,9 +907,19 @@ impl Store {
     // ---- revisions ----
 
     /// Creates the next revision of an Agent and queues its deployment; desired becomes running.
-    pub fn create_revision(&self, r: &Revision, now: i64) -> Result<()> {
+    /// The number (and the id derived from it) is allocated inside the same transaction, so
+    /// concurrent deploys of one Agent get distinct numbers. Returns the deploy work's id.
+    pub fn create_revision(&self, r: &mut Revision, now: i64) -> Result<i64> {
         let mut c = self.c();
-        let tx = c.transaction()?;
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let last: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2",
+            params![r.namespace_id, r.agent_id],
+            |row| row.get(0),
+        )?;
+        r.number = last as u64 + 1;
+        r.id = format!("rev-{}", r.number);
+        r.status = RevisionStatus::Pending;
         tx.execute(
             "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending', ?9)",
@@ -812,17 +933,9 @@ impl Store {
             "INSERT INTO work (kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at) VALUES ('deploy', ?1, ?2, ?3, 'queued', ?4, ?4, ?4)",
             params![r.namespace_id, r.agent_id, r.id, now],
         )?;
+        let work = tx.last_insert_rowid();
         tx.commit()?;
-        Ok(())
-    }
-
-    pub fn next_revision_number(&self, ns: &str, agent: &str) -> Result<u64> {
-        let n: i64 = self.c().query_row(
-            "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2",
-            params![ns, agent],
-            |r| r.get(0),
-        )?;
-        Ok(n as u64 + 1)
+        Ok(work)
     }
 
     fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
@@ -835,11 +948,12 @@ impl Store {
                 configuration_id: r.get(4)?,
                 configuration_generation: r.get(5)?,
                 configuration_hash: r.get(6)?,
-                status: r.get(8)?,
+                status: RevisionStatus::Pending,
                 last_attempt: None,
                 created_at: r.get(13)?,
                 rendered: Value::Null,
             },
+            r.get(8)?,
             r.get(7)?,
             r.get(9)?,
             r.get(10)?,
@@ -849,8 +963,10 @@ impl Store {
     }
 
     fn finish_revision(
-        (mut rev, rendered, code, message, at, attempts): RevisionRow,
+        (mut rev, status, rendered, code, message, at, attempts): RevisionRow,
     ) -> Result<Revision> {
+        rev.status = RevisionStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("revision status {status:?}")))?;
         rev.rendered = json_col(rendered)?;
         if let (Some(code), Some(at)) = (code, at) {
             rev.last_attempt = Some(LastAttempt {
@@ -888,12 +1004,52 @@ impl Store {
         rows.map(|r| Self::finish_revision(r?)).collect()
     }
 
-    pub fn set_revision_status(&self, ns: &str, agent: &str, id: &str, status: &str) -> Result<()> {
+    pub fn set_revision_status(
+        &self,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        status: RevisionStatus,
+    ) -> Result<()> {
         self.c().execute(
             "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
-            params![ns, agent, id, status],
+            params![ns, agent, id, status.as_str()],
         )?;
         Ok(())
+    }
+
+    /// The commit point: compare-and-set of `activeRevisionId` from `expected` to `candidate`,
+    /// and in the same transaction the candidate becomes `activating` and the revision it
+    /// replaces (if it was `active`) `superseded`, so revision states never disagree with
+    /// `activeRevisionId`. False if the active revision was not `expected`.
+    pub fn commit_revision(
+        &self,
+        ns: &str,
+        agent: &str,
+        expected: Option<&str>,
+        candidate: &str,
+    ) -> Result<bool> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let n = tx.execute(
+            "UPDATE agents SET active_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2 AND active_revision_id IS ?3",
+            params![ns, agent, expected, candidate],
+        )?;
+        if n == 0 {
+            return Ok(false);
+        }
+        tx.execute(
+            "UPDATE revisions SET status = 'activating' WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+            params![ns, agent, candidate],
+        )?;
+        if let Some(old) = expected {
+            tx.execute(
+                "UPDATE revisions SET status = 'superseded' WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3 AND status IN ('active', 'activating', 'stopped')",
+                params![ns, agent, old],
+            )?;
+        }
+        tx.commit()?;
+        Ok(true)
     }
 
     pub fn record_attempt(
@@ -968,20 +1124,21 @@ impl Store {
         )? > 0)
     }
 
-    /// Finishes an item (done or failed).
+    /// Finishes an item (done or failed); a failure counts as one more attempt.
     pub fn finish_work(
         &self,
         id: i64,
         owner: &str,
-        state: &str,
+        state: WorkState,
         code: &str,
         message: &str,
         now_ms: i64,
     ) -> Result<()> {
         self.c().execute(
-            "UPDATE work SET state = ?3, last_code = ?4, last_message = ?5, lease_owner = NULL, lease_until = NULL, updated_at = ?6
+            "UPDATE work SET state = ?3, last_code = ?4, last_message = ?5, lease_owner = NULL, lease_until = NULL, updated_at = ?6,
+                 attempts = attempts + ?7
              WHERE id = ?1 AND lease_owner = ?2",
-            params![id, owner, state, code, message, now_ms],
+            params![id, owner, state.as_str(), code, message, now_ms, i64::from(state == WorkState::Failed)],
         )?;
         Ok(())
     }
@@ -1005,21 +1162,40 @@ impl Store {
         Ok(())
     }
 
-    /// Open work for an Agent (for deployment status).
-    pub fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<Value>> {
+    /// Open work for an Agent (for deployment status), oldest first.
+    pub fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>> {
         let c = self.c();
-        let mut st = c.prepare(
-            "SELECT id, kind, revision_id, state, attempts, last_code, last_message FROM work
-             WHERE namespace_id = ?1 AND agent_id = ?2 AND state IN ('queued', 'running') ORDER BY id",
-        )?;
-        let rows = st.query_map(params![ns, agent], |r| {
-            Ok(serde_json::json!({
-                "id": r.get::<_, i64>(0)?, "kind": r.get::<_, String>(1)?, "revisionId": r.get::<_, Option<String>>(2)?,
-                "state": r.get::<_, String>(3)?, "attempts": r.get::<_, u32>(4)?,
-                "lastCode": r.get::<_, Option<String>>(5)?, "lastMessage": r.get::<_, Option<String>>(6)?,
-            }))
-        })?;
+        let mut st = c.prepare(&format!(
+            "SELECT {WORK_RECORD_COLS} FROM work
+             WHERE namespace_id = ?1 AND agent_id = ?2 AND state IN ('queued', 'running') ORDER BY id"
+        ))?;
+        let rows = st.query_map(params![ns, agent], work_record)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The newest work items of an Agent, finished or not, newest first.
+    pub fn recent_work(&self, ns: &str, agent: &str, limit: u32) -> Result<Vec<WorkRecord>> {
+        let c = self.c();
+        let mut st = c.prepare(&format!(
+            "SELECT {WORK_RECORD_COLS} FROM work
+             WHERE namespace_id = ?1 AND agent_id = ?2 ORDER BY id DESC LIMIT ?3"
+        ))?;
+        let rows = st.query_map(params![ns, agent, limit], work_record)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// One work item of an Agent.
+    pub fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<Option<WorkRecord>> {
+        Ok(self
+            .c()
+            .query_row(
+                &format!(
+                    "SELECT {WORK_RECORD_COLS} FROM work WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3"
+                ),
+                params![ns, agent, id],
+                work_record,
+            )
+            .optional()?)
     }
 
     /// Number of items not finished (for /metrics and tests).
@@ -1085,10 +1261,10 @@ mod tests {
         // An expired lease is reclaimed by another worker.
         let again = s.claim_work("w2", 2000, 1000).unwrap().unwrap();
         assert_eq!(again.id, ensure.id);
-        s.finish_work(again.id, "w2", "done", "OK", "", 2001)
+        s.finish_work(again.id, "w2", WorkState::Done, "OK", "", 2001)
             .unwrap();
         // The first worker lost the lease: its finish does nothing.
-        s.finish_work(again.id, "w1", "failed", "X", "", 2002)
+        s.finish_work(again.id, "w1", WorkState::Failed, "X", "", 2002)
             .unwrap();
         assert_eq!(s.pending_work().unwrap(), 0);
     }

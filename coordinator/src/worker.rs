@@ -16,8 +16,8 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, HostTarget};
 use crate::config::WorkerSettings;
-use crate::model::{Agent, DesiredState, Host, Namespace, Revision};
-use crate::store::{Store, StoreError, Work, WorkKind};
+use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
+use crate::store::{Store, StoreError, Work, WorkKind, WorkState};
 
 /// The harness version revisions are deployed with.
 pub const HARNESS_VERSION: &str = "2026.9.6";
@@ -238,19 +238,22 @@ impl<B: Backend> Worker<B> {
                 now / 1000,
             );
             if matches!(step, Step::Failed { .. }) {
-                let _ = self
-                    .store
-                    .set_revision_status(&work.namespace_id, agent, rev, "failed");
+                let _ = self.store.set_revision_status(
+                    &work.namespace_id,
+                    agent,
+                    rev,
+                    RevisionStatus::Failed,
+                );
             }
         }
         let result = match step {
             Step::Done { .. } => {
                 self.store
-                    .finish_work(work.id, &self.owner, "done", code, message, now)
+                    .finish_work(work.id, &self.owner, WorkState::Done, code, message, now)
             }
             Step::Failed { .. } => {
                 self.store
-                    .finish_work(work.id, &self.owner, "failed", code, message, now)
+                    .finish_work(work.id, &self.owner, WorkState::Failed, code, message, now)
             }
             Step::Retry { attempt, delay, .. } => self.store.requeue_work(
                 work.id,
@@ -455,8 +458,15 @@ impl<B: Backend> Worker<B> {
         })
     }
 
+    /// Records what the host reports. A revision counts as served only while `current` still
+    /// names it: once activation has switched `current` to a candidate that is not ready yet,
+    /// the previous revision no longer runs, whatever an older `served.json` says.
     fn observe(&self, agent: &Agent, o: &AgentObservation) {
-        let served = o.served.as_ref().map(|s| s.as_str().to_owned());
+        let served = o
+            .served
+            .as_ref()
+            .filter(|s| o.current.as_ref() == Some(*s))
+            .map(|s| s.as_str().to_owned());
         let _ = self.store.set_agent_observed(
             &agent.namespace_id,
             &agent.id,
@@ -492,7 +502,7 @@ impl<B: Backend> Worker<B> {
         let revisions = self.store.revisions(ns_id, agent_id).map_err(store_err)?;
         if revisions.iter().any(|r| r.number > rev.number) {
             self.store
-                .set_revision_status(ns_id, agent_id, rev_id, "superseded")
+                .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                 .map_err(store_err)?;
             return Ok(done("REVISION_SUPERSEDED", "a newer revision exists"));
         }
@@ -555,7 +565,7 @@ impl<B: Backend> Worker<B> {
                 self.observe(&agent, &p.observation);
                 if !p.ready {
                     self.store
-                        .set_revision_status(ns_id, agent_id, rev_id, "superseded")
+                        .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                         .map_err(store_err)?;
                     return Ok(done(
                         "REVISION_SUPERSEDED",
@@ -572,7 +582,7 @@ impl<B: Backend> Worker<B> {
         }
         if !after_commit {
             self.store
-                .set_revision_status(ns_id, agent_id, rev_id, "prepared")
+                .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Prepared)
                 .map_err(store_err)?;
             // Compare-and-set the active revision; another writer wins only with a newer one.
             if let Some(active) = &agent.active_revision_id
@@ -583,12 +593,7 @@ impl<B: Backend> Worker<B> {
             }
             let swapped = self
                 .store
-                .cas_active_revision(
-                    ns_id,
-                    agent_id,
-                    agent.active_revision_id.as_deref(),
-                    Some(rev_id),
-                )
+                .commit_revision(ns_id, agent_id, agent.active_revision_id.as_deref(), rev_id)
                 .map_err(store_err)?;
             if !swapped {
                 return Ok(Step::Retry {
@@ -600,26 +605,42 @@ impl<B: Backend> Worker<B> {
             }
         }
         // Activate after the commit.
+        let revision_args = RevisionArgs {
+            namespace: namespace.clone(),
+            agent: agent_ref.clone(),
+            revision: reference.clone(),
+        };
         let activated = self
             .backend
             .call(
                 &target,
-                Operation::ActivateRevision(RevisionArgs {
-                    namespace: namespace.clone(),
-                    agent: agent_ref.clone(),
-                    revision: reference,
-                }),
+                Operation::ActivateRevision(revision_args.clone()),
                 self.options(),
             )
             .await;
         match activated {
             Err(CallError::Failed(f)) if f.code == clawfleet_protocol::FailureCode::Superseded => {
                 self.store
-                    .set_revision_status(ns_id, agent_id, rev_id, "superseded")
+                    .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                     .map_err(store_err)?;
                 return Ok(done("REVISION_SUPERSEDED", f.message));
             }
-            Err(e) => return Ok(self.call_failed(work, e, true)),
+            Err(e) => {
+                // Learn what the host serves now: after a failed activation it may be nothing
+                // (the unit runs the candidate, which is not ready).
+                if let Ok(OperationResult::VerifyRevision(v)) = self
+                    .backend
+                    .call(
+                        &target,
+                        Operation::VerifyRevision(revision_args),
+                        self.options(),
+                    )
+                    .await
+                {
+                    self.observe(&agent, &v.observation);
+                }
+                return Ok(self.call_failed(work, e, true));
+            }
             Ok(OperationResult::ActivateRevision(a)) => self.observe(&agent, &a.observation),
             Ok(other) => {
                 return Ok(failed(
@@ -629,12 +650,12 @@ impl<B: Backend> Worker<B> {
             }
         }
         self.store
-            .set_revision_status(ns_id, agent_id, rev_id, "active")
+            .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Active)
             .map_err(store_err)?;
         // Retire predecessors.
         for old in revisions
             .iter()
-            .filter(|r| r.number < rev.number && r.status != "retired")
+            .filter(|r| r.number < rev.number && r.status != RevisionStatus::Retired)
         {
             let op = Operation::RetireRevision(RevisionArgs {
                 namespace: namespace.clone(),
@@ -644,7 +665,7 @@ impl<B: Backend> Worker<B> {
             match self.backend.call(&target, op, self.options()).await {
                 Ok(_) => self
                     .store
-                    .set_revision_status(ns_id, agent_id, &old.id, "retired")
+                    .set_revision_status(ns_id, agent_id, &old.id, RevisionStatus::Retired)
                     .map_err(store_err)?,
                 Err(e) => return Ok(self.call_failed(work, e, true)),
             }
@@ -700,7 +721,7 @@ impl<B: Backend> Worker<B> {
             .cas_active_revision(ns_id, agent_id, Some(active), None)
             .map_err(store_err)?;
         self.store
-            .set_revision_status(ns_id, agent_id, active, "stopped")
+            .set_revision_status(ns_id, agent_id, active, RevisionStatus::Stopped)
             .map_err(store_err)?;
         Ok(done("REVISION_STOPPED", format!("stopped on {host_name}")))
     }

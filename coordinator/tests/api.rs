@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawfleet_protocol::failure::FailureCode;
 use coordinator::api::{AppState, ROUTES, router};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::WorkerSettings;
-use coordinator::fake::FakeBackend;
+use coordinator::fake::{FakeBackend, Inject};
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::Store;
@@ -24,6 +25,7 @@ struct Api {
     store: Store,
     admin: String,
     worker: Arc<Worker<FakeBackend>>,
+    backend: Arc<FakeBackend>,
 }
 
 impl Api {
@@ -45,6 +47,7 @@ impl Api {
             ..WorkerSettings::default()
         };
         let worker = Arc::new(Worker::new(store.clone(), backend.clone(), settings));
+        let state_backend = backend.clone();
         let state = Arc::new(AppState {
             service: Service::new(store.clone()),
             backend,
@@ -57,6 +60,7 @@ impl Api {
             store,
             admin,
             worker,
+            backend: state_backend,
         }
     }
 
@@ -134,7 +138,7 @@ async fn happy_path_through_every_resource() {
         "ok"
     );
     let openapi = api.call(None, "GET", "/openapi.json", None).await.unwrap();
-    assert_eq!(openapi["paths"].as_object().unwrap().len(), 19);
+    assert_eq!(openapi["paths"].as_object().unwrap().len(), 20);
     assert!(openapi["paths"]["/hosts/{host}"]["put"].is_object());
     let host = api
         .admin(
@@ -635,4 +639,268 @@ async fn invalid_bodies_are_4xx_with_a_code_and_store_nothing() {
         .unwrap_err(),
         (400, "UNEXPECTED_BODY".into())
     );
+}
+
+impl Api {
+    /// Host h1, Namespace ns1 on it (ready), configuration cfg, Agent a1.
+    async fn pool_and_agent(&self) {
+        self.admin(
+            "POST",
+            "/hosts",
+            Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
+        )
+        .await
+        .unwrap();
+        self.admin(
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "ns1", "hosts": ["h1"]})),
+        )
+        .await
+        .unwrap();
+        self.admin(
+            "POST",
+            "/namespaces/ns1/configurations",
+            Some(json!({"id": "cfg", "document": {}})),
+        )
+        .await
+        .unwrap();
+        self.admin(
+            "POST",
+            "/namespaces/ns1/agents",
+            Some(json!({"id": "a1", "configurationId": "cfg"})),
+        )
+        .await
+        .unwrap();
+        self.settle().await;
+    }
+
+    /// Runs the worker in the background until the returned sender is dropped or set.
+    fn run_worker(&self) -> tokio::sync::watch::Sender<bool> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(self.worker.clone().run(1, rx));
+        tx
+    }
+
+    /// Runs `occ` against this API; returns (exit code, stderr + stdout).
+    async fn occ(&self, args: &[&str]) -> (i32, String) {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_occ"));
+        cmd.args(["--server", &self.server, "--token", &self.admin])
+            .args(args)
+            .env("OCC_LOG", "error");
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            ),
+        )
+    }
+}
+
+/// Concurrent deploys of one Agent: every request gets its own revision number, and none
+/// ends in a 5xx (the number used to be read outside the insert's transaction).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_deploys_of_one_agent_get_distinct_numbers_and_no_5xx() {
+    let api = Api::start().await;
+    api.pool_and_agent().await;
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let c = api.client(Some(&api.admin));
+        clients.push(tokio::task::spawn_blocking(move || {
+            (0..150)
+                .map(|_| c.request("POST", "/namespaces/ns1/agents/a1/deploy", None))
+                .collect::<Vec<_>>()
+        }));
+    }
+    let mut numbers = std::collections::BTreeSet::new();
+    let mut errors = Vec::new();
+    for c in clients {
+        for r in c.await.unwrap() {
+            match r {
+                Ok(rev) => {
+                    assert!(rev["workId"].as_i64().is_some(), "{rev}");
+                    assert!(numbers.insert(rev["number"].as_u64().unwrap()), "{rev}");
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "{} errors, e.g. {:?}",
+        errors.len(),
+        errors.first()
+    );
+    assert_eq!(numbers.len(), 1200);
+    assert_eq!(numbers.last(), Some(&1200));
+}
+
+/// Sends a raw request and returns the status and the parsed JSON body.
+fn raw_request(server: &str, head: &str, body: &[u8]) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let addr = server.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // The server may answer before it read the whole body; a failed write is fine then.
+    let _ = stream.write_all(head.as_bytes());
+    let _ = stream.write_all(body);
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "not JSON: {head}"
+    );
+    // Bodies here are small and not chunked, or chunked in one piece.
+    let json_start = rest.find('{').unwrap_or(0);
+    let json_end = rest.rfind('}').map(|i| i + 1).unwrap_or(rest.len());
+    (
+        status,
+        serde_json::from_str(&rest[json_start..json_end]).unwrap_or(Value::Null),
+    )
+}
+
+/// Every error has the API's JSON shape, the framework's own rejections included: a body
+/// over the limit is a JSON 413 (before any token lookup), a wrong method a JSON 405.
+#[tokio::test]
+async fn framework_rejections_have_the_json_error_shape() {
+    let api = Api::start().await;
+    for size in [1024 * 1024 + 10, 3 * 1024 * 1024] {
+        let body = vec![b' '; size];
+        let head = format!(
+            "POST /namespaces HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+        );
+        let server = api.server.clone();
+        let (status, v) = tokio::task::spawn_blocking(move || raw_request(&server, &head, &body))
+            .await
+            .unwrap();
+        assert_eq!(status, 413, "{size} bytes: {v}");
+        assert_eq!(v["error"]["code"], "BODY_TOO_LARGE", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("1024 KiB"));
+    }
+    let head =
+        "PATCH /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+    let server = api.server.clone();
+    let (status, v) = tokio::task::spawn_blocking(move || raw_request(&server, head, b""))
+        .await
+        .unwrap();
+    assert_eq!(status, 405);
+    assert_eq!(v["error"]["code"], "METHOD_NOT_ALLOWED", "{v}");
+    assert_eq!(api.store.namespaces().unwrap().len(), 0);
+}
+
+/// `occ agent deploy --wait` reports the requested revision's outcome: when it failed
+/// permanently while an older revision still serves, it exits 3 and says so (it used to
+/// print "converged" and exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_wait_exits_non_zero_when_the_requested_revision_failed() {
+    let api = Api::start().await;
+    api.pool_and_agent().await;
+    let _worker = api.run_worker();
+    let (code, out) = api.occ(&["agent", "deploy", "ns1", "a1", "--wait"]).await;
+    assert_eq!(code, 0, "{out}");
+    let cases = [
+        (
+            Inject::Fail(FailureCode::OwnershipMismatch),
+            "OWNERSHIP_MISMATCH",
+        ),
+        (
+            Inject::Fail(FailureCode::SnapshotMismatch),
+            "SNAPSHOT_MISMATCH",
+        ),
+        (Inject::HostKeyMismatch, "HOST_KEY_MISMATCH"),
+    ];
+    for (i, (inject, name)) in cases.into_iter().enumerate() {
+        // The next call is the new revision's prepare.
+        api.backend.inject(api.backend.calls(), inject);
+        let (code, out) = api
+            .occ(&["agent", "deploy", "ns1", "a1", "--wait", "--timeout", "30"])
+            .await;
+        let rev = format!("rev-{}", i + 2);
+        assert_eq!(code, 3, "{name}: {out}");
+        assert!(out.contains(&format!("a1 {rev} failed: {name}")), "{out}");
+        assert!(out.contains("(rev-1 serves)"), "{out}");
+        let status = api
+            .admin("GET", "/namespaces/ns1/agents/a1/deployment-status", None)
+            .await
+            .unwrap();
+        assert_eq!(status["converged"], false, "{status}");
+        assert_eq!(status["servedRevisionId"], "rev-1");
+    }
+}
+
+/// Failed stop work is visible: deployment status carries its last attempt, `occ agent stop
+/// --wait` exits 3 with its code at once, and an exhausted stop says it gave up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_stop_work_is_visible_in_status_and_wait() {
+    let api = Api::start().await;
+    api.pool_and_agent().await;
+    let _worker = api.run_worker();
+    let (code, out) = api.occ(&["agent", "deploy", "ns1", "a1", "--wait"]).await;
+    assert_eq!(code, 0, "{out}");
+
+    api.backend.inject(
+        api.backend.calls(),
+        Inject::Fail(FailureCode::OwnershipMismatch),
+    );
+    let started = std::time::Instant::now();
+    let (code, out) = api
+        .occ(&["agent", "stop", "ns1", "a1", "--wait", "--timeout", "60"])
+        .await;
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "waited out the timeout"
+    );
+    assert!(
+        out.contains("stop of a1 failed: OWNERSHIP_MISMATCH"),
+        "{out}"
+    );
+    let status = api
+        .admin("GET", "/namespaces/ns1/agents/a1/deployment-status", None)
+        .await
+        .unwrap();
+    assert_eq!(status["converged"], false);
+    let stop = &status["recentWork"][0];
+    assert_eq!(stop["kind"], "stop", "{status}");
+    assert_eq!(stop["state"], "failed");
+    assert_eq!(stop["lastAttempt"]["code"], "OWNERSHIP_MISMATCH");
+    assert!(stop["lastAttempt"]["at"].as_i64().unwrap() > 1_700_000_000);
+
+    // Retryable failures until the budget (5 attempts) is spent.
+    let n = api.backend.calls();
+    for i in 0..5 {
+        api.backend.inject(n + i, Inject::Transport);
+    }
+    let (code, out) = api
+        .occ(&["agent", "stop", "ns1", "a1", "--wait", "--timeout", "60"])
+        .await;
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("HOST_UNREACHABLE"), "{out}");
+    assert!(out.contains("gave up after 5 attempts"), "{out}");
+    let status = api
+        .admin("GET", "/namespaces/ns1/agents/a1/deployment-status", None)
+        .await
+        .unwrap();
+    assert_eq!(status["recentWork"][0]["attempts"], 5, "{status}");
+
+    // Then a stop that works converges and exits 0.
+    let (code, out) = api.occ(&["agent", "stop", "ns1", "a1", "--wait"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("a1: stopped"), "{out}");
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clawfleet_protocol::failure::FailureCode;
 use coordinator::config::WorkerSettings;
 use coordinator::fake::{FakeBackend, Inject};
-use coordinator::model::DesiredState;
+use coordinator::model::{DesiredState, RevisionStatus};
 use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
 use coordinator::store::Store;
 use coordinator::worker::{Step, Worker};
@@ -143,8 +143,8 @@ async fn deploy_replace_stop_delete_converge() {
     assert_eq!(on_host.served.as_deref(), Some("rev-2"));
     assert_eq!(on_host.snapshots.keys().collect::<Vec<_>>(), vec!["rev-2"]);
     let revs = w.svc.store.revisions("ns1", "a1").unwrap();
-    assert_eq!(revs[0].status, "retired");
-    assert_eq!(revs[1].status, "active");
+    assert_eq!(revs[0].status, RevisionStatus::Retired);
+    assert_eq!(revs[1].status, RevisionStatus::Active);
     assert_eq!(
         revs[1].last_attempt.as_ref().unwrap().code,
         "REVISION_ACTIVATED"
@@ -218,7 +218,7 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
         .inject(1, Inject::Fail(FailureCode::SnapshotMismatch));
     w.settle(&worker).await;
     let rev = &w.svc.store.revisions("ns1", "a1").unwrap()[0];
-    assert_eq!(rev.status, "failed");
+    assert_eq!(rev.status, RevisionStatus::Failed);
     assert_eq!(rev.last_attempt.as_ref().unwrap().code, "SNAPSHOT_MISMATCH");
     assert_eq!(
         w.svc.agent("ns1", "a1").unwrap().active_revision_id,
@@ -234,7 +234,7 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
     w.svc.deploy("test", "ns1", "a1").unwrap();
     w.settle(&worker).await;
     let rev = &w.svc.store.revisions("ns1", "a1").unwrap()[1];
-    assert_eq!(rev.status, "failed");
+    assert_eq!(rev.status, RevisionStatus::Failed);
     let attempt = rev.last_attempt.as_ref().unwrap();
     assert_eq!(attempt.code, "HOST_UNREACHABLE");
     assert_eq!(attempt.attempts, 5);
