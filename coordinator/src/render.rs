@@ -1,27 +1,312 @@
 //! Rendering of the native `openclaw.json` for an SSH-hosted embedded gateway, before any host
 //! work, and clear refusals of everything out of scope (peer study §C.6).
 //!
+//! Every top-level section of the native configuration has one decision in [`SECTIONS`]: allowed
+//! (passed through, after the checks its reason names), rendered (clawfleet sets it) or refused.
+//! The reference is the root schema of the real gateway, `openclaw@2026.9.6`
+//! (`OpenClawSchemaShape` in its `dist/zod-schema-*.mjs`), which is strict: it refuses keys it
+//! does not know, so an unknown top-level section is refused here too, naming the key, rather
+//! than shipped to a gateway that would not start. The coordinator README lists the decisions.
+//!
 //! The rendered document always has `gateway.mode: "local"`, `gateway.bind: "loopback"` and
 //! password auth through the managed `OPENCLAW_GATEWAY_PASSWORD` (unless the operator chose
 //! trusted-proxy). The port is assigned by the host and given to the gateway in its unit's
 //! environment (`OPENCLAW_GATEWAY_PORT`), so a configuration may not set one.
+//!
+//! Inside allowed sections the design's out-of-scope features are refused too: another harness
+//! (any `agentRuntime.id` or `pickerRuntimes` entry other than the embedded `openclaw`, an Agent
+//! `runtime` other than `embedded`, an ACP binding), a sandbox, and secret providers (with the
+//! file and exec secret references that need one).
 
 use serde_json::{Map, Value, json};
 use thiserror::Error;
+
+use Decision::{Allowed, Refused, Rendered};
 
 /// Why a configuration cannot be deployed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error("{field}: {message}")]
 pub struct Refusal {
-    /// Dotted path of the offending field.
+    /// Path of the offending field: dotted, with `[n]` for array items and `["key"]` for keys
+    /// that are not plain names (model refs such as `openai/gpt-5.5`).
     pub field: String,
     pub message: String,
+}
+
+impl Refusal {
+    /// The API's code for every refusal of this module (HTTP 400); the path tells them apart.
+    pub const CODE: &'static str = "CONFIGURATION_REFUSED";
 }
 
 fn refuse(field: &str, message: impl Into<String>) -> Refusal {
     Refusal {
         field: field.to_owned(),
         message: message.into(),
+    }
+}
+
+/// What clawfleet does with one top-level section of the native configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Passed through as written, after the checks its reason names.
+    Allowed,
+    /// Set by clawfleet; what the operator wrote is checked and merged.
+    Rendered,
+    /// Refused before any host work.
+    Refused,
+}
+
+impl Decision {
+    /// The word the README table uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Allowed => "allowed",
+            Rendered => "rendered",
+            Refused => "refused",
+        }
+    }
+}
+
+/// One top-level section and its decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Section {
+    pub key: &'static str,
+    pub decision: Decision,
+    /// Why; for a refused section, the refusal's message.
+    pub reason: &'static str,
+}
+
+const fn row(key: &'static str, decision: Decision, reason: &'static str) -> Section {
+    Section {
+        key,
+        decision,
+        reason,
+    }
+}
+
+/// The gateway release whose root schema [`SECTIONS`] follows.
+pub const OPENCLAW_REFERENCE: &str = "openclaw@2026.9.6";
+
+/// The embedded OpenClaw harness's runtime id in the gateway (`OPENCLAW_AGENT_RUNTIME_ID`).
+pub const EMBEDDED_RUNTIME_ID: &str = "openclaw";
+
+/// The reserved top-level key of the test gateway's behaviour switches.
+pub const TEST_SWITCHES_KEY: &str = "x-clawfleet-test";
+
+/// The decision for every top-level section, in the reference schema's order, then the
+/// reserved test key. Any other top-level key is refused.
+pub const SECTIONS: &[Section] = &[
+    row("$schema", Allowed, "an editor hint; the gateway ignores it"),
+    row(
+        "meta",
+        Allowed,
+        "bookkeeping the gateway writes (last touched version, applied migrations)",
+    ),
+    row(
+        "env",
+        Refused,
+        "the gateway's environment belongs to hostd's unit (it sets the OPENCLAW_* variables) and \
+         operator credentials live in the Agent's env file on the host: env.vars would carry \
+         values in every revision and env.shellEnv runs a login shell; remove env",
+    ),
+    row(
+        "wizard",
+        Allowed,
+        "onboarding bookkeeping; no effect on a running gateway",
+    ),
+    row(
+        "diagnostics",
+        Allowed,
+        "diagnostic flags and OpenTelemetry export",
+    ),
+    row(
+        "logging",
+        Allowed,
+        "levels, style and redaction; a logging.file must be under the Agent's state or home \
+         directory, the only places its unit may write",
+    ),
+    row(
+        "update",
+        Allowed,
+        "update checks (checkOnStart: false avoids the lookup on air-gapped sites); the gateway \
+         itself is upgraded through the host's packages",
+    ),
+    row("telemetry", Allowed, "usage telemetry consent"),
+    row(
+        "browser",
+        Allowed,
+        "the browser tool, run under the Agent's own account",
+    ),
+    row("ui", Allowed, "Control UI preferences"),
+    row(
+        "secrets",
+        Allowed,
+        "secrets.defaults and secrets.egressProxy pass through; secrets.providers is refused \
+         (secret providers, including exec providers that run a command, are Secret drivers, \
+         out of scope), and so are file and exec secret references, which need one",
+    ),
+    row(
+        "auth",
+        Allowed,
+        "model auth profiles and their order; the credentials stay in the Agent's state on the host",
+    ),
+    row("accessGroups", Allowed, "channel audience groups"),
+    row(
+        "acp",
+        Refused,
+        "the ACP control plane runs external harnesses (Codex, Claude and others) through acpx; \
+         only the embedded OpenClaw harness is supported; remove acp",
+    ),
+    row(
+        "models",
+        Allowed,
+        "model providers and catalogs; an agentRuntime.id or pickerRuntimes entry other than \
+         \"openclaw\" is refused (another harness)",
+    ),
+    row(
+        "nodeHost",
+        Refused,
+        "settings of `openclaw node` hosts (paired execution nodes), which clawfleet does not \
+         run: dedicated execution is out of scope; remove nodeHost",
+    ),
+    row(
+        "agents",
+        Allowed,
+        "the native main Agent's defaults and entry; refused inside: agents.list, entries other \
+         than main, another harness (agentRuntime.id or pickerRuntimes other than \"openclaw\", \
+         runtime.type other than \"embedded\"), a sandbox (agents.defaults.sandbox, \
+         agents.entries.main.sandbox) and codex.approvalPolicy \"untrusted\"",
+    ),
+    row(
+        "worktreeRoot",
+        Allowed,
+        "where git worktrees go; it must be writable by the Agent's account",
+    ),
+    row(
+        "worktreeAcceleration",
+        Allowed,
+        "a worktree performance switch",
+    ),
+    row(
+        "tools",
+        Allowed,
+        "tool policy; tools run in the embedded harness under the Agent's account",
+    ),
+    row(
+        "security",
+        Allowed,
+        "security audit suppressions and the skill/plugin install policy",
+    ),
+    row(
+        "bindings",
+        Allowed,
+        "routes from channels to the Agent; an ACP binding (type \"acp\") is refused (another harness)",
+    ),
+    row("broadcast", Allowed, "broadcast groups"),
+    row("attachments", Allowed, "attachment retention"),
+    row("messages", Allowed, "message handling"),
+    row("tts", Allowed, "text to speech"),
+    row("commands", Allowed, "chat commands"),
+    row(
+        "approvals",
+        Allowed,
+        "forwarding of exec and plugin approval prompts",
+    ),
+    row("session", Allowed, "session policy"),
+    row("cron", Allowed, "scheduled jobs, run by the gateway"),
+    row("transcripts", Allowed, "meeting transcripts"),
+    row(
+        "hooks",
+        Allowed,
+        "webhook ingress and internal hooks, on the gateway's loopback listener",
+    ),
+    row(
+        "channels",
+        Allowed,
+        "messaging channels; their credentials come from the Agent's env file on the host",
+    ),
+    row(
+        "discovery",
+        Refused,
+        "hosted gateways listen on loopback only and hostd turns mDNS off \
+         (OPENCLAW_DISABLE_BONJOUR=1): advertising them on the LAN or in wide-area DNS-SD would \
+         publish an address nobody can reach; remove discovery",
+    ),
+    row("talk", Allowed, "voice conversations"),
+    row(
+        "gateway",
+        Rendered,
+        "clawfleet sets mode \"local\", bind \"loopback\" and password auth through the managed \
+         OPENCLAW_GATEWAY_PASSWORD (or keeps trusted-proxy); refused: gateway.port (the host \
+         assigns it), other modes and binds, auth fields other than mode, password, \
+         allowTailscale, identityScopes, rateLimit and trustedProxy, literal passwords, and \
+         gateway.tls.enabled",
+    ),
+    row(
+        "cloudWorkers",
+        Refused,
+        "runs the Agent's work on remote cloud workers: dedicated and remote execution are out \
+         of scope; remove cloudWorkers",
+    ),
+    row(
+        "desktop",
+        Refused,
+        "desktop observation drives a VNC server on the host or a paired node, neither of which \
+         is provisioned for a hosted Agent; remove desktop",
+    ),
+    row("memory", Allowed, "memory search and citations"),
+    row("mcp", Allowed, "MCP servers, run under the Agent's account"),
+    row("skills", Allowed, "skills"),
+    row(
+        "plugins",
+        Refused,
+        "plugin drivers are out of scope (the bundled plugins load as shipped); remove plugins",
+    ),
+    row("surfaces", Allowed, "per-surface reply policy"),
+    row(
+        "proxy",
+        Allowed,
+        "the outbound HTTP proxy, for sites that reach model providers through one",
+    ),
+    row(
+        TEST_SWITCHES_KEY,
+        Allowed,
+        "reserved: the test gateway's behaviour switches",
+    ),
+];
+
+/// The decision for a top-level key, or `None` for a key that is not a section.
+pub fn section(key: &str) -> Option<&'static Section> {
+    SECTIONS.iter().find(|s| s.key == key)
+}
+
+/// `parent.key`, or `parent["key"]` when the key is not a plain name.
+fn child(parent: &str, key: &str) -> String {
+    let plain = key
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == '$')
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '$'));
+    match (plain, parent.is_empty()) {
+        (true, true) => key.to_owned(),
+        (true, false) => format!("{parent}.{key}"),
+        (false, _) => format!("{parent}[{}]", Value::from(key)),
+    }
+}
+
+fn item(parent: &str, index: usize) -> String {
+    format!("{parent}[{index}]")
+}
+
+/// A value quoted for a message, shortened.
+fn quoted(v: &Value) -> String {
+    let text = v.to_string();
+    if text.chars().count() <= 64 {
+        text
+    } else {
+        format!("{}…", text.chars().take(63).collect::<String>())
     }
 }
 
@@ -47,22 +332,246 @@ fn object<'a>(v: &'a mut Value, field: &str) -> Result<&'a mut Map<String, Value
 pub fn render(document: &Value) -> Result<Value, Refusal> {
     let mut doc = document.clone();
     let root = object(&mut doc, "configuration")?;
-    if let Some(agents) = root.get("agents") {
-        if agents.get("list").is_some() {
+    for (key, value) in root.iter() {
+        let path = child("", key);
+        let Some(known) = section(key) else {
             return Err(refuse(
-                "agents.list",
-                "only the native main Agent is supported; remove agents.list",
+                &path,
+                format!(
+                    "is not a section of the OpenClaw configuration ({OPENCLAW_REFERENCE}); the \
+                     gateway would refuse to start with it; remove {path}"
+                ),
             ));
+        };
+        if known.decision == Refused {
+            // Name the first field inside the section when there is one.
+            let field = match value.as_object().and_then(|m| m.keys().next()) {
+                Some(first) => child(&path, first),
+                None => path,
+            };
+            return Err(refuse(&field, known.reason));
         }
-        if let Some(entries) = agents.get("entries").and_then(Value::as_object)
-            && entries.keys().any(|k| k != "main")
-        {
+    }
+    if let Some(agents) = root.get("agents") {
+        check_agents(agents)?;
+        check_runtimes(agents, "agents")?;
+    }
+    if let Some(models) = root.get("models") {
+        check_runtimes(models, "models")?;
+    }
+    if let Some(Value::Array(bindings)) = root.get("bindings") {
+        check_bindings(bindings)?;
+    }
+    if let Some(secrets) = root.get("secrets") {
+        check_secrets(secrets)?;
+    }
+    for (key, value) in root.iter() {
+        if key != TEST_SWITCHES_KEY {
+            check_secret_refs(value, &child("", key))?;
+        }
+    }
+    render_gateway(root)?;
+    Ok(doc)
+}
+
+fn check_agents(agents: &Value) -> Result<(), Refusal> {
+    let Some(agents) = agents.as_object() else {
+        return Err(refuse("agents", "must be an object"));
+    };
+    if agents.contains_key("list") {
+        return Err(refuse(
+            "agents.list",
+            "only the native main Agent is supported; remove agents.list",
+        ));
+    }
+    let mut scopes = Vec::new();
+    if let Some(defaults) = agents.get("defaults") {
+        scopes.push(("agents.defaults", defaults));
+    }
+    if let Some(entries) = agents.get("entries").and_then(Value::as_object) {
+        if let Some(other) = entries.keys().find(|k| k.as_str() != "main") {
             return Err(refuse(
-                "agents.entries",
+                &child("agents.entries", other),
                 "only the native main Agent is supported",
             ));
         }
+        if let Some(main) = entries.get("main") {
+            scopes.push(("agents.entries.main", main));
+        }
     }
+    for (scope, agent) in scopes {
+        if agent.get("sandbox").is_some() {
+            return Err(refuse(
+                &child(scope, "sandbox"),
+                "sandboxes are not supported: Sandbox drivers are out of scope, and a hosted \
+                 Agent runs in its own account under a hardened unit; remove the sandbox",
+            ));
+        }
+        match agent.get("runtime") {
+            None => {}
+            Some(runtime) if runtime.get("type").and_then(Value::as_str) == Some("embedded") => {}
+            Some(runtime) => {
+                let field = child(scope, "runtime");
+                let (field, shown) = match runtime.get("type") {
+                    Some(t) => (child(&field, "type"), quoted(t)),
+                    None => (field, quoted(runtime)),
+                };
+                return Err(refuse(
+                    &field,
+                    format!(
+                        "{shown} selects another harness; only the embedded OpenClaw runtime \
+                         (type \"embedded\") is supported"
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(policy) = agents
+        .get("defaults")
+        .and_then(|d| d.get("codex"))
+        .and_then(|c| c.get("approvalPolicy"))
+        && policy == "untrusted"
+    {
+        return Err(refuse(
+            "agents.defaults.codex.approvalPolicy",
+            "\"untrusted\" is not supported on SSH hosts",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a runtime id names the embedded OpenClaw harness, as the gateway normalises it
+/// (trimmed, lower-case; `pi` is its legacy alias).
+fn is_embedded_runtime(id: &str) -> bool {
+    let id = id.trim().to_ascii_lowercase();
+    id == EMBEDDED_RUNTIME_ID || id == "pi"
+}
+
+fn another_harness(field: &str, id: &Value) -> Refusal {
+    refuse(
+        field,
+        format!(
+            "{} selects another harness; only the embedded OpenClaw harness \
+             ({EMBEDDED_RUNTIME_ID:?}) is supported",
+            quoted(id)
+        ),
+    )
+}
+
+/// Refuses every `agentRuntime.id` and `pickerRuntimes` entry that is not the embedded
+/// harness, wherever it is (Agent defaults and entries, their model maps, providers and their
+/// models).
+fn check_runtimes(value: &Value, path: &str) -> Result<(), Refusal> {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                let field = child(path, key);
+                match key.as_str() {
+                    "agentRuntime" => match v {
+                        Value::Object(runtime) => match runtime.get("id") {
+                            None => {}
+                            Some(Value::String(id)) if is_embedded_runtime(id) => {}
+                            Some(id) => return Err(another_harness(&child(&field, "id"), id)),
+                        },
+                        _ => return Err(refuse(&field, "must be an object")),
+                    },
+                    "pickerRuntimes" => {
+                        let Value::Array(ids) = v else {
+                            return Err(refuse(&field, "must be an array"));
+                        };
+                        for (i, id) in ids.iter().enumerate() {
+                            if !id.as_str().is_some_and(is_embedded_runtime) {
+                                return Err(another_harness(&item(&field, i), id));
+                            }
+                        }
+                    }
+                    _ => check_runtimes(v, &field)?,
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                check_runtimes(v, &item(path, i))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn check_bindings(bindings: &[Value]) -> Result<(), Refusal> {
+    for (i, binding) in bindings.iter().enumerate() {
+        if binding.get("type").and_then(Value::as_str) == Some("acp") {
+            return Err(refuse(
+                &child(&item("bindings", i), "type"),
+                "an ACP binding routes to an external harness through acpx; only the embedded \
+                 OpenClaw harness is supported",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_secrets(secrets: &Value) -> Result<(), Refusal> {
+    let Some(providers) = secrets.get("providers") else {
+        return Ok(());
+    };
+    let unsupported = "secret providers are not supported (Secret drivers are out of scope); \
+                       operator credentials go in the Agent's env file on the host and are \
+                       referenced as {\"source\": \"env\", \"provider\": \"default\", \"id\": …}";
+    match providers.as_object().and_then(|p| p.iter().next()) {
+        None => Err(refuse("secrets.providers", unsupported)),
+        Some((alias, provider)) => {
+            let field = child("secrets.providers", alias);
+            if provider.get("source").and_then(Value::as_str) == Some("exec") {
+                Err(refuse(
+                    &field,
+                    format!(
+                        "is an exec provider, which would run a command on the host; {unsupported}"
+                    ),
+                ))
+            } else {
+                Err(refuse(&field, unsupported))
+            }
+        }
+    }
+}
+
+/// Refuses secret references (`{source, provider, id}`) to file and exec providers: they
+/// resolve only through `secrets.providers`.
+fn check_secret_refs(value: &Value, path: &str) -> Result<(), Refusal> {
+    match value {
+        Value::Object(map) => {
+            let is_ref = map.len() == 3
+                && map.contains_key("provider")
+                && map.contains_key("id")
+                && matches!(
+                    map.get("source").and_then(Value::as_str),
+                    Some("file" | "exec")
+                );
+            if is_ref {
+                return Err(refuse(
+                    &child(path, "source"),
+                    "file and exec secret references need a secret provider, which is not \
+                     supported; reference an environment variable from the Agent's env file \
+                     instead ({\"source\": \"env\", \"provider\": \"default\", \"id\": …})",
+                ));
+            }
+            for (key, v) in map {
+                check_secret_refs(v, &child(path, key))?;
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                check_secret_refs(v, &item(path, i))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn render_gateway(root: &mut Map<String, Value>) -> Result<(), Refusal> {
     let gateway = root
         .entry("gateway")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -114,7 +623,7 @@ pub fn render(document: &Value) -> Result<Value, Refusal> {
     let auth = object(auth, "gateway.auth")?;
     if let Some(key) = auth.keys().find(|k| !AUTH_KEYS.contains(&k.as_str())) {
         return Err(refuse(
-            &format!("gateway.auth.{key}"),
+            &child("gateway.auth", key),
             "is not a supported authentication field",
         ));
     }
@@ -140,24 +649,68 @@ pub fn render(document: &Value) -> Result<Value, Refusal> {
             ));
         }
     }
-    if let Some(policy) = root
-        .get("agents")
-        .and_then(|a| a.get("defaults"))
-        .and_then(|d| d.get("codex"))
-        .and_then(|c| c.get("approvalPolicy"))
-        && policy == "untrusted"
-    {
-        return Err(refuse(
-            "agents.defaults.codex.approvalPolicy",
-            "\"untrusted\" is not supported on SSH hosts",
-        ));
-    }
-    Ok(doc)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The top-level keys of the real gateway's root schema, `OpenClawSchemaShape` in
+    /// openclaw@2026.9.6 (`dist/zod-schema-*.mjs`), in its order.
+    const REFERENCE_SECTIONS: &[&str] = &[
+        "$schema",
+        "meta",
+        "env",
+        "wizard",
+        "diagnostics",
+        "logging",
+        "update",
+        "telemetry",
+        "browser",
+        "ui",
+        "secrets",
+        "auth",
+        "accessGroups",
+        "acp",
+        "models",
+        "nodeHost",
+        "agents",
+        "worktreeRoot",
+        "worktreeAcceleration",
+        "tools",
+        "security",
+        "bindings",
+        "broadcast",
+        "attachments",
+        "messages",
+        "tts",
+        "commands",
+        "approvals",
+        "session",
+        "cron",
+        "transcripts",
+        "hooks",
+        "channels",
+        "discovery",
+        "talk",
+        "gateway",
+        "cloudWorkers",
+        "desktop",
+        "memory",
+        "mcp",
+        "skills",
+        "plugins",
+        "surfaces",
+        "proxy",
+    ];
+
+    fn refusal(doc: &Value) -> Refusal {
+        match render(doc) {
+            Err(r) => r,
+            Ok(out) => panic!("{doc} was rendered as {out}"),
+        }
+    }
 
     #[test]
     fn renders_password_auth_on_loopback() {
@@ -201,7 +754,7 @@ mod tests {
             (json!({"agents": {"list": []}}), "agents.list"),
             (
                 json!({"agents": {"entries": {"other": {}}}}),
-                "agents.entries",
+                "agents.entries.other",
             ),
             (
                 json!({"agents": {"defaults": {"codex": {"approvalPolicy": "untrusted"}}}}),
@@ -209,9 +762,246 @@ mod tests {
             ),
         ];
         for (doc, field) in cases {
-            let err = render(&doc).unwrap_err();
+            let err = refusal(&doc);
             assert_eq!(err.field, field, "{doc}");
             assert!(!err.message.contains("hunter2"));
         }
+    }
+
+    /// Another harness, a sandbox, plugins, secret providers and the other refused sections,
+    /// each with the path its refusal names.
+    #[test]
+    fn refuses_another_harness_a_sandbox_plugins_and_secret_providers_naming_the_path() {
+        let cases = [
+            // Another harness.
+            (
+                json!({"agents": {"defaults": {"agentRuntime": {"id": "codex"}}}}),
+                "agents.defaults.agentRuntime.id",
+            ),
+            (
+                json!({"agents": {"defaults": {"agentRuntime": {"id": "auto"}}}}),
+                "agents.defaults.agentRuntime.id",
+            ),
+            (
+                json!({"agents": {"defaults": {"agentRuntime": {"id": 7}}}}),
+                "agents.defaults.agentRuntime.id",
+            ),
+            (
+                json!({"agents": {"defaults": {"agentRuntime": "codex"}}}),
+                "agents.defaults.agentRuntime",
+            ),
+            (
+                json!({"agents": {"entries": {"main": {"agentRuntime": {"id": "codex-app-server"}}}}}),
+                "agents.entries.main.agentRuntime.id",
+            ),
+            (
+                json!({"agents": {"defaults": {"models": {"openai/gpt-5.5": {"agentRuntime": {"id": "codex"}}}}}}),
+                "agents.defaults.models[\"openai/gpt-5.5\"].agentRuntime.id",
+            ),
+            (
+                json!({"agents": {"entries": {"main": {"models": {"anthropic/claude-opus-5": {"agentRuntime": {"id": "claude-cli"}}}}}}}),
+                "agents.entries.main.models[\"anthropic/claude-opus-5\"].agentRuntime.id",
+            ),
+            (
+                json!({"agents": {"defaults": {"models": {"openai/gpt-5.5": {"pickerRuntimes": ["openclaw", "codex"]}}}}}),
+                "agents.defaults.models[\"openai/gpt-5.5\"].pickerRuntimes[1]",
+            ),
+            (
+                json!({"models": {"providers": {"openai": {"agentRuntime": {"id": "codex"}}}}}),
+                "models.providers.openai.agentRuntime.id",
+            ),
+            (
+                json!({"models": {"providers": {"openai": {"models": [{"id": "gpt-5.5"}, {"id": "gpt-6", "agentRuntime": {"id": "codex"}}]}}}}),
+                "models.providers.openai.models[1].agentRuntime.id",
+            ),
+            (
+                json!({"agents": {"entries": {"main": {"runtime": {"type": "acp", "acp": {"agent": "codex"}}}}}}),
+                "agents.entries.main.runtime.type",
+            ),
+            (
+                json!({"bindings": [{"agentId": "main", "match": {"channel": "slack"}}, {"type": "acp", "agentId": "main", "match": {"channel": "slack", "peer": {"id": "c1"}}}]}),
+                "bindings[1].type",
+            ),
+            (json!({"acp": {"enabled": true}}), "acp.enabled"),
+            // A sandbox.
+            (
+                json!({"agents": {"defaults": {"sandbox": {"mode": "all"}}}}),
+                "agents.defaults.sandbox",
+            ),
+            (
+                json!({"agents": {"entries": {"main": {"sandbox": {"mode": "non-main"}}}}}),
+                "agents.entries.main.sandbox",
+            ),
+            // Plugins.
+            (
+                json!({"plugins": {"entries": {"codex": {"enabled": true}}}}),
+                "plugins.entries",
+            ),
+            (
+                json!({"plugins": {"load": {"paths": ["/opt/plugins"]}}}),
+                "plugins.load",
+            ),
+            (json!({"plugins": {}}), "plugins"),
+            // Secret providers, and the references that need one.
+            (
+                json!({"secrets": {"providers": {"vault": {"source": "exec", "command": "/usr/bin/vault-read", "args": ["x"]}}}}),
+                "secrets.providers.vault",
+            ),
+            (
+                json!({"secrets": {"providers": {"keys": {"source": "file", "path": "/etc/keys.json"}}}}),
+                "secrets.providers.keys",
+            ),
+            (
+                json!({"secrets": {"providers": {"default": {"source": "env"}}}}),
+                "secrets.providers.default",
+            ),
+            (json!({"secrets": {"providers": {}}}), "secrets.providers"),
+            (
+                json!({"models": {"providers": {"openai": {"apiKey": {"source": "exec", "provider": "vault", "id": "openai"}}}}}),
+                "models.providers.openai.apiKey.source",
+            ),
+            (
+                json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "keys", "id": "/slack"}}}}),
+                "channels.slack.botToken.source",
+            ),
+            // The other refused sections.
+            (
+                json!({"env": {"vars": {"OPENAI_API_KEY": "sk-1"}}}),
+                "env.vars",
+            ),
+            (
+                json!({"nodeHost": {"autoUpdate": {}}}),
+                "nodeHost.autoUpdate",
+            ),
+            (
+                json!({"cloudWorkers": {"profiles": {}}}),
+                "cloudWorkers.profiles",
+            ),
+            (json!({"desktop": {"enabled": true}}), "desktop.enabled"),
+            (
+                json!({"discovery": {"mdns": {"mode": "full"}}}),
+                "discovery.mdns",
+            ),
+            // Unknown top-level sections.
+            (json!({"surprise": {}}), "surprise"),
+            (json!({"odd key": 1}), "[\"odd key\"]"),
+        ];
+        for (doc, field) in cases {
+            let err = refusal(&doc);
+            assert_eq!(err.field, field, "{doc}");
+            assert!(
+                err.to_string().starts_with(&format!("{field}: ")),
+                "{doc}: {err}"
+            );
+            assert!(!err.to_string().contains("sk-1"), "{err}");
+        }
+        assert_eq!(Refusal::CODE, "CONFIGURATION_REFUSED");
+        let exec = refusal(
+            &json!({"secrets": {"providers": {"vault": {"source": "exec", "command": "/bin/x"}}}}),
+        );
+        assert!(exec.message.contains("run a command"), "{exec}");
+        let unknown = refusal(&json!({"surprise": {}}));
+        assert!(
+            unknown.message.contains("not a section") && unknown.message.contains("2026.9.6"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn accepts_the_embedded_harness_and_the_allowed_sections() {
+        let docs = [
+            json!({"agents": {"defaults": {"agentRuntime": {"id": "openclaw"}}}}),
+            json!({"agents": {"defaults": {"agentRuntime": {"id": " OpenClaw "}}}}),
+            json!({"agents": {"defaults": {"agentRuntime": {"id": "pi"}}}}),
+            json!({"agents": {"defaults": {"agentRuntime": {}, "model": "openai/gpt-5.5",
+                "models": {"openai/gpt-5.5": {"agentRuntime": {"id": "openclaw"}, "pickerRuntimes": ["openclaw"]}}}}}),
+            json!({"agents": {"entries": {"main": {"runtime": {"type": "embedded"}}}}}),
+            json!({"models": {"mode": "merge", "catalogRefresh": {"enabled": false},
+                "providers": {"openai": {"agentRuntime": {"id": "openclaw"},
+                    "apiKey": {"source": "env", "provider": "default", "id": "OPENAI_API_KEY"},
+                    "models": [{"id": "gpt-5.5", "agentRuntime": {"id": "openclaw"}}]}}}}),
+            json!({"secrets": {"defaults": {"env": "default"}, "egressProxy": {"enabled": false}}}),
+            json!({"channels": {"slack": {"botToken": {"source": "store", "provider": "default", "id": "SLACK"}}}}),
+            json!({"bindings": [{"agentId": "main", "match": {"channel": "slack"}}]}),
+            json!({"tools": {"sandbox": {"tools": {}}}}),
+            // What the gateway notes recommend (the port and logging file aside).
+            json!({"gateway": {"mode": "local", "bind": "loopback", "auth": {"mode": "password"}},
+                "update": {"checkOnStart": false}, "models": {"catalogRefresh": {"enabled": false}},
+                "logging": {"level": "info"}}),
+        ];
+        for doc in docs {
+            let out = render(&doc).unwrap_or_else(|e| panic!("{doc}: {e}"));
+            for (key, value) in doc.as_object().unwrap() {
+                if key != "gateway" {
+                    assert_eq!(&out[key], value, "{key} was not passed through");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_section_of_the_reference_schema_has_one_decision() {
+        let keys: Vec<&str> = SECTIONS.iter().map(|s| s.key).collect();
+        let mut expected = REFERENCE_SECTIONS.to_vec();
+        expected.push(TEST_SWITCHES_KEY);
+        assert_eq!(keys, expected);
+        for s in SECTIONS {
+            assert!(!s.reason.is_empty() && !s.reason.contains('|'), "{s:?}");
+        }
+        assert_eq!(
+            SECTIONS
+                .iter()
+                .filter(|s| s.decision == Rendered)
+                .map(|s| s.key)
+                .collect::<Vec<_>>(),
+            ["gateway"]
+        );
+    }
+
+    /// The table is what render applies: every refused section is refused with its reason,
+    /// naming the section (or its first field), and every other one passes.
+    #[test]
+    fn render_applies_the_table() {
+        for s in SECTIONS {
+            let empty = json!({ s.key: {} });
+            let with_field = json!({ s.key: {"probe": true} });
+            match s.decision {
+                Refused => {
+                    let err = refusal(&empty);
+                    assert_eq!(
+                        (err.field.as_str(), err.message.as_str()),
+                        (s.key, s.reason)
+                    );
+                    assert_eq!(refusal(&with_field).field, format!("{}.probe", s.key));
+                }
+                Allowed | Rendered => {
+                    let out = render(&empty).unwrap_or_else(|e| panic!("{}: {e}", s.key));
+                    assert!(out.get(s.key).is_some(), "{}", s.key);
+                }
+            }
+        }
+    }
+
+    /// The coordinator README's "Configuration sections" table lists exactly these decisions.
+    #[test]
+    fn the_readme_lists_every_decision() {
+        let readme = include_str!("../README.md");
+        let expected: Vec<String> = SECTIONS
+            .iter()
+            .map(|s| format!("| `{}` | {} | {} |", s.key, s.decision.as_str(), s.reason))
+            .collect();
+        let missing: Vec<&String> = expected
+            .iter()
+            .filter(|row| !readme.lines().any(|l| l == row.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "coordinator/README.md lacks these rows of the configuration sections table:\n{}",
+            missing
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 }
