@@ -39,7 +39,7 @@ pub struct HarnessConfig {
     /// From the first spawn to a Ready node and the `default` ServiceAccount
     /// (`CLAWFLEET_K8S_START_TIMEOUT_SECS`, 180).
     pub start_timeout: Duration,
-    /// SIGTERM before SIGKILL at teardown (`CLAWFLEET_K8S_STOP_TIMEOUT_SECS`, 10).
+    /// SIGTERM before SIGKILL at teardown, per group (`CLAWFLEET_K8S_STOP_TIMEOUT_SECS`, 5).
     pub stop_timeout: Duration,
     /// Keep the component logs after a clean teardown too (`CLAWFLEET_K8S_KEEP_LOGS=1`); they are
     /// always kept when a test panics or the start fails.
@@ -54,7 +54,7 @@ impl Default for HarnessConfig {
             bin_dir: PathBuf::from(DEFAULT_CACHE_ROOT).join(cache_key()),
             state_dir: PathBuf::from("/var/lib/clawfleet-k8s-tests"),
             start_timeout: Duration::from_secs(180),
-            stop_timeout: Duration::from_secs(10),
+            stop_timeout: Duration::from_secs(5),
             keep_logs: false,
             etcd_on_tmpfs: true,
         }
@@ -189,10 +189,30 @@ mod tests {
     }
 
     #[test]
+    fn the_build_script_writes_where_the_harness_looks() {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("build-control-plane.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg("--print-dir")
+            .env("CLAWFLEET_K8S_CACHE_ROOT", "/nonexistent-root")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let dir = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            PathBuf::from(dir.trim()),
+            PathBuf::from("/nonexistent-root").join(cache_key())
+        );
+    }
+
+    #[test]
     fn bad_settings_are_refused() {
         assert!(secs("X", "0".into()).is_err());
         assert!(secs("X", "abc".into()).is_err());
-        assert_eq!(secs("X", "2.5".into()).ok(), Some(Duration::from_millis(2500)));
+        assert_eq!(
+            secs("X", "2.5".into()).ok(),
+            Some(Duration::from_millis(2500))
+        );
         assert!(flag("X", "maybe".into()).is_err());
         assert!(absolute("X", "relative/dir".into()).is_err());
     }

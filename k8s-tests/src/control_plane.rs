@@ -142,10 +142,9 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
         reason,
     };
     let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
-    let cfg =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| bad(e.to_string()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+        .await
+        .map_err(|e| bad(e.to_string()))?;
     kube::Client::try_from(cfg).map_err(|e| bad(e.to_string()))
 }
 
@@ -364,12 +363,13 @@ impl ControlPlane {
             }
         })
         .await?;
-        self.poll_until("the kwok Node to be Ready", deadline, async || {
-            match nodes.get(NODE_NAME).await {
-                Ok(n) if node_ready(&n) => Ok(()),
-                Ok(_) => Err("Ready is not True".into()),
-                Err(e) => Err(e.to_string()),
-            }
+        self.poll_until("the kwok Node to be Ready", deadline, async || match nodes
+            .get(NODE_NAME)
+            .await
+        {
+            Ok(n) if node_ready(&n) => Ok(()),
+            Ok(_) => Err("Ready is not True".into()),
+            Err(e) => Err(e.to_string()),
         })
         .await?;
         self.timings.node_ready = t0.elapsed();
@@ -835,4 +835,69 @@ fn kwok_node(name: &str) -> Result<Node> {
         what: "the kwok Node",
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Our pod-ready stage is kwok's shipped one plus the one selector that keeps it disjoint
+    /// from pod-fail-pull (checked against the copy the build script put in the binary dir).
+    #[test]
+    fn pod_ready_stage_is_the_shipped_one_plus_the_fail_pull_exclusion() {
+        let config = HarnessConfig::from_env().unwrap();
+        let shipped = config.bin_dir.join("stages").join("pod-ready.yaml");
+        let Ok(shipped) = fs::read_to_string(&shipped) else {
+            eprintln!("SKIP: {} not built yet", shipped.display());
+            return;
+        };
+        let ours: Vec<&str> = POD_READY_STAGE
+            .lines()
+            .skip_while(|l| l.starts_with('#'))
+            .collect();
+        let added = [
+            "    # clawfleet: Pods with a container image containing \"fail-pull\" go to pod-fail-pull instead.",
+            "    - key: '.spec.containers.[] | select( .image | contains(\"fail-pull\") ) | .image'",
+            "      operator: 'DoesNotExist'",
+        ];
+        let at = ours
+            .windows(added.len())
+            .position(|w| w == added)
+            .expect("the exclusion block is in our pod-ready.yaml");
+        let mut without = ours.clone();
+        without.drain(at..at + added.len());
+        assert_eq!(without, shipped.lines().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn stages_use_the_fail_pull_marker() {
+        assert!(POD_FAIL_PULL_STAGE.contains(&format!("contains(\"{FAIL_PULL_MARKER}\")")));
+        assert!(POD_READY_STAGE.contains(&format!("contains(\"{FAIL_PULL_MARKER}\")")));
+    }
+
+    #[test]
+    fn kubeconfig_is_https_with_ca_data_and_token() {
+        let kc = kubeconfig_for("https://127.0.0.1:1", "PEM", "u", "t0k");
+        let v: serde_json::Value = serde_json::from_str(&kc).unwrap();
+        assert_eq!(v["clusters"][0]["cluster"]["server"], "https://127.0.0.1:1");
+        assert_eq!(
+            v["clusters"][0]["cluster"]["certificate-authority-data"],
+            sys::base64(b"PEM")
+        );
+        assert_eq!(v["users"][0]["user"]["token"], "t0k");
+        assert_eq!(v["current-context"], "clawfleet-test");
+    }
+
+    #[test]
+    fn the_kwok_node_manifest_parses() {
+        let n = kwok_node(NODE_NAME).unwrap();
+        assert_eq!(
+            n.metadata
+                .labels
+                .unwrap()
+                .get(KWOK_NODE_LABEL.0)
+                .map(String::as_str),
+            Some(KWOK_NODE_LABEL.1)
+        );
+    }
 }

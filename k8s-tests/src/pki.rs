@@ -133,7 +133,11 @@ mod tests {
     fn generates_pem_material() {
         let pki = Pki::generate().unwrap();
         assert!(pki.ca.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
-        assert!(pki.apiserver.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(
+            pki.apiserver
+                .cert_pem
+                .starts_with("-----BEGIN CERTIFICATE-----")
+        );
         assert!(pki.apiserver.key_pem.contains("PRIVATE KEY"));
         assert!(pki.service_account_pub_pem.contains("PUBLIC KEY"));
         let other = pki.serving_cert("proxy", &["localhost"]).unwrap();

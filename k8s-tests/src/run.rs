@@ -142,9 +142,26 @@ impl Run {
     }
 }
 
-/// Stops the recorded processes: SIGTERM, then SIGKILL after `stop_timeout`. Only processes
-/// whose start time still matches the record are signalled.
+/// Stops the recorded processes in dependency order (the apiserver's clients, then the
+/// apiserver, then etcd: an apiserver whose etcd is gone, or that still serves watches of its
+/// clients, takes many seconds to exit): SIGTERM, then SIGKILL after `stop_timeout` per group.
+/// Only processes whose start time still matches the record are signalled.
 pub(crate) fn stop_processes(processes: &[ProcessRecord], stop_timeout: Duration) -> Vec<String> {
+    let rank = |p: &ProcessRecord| match p.component.as_str() {
+        "etcd" => 2,
+        "kube-apiserver" => 1,
+        _ => 0,
+    };
+    let mut problems = Vec::new();
+    for r in 0..=2 {
+        let group: Vec<ProcessRecord> =
+            processes.iter().filter(|p| rank(p) == r).cloned().collect();
+        problems.extend(stop_group(&group, stop_timeout));
+    }
+    problems
+}
+
+fn stop_group(processes: &[ProcessRecord], stop_timeout: Duration) -> Vec<String> {
     let alive = |p: &ProcessRecord| sys::process_alive(p.pid, p.start_ticks);
     for p in processes {
         sys::signal(p.pid, p.start_ticks, Signal::SIGTERM);
@@ -286,10 +303,8 @@ mod tests {
 
     fn temp_config(tag: &str) -> HarnessConfig {
         HarnessConfig {
-            state_dir: std::env::temp_dir().join(format!(
-                "clawfleet-k8s-run-{tag}-{}",
-                std::process::id()
-            )),
+            state_dir: std::env::temp_dir()
+                .join(format!("clawfleet-k8s-run-{tag}-{}", std::process::id())),
             stop_timeout: Duration::from_secs(2),
             ..HarnessConfig::default()
         }
@@ -359,7 +374,10 @@ mod tests {
 
         let listed = list_runs(&cfg).unwrap();
         assert_eq!(
-            listed.iter().map(|(r, l)| (r.id.as_str(), *l)).collect::<Vec<_>>(),
+            listed
+                .iter()
+                .map(|(r, l)| (r.id.as_str(), *l))
+                .collect::<Vec<_>>(),
             vec![("dead", false), ("live", true)]
         );
         let reclaimed = reclaim_stale(&cfg).unwrap();

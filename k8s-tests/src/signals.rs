@@ -36,9 +36,7 @@ fn install() {
                 .name("clawfleet-k8s-tests-signals".into())
                 .spawn(move || {
                     if let Some(sig) = signals.forever().next() {
-                        eprintln!(
-                            "clawfleet-k8s-tests: signal {sig}: tearing down control planes"
-                        );
+                        eprintln!("clawfleet-k8s-tests: signal {sig}: tearing down control planes");
                         teardown_all();
                         std::process::exit(128 + sig);
                     }

@@ -72,7 +72,8 @@ pub(crate) fn wait_until(limit: Duration, step: Duration, mut done: impl FnMut()
 /// A port on 127.0.0.1 that was free a moment ago (the kernel picks from its ephemeral range,
 /// so concurrent runs rarely collide; a component that cannot bind fails the start loudly).
 pub(crate) fn free_port() -> Result<u16> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| Error::NoPort { source })?;
+    let l =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| Error::NoPort { source })?;
     l.local_addr()
         .map(|a| a.port())
         .map_err(|source| Error::NoPort { source })

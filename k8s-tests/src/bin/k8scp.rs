@@ -56,7 +56,10 @@ fn main() -> ExitCode {
 }
 
 fn up(config: &HarnessConfig) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("k8scp: no tokio runtime: {e}");

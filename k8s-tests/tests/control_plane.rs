@@ -1,0 +1,428 @@
+//! Smoke test of the control-plane tier: the real apiserver, controllers, scheduler and kwok do
+//! what the Kubernetes backend's tests will rely on, through kube 5 + k8s-openapi 0.29.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use clawfleet_k8s_tests::{
+    ControlPlane, FAIL_PULL_MARKER, KUBERNETES_VERSION, skip_unless_control_plane,
+    wait_for_default_service_account,
+};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use serde::de::DeserializeOwned;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Polls `probe` until it gives `Some`, or panics after `limit` naming `what` and the last state.
+async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<T>, String>>,
+{
+    let t0 = Instant::now();
+    let mut last = String::from("(never probed)");
+    while t0.elapsed() < limit {
+        match probe().await {
+            Ok(Some(v)) => {
+                eprintln!("  {what}: {:.1}s", t0.elapsed().as_secs_f64());
+                return v;
+            }
+            Ok(None) => last = "not yet".into(),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what} did not happen within {limit:?}; last: {last}");
+}
+
+fn manifest<T: DeserializeOwned>(v: serde_json::Value) -> T {
+    match serde_json::from_value(v) {
+        Ok(m) => m,
+        Err(e) => panic!("a test manifest does not parse: {e}"),
+    }
+}
+
+fn namespace(name: &str, labels: serde_json::Value) -> Namespace {
+    manifest(serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": { "name": name, "labels": labels },
+    }))
+}
+
+fn deployment(name: &str, image: &str) -> Deployment {
+    manifest(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": { "name": name },
+        "spec": {
+            "replicas": 1,
+            "strategy": { "type": "Recreate" },
+            "selector": { "matchLabels": { "app": name } },
+            "template": {
+                "metadata": { "labels": { "app": name } },
+                "spec": { "containers": [{
+                    "name": "gateway", "image": image,
+                    "ports": [{ "containerPort": 8080, "name": "http" }],
+                }] },
+            },
+        },
+    }))
+}
+
+fn pod(name: &str, image: &str, node_selector: Option<serde_json::Value>) -> Pod {
+    let mut spec = serde_json::json!({ "containers": [{ "name": "c", "image": image }] });
+    if let Some(sel) = node_selector {
+        spec["nodeSelector"] = sel;
+    }
+    manifest(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name }, "spec": spec,
+    }))
+}
+
+fn has_condition(
+    conds: Option<&Vec<k8s_openapi::api::core::v1::PodCondition>>,
+    type_: &str,
+    status: &str,
+) -> bool {
+    conds.is_some_and(|c| c.iter().any(|c| c.type_ == type_ && c.status == status))
+}
+
+async fn start() -> ControlPlane {
+    let t0 = Instant::now();
+    let cp = match ControlPlane::start().await {
+        Ok(cp) => cp,
+        Err(e) => panic!("the control plane did not start: {e}"),
+    };
+    eprintln!(
+        "control plane {} started in {:.1}s ({}); {}",
+        cp.id(),
+        t0.elapsed().as_secs_f64(),
+        cp.timings(),
+        cp.api_url()
+    );
+    let mem = cp.memory_kib();
+    let total: u64 = mem.iter().map(|m| m.1).sum();
+    eprintln!(
+        "resident memory: {} MiB total ({})",
+        total / 1024,
+        mem.iter()
+            .map(|(c, k)| format!("{c} {} MiB", k / 1024))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    cp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_smoke() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+
+    // /version is the real server's, stamped with the release.
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.git_version, KUBERNETES_VERSION);
+    assert_eq!(version.major, "1");
+
+    // Namespace + Deployment + Service: the Pod becomes Ready through the scheduler and kwok,
+    // and the EndpointSlice controller publishes a ready endpoint owned by the Service.
+    let t_deploy = Instant::now();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &namespace("smoke", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    wait_for_default_service_account(&client, "smoke", WAIT)
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "smoke");
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("web", "registry.invalid/clawfleet/gateway:1"),
+        )
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(client.clone(), "smoke");
+    let svc = services
+        .create(
+            &PostParams::default(),
+            &manifest(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": { "name": "web" },
+                "spec": { "selector": { "app": "web" },
+                          "ports": [{ "port": 80, "targetPort": "http" }] },
+            })),
+        )
+        .await
+        .unwrap();
+    let svc_uid = svc.metadata.uid.clone().unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "smoke");
+    let ready_pod = wait_for("the Deployment's Pod Ready via kwok", WAIT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(list.items.into_iter().find(|p| {
+            let st = p.status.as_ref();
+            st.and_then(|s| s.phase.as_deref()) == Some("Running")
+                && has_condition(st.and_then(|s| s.conditions.as_ref()), "Ready", "True")
+        }))
+    })
+    .await;
+    let pod_ip = ready_pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default();
+    assert!(!pod_ip.is_empty(), "kwok gave the Pod an IP");
+    assert!(ready_pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(cp.node_name()));
+    wait_for("the Deployment's readyReplicas=1", WAIT, || async {
+        let d = deployments.get("web").await.map_err(|e| e.to_string())?;
+        let s = d.status.unwrap_or_default();
+        Ok(
+            (s.ready_replicas == Some(1) && s.observed_generation == d.metadata.generation)
+                .then_some(()),
+        )
+    })
+    .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "smoke");
+    wait_for(
+        "an EndpointSlice owned by the Service with a ready endpoint",
+        WAIT,
+        || async {
+            let list = slices
+                .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list
+                .items
+                .into_iter()
+                .find(|s| {
+                    let owned = s
+                        .metadata
+                        .owner_references
+                        .as_ref()
+                        .is_some_and(|o| o.iter().any(|o| o.uid == svc_uid));
+                    let ready = s.endpoints.iter().flatten().any(|e| {
+                        e.conditions.as_ref().and_then(|c| c.ready) == Some(true)
+                            && e.addresses.contains(&pod_ip)
+                    });
+                    owned && ready
+                })
+                .map(|_| ()))
+        },
+    )
+    .await;
+    eprintln!(
+        "deploy to ready endpoint: {:.1}s",
+        t_deploy.elapsed().as_secs_f64()
+    );
+
+    // A ResourceQuota of 0 Pods: the ReplicaSet reports ReplicaFailure/FailedCreate.
+    namespaces
+        .create(
+            &PostParams::default(),
+            &namespace("quota", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    wait_for_default_service_account(&client, "quota", WAIT)
+        .await
+        .unwrap();
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "quota");
+    quotas
+        .create(
+            &PostParams::default(),
+            &manifest(serde_json::json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": { "name": "no-pods" },
+                "spec": { "hard": { "pods": "0" } },
+            })),
+        )
+        .await
+        .unwrap();
+    wait_for("the quota's status.hard", WAIT, || async {
+        let q = quotas.get("no-pods").await.map_err(|e| e.to_string())?;
+        Ok(q.status.and_then(|s| s.hard).map(|_| ()))
+    })
+    .await;
+    Api::<Deployment>::namespaced(client.clone(), "quota")
+        .create(
+            &PostParams::default(),
+            &deployment("web", "registry.invalid/clawfleet/gateway:1"),
+        )
+        .await
+        .unwrap();
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), "quota");
+    let message = wait_for(
+        "ReplicaFailure/FailedCreate on the ReplicaSet",
+        WAIT,
+        || async {
+            let list = replica_sets
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list.items.into_iter().find_map(|rs| {
+                rs.status?.conditions?.into_iter().find_map(|c| {
+                    (c.type_.as_deref() == Some("ReplicaFailure")
+                        && c.status.as_deref() == Some("True")
+                        && c.reason.as_deref() == Some("FailedCreate"))
+                    .then(|| c.message.unwrap_or_default())
+                })
+            }))
+        },
+    )
+    .await;
+    assert!(message.contains("exceeded quota"), "{message}");
+
+    // A nodeSelector no node matches: PodScheduled=False/Unschedulable from the scheduler.
+    let pending = pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "nowhere",
+                "registry.invalid/clawfleet/gateway:1",
+                Some(serde_json::json!({ "clawfleet.dev/no-such-label": "x" })),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(pending.spec.and_then(|s| s.node_name).is_none());
+    wait_for("PodScheduled=False/Unschedulable", WAIT, || async {
+        let p = pods.get("nowhere").await.map_err(|e| e.to_string())?;
+        let unschedulable = p
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            });
+        Ok(unschedulable.then_some(()))
+    })
+    .await;
+
+    // An image marked to fail pulling: kwok's pod-fail-pull stage reports ErrImagePull.
+    let image = format!("registry.invalid/clawfleet/{FAIL_PULL_MARKER}:1");
+    pods.create(&PostParams::default(), &pod("bad-image", &image, None))
+        .await
+        .unwrap();
+    wait_for("waiting.reason=ErrImagePull", WAIT, || async {
+        let p = pods.get("bad-image").await.map_err(|e| e.to_string())?;
+        let st = p.status.unwrap_or_default();
+        let reason = st
+            .container_statuses
+            .unwrap_or_default()
+            .into_iter()
+            .find_map(|c| c.state?.waiting?.reason);
+        if st.phase.as_deref() == Some("Running") {
+            return Err("the fail-pull Pod was made Running".into());
+        }
+        Ok((reason.as_deref() == Some("ErrImagePull")).then_some(()))
+    })
+    .await;
+
+    // PodSecurity admission is on: a restricted namespace refuses a Pod without a securityContext.
+    namespaces
+        .create(
+            &PostParams::default(),
+            &namespace(
+                "restricted",
+                serde_json::json!({ "pod-security.kubernetes.io/enforce": "restricted" }),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_for_default_service_account(&client, "restricted", WAIT)
+        .await
+        .unwrap();
+    let refused = Api::<Pod>::namespaced(client.clone(), "restricted")
+        .create(
+            &PostParams::default(),
+            &pod("loose", "registry.invalid/clawfleet/gateway:1", None),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 403, "{s:?}");
+            assert!(s.message.contains("PodSecurity"), "{}", s.message);
+        }
+        other => panic!("a restricted namespace admitted a loose Pod: {other:?}"),
+    }
+
+    // The limited identity is authenticated but RBAC gives it nothing.
+    let limited = cp.limited_client().await.unwrap();
+    match Api::<Namespace>::all(limited)
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => panic!("the limited identity could list namespaces: {other:?}"),
+    }
+
+    // Deleting a namespace finishes: its Pods are removed by kwok, then the Namespace goes.
+    let t_delete = Instant::now();
+    for ns in ["smoke", "quota", "restricted"] {
+        namespaces
+            .delete(ns, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for ns in ["smoke", "quota", "restricted"] {
+        wait_for(&format!("namespace {ns} gone"), WAIT, || async {
+            let n = namespaces.get_opt(ns).await.map_err(|e| e.to_string())?;
+            Ok(n.is_none().then_some(()))
+        })
+        .await;
+    }
+    eprintln!(
+        "namespaces deleted in {:.1}s",
+        t_delete.elapsed().as_secs_f64()
+    );
+    let t_stop = Instant::now();
+    cp.shutdown().unwrap();
+    eprintln!("teardown: {:.1}s", t_stop.elapsed().as_secs_f64());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apiserver_kill_and_restart_keeps_the_data() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &namespace("survivor", serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    let old_pid = cp.apiserver_pid().unwrap();
+    cp.kill_apiserver().unwrap();
+    assert!(cp.apiserver_pid().is_none());
+    match namespaces.get("survivor").await {
+        // Connection refused: a transport error, not an API status.
+        Err(kube::Error::Api(s)) => panic!("a killed apiserver answered: {s:?}"),
+        Err(_) => {}
+        Ok(_) => panic!("a killed apiserver answered"),
+    }
+    let t0 = Instant::now();
+    cp.start_apiserver().await.unwrap();
+    eprintln!(
+        "apiserver restart to /readyz: {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_ne!(cp.apiserver_pid(), Some(old_pid));
+    // The same client (same URL, CA, token) works again and etcd kept the data.
+    let ns = namespaces.get("survivor").await.unwrap();
+    assert_eq!(ns.metadata.name.as_deref(), Some("survivor"));
+}
