@@ -96,10 +96,46 @@ impl FakeSystem {
 
     /// Tells the fake which port a unit's gateway listens on (hostd tests read it from the
     /// unit file they just wrote) and how it behaves.
+    /// A unit already running on that port follows at once, as a real gateway would at its
+    /// next (re)start by systemd: `ExitConfig` leaves it failed with status 78, `Ready` and
+    /// `NeverReady` bring a crash-looping one up.
     pub fn set_behaviour(&self, port: u16, behaviour: Behaviour) {
         self.with(|s| {
             s.behaviour.insert(port, behaviour);
+            let units: Vec<String> = s
+                .unit_ports
+                .iter()
+                .filter(|(_, p)| **p == port)
+                .map(|(u, _)| u.clone())
+                .collect();
+            for name in units {
+                let Some(u) = s.units.get_mut(&name) else {
+                    continue;
+                };
+                if u.active_state == "inactive" || !u.loaded {
+                    continue;
+                }
+                match behaviour {
+                    Behaviour::ExitConfig => {
+                        u.active_state = "failed".to_owned();
+                        u.sub_state = "failed".to_owned();
+                        u.exec_main_status = 78;
+                    }
+                    Behaviour::Ready | Behaviour::NeverReady if u.active_state == "activating" => {
+                        u.active_state = "active".to_owned();
+                        u.sub_state = "running".to_owned();
+                        u.exec_main_status = 0;
+                    }
+                    _ => {}
+                }
+            }
         });
+    }
+
+    /// How many restart jobs a unit got so far.
+    pub fn restarts(&self, unit: &str) -> usize {
+        let call = format!("restart {unit}");
+        self.with(|s| s.calls.iter().filter(|c| **c == call).count())
     }
 
     /// A unit's current fake state.

@@ -162,6 +162,12 @@ impl Journal {
         }))
     }
 
+    /// The kind of the operation recorded under an id, if any. Creates nothing: read-only
+    /// operations use it to refuse an id that a recorded operation already has.
+    pub fn recorded_kind(&self, id: &OperationId) -> Result<Option<OperationKind>, FsError> {
+        Ok(self.read(id)?.map(|e| e.kind))
+    }
+
     fn read(&self, id: &OperationId) -> Result<Option<Entry>, FsError> {
         markers::read_optional::<Entry>(&self.entry_path(id), "journal entry").map_err(entry_err)
     }

@@ -60,6 +60,8 @@ pub struct AgentPaths {
     pub revisions: PathBuf,
     pub current: PathBuf,
     pub served: PathBuf,
+    /// `started.json`: the revision the unit was last (re)started on after `current` named it.
+    pub started: PathBuf,
     pub password_file: PathBuf,
     pub operator_env: PathBuf,
     pub unit_file: PathBuf,
@@ -148,6 +150,7 @@ impl Layout {
             revisions: dir.join("revisions"),
             current: dir.join("current"),
             served: dir.join("served.json"),
+            started: dir.join("started.json"),
             password_file: dir.join("gateway-password.env"),
             operator_env: dir.join("env"),
             unit_file: self.unit_dir.join(&unit_name),

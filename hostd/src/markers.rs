@@ -156,6 +156,20 @@ pub struct ServedMarker {
     pub operation_id: OperationId,
 }
 
+/// `started.json`: the revision whose `current` the unit was (re)started on. Written after
+/// the restart job succeeded and removed before `current` moves, so while it names the revision
+/// `current` points at, the unit's process reads that revision's configuration: a retried
+/// activation waits for readiness again instead of restarting the gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StartedMarker {
+    pub schema: u32,
+    pub revision_id: Ident,
+    /// Unix seconds.
+    pub started_at: u64,
+    pub operation_id: OperationId,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,8 +133,29 @@ impl<'a> Responder<'a> {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(u64::from(env.deadline_seconds));
 
+        // Read-only operations are not recorded: they change nothing, so running one again is
+        // harmless and always answers from the host as it is now, `probe` and `status` write
+        // nothing, and polling cannot crowd changing operations out of the journal. Their ids
+        // are therefore not reserved among themselves. An id a recorded operation already has
+        // is refused, though, so `operation-status` on it only ever reports that operation.
         let handle = if kind.is_read_only() {
-            None
+            match self.journal.recorded_kind(&id) {
+                Err(e) => {
+                    return failed(Some(id), Failure::new(FailureCode::IoFailed, e.to_string()));
+                }
+                Ok(Some(recorded)) => {
+                    return failed(
+                        Some(id),
+                        Failure::new(
+                            FailureCode::ReplayMismatch,
+                            format!(
+                                "this operation id was used before for a {recorded} operation; a {kind} needs an id of its own",
+                            ),
+                        ),
+                    );
+                }
+                Ok(None) => None,
+            }
         } else {
             match self
                 .journal

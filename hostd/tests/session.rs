@@ -30,7 +30,7 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
         let key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap();
         let signers = dir.path().join("allowed_signers");
         std::fs::write(
@@ -43,13 +43,24 @@ impl Fixture {
         .unwrap();
         let units = dir.path().join("units");
         std::fs::create_dir_all(&units).unwrap();
-        let text = format!(
-            "host_name = \"h1\"\nstate_root = \"{}\"\nunit_dir = \"{}\"\nallowed_signers = \"{}\"\ngateway_command = [\"/usr/bin/gw\"]\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 300\n",
-            dir.path().join("state").display(),
-            units.display(),
-            signers.display()
-        );
-        let config = Config::parse(&text, "test", || None).unwrap();
+        let gateway = dir.path().join("gw");
+        std::fs::write(&gateway, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(
+            &gateway,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let text =
+            "host_name = \"h1\"\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 300\n";
+        let mut config = Config::parse(text, "test", || None).unwrap();
+        // The configuration refuses state roots under /tmp (the units' PrivateTmp would hide
+        // them) and paths with unusual characters. These tests start no real unit, so they
+        // point the validated configuration at a temporary directory, wherever the checkout
+        // or TMPDIR is.
+        config.state_root = dir.path().join("state");
+        config.unit_dir = units.clone();
+        config.allowed_signers = signers;
+        config.gateway_command = vec![gateway.display().to_string()];
         Self {
             fake: FakeSystem::new(&units),
             _dir: dir,
@@ -225,6 +236,70 @@ fn replays_return_the_record_and_reused_ids_with_other_bodies_are_refused() {
         f.config.state_root.join("namespaces").exists(),
         "nothing was deleted"
     );
+}
+
+#[test]
+fn a_read_only_operation_reusing_a_recorded_id_is_refused_and_operation_status_keeps_the_record() {
+    let f = Fixture::new();
+    let ensure = f.signed(
+        "op-1",
+        Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    let recorded = results(&f.session(frames(std::slice::from_ref(&ensure))))[0].clone();
+    assert!(code(&recorded).is_none(), "{recorded:?}");
+    let status_of = |asked: &str| {
+        Operation::OperationStatus(OperationStatusArgs {
+            operation_id: OperationId::new(asked).unwrap(),
+        })
+    };
+    // Every read-only operation under the recorded id: refused, nothing run.
+    let out = f.session(frames(&[
+        f.signed("op-1", Operation::Probe(ProbeArgs {})),
+        f.signed("op-1", Operation::Status(StatusArgs::default())),
+        f.signed("op-1", status_of("op-1")),
+    ]));
+    for r in results(&out) {
+        assert_eq!(code(&r), Some(FailureCode::ReplayMismatch), "{r:?}");
+        let message = &r.outcome.failure().unwrap().message;
+        assert!(message.contains("ensure-namespace"), "{message}");
+    }
+    // operation-status under its own id still reports the recorded operation, and the
+    // recorded result replays unchanged.
+    let out = f.session(frames(&[f.signed("op-2", status_of("op-1")), ensure]));
+    let rs = results(&out);
+    match &rs[0].outcome {
+        Outcome::Succeeded {
+            result: OperationResult::OperationStatus(s),
+        } => match &s.state {
+            OperationState::Succeeded { kind, result } => {
+                assert_eq!(*kind, OperationKind::EnsureNamespace);
+                assert!(matches!(**result, OperationResult::EnsureNamespace(_)));
+            }
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rs[1].outcome, recorded.outcome);
+
+    // Read-only operations are not recorded (documented exemption): reusing one's id for
+    // another read-only body runs it, and operation-status never reports a read-only one as
+    // if it had been recorded.
+    let out = f.session(frames(&[
+        f.signed("op-3", Operation::Probe(ProbeArgs {})),
+        f.signed("op-3", Operation::Status(StatusArgs::default())),
+        f.signed("op-4", status_of("op-3")),
+    ]));
+    let rs = results(&out);
+    assert!(rs.iter().all(|r| code(r).is_none()), "{rs:?}");
+    match &rs[2].outcome {
+        Outcome::Succeeded {
+            result: OperationResult::OperationStatus(s),
+        } => assert_eq!(s.state, OperationState::Unknown),
+        other => panic!("{other:?}"),
+    }
+    // And a changing operation may then take that id.
+    let out = f.session(frames(&[f.signed("op-3", prepare())]));
+    assert!(code(&results(&out)[0]).is_none(), "{out:?}");
 }
 
 #[test]

@@ -93,6 +93,9 @@ failure_codes! {
     HostConfigInvalid = "HOST_CONFIG_INVALID" => Permanent,
     /// A tool hostd needs is missing on the host.
     MissingTool = "MISSING_TOOL" => Permanent,
+    /// The configured gateway command (hostd.toml `gateway_command`, first word) does not
+    /// exist on the host or is not executable by the Agent accounts; nothing was created.
+    GatewayCommandMissing = "GATEWAY_COMMAND_MISSING" => Permanent,
     /// The operation ran past its deadline; the step in progress was finished and recorded.
     DeadlineExceeded = "DEADLINE_EXCEEDED" => Retryable,
     /// The session closed during the operation; the step in progress was finished and recorded.

@@ -87,7 +87,9 @@ pub struct ProbeResult {
     pub system_host_name: String,
     pub host_key: Fingerprint,
     pub systemd_version: Option<String>,
-    /// Tools hostd needs and did not find; empty when the host is ready.
+    /// Tools hostd needs and did not find; empty when the host is ready. The configured
+    /// gateway command appears here by its absolute path (e.g. `/usr/bin/node`) when it is
+    /// missing or not executable by the Agent accounts.
     pub missing_tools: Vec<String>,
     pub port_range: PortRange,
     pub max_agents: u32,
@@ -131,7 +133,10 @@ pub struct UnitObservation {
 pub struct AgentObservation {
     /// The revision `current` points at.
     pub current: Option<Ident>,
-    /// The revision last confirmed ready (`served.json`).
+    /// The revision the host serves: confirmed ready (`/readyz` answered 200, recorded in
+    /// `served.json`) for exactly the revision `current` names, with the unit active. `None`
+    /// while a candidate is cut over but not (yet) ready: the revision before it no longer
+    /// runs, so it is not reported either.
     pub served: Option<Ident>,
     pub port: Option<u16>,
     pub unit: Option<UnitObservation>,
@@ -152,7 +157,8 @@ pub struct PrepareResult {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ActivateResult {
-    /// False on the fast path: the revision was already served and ready.
+    /// False when the unit already ran this revision: it was served and ready (the fast
+    /// path), or a retried activation waited for it again without restarting it.
     pub restarted: bool,
     /// True when the unit file was written and systemd reloaded.
     pub unit_changed: bool,

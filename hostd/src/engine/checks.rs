@@ -12,7 +12,7 @@ use super::{Engine, fs_failure, marker_failure, ownership, system_failure};
 use crate::fsutil::{self, Kind};
 use crate::layout::{AgentPaths, dir_name};
 use crate::markers::{
-    self, AccountMarker, AgentMarker, NamespaceMarker, RevisionMarker, ServedMarker,
+    self, AccountMarker, AgentMarker, NamespaceMarker, RevisionMarker, ServedMarker, StartedMarker,
 };
 use crate::system::Ids;
 use crate::unit;
@@ -263,6 +263,101 @@ impl Engine<'_> {
     pub(crate) fn read_served(&self, paths: &AgentPaths) -> Result<Option<ServedMarker>, Failure> {
         markers::read_optional(&paths.served, "served").map_err(marker_failure)
     }
+
+    /// `started.json`, if present and valid.
+    pub(crate) fn read_started(
+        &self,
+        paths: &AgentPaths,
+    ) -> Result<Option<StartedMarker>, Failure> {
+        markers::read_optional(&paths.started, "started").map_err(marker_failure)
+    }
+
+    /// Every snapshot under `revisions/` is exactly what hostd wrote: its marker names this
+    /// Agent and the revision its directory is named after, and its bytes match their hash.
+    /// `current`, if present, points at one of them.
+    pub(crate) fn verify_snapshots(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<(), Failure> {
+        for name in fsutil::list_dir(&paths.revisions).map_err(fs_failure)? {
+            let dir = paths.revisions.join(&name);
+            let marker = self.read_snapshot(ns, agent, &dir)?;
+            if dir_name(&marker.revision_id) != name {
+                return Err(ownership(format!(
+                    "{} holds revision {}, whose directory name differs",
+                    dir.display(),
+                    marker.revision_id
+                )));
+            }
+        }
+        self.read_current(ns, agent, paths)?;
+        Ok(())
+    }
+
+    /// Whatever is left of the account an account marker records has the recorded ids. A
+    /// user or group that is already gone is fine (a retry after a partial removal), one with
+    /// other ids is not ours to remove.
+    pub(crate) fn verify_remaining_account(&self, marker: &AccountMarker) -> Result<(), Failure> {
+        if let Some(ids) = self.system.user(&marker.account).map_err(system_failure)?
+            && (ids.uid != marker.uid || ids.gid != marker.gid)
+        {
+            return Err(ownership(format!(
+                "user {} has uid {} and gid {}, its marker says uid {} and gid {}; refusing to remove it",
+                marker.account, ids.uid, ids.gid, marker.uid, marker.gid
+            )));
+        }
+        if let Some(gid) = self.system.group(&marker.account).map_err(system_failure)?
+            && (gid != marker.gid || gid == 0)
+        {
+            return Err(ownership(format!(
+                "group {} has gid {gid}, its marker says {}; refusing to remove it",
+                marker.account, marker.gid
+            )));
+        }
+        Ok(())
+    }
+
+    /// Why the configured gateway command cannot start, if it cannot. Its first word must be a
+    /// regular file (symlinks followed) that the Agent accounts may execute: they own nothing
+    /// on the host and are in no other group, so that is the "others" execute bit.
+    pub(crate) fn gateway_command_problem(&self) -> Option<String> {
+        gateway_command_problem(&self.config.gateway_command)
+    }
+
+    /// Refuses an operation that would start the gateway when its command cannot run.
+    pub(crate) fn check_gateway_command(&self) -> Result<(), Failure> {
+        match self.gateway_command_problem() {
+            None => Ok(()),
+            Some(problem) => Err(Failure::new(
+                FailureCode::GatewayCommandMissing,
+                format!(
+                    "{problem}; install the gateway or set gateway_command in hostd.toml (nothing was changed)"
+                ),
+            )),
+        }
+    }
+}
+
+/// See [`Engine::gateway_command_problem`].
+pub(crate) fn gateway_command_problem(command: &[String]) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(exe) = command.first() else {
+        return Some("the gateway command is empty".to_owned());
+    };
+    match std::fs::metadata(exe) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some(format!("the gateway command {exe} does not exist"))
+        }
+        Err(e) => Some(format!("the gateway command {exe} cannot be examined: {e}")),
+        Ok(m) if !m.is_file() => Some(format!("the gateway command {exe} is not a regular file")),
+        Ok(m) if m.permissions().mode() & 0o001 == 0 => Some(format!(
+            "the gateway command {exe} is not executable by the Agent accounts (mode {:04o})",
+            m.permissions().mode() & 0o7777
+        )),
+        Ok(_) => None,
+    }
 }
 
 /// An existing snapshot must be exactly the revision asked for.
@@ -307,6 +402,39 @@ pub(crate) fn namespace_matches(marker: &NamespaceMarker, ns: &NamespaceRef) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gateway_commands_must_be_executable_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("gw");
+        let cmd = |p: &Path| vec![p.display().to_string(), "run".to_owned()];
+        let missing = gateway_command_problem(&cmd(&exe)).unwrap();
+        assert!(missing.contains("does not exist"), "{missing}");
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let plain = gateway_command_problem(&cmd(&exe)).unwrap();
+        assert!(
+            plain.contains("not executable") && plain.contains("0644"),
+            "{plain}"
+        );
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o750)).unwrap();
+        assert!(
+            gateway_command_problem(&cmd(&exe)).is_some(),
+            "not for others"
+        );
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(gateway_command_problem(&cmd(&exe)), None);
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&exe, &link).unwrap();
+        assert_eq!(
+            gateway_command_problem(&cmd(&link)),
+            None,
+            "symlinks are followed"
+        );
+        let d = gateway_command_problem(&cmd(dir.path())).unwrap();
+        assert!(d.contains("not a regular file"), "{d}");
+    }
 
     #[test]
     fn current_targets_are_confined() {

@@ -11,7 +11,7 @@ use clawfleet_protocol::result::{
 use super::Engine;
 use crate::fsutil;
 use crate::layout::dir_name;
-use crate::markers::{self, AgentMarker, NamespaceMarker, RevisionMarker};
+use crate::markers::{self, AccountMarker, AgentMarker, NamespaceMarker};
 
 /// What `probe` reports.
 pub fn probe(engine: &Engine<'_>) -> ProbeResult {
@@ -24,7 +24,7 @@ pub fn probe(engine: &Engine<'_>) -> ProbeResult {
         system_host_name: crate::config::system_host_name().unwrap_or_default(),
         host_key: engine.host_key.clone(),
         systemd_version: engine.system.systemd_version().ok(),
-        missing_tools: engine.system.missing_tools(),
+        missing_tools: missing_tools(engine),
         port_range: PortRange {
             start: engine.config.port_range.0,
             end: engine.config.port_range.1,
@@ -32,6 +32,18 @@ pub fn probe(engine: &Engine<'_>) -> ProbeResult {
         max_agents: engine.config.max_agents,
         agents: u32::try_from(agents).unwrap_or(u32::MAX),
     }
+}
+
+/// The tools hostd needs that are missing, and the gateway command (its path) when it is
+/// missing or not executable by the Agent accounts.
+fn missing_tools(engine: &Engine<'_>) -> Vec<String> {
+    let mut missing = engine.system.missing_tools();
+    if engine.gateway_command_problem().is_some()
+        && let Some(exe) = engine.config.gateway_command.first()
+    {
+        missing.push(exe.clone());
+    }
+    missing
 }
 
 fn problem(problems: &mut Vec<InventoryProblem>, path: &std::path::Path, message: impl ToString) {
@@ -105,7 +117,8 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
             let mut revisions = Vec::new();
             for rev_name in fsutil::list_dir(&paths.revisions).unwrap_or_default() {
                 let rdir = paths.revisions.join(&rev_name);
-                match markers::read::<RevisionMarker>(&rdir.join("revision.json"), "revision") {
+                // Fully verified, hash included: a tampered snapshot is a problem to show.
+                match engine.read_snapshot(&marker.namespace_id, &agent.id, &rdir) {
                     Ok(r) if dir_name(&r.revision_id) == rev_name => {
                         revisions.push(RevisionInventory {
                             id: r.revision_id,
@@ -117,12 +130,16 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
                         &rdir,
                         "revision marker does not match its directory",
                     ),
-                    Err(e) => problem(&mut out.problems, &rdir, e),
+                    Err(f) => problem(&mut out.problems, &rdir, f.message),
                 }
             }
             revisions.sort_by_key(|r| r.number);
             if let Err(f) = engine.read_current(&marker.namespace_id, &agent.id, &paths) {
                 problem(&mut out.problems, &paths.current, f.message);
+            }
+            let account_marker = engine.layout.account_marker(&paths.account);
+            if let Err(f) = engine.verify_account(&marker.namespace_id, &agent, &paths) {
+                problem(&mut out.problems, &account_marker, f.message);
             }
             ns.agents.push(AgentInventory {
                 observation: engine.observe(&marker.namespace_id, &agent.id, &paths),
@@ -134,5 +151,45 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
         }
         out.namespaces.push(ns);
     }
+    orphaned_accounts(engine, only, &mut out.problems);
     out
+}
+
+/// Account markers whose Agent directory is gone (a delete that failed at the account): a
+/// retried delete finishes them, until then they are shown.
+fn orphaned_accounts(
+    engine: &Engine<'_>,
+    only: Option<&Ident>,
+    problems: &mut Vec<InventoryProblem>,
+) {
+    let dir = engine.layout.accounts_dir();
+    if !matches!(fsutil::dir_exists(&dir), Ok(true)) {
+        return;
+    }
+    for name in fsutil::list_dir(&dir).unwrap_or_default() {
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let path = dir.join(&name);
+        match markers::read::<AccountMarker>(&path, "account") {
+            Ok(m) => {
+                if only.is_some_and(|id| id != &m.namespace_id) {
+                    continue;
+                }
+                let paths = engine.layout.agent(&m.namespace_id, &m.agent_id);
+                if matches!(fsutil::kind(&paths.dir), Ok(fsutil::Kind::Missing)) {
+                    problem(
+                        problems,
+                        &path,
+                        format!(
+                            "account {} of Agent {}/{} is left without its Agent directory; delete the Agent again to finish",
+                            m.account, m.namespace_id, m.agent_id
+                        ),
+                    );
+                }
+            }
+            Err(e) if only.is_none() => problem(problems, &path, e),
+            Err(_) => {}
+        }
+    }
 }

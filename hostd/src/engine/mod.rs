@@ -197,6 +197,23 @@ impl<'a> Engine<'a> {
         self.lock(ctx, lock_path)
     }
 
+    /// Unlinks an Agent's lock file, while holding it, when nothing of the Agent is on the
+    /// host (no directory, no account marker): an operation refused for an Agent the host
+    /// never had, or a stop of one already gone, leaves no lock file behind. A waiter on the
+    /// unlinked file notices and retries on a new one.
+    pub(crate) fn forget_lock_if_absent(
+        &self,
+        lock: &LockGuard,
+        paths: &crate::layout::AgentPaths,
+    ) {
+        let absent = |p: &std::path::Path| {
+            matches!(crate::fsutil::kind(p), Ok(crate::fsutil::Kind::Missing))
+        };
+        if absent(&paths.dir) && absent(&self.layout.account_marker(&paths.account)) {
+            lock.unlink();
+        }
+    }
+
     /// Executes one operation. `journal` answers `operation-status`.
     pub fn execute(
         &self,

@@ -1,5 +1,6 @@
 //! Host inventory for a new Agent, always under the host lock: its private account, its port
-//! reservation and its directory.
+//! reservation and its directory. Everything that could refuse is checked before anything is
+//! created, so a refused prepare leaves no account, marker, port or directory behind.
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
@@ -12,21 +13,56 @@ use crate::layout::AgentPaths;
 use crate::markers::{self, AccountMarker, AgentMarker, PortMarker, SCHEMA};
 use crate::system::Ids;
 
+/// The port a new Agent directory will record.
+#[derive(Debug, Clone, Copy)]
+struct PortChoice {
+    port: u16,
+    /// A killed earlier run already reserved it for this Agent.
+    reserved: bool,
+}
+
 impl Engine<'_> {
-    /// Creates the Agent's account (or verifies the existing one). Refuses to adopt a user or
-    /// group of that name that hostd did not create.
-    pub(crate) fn ensure_account(
+    /// Makes sure the Agent's account and directory exist and are ours, creating what is
+    /// missing. Checks first (foreign unit file, foreign account, the existing directory, a
+    /// free port), creates after. Returns the account's ids.
+    pub(crate) fn provision(
         &self,
         ctx: &mut Ctx<'_>,
         ns: &Ident,
         agent: &AgentRef,
         paths: &AgentPaths,
     ) -> Result<Ids, Failure> {
+        // Check.
+        self.verify_unit_file(ns, &agent.id, paths)?;
         let marker_path = self.layout.account_marker(&paths.account);
-        if fsutil::kind(&marker_path).map_err(fs_failure)? != fsutil::Kind::Missing {
-            return self.verify_account(ns, agent, paths);
+        let existing_ids =
+            if fsutil::kind(&marker_path).map_err(fs_failure)? != fsutil::Kind::Missing {
+                Some(self.verify_account(ns, agent, paths)?)
+            } else {
+                self.refuse_foreign_account(paths)?;
+                None
+            };
+        let port = if fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {
+            self.verify_agent(ns, agent, paths)?;
+            None
+        } else {
+            Some(self.choose_port(ctx, ns, &agent.id)?)
+        };
+        // Create.
+        let ids = match existing_ids {
+            Some(ids) => ids,
+            None => self.create_account(ctx, ns, agent, paths)?,
+        };
+        if let Some(choice) = port {
+            self.reserve_port(ns, &agent.id, choice)?;
+            self.create_agent_dir(ctx, ns, agent, paths, ids, choice.port)?;
         }
-        ctx.step(Step::Account)?;
+        self.verify_agent(ns, agent, paths)?;
+        Ok(ids)
+    }
+
+    /// A user or group of the account's name that hostd did not record is not ours to adopt.
+    fn refuse_foreign_account(&self, paths: &AgentPaths) -> Result<(), Failure> {
         if self
             .system
             .user(&paths.account)
@@ -43,6 +79,19 @@ impl Engine<'_> {
                 paths.account
             )));
         }
+        Ok(())
+    }
+
+    /// Creates the Agent's account and its marker. The caller checked that neither exists.
+    fn create_account(
+        &self,
+        ctx: &mut Ctx<'_>,
+        ns: &Ident,
+        agent: &AgentRef,
+        paths: &AgentPaths,
+    ) -> Result<Ids, Failure> {
+        ctx.step(Step::Account)?;
+        let marker_path = self.layout.account_marker(&paths.account);
         fsutil::ensure_dir(&self.layout.accounts_dir(), 0o700).map_err(fs_failure)?;
         let ids = self
             .system
@@ -79,14 +128,22 @@ impl Engine<'_> {
         Ok(ids)
     }
 
-    /// Reserves a port for the Agent: its existing reservation if a killed run left one,
-    /// otherwise the lowest free port of the range. Reservations are one file per port, so a
-    /// corrupt file blocks only its own port.
-    fn reserve_port(&self, ctx: &mut Ctx<'_>, ns: &Ident, agent: &Ident) -> Result<u16, Failure> {
+    /// Chooses the Agent's port without reserving it: its existing reservation if a killed run
+    /// left one, otherwise the lowest free port of the range. Reservations are one file per
+    /// port, so a corrupt file blocks only its own port.
+    fn choose_port(
+        &self,
+        ctx: &mut Ctx<'_>,
+        ns: &Ident,
+        agent: &Ident,
+    ) -> Result<PortChoice, Failure> {
         ctx.step(Step::Port)?;
         let dir = self.layout.ports_dir();
-        fsutil::ensure_dir(&dir, 0o700).map_err(fs_failure)?;
-        let names = fsutil::list_dir(&dir).map_err(fs_failure)?;
+        let names = if fsutil::dir_exists(&dir).map_err(fs_failure)? {
+            fsutil::list_dir(&dir).map_err(fs_failure)?
+        } else {
+            Vec::new()
+        };
         let mut taken = std::collections::BTreeSet::new();
         for name in &names {
             let Some(port) = name
@@ -100,7 +157,10 @@ impl Engine<'_> {
                 && &m.namespace_id == ns
                 && &m.agent_id == agent
             {
-                return Ok(port);
+                return Ok(PortChoice {
+                    port,
+                    reserved: true,
+                });
             }
         }
         if taken.len() >= self.config.max_agents as usize {
@@ -113,87 +173,100 @@ impl Engine<'_> {
             ));
         }
         let (start, end) = self.config.port_range;
+        (start..=end)
+            .find(|p| !taken.contains(p))
+            .map(|port| PortChoice {
+                port,
+                reserved: false,
+            })
+            .ok_or_else(|| {
+                Failure::new(
+                    FailureCode::PortRangeExhausted,
+                    format!("no free gateway port is left in {start}..={end}"),
+                )
+            })
+    }
+
+    /// Writes the reservation file of a chosen port. Under the host lock nobody else
+    /// reserves ports, so a file that appeared meanwhile is someone else's doing.
+    fn reserve_port(&self, ns: &Ident, agent: &Ident, choice: PortChoice) -> Result<(), Failure> {
+        if choice.reserved {
+            return Ok(());
+        }
+        fsutil::ensure_dir(&self.layout.ports_dir(), 0o700).map_err(fs_failure)?;
         let marker = PortMarker {
             schema: SCHEMA,
             namespace_id: ns.clone(),
             agent_id: agent.clone(),
         };
-        for port in start..=end {
-            if taken.contains(&port) {
-                continue;
-            }
-            let created = fsutil::create_once(
-                &self.layout.port_file(port),
-                &markers::to_bytes(&marker),
-                0o600,
-                |_| Ok(()),
-            )
+        let path = self.layout.port_file(choice.port);
+        let created = fsutil::create_once(&path, &markers::to_bytes(&marker), 0o600, |_| Ok(()))
             .map_err(fs_failure)?;
-            if created {
-                return Ok(port);
-            }
+        if !created {
+            return Err(Failure::new(
+                FailureCode::IoFailed,
+                format!(
+                    "{} appeared while the host lock was held; retry",
+                    path.display()
+                ),
+            ));
         }
-        Err(Failure::new(
-            FailureCode::PortRangeExhausted,
-            format!("no free gateway port is left in {start}..={end}"),
-        ))
+        Ok(())
     }
 
-    /// Creates the Agent directory (atomically) if it is missing, then verifies it.
-    pub(crate) fn ensure_agent_dir(
+    /// Creates the Agent directory atomically. The caller checked that it is missing.
+    fn create_agent_dir(
         &self,
         ctx: &mut Ctx<'_>,
         ns: &Ident,
         agent: &AgentRef,
         paths: &AgentPaths,
         ids: Ids,
-    ) -> Result<AgentMarker, Failure> {
-        if !fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {
-            let port = self.reserve_port(ctx, ns, &agent.id)?;
-            ctx.step(Step::Directories)?;
-            let marker = AgentMarker {
-                schema: SCHEMA,
-                namespace_id: ns.clone(),
-                agent_id: agent.id.clone(),
-                service_principal_id: agent.service_principal_id.clone(),
-                account: paths.account.clone(),
-                port,
-            };
-            let root_group = Ids {
-                uid: 0,
-                gid: ids.gid,
-            };
-            fsutil::create_dir_atomic(&paths.dir, 0o750, |tmp| {
-                fsutil::write_atomic(
-                    &tmp.join("agent.json"),
-                    &markers::to_bytes(&marker),
-                    0o600,
-                    |_| Ok(()),
-                )?;
-                for (name, mode, owner) in [
-                    ("home", 0o700, ids),
-                    ("state", 0o700, ids),
-                    ("revisions", 0o750, root_group),
-                ] {
-                    let p = tmp.join(name);
-                    fsutil::ensure_dir(&p, mode)?;
-                    self.system
-                        .chown(&p, owner)
-                        .map_err(|e| fsutil::FsError::Io {
-                            path: p.display().to_string(),
-                            source: std::io::Error::other(e.to_string()),
-                        })?;
-                }
+        port: u16,
+    ) -> Result<(), Failure> {
+        ctx.step(Step::Directories)?;
+        let marker = AgentMarker {
+            schema: SCHEMA,
+            namespace_id: ns.clone(),
+            agent_id: agent.id.clone(),
+            service_principal_id: agent.service_principal_id.clone(),
+            account: paths.account.clone(),
+            port,
+        };
+        let root_group = Ids {
+            uid: 0,
+            gid: ids.gid,
+        };
+        fsutil::create_dir_atomic(&paths.dir, 0o750, |tmp| {
+            fsutil::write_atomic(
+                &tmp.join("agent.json"),
+                &markers::to_bytes(&marker),
+                0o600,
+                |_| Ok(()),
+            )?;
+            for (name, mode, owner) in [
+                ("home", 0o700, ids),
+                ("state", 0o700, ids),
+                ("revisions", 0o750, root_group),
+            ] {
+                let p = tmp.join(name);
+                fsutil::ensure_dir(&p, mode)?;
                 self.system
-                    .chown(tmp, root_group)
+                    .chown(&p, owner)
                     .map_err(|e| fsutil::FsError::Io {
-                        path: tmp.display().to_string(),
+                        path: p.display().to_string(),
                         source: std::io::Error::other(e.to_string()),
-                    })
-            })
-            .map_err(fs_failure)?;
-            tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, port, "agent directory created");
-        }
-        self.verify_agent(ns, agent, paths)
+                    })?;
+            }
+            self.system
+                .chown(tmp, root_group)
+                .map_err(|e| fsutil::FsError::Io {
+                    path: tmp.display().to_string(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+        })
+        .map_err(fs_failure)?;
+        tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, port, "agent directory created");
+        Ok(())
     }
 }

@@ -42,24 +42,25 @@ impl Engine<'_> {
     /// piece that is already gone is skipped, so this finishes a half-done earlier attempt.
     fn remove_identity(&self, ctx: &mut Ctx<'_>, marker: &AccountMarker) -> Result<(), Failure> {
         ctx.step(Step::AccountRemoval)?;
-        if let Some(ids) = self.system.user(&marker.account).map_err(system_failure)? {
-            if ids.uid != marker.uid {
-                return Err(ownership(format!(
-                    "user {} has uid {}, its marker says {}; refusing to remove it",
-                    marker.account, ids.uid, marker.uid
-                )));
-            }
+        // Checked before anything was removed; checked again here because it is cheap and the
+        // account tools are the one step that cannot be undone.
+        self.verify_remaining_account(marker)?;
+        if self
+            .system
+            .user(&marker.account)
+            .map_err(system_failure)?
+            .is_some()
+        {
             self.system
                 .delete_user(&marker.account)
                 .map_err(system_failure)?;
         }
-        if let Some(gid) = self.system.group(&marker.account).map_err(system_failure)? {
-            if gid != marker.gid || gid == 0 {
-                return Err(ownership(format!(
-                    "group {} has gid {gid}, its marker says {}; refusing to remove it",
-                    marker.account, marker.gid
-                )));
-            }
+        if self
+            .system
+            .group(&marker.account)
+            .map_err(system_failure)?
+            .is_some()
+        {
             self.system
                 .delete_group(&marker.account)
                 .map_err(system_failure)?;
@@ -88,7 +89,9 @@ impl Engine<'_> {
     }
 
     /// Removes one Agent completely: unit, directory (state, credentials, snapshots), port,
-    /// account. Absence is success.
+    /// account. Absence is success. Everything it will remove is validated first (markers,
+    /// every snapshot, `current`, the unit file and the live account's ids), so a refusal
+    /// leaves all of it in place.
     pub(crate) fn delete_agent(
         &self,
         ctx: &mut Ctx<'_>,
@@ -97,6 +100,18 @@ impl Engine<'_> {
     ) -> Result<DeleteAgentResult, Failure> {
         let paths = self.layout.agent(&ns.id, &agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let result = self.delete_agent_locked(ctx, ns, agent, &paths);
+        self.forget_lock_if_absent(&agent_lock, &paths);
+        result
+    }
+
+    fn delete_agent_locked(
+        &self,
+        ctx: &mut Ctx<'_>,
+        ns: &NamespaceRef,
+        agent: &AgentRef,
+        paths: &AgentPaths,
+    ) -> Result<DeleteAgentResult, Failure> {
         ctx.step(Step::Verify)?;
         if fsutil::dir_exists(&self.layout.namespace_dir(&ns.id)).map_err(fs_failure)? {
             self.verify_namespace(ns)?;
@@ -106,15 +121,17 @@ impl Engine<'_> {
                 .map_err(marker_failure)?;
         if let Some(m) = &account_marker {
             self.check_account_marker(m, &ns.id, agent, &paths.account)?;
+            self.verify_remaining_account(m)?;
         }
         let dir_present = fsutil::dir_exists(&paths.dir).map_err(fs_failure)?;
         if dir_present {
-            self.verify_agent(&ns.id, agent, &paths)?;
+            self.verify_agent(&ns.id, agent, paths)?;
+            self.verify_snapshots(&ns.id, &agent.id, paths)?;
         } else {
-            self.verify_unit_file(&ns.id, &agent.id, &paths)?;
+            self.verify_unit_file(&ns.id, &agent.id, paths)?;
         }
         let _host = self.host_lock(ctx)?;
-        let unit_removed = self.remove_unit(ctx, &paths)?;
+        let unit_removed = self.remove_unit(ctx, paths)?;
         if unit_removed {
             ctx.step(Step::DaemonReload)?;
             self.system.daemon_reload().map_err(system_failure)?;
@@ -128,7 +145,6 @@ impl Engine<'_> {
         } else {
             self.release_ports(&ns.id, &agent.id)?;
         }
-        agent_lock.unlink();
         let removed = dir_present || account_marker.is_some() || unit_removed;
         if removed {
             tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, "agent deleted");
@@ -180,6 +196,7 @@ impl Engine<'_> {
                 let paths = self.layout.agent(&ns.id, &agent.id);
                 self.verify_agent(&ns.id, &agent, &paths)?;
                 self.verify_account(&ns.id, &agent, &paths)?;
+                self.verify_snapshots(&ns.id, &agent.id, &paths)?;
                 agents.push((agent, paths));
             }
         }
@@ -195,6 +212,7 @@ impl Engine<'_> {
                 if let Ok(m) = markers::read::<AccountMarker>(&accounts_dir.join(&name), "account")
                     && m.namespace_id == ns.id
                 {
+                    self.verify_remaining_account(&m)?;
                     leftovers.push(m);
                 }
             }

@@ -16,7 +16,7 @@ use super::checks::snapshot_matches;
 use super::{Ctx, Engine, fs_failure, system_failure};
 use crate::fsutil;
 use crate::layout::{AgentPaths, dir_name};
-use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker};
+use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker, StartedMarker};
 use crate::system::Ids;
 use crate::unit;
 
@@ -78,26 +78,33 @@ impl Engine<'_> {
             .ok()
             .flatten()
             .map(|m| m.revision_id);
+        let port = markers::read::<markers::AgentMarker>(&paths.marker, "agent")
+            .ok()
+            .map(|m| m.port);
+        let state = self
+            .system
+            .unit_state(&paths.unit_name)
+            .ok()
+            .filter(|u| u.loaded);
+        // Served: confirmed ready (served.json) for the revision `current` names, with the
+        // unit up. A candidate that `current` names but that never became ready is not
+        // served, and neither is the revision before it, which no longer runs.
+        let unit_up = state
+            .as_ref()
+            .is_some_and(|u| matches!(u.active_state.as_str(), "active" | "reloading"));
         let served = self
             .read_served(paths)
             .ok()
             .flatten()
-            .map(|m| m.revision_id);
-        let port = markers::read::<markers::AgentMarker>(&paths.marker, "agent")
-            .ok()
-            .map(|m| m.port);
-        let unit = self
-            .system
-            .unit_state(&paths.unit_name)
-            .ok()
-            .filter(|u| u.loaded)
-            .map(|u| clawfleet_protocol::result::UnitObservation {
-                name: paths.unit_name.clone(),
-                active_state: u.active_state,
-                sub_state: u.sub_state,
-                n_restarts: u.n_restarts,
-                enabled: u.enabled,
-            });
+            .map(|m| m.revision_id)
+            .filter(|s| unit_up && current.as_ref() == Some(s));
+        let unit = state.map(|u| clawfleet_protocol::result::UnitObservation {
+            name: paths.unit_name.clone(),
+            active_state: u.active_state,
+            sub_state: u.sub_state,
+            n_restarts: u.n_restarts,
+            enabled: u.enabled,
+        });
         AgentObservation {
             current,
             served,
@@ -113,21 +120,34 @@ impl Engine<'_> {
         ctx: &mut Ctx<'_>,
         args: &PrepareArgs,
     ) -> Result<PrepareResult, Failure> {
+        let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
+        let agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let result = self.prepare_locked(ctx, args, &paths);
+        self.forget_lock_if_absent(&agent_lock, &paths);
+        result
+    }
+
+    fn prepare_locked(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &PrepareArgs,
+        paths: &AgentPaths,
+    ) -> Result<PrepareResult, Failure> {
         let ns = &args.namespace;
         let agent = &args.agent;
         let rev = &args.revision;
-        let paths = self.layout.agent(&ns.id, &agent.id);
-        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
+        // Before the coordinator commits to this host: a gateway that cannot start would
+        // only crash-loop at activation.
+        self.check_gateway_command()?;
         let ids: Ids;
         {
             // Inventory changes only: account, port, directory.
             let _host = self.host_lock(ctx)?;
-            ids = self.ensure_account(ctx, &ns.id, agent, &paths)?;
-            self.ensure_agent_dir(ctx, &ns.id, agent, &paths, ids)?;
+            ids = self.provision(ctx, &ns.id, agent, paths)?;
         }
-        let current = self.read_current(&ns.id, &agent.id, &paths)?;
+        let current = self.read_current(&ns.id, &agent.id, paths)?;
         let reference = rev.reference();
         let snapshot_dir = paths.revision_dir(&rev.id);
         let existing = if fsutil::dir_exists(&snapshot_dir).map_err(fs_failure)? {
@@ -142,7 +162,7 @@ impl Engine<'_> {
             return Ok(PrepareResult {
                 ready: false,
                 created: false,
-                observation: self.observe(&ns.id, &agent.id, &paths),
+                observation: self.observe(&ns.id, &agent.id, paths),
             });
         }
         let needs_pw = needs_password(rev.configuration.value());
@@ -210,7 +230,7 @@ impl Engine<'_> {
         Ok(PrepareResult {
             ready: true,
             created,
-            observation: self.observe(&ns.id, &agent.id, &paths),
+            observation: self.observe(&ns.id, &agent.id, paths),
         })
     }
 
@@ -233,17 +253,28 @@ impl Engine<'_> {
         ctx: &mut Ctx<'_>,
         args: &RevisionArgs,
     ) -> Result<ActivateResult, Failure> {
+        let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
+        let agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let result = self.activate_locked(ctx, args, &paths);
+        self.forget_lock_if_absent(&agent_lock, &paths);
+        result
+    }
+
+    fn activate_locked(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+        paths: &AgentPaths,
+    ) -> Result<ActivateResult, Failure> {
         let ns = &args.namespace;
         let agent = &args.agent;
         let rev = &args.revision;
-        let paths = self.layout.agent(&ns.id, &agent.id);
-        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
-        self.verify_account(&ns.id, agent, &paths)?;
-        let agent_marker = self.verify_agent(&ns.id, agent, &paths)?;
-        let snapshot = self.verify_snapshot(&ns.id, &agent.id, &paths, rev)?;
-        let current = self.read_current(&ns.id, &agent.id, &paths)?;
+        self.verify_account(&ns.id, agent, paths)?;
+        let agent_marker = self.verify_agent(&ns.id, agent, paths)?;
+        let snapshot = self.verify_snapshot(&ns.id, &agent.id, paths, rev)?;
+        let current = self.read_current(&ns.id, &agent.id, paths)?;
         if newer_is_current(current.as_ref(), &snapshot.revision_id, snapshot.number)?
             && let Some(cur) = &current
         {
@@ -263,9 +294,10 @@ impl Engine<'_> {
                 "the gateway password file is missing; prepare the revision again",
             ));
         }
+        self.check_gateway_command()?;
 
-        let text = self.unit_text(&ns.id, &agent.id, &paths, agent_marker.port);
-        let existing = self.verify_unit_file(&ns.id, &agent.id, &paths)?;
+        let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
+        let existing = self.verify_unit_file(&ns.id, &agent.id, paths)?;
         let unit_changed = existing.as_deref() != Some(text.as_str());
         let state = self
             .system
@@ -286,15 +318,17 @@ impl Engine<'_> {
                 .map_err(system_failure)?;
         }
 
-        let served = self.read_served(&paths)?;
         let is_current = current.as_ref().is_some_and(|c| c.revision_id == rev.id);
-        let is_served = served.as_ref().is_some_and(|s| s.revision_id == rev.id);
-        if !unit_changed && is_current && is_served {
+        if !unit_changed && is_current {
             let state = self
                 .system
                 .unit_state(&paths.unit_name)
                 .map_err(system_failure)?;
-            if state.is_active()
+            let is_served = self
+                .read_served(paths)?
+                .is_some_and(|s| s.revision_id == rev.id);
+            if is_served
+                && state.is_active()
                 && self
                     .system
                     .probe_ready(agent_marker.port, Duration::from_secs(1))
@@ -302,21 +336,68 @@ impl Engine<'_> {
                 return Ok(ActivateResult {
                     restarted: false,
                     unit_changed: false,
-                    observation: self.observe(&ns.id, &agent.id, &paths),
+                    observation: self.observe(&ns.id, &agent.id, paths),
+                });
+            }
+            // A retry: the unit was restarted on this revision and systemd still runs it (or
+            // restarts it by Restart=). Wait for it again; restarting an unchanged gateway
+            // would only start its warm-up over.
+            let started = self
+                .read_started(paths)?
+                .is_some_and(|s| s.revision_id == rev.id);
+            if started && matches!(state.active_state.as_str(), "active" | "activating") {
+                tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, revision = %rev.id, "the unit already runs this revision; waiting for readiness again");
+                ctx.step(Step::Readiness)?;
+                self.wait_ready(ctx, paths, agent_marker.port)?;
+                self.record_served(ctx, paths, rev)?;
+                return Ok(ActivateResult {
+                    restarted: false,
+                    unit_changed: false,
+                    observation: self.observe(&ns.id, &agent.id, paths),
                 });
             }
         }
 
         ctx.step(Step::PointerFlip)?;
         fsutil::sweep_pending(&paths.dir);
+        // Durably forget what served before, then move `current`: from here until readiness
+        // nothing is served, whatever happens to this process.
+        fsutil::remove_file_if_present(&paths.served).map_err(fs_failure)?;
+        fsutil::remove_file_if_present(&paths.started).map_err(fs_failure)?;
+        fsutil::sync_dir(&paths.dir).map_err(fs_failure)?;
         fsutil::replace_symlink(&paths.current, &AgentPaths::current_target(&rev.id))
             .map_err(fs_failure)?;
         ctx.step(Step::Restart)?;
         self.system
             .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
             .map_err(system_failure)?;
+        let started = StartedMarker {
+            schema: SCHEMA,
+            revision_id: rev.id.clone(),
+            started_at: ctx.now_unix,
+            operation_id: ctx.operation_id.clone(),
+        };
+        fsutil::write_atomic(&paths.started, &markers::to_bytes(&started), 0o600, |_| {
+            Ok(())
+        })
+        .map_err(fs_failure)?;
         ctx.step(Step::Readiness)?;
-        self.wait_ready(ctx, &paths, agent_marker.port)?;
+        self.wait_ready(ctx, paths, agent_marker.port)?;
+        self.record_served(ctx, paths, rev)?;
+        Ok(ActivateResult {
+            restarted: true,
+            unit_changed,
+            observation: self.observe(&ns.id, &agent.id, paths),
+        })
+    }
+
+    /// Writes `served.json` once the gateway answered `/readyz`.
+    fn record_served(
+        &self,
+        ctx: &mut Ctx<'_>,
+        paths: &AgentPaths,
+        rev: &clawfleet_protocol::operation::RevisionRef,
+    ) -> Result<(), Failure> {
         ctx.step(Step::ServedRecord)?;
         let marker = ServedMarker {
             schema: SCHEMA,
@@ -331,12 +412,8 @@ impl Engine<'_> {
             |_| Ok(()),
         )
         .map_err(fs_failure)?;
-        tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, revision = %rev.id, "revision serving");
-        Ok(ActivateResult {
-            restarted: true,
-            unit_changed,
-            observation: self.observe(&ns.id, &agent.id, &paths),
-        })
+        tracing::info!(operation_id = %ctx.operation_id, revision = %rev.id, "revision serving");
+        Ok(())
     }
 
     /// Polls `/readyz`: first probe within 50 ms, then a growing interval, 1 s per probe, up
@@ -390,8 +467,8 @@ impl Engine<'_> {
                 ));
             }
             if ctx.should_stop() {
-                // Leaving the wait keeps the host consistent: served.json still names the
-                // previous revision, and a later activate repairs the cutover.
+                // Leaving the wait keeps the host consistent: nothing is recorded as served,
+                // and a later activate waits again (or repairs an interrupted cutover).
                 if (ctx.cancelled)() {
                     return Err(crate::journal::aborted_failure(ctx.last_step()));
                 }
@@ -467,6 +544,7 @@ impl Engine<'_> {
         ctx.step(Step::PointerFlip)?;
         fsutil::remove_file_if_present(&paths.current).map_err(fs_failure)?;
         fsutil::remove_file_if_present(&paths.served).map_err(fs_failure)?;
+        fsutil::remove_file_if_present(&paths.started).map_err(fs_failure)?;
         fsutil::sync_dir(&paths.dir).map_err(fs_failure)?;
         tracing::info!(operation_id = %ctx.operation_id, agent = %args.agent.id, revision = %args.revision.id, "revision stopped");
         Ok((true, true))
@@ -479,8 +557,10 @@ impl Engine<'_> {
         args: &RevisionArgs,
     ) -> Result<StopResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
-        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let (stopped, _) = self.stop_if_current(ctx, args, &paths)?;
+        let agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let stopped = self.stop_if_current(ctx, args, &paths);
+        self.forget_lock_if_absent(&agent_lock, &paths);
+        let (stopped, _) = stopped?;
         Ok(StopResult {
             stopped,
             observation: self.observe(&args.namespace.id, &args.agent.id, &paths),
@@ -494,8 +574,10 @@ impl Engine<'_> {
         args: &RevisionArgs,
     ) -> Result<RetireResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
-        let _agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let (stopped, exists) = self.stop_if_current(ctx, args, &paths)?;
+        let agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let outcome = self.stop_if_current(ctx, args, &paths);
+        self.forget_lock_if_absent(&agent_lock, &paths);
+        let (stopped, exists) = outcome?;
         if exists {
             ctx.step(Step::Remove)?;
             fsutil::remove_tree_if_present(&paths.revision_dir(&args.revision.id))

@@ -30,25 +30,23 @@ impl Host {
     }
 
     fn with_config(extra: &str) -> Self {
-        // Not under /tmp: the configuration refuses state roots there.
-        let base = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap()
-            .join("target");
-        std::fs::create_dir_all(&base).unwrap();
-        let dir = tempfile::Builder::new()
-            .prefix("hostd-test-")
-            .tempdir_in(&base)
-            .unwrap();
-        let root = dir.path().join("state");
+        let dir = tempfile::tempdir().unwrap();
         let units = dir.path().join("units");
         std::fs::create_dir_all(&units).unwrap();
+        let gateway = dir.path().join("gw");
+        std::fs::write(&gateway, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755)).unwrap();
         let text = format!(
-            "host_name = \"h1\"\nstate_root = \"{}\"\nunit_dir = \"{}\"\ngateway_command = [\"/usr/bin/gw\"]\n{extra}\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 400\n",
-            root.display(),
-            units.display()
+            "host_name = \"h1\"\n{extra}\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 400\n"
         );
-        let config = Config::parse(&text, "test", || None).unwrap();
+        let mut config = Config::parse(&text, "test", || None).unwrap();
+        // The configuration refuses state roots under /tmp (the units' PrivateTmp would hide
+        // them) and paths with unusual characters. These tests start no real unit, so they
+        // point the validated configuration at a temporary directory, wherever the checkout
+        // or TMPDIR is.
+        config.state_root = dir.path().join("state");
+        config.unit_dir = units.clone();
+        config.gateway_command = vec![gateway.display().to_string(), "run".to_owned()];
         let journal = Journal::open(&dir.path().join("journal"), 100).unwrap();
         Self {
             fake: FakeSystem::new(&units),
@@ -478,15 +476,19 @@ fn readiness_timeout_and_configuration_exit_are_reported_and_recoverable() {
     assert_eq!(f.code, FailureCode::UnitFailed);
     assert!(f.message.contains("keeps exiting"), "{}", f.message);
 
-    // Fixed: a later activate repairs the interrupted cutover (current set, served missing).
+    // Fixed: systemd's Restart= brings the gateway up, and a later activate waits for it
+    // again without restarting it (current set, served missing).
     h.fake.set_behaviour(port, Behaviour::Ready);
+    let unit = h.layout().agent(&id("ns1"), &id("a1")).unit_name;
+    let restarts = h.fake.restarts(&unit);
     match h.ok(activate("ns1", "a1", "r1", 1)) {
         OperationResult::ActivateRevision(r) => {
-            assert!(r.restarted);
+            assert!(!r.restarted);
             assert_eq!(r.observation.served, Some(id("r1")));
         }
         other => panic!("{other:?}"),
     }
+    assert_eq!(h.fake.restarts(&unit), restarts);
 }
 
 #[test]
@@ -717,4 +719,372 @@ fn probe_and_status_create_nothing() {
     h.ok(Operation::Status(StatusArgs::default()));
     assert!(!h.config.state_root.join("namespaces").exists());
     assert!(!h.config.state_root.join(".compute-lock").exists());
+}
+
+fn delete(n: &str, a: &str) -> Operation {
+    Operation::DeleteAgent(AgentArgs {
+        namespace: ns(n),
+        agent: agent(a),
+    })
+}
+
+fn status(h: &Host) -> Inventory {
+    match h.ok(Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => inv,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Everything of one Agent that a refused deletion must leave in place.
+fn assert_agent_intact(h: &Host, a: &str, port: u16) {
+    let paths = h.layout().agent(&id("ns1"), &id(a));
+    assert!(paths.dir.exists(), "directory");
+    assert!(paths.unit_file.exists(), "unit file");
+    assert!(h.fake.has_user(&paths.account), "user");
+    assert!(h.fake.has_group(&paths.account), "group");
+    assert!(h.layout().account_marker(&paths.account).exists(), "marker");
+    assert!(h.layout().port_file(port).exists(), "port");
+    assert!(h.fake.unit(&paths.unit_name).is_active(), "unit still runs");
+    let inv = status(h);
+    assert!(
+        inv.namespaces[0].agents.iter().any(|x| x.id == id(a)),
+        "status still shows the Agent: {inv:?}"
+    );
+}
+
+/// Replaces one JSON field of a marker file, returning the original bytes.
+fn edit_marker(path: &Path, field: &str, value: serde_json::Value) -> Vec<u8> {
+    let original = std::fs::read(path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    v[field] = value;
+    std::fs::write(path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    original
+}
+
+#[test]
+fn delete_agent_refuses_a_tampered_snapshot_and_removes_nothing() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    h.ok(prepare("ns1", "a1", "r2", 2));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let marker = paths.revision_dir(&id("r2")).join("revision.json");
+    for (field, value, code) in [
+        ("revisionId", json!("r9"), FailureCode::OwnershipMismatch),
+        (
+            "configurationHash",
+            json!("0".repeat(64)),
+            FailureCode::SnapshotMismatch,
+        ),
+    ] {
+        let original = edit_marker(&marker, field, value);
+        h.fake.clear_calls();
+        let f = h.fails(delete("ns1", "a1"));
+        assert_eq!(f.code, code, "{field}: {f}");
+        assert!(!f.is_retryable(), "permanent: {f}");
+        assert!(h.fake.calls().is_empty(), "{field}: {:?}", h.fake.calls());
+        assert!(marker.exists(), "the tampered snapshot is kept");
+        assert_agent_intact(&h, "a1", port);
+        let inv = status(&h);
+        assert!(
+            inv.problems
+                .iter()
+                .any(|p| p.path == paths.revision_dir(&id("r2")).display().to_string()),
+            "{field}: status shows the problem: {:?}",
+            inv.problems
+        );
+        // Permanently: a retry is refused the same way.
+        assert_eq!(h.fails(delete("ns1", "a1")).code, code);
+        std::fs::write(&marker, original).unwrap();
+    }
+    assert!(status(&h).problems.is_empty());
+    h.ok(delete("ns1", "a1"));
+    assert!(!paths.dir.exists());
+}
+
+#[test]
+fn delete_agent_refuses_an_account_marker_with_another_uid_and_removes_nothing() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let marker = h.layout().account_marker(&paths.account);
+    let original = edit_marker(&marker, "uid", json!(4242));
+    for _ in 0..2 {
+        h.fake.clear_calls();
+        let f = h.fails(delete("ns1", "a1"));
+        assert_eq!(f.code, FailureCode::OwnershipMismatch, "{f}");
+        assert!(!f.is_retryable());
+        assert!(f.message.contains("4242"), "{f}");
+        assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+        assert_agent_intact(&h, "a1", port);
+    }
+    let inv = status(&h);
+    assert!(
+        inv.problems
+            .iter()
+            .any(|p| p.path == marker.display().to_string()),
+        "status shows the problem: {:?}",
+        inv.problems
+    );
+    // delete-namespace refuses it the same way.
+    h.fake.clear_calls();
+    assert_eq!(
+        h.fails(Operation::DeleteNamespace(NamespaceArgs {
+            namespace: ns("ns1")
+        }))
+        .code,
+        FailureCode::OwnershipMismatch
+    );
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    std::fs::write(&marker, original).unwrap();
+    h.ok(delete("ns1", "a1"));
+    assert!(!h.fake.has_user(&paths.account));
+}
+
+#[test]
+fn delete_namespace_refuses_a_tampered_snapshot_and_removes_nothing() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let marker = paths.revision_dir(&id("r1")).join("revision.json");
+    edit_marker(&marker, "configurationHash", json!("0".repeat(64)));
+    h.fake.clear_calls();
+    let f = h.fails(Operation::DeleteNamespace(NamespaceArgs {
+        namespace: ns("ns1"),
+    }));
+    assert_eq!(f.code, FailureCode::SnapshotMismatch, "{f}");
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    assert_agent_intact(&h, "a1", port);
+}
+
+/// Nothing of a new Agent is on the host: no account, marker, directory, port or lock file.
+fn assert_nothing_of(h: &Host, a: &str) {
+    let l = h.layout();
+    let paths = l.agent(&id("ns1"), &id(a));
+    assert!(!h.fake.has_user(&paths.account), "user");
+    assert!(!h.fake.has_group(&paths.account), "group");
+    assert!(!l.account_marker(&paths.account).exists(), "account marker");
+    assert!(!paths.dir.exists(), "directory");
+    assert!(!paths.lock.exists(), "lock file");
+    if l.ports_dir().exists() {
+        for name in std::fs::read_dir(l.ports_dir()).unwrap() {
+            let text = std::fs::read_to_string(name.unwrap().path()).unwrap();
+            assert!(!text.contains(&format!("\"{a}\"")), "port reserved: {text}");
+        }
+    }
+    assert!(
+        !h.fake
+            .calls()
+            .iter()
+            .any(|c| c == &format!("create-account {}", paths.account)),
+        "{:?}",
+        h.fake.calls()
+    );
+}
+
+#[test]
+fn a_prepare_refused_for_ports_or_room_creates_nothing() {
+    let h = Host::with_config("port_range = [20000, 20000]");
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.fake.clear_calls();
+    assert_eq!(
+        h.fails(prepare("ns1", "a2", "r1", 1)).code,
+        FailureCode::PortRangeExhausted
+    );
+    assert_nothing_of(&h, "a2");
+
+    let h = Host::with_config("max_agents = 1");
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.fake.clear_calls();
+    assert_eq!(
+        h.fails(prepare("ns1", "a2", "r1", 1)).code,
+        FailureCode::HostFull
+    );
+    assert_nothing_of(&h, "a2");
+}
+
+#[test]
+fn a_prepare_refused_for_a_foreign_unit_file_creates_nothing() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    std::fs::write(&paths.unit_file, "[Service]\nExecStart=/bin/evil\n").unwrap();
+    h.fake.clear_calls();
+    let f = h.fails(prepare("ns1", "a1", "r1", 1));
+    assert_eq!(f.code, FailureCode::OwnershipMismatch, "{f}");
+    assert_nothing_of(&h, "a1");
+    assert_eq!(
+        std::fs::read_to_string(&paths.unit_file).unwrap(),
+        "[Service]\nExecStart=/bin/evil\n"
+    );
+    // Delete is refused too (the unit is not ours) and, with nothing of the Agent left
+    // behind, there is nothing else to strand.
+    assert_eq!(
+        h.fails(delete("ns1", "a1")).code,
+        FailureCode::OwnershipMismatch
+    );
+    assert_nothing_of(&h, "a1");
+    // Once the foreign file is gone, the same prepare goes through.
+    std::fs::remove_file(&paths.unit_file).unwrap();
+    h.ok(prepare("ns1", "a1", "r1", 1));
+}
+
+#[test]
+fn a_prepare_without_its_namespace_leaves_no_lock_file() {
+    let h = Host::new();
+    assert_eq!(
+        h.fails(prepare("ns1", "a1", "r1", 1)).code,
+        FailureCode::NamespaceMissing
+    );
+    assert_nothing_of(&h, "a1");
+    // Stopping an Agent the host never had leaves none either.
+    h.ok(Operation::StopRevision(rargs("ns1", "a1", "r1", 1)));
+    assert_nothing_of(&h, "a1");
+}
+
+#[test]
+fn a_candidate_that_is_not_ready_is_not_reported_as_served() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    h.ok(prepare("ns1", "a1", "r2", 2));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    h.fake.set_behaviour(port, Behaviour::NeverReady);
+    assert_eq!(
+        h.fails(activate("ns1", "a1", "r2", 2)).code,
+        FailureCode::ReadinessTimeout
+    );
+    assert!(!paths.served.exists(), "served.json no longer names r1");
+    let observed = |h: &Host| match h.ok(Operation::VerifyRevision(rargs("ns1", "a1", "r2", 2))) {
+        OperationResult::VerifyRevision(v) => v.observation,
+        other => panic!("{other:?}"),
+    };
+    let o = observed(&h);
+    assert_eq!(o.current, Some(id("r2")));
+    assert_eq!(
+        o.served, None,
+        "neither r1 (no longer runs) nor r2 (not ready)"
+    );
+    let inv = status(&h);
+    assert_eq!(inv.namespaces[0].agents[0].observation.served, None);
+
+    // A served.json that does not match `current` (say, from a host upgraded mid-cutover)
+    // is not believed.
+    let stale = crate::markers::ServedMarker {
+        schema: crate::markers::SCHEMA,
+        revision_id: id("r1"),
+        served_at: 1,
+        operation_id: OperationId::new("op-old").unwrap(),
+    };
+    std::fs::write(&paths.served, crate::markers::to_bytes(&stale)).unwrap();
+    assert_eq!(observed(&h).served, None);
+    assert_eq!(status(&h).namespaces[0].agents[0].observation.served, None);
+    std::fs::remove_file(&paths.served).unwrap();
+}
+
+#[test]
+fn a_retried_activation_waits_for_the_running_candidate_instead_of_restarting_it() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    h.ok(prepare("ns1", "a1", "r2", 2));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    h.fake.set_behaviour(port, Behaviour::NeverReady);
+    let before = h.fake.restarts(&paths.unit_name);
+    assert_eq!(
+        h.fails(activate("ns1", "a1", "r2", 2)).code,
+        FailureCode::ReadinessTimeout
+    );
+    assert_eq!(h.fake.restarts(&paths.unit_name), before + 1, "one cutover");
+    // Retries while the candidate still warms up: no restart, no reload.
+    for _ in 0..3 {
+        h.fake.clear_calls();
+        assert_eq!(
+            h.fails(activate("ns1", "a1", "r2", 2)).code,
+            FailureCode::ReadinessTimeout
+        );
+        assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    }
+    // It becomes ready: the retry records it as served, still without a restart.
+    h.fake.set_behaviour(port, Behaviour::Ready);
+    h.fake.clear_calls();
+    match h.ok(activate("ns1", "a1", "r2", 2)) {
+        OperationResult::ActivateRevision(r) => {
+            assert!(!r.restarted && !r.unit_changed);
+            assert_eq!(r.observation.served, Some(id("r2")));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+
+    // A unit systemd gave up on is restarted, though.
+    h.fake.set_behaviour(port, Behaviour::ExitConfig);
+    h.fake.clear_calls();
+    assert_eq!(
+        h.fails(activate("ns1", "a1", "r2", 2)).code,
+        FailureCode::UnitFailed
+    );
+    assert_eq!(h.fake.restarts(&paths.unit_name), 1);
+    // And so is a unit stopped behind hostd's back (it no longer runs anything).
+    h.fake.set_behaviour(port, Behaviour::Ready);
+    h.fake
+        .stop_unit(&paths.unit_name, Duration::from_secs(1))
+        .unwrap();
+    h.fake.clear_calls();
+    match h.ok(activate("ns1", "a1", "r2", 2)) {
+        OperationResult::ActivateRevision(r) => assert!(r.restarted),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_missing_or_unexecutable_gateway_command_is_probed_and_fails_prepare_fast() {
+    let mut h = Host::new();
+    h.ok(ensure("ns1"));
+    let probe_missing = |h: &Host| match h.ok(Operation::Probe(ProbeArgs {})) {
+        OperationResult::Probe(p) => p.missing_tools,
+        other => panic!("{other:?}"),
+    };
+    assert!(probe_missing(&h).is_empty());
+    let gateway = h.config.gateway_command[0].clone();
+
+    // Missing.
+    h.config.gateway_command[0] = "/nonexistent/node".to_owned();
+    assert_eq!(probe_missing(&h), vec!["/nonexistent/node".to_owned()]);
+    h.fake.clear_calls();
+    let f = h.fails(prepare("ns1", "a1", "r1", 1));
+    assert_eq!(f.code, FailureCode::GatewayCommandMissing, "{f}");
+    assert!(!f.is_retryable());
+    assert!(f.message.contains("/nonexistent/node"), "{f}");
+    assert_nothing_of(&h, "a1");
+
+    // Present but not executable.
+    h.config.gateway_command[0] = gateway.clone();
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(probe_missing(&h), vec![gateway.clone()]);
+    let f = h.fails(prepare("ns1", "a1", "r1", 1));
+    assert_eq!(f.code, FailureCode::GatewayCommandMissing, "{f}");
+    assert!(f.message.contains("not executable"), "{f}");
+    assert_nothing_of(&h, "a1");
+
+    // Removed between prepare and activate: activation refuses before the cutover.
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755)).unwrap();
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o644)).unwrap();
+    h.fake.clear_calls();
+    assert_eq!(
+        h.fails(activate("ns1", "a1", "r1", 1)).code,
+        FailureCode::GatewayCommandMissing
+    );
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    assert!(!h.layout().agent(&id("ns1"), &id("a1")).current.exists());
 }
