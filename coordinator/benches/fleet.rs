@@ -8,13 +8,13 @@
 //! otherwise it prints `SKIP: ...` and exits 0). `CLAWFLEET_BENCH_AGENTS` changes the count.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/e2e_fleet.rs"]
-mod e2e;
+#[path = "../tests/fleet_support/mod.rs"]
+mod fleet;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use e2e::fleet::{Fleet, Model, Want, document, median};
+use fleet::{Fleet, Model, Want, document, median};
 use serde_json::json;
 
 fn secs(d: Duration) -> String {

@@ -1,0 +1,705 @@
+//! The fleet under test, shared by the end-to-end suites and the fleet benchmark: real hosts
+//! with hostd, `occ init`, `occ serve` as a child process, enrolment, and helpers that drive the
+//! CLI/API and check the hosts.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use clawfleet_vm_tests::{TestHost, TestHosts};
+use coordinator::client::{Client, ClientError};
+use serde_json::{Value, json};
+
+/// The Namespace every scenario uses.
+pub const NS: &str = "fleet";
+
+/// What an Agent should be doing, as the test wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Want {
+    /// Serving `rev`; the gateway's `/info` label is `label`.
+    Running { rev: String, label: String },
+    /// Stopped; `rev` (the last active revision) stays on the host as a snapshot.
+    Stopped { rev: String },
+}
+
+/// The desired state of every Agent that still exists (deleted ones are absent).
+pub type Model = BTreeMap<String, Want>;
+
+/// Builds a workspace binary with the running test's profile; returns its path.
+pub fn build_binary(package: &str, bin: &str) -> PathBuf {
+    clawfleet_vm_tests::cargo_build(package, clawfleet_vm_tests::Artifact::Bin, bin)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("no free loopback port")
+        .port()
+}
+
+/// Prints how long a phase took.
+pub fn phase_done(name: &str, start: Instant) {
+    eprintln!("=== phase {name}: {:.1} s", start.elapsed().as_secs_f64());
+}
+
+/// Three (or n) hosts, the coordinator and its state.
+pub struct Fleet {
+    server: Option<Child>,
+    serve_runs: u32,
+    pub port: u16,
+    pub occ_bin: PathBuf,
+    pub config: PathBuf,
+    pub api: Client,
+    pub dir: tempfile::TempDir,
+    pub hosts: TestHosts,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet").field("port", &self.port).finish()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The coordinator's log explains most failures.
+            for run in 1..=self.serve_runs {
+                let log = self.dir.path().join(format!("serve-{run}.log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(60)..];
+                eprintln!(
+                    "--- last {} lines of {}:\n{}",
+                    tail.len(),
+                    log.display(),
+                    tail.join("\n")
+                );
+            }
+        }
+        if let Some(mut child) = self.server.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Fleet {
+    /// Boots `n` hosts, installs hostd and the test gateway (short limits), runs
+    /// `occ init` and `occ serve`, enrols every host and creates the Namespace [`NS`]
+    /// with all of them as its pool, and waits until it is ready everywhere.
+    pub fn start(n: usize) -> Fleet {
+        let t = Instant::now();
+        let hostd = build_binary("clawfleet-hostd", "hostd");
+        let occ_bin = PathBuf::from(env!("CARGO_BIN_EXE_occ"));
+        let hosts = TestHosts::start(n).expect("cannot start the test hosts");
+        eprintln!("{n} hosts up in {:.1} s", hosts.started_in().as_secs_f64());
+        std::thread::scope(|s| {
+            for h in hosts.iter() {
+                let hostd = &hostd;
+                s.spawn(move || {
+                    h.install_hostd(hostd).expect("cannot install hostd");
+                    let gateway = h
+                        .install_test_gateway()
+                        .expect("cannot install the test gateway");
+                    let toml = format!(
+                        "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n\
+                         [limits]\nreadiness_timeout_ms = 30000\nlock_timeout_ms = 5000\n",
+                        h.name()
+                    );
+                    h.write_file("/etc/clawfleet/hostd.toml", toml.as_bytes(), 0o644)
+                        .expect("cannot write hostd.toml");
+                });
+            }
+        });
+        let dir = tempfile::Builder::new()
+            .prefix("occ-e2e-")
+            .tempdir()
+            .expect("no temporary directory");
+        let port = free_port();
+        let config = dir.path().join("occ.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\nstate_dir = \"{}\"\n\
+                 [worker]\nlease_seconds = 3\nbackoff_initial_ms = 200\nbackoff_max_ms = 2000\n\
+                 poll_ms = 100\nreadiness_recheck_ms = 200\nreadiness_recheck_max_ms = 1000\n\
+                 [ssh]\nconnect_timeout_seconds = 5\n",
+                dir.path().join("state").display()
+            ),
+        )
+        .expect("cannot write occ.toml");
+        let mut fleet = Fleet {
+            server: None,
+            serve_runs: 0,
+            port,
+            api: Client::new(&format!("http://127.0.0.1:{port}"), None).expect("bad server URL"),
+            occ_bin,
+            config,
+            dir,
+            hosts,
+        };
+        fleet.occ_ok(&["init"]);
+        let token = std::fs::read_to_string(fleet.dir.path().join("state/admin.token"))
+            .expect("occ init wrote no admin token");
+        fleet.api = Client::new(
+            &format!("http://127.0.0.1:{port}"),
+            Some(token.trim().to_owned()),
+        )
+        .expect("bad server URL");
+        fleet.start_serve();
+        let enrol = fleet.occ_ok(&["enrol-command"]).trim().to_owned();
+        for h in fleet.hosts.iter() {
+            h.run_ok(&enrol).expect("hostd enrol failed on the host");
+            fleet.occ_ok(&[
+                "host",
+                "enrol",
+                h.name(),
+                "--address",
+                &h.address().to_string(),
+                "--host-key",
+                h.host_public_key().trim(),
+            ]);
+        }
+        let names = fleet.host_names().join(",");
+        fleet.occ_ok(&["namespace", "create", NS, "--hosts", &names]);
+        fleet.wait_namespace_ready(Duration::from_secs(60));
+        eprintln!(
+            "fleet ready ({} hosts enrolled, Namespace {NS} ready) in {:.1} s",
+            fleet.hosts.len(),
+            t.elapsed().as_secs_f64()
+        );
+        fleet
+    }
+
+    pub fn host_names(&self) -> Vec<String> {
+        self.hosts.iter().map(|h| h.name().to_owned()).collect()
+    }
+
+    pub fn host(&self, name: &str) -> &TestHost {
+        self.hosts
+            .iter()
+            .find(|h| h.name() == name)
+            .unwrap_or_else(|| panic!("no test host named {name}"))
+    }
+
+    /// `occ --config <cfg> <args>`.
+    pub fn occ(&self, args: &[&str]) -> Output {
+        Command::new(&self.occ_bin)
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env("OCC_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run occ {}: {e}", args.join(" ")))
+    }
+
+    /// `occ <args>`; panics (with stderr) unless it succeeds. Returns stdout.
+    pub fn occ_ok(&self, args: &[&str]) -> String {
+        let out = self.occ(args);
+        assert!(
+            out.status.success(),
+            "occ {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `occ --output json <args>`, parsed.
+    pub fn occ_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--output", "json"];
+        all.extend_from_slice(args);
+        let text = self.occ_ok(&all);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("occ {} printed no JSON ({e}): {text}", args.join(" ")))
+    }
+
+    /// Starts `occ serve` (again) on the same state dir and waits until it answers.
+    pub fn start_serve(&mut self) {
+        assert!(self.server.is_none(), "occ serve is already running");
+        self.serve_runs += 1;
+        let log_path = self
+            .dir
+            .path()
+            .join(format!("serve-{}.log", self.serve_runs));
+        let log = std::fs::File::create(&log_path).expect("cannot create the serve log");
+        let mut child = Command::new(&self.occ_bin)
+            .arg("--config")
+            .arg(&self.config)
+            .arg("serve")
+            .env("OCC_LOG", "info,russh=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cannot share the log file"))
+            .stderr(log)
+            .spawn()
+            .expect("cannot start occ serve");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("cannot poll occ serve") {
+                panic!(
+                    "occ serve exited early ({status}): {}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+            if self.api.request("GET", "/healthz", None).is_ok() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "occ serve did not answer /healthz within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.server = Some(child);
+    }
+
+    /// Lines of every `occ serve` run's log that contain `needle`.
+    pub fn serve_log_lines(&self, needle: &str) -> Vec<String> {
+        (1..=self.serve_runs)
+            .map(|run| {
+                let log = self.dir.path().join(format!("serve-{run}.log"));
+                std::fs::read_to_string(log).unwrap_or_default() + "\n"
+            })
+            .collect::<String>()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The pid of the running `occ serve`.
+    pub fn serve_pid(&self) -> u32 {
+        self.server.as_ref().expect("occ serve is not running").id()
+    }
+
+    /// `kill -9 <pid>` of the `occ serve` child, then reaps it.
+    pub fn kill_serve(&mut self) -> u32 {
+        self.signal_serve("-KILL", Duration::from_secs(10))
+    }
+
+    /// `kill -TERM <pid>` (graceful stop), then reaps it.
+    pub fn stop_serve(&mut self) -> u32 {
+        self.signal_serve("-TERM", Duration::from_secs(15))
+    }
+
+    fn signal_serve(&mut self, signal: &str, within: Duration) -> u32 {
+        let mut child = self.server.take().expect("occ serve is not running");
+        let pid = child.id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("cannot run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+        let start = Instant::now();
+        loop {
+            if child.try_wait().expect("cannot poll occ serve").is_some() {
+                return pid;
+            }
+            if start.elapsed() > within {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("occ serve (pid {pid}) did not exit within {within:?} of {signal}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_namespace_ready(&self, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            let ns = self
+                .api
+                .request("GET", &format!("/namespaces/{NS}"), None)
+                .expect("cannot read the Namespace");
+            if ns["ready"] == json!(true) {
+                return;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "Namespace {NS} not ready on every pool host after {timeout:?}: {ns}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn doc_path(&self, agent: &str) -> PathBuf {
+        self.dir.path().join(format!("cfg-{agent}.json"))
+    }
+
+    /// Creates a Configuration named after the Agent and the Agent using it.
+    pub fn create_agent(&self, agent: &str, document: &Value) {
+        let path = self.doc_path(agent);
+        std::fs::write(&path, document.to_string()).expect("cannot write the document");
+        let file = path.display().to_string();
+        self.occ_ok(&["configuration", "create", NS, agent, "--file", &file]);
+        self.occ_ok(&["agent", "create", NS, agent, "--configuration", agent]);
+    }
+
+    /// Adds a generation to the Agent's Configuration.
+    pub fn update_configuration(&self, agent: &str, document: &Value) {
+        let path = self.doc_path(agent);
+        std::fs::write(&path, document.to_string()).expect("cannot write the document");
+        let file = path.display().to_string();
+        self.occ_ok(&["configuration", "update", NS, agent, "--file", &file]);
+    }
+
+    /// `occ agent deploy` (no wait); returns the new revision id.
+    pub fn deploy(&self, agent: &str) -> String {
+        let rev = self.occ_json(&["agent", "deploy", NS, agent]);
+        rev["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("deploy of {agent} answered no revision: {rev}"))
+            .to_owned()
+    }
+
+    /// `POST .../deploy` over the API directly (the bench's timed path).
+    pub fn deploy_api(&self, agent: &str) -> String {
+        let rev = self
+            .api
+            .request(
+                "POST",
+                &format!("/namespaces/{NS}/agents/{agent}/deploy"),
+                None,
+            )
+            .unwrap_or_else(|e| panic!("deploy of {agent} refused: {e}"));
+        rev["id"].as_str().expect("no revision id").to_owned()
+    }
+
+    pub fn status(&self, agent: &str) -> Result<Value, ClientError> {
+        self.api.request(
+            "GET",
+            &format!("/namespaces/{NS}/agents/{agent}/deployment-status"),
+            None,
+        )
+    }
+
+    /// The API's view of every Agent in [`NS`], by id.
+    pub fn api_agents(&self) -> BTreeMap<String, Value> {
+        let list = self
+            .api
+            .request("GET", &format!("/namespaces/{NS}/agents"), None)
+            .expect("cannot list Agents");
+        list.as_array()
+            .expect("the Agent list is not an array")
+            .iter()
+            .map(|a| (a["id"].as_str().unwrap_or_default().to_owned(), a.clone()))
+            .collect()
+    }
+
+    /// Waits until every Agent matches its [`Want`] in the coordinator (converged, the
+    /// right active and served revision). Returns when each was first seen converged,
+    /// measured from `since`. Panics on a failed revision or after `timeout`.
+    pub fn wait_converged(
+        &self,
+        wants: &[(&str, Want)],
+        since: Instant,
+        timeout: Duration,
+    ) -> BTreeMap<String, Duration> {
+        let mut done: BTreeMap<String, Duration> = BTreeMap::new();
+        loop {
+            let mut last: BTreeMap<&str, Value> = BTreeMap::new();
+            for (agent, want) in wants {
+                if done.contains_key(*agent) {
+                    continue;
+                }
+                let s = self
+                    .status(agent)
+                    .unwrap_or_else(|e| panic!("deployment-status of {agent}: {e}"));
+                if matches_want(&s, want) {
+                    done.insert((*agent).to_owned(), since.elapsed());
+                    continue;
+                }
+                let newest = s["revisions"]
+                    .as_array()
+                    .and_then(|r| r.last())
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let idle = s["openWork"].as_array().is_some_and(|w| w.is_empty());
+                if newest["status"] == "failed" && idle {
+                    panic!(
+                        "{agent}: revision {} failed: {} {} (wanted {want:?})",
+                        newest["id"],
+                        newest["lastAttempt"]["code"],
+                        newest["lastAttempt"]["message"]
+                    );
+                }
+                last.insert(agent, s);
+            }
+            if last.is_empty() {
+                return done;
+            }
+            if since.elapsed() > timeout {
+                let detail: Vec<String> = last
+                    .iter()
+                    .map(|(a, s)| {
+                        let newest = s["revisions"]
+                            .as_array()
+                            .and_then(|r| r.last())
+                            .cloned()
+                            .unwrap_or(Value::Null);
+                        format!(
+                            "  {a}: desired {} active {} served {} converged {} newest {} {} {} {}; open work {}",
+                            s["desiredState"],
+                            s["activeRevisionId"],
+                            s["servedRevisionId"],
+                            s["converged"],
+                            newest["id"],
+                            newest["status"],
+                            newest["lastAttempt"]["code"],
+                            newest["lastAttempt"]["message"],
+                            s["openWork"]
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "{} of {} Agents not converged after {timeout:?}:\n{}",
+                    last.len(),
+                    wants.len(),
+                    detail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the Agents are gone from the coordinator (404).
+    pub fn wait_deleted(&self, agents: &[&str], timeout: Duration) {
+        let start = Instant::now();
+        let mut left: BTreeSet<&str> = agents.iter().copied().collect();
+        while !left.is_empty() {
+            left.retain(|a| match self.status(a) {
+                Err(ClientError::Api { status: 404, .. }) => false,
+                Ok(s) => {
+                    let idle = s["openWork"].as_array().is_some_and(|w| w.is_empty());
+                    assert!(
+                        !idle || s["desiredState"] != "deleted",
+                        "{a}: deletion has no open work but the Agent remains: {s}"
+                    );
+                    true
+                }
+                Err(e) => panic!("deployment-status of {a}: {e}"),
+            });
+            assert!(
+                start.elapsed() < timeout || left.is_empty(),
+                "Agents {left:?} not deleted after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `hostd status --json` on one host.
+    pub fn inventory(&self, host: &TestHost) -> Value {
+        let text = host
+            .run_ok("hostd status --json")
+            .unwrap_or_else(|e| panic!("hostd status on {}: {e}", host.name()));
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("hostd status on {} is not JSON ({e}): {text}", host.name()))
+    }
+
+    /// Checks that the state on every host equals `model` (and the coordinator agrees):
+    /// Namespaces, the set of Agents per host, current/served revision, snapshots, unit
+    /// state, port, and the running gateway's `/info` label. `namespace` says whether
+    /// [`NS`] should exist on the hosts. Returns the number of Agents per host.
+    pub fn check_hosts(&self, model: &Model, namespace: bool) -> BTreeMap<String, usize> {
+        let api = if namespace {
+            self.api_agents()
+        } else {
+            BTreeMap::new()
+        };
+        let api_ids: BTreeSet<&String> = api.keys().collect();
+        let model_ids: BTreeSet<&String> = model.keys().collect();
+        assert_eq!(
+            api_ids, model_ids,
+            "the coordinator's Agents differ from the model"
+        );
+        let mut per_host = BTreeMap::new();
+        for host in self.hosts.iter() {
+            let inv = self.inventory(host);
+            let name = host.name();
+            assert_eq!(
+                inv["problems"],
+                json!([]),
+                "{name}: hostd status reports problems"
+            );
+            let namespaces: Vec<&str> = inv["namespaces"]
+                .as_array()
+                .expect("no namespaces array")
+                .iter()
+                .filter_map(|n| n["id"].as_str())
+                .collect();
+            let wanted_ns: Vec<&str> = if namespace { vec![NS] } else { vec![] };
+            assert_eq!(namespaces, wanted_ns, "{name}: Namespaces on the host");
+            let on_host: BTreeMap<String, Value> = inv["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|n| n["agents"].as_array().cloned().unwrap_or_default())
+                .map(|a| (a["id"].as_str().unwrap_or_default().to_owned(), a))
+                .collect();
+            let expected: BTreeSet<&String> = api
+                .iter()
+                .filter(|(_, a)| a["host"] == name)
+                .map(|(id, _)| id)
+                .collect();
+            let actual: BTreeSet<&String> = on_host.keys().collect();
+            assert_eq!(actual, expected, "{name}: the Agents on the host");
+            per_host.insert(name.to_owned(), expected.len());
+            let mut probes: Vec<(String, u64, String)> = Vec::new();
+            for (id, a) in &on_host {
+                let want = &model[id];
+                let coord = &api[id];
+                let o = &a["observation"];
+                let revs: Vec<&str> = a["revisions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|r| r["id"].as_str())
+                    .collect();
+                let port = o["port"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{name}/{id}: no port: {a}"));
+                assert_eq!(
+                    coord["port"].as_u64(),
+                    Some(port),
+                    "{name}/{id}: the coordinator's port differs from the host's"
+                );
+                match want {
+                    Want::Running { rev, label } => {
+                        assert_eq!(o["current"], json!(rev), "{name}/{id}: current ({a})");
+                        assert_eq!(o["served"], json!(rev), "{name}/{id}: served ({a})");
+                        assert_eq!(
+                            o["unit"]["activeState"], "active",
+                            "{name}/{id}: unit state ({a})"
+                        );
+                        assert_eq!(o["unit"]["enabled"], true, "{name}/{id}: enabled ({a})");
+                        assert_eq!(
+                            revs,
+                            vec![rev.as_str()],
+                            "{name}/{id}: snapshots on the host (predecessors retired)"
+                        );
+                        assert_eq!(
+                            coord["activeRevisionId"],
+                            json!(rev),
+                            "{id}: the coordinator's active revision"
+                        );
+                        assert_eq!(
+                            coord["servedRevisionId"],
+                            json!(rev),
+                            "{id}: the coordinator's served revision"
+                        );
+                        probes.push((id.clone(), port, label.clone()));
+                    }
+                    Want::Stopped { rev } => {
+                        assert_eq!(o["current"], Value::Null, "{name}/{id}: current ({a})");
+                        assert_eq!(o["served"], Value::Null, "{name}/{id}: served ({a})");
+                        assert_ne!(
+                            o["unit"]["activeState"], "active",
+                            "{name}/{id}: unit of a stopped Agent ({a})"
+                        );
+                        assert_ne!(
+                            o["unit"]["enabled"], true,
+                            "{name}/{id}: unit of a stopped Agent stays disabled ({a})"
+                        );
+                        assert!(
+                            revs.contains(&rev.as_str()),
+                            "{name}/{id}: the stopped revision's snapshot is kept ({a})"
+                        );
+                        assert_eq!(
+                            coord["activeRevisionId"],
+                            Value::Null,
+                            "{id}: a stopped Agent has no active revision"
+                        );
+                        probes.push((id.clone(), port, String::new()));
+                    }
+                }
+            }
+            if probes.is_empty() {
+                continue;
+            }
+            // One ssh round trip per host: /info of each running gateway, /readyz of
+            // each stopped one (which must not answer).
+            let script: Vec<String> = probes
+                .iter()
+                .map(|(_, port, label)| {
+                    if label.is_empty() {
+                        format!(
+                            "curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 http://127.0.0.1:{port}/readyz; echo"
+                        )
+                    } else {
+                        format!("curl -s --max-time 5 http://127.0.0.1:{port}/info; echo")
+                    }
+                })
+                .collect();
+            let out = host
+                .run(&script.join("; "))
+                .unwrap_or_else(|e| panic!("{name}: curl: {e}"));
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.len(), probes.len(), "{name}: curl output: {text}");
+            for ((id, port, label), line) in probes.iter().zip(lines) {
+                if label.is_empty() {
+                    assert_eq!(
+                        line, "000",
+                        "{name}/{id}: a stopped gateway must not answer on port {port}"
+                    );
+                    continue;
+                }
+                let info: Value = serde_json::from_str(line).unwrap_or_else(|e| {
+                    panic!("{name}/{id}: /info on port {port} is not JSON ({e}): {line:?}")
+                });
+                assert_eq!(info["label"], json!(label), "{name}/{id}: served label");
+                assert_eq!(info["ready"], true, "{name}/{id}: gateway ready");
+                assert_eq!(info["port"].as_u64(), Some(*port), "{name}/{id}: port");
+            }
+        }
+        per_host
+    }
+}
+
+/// Whether a deployment-status document shows the Agent converged on `want`.
+pub fn matches_want(s: &Value, want: &Want) -> bool {
+    if s["converged"] != json!(true) {
+        return false;
+    }
+    match want {
+        Want::Running { rev, .. } => {
+            s["desiredState"] == "running"
+                && s["activeRevisionId"] == json!(rev)
+                && s["servedRevisionId"] == json!(rev)
+        }
+        Want::Stopped { .. } => s["desiredState"] == "stopped" && s["activeRevisionId"].is_null(),
+    }
+}
+
+/// The test gateway's configuration with a label (and optional extra switches).
+pub fn document(label: &str, extra: Value) -> Value {
+    let mut switches = json!({"label": label});
+    if let Value::Object(m) = extra {
+        for (k, v) in m {
+            switches[k] = v;
+        }
+    }
+    json!({"logging": {"level": "info"}, "x-clawfleet-test": switches})
+}
+
+/// Median of durations (the upper one for an even count).
+pub fn median(values: &[Duration]) -> Duration {
+    let mut v = values.to_vec();
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// Replaces the key in a known_hosts file (`<addr> <type> <base64>`) with `public_key`.
+pub fn pin_in_known_hosts(path: &Path, address: &str, public_key: &str) {
+    let fields: Vec<&str> = public_key.split_whitespace().take(2).collect();
+    std::fs::write(path, format!("{address} {}\n", fields.join(" ")))
+        .expect("cannot rewrite known_hosts");
+}
