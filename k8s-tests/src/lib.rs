@@ -21,6 +21,7 @@ mod config;
 mod control_plane;
 mod error;
 mod pki;
+mod proxy;
 mod run;
 mod signals;
 mod sys;
@@ -35,6 +36,7 @@ pub use control_plane::{
 };
 pub use error::{Error, Result};
 pub use pki::{APISERVER_DNS_NAMES, CertAndKey, Pki};
+pub use proxy::{Fault, FaultProxy, SeenRequest};
 pub use run::{ProcessRecord, RunRecord, list_runs, reclaim_stale};
 
 /// Why the control plane cannot run here, or `None` when it can. Under `CI=true` a missing

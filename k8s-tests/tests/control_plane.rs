@@ -5,8 +5,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use clawfleet_k8s_tests::{
-    ControlPlane, FAIL_PULL_MARKER, KUBERNETES_VERSION, skip_unless_control_plane,
-    wait_for_default_service_account,
+    ADMIN_USER, ControlPlane, FAIL_PULL_MARKER, Fault, FaultProxy, KUBERNETES_VERSION,
+    skip_unless_control_plane, wait_for_default_service_account,
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota, Service};
@@ -425,4 +425,82 @@ async fn apiserver_kill_and_restart_keeps_the_data() {
     // The same client (same URL, CA, token) works again and etcd kept the data.
     let ns = namespaces.get("survivor").await.unwrap();
     assert_eq!(ns.metadata.name.as_deref(), Some("survivor"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_proxy_injects_429_503_drops_and_delays_then_forwards() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let proxy = FaultProxy::start(&cp).await.unwrap();
+    // kube 5 retries 429/503/504 by itself unless told not to (Config::default_retry): a
+    // default client absorbs one injected 429, which the proxy sees as two requests.
+    let retrying = proxy.client(ADMIN_USER, cp.admin_token()).await.unwrap();
+    proxy.inject(Fault::too_many_requests(1), 1);
+    Api::<Namespace>::all(retrying)
+        .get("default")
+        .await
+        .unwrap();
+    assert_eq!(proxy.request_count(), 2);
+    assert_eq!(proxy.seen().iter().filter(|r| r.injected).count(), 1);
+
+    let mut config = proxy.config(ADMIN_USER, cp.admin_token()).await.unwrap();
+    config.default_retry = false;
+    let client = kube::Client::try_from(config).unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+
+    // Forwarded: the real server answers through the proxy (TLS with the run's CA both ways).
+    namespaces.get("default").await.unwrap();
+    assert_eq!(proxy.request_count(), 3);
+
+    // 429 with Retry-After, seen raw (kube's Error::Api keeps the code but not the header).
+    proxy.inject(Fault::too_many_requests(7), 1);
+    let req = http::Request::get("/api/v1/namespaces/default")
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let raw = client.send(req).await.unwrap();
+    assert_eq!(raw.status(), 429);
+    assert_eq!(
+        raw.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("7")
+    );
+    proxy.inject(Fault::too_many_requests(1), 1);
+    match namespaces.get("default").await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 429),
+        other => panic!("expected the injected 429, got {other:?}"),
+    }
+    proxy.inject(Fault::service_unavailable(), 1);
+    match namespaces.get("default").await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 503),
+        other => panic!("expected the injected 503, got {other:?}"),
+    }
+    proxy.inject(Fault::Drop, 1);
+    match namespaces.get("default").await {
+        Err(kube::Error::Api(s)) => panic!("a dropped connection gave a status: {s:?}"),
+        Err(_) => {}
+        Ok(_) => panic!("a dropped connection answered"),
+    }
+    proxy.inject(Fault::Delay(Duration::from_millis(1500)), 1);
+    let t0 = Instant::now();
+    namespaces.get("default").await.unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(1500));
+    assert_eq!(proxy.pending_faults(), 0);
+
+    // The apiserver killed behind the proxy: a transport error, not a made-up status.
+    cp.kill_apiserver().unwrap();
+    match namespaces.get("default").await {
+        Err(kube::Error::Api(s)) => panic!("the proxy invented a status: {s:?}"),
+        Err(_) => {}
+        Ok(_) => panic!("a killed apiserver answered through the proxy"),
+    }
+    cp.start_apiserver().await.unwrap();
+    namespaces.get("default").await.unwrap();
+    let seen = proxy.seen();
+    assert_eq!(seen.iter().filter(|r| r.injected).count(), 5, "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|r| r.uri.starts_with("/api/v1/namespaces/default"))
+    );
+    eprintln!("requests through the proxy: {}", proxy.request_count());
 }
