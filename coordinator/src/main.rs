@@ -623,7 +623,7 @@ fn report_probe(name: &str, probe: &Value) {
         .unwrap_or_default();
     if !missing.is_empty() {
         eprintln!(
-            "warning: host {name} lacks {}; deploys to it fail with GATEWAY_COMMAND_MISSING until that is installed",
+            "warning: host {name} lacks {}; deploys there fail (GATEWAY_COMMAND_MISSING or MISSING_TOOL) until it is installed",
             missing.join(", ")
         );
     }

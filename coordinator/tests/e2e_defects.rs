@@ -4,7 +4,9 @@
 //! SNAPSHOT_MISMATCH, HOST_KEY_MISMATCH); a failed stop must be visible in deployment status and
 //! end `occ agent stop --wait` at once with its code; and while a committed candidate is not
 //! ready, status must say nothing is served and no revision is called active, and the
-//! worker's retries must not restart the gateway.
+//! worker's retries must not restart the gateway; a refused configuration never reaches the
+//! host; and a host without the gateway command says so at probe time and fails a deploy at
+//! once with GATEWAY_COMMAND_MISSING.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "fleet_support/mod.rs"]
@@ -259,6 +261,26 @@ fn coordinator_defects_on_a_real_host() {
     );
     assert_eq!(unit_property(&fleet, "NRestarts"), restarts);
 
+    // 4. A configuration the design refuses never reaches the host.
+    let before = on_host(&fleet, "hostd status --json");
+    let refused = fleet.dir.path().join("plugins.json");
+    std::fs::write(
+        &refused,
+        json!({"plugins": {"entries": {"x": {"enabled": true}}}}).to_string(),
+    )
+    .unwrap();
+    let out = fleet.occ(&[
+        "configuration",
+        "create",
+        NS,
+        "with-plugins",
+        "--file",
+        &refused.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("plugins"), "{}", text(&out));
+    assert_eq!(on_host(&fleet, "hostd status --json"), before);
+
     // A good revision ends it; the host serves again.
     fleet.update_configuration(AGENT, &document("good-again", json!({})));
     let (code, out) = deploy_wait(&fleet);
@@ -268,5 +290,31 @@ fn coordinator_defects_on_a_real_host() {
     assert_eq!(s["servedRevisionId"], s["activeRevisionId"], "{s}");
     let out = fleet.occ(&["agent", "delete", NS, AGENT, "--wait"]);
     assert!(out.status.success(), "{}", text(&out));
+
+    // 5. A host without the gateway command: the probe names it, and a deploy there fails
+    //    at once with its own code (it used to crash-loop into UNIT_FAILED).
+    on_host(
+        &fleet,
+        r#"sed -i -E 's|^gateway_command = .*|gateway_command = ["/usr/local/bin/no-such-gateway"]|' /etc/clawfleet/hostd.toml"#,
+    );
+    let out = fleet.occ(&["host", "probe", &host]);
+    let printed = text(&out);
+    assert!(out.status.success(), "{printed}");
+    assert!(
+        printed.contains("/usr/local/bin/no-such-gateway"),
+        "{printed}"
+    );
+    assert!(printed.contains("GATEWAY_COMMAND_MISSING"), "{printed}");
+    fleet.create_agent("a2", &document("v1", json!({})));
+    let started = Instant::now();
+    let out = fleet.occ(&["agent", "deploy", NS, "a2", "--wait", "--timeout", "90"]);
+    let printed = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{printed}");
+    assert!(
+        printed.contains("failed: GATEWAY_COMMAND_MISSING"),
+        "{printed}"
+    );
+    assert!(printed.contains("(nothing serves)"), "{printed}");
+    assert!(started.elapsed() < Duration::from_secs(30), "{printed}");
     fleet.kill_serve();
 }
