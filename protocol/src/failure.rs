@@ -110,6 +110,24 @@ failure_codes! {
     NamespaceNotEmpty = "NAMESPACE_NOT_EMPTY" => Permanent,
     /// An unexpected internal error; the host log has details under the operation id.
     Internal = "INTERNAL" => Retryable,
+    // Kubernetes backend outcomes.
+    /// The revision's Pod cannot be scheduled (PodScheduled=False, reason Unschedulable).
+    RevisionUnschedulable = "REVISION_UNSCHEDULABLE" => Retryable,
+    /// The gateway image of the revision's Pod cannot be pulled (ErrImagePull, ImagePullBackOff).
+    RevisionImagePullFailed = "REVISION_IMAGE_PULL_FAILED" => Retryable,
+    /// The Namespace's Pod quota refuses the revision's Pod (ReplicaSet FailedCreate, exceeded quota).
+    NamespacePodQuotaExceeded = "NAMESPACE_POD_QUOTA_EXCEEDED" => Retryable,
+    /// The revision is not ready yet (rollout, readiness or endpoints still pending) at the deadline.
+    RevisionIncomplete = "REVISION_INCOMPLETE" => Retryable,
+    /// The Kubernetes API timed out, refused the connection, throttled (429) or failed (5xx).
+    KubernetesApiUnavailable = "KUBERNETES_API_UNAVAILABLE" => Retryable,
+    /// The Kubernetes API refused a request (a 4xx other than 429).
+    KubernetesApiRejected = "KUBERNETES_API_REJECTED" => Permanent,
+    /// A Kubernetes object at an owned name is foreign or its ownership markers were changed;
+    /// nothing was written.
+    KubernetesOwnershipConflict = "KUBERNETES_OWNERSHIP_CONFLICT" => Permanent,
+    /// The cluster's credentials or settings, or the revision, cannot be deployed as configured.
+    KubernetesConfigurationInvalid = "KUBERNETES_CONFIGURATION_INVALID" => Permanent,
 }
 
 impl fmt::Display for FailureCode {
