@@ -60,7 +60,11 @@ if complete; then
     exit 0
 fi
 
-command -v go >/dev/null || { echo "build-control-plane: no 'go' on PATH; the control-plane tier needs Go >= 1.26 to build its binaries" >&2; exit 1; }
+# Go is preinstalled under /usr/local/go on the project's machines; PATH may lack it.
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+    export PATH="$PATH:/usr/local/go/bin"
+fi
+command -v go >/dev/null || { echo "build-control-plane: no 'go' on PATH or in /usr/local/go/bin; the control-plane tier needs Go >= 1.26 to build its binaries" >&2; exit 1; }
 mkdir -p "$root"
 exec 9>"$root/.build.lock"
 echo "build-control-plane: waiting for the build lock $root/.build.lock" >&2

@@ -504,3 +504,47 @@ async fn fault_proxy_injects_429_503_drops_and_delays_then_forwards() {
     );
     eprintln!("requests through the proxy: {}", proxy.request_count());
 }
+
+#[test]
+fn a_sigkilled_runs_processes_are_reclaimed_from_its_record() {
+    skip_unless_control_plane!();
+    use std::io::BufRead;
+    let config = clawfleet_k8s_tests::HarnessConfig::from_env().unwrap();
+    let mut owner = std::process::Command::new(env!("CARGO_BIN_EXE_k8scp"))
+        .arg("up")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let Some(stdout) = owner.stdout.take() else {
+        panic!("no stdout from k8scp");
+    };
+    let mut id = None;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("control plane ") {
+            id = rest.split_whitespace().next().map(str::to_string);
+        }
+        if line.starts_with("Ctrl-C") {
+            break;
+        }
+    }
+    let Some(id) = id else {
+        let _ = owner.kill();
+        panic!("k8scp up did not report a control plane");
+    };
+    // SIGKILL: nothing in the owner runs, its five components are orphaned.
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let runs = clawfleet_k8s_tests::list_runs(&config).unwrap();
+    let Some((rec, live)) = runs.into_iter().find(|(r, _)| r.id == id) else {
+        panic!("no record of run {id}");
+    };
+    assert!(!live, "the dead owner's lock is free");
+    assert_eq!(rec.processes.len(), 5, "{rec:?}");
+    assert!(!rec.leftovers().is_empty());
+    // (A control plane starting in another test process may reclaim it first: also fine.)
+    clawfleet_k8s_tests::reclaim_stale(&config).unwrap();
+    let runs = clawfleet_k8s_tests::list_runs(&config).unwrap();
+    assert!(runs.iter().all(|(r, _)| r.id != id), "the record is gone");
+    assert!(rec.leftovers().is_empty(), "{:?}", rec.leftovers());
+}
