@@ -10,8 +10,9 @@
 #   CLAWFLEET_K8S_CACHE_ROOT  parent of the keyed directories (default /var/cache/clawfleet-k8s)
 #   CLAWFLEET_K8S_MIN_FREE_GB free disk demanded before a cold build (default 8)
 #
-# The keyed directory holds the five binaries, kwok's stage files (stages/), and a stamp file
-# (.complete) written last and atomically: with the stamp present nothing is rebuilt. A flock on
+# The keyed directory holds the five binaries, a stamp file (.complete) written after them,
+# atomically (with the stamp present they are not rebuilt), and kwok's stage files (stages/,
+# copied whenever one is missing). A flock on
 # the cache root keeps two runs from building at once; the second waits, then finds the stamp.
 set -euo pipefail
 
@@ -43,12 +44,21 @@ if [[ "${1:-}" == "--print-dir" ]]; then
 fi
 
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
-complete() {
+# kwok's shipped stage files the harness uses (paths under its kustomize/stage/).
+stage_files=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml
+    volume/fast/storage-class.yaml volume/fast/pvc-provision.yaml volume/fast/pv-bind.yaml
+    volume/fast/pvc-delete.yaml volume/fast/pv-delete.yaml)
+binaries_complete() {
     [[ -f "$stamp" ]] || return 1
     local b
     for b in "${binaries[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
-    [[ -d "$dir/stages" ]]
 }
+stages_complete() {
+    local f
+    for f in "${stage_files[@]}"; do [[ -f "$dir/stages/$(basename "$f")" ]] || return 1; done
+}
+complete() { binaries_complete && stages_complete; }
 
 step_start=0
 step() { step_start=$(date +%s); echo "build-control-plane: $* ..." >&2; }
@@ -87,11 +97,12 @@ done
 
 total_start=$(date +%s)
 mkdir -p "$dir"
-rm -f "$stamp"
 export CGO_ENABLED=0
 # The go.sum files are committed and complete for linux/amd64; never rewrite them here.
 export GOFLAGS="${GOFLAGS:-} -mod=readonly"
 
+if ! binaries_complete; then
+rm -f "$stamp"
 step "downloading modules (kubernetes $k8s_version, etcd $etcd_version, kwok $kwok_version)"
 for m in kubernetes etcd kwok; do (cd "$gomods/$m" && go mod download); done
 done_step
@@ -116,23 +127,26 @@ build kubernetes kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldfla
 build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
 build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
 
-step "copying kwok's stage files"
-kwok_src="$(cd "$gomods/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
-rm -rf "$dir/.stages.tmp"
-mkdir -p "$dir/.stages.tmp"
-for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
-    cp "$kwok_src/kustomize/stage/$f" "$dir/.stages.tmp/$(basename "$f")"
-done
-rm -rf "$dir/stages"
-mv "$dir/.stages.tmp" "$dir/stages"
-done_step
-
 "$dir/kube-apiserver" --version >&2
 "$dir/etcd" --version | head -1 >&2
 
 printf 'kubernetes %s\netcd %s\nkwok %s\nbuilt %s in %s s\n' "$k8s_version" "$etcd_version" "$kwok_version" \
     "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(($(date +%s) - total_start))" >"$dir/.complete.tmp"
 mv -f "$dir/.complete.tmp" "$stamp"
+fi
+
+if ! stages_complete; then
+step "copying kwok's stage files"
+kwok_src="$(cd "$gomods/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+rm -rf "$dir/.stages.tmp"
+mkdir -p "$dir/.stages.tmp"
+for f in "${stage_files[@]}"; do
+    cp "$kwok_src/kustomize/stage/$f" "$dir/.stages.tmp/$(basename "$f")"
+done
+chmod 0644 "$dir/.stages.tmp"/*
+rm -rf "$dir/stages"
+mv "$dir/.stages.tmp" "$dir/stages"
+done_step
+fi
 echo "build-control-plane: built $key in $(($(date +%s) - total_start)) s; $(du -sh "$dir" | cut -f1) in $dir" >&2
 echo "$dir"

@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::PostParams;
 use nix::sys::signal::Signal;
@@ -38,12 +39,20 @@ pub const LIMITED_USER: &str = "clawfleet-limited";
 const POD_READY_STAGE: &str = include_str!("../stages/pod-ready.yaml");
 const POD_FAIL_PULL_STAGE: &str = include_str!("../stages/pod-fail-pull.yaml");
 /// kwok v0.8.0's own stage files, copied into `<bin_dir>/stages` by the build script.
-const SHIPPED_STAGES: &[&str] = &[
+pub(crate) const SHIPPED_STAGES: &[&str] = &[
     "node-initialize.yaml",
     "node-heartbeat-with-lease.yaml",
     "pod-complete.yaml",
     "pod-delete.yaml",
+    "pvc-provision.yaml",
+    "pv-bind.yaml",
+    "pvc-delete.yaml",
+    "pv-delete.yaml",
 ];
+
+/// The default StorageClass whose PersistentVolumeClaims kwok's volume stages provision and
+/// bind (as in kwok's `kustomize/stage/volume/fast/storage-class.yaml`).
+pub const STORAGE_CLASS: &str = "kwok-volume";
 
 /// The binaries the build script puts in the binary directory.
 pub const BINARIES: &[&str] = &[
@@ -352,6 +361,19 @@ impl ControlPlane {
             kwok.push(arg("--config", d.join("stages").join(s)));
         }
         self.spawn("kwok", &kwok)?;
+
+        let classes: Api<StorageClass> = Api::all(client.clone());
+        let class = storage_class()?;
+        self.poll_until(
+            "creating the kwok StorageClass",
+            deadline,
+            async || match classes.create(&PostParams::default(), &class).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+        .await?;
 
         let nodes: Api<Node> = Api::all(client.clone());
         let node = kwok_node(NODE_NAME)?;
@@ -815,6 +837,25 @@ fn node_ready(n: &Node) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// kwok's volume StorageClass, made the default one (PVCs without a class get it).
+fn storage_class() -> Result<StorageClass> {
+    let v = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": STORAGE_CLASS,
+            "annotations": { "storageclass.kubernetes.io/is-default-class": "true" },
+        },
+        "provisioner": "kwok.x-k8s.io/volume",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    });
+    serde_json::from_value(v).map_err(|e| Error::Manifest {
+        what: "the kwok StorageClass",
+        reason: e.to_string(),
+    })
+}
+
 /// The Node kwok manages: labelled `type=kwok`, no taints (Pods need no toleration).
 fn kwok_node(name: &str) -> Result<Node> {
     let v = serde_json::json!({
@@ -867,6 +908,23 @@ mod tests {
         let mut without = ours.clone();
         without.drain(at..at + added.len());
         assert_eq!(without, shipped.lines().collect::<Vec<_>>());
+    }
+
+    /// The StorageClass made in code is the one kwok ships with its volume stages.
+    #[test]
+    fn storage_class_matches_the_shipped_one() {
+        let config = HarnessConfig::from_env().unwrap();
+        let shipped = config.bin_dir.join("stages").join("storage-class.yaml");
+        let Ok(shipped) = fs::read_to_string(&shipped) else {
+            eprintln!("SKIP: {} not built yet", shipped.display());
+            return;
+        };
+        let class = storage_class().unwrap();
+        assert!(shipped.contains(&format!("name: {STORAGE_CLASS}")));
+        assert!(shipped.contains(&format!("provisioner: {}", class.provisioner)));
+        assert!(shipped.contains("volumeBindingMode: Immediate"));
+        assert!(shipped.contains("reclaimPolicy: Delete"));
+        assert!(shipped.contains("storageclass.kubernetes.io/is-default-class: \"true\""));
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use config::{
 };
 pub use control_plane::{
     ADMIN_USER, BINARIES, ControlPlane, FAIL_PULL_MARKER, KWOK_NODE_LABEL, LIMITED_USER, NODE_NAME,
-    POD_CIDR, SERVICE_CIDR, StartTimings, client_from_kubeconfig, kubeconfig_for,
+    POD_CIDR, SERVICE_CIDR, STORAGE_CLASS, StartTimings, client_from_kubeconfig, kubeconfig_for,
     wait_for_default_service_account,
 };
 pub use error::{Error, Result};
@@ -71,6 +71,16 @@ fn missing_prerequisite() -> Option<String> {
             return Some(format!(
                 "{} is missing; build it with k8s-tests/build-control-plane.sh (a cold build \
                  takes 15-40 min) or set CLAWFLEET_K8S_BIN_DIR",
+                p.display()
+            ));
+        }
+    }
+    for s in control_plane::SHIPPED_STAGES {
+        let p = config.bin_dir.join("stages").join(s);
+        if !p.is_file() {
+            return Some(format!(
+                "{} is missing; run k8s-tests/build-control-plane.sh again (it copies kwok's \
+                 stage files) or set CLAWFLEET_K8S_BIN_DIR",
                 p.display()
             ));
         }

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use clawfleet_k8s_tests::{
     ADMIN_USER, ControlPlane, FAIL_PULL_MARKER, Fault, FaultProxy, KUBERNETES_VERSION,
-    skip_unless_control_plane, wait_for_default_service_account,
+    STORAGE_CLASS, skip_unless_control_plane, wait_for_default_service_account,
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota, Service};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -63,12 +63,24 @@ fn deployment(name: &str, image: &str) -> Deployment {
             "selector": { "matchLabels": { "app": name } },
             "template": {
                 "metadata": { "labels": { "app": name } },
-                "spec": { "containers": [{
-                    "name": "gateway", "image": image,
-                    "ports": [{ "containerPort": 8080, "name": "http" }],
-                }] },
+                "spec": {
+                    "containers": [{
+                        "name": "gateway", "image": image,
+                        "ports": [{ "containerPort": 8080, "name": "http" }],
+                        "volumeMounts": [{ "name": "state", "mountPath": "/state" }],
+                    }],
+                    "volumes": [{ "name": "state", "persistentVolumeClaim": { "claimName": "state" } }],
+                },
             },
         },
+    }))
+}
+
+fn claim() -> PersistentVolumeClaim {
+    manifest(serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": { "name": "state" },
+        "spec": { "accessModes": ["ReadWriteOnce"], "resources": { "requests": { "storage": "1Gi" } } },
     }))
 }
 
@@ -141,6 +153,12 @@ async fn control_plane_smoke() {
     wait_for_default_service_account(&client, "smoke", WAIT)
         .await
         .unwrap();
+    // A PVC of the default (kwok) StorageClass: kwok provisions and binds it.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "smoke");
+    claims
+        .create(&PostParams::default(), &claim())
+        .await
+        .unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "smoke");
     deployments
         .create(
@@ -183,6 +201,15 @@ async fn control_plane_smoke() {
         .unwrap_or_default();
     assert!(!pod_ip.is_empty(), "kwok gave the Pod an IP");
     assert!(ready_pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(cp.node_name()));
+    wait_for("the PVC Bound", WAIT, || async {
+        let c = claims.get("state").await.map_err(|e| e.to_string())?;
+        let class = c.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+        if class.as_deref() != Some(STORAGE_CLASS) {
+            return Err(format!("storageClassName {class:?}"));
+        }
+        Ok((c.status.and_then(|s| s.phase).as_deref() == Some("Bound")).then_some(()))
+    })
+    .await;
     wait_for("the Deployment's readyReplicas=1", WAIT, || async {
         let d = deployments.get("web").await.map_err(|e| e.to_string())?;
         let s = d.status.unwrap_or_default();
