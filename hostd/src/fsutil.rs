@@ -310,12 +310,18 @@ pub fn remove_file_if_present(path: &Path) -> Result<bool, FsError> {
     }
 }
 
-/// Removes a directory tree if present (symlinks inside are removed, never followed).
+/// Removes a directory tree if present (symlinks inside are removed, never followed). The
+/// tree is first renamed to a pending name (and the parent synced), so an interrupted removal
+/// never leaves a half-removed tree under its real name, only a pending leftover that
+/// [`list_dir`] skips and [`sweep_pending`] removes.
 pub fn remove_tree_if_present(path: &Path) -> Result<bool, FsError> {
     match kind(path)? {
         Kind::Missing => Ok(false),
         Kind::Dir => {
-            fs::remove_dir_all(path).map_err(io_err(path))?;
+            let pending = pending_name(path);
+            fs::rename(path, &pending).map_err(io_err(path))?;
+            sync_dir(parent(path))?;
+            fs::remove_dir_all(&pending).map_err(io_err(&pending))?;
             sync_dir(parent(path))?;
             Ok(true)
         }
@@ -367,6 +373,26 @@ pub fn sweep_pending(path: &Path) {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn trees_are_removed_under_a_pending_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("t");
+        fs::create_dir_all(tree.join("a/b")).unwrap();
+        fs::write(tree.join("a/b/f"), b"x").unwrap();
+        assert!(remove_tree_if_present(&tree).unwrap());
+        assert!(!tree.exists());
+        assert!(
+            fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "no leftovers"
+        );
+        assert!(!remove_tree_if_present(&tree).unwrap());
+        // What an interrupted removal leaves is invisible to listings and swept.
+        fs::create_dir_all(dir.path().join("u.pending-1-2/x")).unwrap();
+        assert!(list_dir(dir.path()).unwrap().is_empty());
+        sweep_pending(dir.path());
+        assert!(fs::read_dir(dir.path()).unwrap().next().is_none());
+    }
 
     #[test]
     fn atomic_write_replaces_files_and_refuses_symlinks() {

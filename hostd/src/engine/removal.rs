@@ -140,6 +140,8 @@ impl Engine<'_> {
             ctx.step(Step::Remove)?;
             fsutil::remove_tree_if_present(&paths.dir).map_err(fs_failure)?;
         }
+        // Leftovers of an interrupted earlier removal (pending names, never read).
+        fsutil::sweep_pending(&self.layout.agents_dir(&ns.id));
         if let Some(m) = &account_marker {
             self.remove_identity(ctx, m)?;
         } else {
