@@ -294,11 +294,14 @@ impl Engine<'_> {
                 "the gateway password file is missing; prepare the revision again",
             ));
         }
-        self.check_gateway_command()?;
 
         let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
         let existing = self.verify_unit_file(&ns.id, &agent.id, paths)?;
         let unit_changed = existing.as_deref() != Some(text.as_str());
+        if unit_changed {
+            // A new unit file means a restart: refuse before writing it.
+            self.check_gateway_command()?;
+        }
         let state = self
             .system
             .unit_state(&paths.unit_name)
@@ -358,6 +361,9 @@ impl Engine<'_> {
             }
         }
 
+        // A gateway that cannot start would only crash-loop into UNIT_FAILED. (A running one
+        // is left alone above: its process does not need the file any more.)
+        self.check_gateway_command()?;
         ctx.step(Step::PointerFlip)?;
         fsutil::sweep_pending(&paths.dir);
         // Durably forget what served before, then move `current`: from here until readiness

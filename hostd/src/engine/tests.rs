@@ -1087,4 +1087,28 @@ fn a_missing_or_unexecutable_gateway_command_is_probed_and_fails_prepare_fast() 
     );
     assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
     assert!(!h.layout().agent(&id("ns1"), &id("a1")).current.exists());
+
+    // A gateway that already serves is left alone: re-activating it needs no restart.
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755)).unwrap();
+    h.ok(activate("ns1", "a1", "r1", 1));
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o644)).unwrap();
+    match h.ok(activate("ns1", "a1", "r1", 1)) {
+        OperationResult::ActivateRevision(r) => assert!(!r.restarted),
+        other => panic!("{other:?}"),
+    }
+    // But a new revision, which needs a restart, is refused before the cutover.
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755)).unwrap();
+    h.ok(prepare("ns1", "a1", "r2", 2));
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_eq!(
+        h.fails(activate("ns1", "a1", "r2", 2)).code,
+        FailureCode::GatewayCommandMissing
+    );
+    match h.ok(Operation::VerifyRevision(rargs("ns1", "a1", "r1", 1))) {
+        OperationResult::VerifyRevision(v) => {
+            assert_eq!(v.observation.current, Some(id("r1")));
+            assert_eq!(v.observation.served, Some(id("r1")));
+        }
+        other => panic!("{other:?}"),
+    }
 }
