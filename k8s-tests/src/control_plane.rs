@@ -113,6 +113,7 @@ pub struct ControlPlane {
     limited_token: String,
     api_port: u16,
     etcd_port: u16,
+    etcd_peer_port: u16,
     kubeconfig: PathBuf,
     limited_kubeconfig: PathBuf,
     apiserver_args: Vec<OsString>,
@@ -231,6 +232,7 @@ impl ControlPlane {
         let run = Run::claim(config, &id)?;
         let run_dir = config.runs_dir().join(&id);
         let logs_dir = config.logs_dir().join(&id);
+        let [api_port, etcd_port, etcd_peer_port] = sys::free_ports::<3>()?;
         let etcd_data_dir = match (config.etcd_on_tmpfs, tmpfs_base()) {
             (true, Some(base)) => base.join(format!("clawfleet-k8s-etcd-{id}")),
             _ => run_dir.join("etcd"),
@@ -244,8 +246,9 @@ impl ControlPlane {
             pki: Pki::generate()?,
             admin_token: sys::random_hex(24)?,
             limited_token: sys::random_hex(24)?,
-            api_port: sys::free_port()?,
-            etcd_port: sys::free_port()?,
+            api_port,
+            etcd_port,
+            etcd_peer_port,
             kubeconfig: run_dir.join("admin.kubeconfig"),
             limited_kubeconfig: run_dir.join("limited.kubeconfig"),
             apiserver_args: Vec::new(),
@@ -276,9 +279,8 @@ impl ControlPlane {
         let t0 = Instant::now();
         let deadline = t0 + self.config.start_timeout;
 
-        let peer_port = sys::free_port()?;
         let etcd_url = format!("http://127.0.0.1:{}", self.etcd_port);
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let peer_url = format!("http://127.0.0.1:{}", self.etcd_peer_port);
         let etcd_args = vec![
             arg("--name", "clawfleet"),
             arg("--data-dir", &self.etcd_data_dir),

@@ -69,14 +69,22 @@ pub(crate) fn wait_until(limit: Duration, step: Duration, mut done: impl FnMut()
     }
 }
 
-/// A port on 127.0.0.1 that was free a moment ago (the kernel picks from its ephemeral range,
-/// so concurrent runs rarely collide; a component that cannot bind fails the start loudly).
-pub(crate) fn free_port() -> Result<u16> {
-    let l =
-        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| Error::NoPort { source })?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|source| Error::NoPort { source })
+/// `n` distinct ports on 127.0.0.1 that were free a moment ago: all are bound at once, so they
+/// differ from each other; the kernel picks them from its ephemeral range, so concurrent runs
+/// rarely collide, and a component that cannot bind fails the start loudly.
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let mut held = Vec::with_capacity(N);
+    let mut ports = [0u16; N];
+    for p in ports.iter_mut() {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|source| Error::NoPort { source })?;
+        *p = l
+            .local_addr()
+            .map(|a| a.port())
+            .map_err(|source| Error::NoPort { source })?;
+        held.push(l);
+    }
+    Ok(ports)
 }
 
 pub(crate) fn create_dir_all(path: &Path) -> Result<()> {
@@ -184,7 +192,9 @@ mod tests {
     }
 
     #[test]
-    fn free_ports_are_loopback_and_nonzero() {
-        assert!(free_port().is_ok_and(|p| p != 0));
+    fn free_ports_are_distinct_and_nonzero() {
+        let [a, b, c] = free_ports::<3>().unwrap();
+        assert!(a != 0 && b != 0 && c != 0);
+        assert!(a != b && b != c && a != c);
     }
 }
