@@ -9,10 +9,12 @@ use clawfleet_k8s_tests::{
     STORAGE_CLASS, skip_unless_control_plane, wait_for_default_service_account,
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Service,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use serde::de::DeserializeOwned;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -251,6 +253,62 @@ async fn control_plane_smoke() {
         "deploy to ready endpoint: {:.1}s",
         t_deploy.elapsed().as_secs_f64()
     );
+
+    // Server-side apply: a second field manager changing an owned field without force is a
+    // 409 conflict; a delete with a stale uid precondition is a 409 too.
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "smoke");
+    let cm = |v: &str| -> ConfigMap {
+        manifest(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "settings" }, "data": { "k": v },
+        }))
+    };
+    let applied = maps
+        .patch(
+            "settings",
+            &PatchParams::apply("clawfleet"),
+            &Patch::Apply(cm("1")),
+        )
+        .await
+        .unwrap();
+    assert!(
+        applied
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .iter()
+            .any(|m| m.manager.as_deref() == Some("clawfleet"))
+    );
+    match maps
+        .patch(
+            "settings",
+            &PatchParams::apply("intruder"),
+            &Patch::Apply(cm("2")),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 409, "{s:?}"),
+        other => panic!("a conflicting apply was accepted: {other:?}"),
+    }
+    let stale = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("00000000-0000-0000-0000-000000000000".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match maps.delete("settings", &stale).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 409, "{s:?}"),
+        other => panic!("a delete with a wrong uid precondition went through: {other:?}"),
+    }
+    let exact = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: applied.metadata.uid.clone(),
+            resource_version: applied.metadata.resource_version.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    maps.delete("settings", &exact).await.unwrap();
 
     // A ResourceQuota of 0 Pods: the ReplicaSet reports ReplicaFailure/FailedCreate.
     namespaces
