@@ -1,0 +1,217 @@
+//! [`KubeBackend`]: the entry point the coordinator calls with one operation for one cluster.
+//!
+//! What each operation does (objects and names in [`crate::render`] and [`crate::names`]):
+//!
+//! - `probe`: `GET /version`. A server below 1.35 is a warning, not a refusal. Mapped onto
+//!   hostd's `ProbeResult`: `hostdVersion` = `clawfleet-kube <version>`, `systemHostName` = the
+//!   cluster name, `hostKey` = SHA-256 of the pinned CA certificate (the cluster's identity, as
+//!   a host key is a host's), `systemdVersion` = `kubernetes <gitVersion>` followed by
+//!   ` (warning KUBERNETES_VERSION_BELOW_MINIMUM: …)` when below 1.35, `missingTools` empty,
+//!   `portRange` = the gateway port, `maxAgents` = the pod quota, `agents` = clawfleet's
+//!   Deployments on the cluster. [`KubeBackend::probe_cluster`] gives the same as a typed value.
+//! - `ensure-namespace`: the tenant namespace `oce-<15 hex>` (restricted Pod Security), its
+//!   ResourceQuota, LimitRange, default-deny, DNS and gateway-ingress NetworkPolicies.
+//!   Another namespace claiming the same Namespace id is a conflict.
+//! - `delete-namespace`: a DELETE with the namespace's uid as precondition, then waits until
+//!   it is gone (`DEADLINE_EXCEEDED`, retryable, while it still terminates at the deadline).
+//!   Adopted namespaces are not supported yet: every tenant namespace is managed.
+//! - `prepare-revision`: the Agent's ServiceAccount, state PVC (created once, never patched),
+//!   password Secret (created once), egress policy, the Service (created inactive, never
+//!   touched here once it exists) and the revision's immutable ConfigMap. Never touches the
+//!   Deployment. `ready: false` when the Deployment already runs a newer revision.
+//! - `activate-revision`: applies the Deployment with this revision's template (Recreate) and
+//!   points the Service at it, then waits for readiness as observed: observedGeneration, a
+//!   settled rollout, readyReplicas, a Ready Pod of this revision and an EndpointSlice owned by
+//!   the Service's uid with a ready endpoint. Blockers end the wait early once they have held
+//!   for a few seconds: `REVISION_UNSCHEDULABLE`, `REVISION_IMAGE_PULL_FAILED`,
+//!   `NAMESPACE_POD_QUOTA_EXCEEDED`; still not ready at the deadline: `REVISION_INCOMPLETE`.
+//!   A retried activation re-applies nothing new and waits again.
+//! - `verify-revision`: the revision's ConfigMap exists, is ours and matches; no writes.
+//! - `stop-revision`: deletes the Deployment only if it carries this revision (uid and
+//!   resourceVersion preconditions), sets the Service inactive, waits until the revision's
+//!   Pods are gone; keeps PVC, Secret and ConfigMaps. Repeatable.
+//! - `retire-revision`: stop if the Deployment carries it, then delete its ConfigMap (uid
+//!   precondition).
+//! - `delete-agent`: checks every object of the Agent first, then deletes the Deployment,
+//!   waits for its Pods, then the Service, ConfigMaps, Secret, PVC, ServiceAccount and policy.
+//! - `status`: hostd's `Inventory` shape. Per Agent: `account` = the ServiceAccount name,
+//!   revisions from the ConfigMaps, and an `AgentObservation` where `current` is the revision
+//!   the Deployment's template carries, `served` that revision when it is observed ready and
+//!   the Service selects it, `port` the gateway port, and `unit` the Deployment: `name` its
+//!   name, `activeState` `active` (ready) / `activating` / `failed` (a blocker above) /
+//!   `inactive` (no Deployment), `subState` the Pod's phase or waiting reason, `nRestarts` the
+//!   containers' restart count, `enabled` whether the Deployment exists.
+//! - `operation-status`: always `unknown`. Calls to a cluster are synchronous request and
+//!   answer from the coordinator's own process, so there is no remote journal to ask: when a
+//!   call is interrupted the coordinator retries the (idempotent) operation, which observes
+//!   the cluster as it is.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::Operation;
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::result::{OperationResult, OperationState, OperationStatusResult};
+
+use crate::client::{ClusterClient, Requests};
+use crate::kubeconfig::ClusterCredentials;
+use crate::ops;
+use crate::settings::ClusterSettings;
+
+/// The oldest Kubernetes minor version (1.x) supported without a warning.
+pub const MINIMUM_KUBERNETES_MINOR: u32 = 35;
+
+/// One cluster as the coordinator stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// The coordinator's name for the cluster (the cache key of its client).
+    pub name: String,
+    pub credentials: ClusterCredentials,
+    pub settings: ClusterSettings,
+}
+
+/// What [`KubeBackend::probe_cluster`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterProbe {
+    /// `gitVersion` of the API server, e.g. `v1.37.2`.
+    pub server_version: String,
+    pub major: u32,
+    pub minor: u32,
+    /// Not refusals: registration goes on, the operator sees them.
+    pub warnings: Vec<ProbeWarning>,
+}
+
+/// A warning with its stable code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeWarning {
+    /// `KUBERNETES_VERSION_BELOW_MINIMUM`.
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The Kubernetes backend. Cheap to share (`Arc<KubeBackend>`); one client per cluster.
+#[derive(Debug, Default)]
+pub struct KubeBackend {
+    clients: Mutex<HashMap<String, ([u8; 32], ClusterClient)>>,
+}
+
+impl KubeBackend {
+    /// A backend with no clients yet; each is built on first use.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Drops the cached client of a cluster (after it was removed or re-registered).
+    pub fn forget(&self, cluster_name: &str) {
+        if let Ok(mut c) = self.clients.lock() {
+            c.remove(cluster_name);
+        }
+    }
+
+    fn client_for(&self, cluster: &Cluster) -> Result<ClusterClient, Failure> {
+        let key = cluster.credentials.cache_key();
+        let mut clients = self.clients.lock().map_err(|_| {
+            Failure::new(FailureCode::Internal, "the client cache lock is poisoned")
+        })?;
+        if let Some((k, c)) = clients.get(&cluster.name)
+            && *k == key
+        {
+            return Ok(c.clone());
+        }
+        let c = ClusterClient::new(&cluster.credentials)?;
+        clients.insert(cluster.name.clone(), (key, c.clone()));
+        Ok(c)
+    }
+
+    /// Runs one operation against one cluster within `deadline`.
+    pub async fn call(
+        &self,
+        cluster: &Cluster,
+        operation: Operation,
+        deadline: Duration,
+    ) -> Result<OperationResult, Failure> {
+        cluster.settings.validate().map_err(|e| {
+            Failure::new(
+                FailureCode::KubernetesConfigurationInvalid,
+                format!("cluster {} settings: {e}", cluster.name),
+            )
+        })?;
+        let r = Requests {
+            cc: self.client_for(cluster)?,
+            deadline: Instant::now() + deadline,
+        };
+        let kind = operation.kind();
+        let started = Instant::now();
+        let out = run(
+            &r,
+            &cluster.name,
+            &cluster.credentials,
+            &cluster.settings,
+            operation,
+        )
+        .await;
+        match &out {
+            Ok(_) => {
+                tracing::info!(cluster = %cluster.name, op = %kind, elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")
+            }
+            Err(f) => {
+                tracing::warn!(cluster = %cluster.name, op = %kind, code = %f.code, message = %f.message, "operation failed")
+            }
+        }
+        out
+    }
+
+    /// `/version` and its warnings, typed.
+    pub async fn probe_cluster(&self, cluster: &Cluster) -> Result<ClusterProbe, Failure> {
+        let r = Requests {
+            cc: self.client_for(cluster)?,
+            deadline: Instant::now() + Duration::from_secs(15),
+        };
+        ops::probe::version(&r).await
+    }
+}
+
+/// Dispatches one operation (also used by the request-shape tests with a mock client).
+pub(crate) async fn run(
+    r: &Requests,
+    cluster_name: &str,
+    creds: &ClusterCredentials,
+    settings: &ClusterSettings,
+    operation: Operation,
+) -> Result<OperationResult, Failure> {
+    Ok(match operation {
+        Operation::Probe(_) => OperationResult::Probe(
+            ops::probe::probe(r, cluster_name, &creds.ca_fingerprint(), settings).await?,
+        ),
+        Operation::EnsureNamespace(a) => {
+            OperationResult::EnsureNamespace(ops::namespace::ensure(r, settings, &a).await?)
+        }
+        Operation::DeleteNamespace(a) => {
+            OperationResult::DeleteNamespace(ops::namespace::delete(r, &a).await?)
+        }
+        Operation::PrepareRevision(a) => {
+            OperationResult::PrepareRevision(ops::revision::prepare(r, settings, &a).await?)
+        }
+        Operation::ActivateRevision(a) => {
+            OperationResult::ActivateRevision(ops::revision::activate(r, settings, &a).await?)
+        }
+        Operation::VerifyRevision(a) => {
+            OperationResult::VerifyRevision(ops::revision::verify(r, settings, &a).await?)
+        }
+        Operation::StopRevision(a) => {
+            OperationResult::StopRevision(ops::revision::stop(r, settings, &a).await?)
+        }
+        Operation::RetireRevision(a) => {
+            OperationResult::RetireRevision(ops::revision::retire(r, settings, &a).await?)
+        }
+        Operation::DeleteAgent(a) => OperationResult::DeleteAgent(ops::agent::delete(r, &a).await?),
+        Operation::Status(a) => {
+            OperationResult::Status(ops::status::status(r, settings, &a).await?)
+        }
+        Operation::OperationStatus(a) => OperationResult::OperationStatus(OperationStatusResult {
+            operation_id: a.operation_id,
+            state: OperationState::Unknown,
+        }),
+    })
+}

@@ -1,0 +1,374 @@
+//! One API client per cluster, and every request's time limit, retry rule and error mapping.
+//!
+//! - The client trusts exactly the stored CA (never the system store, never the ambient
+//!   kubeconfig) and has kube's own retry switched off: kube 5 would otherwise retry 429/503/504
+//!   for every verb, mutating ones included.
+//! - Every request gets at most 10 s (less when the operation's deadline is nearer).
+//! - Reads (GET, LIST) are retried in place on 429, 5xx and transport errors, at most three
+//!   attempts within the deadline. Mutating requests are never retried in place: the
+//!   coordinator retries the whole idempotent operation.
+//! - A 429 or 503 with `Retry-After` closes a per-cluster gate until then: the retried read,
+//!   and every later request of any operation to that cluster, waits for it (or fails at once
+//!   with `KUBERNETES_API_UNAVAILABLE` when the deadline comes first).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use clawfleet_protocol::failure::{Failure, FailureClass, FailureCode};
+use http::{Request, Response, StatusCode};
+use kube::client::ClientBuilder;
+use kube::config::{AuthInfo, Config};
+
+use crate::kubeconfig::{ClusterAuth, ClusterCredentials};
+
+/// The limit of one request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts of one read.
+const READ_ATTEMPTS: u32 = 3;
+/// The longest Retry-After honoured (a larger one is capped).
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
+
+/// When the cluster next accepts requests, learned from Retry-After.
+#[derive(Debug, Default)]
+pub(crate) struct RetryGate {
+    not_before: Mutex<Option<Instant>>,
+}
+
+impl RetryGate {
+    fn close_for(&self, wait: Duration) {
+        if let Ok(mut g) = self.not_before.lock() {
+            let until = Instant::now() + wait.min(RETRY_AFTER_MAX);
+            if g.is_none_or(|t| t < until) {
+                *g = Some(until);
+            }
+        }
+    }
+
+    /// How long to wait before the next request, if at all.
+    pub(crate) fn wait(&self) -> Option<Duration> {
+        let g = self.not_before.lock().ok()?;
+        g.and_then(|t| t.checked_duration_since(Instant::now()))
+    }
+}
+
+/// A tower layer that reads Retry-After off 429 and 503 answers into the cluster's gate.
+#[derive(Debug, Clone)]
+pub(crate) struct RetryAfterLayer {
+    gate: Arc<RetryGate>,
+}
+
+impl<S> tower_layer::Layer<S> for RetryAfterLayer {
+    type Service = RetryAfterService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RetryAfterService {
+            inner,
+            gate: self.gate.clone(),
+        }
+    }
+}
+
+/// The service of [`RetryAfterLayer`].
+#[derive(Debug, Clone)]
+pub(crate) struct RetryAfterService<S> {
+    inner: S,
+    gate: Arc<RetryGate>,
+}
+
+type BoxFut<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B, RB> tower_service::Service<Request<B>> for RetryAfterService<S>
+where
+    S: tower_service::Service<Request<B>, Response = Response<RB>>,
+    S::Future: Send + 'static,
+    RB: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = S::Error;
+    type Future = BoxFut<Response<RB>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let fut = self.inner.call(req);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let res = fut.await?;
+            if matches!(
+                res.status(),
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+            ) && let Some(wait) = retry_after(res.headers())
+            {
+                tracing::info!(
+                    status = res.status().as_u16(),
+                    retry_after_ms = wait.as_millis() as u64,
+                    "the Kubernetes API asked to retry later"
+                );
+                gate.close_for(wait);
+            }
+            Ok(res)
+        })
+    }
+}
+
+/// Retry-After in seconds (the HTTP-date form is not used by the API server).
+fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let v = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?;
+    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// A cluster's client and its gate.
+#[derive(Clone)]
+pub(crate) struct ClusterClient {
+    pub(crate) client: kube::Client,
+    pub(crate) gate: Arc<RetryGate>,
+}
+
+impl std::fmt::Debug for ClusterClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterClient")
+    }
+}
+
+impl ClusterClient {
+    /// Builds the client from stored credentials. Must run inside a tokio runtime.
+    pub(crate) fn new(creds: &ClusterCredentials) -> Result<Self, Failure> {
+        let invalid = |what: &str| {
+            Failure::new(
+                FailureCode::KubernetesConfigurationInvalid,
+                format!("the stored credentials cannot build a client: {what}"),
+            )
+        };
+        let uri: http::Uri = creds
+            .server()
+            .parse()
+            .map_err(|_| invalid("the server URL does not parse"))?;
+        let mut config = Config::new(uri);
+        config.root_cert = Some(creds.ca_der());
+        config.accept_invalid_certs = false;
+        config.default_retry = false;
+        config.connect_timeout = Some(REQUEST_TIMEOUT);
+        config.read_timeout = Some(REQUEST_TIMEOUT);
+        config.write_timeout = Some(REQUEST_TIMEOUT);
+        config.reset_reader_on_write = true;
+        config.tls_server_name = creds.tls_server_name().map(str::to_owned);
+        config.proxy_url = None;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+        config.auth_info = match creds.auth() {
+            ClusterAuth::Token { token } => AuthInfo {
+                token: Some(token.clone().into()),
+                ..AuthInfo::default()
+            },
+            ClusterAuth::ClientCertificate {
+                certificate_pem,
+                key_pem,
+            } => AuthInfo {
+                client_certificate_data: Some(b64(certificate_pem)),
+                client_key_data: Some(b64(key_pem).into()),
+                ..AuthInfo::default()
+            },
+        };
+        let gate = Arc::new(RetryGate::default());
+        let builder = ClientBuilder::try_from(config)
+            .map_err(|e| invalid(&short(&e.to_string())))?
+            .with_layer(&RetryAfterLayer { gate: gate.clone() });
+        Ok(Self {
+            client: builder.build(),
+            gate,
+        })
+    }
+
+    /// A client over any service (the request-shape tests use tower-test's mock).
+    #[cfg(test)]
+    pub(crate) fn from_client(client: kube::Client) -> Self {
+        Self {
+            client,
+            gate: Arc::new(RetryGate::default()),
+        }
+    }
+}
+
+/// One operation's view of its cluster: the client and the operation's deadline.
+#[derive(Debug, Clone)]
+pub(crate) struct Requests {
+    pub(crate) cc: ClusterClient,
+    pub(crate) deadline: Instant,
+}
+
+/// Whether an error may pass by itself: throttling, server errors, transport, timeouts.
+fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+pub(crate) fn short(text: &str) -> String {
+    let t: String = text.chars().take(240).collect();
+    t
+}
+
+/// The failure for an API error on `what` (e.g. "get Deployment oce-…/gw-…").
+pub(crate) fn api_failure(what: &str, e: &kube::Error) -> Failure {
+    match e {
+        kube::Error::Api(s) if s.code == 429 => Failure::new(
+            FailureCode::KubernetesApiUnavailable,
+            format!("{what}: the Kubernetes API is throttling requests (429)"),
+        ),
+        kube::Error::Api(s) if s.code >= 500 => Failure::new(
+            FailureCode::KubernetesApiUnavailable,
+            format!("{what}: the Kubernetes API failed ({})", s.code),
+        ),
+        kube::Error::Api(s) if s.code == 401 => Failure::new(
+            FailureCode::KubernetesApiRejected,
+            format!("{what}: the cluster refused clawfleet's credentials (401)"),
+        ),
+        kube::Error::Api(s) if s.code == 403 => Failure::new(
+            FailureCode::KubernetesApiRejected,
+            format!("{what}: forbidden (403): {}", short(&s.message)),
+        ),
+        kube::Error::Api(s) if s.code == 409 => Failure::with_class(
+            FailureClass::Retryable,
+            FailureCode::KubernetesApiRejected,
+            format!("{what}: conflict (409), the object changed meanwhile; retry"),
+        ),
+        kube::Error::Api(s) => Failure::new(
+            FailureCode::KubernetesApiRejected,
+            format!(
+                "{what}: the Kubernetes API refused it ({} {}): {}",
+                s.code,
+                s.reason,
+                short(&s.message)
+            ),
+        ),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => Failure::new(
+            FailureCode::KubernetesApiUnavailable,
+            format!(
+                "{what}: the Kubernetes API cannot be reached: {}",
+                short(&e.to_string())
+            ),
+        ),
+        other => Failure::with_class(
+            FailureClass::Retryable,
+            FailureCode::KubernetesApiRejected,
+            format!(
+                "{what}: the API server's answer is not usable: {}",
+                short(&other.to_string())
+            ),
+        ),
+    }
+}
+
+/// The HTTP status of an API error, if it has one.
+pub(crate) fn status_of(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+fn timed_out(what: &str, limit: Duration) -> Failure {
+    Failure::new(
+        FailureCode::KubernetesApiUnavailable,
+        format!(
+            "{what}: no answer from the Kubernetes API within {} ms",
+            limit.as_millis()
+        ),
+    )
+}
+
+impl Requests {
+    pub(crate) fn client(&self) -> kube::Client {
+        self.cc.client.clone()
+    }
+
+    /// Time left before the operation's deadline.
+    pub(crate) fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Waits for the cluster's Retry-After gate, or fails when it outlasts the deadline.
+    async fn pass_gate(&self, what: &str) -> Result<(), Failure> {
+        if let Some(wait) = self.cc.gate.wait() {
+            if wait >= self.remaining() {
+                return Err(Failure::new(
+                    FailureCode::KubernetesApiUnavailable,
+                    format!(
+                        "{what}: the Kubernetes API asked to wait {} ms (Retry-After), past this operation's deadline",
+                        wait.as_millis()
+                    ),
+                ));
+            }
+            tokio::time::sleep(wait).await;
+        }
+        Ok(())
+    }
+
+    fn limit(&self) -> Duration {
+        REQUEST_TIMEOUT
+            .min(self.remaining())
+            .max(Duration::from_millis(1))
+    }
+
+    /// A read: retried in place on transient errors (see the module comment).
+    pub(crate) async fn read<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T, Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let mut attempt = 0;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            attempt += 1;
+            self.pass_gate(what).await?;
+            let limit = self.limit();
+            let out = tokio::time::timeout(limit, f()).await;
+            let failure = match out {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if transient(&e) => api_failure(what, &e),
+                Ok(Err(e)) => return Err(api_failure(what, &e)),
+                Err(_) => timed_out(what, limit),
+            };
+            let gate_wait = self.cc.gate.wait().unwrap_or(pause);
+            if attempt >= READ_ATTEMPTS || gate_wait + limit.min(pause) >= self.remaining() {
+                tracing::warn!(what, attempt, code = %failure.code, "read failed");
+                return Err(failure);
+            }
+            tracing::debug!(what, attempt, "transient read failure; retrying");
+            if self.cc.gate.wait().is_none() {
+                tokio::time::sleep(pause).await;
+            }
+            pause = (pause * 3).min(Duration::from_secs(1));
+        }
+    }
+
+    /// A mutating request: sent once.
+    pub(crate) async fn write<T, Fut>(&self, what: &str, fut: Fut) -> Result<T, kube::Error>
+    where
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        if let Err(f) = self.pass_gate(what).await {
+            return Err(kube::Error::Service(Box::new(GateClosed(f.message))));
+        }
+        let limit = self.limit();
+        match tokio::time::timeout(limit, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(kube::Error::Service(Box::new(TimedOut(limit)))),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {} ms", .0.as_millis())]
+struct TimedOut(Duration);
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct GateClosed(String);

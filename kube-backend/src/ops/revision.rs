@@ -1,0 +1,560 @@
+//! Revision operations: prepare (stage only), activate (cutover and observed readiness),
+//! verify, stop and retire.
+
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::Ident;
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::operation::{AgentRef, PrepareArgs, RevisionArgs, RevisionRef};
+use clawfleet_protocol::result::{
+    ActivateResult, AgentObservation, PrepareResult, RetireResult, StopResult, VerifyResult,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::client::Requests;
+use crate::names::{self, Markers};
+use crate::objects::{Obj, label};
+use crate::observe::{self, Observed, agent_pods, deployment_revision};
+use crate::ops::namespace::require_namespace;
+use crate::ops::{pause_within, render_failure};
+use crate::render;
+use crate::settings::ClusterSettings;
+
+/// How long a blocker (unschedulable, image pull, quota) must hold before activation stops
+/// waiting and reports it: long enough for the scheduler and the kubelet to retry once.
+const BLOCKER_SETTLE: Duration = Duration::from_secs(4);
+
+/// The Agent's objects, with their APIs.
+struct AgentObjects {
+    tenant: String,
+    names: names::AgentNames,
+    markers: Markers,
+    deployments: Obj<Deployment>,
+    services: Obj<Service>,
+    accounts: Obj<ServiceAccount>,
+    claims: Obj<PersistentVolumeClaim>,
+    secrets: Obj<Secret>,
+    policies: Obj<NetworkPolicy>,
+    config_maps: Obj<ConfigMap>,
+}
+
+impl AgentObjects {
+    fn new(r: &Requests, ns: &Ident, agent: &Ident) -> Self {
+        let tenant = names::tenant_namespace(ns);
+        Self {
+            names: names::agent(agent),
+            markers: Markers::agent(ns, agent),
+            deployments: Obj::namespaced(r, &tenant, "Deployment"),
+            services: Obj::namespaced(r, &tenant, "Service"),
+            accounts: Obj::namespaced(r, &tenant, "ServiceAccount"),
+            claims: Obj::namespaced(r, &tenant, "PersistentVolumeClaim"),
+            secrets: Obj::namespaced(r, &tenant, "Secret"),
+            policies: Obj::namespaced(r, &tenant, "NetworkPolicy"),
+            config_maps: Obj::namespaced(r, &tenant, "ConfigMap"),
+            tenant,
+        }
+    }
+}
+
+fn random_password() -> Result<String, Failure> {
+    use std::io::Read;
+    let mut buf = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| {
+            Failure::new(
+                FailureCode::IoFailed,
+                format!("cannot read /dev/urandom: {e}"),
+            )
+        })?;
+    Ok(clawfleet_protocol::ident::hex(&buf))
+}
+
+fn has_password(s: &Secret) -> bool {
+    s.data
+        .as_ref()
+        .and_then(|d| d.get(names::PASSWORD_KEY))
+        .is_some_and(|v| !v.0.is_empty())
+}
+
+/// A revision's ConfigMap must say exactly what the revision says.
+fn check_config_map(
+    cm: &ConfigMap,
+    rev: &RevisionRef,
+    rendered: Option<&str>,
+) -> Result<(), Failure> {
+    let name = cm.metadata.name.clone().unwrap_or_default();
+    let a = cm.metadata.annotations.as_ref();
+    let number_ok = a.and_then(|a| a.get(names::REVISION_NUMBER)) == Some(&rev.number.to_string());
+    let hash_ok = a
+        .and_then(|a| a.get(names::CONFIGURATION_HASH))
+        .map(String::as_str)
+        == Some(rev.configuration_hash.as_str());
+    let data_ok = rendered.is_none_or(|text| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get(names::CONFIG_KEY))
+            .map(String::as_str)
+            == Some(text)
+    });
+    if !(number_ok && hash_ok && data_ok && cm.immutable == Some(true)) {
+        return Err(Failure::new(
+            FailureCode::SnapshotMismatch,
+            format!(
+                "ConfigMap {name} differs from revision {} (number, configuration hash, content or immutability)",
+                rev.id
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the Deployment runs a revision newer than `rev`; the same number under another id
+/// is a mismatch (numbers name exactly one revision).
+fn newer_deployed(d: Option<&Deployment>, rev: &RevisionRef) -> Result<bool, Failure> {
+    let Some(d) = d else { return Ok(false) };
+    let Some((id, number)) = deployment_revision(d)? else {
+        return Ok(false);
+    };
+    if number == rev.number.get() && id != rev.id {
+        return Err(Failure::new(
+            FailureCode::SnapshotMismatch,
+            format!("revision number {number} already runs as revision {id}"),
+        ));
+    }
+    Ok(number > rev.number.get())
+}
+
+async fn observation(
+    r: &Requests,
+    settings: &ClusterSettings,
+    ns: &Ident,
+    agent: &Ident,
+) -> Result<AgentObservation, Failure> {
+    Ok(observe::observe(r, ns, agent).await?.observation(settings))
+}
+
+/// `prepare-revision`.
+pub(crate) async fn prepare(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &PrepareArgs,
+) -> Result<PrepareResult, Failure> {
+    let ns = &args.namespace.id;
+    let agent = &args.agent;
+    let rev = &args.revision;
+    if !rev.hash_matches() {
+        return Err(Failure::new(
+            FailureCode::KubernetesConfigurationInvalid,
+            "revision.configurationHash does not match the configuration carried",
+        ));
+    }
+    let reference = rev.reference();
+    // Render everything before the first request.
+    let rendered = render::cluster_configuration(&rev.configuration).map_err(render_failure)?;
+    let cm = render::config_map(ns, agent, &reference, &rendered).map_err(render_failure)?;
+    let sa = render::service_account(ns, agent).map_err(render_failure)?;
+    let pvc = render::state_claim(ns, agent, settings).map_err(render_failure)?;
+    let egress = render::egress_policy(ns, agent).map_err(render_failure)?;
+    let svc = render::service(ns, agent, settings, names::INACTIVE).map_err(render_failure)?;
+    render::deployment(ns, agent, &reference, settings).map_err(render_failure)?;
+
+    require_namespace(r, ns).await?;
+    let o = AgentObjects::new(r, ns, &agent.id);
+    let rev_markers = Markers::revision(ns, &agent.id, &rev.id);
+    let cm_name = names::revision_config_map(&agent.id, &rev.id);
+    // Check first: every object this touches.
+    let nsm = Markers::namespace(ns);
+    if o.policies
+        .get_owned(r, names::DEFAULT_DENY, &nsm)
+        .await?
+        .is_none()
+    {
+        return Err(Failure::new(
+            FailureCode::NamespaceMissing,
+            format!(
+                "the default-deny policy of {} is missing; run ensure-namespace",
+                o.tenant
+            ),
+        ));
+    }
+    let dep = o
+        .deployments
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?;
+    if newer_deployed(dep.as_ref(), &reference)? {
+        return Ok(PrepareResult {
+            ready: false,
+            created: false,
+            observation: observation(r, settings, ns, &agent.id).await?,
+        });
+    }
+    let existing_cm = o.config_maps.get_owned(r, &cm_name, &rev_markers).await?;
+    if let Some(existing) = &existing_cm {
+        check_config_map(existing, &reference, Some(&rendered))?;
+    }
+    o.accounts
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?;
+    let existing_pvc = o.claims.get_owned(r, &o.names.state, &o.markers).await?;
+    let existing_secret = o
+        .secrets
+        .get_owned(r, &o.names.password, &o.markers)
+        .await?;
+    o.policies.get_owned(r, &o.names.egress, &o.markers).await?;
+    let existing_svc = o
+        .services
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?;
+
+    // Then write.
+    o.accounts.apply(r, &o.names.gateway, &sa).await?;
+    match &existing_pvc {
+        None => {
+            o.claims.apply(r, &o.names.state, &pvc).await?;
+        }
+        Some(p) if p.metadata.deletion_timestamp.is_some() => {
+            return Err(Failure::new(
+                FailureCode::RevisionIncomplete,
+                format!(
+                    "the state volume claim {} is being deleted; retry",
+                    o.names.state
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
+    match &existing_secret {
+        None => {
+            let secret =
+                render::password_secret(ns, agent, &random_password()?).map_err(render_failure)?;
+            o.secrets.create(r, &o.names.password, &secret).await?;
+        }
+        Some(s) if !has_password(s) => {
+            // Ours but without its key: replace, fenced by what we read.
+            let mut secret =
+                render::password_secret(ns, agent, &random_password()?).map_err(render_failure)?;
+            secret.metadata.uid = s.metadata.uid.clone();
+            secret.metadata.resource_version = s.metadata.resource_version.clone();
+            o.secrets.replace(r, &o.names.password, &secret).await?;
+        }
+        Some(_) => {}
+    }
+    o.policies.apply(r, &o.names.egress, &egress).await?;
+    if existing_svc.is_none() {
+        o.services.apply(r, &o.names.gateway, &svc).await?;
+    }
+    let created = existing_cm.is_none();
+    if created {
+        o.config_maps.apply(r, &cm_name, &cm).await?;
+        tracing::info!(agent = %agent.id, revision = %rev.id, "revision prepared");
+    }
+    Ok(PrepareResult {
+        ready: true,
+        created,
+        observation: observation(r, settings, ns, &agent.id).await?,
+    })
+}
+
+/// The prepared revision's objects must all be there and ours.
+async fn require_prepared(
+    r: &Requests,
+    o: &AgentObjects,
+    ns: &Ident,
+    agent: &AgentRef,
+    rev: &RevisionRef,
+) -> Result<(), Failure> {
+    let not_prepared = |what: &str| {
+        Failure::new(
+            FailureCode::RevisionNotPrepared,
+            format!(
+                "{what} of revision {} is missing; prepare the revision again",
+                rev.id
+            ),
+        )
+    };
+    let cm_name = names::revision_config_map(&agent.id, &rev.id);
+    let cm = o
+        .config_maps
+        .get_owned(r, &cm_name, &Markers::revision(ns, &agent.id, &rev.id))
+        .await?
+        .ok_or_else(|| not_prepared("the ConfigMap"))?;
+    check_config_map(&cm, rev, None)?;
+    o.accounts
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?
+        .ok_or_else(|| not_prepared("the ServiceAccount"))?;
+    o.claims
+        .get_owned(r, &o.names.state, &o.markers)
+        .await?
+        .ok_or_else(|| not_prepared("the state volume claim"))?;
+    let secret = o
+        .secrets
+        .get_owned(r, &o.names.password, &o.markers)
+        .await?
+        .ok_or_else(|| not_prepared("the password Secret"))?;
+    if !has_password(&secret) {
+        return Err(not_prepared("the gateway password"));
+    }
+    o.services
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?
+        .ok_or_else(|| not_prepared("the Service"))?;
+    Ok(())
+}
+
+/// `activate-revision`.
+pub(crate) async fn activate(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &RevisionArgs,
+) -> Result<ActivateResult, Failure> {
+    let ns = &args.namespace.id;
+    let agent = &args.agent;
+    let rev = &args.revision;
+    let dep_obj = render::deployment(ns, agent, rev, settings).map_err(render_failure)?;
+    let serving = names::serving_value(&rev.id);
+    let svc_obj = render::service(ns, agent, settings, &serving).map_err(render_failure)?;
+
+    require_namespace(r, ns).await?;
+    let o = AgentObjects::new(r, ns, &agent.id);
+    require_prepared(r, &o, ns, agent, rev).await?;
+    let dep = o
+        .deployments
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?;
+    if newer_deployed(dep.as_ref(), rev)? {
+        let (id, number) = dep
+            .as_ref()
+            .and_then(|d| deployment_revision(d).ok().flatten())
+            .unwrap_or((rev.id.clone(), rev.number.get()));
+        return Err(Failure::new(
+            FailureCode::Superseded,
+            format!("revision {id} (number {number}) already runs"),
+        ));
+    }
+    let carried = dep
+        .as_ref()
+        .and_then(|d| deployment_revision(d).ok().flatten())
+        .map(|(id, _)| id);
+    let restarted = carried.as_ref() != Some(&rev.id);
+    let before = dep.as_ref().and_then(|d| d.metadata.generation);
+    let applied = o.deployments.apply(r, &o.names.gateway, &dep_obj).await?;
+    let template_changed = before != applied.metadata.generation;
+    o.services.apply(r, &o.names.gateway, &svc_obj).await?;
+    if restarted {
+        tracing::info!(agent = %agent.id, revision = %rev.id, "gateway Deployment switched to the revision");
+    }
+    let observed = wait_ready(r, ns, &agent.id).await?;
+    tracing::info!(agent = %agent.id, revision = %rev.id, "revision serving");
+    Ok(ActivateResult {
+        restarted,
+        unit_changed: template_changed,
+        observation: observed.observation(settings),
+    })
+}
+
+/// Polls until the Agent is observed ready, a blocker holds, or the deadline comes.
+async fn wait_ready(r: &Requests, ns: &Ident, agent: &Ident) -> Result<Observed, Failure> {
+    let mut pause = Duration::from_millis(100);
+    let mut blocked_since: Option<(FailureCode, Instant)> = None;
+    loop {
+        let seen = observe::observe(r, ns, agent).await?;
+        if seen.ready {
+            return Ok(seen);
+        }
+        match &seen.blocker {
+            Some(b) => {
+                let since = match blocked_since {
+                    Some((code, t)) if code == b.code => t,
+                    _ => Instant::now(),
+                };
+                blocked_since = Some((b.code, since));
+                if since.elapsed() >= BLOCKER_SETTLE {
+                    return Err(b.clone());
+                }
+            }
+            None => blocked_since = None,
+        }
+        if !pause_within(r, pause).await {
+            return Err(seen.blocker.clone().unwrap_or_else(|| {
+                Failure::new(
+                    FailureCode::RevisionIncomplete,
+                    format!(
+                        "the gateway is not ready yet at the deadline (Pod {}); activation can be retried",
+                        seen.sub_state
+                    ),
+                )
+            }));
+        }
+        pause = (pause * 3 / 2).min(Duration::from_secs(1));
+    }
+}
+
+/// `verify-revision`.
+pub(crate) async fn verify(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &RevisionArgs,
+) -> Result<VerifyResult, Failure> {
+    let ns = &args.namespace.id;
+    require_namespace(r, ns).await?;
+    let o = AgentObjects::new(r, ns, &args.agent.id);
+    let cm_name = names::revision_config_map(&args.agent.id, &args.revision.id);
+    let cm = o
+        .config_maps
+        .get_owned(
+            r,
+            &cm_name,
+            &Markers::revision(ns, &args.agent.id, &args.revision.id),
+        )
+        .await?
+        .ok_or_else(|| {
+            Failure::new(
+                FailureCode::RevisionNotPrepared,
+                format!(
+                    "revision {} is not prepared on the cluster",
+                    args.revision.id
+                ),
+            )
+        })?;
+    check_config_map(&cm, &args.revision, None)?;
+    Ok(VerifyResult {
+        observation: observation(r, settings, ns, &args.agent.id).await?,
+    })
+}
+
+/// Deletes the Deployment if it carries this revision; waits for the revision's Pods to go.
+/// Returns whether it deleted the Deployment.
+async fn stop_if_current(
+    r: &Requests,
+    settings: &ClusterSettings,
+    ns: &Ident,
+    agent_ref: &AgentRef,
+    rev: &RevisionRef,
+) -> Result<bool, Failure> {
+    let agent = &agent_ref.id;
+    let o = AgentObjects::new(r, ns, agent);
+    let dep = o
+        .deployments
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?;
+    let svc = o
+        .services
+        .get_owned(r, &o.names.gateway, &o.markers)
+        .await?;
+    let serving = names::serving_value(&rev.id);
+    let mut stopped = false;
+    if let Some(d) = &dep
+        && deployment_revision(d)?.is_some_and(|(id, _)| id == rev.id)
+    {
+        // uid + resourceVersion: a concurrent cutover changes the resourceVersion, and then
+        // this 409s instead of deleting the successor.
+        stopped = o
+            .deployments
+            .delete(r, &o.names.gateway, &d.metadata, true)
+            .await?;
+        if stopped {
+            tracing::info!(agent = %agent, revision = %rev.id, "gateway Deployment deleted");
+        }
+    }
+    if let Some(s) = &svc
+        && s.spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .and_then(|s| s.get(names::SERVING_REVISION))
+            == Some(&serving)
+    {
+        // Back to inactive, fenced by the resourceVersion read (apply honours it).
+        let mut inactive =
+            render::service(ns, agent_ref, settings, names::INACTIVE).map_err(render_failure)?;
+        inactive.metadata.resource_version = s.metadata.resource_version.clone();
+        o.services.apply(r, &o.names.gateway, &inactive).await?;
+    }
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let pods = agent_pods(r, ns, agent, Some((names::SERVING_REVISION, &serving))).await?;
+        if pods.is_empty() {
+            return Ok(stopped);
+        }
+        if !pause_within(r, pause).await {
+            return Err(Failure::new(
+                FailureCode::DeadlineExceeded,
+                format!(
+                    "{} Pod(s) of revision {} are still terminating at the deadline; retry",
+                    pods.len(),
+                    rev.id
+                ),
+            ));
+        }
+        pause = (pause * 3 / 2).min(Duration::from_secs(1));
+    }
+}
+
+/// `stop-revision`: repeatable; keeps PVC, Secret and ConfigMaps.
+pub(crate) async fn stop(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &RevisionArgs,
+) -> Result<StopResult, Failure> {
+    let ns = &args.namespace.id;
+    if super::namespace::owned_namespace(r, ns).await?.is_none() {
+        return Ok(StopResult {
+            stopped: false,
+            observation: AgentObservation::default(),
+        });
+    }
+    let stopped = stop_if_current(r, settings, ns, &args.agent, &args.revision).await?;
+    Ok(StopResult {
+        stopped,
+        observation: observation(r, settings, ns, &args.agent.id).await?,
+    })
+}
+
+/// `retire-revision`: stop if current, then delete the revision's ConfigMap.
+pub(crate) async fn retire(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &RevisionArgs,
+) -> Result<RetireResult, Failure> {
+    let ns = &args.namespace.id;
+    if super::namespace::owned_namespace(r, ns).await?.is_none() {
+        return Ok(RetireResult {
+            stopped: false,
+            removed: false,
+            observation: AgentObservation::default(),
+        });
+    }
+    let agent = &args.agent.id;
+    let o = AgentObjects::new(r, ns, agent);
+    let cm_name = names::revision_config_map(agent, &args.revision.id);
+    let cm = o
+        .config_maps
+        .get_owned(
+            r,
+            &cm_name,
+            &Markers::revision(ns, agent, &args.revision.id),
+        )
+        .await?;
+    let stopped = stop_if_current(r, settings, ns, &args.agent, &args.revision).await?;
+    let removed = match &cm {
+        Some(cm) => {
+            o.config_maps
+                .delete(r, &cm_name, &cm.metadata, false)
+                .await?
+        }
+        None => false,
+    };
+    if removed {
+        tracing::info!(agent = %agent, revision = %args.revision.id, object = %label("ConfigMap", Some(&o.tenant), &cm_name), "revision retired");
+    }
+    Ok(RetireResult {
+        stopped,
+        removed,
+        observation: observation(r, settings, ns, agent).await?,
+    })
+}

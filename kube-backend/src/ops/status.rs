@@ -1,0 +1,211 @@
+//! `status`: hostd's inventory shape, read from the cluster. Read-only; anything clawfleet
+//! cannot read as its own is reported as a problem, never repaired.
+
+use std::collections::BTreeMap;
+
+use clawfleet_protocol::Ident;
+use clawfleet_protocol::failure::Failure;
+use clawfleet_protocol::operation::{RevisionNumber, StatusArgs};
+use clawfleet_protocol::result::{
+    AgentInventory, Inventory, InventoryProblem, NamespaceInventory, RevisionInventory,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams};
+
+use crate::client::Requests;
+use crate::names;
+use crate::objects::check_owned;
+use crate::observe;
+use crate::settings::ClusterSettings;
+
+fn id_label(meta: &ObjectMeta, key: &str) -> Option<Ident> {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .and_then(|v| Ident::new(v.as_str()).ok())
+}
+
+fn problem(path: String, message: impl Into<String>) -> InventoryProblem {
+    InventoryProblem {
+        path,
+        message: message.into(),
+    }
+}
+
+fn managed() -> ListParams {
+    ListParams::default().labels(&format!("{}={}", names::MANAGED_BY, names::MANAGER))
+}
+
+/// `status`.
+pub(crate) async fn status(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &StatusArgs,
+) -> Result<Inventory, Failure> {
+    let api: Api<Namespace> = Api::all(r.client());
+    let mut lp = managed();
+    if let Some(id) = &args.namespace_id {
+        lp = lp.labels(&format!(
+            "{}={},{}={id}",
+            names::MANAGED_BY,
+            names::MANAGER,
+            names::NAMESPACE_ID
+        ));
+    }
+    let list = r.read("list Namespaces", || api.list(&lp)).await?;
+    let mut inv = Inventory::default();
+    for ns in &list.items {
+        let k8s_name = ns.metadata.name.clone().unwrap_or_default();
+        let path = format!("namespace/{k8s_name}");
+        let Some(id) = id_label(&ns.metadata, names::NAMESPACE_ID) else {
+            inv.problems.push(problem(
+                path,
+                format!("label {} is missing or invalid", names::NAMESPACE_ID),
+            ));
+            continue;
+        };
+        if k8s_name != names::tenant_namespace(&id) {
+            inv.problems.push(problem(
+                path,
+                "a namespace with clawfleet's labels under a name clawfleet does not use",
+            ));
+            continue;
+        }
+        if let Err(f) = check_owned(
+            "Namespace",
+            None,
+            &k8s_name,
+            &ns.metadata,
+            &names::Markers::namespace(&id),
+        ) {
+            inv.problems.push(problem(path, f.message));
+            continue;
+        }
+        let Some(name) = ns
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::NAMESPACE_NAME))
+            .and_then(|v| Ident::new(v.as_str()).ok())
+        else {
+            inv.problems.push(problem(
+                path,
+                format!("annotation {} is missing or invalid", names::NAMESPACE_NAME),
+            ));
+            continue;
+        };
+        let agents = namespace_agents(r, settings, &id, &k8s_name, &mut inv.problems).await?;
+        inv.namespaces.push(NamespaceInventory { id, name, agents });
+    }
+    Ok(inv)
+}
+
+async fn namespace_agents(
+    r: &Requests,
+    settings: &ClusterSettings,
+    ns: &Ident,
+    tenant: &str,
+    problems: &mut Vec<InventoryProblem>,
+) -> Result<Vec<AgentInventory>, Failure> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(r.client(), tenant);
+    let cms: Api<ConfigMap> = Api::namespaced(r.client(), tenant);
+    let lp = managed();
+    let sa_list = r
+        .read(&format!("list ServiceAccounts in {tenant}"), || {
+            accounts.list(&lp)
+        })
+        .await?;
+    let cm_list = r
+        .read(&format!("list ConfigMaps in {tenant}"), || {
+            cms.list_metadata(&lp)
+        })
+        .await?;
+    let mut revisions: BTreeMap<Ident, Vec<RevisionInventory>> = BTreeMap::new();
+    for cm in &cm_list.items {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        let path = format!("namespace/{tenant}/configmap/{name}");
+        let (Some(agent), Some(rev)) = (
+            id_label(&cm.metadata, names::AGENT_ID),
+            id_label(&cm.metadata, names::REVISION_ID),
+        ) else {
+            problems.push(problem(path, "agent or revision label missing or invalid"));
+            continue;
+        };
+        let number = cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::REVISION_NUMBER))
+            .and_then(|n| n.parse::<u64>().ok())
+            .and_then(|n| RevisionNumber::new(n).ok());
+        let Some(number) = number else {
+            problems.push(problem(
+                path,
+                format!("annotation {} missing or invalid", names::REVISION_NUMBER),
+            ));
+            continue;
+        };
+        revisions
+            .entry(agent)
+            .or_default()
+            .push(RevisionInventory { id: rev, number });
+    }
+    let mut agents = Vec::new();
+    for sa in &sa_list.items {
+        let name = sa.metadata.name.clone().unwrap_or_default();
+        let path = format!("namespace/{tenant}/serviceaccount/{name}");
+        let Some(agent) = id_label(&sa.metadata, names::AGENT_ID) else {
+            continue;
+        };
+        if let Err(f) = check_owned(
+            "ServiceAccount",
+            Some(tenant),
+            &names::agent(&agent).gateway,
+            &sa.metadata,
+            &names::Markers::agent(ns, &agent),
+        ) {
+            problems.push(problem(path, f.message));
+            continue;
+        }
+        let Some(sp) = sa
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(names::SERVICE_PRINCIPAL_ID))
+            .and_then(|v| Ident::new(v.as_str()).ok())
+        else {
+            problems.push(problem(
+                path,
+                format!(
+                    "annotation {} missing or invalid",
+                    names::SERVICE_PRINCIPAL_ID
+                ),
+            ));
+            continue;
+        };
+        let observation = match observe::observe(r, ns, &agent).await {
+            Ok(o) => o.observation(settings),
+            Err(f) => {
+                problems.push(problem(path.clone(), f.message));
+                continue;
+            }
+        };
+        let mut revs = revisions.remove(&agent).unwrap_or_default();
+        revs.sort_by_key(|r| r.number);
+        agents.push(AgentInventory {
+            id: agent,
+            service_principal_id: sp,
+            account: name,
+            revisions: revs,
+            observation,
+        });
+    }
+    for (agent, _) in revisions {
+        problems.push(problem(
+            format!("namespace/{tenant}/agent/{agent}"),
+            "revision ConfigMaps of an Agent without its ServiceAccount",
+        ));
+    }
+    Ok(agents)
+}

@@ -1,0 +1,579 @@
+//! Pure rendering of every object the backend writes, and of the cluster's `openclaw.json`.
+//!
+//! Nothing here talks to a cluster; the backend applies exactly what these functions return, so
+//! the unit tests below pin names, labels, selectors, securityContext and probes.
+//!
+//! Where the cluster rendering of `openclaw.json` differs from a host's, and why:
+//! - `gateway.bind` becomes `"lan"`: OpenClaw's bind mode for `0.0.0.0` (its docs,
+//!   `docs/gateway/config-gateway.md`: "`lan` (`0.0.0.0`)"; host aliases such as `"0.0.0.0"`
+//!   are not accepted as bind values). In a Pod the gateway must listen on the Pod address for
+//!   its Service and for the kubelet's readiness probe; loopback would be unreachable.
+//! - Password auth is mandatory (`gateway.auth.mode: "password"`, the password from the
+//!   Agent's Secret as `OPENCLAW_GATEWAY_PASSWORD`): once the gateway listens beyond loopback,
+//!   the NetworkPolicies limit who can connect and the password is what authenticates.
+//! - No trusted-proxy setting remains allowed: `gateway.auth.mode: "trusted-proxy"`,
+//!   `gateway.auth.trustedProxy` and `gateway.trustedProxies` are refused. Pod addresses are
+//!   reassigned on every restart and shared by every workload of a peer namespace, so no
+//!   source address identifies a proxy clawfleet controls, and trusting forwarded identity or
+//!   client-address headers from one would let any Pod the policies admit assert them.
+//! - `gateway.port` stays absent (the port is the cluster setting, passed as
+//!   `OPENCLAW_GATEWAY_PORT`, as hosts pass theirs).
+
+use std::collections::BTreeMap;
+
+use clawfleet_protocol::operation::{AgentRef, NamespaceRef, RevisionRef};
+use clawfleet_protocol::{Configuration, Ident};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, LimitRange, Namespace, PersistentVolumeClaim, ResourceQuota, Secret, Service,
+    ServiceAccount,
+};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::{Map, Value, json};
+use thiserror::Error;
+
+use crate::names::{self, Markers};
+use crate::settings::{ClusterSettings, PeerSelector};
+
+/// Where the state volume is mounted; HOME is its root, the gateway state below it.
+pub const STATE_MOUNT: &str = "/var/lib/openclaw";
+/// Where the revision ConfigMap is mounted (read-only).
+pub const CONFIG_MOUNT: &str = "/etc/openclaw";
+/// Seconds the kubelet waits after SIGTERM (the gateway drains; idle it stops in 0.4-2 s).
+pub const TERMINATION_GRACE_SECONDS: i64 = 60;
+
+/// Why a revision or object cannot be rendered for a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RenderError {
+    #[error("`{field}`: {reason}")]
+    Refused { field: String, reason: String },
+    #[error("internal rendering error for {object}: {reason}")]
+    Shape { object: String, reason: String },
+}
+
+fn refuse(field: &str, reason: &str) -> RenderError {
+    RenderError::Refused {
+        field: field.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(object: &str, v: Value) -> Result<T, RenderError> {
+    serde_json::from_value(v).map_err(|e| RenderError::Shape {
+        object: object.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+fn map(m: BTreeMap<String, String>) -> Value {
+    Value::Object(m.into_iter().map(|(k, v)| (k, Value::String(v))).collect())
+}
+
+fn with(mut m: BTreeMap<String, String>, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    for (k, v) in extra {
+        m.insert((*k).to_owned(), (*v).to_owned());
+    }
+    m
+}
+
+/// The rendered `openclaw.json` for a Pod (see the module comment), as canonical bytes.
+pub fn cluster_configuration(configuration: &Configuration) -> Result<String, RenderError> {
+    let mut root = configuration.value().clone();
+    let obj = root
+        .as_object_mut()
+        .ok_or_else(|| refuse("", "the configuration must be an object"))?;
+    let gateway = obj
+        .entry("gateway")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let gw = gateway
+        .as_object_mut()
+        .ok_or_else(|| refuse("gateway", "must be an object"))?;
+    match gw.get("mode") {
+        None => {}
+        Some(Value::String(m)) if m == "local" => {}
+        Some(_) => return Err(refuse("gateway.mode", "must be \"local\"")),
+    }
+    match gw.get("bind") {
+        None => {}
+        Some(Value::String(b)) if b == "loopback" || b == "lan" => {}
+        Some(_) => {
+            return Err(refuse(
+                "gateway.bind",
+                "on a cluster the gateway listens on the Pod address (bind \"lan\"); other binds are refused",
+            ));
+        }
+    }
+    if gw.contains_key("port") {
+        return Err(refuse(
+            "gateway.port",
+            "the port is the cluster's gatewayPort setting; remove gateway.port",
+        ));
+    }
+    if gw.contains_key("trustedProxies") {
+        return Err(refuse(
+            "gateway.trustedProxies",
+            "no trusted proxies on a cluster: Pod addresses identify no proxy clawfleet controls",
+        ));
+    }
+    if gw
+        .get("tls")
+        .and_then(|t| t.get("enabled"))
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        return Err(refuse(
+            "gateway.tls.enabled",
+            "native TLS on the gateway listener is not supported",
+        ));
+    }
+    gw.insert("mode".to_owned(), json!("local"));
+    gw.insert("bind".to_owned(), json!("lan"));
+    let auth = gw
+        .entry("auth")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let auth = auth
+        .as_object_mut()
+        .ok_or_else(|| refuse("gateway.auth", "must be an object"))?;
+    match auth.get("mode") {
+        None => {}
+        Some(Value::String(m)) if m == "password" => {}
+        Some(_) => {
+            return Err(refuse(
+                "gateway.auth.mode",
+                "must be \"password\" on a cluster: the gateway listens beyond loopback",
+            ));
+        }
+    }
+    if auth.contains_key("trustedProxy") {
+        return Err(refuse(
+            "gateway.auth.trustedProxy",
+            "trusted-proxy authentication is refused on a cluster",
+        ));
+    }
+    if let Some(p) = auth.get("password") {
+        let env_ref = json!({"source": "env", "provider": "default", "id": names::PASSWORD_KEY});
+        if *p != env_ref && *p != json!("${OPENCLAW_GATEWAY_PASSWORD}") {
+            return Err(refuse(
+                "gateway.auth.password",
+                "must reference OPENCLAW_GATEWAY_PASSWORD; literal passwords never travel",
+            ));
+        }
+    }
+    auth.insert("mode".to_owned(), json!("password"));
+    let rendered =
+        Configuration::new(root).map_err(|e| refuse("", &format!("after rendering: {e}")))?;
+    String::from_utf8(rendered.canonical_bytes().to_vec())
+        .map_err(|_| refuse("", "the rendered configuration is not UTF-8"))
+}
+
+/// The tenant namespace: managed name, markers, restricted Pod Security.
+pub fn namespace(ns: &NamespaceRef) -> Result<Namespace, RenderError> {
+    let m = Markers::namespace(&ns.id);
+    let labels = with(
+        m.label_map(),
+        &[
+            ("pod-security.kubernetes.io/enforce", "restricted"),
+            ("pod-security.kubernetes.io/enforce-version", "latest"),
+            ("pod-security.kubernetes.io/audit", "restricted"),
+            ("pod-security.kubernetes.io/warn", "restricted"),
+        ],
+    );
+    let annotations = with(
+        m.annotation_map(),
+        &[(names::NAMESPACE_NAME, ns.name.as_str())],
+    );
+    typed(
+        "Namespace",
+        json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {
+                "name": names::tenant_namespace(&ns.id),
+                "labels": map(labels), "annotations": map(annotations),
+            },
+        }),
+    )
+}
+
+fn ns_meta(ns: &Ident, name: &str) -> Value {
+    let m = Markers::namespace(ns);
+    json!({
+        "name": name,
+        "namespace": names::tenant_namespace(ns),
+        "labels": map(with(m.label_map(), &[(names::COMPONENT, "namespace")])),
+        "annotations": map(m.annotation_map()),
+    })
+}
+
+fn agent_meta(ns: &Ident, agent: &AgentRef, name: &str) -> Value {
+    let m = Markers::agent(ns, &agent.id);
+    json!({
+        "name": name,
+        "namespace": names::tenant_namespace(ns),
+        "labels": map(with(m.label_map(), &[(names::COMPONENT, "gateway")])),
+        "annotations": map(with(
+            m.annotation_map(),
+            &[(names::SERVICE_PRINCIPAL_ID, agent.service_principal_id.as_str())],
+        )),
+    })
+}
+
+/// The Namespace's ResourceQuota: at most `quota.pods` Pods.
+pub fn resource_quota(ns: &Ident, s: &ClusterSettings) -> Result<ResourceQuota, RenderError> {
+    typed(
+        "ResourceQuota",
+        json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": ns_meta(ns, names::QUOTA),
+            "spec": { "hard": { "pods": s.quota.pods.to_string() } },
+        }),
+    )
+}
+
+/// Container defaults, so nothing in the namespace runs unbounded.
+pub fn limit_range(ns: &Ident, s: &ClusterSettings) -> Result<LimitRange, RenderError> {
+    let r = &s.resources;
+    typed(
+        "LimitRange",
+        json!({
+            "apiVersion": "v1", "kind": "LimitRange",
+            "metadata": ns_meta(ns, names::LIMITS),
+            "spec": { "limits": [{
+                "type": "Container",
+                "default": { "cpu": r.limits.cpu, "memory": r.limits.memory },
+                "defaultRequest": { "cpu": r.requests.cpu, "memory": r.requests.memory },
+            }] },
+        }),
+    )
+}
+
+/// Denies all ingress and egress of every Pod in the namespace; the other policies add to it.
+pub fn default_deny(ns: &Ident) -> Result<NetworkPolicy, RenderError> {
+    typed(
+        "NetworkPolicy",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": ns_meta(ns, names::DEFAULT_DENY),
+            "spec": { "podSelector": {}, "policyTypes": ["Ingress", "Egress"] },
+        }),
+    )
+}
+
+fn peer(p: &PeerSelector) -> Value {
+    json!({
+        "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": p.namespace } },
+        "podSelector": { "matchLabels": map(p.pod_labels.clone()) },
+    })
+}
+
+/// DNS (UDP and TCP 53) to the configured DNS Pods only.
+pub fn allow_dns(ns: &Ident, s: &ClusterSettings) -> Result<NetworkPolicy, RenderError> {
+    typed(
+        "NetworkPolicy",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": ns_meta(ns, names::ALLOW_DNS),
+            "spec": {
+                "podSelector": {},
+                "policyTypes": ["Egress"],
+                "egress": [{
+                    "to": [peer(&s.dns)],
+                    "ports": [{ "protocol": "UDP", "port": 53 }, { "protocol": "TCP", "port": 53 }],
+                }],
+            },
+        }),
+    )
+}
+
+/// The gateway port of every gateway Pod, from the configured gateway clients only (none
+/// configured: nobody).
+pub fn allow_gateway_ingress(
+    ns: &Ident,
+    s: &ClusterSettings,
+) -> Result<NetworkPolicy, RenderError> {
+    let from: Vec<Value> = s.gateway_clients.iter().map(peer).collect();
+    let ingress = if from.is_empty() {
+        json!([])
+    } else {
+        json!([{ "from": from, "ports": [{ "protocol": "TCP", "port": s.gateway_port }] }])
+    };
+    typed(
+        "NetworkPolicy",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": ns_meta(ns, names::ALLOW_GATEWAY_INGRESS),
+            "spec": {
+                "podSelector": { "matchLabels": {
+                    names::MANAGED_BY: names::MANAGER, names::COMPONENT: "gateway",
+                } },
+                "policyTypes": ["Ingress"],
+                "ingress": ingress,
+            },
+        }),
+    )
+}
+
+/// The labels that select one Agent's gateway Pods (the Deployment's selector).
+pub fn pod_selector(agent: &Ident) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (names::MANAGED_BY.to_owned(), names::MANAGER.to_owned()),
+        (names::AGENT_ID.to_owned(), agent.to_string()),
+    ])
+}
+
+/// The Agent's ServiceAccount: no API token is ever mounted.
+pub fn service_account(ns: &Ident, agent: &AgentRef) -> Result<ServiceAccount, RenderError> {
+    typed(
+        "ServiceAccount",
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": agent_meta(ns, agent, &names::agent(&agent.id).gateway),
+            "automountServiceAccountToken": false,
+        }),
+    )
+}
+
+/// The state volume, kept across revisions and stops.
+pub fn state_claim(
+    ns: &Ident,
+    agent: &AgentRef,
+    s: &ClusterSettings,
+) -> Result<PersistentVolumeClaim, RenderError> {
+    let mut spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": s.state_volume_size } },
+    });
+    if let Some(class) = &s.storage_class {
+        spec["storageClassName"] = json!(class);
+    }
+    typed(
+        "PersistentVolumeClaim",
+        json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": agent_meta(ns, agent, &names::agent(&agent.id).state),
+            "spec": spec,
+        }),
+    )
+}
+
+/// The gateway password Secret (created once; `password` is random).
+pub fn password_secret(
+    ns: &Ident,
+    agent: &AgentRef,
+    password: &str,
+) -> Result<Secret, RenderError> {
+    typed(
+        "Secret",
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": agent_meta(ns, agent, &names::agent(&agent.id).password),
+            "type": "Opaque",
+            "stringData": { names::PASSWORD_KEY: password },
+        }),
+    )
+}
+
+/// Egress of the Agent's Pods: HTTPS to public addresses only (model providers, channels).
+pub fn egress_policy(ns: &Ident, agent: &AgentRef) -> Result<NetworkPolicy, RenderError> {
+    typed(
+        "NetworkPolicy",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": agent_meta(ns, agent, &names::agent(&agent.id).egress),
+            "spec": {
+                "podSelector": { "matchLabels": map(pod_selector(&agent.id)) },
+                "policyTypes": ["Egress"],
+                "egress": [{
+                    "to": [{ "ipBlock": { "cidr": "0.0.0.0/0", "except": [
+                        "10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12",
+                        "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8",
+                    ] } }],
+                    "ports": [{ "protocol": "TCP", "port": 443 }],
+                }],
+            },
+        }),
+    )
+}
+
+/// The Agent's Service; `serving` is a revision's [`names::serving_value`] once activated,
+/// [`names::INACTIVE`] before.
+pub fn service(
+    ns: &Ident,
+    agent: &AgentRef,
+    s: &ClusterSettings,
+    serving: &str,
+) -> Result<Service, RenderError> {
+    let selector = with(
+        pod_selector(&agent.id),
+        &[(names::SERVING_REVISION, serving)],
+    );
+    typed(
+        "Service",
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": agent_meta(ns, agent, &names::agent(&agent.id).gateway),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": map(selector),
+                "ports": [{
+                    "name": names::PORT_NAME, "protocol": "TCP",
+                    "port": s.gateway_port, "targetPort": names::PORT_NAME,
+                }],
+            },
+        }),
+    )
+}
+
+fn revision_annotations(rev: &RevisionRef) -> [(&'static str, String); 3] {
+    [
+        (names::REVISION_ID, rev.id.to_string()),
+        (names::REVISION_NUMBER, rev.number.to_string()),
+        (
+            names::CONFIGURATION_HASH,
+            rev.configuration_hash.as_str().to_owned(),
+        ),
+    ]
+}
+
+/// The revision's immutable ConfigMap holding the cluster-rendered `openclaw.json`.
+pub fn config_map(
+    ns: &Ident,
+    agent: &AgentRef,
+    rev: &RevisionRef,
+    rendered: &str,
+) -> Result<ConfigMap, RenderError> {
+    let m = Markers::revision(ns, &agent.id, &rev.id);
+    let mut annotations = m.annotation_map();
+    for (k, v) in revision_annotations(rev) {
+        annotations.insert(k.to_owned(), v);
+    }
+    typed(
+        "ConfigMap",
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {
+                "name": names::revision_config_map(&agent.id, &rev.id),
+                "namespace": names::tenant_namespace(ns),
+                "labels": map(with(m.label_map(), &[(names::COMPONENT, "gateway")])),
+                "annotations": map(annotations),
+            },
+            "immutable": true,
+            "data": { names::CONFIG_KEY: rendered },
+        }),
+    )
+}
+
+/// The Agent's gateway Deployment running revision `rev`.
+pub fn deployment(
+    ns: &Ident,
+    agent: &AgentRef,
+    rev: &RevisionRef,
+    s: &ClusterSettings,
+) -> Result<Deployment, RenderError> {
+    let n = names::agent(&agent.id);
+    let mut meta = agent_meta(ns, agent, &n.gateway);
+    for (k, v) in revision_annotations(rev) {
+        meta["annotations"][k] = json!(v);
+    }
+    let serving = names::serving_value(&rev.id);
+    let pod_labels = with(
+        pod_selector(&agent.id),
+        &[
+            (names::NAMESPACE_ID, ns.as_str()),
+            (names::REVISION_ID, rev.id.as_str()),
+            (names::SERVING_REVISION, &serving),
+            (names::COMPONENT, "gateway"),
+        ],
+    );
+    let pod_annotations: BTreeMap<String, String> = revision_annotations(rev)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    let port = s.gateway_port;
+    let r = &s.resources;
+    let env = json!([
+        { "name": "HOME", "value": STATE_MOUNT },
+        { "name": "OPENCLAW_STATE_DIR", "value": format!("{STATE_MOUNT}/state") },
+        { "name": "OPENCLAW_CONFIG_PATH", "value": format!("{CONFIG_MOUNT}/{}", names::CONFIG_KEY) },
+        { "name": "OPENCLAW_CONFIG_READONLY", "value": "1" },
+        { "name": "OPENCLAW_DISABLE_BONJOUR", "value": "1" },
+        { "name": "OPENCLAW_GATEWAY_PORT", "value": port.to_string() },
+        { "name": "TMPDIR", "value": "/tmp" },
+        { "name": names::PASSWORD_KEY, "valueFrom": { "secretKeyRef": {
+            "name": n.password, "key": names::PASSWORD_KEY, "optional": false,
+        } } },
+    ]);
+    let container = json!({
+        "name": names::CONTAINER,
+        "image": s.gateway_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": s.gateway_command,
+        "ports": [{ "name": names::PORT_NAME, "containerPort": port, "protocol": "TCP" }],
+        "env": env,
+        "readinessProbe": {
+            "httpGet": { "path": "/readyz", "port": names::PORT_NAME, "scheme": "HTTP" },
+            "periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 3, "successThreshold": 1,
+        },
+        "resources": {
+            "requests": { "cpu": r.requests.cpu, "memory": r.requests.memory },
+            "limits": { "cpu": r.limits.cpu, "memory": r.limits.memory },
+        },
+        "securityContext": {
+            "runAsNonRoot": true,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "privileged": false,
+            "capabilities": { "drop": ["ALL"] },
+            "seccompProfile": { "type": "RuntimeDefault" },
+        },
+        "volumeMounts": [
+            { "name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true },
+            { "name": "state", "mountPath": STATE_MOUNT },
+            { "name": "tmp", "mountPath": "/tmp" },
+        ],
+    });
+    let mut pod_spec = json!({
+        "serviceAccountName": n.gateway,
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": { "type": "RuntimeDefault" },
+        },
+        "containers": [container],
+        "volumes": [
+            { "name": "config", "configMap": {
+                "name": names::revision_config_map(&agent.id, &rev.id),
+                "optional": false,
+                "items": [{ "key": names::CONFIG_KEY, "path": names::CONFIG_KEY }],
+            } },
+            { "name": "state", "persistentVolumeClaim": { "claimName": n.state } },
+            { "name": "tmp", "emptyDir": { "sizeLimit": "256Mi" } },
+        ],
+    });
+    if !s.node_selector.is_empty() {
+        pod_spec["nodeSelector"] = map(s.node_selector.clone());
+    }
+    typed(
+        "Deployment",
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": 1,
+                "revisionHistoryLimit": 2,
+                "strategy": { "type": "Recreate" },
+                "selector": { "matchLabels": map(pod_selector(&agent.id)) },
+                "template": {
+                    "metadata": { "labels": map(pod_labels), "annotations": map(pod_annotations) },
+                    "spec": pod_spec,
+                },
+            },
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests;
