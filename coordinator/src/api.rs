@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::backend::{Backend, CallOptions, HostTarget};
+use crate::backend::{Backend, CallOptions, ClusterTarget, HostTarget, Target};
 use crate::model::{Grant, Role};
 use crate::service::{
     AgentPatch, ConfigurationUpdate, HostUpdate, NewAgent, NewConfiguration, NewHost, NewNamespace,
@@ -268,6 +268,25 @@ pub const ROUTES: &[(&str, &str, &str, &str)] = &[
         "admin",
         "Probe a host over SSH",
     ),
+    (
+        "post",
+        "/clusters",
+        "admin",
+        "Register a Kubernetes cluster (kubeconfig validated, then probed)",
+    ),
+    (
+        "get",
+        "/clusters",
+        "admin",
+        "List clusters (never their credentials)",
+    ),
+    ("get", "/clusters/{cluster}", "admin", "Get a cluster"),
+    (
+        "delete",
+        "/clusters/{cluster}",
+        "admin",
+        "Forget a cluster (409 while a Namespace uses it)",
+    ),
     ("post", "/tokens", "admin", "Create a token"),
     ("delete", "/tokens/{id}", "admin", "Revoke a token"),
     ("get", "/openapi.json", "none", "This document"),
@@ -355,6 +374,11 @@ pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
                 .delete(delete_host::<B>),
         )
         .route("/hosts/{host}/probe", post(probe_host::<B>))
+        .route("/clusters", post(add_cluster::<B>).get(list_clusters::<B>))
+        .route(
+            "/clusters/{cluster}",
+            get(get_cluster::<B>).delete(delete_cluster::<B>),
+        )
         .route("/tokens", post(create_token::<B>))
         .route("/tokens/{id}", axum::routing::delete(revoke_token::<B>))
         .fallback(|| async {
@@ -837,6 +861,67 @@ async fn probe_host<B: Backend>(
             e.to_string(),
         )),
     }
+}
+
+async fn add_cluster<B: Backend>(State(st): S<B>, headers: HeaderMap, bytes: Bytes) -> ApiResult {
+    let caller = authenticate(&st, &headers)?;
+    caller.require("*", Role::Admin)?;
+    let req: crate::service::NewCluster = body(&bytes)?;
+    let mut record = st.service.validate_cluster(&req)?;
+    // Prove the credentials reach the API server before anything is stored.
+    let target = Target::Cluster(ClusterTarget {
+        name: record.cluster.name.clone(),
+        record: record.clone(),
+    });
+    let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
+    match st.backend.call(&target, op, CallOptions::default()).await {
+        Ok(result) => {
+            record.cluster.last_probe = serde_json::to_value(&result).ok();
+        }
+        Err(e) => {
+            return Err(ApiError::new(
+                if e.is_retryable() {
+                    StatusCode::BAD_GATEWAY
+                } else {
+                    StatusCode::BAD_REQUEST
+                },
+                e.code(),
+                format!("the cluster's probe failed, nothing was stored: {e}"),
+            ));
+        }
+    }
+    ok(
+        StatusCode::CREATED,
+        st.service.store_cluster(&caller.token_id, &record)?,
+    )
+}
+
+async fn list_clusters<B: Backend>(State(st): S<B>, headers: HeaderMap) -> ApiResult {
+    authenticate(&st, &headers)?.require("*", Role::Admin)?;
+    ok(
+        StatusCode::OK,
+        st.service.store.clusters().map_err(ServiceError::from)?,
+    )
+}
+
+async fn get_cluster<B: Backend>(
+    State(st): S<B>,
+    headers: HeaderMap,
+    Path(cluster): Path<String>,
+) -> ApiResult {
+    authenticate(&st, &headers)?.require("*", Role::Admin)?;
+    ok(StatusCode::OK, st.service.cluster(&cluster)?)
+}
+
+async fn delete_cluster<B: Backend>(
+    State(st): S<B>,
+    headers: HeaderMap,
+    Path(cluster): Path<String>,
+) -> ApiResult {
+    let caller = authenticate(&st, &headers)?;
+    caller.require("*", Role::Admin)?;
+    st.service.delete_cluster(&caller.token_id, &cluster)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[derive(serde::Deserialize)]

@@ -1,6 +1,8 @@
-//! The seam between the deployment worker and the hosts: one call sends one operation to one
-//! host and returns its typed result. The SSH backend ([`crate::ssh`]) implements it for real;
-//! the worker's state-machine tests use a fake behind the same trait.
+//! The seam between the deployment worker and where Agents run: one call sends one operation
+//! to one target, a host (SSH + hostd, [`crate::ssh`]) or a Kubernetes cluster
+//! (`clawfleet-kube`), and returns its typed result with the same failure model. The worker
+//! does not know which kind it talks to; the state-machine tests use a fake behind the same
+//! trait.
 
 use std::future::Future;
 use std::time::Duration;
@@ -34,6 +36,54 @@ impl HostTarget {
     }
 }
 
+/// Where and how to reach one cluster: its record from the database (credentials included).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterTarget {
+    pub name: String,
+    pub record: crate::model::ClusterRecord,
+}
+
+/// The target of one call: a host or a cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Host(HostTarget),
+    Cluster(ClusterTarget),
+}
+
+impl Target {
+    /// The host or cluster name, for logs and messages.
+    pub fn name(&self) -> &str {
+        match self {
+            Target::Host(h) => h.name.as_str(),
+            Target::Cluster(c) => &c.name,
+        }
+    }
+}
+
+impl From<&HostTarget> for Target {
+    fn from(h: &HostTarget) -> Self {
+        Target::Host(h.clone())
+    }
+}
+
+impl From<HostTarget> for Target {
+    fn from(h: HostTarget) -> Self {
+        Target::Host(h)
+    }
+}
+
+impl From<ClusterTarget> for Target {
+    fn from(c: ClusterTarget) -> Self {
+        Target::Cluster(c)
+    }
+}
+
+impl From<&Target> for Target {
+    fn from(t: &Target) -> Self {
+        t.clone()
+    }
+}
+
 /// Per-call options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallOptions {
@@ -54,9 +104,12 @@ impl Default for CallOptions {
 /// Why a call did not produce a result from the host.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CallError {
-    /// hostd answered with a failure (class, stable code, message).
-    #[error("host refused or failed the operation: {0}")]
+    /// hostd (or the cluster backend) answered with a failure (class, stable code, message).
+    #[error("{0}")]
     Failed(Failure),
+    /// No backend for this kind of target runs in this coordinator.
+    #[error("no backend for {target}: {message}")]
+    Unsupported { target: String, message: String },
     /// The host could not be reached, the session dropped and the outcome could not be
     /// learned, or a timeout passed. Retry later.
     #[error("transport to {host}: {message}")]
@@ -82,7 +135,9 @@ impl CallError {
         match self {
             CallError::Failed(f) => f.is_retryable(),
             CallError::Transport { .. } => true,
-            CallError::HostKeyMismatch { .. } | CallError::AuthenticationRefused { .. } => false,
+            CallError::HostKeyMismatch { .. }
+            | CallError::AuthenticationRefused { .. }
+            | CallError::Unsupported { .. } => false,
         }
     }
 
@@ -93,6 +148,7 @@ impl CallError {
             CallError::Transport { .. } => "HOST_UNREACHABLE",
             CallError::HostKeyMismatch { .. } => "HOST_KEY_MISMATCH",
             CallError::AuthenticationRefused { .. } => "HOST_AUTH_REFUSED",
+            CallError::Unsupported { .. } => "BACKEND_UNSUPPORTED",
         }
     }
 }
@@ -100,14 +156,14 @@ impl CallError {
 /// A progress callback (for `occ ... --wait`).
 pub type ProgressSink = std::sync::Arc<dyn Fn(&HostName, &Progress) + Send + Sync>;
 
-/// Sends operations to hosts.
+/// Sends operations to hosts and clusters.
 pub trait Backend: Send + Sync + 'static {
-    /// Sends one operation and waits for its result. Implementations sign the envelope, mint
-    /// its operation id, and, if the session drops after sending, learn the outcome with
+    /// Sends one operation and waits for its result. Host implementations sign the envelope,
+    /// mint its operation id, and, if the session drops after sending, learn the outcome with
     /// `operation-status` rather than guessing.
     fn call(
         &self,
-        host: &HostTarget,
+        target: impl Into<Target> + Send,
         operation: Operation,
         options: CallOptions,
     ) -> impl Future<Output = Result<OperationResult, CallError>> + Send;

@@ -10,7 +10,12 @@ use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::result::*;
 use clawfleet_protocol::{Ident, Operation};
 
-use crate::backend::{Backend, CallError, CallOptions, HostTarget};
+use crate::backend::{Backend, CallError, CallOptions, Target};
+
+/// The name a fake call is addressed to.
+struct FakeHost {
+    name: String,
+}
 
 /// One Agent on a fake host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -268,16 +273,22 @@ impl FakeBackend {
 impl Backend for FakeBackend {
     async fn call(
         &self,
-        host: &HostTarget,
+        target: impl Into<Target> + Send,
         operation: Operation,
         _options: CallOptions,
     ) -> Result<OperationResult, CallError> {
+        // A cluster is modelled as one more host named after it.
+        let target = target.into();
+        let host = FakeHost {
+            name: target.name().to_owned(),
+        };
+        let host = &host;
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let injected = self.inject.lock().ok().and_then(|mut m| m.remove(&n));
         match injected {
             Some(Inject::Transport) => {
                 return Err(CallError::Transport {
-                    host: host.name.to_string(),
+                    host: host.name.clone(),
                     message: "injected".into(),
                 });
             }
@@ -286,20 +297,20 @@ impl Backend for FakeBackend {
             }
             Some(Inject::HostKeyMismatch) => {
                 return Err(CallError::HostKeyMismatch {
-                    host: host.name.to_string(),
+                    host: host.name.clone(),
                     presented: "SHA256:injected".into(),
                     expected: "SHA256:pinned".into(),
                 });
             }
             Some(Inject::Hang { applied }) => {
                 if applied {
-                    let _ = self.apply(host.name.as_str(), &operation);
+                    let _ = self.apply(&host.name, &operation);
                 }
                 std::future::pending::<()>().await;
             }
             None => {}
         }
-        self.apply(host.name.as_str(), &operation)
+        self.apply(&host.name, &operation)
             .map_err(CallError::Failed)
     }
 }

@@ -1,8 +1,10 @@
 //! The clawfleet coordinator: desired state in SQLite, the deployment worker, the HTTP API,
-//! and the SSH backend that pushes signed operations to hostd.
+//! the SSH backend that pushes signed operations to hostd, and the dispatch to the Kubernetes
+//! backend for cluster Namespaces.
 
 pub mod api;
 pub mod backend;
+pub mod backends;
 pub mod client;
 pub mod config;
 pub mod fake;

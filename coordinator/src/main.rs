@@ -69,18 +69,56 @@ enum Command {
     /// Hosts.
     #[command(subcommand)]
     Host(HostCmd),
+    /// Kubernetes clusters.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
     /// API tokens.
     #[command(subcommand)]
     Token(TokenCmd),
 }
 
 #[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Register a cluster: its kubeconfig is validated, the cluster probed, then stored.
+    Add {
+        name: String,
+        /// The kubeconfig file (HTTPS with a CA; a token or a client certificate).
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// The context to use (default: the kubeconfig's current-context).
+        #[arg(long)]
+        context: Option<String>,
+        /// The gateway image, pinned by digest (`repo@sha256:…`).
+        #[arg(long)]
+        gateway_image: Option<String>,
+        /// A JSON file with the cluster's other settings (camelCase keys).
+        #[arg(long)]
+        settings: Option<PathBuf>,
+    },
+    /// List registered clusters.
+    List,
+    /// Show one cluster (never its credentials).
+    Get { name: String },
+    /// Forget a cluster no Namespace uses.
+    Remove { name: String },
+}
+
+#[derive(Subcommand, Debug)]
 enum NamespaceCmd {
+    /// Create a Namespace on a host pool (--hosts) or on a cluster (--cluster).
     Create {
         id: String,
         /// Comma-separated host pool.
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            required_unless_present = "cluster",
+            conflicts_with = "cluster"
+        )]
         hosts: Vec<String>,
+        /// A registered Kubernetes cluster.
+        #[arg(long)]
+        cluster: Option<String>,
         #[arg(long)]
         name: Option<String>,
     },
@@ -334,7 +372,10 @@ async fn serve(config: Config) -> Result<()> {
         max_parallel_hosts: config.ssh.max_parallel_hosts,
         ..SshSettings::default()
     };
-    let backend = Arc::new(SshBackend::new(login, signing, principal, settings)?);
+    let backend = Arc::new(coordinator::backends::Backends {
+        ssh: Arc::new(SshBackend::new(login, signing, principal, settings)?),
+        kube: Arc::new(clawfleet_kube::KubeBackend::new()),
+    });
     let worker = Arc::new(Worker::new(
         store.clone(),
         backend.clone(),
@@ -445,6 +486,8 @@ fn print(cli: &Cli, value: &Value, columns: &[(&str, &str)]) {
         println!("{}", line(r));
     }
 }
+
+const CLUSTER_COLUMNS: &[(&str, &str)] = &[("CLUSTER", "name"), ("SERVER", "server")];
 
 const AGENT_COLUMNS: &[(&str, &str)] = &[
     ("AGENT", "id"),
@@ -639,16 +682,26 @@ fn run_client(cli: &Cli) -> Result<()> {
     let c = client(cli)?;
     match &cli.command {
         Command::Namespace(cmd) => match cmd {
-            NamespaceCmd::Create { id, hosts, name } => {
+            NamespaceCmd::Create {
+                id,
+                hosts,
+                cluster,
+                name,
+            } => {
                 let v = c.request(
                     "POST",
                     "/namespaces",
-                    Some(&json!({"id": id, "name": name, "hosts": hosts})),
+                    Some(&json!({"id": id, "name": name, "hosts": hosts, "cluster": cluster})),
                 )?;
                 print(
                     cli,
                     &v,
-                    &[("NAMESPACE", "id"), ("HOSTS", "hosts"), ("READY", "ready")],
+                    &[
+                        ("NAMESPACE", "id"),
+                        ("HOSTS", "hosts"),
+                        ("CLUSTER", "cluster"),
+                        ("READY", "ready"),
+                    ],
                 );
             }
             NamespaceCmd::List => print(
@@ -950,6 +1003,41 @@ fn run_client(cli: &Cli) -> Result<()> {
             TokenCmd::Revoke { id } => {
                 c.request("DELETE", &format!("/tokens/{id}"), None)?;
                 println!("token {id} revoked");
+            }
+        },
+        Command::Cluster(cmd) => match cmd {
+            ClusterCmd::Add {
+                name,
+                kubeconfig,
+                context,
+                gateway_image,
+                settings,
+            } => {
+                let text = std::fs::read_to_string(kubeconfig)
+                    .with_context(|| format!("cannot read {}", kubeconfig.display()))?;
+                let mut settings = match settings {
+                    Some(p) => read_json(p)?,
+                    None => json!({}),
+                };
+                if let Some(image) = gateway_image {
+                    settings["gatewayImage"] = json!(image);
+                }
+                let v = c.request(
+                    "POST",
+                    "/clusters",
+                    Some(&json!({"name": name, "kubeconfig": text, "context": context, "settings": settings})),
+                )?;
+                print(cli, &v, CLUSTER_COLUMNS);
+            }
+            ClusterCmd::List => print(cli, &c.request("GET", "/clusters", None)?, CLUSTER_COLUMNS),
+            ClusterCmd::Get { name } => print(
+                cli,
+                &c.request("GET", &format!("/clusters/{name}"), None)?,
+                CLUSTER_COLUMNS,
+            ),
+            ClusterCmd::Remove { name } => {
+                c.request("DELETE", &format!("/clusters/{name}"), None)?;
+                println!("{name}: removed");
             }
         },
         Command::Init | Command::Serve | Command::PrintEnrol => {}

@@ -56,13 +56,47 @@ pub struct Host {
     pub last_probe: Option<Value>,
 }
 
-/// A Namespace and its host pool.
+/// A Kubernetes cluster registered with the coordinator, as the API shows it: never its
+/// credentials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cluster {
+    pub name: String,
+    /// The API server's URL (HTTPS).
+    pub server: String,
+    /// Per-cluster settings (gateway image, command, resources, quota, ...).
+    pub settings: Value,
+    pub created_at: i64,
+    pub last_probe: Option<Value>,
+}
+
+/// A cluster with its credentials (CA, token or client certificate), for the backend only.
+#[derive(Clone, PartialEq)]
+pub struct ClusterRecord {
+    pub cluster: Cluster,
+    /// Private: never returned by the API, never logged.
+    pub credentials: Value,
+}
+
+impl std::fmt::Debug for ClusterRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterRecord")
+            .field("cluster", &self.cluster)
+            .field("credentials", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A Namespace and where it is placed: a host pool, or one cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Namespace {
     pub id: String,
     pub name: String,
+    /// The host pool (empty for a cluster Namespace).
     pub hosts: Vec<String>,
+    /// The cluster, for a Namespace placed on Kubernetes.
+    pub cluster: Option<String>,
     /// Pool hosts where `ensure-namespace` succeeded.
     pub ready_hosts: Vec<String>,
     pub ready: bool,

@@ -57,14 +57,18 @@ fn check_id(field: &str, value: &str) -> Result<()> {
         .map_err(|e| ServiceError::invalid("INVALID_IDENTIFIER", format!("{field} {value:?} {e}")))
 }
 
-/// Body of `POST /namespaces`.
+/// Body of `POST /namespaces`: a Namespace on a host pool (`hosts`) or on one Kubernetes
+/// cluster (`cluster`), chosen at creation.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewNamespace {
     pub id: String,
     #[serde(default)]
     pub name: Option<String>,
+    #[serde(default)]
     pub hosts: Vec<String>,
+    #[serde(default)]
+    pub cluster: Option<String>,
 }
 
 /// Body of `POST /hosts`.
@@ -87,6 +91,31 @@ fn default_port() -> u16 {
 
 fn default_max_agents() -> u32 {
     100
+}
+
+/// Body of `POST /clusters`: a kubeconfig (its text) and the cluster's settings.
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewCluster {
+    pub name: String,
+    /// The kubeconfig's text. Files it names (CA, certificate, key, token) are read on the
+    /// coordinator's machine; embed them (`*-data`) when registering from elsewhere.
+    pub kubeconfig: String,
+    #[serde(default)]
+    pub context: Option<String>,
+    /// Per-cluster settings (`clawfleet_kube::ClusterSettings`, camelCase).
+    pub settings: Value,
+}
+
+impl std::fmt::Debug for NewCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewCluster")
+            .field("name", &self.name)
+            .field("kubeconfig", &"<redacted>")
+            .field("context", &self.context)
+            .field("settings", &self.settings)
+            .finish()
+    }
 }
 
 /// Body of `PUT /hosts/{host}`.
@@ -288,14 +317,125 @@ impl Service {
         Ok(host)
     }
 
+    /// Validates a cluster registration (kubeconfig and settings) without storing anything;
+    /// the API probes the cluster with the result before [`Service::store_cluster`].
+    pub fn validate_cluster(&self, c: &NewCluster) -> Result<crate::model::ClusterRecord> {
+        check_id("name", &c.name)?;
+        if self.store.cluster(&c.name)?.is_some() {
+            return Err(ServiceError::conflict(
+                "CLUSTER_EXISTS",
+                format!("cluster {} is already registered", c.name),
+            ));
+        }
+        let credentials =
+            clawfleet_kube::kubeconfig::parse_kubeconfig(&c.kubeconfig, c.context.as_deref())
+                .map_err(|e| {
+                    ServiceError::invalid("KUBECONFIG_INVALID", format!("kubeconfig {e}"))
+                })?;
+        let settings = clawfleet_kube::settings::ClusterSettings::from_json(c.settings.clone())
+            .map_err(|e| {
+                ServiceError::invalid(
+                    "CLUSTER_SETTINGS_INVALID",
+                    format!("settings.{}: {}", e.field, e.reason),
+                )
+            })?;
+        let to_value = |v: std::result::Result<Value, serde_json::Error>| {
+            v.map_err(|e| ServiceError::invalid("CLUSTER_SETTINGS_INVALID", e.to_string()))
+        };
+        Ok(crate::model::ClusterRecord {
+            cluster: crate::model::Cluster {
+                name: c.name.clone(),
+                server: credentials.server().to_owned(),
+                settings: to_value(serde_json::to_value(&settings))?,
+                created_at: now(),
+                last_probe: None,
+            },
+            credentials: to_value(serde_json::to_value(&credentials))?,
+        })
+    }
+
+    /// Stores a validated and probed cluster.
+    pub fn store_cluster(
+        &self,
+        actor: &str,
+        record: &crate::model::ClusterRecord,
+    ) -> Result<crate::model::Cluster> {
+        if !self.store.insert_cluster(record)? {
+            return Err(ServiceError::conflict(
+                "CLUSTER_EXISTS",
+                format!("cluster {} is already registered", record.cluster.name),
+            ));
+        }
+        self.audit(
+            actor,
+            "cluster.add",
+            &record.cluster.name,
+            json!({"server": record.cluster.server}),
+        )?;
+        Ok(record.cluster.clone())
+    }
+
+    pub fn cluster(&self, name: &str) -> Result<crate::model::Cluster> {
+        self.store
+            .cluster(name)?
+            .map(|r| r.cluster)
+            .ok_or_else(|| ServiceError::not_found("cluster", name))
+    }
+
+    /// Forgets a cluster no Namespace uses.
+    pub fn delete_cluster(&self, actor: &str, name: &str) -> Result<()> {
+        match self.store.delete_cluster(name)? {
+            None => Err(ServiceError::not_found("cluster", name)),
+            Some(false) => Err(ServiceError::conflict(
+                "CLUSTER_IN_USE",
+                format!("cluster {name} still holds Namespaces; delete them first"),
+            )),
+            Some(true) => self.audit(actor, "cluster.delete", name, json!({})),
+        }
+    }
+
     pub fn create_namespace(&self, actor: &str, n: NewNamespace) -> Result<Namespace> {
         check_id("id", &n.id)?;
         let name = n.name.unwrap_or_else(|| n.id.clone());
         check_id("name", &name)?;
+        if let Some(cluster) = &n.cluster {
+            if !n.hosts.is_empty() {
+                return Err(ServiceError::invalid(
+                    "BACKEND_AMBIGUOUS",
+                    "a Namespace is placed on a host pool (hosts) or on a cluster (cluster), not both",
+                ));
+            }
+            check_id("cluster", cluster)?;
+            if self.store.cluster(cluster)?.is_none() {
+                return Err(ServiceError::invalid(
+                    "UNKNOWN_CLUSTER",
+                    format!("cluster {cluster} is not registered"),
+                ));
+            }
+            if !self
+                .store
+                .insert_namespace(&n.id, &name, &[], Some(cluster), now() * 1000)?
+            {
+                return Err(ServiceError::conflict(
+                    "NAMESPACE_EXISTS",
+                    format!("Namespace {} exists", n.id),
+                ));
+            }
+            self.audit(
+                actor,
+                "namespace.create",
+                &n.id,
+                json!({"cluster": cluster}),
+            )?;
+            return self
+                .store
+                .namespace(&n.id)?
+                .ok_or_else(|| ServiceError::not_found("Namespace", &n.id));
+        }
         if n.hosts.is_empty() {
             return Err(ServiceError::invalid(
                 "EMPTY_POOL",
-                "hosts must name at least one enrolled host",
+                "hosts must name at least one enrolled host (or cluster a registered cluster)",
             ));
         }
         for h in &n.hosts {
@@ -311,7 +451,7 @@ impl Service {
         hosts.dedup();
         if !self
             .store
-            .insert_namespace(&n.id, &name, &hosts, now() * 1000)?
+            .insert_namespace(&n.id, &name, &hosts, None, now() * 1000)?
         {
             return Err(ServiceError::conflict(
                 "NAMESPACE_EXISTS",

@@ -9,8 +9,8 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::model::{
-    Agent, AuditEvent, Configuration, DesiredState, Grant, Host, LastAttempt, Namespace, Revision,
-    RevisionStatus, Role,
+    Agent, AuditEvent, Cluster, ClusterRecord, Configuration, DesiredState, Grant, Host,
+    LastAttempt, Namespace, Revision, RevisionStatus, Role,
 };
 
 /// A store failure.
@@ -130,6 +130,19 @@ const MIGRATIONS: &[&str] = &[
         target TEXT NOT NULL,
         detail TEXT NOT NULL
     );
+    ",
+    // 2: clusters (the Kubernetes backend); a Namespace is on a host pool or on one cluster.
+    "
+    CREATE TABLE clusters (
+        name TEXT PRIMARY KEY,
+        server TEXT NOT NULL,
+        credentials TEXT NOT NULL,
+        settings TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        last_probe TEXT
+    );
+    ALTER TABLE namespaces ADD COLUMN cluster_name TEXT REFERENCES clusters(name);
+    ALTER TABLE namespaces ADD COLUMN cluster_ready INTEGER NOT NULL DEFAULT 0;
     ",
 ];
 
@@ -327,7 +340,8 @@ impl Store {
     fn init(conn: Connection) -> Result<Self> {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // FULL: an acknowledged deploy survives a power cut, not only a crash.
+        conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")?;
         let current: i64 = conn.query_row(
@@ -584,20 +598,133 @@ impl Store {
         )?)
     }
 
+    // ---- clusters ----
+
+    /// Stores a registered cluster; false if the name exists.
+    pub fn insert_cluster(&self, c: &ClusterRecord) -> Result<bool> {
+        Ok(self.c().execute(
+            "INSERT OR IGNORE INTO clusters (name, server, credentials, settings, created_at, last_probe) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                c.cluster.name,
+                c.cluster.server,
+                c.credentials.to_string(),
+                c.cluster.settings.to_string(),
+                c.cluster.created_at,
+                c.cluster.last_probe.as_ref().map(Value::to_string)
+            ],
+        )? > 0)
+    }
+
+    fn cluster_row(
+        r: &Row<'_>,
+    ) -> rusqlite::Result<(String, String, String, String, i64, Option<String>)> {
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+        ))
+    }
+
+    fn finish_cluster(
+        (name, server, credentials, settings, created_at, probe): (
+            String,
+            String,
+            String,
+            String,
+            i64,
+            Option<String>,
+        ),
+    ) -> Result<ClusterRecord> {
+        Ok(ClusterRecord {
+            cluster: Cluster {
+                name,
+                server,
+                settings: json_col(settings)?,
+                created_at,
+                last_probe: probe.map(json_col).transpose()?,
+            },
+            credentials: json_col(credentials)?,
+        })
+    }
+
+    /// A cluster with its credentials (for the backend only; never for the API).
+    pub fn cluster(&self, name: &str) -> Result<Option<ClusterRecord>> {
+        let row = self
+            .c()
+            .query_row(
+                "SELECT name, server, credentials, settings, created_at, last_probe FROM clusters WHERE name = ?1",
+                [name],
+                Self::cluster_row,
+            )
+            .optional()?;
+        row.map(Self::finish_cluster).transpose()
+    }
+
+    /// Every cluster, without credentials.
+    pub fn clusters(&self) -> Result<Vec<Cluster>> {
+        let c = self.c();
+        let mut st = c.prepare(
+            "SELECT name, server, credentials, settings, created_at, last_probe FROM clusters ORDER BY name",
+        )?;
+        let rows = st.query_map([], Self::cluster_row)?;
+        rows.map(|r| Self::finish_cluster(r?).map(|c| c.cluster))
+            .collect()
+    }
+
+    pub fn set_cluster_probe(&self, name: &str, probe: &Value) -> Result<()> {
+        self.c().execute(
+            "UPDATE clusters SET last_probe = ?2 WHERE name = ?1",
+            params![name, probe.to_string()],
+        )?;
+        Ok(())
+    }
+
+    /// Removes a cluster no Namespace uses; `None` if it does not exist, `Some(false)` if it
+    /// is in use.
+    pub fn delete_cluster(&self, name: &str) -> Result<Option<bool>> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let exists: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM clusters WHERE name = ?1",
+            [name],
+            |r| r.get(0),
+        )?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let used: i64 = tx.query_row(
+            "SELECT COUNT(*) FROM namespaces WHERE cluster_name = ?1",
+            [name],
+            |r| r.get(0),
+        )?;
+        if used > 0 {
+            return Ok(Some(false));
+        }
+        tx.execute("DELETE FROM clusters WHERE name = ?1", [name])?;
+        tx.commit()?;
+        Ok(Some(true))
+    }
+
     // ---- namespaces ----
 
+    /// Inserts a Namespace on a host pool (`hosts`) or on one cluster, and queues its
+    /// `ensure-namespace` work; false if the id exists.
     pub fn insert_namespace(
         &self,
         id: &str,
         name: &str,
         hosts: &[String],
+        cluster: Option<&str>,
         now: i64,
     ) -> Result<bool> {
         let mut c = self.c();
         let tx = c.transaction()?;
         let n = tx.execute(
-            "INSERT OR IGNORE INTO namespaces (id, name, created_at) VALUES (?1, ?2, ?3)",
-            params![id, name, now],
+            "INSERT OR IGNORE INTO namespaces (id, name, created_at, cluster_name) VALUES (?1, ?2, ?3, ?4)",
+            params![id, name, now, cluster],
         )?;
         if n == 0 {
             return Ok(false);
@@ -618,14 +745,14 @@ impl Store {
 
     pub fn namespace(&self, id: &str) -> Result<Option<Namespace>> {
         let c = self.c();
-        let row: Option<(String, String, bool, i64)> = c
+        let row: Option<(String, String, bool, i64, Option<String>, bool)> = c
             .query_row(
-                "SELECT id, name, deleting, created_at FROM namespaces WHERE id = ?1",
+                "SELECT id, name, deleting, created_at, cluster_name, cluster_ready FROM namespaces WHERE id = ?1",
                 [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
             )
             .optional()?;
-        let Some((id, name, deleting, created_at)) = row else {
+        let Some((id, name, deleting, created_at, cluster, cluster_ready)) = row else {
             return Ok(None);
         };
         let mut st = c.prepare("SELECT host_name, ready FROM namespace_hosts WHERE namespace_id = ?1 ORDER BY host_name")?;
@@ -638,7 +765,11 @@ impl Store {
             .map(|(h, _)| h.clone())
             .collect();
         Ok(Some(Namespace {
-            ready: !pool.is_empty() && ready_hosts.len() == pool.len(),
+            ready: match &cluster {
+                Some(_) => cluster_ready,
+                None => !pool.is_empty() && ready_hosts.len() == pool.len(),
+            },
+            cluster,
             hosts: pool.into_iter().map(|(h, _)| h).collect(),
             ready_hosts,
             id,
@@ -662,6 +793,14 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    pub fn set_namespace_cluster_ready(&self, ns: &str, ready: bool) -> Result<()> {
+        self.c().execute(
+            "UPDATE namespaces SET cluster_ready = ?2 WHERE id = ?1",
+            params![ns, ready],
+        )?;
+        Ok(())
     }
 
     pub fn set_namespace_host_ready(&self, ns: &str, host: &str, ready: bool) -> Result<()> {
@@ -1253,7 +1392,8 @@ mod tests {
             last_probe: None,
         })
         .unwrap();
-        s.insert_namespace("ns", "ns", &["h1".into()], 0).unwrap();
+        s.insert_namespace("ns", "ns", &["h1".into()], None, 0)
+            .unwrap();
         let ensure = s.claim_work("w1", 0, 1000).unwrap().unwrap();
         assert_eq!(ensure.kind, WorkKind::EnsureNamespace);
         // While a Namespace-level item runs, nothing else in the Namespace is claimed.

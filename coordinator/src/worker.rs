@@ -14,7 +14,7 @@ use clawfleet_protocol::result::{AgentObservation, OperationResult};
 use clawfleet_protocol::{Configuration, Ident, Operation, Sha256Hex};
 use tokio::sync::{Semaphore, watch};
 
-use crate::backend::{Backend, CallError, CallOptions, HostTarget};
+use crate::backend::{Backend, CallError, CallOptions, ClusterTarget, HostTarget, Target};
 use crate::config::WorkerSettings;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::store::{Store, StoreError, Work, WorkKind, WorkState};
@@ -302,8 +302,52 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    fn target(&self, host: &Host) -> Result<HostTarget, Step> {
-        HostTarget::of(host).map_err(|e| failed("INVALID_STORED_ID", e.to_string()))
+    fn target(&self, host: &Host) -> Result<Target, Step> {
+        HostTarget::of(host)
+            .map(Target::Host)
+            .map_err(|e| failed("INVALID_STORED_ID", e.to_string()))
+    }
+
+    /// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
+    fn cluster_target(&self, ns: &Namespace) -> Result<Option<Target>, Step> {
+        let Some(name) = &ns.cluster else {
+            return Ok(None);
+        };
+        let record = self
+            .store
+            .cluster(name)
+            .map_err(store_err)?
+            .ok_or_else(|| {
+                failed(
+                    "INVALID_STATE",
+                    format!(
+                        "Namespace {} names cluster {name}, which is not registered",
+                        ns.id
+                    ),
+                )
+            })?;
+        Ok(Some(Target::Cluster(ClusterTarget {
+            name: name.clone(),
+            record,
+        })))
+    }
+
+    /// Where an Agent's operations go: its Namespace's cluster, or the host it is placed on
+    /// (`None` while it was never placed).
+    fn agent_target(&self, ns: &Namespace, agent: &Agent) -> Result<Option<Target>, Step> {
+        if let Some(t) = self.cluster_target(ns)? {
+            return Ok(Some(t));
+        }
+        let Some(name) = &agent.host else {
+            return Ok(None);
+        };
+        let host = self.store.host(name).map_err(store_err)?.ok_or_else(|| {
+            failed(
+                "INVALID_STATE",
+                format!("the Agent's host {name} is not enrolled"),
+            )
+        })?;
+        Ok(Some(self.target(&host)?))
     }
 
     fn options(&self) -> CallOptions {
@@ -354,6 +398,21 @@ impl<B: Backend> Worker<B> {
         else {
             return Ok(done("NAMESPACE_GONE", "the Namespace was deleted"));
         };
+        if let Some(cluster) = self.cluster_target(&ns)? {
+            let op = Operation::EnsureNamespace(NamespaceArgs {
+                namespace: Self::namespace_ref(&ns)?,
+            });
+            if let Err(e) = self.backend.call(&cluster, op, self.options()).await {
+                return Ok(self.call_failed(work, e, false));
+            }
+            self.store
+                .set_namespace_cluster_ready(&ns.id, true)
+                .map_err(store_err)?;
+            return Ok(done(
+                "NAMESPACE_READY",
+                format!("ready on {}", cluster.name()),
+            ));
+        }
         let mut pending = Vec::new();
         for name in ns.hosts.iter().filter(|h| !ns.ready_hosts.contains(h)) {
             let Some(host) = self.store.host(name).map_err(store_err)? else {
@@ -391,18 +450,20 @@ impl<B: Backend> Worker<B> {
                 "the Namespace still has Agents",
             ));
         }
+        let mut targets = Vec::new();
+        if let Some(cluster) = self.cluster_target(&ns)? {
+            targets.push(cluster);
+        }
         for name in &ns.hosts {
-            let Some(host) = self.store.host(name).map_err(store_err)? else {
-                continue;
-            };
+            if let Some(host) = self.store.host(name).map_err(store_err)? {
+                targets.push(self.target(&host)?);
+            }
+        }
+        for target in &targets {
             let op = Operation::DeleteNamespace(NamespaceArgs {
                 namespace: Self::namespace_ref(&ns)?,
             });
-            if let Err(e) = self
-                .backend
-                .call(&self.target(&host)?, op, self.options())
-                .await
-            {
+            if let Err(e) = self.backend.call(target, op, self.options()).await {
                 return Ok(self.call_failed(work, e, false));
             }
         }
@@ -515,18 +576,31 @@ impl<B: Backend> Worker<B> {
                 "the Namespace is being deleted",
             ));
         }
-        let Some(host) = self.place(&ns, &agent)? else {
-            return Ok(Step::Retry {
-                code: "NO_HOST_AVAILABLE".to_owned(),
-                message: "no ready pool host has room for this Agent yet".to_owned(),
-                attempt: false,
-                delay: self.recheck(work),
-            });
+        let target = match self.cluster_target(&ns)? {
+            Some(cluster) if ns.ready => cluster,
+            Some(_) => {
+                return Ok(Step::Retry {
+                    code: "NAMESPACE_NOT_READY".to_owned(),
+                    message: "the Namespace is not ready on its cluster yet".to_owned(),
+                    attempt: false,
+                    delay: self.recheck(work),
+                });
+            }
+            None => {
+                let Some(host) = self.place(&ns, &agent)? else {
+                    return Ok(Step::Retry {
+                        code: "NO_HOST_AVAILABLE".to_owned(),
+                        message: "no ready pool host has room for this Agent yet".to_owned(),
+                        attempt: false,
+                        delay: self.recheck(work),
+                    });
+                };
+                if !ns.ready_hosts.contains(&host.name) {
+                    self.ensure_on(&ns, &host).await?;
+                }
+                self.target(&host)?
+            }
         };
-        if !ns.ready_hosts.contains(&host.name) {
-            self.ensure_on(&ns, &host).await?;
-        }
-        let target = self.target(&host)?;
         let namespace = Self::namespace_ref(&ns)?;
         let agent_ref = Self::agent_ref(&agent)?;
         let reference = Self::revision_ref(&rev)?;
@@ -672,7 +746,7 @@ impl<B: Backend> Worker<B> {
         }
         Ok(done(
             "REVISION_ACTIVATED",
-            format!("serving on {}", host.name),
+            format!("serving on {}", target.name()),
         ))
     }
 
@@ -687,11 +761,10 @@ impl<B: Backend> Worker<B> {
         if agent.desired_state != DesiredState::Stopped {
             return Ok(done("STOP_SUPERSEDED", "the Agent is meant to run again"));
         }
-        let (Some(host_name), Some(active)) = (&agent.host, &agent.active_revision_id) else {
+        let Some(active) = &agent.active_revision_id else {
             return Ok(done("REVISION_STOPPED", "nothing was running"));
         };
-        let (Some(host), Some(ns), Some(rev)) = (
-            self.store.host(host_name).map_err(store_err)?,
+        let (Some(ns), Some(rev)) = (
             self.store.namespace(ns_id).map_err(store_err)?,
             self.store
                 .revision(ns_id, agent_id, active)
@@ -699,19 +772,18 @@ impl<B: Backend> Worker<B> {
         ) else {
             return Ok(failed(
                 "INVALID_STATE",
-                "the Agent's host, Namespace or revision is missing",
+                "the Agent's Namespace or revision is missing",
             ));
+        };
+        let Some(target) = self.agent_target(&ns, &agent)? else {
+            return Ok(done("REVISION_STOPPED", "nothing was running"));
         };
         let op = Operation::StopRevision(RevisionArgs {
             namespace: Self::namespace_ref(&ns)?,
             agent: Self::agent_ref(&agent)?,
             revision: Self::revision_ref(&rev)?,
         });
-        match self
-            .backend
-            .call(&self.target(&host)?, op, self.options())
-            .await
-        {
+        match self.backend.call(&target, op, self.options()).await {
             Ok(OperationResult::StopRevision(s)) => self.observe(&agent, &s.observation),
             Ok(_) => {}
             Err(e) => return Ok(self.call_failed(work, e, false)),
@@ -723,7 +795,10 @@ impl<B: Backend> Worker<B> {
         self.store
             .set_revision_status(ns_id, agent_id, active, RevisionStatus::Stopped)
             .map_err(store_err)?;
-        Ok(done("REVISION_STOPPED", format!("stopped on {host_name}")))
+        Ok(done(
+            "REVISION_STOPPED",
+            format!("stopped on {}", target.name()),
+        ))
     }
 
     async fn delete_agent(&self, work: &Work) -> Result<Step, Step> {
@@ -734,25 +809,15 @@ impl<B: Backend> Worker<B> {
         let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
             return Ok(done("AGENT_DELETED", "already gone"));
         };
-        if let Some(host_name) = &agent.host {
-            let (Some(host), Some(ns)) = (
-                self.store.host(host_name).map_err(store_err)?,
-                self.store.namespace(ns_id).map_err(store_err)?,
-            ) else {
-                return Ok(failed(
-                    "INVALID_STATE",
-                    "the Agent's host or Namespace is missing",
-                ));
-            };
+        let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
+            return Ok(failed("INVALID_STATE", "the Agent's Namespace is missing"));
+        };
+        if let Some(target) = self.agent_target(&ns, &agent)? {
             let op = Operation::DeleteAgent(AgentArgs {
                 namespace: Self::namespace_ref(&ns)?,
                 agent: Self::agent_ref(&agent)?,
             });
-            if let Err(e) = self
-                .backend
-                .call(&self.target(&host)?, op, self.options())
-                .await
-            {
+            if let Err(e) = self.backend.call(&target, op, self.options()).await {
                 return Ok(self.call_failed(work, e, false));
             }
         }

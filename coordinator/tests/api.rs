@@ -138,7 +138,7 @@ async fn happy_path_through_every_resource() {
         "ok"
     );
     let openapi = api.call(None, "GET", "/openapi.json", None).await.unwrap();
-    assert_eq!(openapi["paths"].as_object().unwrap().len(), 20);
+    assert_eq!(openapi["paths"].as_object().unwrap().len(), 22);
     assert!(openapi["paths"]["/hosts/{host}"]["put"].is_object());
     let host = api
         .admin(
@@ -383,6 +383,7 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
             .replace("{agent}", "a1")
             .replace("{rev}", "rev-1")
             .replace("{host}", "h1")
+            .replace("{cluster}", "c1")
             .replace("{id}", "abc");
         let method = method.to_uppercase();
         let before = api.snapshot();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clawfleet_protocol::failure::FailureCode;
 use coordinator::config::WorkerSettings;
 use coordinator::fake::{FakeBackend, Inject};
-use coordinator::model::{DesiredState, RevisionStatus};
+use coordinator::model::{Cluster, ClusterRecord, DesiredState, RevisionStatus};
 use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
 use coordinator::store::Store;
 use coordinator::worker::{Step, Worker};
@@ -57,6 +57,7 @@ impl World {
                 id: "ns1".into(),
                 name: None,
                 hosts: names,
+                cluster: None,
             },
         )
         .unwrap();
@@ -68,6 +69,40 @@ impl World {
             true,
         )
         .unwrap();
+        Self {
+            svc,
+            backend: Arc::new(FakeBackend::new()),
+        }
+    }
+
+    /// A Namespace placed on a (fake) cluster named c1 instead of a host pool.
+    fn on_cluster() -> Self {
+        let store = Store::in_memory().unwrap();
+        store
+            .insert_cluster(&ClusterRecord {
+                cluster: Cluster {
+                    name: "c1".into(),
+                    server: "https://127.0.0.1:6443".into(),
+                    settings: json!({}),
+                    created_at: 0,
+                    last_probe: None,
+                },
+                credentials: json!({"token": "not-a-real-token"}),
+            })
+            .unwrap();
+        let svc = Service::new(store);
+        svc.create_namespace(
+            "test",
+            NewNamespace {
+                id: "ns1".into(),
+                name: None,
+                hosts: vec![],
+                cluster: Some("c1".into()),
+            },
+        )
+        .unwrap();
+        svc.put_configuration("test", "ns1", "cfg", json!({}), true)
+            .unwrap();
         Self {
             svc,
             backend: Arc::new(FakeBackend::new()),
@@ -326,5 +361,54 @@ async fn placement_spreads_agents_and_respects_capacity() {
     assert_eq!(
         per_host.values().copied().collect::<Vec<_>>(),
         vec![3, 3, 3]
+    );
+}
+
+/// A Namespace on a cluster goes through the same worker phases: every call is addressed to
+/// the cluster, the Agent has no host, and deploy, replace, stop, delete and Namespace deletion
+/// converge as on a host pool.
+#[tokio::test]
+async fn a_cluster_namespace_converges_through_the_same_phases() {
+    let w = World::on_cluster();
+    let worker = w.worker();
+    w.settle(&worker).await;
+    assert!(w.svc.namespace("ns1").unwrap().ready);
+    w.agent("a1");
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    let a = w.svc.agent("ns1", "a1").unwrap();
+    assert_eq!(a.host, None);
+    assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
+    w.svc
+        .put_configuration(
+            "test",
+            "ns1",
+            "cfg",
+            json!({"logging": {"level": "debug"}}),
+            false,
+        )
+        .unwrap();
+    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    let on_cluster = w.backend.agent("c1", "ns1", "a1").unwrap();
+    assert_eq!(on_cluster.served.as_deref(), Some("rev-2"));
+    assert_eq!(
+        on_cluster.snapshots.keys().collect::<Vec<_>>(),
+        vec!["rev-2"]
+    );
+    w.svc.stop("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    assert_eq!(w.svc.agent("ns1", "a1").unwrap().active_revision_id, None);
+    w.svc.delete_agent("test", "ns1", "a1").unwrap();
+    w.settle(&worker).await;
+    assert!(w.backend.agent("c1", "ns1", "a1").is_none());
+    w.svc.delete_namespace("test", "ns1").unwrap();
+    w.settle(&worker).await;
+    assert!(w.svc.store.namespace("ns1").unwrap().is_none());
+    assert!(!w.backend.has_namespace("c1", "ns1"));
+    assert!(
+        w.backend.log().iter().all(|l| l.starts_with("c1 ")),
+        "{:?}",
+        w.backend.log()
     );
 }

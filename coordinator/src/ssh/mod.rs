@@ -44,7 +44,7 @@ use thiserror::Error;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::backend::{Backend, CallError, CallOptions, HostTarget, ProgressSink};
+use crate::backend::{Backend, CallError, CallOptions, HostTarget, ProgressSink, Target};
 use connection::HostEntry;
 pub use pinning::{PinError, PinnedKey};
 use session::{Lost, OpenError};
@@ -728,10 +728,22 @@ fn check_outcome(
 impl Backend for SshBackend {
     fn call(
         &self,
-        host: &HostTarget,
+        target: impl Into<Target> + Send,
         operation: Operation,
         options: CallOptions,
     ) -> impl Future<Output = Result<OperationResult, CallError>> + Send {
-        self.call_with_progress(host, operation, options, None)
+        let target = target.into();
+        async move {
+            match target {
+                Target::Host(host) => {
+                    self.call_with_progress(&host, operation, options, None)
+                        .await
+                }
+                Target::Cluster(c) => Err(CallError::Unsupported {
+                    target: c.name,
+                    message: "the SSH backend reaches hosts only".into(),
+                }),
+            }
+        }
     }
 }

@@ -1,0 +1,67 @@
+//! The backend `occ serve` runs: host targets go to the SSH backend ([`crate::ssh`]), cluster
+//! targets to the Kubernetes backend (`clawfleet-kube`), so one coordinator drives both kinds at
+//! once and the worker never knows which it talks to.
+
+use std::sync::Arc;
+
+use clawfleet_kube::{Cluster, ClusterCredentials, ClusterSettings, KubeBackend};
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::{Failure, FailureCode, Operation};
+
+use crate::backend::{Backend, CallError, CallOptions, ClusterTarget, Target};
+use crate::ssh::SshBackend;
+
+/// Host and cluster backends behind one [`Backend`].
+#[derive(Debug)]
+pub struct Backends {
+    pub ssh: Arc<SshBackend>,
+    pub kube: Arc<KubeBackend>,
+}
+
+/// The Kubernetes backend's view of a stored cluster. The stored credentials and settings were
+/// validated at registration; they are validated again here, so a damaged row fails only the
+/// operations of its own cluster, with a clear code.
+pub fn kube_cluster(target: &ClusterTarget) -> Result<Cluster, Failure> {
+    let invalid = |what: &str, e: String| {
+        Failure::new(
+            FailureCode::KubernetesConfigurationInvalid,
+            format!(
+                "cluster {}: the stored {what} are not valid: {e}",
+                target.name
+            ),
+        )
+    };
+    let credentials: ClusterCredentials = serde_json::from_value(target.record.credentials.clone())
+        .map_err(|e| invalid("credentials", e.to_string()))?;
+    let settings = ClusterSettings::from_json(target.record.cluster.settings.clone())
+        .map_err(|e| invalid("settings", format!("{}: {}", e.field, e.reason)))?;
+    Ok(Cluster {
+        name: target.name.clone(),
+        credentials,
+        settings,
+    })
+}
+
+impl Backend for Backends {
+    async fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        match target.into() {
+            Target::Host(host) => {
+                self.ssh
+                    .call_with_progress(&host, operation, options, None)
+                    .await
+            }
+            Target::Cluster(c) => {
+                let cluster = kube_cluster(&c).map_err(CallError::Failed)?;
+                self.kube
+                    .call(&cluster, operation, options.deadline)
+                    .await
+                    .map_err(CallError::Failed)
+            }
+        }
+    }
+}

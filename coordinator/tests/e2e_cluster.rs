@@ -1,0 +1,313 @@
+//! End to end on a mixed fleet (issue 12): one `occ serve` drives a host-pool Namespace on a
+//! real test host and a cluster Namespace on the project's real Kubernetes control plane
+//! (etcd, kube-apiserver, controller manager, scheduler, kwok), deploying to both at once.
+//! Everything goes through `occ`: `occ cluster add` with the control plane's kubeconfig,
+//! `occ namespace create --cluster`, deploy with `--wait`, replace, stop twice, deploy again,
+//! delete an Agent, delete the Namespace; at each phase the cluster's objects are compared with
+//! what the design says (read with the control plane's admin client). No container runs here
+//! (kwok marks Pods Ready); see k8s-tests/README.md for what this tier does not prove.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "fleet_support/mod.rs"]
+pub mod fleet;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use clawfleet_k8s_tests::ControlPlane;
+use fleet::{Fleet, NS, document};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+
+const CLUSTER_NS: &str = "team-k";
+const IMAGE: &str = "registry.invalid/openclaw/gateway@sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
+}
+
+fn occ_code(fleet: &Fleet, args: &[&str]) -> (i32, String) {
+    let out = fleet.occ(args);
+    (out.status.code().unwrap_or(-1), text(&out))
+}
+
+fn write_doc(fleet: &Fleet, name: &str, doc: &Value) -> String {
+    let path = fleet.dir.path().join(format!("{name}.json"));
+    std::fs::write(&path, doc.to_string()).unwrap();
+    path.display().to_string()
+}
+
+/// The tenant namespace clawfleet made for a Namespace (found by label, never guessed).
+async fn tenant_namespace(client: &kube::Client) -> Option<String> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let list = api
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=clawfleet"))
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .find_map(|n| n.metadata.name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_fleet_host_pool_and_cluster_through_occ() {
+    if let Some(reason) = clawfleet_vm_tests::skip_reason() {
+        println!("SKIP: {reason}");
+        return;
+    }
+    if let Some(reason) = clawfleet_k8s_tests::skip_reason() {
+        println!("SKIP: {reason}");
+        return;
+    }
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let mut fleet = tokio::task::spawn_blocking(|| Fleet::start(1))
+        .await
+        .unwrap();
+    let fleet_ref = &fleet;
+
+    // Register the cluster: validated, probed, stored without credentials in any answer.
+    let (code, out) = occ_code(
+        fleet_ref,
+        &[
+            "--output",
+            "json",
+            "cluster",
+            "add",
+            "kwok",
+            "--kubeconfig",
+            &kubeconfig,
+            "--gateway-image",
+            IMAGE,
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains(cp.admin_token()), "a credential was printed");
+    let listed = fleet_ref.occ_json(&["cluster", "list"]);
+    assert!(!listed.to_string().contains(cp.admin_token()));
+    fleet_ref.occ_ok(&["namespace", "create", CLUSTER_NS, "--cluster", "kwok"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ns = fleet_ref
+            .api
+            .request("GET", &format!("/namespaces/{CLUSTER_NS}"), None)
+            .unwrap();
+        if ns["ready"] == json!(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cluster Namespace not ready: {ns}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let tenant = tenant_namespace(&client).await.expect("a tenant namespace");
+    assert!(tenant.starts_with("oce-"), "{tenant}");
+
+    // Two Agents on the cluster and one on the host, deployed at once.
+    let doc = write_doc(fleet_ref, "k1", &json!({}));
+    fleet_ref.occ_ok(&["configuration", "create", CLUSTER_NS, "cfg", "--file", &doc]);
+    for a in ["k1", "k2"] {
+        fleet_ref.occ_ok(&["agent", "create", CLUSTER_NS, a, "--configuration", "cfg"]);
+    }
+    fleet_ref.create_agent("h1", &document("v1", json!({})));
+    let started = Instant::now();
+    let results: Vec<(i32, String)> = std::thread::scope(|s| {
+        let jobs: Vec<_> = [(CLUSTER_NS, "k1"), (CLUSTER_NS, "k2"), (NS, "h1")]
+            .into_iter()
+            .map(|(ns, a)| {
+                s.spawn(move || {
+                    occ_code(
+                        fleet_ref,
+                        &["agent", "deploy", ns, a, "--wait", "--timeout", "120"],
+                    )
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    for (code, out) in &results {
+        assert_eq!(*code, 0, "{out}");
+    }
+    eprintln!(
+        "3 Agents (2 on the cluster, 1 on the host) deployed at once in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let services: Api<Service> = Api::namespaced(client.clone(), &tenant);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &tenant);
+    let list = deployments.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 2, "one Deployment per Agent");
+    for d in &list.items {
+        let status = d.status.clone().unwrap_or_default();
+        assert_eq!(status.ready_replicas, Some(1), "{:?}", d.metadata.name);
+        assert_eq!(
+            d.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+                .map(String::as_str),
+            Some("clawfleet")
+        );
+    }
+    assert_eq!(
+        services
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+    let status = fleet_ref.status("h1").unwrap();
+    assert_eq!(status["converged"], true, "{status}");
+
+    // Replace k1 with revision 2; the old revision's ConfigMap goes after success.
+    let cms_before = configmaps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    let doc2 = write_doc(fleet_ref, "k1-v2", &json!({"logging": {"level": "debug"}}));
+    fleet_ref.occ_ok(&[
+        "configuration",
+        "update",
+        CLUSTER_NS,
+        "cfg",
+        "--file",
+        &doc2,
+    ]);
+    let (code, out) = occ_code(
+        fleet_ref,
+        &[
+            "agent",
+            "deploy",
+            CLUSTER_NS,
+            "k1",
+            "--wait",
+            "--timeout",
+            "120",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let s = fleet_ref
+        .api
+        .request(
+            "GET",
+            &format!("/namespaces/{CLUSTER_NS}/agents/k1/deployment-status"),
+            None,
+        )
+        .unwrap();
+    assert_eq!(s["servedRevisionId"], "rev-2", "{s}");
+    assert_eq!(s["revisions"][0]["status"], "retired", "{s}");
+    let cms_after = configmaps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(cms_after, cms_before, "rev-2's ConfigMap replaced rev-1's");
+
+    // Stop twice, then deploy again.
+    for _ in 0..2 {
+        let (code, out) = occ_code(
+            fleet_ref,
+            &[
+                "agent",
+                "stop",
+                CLUSTER_NS,
+                "k2",
+                "--wait",
+                "--timeout",
+                "120",
+            ],
+        );
+        assert_eq!(code, 0, "{out}");
+    }
+    assert_eq!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1,
+        "the stopped Agent's Deployment is gone"
+    );
+    let (code, out) = occ_code(
+        fleet_ref,
+        &[
+            "agent",
+            "deploy",
+            CLUSTER_NS,
+            "k2",
+            "--wait",
+            "--timeout",
+            "120",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+
+    // Delete both cluster Agents, then the Namespace (waits for termination).
+    for a in ["k1", "k2"] {
+        let (code, out) = occ_code(
+            fleet_ref,
+            &[
+                "agent",
+                "delete",
+                CLUSTER_NS,
+                a,
+                "--wait",
+                "--timeout",
+                "120",
+            ],
+        );
+        assert_eq!(code, 0, "{out}");
+    }
+    assert!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    fleet_ref.occ_ok(&["namespace", "delete", CLUSTER_NS]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let gone = fleet_ref
+            .api
+            .request("GET", &format!("/namespaces/{CLUSTER_NS}"), None)
+            .is_err();
+        if gone && tenant_namespace(&client).await.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster Namespace was not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The cluster is free again: it can be forgotten.
+    fleet_ref.occ_ok(&["cluster", "remove", "kwok"]);
+    fleet.kill_serve();
+}
