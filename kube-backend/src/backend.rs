@@ -182,32 +182,40 @@ pub(crate) async fn run(
 ) -> Result<OperationResult, Failure> {
     Ok(match operation {
         Operation::Probe(_) => OperationResult::Probe(
-            ops::probe::probe(r, cluster_name, &creds.ca_fingerprint(), settings).await?,
+            Box::pin(ops::probe::probe(
+                r,
+                cluster_name,
+                &creds.ca_fingerprint(),
+                settings,
+            ))
+            .await?,
         ),
-        Operation::EnsureNamespace(a) => {
-            OperationResult::EnsureNamespace(ops::namespace::ensure(r, settings, &a).await?)
-        }
+        Operation::EnsureNamespace(a) => OperationResult::EnsureNamespace(
+            Box::pin(ops::namespace::ensure(r, settings, &a)).await?,
+        ),
         Operation::DeleteNamespace(a) => {
-            OperationResult::DeleteNamespace(ops::namespace::delete(r, &a).await?)
+            OperationResult::DeleteNamespace(Box::pin(ops::namespace::delete(r, &a)).await?)
         }
-        Operation::PrepareRevision(a) => {
-            OperationResult::PrepareRevision(ops::revision::prepare(r, settings, &a).await?)
-        }
-        Operation::ActivateRevision(a) => {
-            OperationResult::ActivateRevision(ops::revision::activate(r, settings, &a).await?)
-        }
+        Operation::PrepareRevision(a) => OperationResult::PrepareRevision(
+            Box::pin(ops::revision::prepare(r, settings, &a)).await?,
+        ),
+        Operation::ActivateRevision(a) => OperationResult::ActivateRevision(
+            Box::pin(ops::revision::activate(r, settings, &a)).await?,
+        ),
         Operation::VerifyRevision(a) => {
-            OperationResult::VerifyRevision(ops::revision::verify(r, settings, &a).await?)
+            OperationResult::VerifyRevision(Box::pin(ops::revision::verify(r, settings, &a)).await?)
         }
         Operation::StopRevision(a) => {
-            OperationResult::StopRevision(ops::revision::stop(r, settings, &a).await?)
+            OperationResult::StopRevision(Box::pin(ops::revision::stop(r, settings, &a)).await?)
         }
         Operation::RetireRevision(a) => {
-            OperationResult::RetireRevision(ops::revision::retire(r, settings, &a).await?)
+            OperationResult::RetireRevision(Box::pin(ops::revision::retire(r, settings, &a)).await?)
         }
-        Operation::DeleteAgent(a) => OperationResult::DeleteAgent(ops::agent::delete(r, &a).await?),
+        Operation::DeleteAgent(a) => {
+            OperationResult::DeleteAgent(Box::pin(ops::agent::delete(r, &a)).await?)
+        }
         Operation::Status(a) => {
-            OperationResult::Status(ops::status::status(r, settings, &a).await?)
+            OperationResult::Status(Box::pin(ops::status::status(r, settings, &a)).await?)
         }
         Operation::OperationStatus(a) => OperationResult::OperationStatus(OperationStatusResult {
             operation_id: a.operation_id,

@@ -141,7 +141,7 @@ where
     }
 
     /// DELETE with a uid (and optionally resourceVersion) precondition; false when already
-    /// gone.
+    /// gone or already being deleted.
     pub(crate) async fn delete(
         &self,
         r: &Requests,
@@ -150,6 +150,10 @@ where
         with_resource_version: bool,
     ) -> Result<bool, Failure> {
         let what = self.what("delete", name);
+        if meta.deletion_timestamp.is_some() {
+            // Already going (finalizers still run): nothing new to delete.
+            return Ok(false);
+        }
         let uid = meta.uid.clone().ok_or_else(|| {
             Failure::new(
                 FailureCode::KubernetesApiRejected,

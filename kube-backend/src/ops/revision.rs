@@ -135,7 +135,9 @@ async fn observation(
     ns: &Ident,
     agent: &Ident,
 ) -> Result<AgentObservation, Failure> {
-    Ok(observe::observe(r, ns, agent).await?.observation(settings))
+    Ok(Box::pin(observe::observe(r, ns, agent))
+        .await?
+        .observation(settings))
 }
 
 /// `prepare-revision`.
@@ -363,7 +365,7 @@ async fn wait_ready(r: &Requests, ns: &Ident, agent: &Ident) -> Result<Observed,
     let mut pause = Duration::from_millis(100);
     let mut blocked_since: Option<(FailureCode, Instant)> = None;
     loop {
-        let seen = observe::observe(r, ns, agent).await?;
+        let seen = Box::pin(observe::observe(r, ns, agent)).await?;
         if seen.ready {
             return Ok(seen);
         }

@@ -184,7 +184,7 @@ async fn namespace_agents(
             ));
             continue;
         };
-        let observation = match observe::observe(r, ns, &agent).await {
+        let observation = match Box::pin(observe::observe(r, ns, &agent)).await {
             Ok(o) => o.observation(settings),
             Err(f) => {
                 problems.push(problem(path.clone(), f.message));

@@ -1,0 +1,756 @@
+//! The Kubernetes backend against a real control plane (etcd, kube-apiserver, controller
+//! manager, scheduler, kwok): lifecycle, ownership refusals, failure codes, API faults.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use clawfleet_k8s_tests::{
+    ADMIN_USER, FAIL_PULL_MARKER, Fault, FaultProxy, skip_unless_control_plane,
+};
+use clawfleet_kube::{KubeBackend, names};
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::{FailureClass, FailureCode, Ident, Operation};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, LimitRange, Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Secret, Service,
+    ServiceAccount,
+};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use support::*;
+
+fn served(r: &OperationResult) -> Option<String> {
+    match r {
+        OperationResult::ActivateRevision(a) => {
+            a.observation.served.as_ref().map(|s| s.to_string())
+        }
+        OperationResult::PrepareRevision(p) => p.observation.served.as_ref().map(|s| s.to_string()),
+        OperationResult::StopRevision(s) => s.observation.served.as_ref().map(|s| s.to_string()),
+        _ => None,
+    }
+}
+
+async fn selector_value(svc: &Api<Service>, agent: &str) -> String {
+    let s = svc.get(&names::agent(&id(agent)).gateway).await.unwrap();
+    s.spec.unwrap().selector.unwrap()[names::SERVING_REVISION].clone()
+}
+
+async fn deployment_revision(deps: &Api<Deployment>, agent: &str) -> Option<String> {
+    deps.get_opt(&names::agent(&id(agent)).gateway)
+        .await
+        .unwrap()
+        .map(|d| d.metadata.annotations.unwrap()[names::REVISION_ID].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_on_a_real_control_plane() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 4).await;
+    let cluster = cluster(&cp, settings());
+    let backend = KubeBackend::new();
+
+    // Probe.
+    match call(&backend, &cluster, Operation::Probe(Default::default()))
+        .await
+        .unwrap()
+    {
+        OperationResult::Probe(p) => {
+            assert_eq!(p.system_host_name, "test");
+            assert!(p.systemd_version.unwrap().starts_with("kubernetes v1.37"));
+            assert!(p.missing_tools.is_empty());
+            assert_eq!(p.port_range.start, 18789);
+        }
+        other => panic!("{other:?}"),
+    }
+    let probe = backend.probe_cluster(&cluster).await.unwrap();
+    assert_eq!((probe.major, probe.minor), (1, 37));
+    assert!(probe.warnings.is_empty());
+
+    // Ensure the Namespace twice.
+    let ns = "team-a";
+    let tenant = names::tenant_namespace(&id(ns));
+    assert_eq!(tenant.len(), 19);
+    match call(&backend, &cluster, ensure_op(ns)).await.unwrap() {
+        OperationResult::EnsureNamespace(e) => assert!(e.created),
+        other => panic!("{other:?}"),
+    }
+    match call(&backend, &cluster, ensure_op(ns)).await.unwrap() {
+        OperationResult::EnsureNamespace(e) => assert!(!e.created),
+        other => panic!("{other:?}"),
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let n = namespaces.get(&tenant).await.unwrap();
+    let labels = n.metadata.labels.unwrap();
+    assert_eq!(labels["pod-security.kubernetes.io/enforce"], "restricted");
+    assert_eq!(labels[names::MANAGED_BY], "clawfleet");
+    assert_eq!(labels[names::NAMESPACE_ID], ns);
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), &tenant);
+    assert!(quotas.get_opt(names::QUOTA).await.unwrap().is_some());
+    let limits: Api<LimitRange> = Api::namespaced(client.clone(), &tenant);
+    assert!(limits.get_opt(names::LIMITS).await.unwrap().is_some());
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &tenant);
+    for p in [
+        names::DEFAULT_DENY,
+        names::ALLOW_DNS,
+        names::ALLOW_GATEWAY_INGRESS,
+    ] {
+        assert!(policies.get_opt(p).await.unwrap().is_some(), "{p}");
+    }
+
+    // Two Agents to Ready.
+    let t1 = deploy(&backend, &cluster, ns, "agent-1", "rev-1a", 1).await;
+    let t2 = deploy(&backend, &cluster, ns, "agent-2", "rev-2a", 1).await;
+    eprintln!(
+        "MEASURED prepare+activate to Ready: agent-1 {:.2}s, agent-2 {:.2}s",
+        t1.as_secs_f64(),
+        t2.as_secs_f64()
+    );
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let svcs: Api<Service> = Api::namespaced(client.clone(), &tenant);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &tenant);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &tenant);
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &tenant);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant);
+    let a1 = names::agent(&id("agent-1"));
+    let d = deps.get(&a1.gateway).await.unwrap();
+    assert_eq!(d.spec.replicas, Some(1));
+    assert_eq!(
+        d.spec.strategy.as_ref().unwrap().type_.as_deref(),
+        Some("Recreate")
+    );
+    assert_eq!(
+        d.metadata
+            .managed_fields
+            .unwrap()
+            .iter()
+            .filter(|f| f.manager.as_deref() == Some("clawfleet"))
+            .count(),
+        1
+    );
+    assert_eq!(
+        sas.get(&a1.gateway)
+            .await
+            .unwrap()
+            .automount_service_account_token,
+        Some(false)
+    );
+    let secret = secrets.get(&a1.password).await.unwrap();
+    let password_v1 = secret.data.unwrap()[names::PASSWORD_KEY].0.clone();
+    assert_eq!(password_v1.len(), 64);
+    assert_eq!(
+        selector_value(&svcs, "agent-1").await,
+        names::serving_value(&id("rev-1a"))
+    );
+
+    // Revision 2 of agent-1: prepared, the Service keeps pointing at the serving Pod.
+    let prepared = call(&backend, &cluster, prepare_op(ns, "agent-1", "rev-1b", 2))
+        .await
+        .unwrap();
+    assert_eq!(served(&prepared).as_deref(), Some("rev-1a"));
+    assert_eq!(
+        selector_value(&svcs, "agent-1").await,
+        names::serving_value(&id("rev-1a"))
+    );
+    assert_eq!(
+        deployment_revision(&deps, "agent-1").await.as_deref(),
+        Some("rev-1a")
+    );
+    let cm2 = names::revision_config_map(&id("agent-1"), &id("rev-1b"));
+    let cm2_obj = cms.get(&cm2).await.unwrap();
+    assert_eq!(cm2_obj.immutable, Some(true));
+    let rendered: serde_json::Value =
+        serde_json::from_str(&cm2_obj.data.unwrap()[names::CONFIG_KEY]).unwrap();
+    assert_eq!(rendered["gateway"]["bind"], "lan");
+    assert_eq!(rendered["gateway"]["auth"]["mode"], "password");
+    let ready_pods = pods
+        .list(&ListParams::default().labels(&format!("{}=agent-1", names::AGENT_ID)))
+        .await
+        .unwrap();
+    assert_eq!(ready_pods.items.len(), 1, "prepare started no Pod");
+
+    // Activate it; retire the old one: its ConfigMap goes, the Deployment stays.
+    let t = Instant::now();
+    let activated = call(
+        &backend,
+        &cluster,
+        Operation::ActivateRevision(rev_args(ns, "agent-1", "rev-1b", 2)),
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "MEASURED replace (activate revision 2 to Ready): {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(served(&activated).as_deref(), Some("rev-1b"));
+    assert_eq!(
+        selector_value(&svcs, "agent-1").await,
+        names::serving_value(&id("rev-1b"))
+    );
+    let cm1 = names::revision_config_map(&id("agent-1"), &id("rev-1a"));
+    assert!(cms.get_opt(&cm1).await.unwrap().is_some());
+    match call(
+        &backend,
+        &cluster,
+        Operation::RetireRevision(rev_args(ns, "agent-1", "rev-1a", 1)),
+    )
+    .await
+    .unwrap()
+    {
+        OperationResult::RetireRevision(r) => {
+            assert!(!r.stopped);
+            assert!(r.removed);
+            assert_eq!(
+                r.observation.served.as_ref().map(Ident::as_str),
+                Some("rev-1b")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(cms.get_opt(&cm1).await.unwrap().is_none());
+    assert_eq!(
+        deployment_revision(&deps, "agent-1").await.as_deref(),
+        Some("rev-1b")
+    );
+    // An activation retried on a serving revision changes nothing.
+    match call(
+        &backend,
+        &cluster,
+        Operation::ActivateRevision(rev_args(ns, "agent-1", "rev-1b", 2)),
+    )
+    .await
+    .unwrap()
+    {
+        OperationResult::ActivateRevision(a) => {
+            assert!(!a.restarted);
+            assert!(!a.unit_changed);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Stop twice: the Deployment and its Pods go, the PVC and Secret stay.
+    let stop = || Operation::StopRevision(rev_args(ns, "agent-1", "rev-1b", 2));
+    match call(&backend, &cluster, stop()).await.unwrap() {
+        OperationResult::StopRevision(s) => {
+            assert!(s.stopped);
+            assert_eq!(s.observation.served, None);
+            assert_eq!(s.observation.unit, None);
+        }
+        other => panic!("{other:?}"),
+    }
+    match call(&backend, &cluster, stop()).await.unwrap() {
+        OperationResult::StopRevision(s) => assert!(!s.stopped),
+        other => panic!("{other:?}"),
+    }
+    assert!(deps.get_opt(&a1.gateway).await.unwrap().is_none());
+    let left = pods
+        .list(&ListParams::default().labels(&format!("{}=agent-1", names::AGENT_ID)))
+        .await
+        .unwrap();
+    assert!(left.items.is_empty(), "no Pod of agent-1 remains");
+    assert!(pvcs.get_opt(&a1.state).await.unwrap().is_some());
+    assert!(secrets.get_opt(&a1.password).await.unwrap().is_some());
+    assert_eq!(selector_value(&svcs, "agent-1").await, names::INACTIVE);
+
+    // Deploy again: same revision, same password.
+    let t3 = deploy(&backend, &cluster, ns, "agent-1", "rev-1b", 2).await;
+    eprintln!("MEASURED redeploy after stop: {:.2}s", t3.as_secs_f64());
+    let again = secrets.get(&a1.password).await.unwrap();
+    assert_eq!(again.data.unwrap()[names::PASSWORD_KEY].0, password_v1);
+
+    // Status: both Agents, served revisions, the Deployment as the unit.
+    match call(&backend, &cluster, Operation::Status(Default::default()))
+        .await
+        .unwrap()
+    {
+        OperationResult::Status(inv) => {
+            assert!(inv.problems.is_empty(), "{:?}", inv.problems);
+            assert_eq!(inv.namespaces.len(), 1);
+            let nsi = &inv.namespaces[0];
+            assert_eq!(nsi.id.as_str(), ns);
+            assert_eq!(nsi.name.as_str(), "team-a-name");
+            assert_eq!(nsi.agents.len(), 2);
+            let a = nsi
+                .agents
+                .iter()
+                .find(|a| a.id.as_str() == "agent-1")
+                .unwrap();
+            assert_eq!(a.revisions.len(), 1);
+            assert_eq!(
+                a.observation.served.as_ref().map(Ident::as_str),
+                Some("rev-1b")
+            );
+            let unit = a.observation.unit.as_ref().unwrap();
+            assert_eq!(unit.active_state, "active");
+            assert_eq!(unit.name, a1.gateway);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Delete agent-2: all of its objects go.
+    let a2 = names::agent(&id("agent-2"));
+    match call(&backend, &cluster, delete_agent_op(ns, "agent-2"))
+        .await
+        .unwrap()
+    {
+        OperationResult::DeleteAgent(d) => assert!(d.removed),
+        other => panic!("{other:?}"),
+    }
+    assert!(deps.get_opt(&a2.gateway).await.unwrap().is_none());
+    assert!(svcs.get_opt(&a2.gateway).await.unwrap().is_none());
+    assert!(sas.get_opt(&a2.gateway).await.unwrap().is_none());
+    assert!(secrets.get_opt(&a2.password).await.unwrap().is_none());
+    // The PVC may still be finishing (kubernetes.io/pvc-protection) but is being deleted.
+    assert!(
+        pvcs.get_opt(&a2.state)
+            .await
+            .unwrap()
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+    );
+    assert!(policies.get_opt(&a2.egress).await.unwrap().is_none());
+    let cm_left = cms
+        .list(&ListParams::default().labels(&format!("{}=agent-2", names::AGENT_ID)))
+        .await
+        .unwrap();
+    assert!(cm_left.items.is_empty());
+    match call(&backend, &cluster, delete_agent_op(ns, "agent-2"))
+        .await
+        .unwrap()
+    {
+        OperationResult::DeleteAgent(d) => assert!(!d.removed),
+        other => panic!("{other:?}"),
+    }
+
+    // Delete the Namespace: waits until it is gone.
+    let t = Instant::now();
+    match call_within(
+        &backend,
+        &cluster,
+        delete_ns_op(ns),
+        Duration::from_secs(90),
+    )
+    .await
+    .unwrap()
+    {
+        OperationResult::DeleteNamespace(d) => {
+            assert!(d.removed);
+            assert_eq!(d.agents_removed, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    eprintln!(
+        "MEASURED delete-namespace until gone: {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(namespaces.get_opt(&tenant).await.unwrap().is_none());
+    match call(&backend, &cluster, delete_ns_op(ns)).await.unwrap() {
+        OperationResult::DeleteNamespace(d) => assert!(!d.removed),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn resource_version<K: kube::Resource>(o: &K) -> String {
+    o.meta().resource_version.clone().unwrap()
+}
+
+fn assert_conflict(out: Result<OperationResult, clawfleet_protocol::Failure>, key_or_kind: &str) {
+    match out {
+        Err(f) => {
+            assert_eq!(f.code, FailureCode::KubernetesOwnershipConflict, "{f}");
+            assert_eq!(f.class, FailureClass::Permanent);
+            assert!(f.message.contains(key_or_kind), "{f}");
+            assert!(!f.message.contains("intruder"), "no foreign values in {f}");
+        }
+        Ok(r) => panic!("expected an ownership conflict, got {r:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 4).await;
+    let cluster = cluster(&cp, settings());
+    let backend = KubeBackend::new();
+    let ns = "team-o";
+    let tenant = names::tenant_namespace(&id(ns));
+    call(&backend, &cluster, ensure_op(ns)).await.unwrap();
+    let foreign_meta = |name: &str| serde_json::json!({ "name": name, "labels": { "app": "intruder", names::AGENT_ID: "intruder" } });
+
+    // A foreign Deployment at agent-d's name: activation refuses before writing.
+    let d = names::agent(&id("agent-d"));
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let foreign: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": foreign_meta(&d.gateway),
+        "spec": { "replicas": 0, "selector": { "matchLabels": { "app": "intruder" } },
+                  "template": { "metadata": { "labels": { "app": "intruder" } },
+                                "spec": { "containers": [{ "name": "c", "image": "intruder:1" }] } } },
+    }))
+    .unwrap();
+    let created = deps.create(&PostParams::default(), &foreign).await.unwrap();
+    assert_conflict(
+        call(&backend, &cluster, prepare_op(ns, "agent-d", "rev-d", 1)).await,
+        &format!("Deployment {tenant}/{}", d.gateway),
+    );
+    let after = deps.get(&d.gateway).await.unwrap();
+    assert_eq!(resource_version(&after), resource_version(&created));
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &tenant);
+    assert!(
+        sas.get_opt(&d.gateway).await.unwrap().is_none(),
+        "nothing written"
+    );
+
+    // A foreign Service.
+    let s = names::agent(&id("agent-s"));
+    let svcs: Api<Service> = Api::namespaced(client.clone(), &tenant);
+    let foreign: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": foreign_meta(&s.gateway),
+        "spec": { "selector": { "app": "intruder" }, "ports": [{ "port": 80 }] },
+    }))
+    .unwrap();
+    let created = svcs.create(&PostParams::default(), &foreign).await.unwrap();
+    assert_conflict(
+        call(&backend, &cluster, prepare_op(ns, "agent-s", "rev-s", 1)).await,
+        &format!("Service {tenant}/{}", s.gateway),
+    );
+    assert_eq!(
+        resource_version(&svcs.get(&s.gateway).await.unwrap()),
+        resource_version(&created)
+    );
+    assert!(
+        sas.get_opt(&s.gateway).await.unwrap().is_none(),
+        "nothing written"
+    );
+
+    // A foreign Secret at the password's name.
+    let p = names::agent(&id("agent-p"));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    let foreign: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": foreign_meta(&p.password),
+        "stringData": { "OPENCLAW_GATEWAY_PASSWORD": "intruder" },
+    }))
+    .unwrap();
+    let created = secrets
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    assert_conflict(
+        call(&backend, &cluster, prepare_op(ns, "agent-p", "rev-p", 1)).await,
+        &format!("Secret {tenant}/{}", p.password),
+    );
+    assert_eq!(
+        resource_version(&secrets.get(&p.password).await.unwrap()),
+        resource_version(&created)
+    );
+    assert!(
+        sas.get_opt(&p.gateway).await.unwrap().is_none(),
+        "nothing written"
+    );
+
+    // A foreign NetworkPolicy at the egress policy's name.
+    let e = names::agent(&id("agent-e"));
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &tenant);
+    let foreign: NetworkPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": foreign_meta(&e.egress),
+        "spec": { "podSelector": {}, "policyTypes": ["Egress"], "egress": [{}] },
+    }))
+    .unwrap();
+    let created = policies
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    assert_conflict(
+        call(&backend, &cluster, prepare_op(ns, "agent-e", "rev-e", 1)).await,
+        &format!("NetworkPolicy {tenant}/{}", e.egress),
+    );
+    assert_eq!(
+        resource_version(&policies.get(&e.egress).await.unwrap()),
+        resource_version(&created)
+    );
+    assert!(
+        sas.get_opt(&e.gateway).await.unwrap().is_none(),
+        "nothing written"
+    );
+
+    // A tampered label on an owned object: deploy agent-t, then change its Deployment's
+    // agent label; stop, activate and delete-agent refuse and write nothing.
+    deploy(&backend, &cluster, ns, "agent-t", "rev-t", 1).await;
+    let t = names::agent(&id("agent-t"));
+    let mut dep = deps.get(&t.gateway).await.unwrap();
+    dep.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(names::NAMESPACE_ID.to_owned(), "intruder".to_owned());
+    dep.metadata.managed_fields = None;
+    let tampered = deps
+        .replace(&t.gateway, &PostParams::default(), &dep)
+        .await
+        .unwrap();
+    for op in [
+        Operation::StopRevision(rev_args(ns, "agent-t", "rev-t", 1)),
+        Operation::ActivateRevision(rev_args(ns, "agent-t", "rev-t", 1)),
+        delete_agent_op(ns, "agent-t"),
+    ] {
+        assert_conflict(call(&backend, &cluster, op).await, names::NAMESPACE_ID);
+    }
+    let after = deps.get(&t.gateway).await.unwrap();
+    assert_eq!(resource_version(&after), resource_version(&tampered));
+    assert!(
+        sas.get_opt(&t.gateway).await.unwrap().is_some(),
+        "delete-agent deleted nothing"
+    );
+
+    // A tampered Pod Security label on the tenant namespace: ensure-namespace refuses.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut n = namespaces.get(&tenant).await.unwrap();
+    n.metadata.labels.as_mut().unwrap().insert(
+        "pod-security.kubernetes.io/enforce".to_owned(),
+        "privileged".to_owned(),
+    );
+    n.metadata.managed_fields = None;
+    let tampered = namespaces
+        .replace(&tenant, &PostParams::default(), &n)
+        .await
+        .unwrap();
+    assert_conflict(
+        call(&backend, &cluster, ensure_op(ns)).await,
+        "pod-security.kubernetes.io/enforce",
+    );
+    assert_eq!(
+        resource_version(&namespaces.get(&tenant).await.unwrap()),
+        resource_version(&tampered)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blockers_have_their_codes() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 4).await;
+    let backend = KubeBackend::new();
+    let deadline = Duration::from_secs(40);
+    let expect =
+        |out: Result<OperationResult, clawfleet_protocol::Failure>, code: FailureCode| match out {
+            Err(f) => {
+                assert_eq!(f.code, code, "{f}");
+                assert!(f.is_retryable());
+            }
+            Ok(r) => panic!("expected {code}, got {r:?}"),
+        };
+
+    // Quota of 0 Pods.
+    let mut s = settings();
+    s.quota.pods = 0;
+    let quota0 = cluster(&cp, s);
+    call(&backend, &quota0, ensure_op("ns-quota"))
+        .await
+        .unwrap();
+    call(&backend, &quota0, prepare_op("ns-quota", "a", "r1", 1))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    expect(
+        call_within(
+            &backend,
+            &quota0,
+            Operation::ActivateRevision(rev_args("ns-quota", "a", "r1", 1)),
+            deadline,
+        )
+        .await,
+        FailureCode::NamespacePodQuotaExceeded,
+    );
+    eprintln!(
+        "MEASURED NAMESPACE_POD_QUOTA_EXCEEDED after {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // A node selector no node has.
+    let mut s = settings();
+    s.node_selector
+        .insert("clawfleet.dev/pool".to_owned(), "nowhere".to_owned());
+    let nowhere = cluster(&cp, s);
+    call(&backend, &nowhere, ensure_op("ns-sched"))
+        .await
+        .unwrap();
+    call(&backend, &nowhere, prepare_op("ns-sched", "a", "r1", 1))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    expect(
+        call_within(
+            &backend,
+            &nowhere,
+            Operation::ActivateRevision(rev_args("ns-sched", "a", "r1", 1)),
+            deadline,
+        )
+        .await,
+        FailureCode::RevisionUnschedulable,
+    );
+    eprintln!(
+        "MEASURED REVISION_UNSCHEDULABLE after {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // An image that fails to pull.
+    let mut s = settings();
+    s.gateway_image = format!(
+        "registry.invalid/clawfleet/{FAIL_PULL_MARKER}@sha256:{}",
+        "2".repeat(64)
+    );
+    let bad_image = cluster(&cp, s);
+    call(&backend, &bad_image, ensure_op("ns-pull"))
+        .await
+        .unwrap();
+    call(&backend, &bad_image, prepare_op("ns-pull", "a", "r1", 1))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    expect(
+        call_within(
+            &backend,
+            &bad_image,
+            Operation::ActivateRevision(rev_args("ns-pull", "a", "r1", 1)),
+            deadline,
+        )
+        .await,
+        FailureCode::RevisionImagePullFailed,
+    );
+    eprintln!(
+        "MEASURED REVISION_IMAGE_PULL_FAILED after {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Status shows the blocked Agent as failed, nothing served.
+    match call(&backend, &bad_image, Operation::Status(Default::default()))
+        .await
+        .unwrap()
+    {
+        OperationResult::Status(inv) => {
+            let nsi = inv
+                .namespaces
+                .iter()
+                .find(|n| n.id.as_str() == "ns-pull")
+                .unwrap();
+            let unit = nsi.agents[0].observation.unit.clone().unwrap();
+            assert_eq!(unit.active_state, "failed");
+            assert_eq!(unit.sub_state, "ErrImagePull");
+            assert_eq!(nsi.agents[0].observation.served, None);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_faults_are_unavailable_and_retryable() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 2).await;
+    let backend = KubeBackend::new();
+    let proxy = FaultProxy::start(&cp).await.unwrap();
+    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), settings());
+
+    // 429 with Retry-After on a read: honoured (the read waits, then succeeds).
+    proxy.inject(Fault::too_many_requests(2), 1);
+    let t = Instant::now();
+    call(&backend, &via, Operation::Status(Default::default()))
+        .await
+        .unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_secs(2),
+        "Retry-After honoured: {:?}",
+        t.elapsed()
+    );
+
+    // 503 on every attempt of a read: KUBERNETES_API_UNAVAILABLE, retryable.
+    proxy.inject(Fault::service_unavailable(), 10);
+    let out = call(&backend, &via, ensure_op("ns-faults")).await;
+    proxy.clear_faults();
+    let f = out.unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
+    assert!(f.is_retryable());
+
+    // 429 on a mutating request: not retried in place; the next call waits for Retry-After.
+    call(&backend, &via, ensure_op("ns-faults")).await.unwrap();
+    call(&backend, &via, prepare_op("ns-faults", "a", "r1", 1))
+        .await
+        .unwrap();
+    // Activation reads the namespace, five prepared objects and the Deployment, then applies
+    // the Deployment: the 8th request gets the 429.
+    let seen_before = proxy.seen().len();
+    proxy.inject(Fault::Delay(Duration::ZERO), 7);
+    proxy.inject(Fault::too_many_requests(2), 1);
+    let f = call(
+        &backend,
+        &via,
+        Operation::ActivateRevision(rev_args("ns-faults", "a", "r1", 1)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
+    assert!(f.is_retryable());
+    let seen: Vec<_> = proxy.seen().into_iter().skip(seen_before).collect();
+    let patches: Vec<_> = seen.iter().filter(|r| r.method == "PATCH").collect();
+    assert_eq!(patches.len(), 1, "the apply was sent once: {seen:?}");
+    assert!(patches[0].injected, "{seen:?}");
+    assert!(
+        patches[0].uri.contains("fieldManager=clawfleet"),
+        "{}",
+        patches[0].uri
+    );
+    let t = Instant::now();
+    let out = call(
+        &backend,
+        &via,
+        Operation::ActivateRevision(rev_args("ns-faults", "a", "r1", 1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(served(&out).as_deref(), Some("r1"));
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "waited for Retry-After: {:?}",
+        t.elapsed()
+    );
+
+    // The apiserver killed: KUBERNETES_API_UNAVAILABLE (retryable); after the restart the
+    // same operation converges.
+    let direct = cluster(&cp, settings());
+    call(&backend, &direct, prepare_op("ns-faults", "b", "r1", 1))
+        .await
+        .unwrap();
+    cp.kill_apiserver().unwrap();
+    let f = call_within(
+        &backend,
+        &direct,
+        Operation::ActivateRevision(rev_args("ns-faults", "b", "r1", 1)),
+        Duration::from_secs(15),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
+    assert!(f.is_retryable());
+    cp.start_apiserver().await.unwrap();
+    let t = Instant::now();
+    let out = call(
+        &backend,
+        &direct,
+        Operation::ActivateRevision(rev_args("ns-faults", "b", "r1", 1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(served(&out).as_deref(), Some("r1"));
+    eprintln!(
+        "MEASURED activation after an apiserver restart: {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+}
