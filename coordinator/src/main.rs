@@ -900,6 +900,7 @@ fn run_client(cli: &Cli) -> Result<()> {
                     ("ACTIVE", "activeRevisionId"),
                     ("SERVED", "servedRevisionId"),
                     ("CONVERGED", "converged"),
+                    ("LAST CODE", "lastCode"),
                 ],
             ),
             AgentCmd::Revisions { namespace, id } => print(

@@ -738,6 +738,8 @@ impl Service {
             "revisions": revisions,
             "openWork": work,
             "recentWork": recent,
+            // The newest work's last code, for tables and scripts.
+            "lastCode": recent.first().and_then(|w| w.last_attempt.as_ref()).map(|a| a.code.clone()),
         }))
     }
 }

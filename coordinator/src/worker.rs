@@ -11,7 +11,7 @@ use clawfleet_protocol::operation::{
     NamespaceRef, PrepareArgs, RevisionArgs, RevisionNumber, RevisionRef, RevisionSpec,
 };
 use clawfleet_protocol::result::{AgentObservation, OperationResult};
-use clawfleet_protocol::{Configuration, Ident, Operation, Sha256Hex};
+use clawfleet_protocol::{Configuration, FailureCode, Ident, Operation, Sha256Hex};
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, ClusterTarget, HostTarget, Target};
@@ -71,6 +71,23 @@ fn store_err(e: StoreError) -> Step {
         attempt: false,
         delay: Duration::from_secs(1),
     }
+}
+
+/// Retryable codes that say what an operator must look at (a cluster that cannot schedule,
+/// pull or admit the gateway, or whose API is down): deployment status shows them as they are
+/// rather than folding them into `REVISION_FINALIZATION_INCOMPLETE`.
+fn progress_code(e: &CallError) -> bool {
+    let CallError::Failed(f) = e else {
+        return false;
+    };
+    matches!(
+        f.code,
+        FailureCode::RevisionUnschedulable
+            | FailureCode::RevisionImagePullFailed
+            | FailureCode::NamespacePodQuotaExceeded
+            | FailureCode::RevisionIncomplete
+            | FailureCode::KubernetesApiUnavailable
+    )
 }
 
 /// Aborts a background task when dropped.
@@ -284,7 +301,8 @@ impl<B: Backend> Worker<B> {
 
     fn call_failed(&self, work: &Work, e: CallError, after_commit: bool) -> Step {
         if e.is_retryable() {
-            let code = if after_commit {
+            let own = progress_code(&e);
+            let code = if after_commit && !own {
                 "REVISION_FINALIZATION_INCOMPLETE"
             } else {
                 e.code()
@@ -293,8 +311,10 @@ impl<B: Backend> Worker<B> {
                 code: code.to_owned(),
                 message: format!("{} ({})", e, e.code()),
                 // Before the commit, host failures use the attempt budget; after it, the
-                // worker keeps finalizing until the convergence deadline.
-                attempt: !after_commit,
+                // worker keeps finalizing until the convergence deadline. An unavailable
+                // Kubernetes API never spends attempts.
+                attempt: !after_commit
+                    && e.code() != FailureCode::KubernetesApiUnavailable.as_str(),
                 delay: self.backoff(work.attempts),
             }
         } else {
@@ -693,7 +713,7 @@ impl<B: Backend> Worker<B> {
             )
             .await;
         match activated {
-            Err(CallError::Failed(f)) if f.code == clawfleet_protocol::FailureCode::Superseded => {
+            Err(CallError::Failed(f)) if f.code == FailureCode::Superseded => {
                 self.store
                     .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                     .map_err(store_err)?;

@@ -905,3 +905,93 @@ async fn failed_stop_work_is_visible_in_status_and_wait() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("a1: stopped"), "{out}");
 }
+
+/// base64 of a PEM CERTIFICATE block (the parser checks the PEM shape, not the key).
+const CA_DATA: &str =
+    "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCkFBQUEKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=";
+
+fn kubeconfig(server: &str, cluster_extra: &str, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    server: {server}\n    certificate-authority-data: {CA_DATA}\n{cluster_extra}contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\nusers:\n- name: u\n  user:\n{user}"
+    )
+}
+
+/// Bad kubeconfigs are refused before anything is stored or any request leaves, each with a
+/// message naming the field; credentials are never echoed back.
+#[tokio::test]
+async fn bad_kubeconfigs_are_refused_naming_the_field_with_nothing_stored() {
+    let api = Api::start().await;
+    let token = "    token: sekret-token-value\n";
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "insecure",
+            kubeconfig(
+                "https://127.0.0.1:6443",
+                "    insecure-skip-tls-verify: true\n",
+                token,
+            ),
+            "insecure-skip-tls-verify",
+        ),
+        (
+            "plain http",
+            kubeconfig("http://127.0.0.1:6443", "", token),
+            "server",
+        ),
+        (
+            "credentials in the URL",
+            kubeconfig("https://admin:pw@127.0.0.1:6443", "", token),
+            "server",
+        ),
+        (
+            "exec plugin",
+            kubeconfig(
+                "https://127.0.0.1:6443",
+                "",
+                "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/true\n",
+            ),
+            "exec",
+        ),
+        (
+            "no credentials",
+            kubeconfig("https://127.0.0.1:6443", "", "    {}\n"),
+            "user",
+        ),
+        (
+            "missing context",
+            kubeconfig("https://127.0.0.1:6443", "", token)
+                .replace("current-context: c", "current-context: nope"),
+            "nope",
+        ),
+    ];
+    for (what, text, field) in cases {
+        let got = api
+            .admin(
+                "POST",
+                "/clusters",
+                Some(json!({"name": "c1", "kubeconfig": text, "settings": {"gatewayImage": "r/x@sha256:1111111111111111111111111111111111111111111111111111111111111111"}})),
+            )
+            .await;
+        assert_eq!(got, Err((400, "KUBECONFIG_INVALID".into())), "{what}");
+        // The message names the field (read it through a raw client call).
+        let c = api.client(Some(&api.admin));
+        let body = json!({"name": "c1", "kubeconfig": text, "settings": {}});
+        let err = tokio::task::spawn_blocking(move || c.request("POST", "/clusters", Some(&body)))
+            .await
+            .unwrap()
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains(field), "{what}: {message}");
+        assert!(!message.contains("sekret-token-value"), "{what}: {message}");
+    }
+    // Settings are checked too: an image not pinned by digest.
+    let got = api
+        .admin(
+            "POST",
+            "/clusters",
+            Some(json!({"name": "c1", "kubeconfig": kubeconfig("https://127.0.0.1:6443", "", token), "settings": {"gatewayImage": "repo/openclaw:latest"}})),
+        )
+        .await;
+    assert_eq!(got, Err((400, "CLUSTER_SETTINGS_INVALID".into())));
+    assert!(api.store.clusters().unwrap().is_empty());
+    assert_eq!(api.backend.calls(), 0, "nothing was sent to any cluster");
+}

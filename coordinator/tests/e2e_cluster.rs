@@ -309,5 +309,69 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     }
     // The cluster is free again: it can be forgotten.
     fleet_ref.occ_ok(&["cluster", "remove", "kwok"]);
+
+    // Codes a cluster gives, each shown in `occ agent status`: the same control plane
+    // registered three more times with settings that cannot work.
+    let pulls_fail = IMAGE.replace("openclaw/gateway", "openclaw/fail-pull");
+    let cases = [
+        (
+            "pull",
+            json!({"gatewayImage": pulls_fail}),
+            "REVISION_IMAGE_PULL_FAILED",
+        ),
+        (
+            "quota",
+            json!({"gatewayImage": IMAGE, "quota": {"pods": 0}}),
+            "NAMESPACE_POD_QUOTA_EXCEEDED",
+        ),
+        (
+            "nosched",
+            json!({"gatewayImage": IMAGE, "nodeSelector": {"clawfleet.dev/nowhere": "true"}}),
+            "REVISION_UNSCHEDULABLE",
+        ),
+    ];
+    for (name, settings, code) in cases {
+        let file = write_doc(fleet_ref, &format!("settings-{name}"), &settings);
+        let cluster = format!("kwok-{name}");
+        fleet_ref.occ_ok(&[
+            "cluster",
+            "add",
+            &cluster,
+            "--kubeconfig",
+            &kubeconfig,
+            "--settings",
+            &file,
+        ]);
+        let ns = format!("codes-{name}");
+        fleet_ref.occ_ok(&["namespace", "create", &ns, "--cluster", &cluster]);
+        let doc = write_doc(fleet_ref, &format!("doc-{name}"), &json!({}));
+        fleet_ref.occ_ok(&["configuration", "create", &ns, "cfg", "--file", &doc]);
+        fleet_ref.occ_ok(&["agent", "create", &ns, "a", "--configuration", "cfg"]);
+        fleet_ref.occ_ok(&["agent", "deploy", &ns, "a"]);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let table = fleet_ref.occ_ok(&["agent", "status", &ns, "a"]);
+            if table.contains(code) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{code} never shown: {table}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let s = fleet_ref
+            .api
+            .request(
+                "GET",
+                &format!("/namespaces/{ns}/agents/a/deployment-status"),
+                None,
+            )
+            .unwrap();
+        assert!(s["servedRevisionId"].is_null(), "{s}");
+        let (code_rc, out) = occ_code(
+            fleet_ref,
+            &["agent", "delete", &ns, "a", "--wait", "--timeout", "120"],
+        );
+        assert_eq!(code_rc, 0, "{out}");
+        fleet_ref.occ_ok(&["namespace", "delete", &ns]);
+    }
     fleet.kill_serve();
 }
