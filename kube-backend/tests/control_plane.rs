@@ -394,13 +394,29 @@ async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
                                 "spec": { "containers": [{ "name": "c", "image": "intruder:1" }] } } },
     }))
     .unwrap();
-    let created = deps.create(&PostParams::default(), &foreign).await.unwrap();
+    deps.create(&PostParams::default(), &foreign).await.unwrap();
+    // The deployment controller writes its status once; record the object after that.
+    let created = loop {
+        let d = deps.get(&d.gateway).await.unwrap();
+        if d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_conflict(
         call(&backend, &cluster, prepare_op(ns, "agent-d", "rev-d", 1)).await,
         &format!("Deployment {tenant}/{}", d.gateway),
     );
     let after = deps.get(&d.gateway).await.unwrap();
     assert_eq!(resource_version(&after), resource_version(&created));
+    assert!(
+        after
+            .metadata
+            .managed_fields
+            .unwrap()
+            .iter()
+            .all(|f| f.manager.as_deref() != Some("clawfleet"))
+    );
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &tenant);
     assert!(
         sas.get_opt(&d.gateway).await.unwrap().is_none(),
