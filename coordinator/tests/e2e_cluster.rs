@@ -373,5 +373,83 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         assert_eq!(code_rc, 0, "{out}");
         fleet_ref.occ_ok(&["namespace", "delete", &ns]);
     }
+
+    // Faults. The apiserver killed mid-deploy: KUBERNETES_API_UNAVAILABLE is shown, and once it
+    // is back the deploy converges without a new request.
+    let settings = write_doc(&fleet, "settings-faults", &json!({"gatewayImage": IMAGE}));
+    fleet.occ_ok(&[
+        "cluster",
+        "add",
+        "kwok-faults",
+        "--kubeconfig",
+        &kubeconfig,
+        "--settings",
+        &settings,
+    ]);
+    fleet.occ_ok(&["namespace", "create", "faults", "--cluster", "kwok-faults"]);
+    let doc = write_doc(&fleet, "doc-faults", &json!({}));
+    fleet.occ_ok(&["configuration", "create", "faults", "cfg", "--file", &doc]);
+    fleet.occ_ok(&["agent", "create", "faults", "a", "--configuration", "cfg"]);
+    let wait_status = |fleet: &Fleet, what: &str, done: &dyn Fn(&Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = fleet
+                .api
+                .request("GET", "/namespaces/faults/agents/a/deployment-status", None)
+                .unwrap();
+            if done(&s) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "{what}: {s}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait_status(&fleet, "the faults Namespace never became ready", &|_| {
+        fleet
+            .api
+            .request("GET", "/namespaces/faults", None)
+            .is_ok_and(|n| n["ready"] == json!(true))
+    });
+    cp.kill_apiserver().unwrap();
+    fleet.occ_ok(&["agent", "deploy", "faults", "a"]);
+    wait_status(&fleet, "KUBERNETES_API_UNAVAILABLE never shown", &|s| {
+        s["lastCode"] == "KUBERNETES_API_UNAVAILABLE"
+    });
+    cp.start_apiserver().await.unwrap();
+    let s = wait_status(
+        &fleet,
+        "no convergence after the apiserver came back",
+        &|s| s["converged"] == json!(true),
+    );
+    assert_eq!(s["servedRevisionId"], "rev-1", "{s}");
+
+    // `occ serve` SIGKILLed mid-deploy: after a restart the deploy converges.
+    let doc2 = write_doc(
+        &fleet,
+        "doc-faults-2",
+        &json!({"logging": {"level": "debug"}}),
+    );
+    fleet.occ_ok(&["configuration", "update", "faults", "cfg", "--file", &doc2]);
+    fleet.occ_ok(&["agent", "deploy", "faults", "a"]);
+    std::thread::sleep(Duration::from_millis(150));
+    fleet.kill_serve();
+    fleet.start_serve();
+    let s = wait_status(&fleet, "no convergence after occ serve was killed", &|s| {
+        s["converged"] == json!(true)
+    });
+    assert_eq!(s["servedRevisionId"], "rev-2", "{s}");
+    let (code, out) = occ_code(
+        &fleet,
+        &[
+            "agent",
+            "delete",
+            "faults",
+            "a",
+            "--wait",
+            "--timeout",
+            "120",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
     fleet.kill_serve();
 }
