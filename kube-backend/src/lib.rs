@@ -51,6 +51,9 @@ mod objects;
 mod observe;
 mod ops;
 
+#[cfg(test)]
+mod shape_tests;
+
 pub use backend::{Cluster, ClusterProbe, KubeBackend, MINIMUM_KUBERNETES_MINOR, ProbeWarning};
 pub use kubeconfig::{
     ClusterAuth, ClusterCredentials, KubeconfigError, parse_kubeconfig, parse_kubeconfig_file,

@@ -1,2 +1,339 @@
 //! Rendering unit tests: names, labels, selectors, securityContext, probes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::names::{self, is_dns_label};
+use clawfleet_protocol::ident::Sha256Hex;
+use clawfleet_protocol::operation::RevisionNumber;
+
+fn id(s: &str) -> Ident {
+    Ident::new(s).unwrap()
+}
+
+fn ns_ref() -> NamespaceRef {
+    NamespaceRef {
+        id: id("ns-1"),
+        name: id("team"),
+    }
+}
+
+fn agent() -> AgentRef {
+    AgentRef {
+        id: id("Agent_One.x"),
+        service_principal_id: id("sp-1"),
+    }
+}
+
+fn rev() -> RevisionRef {
+    RevisionRef {
+        id: id("rev-7"),
+        number: RevisionNumber::new(7).unwrap(),
+        configuration_hash: Sha256Hex::new("a".repeat(64)).unwrap(),
+    }
+}
+
+fn settings() -> ClusterSettings {
+    let mut s = ClusterSettings::new(format!("r.example/gw@sha256:{}", "b".repeat(64)));
+    s.node_selector.insert("pool".into(), "agents".into());
+    s.storage_class = Some("fast".into());
+    s.gateway_clients.push(PeerSelector {
+        namespace: "ingress".into(),
+        pod_labels: BTreeMap::from([("app".into(), "proxy".into())]),
+    });
+    s
+}
+
+fn v<T: serde::Serialize>(o: &T) -> Value {
+    serde_json::to_value(o).unwrap()
+}
+
+#[test]
+fn names_are_stable_dns_labels() {
+    let ns = names::tenant_namespace(&id("ns-1"));
+    assert!(ns.starts_with("oce-"));
+    assert_eq!(ns.len(), 4 + 15);
+    // sha256("ns-1") starts with these 15 hex characters.
+    let full = clawfleet_protocol::ident::hex(&clawfleet_protocol::ident::sha256(b"ns-1"));
+    assert_eq!(&ns[4..], &full[..15]);
+    let n = names::agent(&agent().id);
+    for name in [
+        &n.gateway,
+        &n.state,
+        &n.password,
+        &n.egress,
+        &names::revision_config_map(&agent().id, &rev().id),
+        &ns,
+    ] {
+        assert!(is_dns_label(name), "{name}");
+    }
+    assert_eq!(n, names::agent(&agent().id), "deterministic");
+    assert_ne!(n.gateway, names::agent(&id("other")).gateway);
+    assert_ne!(
+        names::revision_config_map(&agent().id, &id("rev-7")),
+        names::revision_config_map(&agent().id, &id("rev-8"))
+    );
+    let long = id(&"x".repeat(63));
+    assert!(is_dns_label(&names::revision_config_map(&long, &long)));
+    assert!(names::serving_value(&rev().id).starts_with('r'));
+    assert_ne!(names::serving_value(&rev().id), names::INACTIVE);
+}
+
+#[test]
+fn namespace_is_restricted_and_marked() {
+    let n = v(&namespace(&ns_ref()).unwrap());
+    let l = &n["metadata"]["labels"];
+    assert_eq!(l["pod-security.kubernetes.io/enforce"], "restricted");
+    assert_eq!(l["pod-security.kubernetes.io/warn"], "restricted");
+    assert_eq!(l[names::MANAGED_BY], "clawfleet");
+    assert_eq!(l[names::NAMESPACE_ID], "ns-1");
+    assert_eq!(n["metadata"]["annotations"][names::NAMESPACE_ID], "ns-1");
+    assert_eq!(n["metadata"]["annotations"][names::NAMESPACE_NAME], "team");
+}
+
+#[test]
+fn namespace_policies() {
+    let s = settings();
+    let deny = v(&default_deny(&id("ns-1")).unwrap());
+    assert_eq!(deny["spec"]["podSelector"], json!({}));
+    assert_eq!(deny["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    let dns = v(&allow_dns(&id("ns-1"), &s).unwrap());
+    let to = &dns["spec"]["egress"][0]["to"][0];
+    assert_eq!(
+        to["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "kube-system"
+    );
+    assert_eq!(to["podSelector"]["matchLabels"]["k8s-app"], "kube-dns");
+    assert_eq!(dns["spec"]["egress"][0]["ports"][0]["port"], 53);
+    let ingress = v(&allow_gateway_ingress(&id("ns-1"), &s).unwrap());
+    assert_eq!(ingress["spec"]["ingress"][0]["ports"][0]["port"], 18789);
+    assert_eq!(
+        ingress["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app"],
+        "proxy"
+    );
+    let closed = v(&allow_gateway_ingress(&id("ns-1"), &ClusterSettings::new("x")).unwrap());
+    assert_eq!(closed["spec"]["ingress"], json!([]), "no clients: nobody");
+    let q = v(&resource_quota(&id("ns-1"), &s).unwrap());
+    assert_eq!(q["spec"]["hard"]["pods"], "20");
+    let lr = v(&limit_range(&id("ns-1"), &s).unwrap());
+    assert_eq!(lr["spec"]["limits"][0]["default"]["memory"], "2Gi");
+    for o in [&deny, &dns, &ingress, &q, &lr] {
+        assert_eq!(
+            o["metadata"]["namespace"],
+            names::tenant_namespace(&id("ns-1"))
+        );
+        assert_eq!(o["metadata"]["labels"][names::MANAGED_BY], "clawfleet");
+    }
+}
+
+#[test]
+fn deployment_shape() {
+    let s = settings();
+    let d = v(&deployment(&id("ns-1"), &agent(), &rev(), &s).unwrap());
+    let n = names::agent(&agent().id);
+    assert_eq!(d["metadata"]["name"], n.gateway);
+    assert_eq!(d["metadata"]["annotations"][names::REVISION_ID], "rev-7");
+    assert_eq!(d["metadata"]["annotations"][names::REVISION_NUMBER], "7");
+    assert_eq!(d["metadata"]["labels"][names::AGENT_ID], "Agent_One.x");
+    assert_eq!(d["spec"]["replicas"], 1);
+    assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
+    let sel = &d["spec"]["selector"]["matchLabels"];
+    assert_eq!(
+        sel,
+        &json!({ names::MANAGED_BY: "clawfleet", names::AGENT_ID: "Agent_One.x" })
+    );
+    let t = &d["spec"]["template"];
+    for (k, val) in sel.as_object().unwrap() {
+        assert_eq!(
+            &t["metadata"]["labels"][k], val,
+            "the template matches the selector"
+        );
+    }
+    assert_eq!(
+        t["metadata"]["labels"][names::SERVING_REVISION],
+        names::serving_value(&rev().id)
+    );
+    let pod = &t["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["serviceAccountName"], n.gateway);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(pod["nodeSelector"]["pool"], "agents");
+    let c = &pod["containers"][0];
+    assert_eq!(c["image"], s.gateway_image);
+    assert_eq!(
+        c["command"],
+        json!(["node", "/app/openclaw.mjs", "gateway", "run"])
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    let probe = &c["readinessProbe"]["httpGet"];
+    assert_eq!(probe["path"], "/readyz");
+    assert_eq!(probe["port"], names::PORT_NAME);
+    assert_eq!(c["ports"][0]["containerPort"], 18789);
+    assert_eq!(c["ports"][0]["name"], names::PORT_NAME);
+    let env: BTreeMap<String, Value> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_owned(), e.clone()))
+        .collect();
+    assert_eq!(env["HOME"]["value"], STATE_MOUNT);
+    assert_eq!(
+        env["OPENCLAW_STATE_DIR"]["value"],
+        format!("{STATE_MOUNT}/state")
+    );
+    assert_eq!(
+        env["OPENCLAW_CONFIG_PATH"]["value"],
+        "/etc/openclaw/openclaw.json"
+    );
+    assert_eq!(env["OPENCLAW_GATEWAY_PORT"]["value"], "18789");
+    let pw = &env["OPENCLAW_GATEWAY_PASSWORD"]["valueFrom"]["secretKeyRef"];
+    assert_eq!(pw["name"], n.password);
+    assert_eq!(pw["key"], "OPENCLAW_GATEWAY_PASSWORD");
+    let volumes = pod["volumes"].as_array().unwrap();
+    assert_eq!(
+        volumes[0]["configMap"]["name"],
+        names::revision_config_map(&agent().id, &rev().id)
+    );
+    assert_eq!(volumes[1]["persistentVolumeClaim"]["claimName"], n.state);
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    assert_eq!(mounts[0]["mountPath"], CONFIG_MOUNT);
+    assert_eq!(mounts[0]["readOnly"], true);
+    assert_eq!(mounts[1]["mountPath"], STATE_MOUNT);
+}
+
+#[test]
+fn service_stays_inactive_until_activation() {
+    let s = settings();
+    let inactive = v(&service(&id("ns-1"), &agent(), &s, names::INACTIVE).unwrap());
+    assert_eq!(
+        inactive["spec"]["selector"][names::SERVING_REVISION],
+        "inactive"
+    );
+    assert_eq!(inactive["spec"]["selector"][names::AGENT_ID], "Agent_One.x");
+    assert_eq!(inactive["spec"]["ports"][0]["port"], 18789);
+    assert_eq!(inactive["spec"]["ports"][0]["targetPort"], names::PORT_NAME);
+    let d = v(&deployment(&id("ns-1"), &agent(), &rev(), &s).unwrap());
+    let pod_labels = d["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .unwrap();
+    let matches = |svc: &Value| {
+        svc["spec"]["selector"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, val)| pod_labels.get(k) == Some(val))
+    };
+    assert!(
+        !matches(&inactive),
+        "the inactive selector matches no Pod of ours"
+    );
+    let active = v(&service(&id("ns-1"), &agent(), &s, &names::serving_value(&rev().id)).unwrap());
+    assert!(
+        matches(&active),
+        "the active selector matches the revision's Pod"
+    );
+}
+
+#[test]
+fn per_agent_objects() {
+    let s = settings();
+    let sa = v(&service_account(&id("ns-1"), &agent()).unwrap());
+    assert_eq!(sa["automountServiceAccountToken"], false);
+    assert_eq!(
+        sa["metadata"]["annotations"][names::SERVICE_PRINCIPAL_ID],
+        "sp-1"
+    );
+    let pvc = v(&state_claim(&id("ns-1"), &agent(), &s).unwrap());
+    assert_eq!(pvc["spec"]["storageClassName"], "fast");
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
+    let secret = v(&password_secret(&id("ns-1"), &agent(), "pw").unwrap());
+    assert_eq!(secret["stringData"]["OPENCLAW_GATEWAY_PASSWORD"], "pw");
+    let eg = v(&egress_policy(&id("ns-1"), &agent()).unwrap());
+    assert_eq!(eg["spec"]["egress"][0]["ports"][0]["port"], 443);
+    assert_eq!(
+        eg["spec"]["podSelector"]["matchLabels"][names::AGENT_ID],
+        "Agent_One.x"
+    );
+    let cm = v(&config_map(&id("ns-1"), &agent(), &rev(), "{}").unwrap());
+    assert_eq!(cm["immutable"], true);
+    assert_eq!(cm["data"]["openclaw.json"], "{}");
+    assert_eq!(cm["metadata"]["labels"][names::REVISION_ID], "rev-7");
+    assert_eq!(
+        cm["metadata"]["annotations"][names::CONFIGURATION_HASH],
+        "a".repeat(64)
+    );
+}
+
+fn cfg(v: Value) -> Configuration {
+    Configuration::new(v).unwrap()
+}
+
+#[test]
+fn cluster_configuration_listens_on_the_pod_with_password_auth() {
+    let host = cfg(json!({
+        "gateway": { "mode": "local", "bind": "loopback",
+                     "auth": { "mode": "password",
+                               "password": { "source": "env", "provider": "default", "id": "OPENCLAW_GATEWAY_PASSWORD" } } },
+        "update": { "checkOnStart": false },
+    }));
+    let out: Value = serde_json::from_str(&cluster_configuration(&host).unwrap()).unwrap();
+    assert_eq!(out["gateway"]["bind"], "lan");
+    assert_eq!(out["gateway"]["mode"], "local");
+    assert_eq!(out["gateway"]["auth"]["mode"], "password");
+    assert_eq!(out["update"]["checkOnStart"], false);
+    let bare: Value =
+        serde_json::from_str(&cluster_configuration(&cfg(json!({}))).unwrap()).unwrap();
+    assert_eq!(
+        bare["gateway"]["auth"]["mode"], "password",
+        "password auth is mandatory"
+    );
+}
+
+#[test]
+fn cluster_configuration_refusals_name_the_field() {
+    let field = |v: Value| match cluster_configuration(&cfg(v)) {
+        Err(RenderError::Refused { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        field(json!({"gateway": {"auth": {"mode": "trusted-proxy"}}})),
+        "gateway.auth.mode"
+    );
+    assert_eq!(
+        field(json!({"gateway": {"auth": {"mode": "none"}}})),
+        "gateway.auth.mode"
+    );
+    assert_eq!(
+        field(json!({"gateway": {"auth": {"trustedProxy": {"userHeader": "x"}}}})),
+        "gateway.auth.trustedProxy"
+    );
+    assert_eq!(
+        field(json!({"gateway": {"trustedProxies": ["10.0.0.1"]}})),
+        "gateway.trustedProxies"
+    );
+    assert_eq!(
+        field(json!({"gateway": {"bind": "tailnet"}})),
+        "gateway.bind"
+    );
+    assert_eq!(field(json!({"gateway": {"port": 1}})), "gateway.port");
+    assert_eq!(
+        field(json!({"gateway": {"auth": {"password": "hunter2"}}})),
+        "gateway.auth.password"
+    );
+    assert_eq!(
+        field(json!({"gateway": {"mode": "remote"}})),
+        "gateway.mode"
+    );
+    assert_eq!(
+        field(json!({"gateway": {"tls": {"enabled": true}}})),
+        "gateway.tls.enabled"
+    );
+}

@@ -1,0 +1,354 @@
+//! Request-shape tests over tower-test's mock service: field manager, force=false, the apply
+//! content type, delete preconditions, label selectors, pagination, no write after a refused
+//! ownership check, no in-place retry of a mutating request.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::failure::FailureCode;
+use clawfleet_protocol::operation::{AgentRef, NamespaceArgs, NamespaceRef, PrepareArgs};
+use clawfleet_protocol::operation::{Harness, HarnessId, HarnessMode, HarnessVersion};
+use clawfleet_protocol::operation::{RevisionNumber, RevisionSpec};
+use clawfleet_protocol::{Configuration, Ident, Operation};
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use crate::client::{ClusterClient, Requests};
+use crate::names;
+use crate::objects::Obj;
+use crate::render;
+use crate::settings::ClusterSettings;
+
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    uri: String,
+    content_type: Option<String>,
+    body: Value,
+}
+
+type Handler = Box<dyn Fn(&Seen) -> (u16, Value) + Send + Sync>;
+
+/// A client whose every request is recorded and answered by `handler`.
+fn mock(handler: Handler) -> (Requests, Arc<Mutex<Vec<Seen>>>) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        let mut handle = pin!(handle);
+        while let Some((req, send)) = handle.next_request().await {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let s = Seen {
+                method: parts.method.to_string(),
+                uri: parts.uri.to_string(),
+                content_type: parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            };
+            let (status, answer) = handler(&s);
+            log.lock().unwrap().push(s);
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let client = kube::Client::new(service, "default");
+    (
+        Requests {
+            cc: ClusterClient::from_client(client),
+            deadline: Instant::now() + Duration::from_secs(20),
+        },
+        seen,
+    )
+}
+
+fn status(code: u16, reason: &str) -> (u16, Value) {
+    (
+        code,
+        json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "code": code, "reason": reason, "message": reason }),
+    )
+}
+
+/// Echoes a written object back with server-set metadata.
+fn echo(s: &Seen) -> (u16, Value) {
+    let mut o = s.body.clone();
+    o["metadata"]["uid"] = json!("uid-1");
+    o["metadata"]["resourceVersion"] = json!("1");
+    (200, o)
+}
+
+fn empty_list() -> Value {
+    json!({ "kind": "List", "apiVersion": "v1", "metadata": {}, "items": [] })
+}
+
+fn id(s: &str) -> Ident {
+    Ident::new(s).unwrap()
+}
+
+fn cm() -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "x", "namespace": "oce-1" }, "data": { "k": "v" },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn apply_uses_the_field_manager_without_force_and_the_apply_content_type() {
+    let (r, seen) = mock(Box::new(echo));
+    let api: Obj<ConfigMap> = Obj::namespaced(&r, "oce-1", "ConfigMap");
+    api.apply(&r, "x", &cm()).await.unwrap();
+    let s = seen.lock().unwrap()[0].clone();
+    assert_eq!(s.method, "PATCH");
+    assert!(
+        s.uri.starts_with("/api/v1/namespaces/oce-1/configmaps/x?"),
+        "{}",
+        s.uri
+    );
+    assert!(s.uri.contains("fieldManager=clawfleet"), "{}", s.uri);
+    assert!(!s.uri.contains("force=true"), "{}", s.uri);
+    assert_eq!(
+        s.content_type.as_deref(),
+        Some("application/apply-patch+yaml")
+    );
+    assert_eq!(s.body["metadata"]["name"], "x");
+}
+
+#[tokio::test]
+async fn an_apply_conflict_is_an_ownership_conflict() {
+    let (r, _) = mock(Box::new(|_| status(409, "Conflict")));
+    let api: Obj<ConfigMap> = Obj::namespaced(&r, "oce-1", "ConfigMap");
+    let f = api.apply(&r, "x", &cm()).await.unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesOwnershipConflict);
+}
+
+#[tokio::test]
+async fn deletes_carry_uid_and_resource_version_preconditions() {
+    let (r, seen) = mock(Box::new(|_| {
+        (
+            200,
+            json!({ "kind": "Status", "apiVersion": "v1", "status": "Success" }),
+        )
+    }));
+    let api: Obj<ConfigMap> = Obj::namespaced(&r, "oce-1", "ConfigMap");
+    let mut meta = cm().metadata;
+    meta.uid = Some("uid-9".into());
+    meta.resource_version = Some("42".into());
+    assert!(api.delete(&r, "x", &meta, true).await.unwrap());
+    assert!(api.delete(&r, "x", &meta, false).await.unwrap());
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].method, "DELETE");
+    assert_eq!(
+        seen[0].body["preconditions"],
+        json!({ "uid": "uid-9", "resourceVersion": "42" })
+    );
+    assert_eq!(seen[0].body["propagationPolicy"], "Background");
+    assert_eq!(seen[1].body["preconditions"], json!({ "uid": "uid-9" }));
+    // A precondition failure (the object changed) is retryable, not a success.
+    let (r, _) = mock(Box::new(|_| status(409, "Conflict")));
+    let api: Obj<ConfigMap> = Obj::namespaced(&r, "oce-1", "ConfigMap");
+    let f = api.delete(&r, "x", &meta, true).await.unwrap_err();
+    assert!(f.is_retryable(), "{f}");
+    // Without a uid nothing is sent.
+    let (r, seen) = mock(Box::new(echo));
+    let api: Obj<ConfigMap> = Obj::namespaced(&r, "oce-1", "ConfigMap");
+    assert!(api.delete(&r, "x", &cm().metadata, false).await.is_err());
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn pod_lists_select_the_agent_and_refuse_pagination() {
+    let (r, seen) = mock(Box::new(|_| {
+        (
+            200,
+            json!({ "kind": "PodList", "apiVersion": "v1", "metadata": { "continue": "more" }, "items": [] }),
+        )
+    }));
+    let f = crate::observe::agent_pods(&r, &id("ns-1"), &id("agent-1"), Some(("k", "v")))
+        .await
+        .unwrap_err();
+    assert!(f.message.contains("paginated"), "{f}");
+    let s = seen.lock().unwrap()[0].clone();
+    assert_eq!(s.method, "GET");
+    let uri = s
+        .uri
+        .replace("%2F", "/")
+        .replace("%3D", "=")
+        .replace("%2C", ",");
+    assert!(
+        uri.contains("labelSelector=app.kubernetes.io/managed-by=clawfleet,clawfleet.dev/agent-id=agent-1,k=v"),
+        "{uri}"
+    );
+}
+
+fn settings() -> ClusterSettings {
+    ClusterSettings::new(format!("r.example/gw@sha256:{}", "c".repeat(64)))
+}
+
+fn ns_ref() -> NamespaceRef {
+    NamespaceRef {
+        id: id("ns-1"),
+        name: id("team"),
+    }
+}
+
+#[tokio::test]
+async fn ensure_namespace_checks_then_applies_everything() {
+    let (r, seen) = mock(Box::new(|s| match s.method.as_str() {
+        "GET" if s.uri.contains("labelSelector") => (200, empty_list()),
+        "GET" => status(404, "NotFound"),
+        _ => echo(s),
+    }));
+    let op = Operation::EnsureNamespace(NamespaceArgs {
+        namespace: ns_ref(),
+    });
+    let creds = test_credentials();
+    crate::backend::run(&r, "c", &creds, &settings(), op)
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let uri = seen[0].uri.replace("%2F", "/").replace("%3D", "=");
+    assert!(
+        uri.contains("labelSelector=clawfleet.dev/namespace-id=ns-1"),
+        "{uri}"
+    );
+    let writes: Vec<&Seen> = seen.iter().filter(|s| s.method != "GET").collect();
+    assert_eq!(writes.len(), 6, "namespace, quota, limits, three policies");
+    for w in &writes {
+        assert_eq!(w.method, "PATCH");
+        assert!(w.uri.contains("fieldManager=clawfleet"), "{}", w.uri);
+        assert!(!w.uri.contains("force=true"));
+        assert_eq!(
+            w.content_type.as_deref(),
+            Some("application/apply-patch+yaml")
+        );
+    }
+    assert!(writes[0].uri.starts_with(&format!(
+        "/api/v1/namespaces/{}?",
+        names::tenant_namespace(&id("ns-1"))
+    )));
+    assert!(
+        writes[3].uri.contains(names::DEFAULT_DENY),
+        "default deny before what allows"
+    );
+}
+
+fn test_credentials() -> crate::ClusterCredentials {
+    use base64::Engine as _;
+    let ca = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+    let doc = json!({
+        "clusters": [{ "name": "c", "cluster": { "server": "https://127.0.0.1:1",
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca) } }],
+        "users": [{ "name": "u", "user": { "token": "t" } }],
+        "contexts": [{ "name": "x", "context": { "cluster": "c", "user": "u" } }],
+        "current-context": "x",
+    });
+    crate::parse_kubeconfig(&doc.to_string(), None).unwrap()
+}
+
+fn prepare_op() -> Operation {
+    let configuration =
+        Configuration::new(json!({ "gateway": { "auth": { "mode": "password" } } })).unwrap();
+    Operation::PrepareRevision(PrepareArgs {
+        namespace: ns_ref(),
+        agent: AgentRef {
+            id: id("agent-1"),
+            service_principal_id: id("sp"),
+        },
+        revision: RevisionSpec {
+            id: id("rev-1"),
+            number: RevisionNumber::new(1).unwrap(),
+            harness: Harness {
+                id: HarnessId::Openclaw,
+                version: HarnessVersion::new("1").unwrap(),
+                mode: HarnessMode::Embedded,
+            },
+            configuration_hash: configuration.hash(),
+            configuration,
+        },
+    })
+}
+
+#[tokio::test]
+async fn a_foreign_object_stops_prepare_before_any_write() {
+    let ns_obj = serde_json::to_value(render::namespace(&ns_ref()).unwrap()).unwrap();
+    let deny = serde_json::to_value(render::default_deny(&id("ns-1")).unwrap()).unwrap();
+    let gw = names::agent(&id("agent-1")).gateway;
+    let tenant = names::tenant_namespace(&id("ns-1"));
+    let (r, seen) = mock(Box::new(move |s| {
+        if s.method != "GET" {
+            return echo(s);
+        }
+        if s.uri.starts_with(&format!("/api/v1/namespaces/{tenant}?"))
+            || s.uri == format!("/api/v1/namespaces/{tenant}")
+        {
+            (200, ns_obj.clone())
+        } else if s.uri.contains(names::DEFAULT_DENY) {
+            (200, deny.clone())
+        } else if s.uri.contains(&format!("deployments/{gw}")) {
+            (
+                200,
+                json!({ "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": { "name": gw, "namespace": tenant, "labels": { "app": "other" } },
+                "spec": { "selector": {}, "template": {} } }),
+            )
+        } else {
+            status(404, "NotFound")
+        }
+    }));
+    let f = crate::backend::run(&r, "c", &test_credentials(), &settings(), prepare_op())
+        .await
+        .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesOwnershipConflict, "{f}");
+    assert!(f.message.contains(names::MANAGED_BY), "{f}");
+    assert!(!f.message.contains("other"), "no foreign values: {f}");
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|s| s.method == "GET"),
+        "nothing written: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn reads_are_retried_in_place_but_writes_never() {
+    let count = Arc::new(Mutex::new(0u32));
+    let c = count.clone();
+    let (r, seen) = mock(Box::new(move |s| {
+        if s.method == "GET" {
+            let mut n = c.lock().unwrap();
+            *n += 1;
+            if *n < 3 {
+                return status(503, "ServiceUnavailable");
+            }
+            return status(404, "NotFound");
+        }
+        status(503, "ServiceUnavailable")
+    }));
+    let api: Obj<ConfigMap> = Obj::namespaced(&r, "oce-1", "ConfigMap");
+    assert!(
+        api.get(&r, "x").await.unwrap().is_none(),
+        "the third read answers"
+    );
+    let f = api.apply(&r, "x", &cm()).await.unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiUnavailable);
+    assert!(f.is_retryable());
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.iter().filter(|s| s.method == "GET").count(), 3);
+    assert_eq!(
+        seen.iter().filter(|s| s.method == "PATCH").count(),
+        1,
+        "sent once"
+    );
+}
