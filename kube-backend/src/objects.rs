@@ -67,6 +67,15 @@ pub(crate) fn check_owned(
     Ok(())
 }
 
+/// Whether a 409 is the optimistic-lock kind (a resourceVersion in the request is stale):
+/// retryable, unlike a field-manager conflict.
+fn stale_resource_version(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.message.contains("the object has been modified"),
+        _ => false,
+    }
+}
+
 /// A typed object API with the names used in messages.
 pub(crate) struct Obj<K> {
     pub(crate) api: Api<K>,
@@ -116,7 +125,7 @@ where
                 tracing::debug!(object = %label(self.kind, self.ns.as_deref(), name), "applied");
                 Ok(o)
             }
-            Err(e) if status_of(&e) == Some(409) => Err(conflict(
+            Err(e) if status_of(&e) == Some(409) && !stale_resource_version(&e) => Err(conflict(
                 &label(self.kind, self.ns.as_deref(), name),
                 "another field manager owns fields clawfleet sets (server-side apply conflict)",
             )),

@@ -191,6 +191,19 @@ fn condition(p: &Pod, type_: &str) -> Option<(String, Option<String>)> {
         .map(|c| (c.status.clone(), c.reason.clone()))
 }
 
+fn scheduling_message(p: &Pod) -> Option<String> {
+    let m = p
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?
+        .message
+        .clone()?;
+    Some(m.chars().take(200).collect())
+}
+
 fn waiting_reason(p: &Pod) -> Option<String> {
     p.status
         .as_ref()?
@@ -262,11 +275,12 @@ pub(crate) async fn observe(
         condition(p, "PodScheduled")
             .is_some_and(|(s, reason)| s == "False" && reason.as_deref() == Some("Unschedulable"))
     }) {
-        let _ = p;
+        // The scheduler's own summary ("0/3 nodes are available: …") names no tenant data.
+        let why = scheduling_message(p).unwrap_or_default();
         out.blocker = Some(Failure::new(
             FailureCode::RevisionUnschedulable,
             format!(
-                "the Pod of revision {current} cannot be scheduled (PodScheduled=False, Unschedulable): no node matches its node selector or resources"
+                "the Pod of revision {current} cannot be scheduled (PodScheduled=False, Unschedulable): {why}"
             ),
         ));
     } else if let Some(reason) = live_pods

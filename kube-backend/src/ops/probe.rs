@@ -64,11 +64,18 @@ pub(crate) async fn probe(
     }
     let api: Api<Deployment> = Api::all(r.client());
     let lp = ListParams::default().labels(&format!("{}={}", names::MANAGED_BY, names::MANAGER));
-    let agents = match api.list_metadata(&lp).await {
-        Ok(list) => u32::try_from(list.items.len()).unwrap_or(u32::MAX),
+    let limit = crate::client::REQUEST_TIMEOUT.min(r.remaining());
+    let agents = match tokio::time::timeout(limit, api.list_metadata(&lp)).await {
+        Ok(Ok(list)) => u32::try_from(list.items.len()).unwrap_or(u32::MAX),
         // Counting is informative; a token without cluster-wide list rights still probes.
-        Err(e) if status_of(&e) == Some(403) => 0,
-        Err(e) => return Err(crate::client::api_failure("list Deployments", &e)),
+        Ok(Err(e)) if status_of(&e) == Some(403) => 0,
+        Ok(Err(e)) => return Err(crate::client::api_failure("list Deployments", &e)),
+        Err(_) => {
+            return Err(Failure::new(
+                FailureCode::KubernetesApiUnavailable,
+                "list Deployments: no answer from the Kubernetes API in time",
+            ));
+        }
     };
     let host_key = Fingerprint::new(ca_fingerprint).map_err(|e| {
         Failure::new(
