@@ -352,3 +352,66 @@ async fn reads_are_retried_in_place_but_writes_never() {
         "sent once"
     );
 }
+
+#[tokio::test]
+async fn probe_reads_version_and_warns_below_the_minimum() {
+    let (r, seen) = mock(Box::new(|s| {
+        if s.uri.starts_with("/version") {
+            (
+                200,
+                json!({ "major": "1", "minor": "34+", "gitVersion": "v1.34.3", "gitCommit": "",
+                          "gitTreeState": "", "buildDate": "", "goVersion": "", "compiler": "", "platform": "" }),
+            )
+        } else {
+            (
+                200,
+                json!({ "kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                          "metadata": {}, "items": [{ "metadata": { "name": "gw-1" } }] }),
+            )
+        }
+    }));
+    let creds = test_credentials();
+    let out = crate::backend::run(
+        &r,
+        "prod",
+        &creds,
+        &settings(),
+        Operation::Probe(Default::default()),
+    )
+    .await
+    .unwrap();
+    let clawfleet_protocol::OperationResult::Probe(p) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(p.system_host_name, "prod");
+    assert_eq!(p.agents, 1);
+    assert_eq!(p.max_agents, 20);
+    assert_eq!(p.host_key.as_str(), creds.ca_fingerprint());
+    let v = p.systemd_version.unwrap();
+    assert!(v.starts_with("kubernetes v1.34.3"), "{v}");
+    assert!(v.contains("KUBERNETES_VERSION_BELOW_MINIMUM"), "{v}");
+    assert!(p.missing_tools.is_empty(), "a warning, not a refusal");
+    let seen = seen.lock().unwrap().clone();
+    let uri = seen[1].uri.replace("%2F", "/").replace("%3D", "=");
+    assert!(uri.starts_with("/apis/apps/v1/deployments?"), "{uri}");
+    assert!(
+        uri.contains("labelSelector=app.kubernetes.io/managed-by=clawfleet"),
+        "{uri}"
+    );
+}
+
+#[tokio::test]
+async fn operation_status_is_unknown_without_a_request() {
+    let (r, seen) = mock(Box::new(echo));
+    let op = Operation::OperationStatus(clawfleet_protocol::operation::OperationStatusArgs {
+        operation_id: clawfleet_protocol::OperationId::new("op-1").unwrap(),
+    });
+    let out = crate::backend::run(&r, "c", &test_credentials(), &settings(), op)
+        .await
+        .unwrap();
+    let clawfleet_protocol::OperationResult::OperationStatus(s) = out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(s.state, clawfleet_protocol::result::OperationState::Unknown);
+    assert!(seen.lock().unwrap().is_empty());
+}

@@ -174,6 +174,35 @@ async fn lifecycle_on_a_real_control_plane() {
         .unwrap();
     assert_eq!(ready_pods.items.len(), 1, "prepare started no Pod");
 
+    match call(
+        &backend,
+        &cluster,
+        Operation::VerifyRevision(rev_args(ns, "agent-1", "rev-1b", 2)),
+    )
+    .await
+    .unwrap()
+    {
+        OperationResult::VerifyRevision(v) => {
+            assert_eq!(
+                v.observation.current.as_ref().map(Ident::as_str),
+                Some("rev-1a")
+            );
+            assert_eq!(
+                v.observation.served.as_ref().map(Ident::as_str),
+                Some("rev-1a")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let f = call(
+        &backend,
+        &cluster,
+        Operation::VerifyRevision(rev_args(ns, "agent-1", "rev-never", 9)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(f.code, FailureCode::RevisionNotPrepared, "{f}");
+
     // Activate it; retire the old one: its ConfigMap goes, the Deployment stays.
     let t = Instant::now();
     let activated = call(
@@ -524,6 +553,30 @@ async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
         "delete-agent deleted nothing"
     );
 
+    // An owned password Secret that lost its key is replaced, fenced by uid+resourceVersion.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    call(&backend, &cluster, prepare_op(ns, "agent-u", "rev-u", 1))
+        .await
+        .unwrap();
+    let u = names::agent(&id("agent-u"));
+    let mut sec = secrets.get(&u.password).await.unwrap();
+    sec.data = None;
+    sec.metadata.managed_fields = None;
+    let emptied = secrets
+        .replace(&u.password, &PostParams::default(), &sec)
+        .await
+        .unwrap();
+    call(&backend, &cluster, prepare_op(ns, "agent-u", "rev-u", 1))
+        .await
+        .unwrap();
+    let replaced = secrets.get(&u.password).await.unwrap();
+    assert_eq!(
+        replaced.metadata.uid, emptied.metadata.uid,
+        "replaced in place, not recreated"
+    );
+    assert_ne!(resource_version(&replaced), resource_version(&emptied));
+    assert_eq!(replaced.data.unwrap()[names::PASSWORD_KEY].0.len(), 64);
+
     // A tampered Pod Security label on the tenant namespace: ensure-namespace refuses.
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let mut n = namespaces.get(&tenant).await.unwrap();
@@ -602,6 +655,37 @@ async fn blockers_have_their_codes() {
             }
             Ok(r) => panic!("expected {code}, got {r:?}"),
         };
+
+    // Not ready at the deadline: REVISION_INCOMPLETE (retryable); the retry converges.
+    let ok = cluster(&cp, settings());
+    call(&backend, &ok, ensure_op("ns-slow")).await.unwrap();
+    call(&backend, &ok, prepare_op("ns-slow", "a", "r1", 1))
+        .await
+        .unwrap();
+    expect(
+        call_within(
+            &backend,
+            &ok,
+            Operation::ActivateRevision(rev_args("ns-slow", "a", "r1", 1)),
+            Duration::from_millis(800),
+        )
+        .await,
+        FailureCode::RevisionIncomplete,
+    );
+    let out = call(
+        &backend,
+        &ok,
+        Operation::ActivateRevision(rev_args("ns-slow", "a", "r1", 1)),
+    )
+    .await
+    .unwrap();
+    match out {
+        OperationResult::ActivateRevision(a) => {
+            assert!(!a.restarted, "the retry found the template applied");
+            assert_eq!(a.observation.served.as_ref().map(Ident::as_str), Some("r1"));
+        }
+        other => panic!("{other:?}"),
+    }
 
     // Quota of 0 Pods.
     let mut s = settings();
