@@ -205,7 +205,7 @@ pub(crate) struct Requests {
 fn transient(e: &kube::Error) -> bool {
     match e {
         kube::Error::Api(s) => s.code == 429 || s.code >= 500,
-        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => !untrusted_certificate(e),
         _ => false,
     }
 }
@@ -248,6 +248,14 @@ pub(crate) fn api_failure(what: &str, e: &kube::Error) -> Failure {
                 short(&s.message)
             ),
         ),
+        kube::Error::HyperError(_) | kube::Error::Service(_) if untrusted_certificate(e) => {
+            Failure::new(
+                FailureCode::KubernetesConfigurationInvalid,
+                format!(
+                    "{what}: the API server's certificate does not verify against the cluster's stored CA"
+                ),
+            )
+        }
         kube::Error::HyperError(_) | kube::Error::Service(_) => Failure::new(
             FailureCode::KubernetesApiUnavailable,
             format!(
@@ -264,6 +272,19 @@ pub(crate) fn api_failure(what: &str, e: &kube::Error) -> Failure {
             ),
         ),
     }
+}
+
+/// Whether a transport error is rustls refusing the server's certificate: permanent until the
+/// operator fixes the stored CA, not an outage.
+fn untrusted_certificate(e: &kube::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.to_string().contains("invalid peer certificate") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The HTTP status of an API error, if it has one.

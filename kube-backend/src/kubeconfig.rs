@@ -295,12 +295,15 @@ fn parse_in(
 
 /// The parser's message without echoing the document (which may hold secrets).
 fn syntax_message(e: &kube::config::KubeconfigError) -> String {
+    // Parser messages may quote the offending value (a token, a key): keep only the text
+    // before the first quote.
     let text = e.to_string();
-    let short: String = text.chars().take(200).collect();
-    if short.contains("-----BEGIN") || short.contains("token") {
+    let cut = text.find(['"', '\'', '`']).unwrap_or(text.len());
+    let short: String = text[..cut].chars().take(200).collect();
+    if short.contains("-----BEGIN") {
         "invalid YAML or an unexpected shape".to_owned()
     } else {
-        short
+        short.trim_end().to_owned()
     }
 }
 

@@ -996,3 +996,180 @@ async fn a_stop_racing_the_successors_activation_leaves_the_successor_intact() {
     }
     assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r2"));
 }
+
+/// A benchmark, not a timed test (`cargo test -p clawfleet-kube --test control_plane -- --ignored
+/// --nocapture bench`): 30 Agents deployed at once through the loopback proxy; prints the time
+/// until all are ready and the API requests per Agent deploy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark"]
+async fn bench_thirty_agents() {
+    skip_unless_control_plane!();
+    const AGENTS: usize = 30;
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, AGENTS).await;
+    let backend = std::sync::Arc::new(KubeBackend::new());
+    let proxy = FaultProxy::start(&cp).await.unwrap();
+    let mut s = settings();
+    s.quota.pods = 40;
+    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), s);
+    call(&backend, &via, ensure_op("ns-bench")).await.unwrap();
+    let before = proxy.request_count();
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..AGENTS {
+        let b = std::sync::Arc::clone(&backend);
+        let c = via.clone();
+        tasks.push(tokio::spawn(async move {
+            let agent = format!("agent-{i}");
+            let t = Instant::now();
+            b.call(&c, prepare_op("ns-bench", &agent, "r1", 1), DEADLINE)
+                .await
+                .unwrap();
+            match b
+                .call(
+                    &c,
+                    Operation::ActivateRevision(rev_args("ns-bench", &agent, "r1", 1)),
+                    Duration::from_secs(120),
+                )
+                .await
+                .unwrap()
+            {
+                OperationResult::ActivateRevision(a) => assert!(a.observation.served.is_some()),
+                other => panic!("{other:?}"),
+            }
+            t.elapsed()
+        }));
+    }
+    let mut each = Vec::new();
+    for t in tasks {
+        each.push(t.await.unwrap());
+    }
+    let all = t0.elapsed();
+    let requests = proxy.request_count() - before;
+    each.sort();
+    eprintln!(
+        "BENCH {AGENTS} Agents deployed at once: all ready after {:.2}s; per Agent prepare+activate median {:.2}s, max {:.2}s; {} API requests, {:.1} per Agent deploy",
+        all.as_secs_f64(),
+        each[AGENTS / 2].as_secs_f64(),
+        each[AGENTS - 1].as_secs_f64(),
+        requests,
+        requests as f64 / AGENTS as f64
+    );
+}
+
+/// A client certificate signed by the run's CA, in group system:masters.
+fn client_certificate(cp: &clawfleet_k8s_tests::ControlPlane) -> (String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::from_pem(&cp.pki().ca.key_pem).unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "clawfleet-k8s-tests CA");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "clawfleet-cert-user");
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn kubeconfig_with(server: &str, ca_pem: &str, user: serde_json::Value) -> String {
+    use base64::Engine as _;
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{ "name": "c", "cluster": {
+            "server": server,
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca_pem),
+        } }],
+        "users": [{ "name": "u", "user": user }],
+        "contexts": [{ "name": "x", "context": { "cluster": "c", "user": "u" } }],
+        "current-context": "x",
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_checked_end_to_end() {
+    use base64::Engine as _;
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let backend = KubeBackend::new();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+
+    // A client certificate works like a token.
+    let (cert, key) = client_certificate(&cp);
+    let kc = kubeconfig_with(
+        &cp.api_url(),
+        cp.ca_pem(),
+        serde_json::json!({ "client-certificate-data": b64(&cert), "client-key-data": b64(&key) }),
+    );
+    let by_cert = cluster_via(&kc, settings());
+    backend.probe_cluster(&by_cert).await.unwrap();
+    call(&backend, &by_cert, ensure_op("ns-cert"))
+        .await
+        .unwrap();
+
+    // Another CA: the server's certificate does not verify; permanent, not an outage.
+    let other_ca = rcgen::generate_simple_self_signed(vec!["other".to_owned()]).unwrap();
+    let kc = kubeconfig_with(
+        &cp.api_url(),
+        &other_ca.cert.pem(),
+        serde_json::json!({ "token": cp.admin_token() }),
+    );
+    let mut wrong_ca = cluster_via(&kc, settings());
+    wrong_ca.name = "wrong-ca".to_owned();
+    let f = call(&backend, &wrong_ca, Operation::Probe(Default::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesConfigurationInvalid, "{f}");
+    assert!(!f.is_retryable());
+
+    // A token the server does not know: 401, permanent.
+    let kc = kubeconfig_with(
+        &cp.api_url(),
+        cp.ca_pem(),
+        serde_json::json!({ "token": "not-a-token" }),
+    );
+    let mut bad_token = cluster_via(&kc, settings());
+    bad_token.name = "bad-token".to_owned();
+    let f = call(&backend, &bad_token, ensure_op("ns-x"))
+        .await
+        .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
+    assert!(!f.is_retryable());
+    assert!(!f.message.contains("not-a-token"), "{f}");
+
+    // A user without RBAC: 403, permanent, nothing created.
+    let limited =
+        clawfleet_kube::parse_kubeconfig_file(cp.limited_kubeconfig_path(), None).unwrap();
+    let limited = clawfleet_kube::Cluster {
+        name: "limited".to_owned(),
+        credentials: limited,
+        settings: settings(),
+    };
+    let f = call(&backend, &limited, ensure_op("ns-limited"))
+        .await
+        .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
+    assert!(f.message.contains("403"), "{f}");
+    let namespaces: Api<Namespace> = Api::all(cp.client().await.unwrap());
+    assert!(
+        namespaces
+            .get_opt(&names::tenant_namespace(&id("ns-limited")))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
