@@ -27,6 +27,9 @@ pub const REVISION_ID: &str = "clawfleet.dev/revision-id";
 pub const REVISION_NUMBER: &str = "clawfleet.dev/revision-number";
 /// Annotation: the configuration hash of the revision.
 pub const CONFIGURATION_HASH: &str = "clawfleet.dev/configuration-hash";
+/// Annotation on a revision ConfigMap: SHA-256 (hex) of its `openclaw.json`, checked on every
+/// read so a ConfigMap recreated with copied markers but other content is refused.
+pub const RENDERED_HASH: &str = "clawfleet.dev/rendered-hash";
 /// Label: what an object is for (`namespace`, `gateway`).
 pub const COMPONENT: &str = "clawfleet.dev/component";
 /// Pod label and Service selector key: which revision a Pod serves. The Service selects

@@ -434,6 +434,11 @@ fn revision_annotations(rev: &RevisionRef) -> [(&'static str, String); 3] {
     ]
 }
 
+/// SHA-256 (hex) of a rendered `openclaw.json`.
+pub fn rendered_hash(rendered: &str) -> String {
+    clawfleet_protocol::ident::hex(&clawfleet_protocol::ident::sha256(rendered.as_bytes()))
+}
+
 /// The revision's immutable ConfigMap holding the cluster-rendered `openclaw.json`.
 pub fn config_map(
     ns: &Ident,
@@ -446,6 +451,7 @@ pub fn config_map(
     for (k, v) in revision_annotations(rev) {
         annotations.insert(k.to_owned(), v);
     }
+    annotations.insert(names::RENDERED_HASH.to_owned(), rendered_hash(rendered));
     typed(
         "ConfigMap",
         json!({

@@ -577,6 +577,29 @@ async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
     assert_ne!(resource_version(&replaced), resource_version(&emptied));
     assert_eq!(replaced.data.unwrap()[names::PASSWORD_KEY].0.len(), 64);
 
+    // A revision ConfigMap recreated with copied markers but other content is refused.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &tenant);
+    let cm_name = names::revision_config_map(&id("agent-u"), &id("rev-u"));
+    let mut cm = cms.get(&cm_name).await.unwrap();
+    cms.delete(&cm_name, &Default::default()).await.unwrap();
+    cm.metadata.resource_version = None;
+    cm.metadata.uid = None;
+    cm.metadata.managed_fields = None;
+    cm.metadata.creation_timestamp = None;
+    cm.data
+        .as_mut()
+        .unwrap()
+        .insert(names::CONFIG_KEY.to_owned(), "{\"gateway\":{}}".to_owned());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    for op in [
+        Operation::VerifyRevision(rev_args(ns, "agent-u", "rev-u", 1)),
+        prepare_op(ns, "agent-u", "rev-u", 1),
+        Operation::ActivateRevision(rev_args(ns, "agent-u", "rev-u", 1)),
+    ] {
+        let f = call(&backend, &cluster, op).await.unwrap_err();
+        assert_eq!(f.code, FailureCode::SnapshotMismatch, "{f}");
+    }
+
     // A tampered Pod Security label on the tenant namespace: ensure-namespace refuses.
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let mut n = namespaces.get(&tenant).await.unwrap();

@@ -94,13 +94,17 @@ fn check_config_map(
         .and_then(|a| a.get(names::CONFIGURATION_HASH))
         .map(String::as_str)
         == Some(rev.configuration_hash.as_str());
-    let data_ok = rendered.is_none_or(|text| {
-        cm.data
-            .as_ref()
-            .and_then(|d| d.get(names::CONFIG_KEY))
+    let data = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(names::CONFIG_KEY))
+        .map(String::as_str);
+    let content_ok = data.is_some_and(|d| {
+        a.and_then(|a| a.get(names::RENDERED_HASH))
             .map(String::as_str)
-            == Some(text)
+            == Some(render::rendered_hash(d).as_str())
     });
+    let data_ok = content_ok && rendered.is_none_or(|text| data == Some(text));
     if !(number_ok && hash_ok && data_ok && cm.immutable == Some(true)) {
         return Err(Failure::new(
             FailureCode::SnapshotMismatch,
