@@ -6,19 +6,35 @@
 //!
 //! ```text
 //! // Registration (`occ cluster add NAME --kubeconfig FILE [--context C]`): validate first,
-//! // store the credentials' serde form (it holds secrets: never return or log it).
+//! // then store the credentials' serde form (it holds the secrets: never return or log it;
+//! // Debug and Display redact them; deserializing validates again).
 //! pub fn parse_kubeconfig(text: &str, context: Option<&str>)
 //!     -> Result<ClusterCredentials, KubeconfigError>;
 //! pub fn parse_kubeconfig_file(path: &Path, context: Option<&str>)
 //!     -> Result<ClusterCredentials, KubeconfigError>;   // relative paths from the file's dir
+//! impl ClusterCredentials {
+//!     pub fn server(&self) -> &str;  pub fn context(&self) -> &str;
+//!     pub fn ca_pem(&self) -> &str;  pub fn auth(&self) -> &ClusterAuth;
+//!     pub fn ca_fingerprint(&self) -> String;          // "SHA256:<base64>" of the CA
+//! }
 //!
 //! // Per-cluster settings (serde camelCase, unknown fields refused); errors name the field.
-//! pub struct ClusterSettings { gateway_image, allow_unpinned_image, gateway_command,
-//!     gateway_port, resources, quota, node_selector, storage_class, state_volume_size,
-//!     dns, gateway_clients }
+//! pub struct ClusterSettings {
+//!     pub gateway_image: String,              // name@sha256:<64 hex>
+//!     pub allow_unpinned_image: bool,         // dev only
+//!     pub gateway_command: Vec<String>,       // default node /app/openclaw.mjs gateway run
+//!     pub gateway_port: u16,                  // default 18789
+//!     pub resources: Resources,               // requests/limits cpu+memory
+//!     pub quota: Quota,                       // pods (default 20; 0 refuses every Pod)
+//!     pub node_selector: BTreeMap<String, String>,
+//!     pub storage_class: Option<String>,
+//!     pub state_volume_size: String,          // default "1Gi"
+//!     pub dns: PeerSelector,                  // default kube-system / k8s-app=kube-dns
+//!     pub gateway_clients: Vec<PeerSelector>, // who may reach the gateway port
+//! }
 //! impl ClusterSettings {
-//!     pub fn new(gateway_image) -> Self;
-//!     pub fn from_json(serde_json::Value) -> Result<Self, SettingsError>;
+//!     pub fn new(gateway_image: impl Into<String>) -> Self;   // every default
+//!     pub fn from_json(value: serde_json::Value) -> Result<Self, SettingsError>;
 //!     pub fn validate(&self) -> Result<(), SettingsError>;
 //! }
 //!
@@ -26,7 +42,8 @@
 //! pub struct Cluster { pub name: String, pub credentials: ClusterCredentials,
 //!                      pub settings: ClusterSettings }
 //!
-//! // The backend: one cached kube::Client per cluster (rebuilt when its credentials change).
+//! // The backend: one cached kube::Client per cluster name (rebuilt when its credentials
+//! // change). Share it as Arc<KubeBackend>.
 //! impl KubeBackend {
 //!     pub fn new() -> Self;
 //!     pub async fn call(&self, cluster: &Cluster, operation: Operation, deadline: Duration)
@@ -36,7 +53,8 @@
 //! }
 //! ```
 //!
-//! `call` needs a tokio runtime (the client spawns its connection tasks). `deadline` bounds the
+//! `call` needs a tokio runtime (the client spawns its connection tasks), and a cached client
+//! lives on the runtime that first used it: keep one `KubeBackend` per runtime. `deadline` bounds the
 //! whole operation; each request also gets at most 10 s. Failures use the protocol's codes;
 //! see [`backend`] for what each operation does and how its results map onto hostd's shapes.
 
@@ -58,4 +76,4 @@ pub use backend::{Cluster, ClusterProbe, KubeBackend, MINIMUM_KUBERNETES_MINOR, 
 pub use kubeconfig::{
     ClusterAuth, ClusterCredentials, KubeconfigError, parse_kubeconfig, parse_kubeconfig_file,
 };
-pub use settings::{ClusterSettings, SettingsError};
+pub use settings::{ClusterSettings, CpuMemory, PeerSelector, Quota, Resources, SettingsError};

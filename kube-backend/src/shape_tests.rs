@@ -415,3 +415,38 @@ async fn operation_status_is_unknown_without_a_request() {
     assert_eq!(s.state, clawfleet_protocol::result::OperationState::Unknown);
     assert!(seen.lock().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn malformed_pod_lists_are_errors() {
+    let tenant = names::tenant_namespace(&id("ns-1"));
+    let pod = |labels: Value, conditions: Value| {
+        json!({ "metadata": { "name": "p", "namespace": tenant, "labels": labels },
+                "status": { "conditions": conditions } })
+    };
+    let ours = json!({ names::MANAGED_BY: "clawfleet", names::NAMESPACE_ID: "ns-1", names::AGENT_ID: "agent-1" });
+    let cases = [
+        // The same condition type twice.
+        pod(
+            ours.clone(),
+            json!([{ "type": "Ready", "status": "True" }, { "type": "Ready", "status": "False" }]),
+        ),
+        // Our selector's labels but another tenant's namespace id.
+        pod(
+            json!({ names::MANAGED_BY: "clawfleet", names::NAMESPACE_ID: "ns-2", names::AGENT_ID: "agent-1" }),
+            json!([]),
+        ),
+    ];
+    for item in cases {
+        let list =
+            json!({ "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [item] });
+        let (r, _) = mock(Box::new(move |_| (200, list.clone())));
+        let f = crate::observe::agent_pods(&r, &id("ns-1"), &id("agent-1"), None)
+            .await
+            .unwrap_err();
+        assert!(
+            f.message.contains("repeats condition") || f.message.contains(names::NAMESPACE_ID),
+            "{f}"
+        );
+        assert!(!f.message.contains("ns-2"), "no foreign values: {f}");
+    }
+}
