@@ -1030,13 +1030,22 @@ async fn bench_thirty_agents() {
     const AGENTS: usize = 30;
     let cp = start().await;
     let client = cp.client().await.unwrap();
-    volumes(&client, AGENTS).await;
+    volumes(&client, AGENTS + 1).await;
     let backend = std::sync::Arc::new(KubeBackend::new());
     let proxy = FaultProxy::start(&cp).await.unwrap();
     let mut s = settings();
     s.quota.pods = 40;
     let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), s);
     call(&backend, &via, ensure_op("ns-bench")).await.unwrap();
+    // One Agent alone first: requests of one prepare and one activate.
+    let before = proxy.request_count();
+    let t = Instant::now();
+    b_deploy(&backend, &via, "agent-solo").await;
+    eprintln!(
+        "BENCH one Agent alone: prepare+activate {:.2}s, {} API requests",
+        t.elapsed().as_secs_f64(),
+        proxy.request_count() - before
+    );
     let before = proxy.request_count();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
@@ -1195,4 +1204,19 @@ async fn credentials_are_checked_end_to_end() {
             .unwrap()
             .is_none()
     );
+}
+
+async fn b_deploy(backend: &KubeBackend, c: &clawfleet_kube::Cluster, agent: &str) {
+    backend
+        .call(c, prepare_op("ns-bench", agent, "r1", 1), DEADLINE)
+        .await
+        .unwrap();
+    backend
+        .call(
+            c,
+            Operation::ActivateRevision(rev_args("ns-bench", agent, "r1", 1)),
+            DEADLINE,
+        )
+        .await
+        .unwrap();
 }
