@@ -257,6 +257,9 @@ impl TestHost {
             .arg("--link-journal=no")
             .arg("--resolv-conf=off")
             .arg("--timezone=off")
+            // nspawn 252's seccomp allowlist predates Landlock and answers EPERM; a host on
+            // bare metal has no such filter. hostd confines each gateway's binds with Landlock.
+            .arg("--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self")
             .args(
                 self.binds
                     .iter()
@@ -726,6 +729,15 @@ pub struct TestHosts {
 }
 
 impl TestHosts {
+    /// No hosts at all (for a harness that needs none this time, such as a cluster-only
+    /// coordinator run); needs no root and builds no rootfs.
+    pub fn none() -> TestHosts {
+        TestHosts {
+            hosts: Vec::new(),
+            started_in: Duration::ZERO,
+        }
+    }
+
     /// Starts `n` hosts in parallel with settings from the environment.
     pub fn start(n: usize) -> Result<TestHosts> {
         TestHosts::start_with(&HarnessConfig::from_env()?, n)

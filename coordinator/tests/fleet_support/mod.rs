@@ -89,14 +89,21 @@ impl Drop for Fleet {
 }
 
 impl Fleet {
-    /// Boots `n` hosts, installs hostd and the test gateway (short limits), runs
+    /// Boots `n` hosts (none for a cluster-only run), installs hostd and the test gateway
+    /// (short limits), runs
     /// `occ init` and `occ serve`, enrols every host and creates the Namespace [`NS`]
     /// with all of them as its pool, and waits until it is ready everywhere.
     pub fn start(n: usize) -> Fleet {
         let t = Instant::now();
-        let hostd = build_binary("clawfleet-hostd", "hostd");
         let occ_bin = PathBuf::from(env!("CARGO_BIN_EXE_occ"));
-        let hosts = TestHosts::start(n).expect("cannot start the test hosts");
+        let (hostd, hosts) = if n == 0 {
+            (PathBuf::new(), TestHosts::none())
+        } else {
+            (
+                build_binary("clawfleet-hostd", "hostd"),
+                TestHosts::start(n).expect("cannot start the test hosts"),
+            )
+        };
         eprintln!("{n} hosts up in {:.1} s", hosts.started_in().as_secs_f64());
         std::thread::scope(|s| {
             for h in hosts.iter() {
@@ -165,9 +172,12 @@ impl Fleet {
                 h.host_public_key().trim(),
             ]);
         }
-        let names = fleet.host_names().join(",");
-        fleet.occ_ok(&["namespace", "create", NS, "--hosts", &names]);
-        fleet.wait_namespace_ready(Duration::from_secs(60));
+        // With no hosts (a cluster-only run) there is no host-pool Namespace.
+        if n > 0 {
+            let names = fleet.host_names().join(",");
+            fleet.occ_ok(&["namespace", "create", NS, "--hosts", &names]);
+            fleet.wait_namespace_ready(Duration::from_secs(60));
+        }
         eprintln!(
             "fleet ready ({} hosts enrolled, Namespace {NS} ready) in {:.1} s",
             fleet.hosts.len(),
