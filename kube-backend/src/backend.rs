@@ -12,9 +12,16 @@
 //! - `ensure-namespace`: the tenant namespace `oce-<15 hex>` (restricted Pod Security), its
 //!   ResourceQuota, LimitRange, default-deny, DNS and gateway-ingress NetworkPolicies.
 //!   Another namespace claiming the same Namespace id is a conflict.
-//! - `delete-namespace`: a DELETE with the namespace's uid as precondition, then waits until
-//!   it is gone (`DEADLINE_EXCEEDED`, retryable, while it still terminates at the deadline).
-//!   Adopted namespaces are not supported yet: every tenant namespace is managed.
+//!   A Namespace listed in `ClusterSettings::adopted_namespaces` uses that existing
+//!   namespace instead: never created; adopted only when it is restricted under Pod Security,
+//!   carries no other tenant's or clawfleet-managed markers, and holds no NetworkPolicy that
+//!   is not this tenant's; the claim (`clawfleet.dev/namespace-id`, `clawfleet.dev/adopted`)
+//!   is a server-side apply fenced by the resourceVersion checked.
+//! - `delete-namespace`: a managed namespace: a DELETE with its uid as precondition, then
+//!   waits until it is gone (`DEADLINE_EXCEEDED`, retryable, while it still terminates at the
+//!   deadline). An adopted one stays: every object carrying this tenant's markers is checked,
+//!   then deleted (uid preconditions, Pods awaited), then the claim is released (an empty
+//!   apply drops exactly the fields clawfleet owned).
 //! - `prepare-revision`: the Agent's ServiceAccount, state PVC (created once, never patched),
 //!   password Secret (created once), egress policy, the Service (created inactive, never
 //!   touched here once it exists) and the revision's immutable ConfigMap. Never touches the
@@ -193,9 +200,9 @@ pub(crate) async fn run(
         Operation::EnsureNamespace(a) => OperationResult::EnsureNamespace(
             Box::pin(ops::namespace::ensure(r, settings, &a)).await?,
         ),
-        Operation::DeleteNamespace(a) => {
-            OperationResult::DeleteNamespace(Box::pin(ops::namespace::delete(r, &a)).await?)
-        }
+        Operation::DeleteNamespace(a) => OperationResult::DeleteNamespace(
+            Box::pin(ops::namespace::delete(r, settings, &a)).await?,
+        ),
         Operation::PrepareRevision(a) => OperationResult::PrepareRevision(
             Box::pin(ops::revision::prepare(r, settings, &a)).await?,
         ),
@@ -212,7 +219,7 @@ pub(crate) async fn run(
             OperationResult::RetireRevision(Box::pin(ops::revision::retire(r, settings, &a)).await?)
         }
         Operation::DeleteAgent(a) => {
-            OperationResult::DeleteAgent(Box::pin(ops::agent::delete(r, &a)).await?)
+            OperationResult::DeleteAgent(Box::pin(ops::agent::delete(r, settings, &a)).await?)
         }
         Operation::Status(a) => {
             OperationResult::Status(Box::pin(ops::status::status(r, settings, &a)).await?)

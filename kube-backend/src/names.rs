@@ -30,6 +30,8 @@ pub const CONFIGURATION_HASH: &str = "clawfleet.dev/configuration-hash";
 /// Annotation on a revision ConfigMap: SHA-256 (hex) of its `openclaw.json`, checked on every
 /// read so a ConfigMap recreated with copied markers but other content is refused.
 pub const RENDERED_HASH: &str = "clawfleet.dev/rendered-hash";
+/// Label and annotation on an adopted (operator-chosen) namespace: `"true"`.
+pub const ADOPTED: &str = "clawfleet.dev/adopted";
 /// Label: what an object is for (`namespace`, `gateway`).
 pub const COMPONENT: &str = "clawfleet.dev/component";
 /// Pod label and Service selector key: which revision a Pod serves. The Service selects
@@ -63,6 +65,53 @@ fn digest(domain: &str, id: &str) -> String {
 pub fn tenant_namespace(namespace_id: &Ident) -> String {
     let h = hex(&sha256(namespace_id.as_str().as_bytes()));
     format!("oce-{}", &h[..15])
+}
+
+/// The Kubernetes namespace a clawfleet Namespace lives in: the managed `oce-…` one, or an
+/// operator's existing namespace that clawfleet adopted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub id: Ident,
+    /// The Kubernetes namespace's name.
+    pub name: String,
+    pub adopted: bool,
+}
+
+impl Tenant {
+    /// The managed namespace of a Namespace id.
+    pub fn managed(id: &Ident) -> Self {
+        Self {
+            id: id.clone(),
+            name: tenant_namespace(id),
+            adopted: false,
+        }
+    }
+
+    /// An adopted namespace.
+    pub fn adopted(id: &Ident, name: &str) -> Self {
+        Self {
+            id: id.clone(),
+            name: name.to_owned(),
+            adopted: true,
+        }
+    }
+
+    /// The markers of the Kubernetes Namespace object itself. A managed one carries
+    /// `managed-by=clawfleet`; an adopted one stays the operator's and carries
+    /// [`ADOPTED`] instead.
+    pub fn namespace_markers(&self) -> Markers {
+        if self.adopted {
+            Markers {
+                labels: vec![
+                    (NAMESPACE_ID, self.id.to_string()),
+                    (ADOPTED, "true".to_owned()),
+                ],
+                annotations: vec![(NAMESPACE_ID, self.id.to_string())],
+            }
+        } else {
+            Markers::namespace(&self.id)
+        }
+    }
 }
 
 /// The names of one Agent's objects in its tenant namespace.

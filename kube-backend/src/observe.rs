@@ -18,7 +18,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, ObjectList};
 
 use crate::client::Requests;
-use crate::names::{self, Markers};
+use crate::names::{self, Markers, Tenant};
 use crate::objects::{Obj, conflict, label};
 use crate::render;
 use crate::settings::ClusterSettings;
@@ -126,13 +126,13 @@ fn check_complete<K: Clone>(what: &str, list: &ObjectList<K>) -> Result<(), Fail
 /// Lists the Agent's Pods and validates every item (names, namespace, markers, conditions).
 pub(crate) async fn agent_pods(
     r: &Requests,
-    ns_id: &Ident,
+    t: &Tenant,
     agent: &Ident,
     extra_selector: Option<(&str, &str)>,
 ) -> Result<Vec<Pod>, Failure> {
-    let tenant = names::tenant_namespace(ns_id);
+    let tenant = t.name.clone();
     let api: Api<Pod> = Api::namespaced(r.client(), &tenant);
-    let mut selector = Markers::agent(ns_id, agent);
+    let mut selector = Markers::agent(&t.id, agent);
     selector.annotations.clear();
     let mut sel = render::pod_selector(agent)
         .into_iter()
@@ -221,14 +221,10 @@ const PULL_REASONS: &[&str] = &[
 ];
 
 /// Looks at everything readiness depends on, plus what blocks it.
-pub(crate) async fn observe(
-    r: &Requests,
-    ns_id: &Ident,
-    agent: &Ident,
-) -> Result<Observed, Failure> {
-    let tenant = names::tenant_namespace(ns_id);
+pub(crate) async fn observe(r: &Requests, t: &Tenant, agent: &Ident) -> Result<Observed, Failure> {
+    let tenant = t.name.clone();
     let n = names::agent(agent);
-    let markers = Markers::agent(ns_id, agent);
+    let markers = Markers::agent(&t.id, agent);
     let deployments: Obj<Deployment> = Obj::namespaced(r, &tenant, "Deployment");
     let services: Obj<Service> = Obj::namespaced(r, &tenant, "Service");
     let deployment = deployments.get_owned(r, &n.gateway, &markers).await?;
@@ -244,7 +240,7 @@ pub(crate) async fn observe(
         return Ok(out);
     };
     let serving = names::serving_value(&current);
-    let pods = agent_pods(r, ns_id, agent, Some((names::SERVING_REVISION, &serving))).await?;
+    let pods = agent_pods(r, t, agent, Some((names::SERVING_REVISION, &serving))).await?;
     let live_pods: Vec<&Pod> = pods.iter().filter(|p| live(p)).collect();
     out.restarts = live_pods
         .iter()

@@ -32,7 +32,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
-use crate::names::{self, Markers};
+use crate::names::{self, Markers, Tenant};
 use crate::settings::{ClusterSettings, PeerSelector};
 
 /// Where the state volume is mounted; HOME is its root, the gateway state below it.
@@ -194,21 +194,59 @@ pub fn namespace(ns: &NamespaceRef) -> Result<Namespace, RenderError> {
     )
 }
 
-fn ns_meta(ns: &Ident, name: &str) -> Value {
-    let m = Markers::namespace(ns);
+/// The claim clawfleet puts on an adopted namespace: only its own labels and annotations
+/// (server-side apply merges them), fenced by the resourceVersion it checked. Pod Security
+/// stays the operator's.
+pub fn adoption_claim(
+    ns: &NamespaceRef,
+    name: &str,
+    resource_version: Option<String>,
+) -> Result<Namespace, RenderError> {
+    let t = Tenant::adopted(&ns.id, name);
+    let m = t.namespace_markers();
+    let annotations = with(
+        m.annotation_map(),
+        &[
+            (names::NAMESPACE_NAME, ns.name.as_str()),
+            (names::ADOPTED, "true"),
+        ],
+    );
+    typed(
+        "Namespace",
+        json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {
+                "name": name, "resourceVersion": resource_version,
+                "labels": map(m.label_map()), "annotations": map(annotations),
+            },
+        }),
+    )
+}
+
+/// An apply with no fields: server-side apply then drops every field clawfleet owned on the
+/// adopted namespace (its claim), and nothing else.
+pub fn release_claim(name: &str) -> Result<Namespace, RenderError> {
+    typed(
+        "Namespace",
+        json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name } }),
+    )
+}
+
+fn ns_meta(ns: &Tenant, name: &str) -> Value {
+    let m = Markers::namespace(&ns.id);
     json!({
         "name": name,
-        "namespace": names::tenant_namespace(ns),
+        "namespace": ns.name,
         "labels": map(with(m.label_map(), &[(names::COMPONENT, "namespace")])),
         "annotations": map(m.annotation_map()),
     })
 }
 
-fn agent_meta(ns: &Ident, agent: &AgentRef, name: &str) -> Value {
-    let m = Markers::agent(ns, &agent.id);
+fn agent_meta(ns: &Tenant, agent: &AgentRef, name: &str) -> Value {
+    let m = Markers::agent(&ns.id, &agent.id);
     json!({
         "name": name,
-        "namespace": names::tenant_namespace(ns),
+        "namespace": ns.name,
         "labels": map(with(m.label_map(), &[(names::COMPONENT, "gateway")])),
         "annotations": map(with(
             m.annotation_map(),
@@ -218,7 +256,7 @@ fn agent_meta(ns: &Ident, agent: &AgentRef, name: &str) -> Value {
 }
 
 /// The Namespace's ResourceQuota: at most `quota.pods` Pods.
-pub fn resource_quota(ns: &Ident, s: &ClusterSettings) -> Result<ResourceQuota, RenderError> {
+pub fn resource_quota(ns: &Tenant, s: &ClusterSettings) -> Result<ResourceQuota, RenderError> {
     typed(
         "ResourceQuota",
         json!({
@@ -230,7 +268,7 @@ pub fn resource_quota(ns: &Ident, s: &ClusterSettings) -> Result<ResourceQuota, 
 }
 
 /// Container defaults, so nothing in the namespace runs unbounded.
-pub fn limit_range(ns: &Ident, s: &ClusterSettings) -> Result<LimitRange, RenderError> {
+pub fn limit_range(ns: &Tenant, s: &ClusterSettings) -> Result<LimitRange, RenderError> {
     let r = &s.resources;
     typed(
         "LimitRange",
@@ -247,7 +285,7 @@ pub fn limit_range(ns: &Ident, s: &ClusterSettings) -> Result<LimitRange, Render
 }
 
 /// Denies all ingress and egress of every Pod in the namespace; the other policies add to it.
-pub fn default_deny(ns: &Ident) -> Result<NetworkPolicy, RenderError> {
+pub fn default_deny(ns: &Tenant) -> Result<NetworkPolicy, RenderError> {
     typed(
         "NetworkPolicy",
         json!({
@@ -266,7 +304,7 @@ fn peer(p: &PeerSelector) -> Value {
 }
 
 /// DNS (UDP and TCP 53) to the configured DNS Pods only.
-pub fn allow_dns(ns: &Ident, s: &ClusterSettings) -> Result<NetworkPolicy, RenderError> {
+pub fn allow_dns(ns: &Tenant, s: &ClusterSettings) -> Result<NetworkPolicy, RenderError> {
     typed(
         "NetworkPolicy",
         json!({
@@ -287,7 +325,7 @@ pub fn allow_dns(ns: &Ident, s: &ClusterSettings) -> Result<NetworkPolicy, Rende
 /// The gateway port of every gateway Pod, from the configured gateway clients only (none
 /// configured: nobody).
 pub fn allow_gateway_ingress(
-    ns: &Ident,
+    ns: &Tenant,
     s: &ClusterSettings,
 ) -> Result<NetworkPolicy, RenderError> {
     let from: Vec<Value> = s.gateway_clients.iter().map(peer).collect();
@@ -321,7 +359,7 @@ pub fn pod_selector(agent: &Ident) -> BTreeMap<String, String> {
 }
 
 /// The Agent's ServiceAccount: no API token is ever mounted.
-pub fn service_account(ns: &Ident, agent: &AgentRef) -> Result<ServiceAccount, RenderError> {
+pub fn service_account(ns: &Tenant, agent: &AgentRef) -> Result<ServiceAccount, RenderError> {
     typed(
         "ServiceAccount",
         json!({
@@ -334,7 +372,7 @@ pub fn service_account(ns: &Ident, agent: &AgentRef) -> Result<ServiceAccount, R
 
 /// The state volume, kept across revisions and stops.
 pub fn state_claim(
-    ns: &Ident,
+    ns: &Tenant,
     agent: &AgentRef,
     s: &ClusterSettings,
 ) -> Result<PersistentVolumeClaim, RenderError> {
@@ -357,7 +395,7 @@ pub fn state_claim(
 
 /// The gateway password Secret (created once; `password` is random).
 pub fn password_secret(
-    ns: &Ident,
+    ns: &Tenant,
     agent: &AgentRef,
     password: &str,
 ) -> Result<Secret, RenderError> {
@@ -373,7 +411,7 @@ pub fn password_secret(
 }
 
 /// Egress of the Agent's Pods: HTTPS to public addresses only (model providers, channels).
-pub fn egress_policy(ns: &Ident, agent: &AgentRef) -> Result<NetworkPolicy, RenderError> {
+pub fn egress_policy(ns: &Tenant, agent: &AgentRef) -> Result<NetworkPolicy, RenderError> {
     typed(
         "NetworkPolicy",
         json!({
@@ -397,7 +435,7 @@ pub fn egress_policy(ns: &Ident, agent: &AgentRef) -> Result<NetworkPolicy, Rend
 /// The Agent's Service; `serving` is a revision's [`names::serving_value`] once activated,
 /// [`names::INACTIVE`] before.
 pub fn service(
-    ns: &Ident,
+    ns: &Tenant,
     agent: &AgentRef,
     s: &ClusterSettings,
     serving: &str,
@@ -441,12 +479,12 @@ pub fn rendered_hash(rendered: &str) -> String {
 
 /// The revision's immutable ConfigMap holding the cluster-rendered `openclaw.json`.
 pub fn config_map(
-    ns: &Ident,
+    ns: &Tenant,
     agent: &AgentRef,
     rev: &RevisionRef,
     rendered: &str,
 ) -> Result<ConfigMap, RenderError> {
-    let m = Markers::revision(ns, &agent.id, &rev.id);
+    let m = Markers::revision(&ns.id, &agent.id, &rev.id);
     let mut annotations = m.annotation_map();
     for (k, v) in revision_annotations(rev) {
         annotations.insert(k.to_owned(), v);
@@ -458,7 +496,7 @@ pub fn config_map(
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {
                 "name": names::revision_config_map(&agent.id, &rev.id),
-                "namespace": names::tenant_namespace(ns),
+                "namespace": ns.name,
                 "labels": map(with(m.label_map(), &[(names::COMPONENT, "gateway")])),
                 "annotations": map(annotations),
             },
@@ -470,7 +508,7 @@ pub fn config_map(
 
 /// The Agent's gateway Deployment running revision `rev`.
 pub fn deployment(
-    ns: &Ident,
+    ns: &Tenant,
     agent: &AgentRef,
     rev: &RevisionRef,
     s: &ClusterSettings,
@@ -484,7 +522,7 @@ pub fn deployment(
     let pod_labels = with(
         pod_selector(&agent.id),
         &[
-            (names::NAMESPACE_ID, ns.as_str()),
+            (names::NAMESPACE_ID, ns.id.as_str()),
             (names::REVISION_ID, rev.id.as_str()),
             (names::SERVING_REVISION, &serving),
             (names::COMPONENT, "gateway"),

@@ -77,6 +77,10 @@ pub struct ClusterSettings {
     /// Who may reach the gateway port (for example an ingress controller).
     #[serde(default)]
     pub gateway_clients: Vec<PeerSelector>,
+    /// Existing namespaces the operator chose for some Namespaces (Namespace id → namespace
+    /// name), adopted after their safety checks instead of a managed `oce-…` one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub adopted_namespaces: BTreeMap<String, String>,
 }
 
 /// CPU and memory of each gateway container; also the Namespace's LimitRange defaults.
@@ -158,6 +162,15 @@ impl ClusterSettings {
             state_volume_size: default_state_size(),
             dns: PeerSelector::default(),
             gateway_clients: Vec::new(),
+            adopted_namespaces: BTreeMap::new(),
+        }
+    }
+
+    /// The Kubernetes namespace of a clawfleet Namespace on this cluster.
+    pub fn tenant(&self, namespace_id: &clawfleet_protocol::Ident) -> crate::names::Tenant {
+        match self.adopted_namespaces.get(namespace_id.as_str()) {
+            Some(name) => crate::names::Tenant::adopted(namespace_id, name),
+            None => crate::names::Tenant::managed(namespace_id),
         }
     }
 
@@ -219,6 +232,28 @@ impl ClusterSettings {
         check_peer("dns", &self.dns)?;
         for (i, peer) in self.gateway_clients.iter().enumerate() {
             check_peer(&format!("gatewayClients[{i}]"), peer)?;
+        }
+        let mut taken = std::collections::BTreeSet::new();
+        for (id, name) in &self.adopted_namespaces {
+            let field = format!("adoptedNamespaces.{id}");
+            clawfleet_protocol::Ident::new(id.as_str())
+                .map_err(|e| err(field.clone(), format!("the key is not a Namespace id: {e}")))?;
+            check_dns_label(&field, name)?;
+            if name.starts_with("oce-") {
+                return Err(err(field, "oce- names are clawfleet's managed namespaces"));
+            }
+            if matches!(
+                name.as_str(),
+                "default" | "kube-system" | "kube-public" | "kube-node-lease"
+            ) {
+                return Err(err(field, "system namespaces cannot be adopted"));
+            }
+            if !taken.insert(name.as_str()) {
+                return Err(err(
+                    field,
+                    "another Namespace already adopts this namespace",
+                ));
+            }
         }
         Ok(())
     }
@@ -436,5 +471,30 @@ mod tests {
             "gatewayClients[0].podLabels.app"
         );
         assert_eq!(base("surprise", serde_json::json!(1)), "surprise");
+        assert_eq!(
+            base(
+                "adoptedNamespaces",
+                serde_json::json!({"ns-1": "oce-0123456789abcde"})
+            ),
+            "adoptedNamespaces.ns-1"
+        );
+        assert_eq!(
+            base(
+                "adoptedNamespaces",
+                serde_json::json!({"ns-1": "kube-system"})
+            ),
+            "adoptedNamespaces.ns-1"
+        );
+        assert_eq!(
+            base("adoptedNamespaces", serde_json::json!({"bad id!": "team"})),
+            "adoptedNamespaces.bad id!"
+        );
+        assert_eq!(
+            base(
+                "adoptedNamespaces",
+                serde_json::json!({"a": "team", "b": "team"})
+            ),
+            "adoptedNamespaces.b"
+        );
     }
 }

@@ -176,9 +176,14 @@ async fn pod_lists_select_the_agent_and_refuse_pagination() {
             json!({ "kind": "PodList", "apiVersion": "v1", "metadata": { "continue": "more" }, "items": [] }),
         )
     }));
-    let f = crate::observe::agent_pods(&r, &id("ns-1"), &id("agent-1"), Some(("k", "v")))
-        .await
-        .unwrap_err();
+    let f = crate::observe::agent_pods(
+        &r,
+        &names::Tenant::managed(&id("ns-1")),
+        &id("agent-1"),
+        Some(("k", "v")),
+    )
+    .await
+    .unwrap_err();
     assert!(f.message.contains("paginated"), "{f}");
     let s = seen.lock().unwrap()[0].clone();
     assert_eq!(s.method, "GET");
@@ -284,7 +289,9 @@ fn prepare_op() -> Operation {
 #[tokio::test]
 async fn a_foreign_object_stops_prepare_before_any_write() {
     let ns_obj = serde_json::to_value(render::namespace(&ns_ref()).unwrap()).unwrap();
-    let deny = serde_json::to_value(render::default_deny(&id("ns-1")).unwrap()).unwrap();
+    let deny =
+        serde_json::to_value(render::default_deny(&names::Tenant::managed(&id("ns-1"))).unwrap())
+            .unwrap();
     let gw = names::agent(&id("agent-1")).gateway;
     let tenant = names::tenant_namespace(&id("ns-1"));
     let (r, seen) = mock(Box::new(move |s| {
@@ -440,9 +447,14 @@ async fn malformed_pod_lists_are_errors() {
         let list =
             json!({ "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [item] });
         let (r, _) = mock(Box::new(move |_| (200, list.clone())));
-        let f = crate::observe::agent_pods(&r, &id("ns-1"), &id("agent-1"), None)
-            .await
-            .unwrap_err();
+        let f = crate::observe::agent_pods(
+            &r,
+            &names::Tenant::managed(&id("ns-1")),
+            &id("agent-1"),
+            None,
+        )
+        .await
+        .unwrap_err();
         assert!(
             f.message.contains("repeats condition") || f.message.contains(names::NAMESPACE_ID),
             "{f}"

@@ -1220,3 +1220,160 @@ async fn b_deploy(backend: &KubeBackend, c: &clawfleet_kube::Cluster, agent: &st
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_namespace_is_claimed_checked_and_released() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 2).await;
+    let backend = KubeBackend::new();
+    let mut s = settings();
+    s.adopted_namespaces
+        .insert("ns-adopt".to_owned(), "team-adopted".to_owned());
+    let cluster = cluster(&cp, s);
+    let ns = "ns-adopt";
+    let name = "team-adopted";
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+
+    // Absent: never created by clawfleet.
+    let f = call(&backend, &cluster, ensure_op(ns)).await.unwrap_err();
+    assert_eq!(f.code, FailureCode::NamespaceMissing, "{f}");
+    assert!(namespaces.get_opt(name).await.unwrap().is_none());
+
+    // Not restricted under Pod Security: refused, nothing written.
+    let created = namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": { "name": name, "labels": { "team": "a" } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_conflict(
+        call(&backend, &cluster, ensure_op(ns)).await,
+        "pod-security.kubernetes.io/enforce",
+    );
+    assert_eq!(
+        resource_version(&namespaces.get(name).await.unwrap()),
+        resource_version(&created)
+    );
+
+    // Restricted, but holding a NetworkPolicy that is not ours: refused.
+    let mut n = namespaces.get(name).await.unwrap();
+    n.metadata.labels.as_mut().unwrap().insert(
+        "pod-security.kubernetes.io/enforce".to_owned(),
+        "restricted".to_owned(),
+    );
+    n.metadata.managed_fields = None;
+    let restricted = namespaces
+        .replace(name, &PostParams::default(), &n)
+        .await
+        .unwrap();
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), name);
+    let open: NetworkPolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": { "name": "operator-allow-all" },
+        "spec": { "podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{}] },
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &open)
+        .await
+        .unwrap();
+    assert_conflict(
+        call(&backend, &cluster, ensure_op(ns)).await,
+        "NetworkPolicy team-adopted/operator-allow-all",
+    );
+    assert_eq!(
+        resource_version(&namespaces.get(name).await.unwrap()),
+        resource_version(&restricted)
+    );
+    policies
+        .delete("operator-allow-all", &Default::default())
+        .await
+        .unwrap();
+
+    // Adopted: claimed with clawfleet's markers only; the operator's objects stay.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), name);
+    let mine: ConfigMap = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": "operator-data" }, "data": { "k": "v" },
+    }))
+    .unwrap();
+    cms.create(&PostParams::default(), &mine).await.unwrap();
+    match call(&backend, &cluster, ensure_op(ns)).await.unwrap() {
+        OperationResult::EnsureNamespace(e) => assert!(e.created),
+        other => panic!("{other:?}"),
+    }
+    match call(&backend, &cluster, ensure_op(ns)).await.unwrap() {
+        OperationResult::EnsureNamespace(e) => assert!(!e.created),
+        other => panic!("{other:?}"),
+    }
+    let labels = namespaces.get(name).await.unwrap().metadata.labels.unwrap();
+    assert_eq!(labels[names::NAMESPACE_ID], ns);
+    assert_eq!(labels[names::ADOPTED], "true");
+    assert!(
+        !labels.contains_key(names::MANAGED_BY),
+        "the namespace stays the operator's"
+    );
+    assert_eq!(labels["team"], "a");
+    assert!(
+        namespaces
+            .get_opt(&names::tenant_namespace(&id(ns)))
+            .await
+            .unwrap()
+            .is_none(),
+        "no managed namespace"
+    );
+    deploy(&backend, &cluster, ns, "agent-1", "r1", 1).await;
+    match call(&backend, &cluster, Operation::Status(Default::default()))
+        .await
+        .unwrap()
+    {
+        OperationResult::Status(inv) => {
+            assert!(inv.problems.is_empty(), "{:?}", inv.problems);
+            let nsi = inv.namespaces.iter().find(|n| n.id.as_str() == ns).unwrap();
+            assert_eq!(
+                nsi.agents[0].observation.served.as_ref().map(Ident::as_str),
+                Some("r1")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Deleting the Namespace removes only what clawfleet owns, then the claim.
+    match call(&backend, &cluster, delete_ns_op(ns)).await.unwrap() {
+        OperationResult::DeleteNamespace(d) => {
+            assert!(d.removed);
+            assert_eq!(d.agents_removed, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    let n = namespaces.get(name).await.unwrap();
+    assert!(
+        n.metadata.deletion_timestamp.is_none(),
+        "the namespace stays"
+    );
+    let labels = n.metadata.labels.unwrap();
+    assert!(!labels.contains_key(names::NAMESPACE_ID), "claim released");
+    assert!(!labels.contains_key(names::ADOPTED));
+    assert_eq!(labels["pod-security.kubernetes.io/enforce"], "restricted");
+    assert!(cms.get_opt("operator-data").await.unwrap().is_some());
+    let ours = ListParams::default().labels(&format!("{}=clawfleet", names::MANAGED_BY));
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), name);
+    assert!(deps.list(&ours).await.unwrap().items.is_empty());
+    assert!(cms.list(&ours).await.unwrap().items.is_empty());
+    assert!(policies.list(&ours).await.unwrap().items.is_empty());
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    assert!(sas.list(&ours).await.unwrap().items.is_empty());
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), name);
+    assert!(quotas.list(&ours).await.unwrap().items.is_empty());
+    match call(&backend, &cluster, delete_ns_op(ns)).await.unwrap() {
+        OperationResult::DeleteNamespace(d) => assert!(!d.removed),
+        other => panic!("{other:?}"),
+    }
+}

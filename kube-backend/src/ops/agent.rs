@@ -21,13 +21,18 @@ use crate::ops::namespace::owned_namespace;
 use crate::ops::pause_within;
 
 /// `delete-agent`.
-pub(crate) async fn delete(r: &Requests, args: &AgentArgs) -> Result<DeleteAgentResult, Failure> {
+pub(crate) async fn delete(
+    r: &Requests,
+    settings: &crate::settings::ClusterSettings,
+    args: &AgentArgs,
+) -> Result<DeleteAgentResult, Failure> {
     let ns = &args.namespace.id;
+    let t = settings.tenant(ns);
     let agent = &args.agent.id;
-    if owned_namespace(r, ns).await?.is_none() {
+    if owned_namespace(r, &t).await?.is_none() {
         return Ok(DeleteAgentResult { removed: false });
     }
-    let tenant = names::tenant_namespace(ns);
+    let tenant = t.name.clone();
     let n = names::agent(agent);
     let m = Markers::agent(ns, agent);
     let deployments: Obj<Deployment> = Obj::namespaced(r, &tenant, "Deployment");
@@ -102,7 +107,7 @@ pub(crate) async fn delete(r: &Requests, args: &AgentArgs) -> Result<DeleteAgent
     }
     let mut pause = Duration::from_millis(100);
     loop {
-        let pods = agent_pods(r, ns, agent, None).await?;
+        let pods = agent_pods(r, &t, agent, None).await?;
         if pods.is_empty() {
             break;
         }

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::client::Requests;
-use crate::names::{self, Markers};
+use crate::names::{self, Markers, Tenant};
 use crate::objects::{Obj, label};
 use crate::observe::{self, Observed, agent_pods, deployment_revision};
 use crate::ops::namespace::require_namespace;
@@ -43,11 +43,11 @@ struct AgentObjects {
 }
 
 impl AgentObjects {
-    fn new(r: &Requests, ns: &Ident, agent: &Ident) -> Self {
-        let tenant = names::tenant_namespace(ns);
+    fn new(r: &Requests, t: &Tenant, agent: &Ident) -> Self {
+        let tenant = t.name.clone();
         Self {
             names: names::agent(agent),
-            markers: Markers::agent(ns, agent),
+            markers: Markers::agent(&t.id, agent),
             deployments: Obj::namespaced(r, &tenant, "Deployment"),
             services: Obj::namespaced(r, &tenant, "Service"),
             accounts: Obj::namespaced(r, &tenant, "ServiceAccount"),
@@ -136,10 +136,10 @@ fn newer_deployed(d: Option<&Deployment>, rev: &RevisionRef) -> Result<bool, Fai
 async fn observation(
     r: &Requests,
     settings: &ClusterSettings,
-    ns: &Ident,
+    t: &Tenant,
     agent: &Ident,
 ) -> Result<AgentObservation, Failure> {
-    Ok(Box::pin(observe::observe(r, ns, agent))
+    Ok(Box::pin(observe::observe(r, t, agent))
         .await?
         .observation(settings))
 }
@@ -151,6 +151,7 @@ pub(crate) async fn prepare(
     args: &PrepareArgs,
 ) -> Result<PrepareResult, Failure> {
     let ns = &args.namespace.id;
+    let t = settings.tenant(ns);
     let agent = &args.agent;
     let rev = &args.revision;
     if !rev.hash_matches() {
@@ -162,15 +163,15 @@ pub(crate) async fn prepare(
     let reference = rev.reference();
     // Render everything before the first request.
     let rendered = render::cluster_configuration(&rev.configuration).map_err(render_failure)?;
-    let cm = render::config_map(ns, agent, &reference, &rendered).map_err(render_failure)?;
-    let sa = render::service_account(ns, agent).map_err(render_failure)?;
-    let pvc = render::state_claim(ns, agent, settings).map_err(render_failure)?;
-    let egress = render::egress_policy(ns, agent).map_err(render_failure)?;
-    let svc = render::service(ns, agent, settings, names::INACTIVE).map_err(render_failure)?;
-    render::deployment(ns, agent, &reference, settings).map_err(render_failure)?;
+    let cm = render::config_map(&t, agent, &reference, &rendered).map_err(render_failure)?;
+    let sa = render::service_account(&t, agent).map_err(render_failure)?;
+    let pvc = render::state_claim(&t, agent, settings).map_err(render_failure)?;
+    let egress = render::egress_policy(&t, agent).map_err(render_failure)?;
+    let svc = render::service(&t, agent, settings, names::INACTIVE).map_err(render_failure)?;
+    render::deployment(&t, agent, &reference, settings).map_err(render_failure)?;
 
-    require_namespace(r, ns).await?;
-    let o = AgentObjects::new(r, ns, &agent.id);
+    require_namespace(r, &t).await?;
+    let o = AgentObjects::new(r, &t, &agent.id);
     let rev_markers = Markers::revision(ns, &agent.id, &rev.id);
     let cm_name = names::revision_config_map(&agent.id, &rev.id);
     // Check first: every object this touches.
@@ -196,7 +197,7 @@ pub(crate) async fn prepare(
         return Ok(PrepareResult {
             ready: false,
             created: false,
-            observation: observation(r, settings, ns, &agent.id).await?,
+            observation: observation(r, settings, &t, &agent.id).await?,
         });
     }
     let existing_cm = o.config_maps.get_owned(r, &cm_name, &rev_markers).await?;
@@ -237,13 +238,13 @@ pub(crate) async fn prepare(
     match &existing_secret {
         None => {
             let secret =
-                render::password_secret(ns, agent, &random_password()?).map_err(render_failure)?;
+                render::password_secret(&t, agent, &random_password()?).map_err(render_failure)?;
             o.secrets.create(r, &o.names.password, &secret).await?;
         }
         Some(s) if !has_password(s) => {
             // Ours but without its key: replace, fenced by what we read.
             let mut secret =
-                render::password_secret(ns, agent, &random_password()?).map_err(render_failure)?;
+                render::password_secret(&t, agent, &random_password()?).map_err(render_failure)?;
             secret.metadata.uid = s.metadata.uid.clone();
             secret.metadata.resource_version = s.metadata.resource_version.clone();
             o.secrets.replace(r, &o.names.password, &secret).await?;
@@ -262,7 +263,7 @@ pub(crate) async fn prepare(
     Ok(PrepareResult {
         ready: true,
         created,
-        observation: observation(r, settings, ns, &agent.id).await?,
+        observation: observation(r, settings, &t, &agent.id).await?,
     })
 }
 
@@ -320,14 +321,15 @@ pub(crate) async fn activate(
     args: &RevisionArgs,
 ) -> Result<ActivateResult, Failure> {
     let ns = &args.namespace.id;
+    let t = settings.tenant(ns);
     let agent = &args.agent;
     let rev = &args.revision;
-    let dep_obj = render::deployment(ns, agent, rev, settings).map_err(render_failure)?;
+    let dep_obj = render::deployment(&t, agent, rev, settings).map_err(render_failure)?;
     let serving = names::serving_value(&rev.id);
-    let svc_obj = render::service(ns, agent, settings, &serving).map_err(render_failure)?;
+    let svc_obj = render::service(&t, agent, settings, &serving).map_err(render_failure)?;
 
-    require_namespace(r, ns).await?;
-    let o = AgentObjects::new(r, ns, &agent.id);
+    require_namespace(r, &t).await?;
+    let o = AgentObjects::new(r, &t, &agent.id);
     require_prepared(r, &o, ns, agent, rev).await?;
     let dep = o
         .deployments
@@ -355,7 +357,7 @@ pub(crate) async fn activate(
     if restarted {
         tracing::info!(agent = %agent.id, revision = %rev.id, "gateway Deployment switched to the revision");
     }
-    let observed = wait_ready(r, ns, &agent.id).await?;
+    let observed = wait_ready(r, &t, &agent.id).await?;
     tracing::info!(agent = %agent.id, revision = %rev.id, "revision serving");
     Ok(ActivateResult {
         restarted,
@@ -365,11 +367,11 @@ pub(crate) async fn activate(
 }
 
 /// Polls until the Agent is observed ready, a blocker holds, or the deadline comes.
-async fn wait_ready(r: &Requests, ns: &Ident, agent: &Ident) -> Result<Observed, Failure> {
+async fn wait_ready(r: &Requests, t: &Tenant, agent: &Ident) -> Result<Observed, Failure> {
     let mut pause = Duration::from_millis(100);
     let mut blocked_since: Option<(FailureCode, Instant)> = None;
     loop {
-        let seen = Box::pin(observe::observe(r, ns, agent)).await?;
+        let seen = Box::pin(observe::observe(r, t, agent)).await?;
         if seen.ready {
             return Ok(seen);
         }
@@ -408,8 +410,9 @@ pub(crate) async fn verify(
     args: &RevisionArgs,
 ) -> Result<VerifyResult, Failure> {
     let ns = &args.namespace.id;
-    require_namespace(r, ns).await?;
-    let o = AgentObjects::new(r, ns, &args.agent.id);
+    let t = settings.tenant(ns);
+    require_namespace(r, &t).await?;
+    let o = AgentObjects::new(r, &t, &args.agent.id);
     let cm_name = names::revision_config_map(&args.agent.id, &args.revision.id);
     let cm = o
         .config_maps
@@ -430,7 +433,7 @@ pub(crate) async fn verify(
         })?;
     check_config_map(&cm, &args.revision, None)?;
     Ok(VerifyResult {
-        observation: observation(r, settings, ns, &args.agent.id).await?,
+        observation: observation(r, settings, &t, &args.agent.id).await?,
     })
 }
 
@@ -439,12 +442,12 @@ pub(crate) async fn verify(
 async fn stop_if_current(
     r: &Requests,
     settings: &ClusterSettings,
-    ns: &Ident,
+    t: &Tenant,
     agent_ref: &AgentRef,
     rev: &RevisionRef,
 ) -> Result<bool, Failure> {
     let agent = &agent_ref.id;
-    let o = AgentObjects::new(r, ns, agent);
+    let o = AgentObjects::new(r, t, agent);
     let dep = o
         .deployments
         .get_owned(r, &o.names.gateway, &o.markers)
@@ -477,13 +480,13 @@ async fn stop_if_current(
     {
         // Back to inactive, fenced by the resourceVersion read (apply honours it).
         let mut inactive =
-            render::service(ns, agent_ref, settings, names::INACTIVE).map_err(render_failure)?;
+            render::service(t, agent_ref, settings, names::INACTIVE).map_err(render_failure)?;
         inactive.metadata.resource_version = s.metadata.resource_version.clone();
         o.services.apply(r, &o.names.gateway, &inactive).await?;
     }
     let mut pause = Duration::from_millis(100);
     loop {
-        let pods = agent_pods(r, ns, agent, Some((names::SERVING_REVISION, &serving))).await?;
+        let pods = agent_pods(r, t, agent, Some((names::SERVING_REVISION, &serving))).await?;
         if pods.is_empty() {
             return Ok(stopped);
         }
@@ -508,16 +511,17 @@ pub(crate) async fn stop(
     args: &RevisionArgs,
 ) -> Result<StopResult, Failure> {
     let ns = &args.namespace.id;
-    if super::namespace::owned_namespace(r, ns).await?.is_none() {
+    let t = settings.tenant(ns);
+    if super::namespace::owned_namespace(r, &t).await?.is_none() {
         return Ok(StopResult {
             stopped: false,
             observation: AgentObservation::default(),
         });
     }
-    let stopped = stop_if_current(r, settings, ns, &args.agent, &args.revision).await?;
+    let stopped = stop_if_current(r, settings, &t, &args.agent, &args.revision).await?;
     Ok(StopResult {
         stopped,
-        observation: observation(r, settings, ns, &args.agent.id).await?,
+        observation: observation(r, settings, &t, &args.agent.id).await?,
     })
 }
 
@@ -528,7 +532,8 @@ pub(crate) async fn retire(
     args: &RevisionArgs,
 ) -> Result<RetireResult, Failure> {
     let ns = &args.namespace.id;
-    if super::namespace::owned_namespace(r, ns).await?.is_none() {
+    let t = settings.tenant(ns);
+    if super::namespace::owned_namespace(r, &t).await?.is_none() {
         return Ok(RetireResult {
             stopped: false,
             removed: false,
@@ -536,7 +541,7 @@ pub(crate) async fn retire(
         });
     }
     let agent = &args.agent.id;
-    let o = AgentObjects::new(r, ns, agent);
+    let o = AgentObjects::new(r, &t, agent);
     let cm_name = names::revision_config_map(agent, &args.revision.id);
     let cm = o
         .config_maps
@@ -546,7 +551,7 @@ pub(crate) async fn retire(
             &Markers::revision(ns, agent, &args.revision.id),
         )
         .await?;
-    let stopped = stop_if_current(r, settings, ns, &args.agent, &args.revision).await?;
+    let stopped = stop_if_current(r, settings, &t, &args.agent, &args.revision).await?;
     let removed = match &cm {
         Some(cm) => {
             o.config_maps
@@ -561,6 +566,6 @@ pub(crate) async fn retire(
     Ok(RetireResult {
         stopped,
         removed,
-        observation: observation(r, settings, ns, agent).await?,
+        observation: observation(r, settings, &t, agent).await?,
     })
 }

@@ -44,15 +44,11 @@ pub(crate) async fn status(
     args: &StatusArgs,
 ) -> Result<Inventory, Failure> {
     let api: Api<Namespace> = Api::all(r.client());
-    let mut lp = managed();
-    if let Some(id) = &args.namespace_id {
-        lp = lp.labels(&format!(
-            "{}={},{}={id}",
-            names::MANAGED_BY,
-            names::MANAGER,
-            names::NAMESPACE_ID
-        ));
-    }
+    // Managed and adopted namespaces both carry the Namespace id label.
+    let lp = match &args.namespace_id {
+        Some(id) => ListParams::default().labels(&format!("{}={id}", names::NAMESPACE_ID)),
+        None => ListParams::default().labels(names::NAMESPACE_ID),
+    };
     let list = r.read("list Namespaces", || api.list(&lp)).await?;
     let mut inv = Inventory::default();
     for ns in &list.items {
@@ -65,10 +61,11 @@ pub(crate) async fn status(
             ));
             continue;
         };
-        if k8s_name != names::tenant_namespace(&id) {
+        let t = settings.tenant(&id);
+        if k8s_name != t.name {
             inv.problems.push(problem(
                 path,
-                "a namespace with clawfleet's labels under a name clawfleet does not use",
+                "a namespace with clawfleet's labels where this cluster's settings do not place that Namespace",
             ));
             continue;
         }
@@ -77,7 +74,7 @@ pub(crate) async fn status(
             None,
             &k8s_name,
             &ns.metadata,
-            &names::Markers::namespace(&id),
+            &t.namespace_markers(),
         ) {
             inv.problems.push(problem(path, f.message));
             continue;
@@ -95,7 +92,7 @@ pub(crate) async fn status(
             ));
             continue;
         };
-        let agents = namespace_agents(r, settings, &id, &k8s_name, &mut inv.problems).await?;
+        let agents = namespace_agents(r, settings, &t, &mut inv.problems).await?;
         inv.namespaces.push(NamespaceInventory { id, name, agents });
     }
     Ok(inv)
@@ -104,10 +101,11 @@ pub(crate) async fn status(
 async fn namespace_agents(
     r: &Requests,
     settings: &ClusterSettings,
-    ns: &Ident,
-    tenant: &str,
+    t: &names::Tenant,
     problems: &mut Vec<InventoryProblem>,
 ) -> Result<Vec<AgentInventory>, Failure> {
+    let ns = &t.id;
+    let tenant = t.name.as_str();
     let accounts: Api<ServiceAccount> = Api::namespaced(r.client(), tenant);
     let cms: Api<ConfigMap> = Api::namespaced(r.client(), tenant);
     let lp = managed();
@@ -184,7 +182,7 @@ async fn namespace_agents(
             ));
             continue;
         };
-        let observation = match Box::pin(observe::observe(r, ns, &agent)).await {
+        let observation = match Box::pin(observe::observe(r, t, &agent)).await {
             Ok(o) => o.observation(settings),
             Err(f) => {
                 problems.push(problem(path.clone(), f.message));

@@ -2,12 +2,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
+use crate::names::Tenant;
 use crate::names::{self, is_dns_label};
 use clawfleet_protocol::ident::Sha256Hex;
 use clawfleet_protocol::operation::RevisionNumber;
 
 fn id(s: &str) -> Ident {
     Ident::new(s).unwrap()
+}
+
+fn tn() -> Tenant {
+    Tenant::managed(&id("ns-1"))
 }
 
 fn ns_ref() -> NamespaceRef {
@@ -93,10 +98,10 @@ fn namespace_is_restricted_and_marked() {
 #[test]
 fn namespace_policies() {
     let s = settings();
-    let deny = v(&default_deny(&id("ns-1")).unwrap());
+    let deny = v(&default_deny(&tn()).unwrap());
     assert_eq!(deny["spec"]["podSelector"], json!({}));
     assert_eq!(deny["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
-    let dns = v(&allow_dns(&id("ns-1"), &s).unwrap());
+    let dns = v(&allow_dns(&tn(), &s).unwrap());
     let to = &dns["spec"]["egress"][0]["to"][0];
     assert_eq!(
         to["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
@@ -104,17 +109,17 @@ fn namespace_policies() {
     );
     assert_eq!(to["podSelector"]["matchLabels"]["k8s-app"], "kube-dns");
     assert_eq!(dns["spec"]["egress"][0]["ports"][0]["port"], 53);
-    let ingress = v(&allow_gateway_ingress(&id("ns-1"), &s).unwrap());
+    let ingress = v(&allow_gateway_ingress(&tn(), &s).unwrap());
     assert_eq!(ingress["spec"]["ingress"][0]["ports"][0]["port"], 18789);
     assert_eq!(
         ingress["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app"],
         "proxy"
     );
-    let closed = v(&allow_gateway_ingress(&id("ns-1"), &ClusterSettings::new("x")).unwrap());
+    let closed = v(&allow_gateway_ingress(&tn(), &ClusterSettings::new("x")).unwrap());
     assert_eq!(closed["spec"]["ingress"], json!([]), "no clients: nobody");
-    let q = v(&resource_quota(&id("ns-1"), &s).unwrap());
+    let q = v(&resource_quota(&tn(), &s).unwrap());
     assert_eq!(q["spec"]["hard"]["pods"], "20");
-    let lr = v(&limit_range(&id("ns-1"), &s).unwrap());
+    let lr = v(&limit_range(&tn(), &s).unwrap());
     assert_eq!(lr["spec"]["limits"][0]["default"]["memory"], "2Gi");
     for o in [&deny, &dns, &ingress, &q, &lr] {
         assert_eq!(
@@ -128,7 +133,7 @@ fn namespace_policies() {
 #[test]
 fn deployment_shape() {
     let s = settings();
-    let d = v(&deployment(&id("ns-1"), &agent(), &rev(), &s).unwrap());
+    let d = v(&deployment(&tn(), &agent(), &rev(), &s).unwrap());
     let n = names::agent(&agent().id);
     assert_eq!(d["metadata"]["name"], n.gateway);
     assert_eq!(d["metadata"]["annotations"][names::REVISION_ID], "rev-7");
@@ -212,7 +217,7 @@ fn deployment_shape() {
 #[test]
 fn service_stays_inactive_until_activation() {
     let s = settings();
-    let inactive = v(&service(&id("ns-1"), &agent(), &s, names::INACTIVE).unwrap());
+    let inactive = v(&service(&tn(), &agent(), &s, names::INACTIVE).unwrap());
     assert_eq!(
         inactive["spec"]["selector"][names::SERVING_REVISION],
         "inactive"
@@ -220,7 +225,7 @@ fn service_stays_inactive_until_activation() {
     assert_eq!(inactive["spec"]["selector"][names::AGENT_ID], "Agent_One.x");
     assert_eq!(inactive["spec"]["ports"][0]["port"], 18789);
     assert_eq!(inactive["spec"]["ports"][0]["targetPort"], names::PORT_NAME);
-    let d = v(&deployment(&id("ns-1"), &agent(), &rev(), &s).unwrap());
+    let d = v(&deployment(&tn(), &agent(), &rev(), &s).unwrap());
     let pod_labels = d["spec"]["template"]["metadata"]["labels"]
         .as_object()
         .unwrap();
@@ -235,7 +240,7 @@ fn service_stays_inactive_until_activation() {
         !matches(&inactive),
         "the inactive selector matches no Pod of ours"
     );
-    let active = v(&service(&id("ns-1"), &agent(), &s, &names::serving_value(&rev().id)).unwrap());
+    let active = v(&service(&tn(), &agent(), &s, &names::serving_value(&rev().id)).unwrap());
     assert!(
         matches(&active),
         "the active selector matches the revision's Pod"
@@ -245,24 +250,24 @@ fn service_stays_inactive_until_activation() {
 #[test]
 fn per_agent_objects() {
     let s = settings();
-    let sa = v(&service_account(&id("ns-1"), &agent()).unwrap());
+    let sa = v(&service_account(&tn(), &agent()).unwrap());
     assert_eq!(sa["automountServiceAccountToken"], false);
     assert_eq!(
         sa["metadata"]["annotations"][names::SERVICE_PRINCIPAL_ID],
         "sp-1"
     );
-    let pvc = v(&state_claim(&id("ns-1"), &agent(), &s).unwrap());
+    let pvc = v(&state_claim(&tn(), &agent(), &s).unwrap());
     assert_eq!(pvc["spec"]["storageClassName"], "fast");
     assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
-    let secret = v(&password_secret(&id("ns-1"), &agent(), "pw").unwrap());
+    let secret = v(&password_secret(&tn(), &agent(), "pw").unwrap());
     assert_eq!(secret["stringData"]["OPENCLAW_GATEWAY_PASSWORD"], "pw");
-    let eg = v(&egress_policy(&id("ns-1"), &agent()).unwrap());
+    let eg = v(&egress_policy(&tn(), &agent()).unwrap());
     assert_eq!(eg["spec"]["egress"][0]["ports"][0]["port"], 443);
     assert_eq!(
         eg["spec"]["podSelector"]["matchLabels"][names::AGENT_ID],
         "Agent_One.x"
     );
-    let cm = v(&config_map(&id("ns-1"), &agent(), &rev(), "{}").unwrap());
+    let cm = v(&config_map(&tn(), &agent(), &rev(), "{}").unwrap());
     assert_eq!(cm["immutable"], true);
     assert_eq!(cm["data"]["openclaw.json"], "{}");
     assert_eq!(cm["metadata"]["labels"][names::REVISION_ID], "rev-7");
