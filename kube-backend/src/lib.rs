@@ -31,11 +31,13 @@
 //!     pub state_volume_size: String,          // default "1Gi"
 //!     pub dns: PeerSelector,                  // default kube-system / k8s-app=kube-dns
 //!     pub gateway_clients: Vec<PeerSelector>, // who may reach the gateway port
+//!     pub adopted_namespaces: BTreeMap<String, String>, // Namespace id -> existing namespace
 //! }
 //! impl ClusterSettings {
 //!     pub fn new(gateway_image: impl Into<String>) -> Self;   // every default
 //!     pub fn from_json(value: serde_json::Value) -> Result<Self, SettingsError>;
 //!     pub fn validate(&self) -> Result<(), SettingsError>;
+//!     pub fn tenant(&self, namespace_id: &Ident) -> names::Tenant; // where a Namespace lives
 //! }
 //!
 //! // A target: name + credentials + settings (all from the coordinator's store).
