@@ -335,6 +335,11 @@ impl Default for Limits {
     }
 }
 
+/// `[unit] memory_max` when unset: the real gateway needs about 1 GB.
+pub const DEFAULT_MEMORY_MAX: &str = "2G";
+/// `[unit] tasks_max` when unset.
+pub const DEFAULT_TASKS_MAX: u32 = 512;
+
 /// Resource limits written into every Agent unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitResources {
@@ -518,9 +523,12 @@ impl Config {
             max_agents,
             limits,
             unit: UnitResources {
-                memory_max: u.memory_max,
+                memory_max: Some(
+                    u.memory_max
+                        .unwrap_or_else(|| DEFAULT_MEMORY_MAX.to_owned()),
+                ),
                 cpu_quota: u.cpu_quota,
-                tasks_max: u.tasks_max,
+                tasks_max: Some(u.tasks_max.unwrap_or(DEFAULT_TASKS_MAX)),
             },
             journal_max_entries,
         })
@@ -594,6 +602,9 @@ mod tests {
         assert_eq!(c.port_range, (18700, 18999));
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.gateway_command.len(), 4);
+        assert_eq!(c.unit.memory_max.as_deref(), Some(DEFAULT_MEMORY_MAX));
+        assert_eq!(c.unit.tasks_max, Some(DEFAULT_TASKS_MAX));
+        assert_eq!(c.unit.cpu_quota, None);
     }
 
     #[test]

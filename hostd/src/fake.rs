@@ -32,6 +32,7 @@ struct State {
     unit_ports: BTreeMap<String, u16>,
     calls: Vec<String>,
     fail_next: BTreeSet<&'static str>,
+    squatters: BTreeMap<u16, u32>,
 }
 
 /// The fake.
@@ -141,6 +142,16 @@ impl FakeSystem {
     /// A unit's current fake state.
     pub fn unit(&self, unit: &str) -> UnitState {
         self.with(|s| s.units.get(unit).cloned().unwrap_or_default())
+    }
+
+    /// Another uid listens on `port` and answers /readyz with 200 (a squatter).
+    pub fn set_squatter(&self, port: u16, uid: u32) {
+        self.with(|s| s.squatters.insert(port, uid));
+    }
+
+    /// The squatter leaves the port.
+    pub fn clear_squatter(&self, port: u16) {
+        self.with(|s| s.squatters.remove(&port));
     }
 
     /// Whether an account exists.
@@ -323,6 +334,9 @@ impl System for FakeSystem {
 
     fn probe_ready(&self, port: u16, _timeout: Duration) -> bool {
         self.with(|s| {
+            if s.squatters.contains_key(&port) {
+                return true;
+            }
             let unit_active = s
                 .unit_ports
                 .iter()
@@ -330,6 +344,34 @@ impl System for FakeSystem {
                 .any(|(u, _)| s.units.get(u).is_some_and(|u| u.active_state == "active"));
             unit_active && s.behaviour.get(&port).copied().unwrap_or_default() == Behaviour::Ready
         })
+    }
+
+    fn listeners(&self, port: u16) -> Result<Vec<crate::listener::Listener>, SystemError> {
+        // An active unit's gateway listens as the unit's User=.
+        let units: Vec<String> = self.with(|s| {
+            s.unit_ports
+                .iter()
+                .filter(|(u, p)| {
+                    **p == port && s.units.get(*u).is_some_and(|u| u.active_state == "active")
+                })
+                .map(|(u, _)| u.clone())
+                .collect()
+        });
+        let mut out = Vec::new();
+        for unit in units {
+            let text = std::fs::read_to_string(self.unit_dir.join(&unit)).unwrap_or_default();
+            let user = text.lines().find_map(|l| l.strip_prefix("User="));
+            if let Some(ids) = user.and_then(|u| self.with(|s| s.users.get(u).copied())) {
+                out.push(crate::listener::Listener {
+                    uid: ids.uid,
+                    inode: 1,
+                });
+            }
+        }
+        if let Some(uid) = self.with(|s| s.squatters.get(&port).copied()) {
+            out.push(crate::listener::Listener { uid, inode: 2 });
+        }
+        Ok(out)
     }
 
     fn missing_tools(&self) -> Vec<String> {

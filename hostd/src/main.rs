@@ -73,6 +73,16 @@ enum Command {
         #[arg(long, default_value = hostd::enrol::DEFAULT_FORCED_COMMAND)]
         forced_command: String,
     },
+    /// The Agent unit's ExecStart: confines binds to the Agent's port, then execs the gateway.
+    #[command(hide = true)]
+    ExecGateway {
+        /// The only TCP port the gateway may bind.
+        #[arg(long)]
+        port: u16,
+        /// The gateway command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 fn init_logging() {
@@ -263,6 +273,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Outcome::Failed { .. } => ExitCode::from(1),
             })
         }
+        Command::ExecGateway { .. } => Ok(ExitCode::from(1)),
         Command::Serve => {
             let config = load_config(&cli)?;
             let system = RealSystem::new()?;
@@ -278,6 +289,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::ExecGateway { port, command } = &cli.command {
+        // Runs as the Agent inside its unit: no configuration, no journal connection; it
+        // becomes the gateway or says why not (the unit's journal has stderr).
+        return match hostd::launch::exec_gateway(*port, command) {
+            Ok(never) => match never {},
+            Err(e) => {
+                eprintln!("hostd exec-gateway: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     init_logging();
     match run(cli) {
         Ok(code) => code,

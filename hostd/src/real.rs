@@ -765,6 +765,24 @@ impl System for RealSystem {
         probe_status(port, timeout) == Some(200)
     }
 
+    fn listeners(&self, port: u16) -> Result<Vec<crate::listener::Listener>, SystemError> {
+        let mut all = Vec::new();
+        for path in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            match std::fs::read_to_string(path) {
+                Ok(text) => all.extend(crate::listener::parse(&text, port)),
+                // No IPv6 on this host: no IPv6 listeners.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.ends_with('6') => {}
+                Err(e) => {
+                    return Err(SystemError::Sockets {
+                        path: path.to_owned(),
+                        detail: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(all)
+    }
+
     fn missing_tools(&self) -> Vec<String> {
         let mut missing: Vec<String> = ACCOUNT_TOOLS
             .iter()

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use crate::listener::Listener;
+
 /// A numeric user and group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ids {
@@ -71,6 +73,8 @@ pub enum SystemError {
     Bus(String),
     #[error("the systemd job for {unit} did not finish within {seconds} s")]
     JobTimeout { unit: String, seconds: u64 },
+    #[error("cannot read the listening sockets from {path}: {detail}")]
+    Sockets { path: String, detail: String },
 }
 
 /// Everything privileged that hostd does, one method per effect.
@@ -108,6 +112,8 @@ pub trait System {
     /// One `GET http://127.0.0.1:<port>/readyz` with the given timeout; true on status 200.
     /// Redirects and every other status are "not ready".
     fn probe_ready(&self, port: u16, timeout: Duration) -> bool;
+    /// The TCP sockets listening on `port` (IPv4 and IPv6), with their owners' uids.
+    fn listeners(&self, port: u16) -> Result<Vec<Listener>, SystemError>;
     /// Names of the tools hostd needs that are not installed.
     fn missing_tools(&self) -> Vec<String>;
 }

@@ -11,6 +11,10 @@ use crate::layout::AgentPaths;
 /// The first line of every unit hostd writes; a unit file without it is not ours.
 pub const HEADER_PREFIX: &str = "# Managed by clawfleet hostd; do not edit.";
 
+/// Where the package installs hostd; the unit starts the gateway through it
+/// ([`crate::launch`]).
+pub const LAUNCHER: &str = "/usr/sbin/hostd";
+
 /// The ownership line for an Agent.
 pub fn header(namespace: &Ident, agent: &Ident) -> String {
     format!("{HEADER_PREFIX} namespace={namespace} agent={agent}")
@@ -67,7 +71,12 @@ pub fn render(
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.password_file.display());
     // The operator's own credentials; hostd never reads or writes this file.
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.operator_env.display());
-    let _ = writeln!(u, "ExecStart={}", gateway_command.join(" "));
+    // The launcher confines binds to the Agent's port (Landlock), then execs the gateway.
+    let _ = writeln!(
+        u,
+        "ExecStart={LAUNCHER} exec-gateway --port {port} -- {}",
+        gateway_command.join(" ")
+    );
     let _ = writeln!(u, "Restart=always");
     let _ = writeln!(u, "RestartSec=2");
     let _ = writeln!(u, "RestartPreventExitStatus=78");
@@ -84,18 +93,49 @@ pub fn render(
     let _ = writeln!(u, "ProtectHome=yes");
     let _ = writeln!(u, "PrivateTmp=yes");
     let _ = writeln!(u, "PrivateDevices=yes");
+    // PrivateDevices= bind-mounts the host's /dev/shm into the private /dev; siblings must not
+    // share it, so it gets its own empty tmpfs.
+    let _ = writeln!(
+        u,
+        "TemporaryFileSystem=/dev/shm:rw,nosuid,nodev,noexec,mode=1777"
+    );
+    let _ = writeln!(u, "PrivateIPC=yes");
+    let _ = writeln!(u, "RemoveIPC=yes");
     let _ = writeln!(u, "NoNewPrivileges=yes");
     let _ = writeln!(u, "ProtectKernelTunables=yes");
     let _ = writeln!(u, "ProtectKernelModules=yes");
+    let _ = writeln!(u, "ProtectKernelLogs=yes");
     let _ = writeln!(u, "ProtectControlGroups=yes");
+    let _ = writeln!(u, "ProtectClock=yes");
+    let _ = writeln!(u, "ProtectHostname=yes");
+    let _ = writeln!(u, "ProtectProc=invisible");
+    let _ = writeln!(u, "ProcSubset=pid");
+    // No user, mount, network, ... namespaces: inside one an Agent would regain every
+    // capability.
+    let _ = writeln!(u, "RestrictNamespaces=yes");
+    let _ = writeln!(u, "RestrictRealtime=yes");
     // Not RestrictSUIDSGID=yes: it makes openat2(2) fail with ENOSYS, and the OpenClaw gateway
-    // needs openat2 for its lock (found by the real-gateway test).
+    // needs openat2 for its lock (found by the real-gateway test). Not
+    // MemoryDenyWriteExecute=yes: Node's JIT needs writable executable memory.
     let _ = writeln!(u, "LockPersonality=yes");
     let _ = writeln!(u, "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6");
+    // The port is the Agent's, not the revision's, so the unit stays revision-independent.
+    // (Needs systemd built with its BPF framework; where it is not, systemd ignores these.)
+    let _ = writeln!(u, "SocketBindAllow=tcp:{port}");
+    let _ = writeln!(u, "SocketBindDeny=any");
     let _ = writeln!(u, "SystemCallFilter=@system-service");
+    // The launcher's Landlock calls (systemd 252's @system-service lacks them).
+    let _ = writeln!(
+        u,
+        "SystemCallFilter=landlock_create_ruleset landlock_add_rule landlock_restrict_self"
+    );
+    let _ = writeln!(u, "SystemCallFilter=~@privileged");
+    let _ = writeln!(u, "SystemCallErrorNumber=EPERM");
     let _ = writeln!(u, "SystemCallArchitectures=native");
     let _ = writeln!(u, "CapabilityBoundingSet=");
     let _ = writeln!(u, "AmbientCapabilities=");
+    let _ = writeln!(u, "DevicePolicy=closed");
+    let _ = writeln!(u, "KeyringMode=private");
     if let Some(m) = &resources.memory_max {
         let _ = writeln!(u, "MemoryMax={m}");
     }
@@ -142,10 +182,40 @@ mod tests {
             "ProtectSystem=strict",
             "RestartPreventExitStatus=78",
             "CapabilityBoundingSet=\n",
-            "ExecStart=/usr/bin/gw run",
+            "ExecStart=/usr/sbin/hostd exec-gateway --port 18700 -- /usr/bin/gw run\n",
+            "RestrictNamespaces=yes\n",
+            "PrivateIPC=yes\n",
+            "RemoveIPC=yes\n",
+            "TemporaryFileSystem=/dev/shm:",
+            "ProtectProc=invisible\n",
+            "ProcSubset=pid\n",
+            "ProtectKernelLogs=yes\n",
+            "ProtectClock=yes\n",
+            "ProtectHostname=yes\n",
+            "RestrictRealtime=yes\n",
+            "LockPersonality=yes\n",
+            "SocketBindAllow=tcp:18700\n",
+            "SocketBindDeny=any\n",
         ] {
             assert!(text.contains(needle), "missing {needle}\n{text}");
         }
         assert!(!text.contains("revisions/"));
+        // What the real gateway needs: Node's JIT and openat2.
+        assert!(!text.contains("MemoryDenyWriteExecute"));
+        assert!(!text.contains("RestrictSUIDSGID"));
+        let limited = render(
+            &ns,
+            &agent,
+            &paths,
+            18700,
+            &cmd,
+            &UnitResources {
+                memory_max: Some("2G".into()),
+                cpu_quota: None,
+                tasks_max: Some(512),
+            },
+            30,
+        );
+        assert!(limited.contains("MemoryMax=2G\n") && limited.contains("TasksMax=512\n"));
     }
 }

@@ -268,7 +268,10 @@ fn real_openclaw_gateway_through_hostd() {
         .run_ok(&format!("cat {}", a.unit_file.display()))
         .unwrap();
     assert!(
-        unit_text.contains(&format!("ExecStart={}\n", paths.exec_start())),
+        unit_text.contains(&format!(
+            "ExecStart=/usr/sbin/hostd exec-gateway --port {port} -- {}\n",
+            paths.exec_start()
+        )),
         "{unit_text}"
     );
     for hardening in [
@@ -277,6 +280,10 @@ fn real_openclaw_gateway_through_hostd() {
         "NoNewPrivileges=yes",
         "CapabilityBoundingSet=\n",
         "SystemCallFilter=@system-service",
+        "RestrictNamespaces=yes",
+        "ProtectProc=invisible",
+        "ProcSubset=pid",
+        "PrivateIPC=yes",
     ] {
         assert!(unit_text.contains(hardening), "{hardening}\n{unit_text}");
     }

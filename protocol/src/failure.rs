@@ -81,6 +81,10 @@ failure_codes! {
     HostFull = "HOST_FULL" => Permanent,
     /// The gateway did not answer /readyz with 200 within the readiness limit.
     ReadinessTimeout = "READINESS_TIMEOUT" => Retryable,
+    /// The socket listening on the Agent's port belongs to another uid than the Agent's account
+    /// (a squatter answered /readyz); nothing was recorded as served. Retryable: the port is
+    /// the Agent's, and an activation retried after the squatter is gone succeeds.
+    ListenerNotOwned = "LISTENER_NOT_OWNED" => Retryable,
     /// The gateway's unit failed or exited (for example on a configuration error).
     UnitFailed = "UNIT_FAILED" => Retryable,
     /// systemd could not be reached over D-Bus or refused a job.

@@ -25,6 +25,18 @@ pub struct Switches {
     pub crash_after_ms: Option<u64>,
     /// Free text reported by `/info`, normally the revision id, so tests can ask what is served.
     pub label: Option<String>,
+    /// Isolation probes run once at start, as the gateway's own user inside its unit; their
+    /// results are reported by `/info` under `probe`.
+    pub probe: Probe,
+}
+
+/// `x-clawfleet-test.probe`: what a compromised gateway would try, run once at start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Probe {
+    /// Named `/bin/sh -c` commands; `/info` reports each one's exit status and output.
+    pub commands: Vec<(String, String)>,
+    /// TCP ports to try to bind on 127.0.0.1; `/info` reports "ok" or the error with its errno.
+    pub bind_ports: Vec<u16>,
 }
 
 /// Everything the gateway needs to run, already validated.
@@ -123,15 +135,65 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
                 )
             }
             "label" => s.label = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_owned()),
+            "probe" => s.probe = parse_probe(value)?,
             other => {
                 return Err(err(format!(
                     "unknown switch {SWITCHES_KEY}.{other} (known: readyAfterMs, neverReady, \
-                     crashAtStart, crashAfterMs, label)"
+                     crashAtStart, crashAfterMs, label, probe)"
                 )));
             }
         }
     }
     Ok(s)
+}
+
+fn parse_probe(value: &Value) -> Result<Probe, ConfigError> {
+    let Value::Object(map) = value else {
+        return Err(err(format!("{SWITCHES_KEY}.probe must be a JSON object")));
+    };
+    let mut probe = Probe::default();
+    for (key, value) in map {
+        match key.as_str() {
+            "commands" => {
+                let Value::Object(commands) = value else {
+                    return Err(err(format!(
+                        "{SWITCHES_KEY}.probe.commands must be an object of name to shell command"
+                    )));
+                };
+                for (name, cmd) in commands {
+                    let cmd = cmd.as_str().ok_or_else(|| {
+                        err(format!(
+                            "{SWITCHES_KEY}.probe.commands.{name} must be a string"
+                        ))
+                    })?;
+                    probe.commands.push((name.clone(), cmd.to_owned()));
+                }
+            }
+            "bindPorts" => {
+                let ports = value.as_array().ok_or_else(|| {
+                    err(format!("{SWITCHES_KEY}.probe.bindPorts must be an array"))
+                })?;
+                for p in ports {
+                    let port = p
+                        .as_u64()
+                        .and_then(|n| u16::try_from(n).ok())
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| {
+                            err(format!(
+                                "{SWITCHES_KEY}.probe.bindPorts must hold ports between 1 and 65535"
+                            ))
+                        })?;
+                    probe.bind_ports.push(port);
+                }
+            }
+            other => {
+                return Err(err(format!(
+                    "unknown switch {SWITCHES_KEY}.probe.{other} (known: commands, bindPorts)"
+                )));
+            }
+        }
+    }
+    Ok(probe)
 }
 
 /// Reads the whole launch contract from an environment lookup function.
@@ -213,8 +275,30 @@ mod tests {
                 crash_at_start: false,
                 crash_after_ms: Some(900),
                 label: Some("rev-7".into()),
+                probe: Probe::default(),
             }
         );
+    }
+
+    #[test]
+    fn probe_switch_is_parsed_and_checked() {
+        let cfg =
+            br#"{"x-clawfleet-test":{"probe":{"commands":{"id":"id -u"},"bindPorts":[18700]}}}"#;
+        let s = parse_config(cfg, false).unwrap();
+        assert_eq!(
+            s.probe.commands,
+            vec![("id".to_owned(), "id -u".to_owned())]
+        );
+        assert_eq!(s.probe.bind_ports, vec![18700]);
+        for bad in [
+            br#"{"x-clawfleet-test":{"probe":[]}}"#.as_slice(),
+            br#"{"x-clawfleet-test":{"probe":{"commands":{"id":1}}}}"#,
+            br#"{"x-clawfleet-test":{"probe":{"bindPorts":[0]}}}"#,
+            br#"{"x-clawfleet-test":{"probe":{"bindPorts":[70000]}}}"#,
+            br#"{"x-clawfleet-test":{"probe":{"other":1}}}"#,
+        ] {
+            assert!(parse_config(bad, false).is_err());
+        }
     }
 
     #[test]

@@ -35,6 +35,7 @@ struct State {
     started_unix_ms: u128,
     uid: Option<u32>,
     gid: Option<u32>,
+    probe: serde_json::Value,
 }
 
 fn main() -> ExitCode {
@@ -60,6 +61,7 @@ fn main() -> ExitCode {
         }
     };
     let (uid, gid) = ids();
+    let probe = run_probe(&settings.switches.probe);
     let state = Arc::new(State {
         ready: AtomicBool::new(false),
         started: Instant::now(),
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
             .unwrap_or(0),
         uid,
         gid,
+        probe,
         settings,
     });
     eprintln!(
@@ -88,6 +91,37 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::from(EXIT_CRASH)
+}
+
+/// Runs the isolation probes once, before serving, as the gateway's own user in its unit.
+fn run_probe(probe: &config::Probe) -> serde_json::Value {
+    let mut commands = serde_json::Map::new();
+    for (name, cmd) in &probe.commands {
+        let result = match std::process::Command::new("/bin/sh")
+            .args(["-c", cmd])
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) => json!({
+                "status": out.status.code(),
+                "stdout": String::from_utf8_lossy(&out.stdout),
+                "stderr": String::from_utf8_lossy(&out.stderr),
+            }),
+            Err(e) => {
+                json!({"status": null, "stdout": "", "stderr": format!("cannot run /bin/sh: {e}")})
+            }
+        };
+        commands.insert(name.clone(), result);
+    }
+    let mut binds = serde_json::Map::new();
+    for port in &probe.bind_ports {
+        let result = match TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, *port)) {
+            Ok(_) => json!({"ok": true, "errno": null, "error": null}),
+            Err(e) => json!({"ok": false, "errno": e.raw_os_error(), "error": e.to_string()}),
+        };
+        binds.insert(port.to_string(), result);
+    }
+    json!({"commands": commands, "binds": binds})
 }
 
 /// Readiness and crash timers, so the HTTP side only reads a flag.
@@ -198,5 +232,6 @@ fn info(state: &State, ready: bool) -> serde_json::Value {
         "startedAtUnixMs": state.started_unix_ms as u64,
         "uptimeMs": state.started.elapsed().as_millis() as u64,
         "ready": ready,
+        "probe": state.probe,
     })
 }

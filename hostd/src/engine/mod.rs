@@ -147,7 +147,7 @@ pub(crate) fn system_failure(e: SystemError) -> Failure {
         SystemError::AccountTool { .. } | SystemError::Lookup { .. } => {
             FailureCode::AccountToolFailed
         }
-        SystemError::Chown { .. } => FailureCode::IoFailed,
+        SystemError::Chown { .. } | SystemError::Sockets { .. } => FailureCode::IoFailed,
         SystemError::Systemd { .. } | SystemError::Bus(_) | SystemError::JobTimeout { .. } => {
             FailureCode::SystemdUnavailable
         }

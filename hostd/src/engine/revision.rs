@@ -16,6 +16,7 @@ use super::checks::snapshot_matches;
 use super::{Ctx, Engine, fs_failure, system_failure};
 use crate::fsutil;
 use crate::layout::{AgentPaths, dir_name};
+use crate::listener::{self, Ownership};
 use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker, StartedMarker};
 use crate::system::Ids;
 use crate::unit;
@@ -271,7 +272,7 @@ impl Engine<'_> {
         let rev = &args.revision;
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
-        self.verify_account(&ns.id, agent, paths)?;
+        let ids = self.verify_account(&ns.id, agent, paths)?;
         let agent_marker = self.verify_agent(&ns.id, agent, paths)?;
         let snapshot = self.verify_snapshot(&ns.id, &agent.id, paths, rev)?;
         let current = self.read_current(&ns.id, &agent.id, paths)?;
@@ -332,9 +333,7 @@ impl Engine<'_> {
                 .is_some_and(|s| s.revision_id == rev.id);
             if is_served
                 && state.is_active()
-                && self
-                    .system
-                    .probe_ready(agent_marker.port, Duration::from_secs(1))
+                && self.ready_and_owned(paths, agent_marker.port, ids.uid)?
             {
                 return Ok(ActivateResult {
                     restarted: false,
@@ -351,7 +350,7 @@ impl Engine<'_> {
             if started && matches!(state.active_state.as_str(), "active" | "activating") {
                 tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, revision = %rev.id, "the unit already runs this revision; waiting for readiness again");
                 ctx.step(Step::Readiness)?;
-                self.wait_ready(ctx, paths, agent_marker.port)?;
+                self.wait_ready(ctx, paths, agent_marker.port, ids.uid)?;
                 self.record_served(ctx, paths, rev)?;
                 return Ok(ActivateResult {
                     restarted: false,
@@ -388,7 +387,7 @@ impl Engine<'_> {
         })
         .map_err(fs_failure)?;
         ctx.step(Step::Readiness)?;
-        self.wait_ready(ctx, paths, agent_marker.port)?;
+        self.wait_ready(ctx, paths, agent_marker.port, ids.uid)?;
         self.record_served(ctx, paths, rev)?;
         Ok(ActivateResult {
             restarted: true,
@@ -424,7 +423,43 @@ impl Engine<'_> {
 
     /// Polls `/readyz`: first probe within 50 ms, then a growing interval, 1 s per probe, up
     /// to the readiness limit. A unit that systemd gave up on fails at once.
-    fn wait_ready(&self, ctx: &Ctx<'_>, paths: &AgentPaths, port: u16) -> Result<(), Failure> {
+    /// Fails with `LISTENER_NOT_OWNED` when a socket of another uid than the Agent's account
+    /// listens on its port; true when nobody else does and at least the Agent's own listener
+    /// is there.
+    fn listener_owned(&self, paths: &AgentPaths, port: u16, uid: u32) -> Result<bool, Failure> {
+        let listeners = self.system.listeners(port).map_err(system_failure)?;
+        match listener::ownership(&listeners, uid) {
+            Ownership::Owned => Ok(true),
+            Ownership::NoListener => Ok(false),
+            Ownership::Foreign(l) => Err(Failure::new(
+                FailureCode::ListenerNotOwned,
+                format!(
+                    "the socket listening on port {port} (inode {}) belongs to uid {}, not to the Agent's account {} (uid {uid}); nothing was recorded as served",
+                    l.inode, l.uid, paths.account
+                ),
+            )),
+        }
+    }
+
+    /// `/readyz` answered 200 and the listener on the port is the Agent's own.
+    fn ready_and_owned(&self, paths: &AgentPaths, port: u16, uid: u32) -> Result<bool, Failure> {
+        if !self.listener_owned(paths, port, uid)? {
+            return Ok(false);
+        }
+        if !self.system.probe_ready(port, Duration::from_secs(1)) {
+            return Ok(false);
+        }
+        // Checked again after the answer: the socket that answered was the Agent's.
+        self.listener_owned(paths, port, uid)
+    }
+
+    fn wait_ready(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        port: u16,
+        uid: u32,
+    ) -> Result<(), Failure> {
         let limit = self.config.limits.readiness_timeout;
         let start = Instant::now();
         let mut pause = Duration::from_millis(50);
@@ -457,7 +492,10 @@ impl Engine<'_> {
                 };
                 return Err(Failure::new(FailureCode::UnitFailed, why));
             }
-            if state.is_active() && self.system.probe_ready(port, Duration::from_secs(1)) {
+            // A squatter on the port fails the activation whatever the unit's state: our
+            // gateway cannot bind while it is there.
+            let owned = self.listener_owned(paths, port, uid)?;
+            if state.is_active() && owned && self.ready_and_owned(paths, port, uid)? {
                 return Ok(());
             }
             if start.elapsed() >= limit {

@@ -1112,3 +1112,32 @@ fn a_missing_or_unexecutable_gateway_command_is_probed_and_fails_prepare_fast() 
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_listener_of_another_uid_on_the_port_fails_activation_and_nothing_is_served() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    // While the Agent is not running, another uid takes its port and answers /readyz.
+    h.fake.set_squatter(port, 4242);
+    let f = h.fails(activate("ns1", "a1", "r1", 1));
+    assert_eq!(f.code, FailureCode::ListenerNotOwned, "{f}");
+    assert!(f.is_retryable());
+    assert!(
+        f.message.contains("uid 4242") && f.message.contains(&paths.account),
+        "{f}"
+    );
+    assert!(!paths.served.exists(), "no served.json for a squatter");
+    // The squatter leaves: the retry succeeds.
+    h.fake.clear_squatter(port);
+    h.ok(activate("ns1", "a1", "r1", 1));
+    assert!(paths.served.exists());
+    // A squatter next to the running gateway (say, on the IPv6 side) is refused as well, even
+    // on the no-restart path of a repeated activation.
+    h.fake.set_squatter(port, 4242);
+    assert_eq!(
+        h.fails(activate("ns1", "a1", "r1", 1)).code,
+        FailureCode::ListenerNotOwned
+    );
+}

@@ -1,0 +1,273 @@
+//! Issue 11 on a real host, each check the attack itself run from inside an Agent's unit (the
+//! test gateway's `probe` switch runs it at start as the Agent's account and reports at /info):
+//! no user namespaces, no sight of a sibling's processes, a private /dev/shm, no bind of a
+//! sibling's port, and the memory and task limits in force. Prints the unit's
+//! `systemd-analyze security` exposure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hosts_support;
+
+use clawfleet_protocol::failure::FailureCode;
+use clawfleet_protocol::operation::*;
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
+use hosts_support::*;
+use serde_json::{Value, json};
+
+fn layout() -> hostd::layout::Layout {
+    hostd::layout::Layout::new("/var/lib/clawfleet", "/etc/systemd/system")
+}
+
+fn port(r: &OperationResult) -> u16 {
+    match r {
+        OperationResult::PrepareRevision(p) => p.observation.port.unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn info(host: &TestHost, port: u16) -> Value {
+    let (code, body) = curl(host, port, "/info");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// A probe command's result, with its output shown in the test log.
+fn command<'a>(info: &'a Value, name: &str) -> &'a Value {
+    let r = &info["probe"]["commands"][name];
+    println!(
+        "probe {name}: status {} stdout {:?} stderr {:?}",
+        r["status"], r["stdout"], r["stderr"]
+    );
+    r
+}
+
+/// The overall exposure `systemd-analyze security` gives the unit, printed.
+pub fn exposure(host: &TestHost, unit: &str) -> f64 {
+    let out = host
+        .run(&format!("systemd-analyze security --no-pager {unit}"))
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("no exposure in {text}"));
+    let score = line
+        .split(':')
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    println!("systemd-analyze security {unit}: exposure {score}");
+    score
+}
+
+#[test]
+fn an_agent_cannot_reach_its_sibling_from_inside_its_unit_on_a_real_host() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    occ.ok(&host, ensure("ns1"));
+    occ.ok(&host, ensure("ns2"));
+
+    // Agent A writes into its /dev/shm and runs.
+    let a1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "a", "probe": {"commands": {
+            "shm": "echo a > /dev/shm/cf-probe-a && ls -A /dev/shm"}}}),
+    );
+    let pa = port(&occ.ok(&host, prepare("ns1", "a1", &a1)));
+    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &a1)));
+    let ia = info(&host, pa);
+    assert_eq!(command(&ia, "shm")["status"], 0);
+    let pid_a = ia["pid"].as_u64().unwrap();
+    let host_shm = host.run_ok("ls -A /dev/shm").unwrap();
+    assert!(
+        !host_shm.contains("cf-probe-a"),
+        "A's /dev/shm is not the host's: {host_shm}"
+    );
+
+    // Agent B, in another Namespace, attacks while A runs.
+    let b1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "b", "probe": {"commands": {
+            "unshare": "unshare -Ur id -u",
+            "unshare_net": "unshare -n true",
+            "proc": format!("if test -e /proc/{pid_a}; then echo visible; else echo hidden; fi; ls /proc | grep -c '^[0-9]'"),
+            "proc_ps": "ps -e -o user= | sort -u",
+            "shm": "ls -A /dev/shm; echo b > /dev/shm/cf-probe-b && echo written",
+            "ipc": "ls /dev/mqueue 2>&1; cat /proc/sysvipc/shm 2>&1 | wc -l",
+            "hostname": "hostname sibling 2>&1; hostname",
+            "dmesg": "dmesg 2>&1 | head -1",
+            "cgroup": "cat /proc/self/cgroup",
+        }}}),
+    );
+    let pb = port(&occ.ok(&host, prepare("ns2", "b1", &b1)));
+    occ.ok(&host, Operation::ActivateRevision(rargs("ns2", "b1", &b1)));
+    let ib = info(&host, pb);
+    let unshare = command(&ib, "unshare");
+    assert_ne!(unshare["status"], 0, "unshare -Ur must fail: {unshare}");
+    assert_ne!(command(&ib, "unshare_net")["status"], 0);
+    let proc = command(&ib, "proc");
+    let proc_out = proc["stdout"].as_str().unwrap();
+    assert!(
+        proc_out.starts_with("hidden"),
+        "A's process {pid_a} is visible to B: {proc_out}"
+    );
+    let users = command(&ib, "proc_ps")["stdout"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let b = layout().agent(&id("ns2"), &id("b1"));
+    let a = layout().agent(&id("ns1"), &id("a1"));
+    assert!(
+        !users.contains(&a.account),
+        "B sees processes of {}: {users}",
+        a.account
+    );
+    let shm = command(&ib, "shm")["stdout"].as_str().unwrap().to_owned();
+    assert!(!shm.contains("cf-probe-a"), "B sees A's /dev/shm: {shm}");
+    assert!(shm.contains("written"), "B has a writable /dev/shm: {shm}");
+    let host_shm = host.run_ok("ls -A /dev/shm").unwrap();
+    assert!(!host_shm.contains("cf-probe-b"), "{host_shm}");
+    command(&ib, "ipc");
+    command(&ib, "hostname");
+    command(&ib, "dmesg");
+    command(&ib, "cgroup");
+
+    // The limits are in force, read from the unit's cgroup (where the host's cgroup v2 tree has
+    // the memory and pids controllers; a runner whose controllers are all bound to cgroup v1
+    // gives its nspawn hosts none, and then systemd can only record the limits).
+    let controllers = host
+        .run_ok("cat /sys/fs/cgroup/cgroup.controllers")
+        .unwrap();
+    let enforced = controllers.contains("memory") && controllers.contains("pids");
+    for (agent, paths) in [("a1", &a), ("b1", &b)] {
+        let shown = host
+            .run_ok(&format!(
+                "systemctl show -P MemoryMax {0}; systemctl show -P TasksMax {0}",
+                paths.unit_name
+            ))
+            .unwrap();
+        assert_eq!(
+            shown.split_whitespace().collect::<Vec<_>>(),
+            [(2u64 << 30).to_string().as_str(), "512"],
+            "{agent}: the unit's limits"
+        );
+        if !enforced {
+            println!(
+                "NOTE: this host's cgroup v2 tree has no memory/pids controllers ({:?}); {agent}'s limits are set on the unit but cannot be read from its cgroup here",
+                controllers.trim()
+            );
+            continue;
+        }
+        let cg = host
+            .run_ok(&format!(
+                "systemctl show -P ControlGroup {}",
+                paths.unit_name
+            ))
+            .unwrap();
+        let cg = cg.trim();
+        let memory = host
+            .run_ok(&format!("cat /sys/fs/cgroup{cg}/memory.max"))
+            .unwrap();
+        let pids = host
+            .run_ok(&format!("cat /sys/fs/cgroup{cg}/pids.max"))
+            .unwrap();
+        println!(
+            "{agent}: cgroup {cg} memory.max {} pids.max {}",
+            memory.trim(),
+            pids.trim()
+        );
+        assert_eq!(memory.trim(), (2u64 << 30).to_string());
+        assert_eq!(pids.trim(), "512");
+    }
+
+    // With A stopped, its port is free: B still cannot bind it.
+    occ.ok(&host, Operation::StopRevision(rargs("ns1", "a1", &a1)));
+    let b2 = spec(
+        "rev-2",
+        2,
+        json!({"label": "b2", "probe": {"bindPorts": [pa, pa + 1000]}}),
+    );
+    occ.ok(&host, prepare("ns2", "b1", &b2));
+    match occ.ok(&host, Operation::ActivateRevision(rargs("ns2", "b1", &b2))) {
+        OperationResult::ActivateRevision(r) => {
+            assert!(!r.unit_changed, "the unit does not change across revisions")
+        }
+        other => panic!("{other:?}"),
+    }
+    let ib = info(&host, pb);
+    println!("B binds: {}", ib["probe"]["binds"]);
+    let journal = host
+        .run_ok(&format!(
+            "journalctl --no-pager -o cat -u {} | grep exec-gateway || true",
+            b.unit_name
+        ))
+        .unwrap();
+    println!("B's journal: {journal}");
+    assert!(!journal.contains("WARNING"), "{journal}");
+    for p in [pa, pa + 1000] {
+        let bind = &ib["probe"]["binds"][p.to_string()];
+        assert_eq!(bind["ok"], false, "B bound port {p}: {bind}");
+        let errno = bind["errno"].as_i64().unwrap();
+        assert!(errno == 13 || errno == 1, "EACCES or EPERM: {bind}");
+    }
+
+    let score = exposure(&host, &b.unit_name);
+    assert!(score <= 2.0, "exposure {score} above 2.0");
+}
+
+#[test]
+fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec("rev-1", 1, json!({"label": "a"}));
+    let pa = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    let a = layout().agent(&id("ns1"), &id("a1"));
+    let served = format!("test -e {}", a.served.display());
+    assert!(host.run(&served).unwrap().status.success());
+    occ.ok(&host, Operation::StopRevision(rargs("ns1", "a1", &r1)));
+
+    // While A is stopped, another local user takes A's port with a gateway that answers 200.
+    host.write_file("/tmp/squatter.json", b"{}", 0o644).unwrap();
+    host.run_ok(&format!(
+        "systemd-run --unit cf-squatter --uid=65534 --gid=65534 \
+         -E OPENCLAW_GATEWAY_PORT={pa} -E OPENCLAW_CONFIG_PATH=/tmp/squatter.json \
+         /usr/local/bin/clawfleet-test-gateway && \
+         for i in $(seq 50); do curl -sf http://127.0.0.1:{pa}/readyz && break; sleep 0.1; done"
+    ))
+    .unwrap();
+    assert_eq!(curl(&host, pa, "/readyz").0, 200, "the squatter answers");
+
+    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    println!(
+        "activation with a squatter: {} ({:?}): {}",
+        f.code, f.class, f.message
+    );
+    assert_eq!(f.code, FailureCode::ListenerNotOwned, "{f}");
+    assert!(f.is_retryable());
+    assert!(f.message.contains("uid 65534"), "{f}");
+    assert!(
+        !host.run(&served).unwrap().status.success(),
+        "no served.json for a squatter"
+    );
+
+    // The squatter leaves; the retry serves A's own gateway.
+    host.run_ok("systemctl stop cf-squatter").unwrap();
+    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    assert!(host.run(&served).unwrap().status.success());
+    let owner = info(&host, pa)["uid"].as_u64().unwrap();
+    let agent_uid: u64 = host
+        .run_ok(&format!("id -u {}", a.account))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(owner, agent_uid);
+}
