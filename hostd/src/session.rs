@@ -275,7 +275,10 @@ pub fn serve<R: Read + Send + 'static, W: Write>(
 
     // End of input means "no more requests", not "session gone": queued envelopes still run.
     // A gone session is noticed through `closed` (signals, the output watcher, write errors).
-    let (tx, rx) = mpsc::channel::<Incoming>();
+    // Room for one frame only: the reader reads the next frame when the previous one has been
+    // taken, so a client that floods frames and never reads the replies (hostd blocked writing)
+    // holds hostd's memory to a few frames, not to everything it sent.
+    let (tx, rx) = mpsc::sync_channel::<Incoming>(1);
     std::thread::spawn(move || {
         let mut input = input;
         loop {
