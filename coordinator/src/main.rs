@@ -1029,6 +1029,16 @@ fn run_client(cli: &Cli) -> Result<()> {
                     Some(&json!({"name": name, "kubeconfig": text, "context": context, "settings": settings})),
                 )?;
                 print(cli, &v, CLUSTER_COLUMNS);
+                // The probe's version warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM) are
+                // not refusals; say them.
+                if let Some(version) = v["lastProbe"]["systemdVersion"].as_str()
+                    && let Some(at) = version.find("(warning ")
+                {
+                    eprintln!(
+                        "warning: cluster {name}: {}",
+                        version[at..].trim_matches(['(', ')'])
+                    );
+                }
             }
             ClusterCmd::List => print(cli, &c.request("GET", "/clusters", None)?, CLUSTER_COLUMNS),
             ClusterCmd::Get { name } => print(
