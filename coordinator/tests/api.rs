@@ -995,3 +995,71 @@ async fn bad_kubeconfigs_are_refused_naming_the_field_with_nothing_stored() {
     assert!(api.store.clusters().unwrap().is_empty());
     assert_eq!(api.backend.calls(), 0, "nothing was sent to any cluster");
 }
+
+/// A registered cluster is shown without its credentials, holds Namespaces, and cannot be
+/// forgotten while one uses it (409 CLUSTER_IN_USE); once free it can.
+#[tokio::test]
+async fn clusters_hide_credentials_and_refuse_removal_while_used() {
+    let api = Api::start().await;
+    api.store
+        .insert_cluster(&coordinator::model::ClusterRecord {
+            cluster: coordinator::model::Cluster {
+                name: "c1".into(),
+                server: "https://127.0.0.1:6443".into(),
+                settings: json!({"gatewayImage": "r/x@sha256:1111111111111111111111111111111111111111111111111111111111111111"}),
+                created_at: 0,
+                last_probe: None,
+            },
+            credentials: json!({"auth": {"kind": "token", "token": "sekret-token-value"}}),
+        })
+        .unwrap();
+    for path in ["/clusters", "/clusters/c1"] {
+        let v = api.admin("GET", path, None).await.unwrap();
+        assert!(!v.to_string().contains("sekret"), "{path}: {v}");
+        assert!(v.to_string().contains("127.0.0.1:6443"), "{path}: {v}");
+    }
+    let ns = api
+        .admin(
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "k1", "cluster": "c1"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ns["cluster"], "c1");
+    assert_eq!(ns["hosts"], json!([]));
+    // Both kinds at once is refused; an unknown cluster too.
+    assert_eq!(
+        api.admin(
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "k2", "cluster": "c1", "hosts": ["h1"]})),
+        )
+        .await,
+        Err((400, "BACKEND_AMBIGUOUS".into()))
+    );
+    assert_eq!(
+        api.admin(
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "k3", "cluster": "nope"})),
+        )
+        .await,
+        Err((400, "UNKNOWN_CLUSTER".into()))
+    );
+    assert_eq!(
+        api.admin("DELETE", "/clusters/c1", None).await,
+        Err((409, "CLUSTER_IN_USE".into()))
+    );
+    api.settle().await;
+    api.admin("DELETE", "/namespaces/k1", None).await.unwrap();
+    api.settle().await;
+    assert_eq!(
+        api.admin("DELETE", "/clusters/c1", None).await.unwrap(),
+        Value::Null
+    );
+    assert_eq!(
+        api.admin("GET", "/clusters/c1", None).await,
+        Err((404, "NOT_FOUND".into()))
+    );
+}
