@@ -193,8 +193,8 @@ impl System for FakeSystem {
         Ok(self.with(|s| s.groups.get(name).copied()))
     }
 
-    fn create_account(&self, name: &str, _home: &Path) -> Result<Ids, SystemError> {
-        self.log(format!("create-account {name}"));
+    fn create_account(&self, name: &str, home: &Path) -> Result<Ids, SystemError> {
+        self.log(format!("create-account {name} home={}", home.display()));
         if self.injected("useradd") {
             return Err(SystemError::AccountTool {
                 tool: "useradd",

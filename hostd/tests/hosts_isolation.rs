@@ -10,6 +10,9 @@ mod hosts_support;
 use clawfleet_protocol::failure::FailureCode;
 use clawfleet_protocol::operation::*;
 use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::ssh_key::{
+    Algorithm, LineEnding, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
+};
 use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
 use hosts_support::*;
 use serde_json::{Value, json};
@@ -270,4 +273,154 @@ fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host()
         .parse()
         .unwrap();
     assert_eq!(owner, agent_uid);
+}
+
+/// `ssh` from the runner as `user` with `key`, the host's key pinned.
+fn ssh_as(
+    host: &TestHost,
+    key: &std::path::Path,
+    user: &str,
+    args: &[&str],
+) -> std::process::Output {
+    std::process::Command::new("ssh")
+        .args(["-F", "/dev/null", "-i"])
+        .arg(key)
+        .args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "ConnectTimeout=10",
+        ])
+        .arg("-o")
+        .arg(format!(
+            "UserKnownHostsFile={}",
+            host.known_hosts_path().display()
+        ))
+        .arg(format!("{user}@{}", host.address()))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_agent_account_with_authorized_keys_cannot_open_an_ssh_session_on_a_real_host() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    let dropin = "/etc/ssh/sshd_config.d/clawfleet-hostd.conf";
+    if !host
+        .run(&format!("test -e {dropin}"))
+        .unwrap()
+        .status
+        .success()
+    {
+        // hostd came as a bare binary, not the package: put the package's drop-in in place as
+        // the package's postinst would.
+        println!("NOTE: installing the package's sshd drop-in by hand (no current .deb)");
+        host.install_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../packaging/hostd/sshd/clawfleet-hostd.conf"),
+            dropin,
+            0o644,
+        )
+        .unwrap();
+        host.run_ok("systemctl reload ssh.service").unwrap();
+    }
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec("rev-1", 1, json!({"label": "a"}));
+    let pa = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    let a = layout().agent(&id("ns1"), &id("a1"));
+
+    // The passwd home is not the Agent's writable home/, and the Agent cannot make it.
+    let passwd = host
+        .run_ok(&format!("getent passwd {}", a.account))
+        .unwrap();
+    println!("passwd: {}", passwd.trim());
+    assert_eq!(passwd.trim().split(':').nth(5), Some("/nonexistent"));
+    let made = host
+        .run(&format!(
+            "setpriv --reuid={0} --regid={0} --clear-groups mkdir /nonexistent",
+            a.account
+        ))
+        .unwrap();
+    assert!(!made.status.success(), "the Agent created its passwd home");
+    // The gateway still has its HOME from the unit.
+    assert_eq!(info(&host, pa)["home"], a.home.display().to_string());
+
+    // The attack: the Agent writes an authorized_keys where it can, into its home/. The same
+    // key also goes into the file sshd reads for every user on these test hosts, so only the
+    // drop-in stands between the key and a session.
+    let attacker = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("agent_ed25519");
+    std::fs::write(
+        &key,
+        attacker.to_openssh(LineEnding::LF).unwrap().as_bytes(),
+    )
+    .unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let public = attacker.public_key().to_openssh().unwrap();
+    host.write_file("/tmp/agent-key.pub", public.as_bytes(), 0o644)
+        .unwrap();
+    host.run_ok(&format!(
+        "setpriv --reuid={0} --regid={0} --clear-groups sh -c 'umask 077; mkdir -p {1}/.ssh && cat /tmp/agent-key.pub > {1}/.ssh/authorized_keys' && \
+         cat /tmp/agent-key.pub >> /etc/ssh/clawfleet-vm-tests/authorized_keys",
+        a.account,
+        a.home.display()
+    ))
+    .unwrap();
+
+    let session = ssh_as(&host, &key, &a.account, &["true"]);
+    let forward = ssh_as(
+        &host,
+        &key,
+        &a.account,
+        &["-N", "-W", &format!("127.0.0.1:{pa}")],
+    );
+    for (what, out) in [("session", &session), ("forward", &forward)] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!(
+            "ssh {what} as {}: {} {}",
+            a.account,
+            out.status,
+            stderr.trim()
+        );
+        assert!(!out.status.success(), "the Agent account opened a {what}");
+        assert!(stderr.contains("Permission denied"), "{stderr}");
+    }
+    let log = host
+        .run_ok(&format!(
+            "journalctl --no-pager -o cat -u ssh.service | grep '{}' || true",
+            a.account
+        ))
+        .unwrap();
+    println!("sshd: {}", log.trim());
+    assert!(
+        log.contains("DenyUsers"),
+        "sshd refused it for DenyUsers: {log}"
+    );
+    // Nothing else in sshd's settings changed: root still logs in with its key.
+    host.run_ok("true").unwrap();
+
+    // delete-agent succeeds after all this.
+    occ.ok(
+        &host,
+        Operation::DeleteAgent(AgentArgs {
+            namespace: ns("ns1"),
+            agent: agent("a1"),
+        }),
+    );
+    assert!(
+        !host
+            .run(&format!("getent passwd {}", a.account))
+            .unwrap()
+            .status
+            .success()
+    );
 }

@@ -93,7 +93,18 @@ fn lintian_finds_no_errors_and_the_debs_hold_what_the_guide_says() {
         &["-I", pkgs.hostd_deb.to_str().unwrap(), "conffiles"],
     );
     assert!(ok);
-    assert_eq!(conffiles.trim(), "/etc/clawfleet/hostd.toml");
+    assert!(
+        has_entry(
+            &c,
+            "-rw-r--r--",
+            "./etc/ssh/sshd_config.d/clawfleet-hostd.conf"
+        ),
+        "{c:#?}"
+    );
+    assert_eq!(
+        conffiles.trim(),
+        "/etc/clawfleet/hostd.toml\n/etc/ssh/sshd_config.d/clawfleet-hostd.conf"
+    );
 
     // coordinator
     let depends = deb_field(&pkgs.coordinator_deb, "Depends");
@@ -174,13 +185,17 @@ fn rpm_metadata_files_and_dependencies() {
         files.lines().collect::<Vec<_>>(),
         [
             "/etc/clawfleet/hostd.toml",
+            "/etc/ssh/sshd_config.d/clawfleet-hostd.conf",
             "/usr/sbin/hostd",
             "/usr/share/doc/clawfleet-hostd/operator-guide.md",
         ],
         "{files}"
     );
     let config = rpm_query(&pkgs.hostd_rpm, &["-c"]);
-    assert_eq!(config.trim(), "/etc/clawfleet/hostd.toml");
+    assert_eq!(
+        config.trim(),
+        "/etc/clawfleet/hostd.toml\n/etc/ssh/sshd_config.d/clawfleet-hostd.conf"
+    );
     // %config(noreplace): an edited hostd.toml survives upgrades.
     let flags = rpm_query(
         &pkgs.hostd_rpm,

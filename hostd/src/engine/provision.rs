@@ -2,6 +2,8 @@
 //! reservation and its directory. Everything that could refuse is checked before anything is
 //! created, so a refused prepare leaves no account, marker, port or directory behind.
 
+use std::path::Path;
+
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::AgentRef;
@@ -12,6 +14,9 @@ use crate::fsutil;
 use crate::layout::AgentPaths;
 use crate::markers::{self, AccountMarker, AgentMarker, PortMarker, SCHEMA};
 use crate::system::Ids;
+
+/// The passwd home of every Agent account: it does not exist, and the Agent cannot create it.
+pub const ACCOUNT_HOME: &str = "/nonexistent";
 
 /// The port a new Agent directory will record.
 #[derive(Debug, Clone, Copy)]
@@ -82,7 +87,10 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Creates the Agent's account and its marker. The caller checked that neither exists.
+    /// Creates the Agent's account and its marker. The account's passwd home is
+    /// [`ACCOUNT_HOME`], which does not exist and which the Agent cannot create: nothing it
+    /// writes (say `~/.ssh/authorized_keys`) is ever read by sshd or by the account tools.
+    /// The gateway's `HOME` is set by the unit alone. The caller checked that neither exists.
     fn create_account(
         &self,
         ctx: &mut Ctx<'_>,
@@ -95,7 +103,7 @@ impl Engine<'_> {
         fsutil::ensure_dir(&self.layout.accounts_dir(), 0o700).map_err(fs_failure)?;
         let ids = self
             .system
-            .create_account(&paths.account, &paths.home)
+            .create_account(&paths.account, Path::new(ACCOUNT_HOME))
             .map_err(system_failure)?;
         if ids.uid == 0 || ids.gid == 0 {
             let _ = self.system.delete_user(&paths.account);

@@ -190,6 +190,15 @@ fn full_lifecycle_over_the_fake() {
         "{:?}",
         h.fake.calls()
     );
+    // The account's passwd home is not its Agent-writable home/: only the unit sets HOME.
+    assert!(
+        h.fake
+            .calls()
+            .iter()
+            .all(|c| c.ends_with(" home=/nonexistent")),
+        "{:?}",
+        h.fake.calls()
+    );
     let paths = h.layout().agent(&id("ns1"), &id("a1"));
     assert!(!paths.current.exists() && !paths.unit_file.exists());
     let pw = std::fs::read_to_string(&paths.password_file).unwrap();
@@ -881,7 +890,7 @@ fn assert_nothing_of(h: &Host, a: &str) {
         !h.fake
             .calls()
             .iter()
-            .any(|c| c == &format!("create-account {}", paths.account)),
+            .any(|c| c.starts_with(&format!("create-account {} ", paths.account))),
         "{:?}",
         h.fake.calls()
     );
