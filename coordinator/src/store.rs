@@ -319,6 +319,9 @@ fn work_record(r: &Row<'_>) -> rusqlite::Result<WorkRecord> {
 #[derive(Debug, Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
+    /// Woken whenever work is queued or finished, so the worker picks it up at once instead
+    /// of at its next poll.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 fn json_col(text: String) -> Result<Value> {
@@ -367,7 +370,19 @@ impl Store {
         }
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            wake: Arc::new(tokio::sync::Notify::new()),
         })
+    }
+
+    /// Resolves when work was queued or finished since the last wait (a stored permit makes a
+    /// wake-up between two waits count).
+    pub async fn work_changed(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Tells a waiting worker that the queue changed.
+    pub fn wake_worker(&self) {
+        self.wake.notify_one();
     }
 
     fn c(&self) -> MutexGuard<'_, Connection> {
@@ -740,6 +755,7 @@ impl Store {
             params![id, now],
         )?;
         tx.commit()?;
+        self.wake_worker();
         Ok(true)
     }
 
@@ -829,6 +845,7 @@ impl Store {
             params![id, now],
         )?;
         tx.commit()?;
+        self.wake_worker();
         Ok(true)
     }
 
@@ -1032,6 +1049,7 @@ impl Store {
         )?;
         let work = tx.last_insert_rowid();
         tx.commit()?;
+        self.wake_worker();
         Ok(Some(work))
     }
 
@@ -1074,6 +1092,7 @@ impl Store {
         )?;
         let work = tx.last_insert_rowid();
         tx.commit()?;
+        self.wake_worker();
         Ok(work)
     }
 

@@ -143,6 +143,8 @@ impl<B: Backend> Worker<B> {
                     tokio::spawn(async move {
                         me.process(work).await;
                         drop(permit);
+                        // A finished item may free its lane for queued work.
+                        me.store.wake_worker();
                     });
                     continue;
                 }
@@ -154,6 +156,7 @@ impl<B: Backend> Worker<B> {
             }
             tokio::select! {
                 _ = tokio::time::sleep(self.settings.poll) => {}
+                _ = self.store.work_changed() => {}
                 _ = shutdown.changed() => {}
             }
         }
