@@ -128,7 +128,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
                 s.spawn(move || {
                     occ_code(
                         fleet_ref,
-                        &["agent", "deploy", ns, a, "--wait", "--timeout", "120"],
+                        &["agent", "deploy", ns, a, "--wait", "--timeout", "300"],
                     )
                 })
             })
@@ -196,7 +196,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
             "k1",
             "--wait",
             "--timeout",
-            "120",
+            "300",
         ],
     );
     assert_eq!(code, 0, "{out}");
@@ -229,7 +229,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
                 "k2",
                 "--wait",
                 "--timeout",
-                "120",
+                "300",
             ],
         );
         assert_eq!(code, 0, "{out}");
@@ -253,7 +253,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
             "k2",
             "--wait",
             "--timeout",
-            "120",
+            "300",
         ],
     );
     assert_eq!(code, 0, "{out}");
@@ -278,7 +278,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
                 a,
                 "--wait",
                 "--timeout",
-                "120",
+                "300",
             ],
         );
         assert_eq!(code, 0, "{out}");
@@ -368,7 +368,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         assert!(s["servedRevisionId"].is_null(), "{s}");
         let (code_rc, out) = occ_code(
             fleet_ref,
-            &["agent", "delete", &ns, "a", "--wait", "--timeout", "120"],
+            &["agent", "delete", &ns, "a", "--wait", "--timeout", "300"],
         );
         assert_eq!(code_rc, 0, "{out}");
         fleet_ref.occ_ok(&["namespace", "delete", &ns]);
@@ -447,7 +447,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
             "a",
             "--wait",
             "--timeout",
-            "120",
+            "300",
         ],
     );
     assert_eq!(code, 0, "{out}");

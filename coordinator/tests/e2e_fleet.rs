@@ -112,7 +112,7 @@ fn fleet_end_to_end_on_three_hosts() {
     let mut wants = Vec::new();
     for a in &agents[5..7] {
         let out = fleet.occ_ok(&["agent", "stop", NS, a]);
-        assert!(out.contains("stopped"), "occ agent stop: {out}");
+        assert!(out.contains("stop requested"), "occ agent stop: {out}");
         let want = Want::Stopped {
             rev: "rev-1".to_owned(),
         };

@@ -27,8 +27,13 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
 
 #[test]
 fn a_flood_of_1_mib_frames_from_a_client_that_never_reads_keeps_hostd_small() {
-    // Not under /tmp: the configuration refuses state roots there.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Not under /tmp or /var/tmp (the configuration refuses state roots there), and not in
+    // the checkout either, which may itself live under /tmp: the home directory.
+    let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), std::path::PathBuf::from);
+    let dir = tempfile::Builder::new()
+        .prefix(".hostd-flood-")
+        .tempdir_in(home)
+        .unwrap();
     let key = |name: &str| {
         let k = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap();
         let path = dir.path().join(name);

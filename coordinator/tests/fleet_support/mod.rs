@@ -135,6 +135,7 @@ impl Fleet {
                 "listen = \"127.0.0.1:{port}\"\nstate_dir = \"{}\"\n\
                  [worker]\nlease_seconds = 3\nbackoff_initial_ms = 200\nbackoff_max_ms = 2000\n\
                  poll_ms = 100\nreadiness_recheck_ms = 200\nreadiness_recheck_max_ms = 1000\n\
+                 operation_deadline_seconds = 60\n\
                  [ssh]\nconnect_timeout_seconds = 5\n",
                 dir.path().join("state").display()
             ),
