@@ -142,14 +142,9 @@ fn authenticate<B: Backend>(state: &AppState<B>, headers: &HeaderMap) -> Result<
     })
 }
 
+/// Strict JSON decoding of a body; its size was already bounded by the router's
+/// `DefaultBodyLimit` (a JSON 413 through [`json_errors`]).
 fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
-    if bytes.len() > MAX_BODY {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "BODY_TOO_LARGE",
-            "request bodies are limited to 1 MiB",
-        ));
-    }
     clawfleet_protocol::envelope::decode_json("request body", bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_BODY", e.to_string()))
 }

@@ -247,11 +247,6 @@ impl WorkState {
             _ => return None,
         })
     }
-
-    /// Whether the item is finished.
-    pub fn is_finished(self) -> bool {
-        matches!(self, WorkState::Done | WorkState::Failed)
-    }
 }
 
 /// A work item as deployment status and `occ ... --wait` show it: what it does, where it is,
@@ -687,14 +682,6 @@ impl Store {
         let rows = st.query_map([], Self::cluster_row)?;
         rows.map(|r| Self::finish_cluster(r?).map(|c| c.cluster))
             .collect()
-    }
-
-    pub fn set_cluster_probe(&self, name: &str, probe: &Value) -> Result<()> {
-        self.c().execute(
-            "UPDATE clusters SET last_probe = ?2 WHERE name = ?1",
-            params![name, probe.to_string()],
-        )?;
-        Ok(())
     }
 
     /// Removes a cluster no Namespace uses; `None` if it does not exist, `Some(false)` if it
