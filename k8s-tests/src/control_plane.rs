@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
@@ -49,6 +50,9 @@ pub(crate) const SHIPPED_STAGES: &[&str] = &[
     "pvc-delete.yaml",
     "pv-delete.yaml",
 ];
+
+/// How long the kwok Node's Lease lasts; kwok renews it well within that.
+pub const NODE_LEASE_SECONDS: u32 = 40;
 
 /// The default StorageClass whose PersistentVolumeClaims kwok's volume stages provision and
 /// bind (as in kwok's `kustomize/stage/volume/fast/storage-class.yaml`).
@@ -355,6 +359,15 @@ impl ControlPlane {
             ),
             arg("--cidr", POD_CIDR),
             arg("--node-ip", "10.250.0.1"),
+            // kwok's node-heartbeat-with-lease stage updates the Node's status only every 10 to
+            // 20 minutes and relies on kwok renewing the Node's Lease. Without a lease the
+            // controller-manager sees a stale heartbeat after its 50 s grace period, marks
+            // every Pod on the Node NotReady for good (the pod-ready stage only acts on Pending
+            // Pods), and deployments stall at "Pod Running".
+            arg(
+                "--node-lease-duration-seconds",
+                NODE_LEASE_SECONDS.to_string(),
+            ),
         ];
         for s in SHIPPED_STAGES {
             kwok.push(arg("--config", self.config.bin_dir.join("stages").join(s)));
@@ -395,6 +408,24 @@ impl ControlPlane {
             Ok(_) => Err("Ready is not True".into()),
             Err(e) => Err(e.to_string()),
         })
+        .await?;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+        self.poll_until(
+            "kwok renewing the Node's Lease",
+            deadline,
+            async || match leases.get_opt(NODE_NAME).await {
+                Ok(Some(l))
+                    if l.spec
+                        .as_ref()
+                        .and_then(|s| s.renew_time.as_ref())
+                        .is_some() =>
+                {
+                    Ok(())
+                }
+                Ok(_) => Err("no renewed Lease in kube-node-lease yet".into()),
+                Err(e) => Err(e.to_string()),
+            },
+        )
         .await?;
         self.timings.node_ready = t0.elapsed();
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");

@@ -6,9 +6,11 @@ use std::time::{Duration, Instant};
 
 use clawfleet_k8s_tests::{
     ADMIN_USER, ControlPlane, FAIL_PULL_MARKER, Fault, FaultProxy, KUBERNETES_VERSION,
-    STORAGE_CLASS, skip_unless_control_plane, wait_for_default_service_account,
+    NODE_LEASE_SECONDS, NODE_NAME, STORAGE_CLASS, skip_unless_control_plane,
+    wait_for_default_service_account,
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Service,
 };
@@ -510,6 +512,26 @@ async fn apiserver_kill_and_restart_keeps_the_data() {
     // The same client (same URL, CA, token) works again and etcd kept the data.
     let ns = namespaces.get("survivor").await.unwrap();
     assert_eq!(ns.metadata.name.as_deref(), Some("survivor"));
+    // kwok keeps renewing the Node's Lease after the restart; without renewals the
+    // controller-manager would mark the Node's Pods NotReady after its 50 s grace period.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    let first = renewed(&leases.get(NODE_NAME).await.unwrap());
+    wait_for(
+        "the Node's Lease renewed after the restart",
+        Duration::from_secs(NODE_LEASE_SECONDS.into()),
+        || {
+            let leases = leases.clone();
+            let first = first.clone();
+            async move {
+                let now = leases.get(NODE_NAME).await.map_err(|e| e.to_string())?;
+                Ok(renewed(&now)
+                    .filter(|t| Some(t) != first.as_ref())
+                    .map(|_| ()))
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
