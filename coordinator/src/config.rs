@@ -39,6 +39,41 @@ struct Raw {
     state_dir: Option<PathBuf>,
     worker: Option<RawWorker>,
     ssh: Option<RawSsh>,
+    api: Option<RawApi>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApi {
+    request_timeout_seconds: Option<u64>,
+    header_timeout_seconds: Option<u64>,
+    max_concurrent_requests: Option<usize>,
+    allow_plaintext_listen: Option<bool>,
+}
+
+/// HTTP API limits (`[api]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiSettings {
+    /// A request (body included) must be answered within this, or it gets 408.
+    pub request_timeout: Duration,
+    /// A connection must send a request's headers within this, or it is closed.
+    pub header_timeout: Duration,
+    /// Requests in progress at once; more get 503 SERVER_BUSY.
+    pub max_concurrent_requests: usize,
+    /// Allows a `listen` address off loopback although occ serves plain HTTP (for a TLS
+    /// proxy in front on another machine).
+    pub allow_plaintext_listen: bool,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(10),
+            max_concurrent_requests: 256,
+            allow_plaintext_listen: false,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -53,6 +88,7 @@ struct RawWorker {
     backoff_max_ms: Option<u64>,
     poll_ms: Option<u64>,
     operation_deadline_seconds: Option<u32>,
+    parallelism: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -74,6 +110,8 @@ pub struct WorkerSettings {
     pub backoff_max: Duration,
     pub poll: Duration,
     pub operation_deadline_seconds: u32,
+    /// Work items in progress at once (each Agent's items stay in order).
+    pub parallelism: usize,
 }
 
 impl Default for WorkerSettings {
@@ -88,6 +126,7 @@ impl Default for WorkerSettings {
             backoff_max: Duration::from_secs(300),
             poll: Duration::from_millis(250),
             operation_deadline_seconds: 190,
+            parallelism: 16,
         }
     }
 }
@@ -115,6 +154,7 @@ pub struct Config {
     pub state_dir: PathBuf,
     pub worker: WorkerSettings,
     pub ssh: SshSettings,
+    pub api: ApiSettings,
 }
 
 impl Config {
@@ -232,6 +272,15 @@ impl Config {
                 }
                 v => v.unwrap_or(d.operation_deadline_seconds),
             },
+            parallelism: match w.parallelism {
+                Some(v) if v == 0 || v > 1024 => {
+                    return Err(invalid(
+                        "worker.parallelism",
+                        "must be between 1 and 1024".to_owned(),
+                    ));
+                }
+                v => v.unwrap_or(d.parallelism),
+            },
         };
         if worker.backoff_initial > worker.backoff_max {
             return Err(invalid(
@@ -256,11 +305,46 @@ impl Config {
                 v => v.unwrap_or(SshSettings::default().max_parallel_hosts),
             },
         };
+        let a = raw.api.unwrap_or_default();
+        let da = ApiSettings::default();
+        let api = ApiSettings {
+            request_timeout: secs(
+                "api.request_timeout_seconds",
+                a.request_timeout_seconds,
+                da.request_timeout,
+            )?,
+            header_timeout: secs(
+                "api.header_timeout_seconds",
+                a.header_timeout_seconds,
+                da.header_timeout,
+            )?,
+            max_concurrent_requests: match a.max_concurrent_requests {
+                Some(0) => {
+                    return Err(invalid(
+                        "api.max_concurrent_requests",
+                        "must be at least 1".to_owned(),
+                    ));
+                }
+                v => v.unwrap_or(da.max_concurrent_requests),
+            },
+            allow_plaintext_listen: a.allow_plaintext_listen.unwrap_or(false),
+        };
+        if !listen.ip().is_loopback() && !api.allow_plaintext_listen {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "{listen} is not a loopback address, and occ serves plain HTTP: tokens would \
+                     cross the network in clear. Put a TLS proxy in front on this machine, or \
+                     set [api] allow_plaintext_listen = true if the network path is protected"
+                ),
+            ));
+        }
         Ok(Self {
             listen,
             state_dir,
             worker,
             ssh,
+            api,
         })
     }
 }
@@ -283,12 +367,30 @@ mod tests {
                 "worker.backoff_initial_ms",
             ),
             ("[ssh]\nmax_parallel_hosts = 0", "ssh.max_parallel_hosts"),
+            ("listen = \"0.0.0.0:7300\"", "listen"),
+            ("listen = \"192.0.2.1:7300\"", "listen"),
+            ("[worker]\nparallelism = 0", "worker.parallelism"),
+            (
+                "[api]\nmax_concurrent_requests = 0",
+                "api.max_concurrent_requests",
+            ),
+            (
+                "[api]\nheader_timeout_seconds = 0",
+                "api.header_timeout_seconds",
+            ),
         ] {
             match Config::parse(text, "occ.toml") {
                 Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
                 other => panic!("{text}: {other:?}"),
             }
         }
+        let c = Config::parse(
+            "listen = \"0.0.0.0:7300\"\n[api]\nallow_plaintext_listen = true",
+            "occ.toml",
+        )
+        .unwrap();
+        assert!(c.api.allow_plaintext_listen);
+        assert_eq!(c.worker.parallelism, 16);
         assert!(matches!(
             Config::parse("bogus = 1", "x"),
             Err(ConfigError::Syntax { .. })

@@ -12,7 +12,7 @@ use clawfleet_protocol::ssh_key::{
     Algorithm, LineEnding, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
 };
 use clawfleet_protocol::{Principal, signing::load_signing_key};
-use coordinator::api::{AppState, router};
+use coordinator::api::AppState;
 use coordinator::client::Client;
 use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
 use coordinator::model::{Grant, Role};
@@ -252,10 +252,12 @@ enum TokenCmd {
         name: String,
         #[arg(long = "grant", required = true)]
         grants: Vec<String>,
+        /// Refuse the token after this many seconds (e.g. 86400 for a day); default: never.
+        #[arg(long = "expires-in", value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..))]
+        expires_in: Option<u32>,
     },
-    Revoke {
-        id: String,
-    },
+    /// Revoke a token by its id.
+    Revoke { id: String },
 }
 
 fn load_config(cli: &Cli) -> Result<Config> {
@@ -382,7 +384,7 @@ async fn serve(config: Config) -> Result<()> {
         config.worker.clone(),
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let worker_task = tokio::spawn(worker.clone().run(16, stop_rx));
+    let worker_task = tokio::spawn(worker.clone().run(config.worker.parallelism, stop_rx));
     let state = Arc::new(AppState {
         service: Service::new(store),
         backend,
@@ -392,19 +394,24 @@ async fn serve(config: Config) -> Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(listen = %config.listen, "occ serving");
     eprintln!("occ: serving the API on http://{}", config.listen);
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(_) => return std::future::pending().await,
-                };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        })
-        .await?;
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    coordinator::api::serve(
+        listener,
+        coordinator::api::router_with(state, &config.api),
+        &config.api,
+        shutdown,
+    )
+    .await?;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), worker_task).await;
     Ok(())
@@ -983,7 +990,11 @@ fn run_client(cli: &Cli) -> Result<()> {
             }
         },
         Command::Token(cmd) => match cmd {
-            TokenCmd::Create { name, grants } => {
+            TokenCmd::Create {
+                name,
+                grants,
+                expires_in,
+            } => {
                 let mut parsed = Vec::new();
                 for g in grants {
                     let (ns, role) = g
@@ -996,9 +1007,14 @@ fn run_client(cli: &Cli) -> Result<()> {
                     &c.request(
                         "POST",
                         "/tokens",
-                        Some(&json!({"name": name, "grants": parsed})),
+                        Some(&json!({
+                            "name": name,
+                            "grants": parsed,
+                            "expiresAt": expires_in
+                                .map(|s| coordinator::clock::now_seconds() + i64::from(s)),
+                        })),
                     )?,
-                    &[("ID", "id"), ("TOKEN", "token")],
+                    &[("ID", "id"), ("TOKEN", "token"), ("EXPIRES", "expiresAt")],
                 );
             }
             TokenCmd::Revoke { id } => {

@@ -368,6 +368,7 @@ pub fn render(document: &Value) -> Result<Value, Refusal> {
     for (key, value) in root.iter() {
         if key != TEST_SWITCHES_KEY {
             check_secret_refs(value, &child("", key))?;
+            check_literal_secrets(value, &child("", key))?;
         }
     }
     render_gateway(root)?;
@@ -535,6 +536,70 @@ fn check_secrets(secrets: &Value) -> Result<(), Refusal> {
             }
         }
     }
+}
+
+/// Whether a key names a credential (`apiKey`, `botToken`, `clientSecret`, `password`, ...).
+fn is_secret_key(key: &str) -> bool {
+    let k: String = key
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    [
+        "apikey",
+        "token",
+        "secret",
+        "password",
+        "passphrase",
+        "privatekey",
+    ]
+    .iter()
+    .any(|s| k.ends_with(s))
+}
+
+/// `${NAME}`: OpenClaw substitutes it from the environment when it loads the file.
+fn is_env_placeholder(s: &str) -> bool {
+    s.strip_prefix("${")
+        .and_then(|r| r.strip_suffix('}'))
+        .is_some_and(|name| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
+}
+
+/// Refuses literal credentials: a configuration is stored, versioned and copied into every
+/// revision on every host, so a key such as `apiKey` must hold an environment reference whose
+/// value lives in the Agent's `env` file on the host.
+fn check_literal_secrets(value: &Value, path: &str) -> Result<(), Refusal> {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                let at = child(path, key);
+                if is_secret_key(key)
+                    && let Value::String(text) = v
+                    && !text.is_empty()
+                    && !is_env_placeholder(text)
+                {
+                    return Err(refuse(
+                        &at,
+                        "holds a literal secret, and configurations are stored and copied into \
+                         every revision; put the value in the Agent's env file on its host \
+                         (NAME=value, read by the Agent's unit) and write \"${NAME}\" here",
+                    ));
+                }
+                check_literal_secrets(v, &at)?;
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                check_literal_secrets(v, &item(path, i))?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Refuses secret references (`{source, provider, id}`) to file and exec providers: they
@@ -765,6 +830,43 @@ mod tests {
             let err = refusal(&doc);
             assert_eq!(err.field, field, "{doc}");
             assert!(!err.message.contains("hunter2"));
+        }
+    }
+
+    /// Literal credentials are refused naming the key; environment references pass.
+    #[test]
+    fn literal_secrets_are_refused_and_env_references_pass() {
+        for (doc, field) in [
+            (
+                json!({"models": {"providers": {"openai": {"apiKey": "sk-live-123"}}}}),
+                "models.providers.openai.apiKey",
+            ),
+            (
+                json!({"channels": {"telegram": {"botToken": "123:abc"}}}),
+                "channels.telegram.botToken",
+            ),
+            (
+                json!({"channels": {"slack": {"accounts": [{"client_secret": "s"}]}}}),
+                "channels.slack.accounts[0].client_secret",
+            ),
+            (
+                json!({"models": {"providers": {"x": {"apiKey": "${lower}"}}}}),
+                "models.providers.x.apiKey",
+            ),
+        ] {
+            let err = refusal(&doc);
+            assert_eq!(err.field, field, "{doc}");
+            assert!(err.message.contains("env file"), "{}", err.message);
+            assert!(!err.message.contains("sk-live"), "{}", err.message);
+        }
+        for doc in [
+            json!({"models": {"providers": {"openai": {"apiKey": "${OPENAI_API_KEY}"}}}}),
+            json!({"models": {"providers": {"openai": {"apiKey": ""}}}}),
+            json!({"agents": {"defaults": {"maxTokens": 5}}}),
+        ] {
+            if let Err(e) = render(&doc) {
+                assert!(!e.message.contains("literal secret"), "{doc}: {e}");
+            }
         }
     }
 

@@ -203,7 +203,7 @@ pub struct Service {
 }
 
 fn now() -> i64 {
-    crate::worker::now_ms() / 1000
+    crate::clock::now_seconds()
 }
 
 impl Service {
@@ -394,7 +394,14 @@ impl Service {
         }
     }
 
-    pub fn create_namespace(&self, actor: &str, n: NewNamespace) -> Result<Namespace> {
+    /// Creates a Namespace. `may_choose_pool` is false for callers that are not global
+    /// admins: they get, for any host or cluster they name, the answer a missing one gets.
+    pub fn create_namespace(
+        &self,
+        actor: &str,
+        n: NewNamespace,
+        may_choose_pool: bool,
+    ) -> Result<Namespace> {
         check_id("id", &n.id)?;
         let name = n.name.unwrap_or_else(|| n.id.clone());
         check_id("name", &name)?;
@@ -406,16 +413,22 @@ impl Service {
                 ));
             }
             check_id("cluster", cluster)?;
-            if self.store.cluster(cluster)?.is_none() {
+            if !may_choose_pool || self.store.cluster(cluster)?.is_none() {
                 return Err(ServiceError::invalid(
                     "UNKNOWN_CLUSTER",
-                    format!("cluster {cluster} is not registered"),
+                    format!(
+                        "cluster {cluster} is not registered, or this token may not place a \
+                         Namespace on it (that needs a global admin token)"
+                    ),
                 ));
             }
-            if !self
-                .store
-                .insert_namespace(&n.id, &name, &[], Some(cluster), now() * 1000)?
-            {
+            if !self.store.insert_namespace(
+                &n.id,
+                &name,
+                &[],
+                Some(cluster),
+                crate::clock::now_ms(),
+            )? {
                 return Err(ServiceError::conflict(
                     "NAMESPACE_EXISTS",
                     format!("Namespace {} exists", n.id),
@@ -439,10 +452,13 @@ impl Service {
             ));
         }
         for h in &n.hosts {
-            if self.store.host(h)?.is_none() {
+            if !may_choose_pool || self.store.host(h)?.is_none() {
                 return Err(ServiceError::invalid(
                     "UNKNOWN_HOST",
-                    format!("host {h} is not enrolled"),
+                    format!(
+                        "host {h} is not enrolled, or this token may not put it in a pool \
+                         (that needs a global admin token)"
+                    ),
                 ));
             }
         }
@@ -451,7 +467,7 @@ impl Service {
         hosts.dedup();
         if !self
             .store
-            .insert_namespace(&n.id, &name, &hosts, None, now() * 1000)?
+            .insert_namespace(&n.id, &name, &hosts, None, crate::clock::now_ms())?
         {
             return Err(ServiceError::conflict(
                 "NAMESPACE_EXISTS",
@@ -475,7 +491,7 @@ impl Service {
         self.namespace(id)?;
         if !self
             .store
-            .mark_namespace_deleting(id, crate::worker::now_ms())?
+            .mark_namespace_deleting(id, crate::clock::now_ms())?
         {
             return Err(ServiceError::conflict(
                 "NAMESPACE_NOT_EMPTY",
@@ -640,7 +656,7 @@ impl Service {
         };
         let work = self
             .store
-            .create_revision(&mut rev, crate::worker::now_ms())?;
+            .create_revision(&mut rev, crate::clock::now_ms())?;
         self.audit(
             actor,
             "agent.deploy",
@@ -661,7 +677,7 @@ impl Service {
         }
         let work = self
             .store
-            .set_desired(ns, id, DesiredState::Stopped, crate::worker::now_ms())?
+            .set_desired(ns, id, DesiredState::Stopped, crate::clock::now_ms())?
             .ok_or_else(|| ServiceError::not_found("Agent", id))?;
         self.audit(
             actor,
@@ -677,7 +693,7 @@ impl Service {
         self.agent(ns, id)?;
         let work = self
             .store
-            .set_desired(ns, id, DesiredState::Deleted, crate::worker::now_ms())?
+            .set_desired(ns, id, DesiredState::Deleted, crate::clock::now_ms())?
             .ok_or_else(|| ServiceError::not_found("Agent", id))?;
         self.audit(
             actor,

@@ -144,6 +144,12 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE namespaces ADD COLUMN cluster_name TEXT REFERENCES clusters(name);
     ALTER TABLE namespaces ADD COLUMN cluster_ready INTEGER NOT NULL DEFAULT 0;
     ",
+    // 3: Namespace createdAt in seconds like every other timestamp (it was milliseconds);
+    // tokens may expire.
+    "
+    UPDATE namespaces SET created_at = created_at / 1000 WHERE created_at > 100000000000;
+    ALTER TABLE tokens ADD COLUMN expires_at INTEGER;
+    ",
 ];
 
 /// A revision row with its raw status, rendered text and last-attempt columns.
@@ -167,6 +173,15 @@ type WorkRow = (
     u32,
     i64,
 );
+
+/// A live (not revoked) token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    pub id: String,
+    pub grants: Vec<Grant>,
+    /// Seconds since the epoch after which the token is refused; `None`: never.
+    pub expires_at: Option<i64>,
+}
 
 /// A unit of deployment work.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -450,12 +465,13 @@ impl Store {
         secret_hash: &str,
         grants: &[Grant],
         now: i64,
+        expires_at: Option<i64>,
     ) -> Result<()> {
         let mut c = self.c();
         let tx = c.transaction()?;
         tx.execute(
-            "INSERT INTO tokens (id, name, secret_hash, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![id, name, secret_hash, now],
+            "INSERT INTO tokens (id, name, secret_hash, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, name, secret_hash, now, expires_at],
         )?;
         for g in grants {
             tx.execute(
@@ -467,17 +483,19 @@ impl Store {
         Ok(())
     }
 
-    /// The token id and grants for a secret's hash, if the token exists and is not revoked.
-    pub fn token_by_hash(&self, secret_hash: &str) -> Result<Option<(String, Vec<Grant>)>> {
+    /// The token for a secret's hash, if the token exists and is not revoked.
+    pub fn token_by_hash(&self, secret_hash: &str) -> Result<Option<TokenRow>> {
         let c = self.c();
-        let id: Option<String> = c
+        let row: Option<(String, Option<i64>)> = c
             .query_row(
-                "SELECT id FROM tokens WHERE secret_hash = ?1 AND revoked = 0",
+                "SELECT id, expires_at FROM tokens WHERE secret_hash = ?1 AND revoked = 0",
                 [secret_hash],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
-        let Some(id) = id else { return Ok(None) };
+        let Some((id, expires_at)) = row else {
+            return Ok(None);
+        };
         let mut st = c.prepare("SELECT namespace, role FROM token_grants WHERE token_id = ?1")?;
         let grants = st
             .query_map([&id], |r| {
@@ -488,7 +506,11 @@ impl Store {
                 Role::parse(&role).map(|role| Grant { namespace, role })
             })
             .collect();
-        Ok(Some((id, grants)))
+        Ok(Some(TokenRow {
+            id,
+            grants,
+            expires_at,
+        }))
     }
 
     /// Revokes a token; false if there was none.
@@ -713,20 +735,22 @@ impl Store {
     // ---- namespaces ----
 
     /// Inserts a Namespace on a host pool (`hosts`) or on one cluster, and queues its
-    /// `ensure-namespace` work; false if the id exists.
+    /// `ensure-namespace` work; false if the id exists. `now_ms` schedules the work; the
+    /// Namespace's `createdAt` is kept in seconds like every other.
     pub fn insert_namespace(
         &self,
         id: &str,
         name: &str,
         hosts: &[String],
         cluster: Option<&str>,
-        now: i64,
+        now_ms: i64,
     ) -> Result<bool> {
+        let now = now_ms;
         let mut c = self.c();
         let tx = c.transaction()?;
         let n = tx.execute(
             "INSERT OR IGNORE INTO namespaces (id, name, created_at, cluster_name) VALUES (?1, ?2, ?3, ?4)",
-            params![id, name, now, cluster],
+            params![id, name, now_ms / 1000, cluster],
         )?;
         if n == 0 {
             return Ok(false);
@@ -1352,6 +1376,28 @@ impl Store {
         )?)
     }
 
+    /// Rows per table, for tests that prove a refused request stored nothing.
+    pub fn row_counts(&self) -> Result<Vec<(String, i64)>> {
+        let c = self.c();
+        let mut st = c.prepare(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+        )?;
+        let tables = st
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut out = Vec::new();
+        for t in tables {
+            // Names come from sqlite_master, quoted as identifiers.
+            let n: i64 = c.query_row(
+                &format!("SELECT count(*) FROM \"{}\"", t.replace('"', "\"\"")),
+                [],
+                |r| r.get(0),
+            )?;
+            out.push((t, n));
+        }
+        Ok(out)
+    }
+
     /// Work counts by state (for /metrics).
     pub fn work_counts(&self) -> Result<Vec<(String, String, i64)>> {
         let c = self.c();
@@ -1364,6 +1410,43 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn migration_3_moves_namespace_times_to_seconds_and_keeps_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("occ.db");
+        {
+            // A database as schema version 2 left it: createdAt in milliseconds.
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                .unwrap();
+            for (i, sql) in MIGRATIONS[..2].iter().enumerate() {
+                c.execute_batch(sql).unwrap();
+                c.execute("INSERT INTO schema_version VALUES (?1)", [i as i64 + 1])
+                    .unwrap();
+            }
+            c.execute(
+                "INSERT INTO namespaces (id, name, created_at) VALUES ('ns1', 'ns1', 1796119114123)",
+                [],
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO tokens (id, name, secret_hash, created_at) VALUES ('t1', 'x', 'h', 1796119114)",
+                [],
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.namespace("ns1").unwrap().unwrap().created_at, 1796119114);
+        let t = s.token_by_hash("h").unwrap().unwrap();
+        assert_eq!((t.id.as_str(), t.expires_at), ("t1", None));
+        // A new Namespace is stored in seconds too.
+        assert!(
+            s.insert_namespace("ns2", "ns2", &[], None, 1796119115999)
+                .unwrap()
+        );
+        assert_eq!(s.namespace("ns2").unwrap().unwrap().created_at, 1796119115);
+    }
 
     #[test]
     fn migrations_apply_once_and_a_newer_schema_is_refused() {

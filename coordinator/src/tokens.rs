@@ -27,8 +27,18 @@ pub enum TokenError {
     Store(#[from] StoreError),
 }
 
-/// Creates a token; returns its id and the secret token text (shown once).
+/// Creates a token that never expires; returns its id and the secret token text (shown once).
 pub fn create(store: &Store, name: &str, grants: &[Grant]) -> Result<(String, String), TokenError> {
+    create_expiring(store, name, grants, None)
+}
+
+/// Creates a token refused from `expires_at` (seconds since the epoch) on.
+pub fn create_expiring(
+    store: &Store,
+    name: &str,
+    grants: &[Grant],
+    expires_at: Option<i64>,
+) -> Result<(String, String), TokenError> {
     let id = random_hex(6)?;
     let token = format!("cf_{id}_{}", random_hex(24)?);
     store.create_token(
@@ -36,7 +46,8 @@ pub fn create(store: &Store, name: &str, grants: &[Grant]) -> Result<(String, St
         name,
         &hash(&token),
         grants,
-        crate::worker::now_ms() / 1000,
+        crate::clock::now_seconds(),
+        expires_at,
     )?;
     Ok((id, token))
 }

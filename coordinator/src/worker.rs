@@ -4,7 +4,7 @@
 //! point resumes by running the item again once its lease expires.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clawfleet_protocol::operation::{
     AgentArgs, AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceArgs,
@@ -52,13 +52,7 @@ fn failed(code: &str, message: impl Into<String>) -> Step {
     }
 }
 
-/// Milliseconds since the epoch.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 fn ident(s: &str) -> Result<Ident, Step> {
     Ident::new(s).map_err(|e| failed("INVALID_STORED_ID", format!("{s:?} {e}")))

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawfleet_protocol::failure::FailureCode;
-use coordinator::api::{AppState, ROUTES, router};
+use coordinator::api::{Access, AppState, ROUTES, router};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::WorkerSettings;
 use coordinator::fake::{FakeBackend, Inject};
@@ -296,7 +296,11 @@ async fn happy_path_through_every_resource() {
         api.admin("GET", "/namespaces", None).await.unwrap(),
         json!([])
     );
-    let metrics = api.call(None, "GET", "/metrics", None).await.unwrap();
+    assert_eq!(
+        api.call(None, "GET", "/metrics", None).await.unwrap_err(),
+        (401, "UNAUTHENTICATED".into())
+    );
+    let metrics = api.admin("GET", "/metrics", None).await.unwrap();
     assert!(metrics.as_str().unwrap().contains("clawfleet_hosts 1"));
     // Every change left an audit event.
     let actions: Vec<String> = api
@@ -348,15 +352,30 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
     )
     .await
     .unwrap();
-    let reader = api
-        .admin(
-            "POST",
-            "/tokens",
-            Some(json!({"name": "r", "grants": [{"namespace": "ns1", "role": "read"}]})),
-        )
-        .await
-        .unwrap();
-    let reader = reader["token"].as_str().unwrap().to_owned();
+    let token = |grant: Value| {
+        let api = &api;
+        async move {
+            let t = api
+                .admin(
+                    "POST",
+                    "/tokens",
+                    Some(json!({"name": "t", "grants": [grant]})),
+                )
+                .await
+                .unwrap();
+            t["token"].as_str().unwrap().to_owned()
+        }
+    };
+    let roles = [Role::Read, Role::Operate, Role::Deploy, Role::Admin];
+    let mut in_ns1 = Vec::new();
+    for r in roles {
+        in_ns1.push((
+            r,
+            token(json!({"namespace": "ns1", "role": r.as_str()})).await,
+        ));
+    }
+    let reader = in_ns1[0].1.clone();
+    let ns2_admin = token(json!({"namespace": "ns2", "role": "admin"})).await;
     let revoked = api
         .admin(
             "POST",
@@ -373,11 +392,28 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
     .await
     .unwrap();
     let revoked = revoked["token"].as_str().unwrap().to_owned();
-    for (method, path, role, _) in ROUTES {
-        if *role == "none" {
-            continue;
-        }
-        let path = path
+    let (_, expired) = coordinator::tokens::create_expiring(
+        &api.store,
+        "old",
+        &[Grant {
+            namespace: "*".into(),
+            role: Role::Admin,
+        }],
+        Some(1),
+    )
+    .unwrap();
+    // Every route in the table is served and documented.
+    let doc = api.call(None, "GET", "/openapi.json", None).await.unwrap();
+    let mut checked = 0;
+    for route in ROUTES {
+        let method = route.method.as_str().to_uppercase();
+        assert!(
+            doc["paths"][route.path][route.method.as_str()].is_object(),
+            "{method} {} is not in /openapi.json",
+            route.path
+        );
+        let path = route
+            .path
             .replace("{ns}", "ns1")
             .replace("{cfg}", "cfg")
             .replace("{agent}", "a1")
@@ -385,28 +421,56 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
             .replace("{host}", "h1")
             .replace("{cluster}", "c1")
             .replace("{id}", "abc");
-        let method = method.to_uppercase();
+        if route.access == Access::Public {
+            let got = api.call(None, &method, &path, None).await;
+            assert!(got.is_ok(), "{method} {path} without a token: {got:?}");
+            continue;
+        }
         let before = api.snapshot();
-        for token in [None, Some("cf_nope_nope"), Some(revoked.as_str())] {
-            let got = api.call(token, &method, &path, Some(json!({}))).await;
+        for t in [
+            None,
+            Some("cf_nope_nope"),
+            Some(revoked.as_str()),
+            Some(expired.as_str()),
+        ] {
+            let got = api.call(t, &method, &path, Some(json!({}))).await;
             assert_eq!(
                 got.unwrap_err(),
                 (401, "UNAUTHENTICATED".into()),
-                "{method} {path} with {token:?}"
+                "{method} {path} with {t:?}"
             );
         }
-        if *role != "read" {
-            let got = api
-                .call(Some(&reader), &method, &path, Some(json!({})))
-                .await;
+        // Tokens that must get 403: every role below the route's, in the route's Namespace;
+        // for Namespace routes also an admin of another Namespace; for global routes also an
+        // admin of one Namespace.
+        let mut forbidden: Vec<(String, &str)> = Vec::new();
+        if let Some(need) = route.access.role() {
+            for (r, t) in &in_ns1 {
+                if *r < need {
+                    forbidden.push((format!("{} of ns1", r.as_str()), t));
+                }
+            }
+            match route.access {
+                Access::Namespace(_) => forbidden.push(("admin of ns2".into(), &ns2_admin)),
+                Access::Global(_) => {
+                    let (_, t) = in_ns1.last().unwrap();
+                    forbidden.push(("admin of ns1".into(), t));
+                }
+                _ => {}
+            }
+        }
+        for (who, t) in forbidden {
+            let got = api.call(Some(t), &method, &path, Some(json!({}))).await;
             assert_eq!(
                 got.unwrap_err(),
                 (403, "FORBIDDEN".into()),
-                "{method} {path} as reader"
+                "{method} {path} as {who}"
             );
+            checked += 1;
         }
         assert_eq!(api.snapshot(), before, "{method} {path} changed state");
     }
+    assert!(checked > 60, "only {checked} refusals checked");
     // A reader of ns1 sees ns1 only and cannot read ns2.
     let visible = api
         .call(Some(&reader), "GET", "/namespaces", None)

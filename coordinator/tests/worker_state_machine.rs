@@ -59,6 +59,7 @@ impl World {
                 hosts: names,
                 cluster: None,
             },
+            true,
         )
         .unwrap();
         svc.put_configuration(
@@ -99,6 +100,7 @@ impl World {
                 hosts: vec![],
                 cluster: Some("c1".into()),
             },
+            true,
         )
         .unwrap();
         svc.put_configuration("test", "ns1", "cfg", json!({}), true)

@@ -1,0 +1,179 @@
+//! Who may call a route: the route table gives each route an [`Access`], [`authorize`] checks
+//! it before the handler runs, and handlers that need the caller take [`Caller`] as an
+//! extractor.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, RawPathParams, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState};
+use crate::backend::Backend;
+use crate::model::{Grant, Role};
+use crate::service::ServiceError;
+use crate::tokens;
+
+/// The rule a route's caller must meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No token needed.
+    Public,
+    /// Any valid token; the handler shows only what the token's grants cover.
+    Token,
+    /// The role in every Namespace (a `"*"` grant).
+    Global(Role),
+    /// The role in the Namespace named by the path's `{ns}`.
+    Namespace(Role),
+    /// The role in at least one Namespace; the handler checks the Namespace the body names.
+    Scoped(Role),
+}
+
+impl Access {
+    /// The role the rule needs, if any.
+    pub fn role(self) -> Option<Role> {
+        match self {
+            Access::Public | Access::Token => None,
+            Access::Global(r) | Access::Namespace(r) | Access::Scoped(r) => Some(r),
+        }
+    }
+
+    /// A short description for `/openapi.json` (`x-clawfleet-access`).
+    pub fn describe(self) -> String {
+        match self {
+            Access::Public => "none".to_owned(),
+            Access::Token => "any token".to_owned(),
+            Access::Global(r) => format!("{} in all Namespaces", r.as_str()),
+            Access::Namespace(r) => format!("{} in the Namespace {{ns}}", r.as_str()),
+            Access::Scoped(r) => format!("{} in the Namespace the body names", r.as_str()),
+        }
+    }
+
+    fn check(self, caller: &Caller, namespace: Option<&str>) -> Result<(), ApiError> {
+        match self {
+            Access::Public | Access::Token => Ok(()),
+            Access::Global(role) => caller.require("*", role),
+            Access::Namespace(role) => caller.require(namespace.unwrap_or("*"), role),
+            Access::Scoped(role) => {
+                if caller.grants.iter().any(|g| g.role >= role) {
+                    Ok(())
+                } else {
+                    caller.require("*", role)
+                }
+            }
+        }
+    }
+}
+
+/// The authenticated caller of a route.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub token_id: String,
+    pub grants: Vec<Grant>,
+}
+
+impl Caller {
+    /// Whether a grant covers the role in the Namespace (`"*"`: in all Namespaces).
+    pub fn may(&self, namespace: &str, role: Role) -> bool {
+        self.grants
+            .iter()
+            .any(|g| (g.namespace == "*" || g.namespace == namespace) && g.role >= role)
+    }
+
+    /// Whether the token holds the role in every Namespace.
+    pub fn is_global(&self, role: Role) -> bool {
+        self.may("*", role)
+    }
+
+    /// 403 unless [`Caller::may`].
+    pub fn require(&self, namespace: &str, role: Role) -> Result<(), ApiError> {
+        if self.may(namespace, role) {
+            return Ok(());
+        }
+        let scope = if namespace == "*" {
+            "all Namespaces".to_owned()
+        } else {
+            format!("Namespace {namespace}")
+        };
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            format!("this token lacks the {} role for {scope}", role.as_str()),
+        ))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
+            // A handler asked for the caller on a route the table marks Public.
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL_ERROR",
+                "this route has no caller; see the coordinator log",
+            )
+        })
+    }
+}
+
+/// Looks the bearer token up: unknown, revoked and expired tokens are 401.
+fn authenticate<B: Backend>(
+    state: &AppState<B>,
+    headers: &HeaderMap,
+    now: i64,
+) -> Result<Caller, ApiError> {
+    let unauthorized = |m: String| ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", m);
+    let value = headers
+        .get("authorization")
+        .ok_or_else(|| unauthorized("an Authorization: Bearer <token> header is required".into()))?
+        .to_str()
+        .map_err(|_| unauthorized("the Authorization header is not text".into()))?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .ok_or_else(|| unauthorized("the Authorization header must be Bearer <token>".into()))?;
+    let row = state
+        .service
+        .store
+        .token_by_hash(&tokens::hash(token.trim()))
+        .map_err(ServiceError::from)?
+        .ok_or_else(|| unauthorized("the token is unknown or revoked".into()))?;
+    if let Some(at) = row.expires_at
+        && now >= at
+    {
+        return Err(unauthorized(format!(
+            "the token expired at {at} (seconds since the epoch)"
+        )));
+    }
+    Ok(Caller {
+        token_id: row.id,
+        grants: row.grants,
+    })
+}
+
+/// The route layer in front of every handler: checks the route's [`Access`] and hands the
+/// [`Caller`] to the handler.
+pub(super) async fn authorize<B: Backend>(
+    State((state, access)): State<(Arc<AppState<B>>, Access)>,
+    params: RawPathParams,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if access == Access::Public {
+        return next.run(request).await;
+    }
+    let now = crate::clock::now_seconds();
+    let caller = match authenticate(&state, request.headers(), now) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let namespace = params.iter().find(|(k, _)| *k == "ns").map(|(_, v)| v);
+    if let Err(e) = access.check(&caller, namespace) {
+        return e.into_response();
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}

@@ -1,0 +1,147 @@
+//! Agents, their revisions, deploy and stop, deployment status and work items.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde_json::json;
+
+use super::access::Caller;
+use super::extract::{NoBody, StrictJson};
+use super::{ApiError, ApiResult, S, ok};
+use crate::backend::Backend;
+use crate::service::{AgentPatch, NewAgent, ServiceError};
+
+pub(super) async fn create_agent<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path(ns): Path<String>,
+    StrictJson(req): StrictJson<NewAgent>,
+) -> ApiResult {
+    ok(
+        StatusCode::CREATED,
+        st.service.create_agent(&caller.token_id, &ns, req)?,
+    )
+}
+
+pub(super) async fn list_agents<B: Backend>(State(st): S<B>, Path(ns): Path<String>) -> ApiResult {
+    st.service.namespace(&ns)?;
+    ok(
+        StatusCode::OK,
+        st.service.store.agents(&ns).map_err(ServiceError::from)?,
+    )
+}
+
+pub(super) async fn get_agent<B: Backend>(
+    State(st): S<B>,
+    Path((ns, agent)): Path<(String, String)>,
+) -> ApiResult {
+    ok(StatusCode::OK, st.service.agent(&ns, &agent)?)
+}
+
+pub(super) async fn patch_agent<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path((ns, agent)): Path<(String, String)>,
+    StrictJson(req): StrictJson<AgentPatch>,
+) -> ApiResult {
+    ok(
+        StatusCode::OK,
+        st.service.patch_agent(&caller.token_id, &ns, &agent, req)?,
+    )
+}
+
+pub(super) async fn delete_agent<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path((ns, agent)): Path<(String, String)>,
+) -> ApiResult {
+    let work = st.service.delete_agent(&caller.token_id, &ns, &agent)?;
+    ok(
+        StatusCode::ACCEPTED,
+        json!({"namespaceId": ns, "agentId": agent, "deleting": true, "workId": work}),
+    )
+}
+
+pub(super) async fn deploy<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path((ns, agent)): Path<(String, String)>,
+    _: NoBody,
+) -> ApiResult {
+    let (rev, work) = st.service.deploy(&caller.token_id, &ns, &agent)?;
+    let mut value = serde_json::to_value(&rev).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "INTERNAL_ERROR",
+            format!("cannot encode the revision: {e}"),
+        )
+    })?;
+    value["workId"] = json!(work);
+    ok(StatusCode::ACCEPTED, value)
+}
+
+pub(super) async fn stop<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path((ns, agent)): Path<(String, String)>,
+    _: NoBody,
+) -> ApiResult {
+    let work = st.service.stop(&caller.token_id, &ns, &agent)?;
+    ok(
+        StatusCode::ACCEPTED,
+        json!({"namespaceId": ns, "agentId": agent, "desiredState": "stopped", "workId": work}),
+    )
+}
+
+pub(super) async fn get_work<B: Backend>(
+    State(st): S<B>,
+    Path((ns, agent, id)): Path<(String, String, String)>,
+) -> ApiResult {
+    let id: i64 = id.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "INVALID_IDENTIFIER",
+            format!("work id {id:?} must be a whole number"),
+        )
+    })?;
+    ok(StatusCode::OK, st.service.work_item(&ns, &agent, id)?)
+}
+
+pub(super) async fn list_revisions<B: Backend>(
+    State(st): S<B>,
+    Path((ns, agent)): Path<(String, String)>,
+) -> ApiResult {
+    st.service.agent(&ns, &agent)?;
+    ok(
+        StatusCode::OK,
+        st.service
+            .store
+            .revisions(&ns, &agent)
+            .map_err(ServiceError::from)?,
+    )
+}
+
+pub(super) async fn get_revision<B: Backend>(
+    State(st): S<B>,
+    Path((ns, agent, rev)): Path<(String, String, String)>,
+) -> ApiResult {
+    let r = st
+        .service
+        .store
+        .revision(&ns, &agent, &rev)
+        .map_err(ServiceError::from)?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                format!("revision {rev} does not exist"),
+            )
+        })?;
+    ok(StatusCode::OK, r)
+}
+
+pub(super) async fn deployment_status<B: Backend>(
+    State(st): S<B>,
+    Path((ns, agent)): Path<(String, String)>,
+) -> ApiResult {
+    ok(StatusCode::OK, st.service.deployment_status(&ns, &agent)?)
+}

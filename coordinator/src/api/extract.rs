@@ -1,0 +1,63 @@
+//! Request bodies as handlers state them in their signatures: [`StrictJson`] decodes a JSON
+//! object refusing unknown fields (naming the failing path), [`NoBody`] refuses any body on
+//! bodyless routes. Sizes are bounded before either runs (see `router` in `api/mod.rs`).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::{ApiError, MAX_BODY};
+
+async fn bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "BODY_TOO_LARGE",
+                format!("request bodies are limited to {} KiB", MAX_BODY / 1024),
+            )
+        } else {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "INVALID_BODY",
+                format!("the request body could not be read: {e}"),
+            )
+        }
+    })
+}
+
+/// A JSON body decoded strictly into `T`.
+#[derive(Debug)]
+pub struct StrictJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for StrictJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let b = bytes(req, state).await?;
+        clawfleet_protocol::envelope::decode_json("request body", &b)
+            .map(StrictJson)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_BODY", e.to_string()))
+    }
+}
+
+/// A route that takes no body: empty or whitespace only.
+#[derive(Debug)]
+pub struct NoBody;
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let b = bytes(req, state).await?;
+        if b.iter().any(|c| !c.is_ascii_whitespace()) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "UNEXPECTED_BODY",
+                "this route takes no body",
+            ));
+        }
+        Ok(NoBody)
+    }
+}

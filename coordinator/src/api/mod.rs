@@ -1,0 +1,263 @@
+//! The HTTP API (axum 0.8): bearer tokens with per-Namespace roles, strict JSON bodies, stable
+//! error codes, an audit event for every change, `/openapi.json`, `/healthz` and `/metrics`.
+//!
+//! A request meets, in order: the connection's header-read timeout ([`serve`]), the
+//! concurrency limit, the body-size limit, the request timeout, the route's access check
+//! (`access.rs`, from the route table in `routes.rs`), the body extractor (`extract.rs`) and
+//! the handler (one module per resource), which calls the service layer.
+
+mod access;
+mod agents;
+mod clusters;
+mod extract;
+mod hosts;
+mod namespaces;
+pub mod openapi;
+pub mod routes;
+mod system;
+mod tokens;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+pub use access::{Access, Caller};
+pub use routes::{Body, Method, ROUTES, Route};
+pub use tokens::NewToken;
+
+use crate::backend::Backend;
+use crate::config::ApiSettings;
+use crate::service::{Service, ServiceError};
+
+/// Shared state of the API.
+pub struct AppState<B: Backend> {
+    pub service: Service,
+    pub backend: Arc<B>,
+}
+
+impl<B: Backend> std::fmt::Debug for AppState<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState").finish_non_exhaustive()
+    }
+}
+
+/// An API error: status, stable code, message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response()
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match &e {
+            ServiceError::Invalid { code, .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, code, e.to_string())
+            }
+            ServiceError::NotFound { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", e.to_string())
+            }
+            ServiceError::Conflict { code, .. } => {
+                ApiError::new(StatusCode::CONFLICT, code, e.to_string())
+            }
+            ServiceError::Store(inner) => {
+                tracing::error!("store failure: {inner}");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "STORE_FAILURE",
+                    "the state store failed; see the coordinator log",
+                )
+            }
+        }
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+type S<B> = State<Arc<AppState<B>>>;
+
+fn ok(status: StatusCode, value: impl serde::Serialize) -> ApiResult {
+    Ok((status, axum::Json(value)).into_response())
+}
+
+/// Builds the router with the default limits (tests, embedded use).
+pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
+    router_with(state, &ApiSettings::default())
+}
+
+/// Builds the router from [`ROUTES`] with the configured limits.
+pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) -> Router {
+    let routes = routes::add_routes(Router::new(), &state)
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NO_SUCH_ROUTE",
+                "no such route; see /openapi.json",
+            )
+        })
+        .with_state(state);
+    // Layers wrap from the inside out: the last one added runs first.
+    routes
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            settings.request_timeout,
+        ))
+        // A declared Content-Length over the limit is refused here, before any token lookup.
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY))
+        .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(Semaphore::new(settings.max_concurrent_requests)),
+            limit_concurrency,
+        ))
+}
+
+/// At most `api.max_concurrent_requests` requests in progress; more get 503 at once rather
+/// than queueing without bound.
+async fn limit_concurrency(
+    State(permits): State<Arc<Semaphore>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match permits.clone().try_acquire_owned() {
+        Ok(_permit) => next.run(request).await,
+        Err(_) => {
+            let mut r = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "SERVER_BUSY",
+                "too many requests in progress; retry shortly",
+            )
+            .into_response();
+            r.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+            r
+        }
+    }
+}
+
+/// Serves the router on the listener until `shutdown` resolves, cutting off a client that
+/// has not sent its request headers within `api.header_timeout`; in-flight requests get up to
+/// 10 s to finish after shutdown.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    settings: &ApiSettings,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(settings.header_timeout);
+    loop {
+        let (stream, peer): (tokio::net::TcpStream, SocketAddr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in progress 10 s after shutdown; closing them");
+    }
+    Ok(())
+}
+
+/// The largest request body accepted.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+/// Gives the framework's own rejections (body too large, method not allowed, unsupported
+/// media type, ...) the API's JSON error shape, so every error a client sees is
+/// `{"error": {"code", "message"}}`.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return response;
+    }
+    let (code, message) = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => (
+            "BODY_TOO_LARGE",
+            format!("request bodies are limited to {} KiB", MAX_BODY / 1024),
+        ),
+        StatusCode::REQUEST_TIMEOUT => (
+            "REQUEST_TIMEOUT",
+            "the request was not completed within the API's request timeout".to_owned(),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "METHOD_NOT_ALLOWED",
+            "this route does not take that method; see /openapi.json".to_owned(),
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (
+            "UNSUPPORTED_MEDIA_TYPE",
+            "request bodies must be JSON".to_owned(),
+        ),
+        s if s.is_server_error() => (
+            "INTERNAL_ERROR",
+            "the coordinator failed; see its log".to_owned(),
+        ),
+        _ => (
+            "INVALID_REQUEST",
+            format!(
+                "the request was refused: {}",
+                status.canonical_reason().unwrap_or("bad request")
+            ),
+        ),
+    };
+    ApiError::new(status, code, message).into_response()
+}

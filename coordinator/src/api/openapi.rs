@@ -1,0 +1,143 @@
+//! `/openapi.json`, generated from the route table: every route with its path parameters,
+//! body, success status, error responses and access rule.
+
+use serde_json::{Map, Value, json};
+
+use super::access::Access;
+use super::routes::{Body, ROUTES};
+
+/// What each path parameter names.
+fn parameter_description(name: &str) -> &'static str {
+    match name {
+        "ns" => "Namespace id",
+        "cfg" => "Configuration id",
+        "agent" => "Agent id",
+        "rev" => "Revision id (rev-N)",
+        "host" => "Host name",
+        "cluster" => "Cluster name",
+        "id" => "Work item number or token id",
+        _ => "Identifier",
+    }
+}
+
+/// The `{name}` segments of a path, in order.
+pub fn path_parameters(path: &str) -> Vec<&str> {
+    path.split('/')
+        .filter_map(|s| s.strip_prefix('{')?.strip_suffix('}'))
+        .collect()
+}
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    })
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    let mut paths = Map::new();
+    for r in ROUTES {
+        let mut responses = Map::new();
+        let ok = if r.success == 204 {
+            json!({"description": "Done; no body"})
+        } else if r.path == "/metrics" {
+            json!({"description": "Prometheus text format",
+                   "content": {"text/plain": {"schema": {"type": "string"}}}})
+        } else {
+            json!({"description": "JSON", "content": {"application/json": {"schema": {}}}})
+        };
+        responses.insert(r.success.to_string(), ok);
+        if r.access != Access::Public {
+            responses.insert(
+                "401".into(),
+                error_response("No, an unknown, a revoked or an expired token"),
+            );
+        }
+        if r.access.role().is_some() {
+            responses.insert("403".into(), error_response("The token lacks the role"));
+        }
+        responses.insert(
+            "default".into(),
+            error_response("Any other error, with a stable code"),
+        );
+        let parameters: Vec<Value> = path_parameters(r.path)
+            .into_iter()
+            .map(|p| {
+                json!({
+                    "name": p,
+                    "in": "path",
+                    "required": true,
+                    "description": parameter_description(p),
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                })
+            })
+            .collect();
+        let mut op = json!({
+            "operationId": r.operation,
+            "summary": r.summary,
+            "x-clawfleet-access": r.access.describe(),
+            "security": if r.access == Access::Public { json!([]) } else { json!([{"bearer": []}]) },
+            "responses": responses,
+        });
+        if !parameters.is_empty() {
+            op["parameters"] = Value::Array(parameters);
+        }
+        if r.body == Body::Json {
+            op["requestBody"] = json!({
+                "required": true,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            });
+        }
+        let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));
+        entry[r.method.as_str()] = op;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "clawfleet coordinator",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Timestamps (createdAt, at, expiresAt) are whole seconds since the epoch, UTC. Request bodies are strict JSON: unknown fields are refused with 400 INVALID_BODY naming the field.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {"error": {
+                    "type": "object",
+                    "required": ["code", "message"],
+                    "properties": {
+                        "code": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"},
+                        "message": {"type": "string"},
+                    },
+                }},
+            }},
+        },
+        "paths": paths,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_and_path_parameter_is_documented() {
+        let doc = document();
+        for r in ROUTES {
+            let op = &doc["paths"][r.path][r.method.as_str()];
+            assert!(op.is_object(), "{} {} missing", r.method.as_str(), r.path);
+            let documented: Vec<&str> = op["parameters"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| p["name"].as_str()).collect())
+                .unwrap_or_default();
+            assert_eq!(documented, path_parameters(r.path), "{}", r.path);
+            assert!(
+                op["responses"][r.success.to_string()].is_object(),
+                "{}",
+                r.path
+            );
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The route table: the one list of routes. The router ([`add_routes`]), `/openapi.json`
+//! (`openapi.rs`) and the authorization sweep in `coordinator/tests/api.rs` are all built from
+//! [`ROUTES`], so a route cannot be served without being documented and checked.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::MethodFilter;
+
+use super::access::{Access, authorize};
+use super::{AppState, agents, clusters, hosts, namespaces, system, tokens};
+use crate::backend::Backend;
+use crate::model::Role;
+
+/// An HTTP method the API serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    Get,
+    Post,
+    Put,
+    Patch,
+    Delete,
+}
+
+impl Method {
+    /// Lower case, as OpenAPI spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "get",
+            Method::Post => "post",
+            Method::Put => "put",
+            Method::Patch => "patch",
+            Method::Delete => "delete",
+        }
+    }
+
+    fn filter(self) -> MethodFilter {
+        match self {
+            Method::Get => MethodFilter::GET,
+            Method::Post => MethodFilter::POST,
+            Method::Put => MethodFilter::PUT,
+            Method::Patch => MethodFilter::PATCH,
+            Method::Delete => MethodFilter::DELETE,
+        }
+    }
+}
+
+/// What a route takes as its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// No body (an empty or all-whitespace body is accepted, anything else is 400).
+    None,
+    /// A strict JSON object: unknown fields are refused.
+    Json,
+}
+
+/// One route.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    pub access: Access,
+    pub body: Body,
+    /// The status of a successful answer.
+    pub success: u16,
+    /// The handler's name, used as the OpenAPI operationId.
+    pub operation: &'static str,
+    pub summary: &'static str,
+}
+
+macro_rules! route_table {
+    ($( $method:ident $path:literal, $access:expr, $body:ident, $success:literal
+        => $module:ident :: $handler:ident, $summary:literal; )*) => {
+        /// Every route the API serves, in the order `/openapi.json` lists them.
+        pub const ROUTES: &[Route] = &[$(Route {
+            method: Method::$method,
+            path: $path,
+            access: $access,
+            body: Body::$body,
+            success: $success,
+            operation: stringify!($handler),
+            summary: $summary,
+        },)*];
+
+        /// Adds every route of [`ROUTES`] with its access check in front of its handler.
+        pub(super) fn add_routes<B: Backend>(
+            mut router: Router<Arc<AppState<B>>>,
+            state: &Arc<AppState<B>>,
+        ) -> Router<Arc<AppState<B>>> {
+            $(
+                router = router.route(
+                    $path,
+                    axum::routing::on(Method::$method.filter(), $module::$handler::<B>).route_layer(
+                        axum::middleware::from_fn_with_state(
+                            (state.clone(), $access),
+                            authorize::<B>,
+                        ),
+                    ),
+                );
+            )*
+            router
+        }
+    };
+}
+
+use Access::{Global, Namespace, Public, Scoped, Token};
+use Role::{Admin, Deploy, Operate, Read};
+
+route_table! {
+    Get "/healthz", Public, None, 200 => system::healthz, "Liveness";
+    Get "/openapi.json", Public, None, 200 => system::openapi_document, "This document";
+    Get "/metrics", Global(Read), None, 200 => system::metrics, "Prometheus metrics (text format)";
+
+    Post "/namespaces", Scoped(Admin), Json, 201 => namespaces::create_namespace,
+        "Create a Namespace on a host pool or a cluster (choosing either needs a global admin token)";
+    Get "/namespaces", Token, None, 200 => namespaces::list_namespaces,
+        "List the Namespaces the token may read";
+    Get "/namespaces/{ns}", Namespace(Read), None, 200 => namespaces::get_namespace, "Get a Namespace";
+    Delete "/namespaces/{ns}", Namespace(Admin), None, 202 => namespaces::delete_namespace,
+        "Delete an empty Namespace (409 while it has Agents)";
+    Post "/namespaces/{ns}/configurations", Namespace(Deploy), Json, 201
+        => namespaces::create_configuration, "Create a Configuration";
+    Get "/namespaces/{ns}/configurations/{cfg}", Namespace(Read), None, 200
+        => namespaces::get_configuration, "Get a Configuration's latest generation";
+    Put "/namespaces/{ns}/configurations/{cfg}", Namespace(Deploy), Json, 200
+        => namespaces::put_configuration, "Add a Configuration generation";
+
+    Post "/namespaces/{ns}/agents", Namespace(Deploy), Json, 201 => agents::create_agent,
+        "Create an Agent";
+    Get "/namespaces/{ns}/agents", Namespace(Read), None, 200 => agents::list_agents, "List Agents";
+    Get "/namespaces/{ns}/agents/{agent}", Namespace(Read), None, 200 => agents::get_agent,
+        "Get an Agent";
+    Patch "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), Json, 200 => agents::patch_agent,
+        "Change an Agent's Configuration";
+    Delete "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), None, 202 => agents::delete_agent,
+        "Delete an Agent";
+    Post "/namespaces/{ns}/agents/{agent}/deploy", Namespace(Deploy), None, 202 => agents::deploy,
+        "Deploy a new revision";
+    Post "/namespaces/{ns}/agents/{agent}/stop", Namespace(Operate), None, 202 => agents::stop,
+        "Stop the Agent";
+    Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), None, 200
+        => agents::list_revisions, "List revisions";
+    Get "/namespaces/{ns}/agents/{agent}/revisions/{rev}", Namespace(Read), None, 200
+        => agents::get_revision, "Get a revision";
+    Get "/namespaces/{ns}/agents/{agent}/deployment-status", Namespace(Read), None, 200
+        => agents::deployment_status, "Desired state, active and served revision, progress";
+    Get "/namespaces/{ns}/agents/{agent}/work/{id}", Namespace(Read), None, 200
+        => agents::get_work, "One work item (deploy, stop, delete) with its last attempt";
+
+    Post "/hosts", Global(Admin), Json, 201 => hosts::enrol_host, "Enrol a host (pins its key)";
+    Get "/hosts", Global(Admin), None, 200 => hosts::list_hosts, "List hosts";
+    Get "/hosts/{host}", Global(Admin), None, 200 => hosts::get_host, "Get a host";
+    Put "/hosts/{host}", Global(Admin), Json, 200 => hosts::update_host,
+        "Re-pin a host's key, address or capacity";
+    Delete "/hosts/{host}", Global(Admin), None, 204 => hosts::delete_host,
+        "Forget a host (409 while a Namespace's pool names it)";
+    Post "/hosts/{host}/probe", Global(Admin), None, 200 => hosts::probe_host,
+        "Probe a host over SSH";
+
+    Post "/clusters", Global(Admin), Json, 201 => clusters::add_cluster,
+        "Register a Kubernetes cluster (kubeconfig validated, then probed)";
+    Get "/clusters", Global(Admin), None, 200 => clusters::list_clusters,
+        "List clusters (never their credentials)";
+    Get "/clusters/{cluster}", Global(Admin), None, 200 => clusters::get_cluster, "Get a cluster";
+    Delete "/clusters/{cluster}", Global(Admin), None, 204 => clusters::delete_cluster,
+        "Forget a cluster (409 while a Namespace uses it)";
+
+    Post "/tokens", Global(Admin), Json, 201 => tokens::create_token,
+        "Create a token (optionally expiring)";
+    Delete "/tokens/{id}", Global(Admin), None, 204 => tokens::revoke_token, "Revoke a token";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_is_unique_and_its_access_fits_its_path() {
+        let mut seen = std::collections::HashSet::new();
+        for r in ROUTES {
+            assert!(
+                seen.insert((r.method, r.path)),
+                "{} {} twice",
+                r.method.as_str(),
+                r.path
+            );
+            if matches!(r.access, Namespace(_)) {
+                assert!(r.path.starts_with("/namespaces/{ns}"), "{}", r.path);
+            }
+            if matches!(r.body, Body::Json) {
+                assert_ne!(r.method, Method::Get, "{}", r.path);
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! API tokens: created with grants and an optional expiry, revoked by id.
+
+use std::collections::HashSet;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde_json::json;
+
+use super::access::Caller;
+use super::extract::StrictJson;
+use super::{ApiError, ApiResult, S, ok};
+use crate::backend::Backend;
+use crate::model::Grant;
+use crate::service::ServiceError;
+use crate::tokens;
+
+/// The body of `POST /tokens`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewToken {
+    pub name: String,
+    pub grants: Vec<Grant>,
+    /// Seconds since the epoch from which the token is refused (401); absent: never.
+    #[serde(default)]
+    pub expires_at: Option<i64>,
+}
+
+fn invalid(code: &'static str, message: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+}
+
+/// Checks grants and expiry before anything is stored.
+fn check(req: &NewToken, now: i64) -> Result<(), ApiError> {
+    if req.grants.is_empty() {
+        return Err(invalid("INVALID_BODY", "grants must not be empty".into()));
+    }
+    let mut seen = HashSet::new();
+    for (i, g) in req.grants.iter().enumerate() {
+        if g.namespace != "*" {
+            clawfleet_protocol::Ident::new(g.namespace.as_str())
+                .map_err(|e| invalid("INVALID_IDENTIFIER", format!("grants[{i}].namespace {e}")))?;
+        }
+        if !seen.insert(g.namespace.as_str()) {
+            return Err(invalid(
+                "DUPLICATE_GRANT",
+                format!(
+                    "grants[{i}].namespace {:?} is granted twice; give each Namespace one role (roles include the ones below them)",
+                    g.namespace
+                ),
+            ));
+        }
+    }
+    if let Some(at) = req.expires_at
+        && at <= now
+    {
+        return Err(invalid(
+            "INVALID_EXPIRY",
+            format!("expiresAt {at} is not in the future (now is {now}, seconds since the epoch)"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) async fn create_token<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    StrictJson(req): StrictJson<NewToken>,
+) -> ApiResult {
+    let now = crate::clock::now_seconds();
+    check(&req, now)?;
+    let (id, secret) =
+        tokens::create_expiring(&st.service.store, &req.name, &req.grants, req.expires_at)
+            .map_err(|e| {
+                tracing::error!("token creation failed: {e}");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "TOKEN_FAILURE",
+                    "the token could not be created; see the coordinator log",
+                )
+            })?;
+    st.service
+        .store
+        .audit(
+            &caller.token_id,
+            "token.create",
+            &id,
+            &json!({"grants": req.grants, "expiresAt": req.expires_at}),
+            now,
+        )
+        .map_err(ServiceError::from)?;
+    ok(
+        StatusCode::CREATED,
+        json!({"id": id, "token": secret, "grants": req.grants, "expiresAt": req.expires_at}),
+    )
+}
+
+pub(super) async fn revoke_token<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult {
+    if !st
+        .service
+        .store
+        .revoke_token(&id)
+        .map_err(ServiceError::from)?
+    {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("token {id} does not exist"),
+        ));
+    }
+    st.service
+        .store
+        .audit(
+            &caller.token_id,
+            "token.revoke",
+            &id,
+            &json!({}),
+            crate::clock::now_seconds(),
+        )
+        .map_err(ServiceError::from)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,408 @@
+//! The API's hardening over real HTTP on loopback, served by `api::serve` with short limits:
+//! the header-read and request timeouts, the concurrency limit, the body limit before any
+//! token lookup, token expiry, duplicate grants, host-pool choice by a Namespace-scoped admin,
+//! and literal secrets in configuration documents.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use coordinator::api::{AppState, router_with, serve};
+use coordinator::client::{Client, ClientError};
+use coordinator::config::ApiSettings;
+use coordinator::fake::FakeBackend;
+use coordinator::model::{Grant, Role};
+use coordinator::service::Service;
+use coordinator::store::Store;
+use serde_json::{Value, json};
+
+const HOST_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+
+struct Api {
+    addr: String,
+    store: Store,
+    admin: String,
+}
+
+impl Api {
+    async fn start(settings: ApiSettings) -> Self {
+        let store = Store::in_memory().unwrap();
+        let (_, admin) = coordinator::tokens::create(
+            &store,
+            "admin",
+            &[Grant {
+                namespace: "*".into(),
+                role: Role::Admin,
+            }],
+        )
+        .unwrap();
+        let state = Arc::new(AppState {
+            service: Service::new(store.clone()),
+            backend: Arc::new(FakeBackend::new()),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let router = router_with(state, &settings);
+        tokio::spawn(
+            async move { serve(listener, router, &settings, std::future::pending()).await },
+        );
+        Self { addr, store, admin }
+    }
+
+    fn call(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, (u16, String, String)> {
+        let c = Client::new(&format!("http://{}", self.addr), token.map(str::to_owned)).unwrap();
+        c.request(method, path, body.as_ref()).map_err(|e| match e {
+            ClientError::Api {
+                status,
+                code,
+                message,
+            } => (status, code, message),
+            other => panic!("{method} {path}: {other}"),
+        })
+    }
+
+    async fn call_async(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, (u16, String, String)> {
+        let (addr, token, method, path) = (
+            self.addr.clone(),
+            token.map(str::to_owned),
+            method.to_owned(),
+            path.to_owned(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let c = Client::new(&format!("http://{addr}"), token).unwrap();
+            c.request(&method, &path, body.as_ref())
+                .map_err(|e| match e {
+                    ClientError::Api {
+                        status,
+                        code,
+                        message,
+                    } => (status, code, message),
+                    other => panic!("{method} {path}: {other}"),
+                })
+        })
+        .await
+        .unwrap()
+    }
+
+    fn table_counts(&self) -> Vec<(String, i64)> {
+        self.store.row_counts().unwrap()
+    }
+}
+
+/// Reads until the server closes the connection (or 15 s pass); returns what was read.
+fn read_to_close(stream: &mut TcpStream) -> (String, Duration) {
+    let t0 = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the server kept the connection open: {e}"),
+        }
+    }
+    (String::from_utf8_lossy(&out).into_owned(), t0.elapsed())
+}
+
+fn short() -> ApiSettings {
+    ApiSettings {
+        request_timeout: Duration::from_secs(2),
+        header_timeout: Duration::from_secs(1),
+        max_concurrent_requests: 4,
+        allow_plaintext_listen: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_loris_client_is_cut_off_by_the_header_timeout() {
+    let api = Api::start(short()).await;
+    let addr = api.addr.clone();
+    let (got, took) = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        // Headers that never end.
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n")
+            .unwrap();
+        read_to_close(&mut s)
+    })
+    .await
+    .unwrap();
+    assert!(took < Duration::from_secs(5), "closed after {took:?}");
+    assert!(!got.contains("200 OK"), "{got}");
+    // The server still answers others.
+    assert_eq!(
+        api.call_async(None, "GET", "/healthz", None).await.unwrap()["status"],
+        "ok"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_arrives_gets_408_and_stores_nothing() {
+    let api = Api::start(short()).await;
+    let before = api.table_counts();
+    let (addr, admin) = (api.addr.clone(), api.admin.clone());
+    let (got, took) = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let head = format!(
+            "POST /hosts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {admin}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\": "
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        read_to_close(&mut s)
+    })
+    .await
+    .unwrap();
+    assert!(took < Duration::from_secs(6), "answered after {took:?}");
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("REQUEST_TIMEOUT"), "{got}");
+    assert_eq!(api.table_counts(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_refused_before_the_token_is_looked_up() {
+    let api = Api::start(short()).await;
+    let addr = api.addr.clone();
+    let got = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        // No Authorization header at all: a 401 would mean the token was checked first.
+        let head = format!(
+            "POST /namespaces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            2 * 1024 * 1024
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        read_to_close(&mut s).0
+    })
+    .await
+    .unwrap();
+    assert!(got.starts_with("HTTP/1.1 413"), "{got}");
+    assert!(got.contains("BODY_TOO_LARGE"), "{got}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_beyond_the_concurrency_limit_get_503_at_once() {
+    let api = Api::start(ApiSettings {
+        max_concurrent_requests: 1,
+        ..short()
+    })
+    .await;
+    let (addr, admin) = (api.addr.clone(), api.admin.clone());
+    // One request holds the only permit while its body trickles in.
+    let holder = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let head = format!(
+            "POST /hosts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {admin}\r\nContent-Length: 50\r\n\r\n{{"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        read_to_close(&mut s).0
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    let busy = api
+        .call_async(None, "GET", "/healthz", None)
+        .await
+        .unwrap_err();
+    assert_eq!((busy.0, busy.1.as_str()), (503, "SERVER_BUSY"), "{busy:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(holder.await.unwrap().starts_with("HTTP/1.1 408"));
+    assert_eq!(
+        api.call_async(None, "GET", "/healthz", None).await.unwrap()["status"],
+        "ok"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_expire_and_grants_are_checked_before_anything_is_stored() {
+    let api = Api::start(short()).await;
+    let admin = api.admin.clone();
+    let now = coordinator::clock::now_seconds();
+    let t = api
+        .call_async(
+            Some(&admin),
+            "POST",
+            "/tokens",
+            Some(json!({"name": "brief", "grants": [{"namespace": "*", "role": "read"}], "expiresAt": now + 2})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(t["expiresAt"], now + 2);
+    let brief = t["token"].as_str().unwrap().to_owned();
+    api.call_async(Some(&brief), "GET", "/namespaces", None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let (status, code, message) = api
+        .call_async(Some(&brief), "GET", "/namespaces", None)
+        .await
+        .unwrap_err();
+    assert_eq!((status, code.as_str()), (401, "UNAUTHENTICATED"));
+    assert!(message.contains("expired"), "{message}");
+
+    let before = api.table_counts();
+    for (body, code, names) in [
+        (
+            json!({"name": "d", "grants": [{"namespace": "ns1", "role": "read"}, {"namespace": "ns1", "role": "admin"}]}),
+            "DUPLICATE_GRANT",
+            "grants[1].namespace",
+        ),
+        (
+            json!({"name": "d", "grants": [{"namespace": "*", "role": "read"}], "expiresAt": now - 5}),
+            "INVALID_EXPIRY",
+            "expiresAt",
+        ),
+    ] {
+        let (status, got, message) = api
+            .call_async(Some(&admin), "POST", "/tokens", Some(body))
+            .await
+            .unwrap_err();
+        assert_eq!((status, got.as_str()), (400, code), "{message}");
+        assert!(message.contains(names), "{message}");
+    }
+    assert_eq!(api.table_counts(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_admin_gets_the_missing_host_answer_for_any_host_pool() {
+    let api = Api::start(short()).await;
+    let admin = api.admin.clone();
+    api.call_async(
+        Some(&admin),
+        "POST",
+        "/hosts",
+        Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
+    )
+    .await
+    .unwrap();
+    let scoped = api
+        .call_async(
+            Some(&admin),
+            "POST",
+            "/tokens",
+            Some(json!({"name": "s", "grants": [{"namespace": "team", "role": "admin"}]})),
+        )
+        .await
+        .unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = api.table_counts();
+    let existing = api
+        .call_async(
+            Some(&scoped),
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "team", "hosts": ["h1"]})),
+        )
+        .await
+        .unwrap_err();
+    let missing = api
+        .call_async(
+            Some(&scoped),
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "team", "hosts": ["h9"]})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(existing.0, 400);
+    assert_eq!(existing.1, "UNKNOWN_HOST");
+    assert_eq!(existing.2.replace("h1", "H"), missing.2.replace("h9", "H"));
+    // A global admin gets the same answer for a missing host.
+    let global_missing = api
+        .call_async(
+            Some(&admin),
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "team", "hosts": ["h9"]})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(global_missing, missing);
+    assert_eq!(api.table_counts(), before);
+    api.call_async(
+        Some(&admin),
+        "POST",
+        "/namespaces",
+        Some(json!({"id": "team", "hosts": ["h1"]})),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_literal_api_key_is_refused_with_nothing_stored() {
+    let api = Api::start(short()).await;
+    let admin = api.admin.clone();
+    api.call_async(
+        Some(&admin),
+        "POST",
+        "/hosts",
+        Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
+    )
+    .await
+    .unwrap();
+    api.call_async(
+        Some(&admin),
+        "POST",
+        "/namespaces",
+        Some(json!({"id": "ns1", "hosts": ["h1"]})),
+    )
+    .await
+    .unwrap();
+    let before = api.table_counts();
+    let doc = json!({"models": {"providers": {"openai": {"apiKey": "sk-live-0123456789"}}}});
+    let (status, code, message) = api
+        .call_async(
+            Some(&admin),
+            "POST",
+            "/namespaces/ns1/configurations",
+            Some(json!({"id": "cfg", "document": doc})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status, code.as_str()),
+        (400, "CONFIGURATION_REFUSED"),
+        "{message}"
+    );
+    assert!(
+        message.contains("models.providers.openai.apiKey"),
+        "{message}"
+    );
+    assert!(message.contains("env file"), "{message}");
+    assert!(!message.contains("sk-live"), "{message}");
+    assert_eq!(api.table_counts(), before);
+    let ok = json!({"models": {"providers": {"openai": {"apiKey": "${OPENAI_API_KEY}"}}}});
+    api.call_async(
+        Some(&admin),
+        "POST",
+        "/namespaces/ns1/configurations",
+        Some(json!({"id": "cfg", "document": ok})),
+    )
+    .await
+    .unwrap();
+    let _ = api
+        .call(
+            Some(&admin),
+            "GET",
+            "/namespaces/ns1/configurations/cfg",
+            None,
+        )
+        .unwrap();
+}
