@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::codes::Code;
 use clawfleet_protocol::result::{OperationResult, Progress};
 use clawfleet_protocol::{Failure, HostName, Operation};
 use thiserror::Error;
@@ -145,10 +146,10 @@ impl CallError {
     pub fn code(&self) -> &'static str {
         match self {
             CallError::Failed(f) => f.code.as_str(),
-            CallError::Transport { .. } => "HOST_UNREACHABLE",
-            CallError::HostKeyMismatch { .. } => "HOST_KEY_MISMATCH",
-            CallError::AuthenticationRefused { .. } => "HOST_AUTH_REFUSED",
-            CallError::Unsupported { .. } => "BACKEND_UNSUPPORTED",
+            CallError::Transport { .. } => Code::HostUnreachable.as_str(),
+            CallError::HostKeyMismatch { .. } => Code::HostKeyMismatch.as_str(),
+            CallError::AuthenticationRefused { .. } => Code::HostAuthRefused.as_str(),
+            CallError::Unsupported { .. } => Code::BackendUnsupported.as_str(),
         }
     }
 }

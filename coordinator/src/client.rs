@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use crate::codes::Code;
 use serde_json::Value;
 use thiserror::Error;
 
@@ -114,7 +115,7 @@ impl Client {
         }
         let code = value["error"]["code"]
             .as_str()
-            .unwrap_or("HTTP_ERROR")
+            .unwrap_or(Code::HttpError.as_str())
             .to_owned();
         let message = value["error"]["message"]
             .as_str()

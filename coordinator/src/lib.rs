@@ -7,6 +7,7 @@ pub mod backend;
 pub mod backends;
 pub mod client;
 pub mod clock;
+pub mod codes;
 pub mod config;
 pub mod fake;
 pub mod model;

@@ -14,6 +14,7 @@ use clawfleet_protocol::ssh_key::{
 use clawfleet_protocol::{Principal, signing::load_signing_key};
 use coordinator::api::AppState;
 use coordinator::client::Client;
+use coordinator::codes::Code;
 use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
@@ -553,10 +554,11 @@ enum Waited {
 
 /// Codes a finished work item may end with that mean "done as asked".
 fn converged_code(what: Waited, code: &str) -> bool {
+    let code = Code::parse(code);
     match what {
-        Waited::Deploy => code == "REVISION_ACTIVATED",
-        Waited::Stop => matches!(code, "REVISION_STOPPED" | "AGENT_GONE"),
-        Waited::Delete => matches!(code, "AGENT_DELETED"),
+        Waited::Deploy => code == Some(Code::RevisionActivated),
+        Waited::Stop => matches!(code, Some(Code::RevisionStopped | Code::AgentGone)),
+        Waited::Delete => code == Some(Code::AgentDeleted),
     }
 }
 

@@ -21,6 +21,7 @@
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
+use crate::codes::Code;
 use Decision::{Allowed, Refused, Rendered};
 
 /// Why a configuration cannot be deployed.
@@ -35,7 +36,7 @@ pub struct Refusal {
 
 impl Refusal {
     /// The API's code for every refusal of this module (HTTP 400); the path tells them apart.
-    pub const CODE: &'static str = "CONFIGURATION_REFUSED";
+    pub const CODE: Code = Code::ConfigurationRefused;
 }
 
 fn refuse(field: &str, message: impl Into<String>) -> Refusal {
@@ -997,7 +998,7 @@ mod tests {
             );
             assert!(!err.to_string().contains("sk-1"), "{err}");
         }
-        assert_eq!(Refusal::CODE, "CONFIGURATION_REFUSED");
+        assert_eq!(Refusal::CODE, Code::ConfigurationRefused);
         let exec = refusal(
             &json!({"secrets": {"providers": {"vault": {"source": "exec", "command": "/bin/x"}}}}),
         );

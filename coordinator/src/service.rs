@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
+use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::render;
 use crate::store::{Store, StoreError, WorkRecord, WorkState};
@@ -17,24 +18,24 @@ pub const RECENT_WORK: u32 = 10;
 #[derive(Debug, Error)]
 pub enum ServiceError {
     #[error("{message}")]
-    Invalid { code: &'static str, message: String },
+    Invalid { code: Code, message: String },
     #[error("{what} {id} does not exist")]
     NotFound { what: &'static str, id: String },
     #[error("{message}")]
-    Conflict { code: &'static str, message: String },
+    Conflict { code: Code, message: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
 impl ServiceError {
-    fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+    fn invalid(code: Code, message: impl Into<String>) -> Self {
         ServiceError::Invalid {
             code,
             message: message.into(),
         }
     }
 
-    fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+    fn conflict(code: Code, message: impl Into<String>) -> Self {
         ServiceError::Conflict {
             code,
             message: message.into(),
@@ -54,7 +55,9 @@ type Result<T> = std::result::Result<T, ServiceError>;
 fn check_id(field: &str, value: &str) -> Result<()> {
     clawfleet_protocol::Ident::new(value)
         .map(|_| ())
-        .map_err(|e| ServiceError::invalid("INVALID_IDENTIFIER", format!("{field} {value:?} {e}")))
+        .map_err(|e| {
+            ServiceError::invalid(Code::InvalidIdentifier, format!("{field} {value:?} {e}"))
+        })
 }
 
 /// Body of `POST /namespaces`: a Namespace on a host pool (`hosts`) or on one Kubernetes
@@ -219,7 +222,7 @@ impl Service {
         let host = Self::validate_host(h)?;
         if !self.store.insert_host(&host)? {
             return Err(ServiceError::conflict(
-                "HOST_EXISTS",
+                Code::HostExists,
                 format!(
                     "host {} is already enrolled; PUT /hosts/{} (occ host enrol --replace) re-pins it",
                     host.name, host.name
@@ -259,7 +262,7 @@ impl Service {
         match self.store.delete_host(name)? {
             None => Err(ServiceError::not_found("host", name)),
             Some(false) => Err(ServiceError::conflict(
-                "HOST_IN_USE",
+                Code::HostInUse,
                 format!("host {name} is still in a Namespace pool or runs Agents"),
             )),
             Some(true) => self.audit(actor, "host.delete", name, json!({})),
@@ -269,7 +272,7 @@ impl Service {
     fn validate_host(h: NewHost) -> Result<Host> {
         check_id("name", &h.name)?;
         clawfleet_protocol::HostName::new(h.name.as_str())
-            .map_err(|e| ServiceError::invalid("INVALID_IDENTIFIER", format!("name {e}")))?;
+            .map_err(|e| ServiceError::invalid(Code::InvalidIdentifier, format!("name {e}")))?;
         if h.address.is_empty()
             || h.address.starts_with('-')
             || !h
@@ -278,26 +281,26 @@ impl Service {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-'))
         {
             return Err(ServiceError::invalid(
-                "INVALID_ADDRESS",
+                Code::InvalidAddress,
                 format!("address {:?} must be an IP address or DNS name", h.address),
             ));
         }
         if h.port == 0 {
             return Err(ServiceError::invalid(
-                "INVALID_PORT",
+                Code::InvalidPort,
                 "port must be 1 to 65535",
             ));
         }
         if h.max_agents == 0 {
             return Err(ServiceError::invalid(
-                "INVALID_CAPACITY",
+                Code::InvalidCapacity,
                 "maxAgents must be at least 1",
             ));
         }
         let key = clawfleet_protocol::ssh_key::PublicKey::from_openssh(h.host_key.trim()).map_err(
             |e| {
                 ServiceError::invalid(
-                    "INVALID_HOST_KEY",
+                    Code::InvalidHostKey,
                     format!("hostKey is not an OpenSSH public key: {e}"),
                 )
             },
@@ -308,7 +311,7 @@ impl Service {
             port: h.port,
             host_key: key
                 .to_openssh()
-                .map_err(|e| ServiceError::invalid("INVALID_HOST_KEY", e.to_string()))?,
+                .map_err(|e| ServiceError::invalid(Code::InvalidHostKey, e.to_string()))?,
             fingerprint: clawfleet_protocol::Fingerprint::of(&key).to_string(),
             max_agents: h.max_agents,
             enrolled_at: now(),
@@ -323,24 +326,24 @@ impl Service {
         check_id("name", &c.name)?;
         if self.store.cluster(&c.name)?.is_some() {
             return Err(ServiceError::conflict(
-                "CLUSTER_EXISTS",
+                Code::ClusterExists,
                 format!("cluster {} is already registered", c.name),
             ));
         }
         let credentials =
             clawfleet_kube::kubeconfig::parse_kubeconfig(&c.kubeconfig, c.context.as_deref())
                 .map_err(|e| {
-                    ServiceError::invalid("KUBECONFIG_INVALID", format!("kubeconfig {e}"))
+                    ServiceError::invalid(Code::KubeconfigInvalid, format!("kubeconfig {e}"))
                 })?;
         let settings = clawfleet_kube::settings::ClusterSettings::from_json(c.settings.clone())
             .map_err(|e| {
                 ServiceError::invalid(
-                    "CLUSTER_SETTINGS_INVALID",
+                    Code::ClusterSettingsInvalid,
                     format!("settings.{}: {}", e.field, e.reason),
                 )
             })?;
         let to_value = |v: std::result::Result<Value, serde_json::Error>| {
-            v.map_err(|e| ServiceError::invalid("CLUSTER_SETTINGS_INVALID", e.to_string()))
+            v.map_err(|e| ServiceError::invalid(Code::ClusterSettingsInvalid, e.to_string()))
         };
         Ok(crate::model::ClusterRecord {
             cluster: crate::model::Cluster {
@@ -362,7 +365,7 @@ impl Service {
     ) -> Result<crate::model::Cluster> {
         if !self.store.insert_cluster(record)? {
             return Err(ServiceError::conflict(
-                "CLUSTER_EXISTS",
+                Code::ClusterExists,
                 format!("cluster {} is already registered", record.cluster.name),
             ));
         }
@@ -387,7 +390,7 @@ impl Service {
         match self.store.delete_cluster(name)? {
             None => Err(ServiceError::not_found("cluster", name)),
             Some(false) => Err(ServiceError::conflict(
-                "CLUSTER_IN_USE",
+                Code::ClusterInUse,
                 format!("cluster {name} still holds Namespaces; delete them first"),
             )),
             Some(true) => self.audit(actor, "cluster.delete", name, json!({})),
@@ -408,14 +411,14 @@ impl Service {
         if let Some(cluster) = &n.cluster {
             if !n.hosts.is_empty() {
                 return Err(ServiceError::invalid(
-                    "BACKEND_AMBIGUOUS",
+                    Code::BackendAmbiguous,
                     "a Namespace is placed on a host pool (hosts) or on a cluster (cluster), not both",
                 ));
             }
             check_id("cluster", cluster)?;
             if !may_choose_pool || self.store.cluster(cluster)?.is_none() {
                 return Err(ServiceError::invalid(
-                    "UNKNOWN_CLUSTER",
+                    Code::UnknownCluster,
                     format!(
                         "cluster {cluster} is not registered, or this token may not place a \
                          Namespace on it (that needs a global admin token)"
@@ -430,7 +433,7 @@ impl Service {
                 crate::clock::now_ms(),
             )? {
                 return Err(ServiceError::conflict(
-                    "NAMESPACE_EXISTS",
+                    Code::NamespaceExists,
                     format!("Namespace {} exists", n.id),
                 ));
             }
@@ -447,14 +450,14 @@ impl Service {
         }
         if n.hosts.is_empty() {
             return Err(ServiceError::invalid(
-                "EMPTY_POOL",
+                Code::EmptyPool,
                 "hosts must name at least one enrolled host (or cluster a registered cluster)",
             ));
         }
         for h in &n.hosts {
             if !may_choose_pool || self.store.host(h)?.is_none() {
                 return Err(ServiceError::invalid(
-                    "UNKNOWN_HOST",
+                    Code::UnknownHost,
                     format!(
                         "host {h} is not enrolled, or this token may not put it in a pool \
                          (that needs a global admin token)"
@@ -470,7 +473,7 @@ impl Service {
             .insert_namespace(&n.id, &name, &hosts, None, crate::clock::now_ms())?
         {
             return Err(ServiceError::conflict(
-                "NAMESPACE_EXISTS",
+                Code::NamespaceExists,
                 format!("Namespace {} exists", n.id),
             ));
         }
@@ -494,7 +497,7 @@ impl Service {
             .mark_namespace_deleting(id, crate::clock::now_ms())?
         {
             return Err(ServiceError::conflict(
-                "NAMESPACE_NOT_EMPTY",
+                Code::NamespaceNotEmpty,
                 format!("Namespace {id} still has Agents; delete them first"),
             ));
         }
@@ -513,16 +516,16 @@ impl Service {
         check_id("id", id)?;
         // Refuse what can never be deployed now, not at deploy time.
         render::render(&document)
-            .map_err(|r| ServiceError::invalid("CONFIGURATION_REFUSED", r.to_string()))?;
+            .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))?;
         let canonical = clawfleet_protocol::Configuration::new(document.clone())
-            .map_err(|e| ServiceError::invalid("CONFIGURATION_REFUSED", e.to_string()))?;
+            .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         let generation = self
             .store
             .put_configuration(ns, id, canonical.value(), new, now())?
             .ok_or_else(|| {
                 if new {
                     ServiceError::conflict(
-                        "CONFIGURATION_EXISTS",
+                        Code::ConfigurationExists,
                         format!("configuration {id} exists; PUT a new generation"),
                     )
                 } else {
@@ -546,7 +549,7 @@ impl Service {
         let namespace = self.namespace(ns)?;
         if namespace.deleting {
             return Err(ServiceError::conflict(
-                "NAMESPACE_DELETING",
+                Code::NamespaceDeleting,
                 format!("Namespace {ns} is being deleted"),
             ));
         }
@@ -561,7 +564,7 @@ impl Service {
         {
             let shown: String = auth.method.chars().take(64).collect();
             return Err(ServiceError::invalid(
-                "HARNESS_AUTH_UNSUPPORTED",
+                Code::HarnessAuthUnsupported,
                 format!(
                     "harnessAuth.method {shown:?} is not supported; it must be \"runtime\": \
                      operator-managed credentials stay on the host"
@@ -570,7 +573,7 @@ impl Service {
         }
         if self.store.configuration(ns, &a.configuration_id)?.is_none() {
             return Err(ServiceError::invalid(
-                "UNKNOWN_CONFIGURATION",
+                Code::UnknownConfiguration,
                 format!("configuration {} does not exist", a.configuration_id),
             ));
         }
@@ -588,7 +591,7 @@ impl Service {
         };
         if !self.store.insert_agent(&agent)? {
             return Err(ServiceError::conflict(
-                "AGENT_EXISTS",
+                Code::AgentExists,
                 format!("Agent {} exists", a.id),
             ));
         }
@@ -607,7 +610,7 @@ impl Service {
         if let Some(cfg) = &p.configuration_id {
             if self.store.configuration(ns, cfg)?.is_none() {
                 return Err(ServiceError::invalid(
-                    "UNKNOWN_CONFIGURATION",
+                    Code::UnknownConfiguration,
                     format!("configuration {cfg} does not exist"),
                 ));
             }
@@ -628,7 +631,7 @@ impl Service {
         let agent = self.agent(ns, id)?;
         if agent.desired_state == DesiredState::Deleted {
             return Err(ServiceError::conflict(
-                "AGENT_DELETING",
+                Code::AgentDeleting,
                 format!("Agent {id} is being deleted"),
             ));
         }
@@ -637,9 +640,9 @@ impl Service {
             .configuration(ns, &agent.configuration_id)?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
         let rendered = render::render(&cfg.document)
-            .map_err(|r| ServiceError::invalid("CONFIGURATION_REFUSED", r.to_string()))?;
+            .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
-            .map_err(|e| ServiceError::invalid("CONFIGURATION_REFUSED", e.to_string()))?;
+            .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         // The store allocates the number and id inside its transaction.
         let mut rev = Revision {
             namespace_id: ns.to_owned(),
@@ -671,7 +674,7 @@ impl Service {
         let agent = self.agent(ns, id)?;
         if agent.desired_state == DesiredState::Deleted {
             return Err(ServiceError::conflict(
-                "AGENT_DELETING",
+                Code::AgentDeleting,
                 format!("Agent {id} is being deleted"),
             ));
         }

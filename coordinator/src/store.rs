@@ -1417,7 +1417,7 @@ mod tests {
         let path = dir.path().join("occ.db");
         {
             // A database as schema version 2 left it: createdAt in milliseconds.
-            let c = rusqlite::Connection::open(&path).unwrap();
+            let c = Connection::open(&path).unwrap();
             c.execute_batch("CREATE TABLE schema_version (version INTEGER NOT NULL)")
                 .unwrap();
             for (i, sql) in MIGRATIONS[..2].iter().enumerate() {

@@ -15,6 +15,7 @@ use clawfleet_protocol::{Configuration, FailureCode, Ident, Operation, Sha256Hex
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, ClusterTarget, HostTarget, Target};
+use crate::codes::Code;
 use crate::config::WorkerSettings;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::store::{Store, StoreError, Work, WorkKind, WorkState};
@@ -38,16 +39,16 @@ pub enum Step {
     },
 }
 
-fn done(code: &str, message: impl Into<String>) -> Step {
+fn done(code: Code, message: impl Into<String>) -> Step {
     Step::Done {
-        code: code.to_owned(),
+        code: code.as_str().to_owned(),
         message: message.into(),
     }
 }
 
-fn failed(code: &str, message: impl Into<String>) -> Step {
+fn failed(code: Code, message: impl Into<String>) -> Step {
     Step::Failed {
-        code: code.to_owned(),
+        code: code.as_str().to_owned(),
         message: message.into(),
     }
 }
@@ -55,12 +56,12 @@ fn failed(code: &str, message: impl Into<String>) -> Step {
 pub use crate::clock::now_ms;
 
 fn ident(s: &str) -> Result<Ident, Step> {
-    Ident::new(s).map_err(|e| failed("INVALID_STORED_ID", format!("{s:?} {e}")))
+    Ident::new(s).map_err(|e| failed(Code::InvalidStoredId, format!("{s:?} {e}")))
 }
 
 fn store_err(e: StoreError) -> Step {
     Step::Retry {
-        code: "STORE_UNAVAILABLE".to_owned(),
+        code: Code::StoreUnavailable.as_str().to_owned(),
         message: e.to_string(),
         attempt: false,
         delay: Duration::from_secs(1),
@@ -191,7 +192,7 @@ impl<B: Backend> Worker<B> {
         let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
         let step = if age > self.settings.convergence_deadline {
             failed(
-                "CONVERGENCE_DEADLINE_EXCEEDED",
+                Code::ConvergenceDeadlineExceeded,
                 format!(
                     "not converged within {} s",
                     self.settings.convergence_deadline.as_secs()
@@ -220,10 +221,10 @@ impl<B: Backend> Worker<B> {
                 message,
                 attempt: true,
                 ..
-            } if work.attempts + 1 >= self.settings.max_attempts => failed(
-                &code,
-                format!("{message} (gave up after {} attempts)", work.attempts + 1),
-            ),
+            } if work.attempts + 1 >= self.settings.max_attempts => Step::Failed {
+                code,
+                message: format!("{message} (gave up after {} attempts)", work.attempts + 1),
+            },
             other => other,
         }
     }
@@ -300,7 +301,7 @@ impl<B: Backend> Worker<B> {
         if e.is_retryable() {
             let own = progress_code(&e);
             let code = if after_commit && !own {
-                "REVISION_FINALIZATION_INCOMPLETE"
+                Code::RevisionFinalizationIncomplete.as_str()
             } else {
                 e.code()
             };
@@ -315,14 +316,17 @@ impl<B: Backend> Worker<B> {
                 delay: self.backoff(work.attempts),
             }
         } else {
-            failed(e.code(), e.to_string())
+            Step::Failed {
+                code: e.code().to_owned(),
+                message: e.to_string(),
+            }
         }
     }
 
     fn target(&self, host: &Host) -> Result<Target, Step> {
         HostTarget::of(host)
             .map(Target::Host)
-            .map_err(|e| failed("INVALID_STORED_ID", e.to_string()))
+            .map_err(|e| failed(Code::InvalidStoredId, e.to_string()))
     }
 
     /// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
@@ -336,7 +340,7 @@ impl<B: Backend> Worker<B> {
             .map_err(store_err)?
             .ok_or_else(|| {
                 failed(
-                    "INVALID_STATE",
+                    Code::InvalidState,
                     format!(
                         "Namespace {} names cluster {name}, which is not registered",
                         ns.id
@@ -360,7 +364,7 @@ impl<B: Backend> Worker<B> {
         };
         let host = self.store.host(name).map_err(store_err)?.ok_or_else(|| {
             failed(
-                "INVALID_STATE",
+                Code::InvalidState,
                 format!("the Agent's host {name} is not enrolled"),
             )
         })?;
@@ -403,7 +407,10 @@ impl<B: Backend> Worker<B> {
                 delay: self.settings.backoff_initial,
             }
         } else {
-            failed(e.code(), e.to_string())
+            Step::Failed {
+                code: e.code().to_owned(),
+                message: e.to_string(),
+            }
         }
     }
 
@@ -413,7 +420,7 @@ impl<B: Backend> Worker<B> {
             .namespace(&work.namespace_id)
             .map_err(store_err)?
         else {
-            return Ok(done("NAMESPACE_GONE", "the Namespace was deleted"));
+            return Ok(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
         if let Some(cluster) = self.cluster_target(&ns)? {
             let op = Operation::EnsureNamespace(NamespaceArgs {
@@ -426,7 +433,7 @@ impl<B: Backend> Worker<B> {
                 .set_namespace_cluster_ready(&ns.id, true)
                 .map_err(store_err)?;
             return Ok(done(
-                "NAMESPACE_READY",
+                Code::NamespaceReady,
                 format!("ready on {}", cluster.name()),
             ));
         }
@@ -440,7 +447,7 @@ impl<B: Backend> Worker<B> {
             }
         }
         match pending.into_iter().next() {
-            None => Ok(done("NAMESPACE_READY", "ready on every pool host")),
+            None => Ok(done(Code::NamespaceReady, "ready on every pool host")),
             Some((host, Step::Retry { code, message, .. })) => Ok(Step::Retry {
                 code,
                 message: format!("{host}: {message}"),
@@ -448,7 +455,10 @@ impl<B: Backend> Worker<B> {
                 delay: self.backoff(work.attempts),
             }),
             Some((host, Step::Failed { code, message } | Step::Done { code, message })) => {
-                Ok(failed(&code, format!("{host}: {message}")))
+                Ok(Step::Failed {
+                    code,
+                    message: format!("{host}: {message}"),
+                })
             }
         }
     }
@@ -459,11 +469,11 @@ impl<B: Backend> Worker<B> {
             .namespace(&work.namespace_id)
             .map_err(store_err)?
         else {
-            return Ok(done("NAMESPACE_DELETED", "already gone"));
+            return Ok(done(Code::NamespaceDeleted, "already gone"));
         };
         if !self.store.agents(&ns.id).map_err(store_err)?.is_empty() {
             return Ok(failed(
-                "NAMESPACE_NOT_EMPTY",
+                Code::NamespaceNotEmpty,
                 "the Namespace still has Agents",
             ));
         }
@@ -485,7 +495,7 @@ impl<B: Backend> Worker<B> {
             }
         }
         self.store.delete_namespace_row(&ns.id).map_err(store_err)?;
-        Ok(done("NAMESPACE_DELETED", "removed from every pool host"))
+        Ok(done(Code::NamespaceDeleted, "removed from every pool host"))
     }
 
     /// Picks a ready pool host with room, least loaded first.
@@ -530,9 +540,10 @@ impl<B: Backend> Worker<B> {
     fn revision_ref(rev: &Revision) -> Result<RevisionRef, Step> {
         Ok(RevisionRef {
             id: ident(&rev.id)?,
-            number: RevisionNumber::new(rev.number).map_err(|e| failed("INVALID_STORED_ID", e))?,
+            number: RevisionNumber::new(rev.number)
+                .map_err(|e| failed(Code::InvalidStoredId, e))?,
             configuration_hash: Sha256Hex::new(rev.configuration_hash.as_str())
-                .map_err(|e| failed("INVALID_STORED_ID", e.to_string()))?,
+                .map_err(|e| failed(Code::InvalidStoredId, e.to_string()))?,
         })
     }
 
@@ -556,24 +567,24 @@ impl<B: Backend> Worker<B> {
     async fn deploy(&self, work: &Work) -> Result<Step, Step> {
         let (Some(agent_id), Some(rev_id)) = (&work.agent_id, &work.revision_id) else {
             return Ok(failed(
-                "INVALID_WORK",
+                Code::InvalidWork,
                 "deploy work without an Agent or revision",
             ));
         };
         let ns_id = &work.namespace_id;
         let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
-            return Ok(done("AGENT_GONE", "the Agent was deleted"));
+            return Ok(done(Code::AgentGone, "the Agent was deleted"));
         };
         let Some(rev) = self
             .store
             .revision(ns_id, agent_id, rev_id)
             .map_err(store_err)?
         else {
-            return Ok(done("REVISION_GONE", "the revision was deleted"));
+            return Ok(done(Code::RevisionGone, "the revision was deleted"));
         };
         if agent.desired_state != DesiredState::Running {
             return Ok(done(
-                "REVISION_STOPPED",
+                Code::RevisionStopped,
                 "the Agent is no longer meant to run",
             ));
         }
@@ -582,14 +593,14 @@ impl<B: Backend> Worker<B> {
             self.store
                 .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                 .map_err(store_err)?;
-            return Ok(done("REVISION_SUPERSEDED", "a newer revision exists"));
+            return Ok(done(Code::RevisionSuperseded, "a newer revision exists"));
         }
         let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
-            return Ok(done("NAMESPACE_GONE", "the Namespace was deleted"));
+            return Ok(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
         if ns.deleting {
             return Ok(failed(
-                "NAMESPACE_DELETING",
+                Code::NamespaceDeleting,
                 "the Namespace is being deleted",
             ));
         }
@@ -597,7 +608,7 @@ impl<B: Backend> Worker<B> {
             Some(cluster) if ns.ready => cluster,
             Some(_) => {
                 return Ok(Step::Retry {
-                    code: "NAMESPACE_NOT_READY".to_owned(),
+                    code: Code::NamespaceNotReady.as_str().to_owned(),
                     message: "the Namespace is not ready on its cluster yet".to_owned(),
                     attempt: false,
                     delay: self.recheck(work),
@@ -606,7 +617,7 @@ impl<B: Backend> Worker<B> {
             None => {
                 let Some(host) = self.place(&ns, &agent)? else {
                     return Ok(Step::Retry {
-                        code: "NO_HOST_AVAILABLE".to_owned(),
+                        code: Code::NoHostAvailable.as_str().to_owned(),
                         message: "no ready pool host has room for this Agent yet".to_owned(),
                         attempt: false,
                         delay: self.recheck(work),
@@ -622,7 +633,7 @@ impl<B: Backend> Worker<B> {
         let agent_ref = Self::agent_ref(&agent)?;
         let reference = Self::revision_ref(&rev)?;
         let configuration = Configuration::new(rev.rendered.clone())
-            .map_err(|e| failed("CONFIGURATION_REJECTED", e.to_string()))?;
+            .map_err(|e| failed(Code::ConfigurationRefused, e.to_string()))?;
         let after_commit = agent.active_revision_id.as_deref() == Some(rev_id.as_str());
 
         // Prepare: stage only; the running gateway is untouched.
@@ -632,7 +643,7 @@ impl<B: Backend> Worker<B> {
             harness: Harness {
                 id: HarnessId::Openclaw,
                 version: HarnessVersion::new(HARNESS_VERSION)
-                    .map_err(|e| failed("INVALID_HARNESS", e))?,
+                    .map_err(|e| failed(Code::InvalidHarness, e))?,
                 mode: HarnessMode::Embedded,
             },
             configuration_hash: configuration.hash(),
@@ -659,14 +670,14 @@ impl<B: Backend> Worker<B> {
                         .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                         .map_err(store_err)?;
                     return Ok(done(
-                        "REVISION_SUPERSEDED",
+                        Code::RevisionSuperseded,
                         "the host already runs a newer revision",
                     ));
                 }
             }
             Ok(other) => {
                 return Ok(failed(
-                    "INVALID_HOST_RESULT",
+                    Code::InvalidHostResult,
                     format!("prepare answered {:?}", other.kind()),
                 ));
             }
@@ -680,7 +691,7 @@ impl<B: Backend> Worker<B> {
                 && let Some(current) = revisions.iter().find(|r| &r.id == active)
                 && current.number >= rev.number
             {
-                return Ok(done("REVISION_SUPERSEDED", "a newer revision is active"));
+                return Ok(done(Code::RevisionSuperseded, "a newer revision is active"));
             }
             let swapped = self
                 .store
@@ -688,7 +699,7 @@ impl<B: Backend> Worker<B> {
                 .map_err(store_err)?;
             if !swapped {
                 return Ok(Step::Retry {
-                    code: "REVISION_INCOMPLETE".to_owned(),
+                    code: FailureCode::RevisionIncomplete.as_str().to_owned(),
                     message: "the active revision changed meanwhile; re-checking".to_owned(),
                     attempt: false,
                     delay: Duration::from_millis(10),
@@ -714,7 +725,7 @@ impl<B: Backend> Worker<B> {
                 self.store
                     .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                     .map_err(store_err)?;
-                return Ok(done("REVISION_SUPERSEDED", f.message));
+                return Ok(done(Code::RevisionSuperseded, f.message));
             }
             Err(e) => {
                 // Learn what the host serves now: after a failed activation it may be nothing
@@ -735,7 +746,7 @@ impl<B: Backend> Worker<B> {
             Ok(OperationResult::ActivateRevision(a)) => self.observe(&agent, &a.observation),
             Ok(other) => {
                 return Ok(failed(
-                    "INVALID_HOST_RESULT",
+                    Code::InvalidHostResult,
                     format!("activate answered {:?}", other.kind()),
                 ));
             }
@@ -762,24 +773,27 @@ impl<B: Backend> Worker<B> {
             }
         }
         Ok(done(
-            "REVISION_ACTIVATED",
+            Code::RevisionActivated,
             format!("serving on {}", target.name()),
         ))
     }
 
     async fn stop(&self, work: &Work) -> Result<Step, Step> {
         let Some(agent_id) = &work.agent_id else {
-            return Ok(failed("INVALID_WORK", "stop work without an Agent"));
+            return Ok(failed(Code::InvalidWork, "stop work without an Agent"));
         };
         let ns_id = &work.namespace_id;
         let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
-            return Ok(done("AGENT_GONE", "the Agent was deleted"));
+            return Ok(done(Code::AgentGone, "the Agent was deleted"));
         };
         if agent.desired_state != DesiredState::Stopped {
-            return Ok(done("STOP_SUPERSEDED", "the Agent is meant to run again"));
+            return Ok(done(
+                Code::StopSuperseded,
+                "the Agent is meant to run again",
+            ));
         }
         let Some(active) = &agent.active_revision_id else {
-            return Ok(done("REVISION_STOPPED", "nothing was running"));
+            return Ok(done(Code::RevisionStopped, "nothing was running"));
         };
         let (Some(ns), Some(rev)) = (
             self.store.namespace(ns_id).map_err(store_err)?,
@@ -788,12 +802,12 @@ impl<B: Backend> Worker<B> {
                 .map_err(store_err)?,
         ) else {
             return Ok(failed(
-                "INVALID_STATE",
+                Code::InvalidState,
                 "the Agent's Namespace or revision is missing",
             ));
         };
         let Some(target) = self.agent_target(&ns, &agent)? else {
-            return Ok(done("REVISION_STOPPED", "nothing was running"));
+            return Ok(done(Code::RevisionStopped, "nothing was running"));
         };
         let op = Operation::StopRevision(RevisionArgs {
             namespace: Self::namespace_ref(&ns)?,
@@ -813,21 +827,24 @@ impl<B: Backend> Worker<B> {
             .set_revision_status(ns_id, agent_id, active, RevisionStatus::Stopped)
             .map_err(store_err)?;
         Ok(done(
-            "REVISION_STOPPED",
+            Code::RevisionStopped,
             format!("stopped on {}", target.name()),
         ))
     }
 
     async fn delete_agent(&self, work: &Work) -> Result<Step, Step> {
         let Some(agent_id) = &work.agent_id else {
-            return Ok(failed("INVALID_WORK", "delete work without an Agent"));
+            return Ok(failed(Code::InvalidWork, "delete work without an Agent"));
         };
         let ns_id = &work.namespace_id;
         let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
-            return Ok(done("AGENT_DELETED", "already gone"));
+            return Ok(done(Code::AgentDeleted, "already gone"));
         };
         let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
-            return Ok(failed("INVALID_STATE", "the Agent's Namespace is missing"));
+            return Ok(failed(
+                Code::InvalidState,
+                "the Agent's Namespace is missing",
+            ));
         };
         if let Some(target) = self.agent_target(&ns, &agent)? {
             let op = Operation::DeleteAgent(AgentArgs {
@@ -841,6 +858,6 @@ impl<B: Backend> Worker<B> {
         self.store
             .delete_agent_row(ns_id, agent_id)
             .map_err(store_err)?;
-        Ok(done("AGENT_DELETED", "removed from its host"))
+        Ok(done(Code::AgentDeleted, "removed from its host"))
     }
 }

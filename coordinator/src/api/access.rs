@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, AppState};
 use crate::backend::Backend;
+use crate::codes::Code;
 use crate::model::{Grant, Role};
 use crate::service::ServiceError;
 use crate::tokens;
@@ -99,7 +100,7 @@ impl Caller {
         };
         Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "FORBIDDEN",
+            Code::Forbidden,
             format!("this token lacks the {} role for {scope}", role.as_str()),
         ))
     }
@@ -113,7 +114,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             // A handler asked for the caller on a route the table marks Public.
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL_ERROR",
+                Code::InternalError,
                 "this route has no caller; see the coordinator log",
             )
         })
@@ -126,7 +127,8 @@ fn authenticate<B: Backend>(
     headers: &HeaderMap,
     now: i64,
 ) -> Result<Caller, ApiError> {
-    let unauthorized = |m: String| ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", m);
+    let unauthorized =
+        |m: String| ApiError::new(StatusCode::UNAUTHORIZED, Code::Unauthenticated, m);
     let value = headers
         .get("authorization")
         .ok_or_else(|| unauthorized("an Authorization: Bearer <token> header is required".into()))?

@@ -8,6 +8,7 @@ use super::access::Caller;
 use super::extract::{NoBody, StrictJson};
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::Backend;
+use crate::codes::Code;
 use crate::service::{AgentPatch, NewAgent, ServiceError};
 
 pub(super) async fn create_agent<B: Backend>(
@@ -71,7 +72,7 @@ pub(super) async fn deploy<B: Backend>(
     let mut value = serde_json::to_value(&rev).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "INTERNAL_ERROR",
+            Code::InternalError,
             format!("cannot encode the revision: {e}"),
         )
     })?;
@@ -99,7 +100,7 @@ pub(super) async fn get_work<B: Backend>(
     let id: i64 = id.parse().map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "INVALID_IDENTIFIER",
+            Code::InvalidIdentifier,
             format!("work id {id:?} must be a whole number"),
         )
     })?;
@@ -132,7 +133,7 @@ pub(super) async fn get_revision<B: Backend>(
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "NOT_FOUND",
+                Code::NotFound,
                 format!("revision {rev} does not exist"),
             )
         })?;

@@ -27,7 +27,7 @@ pub(super) async fn add_cluster<B: Backend>(
             record.cluster.last_probe = serde_json::to_value(&result).ok();
         }
         Err(e) => {
-            return Err(ApiError::new(
+            return Err(ApiError::from_target(
                 if e.is_retryable() {
                     StatusCode::BAD_GATEWAY
                 } else {

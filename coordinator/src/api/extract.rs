@@ -8,19 +8,20 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use super::{ApiError, MAX_BODY};
+use crate::codes::Code;
 
 async fn bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "BODY_TOO_LARGE",
+                Code::BodyTooLarge,
                 format!("request bodies are limited to {} KiB", MAX_BODY / 1024),
             )
         } else {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "INVALID_BODY",
+                Code::InvalidBody,
                 format!("the request body could not be read: {e}"),
             )
         }
@@ -38,7 +39,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for StrictJson<T> {
         let b = bytes(req, state).await?;
         clawfleet_protocol::envelope::decode_json("request body", &b)
             .map(StrictJson)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "INVALID_BODY", e.to_string()))
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, Code::InvalidBody, e.to_string()))
     }
 }
 
@@ -54,7 +55,7 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
         if b.iter().any(|c| !c.is_ascii_whitespace()) {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
-                "UNEXPECTED_BODY",
+                Code::UnexpectedBody,
                 "this route takes no body",
             ));
         }

@@ -9,6 +9,7 @@ use super::access::Caller;
 use super::extract::{NoBody, StrictJson};
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::{Backend, CallOptions, HostTarget};
+use crate::codes::Code;
 use crate::service::{HostUpdate, NewHost, ServiceError};
 
 pub(super) async fn enrol_host<B: Backend>(
@@ -41,7 +42,7 @@ fn enrolled_host<B: Backend>(
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "NOT_FOUND",
+                Code::NotFound,
                 format!("host {host} is not enrolled"),
             )
         })
@@ -89,7 +90,7 @@ pub(super) async fn probe_host<B: Backend>(
     let target = HostTarget::of(&h).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "INVALID_STORED_ID",
+            Code::InvalidStoredId,
             e.to_string(),
         )
     })?;
@@ -103,7 +104,7 @@ pub(super) async fn probe_host<B: Backend>(
                 .map_err(ServiceError::from)?;
             ok(StatusCode::OK, value)
         }
-        Err(e) => Err(ApiError::new(
+        Err(e) => Err(ApiError::from_target(
             if e.is_retryable() {
                 StatusCode::BAD_GATEWAY
             } else {

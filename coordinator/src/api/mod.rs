@@ -34,6 +34,7 @@ pub use routes::{Body, Method, ROUTES, Route};
 pub use tokens::NewToken;
 
 use crate::backend::Backend;
+use crate::codes::Code;
 use crate::config::ApiSettings;
 use crate::service::{Service, ServiceError};
 
@@ -58,11 +59,20 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: Code, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code: code.as_str(),
+            message: message.into(),
+        }
+    }
+
+    /// A failure of hostd or the Kubernetes backend, with its protocol code unchanged.
+    pub(crate) fn from_target(status: StatusCode, code: &'static str, message: String) -> Self {
         Self {
             status,
             code,
-            message: message.into(),
+            message,
         }
     }
 }
@@ -81,19 +91,19 @@ impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> Self {
         match &e {
             ServiceError::Invalid { code, .. } => {
-                ApiError::new(StatusCode::BAD_REQUEST, code, e.to_string())
+                ApiError::new(StatusCode::BAD_REQUEST, *code, e.to_string())
             }
             ServiceError::NotFound { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "NOT_FOUND", e.to_string())
+                ApiError::new(StatusCode::NOT_FOUND, Code::NotFound, e.to_string())
             }
             ServiceError::Conflict { code, .. } => {
-                ApiError::new(StatusCode::CONFLICT, code, e.to_string())
+                ApiError::new(StatusCode::CONFLICT, *code, e.to_string())
             }
             ServiceError::Store(inner) => {
                 tracing::error!("store failure: {inner}");
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "STORE_FAILURE",
+                    Code::StoreFailure,
                     "the state store failed; see the coordinator log",
                 )
             }
@@ -120,7 +130,7 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "NO_SUCH_ROUTE",
+                Code::NoSuchRoute,
                 "no such route; see /openapi.json",
             )
         })
@@ -153,7 +163,7 @@ async fn limit_concurrency(
         Err(_) => {
             let mut r = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "SERVER_BUSY",
+                Code::ServerBusy,
                 "too many requests in progress; retry shortly",
             )
             .into_response();
@@ -232,27 +242,27 @@ async fn json_errors(response: Response) -> Response {
     }
     let (code, message) = match status {
         StatusCode::PAYLOAD_TOO_LARGE => (
-            "BODY_TOO_LARGE",
+            Code::BodyTooLarge,
             format!("request bodies are limited to {} KiB", MAX_BODY / 1024),
         ),
         StatusCode::REQUEST_TIMEOUT => (
-            "REQUEST_TIMEOUT",
+            Code::RequestTimeout,
             "the request was not completed within the API's request timeout".to_owned(),
         ),
         StatusCode::METHOD_NOT_ALLOWED => (
-            "METHOD_NOT_ALLOWED",
+            Code::MethodNotAllowed,
             "this route does not take that method; see /openapi.json".to_owned(),
         ),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => (
-            "UNSUPPORTED_MEDIA_TYPE",
+            Code::UnsupportedMediaType,
             "request bodies must be JSON".to_owned(),
         ),
         s if s.is_server_error() => (
-            "INTERNAL_ERROR",
+            Code::InternalError,
             "the coordinator failed; see its log".to_owned(),
         ),
         _ => (
-            "INVALID_REQUEST",
+            Code::InvalidRequest,
             format!(
                 "the request was refused: {}",
                 status.canonical_reason().unwrap_or("bad request")

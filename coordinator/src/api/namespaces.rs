@@ -8,6 +8,7 @@ use super::access::Caller;
 use super::extract::StrictJson;
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::Backend;
+use crate::codes::Code;
 use crate::model::Role;
 use crate::service::{ConfigurationUpdate, NewConfiguration, NewNamespace, ServiceError};
 
@@ -81,7 +82,7 @@ pub(super) async fn get_configuration<B: Backend>(
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "NOT_FOUND",
+                Code::NotFound,
                 format!("configuration {cfg} does not exist"),
             )
         })?;

@@ -34,8 +34,28 @@ fn error_response(description: &str) -> Value {
     })
 }
 
+/// Every code an error answer may carry: the coordinator's own, then the protocol's (hostd and
+/// the Kubernetes backend), each with what it means.
+fn codes() -> (Vec<&'static str>, Vec<Value>) {
+    let mut names = Vec::new();
+    let mut described = Vec::new();
+    for c in crate::codes::Code::ALL {
+        names.push(c.as_str());
+        described.push(json!({"code": c.as_str(), "from": "coordinator", "meaning": c.describe()}));
+    }
+    for c in clawfleet_protocol::failure::FailureCode::ALL {
+        if names.contains(&c.as_str()) {
+            continue;
+        }
+        names.push(c.as_str());
+        described.push(json!({"code": c.as_str(), "from": "target", "retryable": c.default_class() == clawfleet_protocol::failure::FailureClass::Retryable}));
+    }
+    (names, described)
+}
+
 /// The whole document.
 pub fn document() -> Value {
+    let (code_names, code_list) = codes();
     let mut paths = Map::new();
     for r in ROUTES {
         let mut responses = Map::new();
@@ -108,13 +128,14 @@ pub fn document() -> Value {
                     "type": "object",
                     "required": ["code", "message"],
                     "properties": {
-                        "code": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"},
+                        "code": {"type": "string", "enum": code_names},
                         "message": {"type": "string"},
                     },
                 }},
             }},
         },
         "paths": paths,
+        "x-clawfleet-codes": code_list,
     })
 }
 

@@ -11,6 +11,7 @@ use super::access::Caller;
 use super::extract::StrictJson;
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::Backend;
+use crate::codes::Code;
 use crate::model::Grant;
 use crate::service::ServiceError;
 use crate::tokens;
@@ -26,24 +27,31 @@ pub struct NewToken {
     pub expires_at: Option<i64>,
 }
 
-fn invalid(code: &'static str, message: String) -> ApiError {
+fn invalid(code: Code, message: String) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
 }
 
 /// Checks grants and expiry before anything is stored.
 fn check(req: &NewToken, now: i64) -> Result<(), ApiError> {
     if req.grants.is_empty() {
-        return Err(invalid("INVALID_BODY", "grants must not be empty".into()));
+        return Err(invalid(
+            Code::InvalidBody,
+            "grants must not be empty".into(),
+        ));
     }
     let mut seen = HashSet::new();
     for (i, g) in req.grants.iter().enumerate() {
         if g.namespace != "*" {
-            clawfleet_protocol::Ident::new(g.namespace.as_str())
-                .map_err(|e| invalid("INVALID_IDENTIFIER", format!("grants[{i}].namespace {e}")))?;
+            clawfleet_protocol::Ident::new(g.namespace.as_str()).map_err(|e| {
+                invalid(
+                    Code::InvalidIdentifier,
+                    format!("grants[{i}].namespace {e}"),
+                )
+            })?;
         }
         if !seen.insert(g.namespace.as_str()) {
             return Err(invalid(
-                "DUPLICATE_GRANT",
+                Code::DuplicateGrant,
                 format!(
                     "grants[{i}].namespace {:?} is granted twice; give each Namespace one role (roles include the ones below them)",
                     g.namespace
@@ -55,7 +63,7 @@ fn check(req: &NewToken, now: i64) -> Result<(), ApiError> {
         && at <= now
     {
         return Err(invalid(
-            "INVALID_EXPIRY",
+            Code::InvalidExpiry,
             format!("expiresAt {at} is not in the future (now is {now}, seconds since the epoch)"),
         ));
     }
@@ -75,7 +83,7 @@ pub(super) async fn create_token<B: Backend>(
                 tracing::error!("token creation failed: {e}");
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    "TOKEN_FAILURE",
+                    Code::TokenFailure,
                     "the token could not be created; see the coordinator log",
                 )
             })?;
@@ -108,7 +116,7 @@ pub(super) async fn revoke_token<B: Backend>(
     {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "NOT_FOUND",
+            Code::NotFound,
             format!("token {id} does not exist"),
         ));
     }
