@@ -4,7 +4,19 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Roles, in increasing power; each includes the ones before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Read,
@@ -35,9 +47,11 @@ impl Role {
 }
 
 /// One grant of a token: a role in one Namespace, or in all (`"*"`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Grant {
+    /// A Namespace id, or `*` for all Namespaces.
+    #[schemars(pattern(r"^(\*|[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)$"))]
     pub namespace: String,
     pub role: Role,
 }

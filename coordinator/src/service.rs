@@ -52,6 +52,13 @@ impl ServiceError {
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
+/// An `Ident` (`clawfleet_protocol::Ident`) as a JSON Schema pattern, for `/openapi.json`.
+pub const IDENT_PATTERN: &str = "^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$";
+/// A host's address: an IP address or DNS name, never an option (`-…`).
+pub const ADDRESS_PATTERN: &str = "^[A-Za-z0-9.:][A-Za-z0-9.:-]*$";
+/// A host name: an `Ident` that is also a `HostName` (no `_`).
+pub const HOST_NAME_PATTERN: &str = "^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$";
+
 fn check_id(field: &str, value: &str) -> Result<()> {
     clawfleet_protocol::Ident::new(value)
         .map(|_| ())
@@ -62,23 +69,29 @@ fn check_id(field: &str, value: &str) -> Result<()> {
 
 /// Body of `POST /namespaces`: a Namespace on a host pool (`hosts`) or on one Kubernetes
 /// cluster (`cluster`), chosen at creation.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewNamespace {
+    #[schemars(pattern(IDENT_PATTERN))]
     pub id: String,
     #[serde(default)]
+    #[schemars(pattern(IDENT_PATTERN))]
     pub name: Option<String>,
     #[serde(default)]
+    #[schemars(inner(pattern(HOST_NAME_PATTERN)))]
     pub hosts: Vec<String>,
     #[serde(default)]
+    #[schemars(pattern(IDENT_PATTERN))]
     pub cluster: Option<String>,
 }
 
 /// Body of `POST /hosts`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewHost {
+    #[schemars(pattern(HOST_NAME_PATTERN))]
     pub name: String,
+    #[schemars(pattern(ADDRESS_PATTERN), length(max = 253))]
     pub address: String,
     #[serde(default = "default_port")]
     pub port: u16,
@@ -97,9 +110,10 @@ fn default_max_agents() -> u32 {
 }
 
 /// Body of `POST /clusters`: a kubeconfig (its text) and the cluster's settings.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewCluster {
+    #[schemars(pattern(IDENT_PATTERN))]
     pub name: String,
     /// The kubeconfig's text. Files it names (CA, certificate, key, token) are read on the
     /// coordinator's machine; embed them (`*-data`) when registering from elsewhere.
@@ -107,6 +121,7 @@ pub struct NewCluster {
     #[serde(default)]
     pub context: Option<String>,
     /// Per-cluster settings (`clawfleet_kube::ClusterSettings`, camelCase).
+    #[schemars(with = "serde_json::Map<String, Value>")]
     pub settings: Value,
 }
 
@@ -122,9 +137,10 @@ impl std::fmt::Debug for NewCluster {
 }
 
 /// Body of `PUT /hosts/{host}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HostUpdate {
+    #[schemars(pattern(ADDRESS_PATTERN), length(max = 253))]
     pub address: String,
     #[serde(default = "default_port")]
     pub port: u16,
@@ -134,17 +150,22 @@ pub struct HostUpdate {
 }
 
 /// Body of `POST /namespaces/{ns}/configurations`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewConfiguration {
+    #[schemars(pattern(IDENT_PATTERN))]
     pub id: String,
+    /// The native OpenClaw configuration (`openclaw.json`).
+    #[schemars(with = "serde_json::Map<String, Value>")]
     pub document: Value,
 }
 
 /// Body of `PUT /namespaces/{ns}/configurations/{cfg}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigurationUpdate {
+    /// The native OpenClaw configuration (`openclaw.json`).
+    #[schemars(with = "serde_json::Map<String, Value>")]
     pub document: Value,
 }
 
@@ -161,6 +182,23 @@ pub struct HarnessAuth {
 
 /// The only supported harness authentication method.
 pub const HARNESS_AUTH_RUNTIME: &str = "runtime";
+
+impl schemars::JsonSchema for HarnessAuth {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "HarnessAuth".into()
+    }
+
+    /// Only `{"method": "runtime"}` is deployable; other methods are decoded to be refused
+    /// with HARNESS_AUTH_UNSUPPORTED.
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "required": ["method"],
+            "properties": {"method": {"type": "string", "enum": [HARNESS_AUTH_RUNTIME]}},
+            "additionalProperties": false,
+        })
+    }
+}
 
 impl<'de> Deserialize<'de> for HarnessAuth {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -181,21 +219,25 @@ impl<'de> Deserialize<'de> for HarnessAuth {
 }
 
 /// Body of `POST /namespaces/{ns}/agents`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewAgent {
+    #[schemars(pattern(IDENT_PATTERN))]
     pub id: String,
     #[serde(default)]
+    #[schemars(pattern(IDENT_PATTERN))]
     pub service_principal_id: Option<String>,
+    #[schemars(pattern(IDENT_PATTERN))]
     pub configuration_id: String,
     #[serde(default)]
     pub harness_auth: Option<HarnessAuth>,
 }
 
 /// Body of `PATCH /namespaces/{ns}/agents/{agent}`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentPatch {
+    #[schemars(pattern(IDENT_PATTERN))]
     pub configuration_id: Option<String>,
 }
 

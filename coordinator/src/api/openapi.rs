@@ -5,18 +5,30 @@ use serde_json::{Map, Value, json};
 
 use super::access::Access;
 use super::routes::{Body, ROUTES};
+use crate::service::{HOST_NAME_PATTERN, IDENT_PATTERN};
 
-/// What each path parameter names.
-fn parameter_description(name: &str) -> &'static str {
+/// What each path parameter names, and its schema.
+fn parameter(name: &str) -> (&'static str, Value) {
+    let ident = json!({"type": "string", "pattern": IDENT_PATTERN});
     match name {
-        "ns" => "Namespace id",
-        "cfg" => "Configuration id",
-        "agent" => "Agent id",
-        "rev" => "Revision id (rev-N)",
-        "host" => "Host name",
-        "cluster" => "Cluster name",
-        "id" => "Work item number or token id",
-        _ => "Identifier",
+        "ns" => ("Namespace id", ident),
+        "cfg" => ("Configuration id", ident),
+        "agent" => ("Agent id", ident),
+        "rev" => ("Revision id (rev-N)", ident),
+        "host" => (
+            "Host name",
+            json!({"type": "string", "pattern": HOST_NAME_PATTERN}),
+        ),
+        "cluster" => ("Cluster name", ident),
+        "work" => (
+            "Work item number",
+            json!({"type": "string", "pattern": "^[0-9]{1,18}$"}),
+        ),
+        "id" => (
+            "Token id",
+            json!({"type": "string", "pattern": "^[0-9a-f]{1,32}$"}),
+        ),
+        _ => ("Identifier", json!({"type": "string"})),
     }
 }
 
@@ -84,12 +96,13 @@ pub fn document() -> Value {
         let parameters: Vec<Value> = path_parameters(r.path)
             .into_iter()
             .map(|p| {
+                let (description, schema) = parameter(p);
                 json!({
                     "name": p,
                     "in": "path",
                     "required": true,
-                    "description": parameter_description(p),
-                    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+                    "description": description,
+                    "schema": schema,
                 })
             })
             .collect();
@@ -103,10 +116,10 @@ pub fn document() -> Value {
         if !parameters.is_empty() {
             op["parameters"] = Value::Array(parameters);
         }
-        if r.body == Body::Json {
+        if let Body::Json(schema) = r.body {
             op["requestBody"] = json!({
                 "required": true,
-                "content": {"application/json": {"schema": {"type": "object"}}},
+                "content": {"application/json": {"schema": schema()}},
             });
         }
         let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));

@@ -11,6 +11,11 @@ use super::access::{Access, authorize};
 use super::{AppState, agents, clusters, hosts, namespaces, system, tokens};
 use crate::backend::Backend;
 use crate::model::Role;
+use crate::service::{
+    AgentPatch, ConfigurationUpdate, HostUpdate, NewAgent, NewCluster, NewConfiguration, NewHost,
+    NewNamespace,
+};
+use tokens::NewToken;
 
 /// An HTTP method the API serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,12 +51,39 @@ impl Method {
 }
 
 /// What a route takes as its body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Body {
     /// No body (an empty or all-whitespace body is accepted, anything else is 400).
     None,
-    /// A strict JSON object: unknown fields are refused.
-    Json,
+    /// A strict JSON object (unknown fields refused) of the type whose JSON Schema this gives.
+    Json(fn() -> serde_json::Value),
+}
+
+impl Body {
+    /// Whether the route takes a JSON body.
+    pub fn is_json(self) -> bool {
+        matches!(self, Body::Json(_))
+    }
+}
+
+/// The JSON Schema (2020-12, as OpenAPI 3.1 uses) of a request type, every subschema inline.
+pub fn schema_of<T: schemars::JsonSchema>() -> serde_json::Value {
+    let generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|s| {
+            s.inline_subschemas = true;
+            s.meta_schema = None;
+        })
+        .into_generator();
+    generator.into_root_schema_for::<T>().to_value()
+}
+
+macro_rules! body {
+    (Empty) => {
+        Body::None
+    };
+    (Json < $t:ty >) => {
+        Body::Json(schema_of::<$t>)
+    };
 }
 
 /// One route.
@@ -69,14 +101,14 @@ pub struct Route {
 }
 
 macro_rules! route_table {
-    ($( $method:ident $path:literal, $access:expr, $body:ident, $success:literal
+    ($( $method:ident $path:literal, $access:expr, $body:ident $(< $ty:ty >)?, $success:literal
         => $module:ident :: $handler:ident, $summary:literal; )*) => {
         /// Every route the API serves, in the order `/openapi.json` lists them.
         pub const ROUTES: &[Route] = &[$(Route {
             method: Method::$method,
             path: $path,
             access: $access,
-            body: Body::$body,
+            body: body!($body $(< $ty >)?),
             success: $success,
             operation: stringify!($handler),
             summary: $summary,
@@ -107,67 +139,67 @@ use Access::{Global, Namespace, Public, Scoped, Token};
 use Role::{Admin, Deploy, Operate, Read};
 
 route_table! {
-    Get "/healthz", Public, None, 200 => system::healthz, "Liveness";
-    Get "/openapi.json", Public, None, 200 => system::openapi_document, "This document";
-    Get "/metrics", Global(Read), None, 200 => system::metrics, "Prometheus metrics (text format)";
+    Get "/healthz", Public, Empty, 200 => system::healthz, "Liveness";
+    Get "/openapi.json", Public, Empty, 200 => system::openapi_document, "This document";
+    Get "/metrics", Global(Read), Empty, 200 => system::metrics, "Prometheus metrics (text format)";
 
-    Post "/namespaces", Scoped(Admin), Json, 201 => namespaces::create_namespace,
+    Post "/namespaces", Scoped(Admin), Json<NewNamespace>, 201 => namespaces::create_namespace,
         "Create a Namespace on a host pool or a cluster (choosing either needs a global admin token)";
-    Get "/namespaces", Token, None, 200 => namespaces::list_namespaces,
+    Get "/namespaces", Token, Empty, 200 => namespaces::list_namespaces,
         "List the Namespaces the token may read";
-    Get "/namespaces/{ns}", Namespace(Read), None, 200 => namespaces::get_namespace, "Get a Namespace";
-    Delete "/namespaces/{ns}", Namespace(Admin), None, 202 => namespaces::delete_namespace,
+    Get "/namespaces/{ns}", Namespace(Read), Empty, 200 => namespaces::get_namespace, "Get a Namespace";
+    Delete "/namespaces/{ns}", Namespace(Admin), Empty, 202 => namespaces::delete_namespace,
         "Delete an empty Namespace (409 while it has Agents)";
-    Post "/namespaces/{ns}/configurations", Namespace(Deploy), Json, 201
+    Post "/namespaces/{ns}/configurations", Namespace(Deploy), Json<NewConfiguration>, 201
         => namespaces::create_configuration, "Create a Configuration";
-    Get "/namespaces/{ns}/configurations/{cfg}", Namespace(Read), None, 200
+    Get "/namespaces/{ns}/configurations/{cfg}", Namespace(Read), Empty, 200
         => namespaces::get_configuration, "Get a Configuration's latest generation";
-    Put "/namespaces/{ns}/configurations/{cfg}", Namespace(Deploy), Json, 200
+    Put "/namespaces/{ns}/configurations/{cfg}", Namespace(Deploy), Json<ConfigurationUpdate>, 200
         => namespaces::put_configuration, "Add a Configuration generation";
 
-    Post "/namespaces/{ns}/agents", Namespace(Deploy), Json, 201 => agents::create_agent,
+    Post "/namespaces/{ns}/agents", Namespace(Deploy), Json<NewAgent>, 201 => agents::create_agent,
         "Create an Agent";
-    Get "/namespaces/{ns}/agents", Namespace(Read), None, 200 => agents::list_agents, "List Agents";
-    Get "/namespaces/{ns}/agents/{agent}", Namespace(Read), None, 200 => agents::get_agent,
+    Get "/namespaces/{ns}/agents", Namespace(Read), Empty, 200 => agents::list_agents, "List Agents";
+    Get "/namespaces/{ns}/agents/{agent}", Namespace(Read), Empty, 200 => agents::get_agent,
         "Get an Agent";
-    Patch "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), Json, 200 => agents::patch_agent,
+    Patch "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), Json<AgentPatch>, 200 => agents::patch_agent,
         "Change an Agent's Configuration";
-    Delete "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), None, 202 => agents::delete_agent,
+    Delete "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), Empty, 202 => agents::delete_agent,
         "Delete an Agent";
-    Post "/namespaces/{ns}/agents/{agent}/deploy", Namespace(Deploy), None, 202 => agents::deploy,
+    Post "/namespaces/{ns}/agents/{agent}/deploy", Namespace(Deploy), Empty, 202 => agents::deploy,
         "Deploy a new revision";
-    Post "/namespaces/{ns}/agents/{agent}/stop", Namespace(Operate), None, 202 => agents::stop,
+    Post "/namespaces/{ns}/agents/{agent}/stop", Namespace(Operate), Empty, 202 => agents::stop,
         "Stop the Agent";
-    Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), None, 200
+    Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), Empty, 200
         => agents::list_revisions, "List revisions";
-    Get "/namespaces/{ns}/agents/{agent}/revisions/{rev}", Namespace(Read), None, 200
+    Get "/namespaces/{ns}/agents/{agent}/revisions/{rev}", Namespace(Read), Empty, 200
         => agents::get_revision, "Get a revision";
-    Get "/namespaces/{ns}/agents/{agent}/deployment-status", Namespace(Read), None, 200
+    Get "/namespaces/{ns}/agents/{agent}/deployment-status", Namespace(Read), Empty, 200
         => agents::deployment_status, "Desired state, active and served revision, progress";
-    Get "/namespaces/{ns}/agents/{agent}/work/{id}", Namespace(Read), None, 200
+    Get "/namespaces/{ns}/agents/{agent}/work/{work}", Namespace(Read), Empty, 200
         => agents::get_work, "One work item (deploy, stop, delete) with its last attempt";
 
-    Post "/hosts", Global(Admin), Json, 201 => hosts::enrol_host, "Enrol a host (pins its key)";
-    Get "/hosts", Global(Admin), None, 200 => hosts::list_hosts, "List hosts";
-    Get "/hosts/{host}", Global(Admin), None, 200 => hosts::get_host, "Get a host";
-    Put "/hosts/{host}", Global(Admin), Json, 200 => hosts::update_host,
+    Post "/hosts", Global(Admin), Json<NewHost>, 201 => hosts::enrol_host, "Enrol a host (pins its key)";
+    Get "/hosts", Global(Admin), Empty, 200 => hosts::list_hosts, "List hosts";
+    Get "/hosts/{host}", Global(Admin), Empty, 200 => hosts::get_host, "Get a host";
+    Put "/hosts/{host}", Global(Admin), Json<HostUpdate>, 200 => hosts::update_host,
         "Re-pin a host's key, address or capacity";
-    Delete "/hosts/{host}", Global(Admin), None, 204 => hosts::delete_host,
+    Delete "/hosts/{host}", Global(Admin), Empty, 204 => hosts::delete_host,
         "Forget a host (409 while a Namespace's pool names it)";
-    Post "/hosts/{host}/probe", Global(Admin), None, 200 => hosts::probe_host,
+    Post "/hosts/{host}/probe", Global(Admin), Empty, 200 => hosts::probe_host,
         "Probe a host over SSH";
 
-    Post "/clusters", Global(Admin), Json, 201 => clusters::add_cluster,
+    Post "/clusters", Global(Admin), Json<NewCluster>, 201 => clusters::add_cluster,
         "Register a Kubernetes cluster (kubeconfig validated, then probed)";
-    Get "/clusters", Global(Admin), None, 200 => clusters::list_clusters,
+    Get "/clusters", Global(Admin), Empty, 200 => clusters::list_clusters,
         "List clusters (never their credentials)";
-    Get "/clusters/{cluster}", Global(Admin), None, 200 => clusters::get_cluster, "Get a cluster";
-    Delete "/clusters/{cluster}", Global(Admin), None, 204 => clusters::delete_cluster,
+    Get "/clusters/{cluster}", Global(Admin), Empty, 200 => clusters::get_cluster, "Get a cluster";
+    Delete "/clusters/{cluster}", Global(Admin), Empty, 204 => clusters::delete_cluster,
         "Forget a cluster (409 while a Namespace uses it)";
 
-    Post "/tokens", Global(Admin), Json, 201 => tokens::create_token,
+    Post "/tokens", Global(Admin), Json<NewToken>, 201 => tokens::create_token,
         "Create a token (optionally expiring)";
-    Delete "/tokens/{id}", Global(Admin), None, 204 => tokens::revoke_token, "Revoke a token";
+    Delete "/tokens/{id}", Global(Admin), Empty, 204 => tokens::revoke_token, "Revoke a token";
 }
 
 #[cfg(test)]
@@ -187,7 +219,7 @@ mod tests {
             if matches!(r.access, Namespace(_)) {
                 assert!(r.path.starts_with("/namespaces/{ns}"), "{}", r.path);
             }
-            if matches!(r.body, Body::Json) {
+            if r.body.is_json() {
                 assert_ne!(r.method, Method::Get, "{}", r.path);
             }
         }

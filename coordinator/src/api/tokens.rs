@@ -17,10 +17,12 @@ use crate::service::ServiceError;
 use crate::tokens;
 
 /// The body of `POST /tokens`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewToken {
+    #[schemars(length(min = 1, max = 128))]
     pub name: String,
+    #[schemars(length(min = 1))]
     pub grants: Vec<Grant>,
     /// Seconds since the epoch from which the token is refused (401); absent: never.
     #[serde(default)]
@@ -33,6 +35,15 @@ fn invalid(code: Code, message: String) -> ApiError {
 
 /// Checks grants and expiry before anything is stored.
 fn check(req: &NewToken, now: i64) -> Result<(), ApiError> {
+    if req.name.is_empty()
+        || req.name.chars().count() > 128
+        || req.name.chars().any(char::is_control)
+    {
+        return Err(invalid(
+            Code::InvalidBody,
+            "name must be 1 to 128 characters without control characters".into(),
+        ));
+    }
     if req.grants.is_empty() {
         return Err(invalid(
             Code::InvalidBody,
