@@ -120,20 +120,21 @@ enum NamespaceCmd {
         /// A registered Kubernetes cluster.
         #[arg(long)]
         cluster: Option<String>,
+        /// A display name (default: the id).
         #[arg(long)]
         name: Option<String>,
     },
+    /// List the Namespaces the token may read.
     List,
-    Get {
-        id: String,
-    },
-    Delete {
-        id: String,
-    },
+    /// Show a Namespace: its pool or cluster and whether it is ready.
+    Get { id: String },
+    /// Delete an empty Namespace (refused while it has Agents).
+    Delete { id: String },
 }
 
 #[derive(Subcommand, Debug)]
 enum ConfigurationCmd {
+    /// Create a Configuration from an openclaw.json document.
     Create {
         namespace: String,
         id: String,
@@ -141,16 +142,16 @@ enum ConfigurationCmd {
         #[arg(long)]
         file: PathBuf,
     },
+    /// Add a generation to a Configuration (Agents use it on their next deploy).
     Update {
         namespace: String,
         id: String,
+        /// JSON file with the document.
         #[arg(long)]
         file: PathBuf,
     },
-    Get {
-        namespace: String,
-        id: String,
-    },
+    /// Show a Configuration's latest generation.
+    Get { namespace: String, id: String },
 }
 
 #[derive(Args, Debug)]
@@ -165,54 +166,54 @@ struct WaitArgs {
 
 #[derive(Subcommand, Debug)]
 enum AgentCmd {
+    /// Create an Agent with a Configuration (nothing runs until it is deployed).
     Create {
         namespace: String,
         id: String,
+        /// The Configuration the Agent runs.
         #[arg(long)]
         configuration: String,
+        /// The service principal the Agent acts as (default: the Agent's id).
         #[arg(long)]
         service_principal: Option<String>,
     },
-    List {
-        namespace: String,
-    },
-    Get {
-        namespace: String,
-        id: String,
-    },
+    /// List a Namespace's Agents.
+    List { namespace: String },
+    /// Show an Agent: desired state, host or cluster, active and served revision.
+    Get { namespace: String, id: String },
     /// Change the Agent's Configuration (deploy afterwards).
     Set {
         namespace: String,
         id: String,
+        /// The Configuration the Agent runs from its next deploy on.
         #[arg(long)]
         configuration: String,
     },
+    /// Deploy a new revision of the Agent's Configuration.
     Deploy {
         namespace: String,
         id: String,
         #[command(flatten)]
         wait: WaitArgs,
     },
+    /// Stop the Agent's gateway (its revisions and state are kept).
     Stop {
         namespace: String,
         id: String,
         #[command(flatten)]
         wait: WaitArgs,
     },
+    /// Delete the Agent from its host or cluster and from the coordinator.
     Delete {
         namespace: String,
         id: String,
         #[command(flatten)]
         wait: WaitArgs,
     },
-    Status {
-        namespace: String,
-        id: String,
-    },
-    Revisions {
-        namespace: String,
-        id: String,
-    },
+    /// Deployment status: desired state, revisions, open work and the last code.
+    Status { namespace: String, id: String },
+    /// List the Agent's revisions with their status.
+    Revisions { namespace: String, id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -220,26 +221,28 @@ enum HostCmd {
     /// Enrol a host: pins its SSH host key.
     Enrol {
         name: String,
+        /// The host's IP address or DNS name.
         #[arg(long)]
         address: String,
+        /// The host's SSH port.
         #[arg(long, default_value_t = 22)]
         port: u16,
         /// The host's public key line, or a path to it.
         #[arg(long)]
         host_key: String,
+        /// How many Agents the host may run.
         #[arg(long, default_value_t = 100)]
         max_agents: u32,
         /// Re-pin an already enrolled host (after a legitimate re-key or move).
         #[arg(long)]
         replace: bool,
     },
+    /// List enrolled hosts.
     List,
-    Get {
-        name: String,
-    },
-    Probe {
-        name: String,
-    },
+    /// Show one host and its last probe.
+    Get { name: String },
+    /// Probe a host over SSH: hostd's version, systemd, tools and Agents.
+    Probe { name: String },
     /// Forget a host that no Namespace pool and no Agent uses.
     Remove {
         name: String,
@@ -251,6 +254,7 @@ enum TokenCmd {
     /// Create a token; grants are NAMESPACE:ROLE (NAMESPACE may be *).
     Create {
         name: String,
+        /// NAMESPACE:ROLE (roles: read, operate, deploy, admin; NAMESPACE * for all); repeat.
         #[arg(long = "grant", required = true)]
         grants: Vec<String>,
         /// Refuse the token after this many seconds (e.g. 86400 for a day); default: never.
@@ -1106,5 +1110,37 @@ fn main() -> ExitCode {
                 None => ExitCode::from(exit::ERROR),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every verb has a one-line help, and so has every option.
+    #[test]
+    fn every_verb_and_option_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let here = format!("{path} {}", sub.get_name());
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                if sub.get_about().is_none() {
+                    missing.push(format!("{here}: no help"));
+                }
+                for arg in sub.get_arguments() {
+                    if !arg.is_positional() && arg.get_help().is_none() && arg.get_id() != "help" {
+                        missing.push(format!("{here} --{}: no help", arg.get_id()));
+                    }
+                }
+                walk(sub, &here, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "occ", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 }
