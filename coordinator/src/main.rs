@@ -244,9 +244,7 @@ enum HostCmd {
     /// Probe a host over SSH: hostd's version, systemd, tools and Agents.
     Probe { name: String },
     /// Forget a host that no Namespace pool and no Agent uses.
-    Remove {
-        name: String,
-    },
+    Remove { name: String },
 }
 
 #[derive(Subcommand, Debug)]

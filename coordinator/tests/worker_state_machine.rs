@@ -30,13 +30,14 @@ fn settings() -> WorkerSettings {
 
 struct World {
     svc: Service,
+    store: Store,
     backend: Arc<FakeBackend>,
 }
 
 impl World {
     fn new(hosts: usize) -> Self {
         let store = Store::in_memory().unwrap();
-        let svc = Service::new(store);
+        let svc = Service::new(store.clone());
         let names: Vec<String> = (1..=hosts).map(|i| format!("h{i}")).collect();
         for n in &names {
             svc.enrol_host(
@@ -72,6 +73,7 @@ impl World {
         .unwrap();
         Self {
             svc,
+            store,
             backend: Arc::new(FakeBackend::new()),
         }
     }
@@ -91,7 +93,7 @@ impl World {
                 credentials: json!({"token": "not-a-real-token"}),
             })
             .unwrap();
-        let svc = Service::new(store);
+        let svc = Service::new(store.clone());
         svc.create_namespace(
             "test",
             NewNamespace {
@@ -107,12 +109,13 @@ impl World {
             .unwrap();
         Self {
             svc,
+            store,
             backend: Arc::new(FakeBackend::new()),
         }
     }
 
     fn worker(&self) -> Worker<FakeBackend> {
-        Worker::new(self.svc.store.clone(), self.backend.clone(), settings())
+        Worker::new(self.store.clone(), self.backend.clone(), settings())
     }
 
     fn agent(&self, id: &str) {
@@ -137,7 +140,7 @@ impl World {
             match w.run_once().await {
                 Some((_, s)) => steps.push(s),
                 None => {
-                    if self.svc.store.pending_work().unwrap() == 0 {
+                    if self.store.pending_work().unwrap() == 0 {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -179,7 +182,7 @@ async fn deploy_replace_stop_delete_converge() {
     let on_host = w.backend.agent(&host, "ns1", "a1").unwrap();
     assert_eq!(on_host.served.as_deref(), Some("rev-2"));
     assert_eq!(on_host.snapshots.keys().collect::<Vec<_>>(), vec!["rev-2"]);
-    let revs = w.svc.store.revisions("ns1", "a1").unwrap();
+    let revs = w.store.revisions("ns1", "a1").unwrap();
     assert_eq!(revs[0].status, RevisionStatus::Retired);
     assert_eq!(revs[1].status, RevisionStatus::Active);
     assert_eq!(
@@ -199,11 +202,11 @@ async fn deploy_replace_stop_delete_converge() {
     assert!(w.svc.delete_namespace("test", "ns1").is_err());
     w.svc.delete_agent("test", "ns1", "a1").unwrap();
     w.settle(&worker).await;
-    assert!(w.svc.store.agent("ns1", "a1").unwrap().is_none());
+    assert!(w.store.agent("ns1", "a1").unwrap().is_none());
     assert!(w.backend.agent(&host, "ns1", "a1").is_none());
     w.svc.delete_namespace("test", "ns1").unwrap();
     w.settle(&worker).await;
-    assert!(w.svc.store.namespace("ns1").unwrap().is_none());
+    assert!(w.store.namespace("ns1").unwrap().is_none());
     assert!(!w.backend.has_namespace("h1", "ns1"));
 }
 
@@ -216,7 +219,7 @@ async fn a_newer_revision_supersedes_older_work() {
     w.svc.deploy("test", "ns1", "a1").unwrap();
     w.svc.deploy("test", "ns1", "a1").unwrap();
     w.settle(&worker).await;
-    let revs = w.svc.store.revisions("ns1", "a1").unwrap();
+    let revs = w.store.revisions("ns1", "a1").unwrap();
     assert_eq!(
         revs[0].last_attempt.as_ref().unwrap().code,
         "REVISION_SUPERSEDED"
@@ -254,7 +257,7 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
     w.backend
         .inject(1, Inject::Fail(FailureCode::SnapshotMismatch));
     w.settle(&worker).await;
-    let rev = &w.svc.store.revisions("ns1", "a1").unwrap()[0];
+    let rev = &w.store.revisions("ns1", "a1").unwrap()[0];
     assert_eq!(rev.status, RevisionStatus::Failed);
     assert_eq!(rev.last_attempt.as_ref().unwrap().code, "SNAPSHOT_MISMATCH");
     assert_eq!(
@@ -270,7 +273,7 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
     }
     w.svc.deploy("test", "ns1", "a1").unwrap();
     w.settle(&worker).await;
-    let rev = &w.svc.store.revisions("ns1", "a1").unwrap()[1];
+    let rev = &w.store.revisions("ns1", "a1").unwrap()[1];
     assert_eq!(rev.status, RevisionStatus::Failed);
     let attempt = rev.last_attempt.as_ref().unwrap();
     assert_eq!(attempt.code, "HOST_UNREACHABLE");
@@ -341,7 +344,7 @@ async fn a_crash_at_every_call_resumes_and_converges() {
                 Some("rev-1"),
                 "crash at call {crash_at}"
             );
-            assert_eq!(w.svc.store.pending_work().unwrap(), 0);
+            assert_eq!(w.store.pending_work().unwrap(), 0);
         }
     }
 }
@@ -356,7 +359,7 @@ async fn placement_spreads_agents_and_respects_capacity() {
     }
     w.settle(&worker).await;
     let mut per_host = std::collections::BTreeMap::new();
-    for a in w.svc.store.agents("ns1").unwrap() {
+    for a in w.store.agents("ns1").unwrap() {
         assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
         *per_host.entry(a.host.unwrap()).or_insert(0) += 1;
     }
@@ -406,7 +409,7 @@ async fn a_cluster_namespace_converges_through_the_same_phases() {
     assert!(w.backend.agent("c1", "ns1", "a1").is_none());
     w.svc.delete_namespace("test", "ns1").unwrap();
     w.settle(&worker).await;
-    assert!(w.svc.store.namespace("ns1").unwrap().is_none());
+    assert!(w.store.namespace("ns1").unwrap().is_none());
     assert!(!w.backend.has_namespace("c1", "ns1"));
     assert!(
         w.backend.log().iter().all(|l| l.starts_with("c1 ")),

@@ -14,7 +14,6 @@ use super::{ApiError, AppState};
 use crate::backend::Backend;
 use crate::codes::Code;
 use crate::model::{Grant, Role};
-use crate::service::ServiceError;
 use crate::tokens;
 
 /// The rule a route's caller must meet.
@@ -139,9 +138,7 @@ fn authenticate<B: Backend>(
         .ok_or_else(|| unauthorized("the Authorization header must be Bearer <token>".into()))?;
     let row = state
         .service
-        .store
-        .token_by_hash(&tokens::hash(token.trim()))
-        .map_err(ServiceError::from)?
+        .token(&tokens::hash(token.trim()))?
         .ok_or_else(|| unauthorized("the token is unknown or revoked".into()))?;
     if let Some(at) = row.expires_at
         && now >= at

@@ -9,7 +9,7 @@ use super::extract::{NoBody, StrictJson};
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::Backend;
 use crate::codes::Code;
-use crate::service::{AgentPatch, NewAgent, ServiceError};
+use crate::service::{AgentPatch, NewAgent};
 
 pub(super) async fn create_agent<B: Backend>(
     State(st): S<B>,
@@ -24,11 +24,7 @@ pub(super) async fn create_agent<B: Backend>(
 }
 
 pub(super) async fn list_agents<B: Backend>(State(st): S<B>, Path(ns): Path<String>) -> ApiResult {
-    st.service.namespace(&ns)?;
-    ok(
-        StatusCode::OK,
-        st.service.store.agents(&ns).map_err(ServiceError::from)?,
-    )
+    ok(StatusCode::OK, st.service.agents(&ns)?)
 }
 
 pub(super) async fn get_agent<B: Backend>(
@@ -111,33 +107,14 @@ pub(super) async fn list_revisions<B: Backend>(
     State(st): S<B>,
     Path((ns, agent)): Path<(String, String)>,
 ) -> ApiResult {
-    st.service.agent(&ns, &agent)?;
-    ok(
-        StatusCode::OK,
-        st.service
-            .store
-            .revisions(&ns, &agent)
-            .map_err(ServiceError::from)?,
-    )
+    ok(StatusCode::OK, st.service.revisions(&ns, &agent)?)
 }
 
 pub(super) async fn get_revision<B: Backend>(
     State(st): S<B>,
     Path((ns, agent, rev)): Path<(String, String, String)>,
 ) -> ApiResult {
-    let r = st
-        .service
-        .store
-        .revision(&ns, &agent, &rev)
-        .map_err(ServiceError::from)?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                Code::NotFound,
-                format!("revision {rev} does not exist"),
-            )
-        })?;
-    ok(StatusCode::OK, r)
+    ok(StatusCode::OK, st.service.revision(&ns, &agent, &rev)?)
 }
 
 pub(super) async fn deployment_status<B: Backend>(

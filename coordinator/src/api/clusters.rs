@@ -8,7 +8,7 @@ use super::access::Caller;
 use super::extract::StrictJson;
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::{Backend, CallOptions, ClusterTarget, Target};
-use crate::service::{NewCluster, ServiceError};
+use crate::service::NewCluster;
 
 pub(super) async fn add_cluster<B: Backend>(
     State(st): S<B>,
@@ -45,10 +45,7 @@ pub(super) async fn add_cluster<B: Backend>(
 }
 
 pub(super) async fn list_clusters<B: Backend>(State(st): S<B>) -> ApiResult {
-    ok(
-        StatusCode::OK,
-        st.service.store.clusters().map_err(ServiceError::from)?,
-    )
+    ok(StatusCode::OK, st.service.clusters()?)
 }
 
 pub(super) async fn get_cluster<B: Backend>(

@@ -3,14 +3,12 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use serde_json::Value;
 
 use super::access::Caller;
 use super::extract::{NoBody, StrictJson};
 use super::{ApiError, ApiResult, S, ok};
-use crate::backend::{Backend, CallOptions, HostTarget};
-use crate::codes::Code;
-use crate::service::{HostUpdate, NewHost, ServiceError};
+use crate::backend::Backend;
+use crate::service::{HostUpdate, NewHost, ProbeError};
 
 pub(super) async fn enrol_host<B: Backend>(
     State(st): S<B>,
@@ -24,33 +22,11 @@ pub(super) async fn enrol_host<B: Backend>(
 }
 
 pub(super) async fn list_hosts<B: Backend>(State(st): S<B>) -> ApiResult {
-    ok(
-        StatusCode::OK,
-        st.service.store.hosts().map_err(ServiceError::from)?,
-    )
-}
-
-/// The enrolled host of that name, or 404.
-fn enrolled_host<B: Backend>(
-    st: &super::AppState<B>,
-    host: &str,
-) -> Result<crate::model::Host, ApiError> {
-    st.service
-        .store
-        .host(host)
-        .map_err(ServiceError::from)?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                Code::NotFound,
-                format!("host {host} is not enrolled"),
-            )
-        })
+    ok(StatusCode::OK, st.service.hosts()?)
 }
 
 pub(super) async fn get_host<B: Backend>(State(st): S<B>, Path(host): Path<String>) -> ApiResult {
-    let h = enrolled_host(&st, &host)?;
-    ok(StatusCode::OK, h)
+    ok(StatusCode::OK, st.service.host(&host)?)
 }
 
 pub(super) async fn update_host<B: Backend>(
@@ -86,25 +62,10 @@ pub(super) async fn probe_host<B: Backend>(
     Path(host): Path<String>,
     _: NoBody,
 ) -> ApiResult {
-    let h = enrolled_host(&st, &host)?;
-    let target = HostTarget::of(&h).map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            Code::InvalidStoredId,
-            e.to_string(),
-        )
-    })?;
-    let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
-    match st.backend.call(&target, op, CallOptions::default()).await {
-        Ok(result) => {
-            let value = serde_json::to_value(&result).unwrap_or(Value::Null);
-            st.service
-                .store
-                .set_host_probe(&host, &value)
-                .map_err(ServiceError::from)?;
-            ok(StatusCode::OK, value)
-        }
-        Err(e) => Err(ApiError::from_target(
+    match st.service.probe_host(&*st.backend, &host).await {
+        Ok(value) => ok(StatusCode::OK, value),
+        Err(ProbeError::Service(e)) => Err(e.into()),
+        Err(ProbeError::Call(e)) => Err(ApiError::from_target(
             if e.is_retryable() {
                 StatusCode::BAD_GATEWAY
             } else {

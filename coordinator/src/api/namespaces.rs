@@ -6,11 +6,10 @@ use serde_json::json;
 
 use super::access::Caller;
 use super::extract::StrictJson;
-use super::{ApiError, ApiResult, S, ok};
+use super::{ApiResult, S, ok};
 use crate::backend::Backend;
-use crate::codes::Code;
 use crate::model::Role;
-use crate::service::{ConfigurationUpdate, NewConfiguration, NewNamespace, ServiceError};
+use crate::service::{ConfigurationUpdate, NewConfiguration, NewNamespace};
 
 pub(super) async fn create_namespace<B: Backend>(
     State(st): S<B>,
@@ -29,12 +28,10 @@ pub(super) async fn create_namespace<B: Backend>(
 }
 
 pub(super) async fn list_namespaces<B: Backend>(State(st): S<B>, caller: Caller) -> ApiResult {
-    let all = st.service.store.namespaces().map_err(ServiceError::from)?;
-    let visible: Vec<_> = all
-        .into_iter()
-        .filter(|n| caller.may(&n.id, Role::Read))
-        .collect();
-    ok(StatusCode::OK, visible)
+    ok(
+        StatusCode::OK,
+        st.service.namespaces(|n| caller.may(&n.id, Role::Read))?,
+    )
 }
 
 pub(super) async fn get_namespace<B: Backend>(
@@ -73,20 +70,7 @@ pub(super) async fn get_configuration<B: Backend>(
     State(st): S<B>,
     Path((ns, cfg)): Path<(String, String)>,
 ) -> ApiResult {
-    st.service.namespace(&ns)?;
-    let c = st
-        .service
-        .store
-        .configuration(&ns, &cfg)
-        .map_err(ServiceError::from)?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                Code::NotFound,
-                format!("configuration {cfg} does not exist"),
-            )
-        })?;
-    ok(StatusCode::OK, c)
+    ok(StatusCode::OK, st.service.configuration(&ns, &cfg)?)
 }
 
 pub(super) async fn put_configuration<B: Backend>(

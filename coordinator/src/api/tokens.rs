@@ -13,8 +13,7 @@ use super::{ApiError, ApiResult, S, ok};
 use crate::backend::Backend;
 use crate::codes::Code;
 use crate::model::Grant;
-use crate::service::ServiceError;
-use crate::tokens;
+use crate::service::TokenChangeError;
 
 /// The body of `POST /tokens`.
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -88,26 +87,20 @@ pub(super) async fn create_token<B: Backend>(
 ) -> ApiResult {
     let now = crate::clock::now_seconds();
     check(&req, now)?;
-    let (id, secret) =
-        tokens::create_expiring(&st.service.store, &req.name, &req.grants, req.expires_at)
-            .map_err(|e| {
+    let (id, secret) = st
+        .service
+        .create_token(&caller.token_id, &req.name, &req.grants, req.expires_at)
+        .map_err(|e| match e {
+            TokenChangeError::Service(e) => ApiError::from(e),
+            TokenChangeError::Token(e) => {
                 tracing::error!("token creation failed: {e}");
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     Code::TokenFailure,
                     "the token could not be created; see the coordinator log",
                 )
-            })?;
-    st.service
-        .store
-        .audit(
-            &caller.token_id,
-            "token.create",
-            &id,
-            &json!({"grants": req.grants, "expiresAt": req.expires_at}),
-            now,
-        )
-        .map_err(ServiceError::from)?;
+            }
+        })?;
     ok(
         StatusCode::CREATED,
         json!({"id": id, "token": secret, "grants": req.grants, "expiresAt": req.expires_at}),
@@ -119,27 +112,6 @@ pub(super) async fn revoke_token<B: Backend>(
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
-    if !st
-        .service
-        .store
-        .revoke_token(&id)
-        .map_err(ServiceError::from)?
-    {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            Code::NotFound,
-            format!("token {id} does not exist"),
-        ));
-    }
-    st.service
-        .store
-        .audit(
-            &caller.token_id,
-            "token.revoke",
-            &id,
-            &json!({}),
-            crate::clock::now_seconds(),
-        )
-        .map_err(ServiceError::from)?;
+    st.service.revoke_token(&caller.token_id, &id)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

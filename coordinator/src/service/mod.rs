@@ -6,6 +6,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
+mod probe;
+mod reads;
+mod tokens;
+
+pub use probe::ProbeError;
+pub use reads::Metrics;
+pub use tokens::TokenChangeError;
+
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::render;
@@ -244,7 +252,7 @@ pub struct AgentPatch {
 /// The service.
 #[derive(Debug, Clone)]
 pub struct Service {
-    pub store: Store,
+    store: Store,
 }
 
 fn now() -> i64 {
