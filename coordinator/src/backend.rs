@@ -1,8 +1,8 @@
 //! The seam between the deployment worker and where Agents run: one call sends one operation
 //! to one target, a host (SSH + hostd, [`crate::ssh`]) or a Kubernetes cluster
 //! (`clawfleet-kube`), and returns its typed result with the same failure model. The worker
-//! does not know which kind it talks to; the state-machine tests use a fake behind the same
-//! trait.
+//! does not know which kind it talks to; the state-machine tests put hostd's own engine
+//! behind the same trait.
 
 use std::future::Future;
 use std::time::Duration;

@@ -9,7 +9,6 @@ pub mod client;
 pub mod clock;
 pub mod codes;
 pub mod config;
-pub mod fake;
 pub mod model;
 pub mod render;
 pub mod service;

@@ -1,7 +1,10 @@
-//! The HTTP API over real HTTP on loopback with the fake backend: every route, authentication
-//! and authorisation failures, invalid bodies and unknown fields (each a 4xx with a code, with
-//! nothing stored), and the happy path through the worker.
+//! The HTTP API over real HTTP on loopback, with hostd's engine in process behind it
+//! (tests/hostd_engine/mod.rs): every route, authentication and authorisation failures,
+//! invalid bodies and unknown fields (each a 4xx with a code, with nothing stored), and the
+//! happy path through the worker.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hostd_engine;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,11 +13,11 @@ use clawfleet_protocol::failure::FailureCode;
 use coordinator::api::{Access, AppState, ROUTES, router};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::WorkerSettings;
-use coordinator::fake::{FakeBackend, Inject};
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::Store;
 use coordinator::worker::Worker;
+use hostd_engine::{EngineBackend, Inject};
 use serde_json::{Value, json};
 
 const HOST_KEY: &str =
@@ -24,8 +27,8 @@ struct Api {
     server: String,
     store: Store,
     admin: String,
-    worker: Arc<Worker<FakeBackend>>,
-    backend: Arc<FakeBackend>,
+    worker: Arc<Worker<EngineBackend>>,
+    backend: Arc<EngineBackend>,
 }
 
 impl Api {
@@ -40,7 +43,7 @@ impl Api {
             }],
         )
         .unwrap();
-        let backend = Arc::new(FakeBackend::new());
+        let backend = Arc::new(EngineBackend::new());
         let settings = WorkerSettings {
             backoff_initial: Duration::from_millis(1),
             backoff_max: Duration::from_millis(5),

@@ -4,6 +4,8 @@
 //! and literal secrets in configuration documents.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod hostd_engine;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -12,10 +14,10 @@ use std::time::{Duration, Instant};
 use coordinator::api::{AppState, router_with, serve};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::ApiSettings;
-use coordinator::fake::FakeBackend;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::Store;
+use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 
 const HOST_KEY: &str =
@@ -41,7 +43,7 @@ impl Api {
         .unwrap();
         let state = Arc::new(AppState {
             service: Service::new(store.clone()),
-            backend: Arc::new(FakeBackend::new()),
+            backend: Arc::new(EngineBackend::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();

@@ -6,17 +6,19 @@
 //! authentication methods get HARNESS_AUTH_UNSUPPORTED whatever their other fields.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod hostd_engine;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use coordinator::api::{AppState, router};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::WorkerSettings;
-use coordinator::fake::FakeBackend;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::Store;
 use coordinator::worker::Worker;
+use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 
 const HOST_KEY: &str =
@@ -34,8 +36,8 @@ struct Api {
     server: String,
     store: Store,
     admin: String,
-    backend: Arc<FakeBackend>,
-    worker: Arc<Worker<FakeBackend>>,
+    backend: Arc<EngineBackend>,
+    worker: Arc<Worker<EngineBackend>>,
 }
 
 impl Api {
@@ -52,7 +54,7 @@ impl Api {
             }],
         )
         .unwrap();
-        let backend = Arc::new(FakeBackend::new());
+        let backend = Arc::new(EngineBackend::new());
         let settings = WorkerSettings {
             backoff_initial: Duration::from_millis(1),
             backoff_max: Duration::from_millis(5),

@@ -9,15 +9,17 @@
 //! not OpenSSH, a grant named twice with two roles), each with a 4xx and a code.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod hostd_engine;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use coordinator::api::{AppState, router_with, serve};
 use coordinator::config::ApiSettings;
-use coordinator::fake::FakeBackend;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::Store;
+use hostd_engine::EngineBackend;
 
 fn schemathesis() -> Option<PathBuf> {
     let st = std::env::var_os("CLAWFLEET_SCHEMATHESIS")
@@ -48,7 +50,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document()
     .unwrap();
     let state = Arc::new(AppState {
         service: Service::new(store.clone()),
-        backend: Arc::new(FakeBackend::new()),
+        backend: Arc::new(EngineBackend::new()),
     });
     let settings = ApiSettings::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

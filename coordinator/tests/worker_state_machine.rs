@@ -1,17 +1,20 @@
-//! The deployment worker over the fake backend: convergence, supersession, permanence,
-//! stop/delete ordering, and a crash at every call followed by resumption.
+//! The deployment worker over hostd's real engine in process (tests/hostd_engine/mod.rs):
+//! convergence, supersession, permanence, stop/delete ordering, and a crash at every call,
+//! with and without the host having applied it, followed by resumption.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hostd_engine;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use clawfleet_protocol::failure::FailureCode;
 use coordinator::config::WorkerSettings;
-use coordinator::fake::{FakeBackend, Inject};
 use coordinator::model::{Cluster, ClusterRecord, DesiredState, RevisionStatus};
 use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
 use coordinator::store::Store;
 use coordinator::worker::{Step, Worker};
+use hostd_engine::{EngineBackend, Inject};
 use serde_json::json;
 
 const HOST_KEY: &str =
@@ -31,7 +34,7 @@ fn settings() -> WorkerSettings {
 struct World {
     svc: Service,
     store: Store,
-    backend: Arc<FakeBackend>,
+    backend: Arc<EngineBackend>,
 }
 
 impl World {
@@ -74,7 +77,7 @@ impl World {
         Self {
             svc,
             store,
-            backend: Arc::new(FakeBackend::new()),
+            backend: Arc::new(EngineBackend::new()),
         }
     }
 
@@ -110,11 +113,11 @@ impl World {
         Self {
             svc,
             store,
-            backend: Arc::new(FakeBackend::new()),
+            backend: Arc::new(EngineBackend::new()),
         }
     }
 
-    fn worker(&self) -> Worker<FakeBackend> {
+    fn worker(&self) -> Worker<EngineBackend> {
         Worker::new(self.store.clone(), self.backend.clone(), settings())
     }
 
@@ -134,7 +137,7 @@ impl World {
     }
 
     /// Runs the worker until no work is left (or a bound is hit); returns every step.
-    async fn settle(&self, w: &Worker<FakeBackend>) -> Vec<Step> {
+    async fn settle(&self, w: &Worker<EngineBackend>) -> Vec<Step> {
         let mut steps = Vec::new();
         for _ in 0..500 {
             match w.run_once().await {
@@ -416,4 +419,69 @@ async fn a_cluster_namespace_converges_through_the_same_phases() {
         "{:?}",
         w.backend.log()
     );
+}
+
+/// The backend is hostd's own engine: a re-prepare of a revision under another number, which
+/// the old in-memory model accepted, is refused as hostd refuses it, and the first snapshot
+/// stays.
+#[tokio::test]
+async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
+    use clawfleet_protocol::operation::{
+        AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceArgs, NamespaceRef,
+        PrepareArgs, RevisionNumber, RevisionSpec,
+    };
+    use clawfleet_protocol::{Configuration, Ident, Operation};
+    use coordinator::backend::{Backend, CallError, CallOptions, HostTarget};
+
+    let backend = EngineBackend::new();
+    let target = HostTarget {
+        name: clawfleet_protocol::HostName::new("h1").unwrap(),
+        address: "127.0.0.1".into(),
+        port: 22,
+        host_key: HOST_KEY.into(),
+    };
+    let id = |s: &str| Ident::new(s).unwrap();
+    let namespace = NamespaceRef {
+        id: id("ns1"),
+        name: id("ns1"),
+    };
+    let configuration = Configuration::new(json!({"gateway": {"mode": "local"}})).unwrap();
+    let prepare = |number: u64| {
+        Operation::PrepareRevision(PrepareArgs {
+            namespace: namespace.clone(),
+            agent: AgentRef {
+                id: id("a1"),
+                service_principal_id: id("a1"),
+            },
+            revision: RevisionSpec {
+                id: id("rev-1"),
+                number: RevisionNumber::new(number).unwrap(),
+                harness: Harness {
+                    id: HarnessId::Openclaw,
+                    version: HarnessVersion::new("2026.9.6").unwrap(),
+                    mode: HarnessMode::Embedded,
+                },
+                configuration_hash: configuration.hash(),
+                configuration: configuration.clone(),
+            },
+        })
+    };
+    let opts = CallOptions::default();
+    backend
+        .call(
+            &target,
+            Operation::EnsureNamespace(NamespaceArgs {
+                namespace: namespace.clone(),
+            }),
+            opts,
+        )
+        .await
+        .unwrap();
+    backend.call(&target, prepare(1), opts).await.unwrap();
+    match backend.call(&target, prepare(2), opts).await {
+        Err(CallError::Failed(f)) => assert!(!f.is_retryable(), "{f}"),
+        other => panic!("a re-prepare under another number was accepted: {other:?}"),
+    }
+    let on_host = backend.agent("h1", "ns1", "a1").unwrap();
+    assert_eq!(on_host.snapshots.get("rev-1"), Some(&1));
 }

@@ -1,0 +1,250 @@
+//! The coordinator's tests' backend: hostd's real engine (`hostd::engine`) over hostd's fake
+//! privileged layer (`hostd::fake::FakeSystem`), one temporary state root per host, in process.
+//! There is one model of hostd: whatever hostd accepts or refuses, these tests see. Fault
+//! injection stays here, in the coordinator's tests: a transport error, a host failure, a
+//! wrong host key, or a call that never returns (a coordinator crash mid-call), with or
+//! without the host having applied the operation first.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::operation::StatusArgs;
+use clawfleet_protocol::result::{OperationResult, Step};
+use clawfleet_protocol::{Fingerprint, Ident, Operation, OperationId};
+use coordinator::backend::{Backend, CallError, CallOptions, Target};
+use hostd::config::Config;
+use hostd::engine::{Ctx, Engine};
+use hostd::fake::FakeSystem;
+use hostd::journal::Journal;
+use hostd::system::System;
+
+/// What to do at a given call number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inject {
+    /// Return a transport error; the host sees nothing.
+    Transport,
+    /// Return this host failure; the host does nothing.
+    Fail(FailureCode),
+    /// The host presents a key other than the pinned one.
+    HostKeyMismatch,
+    /// Never return (the caller's future is dropped: a crash mid-call). The host applies the
+    /// operation first when `applied` is true.
+    Hang { applied: bool },
+}
+
+/// One Agent as its host's `status` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostAgent {
+    /// Revision id → number, for every snapshot on the host.
+    pub snapshots: BTreeMap<String, u64>,
+    pub current: Option<String>,
+    pub served: Option<String>,
+    pub port: Option<u16>,
+}
+
+/// One simulated host: a state root, a unit directory and a journal in a temporary directory.
+struct SimHost {
+    _dir: tempfile::TempDir,
+    config: Config,
+    fake: FakeSystem,
+    journal: Journal,
+}
+
+impl SimHost {
+    fn new(name: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let units = dir.path().join("units");
+        std::fs::create_dir_all(&units).unwrap();
+        let gateway = dir.path().join("gw");
+        std::fs::write(&gateway, "#!/bin/sh\nexit 0\n").unwrap();
+        std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let text = format!(
+            "host_name = \"{name}\"\n[limits]\nlock_timeout_ms = 2000\nreadiness_timeout_ms = 2000\n"
+        );
+        let mut config = Config::parse(&text, "test", || None).unwrap();
+        // hostd refuses state roots under /tmp (a unit's PrivateTmp would hide them); no real
+        // unit runs here, so the validated configuration is pointed at the temporary directory.
+        config.state_root = dir.path().join("state");
+        config.unit_dir = units.clone();
+        config.gateway_command = vec![gateway.display().to_string(), "run".to_owned()];
+        let journal = Journal::open(&dir.path().join("journal"), 1000).unwrap();
+        Self {
+            fake: FakeSystem::new(&units),
+            _dir: dir,
+            config,
+            journal,
+        }
+    }
+
+    fn run(&self, op: &Operation, deadline: Duration) -> Result<OperationResult, Failure> {
+        let engine = Engine::new(
+            &self.config,
+            &self.fake as &dyn System,
+            Fingerprint::new(format!("SHA256:{}", "A".repeat(43))).unwrap(),
+        );
+        let cancelled = || false;
+        let mut on_step = |_: Step| {};
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut ctx = Ctx::new(
+            OperationId::new("occ-test-op").unwrap(),
+            Instant::now() + deadline,
+            now,
+            &cancelled,
+            &mut on_step,
+        );
+        engine.execute(op, &mut ctx, &self.journal)
+    }
+}
+
+/// The backend over in-process hostd engines, one per target name (hosts and, for the
+/// worker's cluster tests, cluster names too).
+#[derive(Default)]
+pub struct EngineBackend {
+    hosts: Mutex<BTreeMap<String, Arc<SimHost>>>,
+    calls: AtomicUsize,
+    inject: Mutex<BTreeMap<usize, Inject>>,
+    log: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for EngineBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBackend").finish_non_exhaustive()
+    }
+}
+
+impl EngineBackend {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn host(&self, name: &str) -> Arc<SimHost> {
+        let mut hosts = self.hosts.lock().unwrap();
+        hosts
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(SimHost::new(name)))
+            .clone()
+    }
+
+    /// Injects a behaviour at call number `n` (0-based, counting every call).
+    pub fn inject(&self, n: usize, what: Inject) {
+        self.inject.lock().unwrap().insert(n, what);
+    }
+
+    /// Calls made so far.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// `"<target> <operation kind>"` for every call, in order.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn inventory(&self, host: &str) -> Vec<clawfleet_protocol::result::NamespaceInventory> {
+        if !self.hosts.lock().unwrap().contains_key(host) {
+            return Vec::new();
+        }
+        let op = Operation::Status(StatusArgs { namespace_id: None });
+        match self.host(host).run(&op, Duration::from_secs(10)) {
+            Ok(OperationResult::Status(s)) => s.namespaces,
+            other => panic!("status of {host}: {other:?}"),
+        }
+    }
+
+    /// The Agent as hostd's `status` on that host reports it, if the host has it.
+    pub fn agent(&self, host: &str, ns: &str, agent: &str) -> Option<HostAgent> {
+        let inventory = self.inventory(host);
+        let n = inventory.iter().find(|n| n.id.as_str() == ns)?;
+        let a = n.agents.iter().find(|a| a.id.as_str() == agent)?;
+        Some(HostAgent {
+            snapshots: a
+                .revisions
+                .iter()
+                .map(|r| (r.id.to_string(), r.number.get()))
+                .collect(),
+            current: a.observation.current.as_ref().map(Ident::to_string),
+            served: a.observation.served.as_ref().map(Ident::to_string),
+            port: a.observation.port,
+        })
+    }
+
+    /// Every Agent on every host: (host, Namespace, Agent) → what `status` reports.
+    pub fn all_agents(&self) -> BTreeMap<(String, String, String), HostAgent> {
+        let names: Vec<String> = self.hosts.lock().unwrap().keys().cloned().collect();
+        let mut out = BTreeMap::new();
+        for h in names {
+            for n in self.inventory(&h) {
+                for a in &n.agents {
+                    if let Some(found) = self.agent(&h, n.id.as_str(), a.id.as_str()) {
+                        out.insert((h.clone(), n.id.to_string(), a.id.to_string()), found);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether hostd on that host has the Namespace.
+    pub fn has_namespace(&self, host: &str, ns: &str) -> bool {
+        self.inventory(host).iter().any(|n| n.id.as_str() == ns)
+    }
+}
+
+impl Backend for EngineBackend {
+    async fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        let target = target.into();
+        let name = target.name().to_owned();
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{name} {}", operation.kind()));
+        let injected = self.inject.lock().unwrap().remove(&n);
+        let host = self.host(&name);
+        let run = |host: Arc<SimHost>, op: Operation| async move {
+            tokio::task::spawn_blocking(move || host.run(&op, options.deadline))
+                .await
+                .unwrap()
+        };
+        match injected {
+            Some(Inject::Transport) => {
+                return Err(CallError::Transport {
+                    host: name,
+                    message: "injected transport error".into(),
+                });
+            }
+            Some(Inject::Fail(code)) => {
+                return Err(CallError::Failed(Failure::new(code, "injected failure")));
+            }
+            Some(Inject::HostKeyMismatch) => {
+                return Err(CallError::HostKeyMismatch {
+                    host: name,
+                    presented: "SHA256:other".into(),
+                    expected: "SHA256:pinned".into(),
+                });
+            }
+            Some(Inject::Hang { applied }) => {
+                if applied {
+                    let _ = run(host, operation).await;
+                }
+                std::future::pending::<()>().await;
+                unreachable!("a pending future never resolves");
+            }
+            None => {}
+        }
+        run(host, operation).await.map_err(CallError::Failed)
+    }
+}
