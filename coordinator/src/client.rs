@@ -52,6 +52,19 @@ impl Client {
         })
     }
 
+    /// Sends a typed request body (one of the API's request types); returns the JSON body of
+    /// a 2xx answer.
+    pub fn send<T: serde::Serialize>(
+        &self,
+        method: &str,
+        path: &str,
+        body: &T,
+    ) -> Result<Value, ClientError> {
+        let value = serde_json::to_value(body)
+            .map_err(|e| ClientError::Malformed(format!("cannot encode the request: {e}")))?;
+        self.request(method, path, Some(&value))
+    }
+
     /// Sends a request; returns the JSON body of a 2xx answer (Null for 204).
     pub fn request(
         &self,

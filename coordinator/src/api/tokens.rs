@@ -16,7 +16,7 @@ use crate::model::Grant;
 use crate::service::TokenChangeError;
 
 /// The body of `POST /tokens`.
-#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewToken {
     #[schemars(length(min = 1, max = 128))]

@@ -77,7 +77,7 @@ fn check_id(field: &str, value: &str) -> Result<()> {
 
 /// Body of `POST /namespaces`: a Namespace on a host pool (`hosts`) or on one Kubernetes
 /// cluster (`cluster`), chosen at creation.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewNamespace {
     #[schemars(pattern(IDENT_PATTERN))]
@@ -94,7 +94,7 @@ pub struct NewNamespace {
 }
 
 /// Body of `POST /hosts`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewHost {
     #[schemars(pattern(HOST_NAME_PATTERN))]
@@ -118,7 +118,7 @@ fn default_max_agents() -> u32 {
 }
 
 /// Body of `POST /clusters`: a kubeconfig (its text) and the cluster's settings.
-#[derive(Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewCluster {
     #[schemars(pattern(IDENT_PATTERN))]
@@ -145,7 +145,7 @@ impl std::fmt::Debug for NewCluster {
 }
 
 /// Body of `PUT /hosts/{host}`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HostUpdate {
     #[schemars(pattern(ADDRESS_PATTERN), length(max = 253))]
@@ -158,7 +158,7 @@ pub struct HostUpdate {
 }
 
 /// Body of `POST /namespaces/{ns}/configurations`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewConfiguration {
     #[schemars(pattern(IDENT_PATTERN))]
@@ -169,7 +169,7 @@ pub struct NewConfiguration {
 }
 
 /// Body of `PUT /namespaces/{ns}/configurations/{cfg}`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigurationUpdate {
     /// The native OpenClaw configuration (`openclaw.json`).
@@ -190,6 +190,15 @@ pub struct HarnessAuth {
 
 /// The only supported harness authentication method.
 pub const HARNESS_AUTH_RUNTIME: &str = "runtime";
+
+impl serde::Serialize for HarnessAuth {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("method", &self.method)?;
+        m.end()
+    }
+}
 
 impl schemars::JsonSchema for HarnessAuth {
     fn schema_name() -> std::borrow::Cow<'static, str> {
@@ -227,7 +236,7 @@ impl<'de> Deserialize<'de> for HarnessAuth {
 }
 
 /// Body of `POST /namespaces/{ns}/agents`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewAgent {
     #[schemars(pattern(IDENT_PATTERN))]
@@ -242,7 +251,7 @@ pub struct NewAgent {
 }
 
 /// Body of `PATCH /namespaces/{ns}/agents/{agent}`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentPatch {
     #[schemars(pattern(IDENT_PATTERN))]

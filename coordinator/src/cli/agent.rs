@@ -1,0 +1,222 @@
+//! `occ agent`: Agents, their deploys, stops, deletes, status and revisions.
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use coordinator::client::Client;
+use coordinator::service::{AgentPatch, NewAgent};
+
+use super::Cli;
+use super::table::{AGENT_COLUMNS, print};
+use super::wait::{WaitArgs, Waited, wait};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum AgentCmd {
+    /// Create an Agent with a Configuration (nothing runs until it is deployed).
+    Create {
+        namespace: String,
+        id: String,
+        /// The Configuration the Agent runs.
+        #[arg(long)]
+        configuration: String,
+        /// The service principal the Agent acts as (default: the Agent's id).
+        #[arg(long)]
+        service_principal: Option<String>,
+    },
+    /// List a Namespace's Agents.
+    List { namespace: String },
+    /// Show an Agent: desired state, host or cluster, active and served revision.
+    Get { namespace: String, id: String },
+    /// Change the Agent's Configuration (deploy afterwards).
+    Set {
+        namespace: String,
+        id: String,
+        /// The Configuration the Agent runs from its next deploy on.
+        #[arg(long)]
+        configuration: String,
+    },
+    /// Deploy a new revision of the Agent's Configuration.
+    Deploy {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Stop the Agent's gateway (its revisions and state are kept).
+    Stop {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Delete the Agent from its host or cluster and from the coordinator.
+    Delete {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Deployment status: desired state, revisions, open work and the last code.
+    Status { namespace: String, id: String },
+    /// List the Agent's revisions with their status.
+    Revisions { namespace: String, id: String },
+}
+
+pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
+    match cmd {
+        AgentCmd::Create {
+            namespace,
+            id,
+            configuration,
+            service_principal,
+        } => {
+            let v = c.send(
+                "POST",
+                &format!("/namespaces/{namespace}/agents"),
+                &NewAgent {
+                    id: id.clone(),
+                    configuration_id: configuration.clone(),
+                    service_principal_id: service_principal.clone(),
+                    harness_auth: None,
+                },
+            )?;
+            print(cli, &v, AGENT_COLUMNS);
+        }
+        AgentCmd::List { namespace } => print(
+            cli,
+            &c.request("GET", &format!("/namespaces/{namespace}/agents"), None)?,
+            AGENT_COLUMNS,
+        ),
+        AgentCmd::Get { namespace, id } => print(
+            cli,
+            &c.request("GET", &format!("/namespaces/{namespace}/agents/{id}"), None)?,
+            AGENT_COLUMNS,
+        ),
+        AgentCmd::Set {
+            namespace,
+            id,
+            configuration,
+        } => {
+            let v = c.send(
+                "PATCH",
+                &format!("/namespaces/{namespace}/agents/{id}"),
+                &AgentPatch {
+                    configuration_id: Some(configuration.clone()),
+                },
+            )?;
+            print(cli, &v, AGENT_COLUMNS);
+        }
+        AgentCmd::Deploy {
+            namespace,
+            id,
+            wait: w,
+        } => {
+            let rev = c.request(
+                "POST",
+                &format!("/namespaces/{namespace}/agents/{id}/deploy"),
+                None,
+            )?;
+            print(
+                cli,
+                &rev,
+                &[
+                    ("REVISION", "id"),
+                    ("NUMBER", "number"),
+                    ("STATUS", "status"),
+                    ("HASH", "configurationHash"),
+                ],
+            );
+            if w.wait {
+                let work = rev["workId"]
+                    .as_i64()
+                    .context("the deploy answer has no workId")?;
+                let status = wait(c, namespace, id, work, Waited::Deploy, w)?;
+                print(
+                    cli,
+                    &status,
+                    &[
+                        ("AGENT", "agentId"),
+                        ("HOST", "host"),
+                        ("PORT", "port"),
+                        ("ACTIVE", "activeRevisionId"),
+                        ("SERVED", "servedRevisionId"),
+                        ("CONVERGED", "converged"),
+                    ],
+                );
+            }
+        }
+        AgentCmd::Stop {
+            namespace,
+            id,
+            wait: w,
+        } => {
+            let v = c.request(
+                "POST",
+                &format!("/namespaces/{namespace}/agents/{id}/stop"),
+                None,
+            )?;
+            if w.wait {
+                let work = v["workId"]
+                    .as_i64()
+                    .context("the stop answer has no workId")?;
+                wait(c, namespace, id, work, Waited::Stop, w)?;
+                println!("{id}: stopped");
+            } else {
+                println!("{id}: stop requested");
+            }
+        }
+        AgentCmd::Delete {
+            namespace,
+            id,
+            wait: w,
+        } => {
+            let v = c.request(
+                "DELETE",
+                &format!("/namespaces/{namespace}/agents/{id}"),
+                None,
+            )?;
+            if w.wait {
+                let work = v["workId"]
+                    .as_i64()
+                    .context("the delete answer has no workId")?;
+                wait(c, namespace, id, work, Waited::Delete, w)?;
+                println!("{id}: deleted");
+            } else {
+                println!("{id}: deletion requested");
+            }
+        }
+        AgentCmd::Status { namespace, id } => print(
+            cli,
+            &c.request(
+                "GET",
+                &format!("/namespaces/{namespace}/agents/{id}/deployment-status"),
+                None,
+            )?,
+            &[
+                ("AGENT", "agentId"),
+                ("DESIRED", "desiredState"),
+                ("HOST", "host"),
+                ("PORT", "port"),
+                ("ACTIVE", "activeRevisionId"),
+                ("SERVED", "servedRevisionId"),
+                ("CONVERGED", "converged"),
+                ("LAST CODE", "lastCode"),
+            ],
+        ),
+        AgentCmd::Revisions { namespace, id } => print(
+            cli,
+            &c.request(
+                "GET",
+                &format!("/namespaces/{namespace}/agents/{id}/revisions"),
+                None,
+            )?,
+            &[
+                ("REVISION", "id"),
+                ("NUMBER", "number"),
+                ("STATUS", "status"),
+                ("CONFIGURATION", "configurationId"),
+                ("GEN", "configurationGeneration"),
+            ],
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! `occ`'s command line: one module per resource over the typed API client
+//! (`coordinator::client::Client`), which sends the API's own request types. `main.rs` only
+//! calls [`main`].
+
+mod agent;
+mod cluster;
+mod configuration;
+mod host;
+mod namespace;
+mod setup;
+mod table;
+mod token;
+mod wait;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use coordinator::client::Client;
+use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
+use serde_json::Value;
+
+#[derive(Parser, Debug)]
+#[command(name = "occ", version, about = "clawfleet coordinator")]
+pub(crate) struct Cli {
+    /// Configuration file (default /etc/clawfleet/occ.toml, or OCC_CONFIG_PATH).
+    #[arg(long, global = true)]
+    pub(crate) config: Option<PathBuf>,
+    /// Coordinator URL for client commands (default: from the configuration's listen).
+    #[arg(long, global = true)]
+    pub(crate) server: Option<String>,
+    /// API token for client commands (default: OCC_TOKEN, then the state dir's admin.token).
+    #[arg(long, global = true)]
+    pub(crate) token: Option<String>,
+    /// Output format of client commands.
+    #[arg(long, global = true, value_enum, default_value = "table")]
+    pub(crate) output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create the state directory, the SSH login and signing keys, the database and the first
+    /// admin token (idempotent).
+    Init,
+    /// Run the API and the deployment worker.
+    Serve,
+    /// Print the `hostd enrol` command that authorises this coordinator on a host.
+    #[command(name = "enrol-command")]
+    PrintEnrol,
+    /// Namespaces.
+    #[command(subcommand)]
+    Namespace(namespace::NamespaceCmd),
+    /// Configurations (native openclaw.json documents).
+    #[command(subcommand)]
+    Configuration(configuration::ConfigurationCmd),
+    /// Agents.
+    #[command(subcommand)]
+    Agent(agent::AgentCmd),
+    /// Hosts.
+    #[command(subcommand)]
+    Host(host::HostCmd),
+    /// Kubernetes clusters.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCmd),
+    /// API tokens.
+    #[command(subcommand)]
+    Token(token::TokenCmd),
+}
+
+pub(crate) fn load_config(cli: &Cli) -> Result<Config> {
+    let (path, explicit) = match (&cli.config, std::env::var_os("OCC_CONFIG_PATH")) {
+        (Some(p), _) => (p.clone(), true),
+        (None, Some(p)) => (PathBuf::from(p), true),
+        (None, None) => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+    };
+    Ok(Config::load(&path, explicit)?)
+}
+
+pub(crate) fn client(cli: &Cli) -> Result<Client> {
+    let config = load_config(cli)?;
+    let server = cli
+        .server
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let token = match (&cli.token, std::env::var("OCC_TOKEN")) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Ok(t)) => Some(t),
+        (None, Err(_)) => std::fs::read_to_string(config.admin_token_file())
+            .ok()
+            .map(|t| t.trim().to_owned()),
+    };
+    Ok(Client::new(&server, token)?)
+}
+
+pub(crate) fn read_json(path: &Path) -> Result<Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+}
+
+fn run_client(cli: &Cli) -> Result<()> {
+    let c = client(cli)?;
+    match &cli.command {
+        Command::Namespace(cmd) => namespace::run(cli, &c, cmd),
+        Command::Configuration(cmd) => configuration::run(cli, &c, cmd),
+        Command::Agent(cmd) => agent::run(cli, &c, cmd),
+        Command::Host(cmd) => host::run(cli, &c, cmd),
+        Command::Cluster(cmd) => cluster::run(cli, &c, cmd),
+        Command::Token(cmd) => token::run(cli, &c, cmd),
+        Command::Init | Command::Serve | Command::PrintEnrol => Ok(()),
+    }
+}
+
+/// The whole of `occ`: parses the command line and runs it.
+pub(crate) fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OCC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = match &cli.command {
+        Command::Init => load_config(&cli).and_then(|c| setup::init(&c)),
+        Command::PrintEnrol => {
+            load_config(&cli).and_then(|c| setup::enrol_command(&c).map(|s| println!("{s}")))
+        }
+        Command::Serve => load_config(&cli).and_then(|config| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(setup::serve(config))
+        }),
+        _ => run_client(&cli),
+    };
+    match result {
+        Ok(()) => ExitCode::from(wait::exit::OK),
+        Err(e) => {
+            eprintln!("occ: {e:#}");
+            match e.downcast_ref::<wait::WaitFailure>() {
+                Some(w) => ExitCode::from(w.exit),
+                None => ExitCode::from(wait::exit::ERROR),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every verb has a one-line help, and so has every option.
+    #[test]
+    fn every_verb_and_option_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let here = format!("{path} {}", sub.get_name());
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                if sub.get_about().is_none() {
+                    missing.push(format!("{here}: no help"));
+                }
+                for arg in sub.get_arguments() {
+                    if !arg.is_positional() && arg.get_help().is_none() && arg.get_id() != "help" {
+                        missing.push(format!("{here} --{}: no help", arg.get_id()));
+                    }
+                }
+                walk(sub, &here, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "occ", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+}

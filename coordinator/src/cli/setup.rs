@@ -1,0 +1,168 @@
+//! `occ init`, `occ serve` and `occ enrol-command`: the state directory, its keys and first
+//! token, and the serving process (API and worker).
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clawfleet_protocol::ssh_key::{
+    Algorithm, LineEnding, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
+};
+use clawfleet_protocol::{Principal, signing::load_signing_key};
+use coordinator::api::AppState;
+use coordinator::config::Config;
+use coordinator::model::{Grant, Role};
+use coordinator::service::Service;
+use coordinator::ssh::{SshBackend, SshSettings};
+use coordinator::store::Store;
+use coordinator::worker::Worker;
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+fn ensure_key(path: &Path) -> Result<PrivateKey> {
+    if path.exists() {
+        return load_signing_key(path).with_context(|| format!("cannot use {}", path.display()));
+    }
+    let key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519)?;
+    write_private(path, key.to_openssh(LineEnding::LF)?.as_bytes())?;
+    std::fs::write(
+        path.with_extension("pub"),
+        format!("{}\n", key.public_key().to_openssh()?),
+    )?;
+    Ok(key)
+}
+
+/// The issuer principal: derived from the signing key, so it names the key.
+fn issuer(signing: &PrivateKey) -> Result<Principal> {
+    let line = signing.public_key().to_openssh()?;
+    let digest = clawfleet_protocol::ident::sha256(line.as_bytes());
+    Ok(Principal::new(format!(
+        "occ-{}",
+        &clawfleet_protocol::ident::hex(&digest)[..12]
+    ))?)
+}
+
+pub(crate) fn enrol_command(config: &Config) -> Result<String> {
+    let login = ensure_key_readonly(&config.login_key())?;
+    let signing = ensure_key_readonly(&config.signing_key())?;
+    Ok(format!(
+        "hostd enrol --ssh-key '{}' --signing-key '{}' --principal {}",
+        login.public_key().to_openssh()?,
+        signing.public_key().to_openssh()?,
+        issuer(&signing)?
+    ))
+}
+
+fn ensure_key_readonly(path: &Path) -> Result<PrivateKey> {
+    load_signing_key(path)
+        .with_context(|| format!("cannot use {} (run `occ init` first)", path.display()))
+}
+
+pub(crate) fn init(config: &Config) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    for dir in [config.state_dir.clone(), config.state_dir.join("keys")] {
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+    }
+    ensure_key(&config.login_key())?;
+    ensure_key(&config.signing_key())?;
+    let store = Store::open(&config.database())?;
+    if store.token_count()? == 0 {
+        let (id, token) = coordinator::tokens::create(
+            &store,
+            "admin",
+            &[Grant {
+                namespace: "*".to_owned(),
+                role: Role::Admin,
+            }],
+        )?;
+        let file = config.admin_token_file();
+        if file.exists() {
+            std::fs::remove_file(&file)?;
+        }
+        write_private(&file, format!("{token}\n").as_bytes())?;
+        println!("created admin token {id} in {}", file.display());
+    }
+    println!("state directory: {}", config.state_dir.display());
+    println!(
+        "authorise this coordinator on each host with:\n  {}",
+        enrol_command(config)?
+    );
+    Ok(())
+}
+
+pub(crate) async fn serve(config: Config) -> Result<()> {
+    let store = Store::open(&config.database()).with_context(|| {
+        format!(
+            "cannot open {} (run `occ init` first)",
+            config.database().display()
+        )
+    })?;
+    let login = ensure_key_readonly(&config.login_key())?;
+    let signing = ensure_key_readonly(&config.signing_key())?;
+    let principal = issuer(&signing)?;
+    let settings = SshSettings {
+        connect_timeout: config.ssh.connect_timeout,
+        max_parallel_hosts: config.ssh.max_parallel_hosts,
+        ..SshSettings::default()
+    };
+    let backend = Arc::new(coordinator::backends::Backends {
+        ssh: Arc::new(SshBackend::new(login, signing, principal, settings)?),
+        kube: Arc::new(clawfleet_kube::KubeBackend::new()),
+    });
+    let worker = Arc::new(Worker::new(
+        store.clone(),
+        backend.clone(),
+        config.worker.clone(),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker_task = tokio::spawn(worker.clone().run(config.worker.parallelism, stop_rx));
+    let state = Arc::new(AppState {
+        service: Service::new(store),
+        backend,
+    });
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    tracing::info!(listen = %config.listen, "occ serving");
+    eprintln!("occ: serving the API on http://{}", config.listen);
+    let shutdown = async {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    coordinator::api::serve(
+        listener,
+        coordinator::api::router_with(state, &config.api),
+        &config.api,
+        shutdown,
+    )
+    .await?;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), worker_task).await;
+    Ok(())
+}

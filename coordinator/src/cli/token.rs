@@ -1,0 +1,69 @@
+//! `occ token`: API tokens with grants and an optional expiry.
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use coordinator::api::NewToken;
+use coordinator::client::Client;
+use coordinator::model::{Grant, Role};
+
+use super::Cli;
+use super::table::print;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum TokenCmd {
+    /// Create a token; grants are NAMESPACE:ROLE (NAMESPACE may be *).
+    Create {
+        name: String,
+        /// NAMESPACE:ROLE (roles: read, operate, deploy, admin; NAMESPACE * for all); repeat.
+        #[arg(long = "grant", required = true)]
+        grants: Vec<String>,
+        /// Refuse the token after this many seconds (e.g. 86400 for a day); default: never.
+        #[arg(long = "expires-in", value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..))]
+        expires_in: Option<u32>,
+    },
+    /// Revoke a token by its id.
+    Revoke { id: String },
+}
+
+pub(crate) fn run(cli: &Cli, c: &Client, cmd: &TokenCmd) -> Result<()> {
+    match cmd {
+        TokenCmd::Create {
+            name,
+            grants,
+            expires_in,
+        } => {
+            let mut parsed = Vec::new();
+            for g in grants {
+                let (ns, role) = g
+                    .split_once(':')
+                    .with_context(|| format!("--grant {g:?} must be NAMESPACE:ROLE"))?;
+                let role = Role::parse(role).with_context(|| {
+                    format!("--grant {g:?}: the role must be read, operate, deploy or admin")
+                })?;
+                parsed.push(Grant {
+                    namespace: ns.to_owned(),
+                    role,
+                });
+            }
+            print(
+                cli,
+                &c.send(
+                    "POST",
+                    "/tokens",
+                    &NewToken {
+                        name: name.clone(),
+                        grants: parsed,
+                        expires_at: expires_in
+                            .map(|s| coordinator::clock::now_seconds() + i64::from(s)),
+                    },
+                )?,
+                &[("ID", "id"), ("TOKEN", "token"), ("EXPIRES", "expiresAt")],
+            );
+        }
+        TokenCmd::Revoke { id } => {
+            c.request("DELETE", &format!("/tokens/{id}"), None)?;
+            println!("token {id} revoked");
+        }
+    }
+    Ok(())
+}
