@@ -1,17 +1,17 @@
 //! The deployment worker: claims work under a lease, re-checks the desired state, and drives
-//! hosts through prepare → compare-and-set `activeRevisionId` → activate (after the commit) →
-//! retire predecessors → finalize. Every step is idempotent on the host, so a crash at any
-//! point resumes by running the item again once its lease expires.
+//! targets through a deploy's phases (`deploy.rs`: place → prepare → commit, the
+//! compare-and-set of `activeRevisionId` → activate → retire), a stop or a delete. Every call
+//! is idempotent on the target, so a crash at any point resumes by running the item again
+//! once its lease expires.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use clawfleet_protocol::operation::{
-    AgentArgs, AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceArgs,
-    NamespaceRef, PrepareArgs, RevisionArgs, RevisionNumber, RevisionRef, RevisionSpec,
+    AgentArgs, AgentRef, NamespaceArgs, NamespaceRef, RevisionArgs, RevisionNumber, RevisionRef,
 };
 use clawfleet_protocol::result::{AgentObservation, OperationResult};
-use clawfleet_protocol::{Configuration, FailureCode, Ident, Operation, Sha256Hex};
+use clawfleet_protocol::{FailureCode, Ident, Operation, Sha256Hex};
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, ClusterTarget, HostTarget, Target};
@@ -19,6 +19,8 @@ use crate::codes::Code;
 use crate::config::WorkerSettings;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::store::{Store, StoreError, Work, WorkKind, WorkState};
+
+mod deploy;
 
 /// The harness version revisions are deployed with.
 pub const HARNESS_VERSION: &str = "2026.9.6";
@@ -562,220 +564,6 @@ impl<B: Backend> Worker<B> {
             o.port,
             served.as_deref(),
         );
-    }
-
-    async fn deploy(&self, work: &Work) -> Result<Step, Step> {
-        let (Some(agent_id), Some(rev_id)) = (&work.agent_id, &work.revision_id) else {
-            return Ok(failed(
-                Code::InvalidWork,
-                "deploy work without an Agent or revision",
-            ));
-        };
-        let ns_id = &work.namespace_id;
-        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
-            return Ok(done(Code::AgentGone, "the Agent was deleted"));
-        };
-        let Some(rev) = self
-            .store
-            .revision(ns_id, agent_id, rev_id)
-            .map_err(store_err)?
-        else {
-            return Ok(done(Code::RevisionGone, "the revision was deleted"));
-        };
-        if agent.desired_state != DesiredState::Running {
-            return Ok(done(
-                Code::RevisionStopped,
-                "the Agent is no longer meant to run",
-            ));
-        }
-        let revisions = self.store.revisions(ns_id, agent_id).map_err(store_err)?;
-        if revisions.iter().any(|r| r.number > rev.number) {
-            self.store
-                .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
-                .map_err(store_err)?;
-            return Ok(done(Code::RevisionSuperseded, "a newer revision exists"));
-        }
-        let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
-            return Ok(done(Code::NamespaceGone, "the Namespace was deleted"));
-        };
-        if ns.deleting {
-            return Ok(failed(
-                Code::NamespaceDeleting,
-                "the Namespace is being deleted",
-            ));
-        }
-        let target = match self.cluster_target(&ns)? {
-            Some(cluster) if ns.ready => cluster,
-            Some(_) => {
-                return Ok(Step::Retry {
-                    code: Code::NamespaceNotReady.as_str().to_owned(),
-                    message: "the Namespace is not ready on its cluster yet".to_owned(),
-                    attempt: false,
-                    delay: self.recheck(work),
-                });
-            }
-            None => {
-                let Some(host) = self.place(&ns, &agent)? else {
-                    return Ok(Step::Retry {
-                        code: Code::NoHostAvailable.as_str().to_owned(),
-                        message: "no ready pool host has room for this Agent yet".to_owned(),
-                        attempt: false,
-                        delay: self.recheck(work),
-                    });
-                };
-                if !ns.ready_hosts.contains(&host.name) {
-                    self.ensure_on(&ns, &host).await?;
-                }
-                self.target(&host)?
-            }
-        };
-        let namespace = Self::namespace_ref(&ns)?;
-        let agent_ref = Self::agent_ref(&agent)?;
-        let reference = Self::revision_ref(&rev)?;
-        let configuration = Configuration::new(rev.rendered.clone())
-            .map_err(|e| failed(Code::ConfigurationRefused, e.to_string()))?;
-        let after_commit = agent.active_revision_id.as_deref() == Some(rev_id.as_str());
-
-        // Prepare: stage only; the running gateway is untouched.
-        let spec = RevisionSpec {
-            id: reference.id.clone(),
-            number: reference.number,
-            harness: Harness {
-                id: HarnessId::Openclaw,
-                version: HarnessVersion::new(HARNESS_VERSION)
-                    .map_err(|e| failed(Code::InvalidHarness, e))?,
-                mode: HarnessMode::Embedded,
-            },
-            configuration_hash: configuration.hash(),
-            configuration,
-        };
-        let prepared = self
-            .backend
-            .call(
-                &target,
-                Operation::PrepareRevision(PrepareArgs {
-                    namespace: namespace.clone(),
-                    agent: agent_ref.clone(),
-                    revision: spec,
-                }),
-                self.options(),
-            )
-            .await;
-        match prepared {
-            Err(e) => return Ok(self.call_failed(work, e, after_commit)),
-            Ok(OperationResult::PrepareRevision(p)) => {
-                self.observe(&agent, &p.observation);
-                if !p.ready {
-                    self.store
-                        .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
-                        .map_err(store_err)?;
-                    return Ok(done(
-                        Code::RevisionSuperseded,
-                        "the host already runs a newer revision",
-                    ));
-                }
-            }
-            Ok(other) => {
-                return Ok(failed(
-                    Code::InvalidHostResult,
-                    format!("prepare answered {:?}", other.kind()),
-                ));
-            }
-        }
-        if !after_commit {
-            self.store
-                .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Prepared)
-                .map_err(store_err)?;
-            // Compare-and-set the active revision; another writer wins only with a newer one.
-            if let Some(active) = &agent.active_revision_id
-                && let Some(current) = revisions.iter().find(|r| &r.id == active)
-                && current.number >= rev.number
-            {
-                return Ok(done(Code::RevisionSuperseded, "a newer revision is active"));
-            }
-            let swapped = self
-                .store
-                .commit_revision(ns_id, agent_id, agent.active_revision_id.as_deref(), rev_id)
-                .map_err(store_err)?;
-            if !swapped {
-                return Ok(Step::Retry {
-                    code: FailureCode::RevisionIncomplete.as_str().to_owned(),
-                    message: "the active revision changed meanwhile; re-checking".to_owned(),
-                    attempt: false,
-                    delay: Duration::from_millis(10),
-                });
-            }
-        }
-        // Activate after the commit.
-        let revision_args = RevisionArgs {
-            namespace: namespace.clone(),
-            agent: agent_ref.clone(),
-            revision: reference.clone(),
-        };
-        let activated = self
-            .backend
-            .call(
-                &target,
-                Operation::ActivateRevision(revision_args.clone()),
-                self.options(),
-            )
-            .await;
-        match activated {
-            Err(CallError::Failed(f)) if f.code == FailureCode::Superseded => {
-                self.store
-                    .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
-                    .map_err(store_err)?;
-                return Ok(done(Code::RevisionSuperseded, f.message));
-            }
-            Err(e) => {
-                // Learn what the host serves now: after a failed activation it may be nothing
-                // (the unit runs the candidate, which is not ready).
-                if let Ok(OperationResult::VerifyRevision(v)) = self
-                    .backend
-                    .call(
-                        &target,
-                        Operation::VerifyRevision(revision_args),
-                        self.options(),
-                    )
-                    .await
-                {
-                    self.observe(&agent, &v.observation);
-                }
-                return Ok(self.call_failed(work, e, true));
-            }
-            Ok(OperationResult::ActivateRevision(a)) => self.observe(&agent, &a.observation),
-            Ok(other) => {
-                return Ok(failed(
-                    Code::InvalidHostResult,
-                    format!("activate answered {:?}", other.kind()),
-                ));
-            }
-        }
-        self.store
-            .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Active)
-            .map_err(store_err)?;
-        // Retire predecessors.
-        for old in revisions
-            .iter()
-            .filter(|r| r.number < rev.number && r.status != RevisionStatus::Retired)
-        {
-            let op = Operation::RetireRevision(RevisionArgs {
-                namespace: namespace.clone(),
-                agent: agent_ref.clone(),
-                revision: Self::revision_ref(old)?,
-            });
-            match self.backend.call(&target, op, self.options()).await {
-                Ok(_) => self
-                    .store
-                    .set_revision_status(ns_id, agent_id, &old.id, RevisionStatus::Retired)
-                    .map_err(store_err)?,
-                Err(e) => return Ok(self.call_failed(work, e, true)),
-            }
-        }
-        Ok(done(
-            Code::RevisionActivated,
-            format!("serving on {}", target.name()),
-        ))
     }
 
     async fn stop(&self, work: &Work) -> Result<Step, Step> {

@@ -1,0 +1,334 @@
+//! A deploy, as explicit phases derived in one place ([`phases`]) from the stored state:
+//! place, prepare, commit (compare-and-set the Agent's active revision), activate, retire.
+//! An item whose revision is already committed (a retry after the commit point) skips the
+//! commit. Each phase is small and ends the item early by returning the [`Step`] it ended
+//! with; retries go through the worker's one policy (`call_failed` and the attempt budget).
+
+use std::time::Duration;
+
+use clawfleet_protocol::operation::{
+    AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceRef, PrepareArgs,
+    RevisionArgs, RevisionRef, RevisionSpec,
+};
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::{Configuration, FailureCode, Operation};
+
+use super::{HARNESS_VERSION, Step, Worker, done, failed, store_err};
+use crate::backend::{Backend, CallError, Target};
+use crate::codes::Code;
+use crate::model::{Agent, DesiredState, Namespace, Revision, RevisionStatus};
+use crate::store::Work;
+
+/// One phase of a deploy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Choose the target: the Namespace's cluster, or a pool host with room.
+    Place,
+    /// Stage the revision on the target; the running gateway is untouched.
+    Prepare,
+    /// Compare-and-set the Agent's active revision to this one.
+    Commit,
+    /// Cut over to the revision and wait until it serves.
+    Activate,
+    /// Retire the predecessors.
+    Retire,
+}
+
+/// The phases a deploy item still runs: all of them before the commit point, all but the
+/// commit after it.
+pub(crate) fn phases(committed: bool) -> &'static [Phase] {
+    if committed {
+        &[Phase::Place, Phase::Prepare, Phase::Activate, Phase::Retire]
+    } else {
+        &[
+            Phase::Place,
+            Phase::Prepare,
+            Phase::Commit,
+            Phase::Activate,
+            Phase::Retire,
+        ]
+    }
+}
+
+/// What a deploy item works on, loaded once from the store.
+struct Deploy<'w> {
+    work: &'w Work,
+    ns: Namespace,
+    agent: Agent,
+    rev: Revision,
+    revisions: Vec<Revision>,
+    committed: bool,
+    target: Option<Target>,
+    namespace: NamespaceRef,
+    agent_ref: AgentRef,
+    reference: RevisionRef,
+}
+
+impl Deploy<'_> {
+    fn target(&self) -> Result<&Target, Step> {
+        self.target
+            .as_ref()
+            .ok_or_else(|| failed(Code::InvalidState, "a deploy phase ran before placement"))
+    }
+
+    fn revision_args(&self) -> RevisionArgs {
+        RevisionArgs {
+            namespace: self.namespace.clone(),
+            agent: self.agent_ref.clone(),
+            revision: self.reference.clone(),
+        }
+    }
+}
+
+impl<B: Backend> Worker<B> {
+    /// Runs a deploy item through its phases.
+    pub(super) async fn deploy(&self, work: &Work) -> Result<Step, Step> {
+        let mut d = self.load_deploy(work)?;
+        for phase in phases(d.committed) {
+            match phase {
+                Phase::Place => self.place_phase(&mut d).await?,
+                Phase::Prepare => self.prepare_phase(&d).await?,
+                Phase::Commit => self.commit_phase(&d)?,
+                Phase::Activate => self.activate_phase(&d).await?,
+                Phase::Retire => self.retire_phase(&d).await?,
+            }
+        }
+        Ok(done(
+            Code::RevisionActivated,
+            format!("serving on {}", d.target()?.name()),
+        ))
+    }
+
+    /// Loads the item's state and ends it at once when it no longer applies: the Agent,
+    /// revision or Namespace is gone, the Agent is not meant to run, a newer revision exists,
+    /// or the Namespace is being deleted.
+    fn load_deploy<'w>(&self, work: &'w Work) -> Result<Deploy<'w>, Step> {
+        let (Some(agent_id), Some(rev_id)) = (&work.agent_id, &work.revision_id) else {
+            return Err(failed(
+                Code::InvalidWork,
+                "deploy work without an Agent or revision",
+            ));
+        };
+        let ns_id = &work.namespace_id;
+        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
+            return Err(done(Code::AgentGone, "the Agent was deleted"));
+        };
+        let Some(rev) = self
+            .store
+            .revision(ns_id, agent_id, rev_id)
+            .map_err(store_err)?
+        else {
+            return Err(done(Code::RevisionGone, "the revision was deleted"));
+        };
+        if agent.desired_state != DesiredState::Running {
+            return Err(done(
+                Code::RevisionStopped,
+                "the Agent is no longer meant to run",
+            ));
+        }
+        let revisions = self.store.revisions(ns_id, agent_id).map_err(store_err)?;
+        if revisions.iter().any(|r| r.number > rev.number) {
+            self.store
+                .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
+                .map_err(store_err)?;
+            return Err(done(Code::RevisionSuperseded, "a newer revision exists"));
+        }
+        let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
+            return Err(done(Code::NamespaceGone, "the Namespace was deleted"));
+        };
+        if ns.deleting {
+            return Err(failed(
+                Code::NamespaceDeleting,
+                "the Namespace is being deleted",
+            ));
+        }
+        Ok(Deploy {
+            namespace: Self::namespace_ref(&ns)?,
+            agent_ref: Self::agent_ref(&agent)?,
+            reference: Self::revision_ref(&rev)?,
+            committed: agent.active_revision_id.as_deref() == Some(rev_id.as_str()),
+            work,
+            ns,
+            agent,
+            rev,
+            revisions,
+            target: None,
+        })
+    }
+
+    /// Place: the cluster once its Namespace is ready, or a pool host with room (ensuring
+    /// the Namespace there first).
+    async fn place_phase(&self, d: &mut Deploy<'_>) -> Result<(), Step> {
+        let target = match self.cluster_target(&d.ns)? {
+            Some(cluster) if d.ns.ready => cluster,
+            Some(_) => {
+                return Err(Step::Retry {
+                    code: Code::NamespaceNotReady.as_str().to_owned(),
+                    message: "the Namespace is not ready on its cluster yet".to_owned(),
+                    attempt: false,
+                    delay: self.recheck(d.work),
+                });
+            }
+            None => {
+                let Some(host) = self.place(&d.ns, &d.agent)? else {
+                    return Err(Step::Retry {
+                        code: Code::NoHostAvailable.as_str().to_owned(),
+                        message: "no ready pool host has room for this Agent yet".to_owned(),
+                        attempt: false,
+                        delay: self.recheck(d.work),
+                    });
+                };
+                if !d.ns.ready_hosts.contains(&host.name) {
+                    self.ensure_on(&d.ns, &host).await?;
+                }
+                self.target(&host)?
+            }
+        };
+        d.target = Some(target);
+        Ok(())
+    }
+
+    /// Prepare: stage the snapshot (idempotent, so it also runs after the commit point).
+    async fn prepare_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        let configuration = Configuration::new(d.rev.rendered.clone())
+            .map_err(|e| failed(Code::ConfigurationRefused, e.to_string()))?;
+        let spec = RevisionSpec {
+            id: d.reference.id.clone(),
+            number: d.reference.number,
+            harness: Harness {
+                id: HarnessId::Openclaw,
+                version: HarnessVersion::new(HARNESS_VERSION)
+                    .map_err(|e| failed(Code::InvalidHarness, e))?,
+                mode: HarnessMode::Embedded,
+            },
+            configuration_hash: configuration.hash(),
+            configuration,
+        };
+        let op = Operation::PrepareRevision(PrepareArgs {
+            namespace: d.namespace.clone(),
+            agent: d.agent_ref.clone(),
+            revision: spec,
+        });
+        match self.backend.call(d.target()?, op, self.options()).await {
+            Err(e) => Err(self.call_failed(d.work, e, d.committed)),
+            Ok(OperationResult::PrepareRevision(p)) => {
+                self.observe(&d.agent, &p.observation);
+                if p.ready {
+                    return Ok(());
+                }
+                self.set_status(d, &d.rev.id, RevisionStatus::Superseded)?;
+                Err(done(
+                    Code::RevisionSuperseded,
+                    "the host already runs a newer revision",
+                ))
+            }
+            Ok(other) => Err(failed(
+                Code::InvalidHostResult,
+                format!("prepare answered {:?}", other.kind()),
+            )),
+        }
+    }
+
+    /// Commit: compare-and-set the Agent's active revision; another writer wins only with a
+    /// newer one.
+    fn commit_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        self.set_status(d, &d.rev.id, RevisionStatus::Prepared)?;
+        if let Some(active) = &d.agent.active_revision_id
+            && let Some(current) = d.revisions.iter().find(|r| &r.id == active)
+            && current.number >= d.rev.number
+        {
+            return Err(done(Code::RevisionSuperseded, "a newer revision is active"));
+        }
+        let swapped = self
+            .store
+            .commit_revision(
+                &d.work.namespace_id,
+                &d.agent.id,
+                d.agent.active_revision_id.as_deref(),
+                &d.rev.id,
+            )
+            .map_err(store_err)?;
+        if swapped {
+            return Ok(());
+        }
+        Err(Step::Retry {
+            code: FailureCode::RevisionIncomplete.as_str().to_owned(),
+            message: "the active revision changed meanwhile; re-checking".to_owned(),
+            attempt: false,
+            delay: Duration::from_millis(10),
+        })
+    }
+
+    /// Activate: cut over and wait for readiness; on failure, learn what the target serves.
+    async fn activate_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        let target = d.target()?;
+        let op = Operation::ActivateRevision(d.revision_args());
+        match self.backend.call(target, op, self.options()).await {
+            Err(CallError::Failed(f)) if f.code == FailureCode::Superseded => {
+                self.set_status(d, &d.rev.id, RevisionStatus::Superseded)?;
+                Err(done(Code::RevisionSuperseded, f.message))
+            }
+            Err(e) => {
+                // After a failed activation the target may serve nothing (the unit runs the
+                // candidate, which is not ready).
+                let verify = Operation::VerifyRevision(d.revision_args());
+                if let Ok(OperationResult::VerifyRevision(v)) =
+                    self.backend.call(target, verify, self.options()).await
+                {
+                    self.observe(&d.agent, &v.observation);
+                }
+                Err(self.call_failed(d.work, e, true))
+            }
+            Ok(OperationResult::ActivateRevision(a)) => {
+                self.observe(&d.agent, &a.observation);
+                self.set_status(d, &d.rev.id, RevisionStatus::Active)
+            }
+            Ok(other) => Err(failed(
+                Code::InvalidHostResult,
+                format!("activate answered {:?}", other.kind()),
+            )),
+        }
+    }
+
+    /// Retire: every older revision not yet retired.
+    async fn retire_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        for old in d
+            .revisions
+            .iter()
+            .filter(|r| r.number < d.rev.number && r.status != RevisionStatus::Retired)
+        {
+            let op = Operation::RetireRevision(RevisionArgs {
+                namespace: d.namespace.clone(),
+                agent: d.agent_ref.clone(),
+                revision: Self::revision_ref(old)?,
+            });
+            match self.backend.call(d.target()?, op, self.options()).await {
+                Ok(_) => self.set_status(d, &old.id, RevisionStatus::Retired)?,
+                Err(e) => return Err(self.call_failed(d.work, e, true)),
+            }
+        }
+        Ok(())
+    }
+
+    fn set_status(&self, d: &Deploy<'_>, rev: &str, status: RevisionStatus) -> Result<(), Step> {
+        self.store
+            .set_revision_status(&d.work.namespace_id, &d.agent.id, rev, status)
+            .map_err(store_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_commit_runs_only_before_the_commit_point() {
+        assert!(phases(false).contains(&Phase::Commit));
+        assert!(!phases(true).contains(&Phase::Commit));
+        for committed in [false, true] {
+            let p = phases(committed);
+            assert_eq!(p.first(), Some(&Phase::Place));
+            assert_eq!(p.last(), Some(&Phase::Retire));
+        }
+    }
+}
