@@ -5,14 +5,6 @@ use clawfleet_protocol::ident::{hex, sha256};
 use crate::model::Grant;
 use crate::store::{Store, StoreError};
 
-/// Random bytes from the kernel.
-pub fn random_hex(bytes: usize) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(hex(&buf))
-}
-
 /// The stored form of a token.
 pub fn hash(token: &str) -> String {
     hex(&sha256(token.as_bytes()))
@@ -21,8 +13,8 @@ pub fn hash(token: &str) -> String {
 /// Why a token could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("cannot read random bytes: {0}")]
-    Random(#[from] std::io::Error),
+    #[error(transparent)]
+    Random(#[from] clawfleet_protocol::random::RandomError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -39,8 +31,8 @@ pub fn create_expiring(
     grants: &[Grant],
     expires_at: Option<i64>,
 ) -> Result<(String, String), TokenError> {
-    let id = random_hex(6)?;
-    let token = format!("cf_{id}_{}", random_hex(24)?);
+    let id = clawfleet_protocol::random::hex(6)?;
+    let token = format!("cf_{id}_{}", clawfleet_protocol::random::hex(24)?);
     store.create_token(
         &id,
         name,

@@ -146,20 +146,15 @@ pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
         .map_err(io_err(dir))
 }
 
-/// A sibling name for staging: `<name>.pending-<pid>-<random>`.
-pub fn pending_name(target: &Path) -> PathBuf {
+/// A sibling name for staging: `<name>.pending-<pid>-<random>`. Fails when the system's
+/// random source does (one policy for every crate: `clawfleet_protocol::random`).
+pub fn pending_name(target: &Path) -> io::Result<PathBuf> {
     let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut random = [0u8; 8];
-    // A read failure only makes the suffix less random; O_EXCL still prevents clobbering.
-    let _ = File::open("/dev/urandom").and_then(|mut f| io::Read::read_exact(&mut f, &mut random));
-    target.with_file_name(format!(
-        "{name}.pending-{}-{}",
-        std::process::id(),
-        clawfleet_protocol::ident::hex(&random)
-    ))
+    let random = clawfleet_protocol::random::hex(8).map_err(io::Error::other)?;
+    Ok(target.with_file_name(format!("{name}.pending-{}-{random}", std::process::id())))
 }
 
 fn parent(path: &Path) -> &Path {
@@ -175,7 +170,7 @@ fn write_pending(
     durable: bool,
     prepare: impl FnOnce(&Path) -> Result<(), FsError>,
 ) -> Result<PathBuf, FsError> {
-    let pending = pending_name(target);
+    let pending = pending_name(target).map_err(io_err(target))?;
     let result = (|| {
         let mut f = OpenOptions::new()
             .write(true)
@@ -266,7 +261,7 @@ pub fn create_dir_atomic(
     if dir_exists(target)? {
         return Ok(false);
     }
-    let pending = pending_name(target);
+    let pending = pending_name(target).map_err(io_err(target))?;
     let result = (|| {
         fs::DirBuilder::new()
             .mode(mode)
@@ -318,7 +313,7 @@ pub fn remove_tree_if_present(path: &Path) -> Result<bool, FsError> {
     match kind(path)? {
         Kind::Missing => Ok(false),
         Kind::Dir => {
-            let pending = pending_name(path);
+            let pending = pending_name(path).map_err(io_err(path))?;
             fs::rename(path, &pending).map_err(io_err(path))?;
             sync_dir(parent(path))?;
             fs::remove_dir_all(&pending).map_err(io_err(&pending))?;
@@ -331,7 +326,7 @@ pub fn remove_tree_if_present(path: &Path) -> Result<bool, FsError> {
 
 /// Points the symlink `link` at `target` atomically (pending symlink, rename, dir fsync).
 pub fn replace_symlink(link: &Path, target: &Path) -> Result<(), FsError> {
-    let pending = pending_name(link);
+    let pending = pending_name(link).map_err(io_err(link))?;
     std::os::unix::fs::symlink(target, &pending).map_err(io_err(&pending))?;
     if let Err(e) = fs::rename(&pending, link) {
         let _ = fs::remove_file(&pending);

@@ -251,15 +251,7 @@ fn systemd_error(action: &'static str, unit: &str, e: &zbus::Error) -> SystemErr
 
 /// Replaces control characters and cuts the text to `max` characters.
 fn sanitize(text: &str, max: usize) -> String {
-    let mut out: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(max)
-        .collect();
-    if text.chars().count() > max {
-        out.push('…');
-    }
-    out
+    clawfleet_protocol::text::clean(text, max)
 }
 
 /// Unit names hostd may hand to systemd: plain names, no paths, templates or odd bytes.

@@ -188,16 +188,7 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 fn clean_message(raw: &str) -> String {
-    let mut out: String = raw
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(MESSAGE_MAX)
-        .collect();
-    if raw.chars().count() > MESSAGE_MAX {
-        out.pop();
-        out.push('…');
-    }
-    out
+    crate::text::clean(raw, MESSAGE_MAX)
 }
 
 #[cfg(test)]

@@ -128,18 +128,7 @@ macro_rules! validated_string {
 
 /// Shortens untrusted text before it goes into an error message.
 pub(crate) fn truncate_for_message(value: &str) -> String {
-    const MAX: usize = 80;
-    let cleaned: String = value
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if cleaned.chars().count() <= MAX {
-        cleaned
-    } else {
-        let mut out: String = cleaned.chars().take(MAX).collect();
-        out.push('…');
-        out
-    }
+    crate::text::clean(value, 80)
 }
 
 /// Longest identifier: 63 characters, so that every identifier is also a valid Kubernetes label

@@ -14,8 +14,10 @@ pub mod failure;
 pub mod framing;
 pub mod ident;
 pub mod operation;
+pub mod random;
 pub mod result;
 pub mod signing;
+pub mod text;
 pub mod time;
 
 pub use allowed_signers::AllowedSigners;

@@ -75,11 +75,7 @@ fn stderr_text(bytes: &[u8]) -> String {
         .map(str::trim)
         .rfind(|l| !l.is_empty())
         .unwrap_or("");
-    let line: String = last
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .take(300)
-        .collect();
+    let line = clawfleet_protocol::text::clean(last, 300);
     if line.is_empty() {
         String::new()
     } else {

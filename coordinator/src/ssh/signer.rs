@@ -29,18 +29,13 @@ pub(crate) fn now_unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Eight random hex digits; falls back to clock nanoseconds if the system RNG fails (the
-/// counter already makes ids unique within this process).
-fn random_suffix() -> String {
-    let mut bytes = [0u8; 4];
-    if clawfleet_protocol::ssh_key::getrandom::fill(&mut bytes).is_err() {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        bytes = nanos.to_be_bytes();
-    }
-    clawfleet_protocol::ident::hex(&bytes)
+/// Why no operation id could be minted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MintError {
+    #[error(transparent)]
+    Random(#[from] clawfleet_protocol::random::RandomError),
+    #[error("the minted id is invalid: {0}")]
+    Ident(#[from] IdentError),
 }
 
 /// The envelope deadline for a requested duration: whole seconds, rounded up, within the
@@ -62,12 +57,15 @@ impl EnvelopeSigner {
         }
     }
 
-    /// A fresh, unique operation id: `occ-<unix ms>-<counter>-<8 random hex>`.
-    /// (Always valid: ASCII digits, letters and '-', alphanumeric at both ends, under 63
-    /// characters; the error exists only because the type checks its input.)
-    pub(crate) fn mint_id(&self) -> Result<OperationId, IdentError> {
+    /// A fresh, unique operation id: `occ-<unix ms>-<counter>-<8 random hex>`. Fails only
+    /// if the system's random source fails (the id's shape is always valid).
+    pub(crate) fn mint_id(&self) -> Result<OperationId, MintError> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
-        OperationId::new(format!("occ-{}-{n}-{}", now_unix_ms(), random_suffix()))
+        let suffix = clawfleet_protocol::random::hex(4)?;
+        Ok(OperationId::new(format!(
+            "occ-{}-{n}-{suffix}",
+            now_unix_ms()
+        ))?)
     }
 
     /// Builds and signs the envelope for one operation.

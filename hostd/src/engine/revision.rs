@@ -53,17 +53,8 @@ pub(crate) fn needs_password(configuration: &Value) -> bool {
 }
 
 fn random_hex(bytes: usize) -> Result<String, Failure> {
-    use std::io::Read;
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| {
-            Failure::new(
-                FailureCode::IoFailed,
-                format!("cannot read /dev/urandom: {e}"),
-            )
-        })?;
-    Ok(clawfleet_protocol::ident::hex(&buf))
+    clawfleet_protocol::random::hex(bytes)
+        .map_err(|e| Failure::new(FailureCode::IoFailed, e.to_string()))
 }
 
 impl Engine<'_> {

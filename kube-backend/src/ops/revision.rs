@@ -61,17 +61,8 @@ impl AgentObjects {
 }
 
 fn random_password() -> Result<String, Failure> {
-    use std::io::Read;
-    let mut buf = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| {
-            Failure::new(
-                FailureCode::IoFailed,
-                format!("cannot read /dev/urandom: {e}"),
-            )
-        })?;
-    Ok(clawfleet_protocol::ident::hex(&buf))
+    clawfleet_protocol::random::hex(32)
+        .map_err(|e| Failure::new(FailureCode::IoFailed, e.to_string()))
 }
 
 fn has_password(s: &Secret) -> bool {
