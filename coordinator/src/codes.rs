@@ -69,6 +69,8 @@ codes! {
     HostInUse = "HOST_IN_USE", "A Namespace's pool names the host.";
     UnknownHost = "UNKNOWN_HOST", "The host is not enrolled, or the token may not choose it.";
     EmptyPool = "EMPTY_POOL", "A Namespace needs a host pool or a cluster.";
+    HostDedicated = "HOST_DEDICATED", "The host is in a single-tenant pool, or a single-tenant pool names a host another Namespace uses.";
+    SingleTenantInvalid = "SINGLE_TENANT_INVALID", "singleTenant applies to host pools only.";
     BackendAmbiguous = "BACKEND_AMBIGUOUS", "A Namespace names both hosts and a cluster.";
     UnknownCluster = "UNKNOWN_CLUSTER", "The cluster is not registered, or the token may not choose it.";
     ClusterExists = "CLUSTER_EXISTS", "A cluster of that name is registered.";

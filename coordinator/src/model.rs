@@ -116,6 +116,9 @@ pub struct Namespace {
     pub ready: bool,
     pub deleting: bool,
     pub created_at: i64,
+    /// The pool's hosts run this Namespace's Agents only (no other Namespace may use them),
+    /// which is what lets its configurations trust a proxy's identity headers.
+    pub single_tenant: bool,
 }
 
 /// A Configuration generation: a native `openclaw.json`.

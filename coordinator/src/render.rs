@@ -539,6 +539,32 @@ fn check_secrets(secrets: &Value) -> Result<(), Refusal> {
     }
 }
 
+/// Refuses, on a pool whose hosts other Namespaces share, the authentication a sibling could
+/// forge: a trusted proxy's identity headers and Tailscale identity both come from local
+/// requests any Agent on the host can make.
+pub fn check_tenancy(document: &Value, shared_pool: bool) -> Result<(), Refusal> {
+    if !shared_pool {
+        return Ok(());
+    }
+    let auth = &document["gateway"]["auth"];
+    let why = "on a shared host pool any other Agent can send the requests this trusts; \
+               create the Namespace with singleTenant (occ namespace create --single-tenant) \
+               if its hosts run this Namespace's Agents only";
+    if auth["mode"] == "trusted-proxy" {
+        return Err(refuse(
+            "gateway.auth.mode",
+            format!("\"trusted-proxy\" is refused: {why}"),
+        ));
+    }
+    if auth["allowTailscale"] == true {
+        return Err(refuse(
+            "gateway.auth.allowTailscale",
+            format!("is refused: {why}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether a key names a credential (`apiKey`, `botToken`, `clientSecret`, `password`, ...).
 fn is_secret_key(key: &str) -> bool {
     let k: String = key

@@ -150,6 +150,10 @@ const MIGRATIONS: &[&str] = &[
     UPDATE namespaces SET created_at = created_at / 1000 WHERE created_at > 100000000000;
     ALTER TABLE tokens ADD COLUMN expires_at INTEGER;
     ",
+    // 4: single-tenant pools (hosts that run one Namespace's Agents only).
+    "
+    ALTER TABLE namespaces ADD COLUMN single_tenant INTEGER NOT NULL DEFAULT 0;
+    ",
 ];
 
 /// A revision row with its raw status, rendered text and last-attempt columns.
@@ -173,6 +177,19 @@ type WorkRow = (
     u32,
     i64,
 );
+
+/// What inserting a Namespace did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamespaceInsert {
+    Inserted,
+    /// A Namespace of that id exists.
+    Exists,
+    /// The pool would share `host` with `namespace`, and one of the two is single-tenant.
+    HostShared {
+        host: String,
+        namespace: String,
+    },
+}
 
 /// A live (not revoked) token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -735,7 +752,9 @@ impl Store {
     // ---- namespaces ----
 
     /// Inserts a Namespace on a host pool (`hosts`) or on one cluster, and queues its
-    /// `ensure-namespace` work; false if the id exists. `now_ms` schedules the work; the
+    /// `ensure-namespace` work. Refused, with nothing written, when the id exists or the
+    /// pool would share a host with a single-tenant Namespace (or, for a single-tenant one,
+    /// with any other Namespace). `now_ms` schedules the work; the
     /// Namespace's `createdAt` is kept in seconds like every other.
     pub fn insert_namespace(
         &self,
@@ -743,17 +762,34 @@ impl Store {
         name: &str,
         hosts: &[String],
         cluster: Option<&str>,
+        single_tenant: bool,
         now_ms: i64,
-    ) -> Result<bool> {
+    ) -> Result<NamespaceInsert> {
         let now = now_ms;
         let mut c = self.c();
         let tx = c.transaction()?;
+        for h in hosts {
+            let sharing: Option<(String, bool)> = tx
+                .query_row(
+                    "SELECT n.id, n.single_tenant FROM namespace_hosts nh JOIN namespaces n ON n.id = nh.namespace_id \
+                     WHERE nh.host_name = ?1 AND n.id != ?2 AND (n.single_tenant = 1 OR ?3) LIMIT 1",
+                    params![h, id, single_tenant],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            if let Some((namespace, _)) = sharing {
+                return Ok(NamespaceInsert::HostShared {
+                    host: h.clone(),
+                    namespace,
+                });
+            }
+        }
         let n = tx.execute(
-            "INSERT OR IGNORE INTO namespaces (id, name, created_at, cluster_name) VALUES (?1, ?2, ?3, ?4)",
-            params![id, name, now_ms / 1000, cluster],
+            "INSERT OR IGNORE INTO namespaces (id, name, created_at, cluster_name, single_tenant) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![id, name, now_ms / 1000, cluster, single_tenant],
         )?;
         if n == 0 {
-            return Ok(false);
+            return Ok(NamespaceInsert::Exists);
         }
         for h in hosts {
             tx.execute(
@@ -767,19 +803,31 @@ impl Store {
         )?;
         tx.commit()?;
         self.wake_worker();
-        Ok(true)
+        Ok(NamespaceInsert::Inserted)
     }
 
     pub fn namespace(&self, id: &str) -> Result<Option<Namespace>> {
         let c = self.c();
-        let row: Option<(String, String, bool, i64, Option<String>, bool)> = c
+        type Row = (String, String, bool, i64, Option<String>, bool, bool);
+        let row: Option<Row> = c
             .query_row(
-                "SELECT id, name, deleting, created_at, cluster_name, cluster_ready FROM namespaces WHERE id = ?1",
+                "SELECT id, name, deleting, created_at, cluster_name, cluster_ready, single_tenant FROM namespaces WHERE id = ?1",
                 [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                    ))
+                },
             )
             .optional()?;
-        let Some((id, name, deleting, created_at, cluster, cluster_ready)) = row else {
+        let Some((id, name, deleting, created_at, cluster, cluster_ready, single_tenant)) = row
+        else {
             return Ok(None);
         };
         let mut st = c.prepare("SELECT host_name, ready FROM namespace_hosts WHERE namespace_id = ?1 ORDER BY host_name")?;
@@ -803,6 +851,7 @@ impl Store {
             name,
             deleting,
             created_at,
+            single_tenant,
         }))
     }
 
@@ -1442,8 +1491,9 @@ mod tests {
         assert_eq!((t.id.as_str(), t.expires_at), ("t1", None));
         // A new Namespace is stored in seconds too.
         assert!(
-            s.insert_namespace("ns2", "ns2", &[], None, 1796119115999)
+            s.insert_namespace("ns2", "ns2", &[], None, false, 1796119115999)
                 .unwrap()
+                == NamespaceInsert::Inserted
         );
         assert_eq!(s.namespace("ns2").unwrap().unwrap().created_at, 1796119115);
     }
@@ -1481,7 +1531,7 @@ mod tests {
             last_probe: None,
         })
         .unwrap();
-        s.insert_namespace("ns", "ns", &["h1".into()], None, 0)
+        s.insert_namespace("ns", "ns", &["h1".into()], None, false, 0)
             .unwrap();
         let ensure = s.claim_work("w1", 0, 1000).unwrap().unwrap();
         assert_eq!(ensure.kind, WorkKind::EnsureNamespace);

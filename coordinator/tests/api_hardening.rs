@@ -408,3 +408,102 @@ async fn a_literal_api_key_is_refused_with_nothing_stored() {
         )
         .unwrap();
 }
+
+/// Trusted-proxy and Tailscale authentication trust requests any Agent on a shared host can
+/// send: refused on a shared pool, accepted on a single-tenant one, and a single-tenant pool
+/// shares no host with another Namespace (either way round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_proxy_needs_a_single_tenant_pool_whose_hosts_no_one_else_uses() {
+    let api = Api::start(short()).await;
+    let admin = api.admin.clone();
+    for h in ["h1", "h2"] {
+        api.call_async(
+            Some(&admin),
+            "POST",
+            "/hosts",
+            Some(json!({"name": h, "address": "127.0.0.1", "hostKey": HOST_KEY})),
+        )
+        .await
+        .unwrap();
+    }
+    api.call_async(
+        Some(&admin),
+        "POST",
+        "/namespaces",
+        Some(json!({"id": "shared", "hosts": ["h1"]})),
+    )
+    .await
+    .unwrap();
+    let proxy = json!({"gateway": {"auth": {"mode": "trusted-proxy", "trustedProxy": {"userHeader": "x-user"}}}});
+    let tailscale = json!({"gateway": {"auth": {"allowTailscale": true}}});
+    let before = api.table_counts();
+    for (doc, field) in [
+        (&proxy, "gateway.auth.mode"),
+        (&tailscale, "gateway.auth.allowTailscale"),
+    ] {
+        let (status, code, message) = api
+            .call_async(
+                Some(&admin),
+                "POST",
+                "/namespaces/shared/configurations",
+                Some(json!({"id": "cfg", "document": doc})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "CONFIGURATION_REFUSED"),
+            "{message}"
+        );
+        assert!(
+            message.contains(field) && message.contains("singleTenant"),
+            "{message}"
+        );
+    }
+    assert_eq!(api.table_counts(), before);
+    // A single-tenant pool may not take a host another Namespace uses, nor lend its own.
+    let (status, code, message) = api
+        .call_async(
+            Some(&admin),
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "team", "hosts": ["h1"], "singleTenant": true})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status, code.as_str()),
+        (409, "HOST_DEDICATED"),
+        "{message}"
+    );
+    let team = api
+        .call_async(
+            Some(&admin),
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "team", "hosts": ["h2"], "singleTenant": true})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(team["singleTenant"], true);
+    let (status, code, _) = api
+        .call_async(
+            Some(&admin),
+            "POST",
+            "/namespaces",
+            Some(json!({"id": "other", "hosts": ["h2"]})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!((status, code.as_str()), (409, "HOST_DEDICATED"));
+    for (id, doc) in [("cfg", &proxy), ("cfg2", &tailscale)] {
+        api.call_async(
+            Some(&admin),
+            "POST",
+            "/namespaces/team/configurations",
+            Some(json!({"id": id, "document": doc})),
+        )
+        .await
+        .unwrap();
+    }
+}

@@ -62,6 +62,7 @@ impl World {
                 name: None,
                 hosts: names,
                 cluster: None,
+                single_tenant: false,
             },
             true,
         )
@@ -104,6 +105,7 @@ impl World {
                 name: None,
                 hosts: vec![],
                 cluster: Some("c1".into()),
+                single_tenant: false,
             },
             true,
         )

@@ -27,6 +27,9 @@ pub(crate) enum NamespaceCmd {
         /// A display name (default: the id).
         #[arg(long)]
         name: Option<String>,
+        /// The pool's hosts run this Namespace's Agents only (needed for trusted-proxy auth).
+        #[arg(long, conflicts_with = "cluster")]
+        single_tenant: bool,
     },
     /// List the Namespaces the token may read.
     List,
@@ -43,6 +46,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &NamespaceCmd) -> Result<()> {
             hosts,
             cluster,
             name,
+            single_tenant,
         } => {
             let v = c.send(
                 "POST",
@@ -52,6 +56,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &NamespaceCmd) -> Result<()> {
                     name: name.clone(),
                     hosts: hosts.clone(),
                     cluster: cluster.clone(),
+                    single_tenant: *single_tenant,
                 },
             )?;
             print(

@@ -17,7 +17,7 @@ pub use tokens::TokenChangeError;
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::render;
-use crate::store::{Store, StoreError, WorkRecord, WorkState};
+use crate::store::{NamespaceInsert, Store, StoreError, WorkRecord, WorkState};
 
 /// How many of an Agent's newest work items deployment status shows.
 pub const RECENT_WORK: u32 = 10;
@@ -67,6 +67,11 @@ pub const ADDRESS_PATTERN: &str = "^[A-Za-z0-9.:][A-Za-z0-9.:-]*$";
 /// A host name: an `Ident` that is also a `HostName` (no `_`).
 pub const HOST_NAME_PATTERN: &str = "^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$";
 
+/// Whether a Namespace's Agents may share hosts with other Namespaces' Agents.
+fn shared_pool(ns: &Namespace) -> bool {
+    ns.cluster.is_none() && !ns.single_tenant
+}
+
 fn check_id(field: &str, value: &str) -> Result<()> {
     clawfleet_protocol::Ident::new(value)
         .map(|_| ())
@@ -91,6 +96,11 @@ pub struct NewNamespace {
     #[serde(default)]
     #[schemars(pattern(IDENT_PATTERN))]
     pub cluster: Option<String>,
+    /// The pool's hosts run this Namespace's Agents only: no other Namespace may put them in
+    /// its pool. Only then may its configurations use `gateway.auth.mode: "trusted-proxy"`
+    /// or `allowTailscale` (on a shared host any Agent could forge a proxy's headers).
+    #[serde(default)]
+    pub single_tenant: bool,
 }
 
 /// Body of `POST /hosts`.
@@ -475,6 +485,13 @@ impl Service {
                 ));
             }
             check_id("cluster", cluster)?;
+            if n.single_tenant {
+                return Err(ServiceError::invalid(
+                    Code::SingleTenantInvalid,
+                    "singleTenant applies to host pools; a cluster Namespace has its own \
+                     Kubernetes namespace",
+                ));
+            }
             if !may_choose_pool || self.store.cluster(cluster)?.is_none() {
                 return Err(ServiceError::invalid(
                     Code::UnknownCluster,
@@ -484,18 +501,15 @@ impl Service {
                     ),
                 ));
             }
-            if !self.store.insert_namespace(
+            let inserted = self.store.insert_namespace(
                 &n.id,
                 &name,
                 &[],
                 Some(cluster),
+                false,
                 crate::clock::now_ms(),
-            )? {
-                return Err(ServiceError::conflict(
-                    Code::NamespaceExists,
-                    format!("Namespace {} exists", n.id),
-                ));
-            }
+            )?;
+            Self::inserted(&n.id, inserted)?;
             self.audit(
                 actor,
                 "namespace.create",
@@ -527,19 +541,41 @@ impl Service {
         let mut hosts = n.hosts.clone();
         hosts.sort();
         hosts.dedup();
-        if !self
-            .store
-            .insert_namespace(&n.id, &name, &hosts, None, crate::clock::now_ms())?
-        {
-            return Err(ServiceError::conflict(
-                Code::NamespaceExists,
-                format!("Namespace {} exists", n.id),
-            ));
-        }
-        self.audit(actor, "namespace.create", &n.id, json!({"hosts": hosts}))?;
+        let inserted = self.store.insert_namespace(
+            &n.id,
+            &name,
+            &hosts,
+            None,
+            n.single_tenant,
+            crate::clock::now_ms(),
+        )?;
+        Self::inserted(&n.id, inserted)?;
+        self.audit(
+            actor,
+            "namespace.create",
+            &n.id,
+            json!({"hosts": hosts, "singleTenant": n.single_tenant}),
+        )?;
         self.store
             .namespace(&n.id)?
             .ok_or_else(|| ServiceError::not_found("Namespace", &n.id))
+    }
+
+    fn inserted(id: &str, outcome: NamespaceInsert) -> Result<()> {
+        match outcome {
+            NamespaceInsert::Inserted => Ok(()),
+            NamespaceInsert::Exists => Err(ServiceError::conflict(
+                Code::NamespaceExists,
+                format!("Namespace {id} exists"),
+            )),
+            NamespaceInsert::HostShared { host, namespace } => Err(ServiceError::conflict(
+                Code::HostDedicated,
+                format!(
+                    "host {host} is in the pool of Namespace {namespace}, and a single-tenant \
+                     pool shares its hosts with no other Namespace"
+                ),
+            )),
+        }
     }
 
     pub fn namespace(&self, id: &str) -> Result<Namespace> {
@@ -571,10 +607,11 @@ impl Service {
         document: Value,
         new: bool,
     ) -> Result<Value> {
-        self.namespace(ns)?;
+        let namespace = self.namespace(ns)?;
         check_id("id", id)?;
         // Refuse what can never be deployed now, not at deploy time.
         render::render(&document)
+            .and_then(|_| render::check_tenancy(&document, shared_pool(&namespace)))
             .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))?;
         let canonical = clawfleet_protocol::Configuration::new(document.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
@@ -698,7 +735,9 @@ impl Service {
             .store
             .configuration(ns, &agent.configuration_id)?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
+        let namespace = self.namespace(ns)?;
         let rendered = render::render(&cfg.document)
+            .and_then(|r| render::check_tenancy(&r, shared_pool(&namespace)).map(|()| r))
             .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
