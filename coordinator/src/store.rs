@@ -667,14 +667,7 @@ impl Store {
     fn cluster_row(
         r: &Row<'_>,
     ) -> rusqlite::Result<(String, String, String, String, i64, Option<String>)> {
-        Ok((
-            r.get(0)?,
-            r.get(1)?,
-            r.get(2)?,
-            r.get(3)?,
-            r.get(4)?,
-            r.get(5)?,
-        ))
+        r.try_into()
     }
 
     fn finish_cluster(
@@ -808,22 +801,12 @@ impl Store {
 
     pub fn namespace(&self, id: &str) -> Result<Option<Namespace>> {
         let c = self.c();
-        type Row = (String, String, bool, i64, Option<String>, bool, bool);
-        let row: Option<Row> = c
+        type NamespaceRow = (String, String, bool, i64, Option<String>, bool, bool);
+        let row: Option<NamespaceRow> = c
             .query_row(
                 "SELECT id, name, deleting, created_at, cluster_name, cluster_ready, single_tenant FROM namespaces WHERE id = ?1",
                 [id],
-                |r| {
-                    Ok((
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                        r.get(6)?,
-                    ))
-                },
+                |r| NamespaceRow::try_from(r),
             )
             .optional()?;
         let Some((id, name, deleting, created_at, cluster, cluster_ready, single_tenant)) = row

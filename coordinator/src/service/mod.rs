@@ -67,9 +67,14 @@ pub const ADDRESS_PATTERN: &str = "^[A-Za-z0-9.:][A-Za-z0-9.:-]*$";
 /// A host name: an `Ident` that is also a `HostName` (no `_`).
 pub const HOST_NAME_PATTERN: &str = "^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$";
 
-/// Whether a Namespace's Agents may share hosts with other Namespaces' Agents.
-fn shared_pool(ns: &Namespace) -> bool {
-    ns.cluster.is_none() && !ns.single_tenant
+/// The document as it deploys in this Namespace, or the refusal (`CONFIGURATION_REFUSED`,
+/// naming the field). On a host pool other Namespaces share, the authentication a sibling
+/// could forge is refused too.
+fn rendered_for(ns: &Namespace, document: &Value) -> Result<Value> {
+    let shared_pool = ns.cluster.is_none() && !ns.single_tenant;
+    render::render(document)
+        .and_then(|r| render::check_tenancy(&r, shared_pool).map(|()| r))
+        .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))
 }
 
 fn check_id(field: &str, value: &str) -> Result<()> {
@@ -610,9 +615,7 @@ impl Service {
         let namespace = self.namespace(ns)?;
         check_id("id", id)?;
         // Refuse what can never be deployed now, not at deploy time.
-        render::render(&document)
-            .and_then(|_| render::check_tenancy(&document, shared_pool(&namespace)))
-            .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))?;
+        rendered_for(&namespace, &document)?;
         let canonical = clawfleet_protocol::Configuration::new(document.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         let generation = self
@@ -724,21 +727,12 @@ impl Service {
     /// Creates the next immutable revision from the Agent's configuration and queues it;
     /// returns it with the id of the work that deploys it.
     pub fn deploy(&self, actor: &str, ns: &str, id: &str) -> Result<(Revision, i64)> {
-        let agent = self.agent(ns, id)?;
-        if agent.desired_state == DesiredState::Deleted {
-            return Err(ServiceError::conflict(
-                Code::AgentDeleting,
-                format!("Agent {id} is being deleted"),
-            ));
-        }
+        let agent = self.agent_not_deleting(ns, id)?;
         let cfg = self
             .store
             .configuration(ns, &agent.configuration_id)?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
-        let namespace = self.namespace(ns)?;
-        let rendered = render::render(&cfg.document)
-            .and_then(|r| render::check_tenancy(&r, shared_pool(&namespace)).map(|()| r))
-            .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))?;
+        let rendered = rendered_for(&self.namespace(ns)?, &cfg.document)?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         // The store allocates the number and id inside its transaction.
@@ -767,8 +761,8 @@ impl Service {
         Ok((rev, work))
     }
 
-    /// Queues a stop; returns the id of the work that realises it.
-    pub fn stop(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
+    /// The Agent, unless it is being deleted (409 `AGENT_DELETING`).
+    fn agent_not_deleting(&self, ns: &str, id: &str) -> Result<Agent> {
         let agent = self.agent(ns, id)?;
         if agent.desired_state == DesiredState::Deleted {
             return Err(ServiceError::conflict(
@@ -776,6 +770,12 @@ impl Service {
                 format!("Agent {id} is being deleted"),
             ));
         }
+        Ok(agent)
+    }
+
+    /// Queues a stop; returns the id of the work that realises it.
+    pub fn stop(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
+        self.agent_not_deleting(ns, id)?;
         let work = self
             .store
             .set_desired(ns, id, DesiredState::Stopped, crate::clock::now_ms())?
