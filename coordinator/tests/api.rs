@@ -4,6 +4,7 @@
 //! happy path through the worker.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod api_support;
 mod hostd_engine;
 
 use std::sync::Arc;
@@ -33,16 +34,7 @@ struct Api {
 
 impl Api {
     async fn start() -> Self {
-        let store = Store::in_memory().unwrap();
-        let (_, admin) = coordinator::tokens::create(
-            &store,
-            "admin",
-            &[Grant {
-                namespace: "*".into(),
-                role: Role::Admin,
-            }],
-        )
-        .unwrap();
+        let (store, admin) = api_support::store_with_admin();
         let backend = Arc::new(EngineBackend::new());
         let settings = WorkerSettings {
             backoff_initial: Duration::from_millis(1),

@@ -4,6 +4,7 @@
 //! and literal secrets in configuration documents.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod api_support;
 mod hostd_engine;
 
 use std::io::{Read, Write};
@@ -14,7 +15,6 @@ use std::time::{Duration, Instant};
 use coordinator::api::{AppState, router_with, serve};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::ApiSettings;
-use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::Store;
 use hostd_engine::EngineBackend;
@@ -31,16 +31,7 @@ struct Api {
 
 impl Api {
     async fn start(settings: ApiSettings) -> Self {
-        let store = Store::in_memory().unwrap();
-        let (_, admin) = coordinator::tokens::create(
-            &store,
-            "admin",
-            &[Grant {
-                namespace: "*".into(),
-                role: Role::Admin,
-            }],
-        )
-        .unwrap();
+        let (store, admin) = api_support::store_with_admin();
         let state = Arc::new(AppState {
             service: Service::new(store.clone()),
             backend: Arc::new(EngineBackend::new()),
@@ -52,24 +43,6 @@ impl Api {
             async move { serve(listener, router, &settings, std::future::pending()).await },
         );
         Self { addr, store, admin }
-    }
-
-    fn call(
-        &self,
-        token: Option<&str>,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-    ) -> Result<Value, (u16, String, String)> {
-        let c = Client::new(&format!("http://{}", self.addr), token.map(str::to_owned)).unwrap();
-        c.request(method, path, body.as_ref()).map_err(|e| match e {
-            ClientError::Api {
-                status,
-                code,
-                message,
-            } => (status, code, message),
-            other => panic!("{method} {path}: {other}"),
-        })
     }
 
     async fn call_async(
@@ -99,6 +72,19 @@ impl Api {
         })
         .await
         .unwrap()
+    }
+
+    /// Enrols a host under the admin token.
+    async fn enrol(&self, name: &str) {
+        let admin = self.admin.clone();
+        self.call_async(
+            Some(&admin),
+            "POST",
+            "/hosts",
+            Some(json!({"name": name, "address": "127.0.0.1", "hostKey": HOST_KEY})),
+        )
+        .await
+        .unwrap();
     }
 
     fn table_counts(&self) -> Vec<(String, i64)> {
@@ -283,14 +269,7 @@ async fn tokens_expire_and_grants_are_checked_before_anything_is_stored() {
 async fn a_namespace_admin_gets_the_missing_host_answer_for_any_host_pool() {
     let api = Api::start(short()).await;
     let admin = api.admin.clone();
-    api.call_async(
-        Some(&admin),
-        "POST",
-        "/hosts",
-        Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
-    )
-    .await
-    .unwrap();
+    api.enrol("h1").await;
     let scoped = api
         .call_async(
             Some(&admin),
@@ -351,14 +330,7 @@ async fn a_namespace_admin_gets_the_missing_host_answer_for_any_host_pool() {
 async fn a_literal_api_key_is_refused_with_nothing_stored() {
     let api = Api::start(short()).await;
     let admin = api.admin.clone();
-    api.call_async(
-        Some(&admin),
-        "POST",
-        "/hosts",
-        Some(json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY})),
-    )
-    .await
-    .unwrap();
+    api.enrol("h1").await;
     api.call_async(
         Some(&admin),
         "POST",
@@ -399,14 +371,19 @@ async fn a_literal_api_key_is_refused_with_nothing_stored() {
     )
     .await
     .unwrap();
-    let _ = api
-        .call(
+    let stored = api
+        .call_async(
             Some(&admin),
             "GET",
             "/namespaces/ns1/configurations/cfg",
             None,
         )
+        .await
         .unwrap();
+    assert_eq!(
+        stored["document"]["models"]["providers"]["openai"]["apiKey"],
+        "${OPENAI_API_KEY}"
+    );
 }
 
 /// Trusted-proxy and Tailscale authentication trust requests any Agent on a shared host can
@@ -417,14 +394,7 @@ async fn trusted_proxy_needs_a_single_tenant_pool_whose_hosts_no_one_else_uses()
     let api = Api::start(short()).await;
     let admin = api.admin.clone();
     for h in ["h1", "h2"] {
-        api.call_async(
-            Some(&admin),
-            "POST",
-            "/hosts",
-            Some(json!({"name": h, "address": "127.0.0.1", "hostKey": HOST_KEY})),
-        )
-        .await
-        .unwrap();
+        api.enrol(h).await;
     }
     api.call_async(
         Some(&admin),

@@ -9,6 +9,7 @@
 //! not OpenSSH, a grant named twice with two roles), each with a 4xx and a code.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod api_support;
 mod hostd_engine;
 
 use std::path::PathBuf;
@@ -16,9 +17,7 @@ use std::sync::Arc;
 
 use coordinator::api::{AppState, router_with, serve};
 use coordinator::config::ApiSettings;
-use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
-use coordinator::store::Store;
 use hostd_engine::EngineBackend;
 
 fn schemathesis() -> Option<PathBuf> {
@@ -38,16 +37,7 @@ fn schemathesis() -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document() {
     let Some(st) = schemathesis() else { return };
-    let store = Store::in_memory().unwrap();
-    let (_, admin) = coordinator::tokens::create(
-        &store,
-        "admin",
-        &[Grant {
-            namespace: "*".into(),
-            role: Role::Admin,
-        }],
-    )
-    .unwrap();
+    let (store, admin) = api_support::store_with_admin();
     let state = Arc::new(AppState {
         service: Service::new(store.clone()),
         backend: Arc::new(EngineBackend::new()),
