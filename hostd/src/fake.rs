@@ -378,3 +378,37 @@ impl System for FakeSystem {
         Vec::new()
     }
 }
+
+/// Why [`test_config`] could not set a test host up.
+#[derive(Debug, thiserror::Error)]
+pub enum TestConfigError {
+    #[error("cannot create the test host's files: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}
+
+/// A validated hostd configuration for running the engine over [`FakeSystem`] in tests:
+/// `text` (hostd.toml) parsed, then the state root, unit directory (`dir/units`, created) and
+/// gateway command (`dir/gw`, an executable that exits 0, followed by `gateway_args`) pointed
+/// into `dir`. hostd refuses state roots under /tmp, which a unit's PrivateTmp would hide;
+/// no real unit runs here, so any `dir` works, wherever the checkout or TMPDIR is.
+pub fn test_config(
+    dir: &Path,
+    text: &str,
+    gateway_args: &[&str],
+) -> Result<crate::config::Config, TestConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let units = dir.join("units");
+    std::fs::create_dir_all(&units)?;
+    let gateway = dir.join("gw");
+    std::fs::write(&gateway, "#!/bin/sh\nexit 0\n")?;
+    std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755))?;
+    let mut config = crate::config::Config::parse(text, "test", || None)?;
+    config.state_root = dir.join("state");
+    config.unit_dir = units;
+    config.gateway_command = std::iter::once(gateway.display().to_string())
+        .chain(gateway_args.iter().map(|a| (*a).to_owned()))
+        .collect();
+    Ok(config)
+}

@@ -41,28 +41,12 @@ impl Fixture {
             ),
         )
         .unwrap();
-        let units = dir.path().join("units");
-        std::fs::create_dir_all(&units).unwrap();
-        let gateway = dir.path().join("gw");
-        std::fs::write(&gateway, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(
-            &gateway,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
         let text =
             "host_name = \"h1\"\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 300\n";
-        let mut config = Config::parse(text, "test", || None).unwrap();
-        // The configuration refuses state roots under /tmp (the units' PrivateTmp would hide
-        // them) and paths with unusual characters. These tests start no real unit, so they
-        // point the validated configuration at a temporary directory, wherever the checkout
-        // or TMPDIR is.
-        config.state_root = dir.path().join("state");
-        config.unit_dir = units.clone();
+        let mut config = hostd::fake::test_config(dir.path(), text, &[]).unwrap();
         config.allowed_signers = signers;
-        config.gateway_command = vec![gateway.display().to_string()];
         Self {
-            fake: FakeSystem::new(&units),
+            fake: FakeSystem::new(&config.unit_dir),
             _dir: dir,
             config,
             key,

@@ -7,7 +7,6 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,23 +57,13 @@ struct SimHost {
 impl SimHost {
     fn new(name: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let units = dir.path().join("units");
-        std::fs::create_dir_all(&units).unwrap();
-        let gateway = dir.path().join("gw");
-        std::fs::write(&gateway, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755)).unwrap();
         let text = format!(
             "host_name = \"{name}\"\n[limits]\nlock_timeout_ms = 2000\nreadiness_timeout_ms = 2000\n"
         );
-        let mut config = Config::parse(&text, "test", || None).unwrap();
-        // hostd refuses state roots under /tmp (a unit's PrivateTmp would hide them); no real
-        // unit runs here, so the validated configuration is pointed at the temporary directory.
-        config.state_root = dir.path().join("state");
-        config.unit_dir = units.clone();
-        config.gateway_command = vec![gateway.display().to_string(), "run".to_owned()];
+        let config = hostd::fake::test_config(dir.path(), &text, &["run"]).unwrap();
         let journal = Journal::open(&dir.path().join("journal"), 1000).unwrap();
         Self {
-            fake: FakeSystem::new(&units),
+            fake: FakeSystem::new(&config.unit_dir),
             _dir: dir,
             config,
             journal,

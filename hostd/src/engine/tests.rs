@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::{Ctx, Engine};
 use crate::config::Config;
-use crate::fake::{Behaviour, FakeSystem};
+use crate::fake::{Behaviour, FakeSystem, test_config};
 use crate::journal::Journal;
 use crate::layout::Layout;
 use crate::system::{Ids, System};
@@ -31,25 +31,13 @@ impl Host {
 
     fn with_config(extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let units = dir.path().join("units");
-        std::fs::create_dir_all(&units).unwrap();
-        let gateway = dir.path().join("gw");
-        std::fs::write(&gateway, "#!/bin/sh\nexit 0\n").unwrap();
-        std::fs::set_permissions(&gateway, std::fs::Permissions::from_mode(0o755)).unwrap();
         let text = format!(
             "host_name = \"h1\"\n{extra}\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 400\n"
         );
-        let mut config = Config::parse(&text, "test", || None).unwrap();
-        // The configuration refuses state roots under /tmp (the units' PrivateTmp would hide
-        // them) and paths with unusual characters. These tests start no real unit, so they
-        // point the validated configuration at a temporary directory, wherever the checkout
-        // or TMPDIR is.
-        config.state_root = dir.path().join("state");
-        config.unit_dir = units.clone();
-        config.gateway_command = vec![gateway.display().to_string(), "run".to_owned()];
+        let config = test_config(dir.path(), &text, &["run"]).unwrap();
         let journal = Journal::open(&dir.path().join("journal"), 100).unwrap();
         Self {
-            fake: FakeSystem::new(&units),
+            fake: FakeSystem::new(&config.unit_dir),
             _dir: dir,
             config,
             journal,
