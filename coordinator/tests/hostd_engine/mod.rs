@@ -46,6 +46,19 @@ pub struct HostAgent {
     pub port: Option<u16>,
 }
 
+fn host_agent(a: &clawfleet_protocol::result::AgentInventory) -> HostAgent {
+    HostAgent {
+        snapshots: a
+            .revisions
+            .iter()
+            .map(|r| (r.id.to_string(), r.number.get()))
+            .collect(),
+        current: a.observation.current.as_ref().map(Ident::to_string),
+        served: a.observation.served.as_ref().map(Ident::to_string),
+        port: a.observation.port,
+    }
+}
+
 /// One simulated host: a state root, a unit directory and a journal in a temporary directory.
 struct SimHost {
     _dir: tempfile::TempDir,
@@ -152,17 +165,10 @@ impl EngineBackend {
     pub fn agent(&self, host: &str, ns: &str, agent: &str) -> Option<HostAgent> {
         let inventory = self.inventory(host);
         let n = inventory.iter().find(|n| n.id.as_str() == ns)?;
-        let a = n.agents.iter().find(|a| a.id.as_str() == agent)?;
-        Some(HostAgent {
-            snapshots: a
-                .revisions
-                .iter()
-                .map(|r| (r.id.to_string(), r.number.get()))
-                .collect(),
-            current: a.observation.current.as_ref().map(Ident::to_string),
-            served: a.observation.served.as_ref().map(Ident::to_string),
-            port: a.observation.port,
-        })
+        n.agents
+            .iter()
+            .find(|a| a.id.as_str() == agent)
+            .map(host_agent)
     }
 
     /// Every Agent on every host: (host, Namespace, Agent) → what `status` reports.
@@ -172,9 +178,10 @@ impl EngineBackend {
         for h in names {
             for n in self.inventory(&h) {
                 for a in &n.agents {
-                    if let Some(found) = self.agent(&h, n.id.as_str(), a.id.as_str()) {
-                        out.insert((h.clone(), n.id.to_string(), a.id.to_string()), found);
-                    }
+                    out.insert(
+                        (h.clone(), n.id.to_string(), a.id.to_string()),
+                        host_agent(a),
+                    );
                 }
             }
         }
