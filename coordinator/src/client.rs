@@ -25,6 +25,9 @@ pub enum ClientError {
         code: String,
         message: String,
     },
+    /// 429: the token's read budget is spent for now.
+    #[error("RATE_LIMITED (HTTP 429): {message}")]
+    RateLimited { retry_after: u64, message: String },
     #[error("--server {0:?} must look like http://HOST:PORT")]
     BadServer(String),
 }
@@ -134,6 +137,21 @@ impl Client {
             .as_str()
             .map(str::to_owned)
             .unwrap_or_else(|| body_text.chars().take(200).collect());
+        if status == 429 {
+            let retry_after = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.trim()
+                        .eq_ignore_ascii_case("retry-after")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(1);
+            return Err(ClientError::RateLimited {
+                retry_after,
+                message,
+            });
+        }
         Err(ClientError::Api {
             status,
             code,

@@ -51,6 +51,7 @@ codes! {
     InvalidRequest = "INVALID_REQUEST", "The framework refused the request (the message says why).";
     InvalidBody = "INVALID_BODY", "The body is not the JSON the route takes; the message names the field.";
     UnexpectedBody = "UNEXPECTED_BODY", "The route takes no body.";
+    InvalidQuery = "INVALID_QUERY", "A query parameter is unknown or not of its type; the message names it.";
     BodyTooLarge = "BODY_TOO_LARGE", "The body is over the 1 MiB limit.";
     RequestTimeout = "REQUEST_TIMEOUT", "The request was not completed within the request timeout.";
     ServerBusy = "SERVER_BUSY", "Too many requests in progress; retry after a second.";
@@ -87,6 +88,9 @@ codes! {
     HarnessAuthUnsupported = "HARNESS_AUTH_UNSUPPORTED", "The harness authentication method is not supported.";
     AgentExists = "AGENT_EXISTS", "An Agent of that id exists.";
     AgentDeleting = "AGENT_DELETING", "The Agent is being deleted.";
+    AgentNotPlaced = "AGENT_NOT_PLACED", "The Agent was never placed on a host, so it has no runtime or log yet.";
+    InvalidLogQuery = "INVALID_LOG_QUERY", "A log request's parameters are out of range or combined wrongly; the message names the parameter.";
+    RateLimited = "RATE_LIMITED", "The token made too many runtime or log reads; retry after the Retry-After seconds.";
     // Work outcomes.
     NamespaceReady = "NAMESPACE_READY", "The Namespace is ready on its pool or cluster.";
     NamespaceNotReady = "NAMESPACE_NOT_READY", "The Agent waits for its Namespace to become ready.";

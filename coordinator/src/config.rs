@@ -49,6 +49,7 @@ struct RawApi {
     header_timeout_seconds: Option<u64>,
     max_concurrent_requests: Option<usize>,
     allow_plaintext_listen: Option<bool>,
+    runtime_reads_per_minute: Option<u32>,
 }
 
 /// HTTP API limits (`[api]`).
@@ -63,6 +64,9 @@ pub struct ApiSettings {
     /// Allows a `listen` address off loopback although occ serves plain HTTP (for a TLS
     /// proxy in front on another machine).
     pub allow_plaintext_listen: bool,
+    /// Runtime and log reads per token per minute (each reaches a host or cluster); more get
+    /// 429 RATE_LIMITED with Retry-After.
+    pub runtime_reads_per_minute: u32,
 }
 
 impl Default for ApiSettings {
@@ -72,6 +76,7 @@ impl Default for ApiSettings {
             header_timeout: Duration::from_secs(10),
             max_concurrent_requests: 256,
             allow_plaintext_listen: false,
+            runtime_reads_per_minute: 120,
         }
     }
 }
@@ -328,6 +333,15 @@ impl Config {
                 v => v.unwrap_or(da.max_concurrent_requests),
             },
             allow_plaintext_listen: a.allow_plaintext_listen.unwrap_or(false),
+            runtime_reads_per_minute: match a.runtime_reads_per_minute {
+                Some(0) => {
+                    return Err(invalid(
+                        "api.runtime_reads_per_minute",
+                        "must be at least 1".to_owned(),
+                    ));
+                }
+                v => v.unwrap_or(da.runtime_reads_per_minute),
+            },
         };
         if !listen.ip().is_loopback() && !api.allow_plaintext_listen {
             return Err(invalid(

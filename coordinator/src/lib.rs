@@ -14,5 +14,6 @@ pub mod render;
 pub mod service;
 pub mod ssh;
 pub mod store;
+pub mod targets;
 pub mod tokens;
 pub mod worker;

@@ -258,6 +258,10 @@ pub struct Revision {
     pub status: RevisionStatus,
     pub last_attempt: Option<LastAttempt>,
     pub created_at: i64,
+    /// Why the revision's activation failed, as the target showed it (bounded, redacted):
+    /// component, check, checkedAt, code, message, the last exit and the newest log lines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_failure: Option<Value>,
     #[serde(skip)]
     pub rendered: Value,
 }

@@ -154,6 +154,10 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE namespaces ADD COLUMN single_tenant INTEGER NOT NULL DEFAULT 0;
     ",
+    // 5: the evidence of a revision's failed activation (runtimeFailure, JSON).
+    "
+    ALTER TABLE revisions ADD COLUMN runtime_failure TEXT;
+    ",
 ];
 
 /// A revision row with its raw status, rendered text and last-attempt columns.
@@ -1152,6 +1156,9 @@ impl Store {
                 status: RevisionStatus::Pending,
                 last_attempt: None,
                 created_at: r.get(13)?,
+                runtime_failure: r
+                    .get::<_, Option<String>>(14)?
+                    .and_then(|t| serde_json::from_str(&t).ok()),
                 rendered: Value::Null,
             },
             r.get(8)?,
@@ -1180,7 +1187,7 @@ impl Store {
         Ok(rev)
     }
 
-    const REV_COLS: &'static str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at";
+    const REV_COLS: &'static str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure";
 
     pub fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
         let sql = format!(
@@ -1203,6 +1210,22 @@ impl Store {
         let mut st = c.prepare(&sql)?;
         let rows = st.query_map(params![ns, agent], Self::revision_row)?;
         rows.map(|r| Self::finish_revision(r?)).collect()
+    }
+
+    /// Records (or with `None` clears) the evidence of a revision's failed activation.
+    pub fn set_runtime_failure(
+        &self,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        evidence: Option<&Value>,
+    ) -> Result<()> {
+        let text = evidence.map(Value::to_string);
+        self.c().execute(
+            "UPDATE revisions SET runtime_failure = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+            params![ns, agent, id, text],
+        )?;
+        Ok(())
     }
 
     pub fn set_revision_status(

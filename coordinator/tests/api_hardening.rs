@@ -117,6 +117,7 @@ fn short() -> ApiSettings {
         header_timeout: Duration::from_secs(1),
         max_concurrent_requests: 4,
         allow_plaintext_listen: false,
+        ..ApiSettings::default()
     }
 }
 

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::system::{Ids, System, SystemError, UnitState};
+use crate::system::{
+    Ids, JournalQuery, JournalRecord, JournalStart, System, SystemError, UnitRuntime, UnitState,
+};
 
 /// How a fake unit behaves when started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -33,6 +35,11 @@ struct State {
     calls: Vec<String>,
     fail_next: BTreeSet<&'static str>,
     squatters: BTreeMap<u16, u32>,
+    /// Every unit's journal, oldest first, as (unit, entry).
+    journal: Vec<(String, JournalRecord)>,
+    /// Each unit's invocation count: a (re)start begins a new run.
+    invocations: BTreeMap<String, u32>,
+    clock_usec: u64,
 }
 
 /// The fake.
@@ -133,6 +140,19 @@ impl FakeSystem {
         });
     }
 
+    /// Appends a line to a unit's journal, written by its gateway in the current run.
+    pub fn log_line(&self, unit: &str, message: &str) {
+        self.with(|s| {
+            let run = s.invocations.get(unit).copied().unwrap_or(0);
+            push_entry(s, unit, message, false, run);
+        });
+    }
+
+    /// The current run's invocation id of a unit (what `InvocationID` would say).
+    pub fn invocation_of(&self, unit: &str) -> Option<String> {
+        self.with(|s| s.invocations.get(unit).map(|n| invocation_id(unit, *n)))
+    }
+
     /// How many restart jobs a unit got so far.
     pub fn restarts(&self, unit: &str) -> usize {
         let call = format!("restart {unit}");
@@ -174,6 +194,33 @@ impl FakeSystem {
         self.with(|s| s.unit_ports.insert(unit.to_owned(), port));
         Some(port)
     }
+}
+
+/// A stable 32-hex invocation id for run `n` of a unit.
+fn invocation_id(unit: &str, n: u32) -> String {
+    let key = format!("{unit}#{n}");
+    let mut h: u128 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h = (h ^ u128::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:032x}")
+}
+
+fn push_entry(s: &mut State, unit: &str, message: &str, supervisor: bool, run: u32) {
+    s.clock_usec += 1000;
+    let n = s.journal.len();
+    s.journal.push((
+        unit.to_owned(),
+        JournalRecord {
+            cursor: format!("fake;i={n}"),
+            realtime_usec: 1_767_225_600_000_000 + s.clock_usec,
+            message: message.to_owned(),
+            from_supervisor: supervisor,
+            invocation: Some(invocation_id(unit, run)),
+            exit: (supervisor && message.starts_with("Main process exited"))
+                .then(|| ("exited".to_owned(), 1)),
+        },
+    ));
 }
 
 fn fail(action: &'static str, unit: &str) -> SystemError {
@@ -280,6 +327,9 @@ impl System for FakeSystem {
         };
         let behaviour = self.with(|s| s.behaviour.get(&port).copied().unwrap_or_default());
         self.with(|s| {
+            let run = s.invocations.get(unit).map_or(1, |n| n + 1);
+            s.invocations.insert(unit.to_owned(), run);
+            push_entry(s, unit, &format!("Started {unit}."), true, run);
             let u = s.units.entry(unit.to_owned()).or_default();
             u.loaded = true;
             match behaviour {
@@ -317,6 +367,16 @@ impl System for FakeSystem {
         if crashing {
             // Every look finds one more restart, as a crash loop under Restart=always would.
             self.with(|s| {
+                let run = s.invocations.get(unit).copied().unwrap_or(0);
+                push_entry(s, unit, "gateway: fatal: cannot start", false, run);
+                push_entry(
+                    s,
+                    unit,
+                    "Main process exited, code=exited, status=1/FAILURE",
+                    true,
+                    run,
+                );
+                s.invocations.insert(unit.to_owned(), run + 1);
                 if let Some(u) = s.units.get_mut(unit) {
                     u.n_restarts += 1;
                     u.active_state = "activating".to_owned();
@@ -376,6 +436,92 @@ impl System for FakeSystem {
 
     fn missing_tools(&self) -> Vec<String> {
         Vec::new()
+    }
+
+    fn unit_runtime(&self, unit: &str) -> Result<UnitRuntime, SystemError> {
+        let state = self.unit_state(unit)?;
+        let running = state.is_active();
+        let run = self.with(|s| s.invocations.get(unit).copied());
+        Ok(UnitRuntime {
+            main_pid: if running { 4000 + run.unwrap_or(0) } else { 0 },
+            exec_main_code: if state.exec_main_status != 0 { 1 } else { 0 },
+            exec_main_start_usec: if running { 1_767_225_600_000_000 } else { 0 },
+            result: if state.is_failed() {
+                "exit-code"
+            } else {
+                "success"
+            }
+            .to_owned(),
+            memory_current: running.then_some(64 << 20),
+            tasks_current: running.then_some(7),
+            invocation_id: run.map(|n| invocation_id(unit, n)).unwrap_or_default(),
+            state,
+            ..UnitRuntime::default()
+        })
+    }
+
+    fn process_uid(&self, pid: u32) -> Option<u32> {
+        // The running unit with this main pid runs as its unit file's User=.
+        let units: Vec<(String, u32)> =
+            self.with(|s| s.invocations.iter().map(|(u, n)| (u.clone(), *n)).collect());
+        let (unit, _) = units.into_iter().find(|(_, n)| 4000 + n == pid)?;
+        let text = std::fs::read_to_string(self.unit_dir.join(&unit)).ok()?;
+        let user = text.lines().find_map(|l| l.strip_prefix("User="))?;
+        self.with(|s| s.users.get(user).map(|ids| ids.uid))
+    }
+
+    fn read_journal(
+        &self,
+        query: &JournalQuery,
+        _deadline: std::time::Instant,
+        visit: &mut dyn FnMut(JournalRecord) -> bool,
+    ) -> Result<(), SystemError> {
+        let mut entries: Vec<JournalRecord> = self.with(|s| {
+            s.journal
+                .iter()
+                .filter(|(u, r)| {
+                    u == &query.unit
+                        && (!query.supervisor_only || r.from_supervisor)
+                        && query
+                            .invocation
+                            .as_ref()
+                            .is_none_or(|i| r.invocation.as_ref() == Some(i))
+                })
+                .map(|(_, r)| r.clone())
+                .collect()
+        });
+        match &query.start {
+            JournalStart::Head => {}
+            JournalStart::Tail { n, since } => {
+                if let Some(since) = since {
+                    entries.retain(|e| e.realtime_usec >= since * 1_000_000);
+                }
+                let skip = entries.len().saturating_sub(*n as usize);
+                entries.drain(..skip);
+            }
+            JournalStart::Since(since) => entries.retain(|e| e.realtime_usec >= since * 1_000_000),
+            JournalStart::After(cursor) => {
+                let at = self
+                    .with(|s| s.journal.iter().position(|(_, r)| &r.cursor == cursor))
+                    .ok_or_else(|| SystemError::JournalCursor {
+                        detail: "no such cursor".to_owned(),
+                    })?;
+                let position = |c: &str| {
+                    c.strip_prefix("fake;i=")
+                        .and_then(|n| n.parse::<usize>().ok())
+                };
+                entries.retain(|e| position(&e.cursor).is_some_and(|n| n > at));
+            }
+        }
+        if query.reverse {
+            entries.reverse();
+        }
+        for e in entries {
+            if !visit(e) {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -19,3 +19,4 @@ pub mod real;
 pub mod session;
 pub mod system;
 pub mod unit;
+pub mod unit_log;

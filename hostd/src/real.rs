@@ -775,6 +775,77 @@ impl System for RealSystem {
         Ok(all)
     }
 
+    fn unit_runtime(&self, unit: &str) -> Result<crate::system::UnitRuntime, SystemError> {
+        let state = self.unit_state(unit)?;
+        if !state.loaded {
+            return Ok(crate::system::UnitRuntime {
+                state,
+                ..Default::default()
+            });
+        }
+        let name = unit.to_owned();
+        self.bus_call(
+            |conn| async move {
+                let manager = manager(&conn).await?;
+                let path = manager.load_unit(name).await?;
+                let unit = UnitProxy::builder(&conn)
+                    .path(path.clone())
+                    .cache_properties(zbus::proxy::CacheProperties::No)
+                    .build()
+                    .await?;
+                let service = ServiceProxy::builder(&conn)
+                    .path(path)
+                    .cache_properties(zbus::proxy::CacheProperties::No)
+                    .build()
+                    .await?;
+                // systemd answers u64::MAX for what it does not track; an older systemd
+                // lacks some properties altogether (MemoryPeak before 254).
+                let tracked = |v: zbus::Result<u64>| v.ok().filter(|v| *v != u64::MAX);
+                Ok(crate::system::UnitRuntime {
+                    main_pid: service.main_pid().await?,
+                    exec_main_code: service.exec_main_code().await?,
+                    exec_main_start_usec: service.exec_main_start_timestamp().await?,
+                    exec_main_exit_usec: service.exec_main_exit_timestamp().await?,
+                    result: service.result().await?,
+                    memory_current: tracked(service.memory_current().await),
+                    memory_peak: tracked(service.memory_peak().await),
+                    cpu_usage_nsec: tracked(service.cpu_usage_n_sec().await),
+                    tasks_current: tracked(service.tasks_current().await),
+                    invocation_id: unit
+                        .invocation_id()
+                        .await?
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect(),
+                    state,
+                })
+            },
+            |e| Err(systemd_error("status", unit, e)),
+            || bus_timeout(self.call_timeout),
+        )
+    }
+
+    fn process_uid(&self, pid: u32) -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|uid| uid.parse().ok())
+    }
+
+    fn read_journal(
+        &self,
+        query: &crate::system::JournalQuery,
+        deadline: Instant,
+        visit: &mut dyn FnMut(crate::system::JournalRecord) -> bool,
+    ) -> Result<(), SystemError> {
+        let journalctl = find_tool("journalctl").ok_or_else(|| SystemError::Journal {
+            detail: "journalctl is not installed".to_owned(),
+        })?;
+        crate::unit_log::read(&journalctl, query, deadline, visit)
+    }
+
     fn missing_tools(&self) -> Vec<String> {
         let mut missing: Vec<String> = ACCOUNT_TOOLS
             .iter()

@@ -50,6 +50,69 @@ impl UnitState {
     }
 }
 
+/// What systemd reports about a unit's current or last run, for `agent-runtime`. Values
+/// systemd does not track (no cgroup accounting, an older systemd) are `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UnitRuntime {
+    pub state: UnitState,
+    /// `MainPID`, 0 when nothing runs.
+    pub main_pid: u32,
+    /// `ExecMainCode`: 1 exited, 2 killed, 3 dumped (`CLD_*`), 0 when it never ran.
+    pub exec_main_code: i32,
+    /// `ExecMainStartTimestamp` and `ExecMainExitTimestamp`, microseconds since the epoch, 0
+    /// when unset.
+    pub exec_main_start_usec: u64,
+    pub exec_main_exit_usec: u64,
+    /// `Result`: success, exit-code, signal, core-dump, timeout, start-limit-hit, …
+    pub result: String,
+    pub memory_current: Option<u64>,
+    pub memory_peak: Option<u64>,
+    pub cpu_usage_nsec: Option<u64>,
+    pub tasks_current: Option<u64>,
+    /// `InvocationID` as 32 hex digits, empty when the unit never ran since it was loaded.
+    pub invocation_id: String,
+}
+
+/// Which entries of a unit's journal to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalQuery {
+    pub unit: String,
+    /// Only one run of the unit (its invocation id, 32 hex digits).
+    pub invocation: Option<String>,
+    /// Only systemd's own messages about the unit (`UNIT=` from PID 1).
+    pub supervisor_only: bool,
+    pub start: JournalStart,
+    /// Newest first.
+    pub reverse: bool,
+}
+
+/// Where a journal read starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JournalStart {
+    /// From the oldest entry.
+    Head,
+    /// The newest `n` entries, oldest first, optionally not older than `since` (Unix seconds).
+    Tail { n: u32, since: Option<u64> },
+    /// From `since` (Unix seconds) on.
+    Since(u64),
+    /// After the entry with this cursor.
+    After(String),
+}
+
+/// One journal entry as hostd reads it. `message` is already cut to its limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalRecord {
+    pub cursor: String,
+    pub realtime_usec: u64,
+    pub message: String,
+    /// Written by systemd (PID 1) about the unit, not by the unit's own processes.
+    pub from_supervisor: bool,
+    /// The run the entry belongs to.
+    pub invocation: Option<String>,
+    /// systemd's `EXIT_CODE` and `EXIT_STATUS` on its "Main process exited" message.
+    pub exit: Option<(String, i32)>,
+}
+
 /// A failure of a privileged call. Messages are safe to show: no command output, no secrets.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SystemError {
@@ -75,6 +138,10 @@ pub enum SystemError {
     JobTimeout { unit: String, seconds: u64 },
     #[error("cannot read the listening sockets from {path}: {detail}")]
     Sockets { path: String, detail: String },
+    #[error("the journal cannot be read: {detail}")]
+    Journal { detail: String },
+    #[error("the journal has no entry at the cursor given ({detail})")]
+    JournalCursor { detail: String },
 }
 
 /// Everything privileged that hostd does, one method per effect.
@@ -116,4 +183,18 @@ pub trait System {
     fn listeners(&self, port: u16) -> Result<Vec<Listener>, SystemError>;
     /// Names of the tools hostd needs that are not installed.
     fn missing_tools(&self) -> Vec<String>;
+
+    /// The unit's state with its current or last run; a unit systemd does not know has
+    /// `state.loaded == false`.
+    fn unit_runtime(&self, unit: &str) -> Result<UnitRuntime, SystemError>;
+    /// The real uid of a running process, `None` when it is gone.
+    fn process_uid(&self, pid: u32) -> Option<u32>;
+    /// Reads the unit's journal entries in order, handing each to `visit` until it returns
+    /// false or `deadline` passes. Memory stays bounded whatever the entries' sizes.
+    fn read_journal(
+        &self,
+        query: &JournalQuery,
+        deadline: std::time::Instant,
+        visit: &mut dyn FnMut(JournalRecord) -> bool,
+    ) -> Result<(), SystemError>;
 }

@@ -69,7 +69,8 @@ pub fn render(
     let _ = writeln!(u, "Environment=OPENCLAW_DISABLE_BONJOUR=1");
     // Optional ("-"): present only when a revision's configuration uses password auth.
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.password_file.display());
-    // The operator's own credentials; hostd never reads or writes this file.
+    // The operator's own credentials; hostd never writes this file and reads it only to redact
+    // its values from the Agent's logs (engine/runtime.rs).
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.operator_env.display());
     // The launcher confines binds to the Agent's port (Landlock), then execs the gateway.
     let _ = writeln!(

@@ -48,6 +48,8 @@
 //!   name, `activeState` `active` (ready) / `activating` / `failed` (a blocker above) /
 //!   `inactive` (no Deployment), `subState` the Pod's phase or waiting reason, `nRestarts` the
 //!   containers' restart count, `enabled` whether the Deployment exists.
+//! - `agent-runtime` and `agent-logs`: the Agent's newest Pod, its events and its gateway
+//!   container's log, within the protocol's page limits ([`crate::ops::runtime`]).
 //! - `operation-status`: always `unknown`. Calls to a cluster are synchronous request and
 //!   answer from the coordinator's own process, so there is no remote journal to ask: when a
 //!   call is interrupted the coordinator retries the (idempotent) operation, which observes
@@ -223,6 +225,12 @@ pub(crate) async fn run(
         }
         Operation::Status(a) => {
             OperationResult::Status(Box::pin(ops::status::status(r, settings, &a)).await?)
+        }
+        Operation::AgentRuntime(a) => OperationResult::AgentRuntime(Box::new(
+            Box::pin(ops::runtime::runtime(r, settings, &a)).await?,
+        )),
+        Operation::AgentLogs(a) => {
+            OperationResult::AgentLogs(Box::pin(ops::runtime::logs(r, settings, &a)).await?)
         }
         Operation::OperationStatus(a) => OperationResult::OperationStatus(OperationStatusResult {
             operation_id: a.operation_id,

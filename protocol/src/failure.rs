@@ -112,6 +112,15 @@ failure_codes! {
     OperationInProgress = "OPERATION_IN_PROGRESS" => Retryable,
     /// A Namespace still holds Agents and cannot be deleted.
     NamespaceNotEmpty = "NAMESPACE_NOT_EMPTY" => Permanent,
+    /// The Agent is not on this host (no directory, or not this Agent's).
+    AgentMissing = "AGENT_MISSING" => Permanent,
+    /// The Agent's log could not be read (journalctl failed or timed out; the Kubernetes log
+    /// endpoint refused).
+    JournalUnavailable = "JOURNAL_UNAVAILABLE" => Retryable,
+    /// A log cursor names no entry this host or cluster has (rotated away, or from elsewhere).
+    LogCursorInvalid = "LOG_CURSOR_INVALID" => Permanent,
+    /// `previous` was asked for, but the journal holds no earlier run of the Agent's unit.
+    PreviousRunMissing = "PREVIOUS_RUN_MISSING" => Permanent,
     /// An unexpected internal error; the host log has details under the operation id.
     Internal = "INTERNAL" => Retryable,
     // Kubernetes backend outcomes.

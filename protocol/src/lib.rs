@@ -6,6 +6,7 @@
 //! - [`allowed_signers`]: the subset of OpenSSH's allowed_signers format hostd trusts.
 //! - [`framing`]: many messages over one SSH session's stdin and stdout.
 //! - [`failure`]: class, stable code and safe message for every failure.
+//! - [`runtime`]: the read-only runtime and log operations' types; [`redact`]: their redaction.
 
 pub mod allowed_signers;
 pub mod configuration;
@@ -15,7 +16,9 @@ pub mod framing;
 pub mod ident;
 pub mod operation;
 pub mod random;
+pub mod redact;
 pub mod result;
+pub mod runtime;
 pub mod signing;
 pub mod text;
 pub mod time;

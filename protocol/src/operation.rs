@@ -37,6 +37,10 @@ pub enum Operation {
     Status(StatusArgs),
     /// The recorded outcome of an earlier operation id.
     OperationStatus(OperationStatusArgs),
+    /// What the Agent's unit is doing now (read-only, no lock).
+    AgentRuntime(crate::runtime::RuntimeArgs),
+    /// One bounded, redacted page of the Agent's log (read-only, no lock).
+    AgentLogs(crate::runtime::LogsArgs),
 }
 
 /// The operation names, for logs, metrics and progress.
@@ -54,6 +58,8 @@ pub enum OperationKind {
     DeleteAgent,
     Status,
     OperationStatus,
+    AgentRuntime,
+    AgentLogs,
 }
 
 impl OperationKind {
@@ -71,6 +77,8 @@ impl OperationKind {
             OperationKind::DeleteAgent => "delete-agent",
             OperationKind::Status => "status",
             OperationKind::OperationStatus => "operation-status",
+            OperationKind::AgentRuntime => "agent-runtime",
+            OperationKind::AgentLogs => "agent-logs",
         }
     }
 
@@ -82,6 +90,8 @@ impl OperationKind {
                 | OperationKind::VerifyRevision
                 | OperationKind::Status
                 | OperationKind::OperationStatus
+                | OperationKind::AgentRuntime
+                | OperationKind::AgentLogs
         )
     }
 }
@@ -122,7 +132,7 @@ fn args<T: serde::de::DeserializeOwned>(
 
 const OPERATION_NAMES: &str = "probe, ensure-namespace, delete-namespace, prepare-revision, \
      activate-revision, verify-revision, stop-revision, retire-revision, delete-agent, status, \
-     operation-status";
+     operation-status, agent-runtime, agent-logs";
 
 impl Operation {
     /// Decodes an operation object strictly: its `op` name, then its arguments.
@@ -152,6 +162,8 @@ impl Operation {
             "delete-agent" => Operation::DeleteAgent(args(rest)?),
             "status" => Operation::Status(args(rest)?),
             "operation-status" => Operation::OperationStatus(args(rest)?),
+            "agent-runtime" => Operation::AgentRuntime(args(rest)?),
+            "agent-logs" => Operation::AgentLogs(args(rest)?),
             other => {
                 return Err(err(
                     "op",
@@ -178,6 +190,8 @@ impl Operation {
             Operation::DeleteAgent(_) => OperationKind::DeleteAgent,
             Operation::Status(_) => OperationKind::Status,
             Operation::OperationStatus(_) => OperationKind::OperationStatus,
+            Operation::AgentRuntime(_) => OperationKind::AgentRuntime,
+            Operation::AgentLogs(_) => OperationKind::AgentLogs,
         }
     }
 }

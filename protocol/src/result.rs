@@ -48,6 +48,8 @@ pub enum OperationResult {
     DeleteAgent(DeleteAgentResult),
     Status(Inventory),
     OperationStatus(OperationStatusResult),
+    AgentRuntime(Box<crate::runtime::RuntimeReport>),
+    AgentLogs(crate::runtime::LogPage),
 }
 
 impl OperationResult {
@@ -65,6 +67,8 @@ impl OperationResult {
             OperationResult::DeleteAgent(_) => OperationKind::DeleteAgent,
             OperationResult::Status(_) => OperationKind::Status,
             OperationResult::OperationStatus(_) => OperationKind::OperationStatus,
+            OperationResult::AgentRuntime(_) => OperationKind::AgentRuntime,
+            OperationResult::AgentLogs(_) => OperationKind::AgentLogs,
         }
     }
 }

@@ -108,9 +108,35 @@ pub fn format_ssh_time(unix: u64) -> String {
     )
 }
 
+/// Formats microseconds since the Unix epoch as RFC 3339 in UTC with all six decimals
+/// (`2026-12-01T13:20:41.123456Z`): journald keeps microseconds, and so does every log
+/// timestamp clawfleet shows.
+pub fn format_rfc3339_micros(unix_micros: u64) -> String {
+    let secs = unix_micros / 1_000_000;
+    let micros = unix_micros % 1_000_000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_keeps_microseconds_in_utc() {
+        assert_eq!(format_rfc3339_micros(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            format_rfc3339_micros((1_767_225_600 + 3723) * 1_000_000 + 42),
+            "2026-01-01T01:02:03.000042Z"
+        );
+    }
 
     #[test]
     fn parses_the_three_lengths() {

@@ -28,6 +28,11 @@ pub struct Switches {
     /// Isolation probes run once at start, as the gateway's own user inside its unit; their
     /// results are reported by `/info` under `probe`.
     pub probe: Probe,
+    /// Lines written to stderr (the journal) at start, before anything else; `${PASSWORD}` in
+    /// a line becomes the gateway's own password (for the redaction tests).
+    pub log_lines: Vec<String>,
+    /// This many bytes of numbered filler lines written to stderr at start (log volume tests).
+    pub log_bytes: u64,
 }
 
 /// `x-clawfleet-test.probe`: what a compromised gateway would try, run once at start.
@@ -136,10 +141,21 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
             }
             "label" => s.label = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_owned()),
             "probe" => s.probe = parse_probe(value)?,
+            "logLines" => {
+                s.log_lines = value
+                    .as_array()
+                    .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_owned)).collect())
+                    .ok_or_else(|| bad("an array of strings"))?
+            }
+            "logBytes" => {
+                s.log_bytes = value
+                    .as_u64()
+                    .ok_or_else(|| bad("a non-negative integer"))?
+            }
             other => {
                 return Err(err(format!(
                     "unknown switch {SWITCHES_KEY}.{other} (known: readyAfterMs, neverReady, \
-                     crashAtStart, crashAfterMs, label, probe)"
+                     crashAtStart, crashAfterMs, label, probe, logLines, logBytes)"
                 )));
             }
         }
@@ -265,7 +281,8 @@ mod tests {
     #[test]
     fn switches_are_parsed() {
         let cfg = br#"{"x-clawfleet-test":{"readyAfterMs":250,"neverReady":true,
-            "crashAtStart":false,"crashAfterMs":900,"label":"rev-7"}}"#;
+            "crashAtStart":false,"crashAfterMs":900,"label":"rev-7","logLines":["a","b"],
+            "logBytes":10}}"#;
         let s = parse_config(cfg, false).unwrap();
         assert_eq!(
             s,
@@ -276,6 +293,8 @@ mod tests {
                 crash_after_ms: Some(900),
                 label: Some("rev-7".into()),
                 probe: Probe::default(),
+                log_lines: vec!["a".into(), "b".into()],
+                log_bytes: 10,
             }
         );
     }

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    write_logs(&settings.switches);
     if settings.switches.crash_at_start {
         eprintln!("clawfleet-test-gateway: crashAtStart is set, exiting 1");
         return ExitCode::from(EXIT_CRASH);
@@ -91,6 +92,34 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::from(EXIT_CRASH)
+}
+
+/// The `logLines` and `logBytes` switches: lines on stderr, which systemd sends to the journal.
+fn write_logs(sw: &config::Switches) {
+    use std::io::Write;
+    let password = std::env::var("OPENCLAW_GATEWAY_PASSWORD").unwrap_or_default();
+    let mut err = std::io::stderr().lock();
+    for line in &sw.log_lines {
+        let _ = writeln!(err, "{}", line.replace("${PASSWORD}", &password));
+    }
+    let _ = err.flush();
+    drop(err);
+    if sw.log_bytes > 0 {
+        // In the background, so the gateway listens at once; 40 KB lines stay under
+        // journald's line limit (48 KiB) and, being few, under its rate limit.
+        let total = sw.log_bytes;
+        std::thread::spawn(move || {
+            let mut err = std::io::stderr().lock();
+            let (mut written, mut n) = (0u64, 0u64);
+            while written < total {
+                let line = format!("filler line {n:012} {}", "x".repeat(40_000));
+                let _ = writeln!(err, "{line}");
+                written += line.len() as u64 + 1;
+                n += 1;
+            }
+            let _ = err.flush();
+        });
+    }
 }
 
 /// Runs the isolation probes once, before serving, as the gateway's own user in its unit.

@@ -3,8 +3,9 @@
 //! bodyless routes. Sizes are bounded before either runs (see `router` in `api/mod.rs`).
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::{ApiError, MAX_BODY};
@@ -60,5 +61,26 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
             ));
         }
         Ok(NoBody)
+    }
+}
+
+/// Query parameters decoded strictly into `T` (unknown parameters refused, naming them).
+#[derive(Debug)]
+pub struct StrictQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for StrictQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or_default();
+        serde_urlencoded::from_str(query)
+            .map(StrictQuery)
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    Code::InvalidQuery,
+                    format!("the query parameters are invalid: {e}"),
+                )
+            })
     }
 }

@@ -13,7 +13,9 @@ mod extract;
 mod hosts;
 mod namespaces;
 pub mod openapi;
+mod ratelimit;
 pub mod routes;
+mod runtime;
 mod system;
 mod tokens;
 
@@ -56,6 +58,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds for a `Retry-After` header (429).
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -64,7 +68,14 @@ impl ApiError {
             status,
             code: code.as_str(),
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same error with a `Retry-After` of `seconds`.
+    pub(crate) fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 
     /// A failure of hostd or the Kubernetes backend, with its protocol code unchanged.
@@ -73,17 +84,24 @@ impl ApiError {
             status,
             code,
             message,
+            retry_after: None,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut r = (
             self.status,
             axum::Json(json!({"error": {"code": self.code, "message": self.message}})),
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = self.retry_after
+            && let Ok(v) = axum::http::HeaderValue::from_str(&seconds.to_string())
+        {
+            r.headers_mut().insert("retry-after", v);
+        }
+        r
     }
 }
 
@@ -126,6 +144,9 @@ pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
 
 /// Builds the router from [`ROUTES`] with the configured limits.
 pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) -> Router {
+    let limiter = Arc::new(ratelimit::ReadLimiter::new(
+        settings.runtime_reads_per_minute,
+    ));
     let routes = routes::add_routes(Router::new(), &state)
         .fallback(|| async {
             ApiError::new(
@@ -134,7 +155,8 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
                 "no such route; see /openapi.json",
             )
         })
-        .with_state(state);
+        .with_state(state)
+        .layer(axum::Extension(limiter));
     // Layers wrap from the inside out: the last one added runs first.
     routes
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))

@@ -65,6 +65,37 @@ fn codes() -> (Vec<&'static str>, Vec<Value>) {
     (names, described)
 }
 
+/// The query parameters of a query type's schema: one optional parameter per property.
+fn query_parameters(schema: &Value) -> Vec<Value> {
+    let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+        return Vec::new();
+    };
+    props
+        .iter()
+        .map(|(name, prop)| {
+            let mut prop = prop.clone();
+            let description = prop
+                .as_object_mut()
+                .and_then(|o| o.remove("description"))
+                .unwrap_or(Value::Null);
+            // `Option<T>` is `type: [T, "null"]`; a query parameter is absent instead.
+            if let Some(types) = prop.get("type").and_then(Value::as_array) {
+                let concrete: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                if concrete.len() == 1 {
+                    prop["type"] = concrete[0].clone();
+                }
+            }
+            json!({
+                "name": name,
+                "in": "query",
+                "required": false,
+                "description": description,
+                "schema": prop,
+            })
+        })
+        .collect()
+}
+
 /// The whole document.
 pub fn document() -> Value {
     let (code_names, code_list) = codes();
@@ -93,7 +124,7 @@ pub fn document() -> Value {
             "default".into(),
             error_response("Any other error, with a stable code"),
         );
-        let parameters: Vec<Value> = path_parameters(r.path)
+        let mut parameters: Vec<Value> = path_parameters(r.path)
             .into_iter()
             .map(|p| {
                 let (description, schema) = parameter(p);
@@ -106,6 +137,9 @@ pub fn document() -> Value {
                 })
             })
             .collect();
+        if let Body::Query(schema) = r.body {
+            parameters.extend(query_parameters(&schema()));
+        }
         let mut op = json!({
             "operationId": r.operation,
             "summary": r.summary,

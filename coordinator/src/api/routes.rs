@@ -8,12 +8,12 @@ use axum::Router;
 use axum::routing::MethodFilter;
 
 use super::access::{Access, authorize};
-use super::{AppState, agents, clusters, hosts, namespaces, system, tokens};
+use super::{AppState, agents, clusters, hosts, namespaces, runtime, system, tokens};
 use crate::backend::Backend;
 use crate::model::Role;
 use crate::service::{
-    AgentPatch, ConfigurationUpdate, HostUpdate, NewAgent, NewCluster, NewConfiguration, NewHost,
-    NewNamespace,
+    AgentPatch, ConfigurationUpdate, HostUpdate, LogsQuery, NewAgent, NewCluster, NewConfiguration,
+    NewHost, NewNamespace,
 };
 use tokens::NewToken;
 
@@ -57,6 +57,9 @@ pub enum Body {
     None,
     /// A strict JSON object (unknown fields refused) of the type whose JSON Schema this gives.
     Json(fn() -> serde_json::Value),
+    /// No body; query parameters, each a property of the type whose JSON Schema this gives
+    /// (unknown parameters refused).
+    Query(fn() -> serde_json::Value),
 }
 
 impl Body {
@@ -83,6 +86,9 @@ macro_rules! body {
     };
     (Json < $t:ty >) => {
         Body::Json(schema_of::<$t>)
+    };
+    (Query < $t:ty >) => {
+        Body::Query(schema_of::<$t>)
     };
 }
 
@@ -178,6 +184,10 @@ route_table! {
         => agents::deployment_status, "Desired state, active and served revision, progress";
     Get "/namespaces/{ns}/agents/{agent}/work/{work}", Namespace(Read), Empty, 200
         => agents::get_work, "One work item (deploy, stop, delete) with its last attempt";
+    Get "/namespaces/{ns}/agents/{agent}/runtime", Namespace(Read), Empty, 200 => runtime::runtime,
+        "The Agent's unit or Pod now: state, restarts, last exit, memory, CPU, tasks, served revision (rate limited per token)";
+    Get "/namespaces/{ns}/agents/{agent}/runtime/logs", Namespace(Read), Query<LogsQuery>, 200
+        => runtime::logs, "One redacted page of the Agent's log (at most 1,000 lines and 512 KiB, audited, rate limited per token)";
 
     Post "/hosts", Global(Admin), Json<NewHost>, 201 => hosts::enrol_host, "Enrol a host (pins its key)";
     Get "/hosts", Global(Admin), Empty, 200 => hosts::list_hosts, "List hosts";

@@ -55,11 +55,34 @@ pub(crate) enum AgentCmd {
         #[command(flatten)]
         wait: WaitArgs,
     },
-    /// Deployment status: desired state, revisions, open work and the last code.
+    /// Deployment status: desired state, revisions, open work, the last code, and why the
+    /// newest failed activation failed (its runtime evidence).
+    #[command(alias = "deployment-status")]
     Status { namespace: String, id: String },
+    /// The Agent's unit or Pod now: state, restarts, last exit, memory, CPU, tasks, main
+    /// process uid, served revision.
+    Runtime { namespace: String, id: String },
+    /// The Agent's log, redacted: the newest lines, or since a time, or the previous run.
+    Logs {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        args: super::runtime::LogsArgs,
+    },
     /// List the Agent's revisions with their status.
     Revisions { namespace: String, id: String },
 }
+
+const STATUS_COLUMNS: &[(&str, &str)] = &[
+    ("AGENT", "agentId"),
+    ("DESIRED", "desiredState"),
+    ("HOST", "host"),
+    ("PORT", "port"),
+    ("ACTIVE", "activeRevisionId"),
+    ("SERVED", "servedRevisionId"),
+    ("CONVERGED", "converged"),
+    ("LAST CODE", "lastCode"),
+];
 
 pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
     match cmd {
@@ -184,24 +207,23 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 println!("{id}: deletion requested");
             }
         }
-        AgentCmd::Status { namespace, id } => print(
-            cli,
-            &c.request(
+        AgentCmd::Runtime { namespace, id } => super::runtime::show(cli, c, namespace, id)?,
+        AgentCmd::Logs {
+            namespace,
+            id,
+            args,
+        } => {
+            super::runtime::logs(cli, c, namespace, id, args)?;
+        }
+        AgentCmd::Status { namespace, id } => {
+            let status = c.request(
                 "GET",
                 &format!("/namespaces/{namespace}/agents/{id}/deployment-status"),
                 None,
-            )?,
-            &[
-                ("AGENT", "agentId"),
-                ("DESIRED", "desiredState"),
-                ("HOST", "host"),
-                ("PORT", "port"),
-                ("ACTIVE", "activeRevisionId"),
-                ("SERVED", "servedRevisionId"),
-                ("CONVERGED", "converged"),
-                ("LAST CODE", "lastCode"),
-            ],
-        ),
+            )?;
+            print(cli, &status, STATUS_COLUMNS);
+            super::runtime::print_failure(cli, &status);
+        }
         AgentCmd::Revisions { namespace, id } => print(
             cli,
             &c.request(

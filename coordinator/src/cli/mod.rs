@@ -7,6 +7,7 @@ mod cluster;
 mod configuration;
 mod host;
 mod namespace;
+mod runtime;
 mod setup;
 mod table;
 mod token;

@@ -8,10 +8,12 @@ use thiserror::Error;
 
 mod probe;
 mod reads;
+mod runtime;
 mod tokens;
 
 pub use probe::ProbeError;
 pub use reads::Metrics;
+pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
 pub use tokens::TokenChangeError;
 
 use crate::codes::Code;
@@ -746,6 +748,7 @@ impl Service {
             configuration_hash: canonical.hash().to_string(),
             status: RevisionStatus::Pending,
             last_attempt: None,
+            runtime_failure: None,
             created_at: now(),
             rendered,
         };

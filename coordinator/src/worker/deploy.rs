@@ -11,6 +11,7 @@ use clawfleet_protocol::operation::{
     RevisionArgs, RevisionRef, RevisionSpec,
 };
 use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::runtime::RuntimeArgs;
 use clawfleet_protocol::{Configuration, FailureCode, Operation};
 
 use super::{HARNESS_VERSION, Step, Worker, done, failed, store_err};
@@ -269,6 +270,9 @@ impl<B: Backend> Worker<B> {
                 Err(done(Code::RevisionSuperseded, f.message))
             }
             Err(e) => {
+                if crate::service::is_runtime_failure(e.code()) {
+                    self.keep_evidence(d, &e).await;
+                }
                 // After a failed activation the target may serve nothing (the unit runs the
                 // candidate, which is not ready).
                 let verify = Operation::VerifyRevision(d.revision_args());
@@ -281,12 +285,50 @@ impl<B: Backend> Worker<B> {
             }
             Ok(OperationResult::ActivateRevision(a)) => {
                 self.observe(&d.agent, &a.observation);
+                if d.rev.runtime_failure.is_some() {
+                    self.store
+                        .set_runtime_failure(&d.work.namespace_id, &d.agent.id, &d.rev.id, None)
+                        .map_err(store_err)?;
+                }
                 self.set_status(d, &d.rev.id, RevisionStatus::Active)
             }
             Ok(other) => Err(failed(
                 Code::InvalidHostResult,
                 format!("activate answered {:?}", other.kind()),
             )),
+        }
+    }
+
+    /// Keeps what the target shows right after a failed activation (state, last exit, the
+    /// newest log lines, events) with the revision, so deployment status explains the failure
+    /// without a second request. Best effort: without an answer the evidence names the
+    /// failure only.
+    async fn keep_evidence(&self, d: &Deploy<'_>, e: &CallError) {
+        let Ok(target) = d.target() else { return };
+        let op = Operation::AgentRuntime(RuntimeArgs {
+            namespace: d.namespace.clone(),
+            agent: d.agent_ref.clone(),
+            evidence_lines: crate::service::EVIDENCE_LINES,
+        });
+        let report = match self.backend.call(target, op, self.options()).await {
+            Ok(OperationResult::AgentRuntime(r)) => Some(*r),
+            _ => None,
+        };
+        let message = match e {
+            CallError::Failed(f) => f.message.clone(),
+            other => other.to_string(),
+        };
+        let evidence = crate::service::runtime_failure(e.code(), &message, report.as_ref());
+        if let Err(err) = self.store.set_runtime_failure(
+            &d.work.namespace_id,
+            &d.agent.id,
+            &d.rev.id,
+            Some(&evidence),
+        ) {
+            tracing::warn!(
+                work_id = d.work.id,
+                "cannot keep the failure evidence: {err}"
+            );
         }
     }
 

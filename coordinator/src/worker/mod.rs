@@ -14,7 +14,7 @@ use clawfleet_protocol::result::{AgentObservation, OperationResult};
 use clawfleet_protocol::{FailureCode, Ident, Operation, Sha256Hex};
 use tokio::sync::{Semaphore, watch};
 
-use crate::backend::{Backend, CallError, CallOptions, ClusterTarget, HostTarget, Target};
+use crate::backend::{Backend, CallError, CallOptions, Target};
 use crate::codes::Code;
 use crate::config::WorkerSettings;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
@@ -59,6 +59,13 @@ pub use crate::clock::now_ms;
 
 fn ident(s: &str) -> Result<Ident, Step> {
     Ident::new(s).map_err(|e| failed(Code::InvalidStoredId, format!("{s:?} {e}")))
+}
+
+fn target_err(e: crate::targets::TargetError) -> Step {
+    match e {
+        crate::targets::TargetError::Store(e) => store_err(e),
+        crate::targets::TargetError::Inconsistent { code, message } => failed(code, message),
+    }
 }
 
 fn store_err(e: StoreError) -> Step {
@@ -326,51 +333,18 @@ impl<B: Backend> Worker<B> {
     }
 
     fn target(&self, host: &Host) -> Result<Target, Step> {
-        HostTarget::of(host)
-            .map(Target::Host)
-            .map_err(|e| failed(Code::InvalidStoredId, e.to_string()))
+        crate::targets::host(host).map_err(target_err)
     }
 
     /// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
     fn cluster_target(&self, ns: &Namespace) -> Result<Option<Target>, Step> {
-        let Some(name) = &ns.cluster else {
-            return Ok(None);
-        };
-        let record = self
-            .store
-            .cluster(name)
-            .map_err(store_err)?
-            .ok_or_else(|| {
-                failed(
-                    Code::InvalidState,
-                    format!(
-                        "Namespace {} names cluster {name}, which is not registered",
-                        ns.id
-                    ),
-                )
-            })?;
-        Ok(Some(Target::Cluster(ClusterTarget {
-            name: name.clone(),
-            record,
-        })))
+        crate::targets::cluster(&self.store, ns).map_err(target_err)
     }
 
     /// Where an Agent's operations go: its Namespace's cluster, or the host it is placed on
     /// (`None` while it was never placed).
     fn agent_target(&self, ns: &Namespace, agent: &Agent) -> Result<Option<Target>, Step> {
-        if let Some(t) = self.cluster_target(ns)? {
-            return Ok(Some(t));
-        }
-        let Some(name) = &agent.host else {
-            return Ok(None);
-        };
-        let host = self.store.host(name).map_err(store_err)?.ok_or_else(|| {
-            failed(
-                Code::InvalidState,
-                format!("the Agent's host {name} is not enrolled"),
-            )
-        })?;
-        Ok(Some(self.target(&host)?))
+        crate::targets::agent(&self.store, ns, agent).map_err(target_err)
     }
 
     fn options(&self) -> CallOptions {

@@ -10,6 +10,7 @@ mod namespace;
 mod provision;
 mod removal;
 mod revision;
+mod runtime;
 
 use std::time::{Duration, Instant};
 
@@ -148,6 +149,8 @@ pub(crate) fn system_failure(e: SystemError) -> Failure {
             FailureCode::AccountToolFailed
         }
         SystemError::Chown { .. } | SystemError::Sockets { .. } => FailureCode::IoFailed,
+        SystemError::Journal { .. } => FailureCode::JournalUnavailable,
+        SystemError::JournalCursor { .. } => FailureCode::LogCursorInvalid,
         SystemError::Systemd { .. } | SystemError::Bus(_) | SystemError::JobTimeout { .. } => {
             FailureCode::SystemdUnavailable
         }
@@ -256,6 +259,12 @@ impl<'a> Engine<'a> {
             }
             Operation::RetireRevision(args) => {
                 self.retire(ctx, args).map(OperationResult::RetireRevision)
+            }
+            Operation::AgentRuntime(args) => self
+                .agent_runtime(ctx, args)
+                .map(|r| OperationResult::AgentRuntime(Box::new(r))),
+            Operation::AgentLogs(args) => {
+                self.agent_logs(ctx, args).map(OperationResult::AgentLogs)
             }
             Operation::DeleteAgent(args) => self
                 .delete_agent(ctx, &args.namespace, &args.agent)

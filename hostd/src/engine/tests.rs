@@ -1138,3 +1138,166 @@ fn a_listener_of_another_uid_on_the_port_fails_activation_and_nothing_is_served(
         FailureCode::ListenerNotOwned
     );
 }
+
+fn logs(a: &str, start: clawfleet_protocol::runtime::LogStart, limit: u32) -> Operation {
+    Operation::AgentLogs(clawfleet_protocol::runtime::LogsArgs {
+        namespace: ns("ns1"),
+        agent: agent(a),
+        start,
+        previous: false,
+        limit: clawfleet_protocol::runtime::PageLines::new(limit).unwrap(),
+    })
+}
+
+fn page(r: OperationResult) -> clawfleet_protocol::runtime::LogPage {
+    match r {
+        OperationResult::AgentLogs(p) => p,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn running_agent(h: &Host, a: &str) -> String {
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", a, "rev-1", 1));
+    h.ok(activate("ns1", a, "rev-1", 1));
+    h.layout().agent(&id("ns1"), &id(a)).unit_name
+}
+
+#[test]
+fn runtime_reports_the_unit_the_main_uid_and_takes_no_lock_or_write() {
+    use clawfleet_protocol::runtime::{RuntimeArgs, WorkloadKind};
+    let h = Host::new();
+    let unit = running_agent(&h, "a1");
+    h.fake.log_line(&unit, "listening on 127.0.0.1");
+    h.fake.clear_calls();
+    let r = h.ok(Operation::AgentRuntime(RuntimeArgs {
+        namespace: ns("ns1"),
+        agent: agent("a1"),
+        evidence_lines: 5,
+    }));
+    let OperationResult::AgentRuntime(r) = r else {
+        panic!("{r:?}")
+    };
+    let w = r.workload.expect("a workload");
+    assert_eq!(w.kind, WorkloadKind::SystemdUnit);
+    assert_eq!(w.name, unit);
+    assert_eq!(w.active_state, "active");
+    assert!(w.main_pid.is_some() && w.memory_current_bytes.is_some());
+    assert_eq!(
+        w.main_uid, r.account_uid,
+        "the gateway runs as the Agent's account"
+    );
+    assert_eq!(r.observation.served, Some(id("rev-1")));
+    assert_eq!(
+        r.recent_lines.last().map(|l| l.message.as_str()),
+        Some("listening on 127.0.0.1")
+    );
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    // An Agent the host does not have.
+    let f = h.fails(Operation::AgentRuntime(RuntimeArgs {
+        namespace: ns("ns1"),
+        agent: agent("nobody"),
+        evidence_lines: 0,
+    }));
+    assert_eq!(f.code, FailureCode::AgentMissing);
+}
+
+#[test]
+fn log_pages_are_redacted_bounded_and_continue_by_cursor_exactly_once() {
+    use clawfleet_protocol::runtime::LogStart;
+    let h = Host::new();
+    let unit = running_agent(&h, "a1");
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let pw = std::fs::read_to_string(&paths.password_file).unwrap();
+    let pw = pw.trim().split_once('=').unwrap().1.to_owned();
+    h.fake.log_line(&unit, &format!("password is {pw} here"));
+    h.fake
+        .log_line(&unit, "Authorization: Bearer abcdef0123456789");
+    for n in 0..25 {
+        h.fake.log_line(&unit, &format!("line {n}"));
+    }
+    // Forward pages of 10 from the start: every line once, in order.
+    let mut seen = Vec::new();
+    let mut start = LogStart::Since { since_unix: 0 };
+    loop {
+        let p = page(h.ok(logs("a1", start.clone(), 10)));
+        assert!(p.entries.len() <= 10);
+        seen.extend(p.entries.iter().map(|e| e.message.clone()));
+        if !p.more {
+            // Nothing new after the last cursor: the same cursor again, no entries.
+            let again = page(h.ok(logs(
+                "a1",
+                LogStart::After {
+                    cursor: p.cursor.clone().unwrap(),
+                },
+                10,
+            )));
+            assert!(again.entries.is_empty() && again.cursor == p.cursor);
+            break;
+        }
+        start = LogStart::After {
+            cursor: p.cursor.unwrap(),
+        };
+    }
+    let gateway: Vec<&String> = seen.iter().filter(|m| !m.starts_with("Started ")).collect();
+    assert_eq!(gateway.len(), 27, "{seen:?}");
+    assert_eq!(gateway[0], "password is [REDACTED] here");
+    assert_eq!(gateway[1], "Authorization: Bearer [REDACTED]");
+    assert!(seen.iter().all(|m| !m.contains(&pw)));
+    let lines: Vec<&String> = gateway[2..].to_vec();
+    assert_eq!(lines.len(), 25);
+    for (n, l) in lines.iter().enumerate() {
+        assert_eq!(**l, format!("line {n}"));
+    }
+    // A tail gives the newest.
+    let tail = page(h.ok(logs(
+        "a1",
+        LogStart::Tail {
+            lines: clawfleet_protocol::runtime::PageLines::new(3).unwrap(),
+            since_unix: None,
+        },
+        1000,
+    )));
+    let msgs: Vec<&str> = tail.entries.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(msgs, ["line 22", "line 23", "line 24"]);
+    // A cursor the journal does not have.
+    let f = h.fails(logs(
+        "a1",
+        LogStart::After {
+            cursor: clawfleet_protocol::runtime::LogCursor::new("fake;i=99999").unwrap(),
+        },
+        10,
+    ));
+    assert_eq!(f.code, FailureCode::LogCursorInvalid);
+}
+
+#[test]
+fn previous_reads_the_run_before_a_restart() {
+    use clawfleet_protocol::runtime::{LogStart, LogsArgs, PageLines};
+    let h = Host::new();
+    let unit = running_agent(&h, "a1");
+    let previous = |h: &Host| {
+        h.run(Operation::AgentLogs(LogsArgs {
+            namespace: ns("ns1"),
+            agent: agent("a1"),
+            start: LogStart::Since { since_unix: 0 },
+            previous: true,
+            limit: PageLines::max(),
+        }))
+    };
+    h.fake.log_line(&unit, "first run");
+    assert_eq!(
+        previous(&h).unwrap_err().code,
+        FailureCode::PreviousRunMissing
+    );
+    h.ok(prepare("ns1", "a1", "rev-2", 2));
+    h.ok(activate("ns1", "a1", "rev-2", 2));
+    h.fake.log_line(&unit, "second run");
+    let p = page(previous(&h).unwrap());
+    let msgs: Vec<&str> = p.entries.iter().map(|e| e.message.as_str()).collect();
+    assert!(
+        msgs.contains(&"first run") && !msgs.contains(&"second run"),
+        "{msgs:?}"
+    );
+    assert!(p.invocation_id.is_some());
+}

@@ -4,6 +4,7 @@ pub(crate) mod agent;
 pub(crate) mod namespace;
 pub(crate) mod probe;
 pub(crate) mod revision;
+pub(crate) mod runtime;
 pub(crate) mod status;
 
 use std::time::Duration;

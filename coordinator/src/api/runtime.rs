@@ -1,0 +1,97 @@
+//! The Agent's runtime and log, read through its backend. Both reach a host or cluster, so both
+//! spend the token's read budget (`ratelimit.rs`); log reads are audited by the service.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use axum::{Extension, Json};
+use clawfleet_protocol::FailureCode;
+use serde_json::json;
+
+use super::access::Caller;
+use super::extract::StrictQuery;
+use super::ratelimit::ReadLimiter;
+use super::{ApiError, ApiResult, S, ok};
+use crate::backend::{Backend, CallError};
+use crate::codes::Code;
+use crate::service::{LogsQuery, RuntimeError};
+
+fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiError> {
+    limiter.take(&caller.token_id).map_err(|wait| {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            Code::RateLimited,
+            format!("this token made too many runtime and log reads; retry in {seconds} s"),
+        )
+        .retry_after(seconds.max(1))
+    })
+}
+
+fn call_error(e: RuntimeError) -> ApiError {
+    match e {
+        RuntimeError::Service(s) => s.into(),
+        RuntimeError::Call(CallError::Failed(f)) => {
+            let status = match f.code {
+                FailureCode::AgentMissing | FailureCode::PreviousRunMissing => {
+                    StatusCode::NOT_FOUND
+                }
+                FailureCode::LogCursorInvalid => StatusCode::BAD_REQUEST,
+                _ if f.is_retryable() => StatusCode::BAD_GATEWAY,
+                _ => StatusCode::CONFLICT,
+            };
+            ApiError::from_target(status, f.code.as_str(), f.to_string())
+        }
+        RuntimeError::Call(e) => ApiError::from_target(
+            if e.is_retryable() {
+                StatusCode::BAD_GATEWAY
+            } else {
+                StatusCode::CONFLICT
+            },
+            e.code(),
+            e.to_string(),
+        ),
+    }
+}
+
+pub(super) async fn runtime<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Extension(limiter): Extension<Arc<ReadLimiter>>,
+    Path((ns, agent)): Path<(String, String)>,
+) -> ApiResult {
+    spend(&limiter, &caller)?;
+    let value = st
+        .service
+        .agent_runtime(&*st.backend, &ns, &agent)
+        .await
+        .map_err(call_error)?;
+    ok(StatusCode::OK, value)
+}
+
+pub(super) async fn logs<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Extension(limiter): Extension<Arc<ReadLimiter>>,
+    Path((ns, agent)): Path<(String, String)>,
+    StrictQuery(query): StrictQuery<LogsQuery>,
+) -> ApiResult {
+    spend(&limiter, &caller)?;
+    let page = st
+        .service
+        .agent_logs(&*st.backend, &caller.token_id, &ns, &agent, &query)
+        .await
+        .map_err(call_error)?;
+    let mut body = serde_json::to_value(&page).unwrap_or_default();
+    if let serde_json::Value::Object(map) = &mut body {
+        map.insert("namespaceId".into(), json!(ns));
+        map.insert("agentId".into(), json!(agent));
+    }
+    let mut response = (StatusCode::OK, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert("cache-control", HeaderValue::from_static("no-store"));
+    Ok(response)
+}

@@ -1,0 +1,361 @@
+//! Runtime inspection through the Agent's backend: `agent-runtime` and `agent-logs`, and the
+//! failure evidence the worker keeps with a revision whose activation failed. Log reads are
+//! audited (who read which range of whose log).
+
+use clawfleet_protocol::Operation;
+use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
+use clawfleet_protocol::redact::Redactor;
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::runtime::{
+    LogCursor, LogPage, LogStart, LogsArgs, MAX_PAGE_LINES, PageLines, RuntimeArgs, RuntimeReport,
+};
+use clawfleet_protocol::{FailureCode, Ident};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Service, ServiceError, now};
+use crate::backend::{Backend, CallError, CallOptions, Target};
+use crate::codes::Code;
+use crate::model::{Agent, Namespace};
+
+/// Lines a log request returns when it names no start.
+pub const DEFAULT_TAIL_LINES: u32 = 100;
+
+/// How long a runtime or log read may take on the target.
+const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A log request, as the query string of `GET …/runtime/logs` carries it.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogsQuery {
+    /// The newest N lines (1 to 1000). Without any of tailLines, sinceSeconds and cursor, the
+    /// newest 100.
+    #[schemars(range(min = 1, max = 1000))]
+    pub tail_lines: Option<u32>,
+    /// Only lines of the last N seconds (alone: the oldest of them first, paged by cursor).
+    #[schemars(range(min = 1))]
+    pub since_seconds: Option<u64>,
+    /// Continue after the page that returned this cursor (not with tailLines or sinceSeconds).
+    #[schemars(length(min = 1, max = 512))]
+    pub cursor: Option<String>,
+    /// The run before the current one (the unit's previous invocation, the Pod's previous
+    /// container).
+    pub previous: Option<bool>,
+    /// Most lines in the page (1 to 1000, default 1000).
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<u32>,
+}
+
+impl LogsQuery {
+    /// The protocol's start and limit, or the refusal naming the parameter.
+    pub fn start(&self, now_unix: u64) -> Result<(LogStart, PageLines), ServiceError> {
+        let bad = |m: String| ServiceError::invalid(Code::InvalidLogQuery, m);
+        let lines =
+            |field: &str, n: u32| PageLines::new(n).map_err(|e| bad(format!("{field}: {e}")));
+        let limit = match self.limit {
+            Some(n) => lines("limit", n)?,
+            None => PageLines::max(),
+        };
+        let since = match self.since_seconds {
+            Some(0) => return Err(bad("sinceSeconds: must be at least 1".to_owned())),
+            Some(s) => Some(now_unix.saturating_sub(s)),
+            None => None,
+        };
+        let start = match (&self.cursor, self.tail_lines, since) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                return Err(bad(
+                    "cursor: continues a page and cannot be combined with tailLines or sinceSeconds"
+                        .to_owned(),
+                ));
+            }
+            (Some(c), None, None) => LogStart::After {
+                cursor: LogCursor::new(c.clone()).map_err(|e| bad(format!("cursor: {e}")))?,
+            },
+            (None, Some(n), since_unix) => LogStart::Tail {
+                lines: lines("tailLines", n)?,
+                since_unix,
+            },
+            (None, None, Some(since_unix)) => LogStart::Since { since_unix },
+            (None, None, None) => LogStart::Tail {
+                lines: lines("tailLines", DEFAULT_TAIL_LINES.min(MAX_PAGE_LINES))?,
+                since_unix: None,
+            },
+        };
+        Ok((start, limit))
+    }
+}
+
+/// Why a runtime read gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    #[error(transparent)]
+    Call(#[from] CallError),
+}
+
+/// The refs and target of an Agent.
+struct Inspected {
+    target: Target,
+    namespace: NamespaceRef,
+    agent: AgentRef,
+}
+
+fn ident(field: &str, value: &str) -> Result<Ident, ServiceError> {
+    Ident::new(value).map_err(|e| {
+        ServiceError::invalid(Code::InvalidStoredId, format!("{field} {value:?}: {e}"))
+    })
+}
+
+/// The protocol refs of an Agent (shared with the worker's evidence).
+pub(crate) fn refs(
+    ns: &Namespace,
+    agent: &Agent,
+) -> Result<(NamespaceRef, AgentRef), ServiceError> {
+    Ok((
+        NamespaceRef {
+            id: ident("Namespace id", &ns.id)?,
+            name: ident("Namespace name", &ns.name)?,
+        },
+        AgentRef {
+            id: ident("Agent id", &agent.id)?,
+            service_principal_id: ident("service principal", &agent.service_principal_id)?,
+        },
+    ))
+}
+
+impl Service {
+    fn inspected(&self, ns: &str, id: &str) -> Result<Inspected, ServiceError> {
+        let namespace = self.namespace(ns)?;
+        let agent = self.agent(ns, id)?;
+        let target = crate::targets::agent(&self.store, &namespace, &agent)
+            .map_err(|e| match e {
+                crate::targets::TargetError::Store(s) => ServiceError::Store(s),
+                crate::targets::TargetError::Inconsistent { code, message } => {
+                    ServiceError::conflict(code, message)
+                }
+            })?
+            .ok_or_else(|| {
+                ServiceError::conflict(
+                    Code::AgentNotPlaced,
+                    format!("Agent {ns}/{id} was never placed on a host; deploy it first"),
+                )
+            })?;
+        let (namespace, agent) = refs(&namespace, &agent)?;
+        Ok(Inspected {
+            target,
+            namespace,
+            agent,
+        })
+    }
+
+    /// What the Agent's unit or Pod is doing now.
+    pub async fn agent_runtime<B: Backend>(
+        &self,
+        backend: &B,
+        ns: &str,
+        id: &str,
+    ) -> Result<Value, RuntimeError> {
+        let i = self.inspected(ns, id)?;
+        let target_name = i.target.name().to_owned();
+        let op = Operation::AgentRuntime(RuntimeArgs {
+            namespace: i.namespace,
+            agent: i.agent,
+            evidence_lines: 0,
+        });
+        let report = match backend.call(i.target, op, read_options()).await? {
+            OperationResult::AgentRuntime(r) => r,
+            other => return Err(wrong_answer(&other).into()),
+        };
+        let mut value = serde_json::to_value(&report).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut value {
+            map.insert("namespaceId".into(), json!(ns));
+            map.insert("agentId".into(), json!(id));
+            map.insert("target".into(), json!(target_name));
+        }
+        Ok(value)
+    }
+
+    /// One page of the Agent's log; the read is audited under `actor`.
+    pub async fn agent_logs<B: Backend>(
+        &self,
+        backend: &B,
+        actor: &str,
+        ns: &str,
+        id: &str,
+        query: &LogsQuery,
+    ) -> Result<LogPage, RuntimeError> {
+        let (start, limit) = query.start(u64::try_from(now()).unwrap_or(0))?;
+        let i = self.inspected(ns, id)?;
+        let previous = query.previous.unwrap_or(false);
+        let range = match &start {
+            LogStart::Tail { lines, since_unix } => {
+                json!({"tailLines": lines.get(), "sinceUnix": since_unix})
+            }
+            LogStart::Since { since_unix } => json!({"sinceUnix": since_unix}),
+            LogStart::After { .. } => json!({"afterCursor": true}),
+        };
+        let op = Operation::AgentLogs(LogsArgs {
+            namespace: i.namespace,
+            agent: i.agent,
+            start,
+            previous,
+            limit,
+        });
+        let outcome = backend.call(i.target, op, read_options()).await;
+        let (entries, code) = match &outcome {
+            Ok(OperationResult::AgentLogs(p)) => (p.entries.len(), None),
+            Ok(_) => (0, Some(Code::InvalidHostResult.as_str())),
+            Err(e) => (0, Some(e.code())),
+        };
+        self.audit(
+            actor,
+            "agent.logs.read",
+            &format!("{ns}/{id}"),
+            json!({"range": range, "previous": previous, "limit": limit.get(), "entries": entries, "failed": code}),
+        )?;
+        match outcome? {
+            OperationResult::AgentLogs(mut page) => {
+                // Once more here: whatever the target missed does not reach the caller.
+                let mut redactor = Redactor::new([]);
+                for e in &mut page.entries {
+                    let r = redactor.line(&e.message);
+                    page.redactions = page.redactions.saturating_add(r.count);
+                    e.message = r.text;
+                }
+                Ok(page)
+            }
+            other => Err(wrong_answer(&other).into()),
+        }
+    }
+}
+
+fn read_options() -> CallOptions {
+    CallOptions {
+        deadline: READ_DEADLINE,
+    }
+}
+
+fn wrong_answer(other: &OperationResult) -> ServiceError {
+    ServiceError::conflict(
+        Code::InvalidHostResult,
+        format!("the target answered {}", other.kind()),
+    )
+}
+
+/// Lines of evidence kept with a failed activation.
+pub const EVIDENCE_LINES: u32 = 20;
+/// Longest evidence line kept, in characters.
+const EVIDENCE_LINE_MAX: usize = 512;
+
+/// Whether a failure is one an Agent's runtime explains (the gateway did not come up).
+pub fn is_runtime_failure(code: &str) -> bool {
+    [
+        FailureCode::ReadinessTimeout,
+        FailureCode::UnitFailed,
+        FailureCode::ListenerNotOwned,
+        FailureCode::RevisionIncomplete,
+        FailureCode::RevisionImagePullFailed,
+        FailureCode::RevisionUnschedulable,
+    ]
+    .iter()
+    .any(|c| c.as_str() == code)
+}
+
+/// The bounded, redacted `runtimeFailure` of a failed activation, from the failure and what
+/// `agent-runtime` (with evidence lines) showed right after it.
+pub fn runtime_failure(code: &str, message: &str, report: Option<&RuntimeReport>) -> Value {
+    let check = if code == FailureCode::UnitFailed.as_str() {
+        "unit"
+    } else if code == FailureCode::ListenerNotOwned.as_str() {
+        "listener"
+    } else if code.starts_with("REVISION_") {
+        "rollout"
+    } else {
+        "readiness"
+    };
+    let mut redactor = Redactor::new([]);
+    let lines: Vec<Value> = report
+        .map(|r| r.recent_lines.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .rev()
+        .take(EVIDENCE_LINES as usize)
+        .rev()
+        .map(|e| {
+            json!({
+                "at": e.at,
+                "source": e.source,
+                "message": clawfleet_protocol::text::clean(&redactor.line(&e.message).text, EVIDENCE_LINE_MAX),
+            })
+        })
+        .collect();
+    let workload = report.and_then(|r| r.workload.as_ref());
+    json!({
+        "component": "gateway",
+        "check": check,
+        "checkedAt": now(),
+        "code": code,
+        "message": clawfleet_protocol::text::clean(&redactor.line(message).text, EVIDENCE_LINE_MAX),
+        "activeState": workload.map(|w| w.active_state.clone()),
+        "subState": workload.map(|w| w.sub_state.clone()),
+        "restarts": workload.map(|w| w.restarts),
+        "lastExit": workload.and_then(|w| w.last_exit.clone()),
+        "events": report.map(|r| r.events.iter().take(5).cloned().collect::<Vec<_>>()).unwrap_or_default(),
+        "lastLines": lines,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(tail: Option<u32>, since: Option<u64>, cursor: Option<&str>) -> LogsQuery {
+        LogsQuery {
+            tail_lines: tail,
+            since_seconds: since,
+            cursor: cursor.map(str::to_owned),
+            ..LogsQuery::default()
+        }
+    }
+
+    #[test]
+    fn log_queries_map_to_one_start_and_refuse_bad_combinations() {
+        let now = 1_000_000;
+        assert!(matches!(
+            q(None, None, None).start(now).unwrap().0,
+            LogStart::Tail { lines, since_unix: None } if lines.get() == DEFAULT_TAIL_LINES
+        ));
+        assert!(matches!(
+            q(None, Some(60), None).start(now).unwrap().0,
+            LogStart::Since { since_unix } if since_unix == now - 60
+        ));
+        assert!(matches!(
+            q(Some(5), Some(60), None).start(now).unwrap().0,
+            LogStart::Tail {
+                since_unix: Some(_),
+                ..
+            }
+        ));
+        for bad in [
+            q(Some(0), None, None),
+            q(Some(1001), None, None),
+            q(None, Some(0), None),
+            q(Some(5), None, Some("c")),
+            q(None, Some(5), Some("c")),
+            q(None, None, Some("has space")),
+        ] {
+            let err = bad.start(now).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ServiceError::Invalid {
+                        code: Code::InvalidLogQuery,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! Where an Agent's operations go, resolved from the store in one place for the worker and the
+//! service layer: its Namespace's cluster (with credentials), or the enrolled host it is placed
+//! on. `None` while a pool Agent was never placed.
+
+use thiserror::Error;
+
+use crate::backend::{ClusterTarget, HostTarget, Target};
+use crate::codes::Code;
+use crate::model::{Agent, Host, Namespace};
+use crate::store::{Store, StoreError};
+
+/// Why no target could be resolved.
+#[derive(Debug, Error)]
+pub enum TargetError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The stored state names a cluster or host that is not registered, or a name that is not
+    /// valid: `INVALID_STATE` / `INVALID_STORED_ID`.
+    #[error("{message}")]
+    Inconsistent { code: Code, message: String },
+}
+
+/// The target of an enrolled host.
+pub fn host(host: &Host) -> Result<Target, TargetError> {
+    HostTarget::of(host)
+        .map(Target::Host)
+        .map_err(|e| TargetError::Inconsistent {
+            code: Code::InvalidStoredId,
+            message: format!("host {}: {e}", host.name),
+        })
+}
+
+/// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
+pub fn cluster(store: &Store, ns: &Namespace) -> Result<Option<Target>, TargetError> {
+    let Some(name) = &ns.cluster else {
+        return Ok(None);
+    };
+    let record = store
+        .cluster(name)?
+        .ok_or_else(|| TargetError::Inconsistent {
+            code: Code::InvalidState,
+            message: format!(
+                "Namespace {} names cluster {name}, which is not registered",
+                ns.id
+            ),
+        })?;
+    Ok(Some(Target::Cluster(ClusterTarget {
+        name: name.clone(),
+        record,
+    })))
+}
+
+/// Where an Agent's operations go.
+pub fn agent(store: &Store, ns: &Namespace, agent: &Agent) -> Result<Option<Target>, TargetError> {
+    if let Some(t) = cluster(store, ns)? {
+        return Ok(Some(t));
+    }
+    let Some(name) = &agent.host else {
+        return Ok(None);
+    };
+    let h = store.host(name)?.ok_or_else(|| TargetError::Inconsistent {
+        code: Code::InvalidState,
+        message: format!("the Agent's host {name} is not enrolled"),
+    })?;
+    Ok(Some(host(&h)?))
+}

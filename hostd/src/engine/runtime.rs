@@ -1,0 +1,295 @@
+//! Read-only runtime inspection: `agent-runtime` (the unit's state, its current or last run,
+//! cgroup figures, the main process's uid) and `agent-logs` (one page of the unit's journal).
+//! Neither takes a lock or writes anything: a read during an activation sees the unit as it is
+//! at that moment, and the operation journal does not record them.
+//!
+//! Every log line is redacted here, before it leaves the host, with the Agent's own gateway
+//! password and the values of its operator env file among the literal secrets.
+
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
+use clawfleet_protocol::redact::Redactor;
+use clawfleet_protocol::result::Step;
+use clawfleet_protocol::runtime::{
+    ExitKind, LastExit, LogCursor, LogEntry, LogPage, LogSource, LogStart, LogsArgs, PageBuilder,
+    PageLines, RuntimeArgs, RuntimeReport, Workload, WorkloadKind,
+};
+use clawfleet_protocol::time::format_rfc3339_micros;
+
+use super::{Ctx, Engine, fs_failure, system_failure};
+use crate::fsutil;
+use crate::layout::AgentPaths;
+use crate::system::{JournalQuery, JournalStart, UnitRuntime};
+
+/// Most supervisor entries scanned, newest first, to find the run before the current one.
+const PREVIOUS_SCAN_MAX: usize = 10_000;
+
+/// Most supervisor entries scanned, newest first, for the last exit.
+const EXIT_SCAN_MAX: usize = 200;
+
+/// Largest env file read for its secret values.
+const ENV_FILE_MAX: u64 = 64 * 1024;
+
+impl Engine<'_> {
+    /// The Agent's paths, once its Namespace and directory are verified as this Agent's.
+    fn inspected(&self, ns: &NamespaceRef, agent: &AgentRef) -> Result<AgentPaths, Failure> {
+        self.verify_namespace(ns)?;
+        let paths = self.layout.agent(&ns.id, &agent.id);
+        if !fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {
+            return Err(Failure::new(
+                FailureCode::AgentMissing,
+                format!("Agent {}/{} is not on this host", ns.id, agent.id),
+            ));
+        }
+        self.verify_agent(&ns.id, agent, &paths)?;
+        Ok(paths)
+    }
+
+    /// `agent-runtime`.
+    pub(crate) fn agent_runtime(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RuntimeArgs,
+    ) -> Result<RuntimeReport, Failure> {
+        ctx.step(Step::Verify)?;
+        let paths = self.inspected(&args.namespace, &args.agent)?;
+        let account_uid = self
+            .verify_account(&args.namespace.id, &args.agent, &paths)
+            .ok()
+            .map(|ids| ids.uid);
+        let run = self
+            .system
+            .unit_runtime(&paths.unit_name)
+            .map_err(system_failure)?;
+        let mut workload = run.state.loaded.then(|| self.workload(&paths, &run));
+        if let Some(w) = &mut workload
+            && w.last_exit.is_none()
+        {
+            // systemd forgets the last exit when the next run starts (a crash loop between
+            // two runs); its journal message about that exit remains.
+            w.last_exit = self.last_exit_from_journal(ctx, &paths);
+        }
+        let recent_lines = match PageLines::new(args.evidence_lines) {
+            Ok(lines) => {
+                let start = LogStart::Tail {
+                    lines,
+                    since_unix: None,
+                };
+                self.read_page(ctx, &paths, &start, false, lines)?.entries
+            }
+            Err(_) => Vec::new(),
+        };
+        Ok(RuntimeReport {
+            observation: self.observe(&args.namespace.id, &args.agent.id, &paths),
+            workload,
+            account_uid,
+            events: Vec::new(),
+            recent_lines,
+        })
+    }
+
+    fn workload(&self, paths: &AgentPaths, run: &UnitRuntime) -> Workload {
+        let at = |usec: u64| (usec > 0).then(|| format_rfc3339_micros(usec));
+        let kind = match run.exec_main_code {
+            1 => Some(ExitKind::Exited),
+            2 => Some(ExitKind::Killed),
+            3 => Some(ExitKind::Dumped),
+            _ => None,
+        };
+        Workload {
+            kind: WorkloadKind::SystemdUnit,
+            name: paths.unit_name.clone(),
+            active_state: run.state.active_state.clone(),
+            sub_state: run.state.sub_state.clone(),
+            restarts: run.state.n_restarts,
+            main_pid: (run.main_pid > 0).then_some(run.main_pid),
+            main_uid: (run.main_pid > 0)
+                .then(|| self.system.process_uid(run.main_pid))
+                .flatten(),
+            started_at: (run.main_pid > 0)
+                .then(|| at(run.exec_main_start_usec))
+                .flatten(),
+            last_exit: kind.map(|kind| LastExit {
+                kind,
+                status: run.state.exec_main_status,
+                at: at(run.exec_main_exit_usec),
+                reason: (!run.result.is_empty()).then(|| run.result.clone()),
+            }),
+            memory_current_bytes: run.memory_current,
+            memory_peak_bytes: run.memory_peak,
+            cpu_usage_nanos: run.cpu_usage_nsec,
+            tasks_current: run.tasks_current,
+            invocation_id: (!run.invocation_id.is_empty()).then(|| run.invocation_id.clone()),
+        }
+    }
+
+    /// The newest "Main process exited" of the unit, from systemd's own journal entries.
+    fn last_exit_from_journal(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Option<LastExit> {
+        let query = JournalQuery {
+            unit: paths.unit_name.clone(),
+            invocation: None,
+            supervisor_only: true,
+            start: JournalStart::Head,
+            reverse: true,
+        };
+        let mut found = None;
+        let mut seen = 0usize;
+        let _ = self
+            .system
+            .read_journal(&query, ctx.deadline, &mut |record| {
+                seen += 1;
+                if let Some((code, status)) = &record.exit {
+                    let kind = match code.as_str() {
+                        "exited" => ExitKind::Exited,
+                        "killed" => ExitKind::Killed,
+                        "dumped" => ExitKind::Dumped,
+                        _ => return seen < EXIT_SCAN_MAX,
+                    };
+                    found = Some(LastExit {
+                        kind,
+                        status: *status,
+                        at: Some(format_rfc3339_micros(record.realtime_usec)),
+                        reason: None,
+                    });
+                    return false;
+                }
+                seen < EXIT_SCAN_MAX
+            });
+        found
+    }
+
+    /// `agent-logs`.
+    pub(crate) fn agent_logs(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &LogsArgs,
+    ) -> Result<LogPage, Failure> {
+        ctx.step(Step::Verify)?;
+        let paths = self.inspected(&args.namespace, &args.agent)?;
+        self.read_page(ctx, &paths, &args.start, args.previous, args.limit)
+    }
+
+    fn read_page(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        start: &LogStart,
+        previous: bool,
+        limit: PageLines,
+    ) -> Result<LogPage, Failure> {
+        let invocation = if previous {
+            Some(self.previous_run(ctx, paths)?)
+        } else {
+            None
+        };
+        let (journal_start, tail, limit) = match start {
+            LogStart::Tail { lines, since_unix } => (
+                JournalStart::Tail {
+                    n: lines.get().min(limit.get()),
+                    since: *since_unix,
+                },
+                true,
+                PageLines::new(lines.get().min(limit.get())).unwrap_or(limit),
+            ),
+            LogStart::Since { since_unix } => (JournalStart::Since(*since_unix), false, limit),
+            LogStart::After { cursor } => (
+                JournalStart::After(cursor.as_str().to_owned()),
+                false,
+                limit,
+            ),
+        };
+        let query = JournalQuery {
+            unit: paths.unit_name.clone(),
+            invocation: invocation.clone(),
+            supervisor_only: false,
+            start: journal_start,
+            reverse: false,
+        };
+        let mut page = PageBuilder::new(limit, tail);
+        if let LogStart::After { cursor } = start {
+            page.keep_cursor(Some(cursor.clone()));
+        }
+        let mut redactor = Redactor::new(self.agent_secrets(paths));
+        self.system
+            .read_journal(&query, ctx.deadline, &mut |record| {
+                let redacted = redactor.line(&record.message);
+                let entry = LogEntry {
+                    at: format_rfc3339_micros(record.realtime_usec),
+                    source: if record.from_supervisor {
+                        LogSource::Supervisor
+                    } else {
+                        LogSource::Gateway
+                    },
+                    message: redacted.text,
+                };
+                page.push(entry, LogCursor::new(record.cursor).ok(), redacted.count)
+            })
+            .map_err(system_failure)?;
+        Ok(page.finish(invocation))
+    }
+
+    /// The invocation id of the run before the unit's current (or last) one, from systemd's
+    /// own messages about the unit, newest first.
+    fn previous_run(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Result<String, Failure> {
+        let current = self
+            .system
+            .unit_runtime(&paths.unit_name)
+            .map_err(system_failure)?
+            .invocation_id;
+        let query = JournalQuery {
+            unit: paths.unit_name.clone(),
+            invocation: None,
+            supervisor_only: true,
+            start: JournalStart::Head,
+            reverse: true,
+        };
+        let mut found = None;
+        let mut seen = 0usize;
+        self.system
+            .read_journal(&query, ctx.deadline, &mut |record| {
+                seen += 1;
+                if let Some(id) = record.invocation
+                    && !id.is_empty()
+                    && id != current
+                {
+                    found = Some(id);
+                    return false;
+                }
+                seen < PREVIOUS_SCAN_MAX
+            })
+            .map_err(system_failure)?;
+        found.ok_or_else(|| {
+            Failure::new(
+                FailureCode::PreviousRunMissing,
+                format!(
+                    "the journal holds no run of {} before the current one",
+                    paths.unit_name
+                ),
+            )
+        })
+    }
+
+    /// The Agent's literal secrets: its gateway password and the values of its operator env
+    /// file (hostd never writes that file; it reads it only for this).
+    fn agent_secrets(&self, paths: &AgentPaths) -> Vec<String> {
+        let mut secrets = Vec::new();
+        for file in [&paths.password_file, &paths.operator_env] {
+            let Ok(bytes) = fsutil::read_small(file, ENV_FILE_MAX) else {
+                continue;
+            };
+            for line in String::from_utf8_lossy(&bytes).lines() {
+                let line = line.trim();
+                if line.starts_with('#') {
+                    continue;
+                }
+                if let Some((_, value)) = line.split_once('=') {
+                    let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
+                    if !value.is_empty() {
+                        secrets.push(value.to_owned());
+                    }
+                }
+            }
+        }
+        secrets
+    }
+}

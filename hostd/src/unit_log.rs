@@ -1,0 +1,379 @@
+//! Reading a unit's journal: `journalctl` run directly (no shell, fixed argv, matches built
+//! from validated names), its export format parsed as a stream with bounded memory.
+//!
+//! Why journalctl and not the journal files: the file format is versioned, compressed and
+//! rotated by journald, and a native reader (or libsystemd through FFI) would add code or
+//! `unsafe` to a root binary for what journalctl, which every systemd host has, already does
+//! correctly. Why the export format: every field arrives with its length or on its own line,
+//! so a 50 MB message costs one bounded buffer, never 50 MB, and the cursor of every entry is
+//! kept even when its message is cut.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::system::{JournalQuery, JournalRecord, JournalStart, SystemError};
+
+/// Longest field value kept, in bytes (messages are cut to this; the rest is skipped).
+pub const FIELD_MAX: usize = clawfleet_protocol::runtime::MAX_ENTRY_CHARS * 4;
+
+/// The journalctl argv for a query (without the program).
+pub fn arguments(query: &JournalQuery) -> Result<Vec<String>, SystemError> {
+    if !crate::layout::is_unit_name(&query.unit) {
+        return Err(SystemError::Journal {
+            detail: format!("{:?} is not an Agent unit name", query.unit),
+        });
+    }
+    let mut args = vec![
+        "--no-pager".to_owned(),
+        "--quiet".to_owned(),
+        "--output=export".to_owned(),
+        "--output-fields=MESSAGE,_PID,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,EXIT_CODE,EXIT_STATUS"
+            .to_owned(),
+    ];
+    match &query.start {
+        JournalStart::Head => {}
+        JournalStart::Tail { n, since } => {
+            args.push(format!("--lines={n}"));
+            if let Some(since) = since {
+                args.push(format!("--since=@{since}"));
+            }
+        }
+        JournalStart::Since(since) => args.push(format!("--since=@{since}")),
+        JournalStart::After(cursor) => {
+            clawfleet_protocol::runtime::LogCursor::new(cursor.clone())
+                .map_err(|detail| SystemError::JournalCursor { detail })?;
+            args.push(format!("--after-cursor={cursor}"));
+        }
+    }
+    if query.reverse {
+        args.push("--reverse".to_owned());
+    }
+    let unit = &query.unit;
+    match &query.invocation {
+        Some(id) => {
+            if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(SystemError::Journal {
+                    detail: format!("{id:?} is not an invocation id"),
+                });
+            }
+            // The run's own lines, or systemd's lines about that run.
+            if !query.supervisor_only {
+                args.push(format!("_SYSTEMD_INVOCATION_ID={id}"));
+                args.push("+".to_owned());
+            }
+            args.push(format!("INVOCATION_ID={id}"));
+            args.push("_PID=1".to_owned());
+        }
+        None => {
+            if !query.supervisor_only {
+                args.push(format!("_SYSTEMD_UNIT={unit}"));
+                args.push("+".to_owned());
+            }
+            args.push(format!("UNIT={unit}"));
+            args.push("_PID=1".to_owned());
+        }
+    }
+    Ok(args)
+}
+
+/// Runs journalctl for the query and hands each entry to `visit`. journalctl is killed when
+/// `visit` stops early or the deadline passes.
+pub fn read(
+    journalctl: &std::path::Path,
+    query: &JournalQuery,
+    deadline: Instant,
+    visit: &mut dyn FnMut(JournalRecord) -> bool,
+) -> Result<(), SystemError> {
+    let args = arguments(query)?;
+    let mut child = Command::new(journalctl)
+        .args(&args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("SYSTEMD_PAGER", "")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| SystemError::Journal {
+            detail: format!("cannot run {}: {e}", journalctl.display()),
+        })?;
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(SystemError::Journal {
+            detail: "journalctl has no output pipes".to_owned(),
+        });
+    };
+    let err_text = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stderr.take(4096).read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).trim().to_owned()
+    });
+    // The watchdog kills journalctl at the deadline; `reaped` keeps it from signalling a pid
+    // that was already waited for (and could belong to another process by then).
+    let pid = child.id();
+    let reaped = Arc::new(Mutex::new(false));
+    let watchdog = {
+        let reaped = Arc::clone(&reaped);
+        std::thread::spawn(move || {
+            loop {
+                if *reaped.lock().unwrap_or_else(|p| p.into_inner()) {
+                    return false;
+                }
+                if Instant::now() >= deadline {
+                    let guard = reaped.lock().unwrap_or_else(|p| p.into_inner());
+                    if !*guard {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+    let mut stopped_early = false;
+    let parsed = parse_export(&mut reader, &mut |record| {
+        let go_on = visit(record);
+        stopped_early |= !go_on;
+        go_on
+    });
+    drop(reader);
+    if stopped_early || parsed.is_err() {
+        let _ = child.kill();
+    }
+    let status = {
+        let mut guard = reaped.lock().unwrap_or_else(|p| p.into_inner());
+        let status = child.wait();
+        *guard = true;
+        status
+    };
+    let timed_out = watchdog.join().unwrap_or(false);
+    let stderr = err_text.join().unwrap_or_default();
+    if timed_out && !stopped_early {
+        return Err(SystemError::Journal {
+            detail: "journalctl did not finish before the operation's deadline".to_owned(),
+        });
+    }
+    parsed?;
+    match status {
+        Ok(s) if s.success() || stopped_early => Ok(()),
+        Ok(_) if stderr.contains("cursor") => Err(SystemError::JournalCursor {
+            detail: clawfleet_protocol::text::clean(&stderr, 200),
+        }),
+        Ok(s) => Err(SystemError::Journal {
+            detail: format!(
+                "journalctl exited with {s}: {}",
+                clawfleet_protocol::text::clean(&stderr, 200)
+            ),
+        }),
+        Err(e) => Err(SystemError::Journal {
+            detail: format!("cannot wait for journalctl: {e}"),
+        }),
+    }
+}
+
+/// A value read with at most `max` bytes kept.
+fn bounded(
+    reader: &mut dyn BufRead,
+    max: usize,
+    until_newline: bool,
+    mut len: u64,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    let mut any = false;
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(if any || !out.is_empty() {
+                Some(out)
+            } else {
+                None
+            });
+        }
+        any = true;
+        let (take, done) = if until_newline {
+            match buf.iter().position(|b| *b == b'\n') {
+                Some(p) => (p, true),
+                None => (buf.len(), false),
+            }
+        } else {
+            let n = usize::try_from(len).unwrap_or(usize::MAX).min(buf.len());
+            (n, n as u64 == len)
+        };
+        let room = max.saturating_sub(out.len());
+        out.extend_from_slice(&buf[..take.min(room)]);
+        let consumed = if until_newline && done {
+            take + 1
+        } else {
+            take
+        };
+        reader.consume(consumed);
+        if !until_newline {
+            len -= take as u64;
+        }
+        if done {
+            return Ok(Some(out));
+        }
+    }
+}
+
+/// Parses journalctl's export format: entries of `FIELD=value` lines and binary fields
+/// (`FIELD`, a little-endian 64-bit length, the bytes, a newline), separated by empty lines.
+pub fn parse_export(
+    reader: &mut dyn BufRead,
+    visit: &mut dyn FnMut(JournalRecord) -> bool,
+) -> Result<(), SystemError> {
+    let io = |e: std::io::Error| SystemError::Journal {
+        detail: format!("reading journalctl's output: {e}"),
+    };
+    let mut entry = Entry::default();
+    loop {
+        let Some(line) = bounded(reader, FIELD_MAX + 64, true, 0).map_err(io)? else {
+            if let Some(record) = entry.take() {
+                visit(record);
+            }
+            return Ok(());
+        };
+        if line.is_empty() {
+            if let Some(record) = entry.take()
+                && !visit(record)
+            {
+                return Ok(());
+            }
+            continue;
+        }
+        match line.iter().position(|b| *b == b'=') {
+            Some(eq) => entry.field(&line[..eq], &line[eq + 1..]),
+            None => {
+                // A binary field: its name, then the length and the bytes.
+                let mut len = [0u8; 8];
+                reader.read_exact(&mut len).map_err(io)?;
+                let len = u64::from_le_bytes(len);
+                let value = bounded(reader, FIELD_MAX, false, len)
+                    .map_err(io)?
+                    .unwrap_or_default();
+                let mut newline = [0u8; 1];
+                reader.read_exact(&mut newline).map_err(io)?;
+                entry.field(&line, &value);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    cursor: Option<String>,
+    realtime: u64,
+    message: Option<String>,
+    pid1: bool,
+    invocation: Option<String>,
+    exit_code: Option<String>,
+    exit_status: Option<i32>,
+}
+
+impl Entry {
+    fn field(&mut self, name: &[u8], value: &[u8]) {
+        let text = || String::from_utf8_lossy(value).into_owned();
+        match name {
+            b"__CURSOR" => self.cursor = Some(text()),
+            b"__REALTIME_TIMESTAMP" => self.realtime = text().trim().parse().unwrap_or(0),
+            b"MESSAGE" => self.message = Some(text()),
+            b"_PID" => self.pid1 = value == b"1",
+            b"_SYSTEMD_INVOCATION_ID" | b"INVOCATION_ID" => self.invocation = Some(text()),
+            b"EXIT_CODE" => self.exit_code = Some(text()),
+            b"EXIT_STATUS" => self.exit_status = text().trim().parse().ok(),
+            _ => {}
+        }
+    }
+
+    fn take(&mut self) -> Option<JournalRecord> {
+        let e = std::mem::take(self);
+        let cursor = e.cursor?;
+        Some(JournalRecord {
+            cursor,
+            realtime_usec: e.realtime,
+            message: clawfleet_protocol::text::clean(
+                &e.message.unwrap_or_default(),
+                clawfleet_protocol::runtime::MAX_ENTRY_CHARS,
+            ),
+            from_supervisor: e.pid1,
+            invocation: e.invocation,
+            // Only systemd's own message counts: a gateway can log any field it likes.
+            exit: match (e.pid1, e.exit_code, e.exit_status) {
+                (true, Some(code), Some(status)) => Some((code, status)),
+                _ => None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(bytes: &[u8]) -> Vec<JournalRecord> {
+        let mut out = Vec::new();
+        parse_export(&mut std::io::Cursor::new(bytes), &mut |r| {
+            out.push(r);
+            true
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn text_and_binary_fields_parse_and_huge_values_are_cut() {
+        let mut bytes = b"__CURSOR=s=1;i=1\n__REALTIME_TIMESTAMP=1700000000123456\nMESSAGE=hello\n_PID=42\n_SYSTEMD_INVOCATION_ID=ab\n\n".to_vec();
+        bytes.extend_from_slice(
+            b"__CURSOR=s=1;i=2\n__REALTIME_TIMESTAMP=1700000000223456\nMESSAGE\n",
+        );
+        let body = b"two\nlines";
+        bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(body);
+        bytes.extend_from_slice(b"\n_PID=1\nINVOCATION_ID=ab\n\n");
+        bytes.extend_from_slice(b"__CURSOR=s=1;i=3\nMESSAGE=");
+        bytes.extend(std::iter::repeat_n(b'x', 10 * FIELD_MAX));
+        bytes.extend_from_slice(b"\n\n");
+        let r = records(&bytes);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0].message, "hello");
+        assert_eq!(r[0].realtime_usec, 1_700_000_000_123_456);
+        assert!(!r[0].from_supervisor);
+        assert_eq!(r[1].message, "two lines");
+        assert!(r[1].from_supervisor);
+        assert_eq!(r[1].invocation.as_deref(), Some("ab"));
+        assert_eq!(
+            r[2].message.chars().count(),
+            clawfleet_protocol::runtime::MAX_ENTRY_CHARS
+        );
+        assert_eq!(r[2].cursor, "s=1;i=3");
+    }
+
+    #[test]
+    fn matches_are_built_from_checked_names_only() {
+        let q = |unit: &str, invocation: Option<&str>| JournalQuery {
+            unit: unit.to_owned(),
+            invocation: invocation.map(str::to_owned),
+            supervisor_only: false,
+            start: JournalStart::Tail { n: 5, since: None },
+            reverse: false,
+        };
+        assert!(arguments(&q("sshd.service", None)).is_err());
+        let unit = "clawfleet-agent-0123456789abcdef0123456789abcdef.service";
+        let args = arguments(&q(unit, None)).unwrap();
+        assert!(args.contains(&format!("_SYSTEMD_UNIT={unit}")));
+        assert!(arguments(&q(unit, Some("not-hex"))).is_err());
+        let bad_cursor = JournalQuery {
+            start: JournalStart::After("a b".to_owned()),
+            ..q(unit, None)
+        };
+        assert!(arguments(&bad_cursor).is_err());
+    }
+}
