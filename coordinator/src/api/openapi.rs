@@ -196,11 +196,29 @@ mod tests {
         for r in ROUTES {
             let op = &doc["paths"][r.path][r.method.as_str()];
             assert!(op.is_object(), "{} {} missing", r.method.as_str(), r.path);
-            let documented: Vec<&str> = op["parameters"]
-                .as_array()
-                .map(|a| a.iter().filter_map(|p| p["name"].as_str()).collect())
-                .unwrap_or_default();
-            assert_eq!(documented, path_parameters(r.path), "{}", r.path);
+            let documented = |place: &str| -> Vec<String> {
+                op["parameters"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter(|p| p["in"] == place)
+                            .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            assert_eq!(documented("path"), path_parameters(r.path), "{}", r.path);
+            if let Body::Query(schema) = r.body {
+                let mut expected: Vec<String> = schema()["properties"]
+                    .as_object()
+                    .map(|p| p.keys().cloned().collect())
+                    .unwrap_or_default();
+                expected.sort();
+                let mut query = documented("query");
+                query.sort();
+                assert_eq!(query, expected, "{}", r.path);
+                assert!(!query.is_empty(), "{}", r.path);
+            }
             assert!(
                 op["responses"][r.success.to_string()].is_object(),
                 "{}",

@@ -269,7 +269,8 @@ pub fn runtime_failure(code: &str, message: &str, report: Option<&RuntimeReport>
         "unit"
     } else if code == FailureCode::ListenerNotOwned.as_str() {
         "listener"
-    } else if code.starts_with("REVISION_") {
+    } else if code != FailureCode::ReadinessTimeout.as_str() {
+        // The Kubernetes backend's rollout outcomes (incomplete, unschedulable, image pull).
         "rollout"
     } else {
         "readiness"
