@@ -49,7 +49,27 @@ impl Backend for Backends {
         operation: Operation,
         options: CallOptions,
     ) -> Result<OperationResult, CallError> {
-        match target.into() {
+        let kind = operation.kind();
+        let started = std::time::Instant::now();
+        let out = self.dispatch(target.into(), operation, options).await;
+        let outcome = match &out {
+            Ok(_) => crate::metrics::Outcome::Ok,
+            Err(CallError::Failed(_)) => crate::metrics::Outcome::Failed,
+            Err(_) => crate::metrics::Outcome::NoAnswer,
+        };
+        crate::metrics::operation(kind, outcome, started.elapsed());
+        out
+    }
+}
+
+impl Backends {
+    async fn dispatch(
+        &self,
+        target: Target,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        match target {
             Target::Host(host) => {
                 self.ssh
                     .call_with_progress(&host, operation, options, None)

@@ -90,6 +90,7 @@ codes! {
     AgentDeleting = "AGENT_DELETING", "The Agent is being deleted.";
     AgentNotPlaced = "AGENT_NOT_PLACED", "The Agent was never placed on a host, so it has no runtime or log yet.";
     InvalidLogQuery = "INVALID_LOG_QUERY", "A log request's parameters are out of range or combined wrongly; the message names the parameter.";
+    NothingToReconcile = "NOTHING_TO_RECONCILE", "The Agent is not meant to run or has no active revision, so there is nothing to re-apply.";
     RateLimited = "RATE_LIMITED", "The token made too many runtime or log reads; retry after the Retry-After seconds.";
     // Work outcomes.
     NamespaceReady = "NAMESPACE_READY", "The Namespace is ready on its pool or cluster.";

@@ -40,6 +40,28 @@ struct Raw {
     worker: Option<RawWorker>,
     ssh: Option<RawSsh>,
     api: Option<RawApi>,
+    drift: Option<RawDrift>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDrift {
+    interval_seconds: Option<u64>,
+}
+
+/// The drift sweep (`[drift]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriftSettings {
+    /// Time between sweeps (each one jittered by up to a tenth either way).
+    pub interval: Duration,
+}
+
+impl Default for DriftSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(300),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -160,6 +182,7 @@ pub struct Config {
     pub worker: WorkerSettings,
     pub ssh: SshSettings,
     pub api: ApiSettings,
+    pub drift: DriftSettings,
 }
 
 impl Config {
@@ -353,12 +376,25 @@ impl Config {
                 ),
             ));
         }
+        let drift = DriftSettings {
+            interval: match raw.drift.unwrap_or_default().interval_seconds {
+                Some(v) if !(1..=86_400).contains(&v) => {
+                    return Err(invalid(
+                        "drift.interval_seconds",
+                        format!("must be between 1 and 86400, got {v}"),
+                    ));
+                }
+                Some(v) => Duration::from_secs(v),
+                None => DriftSettings::default().interval,
+            },
+        };
         Ok(Self {
             listen,
             state_dir,
             worker,
             ssh,
             api,
+            drift,
         })
     }
 }

@@ -9,6 +9,8 @@ pub mod client;
 pub mod clock;
 pub mod codes;
 pub mod config;
+pub mod drift;
+pub mod metrics;
 pub mod model;
 pub mod render;
 pub mod service;

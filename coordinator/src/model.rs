@@ -277,3 +277,83 @@ pub struct AuditEvent {
     pub target: String,
     pub detail: Value,
 }
+
+/// An enum stored and sent as fixed kebab-case text: `as_str`, `parse` and `ALL` from one list.
+macro_rules! text_enum {
+    ($(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $( $name::$variant => $text, )* }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $( $text => Some($name::$variant), )* _ => None }
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// What the drift sweep found for one Agent.
+    DriftState {
+        /// The target runs what the coordinator expects.
+        Synced = "synced",
+        /// The target differs (the reason says how); nothing was repaired.
+        Drift = "drift",
+        /// The target could not be asked.
+        Unreachable = "unreachable",
+        /// Work for the Agent is open: it is being changed, so the sweep does not judge it.
+        Converging = "converging",
+    }
+}
+
+text_enum! {
+    /// How an Agent drifted.
+    DriftReason {
+        /// The unit (or Deployment) does not run although the Agent should (stopped or failed
+        /// outside clawfleet).
+        UnitNotRunning = "unit-not-running",
+        /// The unit runs although the Agent is stopped.
+        UnitRunningWhileStopped = "unit-running-while-stopped",
+        /// `current` names another revision than the active one (or none).
+        CurrentChanged = "current-changed",
+        /// The unit runs, but the host does not record the current revision as served.
+        NotServed = "not-served",
+        /// The host serves another revision than the active one.
+        ServedNotActive = "served-not-active",
+        /// The active revision's snapshot is missing or does not verify.
+        SnapshotChanged = "snapshot-changed",
+        /// The target holds an Agent (or an Agent directory) the coordinator does not know.
+        UnknownAgent = "unknown-agent",
+        /// The coordinator expects the Agent on the target, which lacks it.
+        MissingOnTarget = "missing-on-target",
+        /// The target reports a problem the sweep cannot attribute to one Agent.
+        TargetProblem = "target-problem",
+    }
+}
+
+/// One drift finding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftRow {
+    /// The host or cluster name.
+    pub target: String,
+    /// Empty for a stray the target could not attribute to a Namespace.
+    pub namespace_id: String,
+    /// The Agent id, or the path of a stray directory.
+    pub agent_id: String,
+    pub state: DriftState,
+    pub reason: Option<DriftReason>,
+    pub message: String,
+    /// Seconds since the epoch.
+    pub checked_at: i64,
+}

@@ -158,7 +158,22 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE revisions ADD COLUMN runtime_failure TEXT;
     ",
+    // 6: the drift sweep's findings: one row per Agent (or stray thing) per host or cluster.
+    "
+    CREATE TABLE drift (
+        target TEXT NOT NULL,
+        namespace_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT,
+        message TEXT NOT NULL,
+        checked_at INTEGER NOT NULL,
+        PRIMARY KEY (target, namespace_id, agent_id)
+    );
+    ",
 ];
+
+pub use crate::model::{DriftReason, DriftRow, DriftState};
 
 /// A revision row with its raw status, rendered text and last-attempt columns.
 type RevisionRow = (
@@ -430,6 +445,80 @@ impl Store {
             .query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))?)
     }
 
+    // ---- drift ----
+
+    /// Replaces every drift row of one target with a sweep's findings, in one transaction.
+    pub fn replace_drift(&self, target: &str, rows: &[DriftRow]) -> Result<()> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        tx.execute("DELETE FROM drift WHERE target = ?1", params![target])?;
+        for r in rows {
+            tx.execute(
+                "INSERT OR REPLACE INTO drift (target, namespace_id, agent_id, state, reason, message, checked_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![target, r.namespace_id, r.agent_id, r.state.as_str(), r.reason.map(DriftReason::as_str), r.message, r.checked_at],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Drops the rows of targets no sweep covers any more (a forgotten host or cluster).
+    pub fn retain_drift_targets(&self, targets: &[String]) -> Result<()> {
+        let c = self.c();
+        let known: std::collections::BTreeSet<&str> = targets.iter().map(String::as_str).collect();
+        let mut st = c.prepare("SELECT DISTINCT target FROM drift")?;
+        let stale: Vec<String> = st
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?
+            .into_iter()
+            .filter(|t| !known.contains(t.as_str()))
+            .collect();
+        for t in stale {
+            c.execute("DELETE FROM drift WHERE target = ?1", params![t])?;
+        }
+        Ok(())
+    }
+
+    /// Every drift row, by target, Namespace and Agent.
+    pub fn drift(&self) -> Result<Vec<DriftRow>> {
+        let c = self.c();
+        let mut st = c.prepare(
+            "SELECT target, namespace_id, agent_id, state, reason, message, checked_at FROM drift ORDER BY target, namespace_id, agent_id",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, i64>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (target, namespace_id, agent_id, state, reason, message, checked_at) = row?;
+            out.push(DriftRow {
+                target,
+                namespace_id,
+                agent_id,
+                state: DriftState::parse(&state)
+                    .ok_or_else(|| StoreError::Corrupt(format!("drift state {state:?}")))?,
+                reason: match reason {
+                    Some(r) => Some(
+                        DriftReason::parse(&r)
+                            .ok_or_else(|| StoreError::Corrupt(format!("drift reason {r:?}")))?,
+                    ),
+                    None => None,
+                },
+                message,
+                checked_at,
+            });
+        }
+        Ok(out)
+    }
+
     // ---- audit ----
 
     pub fn audit(
@@ -448,11 +537,16 @@ impl Store {
     }
 
     pub fn audit_events(&self, limit: u32) -> Result<Vec<AuditEvent>> {
+        self.audit_events_of(limit, None)
+    }
+
+    /// The newest audit events, optionally of one action only.
+    pub fn audit_events_of(&self, limit: u32, action: Option<&str>) -> Result<Vec<AuditEvent>> {
         let c = self.c();
         let mut st = c.prepare(
-            "SELECT id, at, actor, action, target, detail FROM audit ORDER BY id DESC LIMIT ?1",
+            "SELECT id, at, actor, action, target, detail FROM audit WHERE ?2 IS NULL OR action = ?2 ORDER BY id DESC LIMIT ?1",
         )?;
-        let rows = st.query_map([limit], |r| {
+        let rows = st.query_map(params![limit, action], |r| {
             Ok((
                 r.get(0)?,
                 r.get(1)?,
@@ -1143,6 +1237,19 @@ impl Store {
         Ok(work)
     }
 
+    /// Queues a deploy of an existing revision (a reconcile: the same revision applied again).
+    pub fn queue_deploy(&self, ns: &str, agent: &str, revision: &str, now: i64) -> Result<i64> {
+        let c = self.c();
+        c.execute(
+            "INSERT INTO work (kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at) VALUES ('deploy', ?1, ?2, ?3, 'queued', ?4, ?4, ?4)",
+            params![ns, agent, revision, now],
+        )?;
+        let work = c.last_insert_rowid();
+        drop(c);
+        self.wake_worker();
+        Ok(work)
+    }
+
     fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
         Ok((
             Revision {
@@ -1423,6 +1530,15 @@ impl Store {
     }
 
     /// Number of items not finished (for /metrics and tests).
+    /// Work queued or running, and when the oldest of it was created (milliseconds).
+    pub fn pending_work_age(&self) -> Result<(i64, Option<i64>)> {
+        Ok(self.c().query_row(
+            "SELECT COUNT(*), MIN(created_at) FROM work WHERE state IN ('queued', 'running')",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?)
+    }
+
     pub fn pending_work(&self) -> Result<i64> {
         Ok(self.c().query_row(
             "SELECT COUNT(*) FROM work WHERE state IN ('queued', 'running')",

@@ -281,6 +281,11 @@ fn assignment(token: &str) -> Option<(String, u32)> {
             value_start += 1;
         }
         let rest = &token[value_start..];
+        if rest.starts_with(REDACTED) {
+            // Already redacted (a second pass): keep it as it is.
+            i = value_start + REDACTED.len();
+            continue;
+        }
         let value_len = match quote {
             Some(q) => rest.find(char::from(q)).unwrap_or(rest.len()),
             None => rest
@@ -524,6 +529,23 @@ mod tests {
                 .text,
             "[REDACTED]"
         );
+    }
+
+    #[test]
+    fn a_second_pass_changes_nothing() {
+        for line in [
+            "GET https://api.example.com/v1?api_key=hunter2secret&x=1",
+            "env OPENAI_API_KEY=abc123 HOME=/x",
+            r#"{"apiKey":"v1","name":"n"}"#,
+            "password: \"abc\", ok",
+            "Authorization: Bearer abc.def",
+            "key sk-proj-ABCDEFGHIJKLMNOPQRSTUV used",
+            "db postgres://app:hunter2@db:5432/x",
+        ] {
+            let once = Redactor::new([]).line(line).text;
+            let twice = Redactor::new([]).line(&once);
+            assert_eq!(twice.text, once, "{line}");
+        }
     }
 
     #[test]

@@ -12,8 +12,8 @@ use super::{AppState, agents, clusters, hosts, namespaces, runtime, system, toke
 use crate::backend::Backend;
 use crate::model::Role;
 use crate::service::{
-    AgentPatch, ConfigurationUpdate, HostUpdate, LogsQuery, NewAgent, NewCluster, NewConfiguration,
-    NewHost, NewNamespace,
+    AgentPatch, AuditQuery, ConfigurationUpdate, DriftQuery, HostUpdate, LogsQuery, NewAgent,
+    NewCluster, NewConfiguration, NewHost, NewNamespace,
 };
 use tokens::NewToken;
 
@@ -148,6 +148,12 @@ route_table! {
     Get "/healthz", Public, Empty, 200 => system::healthz, "Liveness";
     Get "/openapi.json", Public, Empty, 200 => system::openapi_document, "This document";
     Get "/metrics", Global(Read), Empty, 200 => system::metrics, "Prometheus metrics (text format)";
+    Get "/audit", Global(Admin), Query<AuditQuery>, 200 => system::audit,
+        "The newest audit events (who changed or read what), optionally of one action";
+    Get "/drift", Global(Read), Query<DriftQuery>, 200 => runtime::drift,
+        "The drift sweep's findings per Agent: synced, drift (with the reason), unreachable, converging";
+    Post "/drift/sweep", Global(Operate), Empty, 200 => runtime::sweep_now,
+        "Run a drift sweep now (it never repairs) and answer its findings";
 
     Post "/namespaces", Scoped(Admin), Json<NewNamespace>, 201 => namespaces::create_namespace,
         "Create a Namespace on a host pool or a cluster (choosing either needs a global admin token)";
@@ -176,6 +182,8 @@ route_table! {
         "Deploy a new revision";
     Post "/namespaces/{ns}/agents/{agent}/stop", Namespace(Operate), Empty, 202 => agents::stop,
         "Stop the Agent";
+    Post "/namespaces/{ns}/agents/{agent}/reconcile", Namespace(Operate), Empty, 202
+        => runtime::reconcile, "Re-apply the active revision (an audited deployment pass of the same revision)";
     Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), Empty, 200
         => agents::list_revisions, "List revisions";
     Get "/namespaces/{ns}/agents/{agent}/revisions/{rev}", Namespace(Read), Empty, 200

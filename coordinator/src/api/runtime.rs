@@ -1,4 +1,5 @@
-//! The Agent's runtime and log, read through its backend. Both reach a host or cluster, so both
+//! The Agent's runtime and log, read through its backend; the drift sweep's findings and a
+//! reconcile on request. Both reach a host or cluster, so both
 //! spend the token's read budget (`ratelimit.rs`); log reads are audited by the service.
 
 use std::sync::Arc;
@@ -94,4 +95,36 @@ pub(super) async fn logs<B: Backend>(
         .headers_mut()
         .insert("cache-control", HeaderValue::from_static("no-store"));
     Ok(response)
+}
+
+pub(super) async fn drift<B: Backend>(
+    State(st): S<B>,
+    StrictQuery(query): StrictQuery<crate::service::DriftQuery>,
+) -> ApiResult {
+    ok(StatusCode::OK, st.service.drift(&query)?)
+}
+
+pub(super) async fn sweep_now<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    _: super::extract::NoBody,
+) -> ApiResult {
+    let rows = st
+        .service
+        .sweep_drift(&*st.backend, &caller.token_id)
+        .await?;
+    ok(StatusCode::OK, rows)
+}
+
+pub(super) async fn reconcile<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path((ns, agent)): Path<(String, String)>,
+    _: super::extract::NoBody,
+) -> ApiResult {
+    let (revision, work) = st.service.reconcile(&caller.token_id, &ns, &agent)?;
+    ok(
+        StatusCode::ACCEPTED,
+        json!({"namespaceId": ns, "agentId": agent, "revisionId": revision, "workId": work}),
+    )
 }

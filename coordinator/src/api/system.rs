@@ -15,6 +15,13 @@ pub(super) async fn openapi_document<B: Backend>(State(_): S<B>) -> ApiResult {
     Ok(axum::Json(super::openapi::document()).into_response())
 }
 
+pub(super) async fn audit<B: Backend>(
+    State(st): S<B>,
+    super::extract::StrictQuery(query): super::extract::StrictQuery<crate::service::AuditQuery>,
+) -> ApiResult {
+    Ok(axum::Json(st.service.audit_events(&query)?).into_response())
+}
+
 pub(super) async fn metrics<B: Backend>(State(st): S<B>) -> ApiResult {
     let m = st.service.metrics()?;
     let mut out = String::from("# TYPE clawfleet_work gauge\n");
@@ -31,5 +38,19 @@ pub(super) async fn metrics<B: Backend>(State(st): S<B>) -> ApiResult {
         "# TYPE clawfleet_agents gauge\nclawfleet_agents {}\n",
         m.agents
     ));
+    out.push_str(&format!(
+        "# TYPE clawfleet_work_pending gauge\nclawfleet_work_pending {}\n\
+         # TYPE clawfleet_work_oldest_pending_seconds gauge\nclawfleet_work_oldest_pending_seconds {}\n",
+        m.work_pending, m.oldest_pending_seconds
+    ));
+    out.push_str(&format!(
+        "# TYPE clawfleet_targets gauge\nclawfleet_targets{{state=\"reachable\"}} {}\nclawfleet_targets{{state=\"unreachable\"}} {}\n",
+        m.targets_reachable, m.targets_unreachable
+    ));
+    out.push_str("# TYPE clawfleet_agents_sync gauge\n");
+    for (state, n) in m.agents_by_sync {
+        out.push_str(&format!("clawfleet_agents_sync{{state=\"{state}\"}} {n}\n"));
+    }
+    out.push_str(&crate::metrics::render());
     Ok(([("content-type", "text/plain; version=0.0.4")], out).into_response())
 }

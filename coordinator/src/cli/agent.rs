@@ -69,6 +69,14 @@ pub(crate) enum AgentCmd {
         #[command(flatten)]
         args: super::runtime::LogsArgs,
     },
+    /// Re-apply the Agent's active revision (puts back a unit stopped or a `current` changed
+    /// outside clawfleet; an audited deployment pass).
+    Reconcile {
+        namespace: String,
+        id: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
     /// List the Agent's revisions with their status.
     Revisions { namespace: String, id: String },
 }
@@ -205,6 +213,27 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 println!("{id}: deleted");
             } else {
                 println!("{id}: deletion requested");
+            }
+        }
+        AgentCmd::Reconcile {
+            namespace,
+            id,
+            wait: w,
+        } => {
+            let v = c.request(
+                "POST",
+                &format!("/namespaces/{namespace}/agents/{id}/reconcile"),
+                None,
+            )?;
+            let rev = v["revisionId"].as_str().unwrap_or_default().to_owned();
+            if w.wait {
+                let work = v["workId"]
+                    .as_i64()
+                    .context("the reconcile answer has no workId")?;
+                wait(c, namespace, id, work, Waited::Deploy, w)?;
+                println!("{id}: {rev} re-applied");
+            } else {
+                println!("{id}: re-applying {rev}");
             }
         }
         AgentCmd::Runtime { namespace, id } => super::runtime::show(cli, c, namespace, id)?,

@@ -75,6 +75,24 @@ enum Command {
     /// API tokens.
     #[command(subcommand)]
     Token(token::TokenCmd),
+    /// The drift sweep's findings per Agent (it never repairs; see `occ agent reconcile`).
+    Drift {
+        /// Run a sweep now instead of showing the last one.
+        #[arg(long)]
+        now: bool,
+        /// Only rows of this state: synced, drift, unreachable, converging.
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// The newest audit events: who changed or read what (global admin).
+    Audit {
+        /// Most events, newest first (1 to 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Only events of this action (e.g. agent.logs.read).
+        #[arg(long)]
+        action: Option<String>,
+    },
 }
 
 pub(crate) fn load_config(cli: &Cli) -> Result<Config> {
@@ -117,6 +135,60 @@ fn run_client(cli: &Cli) -> Result<()> {
         Command::Host(cmd) => host::run(cli, &c, cmd),
         Command::Cluster(cmd) => cluster::run(cli, &c, cmd),
         Command::Token(cmd) => token::run(cli, &c, cmd),
+        Command::Drift { now, state } => {
+            let rows = if *now {
+                let all = c.request("POST", "/drift/sweep", None)?;
+                match state {
+                    Some(s) => Value::Array(
+                        all.as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter(|r| r["state"] == s.as_str())
+                            .cloned()
+                            .collect(),
+                    ),
+                    None => all,
+                }
+            } else {
+                let path = match state {
+                    Some(s) => format!("/drift?state={}", runtime::encode(s)),
+                    None => "/drift".to_owned(),
+                };
+                c.request("GET", &path, None)?
+            };
+            table::print(
+                cli,
+                &rows,
+                &[
+                    ("TARGET", "target"),
+                    ("NAMESPACE", "namespaceId"),
+                    ("AGENT", "agentId"),
+                    ("STATE", "state"),
+                    ("REASON", "reason"),
+                    ("MESSAGE", "message"),
+                ],
+            );
+            Ok(())
+        }
+        Command::Audit { limit, action } => {
+            let mut path = format!("/audit?limit={limit}");
+            if let Some(a) = action {
+                path.push_str(&format!("&action={}", runtime::encode(a)));
+            }
+            table::print(
+                cli,
+                &c.request("GET", &path, None)?,
+                &[
+                    ("ID", "id"),
+                    ("AT", "at"),
+                    ("ACTOR", "actor"),
+                    ("ACTION", "action"),
+                    ("TARGET", "target"),
+                    ("DETAIL", "detail"),
+                ],
+            );
+            Ok(())
+        }
         Command::Init | Command::Serve | Command::PrintEnrol => Ok(()),
     }
 }

@@ -137,7 +137,7 @@ pub(crate) fn logs(cli: &Cli, c: &Client, ns: &str, id: &str, args: &LogsArgs) -
 }
 
 /// Percent-encoding for a query value (cursors hold `;` and `=`).
-fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     text.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

@@ -134,7 +134,17 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         config.worker.clone(),
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let worker_task = tokio::spawn(worker.clone().run(config.worker.parallelism, stop_rx));
+    let worker_task = tokio::spawn(
+        worker
+            .clone()
+            .run(config.worker.parallelism, stop_rx.clone()),
+    );
+    let drift_task = tokio::spawn(coordinator::drift::run(
+        store.clone(),
+        backend.clone(),
+        config.drift.clone(),
+        stop_rx,
+    ));
     let state = Arc::new(AppState {
         service: Service::new(store),
         backend,
@@ -164,5 +174,6 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
     .await?;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), worker_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), drift_task).await;
     Ok(())
 }

@@ -12,7 +12,7 @@ mod runtime;
 mod tokens;
 
 pub use probe::ProbeError;
-pub use reads::Metrics;
+pub use reads::{AuditQuery, DriftQuery, Metrics};
 pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
 pub use tokens::TokenChangeError;
 
@@ -762,6 +762,34 @@ impl Service {
             json!({"revisionId": rev.id, "number": rev.number, "workId": work}),
         )?;
         Ok((rev, work))
+    }
+
+    /// Re-applies the Agent's active revision on request (`occ agent reconcile`): a normal,
+    /// audited deployment pass of the same revision, which puts a stopped unit or a changed
+    /// `current` back. Returns the revision and the work id.
+    pub fn reconcile(&self, actor: &str, ns: &str, id: &str) -> Result<(String, i64)> {
+        let agent = self.agent_not_deleting(ns, id)?;
+        let active = match (agent.desired_state, agent.active_revision_id) {
+            (DesiredState::Running, Some(active)) => active,
+            _ => {
+                return Err(ServiceError::conflict(
+                    Code::NothingToReconcile,
+                    format!(
+                        "Agent {ns}/{id} is not meant to run or has no active revision; deploy it instead"
+                    ),
+                ));
+            }
+        };
+        let work = self
+            .store
+            .queue_deploy(ns, id, &active, crate::clock::now_ms())?;
+        self.audit(
+            actor,
+            "agent.reconcile",
+            &format!("{ns}/{id}"),
+            json!({"revisionId": active, "workId": work}),
+        )?;
+        Ok((active, work))
     }
 
     /// The Agent, unless it is being deleted (409 `AGENT_DELETING`).

@@ -5,6 +5,27 @@ use super::{Result, Service, ServiceError};
 use crate::model::{Agent, Cluster, Configuration, Host, Namespace, Revision};
 use crate::store::TokenRow;
 
+/// `GET /audit`'s query.
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Most events, newest first (1 to 1000, default 100).
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<u32>,
+    /// Only events of this action (`agent.logs.read`, `agent.deploy`, …).
+    #[schemars(length(min = 1, max = 64))]
+    pub action: Option<String>,
+}
+
+/// `GET /drift`'s query.
+#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DriftQuery {
+    /// Only rows of this state: synced, drift, unreachable or converging.
+    #[schemars(length(min = 1, max = 16))]
+    pub state: Option<String>,
+}
+
 /// The figures `/metrics` shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metrics {
@@ -12,6 +33,14 @@ pub struct Metrics {
     pub work: Vec<(String, String, i64)>,
     pub hosts: usize,
     pub agents: usize,
+    /// Work queued or running, and the age of the oldest such item in seconds.
+    pub work_pending: i64,
+    pub oldest_pending_seconds: i64,
+    /// Hosts and clusters the last drift sweep reached, and those it did not.
+    pub targets_reachable: usize,
+    pub targets_unreachable: usize,
+    /// Agents by the last drift sweep's state (every state listed, zeros included).
+    pub agents_by_sync: Vec<(&'static str, usize)>,
 }
 
 impl Service {
@@ -22,6 +51,44 @@ impl Service {
             .namespaces()?
             .into_iter()
             .filter(|n| visible(n))
+            .collect())
+    }
+
+    /// The newest audit events (at most `limit`, 1 to 1000), optionally of one action.
+    pub fn audit_events(&self, query: &AuditQuery) -> Result<Vec<crate::model::AuditEvent>> {
+        let limit = query.limit.unwrap_or(100);
+        if !(1..=1000).contains(&limit) {
+            return Err(ServiceError::invalid(
+                crate::codes::Code::InvalidQuery,
+                format!("limit: must be between 1 and 1000, got {limit}"),
+            ));
+        }
+        Ok(self.store.audit_events_of(limit, query.action.as_deref())?)
+    }
+
+    /// The drift sweep's newest findings, optionally of one state.
+    pub fn drift(&self, query: &DriftQuery) -> Result<Vec<crate::model::DriftRow>> {
+        let state = match &query.state {
+            Some(s) => Some(crate::model::DriftState::parse(s).ok_or_else(|| {
+                ServiceError::invalid(
+                    crate::codes::Code::InvalidQuery,
+                    format!(
+                        "state: {s:?} is not one of {}",
+                        crate::model::DriftState::ALL
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        Ok(self
+            .store
+            .drift()?
+            .into_iter()
+            .filter(|r| state.is_none_or(|s| r.state == s))
             .collect())
     }
 
@@ -81,10 +148,37 @@ impl Service {
         for ns in self.store.namespaces()? {
             agents += self.store.agents(&ns.id)?.len();
         }
+        let drift = self.store.drift()?;
+        let mut unreachable = std::collections::BTreeSet::new();
+        let mut all = std::collections::BTreeSet::new();
+        for r in &drift {
+            all.insert(r.target.as_str());
+            if r.state == crate::model::DriftState::Unreachable {
+                unreachable.insert(r.target.as_str());
+            }
+        }
+        let agents_by_sync = crate::model::DriftState::ALL
+            .iter()
+            .map(|s| {
+                let n = drift
+                    .iter()
+                    .filter(|r| r.state == *s && !r.namespace_id.is_empty())
+                    .count();
+                (s.as_str(), n)
+            })
+            .collect();
+        let (work_pending, oldest_ms) = self.store.pending_work_age()?;
         Ok(Metrics {
             work: self.store.work_counts()?,
             hosts: self.store.hosts()?.len(),
             agents,
+            work_pending,
+            oldest_pending_seconds: oldest_ms
+                .map(|t| ((crate::clock::now_ms() - t) / 1000).max(0))
+                .unwrap_or(0),
+            targets_reachable: all.len() - unreachable.len(),
+            targets_unreachable: unreachable.len(),
+            agents_by_sync,
         })
     }
 }

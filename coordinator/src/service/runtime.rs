@@ -203,6 +203,11 @@ impl Service {
             limit,
         });
         let outcome = backend.call(i.target, op, read_options()).await;
+        crate::metrics::log_read(match &outcome {
+            Ok(_) => crate::metrics::Outcome::Ok,
+            Err(CallError::Failed(_)) => crate::metrics::Outcome::Failed,
+            Err(_) => crate::metrics::Outcome::NoAnswer,
+        });
         let (entries, code) = match &outcome {
             Ok(OperationResult::AgentLogs(p)) => (p.entries.len(), None),
             Ok(_) => (0, Some(Code::InvalidHostResult.as_str())),
@@ -227,6 +232,24 @@ impl Service {
             }
             other => Err(wrong_answer(&other).into()),
         }
+    }
+}
+
+impl Service {
+    /// Runs one drift sweep now and answers every finding (audited: it reaches every target).
+    pub async fn sweep_drift<B: Backend>(
+        &self,
+        backend: &B,
+        actor: &str,
+    ) -> Result<Vec<crate::model::DriftRow>, ServiceError> {
+        let summary = crate::drift::sweep(&self.store, backend).await?;
+        self.audit(
+            actor,
+            "drift.sweep",
+            "*",
+            json!({"targets": summary.targets, "unreachable": summary.unreachable_targets}),
+        )?;
+        Ok(self.store.drift()?)
     }
 }
 

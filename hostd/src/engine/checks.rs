@@ -8,7 +8,7 @@ use clawfleet_protocol::ident::sha256;
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef, RevisionRef};
 use clawfleet_protocol::{Ident, Sha256Hex};
 
-use super::{Engine, fs_failure, marker_failure, ownership, system_failure};
+use super::{Ctx, Engine, fs_failure, marker_failure, ownership, system_failure};
 use crate::fsutil::{self, Kind};
 use crate::layout::{AgentPaths, dir_name};
 use crate::markers::{
@@ -205,6 +205,46 @@ impl Engine<'_> {
             )));
         }
         Ok(Some(marker))
+    }
+
+    /// Like [`Self::read_current`], for prepare and activate, which repoint `current` anyway:
+    /// a `current` that names no revision at all (a target outside `revisions/`, or a
+    /// revision directory that does not exist, as a hand edit leaves it) counts as none, with
+    /// a warning, so a deploy or `occ agent reconcile` can put it back. A revision directory
+    /// that exists but does not verify is still refused: it may be a newer revision that was
+    /// tampered with, and nothing may roll back over it unseen.
+    pub(crate) fn read_current_repairable(
+        &self,
+        ctx: &Ctx<'_>,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<Option<RevisionMarker>, Failure> {
+        if matches!(
+            fsutil::kind(&paths.current).map_err(fs_failure)?,
+            Kind::Symlink
+        ) {
+            let target = std::fs::read_link(&paths.current)
+                .map_err(fsutil::io_err(&paths.current))
+                .map_err(fs_failure)?;
+            let names_nothing = match current_target_name(&target) {
+                None => true,
+                Some(name) => matches!(
+                    fsutil::kind(&paths.revisions.join(name)).map_err(fs_failure)?,
+                    Kind::Missing
+                ),
+            };
+            if names_nothing {
+                tracing::warn!(
+                    operation_id = %ctx.operation_id,
+                    current = %paths.current.display(),
+                    target = %target.display(),
+                    "current names no revision of this Agent; it will be repointed"
+                );
+                return Ok(None);
+            }
+        }
+        self.read_current(ns, agent, paths)
     }
 
     /// Reads and verifies one snapshot directory: marker, ownership, and the hash of its bytes.

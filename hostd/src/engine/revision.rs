@@ -139,7 +139,7 @@ impl Engine<'_> {
             let _host = self.host_lock(ctx)?;
             ids = self.provision(ctx, &ns.id, agent, paths)?;
         }
-        let current = self.read_current(&ns.id, &agent.id, paths)?;
+        let current = self.read_current_repairable(ctx, &ns.id, &agent.id, paths)?;
         let reference = rev.reference();
         let snapshot_dir = paths.revision_dir(&rev.id);
         let existing = if fsutil::dir_exists(&snapshot_dir).map_err(fs_failure)? {
@@ -266,7 +266,7 @@ impl Engine<'_> {
         let ids = self.verify_account(&ns.id, agent, paths)?;
         let agent_marker = self.verify_agent(&ns.id, agent, paths)?;
         let snapshot = self.verify_snapshot(&ns.id, &agent.id, paths, rev)?;
-        let current = self.read_current(&ns.id, &agent.id, paths)?;
+        let current = self.read_current_repairable(ctx, &ns.id, &agent.id, paths)?;
         if newer_is_current(current.as_ref(), &snapshot.revision_id, snapshot.number)?
             && let Some(cur) = &current
         {

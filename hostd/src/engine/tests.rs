@@ -1301,3 +1301,41 @@ fn previous_reads_the_run_before_a_restart() {
     );
     assert!(p.invocation_id.is_some());
 }
+
+#[test]
+fn a_current_that_names_no_revision_is_repointed_but_an_unverifiable_one_is_refused() {
+    let h = Host::new();
+    running_agent(&h, "a1");
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let flip = |target: &str| {
+        let tmp = paths.dir.join("current.hand");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).unwrap();
+        std::fs::rename(&tmp, &paths.current).unwrap();
+    };
+    // Outside revisions/, then a revision name with no directory: both repointed.
+    for target in [
+        "revisions/handmade",
+        "revisions/0123456789abcdef0123456789abcdef",
+    ] {
+        flip(target);
+        h.ok(prepare("ns1", "a1", "rev-1", 1));
+        h.ok(activate("ns1", "a1", "rev-1", 1));
+        let now = std::fs::read_link(&paths.current).unwrap();
+        assert_eq!(
+            now,
+            crate::layout::AgentPaths::current_target(&id("rev-1")),
+            "{target}"
+        );
+    }
+    // A revision directory that exists but does not verify: refused, nothing changed.
+    let fake = paths.revisions.join("0123456789abcdef0123456789abcdef");
+    std::fs::create_dir(&fake).unwrap();
+    flip("revisions/0123456789abcdef0123456789abcdef");
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert_eq!(f.code, FailureCode::OwnershipMismatch, "{f}");
+    assert_eq!(
+        std::fs::read_link(&paths.current).unwrap(),
+        Path::new("revisions/0123456789abcdef0123456789abcdef")
+    );
+}

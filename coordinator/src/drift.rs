@@ -1,0 +1,324 @@
+//! The drift sweep: every interval (jittered), each host and cluster is asked for its
+//! inventory (`status`, read-only) and compared with what the coordinator expects there. Each
+//! Agent gets one row: `synced`, `drift` with a reason, `unreachable`, or `converging` while
+//! work for it is open. The sweep never repairs anything; `occ agent reconcile` re-applies the
+//! active revision on request.
+//!
+//! One coordinator runs it: with SQLite there is only one. (Leader election for several
+//! coordinators arrives with the PostgreSQL store.)
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use clawfleet_protocol::Operation;
+use clawfleet_protocol::operation::StatusArgs;
+use clawfleet_protocol::result::{AgentInventory, Inventory, OperationResult};
+
+use crate::backend::{Backend, CallOptions, Target};
+use crate::config::DriftSettings;
+use crate::model::{Agent, DesiredState, DriftReason, DriftRow, DriftState};
+use crate::store::{Store, StoreError};
+
+/// How long one target may take to answer `status`.
+const STATUS_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What one sweep found, for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepSummary {
+    pub targets: usize,
+    pub unreachable_targets: usize,
+    pub by_state: BTreeMap<&'static str, usize>,
+}
+
+/// An Agent the coordinator expects on a target.
+struct Expected {
+    agent: Agent,
+    open_work: bool,
+}
+
+/// Runs sweeps until `stop` turns true.
+pub async fn run<B: Backend>(
+    store: Store,
+    backend: std::sync::Arc<B>,
+    settings: DriftSettings,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let wait = jittered(settings.interval);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        match sweep(&store, &*backend).await {
+            Ok(s) => tracing::info!(
+                targets = s.targets,
+                unreachable = s.unreachable_targets,
+                states = ?s.by_state,
+                "drift sweep done"
+            ),
+            Err(e) => tracing::warn!("drift sweep failed: {e}"),
+        }
+    }
+}
+
+/// `interval` ± up to a tenth, so coordinators and hosts are not asked in lockstep.
+fn jittered(interval: Duration) -> Duration {
+    let tenth = interval.as_millis() as u64 / 10;
+    if tenth == 0 {
+        return interval;
+    }
+    let mut b = [0u8; 8];
+    let r = match clawfleet_protocol::random::fill(&mut b) {
+        Ok(()) => u64::from_le_bytes(b),
+        Err(_) => 0,
+    };
+    interval - Duration::from_millis(tenth) + Duration::from_millis(r % (2 * tenth + 1))
+}
+
+/// One sweep over every host and cluster.
+pub async fn sweep<B: Backend>(store: &Store, backend: &B) -> Result<SweepSummary, StoreError> {
+    let now = crate::clock::now_seconds();
+    let mut expected: BTreeMap<String, Vec<Expected>> = BTreeMap::new();
+    let mut targets: BTreeMap<String, Target> = BTreeMap::new();
+    for h in store.hosts()? {
+        if let Ok(t) = crate::targets::host(&h) {
+            targets.insert(h.name.clone(), t);
+        }
+    }
+    for ns in store.namespaces()? {
+        let cluster = crate::targets::cluster(store, &ns).ok().flatten();
+        if let Some(t) = &cluster {
+            targets.insert(t.name().to_owned(), t.clone());
+        }
+        for agent in store.agents(&ns.id)? {
+            if agent.desired_state == DesiredState::Deleted {
+                continue;
+            }
+            let target = match (&cluster, &agent.host) {
+                (Some(c), _) => c.name().to_owned(),
+                (None, Some(h)) => h.clone(),
+                (None, None) => continue,
+            };
+            let open_work = !store.open_work(&ns.id, &agent.id)?.is_empty();
+            expected
+                .entry(target)
+                .or_default()
+                .push(Expected { agent, open_work });
+        }
+    }
+    let mut summary = SweepSummary {
+        targets: targets.len(),
+        ..SweepSummary::default()
+    };
+    for (name, target) in &targets {
+        let want = expected.remove(name).unwrap_or_default();
+        let op = Operation::Status(StatusArgs { namespace_id: None });
+        let options = CallOptions {
+            deadline: STATUS_DEADLINE,
+        };
+        let rows = match backend.call(target, op, options).await {
+            Ok(OperationResult::Status(inv)) => compare(name, &want, &inv, now),
+            Ok(other) => unreachable_rows(
+                name,
+                &want,
+                &format!("the target answered {} to status", other.kind()),
+                now,
+            ),
+            Err(e) => {
+                summary.unreachable_targets += 1;
+                unreachable_rows(name, &want, &e.to_string(), now)
+            }
+        };
+        for r in &rows {
+            *summary.by_state.entry(r.state.as_str()).or_default() += 1;
+        }
+        store.replace_drift(name, &rows)?;
+    }
+    store.retain_drift_targets(&targets.keys().cloned().collect::<Vec<_>>())?;
+    Ok(summary)
+}
+
+fn row(
+    target: &str,
+    ns: &str,
+    agent: &str,
+    state: DriftState,
+    reason: Option<DriftReason>,
+    message: impl Into<String>,
+    now: i64,
+) -> DriftRow {
+    DriftRow {
+        target: target.to_owned(),
+        namespace_id: ns.to_owned(),
+        agent_id: agent.to_owned(),
+        state,
+        reason,
+        message: clawfleet_protocol::text::clean(&message.into(), 300),
+        checked_at: now,
+    }
+}
+
+fn unreachable_rows(target: &str, want: &[Expected], why: &str, now: i64) -> Vec<DriftRow> {
+    want.iter()
+        .map(|e| {
+            row(
+                target,
+                &e.agent.namespace_id,
+                &e.agent.id,
+                DriftState::Unreachable,
+                None,
+                why,
+                now,
+            )
+        })
+        .collect()
+}
+
+/// The rows of one target from its inventory.
+fn compare(target: &str, want: &[Expected], inv: &Inventory, now: i64) -> Vec<DriftRow> {
+    let mut found: BTreeMap<(String, String), &AgentInventory> = BTreeMap::new();
+    for ns in &inv.namespaces {
+        for a in &ns.agents {
+            found.insert((ns.id.as_str().to_owned(), a.id.as_str().to_owned()), a);
+        }
+    }
+    let mut rows = Vec::new();
+    let mut known = BTreeSet::new();
+    for e in want {
+        let key = (e.agent.namespace_id.clone(), e.agent.id.clone());
+        known.insert(key.clone());
+        let (state, reason, message) = judge(e, found.get(&key).copied());
+        rows.push(row(target, &key.0, &key.1, state, reason, message, now));
+    }
+    for ((ns, agent), a) in &found {
+        if !known.contains(&(ns.clone(), agent.clone())) {
+            rows.push(row(
+                target,
+                ns,
+                agent,
+                DriftState::Drift,
+                Some(DriftReason::UnknownAgent),
+                format!(
+                    "the target runs Agent {ns}/{agent} (account {}), which the coordinator does not place here",
+                    a.account
+                ),
+                now,
+            ));
+        }
+    }
+    for p in &inv.problems {
+        let reason = if p.path.ends_with("/current") {
+            DriftReason::CurrentChanged
+        } else if p.path.contains("/revisions/") {
+            DriftReason::SnapshotChanged
+        } else if p
+            .path
+            .rsplit_once("/agents/")
+            .is_some_and(|(_, rest)| !rest.contains('/'))
+        {
+            DriftReason::UnknownAgent
+        } else {
+            DriftReason::TargetProblem
+        };
+        rows.push(row(
+            target,
+            "",
+            &p.path,
+            DriftState::Drift,
+            Some(reason),
+            &p.message,
+            now,
+        ));
+    }
+    rows
+}
+
+fn judge(
+    e: &Expected,
+    found: Option<&AgentInventory>,
+) -> (DriftState, Option<DriftReason>, String) {
+    use DriftReason::*;
+    let drift = |r: DriftReason, m: String| (DriftState::Drift, Some(r), m);
+    if e.open_work {
+        return (
+            DriftState::Converging,
+            None,
+            "work for the Agent is open".to_owned(),
+        );
+    }
+    let a = &e.agent;
+    let Some(inv) = found else {
+        return match (a.desired_state, &a.active_revision_id) {
+            (DesiredState::Running, Some(_)) | (DesiredState::Stopped, _) => drift(
+                MissingOnTarget,
+                "the coordinator places the Agent here, and the target does not have it".to_owned(),
+            ),
+            _ => (DriftState::Synced, None, "not deployed yet".to_owned()),
+        };
+    };
+    let o = &inv.observation;
+    let unit_state = o
+        .unit
+        .as_ref()
+        .map(|u| format!("{}/{}", u.active_state, u.sub_state))
+        .unwrap_or_else(|| "absent".to_owned());
+    let unit_up = o
+        .unit
+        .as_ref()
+        .is_some_and(|u| matches!(u.active_state.as_str(), "active" | "reloading"));
+    match a.desired_state {
+        DesiredState::Stopped | DesiredState::Deleted => {
+            if unit_up {
+                return drift(
+                    UnitRunningWhileStopped,
+                    format!("the Agent is stopped, and its unit is {unit_state}"),
+                );
+            }
+            (DriftState::Synced, None, "stopped".to_owned())
+        }
+        DesiredState::Running => {
+            let Some(active) = &a.active_revision_id else {
+                return (DriftState::Synced, None, "not deployed yet".to_owned());
+            };
+            if !inv.revisions.iter().any(|r| r.id.as_str() == active) {
+                return drift(
+                    SnapshotChanged,
+                    format!(
+                        "the snapshot of the active revision {active} is missing or does not verify"
+                    ),
+                );
+            }
+            if o.current.as_ref().map(|c| c.as_str()) != Some(active.as_str()) {
+                return drift(
+                    CurrentChanged,
+                    format!(
+                        "current names {}, not the active revision {active}",
+                        o.current.as_ref().map_or("nothing", |c| c.as_str())
+                    ),
+                );
+            }
+            if !unit_up {
+                return drift(
+                    UnitNotRunning,
+                    format!("the Agent should run {active}, and its unit is {unit_state}"),
+                );
+            }
+            match &o.served {
+                Some(s) if s.as_str() == active => {
+                    (DriftState::Synced, None, format!("serving {active}"))
+                }
+                Some(s) => drift(
+                    ServedNotActive,
+                    format!("the target serves {s}, not the active revision {active}"),
+                ),
+                None => drift(
+                    NotServed,
+                    format!("the unit runs, but the target does not record {active} as served"),
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! Issue 14 end to end on a real test host, through `occ` and the API: `occ agent runtime`
+//! (restarts, memory where the host's cgroups have it, the served revision, the main process
+//! running as the Agent's account), `occ agent logs` (redaction of what a gateway leaks, paging
+//! by cursor, `--previous`, NDJSON with `--output json`), the failure evidence of a crash loop
+//! in `occ agent status`, the audit of every log read, 403 for another Namespace's read token,
+//! and 429 with Retry-After once a token's read budget is spent.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "fleet_support/mod.rs"]
+pub mod fleet;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use coordinator::client::{Client, ClientError};
+use fleet::{Fleet, NS, Want, document};
+use serde_json::{Value, json};
+
+const SECRETS: [&str; 4] = [
+    "abcdefghijklmnop0123456789",
+    "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+    "hunter2secret",
+    "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ",
+];
+
+fn leaky_lines(run: &str) -> Value {
+    let mut lines = vec![
+        "-----BEGIN OPENSSH PRIVATE KEY-----".to_owned(),
+        "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW".to_owned(),
+        "-----END OPENSSH PRIVATE KEY-----".to_owned(),
+        "Authorization: Bearer abcdefghijklmnop0123456789".to_owned(),
+        "key sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz012345 loaded".to_owned(),
+        "GET https://api.example.com/v1?api_key=hunter2secret&x=1".to_owned(),
+        "gateway password ${PASSWORD} must not show".to_owned(),
+    ];
+    for n in 0..20 {
+        lines.push(format!("{run} line {n:02}"));
+    }
+    json!(lines)
+}
+
+fn logs_api(fleet: &Fleet, agent: &str, query: &str) -> Value {
+    fleet
+        .api
+        .request(
+            "GET",
+            &format!("/namespaces/{NS}/agents/{agent}/runtime/logs?{query}"),
+            None,
+        )
+        .unwrap_or_else(|e| panic!("logs {query}: {e}"))
+}
+
+fn messages(page: &Value) -> Vec<String> {
+    page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["source"] == "gateway")
+        .map(|e| e["message"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Waits until the Agent's log (through the API) holds `marker`.
+fn wait_logged(fleet: &Fleet, agent: &str, marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = logs_api(fleet, agent, "tailLines=1000");
+        if messages(&page).iter().any(|m| m.contains(marker)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{marker} never logged: {page}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn runtime_logs_evidence_audit_and_limits_through_occ() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    let fleet = Fleet::start(1);
+    let host = fleet.hosts.iter().next().unwrap();
+
+    // A healthy gateway that logs secrets.
+    fleet.create_agent(
+        "a1",
+        &document("a1-r1", json!({"logLines": leaky_lines("run-one")})),
+    );
+    let rev1 = fleet.deploy("a1");
+    fleet.wait_converged(
+        &[(
+            "a1",
+            Want::Running {
+                rev: rev1.clone(),
+                label: "a1-r1".into(),
+            },
+        )],
+        Instant::now(),
+        Duration::from_secs(90),
+    );
+    wait_logged(&fleet, "a1", "run-one line 19");
+
+    // occ agent runtime: the unit, its account, the served revision.
+    let rt = fleet.occ_json(&["agent", "runtime", NS, "a1"]);
+    let w = &rt["workload"];
+    assert_eq!(w["activeState"], "active", "{rt}");
+    assert_eq!(w["restarts"], 0, "{rt}");
+    assert!(w["mainPid"].as_u64().is_some(), "{rt}");
+    assert_eq!(
+        w["mainUid"], rt["accountUid"],
+        "the gateway runs as its account: {rt}"
+    );
+    assert_eq!(rt["observation"]["served"], json!(rev1), "{rt}");
+    assert_eq!(rt["target"], json!(host.name()), "{rt}");
+    let controllers = host
+        .run_ok("cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null || true")
+        .unwrap();
+    if controllers.contains("memory") {
+        assert!(
+            w["memoryCurrentBytes"].as_u64().is_some_and(|m| m > 0),
+            "{rt}"
+        );
+    } else {
+        println!("the test host's cgroup tree has no memory controller; memory is not reported");
+    }
+    let table = fleet.occ_ok(&["agent", "runtime", NS, "a1"]);
+    assert!(
+        table.contains("workload.activeState") && table.contains("active"),
+        "{table}"
+    );
+
+    // occ agent logs: redacted, the rest intact, the password nowhere.
+    let pw_line = host
+        .run_ok("cat /var/lib/clawfleet/namespaces/*/agents/*/gateway-password.env")
+        .unwrap();
+    let pw = pw_line.trim().split_once('=').unwrap().1.to_owned();
+    let out = fleet.occ_ok(&["agent", "logs", NS, "a1", "--tail", "1000"]);
+    for secret in SECRETS.iter().copied().chain([pw.as_str()]) {
+        assert!(!out.contains(secret), "{secret} leaked:\n{out}");
+    }
+    for kept in [
+        "Authorization: Bearer [REDACTED]",
+        "key [REDACTED] loaded",
+        "GET https://api.example.com/v1?api_key=[REDACTED]&x=[REDACTED]",
+        "gateway password [REDACTED] must not show",
+        "run-one line 07",
+    ] {
+        assert!(out.contains(kept), "{kept} missing:\n{out}");
+    }
+    // NDJSON, every line once.
+    let ndjson = fleet.occ_ok(&[
+        "--output", "json", "agent", "logs", NS, "a1", "--since", "1h",
+    ]);
+    let entries: Vec<Value> = ndjson
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let run_one: Vec<&str> = entries
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .filter(|m| m.starts_with("run-one line"))
+        .collect();
+    assert_eq!(run_one.len(), 20, "{ndjson}");
+
+    // Paging through the API with a cursor: no line twice, none missed.
+    let mut seen = Vec::new();
+    let mut query = "sinceSeconds=3600&limit=4".to_owned();
+    for _ in 0..100 {
+        let page = logs_api(&fleet, "a1", &query);
+        assert!(page["entries"].as_array().unwrap().len() <= 4);
+        seen.extend(messages(&page));
+        if page["more"] != true {
+            break;
+        }
+        let cursor = page["cursor"].as_str().unwrap();
+        query = format!("cursor={}&limit=4", encode(cursor));
+    }
+    let run_one_paged: Vec<&String> = seen
+        .iter()
+        .filter(|m| m.starts_with("run-one line"))
+        .collect();
+    assert_eq!(run_one_paged.len(), 20, "{seen:?}");
+    assert_eq!(
+        run_one_paged.iter().collect::<BTreeSet<_>>().len(),
+        20,
+        "a line came twice: {seen:?}"
+    );
+    // Bad parameters are refused with the parameter named.
+    for (query, code) in [
+        ("tailLines=0", "INVALID_LOG_QUERY"),
+        ("tailLines=5&cursor=abc", "INVALID_LOG_QUERY"),
+        ("bogus=1", "INVALID_QUERY"),
+        ("cursor=s%3Dnope", "LOG_CURSOR_INVALID"),
+    ] {
+        match fleet.api.request(
+            "GET",
+            &format!("/namespaces/{NS}/agents/a1/runtime/logs?{query}"),
+            None,
+        ) {
+            Err(ClientError::Api { code: c, .. }) => assert_eq!(c, code, "{query}"),
+            other => panic!("{query}: {other:?}"),
+        }
+    }
+
+    // A new revision restarts the gateway: --previous shows run one only.
+    fleet.update_configuration(
+        "a1",
+        &document("a1-r2", json!({"logLines": ["run-two here"]})),
+    );
+    let rev2 = fleet.deploy("a1");
+    fleet.wait_converged(
+        &[(
+            "a1",
+            Want::Running {
+                rev: rev2,
+                label: "a1-r2".into(),
+            },
+        )],
+        Instant::now(),
+        Duration::from_secs(90),
+    );
+    wait_logged(&fleet, "a1", "run-two here");
+    let prev = fleet.occ_ok(&["agent", "logs", NS, "a1", "--previous", "--tail", "1000"]);
+    assert!(
+        prev.contains("run-one line 19") && !prev.contains("run-two"),
+        "{prev}"
+    );
+
+    // Every log read was audited, naming the caller and the range.
+    let audit = fleet.occ_json(&["audit", "--action", "agent.logs.read", "--limit", "200"]);
+    let reads = audit.as_array().unwrap();
+    assert!(reads.len() >= 8, "{audit}");
+    assert!(reads.iter().all(|e| e["target"] == format!("{NS}/a1")));
+    assert!(
+        reads
+            .iter()
+            .any(|e| e["detail"]["range"]["tailLines"] == 1000),
+        "{audit}"
+    );
+    assert!(
+        reads
+            .iter()
+            .all(|e| e["actor"].as_str().is_some_and(|a| !a.is_empty()))
+    );
+
+    // A crash loop: the deployment status carries the evidence, redacted and bounded.
+    fleet.create_agent(
+        "c1",
+        &document(
+            "c1-r1",
+            json!({"crashAtStart": true, "logLines": ["fatal: store locked, TOKEN=abc123secret"]}),
+        ),
+    );
+    let crash_rev = fleet.deploy("c1");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let failure = loop {
+        let s = fleet.status("c1").unwrap();
+        let found = s["revisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == json!(crash_rev) && r["runtimeFailure"].is_object())
+            .map(|r| r["runtimeFailure"].clone());
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "no runtimeFailure: {s}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(failure["component"], "gateway", "{failure}");
+    assert_eq!(failure["lastExit"]["kind"], "exited", "{failure}");
+    assert_eq!(failure["lastExit"]["status"], 1, "{failure}");
+    let lines = failure["lastLines"].as_array().unwrap();
+    assert!(!lines.is_empty() && lines.len() <= 20, "{failure}");
+    let text = failure.to_string();
+    assert!(
+        text.contains("TOKEN=[REDACTED]") && !text.contains("abc123secret"),
+        "{text}"
+    );
+    let shown = fleet.occ_ok(&["agent", "deployment-status", NS, "c1"]);
+    assert!(
+        shown.contains(&format!("runtime failure of {crash_rev}"))
+            && shown.contains("last exit: exited status 1")
+            && shown.contains("fatal: store locked, TOKEN=[REDACTED]"),
+        "{shown}"
+    );
+    fleet.occ_ok(&["agent", "stop", NS, "c1"]);
+
+    // Another Namespace's read token: 403. A token's budget: 429 with Retry-After.
+    fleet.occ_ok(&["namespace", "create", "other", "--hosts", host.name()]);
+    let created = fleet.occ_json(&["token", "create", "reader", "--grant", "other:read"]);
+    let other = Client::new(
+        &format!("http://127.0.0.1:{}", fleet.port),
+        Some(created["token"].as_str().unwrap().to_owned()),
+    )
+    .unwrap();
+    for path in ["runtime", "runtime/logs"] {
+        match other.request("GET", &format!("/namespaces/{NS}/agents/a1/{path}"), None) {
+            Err(ClientError::Api { status: 403, .. }) => {}
+            other => panic!("{path}: {other:?}"),
+        }
+    }
+    let created = fleet.occ_json(&[
+        "token",
+        "create",
+        "hammer",
+        "--grant",
+        &format!("{NS}:read"),
+    ]);
+    let hammer = Client::new(
+        &format!("http://127.0.0.1:{}", fleet.port),
+        Some(created["token"].as_str().unwrap().to_owned()),
+    )
+    .unwrap();
+    let mut limited = None;
+    for n in 0..400 {
+        match hammer.request("GET", &format!("/namespaces/{NS}/agents/a1/runtime"), None) {
+            Ok(_) => {}
+            Err(ClientError::RateLimited { retry_after, .. }) => {
+                limited = Some((n, retry_after));
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let (n, retry_after) = limited.expect("never rate limited");
+    assert!(n >= 100, "limited after only {n} reads");
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    // The admin token's own budget is untouched by another token's.
+    fleet.occ_ok(&["agent", "runtime", NS, "a1"]);
+}
+
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn drift_of(rows: &Value, agent: &str) -> Value {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["agentId"] == agent)
+        .cloned()
+        .unwrap_or_else(|| panic!("no drift row for {agent}: {rows}"))
+}
+
+#[test]
+fn drift_is_reported_with_its_reason_and_only_reconcile_repairs_it() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    let fleet = Fleet::start(1);
+    let host = fleet.hosts.iter().next().unwrap();
+    let mut revs = Vec::new();
+    for a in ["d1", "d2", "d3"] {
+        fleet.create_agent(a, &document(&format!("{a}-r1"), json!({})));
+        revs.push((a, fleet.deploy(a)));
+    }
+    let wants: Vec<(&str, Want)> = revs
+        .iter()
+        .map(|(a, r)| {
+            (
+                *a,
+                Want::Running {
+                    rev: r.clone(),
+                    label: format!("{a}-r1"),
+                },
+            )
+        })
+        .collect();
+    fleet.wait_converged(&wants, Instant::now(), Duration::from_secs(90));
+    let rows = fleet.occ_json(&["drift", "--now"]);
+    for a in ["d1", "d2", "d3"] {
+        assert_eq!(drift_of(&rows, a)["state"], "synced", "{rows}");
+    }
+
+    // Changes made on the host behind clawfleet's back.
+    let layout = hostd::layout::Layout::new("/var/lib/clawfleet", "/etc/systemd/system");
+    let ns = clawfleet_protocol::Ident::new(NS).unwrap();
+    let paths = |a: &str| layout.agent(&ns, &clawfleet_protocol::Ident::new(a).unwrap());
+    let (d1, d2, d3) = (paths("d1"), paths("d2"), paths("d3"));
+    host.run_ok(&format!("systemctl stop {}", d1.unit_name))
+        .unwrap();
+    host.run_ok(&format!(
+        "ln -sfn revisions/handmade {0}/current.tmp && mv -T {0}/current.tmp {0}/current",
+        d2.dir.display()
+    ))
+    .unwrap();
+    let agents_dir = d1.dir.parent().unwrap().display().to_string();
+    host.run_ok(&format!(
+        "mkdir {agents_dir}/0123456789abcdef0123456789abcdef"
+    ))
+    .unwrap();
+    host.run_ok(&format!("rm -rf {}", d3.dir.display()))
+        .unwrap();
+
+    let rows = fleet.occ_json(&["drift", "--now"]);
+    println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+    let reason = |a: &str| {
+        drift_of(&rows, a)["reason"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert_eq!(drift_of(&rows, "d1")["state"], "drift");
+    assert_eq!(reason("d1"), "unit-not-running");
+    assert_eq!(reason("d2"), "current-changed");
+    assert_eq!(reason("d3"), "missing-on-target");
+    assert!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["reason"] == "unknown-agent"
+                && r["agentId"]
+                    .as_str()
+                    .unwrap_or("")
+                    .ends_with("0123456789abcdef0123456789abcdef")),
+        "{rows}"
+    );
+    // Prometheus: Agents by sync state, the sweep's status calls by outcome; no per-Agent or
+    // per-host label.
+    let metrics = fleet.api.request("GET", "/metrics", None).unwrap();
+    let metrics = metrics.as_str().unwrap_or_default().to_owned();
+    assert!(
+        metrics.contains("clawfleet_agents_sync{state=\"drift\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("clawfleet_targets{state=\"reachable\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("clawfleet_operation_duration_seconds_count{kind=\"status\",outcome=\"ok\"}"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(host.name()) && !metrics.contains("d1"),
+        "{metrics}"
+    );
+    let table = fleet.occ_ok(&["drift", "--state", "drift"]);
+    assert!(
+        table.contains("unit-not-running") && !table.contains("synced"),
+        "{table}"
+    );
+
+    // The sweep repaired nothing.
+    let state = host
+        .run(&format!("systemctl is-active {}", d1.unit_name))
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&state.stdout).trim(), "inactive");
+
+    // Reconcile on request brings d1 and d2 back.
+    fleet.occ_ok(&["agent", "reconcile", NS, "d1", "--wait", "--timeout", "90"]);
+    fleet.occ_ok(&["agent", "reconcile", NS, "d2", "--wait", "--timeout", "90"]);
+    let rows = fleet.occ_json(&["drift", "--now"]);
+    assert_eq!(drift_of(&rows, "d1")["state"], "synced", "{rows}");
+    assert_eq!(drift_of(&rows, "d2")["state"], "synced", "{rows}");
+    let audit = fleet.occ_json(&["audit", "--action", "agent.reconcile"]);
+    assert_eq!(audit.as_array().unwrap().len(), 2, "{audit}");
+    // A stopped Agent has nothing to reconcile.
+    fleet.occ_ok(&["agent", "stop", NS, "d1", "--wait", "--timeout", "90"]);
+    let out = fleet.occ(&["agent", "reconcile", NS, "d1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NOTHING_TO_RECONCILE"));
+}
