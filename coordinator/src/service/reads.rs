@@ -63,6 +63,14 @@ impl Service {
                 format!("limit: must be between 1 and 1000, got {limit}"),
             ));
         }
+        if let Some(a) = &query.action
+            && (a.is_empty() || a.len() > 64)
+        {
+            return Err(ServiceError::invalid(
+                crate::codes::Code::InvalidQuery,
+                format!("action: must be 1 to 64 characters, got {}", a.len()),
+            ));
+        }
         Ok(self.store.audit_events_of(limit, query.action.as_deref())?)
     }
 
