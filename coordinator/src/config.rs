@@ -403,6 +403,33 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The shipped occ.toml documents only keys that exist, with their default values: with
+    /// every `#key = value` and `#[section]` line uncommented it parses to the defaults.
+    #[test]
+    fn the_shipped_occ_toml_uncommented_is_the_defaults() {
+        let shipped = include_str!("../../packaging/coordinator/occ.toml");
+        let uncommented: String = shipped
+            .lines()
+            .filter_map(|l| {
+                let body = l.strip_prefix('#')?;
+                let is_key = body.split_once(" = ").is_some_and(|(k, _)| {
+                    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                });
+                let is_section = body.starts_with('[') && body.ends_with(']');
+                (is_key || is_section).then(|| format!("{body}\n"))
+            })
+            .collect();
+        let parsed = Config::parse(&uncommented, "occ.toml").unwrap();
+        let defaults = Config::parse("", "occ.toml").unwrap();
+        assert_eq!(parsed.worker, defaults.worker);
+        assert_eq!(parsed.api, defaults.api);
+        assert_eq!(parsed.drift, defaults.drift);
+        assert_eq!(parsed.listen, defaults.listen);
+        assert!(
+            uncommented.contains("[drift]") && uncommented.contains("runtime_reads_per_minute")
+        );
+    }
+
     #[test]
     fn defaults_and_errors() {
         let c = Config::parse("", "occ.toml").unwrap();

@@ -135,7 +135,7 @@ async fn happy_path_through_every_resource() {
     let openapi = api.call(None, "GET", "/openapi.json", None).await.unwrap();
     assert_eq!(
         openapi["paths"].as_object().unwrap().len(),
-        coordinator::api::ROUTES
+        ROUTES
             .iter()
             .map(|r| r.path)
             .collect::<std::collections::BTreeSet<_>>()

@@ -210,6 +210,24 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         .unwrap();
     assert_eq!(s["servedRevisionId"], "rev-2", "{s}");
     assert_eq!(s["revisions"][0]["status"], "retired", "{s}");
+    // Runtime through the same route as on hosts: the Pod, its state and restarts.
+    let rt = fleet_ref.occ_json(&["agent", "runtime", CLUSTER_NS, "k1"]);
+    assert_eq!(rt["workload"]["kind"], "pod", "{rt}");
+    assert_eq!(rt["workload"]["activeState"], "Running", "{rt}");
+    assert_eq!(rt["workload"]["restarts"], 0, "{rt}");
+    assert_eq!(rt["observation"]["served"], "rev-2", "{rt}");
+    assert!(rt["events"].is_array(), "{rt}");
+    // The drift sweep covers clusters too.
+    let rows = fleet_ref.occ_json(&["drift", "--now"]);
+    let k1 = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["namespaceId"] == CLUSTER_NS && r["agentId"] == "k1")
+        .cloned()
+        .unwrap_or_else(|| panic!("no drift row for k1: {rows}"));
+    assert_eq!(k1["state"], "synced", "{rows}");
+    assert_eq!(k1["target"], "kwok", "{rows}");
     let cms_after = configmaps
         .list(&ListParams::default())
         .await
@@ -366,6 +384,11 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
             )
             .unwrap();
         assert!(s["servedRevisionId"].is_null(), "{s}");
+        // The blocker's evidence: its code and the Pod's state, without a second request.
+        let failure = &s["revisions"][0]["runtimeFailure"];
+        assert_eq!(failure["code"], code, "{s}");
+        assert_eq!(failure["check"], "rollout", "{s}");
+        assert!(failure["events"].is_array(), "{s}");
         let (code_rc, out) = occ_code(
             fleet_ref,
             &["agent", "delete", &ns, "a", "--wait", "--timeout", "300"],

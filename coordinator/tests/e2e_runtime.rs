@@ -200,6 +200,31 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
         }
     }
 
+    // `occ agent logs -f` follows by cursor: started now, it prints what run two logs.
+    let mut follow = std::process::Command::new(&fleet.occ_bin)
+        .arg("--config")
+        .arg(&fleet.config)
+        .args(["agent", "logs", NS, "a1", "--tail", "1", "-f"])
+        .env("OCC_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let follow_out = follow.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(follow_out)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+
     // A new revision restarts the gateway: --previous shows run one only.
     fleet.update_configuration(
         "a1",
@@ -218,6 +243,21 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
         Duration::from_secs(90),
     );
     wait_logged(&fleet, "a1", "run-two here");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut followed = Vec::new();
+    while !followed
+        .iter()
+        .any(|l: &String| l.ends_with("run-two here"))
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => followed.push(line),
+            Err(_) => panic!("occ agent logs -f never printed run two: {followed:?}"),
+        }
+    }
+    // Its own child: stopped by pid.
+    let _ = follow.kill();
+    let _ = follow.wait();
     let prev = fleet.occ_ok(&["agent", "logs", NS, "a1", "--previous", "--tail", "1000"]);
     assert!(
         prev.contains("run-one line 19") && !prev.contains("run-two"),

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::config::HarnessConfig;
 use crate::error::{Error, Result};
 use crate::pki::Pki;
+use crate::pod_logs::{self, LogStream};
 use crate::run::{self, ProcessRecord, Run, RunRecord};
 use crate::{signals, sys};
 
@@ -36,6 +37,9 @@ pub const POD_CIDR: &str = "10.244.0.0/16";
 pub const ADMIN_USER: &str = "clawfleet-admin";
 /// User name of the less privileged token: authenticated, no RBAC bindings of its own.
 pub const LIMITED_USER: &str = "clawfleet-limited";
+/// The kwok Node's InternalIP: kwok's kubelet-like server listens there, and the apiserver
+/// reaches it for Pod logs. (Pod hostIPs are this too; Pod IPs stay in the fake [`POD_CIDR`].)
+pub const NODE_IP: &str = "127.0.0.1";
 
 const POD_READY_STAGE: &str = include_str!("../stages/pod-ready.yaml");
 const POD_FAIL_PULL_STAGE: &str = include_str!("../stages/pod-fail-pull.yaml");
@@ -118,6 +122,9 @@ pub struct ControlPlane {
     api_port: u16,
     etcd_port: u16,
     etcd_peer_port: u16,
+    kwok_port: u16,
+    pod_logs: PathBuf,
+    pod_previous_logs: PathBuf,
     kubeconfig: PathBuf,
     limited_kubeconfig: PathBuf,
     apiserver_args: Vec<OsString>,
@@ -236,7 +243,7 @@ impl ControlPlane {
         let run = Run::claim(config, &id)?;
         let run_dir = config.runs_dir().join(&id);
         let logs_dir = config.logs_dir().join(&id);
-        let [api_port, etcd_port, etcd_peer_port] = sys::free_ports::<3>()?;
+        let [api_port, etcd_port, etcd_peer_port, kwok_port] = sys::free_ports::<4>()?;
         let etcd_data_dir = match (config.etcd_on_tmpfs, tmpfs_base()) {
             (true, Some(base)) => base.join(format!("clawfleet-k8s-etcd-{id}")),
             _ => run_dir.join("etcd"),
@@ -253,6 +260,9 @@ impl ControlPlane {
             api_port,
             etcd_port,
             etcd_peer_port,
+            kwok_port,
+            pod_logs: run_dir.join("pod-logs").join("current.log"),
+            pod_previous_logs: run_dir.join("pod-logs").join("previous.log"),
             kubeconfig: run_dir.join("admin.kubeconfig"),
             limited_kubeconfig: run_dir.join("limited.kubeconfig"),
             apiserver_args: Vec::new(),
@@ -325,6 +335,10 @@ impl ControlPlane {
             arg("--endpoint-reconciler-type", "none"),
             arg("--cert-dir", d.join("apiserver-certs")),
             arg("--profiling", "false"),
+            // Pod logs (and any other kubelet call) go to kwok's server at the Node's
+            // InternalIP, 127.0.0.1, whose certificate the run's CA signed.
+            arg("--kubelet-preferred-address-types", "InternalIP"),
+            arg("--kubelet-certificate-authority", d.join("ca.crt")),
         ];
         let apiserver_args = self.apiserver_args.clone();
         self.spawn("kube-apiserver", &apiserver_args)?;
@@ -358,7 +372,13 @@ impl ControlPlane {
                 format!("{}={}", KWOK_NODE_LABEL.0, KWOK_NODE_LABEL.1),
             ),
             arg("--cidr", POD_CIDR),
-            arg("--node-ip", "10.250.0.1"),
+            // The Node's InternalIP and kubelet port: kwok's own server (containerLogs, ...),
+            // on loopback only, with a serving certificate from the run's CA.
+            arg("--node-ip", NODE_IP),
+            arg("--node-port", self.kwok_port.to_string()),
+            arg("--server-address", format!("{NODE_IP}:{}", self.kwok_port)),
+            arg("--tls-cert-file", d.join("kwok.crt")),
+            arg("--tls-private-key-file", d.join("kwok.key")),
             // kwok's node-heartbeat-with-lease stage updates the Node's status only every 10 to
             // 20 minutes and relies on kwok renewing the Node's Lease. Without a lease the
             // controller-manager sees a stale heartbeat after its 50 s grace period, marks
@@ -375,6 +395,7 @@ impl ControlPlane {
         for s in ["pod-ready.yaml", "pod-fail-pull.yaml"] {
             kwok.push(arg("--config", d.join("stages").join(s)));
         }
+        kwok.push(arg("--config", d.join("kwok-pod-logs.yaml")));
         self.spawn("kwok", &kwok)?;
 
         let classes: Api<StorageClass> = Api::all(client.clone());
@@ -408,6 +429,27 @@ impl ControlPlane {
             Ok(_) => Err("Ready is not True".into()),
             Err(e) => Err(e.to_string()),
         })
+        .await?;
+        let kwok_port = self.kwok_port;
+        self.poll_until(
+            "the kwok Node to advertise kwok's server on 127.0.0.1",
+            deadline,
+            async || match nodes.get(NODE_NAME).await {
+                Ok(n) => node_points_at(&n, kwok_port),
+                Err(e) => Err(e.to_string()),
+            },
+        )
+        .await?;
+        self.poll_until(
+            "kwok's server to listen on 127.0.0.1",
+            deadline,
+            async || {
+                tokio::net::TcpStream::connect((NODE_IP, kwok_port))
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            },
+        )
         .await?;
         let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
         self.poll_until(
@@ -455,6 +497,21 @@ impl ControlPlane {
             &d.join("apiserver.key"),
             self.pki.apiserver.key_pem.as_bytes(),
             0o600,
+        )?;
+        let kwok_cert = self.pki.serving_cert("kwok", &["localhost"])?;
+        sys::write_file(&d.join("kwok.crt"), kwok_cert.cert_pem.as_bytes(), 0o644)?;
+        sys::write_file(&d.join("kwok.key"), kwok_cert.key_pem.as_bytes(), 0o600)?;
+        if let Some(dir) = self.pod_logs.parent() {
+            sys::create_dir_all(dir)?;
+        }
+        // kwok answers a log request for a missing file with an error: both exist from the
+        // start, empty.
+        sys::write_file(&self.pod_logs, b"", 0o644)?;
+        sys::write_file(&self.pod_previous_logs, b"", 0o644)?;
+        sys::write_file(
+            &d.join("kwok-pod-logs.yaml"),
+            pod_logs::cluster_logs_config(&self.pod_logs, &self.pod_previous_logs).as_bytes(),
+            0o644,
         )?;
         sys::write_file(
             &d.join("sa.key"),
@@ -698,6 +755,41 @@ impl ControlPlane {
         NODE_NAME
     }
 
+    /// The port of kwok's kubelet-like server on [`NODE_IP`] (HTTPS, certificate from the run's
+    /// CA); the kwok Node advertises it as its kubelet endpoint.
+    pub fn kwok_server_port(&self) -> u16 {
+        self.kwok_port
+    }
+
+    /// The file kwok serves as the current log of every container of every Pod, in every
+    /// namespace (`GET .../pods/{pod}/log`). It holds CRI log lines (see
+    /// [`cri_log_line`](crate::cri_log_line)) and starts empty; tests append to it (or replace
+    /// it) at any time, and each log request reads it afresh. It is removed at teardown.
+    pub fn pod_logs_file(&self) -> &Path {
+        &self.pod_logs
+    }
+
+    /// The file kwok serves for `previous=true`, like [`pod_logs_file`](Self::pod_logs_file).
+    pub fn pod_previous_logs_file(&self) -> &Path {
+        &self.pod_previous_logs
+    }
+
+    /// Appends `lines` to [`pod_logs_file`](Self::pod_logs_file), on stdout, stamped now, in
+    /// one write.
+    pub fn append_pod_log(&self, lines: &[&str]) -> Result<()> {
+        pod_logs::append(&self.pod_logs, SystemTime::now(), LogStream::Stdout, lines)
+    }
+
+    /// Appends `lines` to [`pod_previous_logs_file`](Self::pod_previous_logs_file) the same way.
+    pub fn append_previous_pod_log(&self, lines: &[&str]) -> Result<()> {
+        pod_logs::append(
+            &self.pod_previous_logs,
+            SystemTime::now(),
+            LogStream::Stdout,
+            lines,
+        )
+    }
+
     /// Where the component logs are (kept after a failure).
     pub fn logs_dir(&self) -> &Path {
         &self.logs_dir
@@ -860,6 +952,31 @@ async fn etcd_health(port: u16) -> std::result::Result<(), String> {
         Ok(())
     } else {
         Err(sys::tail(&text, 1))
+    }
+}
+
+/// `Ok` when the Node's InternalIP is [`NODE_IP`] and its kubelet endpoint is kwok's port.
+fn node_points_at(n: &Node, port: u16) -> std::result::Result<(), String> {
+    let status = n.status.as_ref();
+    let ips: Vec<&str> = status
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| {
+            a.iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .map(|a| a.address.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let advertised = status
+        .and_then(|s| s.daemon_endpoints.as_ref())
+        .and_then(|d| d.kubelet_endpoint.as_ref())
+        .map(|e| e.port);
+    if ips.first() == Some(&NODE_IP) && advertised == Some(i32::from(port)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "InternalIP {ips:?} and kubelet port {advertised:?}, expected {NODE_IP} and {port}"
+        ))
     }
 }
 

@@ -2,12 +2,13 @@
 //! what the Kubernetes backend's tests will rely on, through kube 5 + k8s-openapi 0.29.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime};
 
 use clawfleet_k8s_tests::{
     ADMIN_USER, ControlPlane, FAIL_PULL_MARKER, Fault, FaultProxy, KUBERNETES_VERSION,
-    NODE_LEASE_SECONDS, NODE_NAME, STORAGE_CLASS, skip_unless_control_plane,
-    wait_for_default_service_account,
+    KWOK_NODE_LABEL, LogStream, NODE_IP, NODE_LEASE_SECONDS, NODE_NAME, STORAGE_CLASS,
+    cri_log_line, log_timestamp, skip_unless_control_plane, wait_for_default_service_account,
 };
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -15,8 +16,11 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, PersistentVolumeClaim, Pod, ResourceQuota, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{
+    DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use serde::de::DeserializeOwned;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -654,4 +658,225 @@ fn a_sigkilled_runs_processes_are_reclaimed_from_its_record() {
     let runs = clawfleet_k8s_tests::list_runs(&config).unwrap();
     assert!(runs.iter().all(|(r, _)| r.id != id), "the record is gone");
     assert!(rec.leftovers().is_empty(), "{:?}", rec.leftovers());
+}
+
+/// The body of `GET .../pods/{pod}/log?{query}`, or the apiserver's error.
+async fn raw_log(
+    client: &kube::Client,
+    ns: &str,
+    pod: &str,
+    query: &str,
+) -> Result<String, String> {
+    let url = format!("/api/v1/namespaces/{ns}/pods/{pod}/log?{query}");
+    let req = http::Request::get(url)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    client.request_text(req).await.map_err(|e| e.to_string())
+}
+
+/// Pod logs come back through the apiserver from kwok's kubelet-like server on 127.0.0.1 (the
+/// Node's InternalIP and kubelet port): the control plane's log files, with `tailLines`,
+/// `timestamps`, `sinceSeconds` and `previous` applied as a kubelet applies them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_logs_are_served_through_the_apiserver() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    let ns = "pod-logs";
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &namespace(ns, serde_json::json!({})),
+        )
+        .await
+        .unwrap();
+    wait_for_default_service_account(&client, ns, WAIT)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let gateway: Pod = manifest(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "gateway-0" },
+        "spec": {
+            "nodeSelector": { KWOK_NODE_LABEL.0: KWOK_NODE_LABEL.1 },
+            "containers": [{ "name": "gateway", "image": "registry.invalid/clawfleet/gateway:test" }],
+        },
+    }));
+    pods.create(&PostParams::default(), &gateway).await.unwrap();
+    let running = wait_for("gateway-0 Ready on the kwok Node", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("gateway-0").await.map_err(|e| e.to_string())?;
+            let ready = has_condition(
+                p.status.as_ref().and_then(|s| s.conditions.as_ref()),
+                "Ready",
+                "True",
+            );
+            Ok(ready.then_some(p))
+        }
+    })
+    .await;
+    assert_eq!(
+        running.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(NODE_NAME)
+    );
+    assert_eq!(
+        running.status.as_ref().and_then(|s| s.host_ip.as_deref()),
+        Some(NODE_IP)
+    );
+
+    let gw = |tail: Option<i64>| LogParams {
+        container: Some("gateway".into()),
+        tail_lines: tail,
+        ..LogParams::default()
+    };
+    // Nothing written yet: an empty log, not an error.
+    let t0 = Instant::now();
+    assert_eq!(pods.logs("gateway-0", &gw(None)).await.unwrap(), "");
+    eprintln!(
+        "  first (empty) log request: {:.3}s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    let at = SystemTime::now();
+    let mut text = String::new();
+    text.push_str(&cri_log_line(old, LogStream::Stdout, "boot 1"));
+    text.push_str(&cri_log_line(old, LogStream::Stdout, "boot 2"));
+    text.push_str(&cri_log_line(at, LogStream::Stdout, "ready 3\nready 4"));
+    text.push_str(&cri_log_line(at, LogStream::Stderr, "warn 5"));
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(cp.pod_logs_file())
+        .unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    drop(file);
+    cp.append_pod_log(&["serving 6", "serving 7"]).unwrap();
+    let after = SystemTime::now();
+
+    // The brief's exact request: timestamps and tailLines.
+    let t0 = Instant::now();
+    let body = raw_log(
+        &client,
+        ns,
+        "gateway-0",
+        "container=gateway&timestamps=true&tailLines=4",
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "  log request with timestamps and tailLines: {:.3}s",
+        t0.elapsed().as_secs_f64()
+    );
+    let lines: Vec<&str> = body.lines().collect();
+    let stamp = log_timestamp(at);
+    assert_eq!(
+        lines[..2],
+        [format!("{stamp} ready 4"), format!("{stamp} warn 5")],
+        "body: {body:?}"
+    );
+    assert_eq!(lines.len(), 4, "body: {body:?}");
+    for (line, want) in lines[2..].iter().zip(["serving 6", "serving 7"]) {
+        let (ts, rest) = line.split_once(' ').unwrap();
+        assert_eq!(rest, want, "body: {body:?}");
+        assert_eq!(ts.len(), "2026-12-01T10:00:00.123456789Z".len(), "{ts}");
+        let ts: Timestamp = ts.parse().unwrap();
+        let (lo, hi) = (
+            Timestamp::try_from(at).unwrap(),
+            Timestamp::try_from(after).unwrap(),
+        );
+        assert!(lo <= ts && ts <= hi, "{ts} not within [{lo}, {hi}]");
+    }
+
+    // Without timestamps: the bare lines, stdout and stderr interleaved in file order.
+    assert_eq!(
+        pods.logs("gateway-0", &gw(Some(2))).await.unwrap(),
+        "serving 6\nserving 7\n"
+    );
+    assert_eq!(
+        pods.logs("gateway-0", &gw(None)).await.unwrap(),
+        "boot 1\nboot 2\nready 3\nready 4\nwarn 5\nserving 6\nserving 7\n"
+    );
+    assert_eq!(
+        raw_log(
+            &client,
+            ns,
+            "gateway-0",
+            "container=gateway&sinceSeconds=600"
+        )
+        .await
+        .unwrap(),
+        "ready 3\nready 4\nwarn 5\nserving 6\nserving 7\n"
+    );
+
+    // previous=true reads the previous-logs file.
+    let previous = LogParams {
+        previous: true,
+        ..gw(None)
+    };
+    assert_eq!(pods.logs("gateway-0", &previous).await.unwrap(), "");
+    cp.append_previous_pod_log(&["last run: started", "last run: crashed"])
+        .unwrap();
+    assert_eq!(
+        pods.logs("gateway-0", &previous).await.unwrap(),
+        "last run: started\nlast run: crashed\n"
+    );
+    assert_eq!(
+        raw_log(
+            &client,
+            ns,
+            "gateway-0",
+            "container=gateway&previous=true&tailLines=1"
+        )
+        .await
+        .unwrap(),
+        "last run: crashed\n"
+    );
+
+    // A container the Pod does not have is the apiserver's 400, before kwok is asked.
+    match pods
+        .logs(
+            "gateway-0",
+            &LogParams {
+                container: Some("nope".into()),
+                ..LogParams::default()
+            },
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 400, "{s:?}"),
+        other => panic!("logs of a container the Pod does not have: {other:?}"),
+    }
+
+    // Every namespace and every container name share the same file.
+    let default_pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    default_pods
+        .create(
+            &PostParams::default(),
+            &pod("other", "registry.invalid/x/other:1", None),
+        )
+        .await
+        .unwrap();
+    wait_for("pod default/other Ready", WAIT, || {
+        let pods = default_pods.clone();
+        async move {
+            let p = pods.get("other").await.map_err(|e| e.to_string())?;
+            Ok(has_condition(
+                p.status.as_ref().and_then(|s| s.conditions.as_ref()),
+                "Ready",
+                "True",
+            )
+            .then_some(()))
+        }
+    })
+    .await;
+    let other = LogParams {
+        container: Some("c".into()),
+        tail_lines: Some(1),
+        ..LogParams::default()
+    };
+    assert_eq!(
+        default_pods.logs("other", &other).await.unwrap(),
+        "serving 7\n"
+    );
 }

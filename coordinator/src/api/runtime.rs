@@ -34,6 +34,19 @@ fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiError> {
 fn call_error(e: RuntimeError) -> ApiError {
     match e {
         RuntimeError::Service(s) => s.into(),
+        RuntimeError::Call(CallError::Failed(f))
+            if f.code == FailureCode::InvalidInput && f.message.contains("unknown operation") =>
+        {
+            ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                Code::BackendUnsupported,
+                format!(
+                    "the target's hostd predates runtime inspection (agent-runtime, agent-logs); \
+                     upgrade hostd on it ({})",
+                    f.message
+                ),
+            )
+        }
         RuntimeError::Call(CallError::Failed(f)) => {
             let status = match f.code {
                 FailureCode::AgentMissing | FailureCode::PreviousRunMissing => {

@@ -280,6 +280,7 @@ pub fn is_runtime_failure(code: &str) -> bool {
         FailureCode::RevisionIncomplete,
         FailureCode::RevisionImagePullFailed,
         FailureCode::RevisionUnschedulable,
+        FailureCode::NamespacePodQuotaExceeded,
     ]
     .iter()
     .any(|c| c.as_str() == code)

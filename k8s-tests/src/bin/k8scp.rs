@@ -73,6 +73,11 @@ fn up(config: &HarnessConfig) -> ExitCode {
                 println!("start: {}", cp.timings());
                 println!("export KUBECONFIG={}", cp.kubeconfig_path().display());
                 println!("logs: {}", cp.logs_dir().display());
+                println!(
+                    "pod logs (CRI lines, every Pod and container): {} (previous: {})",
+                    cp.pod_logs_file().display(),
+                    cp.pod_previous_logs_file().display()
+                );
                 println!("Ctrl-C stops it");
                 // The signal handler tears it down and exits.
                 loop {
