@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clawfleet_k8s_tests::ControlPlane;
 use fleet::{Fleet, NS, document};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
@@ -217,6 +217,90 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     assert_eq!(rt["workload"]["restarts"], 0, "{rt}");
     assert_eq!(rt["observation"]["served"], "rev-2", "{rt}");
     assert!(rt["events"].is_array(), "{rt}");
+    // Pod logs through the API server (kwok serves them from the control plane's log files),
+    // redacted with the Agent's own password from its Secret, paged by cursor, and the
+    // previous container's log.
+    let tenant = tenant_namespace(&client).await.expect("a tenant namespace");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    let password = secrets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| {
+            s.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("gw-password-"))
+        })
+        .find_map(|s| s.data?.into_values().next())
+        .map(|v| String::from_utf8(v.0).unwrap())
+        .expect("a password Secret");
+    cp.append_pod_log(&[
+        "Authorization: Bearer abcdefghijklmnop0123456789",
+        &format!("cluster password {password} leaked"),
+        "k8s line 1",
+        "k8s line 2",
+        "k8s line 3",
+    ])
+    .unwrap();
+    let out = fleet_ref.occ_ok(&["agent", "logs", CLUSTER_NS, "k1", "--tail", "100"]);
+    assert!(
+        !out.contains(&password) && !out.contains("abcdefghijklmnop0123456789"),
+        "{out}"
+    );
+    for kept in [
+        "Authorization: Bearer [REDACTED]",
+        "cluster password [REDACTED] leaked",
+        "k8s line 3",
+    ] {
+        assert!(out.contains(kept), "{kept} missing: {out}");
+    }
+    let mut seen = Vec::new();
+    let mut query = "sinceSeconds=3600&limit=2".to_owned();
+    for _ in 0..20 {
+        let page = fleet_ref
+            .api
+            .request(
+                "GET",
+                &format!("/namespaces/{CLUSTER_NS}/agents/k1/runtime/logs?{query}"),
+                None,
+            )
+            .unwrap();
+        for e in page["entries"].as_array().unwrap() {
+            seen.push(e["message"].as_str().unwrap().to_owned());
+        }
+        if page["more"] != true {
+            break;
+        }
+        let cursor: String = page["cursor"]
+            .as_str()
+            .unwrap()
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() {
+                    char::from(b).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        query = format!("cursor={cursor}&limit=2");
+    }
+    let k8s_lines: Vec<&String> = seen.iter().filter(|l| l.starts_with("k8s line")).collect();
+    assert_eq!(
+        k8s_lines,
+        ["k8s line 1", "k8s line 2", "k8s line 3"],
+        "{seen:?}"
+    );
+    cp.append_previous_pod_log(&["the container before the restart"])
+        .unwrap();
+    let prev = fleet_ref.occ_ok(&["agent", "logs", CLUSTER_NS, "k1", "--previous"]);
+    assert!(
+        prev.contains("the container before the restart") && !prev.contains("k8s line"),
+        "{prev}"
+    );
     // The drift sweep covers clusters too.
     let rows = fleet_ref.occ_json(&["drift", "--now"]);
     let k1 = rows

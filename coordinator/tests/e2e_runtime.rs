@@ -290,21 +290,51 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
         ),
     );
     let crash_rev = fleet.deploy("c1");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let failure = loop {
-        let s = fleet.status("c1").unwrap();
-        let found = s["revisions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["id"] == json!(crash_rev) && r["runtimeFailure"].is_object())
-            .map(|r| r["runtimeFailure"].clone());
-        if let Some(f) = found {
-            break f;
+    // And one that never becomes ready (the fleet's hosts wait 30 s for readiness).
+    fleet.create_agent(
+        "n1",
+        &document(
+            "n1-r1",
+            json!({"neverReady": true, "logLines": ["waiting for upstream with api_key=zzz987secret"]}),
+        ),
+    );
+    let never_rev = fleet.deploy("n1");
+    let evidence = |agent: &str, rev: &str| {
+        let deadline = Instant::now() + Duration::from_secs(150);
+        loop {
+            let s = fleet.status(agent).unwrap();
+            let found = s["revisions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["id"] == json!(rev) && r["runtimeFailure"].is_object())
+                .map(|r| r["runtimeFailure"].clone());
+            if let Some(f) = found {
+                break f;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no runtimeFailure for {agent}: {s}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
         }
-        assert!(Instant::now() < deadline, "no runtimeFailure: {s}");
-        std::thread::sleep(Duration::from_millis(500));
     };
+    let failure = evidence("c1", &crash_rev);
+    let never = evidence("n1", &never_rev);
+    assert_eq!(never["code"], "READINESS_TIMEOUT", "{never}");
+    assert_eq!(never["check"], "readiness", "{never}");
+    assert_eq!(never["activeState"], "active", "{never}");
+    let never_text = never.to_string();
+    assert!(
+        never_text.contains("api_key=[REDACTED]") && !never_text.contains("zzz987secret"),
+        "{never_text}"
+    );
+    assert!(
+        never["lastLines"]
+            .as_array()
+            .is_some_and(|l| !l.is_empty() && l.len() <= 20)
+    );
+    fleet.occ_ok(&["agent", "stop", NS, "n1"]);
     assert_eq!(failure["component"], "gateway", "{failure}");
     assert_eq!(failure["lastExit"]["kind"], "exited", "{failure}");
     assert_eq!(failure["lastExit"]["status"], 1, "{failure}");
