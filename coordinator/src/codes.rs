@@ -100,6 +100,7 @@ codes! {
     NoHostAvailable = "NO_HOST_AVAILABLE", "No pool host has room for the Agent.";
     RevisionActivated = "REVISION_ACTIVATED", "The revision serves.";
     RevisionStopped = "REVISION_STOPPED", "The Agent is stopped.";
+    RevisionRestored = "REVISION_RESTORED", "The candidate did not become ready; the target put the last served revision back and it serves again (restore: last-served).";
     RevisionSuperseded = "REVISION_SUPERSEDED", "A newer revision took this one's place.";
     RevisionGone = "REVISION_GONE", "The revision was deleted while its work waited.";
     RevisionFinalizationIncomplete = "REVISION_FINALIZATION_INCOMPLETE", "The revision serves but retiring its predecessor is not done yet.";

@@ -175,6 +175,8 @@ pub struct Agent {
     pub active_revision_id: Option<String>,
     /// What the host last reported serving.
     pub served_revision_id: Option<String>,
+    /// What happens when a candidate does not become ready.
+    pub restore: RestorePolicy,
     pub created_at: i64,
 }
 
@@ -282,7 +284,7 @@ pub struct AuditEvent {
 macro_rules! text_enum {
     ($(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
         pub enum $name {
             $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
         }
@@ -356,4 +358,15 @@ pub struct DriftRow {
     pub message: String,
     /// Seconds since the epoch.
     pub checked_at: i64,
+}
+
+text_enum! {
+    /// What a failed activation does (`restore` of an Agent).
+    RestorePolicy {
+        /// The seed's behaviour: the failed candidate stays selected, nothing is rolled back.
+        None = "none",
+        /// The target puts the last served revision back within the same operation, and the
+        /// coordinator sets `activeRevisionId` back to it.
+        LastServed = "last-served",
+    }
 }

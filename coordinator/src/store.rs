@@ -171,6 +171,10 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (target, namespace_id, agent_id)
     );
     ",
+    // 7: what a failed activation does per Agent (restore: none | last-served).
+    "
+    ALTER TABLE agents ADD COLUMN restore TEXT NOT NULL DEFAULT 'none';
+    ",
 ];
 
 pub use crate::model::{DriftReason, DriftRow, DriftState};
@@ -1051,13 +1055,13 @@ impl Store {
 
     pub fn insert_agent(&self, a: &Agent) -> Result<bool> {
         Ok(self.c().execute(
-            "INSERT OR IGNORE INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![a.namespace_id, a.id, a.service_principal_id, a.configuration_id, a.desired_state.as_str(), a.created_at],
+            "INSERT OR IGNORE INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![a.namespace_id, a.id, a.service_principal_id, a.configuration_id, a.desired_state.as_str(), a.created_at, a.restore.as_str()],
         )? > 0)
     }
 
-    fn agent_row(r: &Row<'_>) -> rusqlite::Result<(Agent, String)> {
+    fn agent_row(r: &Row<'_>) -> rusqlite::Result<(Agent, String, String)> {
         Ok((
             Agent {
                 namespace_id: r.get(0)?,
@@ -1069,19 +1073,23 @@ impl Store {
                 port: r.get(6)?,
                 active_revision_id: r.get(7)?,
                 served_revision_id: r.get(8)?,
+                restore: crate::model::RestorePolicy::None,
                 created_at: r.get(9)?,
             },
             r.get(4)?,
+            r.get(10)?,
         ))
     }
 
-    fn finish_agent((mut a, desired): (Agent, String)) -> Result<Agent> {
+    fn finish_agent((mut a, desired, restore): (Agent, String, String)) -> Result<Agent> {
         a.desired_state = DesiredState::parse(&desired)
             .ok_or_else(|| StoreError::Corrupt(format!("desired state {desired:?}")))?;
+        a.restore = crate::model::RestorePolicy::parse(&restore)
+            .ok_or_else(|| StoreError::Corrupt(format!("restore policy {restore:?}")))?;
         Ok(a)
     }
 
-    const AGENT_COLS: &'static str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at";
+    const AGENT_COLS: &'static str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at, restore";
 
     pub fn agent(&self, ns: &str, id: &str) -> Result<Option<Agent>> {
         let sql = format!(
@@ -1104,6 +1112,20 @@ impl Store {
         let mut st = c.prepare(&sql)?;
         let rows = st.query_map([ns], Self::agent_row)?;
         rows.map(|r| Self::finish_agent(r?)).collect()
+    }
+
+    /// Sets what a failed activation of the Agent does.
+    pub fn set_agent_restore(
+        &self,
+        ns: &str,
+        id: &str,
+        restore: crate::model::RestorePolicy,
+    ) -> Result<()> {
+        self.c().execute(
+            "UPDATE agents SET restore = ?3 WHERE namespace_id = ?1 AND id = ?2",
+            params![ns, id, restore.as_str()],
+        )?;
+        Ok(())
     }
 
     pub fn set_agent_configuration(

@@ -133,6 +133,7 @@ impl World {
                     service_principal_id: None,
                     configuration_id: "cfg".into(),
                     harness_auth: None,
+                    restore: None,
                 },
             )
             .unwrap();

@@ -90,7 +90,9 @@ fn main() {
         &occ,
         &host,
         &mut session,
-        Operation::ActivateRevision(rargs(NS, AGENT, &r1)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rargs(
+            NS, AGENT, &r1,
+        ))),
     );
     expect_served(&r, "rev-1");
     let mut cutovers = Vec::new();
@@ -106,7 +108,9 @@ fn main() {
             &occ,
             &host,
             &mut session,
-            Operation::ActivateRevision(rargs(NS, AGENT, &rn)),
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rargs(
+                NS, AGENT, &rn,
+            ))),
         );
         if !matches!(r.outcome, Outcome::Succeeded { .. }) {
             let unit = host

@@ -40,6 +40,23 @@ struct State {
     /// Each unit's invocation count: a (re)start begins a new run.
     invocations: BTreeMap<String, u32>,
     clock_usec: u64,
+    /// Behaviour by revision directory name, over the port's (a candidate that fails while
+    /// its predecessor works).
+    revision_behaviour: BTreeMap<String, Behaviour>,
+    /// The revision directory each unit was last started on (from its `current`).
+    unit_revision: BTreeMap<String, String>,
+}
+
+impl State {
+    /// How the gateway a unit runs behaves: its revision's, else its port's.
+    fn behaviour_of(&self, unit: &str, port: u16) -> Behaviour {
+        self.unit_revision
+            .get(unit)
+            .and_then(|r| self.revision_behaviour.get(r))
+            .or_else(|| self.behaviour.get(&port))
+            .copied()
+            .unwrap_or_default()
+    }
 }
 
 /// The fake.
@@ -151,6 +168,26 @@ impl FakeSystem {
     /// The current run's invocation id of a unit (what `InvocationID` would say).
     pub fn invocation_of(&self, unit: &str) -> Option<String> {
         self.with(|s| s.invocations.get(unit).map(|n| invocation_id(unit, *n)))
+    }
+
+    /// Makes the gateway of one revision (by its directory name under `revisions/`) behave so,
+    /// whatever its port's behaviour.
+    pub fn set_revision_behaviour(&self, revision_dir: &str, behaviour: Behaviour) {
+        self.with(|s| {
+            s.revision_behaviour
+                .insert(revision_dir.to_owned(), behaviour)
+        });
+    }
+
+    /// The revision directory `current` names for a unit, from its unit file.
+    fn current_revision_of(&self, unit: &str) -> Option<String> {
+        let text = std::fs::read_to_string(self.unit_dir.join(unit)).ok()?;
+        let config = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Environment=OPENCLAW_CONFIG_PATH="))?;
+        let current = Path::new(config).parent()?;
+        let target = std::fs::read_link(current).ok()?;
+        Some(target.file_name()?.to_str()?.to_owned())
     }
 
     /// How many restart jobs a unit got so far.
@@ -325,7 +362,14 @@ impl System for FakeSystem {
         let Some(port) = self.port_of(unit) else {
             return Err(fail("restart", unit));
         };
-        let behaviour = self.with(|s| s.behaviour.get(&port).copied().unwrap_or_default());
+        let revision = self.current_revision_of(unit);
+        let behaviour = self.with(|s| {
+            match revision {
+                Some(r) => s.unit_revision.insert(unit.to_owned(), r),
+                None => s.unit_revision.remove(unit),
+            };
+            s.behaviour_of(unit, port)
+        });
         self.with(|s| {
             let run = s.invocations.get(unit).map_or(1, |n| n + 1);
             s.invocations.insert(unit.to_owned(), run);
@@ -361,9 +405,8 @@ impl System for FakeSystem {
 
     fn unit_state(&self, unit: &str) -> Result<UnitState, SystemError> {
         let port = self.with(|s| s.unit_ports.get(unit).copied());
-        let crashing = port.is_some_and(|p| {
-            self.with(|s| s.behaviour.get(&p).copied() == Some(Behaviour::CrashLoop))
-        });
+        let crashing =
+            port.is_some_and(|p| self.with(|s| s.behaviour_of(unit, p) == Behaviour::CrashLoop));
         if crashing {
             // Every look finds one more restart, as a crash loop under Restart=always would.
             self.with(|s| {
@@ -397,12 +440,13 @@ impl System for FakeSystem {
             if s.squatters.contains_key(&port) {
                 return true;
             }
-            let unit_active = s
-                .unit_ports
+            s.unit_ports
                 .iter()
                 .filter(|(_, p)| **p == port)
-                .any(|(u, _)| s.units.get(u).is_some_and(|u| u.active_state == "active"));
-            unit_active && s.behaviour.get(&port).copied().unwrap_or_default() == Behaviour::Ready
+                .any(|(u, _)| {
+                    s.units.get(u).is_some_and(|u| u.active_state == "active")
+                        && s.behaviour_of(u, port) == Behaviour::Ready
+                })
         })
     }
 

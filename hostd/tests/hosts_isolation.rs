@@ -81,7 +81,10 @@ fn an_agent_cannot_reach_its_sibling_from_inside_its_unit_on_a_real_host() {
             "shm": "echo a > /dev/shm/cf-probe-a && ls -A /dev/shm"}}}),
     );
     let pa = port(&occ.ok(&host, prepare("ns1", "a1", &a1)));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &a1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &a1))),
+    );
     let ia = info(&host, pa);
     assert_eq!(command(&ia, "shm")["status"], 0);
     let pid_a = ia["pid"].as_u64().unwrap();
@@ -108,7 +111,10 @@ fn an_agent_cannot_reach_its_sibling_from_inside_its_unit_on_a_real_host() {
         }}}),
     );
     let pb = port(&occ.ok(&host, prepare("ns2", "b1", &b1)));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns2", "b1", &b1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns2", "b1", &b1))),
+    );
     let ib = info(&host, pb);
     let unshare = command(&ib, "unshare");
     assert_ne!(unshare["status"], 0, "unshare -Ur must fail: {unshare}");
@@ -196,7 +202,10 @@ fn an_agent_cannot_reach_its_sibling_from_inside_its_unit_on_a_real_host() {
         json!({"label": "b2", "probe": {"bindPorts": [pa, pa + 1000]}}),
     );
     occ.ok(&host, prepare("ns2", "b1", &b2));
-    match occ.ok(&host, Operation::ActivateRevision(rargs("ns2", "b1", &b2))) {
+    match occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns2", "b1", &b2))),
+    ) {
         OperationResult::ActivateRevision(r) => {
             assert!(!r.unit_changed, "the unit does not change across revisions")
         }
@@ -231,7 +240,10 @@ fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host()
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "a"}));
     let pa = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     let a = layout().agent(&id("ns1"), &id("a1"));
     let served = format!("test -e {}", a.served.display());
     assert!(host.run(&served).unwrap().status.success());
@@ -248,7 +260,10 @@ fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host()
     .unwrap();
     assert_eq!(curl(&host, pa, "/readyz").0, 200, "the squatter answers");
 
-    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    let f = occ.fails(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     println!(
         "activation with a squatter: {} ({:?}): {}",
         f.code, f.class, f.message
@@ -263,7 +278,10 @@ fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host()
 
     // The squatter leaves; the retry serves A's own gateway.
     host.run_ok("systemctl stop cf-squatter").unwrap();
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     assert!(host.run(&served).unwrap().status.success());
     let owner = info(&host, pa)["uid"].as_u64().unwrap();
     let agent_uid: u64 = host
@@ -334,7 +352,10 @@ fn an_agent_account_with_authorized_keys_cannot_open_an_ssh_session_on_a_real_ho
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "a"}));
     let pa = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     let a = layout().agent(&id("ns1"), &id("a1"));
 
     // The passwd home is not the Agent's writable home/, and the Agent cannot make it.

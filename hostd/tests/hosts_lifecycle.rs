@@ -105,7 +105,10 @@ fn two_agents_full_lifecycle_on_a_real_host() {
 
     // Activate both.
     for (n, ag, rev) in [("ns1", "a1", &r1), ("ns2", "b1", &b1)] {
-        match occ.ok(&host, Operation::ActivateRevision(rargs(n, ag, rev))) {
+        match occ.ok(
+            &host,
+            Operation::ActivateRevision(ActivateArgs::from(rargs(n, ag, rev))),
+        ) {
             OperationResult::ActivateRevision(r) => {
                 assert!(r.restarted && r.unit_changed);
                 assert_eq!(r.observation.served, Some(id("rev-1")));
@@ -163,7 +166,7 @@ fn two_agents_full_lifecycle_on_a_real_host() {
         &[occ.sign(&occ.envelope(
             &host,
             &id2,
-            Operation::ActivateRevision(rargs("ns1", "a1", &r2)),
+            Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r2))),
         ))],
     );
     let steps: Vec<Step> = progress(&out).iter().map(|p| p.step).collect();
@@ -186,7 +189,10 @@ fn two_agents_full_lifecycle_on_a_real_host() {
     let (_, info) = curl(&host, p1, "/info");
     assert!(info.contains("a1-rev-2"), "{info}");
     // Activating again is a no-op (fast path).
-    match occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r2))) {
+    match occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r2))),
+    ) {
         OperationResult::ActivateRevision(r) => assert!(!r.restarted),
         other => panic!("{other:?}"),
     }
@@ -214,7 +220,10 @@ fn two_agents_full_lifecycle_on_a_real_host() {
         "test -f {adir}/state/mine && test -f {adir}/gateway-password.env"
     ))
     .unwrap();
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r2)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r2))),
+    );
     assert_eq!(curl(&host, p1, "/readyz").0, 200);
 
     // Status from the host itself.
@@ -301,7 +310,10 @@ fn refusals_change_nothing_on_a_real_host() {
     ))
     .unwrap();
     let before = snapshot();
-    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    let f = occ.fails(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     assert_eq!(f.code, FailureCode::OwnershipMismatch, "{f}");
     assert_eq!(snapshot(), before);
     host.run_ok(&format!("cp /root/agent.json.orig {}", a.marker.display()))
@@ -314,7 +326,10 @@ fn refusals_change_nothing_on_a_real_host() {
         0o644,
     )
     .unwrap();
-    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    let f = occ.fails(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     assert_eq!(f.code, FailureCode::OwnershipMismatch, "{f}");
     assert_eq!(
         host.run_ok(&format!("cat {}", a.unit_file.display()))

@@ -226,7 +226,7 @@ fn real_openclaw_gateway_through_hostd() {
     let (r, readiness, wall) = call_long(
         &occ,
         &host,
-        Operation::ActivateRevision(rargs(NS, AGENT, &r1)),
+        Operation::ActivateRevision(ActivateArgs::from(rargs(NS, AGENT, &r1))),
     );
     let act = activated(&host, r, &unit);
     eprintln!(
@@ -360,7 +360,7 @@ fn real_openclaw_gateway_through_hostd() {
     let (r, readiness, wall) = call_long(
         &occ,
         &host,
-        Operation::ActivateRevision(rargs(NS, AGENT, &r2)),
+        Operation::ActivateRevision(ActivateArgs::from(rargs(NS, AGENT, &r2))),
     );
     let act = activated(&host, r, &unit);
     eprintln!(

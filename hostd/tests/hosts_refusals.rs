@@ -123,7 +123,10 @@ fn refused_deletes_and_prepares_leave_everything_in_place_on_a_real_host() {
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "a1-rev-1"}));
     let p1 = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     let a1 = layout().agent(&id("ns1"), &id("a1"));
     let rdir = a1.revision_dir(&id("rev-1")).display().to_string();
     let rmarker = format!("{rdir}/revision.json");
@@ -246,14 +249,20 @@ fn a_candidate_that_is_not_ready_is_not_served_and_retries_do_not_restart_it_on_
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "rev-1"}));
     let p1 = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     let a1 = layout().agent(&id("ns1"), &id("a1"));
     assert_eq!(observation(&occ, &host, &r1).served, Some(id("rev-1")));
 
     // A candidate that never becomes ready.
     let r2 = spec("rev-2", 2, json!({"label": "rev-2", "neverReady": true}));
     occ.ok(&host, prepare("ns1", "a1", &r2));
-    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r2)));
+    let f = occ.fails(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r2))),
+    );
     assert_eq!(f.code, FailureCode::ReadinessTimeout, "{f}");
     let o = observation(&occ, &host, &r2);
     assert_eq!(o.current, Some(id("rev-2")));
@@ -272,7 +281,10 @@ fn a_candidate_that_is_not_ready_is_not_served_and_retries_do_not_restart_it_on_
 
     // A retry waits for the running candidate again: the same process, no restart.
     let before = invocation(&host, &a1.unit_name);
-    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r2)));
+    let f = occ.fails(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r2))),
+    );
     assert_eq!(f.code, FailureCode::ReadinessTimeout, "{f}");
     assert_eq!(invocation(&host, &a1.unit_name), before, "not restarted");
 
@@ -280,11 +292,17 @@ fn a_candidate_that_is_not_ready_is_not_served_and_retries_do_not_restart_it_on_
     // without restarting it.
     let r3 = spec("rev-3", 3, json!({"label": "rev-3", "readyAfterMs": 6000}));
     occ.ok(&host, prepare("ns1", "a1", &r3));
-    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r3)));
+    let f = occ.fails(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r3))),
+    );
     assert_eq!(f.code, FailureCode::ReadinessTimeout, "{f}");
     assert_eq!(observation(&occ, &host, &r3).served, None);
     let before = invocation(&host, &a1.unit_name);
-    match occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r3))) {
+    match occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r3))),
+    ) {
         OperationResult::ActivateRevision(r) => {
             assert!(!r.restarted, "{r:?}");
             assert_eq!(r.observation.served, Some(id("rev-3")));

@@ -109,7 +109,10 @@ fn runtime_logs_redaction_paging_and_previous_run_on_a_real_host() {
     }
     let r1 = spec("rev-1", 1, json!({"label": "rev-1", "logLines": lines}));
     occ.ok(&host, prepare("ns1", "a1", &r1));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     wait_for_line(&occ, &host, "a1", "plain line 039 of run one");
 
     // Runtime: the unit runs, as the Agent's account, serving rev-1.
@@ -245,7 +248,10 @@ fn runtime_logs_redaction_paging_and_previous_run_on_a_real_host() {
         json!({"label": "rev-2", "logLines": ["this is run two"]}),
     );
     occ.ok(&host, prepare("ns1", "a1", &r2));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r2)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r2))),
+    );
     wait_for_line(&occ, &host, "a1", "this is run two");
     let prev = page(
         &occ,
@@ -285,7 +291,10 @@ fn a_crash_loop_leaves_its_exit_status_and_last_lines_as_evidence() {
         json!({"crashAtStart": true, "logLines": ["fatal: cannot open store, TOKEN=abc123secret"]}),
     );
     occ.ok(&host, prepare("ns1", "c1", &bad));
-    let f = occ.fails(&host, Operation::ActivateRevision(rargs("ns1", "c1", &bad)));
+    let f = occ.fails(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "c1", &bad))),
+    );
     assert!(
         matches!(
             f.code,
@@ -329,7 +338,10 @@ fn a_page_over_a_large_log_stays_within_its_bounds() {
         json!({"logBytes": 50_000_000u64, "label": "big"}),
     );
     occ.ok(&host, prepare("ns1", "b1", &big));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "b1", &big)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "b1", &big))),
+    );
     let unit = hostd::layout::Layout::new("/var/lib/clawfleet", "/etc/systemd/system")
         .agent(&id("ns1"), &id("b1"))
         .unit_name;

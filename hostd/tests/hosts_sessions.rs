@@ -44,7 +44,7 @@ fn a_never_ready_candidate_does_not_block_another_agent() {
     slow.send(&occ.sign(&occ.envelope(
         &host,
         &id,
-        Operation::ActivateRevision(rargs("ns1", "slow", &stuck)),
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "slow", &stuck))),
     )));
     slow.wait_for(
         Duration::from_secs(20),
@@ -55,7 +55,7 @@ fn a_never_ready_candidate_does_not_block_another_agent() {
     let start = Instant::now();
     occ.ok(
         &host,
-        Operation::ActivateRevision(rargs("ns1", "quick", &fine)),
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "quick", &fine))),
     );
     let quick = start.elapsed();
     assert!(
@@ -93,7 +93,7 @@ fn lock_contention_times_out_and_sigkill_releases_the_lock() {
     holder.send(&occ.sign(&occ.envelope(
         &host,
         &occ.next_id(),
-        Operation::ActivateRevision(rargs("ns1", "a1", &slow)),
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &slow))),
     )));
     holder
         .wait_for(
@@ -144,7 +144,7 @@ fn a_session_cut_mid_operation_is_recorded_and_repairable() {
     s.send(&occ.sign(&occ.envelope(
         &host,
         &id,
-        Operation::ActivateRevision(rargs("ns1", "a1", &slow)),
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &slow))),
     )));
     s.wait_for(
         Duration::from_secs(20),
@@ -194,7 +194,7 @@ fn a_session_cut_mid_operation_is_recorded_and_repairable() {
     occ.ok(&host, prepare("ns1", "a1", &fixed));
     match occ.ok(
         &host,
-        Operation::ActivateRevision(rargs("ns1", "a1", &fixed)),
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &fixed))),
     ) {
         OperationResult::ActivateRevision(r) => {
             assert_eq!(r.observation.served, Some(id_of("rev-2")))
@@ -215,7 +215,10 @@ fn a_reboot_keeps_serving_the_current_revision() {
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "before-reboot"}));
     let p = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
-    occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
     host.reboot().unwrap();
     // The unit is enabled: systemd starts it at boot. Give the gateway a moment.
     let start = Instant::now();
@@ -236,7 +239,10 @@ fn a_reboot_keeps_serving_the_current_revision() {
         other => panic!("{other:?}"),
     }
     // And activating the same revision again is the no-restart fast path.
-    match occ.ok(&host, Operation::ActivateRevision(rargs("ns1", "a1", &r1))) {
+    match occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    ) {
         OperationResult::ActivateRevision(r) => assert!(!r.restarted),
         other => panic!("{other:?}"),
     }

@@ -32,7 +32,10 @@
 //!   the Service's uid with a ready endpoint. Blockers end the wait early once they have held
 //!   for a few seconds: `REVISION_UNSCHEDULABLE`, `REVISION_IMAGE_PULL_FAILED`,
 //!   `NAMESPACE_POD_QUOTA_EXCEEDED`; still not ready at the deadline: `REVISION_INCOMPLETE`.
-//!   A retried activation re-applies nothing new and waits again.
+//!   A retried activation re-applies nothing new and waits again. With `restore` (the last
+//!   served revision), the candidate gets half of the time left; when it does not become ready
+//!   (incomplete, unschedulable, image pull), the predecessor's template is applied again and
+//!   waited for, and the result says `restored`.
 //! - `verify-revision`: the revision's ConfigMap exists, is ours and matches; no writes.
 //! - `stop-revision`: deletes the Deployment only if it carries this revision (uid and
 //!   resourceVersion preconditions), sets the Service inactive, waits until the revision's

@@ -208,7 +208,9 @@ async fn lifecycle_on_a_real_control_plane() {
     let activated = call(
         &backend,
         &cluster,
-        Operation::ActivateRevision(rev_args(ns, "agent-1", "rev-1b", 2)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
+            ns, "agent-1", "rev-1b", 2,
+        ))),
     )
     .await
     .unwrap();
@@ -250,7 +252,9 @@ async fn lifecycle_on_a_real_control_plane() {
     match call(
         &backend,
         &cluster,
-        Operation::ActivateRevision(rev_args(ns, "agent-1", "rev-1b", 2)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
+            ns, "agent-1", "rev-1b", 2,
+        ))),
     )
     .await
     .unwrap()
@@ -541,7 +545,9 @@ async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
         .unwrap();
     for op in [
         Operation::StopRevision(rev_args(ns, "agent-t", "rev-t", 1)),
-        Operation::ActivateRevision(rev_args(ns, "agent-t", "rev-t", 1)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
+            ns, "agent-t", "rev-t", 1,
+        ))),
         delete_agent_op(ns, "agent-t"),
     ] {
         assert_conflict(call(&backend, &cluster, op).await, names::NAMESPACE_ID);
@@ -594,7 +600,9 @@ async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
     for op in [
         Operation::VerifyRevision(rev_args(ns, "agent-u", "rev-u", 1)),
         prepare_op(ns, "agent-u", "rev-u", 1),
-        Operation::ActivateRevision(rev_args(ns, "agent-u", "rev-u", 1)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
+            ns, "agent-u", "rev-u", 1,
+        ))),
     ] {
         let f = call(&backend, &cluster, op).await.unwrap_err();
         assert_eq!(f.code, FailureCode::SnapshotMismatch, "{f}");
@@ -689,7 +697,9 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &ok,
-            Operation::ActivateRevision(rev_args("ns-slow", "a", "r1", 1)),
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-slow", "a", "r1", 1),
+            )),
             Duration::from_millis(800),
         )
         .await,
@@ -698,7 +708,9 @@ async fn blockers_have_their_codes() {
     let out = call(
         &backend,
         &ok,
-        Operation::ActivateRevision(rev_args("ns-slow", "a", "r1", 1)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
+            "ns-slow", "a", "r1", 1,
+        ))),
     )
     .await
     .unwrap();
@@ -725,7 +737,9 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &quota0,
-            Operation::ActivateRevision(rev_args("ns-quota", "a", "r1", 1)),
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-quota", "a", "r1", 1),
+            )),
             deadline,
         )
         .await,
@@ -752,7 +766,9 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &nowhere,
-            Operation::ActivateRevision(rev_args("ns-sched", "a", "r1", 1)),
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-sched", "a", "r1", 1),
+            )),
             deadline,
         )
         .await,
@@ -781,7 +797,9 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &bad_image,
-            Operation::ActivateRevision(rev_args("ns-pull", "a", "r1", 1)),
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-pull", "a", "r1", 1),
+            )),
             deadline,
         )
         .await,
@@ -852,13 +870,16 @@ async fn api_faults_are_unavailable_and_retryable() {
     let seen_before = proxy.seen().len();
     proxy.inject(Fault::Delay(Duration::ZERO), 7);
     proxy.inject(Fault::too_many_requests(2), 1);
-    let f = call(
-        &backend,
-        &via,
-        Operation::ActivateRevision(rev_args("ns-faults", "a", "r1", 1)),
-    )
-    .await
-    .unwrap_err();
+    let f =
+        call(
+            &backend,
+            &via,
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-faults", "a", "r1", 1),
+            )),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
     assert!(f.is_retryable());
     let seen: Vec<_> = proxy.seen().into_iter().skip(seen_before).collect();
@@ -871,13 +892,16 @@ async fn api_faults_are_unavailable_and_retryable() {
         patches[0].uri
     );
     let t = Instant::now();
-    let out = call(
-        &backend,
-        &via,
-        Operation::ActivateRevision(rev_args("ns-faults", "a", "r1", 1)),
-    )
-    .await
-    .unwrap();
+    let out =
+        call(
+            &backend,
+            &via,
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-faults", "a", "r1", 1),
+            )),
+        )
+        .await
+        .unwrap();
     assert_eq!(served(&out).as_deref(), Some("r1"));
     assert!(
         t.elapsed() >= Duration::from_millis(1500),
@@ -902,7 +926,9 @@ async fn api_faults_are_unavailable_and_retryable() {
     let activation = tokio::spawn(async move {
         b2.call(
             &via2,
-            Operation::ActivateRevision(rev_args("ns-faults", "b", "r1", 1)),
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-faults", "b", "r1", 1),
+            )),
             Duration::from_secs(20),
         )
         .await
@@ -947,13 +973,16 @@ async fn api_faults_are_unavailable_and_retryable() {
         "MEASURED served again after the apiserver restart (no new write): {:.2}s",
         t.elapsed().as_secs_f64()
     );
-    let out = call(
-        &backend,
-        &direct,
-        Operation::ActivateRevision(rev_args("ns-faults", "b", "r1", 1)),
-    )
-    .await
-    .unwrap();
+    let out =
+        call(
+            &backend,
+            &direct,
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-faults", "b", "r1", 1),
+            )),
+        )
+        .await
+        .unwrap();
     assert_eq!(served(&out).as_deref(), Some("r1"));
 }
 
@@ -992,7 +1021,9 @@ async fn a_stop_racing_the_successors_activation_leaves_the_successor_intact() {
     let out = call(
         &backend,
         &direct,
-        Operation::ActivateRevision(rev_args(ns, "a", "r2", 2)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
+            ns, "a", "r2", 2,
+        ))),
     )
     .await
     .unwrap();
@@ -1061,7 +1092,9 @@ async fn bench_thirty_agents() {
             match b
                 .call(
                     &c,
-                    Operation::ActivateRevision(rev_args("ns-bench", &agent, "r1", 1)),
+                    Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                        rev_args("ns-bench", &agent, "r1", 1),
+                    )),
                     Duration::from_secs(120),
                 )
                 .await
@@ -1214,7 +1247,9 @@ async fn b_deploy(backend: &KubeBackend, c: &clawfleet_kube::Cluster, agent: &st
     backend
         .call(
             c,
-            Operation::ActivateRevision(rev_args("ns-bench", agent, "r1", 1)),
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
+                rev_args("ns-bench", agent, "r1", 1),
+            )),
             DEADLINE,
         )
         .await

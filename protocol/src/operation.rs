@@ -23,8 +23,9 @@ pub enum Operation {
     DeleteNamespace(NamespaceArgs),
     /// Stage a revision: account, directories, port, immutable snapshot, password file.
     PrepareRevision(PrepareArgs),
-    /// Cut over to a prepared revision and wait for readiness.
-    ActivateRevision(RevisionArgs),
+    /// Cut over to a prepared revision and wait for readiness (optionally restoring the last
+    /// served revision when the candidate does not become ready).
+    ActivateRevision(ActivateArgs),
     /// Check a revision's snapshot and ownership without side effects.
     VerifyRevision(RevisionArgs),
     /// Stop the gateway if it serves this revision; keeps snapshots, state and credentials.
@@ -384,6 +385,44 @@ pub struct RevisionArgs {
     pub namespace: NamespaceRef,
     pub agent: AgentRef,
     pub revision: RevisionRef,
+}
+
+/// Arguments of `activate-revision`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ActivateArgs {
+    pub namespace: NamespaceRef,
+    pub agent: AgentRef,
+    pub revision: RevisionRef,
+    /// The last served revision, to put back when the candidate does not become ready
+    /// (readiness timeout, unit failed, crash loop). With it, the activation finishes on the
+    /// host even when the session closes or the deadline passes after the cutover began. Its
+    /// snapshot must still be on the host (it is retired only after a successful cutover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RevisionRef>,
+}
+
+impl From<RevisionArgs> for ActivateArgs {
+    /// An activation without restore (the seed's behaviour).
+    fn from(a: RevisionArgs) -> Self {
+        Self {
+            namespace: a.namespace,
+            agent: a.agent,
+            revision: a.revision,
+            restore: None,
+        }
+    }
+}
+
+impl ActivateArgs {
+    /// The revision part, as the other revision operations take it.
+    pub fn revision_args(&self) -> RevisionArgs {
+        RevisionArgs {
+            namespace: self.namespace.clone(),
+            agent: self.agent.clone(),
+            revision: self.revision.clone(),
+        }
+    }
 }
 
 /// Arguments of `status`: optionally one Namespace only.

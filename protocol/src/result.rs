@@ -167,6 +167,20 @@ pub struct ActivateResult {
     /// True when the unit file was written and systemd reloaded.
     pub unit_changed: bool,
     pub observation: AgentObservation,
+    /// Present when the candidate did not become ready and the last served revision was put
+    /// back (asked for with `restore`): it serves again, and the candidate failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<Restored>,
+}
+
+/// A restore after a failed candidate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Restored {
+    /// The revision that serves again.
+    pub revision: Ident,
+    /// Why the candidate was given up.
+    pub candidate_failure: Failure,
 }
 
 /// What `verify-revision` reports.

@@ -93,6 +93,16 @@ fn every_result_round_trips() {
             restarted: true,
             unit_changed: false,
             observation: observation.clone(),
+            restored: None,
+        }),
+        OperationResult::ActivateRevision(ActivateResult {
+            restarted: true,
+            unit_changed: false,
+            observation: observation.clone(),
+            restored: Some(Restored {
+                revision: clawfleet_protocol::Ident::new("rev-1").unwrap(),
+                candidate_failure: Failure::new(FailureCode::ReadinessTimeout, "not ready"),
+            }),
         }),
         OperationResult::VerifyRevision(VerifyResult {
             observation: observation.clone(),

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use coordinator::client::Client;
+use coordinator::model::RestorePolicy;
 use coordinator::service::{AgentPatch, NewAgent};
 
 use super::Cli;
@@ -21,18 +22,25 @@ pub(crate) enum AgentCmd {
         /// The service principal the Agent acts as (default: the Agent's id).
         #[arg(long)]
         service_principal: Option<String>,
+        /// What a failed activation does: none (the candidate stays selected) or last-served
+        /// (the host puts the last served revision back at once).
+        #[arg(long, value_parser = parse_restore)]
+        restore: Option<RestorePolicy>,
     },
     /// List a Namespace's Agents.
     List { namespace: String },
     /// Show an Agent: desired state, host or cluster, active and served revision.
     Get { namespace: String, id: String },
-    /// Change the Agent's Configuration (deploy afterwards).
+    /// Change the Agent's Configuration or restore policy (deploy afterwards).
     Set {
         namespace: String,
         id: String,
         /// The Configuration the Agent runs from its next deploy on.
-        #[arg(long)]
-        configuration: String,
+        #[arg(long, required_unless_present = "restore")]
+        configuration: Option<String>,
+        /// What a failed activation does from the next deploy on: none or last-served.
+        #[arg(long, value_parser = parse_restore)]
+        restore: Option<RestorePolicy>,
     },
     /// Deploy a new revision of the Agent's Configuration.
     Deploy {
@@ -81,6 +89,11 @@ pub(crate) enum AgentCmd {
     Revisions { namespace: String, id: String },
 }
 
+fn parse_restore(text: &str) -> std::result::Result<RestorePolicy, String> {
+    RestorePolicy::parse(text)
+        .ok_or_else(|| format!("{text:?} is not a restore policy; use none or last-served"))
+}
+
 const STATUS_COLUMNS: &[(&str, &str)] = &[
     ("AGENT", "agentId"),
     ("DESIRED", "desiredState"),
@@ -99,6 +112,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             id,
             configuration,
             service_principal,
+            restore,
         } => {
             let v = c.send(
                 "POST",
@@ -108,6 +122,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                     configuration_id: configuration.clone(),
                     service_principal_id: service_principal.clone(),
                     harness_auth: None,
+                    restore: *restore,
                 },
             )?;
             print(cli, &v, AGENT_COLUMNS);
@@ -126,12 +141,14 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             namespace,
             id,
             configuration,
+            restore,
         } => {
             let v = c.send(
                 "PATCH",
                 &format!("/namespaces/{namespace}/agents/{id}"),
                 &AgentPatch {
-                    configuration_id: Some(configuration.clone()),
+                    configuration_id: configuration.clone(),
+                    restore: *restore,
                 },
             )?;
             print(cli, &v, AGENT_COLUMNS);

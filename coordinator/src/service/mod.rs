@@ -265,6 +265,9 @@ pub struct NewAgent {
     pub configuration_id: String,
     #[serde(default)]
     pub harness_auth: Option<HarnessAuth>,
+    /// What a failed activation does: `none` (default) or `last-served`.
+    #[serde(default)]
+    pub restore: Option<crate::model::RestorePolicy>,
 }
 
 /// Body of `PATCH /namespaces/{ns}/agents/{agent}`.
@@ -272,7 +275,11 @@ pub struct NewAgent {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AgentPatch {
     #[schemars(pattern(IDENT_PATTERN))]
+    #[serde(default)]
     pub configuration_id: Option<String>,
+    /// What a failed activation does from the next deploy on: `none` or `last-served`.
+    #[serde(default)]
+    pub restore: Option<crate::model::RestorePolicy>,
 }
 
 /// The service.
@@ -688,6 +695,7 @@ impl Service {
             port: None,
             active_revision_id: None,
             served_revision_id: None,
+            restore: a.restore.unwrap_or(crate::model::RestorePolicy::None),
             created_at: now(),
         };
         if !self.store.insert_agent(&agent)? {
@@ -717,11 +725,14 @@ impl Service {
             }
             self.store.set_agent_configuration(ns, id, cfg)?;
         }
+        if let Some(restore) = p.restore {
+            self.store.set_agent_restore(ns, id, restore)?;
+        }
         self.audit(
             actor,
             "agent.update",
             &format!("{ns}/{id}"),
-            json!({"configurationId": p.configuration_id}),
+            json!({"configurationId": p.configuration_id, "restore": p.restore}),
         )?;
         self.agent(ns, id)
     }

@@ -17,7 +17,7 @@ use clawfleet_protocol::{Configuration, FailureCode, Operation};
 use super::{HARNESS_VERSION, Step, Worker, done, failed, store_err};
 use crate::backend::{Backend, CallError, Target};
 use crate::codes::Code;
-use crate::model::{Agent, DesiredState, Namespace, Revision, RevisionStatus};
+use crate::model::{Agent, DesiredState, Namespace, RestorePolicy, Revision, RevisionStatus};
 use crate::store::Work;
 
 /// One phase of a deploy.
@@ -260,10 +260,29 @@ impl<B: Backend> Worker<B> {
         })
     }
 
+    /// The revision a failed candidate falls back to: with `restore: last-served`, the one
+    /// the target last served, if it is another, still on record and not retired.
+    fn restore_to(&self, d: &Deploy<'_>) -> Result<Option<RevisionRef>, Step> {
+        if d.agent.restore != RestorePolicy::LastServed {
+            return Ok(None);
+        }
+        let Some(served) = &d.agent.served_revision_id else {
+            return Ok(None);
+        };
+        match d.revisions.iter().find(|r| &r.id == served) {
+            Some(r) if r.id != d.rev.id && r.status != RevisionStatus::Retired => {
+                Ok(Some(Self::revision_ref(r)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Activate: cut over and wait for readiness; on failure, learn what the target serves.
     async fn activate_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
         let target = d.target()?;
-        let op = Operation::ActivateRevision(d.revision_args());
+        let mut args = clawfleet_protocol::operation::ActivateArgs::from(d.revision_args());
+        args.restore = self.restore_to(d)?;
+        let op = Operation::ActivateRevision(args);
         match self.backend.call(target, op, self.options()).await {
             Err(CallError::Failed(f)) if f.code == FailureCode::Superseded => {
                 self.set_status(d, &d.rev.id, RevisionStatus::Superseded)?;
@@ -285,6 +304,9 @@ impl<B: Backend> Worker<B> {
             }
             Ok(OperationResult::ActivateRevision(a)) => {
                 self.observe(&d.agent, &a.observation);
+                if let Some(restored) = a.restored {
+                    return Err(self.restored(d, restored).await);
+                }
                 if d.rev.runtime_failure.is_some() {
                     self.store
                         .set_runtime_failure(&d.work.namespace_id, &d.agent.id, &d.rev.id, None)
@@ -297,6 +319,49 @@ impl<B: Backend> Worker<B> {
                 format!("activate answered {:?}", other.kind()),
             )),
         }
+    }
+
+    /// The target put the last served revision back: the candidate failed (its evidence is
+    /// kept), `activeRevisionId` goes back to the restored revision by compare-and-set, and
+    /// the work ends with REVISION_RESTORED.
+    async fn restored(&self, d: &Deploy<'_>, r: clawfleet_protocol::result::Restored) -> Step {
+        let candidate = CallError::Failed(r.candidate_failure.clone());
+        self.keep_evidence(d, &candidate).await;
+        let back = r.revision.as_str();
+        let swapped = match self.store.cas_active_revision(
+            &d.work.namespace_id,
+            &d.agent.id,
+            Some(&d.rev.id),
+            Some(back),
+        ) {
+            Ok(s) => s,
+            Err(e) => return store_err(e),
+        };
+        if swapped && let Err(e) = self.set_status(d, back, RevisionStatus::Active) {
+            return e;
+        }
+        let _ = self.store.audit(
+            "worker",
+            "agent.restore",
+            &format!("{}/{}", d.work.namespace_id, d.agent.id),
+            &serde_json::json!({
+                "candidate": d.rev.id,
+                "restored": back,
+                "code": r.candidate_failure.code,
+                "message": r.candidate_failure.message,
+                "workId": d.work.id,
+                "activeRevisionId": if swapped { back } else { d.rev.id.as_str() },
+            }),
+            crate::clock::now_seconds(),
+        );
+        tracing::warn!(work_id = d.work.id, candidate = %d.rev.id, restored = back, "candidate failed; the last served revision serves again");
+        failed(
+            Code::RevisionRestored,
+            format!(
+                "{} did not become ready ({}: {}); restored {back}, which serves again",
+                d.rev.id, r.candidate_failure.code, r.candidate_failure.message
+            ),
+        )
     }
 
     /// Keeps what the target shows right after a failed activation (state, last exit, the

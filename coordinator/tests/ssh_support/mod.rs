@@ -522,11 +522,11 @@ pub fn prepare(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
 }
 
 pub fn activate(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
-    Operation::ActivateRevision(RevisionArgs {
+    Operation::ActivateRevision(ActivateArgs::from(RevisionArgs {
         namespace: ns(n),
         agent: agent(a),
         revision: rev.reference(),
-    })
+    }))
 }
 
 // ---- real test hosts ----

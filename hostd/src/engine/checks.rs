@@ -208,9 +208,10 @@ impl Engine<'_> {
     }
 
     /// Like [`Self::read_current`], for prepare and activate, which repoint `current` anyway:
-    /// a `current` that names no revision at all (a target outside `revisions/`, or a
+    /// a `current` under `revisions/` that names no revision (not a revision name, or a
     /// revision directory that does not exist, as a hand edit leaves it) counts as none, with
-    /// a warning, so a deploy or `occ agent reconcile` can put it back. A revision directory
+    /// a warning, so a deploy or `occ agent reconcile` can put it back. A target outside the
+    /// Agent's `revisions/` is still refused. A revision directory
     /// that exists but does not verify is still refused: it may be a newer revision that was
     /// tampered with, and nothing may roll back over it unseen.
     pub(crate) fn read_current_repairable(
@@ -227,13 +228,21 @@ impl Engine<'_> {
             let target = std::fs::read_link(&paths.current)
                 .map_err(fsutil::io_err(&paths.current))
                 .map_err(fs_failure)?;
-            let names_nothing = match current_target_name(&target) {
-                None => true,
-                Some(name) => matches!(
-                    fsutil::kind(&paths.revisions.join(name)).map_err(fs_failure)?,
-                    Kind::Missing
-                ),
+            // Only a pointer that stays inside `revisions/` is repaired; one that leaves the
+            // Agent's directory (absolute, `..`) looks like tampering and stays refused.
+            let inside = {
+                let mut parts = target.components();
+                parts.next().is_some_and(|c| c.as_os_str() == "revisions")
+                    && parts.all(|c| matches!(c, std::path::Component::Normal(_)))
             };
+            let names_nothing = inside
+                && match current_target_name(&target) {
+                    None => true,
+                    Some(name) => matches!(
+                        fsutil::kind(&paths.revisions.join(name)).map_err(fs_failure)?,
+                        Kind::Missing
+                    ),
+                };
             if names_nothing {
                 tracing::warn!(
                     operation_id = %ctx.operation_id,

@@ -53,6 +53,10 @@ pub struct Ctx<'a> {
     last_step: Option<Step>,
     /// Unix seconds when the operation started (for served.json).
     pub now_unix: u64,
+    /// Set once an activation with a restore began its cutover: from then on the operation
+    /// runs to its end whatever happens to the session or the deadline (each wait inside it
+    /// still has its own limit).
+    detached: bool,
 }
 
 impl std::fmt::Debug for Ctx<'_> {
@@ -80,12 +84,28 @@ impl<'a> Ctx<'a> {
             on_step,
             last_step: None,
             now_unix,
+            detached: false,
         }
+    }
+
+    /// From now on, steps start and waits go on even if the session closes or the deadline
+    /// passes (see `detached`).
+    pub fn detach(&mut self) {
+        if !self.detached {
+            tracing::info!(operation_id = %self.operation_id, "the operation finishes on the host by itself from here");
+        }
+        self.detached = true;
     }
 
     /// Declares the next step. Refuses to start it once the session closed or the deadline
     /// passed.
     pub fn step(&mut self, step: Step) -> Result<(), Failure> {
+        if self.detached {
+            tracing::debug!(operation_id = %self.operation_id, step = step_name(step), "step");
+            (self.on_step)(step);
+            self.last_step = Some(step);
+            return Ok(());
+        }
         if (self.cancelled)() {
             return Err(aborted_failure(self.last_step));
         }
@@ -111,7 +131,7 @@ impl<'a> Ctx<'a> {
 
     /// Whether the session closed or the deadline passed (for waits inside a step).
     pub fn should_stop(&self) -> bool {
-        (self.cancelled)() || Instant::now() >= self.deadline
+        !self.detached && ((self.cancelled)() || Instant::now() >= self.deadline)
     }
 
     /// Time left before the deadline.

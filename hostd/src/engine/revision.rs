@@ -6,9 +6,12 @@ use std::time::{Duration, Instant};
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
-use clawfleet_protocol::operation::{PrepareArgs, RevisionArgs, RevisionNumber};
+use clawfleet_protocol::operation::{
+    ActivateArgs, PrepareArgs, RevisionArgs, RevisionNumber, RevisionRef,
+};
 use clawfleet_protocol::result::{
-    ActivateResult, AgentObservation, PrepareResult, RetireResult, Step, StopResult, VerifyResult,
+    ActivateResult, AgentObservation, PrepareResult, Restored, RetireResult, Step, StopResult,
+    VerifyResult,
 };
 use serde_json::Value;
 
@@ -243,7 +246,7 @@ impl Engine<'_> {
     pub(crate) fn activate(
         &self,
         ctx: &mut Ctx<'_>,
-        args: &RevisionArgs,
+        args: &ActivateArgs,
     ) -> Result<ActivateResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
@@ -255,7 +258,7 @@ impl Engine<'_> {
     fn activate_locked(
         &self,
         ctx: &mut Ctx<'_>,
-        args: &RevisionArgs,
+        args: &ActivateArgs,
         paths: &AgentPaths,
     ) -> Result<ActivateResult, Failure> {
         let ns = &args.namespace;
@@ -266,6 +269,16 @@ impl Engine<'_> {
         let ids = self.verify_account(&ns.id, agent, paths)?;
         let agent_marker = self.verify_agent(&ns.id, agent, paths)?;
         let snapshot = self.verify_snapshot(&ns.id, &agent.id, paths, rev)?;
+        // The revision to put back must be there and intact before anything moves.
+        if let Some(prev) = &args.restore {
+            if prev.id == rev.id {
+                return Err(Failure::new(
+                    FailureCode::InvalidInput,
+                    "restore names the candidate itself",
+                ));
+            }
+            self.verify_snapshot(&ns.id, &agent.id, paths, prev)?;
+        }
         let current = self.read_current_repairable(ctx, &ns.id, &agent.id, paths)?;
         if newer_is_current(current.as_ref(), &snapshot.revision_id, snapshot.number)?
             && let Some(cur) = &current
@@ -330,6 +343,7 @@ impl Engine<'_> {
                     restarted: false,
                     unit_changed: false,
                     observation: self.observe(&ns.id, &agent.id, paths),
+                    restored: None,
                 });
             }
             // A retry: the unit was restarted on this revision and systemd still runs it (or
@@ -340,13 +354,17 @@ impl Engine<'_> {
                 .is_some_and(|s| s.revision_id == rev.id);
             if started && matches!(state.active_state.as_str(), "active" | "activating") {
                 tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, revision = %rev.id, "the unit already runs this revision; waiting for readiness again");
+                if args.restore.is_some() {
+                    ctx.detach();
+                }
                 ctx.step(Step::Readiness)?;
-                self.wait_ready(ctx, paths, agent_marker.port, ids.uid)?;
-                self.record_served(ctx, paths, rev)?;
+                let restored =
+                    self.ready_or_restore(ctx, args, paths, agent_marker.port, ids.uid)?;
                 return Ok(ActivateResult {
-                    restarted: false,
+                    restarted: restored.is_some(),
                     unit_changed: false,
                     observation: self.observe(&ns.id, &agent.id, paths),
+                    restored,
                 });
             }
         }
@@ -355,9 +373,33 @@ impl Engine<'_> {
         // is left alone above: its process does not need the file any more.)
         self.check_gateway_command()?;
         ctx.step(Step::PointerFlip)?;
+        // With a revision to restore, the host finishes what it starts here by itself: the
+        // candidate becomes ready or the last served revision serves again, whether or not the
+        // coordinator is still there (it learns the outcome with operation-status).
+        if args.restore.is_some() {
+            ctx.detach();
+        }
+        self.cut_over(ctx, paths, rev)?;
+        ctx.step(Step::Readiness)?;
+        let restored = self.ready_or_restore(ctx, args, paths, agent_marker.port, ids.uid)?;
+        Ok(ActivateResult {
+            restarted: true,
+            unit_changed,
+            observation: self.observe(&ns.id, &agent.id, paths),
+            restored,
+        })
+    }
+
+    /// Points `current` at `rev` and restarts the unit: from the first write until readiness
+    /// nothing is served, whatever happens to this process.
+    fn cut_over(
+        &self,
+        ctx: &mut Ctx<'_>,
+        paths: &AgentPaths,
+        rev: &RevisionRef,
+    ) -> Result<(), Failure> {
         fsutil::sweep_pending(&paths.dir);
-        // Durably forget what served before, then move `current`: from here until readiness
-        // nothing is served, whatever happens to this process.
+        // Durably forget what served before, then move `current`.
         fsutil::remove_file_if_present(&paths.served).map_err(fs_failure)?;
         fsutil::remove_file_if_present(&paths.started).map_err(fs_failure)?;
         fsutil::sync_dir(&paths.dir).map_err(fs_failure)?;
@@ -376,15 +418,60 @@ impl Engine<'_> {
         fsutil::write_atomic(&paths.started, &markers::to_bytes(&started), 0o600, |_| {
             Ok(())
         })
-        .map_err(fs_failure)?;
-        ctx.step(Step::Readiness)?;
-        self.wait_ready(ctx, paths, agent_marker.port, ids.uid)?;
-        self.record_served(ctx, paths, rev)?;
-        Ok(ActivateResult {
-            restarted: true,
-            unit_changed,
-            observation: self.observe(&ns.id, &agent.id, paths),
-        })
+        .map_err(fs_failure)
+    }
+
+    /// Waits for the candidate; when it does not become ready and a restore was asked for,
+    /// puts the last served revision back, restarts and waits for it. `Some` names what was
+    /// restored; a failed restore reports both failures.
+    fn ready_or_restore(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &ActivateArgs,
+        paths: &AgentPaths,
+        port: u16,
+        uid: u32,
+    ) -> Result<Option<Restored>, Failure> {
+        let candidate = match self.wait_ready(ctx, paths, port, uid) {
+            Ok(()) => {
+                self.record_served(ctx, paths, &args.revision)?;
+                return Ok(None);
+            }
+            Err(f) => f,
+        };
+        let Some(prev) = args.restore.as_ref().filter(|_| restorable(&candidate)) else {
+            return Err(candidate);
+        };
+        tracing::warn!(
+            operation_id = %ctx.operation_id,
+            agent = %args.agent.id,
+            candidate = %args.revision.id,
+            restore = %prev.id,
+            code = %candidate.code,
+            "the candidate did not become ready; restoring the last served revision"
+        );
+        let restore = (|| {
+            self.verify_snapshot(&args.namespace.id, &args.agent.id, paths, prev)?;
+            ctx.step(Step::PointerFlip)?;
+            self.cut_over(ctx, paths, prev)?;
+            ctx.step(Step::Readiness)?;
+            self.wait_ready(ctx, paths, port, uid)?;
+            self.record_served(ctx, paths, prev)
+        })();
+        match restore {
+            Ok(()) => Ok(Some(Restored {
+                revision: prev.id.clone(),
+                candidate_failure: candidate,
+            })),
+            Err(f) => Err(Failure::with_class(
+                candidate.class,
+                candidate.code,
+                format!(
+                    "{}; restoring {} failed too: {} ({}); nothing serves",
+                    candidate.message, prev.id, f.message, f.code
+                ),
+            )),
+        }
     }
 
     /// Writes `served.json` once the gateway answered `/readyz`.
@@ -392,7 +479,7 @@ impl Engine<'_> {
         &self,
         ctx: &mut Ctx<'_>,
         paths: &AgentPaths,
-        rev: &clawfleet_protocol::operation::RevisionRef,
+        rev: &RevisionRef,
     ) -> Result<(), Failure> {
         ctx.step(Step::ServedRecord)?;
         let marker = ServedMarker {
@@ -625,4 +712,12 @@ impl Engine<'_> {
             observation: self.observe(&args.namespace.id, &args.agent.id, &paths),
         })
     }
+}
+
+/// Whether a candidate's failure is one a restore answers: it did not become ready.
+fn restorable(f: &Failure) -> bool {
+    matches!(
+        f.code,
+        FailureCode::ReadinessTimeout | FailureCode::UnitFailed | FailureCode::ListenerNotOwned
+    )
 }

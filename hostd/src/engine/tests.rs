@@ -143,7 +143,7 @@ fn rargs(n: &str, a: &str, rev: &str, number: u64) -> RevisionArgs {
 }
 
 fn activate(n: &str, a: &str, rev: &str, number: u64) -> Operation {
-    Operation::ActivateRevision(rargs(n, a, rev, number))
+    Operation::ActivateRevision(ActivateArgs::from(rargs(n, a, rev, number)))
 }
 
 fn port_of(r: &OperationResult) -> u16 {
@@ -1338,4 +1338,90 @@ fn a_current_that_names_no_revision_is_repointed_but_an_unverifiable_one_is_refu
         std::fs::read_link(&paths.current).unwrap(),
         Path::new("revisions/0123456789abcdef0123456789abcdef")
     );
+}
+
+fn activate_restoring(n: &str, a: &str, rev: &str, number: u64, back: (&str, u64)) -> Operation {
+    let mut args = ActivateArgs::from(rargs(n, a, rev, number));
+    args.restore = Some(spec(back.0, back.1).reference());
+    Operation::ActivateRevision(args)
+}
+
+#[test]
+fn a_candidate_that_is_not_ready_is_replaced_by_the_last_served_revision_when_asked() {
+    let h = Host::new();
+    running_agent(&h, "a1");
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    h.ok(prepare("ns1", "a1", "rev-2", 2));
+    h.fake.set_revision_behaviour(
+        &crate::layout::dir_name(&id("rev-2")),
+        Behaviour::NeverReady,
+    );
+    // Without restore: the seed's behaviour, the candidate stays and fails.
+    let f = h.fails(activate("ns1", "a1", "rev-2", 2));
+    assert_eq!(f.code, FailureCode::ReadinessTimeout);
+    assert_eq!(
+        std::fs::read_link(&paths.current).unwrap(),
+        crate::layout::AgentPaths::current_target(&id("rev-2"))
+    );
+    // With restore: rev-1 serves again, the answer says why.
+    let r = h.ok(activate_restoring("ns1", "a1", "rev-2", 2, ("rev-1", 1)));
+    let OperationResult::ActivateRevision(a) = r else {
+        panic!("{r:?}")
+    };
+    let restored = a.restored.expect("restored");
+    assert_eq!(restored.revision, id("rev-1"));
+    assert_eq!(
+        restored.candidate_failure.code,
+        FailureCode::ReadinessTimeout
+    );
+    assert_eq!(a.observation.served, Some(id("rev-1")));
+    assert_eq!(a.observation.current, Some(id("rev-1")));
+    let served: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&paths.served).unwrap()).unwrap();
+    assert_eq!(served["revisionId"], "rev-1");
+    // The snapshot of the candidate stays (immutable), nothing was retired.
+    assert!(paths.revision_dir(&id("rev-2")).exists());
+    // Restoring the candidate itself is refused.
+    let f = h.fails(activate_restoring("ns1", "a1", "rev-2", 2, ("rev-2", 2)));
+    assert_eq!(f.code, FailureCode::InvalidInput);
+}
+
+#[test]
+fn a_restore_finishes_on_the_host_when_the_session_closes_during_the_cutover() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let h = Host::new();
+    running_agent(&h, "a1");
+    h.ok(prepare("ns1", "a1", "rev-2", 2));
+    h.fake.set_revision_behaviour(
+        &crate::layout::dir_name(&id("rev-2")),
+        Behaviour::NeverReady,
+    );
+    let run = |op: Operation| {
+        let closed = AtomicBool::new(false);
+        let cancelled = || closed.load(Ordering::SeqCst);
+        // The session closes as soon as the unit restarts on the candidate.
+        let mut on_step = |s: Step| {
+            if s == Step::Restart {
+                closed.store(true, Ordering::SeqCst);
+            }
+        };
+        let mut ctx = Ctx::new(
+            OperationId::new("op-cut").unwrap(),
+            Instant::now() + Duration::from_secs(30),
+            1_800_000_000,
+            &cancelled,
+            &mut on_step,
+        );
+        h.engine().execute(&op, &mut ctx, &h.journal)
+    };
+    // Without restore the operation stops at its next step.
+    let f = run(activate("ns1", "a1", "rev-2", 2)).unwrap_err();
+    assert_eq!(f.code, FailureCode::SessionClosed, "{f}");
+    // With restore it goes on by itself and rev-1 serves again.
+    let r = run(activate_restoring("ns1", "a1", "rev-2", 2, ("rev-1", 1))).unwrap();
+    let OperationResult::ActivateRevision(a) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(a.restored.map(|r| r.revision), Some(id("rev-1")));
+    assert_eq!(a.observation.served, Some(id("rev-1")));
 }

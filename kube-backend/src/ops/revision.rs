@@ -5,9 +5,12 @@ use std::time::{Duration, Instant};
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
-use clawfleet_protocol::operation::{AgentRef, PrepareArgs, RevisionArgs, RevisionRef};
+use clawfleet_protocol::operation::{
+    ActivateArgs, AgentRef, PrepareArgs, RevisionArgs, RevisionRef,
+};
 use clawfleet_protocol::result::{
-    ActivateResult, AgentObservation, PrepareResult, RetireResult, StopResult, VerifyResult,
+    ActivateResult, AgentObservation, PrepareResult, Restored, RetireResult, StopResult,
+    VerifyResult,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
@@ -305,11 +308,74 @@ async fn require_prepared(
     Ok(())
 }
 
-/// `activate-revision`.
+/// `activate-revision`. With `restore`, the candidate gets half of the time left; when it does
+/// not become ready, the last served revision's template goes back (its ConfigMap is kept
+/// until a cutover succeeds) and gets the rest.
 pub(crate) async fn activate(
     r: &Requests,
     settings: &ClusterSettings,
+    args: &ActivateArgs,
+) -> Result<ActivateResult, Failure> {
+    let Some(prev) = &args.restore else {
+        return activate_one(r, settings, &args.revision_args(), false).await;
+    };
+    if prev.id == args.revision.id {
+        return Err(Failure::new(
+            FailureCode::InvalidInput,
+            "restore names the candidate itself",
+        ));
+    }
+    let half = Requests {
+        cc: r.cc.clone(),
+        deadline: Instant::now() + r.remaining() / 2,
+    };
+    let candidate = match activate_one(&half, settings, &args.revision_args(), false).await {
+        Ok(a) => return Ok(a),
+        Err(f)
+            if matches!(
+                f.code,
+                FailureCode::RevisionIncomplete
+                    | FailureCode::RevisionUnschedulable
+                    | FailureCode::RevisionImagePullFailed
+            ) =>
+        {
+            f
+        }
+        Err(f) => return Err(f),
+    };
+    tracing::warn!(agent = %args.agent.id, candidate = %args.revision.id, restore = %prev.id, code = %candidate.code, "the candidate did not become ready; restoring the last served revision");
+    let back = RevisionArgs {
+        namespace: args.namespace.clone(),
+        agent: args.agent.clone(),
+        revision: prev.clone(),
+    };
+    match activate_one(r, settings, &back, true).await {
+        Ok(mut a) => {
+            a.restarted = true;
+            a.restored = Some(Restored {
+                revision: prev.id.clone(),
+                candidate_failure: candidate,
+            });
+            Ok(a)
+        }
+        Err(f) => Err(Failure::with_class(
+            candidate.class,
+            candidate.code,
+            format!(
+                "{}; restoring {} failed too: {} ({}); nothing serves",
+                candidate.message, prev.id, f.message, f.code
+            ),
+        )),
+    }
+}
+
+/// One cutover to `args.revision`; `restoring` allows going back to an older revision than
+/// the Deployment carries (only a restore does).
+async fn activate_one(
+    r: &Requests,
+    settings: &ClusterSettings,
     args: &RevisionArgs,
+    restoring: bool,
 ) -> Result<ActivateResult, Failure> {
     let ns = &args.namespace.id;
     let t = settings.tenant(ns);
@@ -326,7 +392,7 @@ pub(crate) async fn activate(
         .deployments
         .get_owned(r, &o.names.gateway, &o.markers)
         .await?;
-    if newer_deployed(dep.as_ref(), rev)? {
+    if !restoring && newer_deployed(dep.as_ref(), rev)? {
         let (id, number) = dep
             .as_ref()
             .and_then(|d| deployment_revision(d).ok().flatten())
@@ -354,6 +420,7 @@ pub(crate) async fn activate(
         restarted,
         unit_changed: template_changed,
         observation: observed.observation(settings),
+        restored: None,
     })
 }
 

@@ -221,7 +221,9 @@ pub async fn deploy(
     match call(
         backend,
         cluster,
-        Operation::ActivateRevision(rev_args(ns, agent, rev, number)),
+        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
+            ns, agent, rev, number,
+        ))),
     )
     .await
     {

@@ -80,7 +80,7 @@ pub fn every_operation() -> Vec<Operation> {
             agent: agent(),
             revision: spec,
         }),
-        Operation::ActivateRevision(rargs.clone()),
+        Operation::ActivateRevision(ActivateArgs::from(rargs.clone())),
         Operation::VerifyRevision(rargs.clone()),
         Operation::StopRevision(rargs.clone()),
         Operation::RetireRevision(rargs),
