@@ -173,6 +173,20 @@ pub struct ActivateResult {
     pub restored: Option<Restored>,
 }
 
+impl Restored {
+    /// The failure when the restore failed too: the candidate's code and class, both reasons.
+    pub fn failed_too(candidate: &Failure, revision: &Ident, restore: &Failure) -> Failure {
+        Failure::with_class(
+            candidate.class,
+            candidate.code,
+            format!(
+                "{}; restoring {revision} failed too: {} ({}); nothing serves",
+                candidate.message, restore.message, restore.code
+            ),
+        )
+    }
+}
+
 /// A restore after a failed candidate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

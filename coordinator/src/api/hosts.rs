@@ -65,14 +65,6 @@ pub(super) async fn probe_host<B: Backend>(
     match st.service.probe_host(&*st.backend, &host).await {
         Ok(value) => ok(StatusCode::OK, value),
         Err(ProbeError::Service(e)) => Err(e.into()),
-        Err(ProbeError::Call(e)) => Err(ApiError::from_target(
-            if e.is_retryable() {
-                StatusCode::BAD_GATEWAY
-            } else {
-                StatusCode::CONFLICT
-            },
-            e.code(),
-            e.to_string(),
-        )),
+        Err(ProbeError::Call(e)) => Err(ApiError::from_call(&e)),
     }
 }

@@ -78,6 +78,20 @@ impl ApiError {
         self
     }
 
+    /// A call that gave no result: 502 when a retry may succeed, 409 when it cannot, with the
+    /// call's own code.
+    pub(crate) fn from_call(e: &crate::backend::CallError) -> Self {
+        Self::from_target(
+            if e.is_retryable() {
+                StatusCode::BAD_GATEWAY
+            } else {
+                StatusCode::CONFLICT
+            },
+            e.code(),
+            e.to_string(),
+        )
+    }
+
     /// A failure of hostd or the Kubernetes backend, with its protocol code unchanged.
     pub(crate) fn from_target(status: StatusCode, code: &'static str, message: String) -> Self {
         Self {

@@ -58,15 +58,7 @@ fn call_error(e: RuntimeError) -> ApiError {
             };
             ApiError::from_target(status, f.code.as_str(), f.to_string())
         }
-        RuntimeError::Call(e) => ApiError::from_target(
-            if e.is_retryable() {
-                StatusCode::BAD_GATEWAY
-            } else {
-                StatusCode::CONFLICT
-            },
-            e.code(),
-            e.to_string(),
-        ),
+        RuntimeError::Call(e) => ApiError::from_call(&e),
     }
 }
 

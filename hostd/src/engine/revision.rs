@@ -463,14 +463,7 @@ impl Engine<'_> {
                 revision: prev.id.clone(),
                 candidate_failure: candidate,
             })),
-            Err(f) => Err(Failure::with_class(
-                candidate.class,
-                candidate.code,
-                format!(
-                    "{}; restoring {} failed too: {} ({}); nothing serves",
-                    candidate.message, prev.id, f.message, f.code
-                ),
-            )),
+            Err(f) => Err(Restored::failed_too(&candidate, &prev.id, &f)),
         }
     }
 

@@ -123,8 +123,15 @@ impl Engine<'_> {
         }
     }
 
-    /// The newest "Main process exited" of the unit, from systemd's own journal entries.
-    fn last_exit_from_journal(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Option<LastExit> {
+    /// The first of systemd's own journal entries about the unit, newest first, for which
+    /// `pick` gives a value; at most `max` entries are looked at.
+    fn newest_supervisor_entry<T>(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        max: usize,
+        mut pick: impl FnMut(&crate::system::JournalRecord) -> Option<T>,
+    ) -> Result<Option<T>, Failure> {
         let query = JournalQuery {
             unit: paths.unit_name.clone(),
             invocation: None,
@@ -134,28 +141,35 @@ impl Engine<'_> {
         };
         let mut found = None;
         let mut seen = 0usize;
-        let _ = self
-            .system
+        self.system
             .read_journal(&query, ctx.deadline, &mut |record| {
                 seen += 1;
-                if let Some((code, status)) = &record.exit {
-                    let kind = match code.as_str() {
-                        "exited" => ExitKind::Exited,
-                        "killed" => ExitKind::Killed,
-                        "dumped" => ExitKind::Dumped,
-                        _ => return seen < EXIT_SCAN_MAX,
-                    };
-                    found = Some(LastExit {
-                        kind,
-                        status: *status,
-                        at: Some(format_rfc3339_micros(record.realtime_usec)),
-                        reason: None,
-                    });
-                    return false;
-                }
-                seen < EXIT_SCAN_MAX
-            });
-        found
+                found = pick(&record);
+                found.is_none() && seen < max
+            })
+            .map_err(system_failure)?;
+        Ok(found)
+    }
+
+    /// The newest "Main process exited" of the unit, from systemd's own journal entries.
+    fn last_exit_from_journal(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Option<LastExit> {
+        self.newest_supervisor_entry(ctx, paths, EXIT_SCAN_MAX, |record| {
+            let (code, status) = record.exit.as_ref()?;
+            let kind = match code.as_str() {
+                "exited" => ExitKind::Exited,
+                "killed" => ExitKind::Killed,
+                "dumped" => ExitKind::Dumped,
+                _ => return None,
+            };
+            Some(LastExit {
+                kind,
+                status: *status,
+                at: Some(format_rfc3339_micros(record.realtime_usec)),
+                reason: None,
+            })
+        })
+        .ok()
+        .flatten()
     }
 
     /// `agent-logs`.
@@ -236,28 +250,12 @@ impl Engine<'_> {
             .unit_runtime(&paths.unit_name)
             .map_err(system_failure)?
             .invocation_id;
-        let query = JournalQuery {
-            unit: paths.unit_name.clone(),
-            invocation: None,
-            supervisor_only: true,
-            start: JournalStart::Head,
-            reverse: true,
-        };
-        let mut found = None;
-        let mut seen = 0usize;
-        self.system
-            .read_journal(&query, ctx.deadline, &mut |record| {
-                seen += 1;
-                if let Some(id) = record.invocation
-                    && !id.is_empty()
-                    && id != current
-                {
-                    found = Some(id);
-                    return false;
-                }
-                seen < PREVIOUS_SCAN_MAX
-            })
-            .map_err(system_failure)?;
+        let found = self.newest_supervisor_entry(ctx, paths, PREVIOUS_SCAN_MAX, |record| {
+            record
+                .invocation
+                .clone()
+                .filter(|id| !id.is_empty() && *id != current)
+        })?;
         found.ok_or_else(|| {
             Failure::new(
                 FailureCode::PreviousRunMissing,

@@ -358,14 +358,7 @@ pub(crate) async fn activate(
             });
             Ok(a)
         }
-        Err(f) => Err(Failure::with_class(
-            candidate.class,
-            candidate.code,
-            format!(
-                "{}; restoring {} failed too: {} ({}); nothing serves",
-                candidate.message, prev.id, f.message, f.code
-            ),
-        )),
+        Err(f) => Err(Restored::failed_too(&candidate, &prev.id, &f)),
     }
 }
 
