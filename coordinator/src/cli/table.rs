@@ -15,6 +15,7 @@ pub(crate) const AGENT_COLUMNS: &[(&str, &str)] = &[
     ("PORT", "port"),
     ("ACTIVE", "activeRevisionId"),
     ("SERVED", "servedRevisionId"),
+    ("RESTORE", "restore"),
 ];
 
 /// One field of an answer as a table cell.
