@@ -108,8 +108,11 @@ pub fn read(
         });
     };
     let err_text = std::thread::spawn(move || {
+        let mut stderr = stderr;
         let mut buf = Vec::new();
-        let _ = stderr.take(4096).read_to_end(&mut buf);
+        let _ = (&mut stderr).take(4096).read_to_end(&mut buf);
+        // The rest is drained, not dropped: a closed pipe would kill journalctl with SIGPIPE.
+        let _ = std::io::copy(&mut stderr, &mut std::io::sink());
         String::from_utf8_lossy(&buf).trim().to_owned()
     });
     // The watchdog kills journalctl at the deadline; `reaped` keeps it from signalling a pid
@@ -299,10 +302,9 @@ impl Entry {
         Some(JournalRecord {
             cursor,
             realtime_usec: e.realtime,
-            message: clawfleet_protocol::text::clean(
-                &e.message.unwrap_or_default(),
-                clawfleet_protocol::runtime::MAX_ENTRY_CHARS,
-            ),
+            // Bounded by FIELD_MAX already; cut to its shown length only after redaction, so
+            // a secret at the cut is never half shown.
+            message: e.message.unwrap_or_default(),
             from_supervisor: e.pid1,
             invocation: e.invocation,
             // Only systemd's own message counts: a gateway can log any field it likes.
@@ -346,13 +348,10 @@ mod tests {
         assert_eq!(r[0].message, "hello");
         assert_eq!(r[0].realtime_usec, 1_700_000_000_123_456);
         assert!(!r[0].from_supervisor);
-        assert_eq!(r[1].message, "two lines");
+        assert_eq!(r[1].message, "two\nlines");
         assert!(r[1].from_supervisor);
         assert_eq!(r[1].invocation.as_deref(), Some("ab"));
-        assert_eq!(
-            r[2].message.chars().count(),
-            clawfleet_protocol::runtime::MAX_ENTRY_CHARS
-        );
+        assert!(r[2].message.len() <= FIELD_MAX + 64 && r[2].message.len() >= FIELD_MAX);
         assert_eq!(r[2].cursor, "s=1;i=3");
     }
 

@@ -202,22 +202,34 @@ fn redact_tokens(text: &str) -> (String, u32) {
 /// token is a secret value (after `Bearer`, `password:`, `"apiKey":`).
 fn redact_token(token: &str, secret: bool) -> (String, u32, bool) {
     if secret {
-        // Keep closing punctuation of a quoted value: `"abc",` → `"[REDACTED]",`.
-        let quote = token.starts_with('"') || token.starts_with('\'');
-        let tail: String = token
-            .chars()
-            .rev()
-            .take_while(|c| matches!(c, '"' | '\'' | ',' | ';' | '}' | ')'))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        let head = if quote { &token[..1] } else { "" };
-        return (format!("{head}{REDACTED}{tail}"), 1, false);
+        // The value runs to its closing quote (or to the punctuation that ends it); what
+        // follows it stays: `"abc",` → `"[REDACTED]",`, `xyz","n":1}` → `[REDACTED]","n":1}`.
+        let quote = token.chars().next().filter(|c| matches!(c, '"' | '\''));
+        let body = &token[quote.map_or(0, char::len_utf8)..];
+        let end = match quote {
+            Some(q) => body.find(q).unwrap_or(body.len()),
+            None => body
+                .find(['"', '\'', ',', ';', '}', ')'])
+                .unwrap_or(body.len()),
+        };
+        let head = quote.map(String::from).unwrap_or_default();
+        if body[..end].is_empty() {
+            return (token.to_owned(), 0, false);
+        }
+        return (format!("{head}{REDACTED}{}", &body[end..]), 1, false);
     }
     let bare = token.trim_matches(|c: char| matches!(c, '"' | '\'' | ',' | '{' | '(' | '['));
     let lower = bare.to_ascii_lowercase();
-    if matches!(lower.as_str(), "bearer" | "basic") {
+    // `Bearer`, `"Bearer` and `{"authorization":"Bearer`: the scheme ends the token.
+    let ends_with_scheme = ["bearer", "basic"].iter().any(|s| {
+        let t = token.to_ascii_lowercase();
+        t.ends_with(s)
+            && t[..t.len() - s.len()]
+                .chars()
+                .last()
+                .is_none_or(|c| !c.is_ascii_alphanumeric())
+    });
+    if matches!(lower.as_str(), "bearer" | "basic") || ends_with_scheme {
         return (token.to_owned(), 0, true);
     }
     // `password:` / `"apiKey":` / `API_KEY=` with the value in the next token.
@@ -235,6 +247,13 @@ fn redact_token(token: &str, secret: bool) -> (String, u32, bool) {
     if text.contains("://") {
         let (redacted, n) = url(&text);
         text = redacted;
+        count += n;
+    } else if let Some(q) = text.find('?')
+        && text[q..].contains('=')
+    {
+        // A path with a query and no scheme (`GET /v1/x?key=…`).
+        let (redacted, n) = query(&text[q + 1..]);
+        text = format!("{}?{redacted}", &text[..q]);
         count += n;
     }
     let (redacted, n) = jwts(&text);
@@ -268,8 +287,10 @@ fn assignment(token: &str) -> Option<(String, u32)> {
             name_end -= 1;
         }
         let name_start = token[..name_end]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-            .map(|p| p + 1)
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+            .map(|(p, c)| p + c.len_utf8())
             .unwrap_or(0);
         let name = &token[name_start..name_end];
         let mut value_start = i + 1;
@@ -331,35 +352,43 @@ fn url(token: &str) -> (String, u32) {
     };
     let path = match path.find('?') {
         Some(q) => {
-            let (before, query) = path.split_at(q + 1);
-            let end = query.find('#').unwrap_or(query.len());
-            let (query, fragment) = query.split_at(end);
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.find('=') {
-                    Some(eq) if &pair[eq + 1..] == REDACTED => pair.to_owned(),
-                    Some(eq) if eq + 1 < pair.len() => {
-                        count += 1;
-                        // Keep trailing punctuation that ends the sentence, not the value.
-                        let value = &pair[eq + 1..];
-                        let tail: String = value
-                            .chars()
-                            .rev()
-                            .take_while(|c| matches!(c, '"' | '\'' | ',' | ')' | ']' | '>'))
-                            .collect::<Vec<_>>()
-                            .into_iter()
-                            .rev()
-                            .collect();
-                        format!("{}={REDACTED}{tail}", &pair[..eq])
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{before}{}{fragment}", pairs.join("&"))
+            let (before, rest) = path.split_at(q + 1);
+            let (redacted, n) = query(rest);
+            count += n;
+            format!("{before}{redacted}")
         }
         None => path.to_owned(),
     };
     (format!("{head}{authority}{path}"), count)
+}
+
+/// Every value of a query string (`a=1&b=2#frag`), the fragment kept.
+fn query(text: &str) -> (String, u32) {
+    let mut count = 0;
+    let end = text.find('#').unwrap_or(text.len());
+    let (query, fragment) = text.split_at(end);
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.find('=') {
+            Some(eq) if &pair[eq + 1..] == REDACTED => pair.to_owned(),
+            Some(eq) if eq + 1 < pair.len() => {
+                count += 1;
+                // Keep trailing punctuation that ends the sentence, not the value.
+                let value = &pair[eq + 1..];
+                let tail: String = value
+                    .chars()
+                    .rev()
+                    .take_while(|c| matches!(c, '"' | '\'' | ',' | ')' | ']' | '>'))
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                format!("{}={REDACTED}{tail}", &pair[..eq])
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    (format!("{}{fragment}", pairs.join("&")), count)
 }
 
 fn is_b64url(c: char) -> bool {
@@ -493,6 +522,15 @@ mod tests {
             "plain words stay as they are"
         );
         assert_eq!(
+            one(r#"{"authorization":"Bearer xyz123","n":1}"#),
+            r#"{"authorization":"Bearer [REDACTED]","n":1}"#
+        );
+        assert_eq!(
+            one("GET /v1/x?key=abc&sig=def HTTP/1.1"),
+            "GET /v1/x?key=[REDACTED]&sig=[REDACTED] HTTP/1.1"
+        );
+        assert_eq!(one("what? yes"), "what? yes");
+        assert_eq!(
             one("sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
             "sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
@@ -529,6 +567,18 @@ mod tests {
                 .text,
             "[REDACTED]"
         );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_is_redacted_without_a_panic(text in "\\PC{0,200}", pem in proptest::bool::ANY) {
+            let mut r = Redactor::new(["p4ssw0rd-secret".to_owned()]);
+            if pem {
+                r.line("-----BEGIN KEY-----");
+            }
+            let out = r.line(&text);
+            proptest::prop_assert!(!out.text.contains("p4ssw0rd-secret"));
+        }
     }
 
     #[test]

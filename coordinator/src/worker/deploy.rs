@@ -128,7 +128,13 @@ impl<B: Backend> Worker<B> {
             ));
         }
         let revisions = self.store.revisions(ns_id, agent_id).map_err(store_err)?;
-        if revisions.iter().any(|r| r.number > rev.number) {
+        // A newer revision supersedes this one, unless this one is active again because the
+        // newer one failed (a restore, then a reconcile of the restored revision).
+        let is_active = agent.active_revision_id.as_deref() == Some(rev_id.as_str());
+        if revisions
+            .iter()
+            .any(|r| r.number > rev.number && !(is_active && r.status == RevisionStatus::Failed))
+        {
             self.store
                 .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
                 .map_err(store_err)?;
@@ -282,8 +288,37 @@ impl<B: Backend> Worker<B> {
         let target = d.target()?;
         let mut args = clawfleet_protocol::operation::ActivateArgs::from(d.revision_args());
         args.restore = self.restore_to(d)?;
-        let op = Operation::ActivateRevision(args);
-        match self.backend.call(target, op, self.options()).await {
+        let mut options = self.options();
+        if args.restore.is_some() {
+            // Two readiness waits (the candidate's, then the restore's) and their restarts.
+            options.deadline =
+                (options.deadline * 2 + Duration::from_secs(30)).min(Duration::from_secs(
+                    u64::from(clawfleet_protocol::envelope::MAX_DEADLINE_SECONDS),
+                ));
+        }
+        let sent_restore = args.restore.is_some();
+        let mut outcome = self
+            .backend
+            .call(target, Operation::ActivateRevision(args.clone()), options)
+            .await;
+        if sent_restore
+            && let Err(CallError::Failed(f)) = &outcome
+            && f.code == FailureCode::InvalidInput
+            && f.message.contains("restore")
+        {
+            // A hostd from before restore refuses the field: activate as it knows how.
+            tracing::warn!(
+                work_id = d.work.id,
+                target = target.name(),
+                "the target's hostd predates restore; activating without it"
+            );
+            args.restore = None;
+            outcome = self
+                .backend
+                .call(target, Operation::ActivateRevision(args), self.options())
+                .await;
+        }
+        match outcome {
             Err(CallError::Failed(f)) if f.code == FailureCode::Superseded => {
                 self.set_status(d, &d.rev.id, RevisionStatus::Superseded)?;
                 Err(done(Code::RevisionSuperseded, f.message))

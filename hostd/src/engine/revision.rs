@@ -271,10 +271,14 @@ impl Engine<'_> {
         let snapshot = self.verify_snapshot(&ns.id, &agent.id, paths, rev)?;
         // The revision to put back must be there and intact before anything moves.
         if let Some(prev) = &args.restore {
-            if prev.id == rev.id {
+            // Only back, and only over this candidate: never a roll forward, never the same.
+            if prev.number >= rev.number {
                 return Err(Failure::new(
                     FailureCode::InvalidInput,
-                    "restore names the candidate itself",
+                    format!(
+                        "restore names revision {} (number {}), which is not older than the candidate {} (number {})",
+                        prev.id, prev.number, rev.id, rev.number
+                    ),
                 ));
             }
             self.verify_snapshot(&ns.id, &agent.id, paths, prev)?;
@@ -379,9 +383,18 @@ impl Engine<'_> {
         if args.restore.is_some() {
             ctx.detach();
         }
-        self.cut_over(ctx, paths, rev)?;
-        ctx.step(Step::Readiness)?;
-        let restored = self.ready_or_restore(ctx, args, paths, agent_marker.port, ids.uid)?;
+        let restored = match self.cut_over(ctx, paths, rev) {
+            Ok(()) => {
+                ctx.step(Step::Readiness)?;
+                self.ready_or_restore(ctx, args, paths, agent_marker.port, ids.uid)?
+            }
+            // A cutover that failed half way (a restart job that timed out, a bus error)
+            // with a restore to go back to: go back.
+            Err(f) if args.restore.is_some() => {
+                Some(self.restore(ctx, args, paths, agent_marker.port, ids.uid, f)?)
+            }
+            Err(f) => return Err(f),
+        };
         Ok(ActivateResult {
             restarted: true,
             unit_changed,
@@ -439,7 +452,25 @@ impl Engine<'_> {
             }
             Err(f) => f,
         };
-        let Some(prev) = args.restore.as_ref().filter(|_| restorable(&candidate)) else {
+        if args.restore.is_none() || !restorable(&candidate) {
+            return Err(candidate);
+        }
+        self.restore(ctx, args, paths, port, uid, candidate)
+            .map(Some)
+    }
+
+    /// Puts the restore revision back after `candidate` failed: verify, cut over, wait,
+    /// record served. A failed restore reports both failures.
+    fn restore(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &ActivateArgs,
+        paths: &AgentPaths,
+        port: u16,
+        uid: u32,
+        candidate: Failure,
+    ) -> Result<Restored, Failure> {
+        let Some(prev) = args.restore.as_ref() else {
             return Err(candidate);
         };
         tracing::warn!(
@@ -459,10 +490,10 @@ impl Engine<'_> {
             self.record_served(ctx, paths, prev)
         })();
         match restore {
-            Ok(()) => Ok(Some(Restored {
+            Ok(()) => Ok(Restored {
                 revision: prev.id.clone(),
                 candidate_failure: candidate,
-            })),
+            }),
             Err(f) => Err(Restored::failed_too(&candidate, &prev.id, &f)),
         }
     }

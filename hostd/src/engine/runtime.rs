@@ -223,7 +223,7 @@ impl Engine<'_> {
         if let LogStart::After { cursor } = start {
             page.keep_cursor(Some(cursor.clone()));
         }
-        let mut redactor = Redactor::new(self.agent_secrets(paths));
+        let mut redactor = Redactor::new(self.agent_secrets(paths)?);
         self.system
             .read_journal(&query, ctx.deadline, &mut |record| {
                 let redacted = redactor.line(&record.message);
@@ -234,7 +234,10 @@ impl Engine<'_> {
                     } else {
                         LogSource::Gateway
                     },
-                    message: redacted.text,
+                    message: clawfleet_protocol::text::clean(
+                        &redacted.text,
+                        clawfleet_protocol::runtime::MAX_ENTRY_CHARS,
+                    ),
                 };
                 page.push(entry, LogCursor::new(record.cursor).ok(), redacted.count)
             })
@@ -268,13 +271,23 @@ impl Engine<'_> {
     }
 
     /// The Agent's literal secrets: its gateway password and the values of its operator env
-    /// file (hostd never writes that file; it reads it only for this).
-    fn agent_secrets(&self, paths: &AgentPaths) -> Vec<String> {
+    /// file (hostd never writes that file; it reads it only for this). A file that is there
+    /// but cannot be read fails the read: no page leaves without its redaction.
+    fn agent_secrets(&self, paths: &AgentPaths) -> Result<Vec<String>, Failure> {
         let mut secrets = Vec::new();
         for file in [&paths.password_file, &paths.operator_env] {
-            let Ok(bytes) = fsutil::read_small(file, ENV_FILE_MAX) else {
+            if matches!(
+                fsutil::kind(file).map_err(fs_failure)?,
+                fsutil::Kind::Missing
+            ) {
                 continue;
-            };
+            }
+            let bytes = fsutil::read_small(file, ENV_FILE_MAX).map_err(|e| {
+                Failure::new(
+                    FailureCode::IoFailed,
+                    format!("the log is not read without its redaction: {e}"),
+                )
+            })?;
             for line in String::from_utf8_lossy(&bytes).lines() {
                 let line = line.trim();
                 if line.starts_with('#') {
@@ -288,6 +301,6 @@ impl Engine<'_> {
                 }
             }
         }
-        secrets
+        Ok(secrets)
     }
 }

@@ -1381,9 +1381,35 @@ fn a_candidate_that_is_not_ready_is_replaced_by_the_last_served_revision_when_as
     assert_eq!(served["revisionId"], "rev-1");
     // The snapshot of the candidate stays (immutable), nothing was retired.
     assert!(paths.revision_dir(&id("rev-2")).exists());
-    // Restoring the candidate itself is refused.
+    // Restoring the candidate itself, or a newer revision, is refused before anything moves.
     let f = h.fails(activate_restoring("ns1", "a1", "rev-2", 2, ("rev-2", 2)));
     assert_eq!(f.code, FailureCode::InvalidInput);
+    h.ok(prepare("ns1", "a1", "rev-3", 3));
+    let f = h.fails(activate_restoring("ns1", "a1", "rev-2", 2, ("rev-3", 3)));
+    assert_eq!(f.code, FailureCode::InvalidInput);
+    assert_eq!(
+        std::fs::read_link(&paths.current).unwrap(),
+        crate::layout::AgentPaths::current_target(&id("rev-1"))
+    );
+}
+
+#[test]
+fn a_cutover_that_fails_half_way_goes_back_to_the_restore_revision() {
+    let h = Host::new();
+    running_agent(&h, "a1");
+    h.ok(prepare("ns1", "a1", "rev-2", 2));
+    // The restart job onto the candidate fails (a timed-out job, a bus error).
+    h.fake.fail_next("restart");
+    let r = h.ok(activate_restoring("ns1", "a1", "rev-2", 2, ("rev-1", 1)));
+    let OperationResult::ActivateRevision(a) = r else {
+        panic!("{r:?}")
+    };
+    let restored = a.restored.expect("restored");
+    assert_eq!(
+        restored.candidate_failure.code,
+        FailureCode::SystemdUnavailable
+    );
+    assert_eq!(a.observation.served, Some(id("rev-1")));
 }
 
 #[test]

@@ -317,19 +317,22 @@ pub(crate) async fn activate(
     args: &ActivateArgs,
 ) -> Result<ActivateResult, Failure> {
     let Some(prev) = &args.restore else {
-        return activate_one(r, settings, &args.revision_args(), false).await;
+        return activate_one(r, settings, &args.revision_args(), None).await;
     };
-    if prev.id == args.revision.id {
+    if prev.number >= args.revision.number {
         return Err(Failure::new(
             FailureCode::InvalidInput,
-            "restore names the candidate itself",
+            format!(
+                "restore names revision {} (number {}), which is not older than the candidate {}",
+                prev.id, prev.number, args.revision.id
+            ),
         ));
     }
     let half = Requests {
         cc: r.cc.clone(),
         deadline: Instant::now() + r.remaining() / 2,
     };
-    let candidate = match activate_one(&half, settings, &args.revision_args(), false).await {
+    let candidate = match activate_one(&half, settings, &args.revision_args(), None).await {
         Ok(a) => return Ok(a),
         Err(f)
             if matches!(
@@ -349,7 +352,7 @@ pub(crate) async fn activate(
         agent: args.agent.clone(),
         revision: prev.clone(),
     };
-    match activate_one(r, settings, &back, true).await {
+    match activate_one(r, settings, &back, Some(&args.revision)).await {
         Ok(mut a) => {
             a.restarted = true;
             a.restored = Some(Restored {
@@ -362,13 +365,13 @@ pub(crate) async fn activate(
     }
 }
 
-/// One cutover to `args.revision`; `restoring` allows going back to an older revision than
-/// the Deployment carries (only a restore does).
+/// One cutover to `args.revision`. `over` (a restore) allows going back to an older revision
+/// than the Deployment carries, but only over that one candidate.
 async fn activate_one(
     r: &Requests,
     settings: &ClusterSettings,
     args: &RevisionArgs,
-    restoring: bool,
+    over: Option<&RevisionRef>,
 ) -> Result<ActivateResult, Failure> {
     let ns = &args.namespace.id;
     let t = settings.tenant(ns);
@@ -385,7 +388,12 @@ async fn activate_one(
         .deployments
         .get_owned(r, &o.names.gateway, &o.markers)
         .await?;
-    if !restoring && newer_deployed(dep.as_ref(), rev)? {
+    let carries_candidate = over.is_some_and(|c| {
+        dep.as_ref()
+            .and_then(|d| deployment_revision(d).ok().flatten())
+            .is_some_and(|(id, _)| id == c.id)
+    });
+    if !carries_candidate && newer_deployed(dep.as_ref(), rev)? {
         let (id, number) = dep
             .as_ref()
             .and_then(|d| deployment_revision(d).ok().flatten())

@@ -16,7 +16,9 @@ use clawfleet_protocol::runtime::{
     MAX_PAGE_BYTES, PageBuilder, PageLines, RuntimeArgs, RuntimeEvent, RuntimeReport, Workload,
     WorkloadKind,
 };
+use futures::AsyncReadExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Event, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, LogParams};
 
 use super::namespace::require_namespace;
@@ -237,8 +239,9 @@ fn make_cursor(pod_uid: &str, at: &str, seen: usize) -> Option<LogCursor> {
     LogCursor::new(format!("k8s1:{pod_uid}:{}:{seen}", at.replace(':', "_"))).ok()
 }
 
-/// The Agent's gateway password, from its Secret, for redaction.
-async fn password(r: &Requests, t: &Tenant, agent: &Ident) -> Option<String> {
+/// The Agent's gateway password (every value of its Secret), for redaction. A Secret that
+/// cannot be read fails the log read: a page is never sent without its redaction.
+async fn password(r: &Requests, t: &Tenant, agent: &Ident) -> Result<Vec<String>, Failure> {
     let n = names::agent(agent);
     let api: Api<Secret> = Api::namespaced(r.client(), &t.name);
     let secret = r
@@ -246,11 +249,20 @@ async fn password(r: &Requests, t: &Tenant, agent: &Ident) -> Option<String> {
             api.get_opt(&n.password)
         })
         .await
-        .ok()??;
-    let data = secret.data?;
-    data.values()
-        .next()
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .map_err(|f| {
+            Failure::new(
+                FailureCode::JournalUnavailable,
+                format!("the log is not read without its redaction: {}", f.message),
+            )
+        })?;
+    Ok(secret
+        .and_then(|s| s.data)
+        .map(|d| {
+            d.into_values()
+                .filter_map(|v| String::from_utf8(v.0).ok())
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 async fn read_page(
@@ -271,15 +283,17 @@ async fn read_page(
         limit_bytes: Some(i64::try_from(MAX_PAGE_BYTES * 4).unwrap_or(i64::MAX)),
         ..LogParams::default()
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    // sinceTime (whole seconds, on the node's own terms) rather than sinceSeconds, which the
+    // kubelet would count back from its clock and so miss what came just after the cursor.
+    let second = |s: u64| {
+        i64::try_from(s)
+            .ok()
+            .and_then(|s| Timestamp::from_second(s).ok())
+    };
     let (tail, limit, position) = match start {
         LogStart::Tail { lines, since_unix } => {
             params.tail_lines = Some(i64::from(lines.get().min(limit.get())));
-            params.since_seconds =
-                since_unix.map(|s| i64::try_from(now.saturating_sub(s).max(1)).unwrap_or(i64::MAX));
+            params.since_time = since_unix.and_then(second);
             (
                 true,
                 PageLines::new(lines.get().min(limit.get())).unwrap_or(limit),
@@ -287,8 +301,7 @@ async fn read_page(
             )
         }
         LogStart::Since { since_unix } => {
-            params.since_seconds =
-                Some(i64::try_from(now.saturating_sub(*since_unix).max(1)).unwrap_or(i64::MAX));
+            params.since_time = second(*since_unix);
             (false, limit, None)
         }
         LogStart::After { cursor } => {
@@ -305,17 +318,35 @@ async fn read_page(
                     "the log cursor's time does not parse",
                 )
             })?;
-            params.since_seconds =
-                Some(i64::try_from(now.saturating_sub(since).max(1)).unwrap_or(i64::MAX));
+            params.since_time = second(since);
             (false, limit, Some(p))
         }
     };
     let api: Api<Pod> = Api::namespaced(r.client(), &t.name);
-    let text = r
-        .read("read the Pod's log", || api.logs(&name, &params))
+    // Bytes, not text: a log is whatever the gateway wrote, valid UTF-8 or not.
+    let max = u64::try_from(MAX_PAGE_BYTES * 4).unwrap_or(u64::MAX);
+    let bytes = r
+        .read("read the Pod's log", || async {
+            let stream = api.log_stream(&name, &params).await?;
+            let mut buf = Vec::new();
+            stream
+                .take(max)
+                .read_to_end(&mut buf)
+                .await
+                .map_err(kube::Error::ReadEvents)?;
+            Ok(buf)
+        })
         .await
         .map_err(|f| Failure::new(FailureCode::JournalUnavailable, f.message))?;
-    let mut redactor = Redactor::new(password(r, t, agent).await);
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    if bytes.len() as u64 >= max
+        && let Some(cut) = text.rfind('\n')
+    {
+        // The read stopped inside a line: leave it for the next page.
+        text.truncate(cut);
+    }
+    let secrets = password(r, t, agent).await?;
+    let mut redactor = Redactor::new(secrets);
     let mut page = PageBuilder::new(limit, tail);
     if let LogStart::After { cursor } = start {
         page.keep_cursor(Some(cursor.clone()));
@@ -362,6 +393,6 @@ async fn read_page(
 
 /// Unix seconds of an RFC 3339 timestamp as the log API writes it (`…Z`, fraction optional).
 fn chrono_seconds(at: &str) -> Option<u64> {
-    let ts: k8s_openapi::jiff::Timestamp = at.parse().ok()?;
+    let ts: Timestamp = at.parse().ok()?;
     u64::try_from(ts.as_second()).ok()
 }
