@@ -160,6 +160,20 @@ impl Client {
     }
 }
 
+/// Percent-encoding of a query value: everything but unreserved characters (log cursors hold
+/// `;` and `=`).
+pub fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 fn dechunk(mut rest: &str) -> Result<String, ClientError> {
     let mut out = String::new();
     loop {

@@ -274,18 +274,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         if page["more"] != true {
             break;
         }
-        let cursor: String = page["cursor"]
-            .as_str()
-            .unwrap()
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() {
-                    char::from(b).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
+        let cursor = coordinator::client::percent_encode(page["cursor"].as_str().unwrap());
         query = format!("cursor={cursor}&limit=2");
     }
     let k8s_lines: Vec<&String> = seen.iter().filter(|l| l.starts_with("k8s line")).collect();

@@ -12,7 +12,7 @@ pub mod fleet;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use coordinator::client::{Client, ClientError};
+use coordinator::client::{Client, ClientError, percent_encode};
 use fleet::{Fleet, NS, Want, document};
 use serde_json::{Value, json};
 
@@ -171,7 +171,7 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
             break;
         }
         let cursor = page["cursor"].as_str().unwrap();
-        query = format!("cursor={}&limit=4", encode(cursor));
+        query = format!("cursor={}&limit=4", percent_encode(cursor));
     }
     let run_one_paged: Vec<&String> = seen
         .iter()
@@ -396,144 +396,4 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
     assert!((1..=60).contains(&retry_after), "{retry_after}");
     // The admin token's own budget is untouched by another token's.
     fleet.occ_ok(&["agent", "runtime", NS, "a1"]);
-}
-
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-fn drift_of(rows: &Value, agent: &str) -> Value {
-    rows.as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["agentId"] == agent)
-        .cloned()
-        .unwrap_or_else(|| panic!("no drift row for {agent}: {rows}"))
-}
-
-#[test]
-fn drift_is_reported_with_its_reason_and_only_reconcile_repairs_it() {
-    clawfleet_vm_tests::skip_unless_hosts!();
-    let fleet = Fleet::start(1);
-    let host = fleet.hosts.iter().next().unwrap();
-    let mut revs = Vec::new();
-    for a in ["d1", "d2", "d3"] {
-        fleet.create_agent(a, &document(&format!("{a}-r1"), json!({})));
-        revs.push((a, fleet.deploy(a)));
-    }
-    let wants: Vec<(&str, Want)> = revs
-        .iter()
-        .map(|(a, r)| {
-            (
-                *a,
-                Want::Running {
-                    rev: r.clone(),
-                    label: format!("{a}-r1"),
-                },
-            )
-        })
-        .collect();
-    fleet.wait_converged(&wants, Instant::now(), Duration::from_secs(90));
-    let rows = fleet.occ_json(&["drift", "--now"]);
-    for a in ["d1", "d2", "d3"] {
-        assert_eq!(drift_of(&rows, a)["state"], "synced", "{rows}");
-    }
-
-    // Changes made on the host behind clawfleet's back.
-    let layout = hostd::layout::Layout::new("/var/lib/clawfleet", "/etc/systemd/system");
-    let ns = clawfleet_protocol::Ident::new(NS).unwrap();
-    let paths = |a: &str| layout.agent(&ns, &clawfleet_protocol::Ident::new(a).unwrap());
-    let (d1, d2, d3) = (paths("d1"), paths("d2"), paths("d3"));
-    host.run_ok(&format!("systemctl stop {}", d1.unit_name))
-        .unwrap();
-    host.run_ok(&format!(
-        "ln -sfn revisions/handmade {0}/current.tmp && mv -T {0}/current.tmp {0}/current",
-        d2.dir.display()
-    ))
-    .unwrap();
-    let agents_dir = d1.dir.parent().unwrap().display().to_string();
-    host.run_ok(&format!(
-        "mkdir {agents_dir}/0123456789abcdef0123456789abcdef"
-    ))
-    .unwrap();
-    host.run_ok(&format!("rm -rf {}", d3.dir.display()))
-        .unwrap();
-
-    let rows = fleet.occ_json(&["drift", "--now"]);
-    println!("{}", serde_json::to_string_pretty(&rows).unwrap());
-    let reason = |a: &str| {
-        drift_of(&rows, a)["reason"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
-    assert_eq!(drift_of(&rows, "d1")["state"], "drift");
-    assert_eq!(reason("d1"), "unit-not-running");
-    assert_eq!(reason("d2"), "current-changed");
-    assert_eq!(reason("d3"), "missing-on-target");
-    assert!(
-        rows.as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["reason"] == "unknown-agent"
-                && r["agentId"]
-                    .as_str()
-                    .unwrap_or("")
-                    .ends_with("0123456789abcdef0123456789abcdef")),
-        "{rows}"
-    );
-    // Prometheus: Agents by sync state, the sweep's status calls by outcome; no per-Agent or
-    // per-host label.
-    let metrics = fleet.api.request("GET", "/metrics", None).unwrap();
-    let metrics = metrics.as_str().unwrap_or_default().to_owned();
-    assert!(
-        metrics.contains("clawfleet_agents_sync{state=\"drift\"} 3"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("clawfleet_targets{state=\"reachable\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics
-            .contains("clawfleet_operation_duration_seconds_count{kind=\"status\",outcome=\"ok\"}"),
-        "{metrics}"
-    );
-    assert!(
-        !metrics.contains(host.name()) && !metrics.contains("d1"),
-        "{metrics}"
-    );
-    let table = fleet.occ_ok(&["drift", "--state", "drift"]);
-    assert!(
-        table.contains("unit-not-running") && !table.contains("synced"),
-        "{table}"
-    );
-
-    // The sweep repaired nothing.
-    let state = host
-        .run(&format!("systemctl is-active {}", d1.unit_name))
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&state.stdout).trim(), "inactive");
-
-    // Reconcile on request brings d1 and d2 back.
-    fleet.occ_ok(&["agent", "reconcile", NS, "d1", "--wait", "--timeout", "90"]);
-    fleet.occ_ok(&["agent", "reconcile", NS, "d2", "--wait", "--timeout", "90"]);
-    let rows = fleet.occ_json(&["drift", "--now"]);
-    assert_eq!(drift_of(&rows, "d1")["state"], "synced", "{rows}");
-    assert_eq!(drift_of(&rows, "d2")["state"], "synced", "{rows}");
-    let audit = fleet.occ_json(&["audit", "--action", "agent.reconcile"]);
-    assert_eq!(audit.as_array().unwrap().len(), 2, "{audit}");
-    // A stopped Agent has nothing to reconcile.
-    fleet.occ_ok(&["agent", "stop", NS, "d1", "--wait", "--timeout", "90"]);
-    let out = fleet.occ(&["agent", "reconcile", NS, "d1"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("NOTHING_TO_RECONCILE"));
 }

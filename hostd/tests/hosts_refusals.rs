@@ -242,10 +242,7 @@ fn invocation(host: &TestHost, unit: &str) -> String {
 fn a_candidate_that_is_not_ready_is_not_served_and_retries_do_not_restart_it_on_a_real_host() {
     skip_unless_hosts!();
     let occ = Coordinator::new();
-    let host = host_with_hostd(
-        &occ,
-        "[limits]\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 4000\nunit_stop_timeout_ms = 10000\n",
-    );
+    let host = host_with_hostd(&occ, QUICK_READINESS);
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "rev-1"}));
     let p1 = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));

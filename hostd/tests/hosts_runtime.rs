@@ -280,10 +280,7 @@ fn runtime_logs_redaction_paging_and_previous_run_on_a_real_host() {
 fn a_crash_loop_leaves_its_exit_status_and_last_lines_as_evidence() {
     skip_unless_hosts!();
     let occ = Coordinator::new();
-    let host = host_with_hostd(
-        &occ,
-        "[limits]\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 4000\nunit_stop_timeout_ms = 10000\n",
-    );
+    let host = host_with_hostd(&occ, QUICK_READINESS);
     occ.ok(&host, ensure("ns1"));
     let bad = spec(
         "rev-1",

@@ -205,15 +205,9 @@ async fn lifecycle_on_a_real_control_plane() {
 
     // Activate it; retire the old one: its ConfigMap goes, the Deployment stays.
     let t = Instant::now();
-    let activated = call(
-        &backend,
-        &cluster,
-        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
-            ns, "agent-1", "rev-1b", 2,
-        ))),
-    )
-    .await
-    .unwrap();
+    let activated = call(&backend, &cluster, activate_op(ns, "agent-1", "rev-1b", 2))
+        .await
+        .unwrap();
     eprintln!(
         "MEASURED replace (activate revision 2 to Ready): {:.2}s",
         t.elapsed().as_secs_f64()
@@ -249,15 +243,9 @@ async fn lifecycle_on_a_real_control_plane() {
         Some("rev-1b")
     );
     // An activation retried on a serving revision changes nothing.
-    match call(
-        &backend,
-        &cluster,
-        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
-            ns, "agent-1", "rev-1b", 2,
-        ))),
-    )
-    .await
-    .unwrap()
+    match call(&backend, &cluster, activate_op(ns, "agent-1", "rev-1b", 2))
+        .await
+        .unwrap()
     {
         OperationResult::ActivateRevision(a) => {
             assert!(!a.restarted);
@@ -545,9 +533,7 @@ async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
         .unwrap();
     for op in [
         Operation::StopRevision(rev_args(ns, "agent-t", "rev-t", 1)),
-        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
-            ns, "agent-t", "rev-t", 1,
-        ))),
+        activate_op(ns, "agent-t", "rev-t", 1),
         delete_agent_op(ns, "agent-t"),
     ] {
         assert_conflict(call(&backend, &cluster, op).await, names::NAMESPACE_ID);
@@ -600,9 +586,7 @@ async fn foreign_and_tampered_objects_are_refused_with_nothing_written() {
     for op in [
         Operation::VerifyRevision(rev_args(ns, "agent-u", "rev-u", 1)),
         prepare_op(ns, "agent-u", "rev-u", 1),
-        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
-            ns, "agent-u", "rev-u", 1,
-        ))),
+        activate_op(ns, "agent-u", "rev-u", 1),
     ] {
         let f = call(&backend, &cluster, op).await.unwrap_err();
         assert_eq!(f.code, FailureCode::SnapshotMismatch, "{f}");
@@ -697,23 +681,15 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &ok,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-slow", "a", "r1", 1),
-            )),
+            activate_op("ns-slow", "a", "r1", 1),
             Duration::from_millis(800),
         )
         .await,
         FailureCode::RevisionIncomplete,
     );
-    let out = call(
-        &backend,
-        &ok,
-        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
-            "ns-slow", "a", "r1", 1,
-        ))),
-    )
-    .await
-    .unwrap();
+    let out = call(&backend, &ok, activate_op("ns-slow", "a", "r1", 1))
+        .await
+        .unwrap();
     match out {
         OperationResult::ActivateRevision(a) => {
             assert!(!a.restarted, "the retry found the template applied");
@@ -737,9 +713,7 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &quota0,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-quota", "a", "r1", 1),
-            )),
+            activate_op("ns-quota", "a", "r1", 1),
             deadline,
         )
         .await,
@@ -766,9 +740,7 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &nowhere,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-sched", "a", "r1", 1),
-            )),
+            activate_op("ns-sched", "a", "r1", 1),
             deadline,
         )
         .await,
@@ -797,9 +769,7 @@ async fn blockers_have_their_codes() {
         call_within(
             &backend,
             &bad_image,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-pull", "a", "r1", 1),
-            )),
+            activate_op("ns-pull", "a", "r1", 1),
             deadline,
         )
         .await,
@@ -870,14 +840,7 @@ async fn api_faults_are_unavailable_and_retryable() {
     let seen_before = proxy.seen().len();
     proxy.inject(Fault::Delay(Duration::ZERO), 7);
     proxy.inject(Fault::too_many_requests(2), 1);
-    let f =
-        call(
-            &backend,
-            &via,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-faults", "a", "r1", 1),
-            )),
-        )
+    let f = call(&backend, &via, activate_op("ns-faults", "a", "r1", 1))
         .await
         .unwrap_err();
     assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
@@ -892,14 +855,7 @@ async fn api_faults_are_unavailable_and_retryable() {
         patches[0].uri
     );
     let t = Instant::now();
-    let out =
-        call(
-            &backend,
-            &via,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-faults", "a", "r1", 1),
-            )),
-        )
+    let out = call(&backend, &via, activate_op("ns-faults", "a", "r1", 1))
         .await
         .unwrap();
     assert_eq!(served(&out).as_deref(), Some("r1"));
@@ -926,9 +882,7 @@ async fn api_faults_are_unavailable_and_retryable() {
     let activation = tokio::spawn(async move {
         b2.call(
             &via2,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-faults", "b", "r1", 1),
-            )),
+            activate_op("ns-faults", "b", "r1", 1),
             Duration::from_secs(20),
         )
         .await
@@ -973,14 +927,7 @@ async fn api_faults_are_unavailable_and_retryable() {
         "MEASURED served again after the apiserver restart (no new write): {:.2}s",
         t.elapsed().as_secs_f64()
     );
-    let out =
-        call(
-            &backend,
-            &direct,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-faults", "b", "r1", 1),
-            )),
-        )
+    let out = call(&backend, &direct, activate_op("ns-faults", "b", "r1", 1))
         .await
         .unwrap();
     assert_eq!(served(&out).as_deref(), Some("r1"));
@@ -1018,15 +965,9 @@ async fn a_stop_racing_the_successors_activation_leaves_the_successor_intact() {
         .await
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let out = call(
-        &backend,
-        &direct,
-        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
-            ns, "a", "r2", 2,
-        ))),
-    )
-    .await
-    .unwrap();
+    let out = call(&backend, &direct, activate_op(ns, "a", "r2", 2))
+        .await
+        .unwrap();
     assert_eq!(served(&out).as_deref(), Some("r2"));
     let f = stop.await.unwrap().unwrap_err();
     assert!(f.is_retryable(), "the precondition's 409 is retryable: {f}");
@@ -1092,9 +1033,7 @@ async fn bench_thirty_agents() {
             match b
                 .call(
                     &c,
-                    Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                        rev_args("ns-bench", &agent, "r1", 1),
-                    )),
+                    activate_op("ns-bench", &agent, "r1", 1),
                     Duration::from_secs(120),
                 )
                 .await
@@ -1245,13 +1184,7 @@ async fn b_deploy(backend: &KubeBackend, c: &clawfleet_kube::Cluster, agent: &st
         .await
         .unwrap();
     backend
-        .call(
-            c,
-            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(
-                rev_args("ns-bench", agent, "r1", 1),
-            )),
-            DEADLINE,
-        )
+        .call(c, activate_op("ns-bench", agent, "r1", 1), DEADLINE)
         .await
         .unwrap();
 }

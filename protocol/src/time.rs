@@ -95,34 +95,26 @@ pub fn parse_ssh_time(text: &str) -> Result<u64, TimeError> {
     u64::try_from(secs).map_err(|_| TimeError::OutOfRange(text.to_owned()))
 }
 
+/// Unix seconds as UTC year, month, day, hour, minute and second.
+fn civil_from_unix(unix: u64) -> (i64, u32, u32, u64, u64, u64) {
+    let (y, m, d) = civil_from_days((unix / 86_400) as i64);
+    let rem = unix % 86_400;
+    (y, m, d, rem / 3600, (rem % 3600) / 60, rem % 60)
+}
+
 /// Formats Unix seconds as `YYYYMMDDHHMMSSZ`, the form `ssh-keygen -Overify-time=` takes.
 pub fn format_ssh_time(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
-    let rem = unix % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}{m:02}{d:02}{:02}{:02}{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    let (y, m, d, h, mi, s) = civil_from_unix(unix);
+    format!("{y:04}{m:02}{d:02}{h:02}{mi:02}{s:02}Z")
 }
 
 /// Formats microseconds since the Unix epoch as RFC 3339 in UTC with all six decimals
 /// (`2026-12-01T13:20:41.123456Z`): journald keeps microseconds, and so does every log
 /// timestamp clawfleet shows.
 pub fn format_rfc3339_micros(unix_micros: u64) -> String {
-    let secs = unix_micros / 1_000_000;
     let micros = unix_micros % 1_000_000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+    let (y, m, d, h, mi, s) = civil_from_unix(unix_micros / 1_000_000);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{micros:06}Z")
 }
 
 #[cfg(test)]

@@ -89,6 +89,13 @@ pub(crate) enum AgentCmd {
     Revisions { namespace: String, id: String },
 }
 
+/// The `workId` of an answer that queued work (what `--wait` follows).
+fn work_id(answer: &serde_json::Value, what: &str) -> Result<i64> {
+    answer["workId"]
+        .as_i64()
+        .with_context(|| format!("the {what} answer has no workId"))
+}
+
 fn parse_restore(text: &str) -> std::result::Result<RestorePolicy, String> {
     RestorePolicy::parse(text)
         .ok_or_else(|| format!("{text:?} is not a restore policy; use none or last-served"))
@@ -174,9 +181,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 ],
             );
             if w.wait {
-                let work = rev["workId"]
-                    .as_i64()
-                    .context("the deploy answer has no workId")?;
+                let work = work_id(&rev, "deploy")?;
                 let status = wait(c, namespace, id, work, Waited::Deploy, w)?;
                 print(
                     cli,
@@ -203,9 +208,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 None,
             )?;
             if w.wait {
-                let work = v["workId"]
-                    .as_i64()
-                    .context("the stop answer has no workId")?;
+                let work = work_id(&v, "stop")?;
                 wait(c, namespace, id, work, Waited::Stop, w)?;
                 println!("{id}: stopped");
             } else {
@@ -223,9 +226,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 None,
             )?;
             if w.wait {
-                let work = v["workId"]
-                    .as_i64()
-                    .context("the delete answer has no workId")?;
+                let work = work_id(&v, "delete")?;
                 wait(c, namespace, id, work, Waited::Delete, w)?;
                 println!("{id}: deleted");
             } else {
@@ -244,9 +245,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             )?;
             let rev = v["revisionId"].as_str().unwrap_or_default().to_owned();
             if w.wait {
-                let work = v["workId"]
-                    .as_i64()
-                    .context("the reconcile answer has no workId")?;
+                let work = work_id(&v, "reconcile")?;
                 wait(c, namespace, id, work, Waited::Deploy, w)?;
                 println!("{id}: {rev} re-applied");
             } else {

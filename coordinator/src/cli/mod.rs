@@ -151,7 +151,7 @@ fn run_client(cli: &Cli) -> Result<()> {
                 }
             } else {
                 let path = match state {
-                    Some(s) => format!("/drift?state={}", runtime::encode(s)),
+                    Some(s) => format!("/drift?state={}", coordinator::client::percent_encode(s)),
                     None => "/drift".to_owned(),
                 };
                 c.request("GET", &path, None)?
@@ -173,7 +173,10 @@ fn run_client(cli: &Cli) -> Result<()> {
         Command::Audit { limit, action } => {
             let mut path = format!("/audit?limit={limit}");
             if let Some(a) = action {
-                path.push_str(&format!("&action={}", runtime::encode(a)));
+                path.push_str(&format!(
+                    "&action={}",
+                    coordinator::client::percent_encode(a)
+                ));
             }
             table::print(
                 cli,

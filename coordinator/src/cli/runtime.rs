@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use coordinator::client::{Client, ClientError};
+use coordinator::client::{Client, ClientError, percent_encode};
 use serde_json::Value;
 
 use super::table::print;
@@ -129,24 +129,11 @@ pub(crate) fn logs(cli: &Cli, c: &Client, ns: &str, id: &str, args: &LogsArgs) -
             std::thread::sleep(FOLLOW_EVERY);
         }
         query = match &cursor {
-            Some(c) => format!("cursor={}", encode(c)),
+            Some(c) => format!("cursor={}", percent_encode(c)),
             // Nothing logged yet: ask again for what came since following began.
             None => format!("sinceSeconds={}", started.elapsed().as_secs() + 2),
         };
     }
-}
-
-/// Percent-encoding for a query value (cursors hold `;` and `=`).
-pub(crate) fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// After `occ agent status`'s table: why the newest failed activation failed.
@@ -211,6 +198,6 @@ mod tests {
 
     #[test]
     fn cursors_are_percent_encoded() {
-        assert_eq!(encode("s=1;i=2"), "s%3D1%3Bi%3D2");
+        assert_eq!(percent_encode("s=1;i=2"), "s%3D1%3Bi%3D2");
     }
 }

@@ -28,6 +28,10 @@ mod install;
 
 pub const PRINCIPAL: &str = "occ@tests";
 
+/// hostd.toml limits for tests whose candidates fail: readiness gives up after 4 s.
+pub const QUICK_READINESS: &str =
+    "[limits]\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 4000\nunit_stop_timeout_ms = 10000\n";
+
 /// A coordinator's two keys, as `occ init` would make them.
 pub struct Coordinator {
     pub dir: tempfile::TempDir,

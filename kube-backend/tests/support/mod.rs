@@ -168,6 +168,11 @@ pub fn rev_args(ns: &str, agent: &str, rev: &str, number: u64) -> RevisionArgs {
     }
 }
 
+/// `activate-revision` without restore.
+pub fn activate_op(ns: &str, agent: &str, rev: &str, number: u64) -> Operation {
+    Operation::ActivateRevision(rev_args(ns, agent, rev, number).into())
+}
+
 pub fn delete_agent_op(ns: &str, agent: &str) -> Operation {
     Operation::DeleteAgent(AgentArgs {
         namespace: ns_ref(ns),
@@ -218,15 +223,7 @@ pub async fn deploy(
         Ok(OperationResult::PrepareRevision(p)) => assert!(p.ready, "prepare ready"),
         other => panic!("prepare: {other:?}"),
     }
-    match call(
-        backend,
-        cluster,
-        Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rev_args(
-            ns, agent, rev, number,
-        ))),
-    )
-    .await
-    {
+    match call(backend, cluster, activate_op(ns, agent, rev, number)).await {
         Ok(OperationResult::ActivateRevision(a)) => {
             assert_eq!(a.observation.served.as_ref().map(Ident::as_str), Some(rev));
         }
