@@ -91,6 +91,10 @@ codes! {
     AgentNotPlaced = "AGENT_NOT_PLACED", "The Agent was never placed on a host, so it has no runtime or log yet.";
     InvalidLogQuery = "INVALID_LOG_QUERY", "A log request's parameters are out of range or combined wrongly; the message names the parameter.";
     NothingToReconcile = "NOTHING_TO_RECONCILE", "The Agent is not meant to run or has no active revision, so there is nothing to re-apply.";
+    InvalidRollout = "INVALID_ROLLOUT", "A rollout's settings are out of range or combined wrongly; the message names the field.";
+    RolloutEmpty = "ROLLOUT_EMPTY", "The rollout selects no Agent (none uses the Configuration, or --agents named none).";
+    RolloutInProgress = "ROLLOUT_IN_PROGRESS", "The Agent is in a rollout that is not finished; deploy or reconfigure it once the rollout is done, halted or aborted.";
+    RolloutStateConflict = "ROLLOUT_STATE_CONFLICT", "The rollout is not in a state that allows this (pause a running one, resume a paused one, promote one waiting, abort one not finished).";
     RateLimited = "RATE_LIMITED", "The token made too many runtime or log reads; retry after the Retry-After seconds.";
     // Work outcomes.
     NamespaceReady = "NAMESPACE_READY", "The Namespace is ready on its pool or cluster.";
@@ -113,6 +117,8 @@ codes! {
     InvalidWork = "INVALID_WORK", "A work item lacks what its kind needs.";
     InvalidHostResult = "INVALID_HOST_RESULT", "The host answered with a result of another operation.";
     StoreUnavailable = "STORE_UNAVAILABLE", "The store failed during work; the worker retries.";
+    RolloutHalted = "ROLLOUT_HALTED", "The rollout's failure budget was spent; this Agent was not deployed.";
+    RolloutAborted = "ROLLOUT_ABORTED", "The rollout was aborted before this Agent's turn; it was not deployed.";
     // Transport.
     HostUnreachable = "HOST_UNREACHABLE", "The host or cluster could not be reached.";
     HostKeyMismatch = "HOST_KEY_MISMATCH", "The host's SSH key is not the pinned one.";

@@ -41,6 +41,28 @@ struct Raw {
     ssh: Option<RawSsh>,
     api: Option<RawApi>,
     drift: Option<RawDrift>,
+    rollout: Option<RawRollout>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRollout {
+    interval_ms: Option<u64>,
+}
+
+/// The rollout scheduler (`[rollout]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutSettings {
+    /// Time between scheduler passes (how soon a finished deploy lets the next one start).
+    pub interval: Duration,
+}
+
+impl Default for RolloutSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(1000),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -183,6 +205,7 @@ pub struct Config {
     pub ssh: SshSettings,
     pub api: ApiSettings,
     pub drift: DriftSettings,
+    pub rollout: RolloutSettings,
 }
 
 impl Config {
@@ -388,6 +411,18 @@ impl Config {
                 None => DriftSettings::default().interval,
             },
         };
+        let rollout = RolloutSettings {
+            interval: match raw.rollout.unwrap_or_default().interval_ms {
+                Some(v) if !(10..=60_000).contains(&v) => {
+                    return Err(invalid(
+                        "rollout.interval_ms",
+                        format!("must be between 10 and 60000, got {v}"),
+                    ));
+                }
+                Some(v) => Duration::from_millis(v),
+                None => RolloutSettings::default().interval,
+            },
+        };
         Ok(Self {
             listen,
             state_dir,
@@ -395,6 +430,7 @@ impl Config {
             ssh,
             api,
             drift,
+            rollout,
         })
     }
 }
@@ -424,9 +460,12 @@ mod tests {
         assert_eq!(parsed.worker, defaults.worker);
         assert_eq!(parsed.api, defaults.api);
         assert_eq!(parsed.drift, defaults.drift);
+        assert_eq!(parsed.rollout, defaults.rollout);
         assert_eq!(parsed.listen, defaults.listen);
         assert!(
-            uncommented.contains("[drift]") && uncommented.contains("runtime_reads_per_minute")
+            uncommented.contains("[drift]")
+                && uncommented.contains("[rollout]")
+                && uncommented.contains("runtime_reads_per_minute")
         );
     }
 

@@ -370,3 +370,123 @@ text_enum! {
         LastServed = "last-served",
     }
 }
+
+text_enum! {
+    /// Where a rollout is. `running`, `paused` and `waiting` are open: their Agents belong to
+    /// the rollout (ordinary deploys of them are refused).
+    RolloutState {
+        /// Deploying its current wave, or about to start the next one.
+        Running = "running",
+        /// Paused by an operator: nothing new starts; deploys in flight finish.
+        Paused = "paused",
+        /// A wave finished and the rollout waits for `promote` (manual promotion).
+        Waiting = "waiting",
+        /// The failure budget was spent: nothing more is deployed.
+        Halted = "halted",
+        /// Aborted by an operator: nothing more is deployed; Agents done stay as they are.
+        Aborted = "aborted",
+        /// Every selected Agent was deployed (or failed within the budget).
+        Done = "done",
+    }
+}
+
+impl RolloutState {
+    /// Whether the rollout may still deploy something.
+    pub fn is_open(self) -> bool {
+        matches!(
+            self,
+            RolloutState::Running | RolloutState::Paused | RolloutState::Waiting
+        )
+    }
+}
+
+text_enum! {
+    /// Where one Agent of a rollout is.
+    RolloutAgentState {
+        /// Not deployed yet.
+        Pending = "pending",
+        /// Its revision's deploy is queued or running.
+        Deploying = "deploying",
+        /// The new revision serves.
+        Succeeded = "succeeded",
+        /// The new revision did not become active (the code says why).
+        Failed = "failed",
+        /// The new revision did not become ready and the last served revision serves again.
+        Restored = "restored",
+        /// Not deployed: the rollout halted or was aborted first, or the Agent was deleted.
+        Skipped = "skipped",
+    }
+}
+
+impl RolloutAgentState {
+    /// Whether the Agent's part in the rollout is over.
+    pub fn is_final(self) -> bool {
+        !matches!(
+            self,
+            RolloutAgentState::Pending | RolloutAgentState::Deploying
+        )
+    }
+
+    /// Whether it counts against the failure budget.
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            RolloutAgentState::Failed | RolloutAgentState::Restored
+        )
+    }
+}
+
+/// One Agent of a rollout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutAgent {
+    pub agent_id: String,
+    /// 0 is the canary wave when the rollout has a canary.
+    pub wave: u32,
+    pub state: RolloutAgentState,
+    pub revision_id: Option<String>,
+    pub work_id: Option<i64>,
+    /// How its deploy ended (the work's last code), or why it was skipped.
+    pub code: Option<String>,
+    pub message: Option<String>,
+    /// Seconds since the epoch.
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+}
+
+/// A rollout: one Configuration generation to many Agents of a Namespace, canary first, then
+/// waves, under one failure budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    pub id: i64,
+    pub namespace_id: String,
+    pub configuration_id: String,
+    /// The generation every Agent gets (the latest when the rollout was created).
+    pub configuration_generation: u32,
+    pub canary: u32,
+    pub max_parallel: u32,
+    /// Failures tolerated: one more halts the rollout.
+    pub max_failures: u32,
+    pub pause_between_seconds: u32,
+    pub manual_promote: bool,
+    pub state: RolloutState,
+    /// The wave being deployed (or just finished, while paused between waves or waiting).
+    pub wave: u32,
+    pub waves: u32,
+    /// When the next wave may start (pause between waves), seconds since the epoch.
+    pub next_wave_at: Option<i64>,
+    pub message: Option<String>,
+    pub created_by: String,
+    /// Seconds since the epoch.
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub agents: Vec<RolloutAgent>,
+}
+
+impl Rollout {
+    /// Agents that failed or were restored, against the budget.
+    pub fn failures(&self) -> u32 {
+        self.agents.iter().filter(|a| a.state.is_failure()).count() as u32
+    }
+}

@@ -14,6 +14,7 @@ mod hosts;
 mod namespaces;
 pub mod openapi;
 mod ratelimit;
+mod rollouts;
 pub mod routes;
 mod runtime;
 mod system;

@@ -24,6 +24,10 @@ fn parameter(name: &str) -> (&'static str, Value) {
             "Work item number",
             json!({"type": "string", "pattern": "^[0-9]{1,18}$"}),
         ),
+        "rollout" => (
+            "Rollout number",
+            json!({"type": "string", "pattern": "^[1-9][0-9]{0,17}$"}),
+        ),
         "id" => (
             "Token id",
             json!({"type": "string", "pattern": "^[0-9a-f]{1,32}$"}),

@@ -8,12 +8,12 @@ use axum::Router;
 use axum::routing::MethodFilter;
 
 use super::access::{Access, authorize};
-use super::{AppState, agents, clusters, hosts, namespaces, runtime, system, tokens};
+use super::{AppState, agents, clusters, hosts, namespaces, rollouts, runtime, system, tokens};
 use crate::backend::Backend;
 use crate::model::Role;
 use crate::service::{
     AgentPatch, AuditQuery, ConfigurationUpdate, DriftQuery, HostUpdate, LogsQuery, NewAgent,
-    NewCluster, NewConfiguration, NewHost, NewNamespace,
+    NewCluster, NewConfiguration, NewHost, NewNamespace, NewRollout,
 };
 use tokens::NewToken;
 
@@ -196,6 +196,24 @@ route_table! {
         "The Agent's unit or Pod now: state, restarts, last exit, memory, CPU, tasks, served revision (rate limited per token)";
     Get "/namespaces/{ns}/agents/{agent}/runtime/logs", Namespace(Read), Query<LogsQuery>, 200
         => runtime::logs, "One redacted page of the Agent's log (at most 1,000 lines and 512 KiB, audited, rate limited per token)";
+
+    Post "/namespaces/{ns}/rollouts", Namespace(Deploy), Json<NewRollout>, 201
+        => rollouts::create_rollout,
+        "Roll a Configuration's latest generation out to many Agents: canary first, then waves of at most maxParallel, one failure budget";
+    Get "/namespaces/{ns}/rollouts", Namespace(Read), Empty, 200 => rollouts::list_rollouts,
+        "The Namespace's newest rollouts (at most 50), newest first";
+    Get "/namespaces/{ns}/rollouts/{rollout}", Namespace(Read), Empty, 200 => rollouts::get_rollout,
+        "A rollout with every Agent's state, wave, revision and outcome";
+    Post "/namespaces/{ns}/rollouts/{rollout}/pause", Namespace(Deploy), Empty, 200
+        => rollouts::pause_rollout, "Pause a running rollout (deploys in flight finish)";
+    Post "/namespaces/{ns}/rollouts/{rollout}/resume", Namespace(Deploy), Empty, 200
+        => rollouts::resume_rollout, "Resume a paused rollout";
+    Post "/namespaces/{ns}/rollouts/{rollout}/promote", Namespace(Deploy), Empty, 200
+        => rollouts::promote_rollout,
+        "Start the next wave of a rollout waiting for promotion (or skip the pause between waves)";
+    Post "/namespaces/{ns}/rollouts/{rollout}/abort", Namespace(Deploy), Empty, 200
+        => rollouts::abort_rollout,
+        "Abort a rollout: Agents not started are skipped, the others stay as they are";
 
     Post "/hosts", Global(Admin), Json<NewHost>, 201 => hosts::enrol_host, "Enrol a host (pins its key)";
     Get "/hosts", Global(Admin), Empty, 200 => hosts::list_hosts, "List hosts";

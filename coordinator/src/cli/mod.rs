@@ -7,6 +7,7 @@ mod cluster;
 mod configuration;
 mod host;
 mod namespace;
+mod rollout;
 mod runtime;
 mod setup;
 mod table;
@@ -66,6 +67,9 @@ enum Command {
     /// Agents.
     #[command(subcommand)]
     Agent(agent::AgentCmd),
+    /// Rollouts: one Configuration to many Agents, canary first, then waves.
+    #[command(subcommand)]
+    Rollout(rollout::RolloutCmd),
     /// Hosts.
     #[command(subcommand)]
     Host(host::HostCmd),
@@ -132,6 +136,7 @@ fn run_client(cli: &Cli) -> Result<()> {
         Command::Namespace(cmd) => namespace::run(cli, &c, cmd),
         Command::Configuration(cmd) => configuration::run(cli, &c, cmd),
         Command::Agent(cmd) => agent::run(cli, &c, cmd),
+        Command::Rollout(cmd) => rollout::run(cli, &c, cmd),
         Command::Host(cmd) => host::run(cli, &c, cmd),
         Command::Cluster(cmd) => cluster::run(cli, &c, cmd),
         Command::Token(cmd) => token::run(cli, &c, cmd),

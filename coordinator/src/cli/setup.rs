@@ -143,12 +143,15 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         store.clone(),
         backend.clone(),
         config.drift.clone(),
+        stop_rx.clone(),
+    ));
+    let service = Service::new(store);
+    let rollout_task = tokio::spawn(coordinator::service::run_rollouts(
+        service.clone(),
+        config.rollout.interval,
         stop_rx,
     ));
-    let state = Arc::new(AppState {
-        service: Service::new(store),
-        backend,
-    });
+    let state = Arc::new(AppState { service, backend });
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -175,5 +178,6 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), worker_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), drift_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), rollout_task).await;
     Ok(())
 }

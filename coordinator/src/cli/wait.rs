@@ -50,7 +50,7 @@ impl std::fmt::Display for WaitFailure {
 
 impl std::error::Error for WaitFailure {}
 
-fn wait_failure(exit: u8, message: String) -> anyhow::Error {
+pub(crate) fn wait_failure(exit: u8, message: String) -> anyhow::Error {
     anyhow::Error::new(WaitFailure { exit, message })
 }
 

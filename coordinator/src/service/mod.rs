@@ -8,18 +8,31 @@ use thiserror::Error;
 
 mod probe;
 mod reads;
+mod rollouts;
 mod runtime;
 mod tokens;
 
 pub use probe::ProbeError;
 pub use reads::{AuditQuery, DriftQuery, Metrics};
+pub use rollouts::{MAX_ROLLOUT_AGENTS, NewRollout, RolloutAction, run as run_rollouts};
 pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
 pub use tokens::TokenChangeError;
 
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::render;
-use crate::store::{NamespaceInsert, Store, StoreError, WorkRecord, WorkState};
+use crate::store::{NamespaceInsert, RevisionInsert, Store, StoreError, WorkRecord, WorkState};
+
+/// The refusal of a change to an Agent that an open rollout owns.
+fn in_rollout(ns: &str, agent: &str, rollout: i64) -> ServiceError {
+    ServiceError::conflict(
+        Code::RolloutInProgress,
+        format!(
+            "Agent {ns}/{agent} is in rollout {rollout}, which deploys it; wait for it, or \
+             `occ rollout abort {ns} {rollout}`"
+        ),
+    )
+}
 
 /// How many of an Agent's newest work items deployment status shows.
 pub const RECENT_WORK: u32 = 10;
@@ -717,6 +730,9 @@ impl Service {
     pub fn patch_agent(&self, actor: &str, ns: &str, id: &str, p: AgentPatch) -> Result<Agent> {
         self.agent(ns, id)?;
         if let Some(cfg) = &p.configuration_id {
+            if let Some(rollout) = self.store.open_rollout_of(ns, id)? {
+                return Err(in_rollout(ns, id, rollout));
+            }
             if self.store.configuration(ns, cfg)?.is_none() {
                 return Err(ServiceError::invalid(
                     Code::UnknownConfiguration,
@@ -738,20 +754,46 @@ impl Service {
     }
 
     /// Creates the next immutable revision from the Agent's configuration and queues it;
-    /// returns it with the id of the work that deploys it.
+    /// returns it with the id of the work that deploys it. Refused while the Agent belongs to
+    /// an open rollout (the rollout deploys it).
     pub fn deploy(&self, actor: &str, ns: &str, id: &str) -> Result<(Revision, i64)> {
         let agent = self.agent_not_deleting(ns, id)?;
         let cfg = self
             .store
             .configuration(ns, &agent.configuration_id)?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
-        let rendered = rendered_for(&self.namespace(ns)?, &cfg.document)?;
+        let mut rev = self.build_revision(&self.namespace(ns)?, id, &cfg)?;
+        // The store allocates the number and id inside its transaction.
+        let work = match self
+            .store
+            .create_revision(&mut rev, crate::clock::now_ms())?
+        {
+            RevisionInsert::Queued(work) => work,
+            RevisionInsert::InRollout(rollout) => return Err(in_rollout(ns, id, rollout)),
+        };
+        self.audit(
+            actor,
+            "agent.deploy",
+            &format!("{ns}/{id}"),
+            json!({"revisionId": rev.id, "number": rev.number, "workId": work}),
+        )?;
+        Ok((rev, work))
+    }
+
+    /// A new revision of an Agent from one Configuration generation (number and id are
+    /// allocated by the store).
+    fn build_revision(
+        &self,
+        ns: &Namespace,
+        agent: &str,
+        cfg: &crate::model::Configuration,
+    ) -> Result<Revision> {
+        let rendered = rendered_for(ns, &cfg.document)?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
-        // The store allocates the number and id inside its transaction.
-        let mut rev = Revision {
-            namespace_id: ns.to_owned(),
-            agent_id: id.to_owned(),
+        Ok(Revision {
+            namespace_id: ns.id.clone(),
+            agent_id: agent.to_owned(),
             id: String::new(),
             number: 0,
             configuration_id: cfg.id.clone(),
@@ -762,17 +804,7 @@ impl Service {
             runtime_failure: None,
             created_at: now(),
             rendered,
-        };
-        let work = self
-            .store
-            .create_revision(&mut rev, crate::clock::now_ms())?;
-        self.audit(
-            actor,
-            "agent.deploy",
-            &format!("{ns}/{id}"),
-            json!({"revisionId": rev.id, "number": rev.number, "workId": work}),
-        )?;
-        Ok((rev, work))
+        })
     }
 
     /// Re-applies the Agent's active revision on request (`occ agent reconcile`): a normal,
@@ -791,6 +823,9 @@ impl Service {
                 ));
             }
         };
+        if let Some(rollout) = self.store.open_rollout_of(ns, id)? {
+            return Err(in_rollout(ns, id, rollout));
+        }
         let work = self
             .store
             .queue_deploy(ns, id, &active, crate::clock::now_ms())?;

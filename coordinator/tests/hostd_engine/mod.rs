@@ -114,6 +114,12 @@ pub struct EngineBackend {
     calls: AtomicUsize,
     inject: Mutex<BTreeMap<usize, Inject>>,
     log: Mutex<Vec<String>>,
+    /// Agents whose every `activate-revision` fails with this code (a gateway that never
+    /// becomes ready), without the host running it.
+    failing: Mutex<BTreeMap<String, FailureCode>>,
+    /// Activations running now, and the most at once.
+    activating: AtomicUsize,
+    most_activating: AtomicUsize,
 }
 
 impl std::fmt::Debug for EngineBackend {
@@ -138,6 +144,21 @@ impl EngineBackend {
     /// Injects a behaviour at call number `n` (0-based, counting every call).
     pub fn inject(&self, n: usize, what: Inject) {
         self.inject.lock().unwrap().insert(n, what);
+    }
+
+    /// Every later activation of `agent` fails with `code`.
+    pub fn fail_activations_of(&self, agent: &str, code: FailureCode) {
+        self.failing.lock().unwrap().insert(agent.to_owned(), code);
+    }
+
+    /// Starts counting concurrent activations afresh.
+    pub fn reset_concurrency(&self) {
+        self.most_activating.store(0, Ordering::SeqCst);
+    }
+
+    /// The most `activate-revision` calls that ran at once.
+    pub fn most_concurrent_activations(&self) -> usize {
+        self.most_activating.load(Ordering::SeqCst)
     }
 
     /// Calls made so far.
@@ -241,6 +262,27 @@ impl Backend for EngineBackend {
             }
             None => {}
         }
-        run(host, operation).await.map_err(CallError::Failed)
+        let Operation::ActivateRevision(args) = &operation else {
+            return run(host, operation).await.map_err(CallError::Failed);
+        };
+        let failing = self
+            .failing
+            .lock()
+            .unwrap()
+            .get(args.agent.id.as_str())
+            .copied();
+        let now = self.activating.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_activating.fetch_max(now, Ordering::SeqCst);
+        // Long enough for overlapping activations to be seen.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let result = match failing {
+            Some(code) => Err(CallError::Failed(Failure::new(
+                code,
+                "injected: the gateway never became ready",
+            ))),
+            None => run(host, operation).await.map_err(CallError::Failed),
+        };
+        self.activating.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 }

@@ -8,6 +8,10 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 use thiserror::Error;
 
+mod rollouts;
+
+pub use rollouts::{RevisionInsert, RolloutInsert, RolloutRow};
+
 use crate::model::{
     Agent, AuditEvent, Cluster, ClusterRecord, Configuration, DesiredState, Grant, Host,
     LastAttempt, Namespace, Revision, RevisionStatus, Role,
@@ -174,6 +178,45 @@ const MIGRATIONS: &[&str] = &[
     // 7: what a failed activation does per Agent (restore: none | last-served).
     "
     ALTER TABLE agents ADD COLUMN restore TEXT NOT NULL DEFAULT 'none';
+    ",
+    // 8: rollouts (one Configuration generation to many Agents, in waves) and their Agents.
+    "
+    CREATE TABLE rollouts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace_id TEXT NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        configuration_id TEXT NOT NULL,
+        configuration_generation INTEGER NOT NULL,
+        canary INTEGER NOT NULL,
+        max_parallel INTEGER NOT NULL,
+        max_failures INTEGER NOT NULL,
+        pause_between_seconds INTEGER NOT NULL,
+        manual_promote INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        wave INTEGER NOT NULL DEFAULT 0,
+        waves INTEGER NOT NULL,
+        next_wave_at_ms INTEGER,
+        message TEXT,
+        created_by TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    );
+    CREATE INDEX rollouts_open ON rollouts(state);
+    CREATE TABLE rollout_agents (
+        rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+        namespace_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        wave INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        revision_id TEXT,
+        work_id INTEGER,
+        code TEXT,
+        message TEXT,
+        started_at INTEGER,
+        finished_at INTEGER,
+        PRIMARY KEY (rollout_id, agent_id)
+    );
+    CREATE INDEX rollout_agents_agent ON rollout_agents(namespace_id, agent_id);
     ",
 ];
 
@@ -1031,11 +1074,21 @@ impl Store {
     }
 
     pub fn configuration(&self, ns: &str, id: &str) -> Result<Option<Configuration>> {
+        self.configuration_at(ns, id, None)
+    }
+
+    /// One generation of a Configuration (`None`: the latest).
+    pub fn configuration_at(
+        &self,
+        ns: &str,
+        id: &str,
+        generation: Option<u32>,
+    ) -> Result<Option<Configuration>> {
         let row: Option<(u32, String, i64)> = self
             .c()
             .query_row(
-                "SELECT generation, document, created_at FROM configurations WHERE namespace_id = ?1 AND id = ?2 ORDER BY generation DESC LIMIT 1",
-                params![ns, id],
+                "SELECT generation, document, created_at FROM configurations WHERE namespace_id = ?1 AND id = ?2 AND (?3 IS NULL OR generation = ?3) ORDER BY generation DESC LIMIT 1",
+                params![ns, id, generation],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?;
@@ -1228,10 +1281,22 @@ impl Store {
 
     /// Creates the next revision of an Agent and queues its deployment; desired becomes running.
     /// The number (and the id derived from it) is allocated inside the same transaction, so
-    /// concurrent deploys of one Agent get distinct numbers. Returns the deploy work's id.
-    pub fn create_revision(&self, r: &mut Revision, now: i64) -> Result<i64> {
+    /// concurrent deploys of one Agent get distinct numbers. Refused (nothing written) while
+    /// the Agent belongs to an open rollout.
+    pub fn create_revision(&self, r: &mut Revision, now: i64) -> Result<RevisionInsert> {
         let mut c = self.c();
         let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        if let Some(rollout) = rollouts::open_rollout_of(&tx, &r.namespace_id, &r.agent_id)? {
+            return Ok(RevisionInsert::InRollout(rollout));
+        }
+        let work = Self::insert_revision(&tx, r, now)?;
+        tx.commit()?;
+        self.wake_worker();
+        Ok(RevisionInsert::Queued(work))
+    }
+
+    /// Inserts the next revision and its deploy work inside `tx`; returns the work's id.
+    fn insert_revision(tx: &rusqlite::Transaction<'_>, r: &mut Revision, now: i64) -> Result<i64> {
         let last: i64 = tx.query_row(
             "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2",
             params![r.namespace_id, r.agent_id],
@@ -1253,10 +1318,7 @@ impl Store {
             "INSERT INTO work (kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at) VALUES ('deploy', ?1, ?2, ?3, 'queued', ?4, ?4, ?4)",
             params![r.namespace_id, r.agent_id, r.id, now],
         )?;
-        let work = tx.last_insert_rowid();
-        tx.commit()?;
-        self.wake_worker();
-        Ok(work)
+        Ok(tx.last_insert_rowid())
     }
 
     /// Queues a deploy of an existing revision (a reconcile: the same revision applied again).

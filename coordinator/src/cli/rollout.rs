@@ -1,0 +1,233 @@
+//! `occ rollout`: one Configuration generation to many Agents, canary first, then waves.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Subcommand;
+use coordinator::client::Client;
+use coordinator::service::NewRollout;
+use serde_json::Value;
+
+use super::Cli;
+use super::table::print;
+use super::wait::{exit, wait_failure};
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum RolloutCmd {
+    /// Roll a Configuration's latest generation out: canary first, then waves of at most
+    /// --max-parallel, halting once more than --max-failures Agents failed.
+    Create {
+        namespace: String,
+        /// The Configuration whose latest generation the Agents get.
+        #[arg(long)]
+        configuration: String,
+        /// The Agents, in deploy order (default: every Agent on the Configuration).
+        #[arg(long, value_delimiter = ',')]
+        agents: Option<Vec<String>>,
+        /// Agents deployed first, as their own wave (0: none).
+        #[arg(long, default_value_t = 1)]
+        canary: u32,
+        /// Most deploys at once, and the size of every wave after the canary.
+        #[arg(long, default_value_t = 1)]
+        max_parallel: u32,
+        /// Failures (failed or restored Agents) tolerated; one more halts the rollout.
+        #[arg(long, default_value_t = 0)]
+        max_failures: u32,
+        /// Seconds to wait after each wave before the next.
+        #[arg(long, conflicts_with = "manual_promote")]
+        pause_between: Option<u32>,
+        /// Wait for `occ rollout promote` after each wave.
+        #[arg(long)]
+        manual_promote: bool,
+        /// Follow the rollout until it is done, halted or aborted (exit 0 only when every
+        /// Agent serves the new revision).
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+    /// List the Namespace's newest rollouts.
+    List { namespace: String },
+    /// A rollout's state, progress and every Agent's outcome.
+    Status { namespace: String, id: i64 },
+    /// Pause a running rollout (deploys in flight finish; nothing new starts).
+    Pause { namespace: String, id: i64 },
+    /// Resume a paused rollout.
+    Resume { namespace: String, id: i64 },
+    /// Start the next wave of a rollout waiting for promotion (or skip the pause).
+    Promote { namespace: String, id: i64 },
+    /// Abort a rollout: Agents not started are skipped; the others stay as they are.
+    Abort { namespace: String, id: i64 },
+}
+
+const ROLLOUT_COLUMNS: &[(&str, &str)] = &[
+    ("ID", "id"),
+    ("CONFIGURATION", "configurationId"),
+    ("GENERATION", "configurationGeneration"),
+    ("STATE", "state"),
+    ("WAVE", "wave"),
+    ("WAVES", "waves"),
+    ("MESSAGE", "message"),
+];
+
+const AGENT_COLUMNS: &[(&str, &str)] = &[
+    ("AGENT", "agentId"),
+    ("WAVE", "wave"),
+    ("STATE", "state"),
+    ("REVISION", "revisionId"),
+    ("CODE", "code"),
+];
+
+fn show(cli: &Cli, rollout: &Value) {
+    if cli.output == super::Output::Json {
+        print(cli, rollout, &[]);
+        return;
+    }
+    print(cli, rollout, ROLLOUT_COLUMNS);
+    println!();
+    print(cli, &rollout["agents"], AGENT_COLUMNS);
+}
+
+/// One line of progress: state, wave, and Agents per state.
+fn progress(r: &Value) -> String {
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for a in r["agents"].as_array().into_iter().flatten() {
+        *counts
+            .entry(a["state"].as_str().unwrap_or("-"))
+            .or_default() += 1;
+    }
+    let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    format!(
+        "{} · wave {}/{} · {}",
+        r["state"].as_str().unwrap_or("-"),
+        r["wave"].as_u64().unwrap_or(0) + 1,
+        r["waves"].as_u64().unwrap_or(0),
+        counts.join(", ")
+    )
+}
+
+/// Follows a rollout until it is no longer open.
+fn wait(c: &Client, ns: &str, id: i64, timeout: u64) -> Result<Value> {
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        let r = c.request("GET", &format!("/namespaces/{ns}/rollouts/{id}"), None)?;
+        let line = progress(&r);
+        if line != last {
+            eprintln!(
+                "[{:>5.1}s] rollout {id}: {line}",
+                start.elapsed().as_secs_f64()
+            );
+            last = line;
+        }
+        let failed: Vec<String> = r["agents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| matches!(a["state"].as_str(), Some("failed" | "restored")))
+            .map(|a| {
+                format!(
+                    "{} {} ({})",
+                    a["agentId"].as_str().unwrap_or("-"),
+                    a["state"].as_str().unwrap_or("-"),
+                    a["code"].as_str().unwrap_or("-")
+                )
+            })
+            .collect();
+        let message = r["message"].as_str().unwrap_or("");
+        match r["state"].as_str() {
+            Some("done") if failed.is_empty() => return Ok(r),
+            Some("done" | "halted") => {
+                return Err(wait_failure(
+                    exit::WORK_FAILED,
+                    format!(
+                        "rollout {id} {}: {message}; {}",
+                        r["state"].as_str().unwrap_or("-"),
+                        failed.join(", ")
+                    ),
+                ));
+            }
+            Some("aborted") => {
+                return Err(wait_failure(
+                    exit::SUPERSEDED,
+                    format!("rollout {id} was aborted: {message}"),
+                ));
+            }
+            _ => {}
+        }
+        if start.elapsed() > Duration::from_secs(timeout) {
+            return Err(wait_failure(
+                exit::TIMED_OUT,
+                format!("rollout {id} not finished after {timeout} s ({last})"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
+    let action = |ns: &str, id: i64, verb: &str| -> Result<()> {
+        let r = c.request(
+            "POST",
+            &format!("/namespaces/{ns}/rollouts/{id}/{verb}"),
+            None,
+        )?;
+        show(cli, &r);
+        Ok(())
+    };
+    match cmd {
+        RolloutCmd::Create {
+            namespace,
+            configuration,
+            agents,
+            canary,
+            max_parallel,
+            max_failures,
+            pause_between,
+            manual_promote,
+            wait: follow,
+            timeout,
+        } => {
+            let body = NewRollout {
+                configuration_id: configuration.clone(),
+                agents: agents.clone(),
+                canary: Some(*canary),
+                max_parallel: Some(*max_parallel),
+                max_failures: Some(*max_failures),
+                pause_between_seconds: *pause_between,
+                manual_promote: *manual_promote,
+            };
+            let r = c.send("POST", &format!("/namespaces/{namespace}/rollouts"), &body)?;
+            let Some(id) = r["id"].as_i64() else {
+                anyhow::bail!("the rollout answer has no id");
+            };
+            if *follow {
+                eprintln!("rollout {id} created");
+                let done = wait(c, namespace, id, *timeout)?;
+                show(cli, &done);
+            } else {
+                show(cli, &r);
+            }
+            Ok(())
+        }
+        RolloutCmd::List { namespace } => {
+            let all = c.request("GET", &format!("/namespaces/{namespace}/rollouts"), None)?;
+            print(cli, &all, ROLLOUT_COLUMNS);
+            Ok(())
+        }
+        RolloutCmd::Status { namespace, id } => {
+            let r = c.request(
+                "GET",
+                &format!("/namespaces/{namespace}/rollouts/{id}"),
+                None,
+            )?;
+            show(cli, &r);
+            Ok(())
+        }
+        RolloutCmd::Pause { namespace, id } => action(namespace, *id, "pause"),
+        RolloutCmd::Resume { namespace, id } => action(namespace, *id, "resume"),
+        RolloutCmd::Promote { namespace, id } => action(namespace, *id, "promote"),
+        RolloutCmd::Abort { namespace, id } => action(namespace, *id, "abort"),
+    }
+}

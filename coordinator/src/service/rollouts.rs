@@ -1,0 +1,732 @@
+//! Rollouts: one Configuration generation to many Agents of a Namespace, a canary wave first,
+//! then waves of at most `maxParallel`, under one failure budget for the whole rollout.
+//!
+//! Everything a rollout is lives in the store (`store/rollouts.rs`), and [`Service::advance_rollouts`]
+//! moves every open rollout one step from what is stored: it records the outcome of finished
+//! deploys, halts a rollout whose budget is spent, and starts the next Agents. A coordinator
+//! that restarts picks up where the store says, and never deploys an Agent twice (an Agent
+//! leaves `pending` in the same transaction that queues its deploy).
+
+use std::time::Duration;
+
+use clawfleet_protocol::FailureCode;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{IDENT_PATTERN, Result, Service, ServiceError, check_id, now};
+use crate::codes::Code;
+use crate::model::{DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState};
+use crate::store::{RolloutInsert, RolloutRow, WorkState};
+
+/// Most Agents one rollout takes.
+pub const MAX_ROLLOUT_AGENTS: usize = 10_000;
+/// Most deploys one rollout runs at once.
+const MAX_PARALLEL: u32 = 1_000;
+/// The longest pause between waves: a day.
+const MAX_PAUSE_SECONDS: u32 = 86_400;
+/// Activation failures that fail an Agent's part in a rollout while its work still retries:
+/// the target ran the candidate and it did not become ready.
+const ACTIVATION_FAILED: &[FailureCode] = &[
+    FailureCode::ReadinessTimeout,
+    FailureCode::UnitFailed,
+    FailureCode::ListenerNotOwned,
+];
+/// How many rollouts `GET …/rollouts` lists, newest first.
+const LIST_LIMIT: u32 = 50;
+
+/// Body of `POST /namespaces/{ns}/rollouts`.
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewRollout {
+    /// The Configuration whose latest generation every selected Agent gets.
+    #[schemars(pattern(IDENT_PATTERN))]
+    pub configuration_id: String,
+    /// The Agents, in deploy order (default: every Agent of the Namespace on this
+    /// Configuration, by id). Agents on another Configuration move to this one.
+    #[serde(default)]
+    #[schemars(inner(pattern(IDENT_PATTERN)), length(min = 1, max = 10000))]
+    pub agents: Option<Vec<String>>,
+    /// Agents deployed first, as wave 0 (default 1; 0: no canary wave).
+    #[serde(default)]
+    pub canary: Option<u32>,
+    /// Most deploys at once, and the size of every wave after the canary (default 1).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_parallel: Option<u32>,
+    /// Failures (failed or restored Agents) the whole rollout tolerates; one more halts it
+    /// (default 0).
+    #[serde(default)]
+    pub max_failures: Option<u32>,
+    /// Seconds to wait after each wave before the next (default 0).
+    #[serde(default)]
+    #[schemars(range(max = 86400))]
+    pub pause_between_seconds: Option<u32>,
+    /// Wait for `promote` after each wave (the canary included) instead of continuing.
+    #[serde(default)]
+    pub manual_promote: bool,
+}
+
+/// An operator's action on a rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RolloutAction {
+    Pause,
+    Resume,
+    Promote,
+    Abort,
+}
+
+impl RolloutAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            RolloutAction::Pause => "pause",
+            RolloutAction::Resume => "resume",
+            RolloutAction::Promote => "promote",
+            RolloutAction::Abort => "abort",
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> ServiceError {
+    ServiceError::Invalid {
+        code: Code::InvalidRollout,
+        message: message.into(),
+    }
+}
+
+/// Wave of each Agent in deploy order: the first `canary` are wave 0, the rest in waves of
+/// `max_parallel` after it.
+fn waves(count: usize, canary: u32, max_parallel: u32) -> Vec<u32> {
+    let canary = canary as usize;
+    let first = u32::from(canary > 0);
+    (0..count)
+        .map(|i| {
+            if i < canary {
+                0
+            } else {
+                first + ((i - canary) / max_parallel.max(1) as usize) as u32
+            }
+        })
+        .collect()
+}
+
+impl Service {
+    /// Creates a rollout (state `running`) and starts its first Agents at once.
+    pub fn create_rollout(&self, actor: &str, ns: &str, r: NewRollout) -> Result<Rollout> {
+        let namespace = self.namespace(ns)?;
+        if namespace.deleting {
+            return Err(ServiceError::conflict(
+                Code::NamespaceDeleting,
+                format!("Namespace {ns} is being deleted"),
+            ));
+        }
+        check_id("configurationId", &r.configuration_id)?;
+        let cfg = self
+            .store
+            .configuration(ns, &r.configuration_id)?
+            .ok_or_else(|| {
+                ServiceError::invalid(
+                    Code::UnknownConfiguration,
+                    format!("configuration {} does not exist", r.configuration_id),
+                )
+            })?;
+        // Refuse what can never be deployed now, not Agent by Agent.
+        super::rendered_for(&namespace, &cfg.document)?;
+        let agents = match &r.agents {
+            Some(list) => {
+                if list.len() > MAX_ROLLOUT_AGENTS {
+                    return Err(invalid(format!(
+                        "agents names {} Agents; a rollout takes at most {MAX_ROLLOUT_AGENTS}",
+                        list.len()
+                    )));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for a in list {
+                    check_id("agents[]", a)?;
+                    if !seen.insert(a.as_str()) {
+                        return Err(invalid(format!("agents names {a} twice")));
+                    }
+                }
+                list.clone()
+            }
+            None => self
+                .store
+                .agents(ns)?
+                .into_iter()
+                .filter(|a| {
+                    a.configuration_id == cfg.id && a.desired_state != DesiredState::Deleted
+                })
+                .map(|a| a.id)
+                .take(MAX_ROLLOUT_AGENTS)
+                .collect(),
+        };
+        if agents.is_empty() {
+            return Err(ServiceError::invalid(
+                Code::RolloutEmpty,
+                format!(
+                    "no Agent of Namespace {ns} uses configuration {}; name them with agents",
+                    cfg.id
+                ),
+            ));
+        }
+        let max_parallel = r.max_parallel.unwrap_or(1);
+        if !(1..=MAX_PARALLEL).contains(&max_parallel) {
+            return Err(invalid(format!(
+                "maxParallel {max_parallel} must be 1 to {MAX_PARALLEL}"
+            )));
+        }
+        let canary = r.canary.unwrap_or(1);
+        if canary as usize > agents.len() {
+            return Err(invalid(format!(
+                "canary {canary} is more than the {} Agents selected",
+                agents.len()
+            )));
+        }
+        let pause = r.pause_between_seconds.unwrap_or(0);
+        if pause > MAX_PAUSE_SECONDS {
+            return Err(invalid(format!(
+                "pauseBetweenSeconds {pause} must be at most {MAX_PAUSE_SECONDS}"
+            )));
+        }
+        if pause > 0 && r.manual_promote {
+            return Err(invalid(
+                "pauseBetweenSeconds and manualPromote exclude each other: either the next wave \
+                 starts after the pause, or when promoted",
+            ));
+        }
+        let max_failures = r.max_failures.unwrap_or(0);
+        let row = RolloutRow {
+            namespace_id: ns.to_owned(),
+            configuration_id: cfg.id.clone(),
+            configuration_generation: cfg.generation,
+            canary,
+            max_parallel,
+            max_failures,
+            pause_between_seconds: pause,
+            manual_promote: r.manual_promote,
+            created_by: actor.to_owned(),
+            agents: agents
+                .iter()
+                .cloned()
+                .zip(waves(agents.len(), canary, max_parallel))
+                .collect(),
+            now: now(),
+        };
+        let id = match self.store.insert_rollout(&row)? {
+            RolloutInsert::Created(id) => id,
+            RolloutInsert::Busy { agent, rollout } => {
+                return Err(super::in_rollout(ns, &agent, rollout));
+            }
+            RolloutInsert::AgentUnavailable(agent) => {
+                return Err(ServiceError::not_found("Agent", &agent));
+            }
+        };
+        self.audit(
+            actor,
+            "rollout.create",
+            &format!("{ns}/{id}"),
+            json!({"configurationId": cfg.id, "generation": cfg.generation, "agents": agents.len(),
+                   "canary": canary, "maxParallel": max_parallel, "maxFailures": max_failures,
+                   "pauseBetweenSeconds": pause, "manualPromote": r.manual_promote}),
+        )?;
+        self.advance_rollout_logged(id);
+        self.rollout(ns, id)
+    }
+
+    pub fn rollout(&self, ns: &str, id: i64) -> Result<Rollout> {
+        self.namespace(ns)?;
+        self.store
+            .rollout(ns, id)?
+            .ok_or_else(|| ServiceError::not_found("rollout", &id.to_string()))
+    }
+
+    /// A Namespace's newest rollouts, newest first.
+    pub fn rollouts(&self, ns: &str) -> Result<Vec<Rollout>> {
+        self.namespace(ns)?;
+        Ok(self.store.rollouts(ns, LIST_LIMIT)?)
+    }
+
+    /// Pause (running → paused: nothing new starts, deploys in flight finish), resume
+    /// (paused → running), promote (waiting → the next wave; or skip the pause between
+    /// waves), abort (any open state → aborted: Agents not started are skipped, the others
+    /// stay as they are).
+    pub fn rollout_action(
+        &self,
+        actor: &str,
+        ns: &str,
+        id: i64,
+        action: RolloutAction,
+    ) -> Result<Rollout> {
+        let r = self.rollout(ns, id)?;
+        let t = now();
+        let conflict = |what: &str| {
+            ServiceError::conflict(
+                Code::RolloutStateConflict,
+                format!("rollout {id} is {}; {what}", r.state.as_str()),
+            )
+        };
+        let at = (r.state, r.wave);
+        let moved = match (action, r.state) {
+            (RolloutAction::Pause, RolloutState::Running) => self.store.set_rollout(
+                id,
+                at,
+                RolloutState::Paused,
+                r.wave,
+                self.store.rollout_next_wave_ms(id)?,
+                Some(&format!("paused by {actor}")),
+                t,
+            )?,
+            (RolloutAction::Pause, _) => return Err(conflict("only a running rollout pauses")),
+            (RolloutAction::Resume, RolloutState::Paused) => self.store.set_rollout(
+                id,
+                at,
+                RolloutState::Running,
+                r.wave,
+                self.store.rollout_next_wave_ms(id)?,
+                Some(&format!("resumed by {actor}")),
+                t,
+            )?,
+            (RolloutAction::Resume, _) => return Err(conflict("only a paused rollout resumes")),
+            (RolloutAction::Promote, RolloutState::Waiting) => self.store.set_rollout(
+                id,
+                at,
+                RolloutState::Running,
+                r.wave + 1,
+                None,
+                Some(&format!("wave {} promoted by {actor}", r.wave + 1)),
+                t,
+            )?,
+            (RolloutAction::Promote, RolloutState::Running) if r.next_wave_at.is_some() => {
+                self.store.set_rollout(
+                    id,
+                    at,
+                    RolloutState::Running,
+                    r.wave + 1,
+                    None,
+                    Some(&format!("pause skipped by {actor}")),
+                    t,
+                )?
+            }
+            (RolloutAction::Promote, _) => {
+                return Err(conflict(
+                    "only a rollout waiting for promotion (or pausing between waves) promotes",
+                ));
+            }
+            (RolloutAction::Abort, s) if s.is_open() => {
+                let moved = self.store.set_rollout(
+                    id,
+                    at,
+                    RolloutState::Aborted,
+                    r.wave,
+                    None,
+                    Some(&format!("aborted by {actor}")),
+                    t,
+                )?;
+                if moved {
+                    self.store.skip_pending_rollout_agents(
+                        id,
+                        (
+                            Code::RolloutAborted.as_str(),
+                            "the rollout was aborted first",
+                        ),
+                        t,
+                    )?;
+                }
+                moved
+            }
+            (RolloutAction::Abort, _) => return Err(conflict("a finished rollout stays as it is")),
+        };
+        if !moved {
+            return Err(ServiceError::conflict(
+                Code::RolloutStateConflict,
+                format!("rollout {id} changed meanwhile; look again and retry"),
+            ));
+        }
+        self.audit(
+            actor,
+            &format!("rollout.{}", action.as_str()),
+            &format!("{ns}/{id}"),
+            json!({"from": r.state, "wave": r.wave}),
+        )?;
+        self.advance_rollout_logged(id);
+        self.rollout(ns, id)
+    }
+
+    /// One scheduler pass over every rollout that needs one. A failure of one rollout is
+    /// logged and does not stop the others.
+    pub fn advance_rollouts(&self) -> Result<()> {
+        for r in self.store.rollouts_to_advance()? {
+            if let Err(e) = self.advance(r.clone()) {
+                tracing::warn!(rollout = r.id, "cannot advance the rollout: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn advance_rollout_logged(&self, id: i64) {
+        let found = self
+            .store
+            .rollouts_to_advance()
+            .map(|all| all.into_iter().find(|r| r.id == id));
+        let result = match found {
+            Ok(Some(r)) => self.advance(r),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = result {
+            tracing::warn!(rollout = id, "cannot advance the rollout: {e}");
+        }
+    }
+
+    /// Moves one rollout as far as the store allows now.
+    fn advance(&self, mut r: Rollout) -> Result<()> {
+        self.record_outcomes(&mut r)?;
+        if !r.state.is_open() {
+            return Ok(());
+        }
+        let failures = r.failures();
+        if failures > r.max_failures {
+            return self.halt(&r, failures);
+        }
+        if r.state != RolloutState::Running {
+            return Ok(());
+        }
+        let mut wave = r.wave;
+        loop {
+            let deploying = r
+                .agents
+                .iter()
+                .filter(|a| a.state == RolloutAgentState::Deploying)
+                .count() as u32;
+            let pending: Vec<String> = r
+                .agents
+                .iter()
+                .filter(|a| a.wave == wave && a.state == RolloutAgentState::Pending)
+                .map(|a| a.agent_id.clone())
+                .collect();
+            if !pending.is_empty() {
+                let room = r.max_parallel.saturating_sub(deploying) as usize;
+                for agent in pending.iter().take(room) {
+                    self.start_agent(&r, agent)?;
+                }
+                return Ok(());
+            }
+            if deploying > 0 {
+                return Ok(());
+            }
+            // The wave is over.
+            let t = now();
+            if wave + 1 >= r.waves {
+                let msg = format!(
+                    "{} Agents deployed, {failures} failed (at most {} tolerated)",
+                    r.agents.len() as u32 - failures,
+                    r.max_failures
+                );
+                if self.store.set_rollout(
+                    r.id,
+                    (RolloutState::Running, wave),
+                    RolloutState::Done,
+                    wave,
+                    None,
+                    Some(&msg),
+                    t,
+                )? {
+                    self.audit(
+                        "coordinator",
+                        "rollout.done",
+                        &format!("{}/{}", r.namespace_id, r.id),
+                        json!({"failures": failures, "agents": r.agents.len()}),
+                    )?;
+                }
+                return Ok(());
+            }
+            if r.manual_promote {
+                self.store.set_rollout(
+                    r.id,
+                    (RolloutState::Running, wave),
+                    RolloutState::Waiting,
+                    wave,
+                    None,
+                    Some(&format!(
+                        "wave {wave} is done; `occ rollout promote` starts wave {}",
+                        wave + 1
+                    )),
+                    t,
+                )?;
+                return Ok(());
+            }
+            if r.pause_between_seconds > 0 {
+                let now_ms = crate::clock::now_ms();
+                match self.store.rollout_next_wave_ms(r.id)? {
+                    None => {
+                        let at = now_ms + i64::from(r.pause_between_seconds) * 1000;
+                        self.store.set_rollout(
+                            r.id,
+                            (RolloutState::Running, wave),
+                            RolloutState::Running,
+                            wave,
+                            Some(at),
+                            Some(&format!(
+                                "wave {wave} is done; wave {} starts in {} s",
+                                wave + 1,
+                                r.pause_between_seconds
+                            )),
+                            t,
+                        )?;
+                        return Ok(());
+                    }
+                    Some(at) if now_ms < at => return Ok(()),
+                    Some(_) => {}
+                }
+            }
+            if !self.store.set_rollout(
+                r.id,
+                (RolloutState::Running, wave),
+                RolloutState::Running,
+                wave + 1,
+                None,
+                Some(&format!("wave {} started", wave + 1)),
+                t,
+            )? {
+                return Ok(());
+            }
+            wave += 1;
+            r.wave = wave;
+        }
+    }
+
+    /// Records how the deploys in flight ended.
+    fn record_outcomes(&self, r: &mut Rollout) -> Result<()> {
+        let t = now();
+        for a in r
+            .agents
+            .iter_mut()
+            .filter(|a| a.state == RolloutAgentState::Deploying)
+        {
+            let work = match a.work_id {
+                Some(w) => self.store.work_item(&r.namespace_id, &a.agent_id, w)?,
+                None => None,
+            };
+            let agent = self.store.agent(&r.namespace_id, &a.agent_id)?;
+            let (state, code, message) = match (&work, &agent) {
+                (_, None) => (
+                    RolloutAgentState::Skipped,
+                    Code::AgentGone.as_str().to_owned(),
+                    "the Agent was deleted during the rollout".to_owned(),
+                ),
+                (None, Some(_)) => (
+                    RolloutAgentState::Failed,
+                    Code::InvalidState.as_str().to_owned(),
+                    "the rollout's deploy work is missing".to_owned(),
+                ),
+                (Some(w), Some(_)) if matches!(w.state, WorkState::Queued | WorkState::Running) => {
+                    // With restore none the worker keeps retrying a candidate that did not
+                    // become ready (the seed's behaviour); for the rollout its activation
+                    // failed once the target reported why.
+                    let evidence = match &a.revision_id {
+                        Some(rev) => self
+                            .store
+                            .revision(&r.namespace_id, &a.agent_id, rev)?
+                            .and_then(|rev| rev.runtime_failure),
+                        None => None,
+                    };
+                    let code = evidence
+                        .as_ref()
+                        .and_then(|e| e["code"].as_str())
+                        .filter(|c| ACTIVATION_FAILED.iter().any(|f| f.as_str() == *c));
+                    match code {
+                        Some(code) => (
+                            RolloutAgentState::Failed,
+                            code.to_owned(),
+                            format!(
+                                "the candidate did not become ready ({}); the worker keeps \
+                                 retrying it (restore: none)",
+                                evidence
+                                    .as_ref()
+                                    .and_then(|e| e["message"].as_str())
+                                    .unwrap_or(code)
+                            ),
+                        ),
+                        None => continue,
+                    }
+                }
+                (Some(w), Some(agent)) => {
+                    let (code, message) = w
+                        .last_attempt
+                        .as_ref()
+                        .map(|l| (l.code.clone(), l.message.clone()))
+                        .unwrap_or_default();
+                    let active = match &a.revision_id {
+                        Some(rev) => self
+                            .store
+                            .revision(&r.namespace_id, &a.agent_id, rev)?
+                            .is_some_and(|rev| rev.status == RevisionStatus::Active),
+                        None => false,
+                    };
+                    let state = if w.state == WorkState::Done
+                        && active
+                        && agent.active_revision_id == a.revision_id
+                    {
+                        RolloutAgentState::Succeeded
+                    } else if code == Code::RevisionRestored.as_str() {
+                        RolloutAgentState::Restored
+                    } else {
+                        RolloutAgentState::Failed
+                    };
+                    (state, code, message)
+                }
+            };
+            if self.store.finish_rollout_agent(
+                r.id,
+                &a.agent_id,
+                RolloutAgentState::Deploying,
+                state,
+                (&code, &message),
+                t,
+            )? {
+                a.state = state;
+                a.code = Some(code);
+                a.message = Some(message);
+                a.finished_at = Some(t);
+            }
+        }
+        Ok(())
+    }
+
+    /// The budget is spent: nothing more starts; Agents not started are skipped.
+    fn halt(&self, r: &Rollout, failures: u32) -> Result<()> {
+        let t = now();
+        let failed: Vec<&str> = r
+            .agents
+            .iter()
+            .filter(|a| a.state.is_failure())
+            .map(|a| a.agent_id.as_str())
+            .collect();
+        let msg = format!(
+            "halted: {failures} Agents failed, more than the {} tolerated ({})",
+            r.max_failures,
+            failed.join(", ")
+        );
+        if self.store.set_rollout(
+            r.id,
+            (r.state, r.wave),
+            RolloutState::Halted,
+            r.wave,
+            None,
+            Some(&msg),
+            t,
+        )? {
+            self.store.skip_pending_rollout_agents(
+                r.id,
+                (
+                    Code::RolloutHalted.as_str(),
+                    "the failure budget was spent first",
+                ),
+                t,
+            )?;
+            tracing::warn!(rollout = r.id, "{msg}");
+            self.audit(
+                "coordinator",
+                "rollout.halted",
+                &format!("{}/{}", r.namespace_id, r.id),
+                json!({"failed": failed, "maxFailures": r.max_failures}),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Deploys one pending Agent: its next revision from the rollout's generation.
+    fn start_agent(&self, r: &Rollout, agent: &str) -> Result<()> {
+        let t = now();
+        let skip = |state: RolloutAgentState, code: Code, message: String| -> Result<()> {
+            self.store.finish_rollout_agent(
+                r.id,
+                agent,
+                RolloutAgentState::Pending,
+                state,
+                (code.as_str(), &message),
+                t,
+            )?;
+            Ok(())
+        };
+        let live = self
+            .store
+            .agent(&r.namespace_id, agent)?
+            .filter(|a| a.desired_state != DesiredState::Deleted);
+        if live.is_none() {
+            return skip(
+                RolloutAgentState::Skipped,
+                Code::AgentGone,
+                "the Agent was deleted before its turn".to_owned(),
+            );
+        }
+        let ns = self.namespace(&r.namespace_id)?;
+        let Some(cfg) = self.store.configuration_at(
+            &r.namespace_id,
+            &r.configuration_id,
+            Some(r.configuration_generation),
+        )?
+        else {
+            return skip(
+                RolloutAgentState::Failed,
+                Code::UnknownConfiguration,
+                format!(
+                    "configuration {} generation {} is gone",
+                    r.configuration_id, r.configuration_generation
+                ),
+            );
+        };
+        let mut rev = match self.build_revision(&ns, agent, &cfg) {
+            Ok(rev) => rev,
+            Err(ServiceError::Invalid { code, message }) => {
+                return skip(RolloutAgentState::Failed, code, message);
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(work) =
+            self.store
+                .start_rollout_deploy(r.id, &mut rev, crate::clock::now_ms())?
+        {
+            self.audit(
+                &format!("rollout:{}", r.id),
+                "agent.deploy",
+                &format!("{}/{agent}", r.namespace_id),
+                json!({"revisionId": rev.id, "number": rev.number, "workId": work,
+                       "rolloutId": r.id, "createdBy": r.created_by}),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs scheduler passes every `interval` until `stop` turns true.
+pub async fn run(
+    service: Service,
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        if let Err(e) = service.advance_rollouts() {
+            tracing::warn!("rollout pass failed: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waves;
+
+    #[test]
+    fn the_canary_is_wave_0_and_the_rest_come_in_waves_of_max_parallel() {
+        assert_eq!(waves(7, 2, 2), vec![0, 0, 1, 1, 2, 2, 3]);
+        assert_eq!(waves(5, 0, 2), vec![0, 0, 1, 1, 2]);
+        assert_eq!(waves(3, 3, 1), vec![0, 0, 0]);
+        assert_eq!(waves(4, 1, 10), vec![0, 1, 1, 1]);
+    }
+}

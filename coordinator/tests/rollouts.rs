@@ -1,0 +1,565 @@
+//! Rollouts over hostd's real engine in process (tests/hostd_engine/mod.rs), with the worker
+//! running concurrently: a canary whose gateway never becomes ready halts the rollout and
+//! leaves every other Agent on its old revision; a good generation goes out in waves with
+//! never more than maxParallel activations at once; pause, resume, manual promotion and
+//! abort; a restarted coordinator resumes without deploying an Agent twice; ordinary deploys
+//! of an Agent in an open rollout are refused; and every bad request is refused naming what
+//! is wrong, storing nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hostd_engine;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clawfleet_protocol::failure::FailureCode;
+use coordinator::config::WorkerSettings;
+use coordinator::model::{Rollout, RolloutAgentState, RolloutState};
+use coordinator::service::{
+    NewAgent, NewHost, NewNamespace, NewRollout, RolloutAction, Service, ServiceError,
+};
+use coordinator::store::Store;
+use coordinator::worker::Worker;
+use hostd_engine::EngineBackend;
+use serde_json::json;
+
+const HOST_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+const NS: &str = "ns1";
+
+fn settings() -> WorkerSettings {
+    WorkerSettings {
+        lease: Duration::from_millis(500),
+        backoff_initial: Duration::from_millis(5),
+        backoff_max: Duration::from_millis(50),
+        readiness_recheck: Duration::from_millis(5),
+        readiness_recheck_max: Duration::from_millis(50),
+        poll: Duration::from_millis(10),
+        ..WorkerSettings::default()
+    }
+}
+
+struct World {
+    svc: Service,
+    store: Store,
+    backend: Arc<EngineBackend>,
+    stop: tokio::sync::watch::Sender<bool>,
+    worker: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn agents(n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("a{i:02}")).collect()
+}
+
+impl World {
+    /// 3 hosts, `n` Agents on Configuration `cfg`, each deployed once (rev-1 serves).
+    async fn new(n: usize) -> Self {
+        let store = Store::in_memory().unwrap();
+        let svc = Service::new(store.clone());
+        let names: Vec<String> = (1..=3).map(|i| format!("h{i}")).collect();
+        for h in &names {
+            svc.enrol_host(
+                "test",
+                NewHost {
+                    name: h.clone(),
+                    address: "127.0.0.1".into(),
+                    port: 22,
+                    host_key: HOST_KEY.into(),
+                    max_agents: 100,
+                },
+            )
+            .unwrap();
+        }
+        svc.create_namespace(
+            "test",
+            NewNamespace {
+                id: NS.into(),
+                name: None,
+                hosts: names,
+                cluster: None,
+                single_tenant: false,
+            },
+            true,
+        )
+        .unwrap();
+        svc.put_configuration(
+            "test",
+            NS,
+            "cfg",
+            json!({"logging": {"level": "info"}}),
+            true,
+        )
+        .unwrap();
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let mut w = Self {
+            svc,
+            store,
+            backend: Arc::new(EngineBackend::new()),
+            stop,
+            worker: None,
+        };
+        w.start_worker();
+        for a in agents(n) {
+            w.svc
+                .create_agent(
+                    "test",
+                    NS,
+                    NewAgent {
+                        id: a.clone(),
+                        service_principal_id: None,
+                        configuration_id: "cfg".into(),
+                        harness_auth: None,
+                        restore: None,
+                    },
+                )
+                .unwrap();
+            w.svc.deploy("test", NS, &a).unwrap();
+        }
+        w.until("every Agent serves rev-1", || {
+            agents(n)
+                .iter()
+                .all(|a| w.served(a).as_deref() == Some("rev-1"))
+        })
+        .await;
+        w
+    }
+
+    fn start_worker(&mut self) {
+        let worker = Arc::new(Worker::new(
+            self.store.clone(),
+            self.backend.clone(),
+            settings(),
+        ));
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        self.stop = tx;
+        self.worker = Some(tokio::spawn(worker.run(8, rx)));
+    }
+
+    async fn stop_worker(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(h) = self.worker.take() {
+            h.abort();
+            let _ = h.await;
+        }
+    }
+
+    /// What the Agent's host serves (hostd's own `status`), `None` if nothing.
+    fn served(&self, agent: &str) -> Option<String> {
+        let a = self.store.agent(NS, agent).unwrap()?;
+        self.backend.agent(a.host.as_deref()?, NS, agent)?.served
+    }
+
+    /// Runs scheduler passes until `done` holds (at most 30 s).
+    async fn until(&self, what: &str, done: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            self.svc.advance_rollouts().unwrap();
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not within 30 s: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn rollout(&self, id: i64) -> Rollout {
+        self.svc.rollout(NS, id).unwrap()
+    }
+
+    async fn until_state(&self, id: i64, state: RolloutState) -> Rollout {
+        self.until(&format!("rollout {id} {}", state.as_str()), || {
+            self.rollout(id).state == state
+        })
+        .await;
+        self.rollout(id)
+    }
+
+    fn new_generation(&self, label: &str) {
+        self.svc
+            .put_configuration(
+                "test",
+                NS,
+                "cfg",
+                json!({"logging": {"level": "info"}, "ui": {"assistant": {"name": label}}}),
+                false,
+            )
+            .unwrap();
+    }
+}
+
+fn rollout(canary: u32, max_parallel: u32, max_failures: u32) -> NewRollout {
+    NewRollout {
+        configuration_id: "cfg".into(),
+        canary: Some(canary),
+        max_parallel: Some(max_parallel),
+        max_failures: Some(max_failures),
+        ..NewRollout::default()
+    }
+}
+
+fn code_of(e: ServiceError) -> String {
+    match e {
+        ServiceError::Invalid { code, .. } | ServiceError::Conflict { code, .. } => {
+            code.as_str().to_owned()
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_moves() {
+    let mut w = World::new(12).await;
+    let before: Vec<_> = agents(12)
+        .iter()
+        .map(|a| w.store.revisions(NS, a).unwrap().len())
+        .collect();
+    assert!(before.iter().all(|n| *n == 1));
+    w.new_generation("bad");
+    w.backend
+        .fail_activations_of("a01", FailureCode::ReadinessTimeout);
+    w.backend
+        .fail_activations_of("a02", FailureCode::ReadinessTimeout);
+    let r = w.svc.create_rollout("op", NS, rollout(2, 3, 1)).unwrap();
+    assert_eq!(r.agents.len(), 12);
+    assert_eq!(r.waves, 1 + 4, "{r:?}");
+    assert_eq!(
+        r.agents.iter().filter(|a| a.wave == 0).count(),
+        2,
+        "two canaries"
+    );
+    // An Agent of an open rollout is not deployed, reconfigured or reconciled by hand.
+    for refused in [
+        w.svc.deploy("op", NS, "a07").map(|_| ()),
+        w.svc.reconcile("op", NS, "a07").map(|_| ()),
+        w.svc
+            .patch_agent(
+                "op",
+                NS,
+                "a07",
+                coordinator::service::AgentPatch {
+                    configuration_id: Some("cfg".into()),
+                    restore: None,
+                },
+            )
+            .map(|_| ()),
+    ] {
+        assert_eq!(code_of(refused.unwrap_err()), "ROLLOUT_IN_PROGRESS");
+    }
+    // Nor taken into a second rollout.
+    assert_eq!(
+        code_of(
+            w.svc
+                .create_rollout("op", NS, rollout(1, 1, 0))
+                .unwrap_err()
+        ),
+        "ROLLOUT_IN_PROGRESS"
+    );
+    let r = w.until_state(r.id, RolloutState::Halted).await;
+    let failed: Vec<_> = r
+        .agents
+        .iter()
+        .filter(|a| a.state == RolloutAgentState::Failed)
+        .map(|a| (a.agent_id.as_str(), a.code.as_deref()))
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("a01", Some("READINESS_TIMEOUT")),
+            ("a02", Some("READINESS_TIMEOUT"))
+        ],
+        "{r:?}"
+    );
+    assert!(r.message.as_deref().unwrap().contains("a01, a02"), "{r:?}");
+    for a in &r.agents[2..] {
+        assert_eq!(a.state, RolloutAgentState::Skipped, "{a:?}");
+        assert_eq!(a.code.as_deref(), Some("ROLLOUT_HALTED"));
+        assert!(a.revision_id.is_none());
+    }
+    // The other ten were never touched: one revision each, rev-1 active and served.
+    for a in &agents(12)[2..] {
+        assert_eq!(w.store.revisions(NS, a).unwrap().len(), 1, "{a}");
+        let agent = w.store.agent(NS, a).unwrap().unwrap();
+        assert_eq!(agent.active_revision_id.as_deref(), Some("rev-1"));
+        assert_eq!(w.served(a).as_deref(), Some("rev-1"), "{a}");
+    }
+    // Halted: a deploy by hand is allowed again, and the rollout takes no more actions.
+    assert_eq!(
+        code_of(
+            w.svc
+                .rollout_action("op", NS, r.id, RolloutAction::Resume)
+                .unwrap_err()
+        ),
+        "ROLLOUT_STATE_CONFLICT"
+    );
+    w.svc.deploy("op", NS, "a07").unwrap();
+    let audit = w
+        .store
+        .audit_events_of(100, Some("rollout.halted"))
+        .unwrap();
+    assert_eq!(audit.len(), 1);
+    w.stop_worker().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_good_generation_goes_out_in_waves_never_more_than_max_parallel_at_once() {
+    let mut w = World::new(12).await;
+    w.new_generation("good");
+    // The first deploys ran 8 at once; the rollout's are counted from here.
+    w.backend.reset_concurrency();
+    let r = w.svc.create_rollout("op", NS, rollout(1, 3, 0)).unwrap();
+    let r = w.until_state(r.id, RolloutState::Done).await;
+    assert_eq!(r.failures(), 0, "{r:?}");
+    for a in &r.agents {
+        assert_eq!(a.state, RolloutAgentState::Succeeded, "{a:?}");
+        assert_eq!(a.code.as_deref(), Some("REVISION_ACTIVATED"));
+        assert_eq!(w.served(&a.agent_id).as_deref(), Some("rev-2"));
+        let rev = w.store.revision(NS, &a.agent_id, "rev-2").unwrap().unwrap();
+        assert_eq!(rev.configuration_generation, 2);
+    }
+    let most = w.backend.most_concurrent_activations();
+    assert!(most <= 3, "{most} activations at once, maxParallel 3");
+    assert!(most >= 2, "the waves ran one at a time ({most})");
+    let deploys = w.store.audit_events_of(100, Some("agent.deploy")).unwrap();
+    assert_eq!(
+        deploys
+            .iter()
+            .filter(|e| e.actor == format!("rollout:{}", r.id))
+            .count(),
+        12
+    );
+    w.stop_worker().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pause_resume_promote_and_abort() {
+    let mut w = World::new(5).await;
+    w.new_generation("two");
+    let mut req = rollout(1, 1, 0);
+    req.manual_promote = true;
+    let r = w.svc.create_rollout("op", NS, req).unwrap();
+    let r = w.until_state(r.id, RolloutState::Waiting).await;
+    assert_eq!(r.agents[0].state, RolloutAgentState::Succeeded);
+    assert!(
+        r.agents[1..]
+            .iter()
+            .all(|a| a.state == RolloutAgentState::Pending)
+    );
+    // Waiting stays waiting.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    w.svc.advance_rollouts().unwrap();
+    assert_eq!(w.rollout(r.id).state, RolloutState::Waiting);
+    for (action, from) in [
+        (RolloutAction::Pause, "waiting"),
+        (RolloutAction::Resume, "waiting"),
+    ] {
+        let e = w.svc.rollout_action("op", NS, r.id, action).unwrap_err();
+        assert!(e.to_string().contains(from), "{e}");
+    }
+    let r = w
+        .svc
+        .rollout_action("op", NS, r.id, RolloutAction::Promote)
+        .unwrap();
+    assert_eq!((r.state, r.wave), (RolloutState::Running, 1));
+    let r = w.until_state(r.id, RolloutState::Waiting).await;
+    assert_eq!(r.agents[1].state, RolloutAgentState::Succeeded);
+    w.svc
+        .rollout_action("op", NS, r.id, RolloutAction::Promote)
+        .unwrap();
+    // Paused at once: whatever was started finishes, nothing new starts.
+    let r = w
+        .svc
+        .rollout_action("op", NS, r.id, RolloutAction::Pause)
+        .unwrap();
+    assert_eq!(r.state, RolloutState::Paused);
+    w.until("the started deploy finishes", || {
+        w.rollout(r.id)
+            .agents
+            .iter()
+            .all(|a| a.state != RolloutAgentState::Deploying)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    w.svc.advance_rollouts().unwrap();
+    let paused = w.rollout(r.id);
+    assert_eq!(paused.state, RolloutState::Paused);
+    let started = paused
+        .agents
+        .iter()
+        .filter(|a| a.state != RolloutAgentState::Pending)
+        .count();
+    assert_eq!(started, 3, "{paused:?}");
+    w.svc
+        .rollout_action("op", NS, r.id, RolloutAction::Resume)
+        .unwrap();
+    let r = w.until_state(r.id, RolloutState::Waiting).await;
+    // Abort: the Agents done stay as they are, the rest are skipped.
+    let r = w
+        .svc
+        .rollout_action("op", NS, r.id, RolloutAction::Abort)
+        .unwrap();
+    assert_eq!(r.state, RolloutState::Aborted);
+    let states: Vec<_> = r.agents.iter().map(|a| a.state).collect();
+    assert_eq!(
+        states,
+        [
+            RolloutAgentState::Succeeded,
+            RolloutAgentState::Succeeded,
+            RolloutAgentState::Succeeded,
+            RolloutAgentState::Skipped,
+            RolloutAgentState::Skipped
+        ]
+    );
+    assert_eq!(w.served("a05").as_deref(), Some("rev-1"));
+    assert_eq!(w.served("a01").as_deref(), Some("rev-2"));
+    assert_eq!(
+        code_of(
+            w.svc
+                .rollout_action("op", NS, r.id, RolloutAction::Abort)
+                .unwrap_err()
+        ),
+        "ROLLOUT_STATE_CONFLICT"
+    );
+    let actions: Vec<String> = w
+        .store
+        .audit_events(100)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.action.starts_with("rollout."))
+        .map(|e| e.action)
+        .collect();
+    for a in [
+        "rollout.create",
+        "rollout.promote",
+        "rollout.pause",
+        "rollout.resume",
+        "rollout.abort",
+    ] {
+        assert!(
+            actions.iter().any(|x| x == a),
+            "{a} not audited: {actions:?}"
+        );
+    }
+    w.stop_worker().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_coordinator_resumes_without_deploying_an_agent_twice() {
+    let mut w = World::new(6).await;
+    w.new_generation("resume");
+    let mut req = rollout(1, 2, 0);
+    req.pause_between_seconds = Some(1);
+    let r = w.svc.create_rollout("op", NS, req).unwrap();
+    w.until("the canary is done and the pause runs", || {
+        w.rollout(r.id).next_wave_at.is_some()
+    })
+    .await;
+    // The coordinator dies: its worker and scheduler are gone; a new one opens the store.
+    w.stop_worker().await;
+    w.svc = Service::new(w.store.clone());
+    w.start_worker();
+    let r = w.until_state(r.id, RolloutState::Done).await;
+    for a in &r.agents {
+        assert_eq!(a.state, RolloutAgentState::Succeeded, "{a:?}");
+        assert_eq!(
+            w.store.revisions(NS, &a.agent_id).unwrap().len(),
+            2,
+            "{} deployed twice",
+            a.agent_id
+        );
+    }
+    // The pause between waves was kept: wave 1 started at least a second after wave 0 ended.
+    let canary_done = r.agents[0].finished_at.unwrap();
+    let wave1_started = r.agents[1].started_at.unwrap();
+    assert!(wave1_started > canary_done, "{r:?}");
+    w.stop_worker().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_rollouts_are_refused_naming_what_is_wrong_and_store_nothing() {
+    let mut w = World::new(2).await;
+    let rows = w.store.row_counts().unwrap();
+    let cases: Vec<(NewRollout, &str, &str)> = vec![
+        (
+            NewRollout {
+                configuration_id: "nope".into(),
+                ..NewRollout::default()
+            },
+            "UNKNOWN_CONFIGURATION",
+            "nope",
+        ),
+        (rollout(3, 1, 0), "INVALID_ROLLOUT", "canary 3"),
+        (rollout(1, 0, 0), "INVALID_ROLLOUT", "maxParallel 0"),
+        (
+            NewRollout {
+                pause_between_seconds: Some(5),
+                manual_promote: true,
+                ..rollout(1, 1, 0)
+            },
+            "INVALID_ROLLOUT",
+            "exclude",
+        ),
+        (
+            NewRollout {
+                pause_between_seconds: Some(100_000),
+                ..rollout(1, 1, 0)
+            },
+            "INVALID_ROLLOUT",
+            "pauseBetweenSeconds",
+        ),
+        (
+            NewRollout {
+                agents: Some(vec!["a01".into(), "a01".into()]),
+                ..rollout(1, 1, 0)
+            },
+            "INVALID_ROLLOUT",
+            "a01 twice",
+        ),
+        (
+            NewRollout {
+                agents: Some(vec!["../x".into()]),
+                ..rollout(0, 1, 0)
+            },
+            "INVALID_IDENTIFIER",
+            "agents[]",
+        ),
+        (
+            NewRollout {
+                agents: Some(vec![]),
+                ..rollout(0, 1, 0)
+            },
+            "ROLLOUT_EMPTY",
+            "no Agent",
+        ),
+    ];
+    for (req, code, names) in cases {
+        let e = w.svc.create_rollout("op", NS, req.clone()).unwrap_err();
+        let text = e.to_string();
+        assert_eq!(code_of(e), code, "{req:?}: {text}");
+        assert!(text.contains(names), "{req:?}: {text}");
+    }
+    let missing = w
+        .svc
+        .create_rollout(
+            "op",
+            NS,
+            NewRollout {
+                agents: Some(vec!["ghost".into()]),
+                ..rollout(0, 1, 0)
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(missing, ServiceError::NotFound { .. }),
+        "{missing}"
+    );
+    assert_eq!(
+        w.store.row_counts().unwrap(),
+        rows,
+        "a refusal stored something"
+    );
+    assert!(matches!(
+        w.svc.rollout(NS, 99).unwrap_err(),
+        ServiceError::NotFound { .. }
+    ));
+    w.stop_worker().await;
+}
