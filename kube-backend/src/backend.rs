@@ -235,6 +235,15 @@ pub(crate) async fn run(
         Operation::AgentLogs(a) => {
             OperationResult::AgentLogs(Box::pin(ops::runtime::logs(r, settings, &a)).await?)
         }
+        // Plans are answered by host pools only for now; the coordinator shows this as 501
+        // BACKEND_UNSUPPORTED, as for a hostd that predates an operation.
+        Operation::PlanRevision(_) => {
+            return Err(Failure::new(
+                FailureCode::InvalidInput,
+                "unknown operation \"plan-revision\" on a Kubernetes cluster: this backend \
+                 does not plan deploys yet",
+            ));
+        }
         Operation::OperationStatus(a) => OperationResult::OperationStatus(OperationStatusResult {
             operation_id: a.operation_id,
             state: OperationState::Unknown,

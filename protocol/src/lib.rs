@@ -15,6 +15,7 @@ pub mod failure;
 pub mod framing;
 pub mod ident;
 pub mod operation;
+pub mod plan;
 pub mod random;
 pub mod redact;
 pub mod result;

@@ -42,6 +42,8 @@ pub enum Operation {
     AgentRuntime(crate::runtime::RuntimeArgs),
     /// One bounded, redacted page of the Agent's log (read-only, no lock).
     AgentLogs(crate::runtime::LogsArgs),
+    /// What a deploy of a revision would change on the host (read-only, no lock).
+    PlanRevision(crate::plan::PlanArgs),
 }
 
 /// The operation names, for logs, metrics and progress.
@@ -61,6 +63,7 @@ pub enum OperationKind {
     OperationStatus,
     AgentRuntime,
     AgentLogs,
+    PlanRevision,
 }
 
 impl OperationKind {
@@ -80,6 +83,7 @@ impl OperationKind {
             OperationKind::OperationStatus => "operation-status",
             OperationKind::AgentRuntime => "agent-runtime",
             OperationKind::AgentLogs => "agent-logs",
+            OperationKind::PlanRevision => "plan-revision",
         }
     }
 
@@ -93,6 +97,7 @@ impl OperationKind {
                 | OperationKind::OperationStatus
                 | OperationKind::AgentRuntime
                 | OperationKind::AgentLogs
+                | OperationKind::PlanRevision
         )
     }
 }
@@ -133,7 +138,7 @@ fn args<T: serde::de::DeserializeOwned>(
 
 const OPERATION_NAMES: &str = "probe, ensure-namespace, delete-namespace, prepare-revision, \
      activate-revision, verify-revision, stop-revision, retire-revision, delete-agent, status, \
-     operation-status, agent-runtime, agent-logs";
+     operation-status, agent-runtime, agent-logs, plan-revision";
 
 impl Operation {
     /// Decodes an operation object strictly: its `op` name, then its arguments.
@@ -165,6 +170,7 @@ impl Operation {
             "operation-status" => Operation::OperationStatus(args(rest)?),
             "agent-runtime" => Operation::AgentRuntime(args(rest)?),
             "agent-logs" => Operation::AgentLogs(args(rest)?),
+            "plan-revision" => Operation::PlanRevision(args(rest)?),
             other => {
                 return Err(err(
                     "op",
@@ -193,6 +199,7 @@ impl Operation {
             Operation::OperationStatus(_) => OperationKind::OperationStatus,
             Operation::AgentRuntime(_) => OperationKind::AgentRuntime,
             Operation::AgentLogs(_) => OperationKind::AgentLogs,
+            Operation::PlanRevision(_) => OperationKind::PlanRevision,
         }
     }
 }

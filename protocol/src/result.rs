@@ -50,6 +50,7 @@ pub enum OperationResult {
     OperationStatus(OperationStatusResult),
     AgentRuntime(Box<crate::runtime::RuntimeReport>),
     AgentLogs(crate::runtime::LogPage),
+    PlanRevision(Box<crate::plan::PlanResult>),
 }
 
 impl OperationResult {
@@ -69,6 +70,7 @@ impl OperationResult {
             OperationResult::OperationStatus(_) => OperationKind::OperationStatus,
             OperationResult::AgentRuntime(_) => OperationKind::AgentRuntime,
             OperationResult::AgentLogs(_) => OperationKind::AgentLogs,
+            OperationResult::PlanRevision(_) => OperationKind::PlanRevision,
         }
     }
 }

@@ -7,6 +7,7 @@
 mod checks;
 mod inventory;
 mod namespace;
+mod plan;
 mod provision;
 mod removal;
 mod revision;
@@ -289,6 +290,9 @@ impl<'a> Engine<'a> {
             Operation::DeleteAgent(args) => self
                 .delete_agent(ctx, &args.namespace, &args.agent)
                 .map(OperationResult::DeleteAgent),
+            Operation::PlanRevision(args) => self
+                .plan(ctx, args)
+                .map(|p| OperationResult::PlanRevision(Box::new(p))),
         }
     }
 }

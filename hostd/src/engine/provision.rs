@@ -67,7 +67,7 @@ impl Engine<'_> {
     }
 
     /// A user or group of the account's name that hostd did not record is not ours to adopt.
-    fn refuse_foreign_account(&self, paths: &AgentPaths) -> Result<(), Failure> {
+    pub(crate) fn refuse_foreign_account(&self, paths: &AgentPaths) -> Result<(), Failure> {
         if self
             .system
             .user(&paths.account)

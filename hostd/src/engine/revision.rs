@@ -29,7 +29,7 @@ const CRASH_LOOP_RESTARTS: u32 = 3;
 
 /// Whether the revision `current` points at is newer than revision `number`. Another revision
 /// with the same number is a snapshot mismatch: numbers name exactly one revision.
-fn newer_is_current(
+pub(crate) fn newer_is_current(
     current: Option<&RevisionMarker>,
     id: &Ident,
     number: RevisionNumber,
@@ -230,7 +230,13 @@ impl Engine<'_> {
     }
 
     /// The unit text for an Agent.
-    fn unit_text(&self, ns: &Ident, agent: &Ident, paths: &AgentPaths, port: u16) -> String {
+    pub(crate) fn unit_text(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        port: u16,
+    ) -> String {
         unit::render(
             ns,
             agent,
@@ -544,7 +550,12 @@ impl Engine<'_> {
     }
 
     /// `/readyz` answered 200 and the listener on the port is the Agent's own.
-    fn ready_and_owned(&self, paths: &AgentPaths, port: u16, uid: u32) -> Result<bool, Failure> {
+    pub(crate) fn ready_and_owned(
+        &self,
+        paths: &AgentPaths,
+        port: u16,
+        uid: u32,
+    ) -> Result<bool, Failure> {
         if !self.listener_owned(paths, port, uid)? {
             return Ok(false);
         }

@@ -1451,3 +1451,180 @@ fn a_restore_finishes_on_the_host_when_the_session_closes_during_the_cutover() {
     assert_eq!(a.restored.map(|r| r.revision), Some(id("rev-1")));
     assert_eq!(a.observation.served, Some(id("rev-1")));
 }
+
+fn plan_of(
+    h: &Host,
+    n: &str,
+    a: &str,
+    rev: &str,
+    number: u64,
+    restore: Option<(&str, u64)>,
+) -> clawfleet_protocol::plan::PlanResult {
+    let op = Operation::PlanRevision(clawfleet_protocol::plan::PlanArgs {
+        namespace: ns(n),
+        agent: agent(a),
+        revision: spec(rev, number),
+        restore: restore.map(|(r, k)| spec(r, k).reference()),
+    });
+    match h.ok(op) {
+        OperationResult::PlanRevision(p) => *p,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// What a deploy then did: (snapshot created, unit file written and daemon-reload, restarted).
+fn deploy_did(h: &Host, n: &str, a: &str, rev: &str, number: u64) -> (bool, bool, bool) {
+    let reloads = |h: &Host| {
+        h.fake
+            .calls()
+            .iter()
+            .filter(|c| *c == "daemon-reload")
+            .count()
+    };
+    let before = reloads(h);
+    let OperationResult::PrepareRevision(p) = h.ok(prepare(n, a, rev, number)) else {
+        panic!("prepare answered something else")
+    };
+    let OperationResult::ActivateRevision(act) = h.ok(activate(n, a, rev, number)) else {
+        panic!("activate answered something else")
+    };
+    assert_eq!(act.unit_changed, reloads(h) > before);
+    (p.created, act.unit_changed, act.restarted)
+}
+
+#[test]
+fn a_plan_predicts_what_prepare_and_activate_then_do_and_changes_nothing() {
+    use clawfleet_protocol::plan::Change;
+    let mut h = Host::new();
+    h.ok(ensure("n1"));
+    fn walk(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            let name = p.display().to_string();
+            if meta.file_type().is_symlink() {
+                out.push((
+                    name,
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .display()
+                        .to_string()
+                        .into_bytes(),
+                ));
+            } else if meta.is_dir() {
+                out.push((name, Vec::new()));
+                walk(&p, out);
+            } else {
+                out.push((name, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let tree = |h: &Host| {
+        let mut out = Vec::new();
+        walk(&h.config.state_root, &mut out);
+        walk(&h.config.unit_dir, &mut out);
+        out
+    };
+    // A new Agent: everything is created, the unit is written and started.
+    let before = tree(&h);
+    let calls = h.fake.calls().len();
+    let p = plan_of(&h, "n1", "a1", "rev-1", 1, None);
+    assert_eq!(tree(&h), before, "a plan wrote something");
+    assert_eq!(
+        h.fake.calls().len(),
+        calls,
+        "a plan made a changing call: {:?}",
+        h.fake.calls()
+    );
+    assert_eq!(
+        (p.account, p.agent_directory, p.snapshot, p.unit_file),
+        (
+            Change::Create,
+            Change::Create,
+            Change::Create,
+            Change::Create
+        )
+    );
+    assert_eq!(p.password_file, Change::Create);
+    assert!(p.refusal.is_none(), "{p:?}");
+    let did = deploy_did(&h, "n1", "a1", "rev-1", 1);
+    assert_eq!((p.snapshot.writes(), p.daemon_reload, p.restart), did);
+
+    // The same revision again: nothing to do.
+    let p = plan_of(&h, "n1", "a1", "rev-1", 1, None);
+    assert_eq!(
+        (
+            p.account,
+            p.agent_directory,
+            p.snapshot,
+            p.unit_file,
+            p.password_file
+        ),
+        (
+            Change::Keep,
+            Change::Keep,
+            Change::Keep,
+            Change::Keep,
+            Change::Keep
+        )
+    );
+    assert_eq!(
+        (p.snapshot.writes(), p.daemon_reload, p.restart),
+        (false, false, false)
+    );
+    assert_eq!(
+        (p.snapshot.writes(), p.daemon_reload, p.restart),
+        deploy_did(&h, "n1", "a1", "rev-1", 1)
+    );
+
+    // A new revision: a snapshot and a restart, no daemon-reload; rev-1 could be restored.
+    let before = tree(&h);
+    let calls = h.fake.calls().len();
+    let p = plan_of(&h, "n1", "a1", "rev-2", 2, Some(("rev-1", 1)));
+    assert_eq!(tree(&h), before, "a plan wrote something");
+    assert_eq!(h.fake.calls().len(), calls);
+    assert_eq!(
+        p.restore_available.as_ref().map(|r| r.as_str()),
+        Some("rev-1")
+    );
+    assert_eq!(
+        (p.snapshot.writes(), p.daemon_reload, p.restart),
+        (true, false, true)
+    );
+    assert_eq!(
+        (p.snapshot.writes(), p.daemon_reload, p.restart),
+        deploy_did(&h, "n1", "a1", "rev-2", 2)
+    );
+
+    // A changed unit setting on the host: the unit is rewritten, reloaded and restarted.
+    h.config.unit.tasks_max = Some(77);
+    let p = plan_of(&h, "n1", "a1", "rev-3", 3, None);
+    assert_eq!(p.unit_file, Change::Replace);
+    assert_eq!(
+        (p.snapshot.writes(), p.daemon_reload, p.restart),
+        (true, true, true)
+    );
+    assert_eq!(
+        (p.snapshot.writes(), p.daemon_reload, p.restart),
+        deploy_did(&h, "n1", "a1", "rev-3", 3)
+    );
+
+    // An older revision is refused as activate would refuse it, and nothing is planned.
+    let p = plan_of(&h, "n1", "a1", "rev-1", 1, None);
+    assert_eq!(
+        p.refusal.as_ref().map(|f| f.code),
+        Some(FailureCode::Superseded),
+        "{p:?}"
+    );
+    // A missing Namespace too.
+    let p = plan_of(&h, "n9", "a1", "rev-1", 1, None);
+    assert_eq!(
+        p.refusal.as_ref().map(|f| f.code),
+        Some(FailureCode::NamespaceMissing),
+        "{p:?}"
+    );
+}
