@@ -95,6 +95,8 @@ codes! {
     RolloutEmpty = "ROLLOUT_EMPTY", "The rollout selects no Agent (none uses the Configuration, or --agents named none).";
     RolloutInProgress = "ROLLOUT_IN_PROGRESS", "The Agent is in a rollout that is not finished; deploy or reconfigure it once the rollout is done, halted or aborted.";
     RolloutStateConflict = "ROLLOUT_STATE_CONFLICT", "The rollout is not in a state that allows this (pause a running one, resume a paused one, promote one waiting, abort one not finished).";
+    PlanStale = "PLAN_STALE", "The plan token no longer matches: a Configuration generation or an Agent's active revision moved since the plan; plan again.";
+    InvalidPlanToken = "INVALID_PLAN_TOKEN", "The plan token is not one the coordinator issues (plan1- and 32 hex digits).";
     RateLimited = "RATE_LIMITED", "The token made too many runtime or log reads; retry after the Retry-After seconds.";
     // Work outcomes.
     NamespaceReady = "NAMESPACE_READY", "The Namespace is ready on its pool or cluster.";

@@ -563,3 +563,80 @@ async fn bad_rollouts_are_refused_naming_what_is_wrong_and_store_nothing() {
     ));
     w.stop_worker().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plan_tokens_guard_deploys_and_rollouts_and_a_stale_one_stores_nothing() {
+    let mut w = World::new(3).await;
+    // A deploy plan asks the Agent's host, and its token applies while nothing moved.
+    let plan = w.svc.plan_deploy(&*w.backend, NS, "a01").await.unwrap();
+    let a = &plan["agents"][0];
+    assert_eq!(a["revision"]["id"], "rev-2", "{plan}");
+    assert_eq!(a["placed"], true);
+    assert_eq!(a["changes"]["snapshot"], "create", "{plan}");
+    assert_eq!(a["changes"]["daemonReload"], false, "{plan}");
+    assert_eq!(a["changes"]["restart"], true, "{plan}");
+    let token = plan["token"].as_str().unwrap().to_owned();
+    // Planning twice gives the same token; a new generation makes it stale.
+    let again = w.svc.plan_deploy(&*w.backend, NS, "a01").await.unwrap();
+    assert_eq!(again["token"], plan["token"]);
+    w.new_generation("moved");
+    let rows = w.store.row_counts().unwrap();
+    let e = w.svc.deploy_planned("op", NS, "a01", &token).unwrap_err();
+    assert_eq!(code_of(e), "PLAN_STALE");
+    assert_eq!(
+        w.store.row_counts().unwrap(),
+        rows,
+        "a stale plan stored something"
+    );
+    let e = w
+        .svc
+        .deploy_planned("op", NS, "a01", "plan1-zz")
+        .unwrap_err();
+    assert_eq!(code_of(e), "INVALID_PLAN_TOKEN");
+    let fresh = w.svc.plan_deploy(&*w.backend, NS, "a01").await.unwrap();
+    let (rev, _) = w
+        .svc
+        .deploy_planned("op", NS, "a01", fresh["token"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(rev.id, "rev-2");
+    w.until("a01 serves rev-2", || {
+        w.served("a01").as_deref() == Some("rev-2")
+    })
+    .await;
+
+    // A rollout plan covers every selected Agent; it goes stale when an active revision moves.
+    let req = rollout(1, 2, 0);
+    let plan = w.svc.plan_rollout(&*w.backend, NS, &req).await.unwrap();
+    assert_eq!(plan["agents"].as_array().unwrap().len(), 3, "{plan}");
+    assert_eq!(plan["waves"], 2, "{plan}");
+    let token = plan["token"].as_str().unwrap().to_owned();
+    w.svc.deploy("op", NS, "a03").unwrap();
+    w.until("a03 serves rev-2", || {
+        w.served("a03").as_deref() == Some("rev-2")
+    })
+    .await;
+    let rows = w.store.row_counts().unwrap();
+    let stale = NewRollout {
+        plan_token: Some(token),
+        ..req.clone()
+    };
+    assert_eq!(
+        code_of(w.svc.create_rollout("op", NS, stale).unwrap_err()),
+        "PLAN_STALE"
+    );
+    assert_eq!(w.store.row_counts().unwrap(), rows);
+    let plan = w.svc.plan_rollout(&*w.backend, NS, &req).await.unwrap();
+    let r = w
+        .svc
+        .create_rollout(
+            "op",
+            NS,
+            NewRollout {
+                plan_token: plan["token"].as_str().map(str::to_owned),
+                ..req
+            },
+        )
+        .unwrap();
+    w.until_state(r.id, RolloutState::Done).await;
+    w.stop_worker().await;
+}

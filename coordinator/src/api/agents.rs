@@ -5,11 +5,11 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use super::access::Caller;
-use super::extract::{NoBody, StrictJson};
+use super::extract::{NoBody, StrictJson, StrictQuery};
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::Backend;
 use crate::codes::Code;
-use crate::service::{AgentPatch, NewAgent};
+use crate::service::{AgentPatch, DeployQuery, NewAgent};
 
 pub(super) async fn create_agent<B: Backend>(
     State(st): S<B>,
@@ -62,9 +62,15 @@ pub(super) async fn deploy<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     Path((ns, agent)): Path<(String, String)>,
+    StrictQuery(query): StrictQuery<DeployQuery>,
     _: NoBody,
 ) -> ApiResult {
-    let (rev, work) = st.service.deploy(&caller.token_id, &ns, &agent)?;
+    let (rev, work) = match &query.plan_token {
+        Some(t) => st
+            .service
+            .deploy_planned(&caller.token_id, &ns, &agent, t)?,
+        None => st.service.deploy(&caller.token_id, &ns, &agent)?,
+    };
     let mut value = serde_json::to_value(&rev).map_err(|e| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -13,6 +13,7 @@ mod extract;
 mod hosts;
 mod namespaces;
 pub mod openapi;
+mod plans;
 mod ratelimit;
 mod rollouts;
 pub mod routes;

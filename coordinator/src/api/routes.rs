@@ -8,12 +8,14 @@ use axum::Router;
 use axum::routing::MethodFilter;
 
 use super::access::{Access, authorize};
-use super::{AppState, agents, clusters, hosts, namespaces, rollouts, runtime, system, tokens};
+use super::{
+    AppState, agents, clusters, hosts, namespaces, plans, rollouts, runtime, system, tokens,
+};
 use crate::backend::Backend;
 use crate::model::Role;
 use crate::service::{
-    AgentPatch, AuditQuery, ConfigurationUpdate, DriftQuery, HostUpdate, LogsQuery, NewAgent,
-    NewCluster, NewConfiguration, NewHost, NewNamespace, NewRollout,
+    AgentPatch, AuditQuery, ConfigurationUpdate, DeployQuery, DriftQuery, HostUpdate, LogsQuery,
+    NewAgent, NewCluster, NewConfiguration, NewHost, NewNamespace, NewRollout,
 };
 use tokens::NewToken;
 
@@ -178,8 +180,11 @@ route_table! {
         "Change an Agent's Configuration";
     Delete "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), Empty, 202 => agents::delete_agent,
         "Delete an Agent";
-    Post "/namespaces/{ns}/agents/{agent}/deploy", Namespace(Deploy), Empty, 202 => agents::deploy,
-        "Deploy a new revision";
+    Post "/namespaces/{ns}/agents/{agent}/deploy", Namespace(Deploy), Query<DeployQuery>, 202
+        => agents::deploy,
+        "Deploy a new revision (with planToken: only while that plan is still current)";
+    Post "/namespaces/{ns}/agents/{agent}/plan", Namespace(Deploy), Empty, 200 => plans::plan_deploy,
+        "What deploying the next revision would change on its target (read-only), and the plan token";
     Post "/namespaces/{ns}/agents/{agent}/stop", Namespace(Operate), Empty, 202 => agents::stop,
         "Stop the Agent";
     Post "/namespaces/{ns}/agents/{agent}/reconcile", Namespace(Operate), Empty, 202
@@ -200,6 +205,9 @@ route_table! {
     Post "/namespaces/{ns}/rollouts", Namespace(Deploy), Json<NewRollout>, 201
         => rollouts::create_rollout,
         "Roll a Configuration's latest generation out to many Agents: canary first, then waves of at most maxParallel, one failure budget";
+    Post "/namespaces/{ns}/rollouts/plan", Namespace(Deploy), Json<NewRollout>, 200
+        => plans::plan_rollout,
+        "What the rollout would change on each Agent's target (read-only), and the plan token";
     Get "/namespaces/{ns}/rollouts", Namespace(Read), Empty, 200 => rollouts::list_rollouts,
         "The Namespace's newest rollouts (at most 50), newest first";
     Get "/namespaces/{ns}/rollouts/{rollout}", Namespace(Read), Empty, 200 => rollouts::get_rollout,

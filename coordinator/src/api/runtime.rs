@@ -31,7 +31,7 @@ fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiError> {
     })
 }
 
-fn call_error(e: RuntimeError) -> ApiError {
+pub(super) fn call_error(e: RuntimeError) -> ApiError {
     match e {
         RuntimeError::Service(s) => s.into(),
         RuntimeError::Call(CallError::Failed(f))
@@ -41,8 +41,8 @@ fn call_error(e: RuntimeError) -> ApiError {
                 StatusCode::NOT_IMPLEMENTED,
                 Code::BackendUnsupported,
                 format!(
-                    "the target's hostd predates runtime inspection (agent-runtime, agent-logs); \
-                     upgrade hostd on it ({})",
+                    "the target does not support this operation: a host's hostd predates it \
+                     (upgrade hostd there), or the backend does not offer it ({})",
                     f.message
                 ),
             )

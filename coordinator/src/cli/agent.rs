@@ -42,10 +42,18 @@ pub(crate) enum AgentCmd {
         #[arg(long, value_parser = parse_restore)]
         restore: Option<RestorePolicy>,
     },
-    /// Deploy a new revision of the Agent's Configuration.
+    /// Deploy a new revision of the Agent's Configuration (or, with --plan, show what it would
+    /// change on the host without changing anything).
     Deploy {
         namespace: String,
         id: String,
+        /// Show what the deploy would change (account, port, snapshot, unit, daemon-reload,
+        /// restart, restore) and the plan token; deploy nothing.
+        #[arg(long, conflicts_with_all = ["apply_plan", "wait"])]
+        plan: bool,
+        /// Deploy only if the plan with this token is still current (else PLAN_STALE).
+        #[arg(long, value_name = "TOKEN")]
+        apply_plan: Option<String>,
         #[command(flatten)]
         wait: WaitArgs,
     },
@@ -163,13 +171,31 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
         AgentCmd::Deploy {
             namespace,
             id,
-            wait: w,
+            plan: true,
+            ..
         } => {
-            let rev = c.request(
+            let plan = c.request(
                 "POST",
-                &format!("/namespaces/{namespace}/agents/{id}/deploy"),
+                &format!("/namespaces/{namespace}/agents/{id}/plan"),
                 None,
             )?;
+            super::rollout::print_plan(cli, &plan);
+        }
+        AgentCmd::Deploy {
+            namespace,
+            id,
+            apply_plan,
+            wait: w,
+            ..
+        } => {
+            let mut path = format!("/namespaces/{namespace}/agents/{id}/deploy");
+            if let Some(t) = apply_plan {
+                path.push_str(&format!(
+                    "?planToken={}",
+                    coordinator::client::percent_encode(t)
+                ));
+            }
+            let rev = c.request("POST", &path, None)?;
             print(
                 cli,
                 &rev,

@@ -43,6 +43,13 @@ pub(crate) enum RolloutCmd {
         /// Agent serves the new revision).
         #[arg(long)]
         wait: bool,
+        /// Show what the rollout would change on each Agent's host and the plan token; create
+        /// nothing.
+        #[arg(long, conflicts_with_all = ["apply_plan", "wait"])]
+        plan: bool,
+        /// Create the rollout only if the plan with this token is still current.
+        #[arg(long, value_name = "TOKEN")]
+        apply_plan: Option<String>,
         /// Give up waiting after this many seconds.
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
@@ -87,6 +94,75 @@ fn show(cli: &Cli, rollout: &Value) {
     print(cli, rollout, ROLLOUT_COLUMNS);
     println!();
     print(cli, &rollout["agents"], AGENT_COLUMNS);
+}
+
+/// A plan: per Agent, what its deploy would change on its host, then the token.
+pub(crate) fn print_plan(cli: &Cli, plan: &Value) {
+    if cli.output == super::Output::Json {
+        print(cli, plan, &[]);
+        return;
+    }
+    let yes_no = |v: &Value| match v.as_bool() {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "-",
+    };
+    let rows: Vec<Value> = plan["agents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            let ch = &a["changes"];
+            serde_json::json!({
+                "agent": a["agentId"],
+                "target": if a["placed"] == true {
+                    a["target"].clone()
+                } else {
+                    Value::String(format!("{} (new)", a["target"].as_str().unwrap_or("-")))
+                },
+                "revision": a["revision"]["id"],
+                "account": ch["account"],
+                "directory": ch["agentDirectory"],
+                "port": ch["port"],
+                "snapshot": ch["snapshot"],
+                "unit": ch["unitFile"],
+                "reload": yes_no(&ch["daemonReload"]),
+                "restart": yes_no(&ch["restart"]),
+                "restore": ch["restoreAvailable"],
+                "refusal": ch["refusal"]["code"],
+            })
+        })
+        .collect();
+    print(
+        cli,
+        &Value::Array(rows),
+        &[
+            ("AGENT", "agent"),
+            ("TARGET", "target"),
+            ("REVISION", "revision"),
+            ("ACCOUNT", "account"),
+            ("DIRECTORY", "directory"),
+            ("PORT", "port"),
+            ("SNAPSHOT", "snapshot"),
+            ("UNIT", "unit"),
+            ("DAEMON-RELOAD", "reload"),
+            ("RESTART", "restart"),
+            ("RESTORE", "restore"),
+            ("REFUSAL", "refusal"),
+        ],
+    );
+    for a in plan["agents"].as_array().into_iter().flatten() {
+        if let Some(m) = a["changes"]["refusal"]["message"].as_str() {
+            println!(
+                "{}: would be refused: {m}",
+                a["agentId"].as_str().unwrap_or("-")
+            );
+        }
+    }
+    println!(
+        "plan token: {} (apply with --apply-plan; refused if anything moved meanwhile)",
+        plan["token"].as_str().unwrap_or("-")
+    );
 }
 
 /// One line of progress: state, wave, and Agents per state.
@@ -188,6 +264,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
             manual_promote,
             wait: follow,
             timeout,
+            plan,
+            apply_plan,
         } => {
             let body = NewRollout {
                 configuration_id: configuration.clone(),
@@ -197,7 +275,17 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
                 max_failures: Some(*max_failures),
                 pause_between_seconds: *pause_between,
                 manual_promote: *manual_promote,
+                plan_token: apply_plan.clone(),
             };
+            if *plan {
+                let p = c.send(
+                    "POST",
+                    &format!("/namespaces/{namespace}/rollouts/plan"),
+                    &body,
+                )?;
+                print_plan(cli, &p);
+                return Ok(());
+            }
             let r = c.send("POST", &format!("/namespaces/{namespace}/rollouts"), &body)?;
             let Some(id) = r["id"].as_i64() else {
                 anyhow::bail!("the rollout answer has no id");

@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
+mod plans;
 mod probe;
 mod reads;
 mod rollouts;
@@ -281,6 +282,16 @@ pub struct NewAgent {
     /// What a failed activation does: `none` (default) or `last-served`.
     #[serde(default)]
     pub restore: Option<crate::model::RestorePolicy>,
+}
+
+/// `POST …/agents/{agent}/deploy`'s query.
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeployQuery {
+    /// The token of a plan of this deploy (`POST …/plan`): refused with PLAN_STALE unless the
+    /// plan is still current.
+    #[schemars(length(min = 1, max = 64))]
+    pub plan_token: Option<String>,
 }
 
 /// Body of `PATCH /namespaces/{ns}/agents/{agent}`.

@@ -64,6 +64,11 @@ pub struct NewRollout {
     /// Wait for `promote` after each wave (the canary included) instead of continuing.
     #[serde(default)]
     pub manual_promote: bool,
+    /// The token of a plan of this rollout (`POST …/rollouts/plan`): the rollout is refused
+    /// with PLAN_STALE unless the plan is still current.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub plan_token: Option<String>,
 }
 
 /// An operator's action on a rollout.
@@ -110,8 +115,18 @@ fn waves(count: usize, canary: u32, max_parallel: u32) -> Vec<u32> {
 }
 
 impl Service {
-    /// Creates a rollout (state `running`) and starts its first Agents at once.
-    pub fn create_rollout(&self, actor: &str, ns: &str, r: NewRollout) -> Result<Rollout> {
+    /// Checks a rollout request and resolves it: its Namespace, the Configuration generation it
+    /// deploys, and the row it would store (Agents in order, with their waves).
+    pub(super) fn validate_rollout(
+        &self,
+        actor: &str,
+        ns: &str,
+        r: &NewRollout,
+    ) -> Result<(
+        crate::model::Namespace,
+        crate::model::Configuration,
+        RolloutRow,
+    )> {
         let namespace = self.namespace(ns)?;
         if namespace.deleting {
             return Err(ServiceError::conflict(
@@ -211,6 +226,23 @@ impl Service {
                 .collect(),
             now: now(),
         };
+        Ok((namespace, cfg, row))
+    }
+
+    /// Creates a rollout (state `running`) and starts its first Agents at once. With a plan
+    /// token, refused (PLAN_STALE, nothing stored) unless the plan is still current.
+    pub fn create_rollout(&self, actor: &str, ns: &str, r: NewRollout) -> Result<Rollout> {
+        let (_, cfg, row) = self.validate_rollout(actor, ns, &r)?;
+        if let Some(t) = &r.plan_token {
+            self.rollout_token(ns, &cfg, &row.agents, t)?;
+        }
+        let agents: Vec<&String> = row.agents.iter().map(|(a, _)| a).collect();
+        let (canary, max_parallel, max_failures, pause) = (
+            row.canary,
+            row.max_parallel,
+            row.max_failures,
+            row.pause_between_seconds,
+        );
         let id = match self.store.insert_rollout(&row)? {
             RolloutInsert::Created(id) => id,
             RolloutInsert::Busy { agent, rollout } => {

@@ -253,13 +253,13 @@ impl Service {
     }
 }
 
-fn read_options() -> CallOptions {
+pub(super) fn read_options() -> CallOptions {
     CallOptions {
         deadline: READ_DEADLINE,
     }
 }
 
-fn wrong_answer(other: &OperationResult) -> ServiceError {
+pub(super) fn wrong_answer(other: &OperationResult) -> ServiceError {
     ServiceError::conflict(
         Code::InvalidHostResult,
         format!("the target answered {}", other.kind()),

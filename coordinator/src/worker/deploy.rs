@@ -7,14 +7,13 @@
 use std::time::Duration;
 
 use clawfleet_protocol::operation::{
-    AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceRef, PrepareArgs,
-    RevisionArgs, RevisionRef, RevisionSpec,
+    AgentRef, NamespaceRef, PrepareArgs, RevisionArgs, RevisionRef,
 };
 use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::runtime::RuntimeArgs;
-use clawfleet_protocol::{Configuration, FailureCode, Operation};
+use clawfleet_protocol::{FailureCode, Operation};
 
-use super::{HARNESS_VERSION, Step, Worker, done, failed, store_err};
+use super::{Step, Worker, done, failed, store_err};
 use crate::backend::{Backend, CallError, Target};
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Namespace, RestorePolicy, Revision, RevisionStatus};
@@ -197,20 +196,8 @@ impl<B: Backend> Worker<B> {
 
     /// Prepare: stage the snapshot (idempotent, so it also runs after the commit point).
     async fn prepare_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
-        let configuration = Configuration::new(d.rev.rendered.clone())
-            .map_err(|e| failed(Code::ConfigurationRefused, e.to_string()))?;
-        let spec = RevisionSpec {
-            id: d.reference.id.clone(),
-            number: d.reference.number,
-            harness: Harness {
-                id: HarnessId::Openclaw,
-                version: HarnessVersion::new(HARNESS_VERSION)
-                    .map_err(|e| failed(Code::InvalidHarness, e))?,
-                mode: HarnessMode::Embedded,
-            },
-            configuration_hash: configuration.hash(),
-            configuration,
-        };
+        let spec = super::revision_spec(&d.reference, &d.rev.rendered)
+            .map_err(|(code, message)| failed(code, message))?;
         let op = Operation::PrepareRevision(PrepareArgs {
             namespace: d.namespace.clone(),
             agent: d.agent_ref.clone(),

@@ -25,6 +25,29 @@ mod deploy;
 /// The harness version revisions are deployed with.
 pub const HARNESS_VERSION: &str = "2026.9.6";
 
+/// The revision as prepare (and plan) send it: its rendered document and the embedded
+/// harness. The error is the code and message of a document or harness that cannot be sent.
+pub fn revision_spec(
+    reference: &RevisionRef,
+    rendered: &serde_json::Value,
+) -> Result<clawfleet_protocol::operation::RevisionSpec, (Code, String)> {
+    use clawfleet_protocol::operation::{Harness, HarnessId, HarnessMode, HarnessVersion};
+    let configuration = clawfleet_protocol::Configuration::new(rendered.clone())
+        .map_err(|e| (Code::ConfigurationRefused, e.to_string()))?;
+    Ok(clawfleet_protocol::operation::RevisionSpec {
+        id: reference.id.clone(),
+        number: reference.number,
+        harness: Harness {
+            id: HarnessId::Openclaw,
+            version: HarnessVersion::new(HARNESS_VERSION)
+                .map_err(|e| (Code::InvalidHarness, e.to_string()))?,
+            mode: HarnessMode::Embedded,
+        },
+        configuration_hash: configuration.hash(),
+        configuration,
+    })
+}
+
 /// How one pass over a work item ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {

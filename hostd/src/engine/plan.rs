@@ -129,11 +129,12 @@ impl Engine<'_> {
             let started = self
                 .read_started(paths)?
                 .is_some_and(|s| s.revision_id == rev.id);
-            if served && state.is_active() && self.ready_and_owned(paths, m.port, ids.uid)? {
-                plan.restart = false;
-            } else if started && matches!(state.active_state.as_str(), "active" | "activating") {
-                plan.restart = false;
-            }
+            // As activate decides: it serves this revision and answers, or systemd already
+            // runs it and activation only waits for readiness again.
+            let serves =
+                served && state.is_active() && self.ready_and_owned(paths, m.port, ids.uid)?;
+            let runs = started && matches!(state.active_state.as_str(), "active" | "activating");
+            plan.restart = !(serves || runs);
         }
         if let Some(prev) = &args.restore
             && prev.number < rev.number

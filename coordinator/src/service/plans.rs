@@ -1,0 +1,299 @@
+//! Plans: what a deploy or a rollout would change on each target, asked of the target with
+//! the read-only `plan-revision` (its own checks, from its real state), and the plan token:
+//! a digest of the facts the plan was computed against (each Agent's Configuration and
+//! generation, and its active revision), which `--apply-plan` requires to be still current.
+
+use clawfleet_protocol::operation::{RevisionNumber, RevisionRef};
+use clawfleet_protocol::plan::PlanArgs;
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::{Operation, Sha256Hex};
+use serde_json::{Value, json};
+
+use super::runtime::{RuntimeError, read_options, refs, wrong_answer};
+use super::{NewRollout, Service, ServiceError};
+use crate::backend::{Backend, Target};
+use crate::codes::Code;
+use crate::model::{Agent, Configuration, Namespace, RestorePolicy, RevisionStatus};
+
+const TOKEN_PREFIX: &str = "plan1-";
+
+/// The token of a plan: a digest of, per Agent in order, its id, the Configuration and
+/// generation it would get, and its active revision.
+fn token(ns: &str, facts: &[(String, String, u32, Option<String>)]) -> String {
+    let text = json!({"namespace": ns, "agents": facts}).to_string();
+    let digest = clawfleet_protocol::ident::sha256(text.as_bytes());
+    let hex = Sha256Hex::from_digest(&digest).to_string();
+    format!("{TOKEN_PREFIX}{}", &hex[..32])
+}
+
+/// Refuses a token that is not one of ours, or one computed against other facts.
+fn check_token(given: &str, current: &str, what: &str) -> Result<(), ServiceError> {
+    let well_formed = given
+        .strip_prefix(TOKEN_PREFIX)
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    if !well_formed {
+        let shown: String = given.chars().take(48).collect();
+        return Err(ServiceError::invalid(
+            Code::InvalidPlanToken,
+            format!("planToken {shown:?} is not a plan token (plan1- and 32 hex digits)"),
+        ));
+    }
+    if given != current {
+        return Err(ServiceError::conflict(
+            Code::PlanStale,
+            format!(
+                "the plan of {what} is stale: a Configuration generation or an active revision \
+                 moved since it was computed; plan again"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Service {
+    /// `(agent, configuration, generation, active revision)` of an Agent about to get `cfg`.
+    fn fact(agent: &Agent, cfg: &Configuration) -> (String, String, u32, Option<String>) {
+        (
+            agent.id.clone(),
+            cfg.id.clone(),
+            cfg.generation,
+            agent.active_revision_id.clone(),
+        )
+    }
+
+    /// The token a deploy of the Agent would be planned under now.
+    fn deploy_token(&self, ns: &str, agent: &Agent) -> super::Result<(String, Configuration)> {
+        let cfg = self
+            .store
+            .configuration(ns, &agent.configuration_id)?
+            .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
+        Ok((token(ns, &[Self::fact(agent, &cfg)]), cfg))
+    }
+
+    /// What `occ agent deploy --plan` shows: per target, what the next revision's deploy would
+    /// change, and the plan token.
+    pub async fn plan_deploy<B: Backend>(
+        &self,
+        backend: &B,
+        ns: &str,
+        id: &str,
+    ) -> Result<Value, RuntimeError> {
+        let namespace = self.namespace(ns)?;
+        let agent = self.agent_not_deleting(ns, id)?;
+        let (token, cfg) = self.deploy_token(ns, &agent)?;
+        let plan = self.plan_agent(backend, &namespace, &agent, &cfg).await?;
+        Ok(json!({"namespaceId": ns, "token": token, "agents": [plan]}))
+    }
+
+    /// A deploy that `--apply-plan TOKEN` guards: refused with PLAN_STALE (nothing written)
+    /// unless the facts are still those the plan was computed against.
+    pub fn deploy_planned(
+        &self,
+        actor: &str,
+        ns: &str,
+        id: &str,
+        plan_token: &str,
+    ) -> super::Result<(crate::model::Revision, i64)> {
+        let agent = self.agent_not_deleting(ns, id)?;
+        let (current, _) = self.deploy_token(ns, &agent)?;
+        check_token(plan_token, &current, &format!("Agent {ns}/{id}"))?;
+        self.deploy(actor, ns, id)
+    }
+
+    /// What `occ rollout create --plan` shows: the rollout as it would be created, each
+    /// Agent's plan, and the token `--apply-plan` needs.
+    pub async fn plan_rollout<B: Backend>(
+        &self,
+        backend: &B,
+        ns: &str,
+        r: &NewRollout,
+    ) -> Result<Value, RuntimeError> {
+        let (namespace, cfg, row) = self.validate_rollout("plan", ns, r)?;
+        let mut agents = Vec::new();
+        let mut facts = Vec::new();
+        for (id, wave) in &row.agents {
+            let agent = self.agent_not_deleting(ns, id)?;
+            facts.push(Self::fact(&agent, &cfg));
+            let mut plan = self.plan_agent(backend, &namespace, &agent, &cfg).await?;
+            plan["wave"] = json!(wave);
+            agents.push(plan);
+        }
+        Ok(json!({
+            "namespaceId": ns,
+            "configurationId": cfg.id,
+            "configurationGeneration": cfg.generation,
+            "waves": row.agents.iter().map(|(_, w)| w + 1).max().unwrap_or(0),
+            "token": token(ns, &facts),
+            "agents": agents,
+        }))
+    }
+
+    /// The current token of a rollout about to be created over `agents`.
+    pub(super) fn rollout_token(
+        &self,
+        ns: &str,
+        cfg: &Configuration,
+        agents: &[(String, u32)],
+        plan_token: &str,
+    ) -> super::Result<()> {
+        let mut facts = Vec::new();
+        for (id, _) in agents {
+            facts.push(Self::fact(&self.agent(ns, id)?, cfg));
+        }
+        check_token(
+            plan_token,
+            &token(ns, &facts),
+            &format!("this rollout of {}", cfg.id),
+        )
+    }
+
+    /// One Agent's plan, asked of the target it is placed on (or, unplaced, the pool host
+    /// placement would choose now; the choice is made again at deploy time).
+    async fn plan_agent<B: Backend>(
+        &self,
+        backend: &B,
+        namespace: &Namespace,
+        agent: &Agent,
+        cfg: &Configuration,
+    ) -> Result<Value, RuntimeError> {
+        let ns = &namespace.id;
+        let mut rev = self.build_revision(namespace, &agent.id, cfg)?;
+        let revisions = self
+            .store
+            .revisions(ns, &agent.id)
+            .map_err(ServiceError::from)?;
+        rev.number = revisions.iter().map(|r| r.number).max().unwrap_or(0) + 1;
+        rev.id = format!("rev-{}", rev.number);
+        let bad = |e: String| ServiceError::invalid(Code::InvalidStoredId, e);
+        let reference = RevisionRef {
+            id: clawfleet_protocol::Ident::new(rev.id.as_str()).map_err(|e| bad(e.to_string()))?,
+            number: RevisionNumber::new(rev.number).map_err(bad)?,
+            configuration_hash: Sha256Hex::new(rev.configuration_hash.as_str())
+                .map_err(|e| bad(e.to_string()))?,
+        };
+        let spec = crate::worker::revision_spec(&reference, &rev.rendered)
+            .map_err(|(code, message)| ServiceError::invalid(code, message))?;
+        // The revision a failed activation would put back, as the worker chooses it.
+        let restore = match (&agent.restore, &agent.served_revision_id) {
+            (RestorePolicy::LastServed, Some(served)) => revisions
+                .iter()
+                .find(|r| &r.id == served && r.status != RevisionStatus::Retired)
+                .map(|r| -> super::Result<RevisionRef> {
+                    Ok(RevisionRef {
+                        id: clawfleet_protocol::Ident::new(r.id.as_str())
+                            .map_err(|e| bad(e.to_string()))?,
+                        number: RevisionNumber::new(r.number).map_err(bad)?,
+                        configuration_hash: Sha256Hex::new(r.configuration_hash.as_str())
+                            .map_err(|e| bad(e.to_string()))?,
+                    })
+                })
+                .transpose()?,
+            _ => None,
+        };
+        let (target, placed) =
+            match crate::targets::agent(&self.store, namespace, agent).map_err(target_error)? {
+                Some(t) => (t, true),
+                None => (self.would_place(namespace)?, false),
+            };
+        let (namespace_ref, agent_ref) = refs(namespace, agent)?;
+        let target_name = target.name().to_owned();
+        let op = Operation::PlanRevision(PlanArgs {
+            namespace: namespace_ref,
+            agent: agent_ref,
+            revision: spec,
+            restore,
+        });
+        let plan = match backend.call(target, op, read_options()).await? {
+            OperationResult::PlanRevision(p) => p,
+            other => return Err(wrong_answer(&other).into()),
+        };
+        Ok(json!({
+            "agentId": agent.id,
+            "target": target_name,
+            "placed": placed,
+            "revision": {
+                "id": rev.id,
+                "number": rev.number,
+                "configurationId": cfg.id,
+                "configurationGeneration": cfg.generation,
+                "configurationHash": rev.configuration_hash,
+            },
+            "activeRevisionId": agent.active_revision_id,
+            "changes": *plan,
+        }))
+    }
+
+    /// The ready pool host with room and the fewest Agents (what placement would choose).
+    fn would_place(&self, ns: &Namespace) -> super::Result<Target> {
+        let mut best: Option<(u32, crate::model::Host)> = None;
+        for name in &ns.ready_hosts {
+            let Some(host) = self.store.host(name)? else {
+                continue;
+            };
+            let load = self.store.agents_on_host(name)?;
+            if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
+                best = Some((load, host));
+            }
+        }
+        let Some((_, host)) = best else {
+            return Err(ServiceError::conflict(
+                Code::NoHostAvailable,
+                format!("no ready host of Namespace {}'s pool has room", ns.id),
+            ));
+        };
+        crate::targets::host(&host).map_err(target_error)
+    }
+}
+
+fn target_error(e: crate::targets::TargetError) -> ServiceError {
+    match e {
+        crate::targets::TargetError::Store(s) => ServiceError::Store(s),
+        crate::targets::TargetError::Inconsistent { code, message } => {
+            ServiceError::conflict(code, message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_token, token};
+
+    #[test]
+    fn tokens_change_with_every_fact_and_bad_ones_are_named() {
+        let facts = |generation: u32, active: Option<&str>| {
+            vec![(
+                "a1".to_owned(),
+                "cfg".to_owned(),
+                generation,
+                active.map(str::to_owned),
+            )]
+        };
+        let t = token("ns", &facts(2, Some("rev-1")));
+        assert!(t.starts_with("plan1-") && t.len() == 38, "{t}");
+        assert_eq!(t, token("ns", &facts(2, Some("rev-1"))));
+        for other in [
+            token("ns", &facts(3, Some("rev-1"))),
+            token("ns", &facts(2, Some("rev-2"))),
+            token("ns", &facts(2, None)),
+            token("other", &facts(2, Some("rev-1"))),
+        ] {
+            assert_ne!(t, other);
+            assert!(
+                check_token(&other, &t, "x")
+                    .unwrap_err()
+                    .to_string()
+                    .contains("stale")
+            );
+        }
+        assert!(check_token(&t, &t, "x").is_ok());
+        for bad in [
+            "",
+            "plan1-",
+            "plan1-xyz",
+            "plan2-0123456789abcdef0123456789abcdef",
+        ] {
+            let e = check_token(bad, &t, "x").unwrap_err();
+            assert!(e.to_string().contains("planToken"), "{e}");
+        }
+    }
+}
