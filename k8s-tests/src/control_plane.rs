@@ -29,6 +29,8 @@ pub const KWOK_NODE_LABEL: (&str, &str) = ("type", "kwok");
 pub const NODE_NAME: &str = "kwok-node-0";
 /// Substring of a container image that makes kwok report `ErrImagePull` for it.
 pub const FAIL_PULL_MARKER: &str = "fail-pull";
+/// Pods of a revision whose id contains this are never made ready (they stay Pending).
+pub const NEVER_READY_MARKER: &str = "never-ready";
 /// The Service CIDR (fake; nothing ever listens there, never connect to it).
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The Pod CIDR kwok hands out (fake; never connect to it).
@@ -1032,8 +1034,9 @@ fn kwok_node(name: &str) -> Result<Node> {
 mod tests {
     use super::*;
 
-    /// Our pod-ready stage is kwok's shipped one plus the one selector that keeps it disjoint
-    /// from pod-fail-pull (checked against the copy the build script put in the binary dir).
+    /// Our pod-ready stage is kwok's shipped one plus the selectors that keep it disjoint from
+    /// pod-fail-pull and away from never-ready revisions (checked against the copy the build
+    /// script put in the binary dir).
     #[test]
     fn pod_ready_stage_is_the_shipped_one_plus_the_fail_pull_exclusion() {
         let config = HarnessConfig::from_env().unwrap();
@@ -1049,6 +1052,9 @@ mod tests {
         let added = [
             "    # clawfleet: Pods with a container image containing \"fail-pull\" go to pod-fail-pull instead.",
             "    - key: '.spec.containers.[] | select( .image | contains(\"fail-pull\") ) | .image'",
+            "      operator: 'DoesNotExist'",
+            "    # clawfleet: Pods of a revision whose id contains \"never-ready\" are never made ready.",
+            "    - key: '.metadata.labels[\"clawfleet.dev/revision-id\"] // \"\" | select( contains(\"never-ready\") )'",
             "      operator: 'DoesNotExist'",
         ];
         let at = ours
@@ -1081,6 +1087,7 @@ mod tests {
     fn stages_use_the_fail_pull_marker() {
         assert!(POD_FAIL_PULL_STAGE.contains(&format!("contains(\"{FAIL_PULL_MARKER}\")")));
         assert!(POD_READY_STAGE.contains(&format!("contains(\"{FAIL_PULL_MARKER}\")")));
+        assert!(POD_READY_STAGE.contains(&format!("contains(\"{NEVER_READY_MARKER}\")")));
     }
 
     #[test]

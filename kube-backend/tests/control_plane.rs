@@ -7,7 +7,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use clawfleet_k8s_tests::{
-    ADMIN_USER, FAIL_PULL_MARKER, Fault, FaultProxy, skip_unless_control_plane,
+    ADMIN_USER, FAIL_PULL_MARKER, Fault, FaultProxy, NEVER_READY_MARKER, skip_unless_control_plane,
 };
 use clawfleet_kube::{KubeBackend, names};
 use clawfleet_protocol::result::OperationResult;
@@ -990,6 +990,89 @@ async fn a_stop_racing_the_successors_activation_leaves_the_successor_intact() {
         other => panic!("{other:?}"),
     }
     assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r2"));
+}
+
+/// Restore on a cluster: a candidate whose Pods never become ready (kwok leaves the Pods of a
+/// revision named `…never-ready…` Pending) gets half the deadline, then the predecessor's
+/// template goes back and serves again, and the answer says so. Without restore the seed's
+/// behaviour holds: the candidate stays, not ready, and nothing is claimed served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_that_never_becomes_ready_is_restored_to_the_predecessors_template() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 2).await;
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+    let ns = "ns-restore";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    deploy(&backend, &c, ns, "a", "r1", 1).await;
+    let bad = format!("r2-{NEVER_READY_MARKER}");
+    call(&backend, &c, prepare_op(ns, "a", &bad, 2))
+        .await
+        .unwrap();
+    let mut args = clawfleet_protocol::operation::ActivateArgs::from(rev_args(ns, "a", &bad, 2));
+    args.restore = Some(rev_ref("r1", 1));
+    let t = Instant::now();
+    let out = call_within(
+        &backend,
+        &c,
+        Operation::ActivateRevision(args),
+        Duration::from_secs(40),
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "MEASURED restore after a never-ready candidate: {:.2}s",
+        t.elapsed().as_secs_f64()
+    );
+    let OperationResult::ActivateRevision(a) = &out else {
+        panic!("{out:?}")
+    };
+    let restored = a
+        .restored
+        .as_ref()
+        .expect("the answer says what was restored");
+    assert_eq!(restored.revision.as_str(), "r1");
+    assert_eq!(
+        restored.candidate_failure.code,
+        FailureCode::RevisionIncomplete,
+        "{restored:?}"
+    );
+    assert_eq!(served(&out).as_deref(), Some("r1"));
+    let tenant = names::tenant_namespace(&id(ns));
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r1"));
+    let svc: Api<Service> = Api::namespaced(client.clone(), &tenant);
+    assert_eq!(
+        selector_value(&svc, "a").await,
+        names::serving_value(&id("r1"))
+    );
+    // The candidate's ConfigMap is kept (a later retry or restore may need it).
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &tenant);
+    let cm = names::revision_config_map(&id("a"), &id(&bad));
+    assert!(cms.get_opt(&cm).await.unwrap().is_some());
+
+    // Without restore: the candidate stays selected, not ready, nothing served.
+    let bad3 = format!("r3-{NEVER_READY_MARKER}");
+    call(&backend, &c, prepare_op(ns, "a", &bad3, 3))
+        .await
+        .unwrap();
+    match call_within(
+        &backend,
+        &c,
+        activate_op(ns, "a", &bad3, 3),
+        Duration::from_secs(15),
+    )
+    .await
+    {
+        Err(f) => assert_eq!(f.code, FailureCode::RevisionIncomplete, "{f}"),
+        Ok(r) => panic!("a never-ready candidate was activated: {r:?}"),
+    }
+    assert_eq!(
+        deployment_revision(&deps, "a").await.as_deref(),
+        Some(bad3.as_str())
+    );
 }
 
 /// A benchmark, not a timed test (`cargo test -p clawfleet-kube --test control_plane -- --ignored
