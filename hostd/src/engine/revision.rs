@@ -24,6 +24,11 @@ use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker, StartedMarker};
 use crate::system::Ids;
 use crate::unit;
 
+/// The pause after the first readiness probe; each later pause doubles, up to
+/// [`MAX_READINESS_PAUSE`].
+const FIRST_READINESS_PAUSE: Duration = Duration::from_millis(2);
+const MAX_READINESS_PAUSE: Duration = Duration::from_secs(1);
+
 /// Restarts seen during one readiness wait that mean "crash loop", not "slow start".
 const CRASH_LOOP_RESTARTS: u32 = 3;
 
@@ -529,8 +534,6 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Polls `/readyz`: first probe within 50 ms, then a growing interval, 1 s per probe, up
-    /// to the readiness limit. A unit that systemd gave up on fails at once.
     /// Fails with `LISTENER_NOT_OWNED` when a socket of another uid than the Agent's account
     /// listens on its port; true when nobody else does and at least the Agent's own listener
     /// is there.
@@ -566,6 +569,8 @@ impl Engine<'_> {
         self.listener_owned(paths, port, uid)
     }
 
+    /// Polls `/readyz`: the first probe at once, then pauses of 2 ms doubling to 1 s, up to the
+    /// readiness limit. A unit that systemd gave up on, or that keeps restarting, fails at once.
     fn wait_ready(
         &self,
         ctx: &Ctx<'_>,
@@ -575,8 +580,9 @@ impl Engine<'_> {
     ) -> Result<(), Failure> {
         let limit = self.config.limits.readiness_timeout;
         let start = Instant::now();
-        let mut pause = Duration::from_millis(50);
-        std::thread::sleep(Duration::from_millis(20));
+        // The first probe at once, then 2 ms doubling to 1 s: a gateway that is ready within
+        // milliseconds is seen within milliseconds, a slow one costs one probe a second.
+        let mut pause = FIRST_READINESS_PAUSE;
         let mut first_restarts: Option<u32> = None;
         loop {
             let state = self
@@ -639,7 +645,7 @@ impl Engine<'_> {
                     .min(limit.saturating_sub(start.elapsed()))
                     .max(Duration::from_millis(1)),
             );
-            pause = (pause * 3 / 2).min(Duration::from_secs(1));
+            pause = (pause * 2).min(MAX_READINESS_PAUSE);
         }
     }
 
