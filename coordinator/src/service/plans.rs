@@ -16,6 +16,8 @@ use crate::codes::Code;
 use crate::model::{Agent, Configuration, Namespace, RestorePolicy, RevisionStatus};
 
 const TOKEN_PREFIX: &str = "plan1-";
+/// Most Agents one rollout plan asks about (one target call each, within one API request).
+pub const MAX_PLAN_AGENTS: usize = 200;
 
 /// The token of a plan: a digest of, per Agent in order, its id, the Configuration and
 /// generation it would get, and its active revision.
@@ -109,6 +111,17 @@ impl Service {
         r: &NewRollout,
     ) -> Result<Value, RuntimeError> {
         let (namespace, cfg, row) = self.validate_rollout("plan", ns, r)?;
+        if row.agents.len() > MAX_PLAN_AGENTS {
+            return Err(ServiceError::invalid(
+                Code::InvalidRollout,
+                format!(
+                    "a plan asks each Agent's target and covers at most {MAX_PLAN_AGENTS} Agents; \
+                     this rollout selects {} (plan it in parts with agents)",
+                    row.agents.len()
+                ),
+            )
+            .into());
+        }
         let mut agents = Vec::new();
         let mut facts = Vec::new();
         for (id, wave) in &row.agents {
