@@ -304,6 +304,13 @@ async fn happy_path_through_every_resource() {
     );
     let metrics = api.admin("GET", "/metrics", None).await.unwrap();
     assert!(metrics.as_str().unwrap().contains("clawfleet_hosts 1"));
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("clawfleet_rollouts{state=\"halted\"} 0"),
+        "{metrics}"
+    );
     // Every change left an audit event.
     let actions: Vec<String> = api
         .store

@@ -51,6 +51,10 @@ pub(super) async fn metrics<B: Backend>(State(st): S<B>) -> ApiResult {
     for (state, n) in m.agents_by_sync {
         out.push_str(&format!("clawfleet_agents_sync{{state=\"{state}\"}} {n}\n"));
     }
+    out.push_str("# TYPE clawfleet_rollouts gauge\n");
+    for (state, n) in m.rollouts_by_state {
+        out.push_str(&format!("clawfleet_rollouts{{state=\"{state}\"}} {n}\n"));
+    }
     out.push_str(&crate::metrics::render());
     Ok(([("content-type", "text/plain; version=0.0.4")], out).into_response())
 }

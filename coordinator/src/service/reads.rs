@@ -41,6 +41,8 @@ pub struct Metrics {
     pub targets_unreachable: usize,
     /// Agents by the last drift sweep's state (every state listed, zeros included).
     pub agents_by_sync: Vec<(&'static str, usize)>,
+    /// Rollouts by state (every state listed, zeros included).
+    pub rollouts_by_state: Vec<(&'static str, i64)>,
 }
 
 impl Service {
@@ -176,6 +178,17 @@ impl Service {
             })
             .collect();
         let (work_pending, oldest_ms) = self.store.pending_work_age()?;
+        let rollouts = self.store.rollout_counts()?;
+        let rollouts_by_state = crate::model::RolloutState::ALL
+            .iter()
+            .map(|s| {
+                let n = rollouts
+                    .iter()
+                    .find(|(state, _)| state == s.as_str())
+                    .map_or(0, |(_, n)| *n);
+                (s.as_str(), n)
+            })
+            .collect();
         Ok(Metrics {
             work: self.store.work_counts()?,
             hosts: self.store.hosts()?.len(),
@@ -187,6 +200,7 @@ impl Service {
             targets_reachable: all.len() - unreachable.len(),
             targets_unreachable: unreachable.len(),
             agents_by_sync,
+            rollouts_by_state,
         })
     }
 }

@@ -204,6 +204,14 @@ impl Store {
         rows.into_iter().map(|r| with_agents(&c, r)).collect()
     }
 
+    /// Rollouts per state (for /metrics).
+    pub fn rollout_counts(&self) -> Result<Vec<(String, i64)>> {
+        let c = self.c();
+        let mut st = c.prepare("SELECT state, COUNT(*) FROM rollouts GROUP BY state")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
     /// The open rollout the Agent belongs to, if any.
     pub fn open_rollout_of(&self, ns: &str, agent: &str) -> Result<Option<i64>> {
         open_rollout_of(&self.c(), ns, agent)
