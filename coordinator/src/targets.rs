@@ -64,3 +64,19 @@ pub fn agent(store: &Store, ns: &Namespace, agent: &Agent) -> Result<Option<Targ
     })?;
     Ok(Some(host(&h)?))
 }
+
+/// The ready pool host with room and the fewest Agents: where placement puts an Agent that
+/// has no host yet (the worker places it; a plan asks that host).
+pub fn least_loaded(store: &Store, ns: &Namespace) -> Result<Option<Host>, StoreError> {
+    let mut best: Option<(u32, Host)> = None;
+    for name in &ns.ready_hosts {
+        let Some(host) = store.host(name)? else {
+            continue;
+        };
+        let load = store.agents_on_host(name)?;
+        if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
+            best = Some((load, host));
+        }
+    }
+    Ok(best.map(|(_, host)| host))
+}

@@ -74,6 +74,18 @@ impl ServiceError {
     }
 }
 
+/// A target the store names inconsistently is a conflict the message explains.
+impl From<crate::targets::TargetError> for ServiceError {
+    fn from(e: crate::targets::TargetError) -> Self {
+        match e {
+            crate::targets::TargetError::Store(s) => ServiceError::Store(s),
+            crate::targets::TargetError::Inconsistent { code, message } => {
+                ServiceError::conflict(code, message)
+            }
+        }
+    }
+}
+
 type Result<T> = std::result::Result<T, ServiceError>;
 
 /// An `Ident` (`clawfleet_protocol::Ident`) as a JSON Schema pattern, for `/openapi.json`.

@@ -3,7 +3,6 @@
 //! a digest of the facts the plan was computed against (each Agent's Configuration and
 //! generation, and its active revision), which `--apply-plan` requires to be still current.
 
-use clawfleet_protocol::operation::{RevisionNumber, RevisionRef};
 use clawfleet_protocol::plan::PlanArgs;
 use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::{Operation, Sha256Hex};
@@ -178,12 +177,7 @@ impl Service {
         rev.number = revisions.iter().map(|r| r.number).max().unwrap_or(0) + 1;
         rev.id = format!("rev-{}", rev.number);
         let bad = |e: String| ServiceError::invalid(Code::InvalidStoredId, e);
-        let reference = RevisionRef {
-            id: clawfleet_protocol::Ident::new(rev.id.as_str()).map_err(|e| bad(e.to_string()))?,
-            number: RevisionNumber::new(rev.number).map_err(bad)?,
-            configuration_hash: Sha256Hex::new(rev.configuration_hash.as_str())
-                .map_err(|e| bad(e.to_string()))?,
-        };
+        let reference = crate::worker::revision_ref(&rev).map_err(bad)?;
         let spec = crate::worker::revision_spec(&reference, &rev.rendered)
             .map_err(|(code, message)| ServiceError::invalid(code, message))?;
         // The revision a failed activation would put back, as the worker chooses it.
@@ -191,23 +185,16 @@ impl Service {
             (RestorePolicy::LastServed, Some(served)) => revisions
                 .iter()
                 .find(|r| &r.id == served && r.status != RevisionStatus::Retired)
-                .map(|r| -> super::Result<RevisionRef> {
-                    Ok(RevisionRef {
-                        id: clawfleet_protocol::Ident::new(r.id.as_str())
-                            .map_err(|e| bad(e.to_string()))?,
-                        number: RevisionNumber::new(r.number).map_err(bad)?,
-                        configuration_hash: Sha256Hex::new(r.configuration_hash.as_str())
-                            .map_err(|e| bad(e.to_string()))?,
-                    })
-                })
+                .map(|r| crate::worker::revision_ref(r).map_err(bad))
                 .transpose()?,
             _ => None,
         };
-        let (target, placed) =
-            match crate::targets::agent(&self.store, namespace, agent).map_err(target_error)? {
-                Some(t) => (t, true),
-                None => (self.would_place(namespace)?, false),
-            };
+        let (target, placed) = match crate::targets::agent(&self.store, namespace, agent)
+            .map_err(ServiceError::from)?
+        {
+            Some(t) => (t, true),
+            None => (self.would_place(namespace)?, false),
+        };
         let (namespace_ref, agent_ref) = refs(namespace, agent)?;
         let target_name = target.name().to_owned();
         let op = Operation::PlanRevision(PlanArgs {
@@ -236,34 +223,15 @@ impl Service {
         }))
     }
 
-    /// The ready pool host with room and the fewest Agents (what placement would choose).
+    /// The host placement would choose now for an Agent that has none.
     fn would_place(&self, ns: &Namespace) -> super::Result<Target> {
-        let mut best: Option<(u32, crate::model::Host)> = None;
-        for name in &ns.ready_hosts {
-            let Some(host) = self.store.host(name)? else {
-                continue;
-            };
-            let load = self.store.agents_on_host(name)?;
-            if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
-                best = Some((load, host));
-            }
-        }
-        let Some((_, host)) = best else {
+        let Some(host) = crate::targets::least_loaded(&self.store, ns)? else {
             return Err(ServiceError::conflict(
                 Code::NoHostAvailable,
                 format!("no ready host of Namespace {}'s pool has room", ns.id),
             ));
         };
-        crate::targets::host(&host).map_err(target_error)
-    }
-}
-
-fn target_error(e: crate::targets::TargetError) -> ServiceError {
-    match e {
-        crate::targets::TargetError::Store(s) => ServiceError::Store(s),
-        crate::targets::TargetError::Inconsistent { code, message } => {
-            ServiceError::conflict(code, message)
-        }
+        Ok(crate::targets::host(&host)?)
     }
 }
 

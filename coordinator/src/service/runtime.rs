@@ -128,19 +128,12 @@ impl Service {
     fn inspected(&self, ns: &str, id: &str) -> Result<Inspected, ServiceError> {
         let namespace = self.namespace(ns)?;
         let agent = self.agent(ns, id)?;
-        let target = crate::targets::agent(&self.store, &namespace, &agent)
-            .map_err(|e| match e {
-                crate::targets::TargetError::Store(s) => ServiceError::Store(s),
-                crate::targets::TargetError::Inconsistent { code, message } => {
-                    ServiceError::conflict(code, message)
-                }
-            })?
-            .ok_or_else(|| {
-                ServiceError::conflict(
-                    Code::AgentNotPlaced,
-                    format!("Agent {ns}/{id} was never placed on a host; deploy it first"),
-                )
-            })?;
+        let target = crate::targets::agent(&self.store, &namespace, &agent)?.ok_or_else(|| {
+            ServiceError::conflict(
+                Code::AgentNotPlaced,
+                format!("Agent {ns}/{id} was never placed on a host; deploy it first"),
+            )
+        })?;
         let (namespace, agent) = refs(&namespace, &agent)?;
         Ok(Inspected {
             target,

@@ -25,6 +25,17 @@ mod deploy;
 /// The harness version revisions are deployed with.
 pub const HARNESS_VERSION: &str = "2026.9.6";
 
+/// A stored revision as operations name it; the error says which stored field is not valid
+/// (`INVALID_STORED_ID`).
+pub fn revision_ref(rev: &Revision) -> Result<RevisionRef, String> {
+    Ok(RevisionRef {
+        id: Ident::new(rev.id.as_str()).map_err(|e| format!("{:?} {e}", rev.id))?,
+        number: RevisionNumber::new(rev.number)?,
+        configuration_hash: Sha256Hex::new(rev.configuration_hash.as_str())
+            .map_err(|e| e.to_string())?,
+    })
+}
+
 /// The revision as prepare (and plan) send it: its rendered document and the embedded
 /// harness. The error is the code and message of a document or harness that cannot be sent.
 pub fn revision_spec(
@@ -502,20 +513,7 @@ impl<B: Backend> Worker<B> {
         if let Some(name) = &agent.host {
             return self.store.host(name).map_err(store_err);
         }
-        let mut best: Option<(u32, Host)> = None;
-        for name in &ns.ready_hosts {
-            let Some(host) = self.store.host(name).map_err(store_err)? else {
-                continue;
-            };
-            let load = self.store.agents_on_host(name).map_err(store_err)?;
-            if load >= host.max_agents {
-                continue;
-            }
-            if best.as_ref().is_none_or(|(l, _)| load < *l) {
-                best = Some((load, host));
-            }
-        }
-        let Some((_, host)) = best else {
+        let Some(host) = crate::targets::least_loaded(&self.store, ns).map_err(store_err)? else {
             return Ok(None);
         };
         let placed = self
@@ -537,13 +535,7 @@ impl<B: Backend> Worker<B> {
     }
 
     fn revision_ref(rev: &Revision) -> Result<RevisionRef, Step> {
-        Ok(RevisionRef {
-            id: ident(&rev.id)?,
-            number: RevisionNumber::new(rev.number)
-                .map_err(|e| failed(Code::InvalidStoredId, e))?,
-            configuration_hash: Sha256Hex::new(rev.configuration_hash.as_str())
-                .map_err(|e| failed(Code::InvalidStoredId, e.to_string()))?,
-        })
+        revision_ref(rev).map_err(|message| failed(Code::InvalidStoredId, message))
     }
 
     /// Records what the host reports. A revision counts as served only while `current` still
