@@ -13,16 +13,8 @@ mod fleet;
 
 use std::collections::BTreeMap;
 
-use fleet::{Fleet, NS, document};
+use fleet::{Fleet, NS, document, journal_field};
 use serde_json::{Value, json};
-
-fn field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
-    entry
-        .as_object()?
-        .iter()
-        .find(|(k, _)| *k == name || k.strip_prefix("F_") == Some(name))
-        .and_then(|(_, v)| v.as_str())
-}
 
 fn quantile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
@@ -64,12 +56,12 @@ fn main() {
         let Ok(e) = serde_json::from_str::<Value>(line) else {
             continue;
         };
-        if field(&e, "MESSAGE") != Some("operation succeeded") {
+        if journal_field(&e, "MESSAGE") != Some("operation succeeded") {
             continue;
         }
         let (Some(op), Some(ms)) = (
-            field(&e, "OP"),
-            field(&e, "ELAPSED_MS").and_then(|v| v.parse::<u64>().ok()),
+            journal_field(&e, "OP"),
+            journal_field(&e, "ELAPSED_MS").and_then(|v| v.parse::<u64>().ok()),
         ) else {
             continue;
         };

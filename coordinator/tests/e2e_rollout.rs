@@ -14,7 +14,7 @@ pub mod fleet;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fleet::{Fleet, NS, Want, document};
+use fleet::{Fleet, NS, Want, document, journal_field};
 use serde_json::{Value, json};
 
 fn agents() -> Vec<String> {
@@ -70,15 +70,6 @@ fn agent_states(r: &Value) -> BTreeMap<String, (String, String)> {
         .collect()
 }
 
-/// A field of a hostd journal entry, whatever prefix tracing-journald gave it.
-fn field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
-    entry
-        .as_object()?
-        .iter()
-        .find(|(k, _)| *k == name || k.strip_prefix("F_") == Some(name))
-        .and_then(|(_, v)| v.as_str())
-}
-
 /// The most `activate-revision` operations any moment saw running at once across the hosts,
 /// from each host's hostd journal entries since `since` (Unix seconds); and how many ran.
 fn most_concurrent_activations(fleet: &Fleet, since: u64) -> (usize, usize) {
@@ -93,13 +84,13 @@ fn most_concurrent_activations(fleet: &Fleet, since: u64) -> (usize, usize) {
             let Ok(e) = serde_json::from_str::<Value>(line) else {
                 continue;
             };
-            if field(&e, "OP") != Some("activate-revision") {
+            if journal_field(&e, "OP") != Some("activate-revision") {
                 continue;
             }
             let (Some(id), Some(msg), Some(at)) = (
-                field(&e, "OPERATION_ID"),
-                field(&e, "MESSAGE"),
-                field(&e, "__REALTIME_TIMESTAMP").and_then(|t| t.parse::<u64>().ok()),
+                journal_field(&e, "OPERATION_ID"),
+                journal_field(&e, "MESSAGE"),
+                journal_field(&e, "__REALTIME_TIMESTAMP").and_then(|t| t.parse::<u64>().ok()),
             ) else {
                 continue;
             };

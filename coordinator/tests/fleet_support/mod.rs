@@ -701,6 +701,16 @@ pub fn document(label: &str, extra: Value) -> Value {
     json!({"logging": {"level": "info"}, "x-clawfleet-test": switches})
 }
 
+/// A field of a hostd journal entry (`journalctl -o json`), whatever prefix tracing-journald
+/// gave it (`OP` or `F_OP`).
+pub fn journal_field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
+    entry
+        .as_object()?
+        .iter()
+        .find(|(k, _)| *k == name || k.strip_prefix("F_") == Some(name))
+        .and_then(|(_, v)| v.as_str())
+}
+
 /// Median of durations (the upper one for an even count).
 pub fn median(values: &[Duration]) -> Duration {
     let mut v = values.to_vec();
