@@ -304,8 +304,25 @@ fn hostd_deb_install_enrol_deploy_upgrade_downgrade_remove_purge() {
     eprintln!("whole package lifecycle: {:?}", t0.elapsed());
 }
 
+/// The inodes of the TCP sockets sshd's main process listens on (they change when sshd
+/// re-executes itself on a reload).
+fn sshd_listeners(host: &TestHost) -> Vec<String> {
+    let out = host
+        .run_ok(concat!(
+            "pid=$(systemctl show -p MainPID --value ssh.service); ",
+            r"own=$(for fd in /proc/$pid/fd/*; do readlink $fd; done | sed -n 's/^socket:\[\([0-9]*\)\]$/\1/p'); ",
+            r#"awk -v own=" $(echo $own) " '$4 == "0A" && index(own, " " $10 " ") { print $10 }' /proc/net/tcp /proc/net/tcp6"#,
+        ))
+        .unwrap();
+    let mut inodes: Vec<String> = out.lines().map(str::to_owned).collect();
+    inodes.sort();
+    inodes
+}
+
 /// On a host that never ran an Agent, purge leaves nothing of the package behind; every
 /// maintainer script path is idempotent (reinstall, remove + reinstall, remove + purge twice).
+/// Every install reloads sshd for the drop-in and returns only once sshd listens again, so
+/// the next ssh connection (each `run_ok` here is one) is never refused.
 #[test]
 fn hostd_deb_purge_on_an_unused_host_leaves_nothing() {
     skip_unless_hosts!();
@@ -313,7 +330,26 @@ fn hostd_deb_purge_on_an_unused_host_leaves_nothing() {
         return;
     };
     let host = TestHost::start().unwrap();
-    install_hostd_deb(&host, &deb).unwrap();
+    // An sshd slow to re-execute (a loaded host): its reload returns at once and sshd
+    // re-listens 1.5 s later. dpkg -i must still return only once it listens again.
+    host.write_file(
+        "/etc/systemd/system/ssh.service.d/slow-reload.conf",
+        b"[Service]\nExecReload=\nExecReload=/bin/sh -c '(sleep 1.5; kill -HUP $MAINPID) &'\n",
+        0o644,
+    )
+    .unwrap();
+    host.run_ok("systemctl daemon-reload").unwrap();
+    let before = sshd_listeners(&host);
+    assert!(!before.is_empty(), "sshd listens before the install");
+    host.install_deb(&deb).unwrap();
+    let after = sshd_listeners(&host);
+    assert!(
+        !after.is_empty() && after.iter().all(|inode| !before.contains(inode)),
+        "dpkg -i returned before sshd listened again on new sockets: before {before:?}, after {after:?}"
+    );
+    host.run_ok("rm /etc/systemd/system/ssh.service.d/slow-reload.conf && systemctl daemon-reload")
+        .unwrap();
+    host.run_ok("/usr/sbin/hostd --version").unwrap();
     host.install_deb(&deb).unwrap();
     host.run_ok("dpkg -r clawfleet-hostd").unwrap();
     // Remove keeps the conffile and the (empty) state root.

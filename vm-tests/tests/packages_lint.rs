@@ -76,6 +76,10 @@ fn lintian_finds_no_errors_and_the_debs_hold_what_the_guide_says() {
     let c = deb_contents(&pkgs.hostd_deb);
     assert!(has_entry(&c, "-rwxr-xr-x", "./usr/sbin/hostd"), "{c:#?}");
     assert!(
+        has_entry(&c, "-rwxr-xr-x", "./usr/lib/clawfleet-hostd/reload-sshd"),
+        "{c:#?}"
+    );
+    assert!(
         has_entry(&c, "-rw-r--r--", "./etc/clawfleet/hostd.toml"),
         "{c:#?}"
     );
@@ -186,6 +190,7 @@ fn rpm_metadata_files_and_dependencies() {
         [
             "/etc/clawfleet/hostd.toml",
             "/etc/ssh/sshd_config.d/clawfleet-hostd.conf",
+            "/usr/lib/clawfleet-hostd/reload-sshd",
             "/usr/sbin/hostd",
             "/usr/share/doc/clawfleet-hostd/operator-guide.md",
         ],

@@ -11,7 +11,6 @@ if [ ! -d /var/lib/clawfleet ]; then
 fi
 # sshd reads /etc/ssh/sshd_config.d/clawfleet-hostd.conf (DenyUsers cfa-*: Agent accounts
 # never log in) from its next reload; an sshd that is not running reads it when it starts.
-if [ -d /run/systemd/system ]; then
-    systemctl try-reload-or-restart sshd.service >/dev/null 2>&1 || true
-fi
+# reload-sshd returns once sshd listens again, so the next ssh connection is not refused.
+/usr/lib/clawfleet-hostd/reload-sshd sshd.service || true
 exit 0
