@@ -490,3 +490,43 @@ impl Rollout {
         self.agents.iter().filter(|a| a.state.is_failure()).count() as u32
     }
 }
+
+text_enum! {
+    /// Where an Agent's initial workspace files stand.
+    WorkspaceState {
+        /// Stored, not applied on the Agent's target yet (the next prepare carries them).
+        Pending = "pending",
+        /// The target applied them and wrote its completion marker.
+        Applied = "applied",
+        /// The last attempt failed (the failure's code and message say why); the next
+        /// deployment pass tries again.
+        Failed = "failed",
+    }
+}
+
+/// One initial workspace file as the API shows it: never its content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceFileInfo {
+    pub name: String,
+    pub size: u64,
+    pub sha256: String,
+    /// Whether the coordinator still holds the content (until an activation succeeded after
+    /// the target applied it).
+    pub content_held: bool,
+}
+
+/// An Agent's initial workspace files and their setup state
+/// (`GET /namespaces/{ns}/agents/{agent}/workspace`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSetupInfo {
+    pub state: WorkspaceState,
+    /// Unix seconds.
+    pub applied_at: Option<i64>,
+    pub failure_code: Option<String>,
+    pub failure_message: Option<String>,
+    /// Unix seconds.
+    pub updated_at: i64,
+    pub files: Vec<WorkspaceFileInfo>,
+}

@@ -110,6 +110,7 @@ impl World {
                         configuration_id: "cfg".into(),
                         harness_auth: None,
                         restore: None,
+                        workspace_files: Vec::new(),
                     },
                 )
                 .unwrap();

@@ -134,6 +134,7 @@ impl World {
                     configuration_id: "cfg".into(),
                     harness_auth: None,
                     restore: None,
+                    workspace_files: Vec::new(),
                 },
             )
             .unwrap();
@@ -451,6 +452,7 @@ async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
     let configuration = Configuration::new(json!({"gateway": {"mode": "local"}})).unwrap();
     let prepare = |number: u64| {
         Operation::PrepareRevision(PrepareArgs {
+            workspace: None,
             namespace: namespace.clone(),
             agent: AgentRef {
                 id: id("a1"),

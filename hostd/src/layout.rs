@@ -43,6 +43,12 @@ pub fn is_unit_name(name: &str) -> bool {
         .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
+/// The setup request of an Agent's initial workspace files (root-owned, in the Agent
+/// directory): written before anything of the setup, it arms the unit's start guard.
+pub const WORKSPACE_REQUEST_FILE: &str = "workspace-request.json";
+/// The completion marker of that setup: the start guard lets the gateway start only with it.
+pub const WORKSPACE_APPLIED_FILE: &str = "workspace-applied.json";
+
 /// Paths under the state root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -64,6 +70,13 @@ pub struct AgentPaths {
     pub started: PathBuf,
     pub password_file: PathBuf,
     pub operator_env: PathBuf,
+    /// OpenClaw's default workspace (`$OPENCLAW_STATE_DIR/workspace`), Agent-owned.
+    pub workspace: PathBuf,
+    pub workspace_request: PathBuf,
+    pub workspace_applied: PathBuf,
+    /// Root-owned staging tree where the initial workspace files are built before they move
+    /// into the workspace.
+    pub workspace_staging: PathBuf,
     pub unit_file: PathBuf,
     pub unit_name: String,
     pub account: String,
@@ -153,6 +166,10 @@ impl Layout {
             started: dir.join("started.json"),
             password_file: dir.join("gateway-password.env"),
             operator_env: dir.join("env"),
+            workspace: dir.join("state").join("workspace"),
+            workspace_request: dir.join(WORKSPACE_REQUEST_FILE),
+            workspace_applied: dir.join(WORKSPACE_APPLIED_FILE),
+            workspace_staging: dir.join(".workspace-staging"),
             unit_file: self.unit_dir.join(&unit_name),
             lock: self.locks_dir().join(format!(
                 "{}.lock",

@@ -79,6 +79,10 @@ enum Command {
         /// The only TCP port the gateway may bind.
         #[arg(long)]
         port: u16,
+        /// The Agent directory: with a workspace setup requested there, the gateway starts
+        /// only once its completion marker exists.
+        #[arg(long)]
+        agent_dir: Option<PathBuf>,
         /// The gateway command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -289,9 +293,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::ExecGateway { port, command } = &cli.command {
+    if let Command::ExecGateway {
+        port,
+        agent_dir,
+        command,
+    } = &cli.command
+    {
         // Runs as the Agent inside its unit: no configuration, no journal connection; it
         // becomes the gateway or says why not (the unit's journal has stderr).
+        if let Some(dir) = agent_dir
+            && let Err(why) = hostd::engine::workspace::guard(dir, 0)
+        {
+            eprintln!("hostd exec-gateway: {why}");
+            // 78 (EX_CONFIG) is the unit's RestartPreventExitStatus: no crash loop.
+            return ExitCode::from(78);
+        }
         return match hostd::launch::exec_gateway(*port, command) {
             Ok(never) => match never {},
             Err(e) => {

@@ -96,6 +96,25 @@ pub struct NamespaceMarker {
     pub namespace_name: Ident,
 }
 
+/// `workspace-request.json` in an Agent directory: the initial workspace files asked for
+/// (names, sizes, digests; never content). Its presence arms the unit's start guard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkspaceRequestMarker {
+    pub schema: u32,
+    pub files: Vec<clawfleet_protocol::workspace::WorkspaceFileMeta>,
+}
+
+/// `workspace-applied.json` in an Agent directory: the completion marker of the setup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkspaceAppliedMarker {
+    pub schema: u32,
+    /// Unix seconds.
+    pub applied_at: u64,
+    pub files: Vec<clawfleet_protocol::workspace::WorkspaceFileMeta>,
+}
+
 /// `namespaces/<h>/agents/<h>/agent.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

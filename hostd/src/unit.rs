@@ -72,10 +72,12 @@ pub fn render(
     // The operator's own credentials; hostd never writes this file and reads it only to redact
     // its values from the Agent's logs (engine/runtime.rs).
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.operator_env.display());
-    // The launcher confines binds to the Agent's port (Landlock), then execs the gateway.
+    // The launcher confines binds to the Agent's port (Landlock), refuses to start while a
+    // requested workspace setup has not completed (engine/workspace.rs), then execs the
+    // gateway.
     let _ = writeln!(
         u,
-        "ExecStart={LAUNCHER} exec-gateway --port {port} -- {}",
+        "ExecStart={LAUNCHER} exec-gateway --port {port} --agent-dir {dir} -- {}",
         gateway_command.join(" ")
     );
     let _ = writeln!(u, "Restart=always");
@@ -174,6 +176,13 @@ mod tests {
             30,
         );
         assert!(is_owned_by(&text, &ns, &agent));
+        assert!(
+            text.contains(&format!(
+                "ExecStart=/usr/sbin/hostd exec-gateway --port 18700 --agent-dir {} -- /usr/bin/gw run\n",
+                paths.dir.display()
+            )),
+            "{text}"
+        );
         assert!(!is_owned_by(&text, &ns, &Ident::new("a2").unwrap()));
         for needle in [
             "User=cfa-",
@@ -183,7 +192,6 @@ mod tests {
             "ProtectSystem=strict",
             "RestartPreventExitStatus=78",
             "CapabilityBoundingSet=\n",
-            "ExecStart=/usr/sbin/hostd exec-gateway --port 18700 -- /usr/bin/gw run\n",
             "RestrictNamespaces=yes\n",
             "PrivateIPC=yes\n",
             "RemoveIPC=yes\n",

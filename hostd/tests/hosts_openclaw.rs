@@ -269,7 +269,7 @@ fn real_openclaw_gateway_through_hostd() {
         .unwrap();
     assert!(
         unit_text.contains(&format!(
-            "ExecStart=/usr/sbin/hostd exec-gateway --port {port} -- {}\n",
+            "ExecStart=/usr/sbin/hostd exec-gateway --port {port} --agent-dir {dir} -- {}\n",
             paths.exec_start()
         )),
         "{unit_text}"

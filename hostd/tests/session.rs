@@ -133,6 +133,7 @@ fn ns() -> NamespaceRef {
 fn prepare() -> Operation {
     let configuration = Configuration::new(json!({"gateway": {"mode": "local"}})).unwrap();
     Operation::PrepareRevision(PrepareArgs {
+        workspace: None,
         namespace: ns(),
         agent: AgentRef {
             id: Ident::new("a1").unwrap(),

@@ -267,6 +267,7 @@ fn prepare_op() -> Operation {
     let configuration =
         Configuration::new(json!({ "gateway": { "auth": { "mode": "password" } } })).unwrap();
     Operation::PrepareRevision(PrepareArgs {
+        workspace: None,
         namespace: ns_ref(),
         agent: AgentRef {
             id: id("agent-1"),

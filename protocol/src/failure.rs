@@ -121,6 +121,10 @@ failure_codes! {
     LogCursorInvalid = "LOG_CURSOR_INVALID" => Permanent,
     /// `previous` was asked for, but the journal holds no earlier run of the Agent's unit.
     PreviousRunMissing = "PREVIOUS_RUN_MISSING" => Permanent,
+    /// The Agent's initial workspace files could not be applied (a planted link or special
+    /// file where one goes, no space, contents no longer held); nothing was started. The
+    /// message names the file, never its content.
+    WorkspaceSetupFailed = "WORKSPACE_SETUP_FAILED" => Retryable,
     /// An unexpected internal error; the host log has details under the operation id.
     Internal = "INTERNAL" => Retryable,
     // Kubernetes backend outcomes.

@@ -7,6 +7,7 @@
 //! - [`framing`]: many messages over one SSH session's stdin and stdout.
 //! - [`failure`]: class, stable code and safe message for every failure.
 //! - [`runtime`]: the read-only runtime and log operations' types; [`redact`]: their redaction.
+//! - [`workspace`]: initial workspace files, their names and limits.
 
 pub mod allowed_signers;
 pub mod configuration;
@@ -23,6 +24,7 @@ pub mod runtime;
 pub mod signing;
 pub mod text;
 pub mod time;
+pub mod workspace;
 
 pub use allowed_signers::AllowedSigners;
 pub use configuration::Configuration;

@@ -383,6 +383,10 @@ pub struct PrepareArgs {
     pub namespace: NamespaceRef,
     pub agent: AgentRef,
     pub revision: RevisionSpec,
+    /// The Agent's initial workspace files, when it was created with some: applied once,
+    /// before the gateway first starts (protocol/src/workspace.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<crate::workspace::WorkspaceSetup>,
 }
 
 /// Arguments of `activate-revision`, `verify-revision`, `stop-revision`, `retire-revision`.

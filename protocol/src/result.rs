@@ -157,6 +157,19 @@ pub struct PrepareResult {
     /// False when the snapshot already existed and verified.
     pub created: bool,
     pub observation: AgentObservation,
+    /// Where the Agent's initial workspace files stand, when the prepare carried a setup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceOutcome>,
+}
+
+/// What a prepare did with the Agent's initial workspace files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkspaceOutcome {
+    /// This prepare wrote them and the completion marker.
+    Applied,
+    /// The completion marker was already there: nothing was written (edits are kept).
+    AlreadyApplied,
 }
 
 /// What `activate-revision` reports.
@@ -289,6 +302,7 @@ pub enum Step {
     Port,
     Snapshot,
     PasswordFile,
+    WorkspaceSetup,
     UnitFile,
     DaemonReload,
     Enable,

@@ -85,6 +85,7 @@ fn every_result_round_trips() {
             agents_removed: 2,
         }),
         OperationResult::PrepareRevision(PrepareResult {
+            workspace: None,
             ready: true,
             created: true,
             observation: observation.clone(),

@@ -34,6 +34,13 @@ pub(super) async fn get_agent<B: Backend>(
     ok(StatusCode::OK, st.service.agent(&ns, &agent)?)
 }
 
+pub(super) async fn get_workspace<B: Backend>(
+    State(st): S<B>,
+    Path((ns, agent)): Path<(String, String)>,
+) -> ApiResult {
+    ok(StatusCode::OK, st.service.workspace(&ns, &agent)?)
+}
+
 pub(super) async fn patch_agent<B: Backend>(
     State(st): S<B>,
     caller: Caller,

@@ -176,6 +176,8 @@ route_table! {
     Get "/namespaces/{ns}/agents", Namespace(Read), Empty, 200 => agents::list_agents, "List Agents";
     Get "/namespaces/{ns}/agents/{agent}", Namespace(Read), Empty, 200 => agents::get_agent,
         "Get an Agent";
+    Get "/namespaces/{ns}/agents/{agent}/workspace", Namespace(Read), Empty, 200 => agents::get_workspace,
+        "The Agent's initial workspace files (names, sizes, sha256; never content) and their setup state: pending, applied, failed";
     Patch "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), Json<AgentPatch>, 200 => agents::patch_agent,
         "Change an Agent's Configuration";
     Delete "/namespaces/{ns}/agents/{agent}", Namespace(Deploy), Empty, 202 => agents::delete_agent,

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use coordinator::client::Client;
 use coordinator::model::RestorePolicy;
-use coordinator::service::{AgentPatch, NewAgent};
+use coordinator::service::{AgentPatch, NewAgent, NewWorkspaceFile};
 
 use super::Cli;
 use super::table::{AGENT_COLUMNS, print};
@@ -26,6 +26,10 @@ pub(crate) enum AgentCmd {
         /// (the host puts the last served revision back at once).
         #[arg(long, value_parser = parse_restore)]
         restore: Option<RestorePolicy>,
+        /// An initial workspace file, NAME=PATH (repeatable): PATH's bytes are written once to
+        /// NAME in the Agent's workspace before its gateway first starts.
+        #[arg(long = "workspace-file", value_name = "NAME=PATH", value_parser = parse_workspace_file)]
+        workspace_files: Vec<(String, std::path::PathBuf)>,
     },
     /// List a Namespace's Agents.
     List { namespace: String },
@@ -95,6 +99,49 @@ pub(crate) enum AgentCmd {
     },
     /// List the Agent's revisions with their status.
     Revisions { namespace: String, id: String },
+    /// The Agent's initial workspace files (names, sizes, sha256) and their setup state.
+    Workspace { namespace: String, id: String },
+}
+
+fn parse_workspace_file(text: &str) -> std::result::Result<(String, std::path::PathBuf), String> {
+    match text.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_owned(), std::path::PathBuf::from(path)))
+        }
+        _ => Err(format!(
+            "{text:?} is not NAME=PATH (for example AGENTS.md=./agents.md)"
+        )),
+    }
+}
+
+/// Reads the workspace files named on the command line (each at most the per-file limit, so
+/// a wrong path to a large file is refused here, not after uploading it).
+fn read_workspace_files(files: &[(String, std::path::PathBuf)]) -> Result<Vec<NewWorkspaceFile>> {
+    use base64ct::{Base64, Encoding};
+    use std::io::Read;
+    let max = clawfleet_protocol::workspace::WORKSPACE_MAX_FILE_BYTES;
+    files
+        .iter()
+        .map(|(name, path)| {
+            let mut bytes = Vec::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(max as u64 + 1).read_to_end(&mut bytes))
+                .with_context(|| {
+                    format!("--workspace-file {name}: cannot read {}", path.display())
+                })?;
+            if bytes.len() > max {
+                anyhow::bail!(
+                    "--workspace-file {name}: {} is larger than {max} bytes",
+                    path.display()
+                );
+            }
+            Ok(NewWorkspaceFile {
+                name: name.clone(),
+                content: None,
+                content_base64: Some(Base64::encode_string(&bytes)),
+            })
+        })
+        .collect()
 }
 
 /// The `workId` of an answer that queued work (what `--wait` follows).
@@ -128,7 +175,9 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             configuration,
             service_principal,
             restore,
+            workspace_files,
         } => {
+            let workspace_files = read_workspace_files(workspace_files)?;
             let v = c.send(
                 "POST",
                 &format!("/namespaces/{namespace}/agents"),
@@ -138,6 +187,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                     service_principal_id: service_principal.clone(),
                     harness_auth: None,
                     restore: *restore,
+                    workspace_files,
                 },
             )?;
             print(cli, &v, AGENT_COLUMNS);
@@ -310,6 +360,35 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 ("GEN", "configurationGeneration"),
             ],
         ),
+        AgentCmd::Workspace { namespace, id } => {
+            let v = c.request(
+                "GET",
+                &format!("/namespaces/{namespace}/agents/{id}/workspace"),
+                None,
+            )?;
+            if cli.output == super::Output::Json {
+                print(cli, &v, &[]);
+            } else {
+                println!(
+                    "setup: {}{}",
+                    v["state"].as_str().unwrap_or("?"),
+                    v["failureCode"]
+                        .as_str()
+                        .map(|c| format!(" ({c}: {})", v["failureMessage"].as_str().unwrap_or("")))
+                        .unwrap_or_default()
+                );
+                print(
+                    cli,
+                    &v["files"],
+                    &[
+                        ("NAME", "name"),
+                        ("SIZE", "size"),
+                        ("SHA256", "sha256"),
+                        ("HELD", "contentHeld"),
+                    ],
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -12,12 +12,14 @@ mod reads;
 mod rollouts;
 mod runtime;
 mod tokens;
+mod workspace;
 
 pub use probe::ProbeError;
 pub use reads::{AuditQuery, DriftQuery, Metrics};
 pub use rollouts::{MAX_ROLLOUT_AGENTS, NewRollout, RolloutAction, run as run_rollouts};
 pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
 pub use tokens::TokenChangeError;
+pub use workspace::NewWorkspaceFile;
 
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
@@ -294,6 +296,10 @@ pub struct NewAgent {
     /// What a failed activation does: `none` (default) or `last-served`.
     #[serde(default)]
     pub restore: Option<crate::model::RestorePolicy>,
+    /// Files written once into the Agent's workspace before its gateway first starts (at
+    /// most 32, 64 KiB each, 128 KiB in all); never returned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspace_files: Vec<NewWorkspaceFile>,
 }
 
 /// `POST …/agents/{agent}/deploy`'s query.
@@ -721,6 +727,7 @@ impl Service {
                 format!("configuration {} does not exist", a.configuration_id),
             ));
         }
+        let files = workspace::validate(&namespace, &a.workspace_files)?;
         let agent = Agent {
             namespace_id: ns.to_owned(),
             id: a.id.clone(),
@@ -734,13 +741,25 @@ impl Service {
             restore: a.restore.unwrap_or(crate::model::RestorePolicy::None),
             created_at: now(),
         };
-        if !self.store.insert_agent(&agent)? {
+        if !self
+            .store
+            .insert_agent_with_workspace(&agent, &files, now())?
+        {
             return Err(ServiceError::conflict(
                 Code::AgentExists,
                 format!("Agent {} exists", a.id),
             ));
         }
-        self.audit(actor, "agent.create", &format!("{ns}/{}", a.id), json!({}))?;
+        // Names and sizes only: the audit never holds a file's content.
+        let details = if files.is_empty() {
+            json!({})
+        } else {
+            json!({"workspaceFiles": files.iter().map(|f| {
+                let m = f.meta();
+                json!({"name": m.name.as_str(), "size": m.size, "sha256": m.sha256.as_str()})
+            }).collect::<Vec<_>>()})
+        };
+        self.audit(actor, "agent.create", &format!("{ns}/{}", a.id), details)?;
         self.agent(ns, &a.id)
     }
 

@@ -9,6 +9,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 mod rollouts;
+mod workspace;
 
 pub use rollouts::{RevisionInsert, RolloutInsert, RolloutRow};
 
@@ -217,6 +218,32 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (rollout_id, agent_id)
     );
     CREATE INDEX rollout_agents_agent ON rollout_agents(namespace_id, agent_id);
+    ",
+    // 9: initial workspace files (store/workspace.rs): their setup state per Agent, and per
+    // file its name, size, digest and, until an activation after the host applied them, its
+    // content.
+    "
+    CREATE TABLE agent_workspace (
+        namespace_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        state TEXT NOT NULL,
+        applied_at INTEGER,
+        failure_code TEXT,
+        failure_message TEXT,
+        updated_at INTEGER NOT NULL,
+        PRIMARY KEY (namespace_id, agent_id),
+        FOREIGN KEY (namespace_id, agent_id) REFERENCES agents(namespace_id, id) ON DELETE CASCADE
+    );
+    CREATE TABLE agent_workspace_files (
+        namespace_id TEXT NOT NULL,
+        agent_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        content BLOB,
+        PRIMARY KEY (namespace_id, agent_id, name),
+        FOREIGN KEY (namespace_id, agent_id) REFERENCES agents(namespace_id, id) ON DELETE CASCADE
+    );
     ",
 ];
 

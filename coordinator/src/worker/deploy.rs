@@ -11,12 +11,15 @@ use clawfleet_protocol::operation::{
 };
 use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::runtime::RuntimeArgs;
-use clawfleet_protocol::{FailureCode, Operation};
+use clawfleet_protocol::workspace::{WorkspaceFileMeta, WorkspaceName, WorkspaceSetup};
+use clawfleet_protocol::{FailureCode, Operation, Sha256Hex};
 
 use super::{Step, Worker, done, failed, store_err};
 use crate::backend::{Backend, CallError, Target};
 use crate::codes::Code;
-use crate::model::{Agent, DesiredState, Namespace, RestorePolicy, Revision, RevisionStatus};
+use crate::model::{
+    Agent, DesiredState, Namespace, RestorePolicy, Revision, RevisionStatus, WorkspaceState,
+};
 use crate::store::Work;
 
 /// One phase of a deploy.
@@ -198,15 +201,42 @@ impl<B: Backend> Worker<B> {
     async fn prepare_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
         let spec = super::revision_spec(&d.reference, &d.rev.rendered)
             .map_err(|(code, message)| failed(code, message))?;
+        let workspace = self.workspace_setup(d)?;
         let op = Operation::PrepareRevision(PrepareArgs {
             namespace: d.namespace.clone(),
             agent: d.agent_ref.clone(),
             revision: spec,
+            workspace,
         });
         match self.backend.call(d.target()?, op, self.options()).await {
-            Err(e) => Err(self.call_failed(d.work, e, d.committed)),
+            Err(e) => {
+                if e.code() == FailureCode::WorkspaceSetupFailed.as_str() {
+                    let message = e.to_string();
+                    self.store
+                        .set_workspace_state(
+                            &d.work.namespace_id,
+                            &d.agent.id,
+                            WorkspaceState::Failed,
+                            Some((e.code(), &message)),
+                            crate::clock::now_seconds(),
+                        )
+                        .map_err(store_err)?;
+                }
+                Err(self.call_failed(d.work, e, d.committed))
+            }
             Ok(OperationResult::PrepareRevision(p)) => {
                 self.observe(&d.agent, &p.observation);
+                if p.workspace.is_some() {
+                    self.store
+                        .set_workspace_state(
+                            &d.work.namespace_id,
+                            &d.agent.id,
+                            WorkspaceState::Applied,
+                            None,
+                            crate::clock::now_seconds(),
+                        )
+                        .map_err(store_err)?;
+                }
                 if p.ready {
                     return Ok(());
                 }
@@ -221,6 +251,67 @@ impl<B: Backend> Worker<B> {
                 format!("prepare answered {:?}", other.kind()),
             )),
         }
+    }
+
+    /// The Agent's initial workspace files for a prepare: the manifest always (the target
+    /// keeps its start guard armed from it), the contents while the coordinator holds them.
+    fn workspace_setup(&self, d: &Deploy<'_>) -> Result<Option<WorkspaceSetup>, Step> {
+        let ns = &d.work.namespace_id;
+        let Some(info) = self
+            .store
+            .workspace_setup(ns, &d.agent.id)
+            .map_err(store_err)?
+        else {
+            return Ok(None);
+        };
+        let corrupt = |what: String| {
+            failed(
+                Code::InvalidStoredId,
+                format!("the stored workspace file {what} is invalid"),
+            )
+        };
+        let manifest = info
+            .files
+            .iter()
+            .map(|f| {
+                Ok(WorkspaceFileMeta {
+                    name: WorkspaceName::new(f.name.clone()).map_err(|e| corrupt(e.to_string()))?,
+                    size: f.size,
+                    sha256: Sha256Hex::new(f.sha256.clone())
+                        .map_err(|e| corrupt(format!("{}: {e}", f.name)))?,
+                })
+            })
+            .collect::<Result<Vec<_>, Step>>()?;
+        let files = if info.files.iter().any(|f| f.content_held) {
+            Some(
+                self.store
+                    .workspace_contents(ns, &d.agent.id)
+                    .map_err(store_err)?,
+            )
+        } else {
+            None
+        };
+        Ok(Some(WorkspaceSetup { manifest, files }))
+    }
+
+    /// After a successful activation: once the target applied the workspace files, the
+    /// coordinator forgets their contents (names, sizes and digests stay).
+    fn drop_applied_workspace(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        let ns = &d.work.namespace_id;
+        if let Some(info) = self
+            .store
+            .workspace_setup(ns, &d.agent.id)
+            .map_err(store_err)?
+            && info.state == WorkspaceState::Applied
+            && info.files.iter().any(|f| f.content_held)
+        {
+            let n = self
+                .store
+                .drop_workspace_contents(ns, &d.agent.id)
+                .map_err(store_err)?;
+            tracing::info!(work_id = d.work.id, agent = %d.agent.id, files = n, "workspace file contents dropped after activation");
+        }
+        Ok(())
     }
 
     /// Commit: compare-and-set the Agent's active revision; another writer wins only with a
@@ -334,7 +425,8 @@ impl<B: Backend> Worker<B> {
                         .set_runtime_failure(&d.work.namespace_id, &d.agent.id, &d.rev.id, None)
                         .map_err(store_err)?;
                 }
-                self.set_status(d, &d.rev.id, RevisionStatus::Active)
+                self.set_status(d, &d.rev.id, RevisionStatus::Active)?;
+                self.drop_applied_workspace(d)
             }
             Ok(other) => Err(failed(
                 Code::InvalidHostResult,

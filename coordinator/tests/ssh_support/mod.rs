@@ -515,6 +515,7 @@ pub fn spec(rev: &str, number: u64, switches: Value) -> RevisionSpec {
 
 pub fn prepare(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
     Operation::PrepareRevision(PrepareArgs {
+        workspace: None,
         namespace: ns(n),
         agent: agent(a),
         revision: rev.clone(),

@@ -12,6 +12,7 @@ mod provision;
 mod removal;
 mod revision;
 mod runtime;
+pub mod workspace;
 
 use std::time::{Duration, Instant};
 

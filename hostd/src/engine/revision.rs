@@ -163,6 +163,7 @@ impl Engine<'_> {
                 ready: false,
                 created: false,
                 observation: self.observe(&ns.id, &agent.id, paths),
+                workspace: None,
             });
         }
         let needs_pw = needs_password(rev.configuration.value());
@@ -218,6 +219,10 @@ impl Engine<'_> {
                 ));
             }
         }
+        let workspace = match &args.workspace {
+            Some(setup) => Some(self.setup_workspace(ctx, paths, ids, setup)?),
+            None => None,
+        };
         if needs_pw {
             ctx.step(Step::PasswordFile)?;
             let line = format!("OPENCLAW_GATEWAY_PASSWORD={}\n", random_hex(32)?);
@@ -231,6 +236,7 @@ impl Engine<'_> {
             ready: true,
             created,
             observation: self.observe(&ns.id, &agent.id, paths),
+            workspace,
         })
     }
 

@@ -128,6 +128,7 @@ fn ensure(n: &str) -> Operation {
 
 fn prepare(n: &str, a: &str, rev: &str, number: u64) -> Operation {
     Operation::PrepareRevision(PrepareArgs {
+        workspace: None,
         namespace: ns(n),
         agent: agent(a),
         revision: spec(rev, number),
@@ -409,6 +410,7 @@ fn snapshots_are_immutable() {
     other.configuration = Configuration::new(json!({"gateway": {"mode": "local"}})).unwrap();
     other.configuration_hash = other.configuration.hash();
     let f = h.fails(Operation::PrepareRevision(PrepareArgs {
+        workspace: None,
         namespace: ns("ns1"),
         agent: agent("a1"),
         revision: other,
@@ -1627,4 +1629,214 @@ fn a_plan_predicts_what_prepare_and_activate_then_do_and_changes_nothing() {
         Some(FailureCode::NamespaceMissing),
         "{p:?}"
     );
+}
+
+// ---- initial workspace files (engine/workspace.rs) ----
+
+const SECRET_MARK: &str = "unique-content-marker-7f3a";
+
+fn ws_file(name: &str, content: &str) -> clawfleet_protocol::workspace::WorkspaceFile {
+    clawfleet_protocol::workspace::WorkspaceFile {
+        name: clawfleet_protocol::workspace::WorkspaceName::new(name).unwrap(),
+        content: content.as_bytes().to_vec(),
+    }
+}
+
+fn three_files() -> Vec<clawfleet_protocol::workspace::WorkspaceFile> {
+    vec![
+        ws_file("AGENTS.md", &format!("# agents {SECRET_MARK}\n")),
+        ws_file("SOUL.md", "be kind\n"),
+        ws_file("memory/notes.md", "first note\n"),
+    ]
+}
+
+fn prepare_with(
+    rev: &str,
+    number: u64,
+    files: Option<Vec<clawfleet_protocol::workspace::WorkspaceFile>>,
+) -> Operation {
+    let manifest = three_files().iter().map(|f| f.meta()).collect();
+    Operation::PrepareRevision(PrepareArgs {
+        workspace: Some(clawfleet_protocol::workspace::WorkspaceSetup { manifest, files }),
+        namespace: ns("ns1"),
+        agent: agent("a1"),
+        revision: spec(rev, number),
+    })
+}
+
+fn workspace_outcome(r: &OperationResult) -> Option<WorkspaceOutcome> {
+    match r {
+        OperationResult::PrepareRevision(p) => p.workspace,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn workspace_files_are_applied_once_and_live_edits_are_kept() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let r = h.ok(prepare_with("rev-1", 1, Some(three_files())));
+    assert_eq!(workspace_outcome(&r), Some(WorkspaceOutcome::Applied));
+    let read = |n: &str| std::fs::read_to_string(paths.workspace.join(n)).unwrap();
+    assert_eq!(read("SOUL.md"), "be kind\n");
+    assert_eq!(read("memory/notes.md"), "first note\n");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&paths.workspace.join("AGENTS.md")), 0o600);
+    assert_eq!(mode(&paths.workspace.join("memory")), 0o700);
+    assert_eq!(mode(&paths.workspace), 0o700);
+    assert!(paths.workspace_request.is_file() && paths.workspace_applied.is_file());
+    assert!(!paths.workspace_staging.exists());
+    // The markers hold names and digests, never content.
+    for marker in [&paths.workspace_request, &paths.workspace_applied] {
+        let text = std::fs::read_to_string(marker).unwrap();
+        assert!(
+            text.contains("memory/notes.md") && !text.contains(SECRET_MARK),
+            "{text}"
+        );
+    }
+    // Nor does the snapshot or the result.
+    let snapshot = paths.revision_dir(&id("rev-1"));
+    for f in std::fs::read_dir(&snapshot).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        assert!(!text.contains(SECRET_MARK));
+    }
+    assert!(!serde_json::to_string(&r).unwrap().contains(SECRET_MARK));
+
+    // An edit in the live workspace survives later revisions, with or without the contents.
+    std::fs::write(paths.workspace.join("SOUL.md"), "edited live\n").unwrap();
+    let r2 = h.ok(prepare_with("rev-2", 2, Some(three_files())));
+    assert_eq!(
+        workspace_outcome(&r2),
+        Some(WorkspaceOutcome::AlreadyApplied)
+    );
+    let r3 = h.ok(prepare_with("rev-3", 3, None));
+    assert_eq!(
+        workspace_outcome(&r3),
+        Some(WorkspaceOutcome::AlreadyApplied)
+    );
+    assert_eq!(read("SOUL.md"), "edited live\n");
+    // A prepare without a setup reports nothing about it.
+    assert_eq!(
+        workspace_outcome(&h.ok(prepare("ns1", "a1", "rev-4", 4))),
+        None
+    );
+}
+
+#[test]
+fn a_planted_link_is_never_followed_and_setup_fails_until_it_is_gone() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    // First prepare without the setup creates the Agent (its state directory).
+    h.ok(prepare("ns1", "a1", "rev-1", 1));
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("AGENTS.md"), "not yours\n").unwrap();
+
+    // A link at the workspace directory itself.
+    std::os::unix::fs::symlink(outside.path(), &paths.workspace).unwrap();
+    let f = h.fails(prepare_with("rev-2", 2, Some(three_files())));
+    assert_eq!(f.code, FailureCode::WorkspaceSetupFailed, "{f}");
+    assert!(f.message.contains("symbolic link"), "{f}");
+    assert!(
+        !f.message.contains(SECRET_MARK) && !f.message.contains("/tmp"),
+        "{f}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("AGENTS.md")).unwrap(),
+        "not yours\n"
+    );
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
+    assert!(paths.workspace_request.is_file() && !paths.workspace_applied.exists());
+    assert!(!paths.workspace_staging.exists());
+    // The start guard holds while the setup is requested and not applied.
+    let uid = nix::unistd::getuid().as_raw();
+    assert!(super::workspace::guard(&paths.dir, uid).is_err());
+
+    // A link at one file's place inside a real workspace directory.
+    std::fs::remove_file(&paths.workspace).unwrap();
+    std::fs::create_dir(&paths.workspace).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("AGENTS.md"),
+        paths.workspace.join("AGENTS.md"),
+    )
+    .unwrap();
+    let f = h.fails(prepare_with("rev-2", 2, Some(three_files())));
+    assert_eq!(f.code, FailureCode::WorkspaceSetupFailed, "{f}");
+    assert!(
+        f.message
+            .contains("AGENTS.md: a symbolic link is in its place"),
+        "{f}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("AGENTS.md")).unwrap(),
+        "not yours\n"
+    );
+    // A named pipe is refused the same way, and never opened.
+    std::fs::remove_file(paths.workspace.join("AGENTS.md")).unwrap();
+    nix::unistd::mkfifo(
+        &paths.workspace.join("AGENTS.md"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let f = h.fails(prepare_with("rev-2", 2, Some(three_files())));
+    assert!(f.message.contains("a named pipe is in its place"), "{f}");
+
+    // Once the obstacle is gone the next pass applies them; the files that an interrupted
+    // attempt left (none here) or identical ones are kept.
+    std::fs::remove_file(paths.workspace.join("AGENTS.md")).unwrap();
+    std::fs::write(paths.workspace.join("SOUL.md"), "be kind\n").unwrap();
+    let r = h.ok(prepare_with("rev-2", 2, Some(three_files())));
+    assert_eq!(workspace_outcome(&r), Some(WorkspaceOutcome::Applied));
+    assert!(super::workspace::guard(&paths.dir, uid).is_ok());
+    // A different file already there is refused, naming it.
+    let h2 = Host::new();
+    h2.ok(ensure("ns1"));
+    h2.ok(prepare("ns1", "a1", "rev-1", 1));
+    let p2 = h2.layout().agent(&id("ns1"), &id("a1"));
+    std::fs::create_dir_all(p2.workspace.join("memory")).unwrap();
+    std::fs::write(p2.workspace.join("memory/notes.md"), "mine\n").unwrap();
+    let f = h2.fails(prepare_with("rev-2", 2, Some(three_files())));
+    assert!(
+        f.message
+            .contains("memory/notes.md is already in the workspace with other content"),
+        "{f}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(p2.workspace.join("memory/notes.md")).unwrap(),
+        "mine\n"
+    );
+}
+
+#[test]
+fn a_setup_without_contents_that_was_never_applied_fails_and_the_guard_holds() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let uid = nix::unistd::getuid().as_raw();
+    let f = h.fails(prepare_with("rev-1", 1, None));
+    assert_eq!(f.code, FailureCode::WorkspaceSetupFailed);
+    assert!(f.message.contains("no longer holds them"), "{f}");
+    assert!(super::workspace::guard(&paths.dir, uid).is_err());
+    // Contents that are not the manifest's are refused as input.
+    let mut other = three_files();
+    other[1] = ws_file("SOUL.md", "something else\n");
+    let f = h.fails(prepare_with("rev-1", 1, Some(other)));
+    assert_eq!(f.code, FailureCode::InvalidInput, "{f}");
+    // No request at all: the guard lets the gateway start.
+    let bare = tempfile::tempdir().unwrap();
+    assert!(super::workspace::guard(bare.path(), uid).is_ok());
+    // A completion marker owned by someone else does not count.
+    std::fs::write(
+        bare.path().join(crate::layout::WORKSPACE_REQUEST_FILE),
+        "{}",
+    )
+    .unwrap();
+    std::fs::write(
+        bare.path().join(crate::layout::WORKSPACE_APPLIED_FILE),
+        "{}",
+    )
+    .unwrap();
+    assert!(super::workspace::guard(bare.path(), uid + 1).is_err());
+    assert!(super::workspace::guard(bare.path(), uid).is_ok());
 }

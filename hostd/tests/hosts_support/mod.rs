@@ -331,6 +331,7 @@ pub fn ensure(n: &str) -> Operation {
 
 pub fn prepare(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
     Operation::PrepareRevision(PrepareArgs {
+        workspace: None,
         namespace: ns(n),
         agent: agent(a),
         revision: rev.clone(),

@@ -154,6 +154,14 @@ pub(crate) async fn prepare(
             "revision.configurationHash does not match the configuration carried",
         ));
     }
+    if args.workspace.is_some() {
+        // Named gap: the coordinator refuses workspace files for cluster Namespaces before
+        // storing anything; this is the backstop for a caller that did not.
+        return Err(Failure::new(
+            FailureCode::KubernetesConfigurationInvalid,
+            "initial workspace files are not supported on Kubernetes clusters yet",
+        ));
+    }
     let reference = rev.reference();
     // Render everything before the first request.
     let rendered = render::cluster_configuration(&rev.configuration).map_err(render_failure)?;
@@ -189,6 +197,7 @@ pub(crate) async fn prepare(
         .await?;
     if newer_deployed(dep.as_ref(), &reference)? {
         return Ok(PrepareResult {
+            workspace: None,
             ready: false,
             created: false,
             observation: observation(r, settings, &t, &agent.id).await?,
@@ -255,6 +264,7 @@ pub(crate) async fn prepare(
         tracing::info!(agent = %agent.id, revision = %rev.id, "revision prepared");
     }
     Ok(PrepareResult {
+        workspace: None,
         ready: true,
         created,
         observation: observation(r, settings, &t, &agent.id).await?,

@@ -154,6 +154,7 @@ pub fn delete_ns_op(ns: &str) -> Operation {
 
 pub fn prepare_op(ns: &str, agent: &str, rev: &str, number: u64) -> Operation {
     Operation::PrepareRevision(PrepareArgs {
+        workspace: None,
         namespace: ns_ref(ns),
         agent: agent_ref(agent),
         revision: spec(rev, number),

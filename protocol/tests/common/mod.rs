@@ -76,6 +76,7 @@ pub fn every_operation() -> Vec<Operation> {
             namespace: namespace(),
         }),
         Operation::PrepareRevision(PrepareArgs {
+            workspace: None,
             namespace: namespace(),
             agent: agent(),
             revision: spec,
