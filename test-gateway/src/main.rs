@@ -36,6 +36,8 @@ struct State {
     uid: Option<u32>,
     gid: Option<u32>,
     probe: serde_json::Value,
+    /// The workspace as it was when the gateway started.
+    workspace: serde_json::Value,
 }
 
 fn main() -> ExitCode {
@@ -63,7 +65,13 @@ fn main() -> ExitCode {
     };
     let (uid, gid) = ids();
     let probe = run_probe(&settings.switches.probe);
+    let workspace = settings
+        .state_dir
+        .as_deref()
+        .map(|d| workspace_listing(&std::path::Path::new(d).join("workspace")))
+        .unwrap_or(serde_json::Value::Null);
     let state = Arc::new(State {
+        workspace,
         ready: AtomicBool::new(false),
         started: Instant::now(),
         started_unix_ms: SystemTime::now()
@@ -262,5 +270,67 @@ fn info(state: &State, ready: bool) -> serde_json::Value {
         "uptimeMs": state.started.elapsed().as_millis() as u64,
         "ready": ready,
         "probe": state.probe,
+        "workspaceAtStart": state.workspace,
     })
+}
+
+/// Every regular file under the workspace (at most 64, 4 levels deep) with its sha256, mode
+/// and owner, keyed by its path relative to the workspace; links and special files are
+/// listed by kind and never opened. `null` when there is no workspace directory.
+fn workspace_listing(root: &std::path::Path) -> serde_json::Value {
+    use sha2::Digest;
+    use std::os::unix::fs::MetadataExt;
+    fn walk(
+        dir: &std::path::Path,
+        prefix: &str,
+        depth: usize,
+        out: &mut serde_json::Map<String, serde_json::Value>,
+    ) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if out.len() >= 64 {
+                return;
+            }
+            let name = format!("{prefix}{}", e.file_name().to_string_lossy());
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            let mode = format!("{:o}", meta.mode() & 0o7777);
+            if meta.is_dir() {
+                out.insert(
+                    name.clone(),
+                    json!({"kind": "dir", "mode": mode, "uid": meta.uid()}),
+                );
+                if depth < 4 {
+                    walk(&e.path(), &format!("{name}/"), depth + 1, out);
+                }
+            } else if meta.is_file() {
+                let sha = std::fs::read(e.path())
+                    .map(|b| {
+                        sha2::Sha256::digest(&b)
+                            .iter()
+                            .map(|x| format!("{x:02x}"))
+                            .collect::<String>()
+                    })
+                    .unwrap_or_default();
+                out.insert(
+                    name,
+                    json!({"kind": "file", "sha256": sha, "mode": mode, "uid": meta.uid()}),
+                );
+            } else {
+                out.insert(
+                    name,
+                    json!({"kind": "other", "mode": mode, "uid": meta.uid()}),
+                );
+            }
+        }
+    }
+    if !root.is_dir() {
+        return serde_json::Value::Null;
+    }
+    let mut out = serde_json::Map::new();
+    walk(root, "", 1, &mut out);
+    serde_json::Value::Object(out)
 }

@@ -463,6 +463,9 @@ impl Store {
     fn init(conn: Connection) -> Result<Self> {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // Deleted and overwritten content is zeroed in the file, so workspace file contents
+        // the store dropped (store/workspace.rs) cannot be read back from free pages.
+        conn.pragma_update(None, "secure_delete", "ON")?;
         // FULL: an acknowledged deploy survives a power cut, not only a crash.
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;

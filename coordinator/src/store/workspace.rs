@@ -135,12 +135,20 @@ impl Store {
     }
 
     /// Forgets the contents (names, sizes and digests stay); the number of files dropped.
+    /// With `secure_delete` the freed pages are zeroed, and the checkpoint moves them into the
+    /// database file and truncates the WAL, so the bytes are gone from disk, not only from
+    /// queries.
     pub fn drop_workspace_contents(&self, ns: &str, agent: &str) -> Result<usize> {
-        Ok(self.c().execute(
+        let c = self.c();
+        let n = c.execute(
             "UPDATE agent_workspace_files SET content = NULL
              WHERE namespace_id = ?1 AND agent_id = ?2 AND content IS NOT NULL",
             params![ns, agent],
-        )?)
+        )?;
+        if n > 0 {
+            c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        }
+        Ok(n)
     }
 }
 
