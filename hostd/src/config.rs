@@ -40,6 +40,7 @@ struct RawConfig {
     allowed_signers: Option<PathBuf>,
     state_root: Option<PathBuf>,
     unit_dir: Option<PathBuf>,
+    hooks_dir: Option<PathBuf>,
     gateway_command: Option<Vec<String>>,
     port_range: Option<(u16, u16)>,
     max_agents: Option<u32>,
@@ -54,6 +55,7 @@ struct RawLimits {
     unit_stop_timeout_ms: Option<u64>,
     unit_start_timeout_ms: Option<u64>,
     readiness_timeout_ms: Option<u64>,
+    hook_timeout_ms: Option<u64>,
     clock_skew_seconds: Option<u64>,
     max_envelope_lifetime_seconds: Option<u64>,
 }
@@ -247,6 +249,7 @@ impl RawConfig {
             allowed_signers: top.path("allowed_signers")?,
             state_root: top.path("state_root")?,
             unit_dir: top.path("unit_dir")?,
+            hooks_dir: top.path("hooks_dir")?,
             gateway_command: top.strings("gateway_command")?,
             port_range: top.port_range("port_range")?,
             max_agents: top.integer("max_agents", 1, u32_max)?.map(|n| n as u32),
@@ -258,6 +261,7 @@ impl RawConfig {
             unit_stop_timeout_ms: limits.integer("unit_stop_timeout_ms", 1, 600_000)?,
             unit_start_timeout_ms: limits.integer("unit_start_timeout_ms", 1, 600_000)?,
             readiness_timeout_ms: limits.integer("readiness_timeout_ms", 1, 3_600_000)?,
+            hook_timeout_ms: limits.integer("hook_timeout_ms", 1, 600_000)?,
             clock_skew_seconds: limits.integer("clock_skew_seconds", 0, 3600)?,
             max_envelope_lifetime_seconds: limits.integer(
                 "max_envelope_lifetime_seconds",
@@ -318,6 +322,8 @@ pub struct Limits {
     pub unit_stop_timeout: Duration,
     pub unit_start_timeout: Duration,
     pub readiness_timeout: Duration,
+    /// How long one host hook may run before it is killed (hooks.rs).
+    pub hook_timeout: Duration,
     pub clock_skew_seconds: u64,
     pub max_envelope_lifetime_seconds: u64,
 }
@@ -329,6 +335,7 @@ impl Default for Limits {
             unit_stop_timeout: Duration::from_secs(30),
             unit_start_timeout: Duration::from_secs(30),
             readiness_timeout: Duration::from_secs(120),
+            hook_timeout: Duration::from_secs(30),
             clock_skew_seconds: 60,
             max_envelope_lifetime_seconds: 3600,
         }
@@ -357,6 +364,8 @@ pub struct Config {
     pub allowed_signers: PathBuf,
     pub state_root: PathBuf,
     pub unit_dir: PathBuf,
+    /// The operator's host hooks, one directory per event (hooks.rs).
+    pub hooks_dir: PathBuf,
     /// The gateway's `ExecStart=` words.
     pub gateway_command: Vec<String>,
     pub port_range: (u16, u16),
@@ -446,6 +455,7 @@ impl Config {
             return Err(invalid("state_root", "must not be /".to_owned()));
         }
         let unit_dir = abs("unit_dir", raw.unit_dir, "/etc/systemd/system")?;
+        let hooks_dir = abs("hooks_dir", raw.hooks_dir, "/etc/clawfleet/hooks.d")?;
 
         let gateway_command = raw.gateway_command.unwrap_or_else(|| {
             DEFAULT_GATEWAY_COMMAND
@@ -487,6 +497,7 @@ impl Config {
             unit_stop_timeout: ms(l.unit_stop_timeout_ms, d.unit_stop_timeout),
             unit_start_timeout: ms(l.unit_start_timeout_ms, d.unit_start_timeout),
             readiness_timeout: ms(l.readiness_timeout_ms, d.readiness_timeout),
+            hook_timeout: ms(l.hook_timeout_ms, d.hook_timeout),
             clock_skew_seconds: l.clock_skew_seconds.unwrap_or(d.clock_skew_seconds),
             max_envelope_lifetime_seconds: l
                 .max_envelope_lifetime_seconds
@@ -518,6 +529,7 @@ impl Config {
             allowed_signers,
             state_root,
             unit_dir,
+            hooks_dir,
             gateway_command,
             port_range: (start, end),
             max_agents,

@@ -597,6 +597,7 @@ pub fn test_config(
     let mut config = crate::config::Config::parse(text, "test", || None)?;
     config.state_root = dir.join("state");
     config.unit_dir = units;
+    config.hooks_dir = dir.join("hooks.d");
     config.gateway_command = std::iter::once(gateway.display().to_string())
         .chain(gateway_args.iter().map(|a| (*a).to_owned()))
         .collect();

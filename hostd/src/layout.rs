@@ -70,6 +70,9 @@ pub struct AgentPaths {
     pub started: PathBuf,
     pub password_file: PathBuf,
     pub operator_env: PathBuf,
+    /// `launch.env`: what the `before-workload-start` hooks returned for the revision being
+    /// started (root-owned 0600, loaded by the unit).
+    pub launch_env: PathBuf,
     /// OpenClaw's default workspace (`$OPENCLAW_STATE_DIR/workspace`), Agent-owned.
     pub workspace: PathBuf,
     pub workspace_request: PathBuf,
@@ -166,6 +169,7 @@ impl Layout {
             started: dir.join("started.json"),
             password_file: dir.join("gateway-password.env"),
             operator_env: dir.join("env"),
+            launch_env: dir.join("launch.env"),
             workspace: dir.join("state").join("workspace"),
             workspace_request: dir.join(WORKSPACE_REQUEST_FILE),
             workspace_applied: dir.join(WORKSPACE_APPLIED_FILE),

@@ -72,6 +72,8 @@ pub fn render(
     // The operator's own credentials; hostd never writes this file and reads it only to redact
     // its values from the Agent's logs (engine/runtime.rs).
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.operator_env.display());
+    // What the operator's before-workload-start hooks returned (engine/hooks.rs).
+    let _ = writeln!(u, "EnvironmentFile=-{}", paths.launch_env.display());
     // The launcher confines binds to the Agent's port (Landlock), refuses to start while a
     // requested workspace setup has not completed (engine/workspace.rs), then execs the
     // gateway.

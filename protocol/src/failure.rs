@@ -125,6 +125,17 @@ failure_codes! {
     /// file where one goes, no space, contents no longer held); nothing was started. The
     /// message names the file, never its content.
     WorkspaceSetupFailed = "WORKSPACE_SETUP_FAILED" => Retryable,
+    /// A host hook, its event directory or the hooks directory is not a regular file
+    /// (directory) owned by root and unwritable by group and others; nothing ran. The message
+    /// names the hook.
+    HookRefused = "HOOK_REFUSED" => Permanent,
+    /// A host hook exited non-zero (its redacted stderr is in hostd's journal).
+    HookFailed = "HOOK_FAILED" => Retryable,
+    /// A host hook ran past `[limits] hook_timeout_ms` and was killed with its process group.
+    HookTimeout = "HOOK_TIMEOUT" => Retryable,
+    /// A `before-workload-start` hook printed a launch value that is refused (a malformed or
+    /// reserved name, a value that looks like a credential, too many values).
+    HookOutputRefused = "HOOK_OUTPUT_REFUSED" => Permanent,
     /// An unexpected internal error; the host log has details under the operation id.
     Internal = "INTERNAL" => Retryable,
     // Kubernetes backend outcomes.

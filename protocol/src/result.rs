@@ -303,6 +303,7 @@ pub enum Step {
     Snapshot,
     PasswordFile,
     WorkspaceSetup,
+    Hooks,
     UnitFile,
     DaemonReload,
     Enable,

@@ -5,6 +5,7 @@
 //! step itself leaves the host consistent, so stopping between steps is always safe.
 
 mod checks;
+pub mod hooks;
 mod inventory;
 mod namespace;
 mod plan;

@@ -4,6 +4,7 @@ use clawfleet_protocol::failure::Failure;
 use clawfleet_protocol::operation::NamespaceRef;
 use clawfleet_protocol::result::{EnsureNamespaceResult, Step};
 
+use super::hooks::{Event, Subject};
 use super::{Ctx, Engine, fs_failure};
 use crate::fsutil;
 use crate::markers::{self, NamespaceMarker, SCHEMA};
@@ -16,7 +17,7 @@ impl Engine<'_> {
         ctx: &mut Ctx<'_>,
         ns: &NamespaceRef,
     ) -> Result<EnsureNamespaceResult, Failure> {
-        let _host = self.host_lock(ctx)?;
+        let host = self.host_lock(ctx)?;
         ctx.step(Step::Directories)?;
         fsutil::ensure_dir(&self.layout.namespaces_dir(), 0o755).map_err(fs_failure)?;
         fsutil::sweep_pending(&self.layout.namespaces_dir());
@@ -37,9 +38,21 @@ impl Engine<'_> {
         .map_err(fs_failure)?;
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
+        drop(host);
         if created {
             tracing::info!(operation_id = %ctx.operation_id, namespace = %ns.id, "namespace created");
         }
+        // On every ensure (hooks are safe to repeat), outside the host lock.
+        ctx.step(Step::Hooks)?;
+        self.run_hooks(
+            ctx,
+            Event::AfterNamespacePrepared,
+            &Subject {
+                namespace_id: ns.id.as_str(),
+                namespace_name: ns.name.as_str(),
+                ..Subject::default()
+            },
+        )?;
         Ok(EnsureNamespaceResult {
             namespace_id: ns.id.clone(),
             created,

@@ -219,6 +219,20 @@ impl Engine<'_> {
                 }
             }
         }
+        // The operator's hooks, after the whole set validated and before anything is stopped
+        // or removed: a failing hook stops the deletion with nothing removed.
+        if present {
+            ctx.step(Step::Hooks)?;
+            self.run_hooks(
+                ctx,
+                super::hooks::Event::BeforeNamespaceDelete,
+                &super::hooks::Subject {
+                    namespace_id: ns.id.as_str(),
+                    namespace_name: ns.name.as_str(),
+                    ..super::hooks::Subject::default()
+                },
+            )?;
+        }
         // Agent locks in a fixed order, then the host lock.
         agents.sort_by(|a, b| a.1.lock.cmp(&b.1.lock));
         let mut locks = Vec::new();

@@ -16,6 +16,7 @@ use clawfleet_protocol::result::{
 use serde_json::Value;
 
 use super::checks::snapshot_matches;
+use super::hooks::{Event, Subject};
 use super::{Ctx, Engine, fs_failure, system_failure};
 use crate::fsutil;
 use crate::layout::{AgentPaths, dir_name};
@@ -393,6 +394,54 @@ impl Engine<'_> {
         // A gateway that cannot start would only crash-loop into UNIT_FAILED. (A running one
         // is left alone above: its process does not need the file any more.)
         self.check_gateway_command()?;
+        // The operator's start hooks, before anything of the cutover: a failing one leaves
+        // the previous revision serving. Their launch values replace launch.env.
+        ctx.step(Step::Hooks)?;
+        let revision_args = args.revision_args();
+        let subject = hook_subject(&revision_args, rev);
+        let hooks_ran = match self.start_hooks(ctx, &subject)? {
+            Some(env) => {
+                fsutil::write_atomic(
+                    &paths.launch_env,
+                    super::hooks::render_env_file(&env).as_bytes(),
+                    0o600,
+                    |_| Ok(()),
+                )
+                .map_err(fs_failure)?;
+                true
+            }
+            None => {
+                fsutil::remove_file_if_present(&paths.launch_env).map_err(fs_failure)?;
+                false
+            }
+        };
+        let outcome = self.cut_over_and_wait(ctx, args, paths, agent_marker.port, ids.uid);
+        // Compensation: the start hooks ran and the candidate does not serve (and nothing
+        // was restored in its place), so the stop hooks undo what they set up, once.
+        if hooks_ran && outcome.is_err() {
+            if let Err(f) = self.run_hooks_reverse(ctx, Event::BeforeWorkloadStop, &subject) {
+                tracing::warn!(operation_id = %ctx.operation_id, agent = %agent.id, "compensating before-workload-stop: {f}");
+            }
+        }
+        let restored = outcome?;
+        Ok(ActivateResult {
+            restarted: true,
+            unit_changed,
+            observation: self.observe(&ns.id, &agent.id, paths),
+            restored,
+        })
+    }
+
+    /// The cutover and the readiness wait (with the restore, when asked for).
+    fn cut_over_and_wait(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &ActivateArgs,
+        paths: &AgentPaths,
+        port: u16,
+        uid: u32,
+    ) -> Result<Option<Restored>, Failure> {
+        let rev = &args.revision;
         ctx.step(Step::PointerFlip)?;
         // With a revision to restore, the host finishes what it starts here by itself: the
         // candidate becomes ready or the last served revision serves again, whether or not the
@@ -400,24 +449,18 @@ impl Engine<'_> {
         if args.restore.is_some() {
             ctx.detach();
         }
-        let restored = match self.cut_over(ctx, paths, rev) {
+        match self.cut_over(ctx, paths, rev) {
             Ok(()) => {
                 ctx.step(Step::Readiness)?;
-                self.ready_or_restore(ctx, args, paths, agent_marker.port, ids.uid)?
+                self.ready_or_restore(ctx, args, paths, port, uid)
             }
             // A cutover that failed half way (a restart job that timed out, a bus error)
             // with a restore to go back to: go back.
             Err(f) if args.restore.is_some() => {
-                Some(self.restore(ctx, args, paths, agent_marker.port, ids.uid, f)?)
+                Ok(Some(self.restore(ctx, args, paths, port, uid, f)?))
             }
-            Err(f) => return Err(f),
-        };
-        Ok(ActivateResult {
-            restarted: true,
-            unit_changed,
-            observation: self.observe(&ns.id, &agent.id, paths),
-            restored,
-        })
+            Err(f) => Err(f),
+        }
     }
 
     /// Points `current` at `rev` and restarts the unit: from the first write until readiness
@@ -700,6 +743,15 @@ impl Engine<'_> {
             return Ok((false, true));
         }
         if fsutil::file_exists(&paths.unit_file).map_err(fs_failure)? {
+            ctx.step(Step::Hooks)?;
+            // A failing stop hook never keeps a gateway running: it is logged, the stop goes on.
+            if let Err(f) = self.run_hooks_reverse(
+                ctx,
+                Event::BeforeWorkloadStop,
+                &hook_subject(args, &args.revision),
+            ) {
+                tracing::warn!(operation_id = %ctx.operation_id, agent = %args.agent.id, "before-workload-stop: {f}");
+            }
             ctx.step(Step::Stop)?;
             self.system
                 .stop_unit(&paths.unit_name, self.config.limits.unit_stop_timeout)
@@ -762,6 +814,18 @@ impl Engine<'_> {
 }
 
 /// Whether a candidate's failure is one a restore answers: it did not become ready.
+/// What the hooks of one revision act on.
+fn hook_subject<'a>(args: &'a RevisionArgs, rev: &'a RevisionRef) -> Subject<'a> {
+    Subject {
+        namespace_id: args.namespace.id.as_str(),
+        namespace_name: args.namespace.name.as_str(),
+        agent_id: Some(args.agent.id.as_str()),
+        service_principal_id: Some(args.agent.service_principal_id.as_str()),
+        revision_id: Some(rev.id.as_str()),
+        revision_number: Some(rev.number.get()),
+    }
+}
+
 fn restorable(f: &Failure) -> bool {
     matches!(
         f.code,

@@ -14,7 +14,7 @@ use super::{Ctx, Engine};
 use crate::config::Config;
 use crate::fake::{Behaviour, FakeSystem, test_config};
 use crate::journal::Journal;
-use crate::layout::Layout;
+use crate::layout::{AgentPaths, Layout};
 use crate::system::{Ids, System};
 
 struct Host {
@@ -1839,4 +1839,288 @@ fn a_setup_without_contents_that_was_never_applied_fails_and_the_guard_holds() {
     .unwrap();
     assert!(super::workspace::guard(bare.path(), uid + 1).is_err());
     assert!(super::workspace::guard(bare.path(), uid).is_ok());
+}
+
+// ---- host hooks (engine/hooks.rs) ----
+
+/// Installs a hook script for `event` (mode 0700 unless given) in the test host's hooks_dir.
+fn hook(h: &Host, event: &str, name: &str, body: &str, mode: u32) -> std::path::PathBuf {
+    let root = &h.config.hooks_dir;
+    let dir = root.join(event);
+    std::fs::create_dir_all(&dir).unwrap();
+    for d in [root.as_path(), dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    p
+}
+
+fn hook_log(h: &Host) -> std::path::PathBuf {
+    h.config.state_root.parent().unwrap().join("hooks.log")
+}
+
+fn read_log(h: &Host) -> Vec<String> {
+    std::fs::read_to_string(hook_log(h))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn hooks_run_in_order_with_a_clean_environment_and_start_hooks_set_the_launch_environment() {
+    let h = Host::new();
+    let log = hook_log(&h).display().to_string();
+    hook(
+        &h,
+        "after-namespace-prepared",
+        "10-ns",
+        &format!("echo ns:$CLAWFLEET_NAMESPACE_ID >> {log}"),
+        0o700,
+    );
+    hook(
+        &h,
+        "before-workload-start",
+        "20-b",
+        &format!(
+            "echo start-b:$CLAWFLEET_REVISION_ID:$CLAWFLEET_REVISION_NUMBER >> {log}; echo REGION=eu-west"
+        ),
+        0o700,
+    );
+    hook(
+        &h,
+        "before-workload-start",
+        "10-a",
+        &format!(
+            "echo start-a:$CLAWFLEET_AGENT_ID:$CLAWFLEET_SERVICE_PRINCIPAL_ID >> {log}; \
+             env | cut -d= -f1 | sort | tr '\\n' ' ' >> {log}; echo >> {log}; \
+             echo '# a comment'; echo CRED_REF=vault:kv/agents/a1"
+        ),
+        0o700,
+    );
+    hook(
+        &h,
+        "before-workload-stop",
+        "10-a",
+        &format!("echo stop-a >> {log}"),
+        0o700,
+    );
+    hook(
+        &h,
+        "before-workload-stop",
+        "20-b",
+        &format!("echo stop-b >> {log}"),
+        0o700,
+    );
+    // Editors' leftovers are not hooks.
+    hook(
+        &h,
+        "before-workload-stop",
+        "10-a~",
+        &format!("echo backup >> {log}"),
+        0o700,
+    );
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "rev-1", 1));
+    h.ok(activate("ns1", "a1", "rev-1", 1));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let env = std::fs::read_to_string(&paths.launch_env).unwrap();
+    assert!(
+        env.contains("CRED_REF=\"vault:kv/agents/a1\"\n") && env.contains("REGION=\"eu-west\"\n"),
+        "{env}"
+    );
+    assert_eq!(
+        std::fs::metadata(&paths.launch_env)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let unit = std::fs::read_to_string(&paths.unit_file).unwrap();
+    assert!(
+        unit.contains(&format!(
+            "EnvironmentFile=-{}\n",
+            paths.launch_env.display()
+        )),
+        "{unit}"
+    );
+    h.ok(Operation::StopRevision(rargs("ns1", "a1", "rev-1", 1)));
+    let lines = read_log(&h);
+    assert_eq!(lines[0], "ns:ns1");
+    assert_eq!(lines[1], "start-a:a1:sp-a1");
+    // Only the ids and PATH (sh adds PWD, SHLVL and _ itself).
+    let names: Vec<&str> = lines[2]
+        .split_whitespace()
+        .filter(|n| !matches!(*n, "PWD" | "SHLVL" | "_"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "CLAWFLEET_AGENT_ID",
+            "CLAWFLEET_EVENT",
+            "CLAWFLEET_NAMESPACE_ID",
+            "CLAWFLEET_NAMESPACE_NAME",
+            "CLAWFLEET_OPERATION_ID",
+            "CLAWFLEET_REVISION_ID",
+            "CLAWFLEET_REVISION_NUMBER",
+            "CLAWFLEET_SERVICE_PRINCIPAL_ID",
+            "PATH"
+        ],
+        "{}",
+        lines[2]
+    );
+    assert_eq!(lines[3], "start-b:rev-1:1");
+    // Cleanup in reverse order.
+    assert_eq!(&lines[4..], ["stop-b", "stop-a"]);
+}
+
+#[test]
+fn a_failing_start_hook_prevents_the_launch_and_the_previous_revision_keeps_serving() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "rev-1", 1));
+    h.ok(activate("ns1", "a1", "rev-1", 1));
+    let log = hook_log(&h).display().to_string();
+    hook(
+        &h,
+        "before-workload-start",
+        "10-fail",
+        "echo 'token sk-ant-api03-abcdefghijklmnopqrstuvwx' >&2; exit 3",
+        0o700,
+    );
+    hook(
+        &h,
+        "before-workload-stop",
+        "10-stop",
+        &format!("echo stop >> {log}"),
+        0o700,
+    );
+    h.ok(prepare("ns1", "a1", "rev-2", 2));
+    h.fake.clear_calls();
+    let f = h.fails(activate("ns1", "a1", "rev-2", 2));
+    assert_eq!(f.code, FailureCode::HookFailed, "{f}");
+    assert!(
+        f.message.contains("before-workload-start/10-fail") && !f.message.contains("sk-ant"),
+        "{f}"
+    );
+    assert!(
+        !h.fake.calls().iter().any(|c| c.starts_with("restart")),
+        "{:?}",
+        h.fake.calls()
+    );
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let current = std::fs::read_link(&paths.current).unwrap();
+    assert_eq!(current, AgentPaths::current_target(&id("rev-1")));
+    // No start hook succeeded, so nothing is compensated.
+    assert!(read_log(&h).is_empty());
+}
+
+#[test]
+fn a_readiness_failure_after_the_start_hooks_runs_the_stop_hooks_once() {
+    let h = Host::new();
+    let log = hook_log(&h).display().to_string();
+    hook(
+        &h,
+        "before-workload-start",
+        "10-ok",
+        &format!("echo start >> {log}"),
+        0o700,
+    );
+    hook(
+        &h,
+        "before-workload-stop",
+        "10-stop",
+        &format!("echo stop:$CLAWFLEET_REVISION_ID >> {log}"),
+        0o700,
+    );
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "rev-1", 1)));
+    h.fake.set_behaviour(port, Behaviour::NeverReady);
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert_eq!(f.code, FailureCode::ReadinessTimeout, "{f}");
+    assert_eq!(read_log(&h), ["start", "stop:rev-1"]);
+}
+
+#[test]
+fn unsafe_hooks_are_refused_and_hanging_ones_killed() {
+    let mut h = Host::new();
+    h.config.limits.hook_timeout = Duration::from_millis(300);
+    h.ok(ensure("ns1"));
+    let p = hook(&h, "before-workload-start", "10-gw", "exit 0", 0o770);
+    h.ok(prepare("ns1", "a1", "rev-1", 1));
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert_eq!(f.code, FailureCode::HookRefused, "{f}");
+    assert!(
+        f.message.contains("before-workload-start/10-gw")
+            && f.message.contains("group- or world-writable"),
+        "{f}"
+    );
+    // A link is not followed.
+    std::fs::remove_file(&p).unwrap();
+    std::os::unix::fs::symlink("/bin/true", &p).unwrap();
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert!(f.message.contains("not a regular file"), "{f}");
+    std::fs::remove_file(&p).unwrap();
+    // A writable event directory makes every hook in it untrusted.
+    hook(&h, "before-workload-start", "10-gw", "exit 0", 0o700);
+    let dir = h.config.hooks_dir.join("before-workload-start");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert!(f.message.contains("directory before-workload-start"), "{f}");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A hook that hangs (with a child of its own) is killed at the limit.
+    hook(
+        &h,
+        "before-workload-start",
+        "10-gw",
+        "sleep 30 & sleep 30",
+        0o700,
+    );
+    let t = Instant::now();
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert_eq!(f.code, FailureCode::HookTimeout, "{f}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // A reserved name or a credential-looking value is refused, naming the line.
+    hook(
+        &h,
+        "before-workload-start",
+        "10-gw",
+        "echo LD_PRELOAD=/tmp/x.so",
+        0o700,
+    );
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert_eq!(f.code, FailureCode::HookOutputRefused, "{f}");
+    assert!(f.message.contains("LD_PRELOAD is reserved"), "{f}");
+    hook(
+        &h,
+        "before-workload-start",
+        "10-gw",
+        "echo API_KEY=sk-ant-api03-abcdefghijklmnopqrstuvwxyz",
+        0o700,
+    );
+    let f = h.fails(activate("ns1", "a1", "rev-1", 1));
+    assert!(
+        f.message.contains("looks like a credential") && !f.message.contains("sk-ant"),
+        "{f}"
+    );
+}
+
+#[test]
+fn a_failing_namespace_delete_hook_removes_nothing() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    hook(&h, "before-namespace-delete", "10-keep", "exit 1", 0o700);
+    let f = h.fails(Operation::DeleteNamespace(NamespaceArgs {
+        namespace: ns("ns1"),
+    }));
+    assert_eq!(f.code, FailureCode::HookFailed, "{f}");
+    assert!(h.layout().namespace_marker(&id("ns1")).is_file());
+    hook(&h, "before-namespace-delete", "10-keep", "exit 0", 0o700);
+    h.ok(Operation::DeleteNamespace(NamespaceArgs {
+        namespace: ns("ns1"),
+    }));
+    assert!(!h.layout().namespace_dir(&id("ns1")).exists());
 }
