@@ -1324,11 +1324,7 @@ fn a_current_that_names_no_revision_is_repointed_but_an_unverifiable_one_is_refu
         h.ok(prepare("ns1", "a1", "rev-1", 1));
         h.ok(activate("ns1", "a1", "rev-1", 1));
         let now = std::fs::read_link(&paths.current).unwrap();
-        assert_eq!(
-            now,
-            crate::layout::AgentPaths::current_target(&id("rev-1")),
-            "{target}"
-        );
+        assert_eq!(now, AgentPaths::current_target(&id("rev-1")), "{target}");
     }
     // A revision directory that exists but does not verify: refused, nothing changed.
     let fake = paths.revisions.join("0123456789abcdef0123456789abcdef");
@@ -1363,7 +1359,7 @@ fn a_candidate_that_is_not_ready_is_replaced_by_the_last_served_revision_when_as
     assert_eq!(f.code, FailureCode::ReadinessTimeout);
     assert_eq!(
         std::fs::read_link(&paths.current).unwrap(),
-        crate::layout::AgentPaths::current_target(&id("rev-2"))
+        AgentPaths::current_target(&id("rev-2"))
     );
     // With restore: rev-1 serves again, the answer says why.
     let r = h.ok(activate_restoring("ns1", "a1", "rev-2", 2, ("rev-1", 1)));
@@ -1391,7 +1387,7 @@ fn a_candidate_that_is_not_ready_is_replaced_by_the_last_served_revision_when_as
     assert_eq!(f.code, FailureCode::InvalidInput);
     assert_eq!(
         std::fs::read_link(&paths.current).unwrap(),
-        crate::layout::AgentPaths::current_target(&id("rev-1"))
+        AgentPaths::current_target(&id("rev-1"))
     );
 }
 
