@@ -418,10 +418,11 @@ impl Engine<'_> {
         let outcome = self.cut_over_and_wait(ctx, args, paths, agent_marker.port, ids.uid);
         // Compensation: the start hooks ran and the candidate does not serve (and nothing
         // was restored in its place), so the stop hooks undo what they set up, once.
-        if hooks_ran && outcome.is_err() {
-            if let Err(f) = self.run_hooks_reverse(ctx, Event::BeforeWorkloadStop, &subject) {
-                tracing::warn!(operation_id = %ctx.operation_id, agent = %agent.id, "compensating before-workload-stop: {f}");
-            }
+        if hooks_ran
+            && outcome.is_err()
+            && let Err(f) = self.run_hooks_reverse(ctx, Event::BeforeWorkloadStop, &subject)
+        {
+            tracing::warn!(operation_id = %ctx.operation_id, agent = %agent.id, "compensating before-workload-stop: {f}");
         }
         let restored = outcome?;
         Ok(ActivateResult {
