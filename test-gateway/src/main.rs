@@ -271,6 +271,10 @@ fn info(state: &State, ready: bool) -> serde_json::Value {
         "ready": ready,
         "probe": state.probe,
         "workspaceAtStart": state.workspace,
+        // What a host's before-workload-start hooks handed over (the tests name them HOOK_*).
+        "hookEnv": std::env::vars()
+            .filter(|(k, _)| k.starts_with("HOOK_"))
+            .collect::<std::collections::BTreeMap<String, String>>(),
     })
 }
 
