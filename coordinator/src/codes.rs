@@ -88,7 +88,6 @@ codes! {
     HarnessAuthUnsupported = "HARNESS_AUTH_UNSUPPORTED", "The harness authentication method is not supported.";
     AgentExists = "AGENT_EXISTS", "An Agent of that id exists.";
     InvalidWorkspaceFile = "INVALID_WORKSPACE_FILE", "An initial workspace file is refused (its name, size, the count or total, or its encoding); the message names the file.";
-    WorkspaceFilesUnsupported = "WORKSPACE_FILES_UNSUPPORTED", "Initial workspace files are not supported where the Agent would run (a cluster Namespace).";
     AgentDeleting = "AGENT_DELETING", "The Agent is being deleted.";
     AgentNotPlaced = "AGENT_NOT_PLACED", "The Agent was never placed on a host, so it has no runtime or log yet.";
     InvalidLogQuery = "INVALID_LOG_QUERY", "A log request's parameters are out of range or combined wrongly; the message names the parameter.";

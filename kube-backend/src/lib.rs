@@ -65,6 +65,7 @@ pub mod kubeconfig;
 pub mod names;
 pub mod render;
 pub mod settings;
+pub mod workspace;
 
 mod client;
 mod objects;

@@ -127,6 +127,8 @@ pub struct AgentNames {
     pub password: String,
     /// The egress NetworkPolicy: `gw-egress-<suffix>`.
     pub egress: String,
+    /// The initial workspace files Secret: `gw-workspace-<suffix>` (workspace.rs).
+    pub workspace: String,
 }
 
 /// Names for an Agent.
@@ -137,6 +139,7 @@ pub fn agent(agent_id: &Ident) -> AgentNames {
         state: format!("gw-state-{suffix}"),
         password: format!("gw-password-{suffix}"),
         egress: format!("gw-egress-{suffix}"),
+        workspace: format!("gw-workspace-{suffix}"),
         suffix,
     }
 }

@@ -58,7 +58,10 @@ fn refuse(field: &str, reason: &str) -> RenderError {
     }
 }
 
-fn typed<T: serde::de::DeserializeOwned>(object: &str, v: Value) -> Result<T, RenderError> {
+pub(crate) fn typed<T: serde::de::DeserializeOwned>(
+    object: &str,
+    v: Value,
+) -> Result<T, RenderError> {
     serde_json::from_value(v).map_err(|e| RenderError::Shape {
         object: object.to_owned(),
         reason: e.to_string(),
@@ -242,7 +245,7 @@ fn ns_meta(ns: &Tenant, name: &str) -> Value {
     })
 }
 
-fn agent_meta(ns: &Tenant, agent: &AgentRef, name: &str) -> Value {
+pub(crate) fn agent_meta(ns: &Tenant, agent: &AgentRef, name: &str) -> Value {
     let m = Markers::agent(&ns.id, &agent.id);
     json!({
         "name": name,
@@ -506,12 +509,14 @@ pub fn config_map(
     )
 }
 
-/// The Agent's gateway Deployment running revision `rev`.
+/// The Agent's gateway Deployment running revision `rev`; with a workspace manifest, its Pod
+/// first runs the init container that applies the files once (workspace.rs).
 pub fn deployment(
     ns: &Tenant,
     agent: &AgentRef,
     rev: &RevisionRef,
     s: &ClusterSettings,
+    workspace: Option<&[clawfleet_protocol::workspace::WorkspaceFileMeta]>,
 ) -> Result<Deployment, RenderError> {
     let n = names::agent(&agent.id);
     let mut meta = agent_meta(ns, agent, &n.gateway);
@@ -597,6 +602,18 @@ pub fn deployment(
             { "name": "tmp", "emptyDir": { "sizeLimit": "256Mi" } },
         ],
     });
+    if let Some(manifest) = workspace {
+        let (init, volume) = crate::workspace::init_container_and_volume(
+            agent,
+            manifest,
+            &s.gateway_image,
+            &container["securityContext"],
+        );
+        pod_spec["initContainers"] = json!([init]);
+        if let Some(v) = pod_spec["volumes"].as_array_mut() {
+            v.push(volume);
+        }
+    }
     if !s.node_selector.is_empty() {
         pod_spec["nodeSelector"] = map(s.node_selector.clone());
     }

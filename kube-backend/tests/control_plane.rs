@@ -1428,3 +1428,124 @@ async fn an_adopted_namespace_is_claimed_checked_and_released() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A prepare of `rev` carrying two workspace files (with their contents, or the manifest only).
+fn prepare_with_workspace(ns: &str, agent: &str, rev: &str, number: u64, held: bool) -> Operation {
+    use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName, WorkspaceSetup};
+    let files = vec![
+        WorkspaceFile {
+            name: WorkspaceName::new("AGENTS.md").unwrap(),
+            content: b"# agents ws-content-marker\n".to_vec(),
+        },
+        WorkspaceFile {
+            name: WorkspaceName::new("memory/notes.md").unwrap(),
+            content: b"note\n".to_vec(),
+        },
+    ];
+    let Operation::PrepareRevision(mut args) = prepare_op(ns, agent, rev, number) else {
+        unreachable!()
+    };
+    args.workspace = Some(WorkspaceSetup {
+        manifest: files.iter().map(WorkspaceFile::meta).collect(),
+        files: held.then_some(files),
+    });
+    Operation::PrepareRevision(args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspace_files_go_through_a_secret_and_an_init_container_and_leave_the_cluster() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 1).await;
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+    let ns = "ns-workspace";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    let tenant = names::tenant_namespace(&id(ns));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let name = names::agent(&id("a")).workspace;
+
+    // Prepare stages the files in the Agent's workspace Secret and says so.
+    let out = call(&backend, &c, prepare_with_workspace(ns, "a", "r1", 1, true))
+        .await
+        .unwrap();
+    let OperationResult::PrepareRevision(p) = &out else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        p.workspace,
+        Some(clawfleet_protocol::result::WorkspaceOutcome::Staged)
+    );
+    let s = secrets.get(&name).await.unwrap();
+    let keys: Vec<&String> = s.data.as_ref().unwrap().keys().collect();
+    assert_eq!(keys, ["f00", "f01", "manifest.json"]);
+    assert_eq!(
+        s.metadata.annotations.as_ref().unwrap()["clawfleet.dev/workspace-contents"],
+        "held"
+    );
+    // Activation: the Pod first runs the init container with the files at their names.
+    match call(&backend, &c, activate_op(ns, "a", "r1", 1)).await {
+        Ok(OperationResult::ActivateRevision(a)) => {
+            assert_eq!(a.observation.served.as_ref().map(Ident::as_str), Some("r1"));
+        }
+        other => panic!("activate: {other:?}"),
+    }
+    let d = serde_json::to_value(deps.get(&names::agent(&id("a")).gateway).await.unwrap()).unwrap();
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["initContainers"][0]["name"], "initialize-workspace",
+        "{pod:#}"
+    );
+    let script = pod["initContainers"][0]["command"][2].as_str().unwrap();
+    assert!(
+        script.contains("memory/notes.md") && script.contains("set -C"),
+        "{script}"
+    );
+    assert!(
+        !script.contains("ws-content-marker"),
+        "the script holds content"
+    );
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "workspace-setup")
+        .unwrap();
+    assert_eq!(vol["secret"]["items"][1]["path"], "memory/notes.md");
+    assert_eq!(vol["secret"]["optional"], true);
+    // Ready: the contents leave the cluster, the manifest stays.
+    let s = secrets.get(&name).await.unwrap();
+    let keys: Vec<&String> = s.data.as_ref().unwrap().keys().collect();
+    assert_eq!(keys, ["manifest.json"]);
+    assert_eq!(
+        s.metadata.annotations.as_ref().unwrap()["clawfleet.dev/workspace-contents"],
+        "dropped"
+    );
+    // A later revision carries the manifest only: the Secret stays as it is, the Pod still
+    // runs the init container (which finds its marker on the volume and writes nothing).
+    let rv = s.metadata.resource_version.clone();
+    call(
+        &backend,
+        &c,
+        prepare_with_workspace(ns, "a", "r2", 2, false),
+    )
+    .await
+    .unwrap();
+    call(&backend, &c, activate_op(ns, "a", "r2", 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        secrets.get(&name).await.unwrap().metadata.resource_version,
+        rv
+    );
+    let d = serde_json::to_value(deps.get(&names::agent(&id("a")).gateway).await.unwrap()).unwrap();
+    assert_eq!(
+        d["spec"]["template"]["spec"]["initContainers"][0]["name"],
+        "initialize-workspace"
+    );
+    // Deleting the Agent deletes its workspace Secret.
+    call(&backend, &c, delete_agent_op(ns, "a")).await.unwrap();
+    assert!(secrets.get_opt(&name).await.unwrap().is_none());
+}

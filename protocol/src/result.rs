@@ -170,6 +170,9 @@ pub enum WorkspaceOutcome {
     Applied,
     /// The completion marker was already there: nothing was written (edits are kept).
     AlreadyApplied,
+    /// A cluster staged them (the Agent's workspace Secret) for the Pod's init container, which
+    /// applies them before the gateway starts; a ready activation means they were applied.
+    Staged,
 }
 
 /// What `activate-revision` reports.

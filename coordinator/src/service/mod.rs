@@ -727,7 +727,7 @@ impl Service {
                 format!("configuration {} does not exist", a.configuration_id),
             ));
         }
-        let files = workspace::validate(&namespace, &a.workspace_files)?;
+        let files = workspace::validate(&a.workspace_files)?;
         let agent = Agent {
             namespace_id: ns.to_owned(),
             id: a.id.clone(),

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Result, Service, ServiceError};
 use crate::codes::Code;
-use crate::model::{Namespace, WorkspaceSetupInfo};
+use crate::model::WorkspaceSetupInfo;
 
 /// One file of `workspaceFiles` in `POST /namespaces/{ns}/agents`: a name and exactly one of
 /// `content` (UTF-8 text) or `contentBase64` (any bytes).
@@ -39,19 +39,9 @@ fn invalid(message: impl Into<String>) -> ServiceError {
 }
 
 /// Checks `workspaceFiles` for a new Agent in `ns`; the files to store.
-pub(super) fn validate(ns: &Namespace, files: &[NewWorkspaceFile]) -> Result<Vec<WorkspaceFile>> {
+pub(super) fn validate(files: &[NewWorkspaceFile]) -> Result<Vec<WorkspaceFile>> {
     if files.is_empty() {
         return Ok(Vec::new());
-    }
-    if let Some(cluster) = &ns.cluster {
-        return Err(ServiceError::invalid(
-            Code::WorkspaceFilesUnsupported,
-            format!(
-                "workspaceFiles: Namespace {} runs on cluster {cluster}; initial workspace files \
-                 are supported on host pools only",
-                ns.id
-            ),
-        ));
     }
     if files.len() > proto::WORKSPACE_MAX_FILES {
         return Err(invalid(format!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clawfleet_protocol::operation::{
     AgentRef, NamespaceRef, PrepareArgs, RevisionArgs, RevisionRef,
 };
-use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::result::{OperationResult, WorkspaceOutcome};
 use clawfleet_protocol::runtime::RuntimeArgs;
 use clawfleet_protocol::workspace::{WorkspaceFileMeta, WorkspaceName, WorkspaceSetup};
 use clawfleet_protocol::{FailureCode, Operation, Sha256Hex};
@@ -226,7 +226,12 @@ impl<B: Backend> Worker<B> {
             }
             Ok(OperationResult::PrepareRevision(p)) => {
                 self.observe(&d.agent, &p.observation);
-                if p.workspace.is_some() {
+                // A host applied them (or had); a cluster only staged them for the Pod, and its
+                // ready activation says they were applied.
+                if matches!(
+                    p.workspace,
+                    Some(WorkspaceOutcome::Applied | WorkspaceOutcome::AlreadyApplied)
+                ) {
                     self.store
                         .set_workspace_state(
                             &d.work.namespace_id,
@@ -294,17 +299,30 @@ impl<B: Backend> Worker<B> {
         Ok(Some(WorkspaceSetup { manifest, files }))
     }
 
-    /// After a successful activation: once the target applied the workspace files, the
-    /// coordinator forgets their contents (names, sizes and digests stay).
+    /// After a successful activation the workspace files were applied (a host did it in
+    /// prepare; a cluster's Pod in its init container before it became ready): the
+    /// coordinator records that and forgets their contents (names, sizes and digests stay).
     fn drop_applied_workspace(&self, d: &Deploy<'_>) -> Result<(), Step> {
         let ns = &d.work.namespace_id;
-        if let Some(info) = self
+        let Some(info) = self
             .store
             .workspace_setup(ns, &d.agent.id)
             .map_err(store_err)?
-            && info.state == WorkspaceState::Applied
-            && info.files.iter().any(|f| f.content_held)
-        {
+        else {
+            return Ok(());
+        };
+        if info.state != WorkspaceState::Applied {
+            self.store
+                .set_workspace_state(
+                    ns,
+                    &d.agent.id,
+                    WorkspaceState::Applied,
+                    None,
+                    crate::clock::now_seconds(),
+                )
+                .map_err(store_err)?;
+        }
+        if info.files.iter().any(|f| f.content_held) {
             let n = self
                 .store
                 .drop_workspace_contents(ns, &d.agent.id)

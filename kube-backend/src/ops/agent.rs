@@ -49,6 +49,7 @@ pub(crate) async fn delete(
     let sa = accounts.get_owned(r, &n.gateway, &m).await?;
     let pvc = claims.get_owned(r, &n.state, &m).await?;
     let secret = secrets.get_owned(r, &n.password, &m).await?;
+    let workspace = secrets.get_owned(r, &n.workspace, &m).await?;
     let egress = policies.get_owned(r, &n.egress, &m).await?;
     let cm_api: Api<ConfigMap> = Api::namespaced(r.client(), &tenant);
     let lp = ListParams::default().labels(&m.selector());
@@ -130,6 +131,9 @@ pub(crate) async fn delete(
     }
     if let Some(o) = &secret {
         removed |= secrets.delete(r, &n.password, &o.metadata, false).await?;
+    }
+    if let Some(o) = &workspace {
+        removed |= secrets.delete(r, &n.workspace, &o.metadata, false).await?;
     }
     if let Some(o) = &pvc {
         removed |= claims.delete(r, &n.state, &o.metadata, false).await?;

@@ -154,13 +154,10 @@ pub(crate) async fn prepare(
             "revision.configurationHash does not match the configuration carried",
         ));
     }
-    if args.workspace.is_some() {
-        // Named gap: the coordinator refuses workspace files for cluster Namespaces before
-        // storing anything; this is the backstop for a caller that did not.
-        return Err(Failure::new(
-            FailureCode::KubernetesConfigurationInvalid,
-            "initial workspace files are not supported on Kubernetes clusters yet",
-        ));
+    if let Some(setup) = &args.workspace {
+        setup
+            .check()
+            .map_err(|m| Failure::new(FailureCode::InvalidInput, format!("at `workspace`: {m}")))?;
     }
     let reference = rev.reference();
     // Render everything before the first request.
@@ -170,7 +167,14 @@ pub(crate) async fn prepare(
     let pvc = render::state_claim(&t, agent, settings).map_err(render_failure)?;
     let egress = render::egress_policy(&t, agent).map_err(render_failure)?;
     let svc = render::service(&t, agent, settings, names::INACTIVE).map_err(render_failure)?;
-    render::deployment(&t, agent, &reference, settings).map_err(render_failure)?;
+    let manifest = args.workspace.as_ref().map(|w| w.manifest.as_slice());
+    render::deployment(&t, agent, &reference, settings, manifest).map_err(render_failure)?;
+    let workspace_secret = args
+        .workspace
+        .as_ref()
+        .map(|w| crate::workspace::secret(&t, agent, w))
+        .transpose()
+        .map_err(render_failure)?;
 
     require_namespace(r, &t).await?;
     let o = AgentObjects::new(r, &t, &agent.id);
@@ -216,6 +220,14 @@ pub(crate) async fn prepare(
         .get_owned(r, &o.names.password, &o.markers)
         .await?;
     o.policies.get_owned(r, &o.names.egress, &o.markers).await?;
+    let existing_workspace = match &workspace_secret {
+        Some(_) => {
+            o.secrets
+                .get_owned(r, &o.names.workspace, &o.markers)
+                .await?
+        }
+        None => None,
+    };
     let existing_svc = o
         .services
         .get_owned(r, &o.names.gateway, &o.markers)
@@ -255,6 +267,21 @@ pub(crate) async fn prepare(
         Some(_) => {}
     }
     o.policies.apply(r, &o.names.egress, &egress).await?;
+    if let Some(mut secret) = workspace_secret {
+        match &existing_workspace {
+            None => {
+                o.secrets.create(r, &o.names.workspace, &secret).await?;
+            }
+            // Rewritten when what it holds differs (contents dropped, or held again after a
+            // failed first start), fenced by what we read.
+            Some(s) if s.data != secret.data => {
+                secret.metadata.uid = s.metadata.uid.clone();
+                secret.metadata.resource_version = s.metadata.resource_version.clone();
+                o.secrets.replace(r, &o.names.workspace, &secret).await?;
+            }
+            Some(_) => {}
+        }
+    }
     if existing_svc.is_none() {
         o.services.apply(r, &o.names.gateway, &svc).await?;
     }
@@ -264,7 +291,10 @@ pub(crate) async fn prepare(
         tracing::info!(agent = %agent.id, revision = %rev.id, "revision prepared");
     }
     Ok(PrepareResult {
-        workspace: None,
+        workspace: args
+            .workspace
+            .as_ref()
+            .map(|_| clawfleet_protocol::result::WorkspaceOutcome::Staged),
         ready: true,
         created,
         observation: observation(r, settings, &t, &agent.id).await?,
@@ -387,13 +417,24 @@ async fn activate_one(
     let t = settings.tenant(ns);
     let agent = &args.agent;
     let rev = &args.revision;
-    let dep_obj = render::deployment(&t, agent, rev, settings).map_err(render_failure)?;
     let serving = names::serving_value(&rev.id);
     let svc_obj = render::service(&t, agent, settings, &serving).map_err(render_failure)?;
 
     require_namespace(r, &t).await?;
     let o = AgentObjects::new(r, &t, &agent.id);
     require_prepared(r, &o, ns, agent, rev).await?;
+    // With a workspace setup, the Pod applies it once before the gateway runs.
+    let workspace = o
+        .secrets
+        .get_owned(r, &o.names.workspace, &o.markers)
+        .await?;
+    let manifest = workspace
+        .as_ref()
+        .map(crate::workspace::manifest_of)
+        .transpose()
+        .map_err(|m| Failure::new(FailureCode::KubernetesConfigurationInvalid, m))?;
+    let dep_obj = render::deployment(&t, agent, rev, settings, manifest.as_deref())
+        .map_err(render_failure)?;
     let dep = o
         .deployments
         .get_owned(r, &o.names.gateway, &o.markers)
@@ -427,6 +468,20 @@ async fn activate_one(
     }
     let observed = wait_ready(r, &t, &agent.id).await?;
     tracing::info!(agent = %agent.id, revision = %rev.id, "revision serving");
+    // Ready means the init container applied the files: the contents leave the cluster.
+    if let (Some(s), Some(manifest)) = (&workspace, manifest)
+        && crate::workspace::holds_contents(s)
+    {
+        let setup = clawfleet_protocol::workspace::WorkspaceSetup {
+            manifest,
+            files: None,
+        };
+        let mut dropped = crate::workspace::secret(&t, agent, &setup).map_err(render_failure)?;
+        dropped.metadata.uid = s.metadata.uid.clone();
+        dropped.metadata.resource_version = s.metadata.resource_version.clone();
+        o.secrets.replace(r, &o.names.workspace, &dropped).await?;
+        tracing::info!(agent = %agent.id, "workspace file contents dropped from the cluster");
+    }
     Ok(ActivateResult {
         restarted,
         unit_changed: template_changed,

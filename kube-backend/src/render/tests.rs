@@ -133,7 +133,7 @@ fn namespace_policies() {
 #[test]
 fn deployment_shape() {
     let s = settings();
-    let d = v(&deployment(&tn(), &agent(), &rev(), &s).unwrap());
+    let d = v(&deployment(&tn(), &agent(), &rev(), &s, None).unwrap());
     let n = names::agent(&agent().id);
     assert_eq!(d["metadata"]["name"], n.gateway);
     assert_eq!(d["metadata"]["annotations"][names::REVISION_ID], "rev-7");
@@ -225,7 +225,7 @@ fn service_stays_inactive_until_activation() {
     assert_eq!(inactive["spec"]["selector"][names::AGENT_ID], "Agent_One.x");
     assert_eq!(inactive["spec"]["ports"][0]["port"], 18789);
     assert_eq!(inactive["spec"]["ports"][0]["targetPort"], names::PORT_NAME);
-    let d = v(&deployment(&tn(), &agent(), &rev(), &s).unwrap());
+    let d = v(&deployment(&tn(), &agent(), &rev(), &s, None).unwrap());
     let pod_labels = d["spec"]["template"]["metadata"]["labels"]
         .as_object()
         .unwrap();
