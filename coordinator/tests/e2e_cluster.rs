@@ -116,9 +116,27 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     // Two Agents on the cluster and one on the host, deployed at once.
     let doc = write_doc(fleet_ref, "k1", &json!({}));
     fleet_ref.occ_ok(&["configuration", "create", CLUSTER_NS, "cfg", "--file", &doc]);
-    for a in ["k1", "k2"] {
-        fleet_ref.occ_ok(&["agent", "create", CLUSTER_NS, a, "--configuration", "cfg"]);
-    }
+    fleet_ref.occ_ok(&[
+        "agent",
+        "create",
+        CLUSTER_NS,
+        "k1",
+        "--configuration",
+        "cfg",
+    ]);
+    // k2 has an initial workspace file (a Secret and an init container on the cluster).
+    let agents_md = fleet_ref.dir.path().join("agents.md");
+    std::fs::write(&agents_md, "# k2 agents\n").unwrap();
+    fleet_ref.occ_ok(&[
+        "agent",
+        "create",
+        CLUSTER_NS,
+        "k2",
+        "--configuration",
+        "cfg",
+        "--workspace-file",
+        &format!("AGENTS.md={}", agents_md.display()),
+    ]);
     fleet_ref.create_agent("h1", &document("v1", json!({})));
     let started = Instant::now();
     let results: Vec<(i32, String)> = std::thread::scope(|s| {
@@ -170,6 +188,34 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     );
     let status = fleet_ref.status("h1").unwrap();
     assert_eq!(status["converged"], true, "{status}");
+    // k2's workspace file: applied by its Pod's init container, its content gone from the
+    // coordinator and from the cluster, its name kept.
+    let w = fleet_ref.occ_json(&["agent", "workspace", CLUSTER_NS, "k2"]);
+    assert_eq!(w["state"], "applied", "{w}");
+    assert_eq!(w["files"][0]["name"], "AGENTS.md", "{w}");
+    assert_eq!(w["files"][0]["contentHeld"], false, "{w}");
+    let k2 = deployments
+        .get(&clawfleet_kube::names::agent(&clawfleet_protocol::Ident::new("k2").unwrap()).gateway)
+        .await
+        .unwrap();
+    let k2 = serde_json::to_value(&k2).unwrap();
+    let init = k2["spec"]["template"]["spec"]["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(init.len(), 1, "k2's Pod has the workspace init container");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    let ws = secrets
+        .get(
+            &clawfleet_kube::names::agent(&clawfleet_protocol::Ident::new("k2").unwrap()).workspace,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ws.data.unwrap().len(),
+        1,
+        "only the manifest stays on the cluster"
+    );
 
     // Replace k1 with revision 2; the old revision's ConfigMap goes after success.
     let cms_before = configmaps
