@@ -60,6 +60,8 @@ pub const MAX_LAUNCH_VALUES: usize = 64;
 const MAX_VALUE_LEN: usize = 4096;
 /// Most bytes of a hook's stdout and of its stderr kept (the rest is read and dropped).
 const MAX_OUTPUT: usize = 64 * 1024;
+/// How long, after a hook exited, its output may still take to be read to its end.
+const OUTPUT_GRACE: Duration = Duration::from_millis(500);
 /// Lines of a failing hook's stderr that go (redacted) to hostd's journal.
 const LOGGED_LINES: usize = 20;
 
@@ -236,21 +238,33 @@ impl Engine<'_> {
                 format!("hook {shown} cannot be started: {e}"),
             )
         })?;
+        // Each pipe is drained on its own thread, which hands over what it kept through a
+        // channel: a hook that leaves a daemon holding its stdout (setsid, outside the process
+        // group) cannot keep hostd waiting past the grace below.
         let reader = |pipe: Option<Box<dyn Read + Send>>| {
+            let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let sink = std::sync::Arc::clone(&kept);
             std::thread::spawn(move || {
-                let mut kept = Vec::new();
                 if let Some(mut p) = pipe {
                     let mut buf = [0u8; 8192];
                     while let Ok(n) = p.read(&mut buf) {
                         if n == 0 {
                             break;
                         }
-                        let room = MAX_OUTPUT.saturating_sub(kept.len());
-                        kept.extend_from_slice(&buf[..n.min(room)]);
+                        if let Ok(mut k) = sink.lock() {
+                            let room = MAX_OUTPUT.saturating_sub(k.len());
+                            k.extend_from_slice(&buf[..n.min(room)]);
+                        }
                     }
                 }
-                kept
-            })
+                let _ = tx.send(());
+            });
+            move || {
+                // Until the end of the pipe, or what arrived within the grace.
+                let _ = rx.recv_timeout(OUTPUT_GRACE);
+                kept.lock().map(|k| k.clone()).unwrap_or_default()
+            }
         };
         let out = reader(
             child
@@ -288,8 +302,8 @@ impl Engine<'_> {
         };
         // A grandchild that keeps the pipes open is in the group and was killed, or exits.
         let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-        let stdout = out.join().unwrap_or_default();
-        let stderr = err.join().unwrap_or_default();
+        let stdout = out();
+        let stderr = err();
         let log_stderr = |what: &str| {
             let mut r = Redactor::default();
             for line in String::from_utf8_lossy(&stderr).lines().take(LOGGED_LINES) {

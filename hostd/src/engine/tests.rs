@@ -2120,3 +2120,43 @@ fn a_failing_namespace_delete_hook_removes_nothing() {
     }));
     assert!(!h.layout().namespace_dir(&id("ns1")).exists());
 }
+
+#[test]
+fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() {
+    let h = Host::new();
+    let pid_file = h.config.state_root.parent().unwrap().join("daemon.pid");
+    hook(
+        &h,
+        "before-workload-start",
+        "10-daemon",
+        &format!(
+            "setsid sh -c 'echo $$ > {}; exec sleep 30' & \
+             while [ ! -s {} ]; do sleep 0.01; done; echo DAEMON_REF=started",
+            pid_file.display(),
+            pid_file.display()
+        ),
+        0o700,
+    );
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "rev-1", 1));
+    let t = Instant::now();
+    let outcome = h.run(activate("ns1", "a1", "rev-1", 1));
+    let elapsed = t.elapsed();
+    // The daemon is this test's to remove, by its own pid.
+    if let Ok(pid) = std::fs::read_to_string(&pid_file)
+        && let Ok(pid) = pid.trim().parse::<i32>()
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "hostd waited {elapsed:?} for the daemon's pipe"
+    );
+    // What the hook printed before it exited still counts.
+    let env = std::fs::read_to_string(h.layout().agent(&id("ns1"), &id("a1")).launch_env).unwrap();
+    assert!(env.contains("DAEMON_REF=\"started\""), "{env}");
+}
