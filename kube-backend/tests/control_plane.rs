@@ -835,10 +835,10 @@ async fn api_faults_are_unavailable_and_retryable() {
     call(&backend, &via, prepare_op("ns-faults", "a", "r1", 1))
         .await
         .unwrap();
-    // Activation reads the namespace, five prepared objects and the Deployment, then applies
-    // the Deployment: the 8th request gets the 429.
+    // Activation reads the namespace, five prepared objects, the workspace Secret and the
+    // Deployment, then applies the Deployment: the 9th request gets the 429.
     let seen_before = proxy.seen().len();
-    proxy.inject(Fault::Delay(Duration::ZERO), 7);
+    proxy.inject(Fault::Delay(Duration::ZERO), 8);
     proxy.inject(Fault::too_many_requests(2), 1);
     let f = call(&backend, &via, activate_op("ns-faults", "a", "r1", 1))
         .await
@@ -873,9 +873,9 @@ async fn api_faults_are_unavailable_and_retryable() {
         .await
         .unwrap();
     let seen_before = proxy.seen().len();
-    // namespace, five prepared objects, Deployment, apply Deployment, apply Service: then the
-    // first readiness read is held for 2 s while the apiserver dies.
-    proxy.inject(Fault::Delay(Duration::ZERO), 9);
+    // namespace, five prepared objects, workspace Secret, Deployment, apply Deployment, apply
+    // Service: then the first readiness read is held for 2 s while the apiserver dies.
+    proxy.inject(Fault::Delay(Duration::ZERO), 10);
     proxy.inject(Fault::Delay(Duration::from_secs(2)), 1);
     let b2 = std::sync::Arc::clone(&backend);
     let via2 = via.clone();
