@@ -90,6 +90,9 @@ impl From<&Target> for Target {
 pub struct CallOptions {
     /// How long hostd may work on the operation (the envelope's deadline).
     pub deadline: Duration,
+    /// The Agent's fence from the work item's claim (Agent-scoped work only): a target that
+    /// saw a higher one for the Agent refuses the operation with `FENCE_STALE`.
+    pub fence: Option<u64>,
 }
 
 impl Default for CallOptions {
@@ -98,6 +101,7 @@ impl Default for CallOptions {
             deadline: Duration::from_secs(u64::from(
                 clawfleet_protocol::envelope::DEFAULT_DEADLINE_SECONDS,
             )),
+            fence: None,
         }
     }
 }

@@ -57,6 +57,7 @@ codes! {
     ServerBusy = "SERVER_BUSY", "Too many requests in progress; retry after a second.";
     InternalError = "INTERNAL_ERROR", "The coordinator failed; its log says why.";
     StoreFailure = "STORE_FAILURE", "The state store failed; the coordinator log says why.";
+    DatabaseUnavailable = "DATABASE_UNAVAILABLE", "The database cannot be reached right now (a restart or a lost connection); nothing was stored; retry.";
     TokenFailure = "TOKEN_FAILURE", "A token could not be created (randomness or store).";
     HttpError = "HTTP_ERROR", "The client got an HTTP error without the API's error body.";
     InvalidIdentifier = "INVALID_IDENTIFIER", "An id is outside the identifier charset or length.";
@@ -120,6 +121,7 @@ codes! {
     InvalidWork = "INVALID_WORK", "A work item lacks what its kind needs.";
     InvalidHostResult = "INVALID_HOST_RESULT", "The host answered with a result of another operation.";
     StoreUnavailable = "STORE_UNAVAILABLE", "The store failed during work; the worker retries.";
+    ClaimLost = "CLAIM_LOST", "This coordinator's claim on the work item was replaced (its lease lapsed and another coordinator took the item), or a target refused its operation as fenced off; it stopped acting on the item and recorded nothing.";
     RolloutHalted = "ROLLOUT_HALTED", "The rollout's failure budget was spent; this Agent was not deployed.";
     RolloutAborted = "ROLLOUT_ABORTED", "The rollout was aborted before this Agent's turn; it was not deployed.";
     // Transport.
@@ -161,6 +163,7 @@ mod tests {
             "OCC_CONFIG_PATH",
             "OCC_LOG",
             "OCC_TOKEN",
+            "PGPASSWORD",
             "OPENCLAW_GATEWAY_PASSWORD",
             "OPENAI_API_KEY",
         ];

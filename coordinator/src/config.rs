@@ -9,6 +9,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::store::database::{Database, PostgresOptions};
+
 /// Default configuration path.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/clawfleet/occ.toml";
 /// Default state directory.
@@ -42,6 +44,66 @@ struct Raw {
     api: Option<RawApi>,
     drift: Option<RawDrift>,
     rollout: Option<RawRollout>,
+    database: Option<String>,
+    postgres: Option<RawPostgres>,
+    leader: Option<RawLeader>,
+    retention: Option<RawRetention>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLeader {
+    lease_ms: Option<u64>,
+}
+
+/// The leader lease of the singleton loops (`[leader]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderSettings {
+    /// How long the lease lasts without renewal: a follower takes over within it after the
+    /// leader dies. Renewed every third of it.
+    pub lease: Duration,
+}
+
+impl Default for LeaderSettings {
+    fn default() -> Self {
+        Self {
+            lease: crate::leader::DEFAULT_LEASE,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetention {
+    interval_seconds: Option<u64>,
+    work_days: Option<u64>,
+    audit_days: Option<u64>,
+}
+
+/// What the leader removes (`[retention]`): finished work items and audit events past their
+/// age, checked every `interval`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionSettings {
+    pub interval: Duration,
+    pub work: Duration,
+    pub audit: Duration,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(3600),
+            work: Duration::from_secs(30 * 86_400),
+            audit: Duration::from_secs(400 * 86_400),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPostgres {
+    password_file: Option<PathBuf>,
+    pool_size: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -206,14 +268,13 @@ pub struct Config {
     pub api: ApiSettings,
     pub drift: DriftSettings,
     pub rollout: RolloutSettings,
+    /// Where the state lives: SQLite in the state directory, or PostgreSQL.
+    pub database: Database,
+    pub leader: LeaderSettings,
+    pub retention: RetentionSettings,
 }
 
 impl Config {
-    /// The SQLite database.
-    pub fn database(&self) -> PathBuf {
-        self.state_dir.join("occ.db")
-    }
-
     /// The SSH login key (private, OpenSSH format).
     pub fn login_key(&self) -> PathBuf {
         self.state_dir.join("keys").join("login_ed25519")
@@ -423,6 +484,58 @@ impl Config {
                 None => RolloutSettings::default().interval,
             },
         };
+        let postgres = raw.postgres.unwrap_or_default();
+        let database = match raw.database {
+            None => {
+                if postgres.password_file.is_some() || postgres.pool_size.is_some() {
+                    return Err(invalid(
+                        "postgres",
+                        "is set but `database` names no PostgreSQL database".to_owned(),
+                    ));
+                }
+                Database::sqlite_in(&state_dir)
+            }
+            Some(url) => Database::parse_url(
+                &url,
+                &PostgresOptions {
+                    password_file: postgres.password_file,
+                    pool_size: postgres.pool_size,
+                },
+                std::env::var("PGPASSWORD").ok(),
+            )
+            .map_err(|m| invalid("database", m))?,
+        };
+        let leader = LeaderSettings {
+            lease: match raw.leader.unwrap_or_default().lease_ms {
+                Some(v) if !(300..=600_000).contains(&v) => {
+                    return Err(invalid(
+                        "leader.lease_ms",
+                        format!("must be between 300 and 600000, got {v}"),
+                    ));
+                }
+                Some(v) => Duration::from_millis(v),
+                None => LeaderSettings::default().lease,
+            },
+        };
+        let r = raw.retention.unwrap_or_default();
+        let dr = RetentionSettings::default();
+        let days = |key: &'static str, v: Option<u64>, default: Duration| match v {
+            Some(v) if !(1..=36_500).contains(&v) => Err(invalid(
+                key,
+                format!("must be between 1 and 36500 days, got {v}"),
+            )),
+            Some(v) => Ok(Duration::from_secs(v * 86_400)),
+            None => Ok(default),
+        };
+        let retention = RetentionSettings {
+            interval: secs(
+                "retention.interval_seconds",
+                r.interval_seconds,
+                dr.interval,
+            )?,
+            work: days("retention.work_days", r.work_days, dr.work)?,
+            audit: days("retention.audit_days", r.audit_days, dr.audit)?,
+        };
         Ok(Self {
             listen,
             state_dir,
@@ -431,6 +544,9 @@ impl Config {
             api,
             drift,
             rollout,
+            database,
+            leader,
+            retention,
         })
     }
 }
@@ -461,6 +577,9 @@ mod tests {
         assert_eq!(parsed.api, defaults.api);
         assert_eq!(parsed.drift, defaults.drift);
         assert_eq!(parsed.rollout, defaults.rollout);
+        assert_eq!(parsed.leader, defaults.leader);
+        assert_eq!(parsed.retention, defaults.retention);
+        assert_eq!(parsed.database, defaults.database);
         assert_eq!(parsed.listen, defaults.listen);
         assert!(
             uncommented.contains("[drift]")

@@ -4,8 +4,8 @@
 //! work for it is open. The sweep never repairs anything; `occ agent reconcile` re-applies the
 //! active revision on request.
 //!
-//! One coordinator runs it: with SQLite there is only one. (Leader election for several
-//! coordinators arrives with the PostgreSQL store.)
+//! Only the leader runs it (`leader.rs`): with SQLite there is only one coordinator; on
+//! PostgreSQL, the one holding the leader lease.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -17,7 +17,8 @@ use clawfleet_protocol::result::{AgentInventory, Inventory, OperationResult};
 use crate::backend::{Backend, CallOptions, Target};
 use crate::config::DriftSettings;
 use crate::model::{Agent, DesiredState, DriftReason, DriftRow, DriftState};
-use crate::store::{Store, StoreError};
+use crate::store::prelude::*;
+use crate::store::{SharedStore, StoreError};
 
 /// How long one target may take to answer `status`.
 const STATUS_DEADLINE: Duration = Duration::from_secs(60);
@@ -38,9 +39,10 @@ struct Expected {
 
 /// Runs sweeps until `stop` turns true.
 pub async fn run<B: Backend>(
-    store: Store,
+    store: SharedStore,
     backend: std::sync::Arc<B>,
     settings: DriftSettings,
+    leader: crate::leader::Leadership,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -52,7 +54,10 @@ pub async fn run<B: Backend>(
         if *stop.borrow() {
             return;
         }
-        match sweep(&store, &*backend).await {
+        if !leader.is_leader() {
+            continue;
+        }
+        match sweep(&*store, &*backend).await {
             Ok(s) => tracing::info!(
                 targets = s.targets,
                 unreachable = s.unreachable_targets,
@@ -79,21 +84,21 @@ fn jittered(interval: Duration) -> Duration {
 }
 
 /// One sweep over every host and cluster.
-pub async fn sweep<B: Backend>(store: &Store, backend: &B) -> Result<SweepSummary, StoreError> {
+pub async fn sweep<B: Backend>(store: &dyn Store, backend: &B) -> Result<SweepSummary, StoreError> {
     let now = crate::clock::now_seconds();
     let mut expected: BTreeMap<String, Vec<Expected>> = BTreeMap::new();
     let mut targets: BTreeMap<String, Target> = BTreeMap::new();
-    for h in store.hosts()? {
+    for h in store.hosts().await? {
         if let Ok(t) = crate::targets::host(&h) {
             targets.insert(h.name.clone(), t);
         }
     }
-    for ns in store.namespaces()? {
-        let cluster = crate::targets::cluster(store, &ns).ok().flatten();
+    for ns in store.namespaces().await? {
+        let cluster = crate::targets::cluster(store, &ns).await.ok().flatten();
         if let Some(t) = &cluster {
             targets.insert(t.name().to_owned(), t.clone());
         }
-        for agent in store.agents(&ns.id)? {
+        for agent in store.agents(&ns.id).await? {
             if agent.desired_state == DesiredState::Deleted {
                 continue;
             }
@@ -102,7 +107,7 @@ pub async fn sweep<B: Backend>(store: &Store, backend: &B) -> Result<SweepSummar
                 (None, Some(h)) => h.clone(),
                 (None, None) => continue,
             };
-            let open_work = !store.open_work(&ns.id, &agent.id)?.is_empty();
+            let open_work = !store.open_work(&ns.id, &agent.id).await?.is_empty();
             expected
                 .entry(target)
                 .or_default()
@@ -118,6 +123,7 @@ pub async fn sweep<B: Backend>(store: &Store, backend: &B) -> Result<SweepSummar
         let op = Operation::Status(StatusArgs { namespace_id: None });
         let options = CallOptions {
             deadline: STATUS_DEADLINE,
+            fence: None,
         };
         let rows = match backend.call(target, op, options).await {
             Ok(OperationResult::Status(inv)) => compare(name, &want, &inv, now),
@@ -135,9 +141,11 @@ pub async fn sweep<B: Backend>(store: &Store, backend: &B) -> Result<SweepSummar
         for r in &rows {
             *summary.by_state.entry(r.state.as_str()).or_default() += 1;
         }
-        store.replace_drift(name, &rows)?;
+        store.replace_drift(name, &rows).await?;
     }
-    store.retain_drift_targets(&targets.keys().cloned().collect::<Vec<_>>())?;
+    store
+        .retain_drift_targets(&targets.keys().cloned().collect::<Vec<_>>())
+        .await?;
     Ok(summary)
 }
 

@@ -121,6 +121,40 @@ pub struct Namespace {
     pub single_tenant: bool,
 }
 
+impl Namespace {
+    /// A Namespace from its stored row and its pool (host, ready) or cluster (name, ready):
+    /// readiness is derived here, the same for every store.
+    pub fn from_pool(
+        (id, name): (String, String),
+        pool: Vec<(String, bool)>,
+        cluster: Option<(String, bool)>,
+        deleting: bool,
+        created_at: i64,
+        single_tenant: bool,
+    ) -> Self {
+        let ready_hosts: Vec<String> = pool
+            .iter()
+            .filter(|(_, r)| *r)
+            .map(|(h, _)| h.clone())
+            .collect();
+        let ready = match &cluster {
+            Some((_, ready)) => *ready,
+            None => !pool.is_empty() && ready_hosts.len() == pool.len(),
+        };
+        Self {
+            id,
+            name,
+            hosts: pool.into_iter().map(|(h, _)| h).collect(),
+            cluster: cluster.map(|(c, _)| c),
+            ready_hosts,
+            ready,
+            deleting,
+            created_at,
+            single_tenant,
+        }
+    }
+}
+
 /// A Configuration generation: a native `openclaw.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -269,6 +303,13 @@ pub struct Revision {
 }
 
 /// An audit event.
+impl Revision {
+    /// The id of revision `number` of an Agent: one rule for every store and every plan.
+    pub fn id_for(number: u64) -> String {
+        format!("rev-{number}")
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
@@ -391,12 +432,16 @@ text_enum! {
 }
 
 impl RolloutState {
+    /// The open states: the rollout may still deploy something.
+    pub const OPEN: &'static [RolloutState] = &[
+        RolloutState::Running,
+        RolloutState::Paused,
+        RolloutState::Waiting,
+    ];
+
     /// Whether the rollout may still deploy something.
     pub fn is_open(self) -> bool {
-        matches!(
-            self,
-            RolloutState::Running | RolloutState::Paused | RolloutState::Waiting
-        )
+        Self::OPEN.contains(&self)
     }
 }
 

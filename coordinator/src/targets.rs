@@ -7,7 +7,8 @@ use thiserror::Error;
 use crate::backend::{ClusterTarget, HostTarget, Target};
 use crate::codes::Code;
 use crate::model::{Agent, Host, Namespace};
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
+use crate::store::prelude::*;
 
 /// Why no target could be resolved.
 #[derive(Debug, Error)]
@@ -31,12 +32,13 @@ pub fn host(host: &Host) -> Result<Target, TargetError> {
 }
 
 /// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
-pub fn cluster(store: &Store, ns: &Namespace) -> Result<Option<Target>, TargetError> {
+pub async fn cluster(store: &dyn Store, ns: &Namespace) -> Result<Option<Target>, TargetError> {
     let Some(name) = &ns.cluster else {
         return Ok(None);
     };
     let record = store
-        .cluster(name)?
+        .cluster(name)
+        .await?
         .ok_or_else(|| TargetError::Inconsistent {
             code: Code::InvalidState,
             message: format!(
@@ -51,29 +53,36 @@ pub fn cluster(store: &Store, ns: &Namespace) -> Result<Option<Target>, TargetEr
 }
 
 /// Where an Agent's operations go.
-pub fn agent(store: &Store, ns: &Namespace, agent: &Agent) -> Result<Option<Target>, TargetError> {
-    if let Some(t) = cluster(store, ns)? {
+pub async fn agent(
+    store: &dyn Store,
+    ns: &Namespace,
+    agent: &Agent,
+) -> Result<Option<Target>, TargetError> {
+    if let Some(t) = cluster(store, ns).await? {
         return Ok(Some(t));
     }
     let Some(name) = &agent.host else {
         return Ok(None);
     };
-    let h = store.host(name)?.ok_or_else(|| TargetError::Inconsistent {
-        code: Code::InvalidState,
-        message: format!("the Agent's host {name} is not enrolled"),
-    })?;
+    let h = store
+        .host(name)
+        .await?
+        .ok_or_else(|| TargetError::Inconsistent {
+            code: Code::InvalidState,
+            message: format!("the Agent's host {name} is not enrolled"),
+        })?;
     Ok(Some(host(&h)?))
 }
 
 /// The ready pool host with room and the fewest Agents: where placement puts an Agent that
 /// has no host yet (the worker places it; a plan asks that host).
-pub fn least_loaded(store: &Store, ns: &Namespace) -> Result<Option<Host>, StoreError> {
+pub async fn least_loaded(store: &dyn Store, ns: &Namespace) -> Result<Option<Host>, StoreError> {
     let mut best: Option<(u32, Host)> = None;
     for name in &ns.ready_hosts {
-        let Some(host) = store.host(name)? else {
+        let Some(host) = store.host(name).await? else {
             continue;
         };
-        let load = store.agents_on_host(name)?;
+        let load = store.agents_on_host(name).await?;
         if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
             best = Some((load, host));
         }

@@ -3,7 +3,8 @@
 use clawfleet_protocol::ident::{hex, sha256};
 
 use crate::model::Grant;
-use crate::store::{Store, StoreError};
+use crate::store::prelude::*;
+use crate::store::{NewToken, StoreError};
 
 /// The stored form of a token.
 pub fn hash(token: &str) -> String {
@@ -20,26 +21,32 @@ pub enum TokenError {
 }
 
 /// Creates a token that never expires; returns its id and the secret token text (shown once).
-pub fn create(store: &Store, name: &str, grants: &[Grant]) -> Result<(String, String), TokenError> {
-    create_expiring(store, name, grants, None)
+pub async fn create(
+    store: &dyn Store,
+    name: &str,
+    grants: &[Grant],
+) -> Result<(String, String), TokenError> {
+    create_expiring(store, name, grants, None).await
 }
 
 /// Creates a token refused from `expires_at` (seconds since the epoch) on.
-pub fn create_expiring(
-    store: &Store,
+pub async fn create_expiring(
+    store: &dyn Store,
     name: &str,
     grants: &[Grant],
     expires_at: Option<i64>,
 ) -> Result<(String, String), TokenError> {
     let id = clawfleet_protocol::random::hex(6)?;
     let token = format!("cf_{id}_{}", clawfleet_protocol::random::hex(24)?);
-    store.create_token(
-        &id,
-        name,
-        &hash(&token),
-        grants,
-        crate::clock::now_seconds(),
-        expires_at,
-    )?;
+    store
+        .create_token(&NewToken {
+            id: &id,
+            name,
+            secret_hash: &hash(&token),
+            grants,
+            created_at: crate::clock::now_seconds(),
+            expires_at,
+        })
+        .await?;
     Ok((id, token))
 }

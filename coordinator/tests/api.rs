@@ -16,7 +16,7 @@ use coordinator::client::{Client, ClientError};
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
-use coordinator::store::Store;
+use coordinator::store::SharedStore;
 use coordinator::worker::Worker;
 use hostd_engine::{EngineBackend, Inject};
 use serde_json::{Value, json};
@@ -26,7 +26,7 @@ const HOST_KEY: &str =
 
 struct Api {
     server: String,
-    store: Store,
+    store: SharedStore,
     admin: String,
     worker: Arc<Worker<EngineBackend>>,
     backend: Arc<EngineBackend>,
@@ -34,7 +34,7 @@ struct Api {
 
 impl Api {
     async fn start() -> Self {
-        let (store, admin) = api_support::store_with_admin();
+        let (store, admin) = api_support::store_with_admin().await;
         let backend = Arc::new(EngineBackend::new());
         let settings = WorkerSettings {
             backoff_initial: Duration::from_millis(1),
@@ -94,33 +94,35 @@ impl Api {
 
     async fn settle(&self) {
         for _ in 0..200 {
-            if self.worker.run_once().await.is_none() && self.store.pending_work().unwrap() == 0 {
+            if self.worker.run_once().await.is_none()
+                && self.store.pending_work().await.unwrap() == 0
+            {
                 return;
             }
         }
     }
 
     /// A fingerprint of everything stored, to prove a refused request stored nothing.
-    fn snapshot(&self) -> String {
+    async fn snapshot(&self) -> String {
         let mut out = format!(
             "{:?}{:?}",
-            self.store.hosts().unwrap(),
-            self.store.namespaces().unwrap()
+            self.store.hosts().await.unwrap(),
+            self.store.namespaces().await.unwrap()
         );
-        for ns in self.store.namespaces().unwrap() {
-            out.push_str(&format!("{:?}", self.store.agents(&ns.id).unwrap()));
-            for a in self.store.agents(&ns.id).unwrap() {
+        for ns in self.store.namespaces().await.unwrap() {
+            out.push_str(&format!("{:?}", self.store.agents(&ns.id).await.unwrap()));
+            for a in self.store.agents(&ns.id).await.unwrap() {
                 out.push_str(&format!(
                     "{:?}",
-                    self.store.revisions(&ns.id, &a.id).unwrap()
+                    self.store.revisions(&ns.id, &a.id).await.unwrap()
                 ));
             }
             out.push_str(&format!(
                 "{:?}",
-                self.store.configuration(&ns.id, "cfg").unwrap()
+                self.store.configuration(&ns.id, "cfg").await.unwrap()
             ));
         }
-        out.push_str(&self.store.pending_work().unwrap().to_string());
+        out.push_str(&self.store.pending_work().await.unwrap().to_string());
         out
     }
 }
@@ -315,6 +317,7 @@ async fn happy_path_through_every_resource() {
     let actions: Vec<String> = api
         .store
         .audit_events(100)
+        .await
         .unwrap()
         .into_iter()
         .map(|e| e.action)
@@ -402,7 +405,7 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
     .unwrap();
     let revoked = revoked["token"].as_str().unwrap().to_owned();
     let (_, expired) = coordinator::tokens::create_expiring(
-        &api.store,
+        &*api.store,
         "old",
         &[Grant {
             namespace: "*".into(),
@@ -410,6 +413,7 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
         }],
         Some(1),
     )
+    .await
     .unwrap();
     // Every route in the table is served and documented.
     let doc = api.call(None, "GET", "/openapi.json", None).await.unwrap();
@@ -436,7 +440,7 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
             assert!(got.is_ok(), "{method} {path} without a token: {got:?}");
             continue;
         }
-        let before = api.snapshot();
+        let before = api.snapshot().await;
         for t in [
             None,
             Some("cf_nope_nope"),
@@ -478,7 +482,11 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
             );
             checked += 1;
         }
-        assert_eq!(api.snapshot(), before, "{method} {path} changed state");
+        assert_eq!(
+            api.snapshot().await,
+            before,
+            "{method} {path} changed state"
+        );
     }
     assert!(checked > 60, "only {checked} refusals checked");
     // A reader of ns1 sees ns1 only and cannot read ns2.
@@ -686,7 +694,7 @@ async fn invalid_bodies_are_4xx_with_a_code_and_store_nothing() {
         ("GET", "/nowhere", json!(null), 404, "NO_SUCH_ROUTE"),
     ];
     for (method, path, body, status, code) in cases {
-        let before = api.snapshot();
+        let before = api.snapshot().await;
         let body = if body.is_null() { None } else { Some(body) };
         let got = api.admin(method, path, body.clone()).await;
         assert_eq!(
@@ -694,7 +702,11 @@ async fn invalid_bodies_are_4xx_with_a_code_and_store_nothing() {
             (status, code.to_owned()),
             "{method} {path} {body:?}"
         );
-        assert_eq!(api.snapshot(), before, "{method} {path} stored something");
+        assert_eq!(
+            api.snapshot().await,
+            before,
+            "{method} {path} stored something"
+        );
     }
     // A body on a bodyless route.
     api.admin(
@@ -876,7 +888,7 @@ async fn framework_rejections_have_the_json_error_shape() {
         .unwrap();
     assert_eq!(status, 405);
     assert_eq!(v["error"]["code"], "METHOD_NOT_ALLOWED", "{v}");
-    assert_eq!(api.store.namespaces().unwrap().len(), 0);
+    assert_eq!(api.store.namespaces().await.unwrap().len(), 0);
 }
 
 /// `occ agent deploy --wait` reports the requested revision's outcome: when it failed
@@ -1066,7 +1078,7 @@ async fn bad_kubeconfigs_are_refused_naming_the_field_with_nothing_stored() {
         )
         .await;
     assert_eq!(got, Err((400, "CLUSTER_SETTINGS_INVALID".into())));
-    assert!(api.store.clusters().unwrap().is_empty());
+    assert!(api.store.clusters().await.unwrap().is_empty());
     assert_eq!(api.backend.calls(), 0, "nothing was sent to any cluster");
 }
 
@@ -1085,7 +1097,7 @@ async fn clusters_hide_credentials_and_refuse_removal_while_used() {
                 last_probe: None,
             },
             credentials: json!({"auth": {"kind": "token", "token": "sekret-token-value"}}),
-        })
+        }).await
         .unwrap();
     for path in ["/clusters", "/clusters/c1"] {
         let v = api.admin("GET", path, None).await.unwrap();

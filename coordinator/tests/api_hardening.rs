@@ -16,7 +16,7 @@ use coordinator::api::{AppState, router_with, serve};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::ApiSettings;
 use coordinator::service::Service;
-use coordinator::store::Store;
+use coordinator::store::SharedStore;
 use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 
@@ -25,13 +25,13 @@ const HOST_KEY: &str =
 
 struct Api {
     addr: String,
-    store: Store,
+    store: SharedStore,
     admin: String,
 }
 
 impl Api {
     async fn start(settings: ApiSettings) -> Self {
-        let (store, admin) = api_support::store_with_admin();
+        let (store, admin) = api_support::store_with_admin().await;
         let state = Arc::new(AppState {
             service: Service::new(store.clone()),
             backend: Arc::new(EngineBackend::new()),
@@ -87,8 +87,8 @@ impl Api {
         .unwrap();
     }
 
-    fn table_counts(&self) -> Vec<(String, i64)> {
-        self.store.row_counts().unwrap()
+    async fn table_counts(&self) -> Vec<(String, i64)> {
+        self.store.row_counts().await.unwrap()
     }
 }
 
@@ -146,7 +146,7 @@ async fn a_slow_loris_client_is_cut_off_by_the_header_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_never_arrives_gets_408_and_stores_nothing() {
     let api = Api::start(short()).await;
-    let before = api.table_counts();
+    let before = api.table_counts().await;
     let (addr, admin) = (api.addr.clone(), api.admin.clone());
     let (got, took) = tokio::task::spawn_blocking(move || {
         let mut s = TcpStream::connect(&addr).unwrap();
@@ -161,7 +161,7 @@ async fn a_body_that_never_arrives_gets_408_and_stores_nothing() {
     assert!(took < Duration::from_secs(6), "answered after {took:?}");
     assert!(got.starts_with("HTTP/1.1 408"), "{got}");
     assert!(got.contains("REQUEST_TIMEOUT"), "{got}");
-    assert_eq!(api.table_counts(), before);
+    assert_eq!(api.table_counts().await, before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,7 +243,7 @@ async fn tokens_expire_and_grants_are_checked_before_anything_is_stored() {
     assert_eq!((status, code.as_str()), (401, "UNAUTHENTICATED"));
     assert!(message.contains("expired"), "{message}");
 
-    let before = api.table_counts();
+    let before = api.table_counts().await;
     for (body, code, names) in [
         (
             json!({"name": "d", "grants": [{"namespace": "ns1", "role": "read"}, {"namespace": "ns1", "role": "admin"}]}),
@@ -263,7 +263,7 @@ async fn tokens_expire_and_grants_are_checked_before_anything_is_stored() {
         assert_eq!((status, got.as_str()), (400, code), "{message}");
         assert!(message.contains(names), "{message}");
     }
-    assert_eq!(api.table_counts(), before);
+    assert_eq!(api.table_counts().await, before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,7 +283,7 @@ async fn a_namespace_admin_gets_the_missing_host_answer_for_any_host_pool() {
         .as_str()
         .unwrap()
         .to_owned();
-    let before = api.table_counts();
+    let before = api.table_counts().await;
     let existing = api
         .call_async(
             Some(&scoped),
@@ -316,7 +316,7 @@ async fn a_namespace_admin_gets_the_missing_host_answer_for_any_host_pool() {
         .await
         .unwrap_err();
     assert_eq!(global_missing, missing);
-    assert_eq!(api.table_counts(), before);
+    assert_eq!(api.table_counts().await, before);
     api.call_async(
         Some(&admin),
         "POST",
@@ -340,7 +340,7 @@ async fn a_literal_api_key_is_refused_with_nothing_stored() {
     )
     .await
     .unwrap();
-    let before = api.table_counts();
+    let before = api.table_counts().await;
     let doc = json!({"models": {"providers": {"openai": {"apiKey": "sk-live-0123456789"}}}});
     let (status, code, message) = api
         .call_async(
@@ -362,7 +362,7 @@ async fn a_literal_api_key_is_refused_with_nothing_stored() {
     );
     assert!(message.contains("env file"), "{message}");
     assert!(!message.contains("sk-live"), "{message}");
-    assert_eq!(api.table_counts(), before);
+    assert_eq!(api.table_counts().await, before);
     let ok = json!({"models": {"providers": {"openai": {"apiKey": "${OPENAI_API_KEY}"}}}});
     api.call_async(
         Some(&admin),
@@ -407,7 +407,7 @@ async fn trusted_proxy_needs_a_single_tenant_pool_whose_hosts_no_one_else_uses()
     .unwrap();
     let proxy = json!({"gateway": {"auth": {"mode": "trusted-proxy", "trustedProxy": {"userHeader": "x-user"}}}});
     let tailscale = json!({"gateway": {"auth": {"allowTailscale": true}}});
-    let before = api.table_counts();
+    let before = api.table_counts().await;
     for (doc, field) in [
         (&proxy, "gateway.auth.mode"),
         (&tailscale, "gateway.auth.allowTailscale"),
@@ -431,7 +431,7 @@ async fn trusted_proxy_needs_a_single_tenant_pool_whose_hosts_no_one_else_uses()
             "{message}"
         );
     }
-    assert_eq!(api.table_counts(), before);
+    assert_eq!(api.table_counts().await, before);
     // A single-tenant pool may not take a host another Namespace uses, nor lend its own.
     let (status, code, message) = api
         .call_async(

@@ -16,7 +16,8 @@ use coordinator::client::{Client, ClientError};
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
-use coordinator::store::Store;
+use coordinator::store::SharedStore;
+use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::Worker;
 use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
@@ -34,7 +35,7 @@ struct Refused {
 
 struct Api {
     server: String,
-    store: Store,
+    store: SharedStore,
     admin: String,
     backend: Arc<EngineBackend>,
     worker: Arc<Worker<EngineBackend>>,
@@ -44,15 +45,19 @@ impl Api {
     /// The API server on loopback, with a host `h1`, a Namespace `ns1` on it (ensured on the
     /// fake host), an accepted configuration `base` and an Agent `a1` using it.
     async fn start() -> Self {
-        let store = Store::in_memory().unwrap();
+        let store = {
+            let s: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
+            s
+        };
         let (_, admin) = coordinator::tokens::create(
-            &store,
+            &*store,
             "admin",
             &[Grant {
                 namespace: "*".into(),
                 role: Role::Admin,
             }],
         )
+        .await
         .unwrap();
         let backend = Arc::new(EngineBackend::new());
         let settings = WorkerSettings {
@@ -134,7 +139,9 @@ impl Api {
 
     async fn settle(&self) {
         for _ in 0..200 {
-            if self.worker.run_once().await.is_none() && self.store.pending_work().unwrap() == 0 {
+            if self.worker.run_once().await.is_none()
+                && self.store.pending_work().await.unwrap() == 0
+            {
                 return;
             }
         }
@@ -259,6 +266,7 @@ async fn a_stored_configuration_that_is_now_refused_is_refused_at_deploy_with_no
         let cfg = format!("legacy-{i}");
         api.store
             .put_configuration("ns1", &cfg, &document, true, 0)
+            .await
             .unwrap()
             .unwrap();
         let agent = format!("old-{i}");

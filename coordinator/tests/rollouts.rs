@@ -18,7 +18,8 @@ use coordinator::model::{Rollout, RolloutAgentState, RolloutState};
 use coordinator::service::{
     NewAgent, NewHost, NewNamespace, NewRollout, RolloutAction, Service, ServiceError,
 };
-use coordinator::store::Store;
+use coordinator::store::SharedStore;
+use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::Worker;
 use hostd_engine::EngineBackend;
 use serde_json::json;
@@ -41,7 +42,7 @@ fn settings() -> WorkerSettings {
 
 struct World {
     svc: Service,
-    store: Store,
+    store: SharedStore,
     backend: Arc<EngineBackend>,
     stop: tokio::sync::watch::Sender<bool>,
     worker: Option<tokio::task::JoinHandle<()>>,
@@ -54,7 +55,10 @@ fn agents(n: usize) -> Vec<String> {
 impl World {
     /// 3 hosts, `n` Agents on Configuration `cfg`, each deployed once (rev-1 serves).
     async fn new(n: usize) -> Self {
-        let store = Store::in_memory().unwrap();
+        let store = {
+            let s: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
+            s
+        };
         let svc = Service::new(store.clone());
         let names: Vec<String> = (1..=3).map(|i| format!("h{i}")).collect();
         for h in &names {
@@ -68,6 +72,7 @@ impl World {
                     max_agents: 100,
                 },
             )
+            .await
             .unwrap();
         }
         svc.create_namespace(
@@ -81,6 +86,7 @@ impl World {
             },
             true,
         )
+        .await
         .unwrap();
         svc.put_configuration(
             "test",
@@ -89,6 +95,7 @@ impl World {
             json!({"logging": {"level": "info"}}),
             true,
         )
+        .await
         .unwrap();
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut w = Self {
@@ -113,13 +120,17 @@ impl World {
                         workspace_files: Vec::new(),
                     },
                 )
+                .await
                 .unwrap();
-            w.svc.deploy("test", NS, &a).unwrap();
+            w.svc.deploy("test", NS, &a).await.unwrap();
         }
-        w.until("every Agent serves rev-1", || {
-            agents(n)
-                .iter()
-                .all(|a| w.served(a).as_deref() == Some("rev-1"))
+        w.until("every Agent serves rev-1", async || {
+            for a in agents(n) {
+                if w.served(&a).await.as_deref() != Some("rev-1") {
+                    return false;
+                }
+            }
+            true
         })
         .await;
         w
@@ -145,16 +156,16 @@ impl World {
     }
 
     /// What the Agent's host serves (hostd's own `status`), `None` if nothing.
-    fn served(&self, agent: &str) -> Option<String> {
-        let a = self.store.agent(NS, agent).unwrap()?;
+    async fn served(&self, agent: &str) -> Option<String> {
+        let a = self.store.agent(NS, agent).await.unwrap()?;
         self.backend.agent(a.host.as_deref()?, NS, agent)?.served
     }
 
     /// Runs scheduler passes until `done` holds (at most 30 s).
-    async fn until(&self, what: &str, done: impl Fn() -> bool) {
+    async fn until(&self, what: &str, done: impl AsyncFn() -> bool) {
         let start = Instant::now();
-        while !done() {
-            self.svc.advance_rollouts().unwrap();
+        while !done().await {
+            self.svc.advance_rollouts().await.unwrap();
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "not within 30 s: {what}"
@@ -163,19 +174,19 @@ impl World {
         }
     }
 
-    fn rollout(&self, id: i64) -> Rollout {
-        self.svc.rollout(NS, id).unwrap()
+    async fn rollout(&self, id: i64) -> Rollout {
+        self.svc.rollout(NS, id).await.unwrap()
     }
 
     async fn until_state(&self, id: i64, state: RolloutState) -> Rollout {
-        self.until(&format!("rollout {id} {}", state.as_str()), || {
-            self.rollout(id).state == state
+        self.until(&format!("rollout {id} {}", state.as_str()), async || {
+            self.rollout(id).await.state == state
         })
         .await;
-        self.rollout(id)
+        self.rollout(id).await
     }
 
-    fn new_generation(&self, label: &str) {
+    async fn new_generation(&self, label: &str) {
         self.svc
             .put_configuration(
                 "test",
@@ -184,6 +195,7 @@ impl World {
                 json!({"logging": {"level": "info"}, "ui": {"assistant": {"name": label}}}),
                 false,
             )
+            .await
             .unwrap();
     }
 }
@@ -210,17 +222,21 @@ fn code_of(e: ServiceError) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_moves() {
     let mut w = World::new(12).await;
-    let before: Vec<_> = agents(12)
-        .iter()
-        .map(|a| w.store.revisions(NS, a).unwrap().len())
-        .collect();
+    let mut before = Vec::new();
+    for a in agents(12) {
+        before.push(w.store.revisions(NS, &a).await.unwrap().len());
+    }
     assert!(before.iter().all(|n| *n == 1));
-    w.new_generation("bad");
+    w.new_generation("bad").await;
     w.backend
         .fail_activations_of("a01", FailureCode::ReadinessTimeout);
     w.backend
         .fail_activations_of("a02", FailureCode::ReadinessTimeout);
-    let r = w.svc.create_rollout("op", NS, rollout(2, 3, 1)).unwrap();
+    let r = w
+        .svc
+        .create_rollout("op", NS, rollout(2, 3, 1))
+        .await
+        .unwrap();
     assert_eq!(r.agents.len(), 12);
     assert_eq!(r.waves, 1 + 4, "{r:?}");
     assert_eq!(
@@ -230,8 +246,8 @@ async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_mo
     );
     // An Agent of an open rollout is not deployed, reconfigured or reconciled by hand.
     for refused in [
-        w.svc.deploy("op", NS, "a07").map(|_| ()),
-        w.svc.reconcile("op", NS, "a07").map(|_| ()),
+        w.svc.deploy("op", NS, "a07").await.map(|_| ()),
+        w.svc.reconcile("op", NS, "a07").await.map(|_| ()),
         w.svc
             .patch_agent(
                 "op",
@@ -242,6 +258,7 @@ async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_mo
                     restore: None,
                 },
             )
+            .await
             .map(|_| ()),
     ] {
         assert_eq!(code_of(refused.unwrap_err()), "ROLLOUT_IN_PROGRESS");
@@ -251,6 +268,7 @@ async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_mo
         code_of(
             w.svc
                 .create_rollout("op", NS, rollout(1, 1, 0))
+                .await
                 .unwrap_err()
         ),
         "ROLLOUT_IN_PROGRESS"
@@ -278,24 +296,26 @@ async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_mo
     }
     // The other ten were never touched: one revision each, rev-1 active and served.
     for a in &agents(12)[2..] {
-        assert_eq!(w.store.revisions(NS, a).unwrap().len(), 1, "{a}");
-        let agent = w.store.agent(NS, a).unwrap().unwrap();
+        assert_eq!(w.store.revisions(NS, a).await.unwrap().len(), 1, "{a}");
+        let agent = w.store.agent(NS, a).await.unwrap().unwrap();
         assert_eq!(agent.active_revision_id.as_deref(), Some("rev-1"));
-        assert_eq!(w.served(a).as_deref(), Some("rev-1"), "{a}");
+        assert_eq!(w.served(a).await.as_deref(), Some("rev-1"), "{a}");
     }
     // Halted: a deploy by hand is allowed again, and the rollout takes no more actions.
     assert_eq!(
         code_of(
             w.svc
                 .rollout_action("op", NS, r.id, RolloutAction::Resume)
+                .await
                 .unwrap_err()
         ),
         "ROLLOUT_STATE_CONFLICT"
     );
-    w.svc.deploy("op", NS, "a07").unwrap();
+    w.svc.deploy("op", NS, "a07").await.unwrap();
     let audit = w
         .store
         .audit_events_of(100, Some("rollout.halted"))
+        .await
         .unwrap();
     assert_eq!(audit.len(), 1);
     w.stop_worker().await;
@@ -304,23 +324,36 @@ async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_mo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_good_generation_goes_out_in_waves_never_more_than_max_parallel_at_once() {
     let mut w = World::new(12).await;
-    w.new_generation("good");
+    w.new_generation("good").await;
     // The first deploys ran 8 at once; the rollout's are counted from here.
     w.backend.reset_concurrency();
-    let r = w.svc.create_rollout("op", NS, rollout(1, 3, 0)).unwrap();
+    let r = w
+        .svc
+        .create_rollout("op", NS, rollout(1, 3, 0))
+        .await
+        .unwrap();
     let r = w.until_state(r.id, RolloutState::Done).await;
     assert_eq!(r.failures(), 0, "{r:?}");
     for a in &r.agents {
         assert_eq!(a.state, RolloutAgentState::Succeeded, "{a:?}");
         assert_eq!(a.code.as_deref(), Some("REVISION_ACTIVATED"));
-        assert_eq!(w.served(&a.agent_id).as_deref(), Some("rev-2"));
-        let rev = w.store.revision(NS, &a.agent_id, "rev-2").unwrap().unwrap();
+        assert_eq!(w.served(&a.agent_id).await.as_deref(), Some("rev-2"));
+        let rev = w
+            .store
+            .revision(NS, &a.agent_id, "rev-2")
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(rev.configuration_generation, 2);
     }
     let most = w.backend.most_concurrent_activations();
     assert!(most <= 3, "{most} activations at once, maxParallel 3");
     assert!(most >= 2, "the waves ran one at a time ({most})");
-    let deploys = w.store.audit_events_of(100, Some("agent.deploy")).unwrap();
+    let deploys = w
+        .store
+        .audit_events_of(100, Some("agent.deploy"))
+        .await
+        .unwrap();
     assert_eq!(
         deploys
             .iter()
@@ -334,10 +367,10 @@ async fn a_good_generation_goes_out_in_waves_never_more_than_max_parallel_at_onc
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pause_resume_promote_and_abort() {
     let mut w = World::new(5).await;
-    w.new_generation("two");
+    w.new_generation("two").await;
     let mut req = rollout(1, 1, 0);
     req.manual_promote = true;
-    let r = w.svc.create_rollout("op", NS, req).unwrap();
+    let r = w.svc.create_rollout("op", NS, req).await.unwrap();
     let r = w.until_state(r.id, RolloutState::Waiting).await;
     assert_eq!(r.agents[0].state, RolloutAgentState::Succeeded);
     assert!(
@@ -347,41 +380,49 @@ async fn pause_resume_promote_and_abort() {
     );
     // Waiting stays waiting.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    w.svc.advance_rollouts().unwrap();
-    assert_eq!(w.rollout(r.id).state, RolloutState::Waiting);
+    w.svc.advance_rollouts().await.unwrap();
+    assert_eq!(w.rollout(r.id).await.state, RolloutState::Waiting);
     for (action, from) in [
         (RolloutAction::Pause, "waiting"),
         (RolloutAction::Resume, "waiting"),
     ] {
-        let e = w.svc.rollout_action("op", NS, r.id, action).unwrap_err();
+        let e = w
+            .svc
+            .rollout_action("op", NS, r.id, action)
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains(from), "{e}");
     }
     let r = w
         .svc
         .rollout_action("op", NS, r.id, RolloutAction::Promote)
+        .await
         .unwrap();
     assert_eq!((r.state, r.wave), (RolloutState::Running, 1));
     let r = w.until_state(r.id, RolloutState::Waiting).await;
     assert_eq!(r.agents[1].state, RolloutAgentState::Succeeded);
     w.svc
         .rollout_action("op", NS, r.id, RolloutAction::Promote)
+        .await
         .unwrap();
     // Paused at once: whatever was started finishes, nothing new starts.
     let r = w
         .svc
         .rollout_action("op", NS, r.id, RolloutAction::Pause)
+        .await
         .unwrap();
     assert_eq!(r.state, RolloutState::Paused);
-    w.until("the started deploy finishes", || {
+    w.until("the started deploy finishes", async || {
         w.rollout(r.id)
+            .await
             .agents
             .iter()
             .all(|a| a.state != RolloutAgentState::Deploying)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    w.svc.advance_rollouts().unwrap();
-    let paused = w.rollout(r.id);
+    w.svc.advance_rollouts().await.unwrap();
+    let paused = w.rollout(r.id).await;
     assert_eq!(paused.state, RolloutState::Paused);
     let started = paused
         .agents
@@ -391,12 +432,14 @@ async fn pause_resume_promote_and_abort() {
     assert_eq!(started, 3, "{paused:?}");
     w.svc
         .rollout_action("op", NS, r.id, RolloutAction::Resume)
+        .await
         .unwrap();
     let r = w.until_state(r.id, RolloutState::Waiting).await;
     // Abort: the Agents done stay as they are, the rest are skipped.
     let r = w
         .svc
         .rollout_action("op", NS, r.id, RolloutAction::Abort)
+        .await
         .unwrap();
     assert_eq!(r.state, RolloutState::Aborted);
     let states: Vec<_> = r.agents.iter().map(|a| a.state).collect();
@@ -410,12 +453,13 @@ async fn pause_resume_promote_and_abort() {
             RolloutAgentState::Skipped
         ]
     );
-    assert_eq!(w.served("a05").as_deref(), Some("rev-1"));
-    assert_eq!(w.served("a01").as_deref(), Some("rev-2"));
+    assert_eq!(w.served("a05").await.as_deref(), Some("rev-1"));
+    assert_eq!(w.served("a01").await.as_deref(), Some("rev-2"));
     assert_eq!(
         code_of(
             w.svc
                 .rollout_action("op", NS, r.id, RolloutAction::Abort)
+                .await
                 .unwrap_err()
         ),
         "ROLLOUT_STATE_CONFLICT"
@@ -423,6 +467,7 @@ async fn pause_resume_promote_and_abort() {
     let actions: Vec<String> = w
         .store
         .audit_events(100)
+        .await
         .unwrap()
         .into_iter()
         .filter(|e| e.action.starts_with("rollout."))
@@ -446,12 +491,12 @@ async fn pause_resume_promote_and_abort() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restarted_coordinator_resumes_without_deploying_an_agent_twice() {
     let mut w = World::new(6).await;
-    w.new_generation("resume");
+    w.new_generation("resume").await;
     let mut req = rollout(1, 2, 0);
     req.pause_between_seconds = Some(1);
-    let r = w.svc.create_rollout("op", NS, req).unwrap();
-    w.until("the canary is done and the pause runs", || {
-        w.rollout(r.id).next_wave_at.is_some()
+    let r = w.svc.create_rollout("op", NS, req).await.unwrap();
+    w.until("the canary is done and the pause runs", async || {
+        w.rollout(r.id).await.next_wave_at.is_some()
     })
     .await;
     // The coordinator dies: its worker and scheduler are gone; a new one opens the store.
@@ -462,7 +507,7 @@ async fn a_restarted_coordinator_resumes_without_deploying_an_agent_twice() {
     for a in &r.agents {
         assert_eq!(a.state, RolloutAgentState::Succeeded, "{a:?}");
         assert_eq!(
-            w.store.revisions(NS, &a.agent_id).unwrap().len(),
+            w.store.revisions(NS, &a.agent_id).await.unwrap().len(),
             2,
             "{} deployed twice",
             a.agent_id
@@ -478,7 +523,7 @@ async fn a_restarted_coordinator_resumes_without_deploying_an_agent_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_rollouts_are_refused_naming_what_is_wrong_and_store_nothing() {
     let mut w = World::new(2).await;
-    let rows = w.store.row_counts().unwrap();
+    let rows = w.store.row_counts().await.unwrap();
     let cases: Vec<(NewRollout, &str, &str)> = vec![
         (
             NewRollout {
@@ -533,7 +578,11 @@ async fn bad_rollouts_are_refused_naming_what_is_wrong_and_store_nothing() {
         ),
     ];
     for (req, code, names) in cases {
-        let e = w.svc.create_rollout("op", NS, req.clone()).unwrap_err();
+        let e = w
+            .svc
+            .create_rollout("op", NS, req.clone())
+            .await
+            .unwrap_err();
         let text = e.to_string();
         assert_eq!(code_of(e), code, "{req:?}: {text}");
         assert!(text.contains(names), "{req:?}: {text}");
@@ -548,18 +597,19 @@ async fn bad_rollouts_are_refused_naming_what_is_wrong_and_store_nothing() {
                 ..rollout(0, 1, 0)
             },
         )
+        .await
         .unwrap_err();
     assert!(
         matches!(missing, ServiceError::NotFound { .. }),
         "{missing}"
     );
     assert_eq!(
-        w.store.row_counts().unwrap(),
+        w.store.row_counts().await.unwrap(),
         rows,
         "a refusal stored something"
     );
     assert!(matches!(
-        w.svc.rollout(NS, 99).unwrap_err(),
+        w.svc.rollout(NS, 99).await.unwrap_err(),
         ServiceError::NotFound { .. }
     ));
     w.stop_worker().await;
@@ -580,28 +630,34 @@ async fn plan_tokens_guard_deploys_and_rollouts_and_a_stale_one_stores_nothing()
     // Planning twice gives the same token; a new generation makes it stale.
     let again = w.svc.plan_deploy(&*w.backend, NS, "a01").await.unwrap();
     assert_eq!(again["token"], plan["token"]);
-    w.new_generation("moved");
-    let rows = w.store.row_counts().unwrap();
-    let e = w.svc.deploy_planned("op", NS, "a01", &token).unwrap_err();
+    w.new_generation("moved").await;
+    let rows = w.store.row_counts().await.unwrap();
+    let e = w
+        .svc
+        .deploy_planned("op", NS, "a01", &token)
+        .await
+        .unwrap_err();
     assert_eq!(code_of(e), "PLAN_STALE");
     assert_eq!(
-        w.store.row_counts().unwrap(),
+        w.store.row_counts().await.unwrap(),
         rows,
         "a stale plan stored something"
     );
     let e = w
         .svc
         .deploy_planned("op", NS, "a01", "plan1-zz")
+        .await
         .unwrap_err();
     assert_eq!(code_of(e), "INVALID_PLAN_TOKEN");
     let fresh = w.svc.plan_deploy(&*w.backend, NS, "a01").await.unwrap();
     let (rev, _) = w
         .svc
         .deploy_planned("op", NS, "a01", fresh["token"].as_str().unwrap())
+        .await
         .unwrap();
     assert_eq!(rev.id, "rev-2");
-    w.until("a01 serves rev-2", || {
-        w.served("a01").as_deref() == Some("rev-2")
+    w.until("a01 serves rev-2", async || {
+        w.served("a01").await.as_deref() == Some("rev-2")
     })
     .await;
 
@@ -611,21 +667,21 @@ async fn plan_tokens_guard_deploys_and_rollouts_and_a_stale_one_stores_nothing()
     assert_eq!(plan["agents"].as_array().unwrap().len(), 3, "{plan}");
     assert_eq!(plan["waves"], 2, "{plan}");
     let token = plan["token"].as_str().unwrap().to_owned();
-    w.svc.deploy("op", NS, "a03").unwrap();
-    w.until("a03 serves rev-2", || {
-        w.served("a03").as_deref() == Some("rev-2")
+    w.svc.deploy("op", NS, "a03").await.unwrap();
+    w.until("a03 serves rev-2", async || {
+        w.served("a03").await.as_deref() == Some("rev-2")
     })
     .await;
-    let rows = w.store.row_counts().unwrap();
+    let rows = w.store.row_counts().await.unwrap();
     let stale = NewRollout {
         plan_token: Some(token),
         ..req.clone()
     };
     assert_eq!(
-        code_of(w.svc.create_rollout("op", NS, stale).unwrap_err()),
+        code_of(w.svc.create_rollout("op", NS, stale).await.unwrap_err()),
         "PLAN_STALE"
     );
-    assert_eq!(w.store.row_counts().unwrap(), rows);
+    assert_eq!(w.store.row_counts().await.unwrap(), rows);
     let plan = w.svc.plan_rollout(&*w.backend, NS, &req).await.unwrap();
     let r = w
         .svc
@@ -637,6 +693,7 @@ async fn plan_tokens_guard_deploys_and_rollouts_and_a_stale_one_stores_nothing()
                 ..req
             },
         )
+        .await
         .unwrap();
     w.until_state(r.id, RolloutState::Done).await;
     w.stop_worker().await;

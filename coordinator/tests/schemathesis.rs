@@ -37,7 +37,7 @@ fn schemathesis() -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document() {
     let Some(st) = schemathesis() else { return };
-    let (store, admin) = api_support::store_with_admin();
+    let (store, admin) = api_support::store_with_admin().await;
     let state = Arc::new(AppState {
         service: Service::new(store.clone()),
         backend: Arc::new(EngineBackend::new()),
@@ -89,6 +89,12 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document()
     eprintln!("{}", summary.join("\n"));
     assert!(out.status.success(), "schemathesis found problems:\n{text}");
     // The run talked to the API: the store holds what the accepted requests created.
-    let created: i64 = store.row_counts().unwrap().iter().map(|(_, n)| n).sum();
+    let created: i64 = store
+        .row_counts()
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
     assert!(created > 1, "nothing reached the API");
 }

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 fn opts() -> CallOptions {
     CallOptions {
         deadline: Duration::from_secs(60),
+        ..CallOptions::default()
     }
 }
 

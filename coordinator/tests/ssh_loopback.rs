@@ -19,6 +19,7 @@ use ssh_support::*;
 fn short(deadline_s: u64) -> CallOptions {
     CallOptions {
         deadline: Duration::from_secs(deadline_s),
+        ..CallOptions::default()
     }
 }
 

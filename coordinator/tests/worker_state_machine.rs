@@ -12,7 +12,8 @@ use clawfleet_protocol::failure::FailureCode;
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Cluster, ClusterRecord, DesiredState, RevisionStatus};
 use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
-use coordinator::store::Store;
+use coordinator::store::SharedStore;
+use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::{Step, Worker};
 use hostd_engine::{EngineBackend, Inject};
 use serde_json::json;
@@ -33,13 +34,16 @@ fn settings() -> WorkerSettings {
 
 struct World {
     svc: Service,
-    store: Store,
+    store: SharedStore,
     backend: Arc<EngineBackend>,
 }
 
 impl World {
-    fn new(hosts: usize) -> Self {
-        let store = Store::in_memory().unwrap();
+    async fn new(hosts: usize) -> Self {
+        let store = {
+            let s: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
+            s
+        };
         let svc = Service::new(store.clone());
         let names: Vec<String> = (1..=hosts).map(|i| format!("h{i}")).collect();
         for n in &names {
@@ -53,6 +57,7 @@ impl World {
                     max_agents: 100,
                 },
             )
+            .await
             .unwrap();
         }
         svc.create_namespace(
@@ -66,6 +71,7 @@ impl World {
             },
             true,
         )
+        .await
         .unwrap();
         svc.put_configuration(
             "test",
@@ -74,6 +80,7 @@ impl World {
             json!({"logging": {"level": "info"}}),
             true,
         )
+        .await
         .unwrap();
         Self {
             svc,
@@ -83,8 +90,11 @@ impl World {
     }
 
     /// A Namespace placed on a (fake) cluster named c1 instead of a host pool.
-    fn on_cluster() -> Self {
-        let store = Store::in_memory().unwrap();
+    async fn on_cluster() -> Self {
+        let store = {
+            let s: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
+            s
+        };
         store
             .insert_cluster(&ClusterRecord {
                 cluster: Cluster {
@@ -96,6 +106,7 @@ impl World {
                 },
                 credentials: json!({"token": "not-a-real-token"}),
             })
+            .await
             .unwrap();
         let svc = Service::new(store.clone());
         svc.create_namespace(
@@ -109,8 +120,10 @@ impl World {
             },
             true,
         )
+        .await
         .unwrap();
         svc.put_configuration("test", "ns1", "cfg", json!({}), true)
+            .await
             .unwrap();
         Self {
             svc,
@@ -123,7 +136,7 @@ impl World {
         Worker::new(self.store.clone(), self.backend.clone(), settings())
     }
 
-    fn agent(&self, id: &str) {
+    async fn agent(&self, id: &str) {
         self.svc
             .create_agent(
                 "test",
@@ -137,6 +150,7 @@ impl World {
                     workspace_files: Vec::new(),
                 },
             )
+            .await
             .unwrap();
     }
 
@@ -147,7 +161,7 @@ impl World {
             match w.run_once().await {
                 Some((_, s)) => steps.push(s),
                 None => {
-                    if self.store.pending_work().unwrap() == 0 {
+                    if self.store.pending_work().await.unwrap() == 0 {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -160,12 +174,12 @@ impl World {
 
 #[tokio::test]
 async fn deploy_replace_stop_delete_converge() {
-    let w = World::new(2);
+    let w = World::new(2).await;
     let worker = w.worker();
-    w.agent("a1");
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.agent("a1").await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    let a = w.svc.agent("ns1", "a1").unwrap();
+    let a = w.svc.agent("ns1", "a1").await.unwrap();
     let host = a.host.clone().unwrap();
     assert_eq!(a.active_revision_id.as_deref(), Some("rev-1"));
     assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
@@ -180,16 +194,17 @@ async fn deploy_replace_stop_delete_converge() {
             json!({"logging": {"level": "debug"}}),
             false,
         )
+        .await
         .unwrap();
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    let a = w.svc.agent("ns1", "a1").unwrap();
+    let a = w.svc.agent("ns1", "a1").await.unwrap();
     assert_eq!(a.host.as_deref(), Some(host.as_str()));
     assert_eq!(a.active_revision_id.as_deref(), Some("rev-2"));
     let on_host = w.backend.agent(&host, "ns1", "a1").unwrap();
     assert_eq!(on_host.served.as_deref(), Some("rev-2"));
     assert_eq!(on_host.snapshots.keys().collect::<Vec<_>>(), vec!["rev-2"]);
-    let revs = w.store.revisions("ns1", "a1").unwrap();
+    let revs = w.store.revisions("ns1", "a1").await.unwrap();
     assert_eq!(revs[0].status, RevisionStatus::Retired);
     assert_eq!(revs[1].status, RevisionStatus::Active);
     assert_eq!(
@@ -198,35 +213,35 @@ async fn deploy_replace_stop_delete_converge() {
     );
 
     // Stop: the host stops first, then activeRevisionId is cleared.
-    w.svc.stop("test", "ns1", "a1").unwrap();
+    w.svc.stop("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    let a = w.svc.agent("ns1", "a1").unwrap();
+    let a = w.svc.agent("ns1", "a1").await.unwrap();
     assert_eq!(a.active_revision_id, None);
     assert_eq!(a.desired_state, DesiredState::Stopped);
     assert_eq!(w.backend.agent(&host, "ns1", "a1").unwrap().served, None);
 
     // Namespace deletion is refused while it has Agents.
-    assert!(w.svc.delete_namespace("test", "ns1").is_err());
-    w.svc.delete_agent("test", "ns1", "a1").unwrap();
+    assert!(w.svc.delete_namespace("test", "ns1").await.is_err());
+    w.svc.delete_agent("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    assert!(w.store.agent("ns1", "a1").unwrap().is_none());
+    assert!(w.store.agent("ns1", "a1").await.unwrap().is_none());
     assert!(w.backend.agent(&host, "ns1", "a1").is_none());
-    w.svc.delete_namespace("test", "ns1").unwrap();
+    w.svc.delete_namespace("test", "ns1").await.unwrap();
     w.settle(&worker).await;
-    assert!(w.store.namespace("ns1").unwrap().is_none());
+    assert!(w.store.namespace("ns1").await.unwrap().is_none());
     assert!(!w.backend.has_namespace("h1", "ns1"));
 }
 
 #[tokio::test]
 async fn a_newer_revision_supersedes_older_work() {
-    let w = World::new(1);
+    let w = World::new(1).await;
     let worker = w.worker();
-    w.agent("a1");
-    w.svc.deploy("test", "ns1", "a1").unwrap();
-    w.svc.deploy("test", "ns1", "a1").unwrap();
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.agent("a1").await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    let revs = w.store.revisions("ns1", "a1").unwrap();
+    let revs = w.store.revisions("ns1", "a1").await.unwrap();
     assert_eq!(
         revs[0].last_attempt.as_ref().unwrap().code,
         "REVISION_SUPERSEDED"
@@ -238,6 +253,7 @@ async fn a_newer_revision_supersedes_older_work() {
     assert_eq!(
         w.svc
             .agent("ns1", "a1")
+            .await
             .unwrap()
             .active_revision_id
             .as_deref(),
@@ -256,19 +272,19 @@ async fn a_newer_revision_supersedes_older_work() {
 
 #[tokio::test]
 async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
-    let w = World::new(1);
+    let w = World::new(1).await;
     let worker = w.worker();
-    w.agent("a1");
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.agent("a1").await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     // Call 0 is ensure-namespace for the pool; call 1 is the first prepare.
     w.backend
         .inject(1, Inject::Fail(FailureCode::SnapshotMismatch));
     w.settle(&worker).await;
-    let rev = &w.store.revisions("ns1", "a1").unwrap()[0];
+    let rev = &w.store.revisions("ns1", "a1").await.unwrap()[0];
     assert_eq!(rev.status, RevisionStatus::Failed);
     assert_eq!(rev.last_attempt.as_ref().unwrap().code, "SNAPSHOT_MISMATCH");
     assert_eq!(
-        w.svc.agent("ns1", "a1").unwrap().active_revision_id,
+        w.svc.agent("ns1", "a1").await.unwrap().active_revision_id,
         None,
         "nothing was committed"
     );
@@ -278,16 +294,16 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
     for i in 0..5 {
         w.backend.inject(n + i, Inject::Transport);
     }
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    let rev = &w.store.revisions("ns1", "a1").unwrap()[1];
+    let rev = &w.store.revisions("ns1", "a1").await.unwrap()[1];
     assert_eq!(rev.status, RevisionStatus::Failed);
     let attempt = rev.last_attempt.as_ref().unwrap();
     assert_eq!(attempt.code, "HOST_UNREACHABLE");
     assert_eq!(attempt.attempts, 5);
 
     // A retryable failure after the commit is REVISION_FINALIZATION_INCOMPLETE, then converges.
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     let n = w.backend.calls();
     w.backend
         .inject(n + 1, Inject::Fail(FailureCode::ReadinessTimeout));
@@ -301,6 +317,7 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
     assert_eq!(
         w.svc
             .agent("ns1", "a1")
+            .await
             .unwrap()
             .served_revision_id
             .as_deref(),
@@ -311,22 +328,22 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
 #[tokio::test]
 async fn a_crash_at_every_call_resumes_and_converges() {
     // Count the calls of an uninterrupted deploy + replace + stop + delete.
-    let script = |w: &World| {
-        w.agent("a1");
+    let script = async |w: &World| {
+        w.agent("a1").await;
     };
-    let baseline = World::new(1);
-    script(&baseline);
+    let baseline = World::new(1).await;
+    script(&baseline).await;
     let worker = baseline.worker();
-    baseline.svc.deploy("test", "ns1", "a1").unwrap();
+    baseline.svc.deploy("test", "ns1", "a1").await.unwrap();
     baseline.settle(&worker).await;
     let total = baseline.backend.calls();
     assert!(total >= 3);
 
     for crash_at in 0..total {
         for applied in [false, true] {
-            let w = World::new(1);
-            script(&w);
-            w.svc.deploy("test", "ns1", "a1").unwrap();
+            let w = World::new(1).await;
+            script(&w).await;
+            w.svc.deploy("test", "ns1", "a1").await.unwrap();
             w.backend.inject(crash_at, Inject::Hang { applied });
             // The first worker "crashes": its future is dropped mid-call.
             let first = w.worker();
@@ -336,7 +353,7 @@ async fn a_crash_at_every_call_resumes_and_converges() {
             tokio::time::sleep(Duration::from_millis(250)).await;
             let second = w.worker();
             w.settle(&second).await;
-            let a = w.svc.agent("ns1", "a1").unwrap();
+            let a = w.svc.agent("ns1", "a1").await.unwrap();
             assert_eq!(
                 a.active_revision_id.as_deref(),
                 Some("rev-1"),
@@ -351,22 +368,22 @@ async fn a_crash_at_every_call_resumes_and_converges() {
                 Some("rev-1"),
                 "crash at call {crash_at}"
             );
-            assert_eq!(w.store.pending_work().unwrap(), 0);
+            assert_eq!(w.store.pending_work().await.unwrap(), 0);
         }
     }
 }
 
 #[tokio::test]
 async fn placement_spreads_agents_and_respects_capacity() {
-    let w = World::new(3);
+    let w = World::new(3).await;
     let worker = w.worker();
     for i in 0..9 {
-        w.agent(&format!("a{i}"));
-        w.svc.deploy("test", "ns1", &format!("a{i}")).unwrap();
+        w.agent(&format!("a{i}")).await;
+        w.svc.deploy("test", "ns1", &format!("a{i}")).await.unwrap();
     }
     w.settle(&worker).await;
     let mut per_host = std::collections::BTreeMap::new();
-    for a in w.store.agents("ns1").unwrap() {
+    for a in w.store.agents("ns1").await.unwrap() {
         assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
         *per_host.entry(a.host.unwrap()).or_insert(0) += 1;
     }
@@ -381,14 +398,14 @@ async fn placement_spreads_agents_and_respects_capacity() {
 /// converge as on a host pool.
 #[tokio::test]
 async fn a_cluster_namespace_converges_through_the_same_phases() {
-    let w = World::on_cluster();
+    let w = World::on_cluster().await;
     let worker = w.worker();
     w.settle(&worker).await;
-    assert!(w.svc.namespace("ns1").unwrap().ready);
-    w.agent("a1");
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    assert!(w.svc.namespace("ns1").await.unwrap().ready);
+    w.agent("a1").await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    let a = w.svc.agent("ns1", "a1").unwrap();
+    let a = w.svc.agent("ns1", "a1").await.unwrap();
     assert_eq!(a.host, None);
     assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
     w.svc
@@ -399,8 +416,9 @@ async fn a_cluster_namespace_converges_through_the_same_phases() {
             json!({"logging": {"level": "debug"}}),
             false,
         )
+        .await
         .unwrap();
-    w.svc.deploy("test", "ns1", "a1").unwrap();
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
     let on_cluster = w.backend.agent("c1", "ns1", "a1").unwrap();
     assert_eq!(on_cluster.served.as_deref(), Some("rev-2"));
@@ -408,15 +426,18 @@ async fn a_cluster_namespace_converges_through_the_same_phases() {
         on_cluster.snapshots.keys().collect::<Vec<_>>(),
         vec!["rev-2"]
     );
-    w.svc.stop("test", "ns1", "a1").unwrap();
+    w.svc.stop("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
-    assert_eq!(w.svc.agent("ns1", "a1").unwrap().active_revision_id, None);
-    w.svc.delete_agent("test", "ns1", "a1").unwrap();
+    assert_eq!(
+        w.svc.agent("ns1", "a1").await.unwrap().active_revision_id,
+        None
+    );
+    w.svc.delete_agent("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
     assert!(w.backend.agent("c1", "ns1", "a1").is_none());
-    w.svc.delete_namespace("test", "ns1").unwrap();
+    w.svc.delete_namespace("test", "ns1").await.unwrap();
     w.settle(&worker).await;
-    assert!(w.store.namespace("ns1").unwrap().is_none());
+    assert!(w.store.namespace("ns1").await.unwrap().is_none());
     assert!(!w.backend.has_namespace("c1", "ns1"));
     assert!(
         w.backend.log().iter().all(|l| l.starts_with("c1 ")),

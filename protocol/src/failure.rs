@@ -60,6 +60,10 @@ failure_codes! {
     UnsupportedVersion = "UNSUPPORTED_VERSION" => Permanent,
     /// The operation id was used before with a different body.
     ReplayMismatch = "REPLAY_MISMATCH" => Permanent,
+    /// The operation's fence is lower than one the target already saw for this Agent: a later
+    /// claim of the Agent's work moved it on, so this (stale) coordinator's operation is
+    /// refused with nothing changed.
+    FenceStale = "FENCE_STALE" => Permanent,
     /// A frame, envelope, or field is larger than its limit.
     InputTooLarge = "INPUT_TOO_LARGE" => Permanent,
     /// The envelope or operation does not decode: unknown field, wrong type, bad identifier.

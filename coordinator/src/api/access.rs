@@ -121,7 +121,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 }
 
 /// Looks the bearer token up: unknown, revoked and expired tokens are 401.
-fn authenticate<B: Backend>(
+async fn authenticate<B: Backend>(
     state: &AppState<B>,
     headers: &HeaderMap,
     now: i64,
@@ -138,7 +138,8 @@ fn authenticate<B: Backend>(
         .ok_or_else(|| unauthorized("the Authorization header must be Bearer <token>".into()))?;
     let row = state
         .service
-        .token(&tokens::hash(token.trim()))?
+        .token(&tokens::hash(token.trim()))
+        .await?
         .ok_or_else(|| unauthorized("the token is unknown or revoked".into()))?;
     if let Some(at) = row.expires_at
         && now >= at
@@ -165,7 +166,7 @@ pub(super) async fn authorize<B: Backend>(
         return next.run(request).await;
     }
     let now = crate::clock::now_seconds();
-    let caller = match authenticate(&state, request.headers(), now) {
+    let caller = match authenticate(&state, request.headers(), now).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };

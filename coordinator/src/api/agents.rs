@@ -19,26 +19,26 @@ pub(super) async fn create_agent<B: Backend>(
 ) -> ApiResult {
     ok(
         StatusCode::CREATED,
-        st.service.create_agent(&caller.token_id, &ns, req)?,
+        st.service.create_agent(&caller.token_id, &ns, req).await?,
     )
 }
 
 pub(super) async fn list_agents<B: Backend>(State(st): S<B>, Path(ns): Path<String>) -> ApiResult {
-    ok(StatusCode::OK, st.service.agents(&ns)?)
+    ok(StatusCode::OK, st.service.agents(&ns).await?)
 }
 
 pub(super) async fn get_agent<B: Backend>(
     State(st): S<B>,
     Path((ns, agent)): Path<(String, String)>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.agent(&ns, &agent)?)
+    ok(StatusCode::OK, st.service.agent(&ns, &agent).await?)
 }
 
 pub(super) async fn get_workspace<B: Backend>(
     State(st): S<B>,
     Path((ns, agent)): Path<(String, String)>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.workspace(&ns, &agent)?)
+    ok(StatusCode::OK, st.service.workspace(&ns, &agent).await?)
 }
 
 pub(super) async fn patch_agent<B: Backend>(
@@ -49,7 +49,9 @@ pub(super) async fn patch_agent<B: Backend>(
 ) -> ApiResult {
     ok(
         StatusCode::OK,
-        st.service.patch_agent(&caller.token_id, &ns, &agent, req)?,
+        st.service
+            .patch_agent(&caller.token_id, &ns, &agent, req)
+            .await?,
     )
 }
 
@@ -58,7 +60,10 @@ pub(super) async fn delete_agent<B: Backend>(
     caller: Caller,
     Path((ns, agent)): Path<(String, String)>,
 ) -> ApiResult {
-    let work = st.service.delete_agent(&caller.token_id, &ns, &agent)?;
+    let work = st
+        .service
+        .delete_agent(&caller.token_id, &ns, &agent)
+        .await?;
     ok(
         StatusCode::ACCEPTED,
         json!({"namespaceId": ns, "agentId": agent, "deleting": true, "workId": work}),
@@ -73,10 +78,12 @@ pub(super) async fn deploy<B: Backend>(
     _: NoBody,
 ) -> ApiResult {
     let (rev, work) = match &query.plan_token {
-        Some(t) => st
-            .service
-            .deploy_planned(&caller.token_id, &ns, &agent, t)?,
-        None => st.service.deploy(&caller.token_id, &ns, &agent)?,
+        Some(t) => {
+            st.service
+                .deploy_planned(&caller.token_id, &ns, &agent, t)
+                .await?
+        }
+        None => st.service.deploy(&caller.token_id, &ns, &agent).await?,
     };
     let mut value = serde_json::to_value(&rev).map_err(|e| {
         ApiError::new(
@@ -95,7 +102,7 @@ pub(super) async fn stop<B: Backend>(
     Path((ns, agent)): Path<(String, String)>,
     _: NoBody,
 ) -> ApiResult {
-    let work = st.service.stop(&caller.token_id, &ns, &agent)?;
+    let work = st.service.stop(&caller.token_id, &ns, &agent).await?;
     ok(
         StatusCode::ACCEPTED,
         json!({"namespaceId": ns, "agentId": agent, "desiredState": "stopped", "workId": work}),
@@ -113,26 +120,32 @@ pub(super) async fn get_work<B: Backend>(
             format!("work id {id:?} must be a whole number"),
         )
     })?;
-    ok(StatusCode::OK, st.service.work_item(&ns, &agent, id)?)
+    ok(StatusCode::OK, st.service.work_item(&ns, &agent, id).await?)
 }
 
 pub(super) async fn list_revisions<B: Backend>(
     State(st): S<B>,
     Path((ns, agent)): Path<(String, String)>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.revisions(&ns, &agent)?)
+    ok(StatusCode::OK, st.service.revisions(&ns, &agent).await?)
 }
 
 pub(super) async fn get_revision<B: Backend>(
     State(st): S<B>,
     Path((ns, agent, rev)): Path<(String, String, String)>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.revision(&ns, &agent, &rev)?)
+    ok(
+        StatusCode::OK,
+        st.service.revision(&ns, &agent, &rev).await?,
+    )
 }
 
 pub(super) async fn deployment_status<B: Backend>(
     State(st): S<B>,
     Path((ns, agent)): Path<(String, String)>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.deployment_status(&ns, &agent)?)
+    ok(
+        StatusCode::OK,
+        st.service.deployment_status(&ns, &agent).await?,
+    )
 }

@@ -15,7 +15,7 @@ pub(super) async fn add_cluster<B: Backend>(
     caller: Caller,
     StrictJson(req): StrictJson<NewCluster>,
 ) -> ApiResult {
-    let mut record = st.service.validate_cluster(&req)?;
+    let mut record = st.service.validate_cluster(&req).await?;
     // Prove the credentials reach the API server before anything is stored.
     let target = Target::Cluster(ClusterTarget {
         name: record.cluster.name.clone(),
@@ -40,19 +40,19 @@ pub(super) async fn add_cluster<B: Backend>(
     }
     ok(
         StatusCode::CREATED,
-        st.service.store_cluster(&caller.token_id, &record)?,
+        st.service.store_cluster(&caller.token_id, &record).await?,
     )
 }
 
 pub(super) async fn list_clusters<B: Backend>(State(st): S<B>) -> ApiResult {
-    ok(StatusCode::OK, st.service.clusters()?)
+    ok(StatusCode::OK, st.service.clusters().await?)
 }
 
 pub(super) async fn get_cluster<B: Backend>(
     State(st): S<B>,
     Path(cluster): Path<String>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.cluster(&cluster)?)
+    ok(StatusCode::OK, st.service.cluster(&cluster).await?)
 }
 
 pub(super) async fn delete_cluster<B: Backend>(
@@ -60,6 +60,8 @@ pub(super) async fn delete_cluster<B: Backend>(
     caller: Caller,
     Path(cluster): Path<String>,
 ) -> ApiResult {
-    st.service.delete_cluster(&caller.token_id, &cluster)?;
+    st.service
+        .delete_cluster(&caller.token_id, &cluster)
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -17,16 +17,16 @@ pub(super) async fn enrol_host<B: Backend>(
 ) -> ApiResult {
     ok(
         StatusCode::CREATED,
-        st.service.enrol_host(&caller.token_id, req)?,
+        st.service.enrol_host(&caller.token_id, req).await?,
     )
 }
 
 pub(super) async fn list_hosts<B: Backend>(State(st): S<B>) -> ApiResult {
-    ok(StatusCode::OK, st.service.hosts()?)
+    ok(StatusCode::OK, st.service.hosts().await?)
 }
 
 pub(super) async fn get_host<B: Backend>(State(st): S<B>, Path(host): Path<String>) -> ApiResult {
-    ok(StatusCode::OK, st.service.host(&host)?)
+    ok(StatusCode::OK, st.service.host(&host).await?)
 }
 
 pub(super) async fn update_host<B: Backend>(
@@ -44,7 +44,7 @@ pub(super) async fn update_host<B: Backend>(
     };
     ok(
         StatusCode::OK,
-        st.service.update_host(&caller.token_id, update)?,
+        st.service.update_host(&caller.token_id, update).await?,
     )
 }
 
@@ -53,7 +53,7 @@ pub(super) async fn delete_host<B: Backend>(
     caller: Caller,
     Path(host): Path<String>,
 ) -> ApiResult {
-    st.service.delete_host(&caller.token_id, &host)?;
+    st.service.delete_host(&caller.token_id, &host).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

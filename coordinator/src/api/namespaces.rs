@@ -23,14 +23,17 @@ pub(super) async fn create_namespace<B: Backend>(
     ok(
         StatusCode::CREATED,
         st.service
-            .create_namespace(&caller.token_id, req, may_choose)?,
+            .create_namespace(&caller.token_id, req, may_choose)
+            .await?,
     )
 }
 
 pub(super) async fn list_namespaces<B: Backend>(State(st): S<B>, caller: Caller) -> ApiResult {
     ok(
         StatusCode::OK,
-        st.service.namespaces(|n| caller.may(&n.id, Role::Read))?,
+        st.service
+            .namespaces(|n| caller.may(&n.id, Role::Read))
+            .await?,
     )
 }
 
@@ -38,7 +41,7 @@ pub(super) async fn get_namespace<B: Backend>(
     State(st): S<B>,
     Path(ns): Path<String>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.namespace(&ns)?)
+    ok(StatusCode::OK, st.service.namespace(&ns).await?)
 }
 
 pub(super) async fn delete_namespace<B: Backend>(
@@ -46,7 +49,7 @@ pub(super) async fn delete_namespace<B: Backend>(
     caller: Caller,
     Path(ns): Path<String>,
 ) -> ApiResult {
-    st.service.delete_namespace(&caller.token_id, &ns)?;
+    st.service.delete_namespace(&caller.token_id, &ns).await?;
     ok(
         StatusCode::ACCEPTED,
         json!({"namespaceId": ns, "deleting": true}),
@@ -62,7 +65,8 @@ pub(super) async fn create_configuration<B: Backend>(
     ok(
         StatusCode::CREATED,
         st.service
-            .put_configuration(&caller.token_id, &ns, &req.id, req.document, true)?,
+            .put_configuration(&caller.token_id, &ns, &req.id, req.document, true)
+            .await?,
     )
 }
 
@@ -70,7 +74,7 @@ pub(super) async fn get_configuration<B: Backend>(
     State(st): S<B>,
     Path((ns, cfg)): Path<(String, String)>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.configuration(&ns, &cfg)?)
+    ok(StatusCode::OK, st.service.configuration(&ns, &cfg).await?)
 }
 
 pub(super) async fn put_configuration<B: Backend>(
@@ -82,6 +86,7 @@ pub(super) async fn put_configuration<B: Backend>(
     ok(
         StatusCode::OK,
         st.service
-            .put_configuration(&caller.token_id, &ns, &cfg, req.document, false)?,
+            .put_configuration(&caller.token_id, &ns, &cfg, req.document, false)
+            .await?,
     )
 }

@@ -31,7 +31,9 @@ pub(super) async fn create_rollout<B: Backend>(
 ) -> ApiResult {
     ok(
         StatusCode::CREATED,
-        st.service.create_rollout(&caller.token_id, &ns, req)?,
+        st.service
+            .create_rollout(&caller.token_id, &ns, req)
+            .await?,
     )
 }
 
@@ -39,14 +41,17 @@ pub(super) async fn list_rollouts<B: Backend>(
     State(st): S<B>,
     Path(ns): Path<String>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.rollouts(&ns)?)
+    ok(StatusCode::OK, st.service.rollouts(&ns).await?)
 }
 
 pub(super) async fn get_rollout<B: Backend>(
     State(st): S<B>,
     Path((ns, id)): Path<(String, String)>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.rollout(&ns, rollout_id(&id)?)?)
+    ok(
+        StatusCode::OK,
+        st.service.rollout(&ns, rollout_id(&id)?).await?,
+    )
 }
 
 async fn act<B: Backend>(
@@ -59,7 +64,8 @@ async fn act<B: Backend>(
     ok(
         StatusCode::OK,
         st.service
-            .rollout_action(&caller.token_id, ns, rollout_id(id)?, action)?,
+            .rollout_action(&caller.token_id, ns, rollout_id(id)?, action)
+            .await?,
     )
 }
 

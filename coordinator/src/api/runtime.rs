@@ -106,7 +106,7 @@ pub(super) async fn drift<B: Backend>(
     State(st): S<B>,
     StrictQuery(query): StrictQuery<crate::service::DriftQuery>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.drift(&query)?)
+    ok(StatusCode::OK, st.service.drift(&query).await?)
 }
 
 pub(super) async fn sweep_now<B: Backend>(
@@ -127,7 +127,7 @@ pub(super) async fn reconcile<B: Backend>(
     Path((ns, agent)): Path<(String, String)>,
     _: super::extract::NoBody,
 ) -> ApiResult {
-    let (revision, work) = st.service.reconcile(&caller.token_id, &ns, &agent)?;
+    let (revision, work) = st.service.reconcile(&caller.token_id, &ns, &agent).await?;
     ok(
         StatusCode::ACCEPTED,
         json!({"namespaceId": ns, "agentId": agent, "revisionId": revision, "workId": work}),

@@ -19,11 +19,11 @@ pub(super) async fn audit<B: Backend>(
     State(st): S<B>,
     super::extract::StrictQuery(query): super::extract::StrictQuery<crate::service::AuditQuery>,
 ) -> ApiResult {
-    Ok(axum::Json(st.service.audit_events(&query)?).into_response())
+    Ok(axum::Json(st.service.audit_events(&query).await?).into_response())
 }
 
 pub(super) async fn metrics<B: Backend>(State(st): S<B>) -> ApiResult {
-    let m = st.service.metrics()?;
+    let m = st.service.metrics().await?;
     let mut out = String::from("# TYPE clawfleet_work gauge\n");
     for (kind, state, n) in m.work {
         out.push_str(&format!(

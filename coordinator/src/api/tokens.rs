@@ -90,6 +90,7 @@ pub(super) async fn create_token<B: Backend>(
     let (id, secret) = st
         .service
         .create_token(&caller.token_id, &req.name, &req.grants, req.expires_at)
+        .await
         .map_err(|e| match e {
             TokenChangeError::Service(e) => ApiError::from(e),
             TokenChangeError::Token(e) => {
@@ -112,6 +113,6 @@ pub(super) async fn revoke_token<B: Backend>(
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
-    st.service.revoke_token(&caller.token_id, &id)?;
+    st.service.revoke_token(&caller.token_id, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

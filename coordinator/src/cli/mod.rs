@@ -201,6 +201,14 @@ fn run_client(cli: &Cli) -> Result<()> {
     }
 }
 
+/// The async runtime of `occ init` and `occ serve`.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
 /// The whole of `occ`: parses the command line and runs it.
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -212,17 +220,13 @@ pub(crate) fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let result = match &cli.command {
-        Command::Init => load_config(&cli).and_then(|c| setup::init(&c)),
+        Command::Init => load_config(&cli).and_then(|c| runtime()?.block_on(setup::init(&c))),
         Command::PrintEnrol => {
             load_config(&cli).and_then(|c| setup::enrol_command(&c).map(|s| println!("{s}")))
         }
-        Command::Serve => load_config(&cli).and_then(|config| {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?
-                .block_on(setup::serve(config))
-        }),
+        Command::Serve => {
+            load_config(&cli).and_then(|config| runtime()?.block_on(setup::serve(config)))
+        }
         _ => run_client(&cli),
     };
     match result {

@@ -16,7 +16,6 @@ use coordinator::config::Config;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::ssh::{SshBackend, SshSettings};
-use coordinator::store::Store;
 use coordinator::worker::Worker;
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -71,7 +70,7 @@ fn ensure_key_readonly(path: &Path) -> Result<PrivateKey> {
         .with_context(|| format!("cannot use {} (run `occ init` first)", path.display()))
 }
 
-pub(crate) fn init(config: &Config) -> Result<()> {
+pub(crate) async fn init(config: &Config) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     for dir in [config.state_dir.clone(), config.state_dir.join("keys")] {
         if !dir.exists() {
@@ -84,16 +83,19 @@ pub(crate) fn init(config: &Config) -> Result<()> {
     }
     ensure_key(&config.login_key())?;
     ensure_key(&config.signing_key())?;
-    let store = Store::open(&config.database())?;
-    if store.token_count()? == 0 {
+    let store = coordinator::store::open(&config.database)
+        .await
+        .with_context(|| format!("cannot open {}", config.database.shown()))?;
+    if store.token_count().await? == 0 {
         let (id, token) = coordinator::tokens::create(
-            &store,
+            &*store,
             "admin",
             &[Grant {
                 namespace: "*".to_owned(),
                 role: Role::Admin,
             }],
-        )?;
+        )
+        .await?;
         let file = config.admin_token_file();
         if file.exists() {
             std::fs::remove_file(&file)?;
@@ -110,12 +112,14 @@ pub(crate) fn init(config: &Config) -> Result<()> {
 }
 
 pub(crate) async fn serve(config: Config) -> Result<()> {
-    let store = Store::open(&config.database()).with_context(|| {
-        format!(
-            "cannot open {} (run `occ init` first)",
-            config.database().display()
-        )
-    })?;
+    let store = coordinator::store::open(&config.database)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot open {} (run `occ init` first)",
+                config.database.shown()
+            )
+        })?;
     let login = ensure_key_readonly(&config.login_key())?;
     let signing = ensure_key_readonly(&config.signing_key())?;
     let principal = issuer(&signing)?;
@@ -134,6 +138,12 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         config.worker.clone(),
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (leader_task, leadership) = coordinator::leader::spawn(
+        store.clone(),
+        worker.owner.clone(),
+        config.leader.clone(),
+        stop_rx.clone(),
+    );
     let worker_task = tokio::spawn(
         worker
             .clone()
@@ -143,12 +153,20 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         store.clone(),
         backend.clone(),
         config.drift.clone(),
+        leadership.clone(),
+        stop_rx.clone(),
+    ));
+    let retention_task = tokio::spawn(coordinator::leader::run_retention(
+        store.clone(),
+        config.retention.clone(),
+        leadership.clone(),
         stop_rx.clone(),
     ));
     let service = Service::new(store);
     let rollout_task = tokio::spawn(coordinator::service::run_rollouts(
         service.clone(),
         config.rollout.interval,
+        leadership,
         stop_rx,
     ));
     let state = Arc::new(AppState { service, backend });
@@ -179,5 +197,7 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(5), worker_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), drift_task).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), rollout_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), retention_task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), leader_task).await;
     Ok(())
 }

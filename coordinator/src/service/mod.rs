@@ -24,7 +24,10 @@ pub use workspace::NewWorkspaceFile;
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::render;
-use crate::store::{NamespaceInsert, RevisionInsert, Store, StoreError, WorkRecord, WorkState};
+use crate::store::{
+    Enqueue, NamespaceInsert, RevisionInsert, SharedStore, StoreError, WorkKind, WorkRecord,
+    WorkState,
+};
 
 /// The refusal of a change to an Agent that an open rollout owns.
 fn in_rollout(ns: &str, agent: &str, rollout: i64) -> ServiceError {
@@ -327,7 +330,7 @@ pub struct AgentPatch {
 /// The service.
 #[derive(Debug, Clone)]
 pub struct Service {
-    store: Store,
+    store: SharedStore,
 }
 
 fn now() -> i64 {
@@ -335,17 +338,20 @@ fn now() -> i64 {
 }
 
 impl Service {
-    pub fn new(store: Store) -> Self {
+    pub fn new(store: SharedStore) -> Self {
         Self { store }
     }
 
-    fn audit(&self, actor: &str, action: &str, target: &str, detail: Value) -> Result<()> {
-        Ok(self.store.audit(actor, action, target, &detail, now())?)
+    async fn audit(&self, actor: &str, action: &str, target: &str, detail: Value) -> Result<()> {
+        Ok(self
+            .store
+            .audit(actor, action, target, &detail, now())
+            .await?)
     }
 
-    pub fn enrol_host(&self, actor: &str, h: NewHost) -> Result<Host> {
+    pub async fn enrol_host(&self, actor: &str, h: NewHost) -> Result<Host> {
         let host = Self::validate_host(h)?;
-        if !self.store.insert_host(&host)? {
+        if !self.store.insert_host(&host).await? {
             return Err(ServiceError::conflict(
                 Code::HostExists,
                 format!(
@@ -359,38 +365,41 @@ impl Service {
             "host.enrol",
             &host.name,
             json!({"fingerprint": host.fingerprint}),
-        )?;
+        )
+        .await?;
         Ok(host)
     }
 
     /// Re-pins an enrolled host (a legitimate re-key, a new address or capacity).
-    pub fn update_host(&self, actor: &str, h: NewHost) -> Result<Host> {
+    pub async fn update_host(&self, actor: &str, h: NewHost) -> Result<Host> {
         let old = self
             .store
-            .host(&h.name)?
+            .host(&h.name)
+            .await?
             .ok_or_else(|| ServiceError::not_found("host", &h.name))?;
         let mut host = Self::validate_host(h)?;
         host.enrolled_at = old.enrolled_at;
-        self.store.update_host(&host)?;
+        self.store.update_host(&host).await?;
         self.audit(
             actor,
             "host.update",
             &host.name,
             json!({"oldFingerprint": old.fingerprint, "fingerprint": host.fingerprint,
                    "address": host.address, "port": host.port, "maxAgents": host.max_agents}),
-        )?;
+        )
+        .await?;
         Ok(host)
     }
 
     /// Forgets a host that no Namespace pool and no Agent uses (decommissioning).
-    pub fn delete_host(&self, actor: &str, name: &str) -> Result<()> {
-        match self.store.delete_host(name)? {
+    pub async fn delete_host(&self, actor: &str, name: &str) -> Result<()> {
+        match self.store.delete_host(name).await? {
             None => Err(ServiceError::not_found("host", name)),
             Some(false) => Err(ServiceError::conflict(
                 Code::HostInUse,
                 format!("host {name} is still in a Namespace pool or runs Agents"),
             )),
-            Some(true) => self.audit(actor, "host.delete", name, json!({})),
+            Some(true) => self.audit(actor, "host.delete", name, json!({})).await,
         }
     }
 
@@ -447,9 +456,9 @@ impl Service {
 
     /// Validates a cluster registration (kubeconfig and settings) without storing anything;
     /// the API probes the cluster with the result before [`Service::store_cluster`].
-    pub fn validate_cluster(&self, c: &NewCluster) -> Result<crate::model::ClusterRecord> {
+    pub async fn validate_cluster(&self, c: &NewCluster) -> Result<crate::model::ClusterRecord> {
         check_id("name", &c.name)?;
-        if self.store.cluster(&c.name)?.is_some() {
+        if self.store.cluster(&c.name).await?.is_some() {
             return Err(ServiceError::conflict(
                 Code::ClusterExists,
                 format!("cluster {} is already registered", c.name),
@@ -483,12 +492,12 @@ impl Service {
     }
 
     /// Stores a validated and probed cluster.
-    pub fn store_cluster(
+    pub async fn store_cluster(
         &self,
         actor: &str,
         record: &crate::model::ClusterRecord,
     ) -> Result<crate::model::Cluster> {
-        if !self.store.insert_cluster(record)? {
+        if !self.store.insert_cluster(record).await? {
             return Err(ServiceError::conflict(
                 Code::ClusterExists,
                 format!("cluster {} is already registered", record.cluster.name),
@@ -499,32 +508,34 @@ impl Service {
             "cluster.add",
             &record.cluster.name,
             json!({"server": record.cluster.server}),
-        )?;
+        )
+        .await?;
         Ok(record.cluster.clone())
     }
 
-    pub fn cluster(&self, name: &str) -> Result<crate::model::Cluster> {
+    pub async fn cluster(&self, name: &str) -> Result<crate::model::Cluster> {
         self.store
-            .cluster(name)?
+            .cluster(name)
+            .await?
             .map(|r| r.cluster)
             .ok_or_else(|| ServiceError::not_found("cluster", name))
     }
 
     /// Forgets a cluster no Namespace uses.
-    pub fn delete_cluster(&self, actor: &str, name: &str) -> Result<()> {
-        match self.store.delete_cluster(name)? {
+    pub async fn delete_cluster(&self, actor: &str, name: &str) -> Result<()> {
+        match self.store.delete_cluster(name).await? {
             None => Err(ServiceError::not_found("cluster", name)),
             Some(false) => Err(ServiceError::conflict(
                 Code::ClusterInUse,
                 format!("cluster {name} still holds Namespaces; delete them first"),
             )),
-            Some(true) => self.audit(actor, "cluster.delete", name, json!({})),
+            Some(true) => self.audit(actor, "cluster.delete", name, json!({})).await,
         }
     }
 
     /// Creates a Namespace. `may_choose_pool` is false for callers that are not global
     /// admins: they get, for any host or cluster they name, the answer a missing one gets.
-    pub fn create_namespace(
+    pub async fn create_namespace(
         &self,
         actor: &str,
         n: NewNamespace,
@@ -548,7 +559,7 @@ impl Service {
                      Kubernetes namespace",
                 ));
             }
-            if !may_choose_pool || self.store.cluster(cluster)?.is_none() {
+            if !may_choose_pool || self.store.cluster(cluster).await?.is_none() {
                 return Err(ServiceError::invalid(
                     Code::UnknownCluster,
                     format!(
@@ -557,24 +568,30 @@ impl Service {
                     ),
                 ));
             }
-            let inserted = self.store.insert_namespace(
-                &n.id,
-                &name,
-                &[],
-                Some(cluster),
-                false,
-                crate::clock::now_ms(),
-            )?;
+            let inserted = self
+                .store
+                .insert_namespace(
+                    &n.id,
+                    &name,
+                    &[],
+                    Some(cluster),
+                    false,
+                    crate::clock::now_seconds(),
+                    &Enqueue::namespace(WorkKind::EnsureNamespace, &n.id),
+                )
+                .await?;
             Self::inserted(&n.id, inserted)?;
             self.audit(
                 actor,
                 "namespace.create",
                 &n.id,
                 json!({"cluster": cluster}),
-            )?;
+            )
+            .await?;
             return self
                 .store
-                .namespace(&n.id)?
+                .namespace(&n.id)
+                .await?
                 .ok_or_else(|| ServiceError::not_found("Namespace", &n.id));
         }
         if n.hosts.is_empty() {
@@ -584,7 +601,7 @@ impl Service {
             ));
         }
         for h in &n.hosts {
-            if !may_choose_pool || self.store.host(h)?.is_none() {
+            if !may_choose_pool || self.store.host(h).await?.is_none() {
                 return Err(ServiceError::invalid(
                     Code::UnknownHost,
                     format!(
@@ -597,23 +614,29 @@ impl Service {
         let mut hosts = n.hosts.clone();
         hosts.sort();
         hosts.dedup();
-        let inserted = self.store.insert_namespace(
-            &n.id,
-            &name,
-            &hosts,
-            None,
-            n.single_tenant,
-            crate::clock::now_ms(),
-        )?;
+        let inserted = self
+            .store
+            .insert_namespace(
+                &n.id,
+                &name,
+                &hosts,
+                None,
+                n.single_tenant,
+                crate::clock::now_seconds(),
+                &Enqueue::namespace(WorkKind::EnsureNamespace, &n.id),
+            )
+            .await?;
         Self::inserted(&n.id, inserted)?;
         self.audit(
             actor,
             "namespace.create",
             &n.id,
             json!({"hosts": hosts, "singleTenant": n.single_tenant}),
-        )?;
+        )
+        .await?;
         self.store
-            .namespace(&n.id)?
+            .namespace(&n.id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("Namespace", &n.id))
     }
 
@@ -634,28 +657,30 @@ impl Service {
         }
     }
 
-    pub fn namespace(&self, id: &str) -> Result<Namespace> {
+    pub async fn namespace(&self, id: &str) -> Result<Namespace> {
         self.store
-            .namespace(id)?
+            .namespace(id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("Namespace", id))
     }
 
     /// Deletes an empty Namespace (409 while it has Agents).
-    pub fn delete_namespace(&self, actor: &str, id: &str) -> Result<()> {
-        self.namespace(id)?;
+    pub async fn delete_namespace(&self, actor: &str, id: &str) -> Result<()> {
+        self.namespace(id).await?;
         if !self
             .store
-            .mark_namespace_deleting(id, crate::clock::now_ms())?
+            .mark_namespace_deleting(id, &Enqueue::namespace(WorkKind::DeleteNamespace, id))
+            .await?
         {
             return Err(ServiceError::conflict(
                 Code::NamespaceNotEmpty,
                 format!("Namespace {id} still has Agents; delete them first"),
             ));
         }
-        self.audit(actor, "namespace.delete", id, json!({}))
+        self.audit(actor, "namespace.delete", id, json!({})).await
     }
 
-    pub fn put_configuration(
+    pub async fn put_configuration(
         &self,
         actor: &str,
         ns: &str,
@@ -663,7 +688,7 @@ impl Service {
         document: Value,
         new: bool,
     ) -> Result<Value> {
-        let namespace = self.namespace(ns)?;
+        let namespace = self.namespace(ns).await?;
         check_id("id", id)?;
         // Refuse what can never be deployed now, not at deploy time.
         rendered_for(&namespace, &document)?;
@@ -671,7 +696,8 @@ impl Service {
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         let generation = self
             .store
-            .put_configuration(ns, id, canonical.value(), new, now())?
+            .put_configuration(ns, id, canonical.value(), new, now())
+            .await?
             .ok_or_else(|| {
                 if new {
                     ServiceError::conflict(
@@ -691,12 +717,13 @@ impl Service {
             },
             &format!("{ns}/{id}"),
             json!({"generation": generation}),
-        )?;
+        )
+        .await?;
         Ok(json!({"namespaceId": ns, "id": id, "generation": generation, "document": document}))
     }
 
-    pub fn create_agent(&self, actor: &str, ns: &str, a: NewAgent) -> Result<Agent> {
-        let namespace = self.namespace(ns)?;
+    pub async fn create_agent(&self, actor: &str, ns: &str, a: NewAgent) -> Result<Agent> {
+        let namespace = self.namespace(ns).await?;
         if namespace.deleting {
             return Err(ServiceError::conflict(
                 Code::NamespaceDeleting,
@@ -721,7 +748,12 @@ impl Service {
                 ),
             ));
         }
-        if self.store.configuration(ns, &a.configuration_id)?.is_none() {
+        if self
+            .store
+            .configuration(ns, &a.configuration_id)
+            .await?
+            .is_none()
+        {
             return Err(ServiceError::invalid(
                 Code::UnknownConfiguration,
                 format!("configuration {} does not exist", a.configuration_id),
@@ -741,10 +773,7 @@ impl Service {
             restore: a.restore.unwrap_or(crate::model::RestorePolicy::None),
             created_at: now(),
         };
-        if !self
-            .store
-            .insert_agent_with_workspace(&agent, &files, now())?
-        {
+        if !self.store.insert_agent(&agent, &files, now()).await? {
             return Err(ServiceError::conflict(
                 Code::AgentExists,
                 format!("Agent {} exists", a.id),
@@ -759,57 +788,64 @@ impl Service {
                 json!({"name": m.name.as_str(), "size": m.size, "sha256": m.sha256.as_str()})
             }).collect::<Vec<_>>()})
         };
-        self.audit(actor, "agent.create", &format!("{ns}/{}", a.id), details)?;
-        self.agent(ns, &a.id)
+        self.audit(actor, "agent.create", &format!("{ns}/{}", a.id), details)
+            .await?;
+        self.agent(ns, &a.id).await
     }
 
-    pub fn agent(&self, ns: &str, id: &str) -> Result<Agent> {
+    pub async fn agent(&self, ns: &str, id: &str) -> Result<Agent> {
         self.store
-            .agent(ns, id)?
+            .agent(ns, id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("Agent", id))
     }
 
-    pub fn patch_agent(&self, actor: &str, ns: &str, id: &str, p: AgentPatch) -> Result<Agent> {
-        self.agent(ns, id)?;
+    pub async fn patch_agent(
+        &self,
+        actor: &str,
+        ns: &str,
+        id: &str,
+        p: AgentPatch,
+    ) -> Result<Agent> {
+        self.agent(ns, id).await?;
         if let Some(cfg) = &p.configuration_id {
-            if let Some(rollout) = self.store.open_rollout_of(ns, id)? {
+            if let Some(rollout) = self.store.open_rollout_of(ns, id).await? {
                 return Err(in_rollout(ns, id, rollout));
             }
-            if self.store.configuration(ns, cfg)?.is_none() {
+            if self.store.configuration(ns, cfg).await?.is_none() {
                 return Err(ServiceError::invalid(
                     Code::UnknownConfiguration,
                     format!("configuration {cfg} does not exist"),
                 ));
             }
-            self.store.set_agent_configuration(ns, id, cfg)?;
+            self.store.set_agent_configuration(ns, id, cfg).await?;
         }
         if let Some(restore) = p.restore {
-            self.store.set_agent_restore(ns, id, restore)?;
+            self.store.set_agent_restore(ns, id, restore).await?;
         }
         self.audit(
             actor,
             "agent.update",
             &format!("{ns}/{id}"),
             json!({"configurationId": p.configuration_id, "restore": p.restore}),
-        )?;
-        self.agent(ns, id)
+        )
+        .await?;
+        self.agent(ns, id).await
     }
 
     /// Creates the next immutable revision from the Agent's configuration and queues it;
     /// returns it with the id of the work that deploys it. Refused while the Agent belongs to
     /// an open rollout (the rollout deploys it).
-    pub fn deploy(&self, actor: &str, ns: &str, id: &str) -> Result<(Revision, i64)> {
-        let agent = self.agent_not_deleting(ns, id)?;
+    pub async fn deploy(&self, actor: &str, ns: &str, id: &str) -> Result<(Revision, i64)> {
+        let agent = self.agent_not_deleting(ns, id).await?;
         let cfg = self
             .store
-            .configuration(ns, &agent.configuration_id)?
+            .configuration(ns, &agent.configuration_id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
-        let mut rev = self.build_revision(&self.namespace(ns)?, id, &cfg)?;
+        let mut rev = self.build_revision(&self.namespace(ns).await?, id, &cfg)?;
         // The store allocates the number and id inside its transaction.
-        let work = match self
-            .store
-            .create_revision(&mut rev, crate::clock::now_ms())?
-        {
+        let work = match self.store.create_revision(&mut rev).await? {
             RevisionInsert::Queued(work) => work,
             RevisionInsert::InRollout(rollout) => return Err(in_rollout(ns, id, rollout)),
         };
@@ -818,7 +854,8 @@ impl Service {
             "agent.deploy",
             &format!("{ns}/{id}"),
             json!({"revisionId": rev.id, "number": rev.number, "workId": work}),
-        )?;
+        )
+        .await?;
         Ok((rev, work))
     }
 
@@ -852,8 +889,8 @@ impl Service {
     /// Re-applies the Agent's active revision on request (`occ agent reconcile`): a normal,
     /// audited deployment pass of the same revision, which puts a stopped unit or a changed
     /// `current` back. Returns the revision and the work id.
-    pub fn reconcile(&self, actor: &str, ns: &str, id: &str) -> Result<(String, i64)> {
-        let agent = self.agent_not_deleting(ns, id)?;
+    pub async fn reconcile(&self, actor: &str, ns: &str, id: &str) -> Result<(String, i64)> {
+        let agent = self.agent_not_deleting(ns, id).await?;
         let active = match (agent.desired_state, agent.active_revision_id) {
             (DesiredState::Running, Some(active)) => active,
             _ => {
@@ -865,24 +902,26 @@ impl Service {
                 ));
             }
         };
-        if let Some(rollout) = self.store.open_rollout_of(ns, id)? {
+        if let Some(rollout) = self.store.open_rollout_of(ns, id).await? {
             return Err(in_rollout(ns, id, rollout));
         }
         let work = self
             .store
-            .queue_deploy(ns, id, &active, crate::clock::now_ms())?;
+            .enqueue(&Enqueue::deploy(ns, id, &active))
+            .await?;
         self.audit(
             actor,
             "agent.reconcile",
             &format!("{ns}/{id}"),
             json!({"revisionId": active, "workId": work}),
-        )?;
+        )
+        .await?;
         Ok((active, work))
     }
 
     /// The Agent, unless it is being deleted (409 `AGENT_DELETING`).
-    fn agent_not_deleting(&self, ns: &str, id: &str) -> Result<Agent> {
-        let agent = self.agent(ns, id)?;
+    async fn agent_not_deleting(&self, ns: &str, id: &str) -> Result<Agent> {
+        let agent = self.agent(ns, id).await?;
         if agent.desired_state == DesiredState::Deleted {
             return Err(ServiceError::conflict(
                 Code::AgentDeleting,
@@ -893,54 +932,69 @@ impl Service {
     }
 
     /// Queues a stop; returns the id of the work that realises it.
-    pub fn stop(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
-        self.agent_not_deleting(ns, id)?;
+    pub async fn stop(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
+        self.agent_not_deleting(ns, id).await?;
         let work = self
             .store
-            .set_desired(ns, id, DesiredState::Stopped, crate::clock::now_ms())?
+            .set_desired(
+                ns,
+                id,
+                DesiredState::Stopped,
+                Some(&Enqueue::agent(WorkKind::Stop, ns, id)),
+            )
+            .await?
             .ok_or_else(|| ServiceError::not_found("Agent", id))?;
         self.audit(
             actor,
             "agent.stop",
             &format!("{ns}/{id}"),
             json!({"workId": work}),
-        )?;
+        )
+        .await?;
         Ok(work)
     }
 
     /// Queues the deletion; returns the id of the work that realises it.
-    pub fn delete_agent(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
-        self.agent(ns, id)?;
+    pub async fn delete_agent(&self, actor: &str, ns: &str, id: &str) -> Result<i64> {
+        self.agent(ns, id).await?;
         let work = self
             .store
-            .set_desired(ns, id, DesiredState::Deleted, crate::clock::now_ms())?
+            .set_desired(
+                ns,
+                id,
+                DesiredState::Deleted,
+                Some(&Enqueue::agent(WorkKind::DeleteAgent, ns, id)),
+            )
+            .await?
             .ok_or_else(|| ServiceError::not_found("Agent", id))?;
         self.audit(
             actor,
             "agent.delete",
             &format!("{ns}/{id}"),
             json!({"workId": work}),
-        )?;
+        )
+        .await?;
         Ok(work)
     }
 
     /// One work item of an Agent (what `occ ... --wait` follows).
-    pub fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<WorkRecord> {
-        self.namespace(ns)?;
+    pub async fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<WorkRecord> {
+        self.namespace(ns).await?;
         self.store
-            .work_item(ns, agent, id)?
+            .work_item(ns, agent, id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("work item", &id.to_string()))
     }
 
     /// Desired state, active and served revision, per-revision progress, open work, and the
     /// newest work items with their last attempts (stop and delete work included).
-    pub fn deployment_status(&self, ns: &str, id: &str) -> Result<Value> {
-        let agent = self.agent(ns, id)?;
-        let revisions = self.store.revisions(ns, id)?;
-        let work = self.store.open_work(ns, id)?;
-        let recent = self.store.recent_work(ns, id, RECENT_WORK)?;
+    pub async fn deployment_status(&self, ns: &str, id: &str) -> Result<Value> {
+        let agent = self.agent(ns, id).await?;
+        let revisions = self.store.revisions(ns, id).await?;
+        let work = self.store.open_work(ns, id).await?;
+        let recent = self.store.recent_work(ns, id, RECENT_WORK).await?;
         // Converged: nothing open, and the newest request of its kind did not fail.
-        let newest_failed = |kinds: &[crate::store::WorkKind]| {
+        let newest_failed = |kinds: &[WorkKind]| {
             recent
                 .iter()
                 .find(|w| kinds.contains(&w.kind))
@@ -957,8 +1011,7 @@ impl Service {
                     })
                 }
                 DesiredState::Stopped => {
-                    agent.active_revision_id.is_none()
-                        && !newest_failed(&[crate::store::WorkKind::Stop])
+                    agent.active_revision_id.is_none() && !newest_failed(&[WorkKind::Stop])
                 }
                 DesiredState::Deleted => false,
             };

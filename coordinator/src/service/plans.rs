@@ -12,7 +12,7 @@ use super::runtime::{RuntimeError, read_options, refs, wrong_answer};
 use super::{NewRollout, Service, ServiceError};
 use crate::backend::{Backend, Target};
 use crate::codes::Code;
-use crate::model::{Agent, Configuration, Namespace, RestorePolicy, RevisionStatus};
+use crate::model::{Agent, Configuration, Namespace, RestorePolicy, Revision, RevisionStatus};
 
 const TOKEN_PREFIX: &str = "plan1-";
 /// Most Agents one rollout plan asks about (one target call each, within one API request).
@@ -63,10 +63,15 @@ impl Service {
     }
 
     /// The token a deploy of the Agent would be planned under now.
-    fn deploy_token(&self, ns: &str, agent: &Agent) -> super::Result<(String, Configuration)> {
+    async fn deploy_token(
+        &self,
+        ns: &str,
+        agent: &Agent,
+    ) -> super::Result<(String, Configuration)> {
         let cfg = self
             .store
-            .configuration(ns, &agent.configuration_id)?
+            .configuration(ns, &agent.configuration_id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
         Ok((token(ns, &[Self::fact(agent, &cfg)]), cfg))
     }
@@ -79,26 +84,26 @@ impl Service {
         ns: &str,
         id: &str,
     ) -> Result<Value, RuntimeError> {
-        let namespace = self.namespace(ns)?;
-        let agent = self.agent_not_deleting(ns, id)?;
-        let (token, cfg) = self.deploy_token(ns, &agent)?;
+        let namespace = self.namespace(ns).await?;
+        let agent = self.agent_not_deleting(ns, id).await?;
+        let (token, cfg) = self.deploy_token(ns, &agent).await?;
         let plan = self.plan_agent(backend, &namespace, &agent, &cfg).await?;
         Ok(json!({"namespaceId": ns, "token": token, "agents": [plan]}))
     }
 
     /// A deploy that `--apply-plan TOKEN` guards: refused with PLAN_STALE (nothing written)
     /// unless the facts are still those the plan was computed against.
-    pub fn deploy_planned(
+    pub async fn deploy_planned(
         &self,
         actor: &str,
         ns: &str,
         id: &str,
         plan_token: &str,
-    ) -> super::Result<(crate::model::Revision, i64)> {
-        let agent = self.agent_not_deleting(ns, id)?;
-        let (current, _) = self.deploy_token(ns, &agent)?;
+    ) -> super::Result<(Revision, i64)> {
+        let agent = self.agent_not_deleting(ns, id).await?;
+        let (current, _) = self.deploy_token(ns, &agent).await?;
         check_token(plan_token, &current, &format!("Agent {ns}/{id}"))?;
-        self.deploy(actor, ns, id)
+        self.deploy(actor, ns, id).await
     }
 
     /// What `occ rollout create --plan` shows: the rollout as it would be created, each
@@ -109,7 +114,7 @@ impl Service {
         ns: &str,
         r: &NewRollout,
     ) -> Result<Value, RuntimeError> {
-        let (namespace, cfg, row) = self.validate_rollout("plan", ns, r)?;
+        let (namespace, cfg, row) = self.validate_rollout("plan", ns, r).await?;
         if row.agents.len() > MAX_PLAN_AGENTS {
             return Err(ServiceError::invalid(
                 Code::InvalidRollout,
@@ -124,7 +129,7 @@ impl Service {
         let mut agents = Vec::new();
         let mut facts = Vec::new();
         for (id, wave) in &row.agents {
-            let agent = self.agent_not_deleting(ns, id)?;
+            let agent = self.agent_not_deleting(ns, id).await?;
             facts.push(Self::fact(&agent, &cfg));
             let mut plan = self.plan_agent(backend, &namespace, &agent, &cfg).await?;
             plan["wave"] = json!(wave);
@@ -141,7 +146,7 @@ impl Service {
     }
 
     /// The current token of a rollout about to be created over `agents`.
-    pub(super) fn rollout_token(
+    pub(super) async fn rollout_token(
         &self,
         ns: &str,
         cfg: &Configuration,
@@ -150,7 +155,7 @@ impl Service {
     ) -> super::Result<()> {
         let mut facts = Vec::new();
         for (id, _) in agents {
-            facts.push(Self::fact(&self.agent(ns, id)?, cfg));
+            facts.push(Self::fact(&self.agent(ns, id).await?, cfg));
         }
         check_token(
             plan_token,
@@ -173,9 +178,10 @@ impl Service {
         let revisions = self
             .store
             .revisions(ns, &agent.id)
+            .await
             .map_err(ServiceError::from)?;
         rev.number = revisions.iter().map(|r| r.number).max().unwrap_or(0) + 1;
-        rev.id = format!("rev-{}", rev.number);
+        rev.id = Revision::id_for(rev.number);
         let bad = |e: String| ServiceError::invalid(Code::InvalidStoredId, e);
         let reference = crate::worker::revision_ref(&rev).map_err(bad)?;
         let spec = crate::worker::revision_spec(&reference, &rev.rendered)
@@ -189,11 +195,12 @@ impl Service {
                 .transpose()?,
             _ => None,
         };
-        let (target, placed) = match crate::targets::agent(&self.store, namespace, agent)
+        let (target, placed) = match crate::targets::agent(&*self.store, namespace, agent)
+            .await
             .map_err(ServiceError::from)?
         {
             Some(t) => (t, true),
-            None => (self.would_place(namespace)?, false),
+            None => (self.would_place(namespace).await?, false),
         };
         let (namespace_ref, agent_ref) = refs(namespace, agent)?;
         let target_name = target.name().to_owned();
@@ -224,8 +231,8 @@ impl Service {
     }
 
     /// The host placement would choose now for an Agent that has none.
-    fn would_place(&self, ns: &Namespace) -> super::Result<Target> {
-        let Some(host) = crate::targets::least_loaded(&self.store, ns)? else {
+    async fn would_place(&self, ns: &Namespace) -> super::Result<Target> {
+        let Some(host) = crate::targets::least_loaded(&*self.store, ns).await? else {
             return Err(ServiceError::conflict(
                 Code::NoHostAvailable,
                 format!("no ready host of Namespace {}'s pool has room", ns.id),

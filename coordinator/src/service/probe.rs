@@ -22,7 +22,7 @@ impl Service {
         backend: &B,
         name: &str,
     ) -> Result<Value, ProbeError> {
-        let host = self.host(name)?;
+        let host = self.host(name).await?;
         let target = HostTarget::of(&host).map_err(|e| {
             ServiceError::invalid(Code::InvalidStoredId, format!("host {name}: {e}"))
         })?;
@@ -31,6 +31,7 @@ impl Service {
         let value = serde_json::to_value(&result).unwrap_or(Value::Null);
         self.store
             .set_host_probe(name, &value)
+            .await
             .map_err(ServiceError::from)?;
         Ok(value)
     }

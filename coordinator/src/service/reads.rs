@@ -47,17 +47,18 @@ pub struct Metrics {
 
 impl Service {
     /// Every Namespace for which `visible` holds.
-    pub fn namespaces(&self, visible: impl Fn(&Namespace) -> bool) -> Result<Vec<Namespace>> {
+    pub async fn namespaces(&self, visible: impl Fn(&Namespace) -> bool) -> Result<Vec<Namespace>> {
         Ok(self
             .store
-            .namespaces()?
+            .namespaces()
+            .await?
             .into_iter()
             .filter(|n| visible(n))
             .collect())
     }
 
     /// The newest audit events (at most `limit`, 1 to 1000), optionally of one action.
-    pub fn audit_events(&self, query: &AuditQuery) -> Result<Vec<crate::model::AuditEvent>> {
+    pub async fn audit_events(&self, query: &AuditQuery) -> Result<Vec<crate::model::AuditEvent>> {
         let limit = query.limit.unwrap_or(100);
         if !(1..=1000).contains(&limit) {
             return Err(ServiceError::invalid(
@@ -73,11 +74,14 @@ impl Service {
                 format!("action: must be 1 to 64 characters, got {}", a.len()),
             ));
         }
-        Ok(self.store.audit_events_of(limit, query.action.as_deref())?)
+        Ok(self
+            .store
+            .audit_events_of(limit, query.action.as_deref())
+            .await?)
     }
 
     /// The drift sweep's newest findings, optionally of one state.
-    pub fn drift(&self, query: &DriftQuery) -> Result<Vec<crate::model::DriftRow>> {
+    pub async fn drift(&self, query: &DriftQuery) -> Result<Vec<crate::model::DriftRow>> {
         let state = match &query.state {
             Some(s) => Some(crate::model::DriftState::parse(s).ok_or_else(|| {
                 ServiceError::invalid(
@@ -96,69 +100,73 @@ impl Service {
         };
         Ok(self
             .store
-            .drift()?
+            .drift()
+            .await?
             .into_iter()
             .filter(|r| state.is_none_or(|s| r.state == s))
             .collect())
     }
 
     /// A Namespace's Agents.
-    pub fn agents(&self, ns: &str) -> Result<Vec<Agent>> {
-        self.namespace(ns)?;
-        Ok(self.store.agents(ns)?)
+    pub async fn agents(&self, ns: &str) -> Result<Vec<Agent>> {
+        self.namespace(ns).await?;
+        Ok(self.store.agents(ns).await?)
     }
 
     /// A Configuration's latest generation.
-    pub fn configuration(&self, ns: &str, id: &str) -> Result<Configuration> {
-        self.namespace(ns)?;
+    pub async fn configuration(&self, ns: &str, id: &str) -> Result<Configuration> {
+        self.namespace(ns).await?;
         self.store
-            .configuration(ns, id)?
+            .configuration(ns, id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("Configuration", id))
     }
 
     /// An Agent's revisions, oldest first.
-    pub fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>> {
-        self.agent(ns, agent)?;
-        Ok(self.store.revisions(ns, agent)?)
+    pub async fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>> {
+        self.agent(ns, agent).await?;
+        Ok(self.store.revisions(ns, agent).await?)
     }
 
     /// One revision of an Agent.
-    pub fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Revision> {
-        self.agent(ns, agent)?;
+    pub async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Revision> {
+        self.agent(ns, agent).await?;
         self.store
-            .revision(ns, agent, id)?
+            .revision(ns, agent, id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("revision", id))
     }
 
     /// Every enrolled host.
-    pub fn hosts(&self) -> Result<Vec<Host>> {
-        Ok(self.store.hosts()?)
+    pub async fn hosts(&self) -> Result<Vec<Host>> {
+        Ok(self.store.hosts().await?)
     }
 
     /// One enrolled host.
-    pub fn host(&self, name: &str) -> Result<Host> {
+    pub async fn host(&self, name: &str) -> Result<Host> {
         self.store
-            .host(name)?
+            .host(name)
+            .await?
             .ok_or_else(|| ServiceError::not_found("host", name))
     }
 
     /// Every registered cluster, without credentials.
-    pub fn clusters(&self) -> Result<Vec<Cluster>> {
-        Ok(self.store.clusters()?)
+    pub async fn clusters(&self) -> Result<Vec<Cluster>> {
+        Ok(self.store.clusters().await?)
     }
 
     /// The live token a secret's hash names, if any (expiry is the caller's to judge).
-    pub fn token(&self, secret_hash: &str) -> Result<Option<TokenRow>> {
-        Ok(self.store.token_by_hash(secret_hash)?)
+    pub async fn token(&self, secret_hash: &str) -> Result<Option<TokenRow>> {
+        Ok(self.store.token_by_hash(secret_hash).await?)
     }
 
     /// Counts for `/metrics`.
-    pub fn metrics(&self) -> Result<Metrics> {
+    pub async fn metrics(&self) -> Result<Metrics> {
         let mut agents = 0;
-        for ns in self.store.namespaces()? {
-            agents += self.store.agents(&ns.id)?.len();
+        for ns in self.store.namespaces().await? {
+            agents += self.store.agents(&ns.id).await?.len();
         }
-        let drift = self.store.drift()?;
+        let drift = self.store.drift().await?;
         let mut unreachable = std::collections::BTreeSet::new();
         let mut all = std::collections::BTreeSet::new();
         for r in &drift {
@@ -177,8 +185,8 @@ impl Service {
                 (s.as_str(), n)
             })
             .collect();
-        let (work_pending, oldest_ms) = self.store.pending_work_age()?;
-        let rollouts = self.store.rollout_counts()?;
+        let (work_pending, oldest_ms) = self.store.pending_work_age().await?;
+        let rollouts = self.store.rollout_counts().await?;
         let rollouts_by_state = crate::model::RolloutState::ALL
             .iter()
             .map(|s| {
@@ -190,8 +198,8 @@ impl Service {
             })
             .collect();
         Ok(Metrics {
-            work: self.store.work_counts()?,
-            hosts: self.store.hosts()?.len(),
+            work: self.store.work_counts().await?,
+            hosts: self.store.hosts().await?.len(),
             agents,
             work_pending,
             oldest_pending_seconds: oldest_ms

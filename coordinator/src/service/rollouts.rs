@@ -117,7 +117,7 @@ fn waves(count: usize, canary: u32, max_parallel: u32) -> Vec<u32> {
 impl Service {
     /// Checks a rollout request and resolves it: its Namespace, the Configuration generation it
     /// deploys, and the row it would store (Agents in order, with their waves).
-    pub(super) fn validate_rollout(
+    pub(super) async fn validate_rollout(
         &self,
         actor: &str,
         ns: &str,
@@ -127,7 +127,7 @@ impl Service {
         crate::model::Configuration,
         RolloutRow,
     )> {
-        let namespace = self.namespace(ns)?;
+        let namespace = self.namespace(ns).await?;
         if namespace.deleting {
             return Err(ServiceError::conflict(
                 Code::NamespaceDeleting,
@@ -137,7 +137,8 @@ impl Service {
         check_id("configurationId", &r.configuration_id)?;
         let cfg = self
             .store
-            .configuration(ns, &r.configuration_id)?
+            .configuration(ns, &r.configuration_id)
+            .await?
             .ok_or_else(|| {
                 ServiceError::invalid(
                     Code::UnknownConfiguration,
@@ -165,7 +166,8 @@ impl Service {
             }
             None => self
                 .store
-                .agents(ns)?
+                .agents(ns)
+                .await?
                 .into_iter()
                 .filter(|a| {
                     a.configuration_id == cfg.id && a.desired_state != DesiredState::Deleted
@@ -231,10 +233,10 @@ impl Service {
 
     /// Creates a rollout (state `running`) and starts its first Agents at once. With a plan
     /// token, refused (PLAN_STALE, nothing stored) unless the plan is still current.
-    pub fn create_rollout(&self, actor: &str, ns: &str, r: NewRollout) -> Result<Rollout> {
-        let (_, cfg, row) = self.validate_rollout(actor, ns, &r)?;
+    pub async fn create_rollout(&self, actor: &str, ns: &str, r: NewRollout) -> Result<Rollout> {
+        let (_, cfg, row) = self.validate_rollout(actor, ns, &r).await?;
         if let Some(t) = &r.plan_token {
-            self.rollout_token(ns, &cfg, &row.agents, t)?;
+            self.rollout_token(ns, &cfg, &row.agents, t).await?;
         }
         let agents: Vec<&String> = row.agents.iter().map(|(a, _)| a).collect();
         let (canary, max_parallel, max_failures, pause) = (
@@ -243,7 +245,7 @@ impl Service {
             row.max_failures,
             row.pause_between_seconds,
         );
-        let id = match self.store.insert_rollout(&row)? {
+        let id = match self.store.insert_rollout(&row).await? {
             RolloutInsert::Created(id) => id,
             RolloutInsert::Busy { agent, rollout } => {
                 return Err(super::in_rollout(ns, &agent, rollout));
@@ -259,36 +261,38 @@ impl Service {
             json!({"configurationId": cfg.id, "generation": cfg.generation, "agents": agents.len(),
                    "canary": canary, "maxParallel": max_parallel, "maxFailures": max_failures,
                    "pauseBetweenSeconds": pause, "manualPromote": r.manual_promote}),
-        )?;
-        self.advance_rollout_logged(id);
-        self.rollout(ns, id)
+        )
+        .await?;
+        self.advance_rollout_logged(id).await;
+        self.rollout(ns, id).await
     }
 
-    pub fn rollout(&self, ns: &str, id: i64) -> Result<Rollout> {
-        self.namespace(ns)?;
+    pub async fn rollout(&self, ns: &str, id: i64) -> Result<Rollout> {
+        self.namespace(ns).await?;
         self.store
-            .rollout(ns, id)?
+            .rollout(ns, id)
+            .await?
             .ok_or_else(|| ServiceError::not_found("rollout", &id.to_string()))
     }
 
     /// A Namespace's newest rollouts, newest first.
-    pub fn rollouts(&self, ns: &str) -> Result<Vec<Rollout>> {
-        self.namespace(ns)?;
-        Ok(self.store.rollouts(ns, LIST_LIMIT)?)
+    pub async fn rollouts(&self, ns: &str) -> Result<Vec<Rollout>> {
+        self.namespace(ns).await?;
+        Ok(self.store.rollouts(ns, LIST_LIMIT).await?)
     }
 
     /// Pause (running → paused: nothing new starts, deploys in flight finish), resume
     /// (paused → running), promote (waiting → the next wave; or skip the pause between
     /// waves), abort (any open state → aborted: Agents not started are skipped, the others
     /// stay as they are).
-    pub fn rollout_action(
+    pub async fn rollout_action(
         &self,
         actor: &str,
         ns: &str,
         id: i64,
         action: RolloutAction,
     ) -> Result<Rollout> {
-        let r = self.rollout(ns, id)?;
+        let r = self.rollout(ns, id).await?;
         let t = now();
         let conflict = |what: &str| {
             ServiceError::conflict(
@@ -298,45 +302,59 @@ impl Service {
         };
         let at = (r.state, r.wave);
         let moved = match (action, r.state) {
-            (RolloutAction::Pause, RolloutState::Running) => self.store.set_rollout(
-                id,
-                at,
-                RolloutState::Paused,
-                r.wave,
-                self.store.rollout_next_wave_ms(id)?,
-                Some(&format!("paused by {actor}")),
-                t,
-            )?,
+            (RolloutAction::Pause, RolloutState::Running) => {
+                self.store
+                    .set_rollout(
+                        id,
+                        at,
+                        RolloutState::Paused,
+                        r.wave,
+                        self.store.rollout_next_wave_ms(id).await?,
+                        Some(&format!("paused by {actor}")),
+                        t,
+                    )
+                    .await?
+            }
             (RolloutAction::Pause, _) => return Err(conflict("only a running rollout pauses")),
-            (RolloutAction::Resume, RolloutState::Paused) => self.store.set_rollout(
-                id,
-                at,
-                RolloutState::Running,
-                r.wave,
-                self.store.rollout_next_wave_ms(id)?,
-                Some(&format!("resumed by {actor}")),
-                t,
-            )?,
+            (RolloutAction::Resume, RolloutState::Paused) => {
+                self.store
+                    .set_rollout(
+                        id,
+                        at,
+                        RolloutState::Running,
+                        r.wave,
+                        self.store.rollout_next_wave_ms(id).await?,
+                        Some(&format!("resumed by {actor}")),
+                        t,
+                    )
+                    .await?
+            }
             (RolloutAction::Resume, _) => return Err(conflict("only a paused rollout resumes")),
-            (RolloutAction::Promote, RolloutState::Waiting) => self.store.set_rollout(
-                id,
-                at,
-                RolloutState::Running,
-                r.wave + 1,
-                None,
-                Some(&format!("wave {} promoted by {actor}", r.wave + 1)),
-                t,
-            )?,
+            (RolloutAction::Promote, RolloutState::Waiting) => {
+                self.store
+                    .set_rollout(
+                        id,
+                        at,
+                        RolloutState::Running,
+                        r.wave + 1,
+                        None,
+                        Some(&format!("wave {} promoted by {actor}", r.wave + 1)),
+                        t,
+                    )
+                    .await?
+            }
             (RolloutAction::Promote, RolloutState::Running) if r.next_wave_at.is_some() => {
-                self.store.set_rollout(
-                    id,
-                    at,
-                    RolloutState::Running,
-                    r.wave + 1,
-                    None,
-                    Some(&format!("pause skipped by {actor}")),
-                    t,
-                )?
+                self.store
+                    .set_rollout(
+                        id,
+                        at,
+                        RolloutState::Running,
+                        r.wave + 1,
+                        None,
+                        Some(&format!("pause skipped by {actor}")),
+                        t,
+                    )
+                    .await?
             }
             (RolloutAction::Promote, _) => {
                 return Err(conflict(
@@ -344,24 +362,29 @@ impl Service {
                 ));
             }
             (RolloutAction::Abort, s) if s.is_open() => {
-                let moved = self.store.set_rollout(
-                    id,
-                    at,
-                    RolloutState::Aborted,
-                    r.wave,
-                    None,
-                    Some(&format!("aborted by {actor}")),
-                    t,
-                )?;
-                if moved {
-                    self.store.skip_pending_rollout_agents(
+                let moved = self
+                    .store
+                    .set_rollout(
                         id,
-                        (
-                            Code::RolloutAborted.as_str(),
-                            "the rollout was aborted first",
-                        ),
+                        at,
+                        RolloutState::Aborted,
+                        r.wave,
+                        None,
+                        Some(&format!("aborted by {actor}")),
                         t,
-                    )?;
+                    )
+                    .await?;
+                if moved {
+                    self.store
+                        .skip_pending_rollout_agents(
+                            id,
+                            (
+                                Code::RolloutAborted.as_str(),
+                                "the rollout was aborted first",
+                            ),
+                            t,
+                        )
+                        .await?;
                 }
                 moved
             }
@@ -378,29 +401,31 @@ impl Service {
             &format!("rollout.{}", action.as_str()),
             &format!("{ns}/{id}"),
             json!({"from": r.state, "wave": r.wave}),
-        )?;
-        self.advance_rollout_logged(id);
-        self.rollout(ns, id)
+        )
+        .await?;
+        self.advance_rollout_logged(id).await;
+        self.rollout(ns, id).await
     }
 
     /// One scheduler pass over every rollout that needs one. A failure of one rollout is
     /// logged and does not stop the others.
-    pub fn advance_rollouts(&self) -> Result<()> {
-        for r in self.store.rollouts_to_advance()? {
-            if let Err(e) = self.advance(r.clone()) {
+    pub async fn advance_rollouts(&self) -> Result<()> {
+        for r in self.store.rollouts_to_advance().await? {
+            if let Err(e) = self.advance(r.clone()).await {
                 tracing::warn!(rollout = r.id, "cannot advance the rollout: {e}");
             }
         }
         Ok(())
     }
 
-    fn advance_rollout_logged(&self, id: i64) {
+    async fn advance_rollout_logged(&self, id: i64) {
         let found = self
             .store
             .rollouts_to_advance()
+            .await
             .map(|all| all.into_iter().find(|r| r.id == id));
         let result = match found {
-            Ok(Some(r)) => self.advance(r),
+            Ok(Some(r)) => self.advance(r).await,
             Ok(None) => Ok(()),
             Err(e) => Err(e.into()),
         };
@@ -410,14 +435,14 @@ impl Service {
     }
 
     /// Moves one rollout as far as the store allows now.
-    fn advance(&self, mut r: Rollout) -> Result<()> {
-        self.record_outcomes(&mut r)?;
+    async fn advance(&self, mut r: Rollout) -> Result<()> {
+        self.record_outcomes(&mut r).await?;
         if !r.state.is_open() {
             return Ok(());
         }
         let failures = r.failures();
         if failures > r.max_failures {
-            return self.halt(&r, failures);
+            return self.halt(&r, failures).await;
         }
         if r.state != RolloutState::Running {
             return Ok(());
@@ -438,7 +463,7 @@ impl Service {
             if !pending.is_empty() {
                 let room = r.max_parallel.saturating_sub(deploying) as usize;
                 for agent in pending.iter().take(room) {
-                    self.start_agent(&r, agent)?;
+                    self.start_agent(&r, agent).await?;
                 }
                 return Ok(());
             }
@@ -453,72 +478,85 @@ impl Service {
                     r.agents.len() as u32 - failures,
                     r.max_failures
                 );
-                if self.store.set_rollout(
-                    r.id,
-                    (RolloutState::Running, wave),
-                    RolloutState::Done,
-                    wave,
-                    None,
-                    Some(&msg),
-                    t,
-                )? {
+                if self
+                    .store
+                    .set_rollout(
+                        r.id,
+                        (RolloutState::Running, wave),
+                        RolloutState::Done,
+                        wave,
+                        None,
+                        Some(&msg),
+                        t,
+                    )
+                    .await?
+                {
                     self.audit(
                         "coordinator",
                         "rollout.done",
                         &format!("{}/{}", r.namespace_id, r.id),
                         json!({"failures": failures, "agents": r.agents.len()}),
-                    )?;
+                    )
+                    .await?;
                 }
                 return Ok(());
             }
             if r.manual_promote {
-                self.store.set_rollout(
-                    r.id,
-                    (RolloutState::Running, wave),
-                    RolloutState::Waiting,
-                    wave,
-                    None,
-                    Some(&format!(
-                        "wave {wave} is done; `occ rollout promote` starts wave {}",
-                        wave + 1
-                    )),
-                    t,
-                )?;
+                self.store
+                    .set_rollout(
+                        r.id,
+                        (RolloutState::Running, wave),
+                        RolloutState::Waiting,
+                        wave,
+                        None,
+                        Some(&format!(
+                            "wave {wave} is done; `occ rollout promote` starts wave {}",
+                            wave + 1
+                        )),
+                        t,
+                    )
+                    .await?;
                 return Ok(());
             }
             if r.pause_between_seconds > 0 {
                 let now_ms = crate::clock::now_ms();
-                match self.store.rollout_next_wave_ms(r.id)? {
+                match self.store.rollout_next_wave_ms(r.id).await? {
                     None => {
                         let at = now_ms + i64::from(r.pause_between_seconds) * 1000;
-                        self.store.set_rollout(
-                            r.id,
-                            (RolloutState::Running, wave),
-                            RolloutState::Running,
-                            wave,
-                            Some(at),
-                            Some(&format!(
-                                "wave {wave} is done; wave {} starts in {} s",
-                                wave + 1,
-                                r.pause_between_seconds
-                            )),
-                            t,
-                        )?;
+                        self.store
+                            .set_rollout(
+                                r.id,
+                                (RolloutState::Running, wave),
+                                RolloutState::Running,
+                                wave,
+                                Some(at),
+                                Some(&format!(
+                                    "wave {wave} is done; wave {} starts in {} s",
+                                    wave + 1,
+                                    r.pause_between_seconds
+                                )),
+                                t,
+                            )
+                            .await?;
                         return Ok(());
                     }
                     Some(at) if now_ms < at => return Ok(()),
                     Some(_) => {}
                 }
             }
-            if !self.store.set_rollout(
-                r.id,
-                (RolloutState::Running, wave),
-                RolloutState::Running,
-                wave + 1,
-                None,
-                Some(&format!("wave {} started", wave + 1)),
-                t,
-            )? {
+            if !self
+                .store
+                .set_rollout(
+                    r.id,
+                    (RolloutState::Running, wave),
+                    RolloutState::Running,
+                    wave + 1,
+                    None,
+                    Some(&format!("wave {} started", wave + 1)),
+                    t,
+                )
+                .await?
+            {
                 return Ok(());
             }
             wave += 1;
@@ -527,7 +565,7 @@ impl Service {
     }
 
     /// Records how the deploys in flight ended.
-    fn record_outcomes(&self, r: &mut Rollout) -> Result<()> {
+    async fn record_outcomes(&self, r: &mut Rollout) -> Result<()> {
         let t = now();
         for a in r
             .agents
@@ -535,10 +573,14 @@ impl Service {
             .filter(|a| a.state == RolloutAgentState::Deploying)
         {
             let work = match a.work_id {
-                Some(w) => self.store.work_item(&r.namespace_id, &a.agent_id, w)?,
+                Some(w) => {
+                    self.store
+                        .work_item(&r.namespace_id, &a.agent_id, w)
+                        .await?
+                }
                 None => None,
             };
-            let agent = self.store.agent(&r.namespace_id, &a.agent_id)?;
+            let agent = self.store.agent(&r.namespace_id, &a.agent_id).await?;
             let (state, code, message) = match (&work, &agent) {
                 (_, None) => (
                     RolloutAgentState::Skipped,
@@ -557,7 +599,8 @@ impl Service {
                     let evidence = match &a.revision_id {
                         Some(rev) => self
                             .store
-                            .revision(&r.namespace_id, &a.agent_id, rev)?
+                            .revision(&r.namespace_id, &a.agent_id, rev)
+                            .await?
                             .and_then(|rev| rev.runtime_failure),
                         None => None,
                     };
@@ -590,7 +633,8 @@ impl Service {
                     let active = match &a.revision_id {
                         Some(rev) => self
                             .store
-                            .revision(&r.namespace_id, &a.agent_id, rev)?
+                            .revision(&r.namespace_id, &a.agent_id, rev)
+                            .await?
                             .is_some_and(|rev| rev.status == RevisionStatus::Active),
                         None => false,
                     };
@@ -607,14 +651,18 @@ impl Service {
                     (state, code, message)
                 }
             };
-            if self.store.finish_rollout_agent(
-                r.id,
-                &a.agent_id,
-                RolloutAgentState::Deploying,
-                state,
-                (&code, &message),
-                t,
-            )? {
+            if self
+                .store
+                .finish_rollout_agent(
+                    r.id,
+                    &a.agent_id,
+                    RolloutAgentState::Deploying,
+                    state,
+                    (&code, &message),
+                    t,
+                )
+                .await?
+            {
                 a.state = state;
                 a.code = Some(code);
                 a.message = Some(message);
@@ -625,7 +673,7 @@ impl Service {
     }
 
     /// The budget is spent: nothing more starts; Agents not started are skipped.
-    fn halt(&self, r: &Rollout, failures: u32) -> Result<()> {
+    async fn halt(&self, r: &Rollout, failures: u32) -> Result<()> {
         let t = now();
         let failed: Vec<&str> = r
             .agents
@@ -638,65 +686,79 @@ impl Service {
             r.max_failures,
             failed.join(", ")
         );
-        if self.store.set_rollout(
-            r.id,
-            (r.state, r.wave),
-            RolloutState::Halted,
-            r.wave,
-            None,
-            Some(&msg),
-            t,
-        )? {
-            self.store.skip_pending_rollout_agents(
+        if self
+            .store
+            .set_rollout(
                 r.id,
-                (
-                    Code::RolloutHalted.as_str(),
-                    "the failure budget was spent first",
-                ),
+                (r.state, r.wave),
+                RolloutState::Halted,
+                r.wave,
+                None,
+                Some(&msg),
                 t,
-            )?;
+            )
+            .await?
+        {
+            self.store
+                .skip_pending_rollout_agents(
+                    r.id,
+                    (
+                        Code::RolloutHalted.as_str(),
+                        "the failure budget was spent first",
+                    ),
+                    t,
+                )
+                .await?;
             tracing::warn!(rollout = r.id, "{msg}");
             self.audit(
                 "coordinator",
                 "rollout.halted",
                 &format!("{}/{}", r.namespace_id, r.id),
                 json!({"failed": failed, "maxFailures": r.max_failures}),
-            )?;
+            )
+            .await?;
         }
         Ok(())
     }
 
     /// Deploys one pending Agent: its next revision from the rollout's generation.
-    fn start_agent(&self, r: &Rollout, agent: &str) -> Result<()> {
+    async fn start_agent(&self, r: &Rollout, agent: &str) -> Result<()> {
         let t = now();
-        let skip = |state: RolloutAgentState, code: Code, message: String| -> Result<()> {
-            self.store.finish_rollout_agent(
-                r.id,
-                agent,
-                RolloutAgentState::Pending,
-                state,
-                (code.as_str(), &message),
-                t,
-            )?;
+        let skip = async |state: RolloutAgentState, code: Code, message: String| -> Result<()> {
+            self.store
+                .finish_rollout_agent(
+                    r.id,
+                    agent,
+                    RolloutAgentState::Pending,
+                    state,
+                    (code.as_str(), &message),
+                    t,
+                )
+                .await?;
             Ok(())
         };
         let live = self
             .store
-            .agent(&r.namespace_id, agent)?
+            .agent(&r.namespace_id, agent)
+            .await?
             .filter(|a| a.desired_state != DesiredState::Deleted);
         if live.is_none() {
             return skip(
                 RolloutAgentState::Skipped,
                 Code::AgentGone,
                 "the Agent was deleted before its turn".to_owned(),
-            );
+            )
+            .await;
         }
-        let ns = self.namespace(&r.namespace_id)?;
-        let Some(cfg) = self.store.configuration_at(
-            &r.namespace_id,
-            &r.configuration_id,
-            Some(r.configuration_generation),
-        )?
+        let ns = self.namespace(&r.namespace_id).await?;
+        let Some(cfg) = self
+            .store
+            .configuration_at(
+                &r.namespace_id,
+                &r.configuration_id,
+                Some(r.configuration_generation),
+            )
+            .await?
         else {
             return skip(
                 RolloutAgentState::Failed,
@@ -705,26 +767,25 @@ impl Service {
                     "configuration {} generation {} is gone",
                     r.configuration_id, r.configuration_generation
                 ),
-            );
+            )
+            .await;
         };
         let mut rev = match self.build_revision(&ns, agent, &cfg) {
             Ok(rev) => rev,
             Err(ServiceError::Invalid { code, message }) => {
-                return skip(RolloutAgentState::Failed, code, message);
+                return skip(RolloutAgentState::Failed, code, message).await;
             }
             Err(e) => return Err(e),
         };
-        if let Some(work) =
-            self.store
-                .start_rollout_deploy(r.id, &mut rev, crate::clock::now_ms())?
-        {
+        if let Some(work) = self.store.start_rollout_deploy(r.id, &mut rev).await? {
             self.audit(
                 &format!("rollout:{}", r.id),
                 "agent.deploy",
                 &format!("{}/{agent}", r.namespace_id),
                 json!({"revisionId": rev.id, "number": rev.number, "workId": work,
                        "rolloutId": r.id, "createdBy": r.created_by}),
-            )?;
+            )
+            .await?;
         }
         Ok(())
     }
@@ -734,6 +795,7 @@ impl Service {
 pub async fn run(
     service: Service,
     interval: Duration,
+    leader: crate::leader::Leadership,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -744,7 +806,10 @@ pub async fn run(
         if *stop.borrow() {
             return;
         }
-        if let Err(e) = service.advance_rollouts() {
+        if !leader.is_leader() {
+            continue;
+        }
+        if let Err(e) = service.advance_rollouts().await {
             tracing::warn!("rollout pass failed: {e}");
         }
     }

@@ -125,15 +125,17 @@ pub(crate) fn refs(
 }
 
 impl Service {
-    fn inspected(&self, ns: &str, id: &str) -> Result<Inspected, ServiceError> {
-        let namespace = self.namespace(ns)?;
-        let agent = self.agent(ns, id)?;
-        let target = crate::targets::agent(&self.store, &namespace, &agent)?.ok_or_else(|| {
-            ServiceError::conflict(
-                Code::AgentNotPlaced,
-                format!("Agent {ns}/{id} was never placed on a host; deploy it first"),
-            )
-        })?;
+    async fn inspected(&self, ns: &str, id: &str) -> Result<Inspected, ServiceError> {
+        let namespace = self.namespace(ns).await?;
+        let agent = self.agent(ns, id).await?;
+        let target = crate::targets::agent(&*self.store, &namespace, &agent)
+            .await?
+            .ok_or_else(|| {
+                ServiceError::conflict(
+                    Code::AgentNotPlaced,
+                    format!("Agent {ns}/{id} was never placed on a host; deploy it first"),
+                )
+            })?;
         let (namespace, agent) = refs(&namespace, &agent)?;
         Ok(Inspected {
             target,
@@ -149,7 +151,7 @@ impl Service {
         ns: &str,
         id: &str,
     ) -> Result<Value, RuntimeError> {
-        let i = self.inspected(ns, id)?;
+        let i = self.inspected(ns, id).await?;
         let target_name = i.target.name().to_owned();
         let op = Operation::AgentRuntime(RuntimeArgs {
             namespace: i.namespace,
@@ -179,7 +181,7 @@ impl Service {
         query: &LogsQuery,
     ) -> Result<LogPage, RuntimeError> {
         let (start, limit) = query.start(u64::try_from(now()).unwrap_or(0))?;
-        let i = self.inspected(ns, id)?;
+        let i = self.inspected(ns, id).await?;
         let previous = query.previous.unwrap_or(false);
         let range = match &start {
             LogStart::Tail { lines, since_unix } => {
@@ -211,7 +213,7 @@ impl Service {
             "agent.logs.read",
             &format!("{ns}/{id}"),
             json!({"range": range, "previous": previous, "limit": limit.get(), "entries": entries, "failed": code}),
-        )?;
+        ).await?;
         match outcome? {
             OperationResult::AgentLogs(mut page) => {
                 // Once more here: whatever the target missed does not reach the caller.
@@ -235,20 +237,22 @@ impl Service {
         backend: &B,
         actor: &str,
     ) -> Result<Vec<crate::model::DriftRow>, ServiceError> {
-        let summary = crate::drift::sweep(&self.store, backend).await?;
+        let summary = crate::drift::sweep(&*self.store, backend).await?;
         self.audit(
             actor,
             "drift.sweep",
             "*",
             json!({"targets": summary.targets, "unreachable": summary.unreachable_targets}),
-        )?;
-        Ok(self.store.drift()?)
+        )
+        .await?;
+        Ok(self.store.drift().await?)
     }
 }
 
 pub(super) fn read_options() -> CallOptions {
     CallOptions {
         deadline: READ_DEADLINE,
+        fence: None,
     }
 }
 

@@ -17,28 +17,29 @@ pub enum TokenChangeError {
 
 impl Service {
     /// Creates a token; returns its id and its secret text (shown once).
-    pub fn create_token(
+    pub async fn create_token(
         &self,
         actor: &str,
         name: &str,
         grants: &[Grant],
         expires_at: Option<i64>,
     ) -> std::result::Result<(String, String), TokenChangeError> {
-        let (id, secret) = tokens::create_expiring(&self.store, name, grants, expires_at)?;
+        let (id, secret) = tokens::create_expiring(&*self.store, name, grants, expires_at).await?;
         self.audit(
             actor,
             "token.create",
             &id,
             json!({"grants": grants, "expiresAt": expires_at}),
-        )?;
+        )
+        .await?;
         Ok((id, secret))
     }
 
     /// Revokes a token by id.
-    pub fn revoke_token(&self, actor: &str, id: &str) -> Result<()> {
-        if !self.store.revoke_token(id)? {
+    pub async fn revoke_token(&self, actor: &str, id: &str) -> Result<()> {
+        if !self.store.revoke_token(id).await? {
             return Err(ServiceError::not_found("token", id));
         }
-        self.audit(actor, "token.revoke", id, json!({}))
+        self.audit(actor, "token.revoke", id, json!({})).await
     }
 }

@@ -84,10 +84,11 @@ pub(super) fn validate(files: &[NewWorkspaceFile]) -> Result<Vec<WorkspaceFile>>
 
 impl Service {
     /// An Agent's initial workspace files (names, sizes, digests) and their setup state.
-    pub fn workspace(&self, ns: &str, agent: &str) -> Result<WorkspaceSetupInfo> {
-        self.agent(ns, agent)?;
+    pub async fn workspace(&self, ns: &str, agent: &str) -> Result<WorkspaceSetupInfo> {
+        self.agent(ns, agent).await?;
         self.store
-            .workspace_setup(ns, agent)?
+            .workspace_setup(ns, agent)
+            .await?
             .ok_or_else(|| ServiceError::not_found("initial workspace files of Agent", agent))
     }
 }

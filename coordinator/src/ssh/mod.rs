@@ -379,6 +379,7 @@ impl SshBackend {
 
     fn status_options(&self) -> CallOptions {
         CallOptions {
+            fence: None,
             deadline: self
                 .shared
                 .settings

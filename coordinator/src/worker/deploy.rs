@@ -86,12 +86,12 @@ impl Deploy<'_> {
 impl<B: Backend> Worker<B> {
     /// Runs a deploy item through its phases.
     pub(super) async fn deploy(&self, work: &Work) -> Result<Step, Step> {
-        let mut d = self.load_deploy(work)?;
+        let mut d = self.load_deploy(work).await?;
         for phase in phases(d.committed) {
             match phase {
                 Phase::Place => self.place_phase(&mut d).await?,
                 Phase::Prepare => self.prepare_phase(&d).await?,
-                Phase::Commit => self.commit_phase(&d)?,
+                Phase::Commit => self.commit_phase(&d).await?,
                 Phase::Activate => self.activate_phase(&d).await?,
                 Phase::Retire => self.retire_phase(&d).await?,
             }
@@ -105,7 +105,7 @@ impl<B: Backend> Worker<B> {
     /// Loads the item's state and ends it at once when it no longer applies: the Agent,
     /// revision or Namespace is gone, the Agent is not meant to run, a newer revision exists,
     /// or the Namespace is being deleted.
-    fn load_deploy<'w>(&self, work: &'w Work) -> Result<Deploy<'w>, Step> {
+    async fn load_deploy<'w>(&self, work: &'w Work) -> Result<Deploy<'w>, Step> {
         let (Some(agent_id), Some(rev_id)) = (&work.agent_id, &work.revision_id) else {
             return Err(failed(
                 Code::InvalidWork,
@@ -113,12 +113,13 @@ impl<B: Backend> Worker<B> {
             ));
         };
         let ns_id = &work.namespace_id;
-        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
+        let Some(agent) = self.store.agent(ns_id, agent_id).await.map_err(store_err)? else {
             return Err(done(Code::AgentGone, "the Agent was deleted"));
         };
         let Some(rev) = self
             .store
             .revision(ns_id, agent_id, rev_id)
+            .await
             .map_err(store_err)?
         else {
             return Err(done(Code::RevisionGone, "the revision was deleted"));
@@ -129,7 +130,11 @@ impl<B: Backend> Worker<B> {
                 "the Agent is no longer meant to run",
             ));
         }
-        let revisions = self.store.revisions(ns_id, agent_id).map_err(store_err)?;
+        let revisions = self
+            .store
+            .revisions(ns_id, agent_id)
+            .await
+            .map_err(store_err)?;
         // A newer revision supersedes this one, unless this one is active again because the
         // newer one failed (a restore, then a reconcile of the restored revision).
         let is_active = agent.active_revision_id.as_deref() == Some(rev_id.as_str());
@@ -138,11 +143,18 @@ impl<B: Backend> Worker<B> {
             .any(|r| r.number > rev.number && !(is_active && r.status == RevisionStatus::Failed))
         {
             self.store
-                .set_revision_status(ns_id, agent_id, rev_id, RevisionStatus::Superseded)
+                .set_revision_status(
+                    &work.claim,
+                    ns_id,
+                    agent_id,
+                    rev_id,
+                    RevisionStatus::Superseded,
+                )
+                .await
                 .map_err(store_err)?;
             return Err(done(Code::RevisionSuperseded, "a newer revision exists"));
         }
-        let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
+        let Some(ns) = self.store.namespace(ns_id).await.map_err(store_err)? else {
             return Err(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
         if ns.deleting {
@@ -168,7 +180,7 @@ impl<B: Backend> Worker<B> {
     /// Place: the cluster once its Namespace is ready, or a pool host with room (ensuring
     /// the Namespace there first).
     async fn place_phase(&self, d: &mut Deploy<'_>) -> Result<(), Step> {
-        let target = match self.cluster_target(&d.ns)? {
+        let target = match self.cluster_target(&d.ns).await? {
             Some(cluster) if d.ns.ready => cluster,
             Some(_) => {
                 return Err(Step::Retry {
@@ -179,7 +191,7 @@ impl<B: Backend> Worker<B> {
                 });
             }
             None => {
-                let Some(host) = self.place(&d.ns, &d.agent)? else {
+                let Some(host) = self.place(d.work, &d.ns, &d.agent).await? else {
                     return Err(Step::Retry {
                         code: Code::NoHostAvailable.as_str().to_owned(),
                         message: "no ready pool host has room for this Agent yet".to_owned(),
@@ -188,7 +200,7 @@ impl<B: Backend> Worker<B> {
                     });
                 };
                 if !d.ns.ready_hosts.contains(&host.name) {
-                    self.ensure_on(&d.ns, &host).await?;
+                    self.ensure_on(d.work, &d.ns, &host).await?;
                 }
                 self.target(&host)?
             }
@@ -201,31 +213,33 @@ impl<B: Backend> Worker<B> {
     async fn prepare_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
         let spec = super::revision_spec(&d.reference, &d.rev.rendered)
             .map_err(|(code, message)| failed(code, message))?;
-        let workspace = self.workspace_setup(d)?;
+        let workspace = self.workspace_setup(d).await?;
         let op = Operation::PrepareRevision(PrepareArgs {
             namespace: d.namespace.clone(),
             agent: d.agent_ref.clone(),
             revision: spec,
             workspace,
         });
-        match self.backend.call(d.target()?, op, self.options()).await {
+        match self.call(d.work, d.target()?, op).await? {
             Err(e) => {
                 if e.code() == FailureCode::WorkspaceSetupFailed.as_str() {
                     let message = e.to_string();
                     self.store
                         .set_workspace_state(
+                            &d.work.claim,
                             &d.work.namespace_id,
                             &d.agent.id,
                             WorkspaceState::Failed,
                             Some((e.code(), &message)),
                             crate::clock::now_seconds(),
                         )
+                        .await
                         .map_err(store_err)?;
                 }
                 Err(self.call_failed(d.work, e, d.committed))
             }
             Ok(OperationResult::PrepareRevision(p)) => {
-                self.observe(&d.agent, &p.observation);
+                self.observe(d.work, &d.agent, &p.observation).await;
                 // A host applied them (or had); a cluster only staged them for the Pod, and its
                 // ready activation says they were applied.
                 if matches!(
@@ -234,18 +248,21 @@ impl<B: Backend> Worker<B> {
                 ) {
                     self.store
                         .set_workspace_state(
+                            &d.work.claim,
                             &d.work.namespace_id,
                             &d.agent.id,
                             WorkspaceState::Applied,
                             None,
                             crate::clock::now_seconds(),
                         )
+                        .await
                         .map_err(store_err)?;
                 }
                 if p.ready {
                     return Ok(());
                 }
-                self.set_status(d, &d.rev.id, RevisionStatus::Superseded)?;
+                self.set_status(d, &d.rev.id, RevisionStatus::Superseded)
+                    .await?;
                 Err(done(
                     Code::RevisionSuperseded,
                     "the host already runs a newer revision",
@@ -260,11 +277,12 @@ impl<B: Backend> Worker<B> {
 
     /// The Agent's initial workspace files for a prepare: the manifest always (the target
     /// keeps its start guard armed from it), the contents while the coordinator holds them.
-    fn workspace_setup(&self, d: &Deploy<'_>) -> Result<Option<WorkspaceSetup>, Step> {
+    async fn workspace_setup(&self, d: &Deploy<'_>) -> Result<Option<WorkspaceSetup>, Step> {
         let ns = &d.work.namespace_id;
         let Some(info) = self
             .store
             .workspace_setup(ns, &d.agent.id)
+            .await
             .map_err(store_err)?
         else {
             return Ok(None);
@@ -291,6 +309,7 @@ impl<B: Backend> Worker<B> {
             Some(
                 self.store
                     .workspace_contents(ns, &d.agent.id)
+                    .await
                     .map_err(store_err)?,
             )
         } else {
@@ -302,11 +321,12 @@ impl<B: Backend> Worker<B> {
     /// After a successful activation the workspace files were applied (a host did it in
     /// prepare; a cluster's Pod in its init container before it became ready): the
     /// coordinator records that and forgets their contents (names, sizes and digests stay).
-    fn drop_applied_workspace(&self, d: &Deploy<'_>) -> Result<(), Step> {
+    async fn drop_applied_workspace(&self, d: &Deploy<'_>) -> Result<(), Step> {
         let ns = &d.work.namespace_id;
         let Some(info) = self
             .store
             .workspace_setup(ns, &d.agent.id)
+            .await
             .map_err(store_err)?
         else {
             return Ok(());
@@ -314,18 +334,21 @@ impl<B: Backend> Worker<B> {
         if info.state != WorkspaceState::Applied {
             self.store
                 .set_workspace_state(
+                    &d.work.claim,
                     ns,
                     &d.agent.id,
                     WorkspaceState::Applied,
                     None,
                     crate::clock::now_seconds(),
                 )
+                .await
                 .map_err(store_err)?;
         }
         if info.files.iter().any(|f| f.content_held) {
             let n = self
                 .store
-                .drop_workspace_contents(ns, &d.agent.id)
+                .drop_workspace_contents(&d.work.claim, ns, &d.agent.id)
+                .await
                 .map_err(store_err)?;
             tracing::info!(work_id = d.work.id, agent = %d.agent.id, files = n, "workspace file contents dropped after activation");
         }
@@ -334,8 +357,9 @@ impl<B: Backend> Worker<B> {
 
     /// Commit: compare-and-set the Agent's active revision; another writer wins only with a
     /// newer one.
-    fn commit_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
-        self.set_status(d, &d.rev.id, RevisionStatus::Prepared)?;
+    async fn commit_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        self.set_status(d, &d.rev.id, RevisionStatus::Prepared)
+            .await?;
         if let Some(active) = &d.agent.active_revision_id
             && let Some(current) = d.revisions.iter().find(|r| &r.id == active)
             && current.number >= d.rev.number
@@ -345,11 +369,13 @@ impl<B: Backend> Worker<B> {
         let swapped = self
             .store
             .commit_revision(
+                &d.work.claim,
                 &d.work.namespace_id,
                 &d.agent.id,
                 d.agent.active_revision_id.as_deref(),
                 &d.rev.id,
             )
+            .await
             .map_err(store_err)?;
         if swapped {
             return Ok(());
@@ -394,9 +420,13 @@ impl<B: Backend> Worker<B> {
         }
         let sent_restore = args.restore.is_some();
         let mut outcome = self
-            .backend
-            .call(target, Operation::ActivateRevision(args.clone()), options)
-            .await;
+            .call_with(
+                d.work,
+                target,
+                Operation::ActivateRevision(args.clone()),
+                options,
+            )
+            .await?;
         if sent_restore
             && let Err(CallError::Failed(f)) = &outcome
             && f.code == FailureCode::InvalidInput
@@ -410,13 +440,13 @@ impl<B: Backend> Worker<B> {
             );
             args.restore = None;
             outcome = self
-                .backend
-                .call(target, Operation::ActivateRevision(args), self.options())
-                .await;
+                .call(d.work, target, Operation::ActivateRevision(args))
+                .await?;
         }
         match outcome {
             Err(CallError::Failed(f)) if f.code == FailureCode::Superseded => {
-                self.set_status(d, &d.rev.id, RevisionStatus::Superseded)?;
+                self.set_status(d, &d.rev.id, RevisionStatus::Superseded)
+                    .await?;
                 Err(done(Code::RevisionSuperseded, f.message))
             }
             Err(e) => {
@@ -427,24 +457,32 @@ impl<B: Backend> Worker<B> {
                 // candidate, which is not ready).
                 let verify = Operation::VerifyRevision(d.revision_args());
                 if let Ok(OperationResult::VerifyRevision(v)) =
-                    self.backend.call(target, verify, self.options()).await
+                    self.call(d.work, target, verify).await?
                 {
-                    self.observe(&d.agent, &v.observation);
+                    self.observe(d.work, &d.agent, &v.observation).await;
                 }
                 Err(self.call_failed(d.work, e, true))
             }
             Ok(OperationResult::ActivateRevision(a)) => {
-                self.observe(&d.agent, &a.observation);
+                self.observe(d.work, &d.agent, &a.observation).await;
                 if let Some(restored) = a.restored {
                     return Err(self.restored(d, restored).await);
                 }
                 if d.rev.runtime_failure.is_some() {
                     self.store
-                        .set_runtime_failure(&d.work.namespace_id, &d.agent.id, &d.rev.id, None)
+                        .set_runtime_failure(
+                            &d.work.claim,
+                            &d.work.namespace_id,
+                            &d.agent.id,
+                            &d.rev.id,
+                            None,
+                        )
+                        .await
                         .map_err(store_err)?;
                 }
-                self.set_status(d, &d.rev.id, RevisionStatus::Active)?;
-                self.drop_applied_workspace(d)
+                self.set_status(d, &d.rev.id, RevisionStatus::Active)
+                    .await?;
+                self.drop_applied_workspace(d).await
             }
             Ok(other) => Err(failed(
                 Code::InvalidHostResult,
@@ -460,32 +498,41 @@ impl<B: Backend> Worker<B> {
         let candidate = CallError::Failed(r.candidate_failure.clone());
         self.keep_evidence(d, &candidate).await;
         let back = r.revision.as_str();
-        let swapped = match self.store.cas_active_revision(
-            &d.work.namespace_id,
-            &d.agent.id,
-            Some(&d.rev.id),
-            Some(back),
-        ) {
+        let swapped = match self
+            .store
+            .cas_active_revision(
+                &d.work.claim,
+                &d.work.namespace_id,
+                &d.agent.id,
+                Some(&d.rev.id),
+                Some(back),
+            )
+            .await
+        {
             Ok(s) => s,
             Err(e) => return store_err(e),
         };
-        if swapped && let Err(e) = self.set_status(d, back, RevisionStatus::Active) {
+        if swapped && let Err(e) = self.set_status(d, back, RevisionStatus::Active).await {
             return e;
         }
-        let _ = self.store.audit(
-            "worker",
-            "agent.restore",
-            &format!("{}/{}", d.work.namespace_id, d.agent.id),
-            &serde_json::json!({
-                "candidate": d.rev.id,
-                "restored": back,
-                "code": r.candidate_failure.code,
-                "message": r.candidate_failure.message,
-                "workId": d.work.id,
-                "activeRevisionId": if swapped { back } else { d.rev.id.as_str() },
-            }),
-            crate::clock::now_seconds(),
-        );
+        let _ = self
+            .store
+            .audit_work(
+                &d.work.claim,
+                "worker",
+                "agent.restore",
+                &format!("{}/{}", d.work.namespace_id, d.agent.id),
+                &serde_json::json!({
+                    "candidate": d.rev.id,
+                    "restored": back,
+                    "code": r.candidate_failure.code,
+                    "message": r.candidate_failure.message,
+                    "workId": d.work.id,
+                    "activeRevisionId": if swapped { back } else { d.rev.id.as_str() },
+                }),
+                crate::clock::now_seconds(),
+            )
+            .await;
         tracing::warn!(work_id = d.work.id, candidate = %d.rev.id, restored = back, "candidate failed; the last served revision serves again");
         failed(
             Code::RevisionRestored,
@@ -507,8 +554,8 @@ impl<B: Backend> Worker<B> {
             agent: d.agent_ref.clone(),
             evidence_lines: crate::service::EVIDENCE_LINES,
         });
-        let report = match self.backend.call(target, op, self.options()).await {
-            Ok(OperationResult::AgentRuntime(r)) => Some(*r),
+        let report = match self.call(d.work, target, op).await {
+            Ok(Ok(OperationResult::AgentRuntime(r))) => Some(*r),
             _ => None,
         };
         let message = match e {
@@ -516,12 +563,17 @@ impl<B: Backend> Worker<B> {
             other => other.to_string(),
         };
         let evidence = crate::service::runtime_failure(e.code(), &message, report.as_ref());
-        if let Err(err) = self.store.set_runtime_failure(
-            &d.work.namespace_id,
-            &d.agent.id,
-            &d.rev.id,
-            Some(&evidence),
-        ) {
+        if let Err(err) = self
+            .store
+            .set_runtime_failure(
+                &d.work.claim,
+                &d.work.namespace_id,
+                &d.agent.id,
+                &d.rev.id,
+                Some(&evidence),
+            )
+            .await
+        {
             tracing::warn!(
                 work_id = d.work.id,
                 "cannot keep the failure evidence: {err}"
@@ -541,17 +593,29 @@ impl<B: Backend> Worker<B> {
                 agent: d.agent_ref.clone(),
                 revision: Self::revision_ref(old)?,
             });
-            match self.backend.call(d.target()?, op, self.options()).await {
-                Ok(_) => self.set_status(d, &old.id, RevisionStatus::Retired)?,
+            match self.call(d.work, d.target()?, op).await? {
+                Ok(_) => self.set_status(d, &old.id, RevisionStatus::Retired).await?,
                 Err(e) => return Err(self.call_failed(d.work, e, true)),
             }
         }
         Ok(())
     }
 
-    fn set_status(&self, d: &Deploy<'_>, rev: &str, status: RevisionStatus) -> Result<(), Step> {
+    async fn set_status(
+        &self,
+        d: &Deploy<'_>,
+        rev: &str,
+        status: RevisionStatus,
+    ) -> Result<(), Step> {
         self.store
-            .set_revision_status(&d.work.namespace_id, &d.agent.id, rev, status)
+            .set_revision_status(
+                &d.work.claim,
+                &d.work.namespace_id,
+                &d.agent.id,
+                rev,
+                status,
+            )
+            .await
             .map_err(store_err)
     }
 }

@@ -4,6 +4,7 @@
 //! is idempotent on the target, so a crash at any point resumes by running the item again
 //! once its lease expires.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +19,12 @@ use crate::backend::{Backend, CallError, CallOptions, Target};
 use crate::codes::Code;
 use crate::config::WorkerSettings;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
-use crate::store::{Store, StoreError, Work, WorkKind, WorkState};
+use crate::store::{SharedStore, StoreError, Work, WorkEnd, WorkKind, WorkState};
 
 mod deploy;
+mod lease;
+
+pub use lease::{Lease, LeaseLost};
 
 /// The harness version revisions are deployed with.
 pub const HARNESS_VERSION: &str = "2026.9.6";
@@ -139,10 +143,12 @@ impl Drop for AbortOnDrop {
 
 /// The worker.
 pub struct Worker<B: Backend> {
-    pub store: Store,
+    pub store: SharedStore,
     pub backend: Arc<B>,
     pub settings: WorkerSettings,
     pub owner: String,
+    /// The lease of every item in progress here, by work id.
+    leases: std::sync::Mutex<HashMap<i64, Lease>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Worker<B> {
@@ -153,14 +159,26 @@ impl<B: Backend> std::fmt::Debug for Worker<B> {
     }
 }
 
+/// Why a pass ended without a step to record.
+fn lost(e: &LeaseLost) -> Step {
+    failed(
+        Code::ClaimLost,
+        match e {
+            LeaseLost::Replaced => "another claim replaced this one".to_owned(),
+            LeaseLost::Lapsed { error } => format!("the lease lapsed: {error}"),
+        },
+    )
+}
+
 impl<B: Backend> Worker<B> {
     /// A worker with a unique lease owner name.
-    pub fn new(store: Store, backend: Arc<B>, settings: WorkerSettings) -> Self {
+    pub fn new(store: SharedStore, backend: Arc<B>, settings: WorkerSettings) -> Self {
         Self {
-            owner: format!("{}@{}", std::process::id(), now_ms()),
+            owner: format!("{}@{}:{}", std::process::id(), hostname(), now_ms()),
             store,
             backend,
             settings,
+            leases: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -174,8 +192,11 @@ impl<B: Backend> Worker<B> {
             let Ok(permit) = slots.clone().acquire_owned().await else {
                 return;
             };
-            let lease = self.settings.lease.as_millis() as i64;
-            match self.store.claim_work(&self.owner, now_ms(), lease) {
+            match self
+                .store
+                .claim_work(&self.owner, self.settings.lease)
+                .await
+            {
                 Ok(Some(work)) => {
                     let me = self.clone();
                     tokio::spawn(async move {
@@ -204,34 +225,78 @@ impl<B: Backend> Worker<B> {
     pub async fn run_once(&self) -> Option<(Work, Step)> {
         let work = self
             .store
-            .claim_work(
-                &self.owner,
-                now_ms(),
-                self.settings.lease.as_millis() as i64,
-            )
+            .claim_work(&self.owner, self.settings.lease)
+            .await
             .ok()??;
         let step = self.process(work.clone()).await;
         Some((work, step))
     }
 
+    fn lease_of(&self, work: &Work) -> Option<Lease> {
+        match self.leases.lock() {
+            Ok(m) => m.get(&work.id).cloned(),
+            Err(p) => p.into_inner().get(&work.id).cloned(),
+        }
+    }
+
+    fn set_lease(&self, work: &Work, lease: Option<Lease>) {
+        let mut m = match self.leases.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        match lease {
+            Some(l) => {
+                m.insert(work.id, l);
+            }
+            None => {
+                m.remove(&work.id);
+            }
+        }
+    }
+
+    /// One host or cluster call on behalf of a claimed item: the lease is renewed first, and
+    /// no call is issued once it is lost. The Agent's fence from the claim travels with the
+    /// operation, so a target refuses it once a later claim moved the Agent on; that refusal
+    /// ends the pass as a lost claim.
+    async fn call_with(
+        &self,
+        work: &Work,
+        target: &Target,
+        op: Operation,
+        options: CallOptions,
+    ) -> Result<Result<OperationResult, CallError>, Step> {
+        if let Some(lease) = self.lease_of(work) {
+            lease.renew().await.map_err(|e| lost(&e))?;
+        }
+        let options = CallOptions {
+            fence: work.fence,
+            ..options
+        };
+        let result = self.backend.call(target, op, options).await;
+        if let Err(CallError::Failed(f)) = &result
+            && f.code == FailureCode::FenceStale
+        {
+            return Err(failed(Code::ClaimLost, f.to_string()));
+        }
+        Ok(result)
+    }
+
+    /// [`Worker::call_with`] with the configured deadline.
+    async fn call(
+        &self,
+        work: &Work,
+        target: &Target,
+        op: Operation,
+    ) -> Result<Result<OperationResult, CallError>, Step> {
+        self.call_with(work, target, op, self.options()).await
+    }
+
     /// Processes one claimed item and records the result.
     pub async fn process(&self, work: Work) -> Step {
+        let lease = Lease::new(self.store.clone(), work.claim, self.settings.lease);
         // Aborted when this future ends or is dropped, so a cancelled pass stops renewing.
-        let _renew = AbortOnDrop({
-            let store = self.store.clone();
-            let owner = self.owner.clone();
-            let id = work.id;
-            let lease = self.settings.lease;
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(lease / 3).await;
-                    match store.renew_lease(id, &owner, now_ms() + lease.as_millis() as i64) {
-                        Ok(true) => {}
-                        _ => return,
-                    }
-                }
-            })
-        });
+        let _renew = AbortOnDrop(lease.heartbeat());
+        self.set_lease(&work, Some(lease));
         let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
         let step = if age > self.settings.convergence_deadline {
             failed(
@@ -251,8 +316,9 @@ impl<B: Backend> Worker<B> {
             };
             result.unwrap_or_else(|s| s)
         };
+        self.set_lease(&work, None);
         let step = self.budget(&work, step);
-        self.record(&work, &step);
+        self.record(&work, &step).await;
         step
     }
 
@@ -272,8 +338,7 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    fn record(&self, work: &Work, step: &Step) {
-        let now = now_ms();
+    async fn record(&self, work: &Work, step: &Step) {
         let (code, message) = match step {
             Step::Done { code, message }
             | Step::Failed { code, message }
@@ -286,44 +351,49 @@ impl<B: Backend> Worker<B> {
             code,
             "{message}"
         );
+        if code == Code::ClaimLost.as_str() {
+            // Another claim owns the item: it records what happens; nothing is ours to write.
+            return;
+        }
         if let (Some(agent), Some(rev)) = (&work.agent_id, &work.revision_id) {
-            let _ = self.store.record_attempt(
-                &work.namespace_id,
-                agent,
-                rev,
-                code,
-                message,
-                now / 1000,
-            );
+            let claim = &work.claim;
+            let ns = &work.namespace_id;
+            let _ = self
+                .store
+                .record_attempt(claim, ns, agent, rev, code, message, now_ms() / 1000)
+                .await;
             if matches!(step, Step::Failed { .. }) {
-                let _ = self.store.set_revision_status(
-                    &work.namespace_id,
-                    agent,
-                    rev,
-                    RevisionStatus::Failed,
-                );
+                let _ = self
+                    .store
+                    .set_revision_status(claim, ns, agent, rev, RevisionStatus::Failed)
+                    .await;
             }
         }
-        let result = match step {
-            Step::Done { .. } => {
-                self.store
-                    .finish_work(work.id, &self.owner, WorkState::Done, code, message, now)
-            }
-            Step::Failed { .. } => {
-                self.store
-                    .finish_work(work.id, &self.owner, WorkState::Failed, code, message, now)
-            }
-            Step::Retry { attempt, delay, .. } => self.store.requeue_work(
-                work.id,
-                &self.owner,
-                now + delay.as_millis() as i64,
-                *attempt,
-                (code, message),
-                now,
-            ),
+        let end = match step {
+            Step::Done { .. } => WorkEnd::Finished {
+                state: WorkState::Done,
+                code,
+                message,
+            },
+            Step::Failed { .. } => WorkEnd::Finished {
+                state: WorkState::Failed,
+                code,
+                message,
+            },
+            Step::Retry { attempt, delay, .. } => WorkEnd::Requeued {
+                delay: *delay,
+                count_attempt: *attempt,
+                code,
+                message,
+            },
         };
-        if let Err(e) = result {
-            tracing::error!(work = work.id, "cannot record the outcome: {e}");
+        match self.store.end_work(&work.claim, end).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                work = work.id,
+                "the outcome was not recorded: another claim replaced this one"
+            ),
+            Err(e) => tracing::error!(work = work.id, "cannot record the outcome: {e}"),
         }
     }
 
@@ -371,19 +441,24 @@ impl<B: Backend> Worker<B> {
     }
 
     /// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
-    fn cluster_target(&self, ns: &Namespace) -> Result<Option<Target>, Step> {
-        crate::targets::cluster(&self.store, ns).map_err(target_err)
+    async fn cluster_target(&self, ns: &Namespace) -> Result<Option<Target>, Step> {
+        crate::targets::cluster(&*self.store, ns)
+            .await
+            .map_err(target_err)
     }
 
     /// Where an Agent's operations go: its Namespace's cluster, or the host it is placed on
     /// (`None` while it was never placed).
-    fn agent_target(&self, ns: &Namespace, agent: &Agent) -> Result<Option<Target>, Step> {
-        crate::targets::agent(&self.store, ns, agent).map_err(target_err)
+    async fn agent_target(&self, ns: &Namespace, agent: &Agent) -> Result<Option<Target>, Step> {
+        crate::targets::agent(&*self.store, ns, agent)
+            .await
+            .map_err(target_err)
     }
 
     fn options(&self) -> CallOptions {
         CallOptions {
             deadline: Duration::from_secs(u64::from(self.settings.operation_deadline_seconds)),
+            fence: None,
         }
     }
 
@@ -394,16 +469,16 @@ impl<B: Backend> Worker<B> {
         })
     }
 
-    async fn ensure_on(&self, ns: &Namespace, host: &Host) -> Result<(), Step> {
+    async fn ensure_on(&self, work: &Work, ns: &Namespace, host: &Host) -> Result<(), Step> {
         let op = Operation::EnsureNamespace(NamespaceArgs {
             namespace: Self::namespace_ref(ns)?,
         });
-        self.backend
-            .call(&self.target(host)?, op, self.options())
-            .await
+        self.call(work, &self.target(host)?, op)
+            .await?
             .map_err(|e| self.call_failed_plain(e))?;
         self.store
-            .set_namespace_host_ready(&ns.id, &host.name, true)
+            .set_namespace_host_ready(&work.claim, &ns.id, &host.name, true)
+            .await
             .map_err(store_err)?;
         Ok(())
     }
@@ -428,19 +503,21 @@ impl<B: Backend> Worker<B> {
         let Some(ns) = self
             .store
             .namespace(&work.namespace_id)
+            .await
             .map_err(store_err)?
         else {
             return Ok(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
-        if let Some(cluster) = self.cluster_target(&ns)? {
+        if let Some(cluster) = self.cluster_target(&ns).await? {
             let op = Operation::EnsureNamespace(NamespaceArgs {
                 namespace: Self::namespace_ref(&ns)?,
             });
-            if let Err(e) = self.backend.call(&cluster, op, self.options()).await {
+            if let Err(e) = self.call(work, &cluster, op).await? {
                 return Ok(self.call_failed(work, e, false));
             }
             self.store
-                .set_namespace_cluster_ready(&ns.id, true)
+                .set_namespace_cluster_ready(&work.claim, &ns.id, true)
+                .await
                 .map_err(store_err)?;
             return Ok(done(
                 Code::NamespaceReady,
@@ -449,10 +526,10 @@ impl<B: Backend> Worker<B> {
         }
         let mut pending = Vec::new();
         for name in ns.hosts.iter().filter(|h| !ns.ready_hosts.contains(h)) {
-            let Some(host) = self.store.host(name).map_err(store_err)? else {
+            let Some(host) = self.store.host(name).await.map_err(store_err)? else {
                 continue;
             };
-            if let Err(step) = self.ensure_on(&ns, &host).await {
+            if let Err(step) = self.ensure_on(work, &ns, &host).await {
                 pending.push((name.clone(), step));
             }
         }
@@ -477,22 +554,29 @@ impl<B: Backend> Worker<B> {
         let Some(ns) = self
             .store
             .namespace(&work.namespace_id)
+            .await
             .map_err(store_err)?
         else {
             return Ok(done(Code::NamespaceDeleted, "already gone"));
         };
-        if !self.store.agents(&ns.id).map_err(store_err)?.is_empty() {
+        if !self
+            .store
+            .agents(&ns.id)
+            .await
+            .map_err(store_err)?
+            .is_empty()
+        {
             return Ok(failed(
                 Code::NamespaceNotEmpty,
                 "the Namespace still has Agents",
             ));
         }
         let mut targets = Vec::new();
-        if let Some(cluster) = self.cluster_target(&ns)? {
+        if let Some(cluster) = self.cluster_target(&ns).await? {
             targets.push(cluster);
         }
         for name in &ns.hosts {
-            if let Some(host) = self.store.host(name).map_err(store_err)? {
+            if let Some(host) = self.store.host(name).await.map_err(store_err)? {
                 targets.push(self.target(&host)?);
             }
         }
@@ -500,29 +584,41 @@ impl<B: Backend> Worker<B> {
             let op = Operation::DeleteNamespace(NamespaceArgs {
                 namespace: Self::namespace_ref(&ns)?,
             });
-            if let Err(e) = self.backend.call(target, op, self.options()).await {
+            if let Err(e) = self.call(work, target, op).await? {
                 return Ok(self.call_failed(work, e, false));
             }
         }
-        self.store.delete_namespace_row(&ns.id).map_err(store_err)?;
+        self.store
+            .delete_namespace_row(&work.claim, &ns.id)
+            .await
+            .map_err(store_err)?;
         Ok(done(Code::NamespaceDeleted, "removed from every pool host"))
     }
 
     /// Picks a ready pool host with room, least loaded first.
-    fn place(&self, ns: &Namespace, agent: &Agent) -> Result<Option<Host>, Step> {
+    async fn place(
+        &self,
+        work: &Work,
+        ns: &Namespace,
+        agent: &Agent,
+    ) -> Result<Option<Host>, Step> {
         if let Some(name) = &agent.host {
-            return self.store.host(name).map_err(store_err);
+            return self.store.host(name).await.map_err(store_err);
         }
-        let Some(host) = crate::targets::least_loaded(&self.store, ns).map_err(store_err)? else {
+        let Some(host) = crate::targets::least_loaded(&*self.store, ns)
+            .await
+            .map_err(store_err)?
+        else {
             return Ok(None);
         };
         let placed = self
             .store
-            .place_agent(&ns.id, &agent.id, &host.name)
+            .place_agent(&work.claim, &ns.id, &agent.id, &host.name)
+            .await
             .map_err(store_err)?;
         match placed {
             Some(p) if p == host.name => Ok(Some(host)),
-            Some(p) => self.store.host(&p).map_err(store_err),
+            Some(p) => self.store.host(&p).await.map_err(store_err),
             None => Ok(None),
         }
     }
@@ -541,18 +637,22 @@ impl<B: Backend> Worker<B> {
     /// Records what the host reports. A revision counts as served only while `current` still
     /// names it: once activation has switched `current` to a candidate that is not ready yet,
     /// the previous revision no longer runs, whatever an older `served.json` says.
-    fn observe(&self, agent: &Agent, o: &AgentObservation) {
+    async fn observe(&self, work: &Work, agent: &Agent, o: &AgentObservation) {
         let served = o
             .served
             .as_ref()
             .filter(|s| o.current.as_ref() == Some(*s))
             .map(|s| s.as_str().to_owned());
-        let _ = self.store.set_agent_observed(
-            &agent.namespace_id,
-            &agent.id,
-            o.port,
-            served.as_deref(),
-        );
+        let _ = self
+            .store
+            .set_agent_observed(
+                &work.claim,
+                &agent.namespace_id,
+                &agent.id,
+                o.port,
+                served.as_deref(),
+            )
+            .await;
     }
 
     async fn stop(&self, work: &Work) -> Result<Step, Step> {
@@ -560,7 +660,7 @@ impl<B: Backend> Worker<B> {
             return Ok(failed(Code::InvalidWork, "stop work without an Agent"));
         };
         let ns_id = &work.namespace_id;
-        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
+        let Some(agent) = self.store.agent(ns_id, agent_id).await.map_err(store_err)? else {
             return Ok(done(Code::AgentGone, "the Agent was deleted"));
         };
         if agent.desired_state != DesiredState::Stopped {
@@ -573,9 +673,10 @@ impl<B: Backend> Worker<B> {
             return Ok(done(Code::RevisionStopped, "nothing was running"));
         };
         let (Some(ns), Some(rev)) = (
-            self.store.namespace(ns_id).map_err(store_err)?,
+            self.store.namespace(ns_id).await.map_err(store_err)?,
             self.store
                 .revision(ns_id, agent_id, active)
+                .await
                 .map_err(store_err)?,
         ) else {
             return Ok(failed(
@@ -583,7 +684,7 @@ impl<B: Backend> Worker<B> {
                 "the Agent's Namespace or revision is missing",
             ));
         };
-        let Some(target) = self.agent_target(&ns, &agent)? else {
+        let Some(target) = self.agent_target(&ns, &agent).await? else {
             return Ok(done(Code::RevisionStopped, "nothing was running"));
         };
         let op = Operation::StopRevision(RevisionArgs {
@@ -591,17 +692,27 @@ impl<B: Backend> Worker<B> {
             agent: Self::agent_ref(&agent)?,
             revision: Self::revision_ref(&rev)?,
         });
-        match self.backend.call(&target, op, self.options()).await {
-            Ok(OperationResult::StopRevision(s)) => self.observe(&agent, &s.observation),
+        match self.call(work, &target, op).await? {
+            Ok(OperationResult::StopRevision(s)) => {
+                self.observe(work, &agent, &s.observation).await
+            }
             Ok(_) => {}
             Err(e) => return Ok(self.call_failed(work, e, false)),
         }
         // Only now that the host stopped is the active revision cleared.
         self.store
-            .cas_active_revision(ns_id, agent_id, Some(active), None)
+            .cas_active_revision(&work.claim, ns_id, agent_id, Some(active), None)
+            .await
             .map_err(store_err)?;
         self.store
-            .set_revision_status(ns_id, agent_id, active, RevisionStatus::Stopped)
+            .set_revision_status(
+                &work.claim,
+                ns_id,
+                agent_id,
+                active,
+                RevisionStatus::Stopped,
+            )
+            .await
             .map_err(store_err)?;
         Ok(done(
             Code::RevisionStopped,
@@ -614,27 +725,35 @@ impl<B: Backend> Worker<B> {
             return Ok(failed(Code::InvalidWork, "delete work without an Agent"));
         };
         let ns_id = &work.namespace_id;
-        let Some(agent) = self.store.agent(ns_id, agent_id).map_err(store_err)? else {
+        let Some(agent) = self.store.agent(ns_id, agent_id).await.map_err(store_err)? else {
             return Ok(done(Code::AgentDeleted, "already gone"));
         };
-        let Some(ns) = self.store.namespace(ns_id).map_err(store_err)? else {
+        let Some(ns) = self.store.namespace(ns_id).await.map_err(store_err)? else {
             return Ok(failed(
                 Code::InvalidState,
                 "the Agent's Namespace is missing",
             ));
         };
-        if let Some(target) = self.agent_target(&ns, &agent)? {
+        if let Some(target) = self.agent_target(&ns, &agent).await? {
             let op = Operation::DeleteAgent(AgentArgs {
                 namespace: Self::namespace_ref(&ns)?,
                 agent: Self::agent_ref(&agent)?,
             });
-            if let Err(e) = self.backend.call(&target, op, self.options()).await {
+            if let Err(e) = self.call(work, &target, op).await? {
                 return Ok(self.call_failed(work, e, false));
             }
         }
         self.store
-            .delete_agent_row(ns_id, agent_id)
+            .delete_agent_row(&work.claim, ns_id, agent_id)
+            .await
             .map_err(store_err)?;
         Ok(done(Code::AgentDeleted, "removed from its host"))
     }
+}
+
+/// This machine's name, for lease owners in logs and the database.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
 }

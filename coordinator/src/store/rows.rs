@@ -1,0 +1,262 @@
+//! The typed rows the store reads and writes that are not part of the API's model
+//! (`crate::model`): work items and their claims, tokens, and what an insert did.
+
+use std::time::Duration;
+
+use crate::model::Grant;
+
+/// What inserting a Namespace did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamespaceInsert {
+    Inserted,
+    /// A Namespace of that id exists.
+    Exists,
+    /// The pool would share `host` with `namespace`, and one of the two is single-tenant.
+    HostShared {
+        host: String,
+        namespace: String,
+    },
+}
+
+/// What creating a revision did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RevisionInsert {
+    /// Created and queued: the deploy work's id.
+    Queued(i64),
+    /// Refused: the Agent belongs to this open rollout.
+    InRollout(i64),
+}
+
+/// What inserting a rollout did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutInsert {
+    Created(i64),
+    /// The Agent belongs to another open rollout.
+    Busy {
+        agent: String,
+        rollout: i64,
+    },
+    /// The Agent does not exist or is being deleted.
+    AgentUnavailable(String),
+}
+
+/// A rollout to insert: its settings and, per Agent in deploy order, its wave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolloutRow {
+    pub namespace_id: String,
+    pub configuration_id: String,
+    pub configuration_generation: u32,
+    pub canary: u32,
+    pub max_parallel: u32,
+    pub max_failures: u32,
+    pub pause_between_seconds: u32,
+    pub manual_promote: bool,
+    pub created_by: String,
+    pub agents: Vec<(String, u32)>,
+    /// Seconds since the epoch.
+    pub now: i64,
+}
+
+/// A live (not revoked) token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    pub id: String,
+    pub grants: Vec<Grant>,
+    /// Seconds since the epoch after which the token is refused; `None`: never.
+    pub expires_at: Option<i64>,
+}
+
+/// A token to store: its id, name, the hash of its secret, its grants and optional expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewToken<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub secret_hash: &'a str,
+    pub grants: &'a [Grant],
+    /// Seconds since the epoch.
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+}
+
+/// One claim on a work item. Only the holder of the current token may publish the item's
+/// result, move its revision, or write audit for it: every such write names the claim and is
+/// refused with [`super::StoreError::ClaimLost`] once another claim replaced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub work: i64,
+    /// Bumped by every claim of the item.
+    pub token: i64,
+}
+
+/// A unit of deployment work, as claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Work {
+    pub id: i64,
+    pub kind: WorkKind,
+    pub namespace_id: String,
+    pub agent_id: Option<String>,
+    pub revision_id: Option<String>,
+    pub attempts: u32,
+    /// Milliseconds since the epoch.
+    pub created_at: i64,
+    pub claim: Claim,
+    /// The Agent's fence after this claim bumped it (Agent-scoped work whose Agent exists):
+    /// operations carry it so a target refuses anything older once a later claim moved on.
+    pub fence: Option<u64>,
+}
+
+/// Work to put in the queue. Every change of desired state names the work it queues, and the
+/// store writes both in one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueue {
+    pub kind: WorkKind,
+    pub namespace_id: String,
+    pub agent_id: Option<String>,
+    pub revision_id: Option<String>,
+}
+
+impl Enqueue {
+    pub fn namespace(kind: WorkKind, ns: &str) -> Self {
+        Self {
+            kind,
+            namespace_id: ns.to_owned(),
+            agent_id: None,
+            revision_id: None,
+        }
+    }
+
+    pub fn agent(kind: WorkKind, ns: &str, agent: &str) -> Self {
+        Self {
+            kind,
+            namespace_id: ns.to_owned(),
+            agent_id: Some(agent.to_owned()),
+            revision_id: None,
+        }
+    }
+
+    pub fn deploy(ns: &str, agent: &str, revision: &str) -> Self {
+        Self {
+            kind: WorkKind::Deploy,
+            namespace_id: ns.to_owned(),
+            agent_id: Some(agent.to_owned()),
+            revision_id: Some(revision.to_owned()),
+        }
+    }
+}
+
+/// How a claimed item ends one pass: finished (done or failed), or back in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkEnd<'a> {
+    Finished {
+        state: WorkState,
+        code: &'a str,
+        message: &'a str,
+    },
+    Requeued {
+        delay: Duration,
+        count_attempt: bool,
+        code: &'a str,
+        message: &'a str,
+    },
+}
+
+macro_rules! text_enum {
+    ($(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+        pub enum $name {
+            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $( $name::$variant => $text, )* }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $( $text => Some($name::$variant), )* _ => None }
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// What a work item does.
+    WorkKind {
+        EnsureNamespace = "ensure-namespace",
+        Deploy = "deploy",
+        Stop = "stop",
+        DeleteAgent = "delete-agent",
+        DeleteNamespace = "delete-namespace",
+    }
+}
+
+impl WorkKind {
+    /// Kinds that hold their whole lane (the Agent, or for Namespace-level kinds the whole
+    /// Namespace) until they finish: nothing queued after them in that lane runs first.
+    pub const BARRIERS: &'static [WorkKind] = &[
+        WorkKind::EnsureNamespace,
+        WorkKind::DeleteNamespace,
+        WorkKind::DeleteAgent,
+    ];
+}
+
+text_enum! {
+    /// Where a work item is in the queue.
+    WorkState {
+        /// Waiting for its `not_before` time and a free lane.
+        Queued = "queued",
+        /// Claimed by a worker under a lease.
+        Running = "running",
+        /// Finished; its last code says how.
+        Done = "done",
+        /// Finished without success; retrying cannot help (or the budget is spent).
+        Failed = "failed",
+    }
+}
+
+/// A work item as deployment status and `occ ... --wait` show it: what it does, where it is,
+/// and its last attempt (code, message, time in seconds), so failed stop and delete work is as
+/// visible as a failed revision.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkRecord {
+    pub id: i64,
+    pub kind: WorkKind,
+    pub revision_id: Option<String>,
+    pub state: WorkState,
+    /// Attempts that counted against the budget.
+    pub attempts: u32,
+    pub last_attempt: Option<WorkAttempt>,
+    /// Seconds since the epoch.
+    pub created_at: i64,
+}
+
+/// The last attempt at a work item.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkAttempt {
+    pub code: String,
+    pub message: String,
+    /// Seconds since the epoch.
+    pub at: i64,
+}
+
+/// The leader lease as one coordinator holds it: the singleton loops (drift sweeps, rollout
+/// scheduling, retention) run only while `is_leader`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leadership {
+    pub holder: String,
+    /// Bumped whenever the lease changes hands.
+    pub term: i64,
+    pub is_leader: bool,
+}
+
+/// What a retention pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub work: u64,
+    pub audit: u64,
+}

@@ -1,0 +1,125 @@
+//! Enrolled hosts and their pinned keys.
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, Row, params};
+use serde_json::Value;
+
+use super::{SqliteStore, json_col};
+use crate::model::Host;
+use crate::store::{HostStore, Result};
+
+const HOST_COLS: &str =
+    "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe";
+
+fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
+    Ok((
+        Host {
+            name: r.get(0)?,
+            address: r.get(1)?,
+            port: r.get(2)?,
+            host_key: r.get(3)?,
+            fingerprint: r.get(4)?,
+            max_agents: r.get(5)?,
+            enrolled_at: r.get(6)?,
+            last_probe: None,
+        },
+        r.get(7)?,
+    ))
+}
+
+fn finish_host((mut h, probe): (Host, Option<String>)) -> Result<Host> {
+    h.last_probe = probe.map(json_col).transpose()?;
+    Ok(h)
+}
+
+#[async_trait]
+impl HostStore for SqliteStore {
+    async fn insert_host(&self, h: &Host) -> Result<bool> {
+        self.transact(None, |tx| {
+            Ok(tx.execute(
+                "INSERT OR IGNORE INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn update_host(&self, h: &Host) -> Result<bool> {
+        self.transact(None, |tx| {
+            Ok(tx.execute(
+                "UPDATE hosts SET address = ?2, port = ?3, host_key = ?4, fingerprint = ?5, max_agents = ?6, last_probe = NULL WHERE name = ?1",
+                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents],
+            )? > 0)
+        })
+        .await
+    }
+
+    async fn delete_host(&self, name: &str) -> Result<Option<bool>> {
+        self.transact(None, |tx| {
+            let exists: i64 =
+                tx.query_row("SELECT COUNT(*) FROM hosts WHERE name = ?1", [name], |r| {
+                    r.get(0)
+                })?;
+            if exists == 0 {
+                return Ok(None);
+            }
+            let used: i64 = tx.query_row(
+                "SELECT (SELECT COUNT(*) FROM namespace_hosts WHERE host_name = ?1) + (SELECT COUNT(*) FROM agents WHERE host_name = ?1)",
+                [name],
+                |r| r.get(0),
+            )?;
+            if used > 0 {
+                return Ok(Some(false));
+            }
+            tx.execute("DELETE FROM hosts WHERE name = ?1", [name])?;
+            Ok(Some(true))
+        })
+        .await
+    }
+
+    async fn host(&self, name: &str) -> Result<Option<Host>> {
+        self.read(|c| {
+            c.query_row(
+                &format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"),
+                [name],
+                host_row,
+            )
+            .optional()?
+            .map(finish_host)
+            .transpose()
+        })
+        .await
+    }
+
+    async fn hosts(&self) -> Result<Vec<Host>> {
+        self.read(|c| {
+            let mut st = c.prepare(&format!("SELECT {HOST_COLS} FROM hosts ORDER BY name"))?;
+            let rows = st.query_map([], host_row)?;
+            rows.map(|r| finish_host(r?)).collect()
+        })
+        .await
+    }
+
+    async fn set_host_probe(&self, name: &str, probe: &Value) -> Result<()> {
+        self.transact(None, |tx| {
+            tx.execute(
+                "UPDATE hosts SET last_probe = ?2 WHERE name = ?1",
+                params![name, probe.to_string()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn agents_on_host(&self, name: &str) -> Result<u32> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*) FROM agents WHERE host_name = ?1",
+                [name],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+}

@@ -1,0 +1,231 @@
+//! Immutable revisions and their progress.
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, Row, Transaction, params};
+use serde_json::Value;
+
+use super::{SqliteStore, json_col, parse_col, rollouts, work};
+use crate::model::{LastAttempt, Revision, RevisionStatus};
+use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore};
+
+const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure";
+
+/// A revision row with its raw status, rendered text, last-attempt columns and evidence.
+type RevisionRow = (
+    Revision,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    u32,
+    Option<String>,
+);
+
+fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
+    Ok((
+        Revision {
+            namespace_id: r.get(0)?,
+            agent_id: r.get(1)?,
+            id: r.get(2)?,
+            number: r.get::<_, i64>(3)? as u64,
+            configuration_id: r.get(4)?,
+            configuration_generation: r.get(5)?,
+            configuration_hash: r.get(6)?,
+            status: RevisionStatus::Pending,
+            last_attempt: None,
+            created_at: r.get(13)?,
+            runtime_failure: None,
+            rendered: Value::Null,
+        },
+        r.get(8)?,
+        r.get(7)?,
+        r.get(9)?,
+        r.get(10)?,
+        r.get(11)?,
+        r.get(12)?,
+        r.get(14)?,
+    ))
+}
+
+fn finish_revision(
+    (mut rev, status, rendered, code, message, at, attempts, evidence): RevisionRow,
+) -> Result<Revision> {
+    rev.status = parse_col(&status, "revision status", RevisionStatus::parse)?;
+    rev.rendered = json_col(rendered)?;
+    rev.runtime_failure = evidence.map(json_col).transpose()?;
+    if let (Some(code), Some(at)) = (code, at) {
+        rev.last_attempt = Some(LastAttempt {
+            code,
+            message: message.unwrap_or_default(),
+            at,
+            attempts,
+        });
+    }
+    Ok(rev)
+}
+
+/// Inserts the next revision (numbered inside `tx`) and its deploy work; desired becomes
+/// running. Returns the work's id.
+pub(super) fn insert_revision(tx: &Transaction<'_>, r: &mut Revision) -> Result<i64> {
+    let last: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2",
+        params![r.namespace_id, r.agent_id],
+        |row| row.get(0),
+    )?;
+    r.number = last as u64 + 1;
+    r.id = Revision::id_for(r.number);
+    r.status = RevisionStatus::Pending;
+    tx.execute(
+        "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![r.namespace_id, r.agent_id, r.id, r.number as i64, r.configuration_id, r.configuration_generation, r.configuration_hash, r.rendered.to_string(), r.status.as_str(), r.created_at],
+    )?;
+    tx.execute(
+        "UPDATE agents SET desired_state = 'running' WHERE namespace_id = ?1 AND id = ?2",
+        params![r.namespace_id, r.agent_id],
+    )?;
+    work::enqueue(tx, &Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id))
+}
+
+#[async_trait]
+impl RevisionStore for SqliteStore {
+    async fn create_revision(&self, r: &mut Revision) -> Result<RevisionInsert> {
+        let out = self
+            .transact(None, |tx| {
+                if let Some(rollout) = rollouts::open_rollout_of(tx, &r.namespace_id, &r.agent_id)?
+                {
+                    return Ok(RevisionInsert::InRollout(rollout));
+                }
+                Ok(RevisionInsert::Queued(insert_revision(tx, r)?))
+            })
+            .await?;
+        if matches!(out, RevisionInsert::Queued(_)) {
+            self.wake.notify_one();
+        }
+        Ok(out)
+    }
+
+    async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
+        self.read(|c| {
+            c.query_row(
+                &format!(
+                    "SELECT {REV_COLS} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3"
+                ),
+                params![ns, agent, id],
+                revision_row,
+            )
+            .optional()?
+            .map(finish_revision)
+            .transpose()
+        })
+        .await
+    }
+
+    async fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>> {
+        self.read(|c| {
+            let mut st = c.prepare(&format!(
+                "SELECT {REV_COLS} FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 ORDER BY number"
+            ))?;
+            let rows = st.query_map(params![ns, agent], revision_row)?;
+            rows.map(|r| finish_revision(r?)).collect()
+        })
+        .await
+    }
+
+    async fn set_runtime_failure(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        evidence: Option<&Value>,
+    ) -> Result<()> {
+        let text = evidence.map(Value::to_string);
+        self.transact(Some(claim), |tx| {
+            tx.execute(
+                "UPDATE revisions SET runtime_failure = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+                params![ns, agent, id, text],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_revision_status(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        status: RevisionStatus,
+    ) -> Result<()> {
+        self.transact(Some(claim), |tx| {
+            tx.execute(
+                "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+                params![ns, agent, id, status.as_str()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn commit_revision(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        expected: Option<&str>,
+        candidate: &str,
+    ) -> Result<bool> {
+        self.transact(Some(claim), |tx| {
+            let n = tx.execute(
+                "UPDATE agents SET active_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2 AND active_revision_id IS ?3",
+                params![ns, agent, expected, candidate],
+            )?;
+            if n == 0 {
+                return Ok(false);
+            }
+            tx.execute(
+                "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+                params![ns, agent, candidate, RevisionStatus::Activating.as_str()],
+            )?;
+            if let Some(old) = expected {
+                tx.execute(
+                    "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3 AND status IN (?5, ?6, ?7)",
+                    params![
+                        ns,
+                        agent,
+                        old,
+                        RevisionStatus::Superseded.as_str(),
+                        RevisionStatus::Active.as_str(),
+                        RevisionStatus::Activating.as_str(),
+                        RevisionStatus::Stopped.as_str()
+                    ],
+                )?;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn record_attempt(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        code: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<()> {
+        self.transact(Some(claim), |tx| {
+            tx.execute(
+                "UPDATE revisions SET last_code = ?4, last_message = ?5, last_at = ?6, attempts = attempts + 1 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+                params![ns, agent, id, code, message, now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+}
