@@ -133,6 +133,15 @@ impl From<ServiceError> for ApiError {
             ServiceError::Conflict { code, .. } => {
                 ApiError::new(StatusCode::CONFLICT, *code, e.to_string())
             }
+            ServiceError::Store(inner) if inner.is_transient() => {
+                tracing::warn!("database unavailable: {inner}");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Code::DatabaseUnavailable,
+                    "the database cannot be reached right now; nothing was stored; retry",
+                )
+                .retry_after(1)
+            }
             ServiceError::Store(inner) => {
                 tracing::error!("store failure: {inner}");
                 ApiError::new(

@@ -27,6 +27,7 @@ use crate::model::{
 };
 
 pub mod database;
+pub mod postgres;
 mod rows;
 pub mod sqlite;
 
@@ -70,14 +71,19 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// The store as the rest of the coordinator holds it.
 pub type SharedStore = Arc<dyn Store>;
 
+/// `('a', 'b')`: stored texts (states, kinds) as an SQL list, from their one enum.
+pub(crate) fn sql_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
+    let quoted: Vec<String> = items.into_iter().map(|s| format!("'{s}'")).collect();
+    format!("({})", quoted.join(", "))
+}
+
 /// Opens (creating and migrating as needed) the database the configuration names.
 pub async fn open(database: &Database) -> Result<SharedStore> {
     match database {
         Database::Sqlite(path) => Ok(Arc::new(sqlite::SqliteStore::open(path)?)),
-        Database::Postgres(s) => Err(StoreError::Config(format!(
-            "{}: this build of occ has no PostgreSQL store yet",
-            s.shown
-        ))),
+        Database::Postgres(settings) => Ok(Arc::new(
+            postgres::PostgresStore::connect(settings.clone()).await?,
+        )),
     }
 }
 

@@ -107,6 +107,10 @@ fn target_err(e: crate::targets::TargetError) -> Step {
 }
 
 fn store_err(e: StoreError) -> Step {
+    if let StoreError::ClaimLost { .. } = e {
+        // Another coordinator owns the item now: nothing more is ours to do or record.
+        return failed(Code::ClaimLost, e.to_string());
+    }
     Step::Retry {
         code: Code::StoreUnavailable.as_str().to_owned(),
         message: e.to_string(),

@@ -2,7 +2,7 @@
 //! and the same version to `store/postgres/migrations.rs`.
 
 /// Migrations, in order; version N is `MIGRATIONS[N - 1]`.
-pub(super) const MIGRATIONS: &[&str] = &[
+pub const MIGRATIONS: &[&str] = &[
     // 1: the initial schema.
     "
     CREATE TABLE hosts (

@@ -23,15 +23,16 @@ mod clusters;
 mod configurations;
 mod drift;
 mod hosts;
-mod migrations;
+pub mod migrations;
 mod namespaces;
 mod revisions;
 mod rollouts;
 mod tokens;
-mod work;
+pub(crate) mod work;
 mod workspace;
 
-use migrations::MIGRATIONS;
+pub use migrations::MIGRATIONS;
+pub(crate) use work::barrier_list;
 
 /// Reader connections of a file database.
 const READERS: usize = 4;
@@ -324,9 +325,9 @@ impl LeaderLease for SqliteStore {
             // Work rows keep milliseconds; a rollout's Agents name their work, so only work no
             // open rollout still follows goes.
             let work = tx.execute(
-                "DELETE FROM work WHERE state IN ('done', 'failed') AND updated_at < ?1
+                &format!("DELETE FROM work WHERE state IN ('done', 'failed') AND updated_at < ?1
                    AND id NOT IN (SELECT a.work_id FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
-                                  WHERE a.work_id IS NOT NULL AND r.state IN ('running', 'paused', 'waiting'))",
+                                  WHERE a.work_id IS NOT NULL AND r.state IN {})", rollouts::open_list()),
                 [now - work_older_than.saturating_mul(1000)],
             )?;
             let audit = tx.execute(

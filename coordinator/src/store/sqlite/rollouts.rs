@@ -9,12 +9,8 @@ use crate::model::{Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutSt
 use crate::store::{Result, RolloutInsert, RolloutRow, RolloutStore};
 
 /// The open states as an SQL list.
-fn open_list() -> String {
-    let states: Vec<String> = RolloutState::OPEN
-        .iter()
-        .map(|s| format!("'{}'", s.as_str()))
-        .collect();
-    format!("({})", states.join(", "))
+pub(super) fn open_list() -> String {
+    crate::store::sql_list(RolloutState::OPEN.iter().map(|s| s.as_str()))
 }
 
 /// The open rollout the Agent belongs to (and is not done in), if any.

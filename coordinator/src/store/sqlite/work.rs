@@ -27,11 +27,7 @@ pub(super) fn enqueue(tx: &Transaction<'_>, w: &Enqueue) -> Result<i64> {
 
 /// `('ensure-namespace', …)`: the barrier kinds as an SQL list.
 pub(crate) fn barrier_list() -> String {
-    let kinds: Vec<String> = WorkKind::BARRIERS
-        .iter()
-        .map(|k| format!("'{}'", k.as_str()))
-        .collect();
-    format!("({})", kinds.join(", "))
+    crate::store::sql_list(WorkKind::BARRIERS.iter().map(|k| k.as_str()))
 }
 
 const WORK_RECORD_COLS: &str =

@@ -1,0 +1,133 @@
+//! Enrolled hosts and their pinned keys.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_postgres::Row;
+
+use super::{PostgresStore, narrow};
+use crate::model::Host;
+use crate::store::{HostStore, Result, StoreError};
+
+const HOST_COLS: &str =
+    "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe";
+
+fn host(r: &Row) -> Result<Host> {
+    Ok(Host {
+        name: r.try_get(0)?,
+        address: r.try_get(1)?,
+        port: narrow(r.try_get(2)?, "host port")?,
+        host_key: r.try_get(3)?,
+        fingerprint: r.try_get(4)?,
+        max_agents: narrow(r.try_get(5)?, "host max_agents")?,
+        enrolled_at: r.try_get(6)?,
+        last_probe: r
+            .try_get::<_, Option<String>>(7)?
+            .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .transpose()?,
+    })
+}
+
+#[async_trait]
+impl HostStore for PostgresStore {
+    async fn insert_host(&self, h: &Host) -> Result<bool> {
+        let c = self.client().await?;
+        Ok(c.execute(
+            "INSERT INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING",
+            &[
+                &h.name,
+                &h.address,
+                &i64::from(h.port),
+                &h.host_key,
+                &h.fingerprint,
+                &i64::from(h.max_agents),
+                &h.enrolled_at,
+            ],
+        )
+        .await?
+            > 0)
+    }
+
+    async fn update_host(&self, h: &Host) -> Result<bool> {
+        let c = self.client().await?;
+        Ok(c.execute(
+            "UPDATE hosts SET address = $2, port = $3, host_key = $4, fingerprint = $5, max_agents = $6, last_probe = NULL WHERE name = $1",
+            &[
+                &h.name,
+                &h.address,
+                &i64::from(h.port),
+                &h.host_key,
+                &h.fingerprint,
+                &i64::from(h.max_agents),
+            ],
+        )
+        .await?
+            > 0)
+    }
+
+    async fn delete_host(&self, name: &str) -> Result<Option<bool>> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        if tx
+            .query_opt("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[&name])
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let used: i64 = tx
+            .query_one(
+                "SELECT (SELECT COUNT(*) FROM namespace_hosts WHERE host_name = $1) + (SELECT COUNT(*) FROM agents WHERE host_name = $1)",
+                &[&name],
+            )
+            .await?
+            .try_get(0)?;
+        if used > 0 {
+            return Ok(Some(false));
+        }
+        tx.execute("DELETE FROM hosts WHERE name = $1", &[&name])
+            .await?;
+        tx.commit().await?;
+        Ok(Some(true))
+    }
+
+    async fn host(&self, name: &str) -> Result<Option<Host>> {
+        let c = self.client().await?;
+        c.query_opt(
+            &format!("SELECT {HOST_COLS} FROM hosts WHERE name = $1"),
+            &[&name],
+        )
+        .await?
+        .as_ref()
+        .map(host)
+        .transpose()
+    }
+
+    async fn hosts(&self) -> Result<Vec<Host>> {
+        let c = self.client().await?;
+        c.query(&format!("SELECT {HOST_COLS} FROM hosts ORDER BY name"), &[])
+            .await?
+            .iter()
+            .map(host)
+            .collect()
+    }
+
+    async fn set_host_probe(&self, name: &str, probe: &Value) -> Result<()> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE hosts SET last_probe = $2 WHERE name = $1",
+            &[&name, &probe.to_string()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn agents_on_host(&self, name: &str) -> Result<u32> {
+        let c = self.client().await?;
+        let n: i64 = c
+            .query_one("SELECT COUNT(*) FROM agents WHERE host_name = $1", &[&name])
+            .await?
+            .try_get(0)?;
+        narrow(n, "agent count")
+    }
+}

@@ -1,0 +1,446 @@
+//! PostgreSQL, for several coordinators on one database (`database = "postgres://…"`). The
+//! same behaviour as `store/sqlite/` behind the same traits, with what sharing needs:
+//!
+//! - Time for leases, queue scheduling and the leader lease is the database's clock, so
+//!   coordinators on machines whose clocks differ still agree on when a lease lapsed.
+//! - Work is claimed with `FOR UPDATE SKIP LOCKED`; a lane (a Namespace) is serialised by a
+//!   transaction-scoped advisory lock while a claim checks it, so two coordinators never run
+//!   two items of one Agent at once.
+//! - Queue changes are announced with `NOTIFY clawfleet_work`; every coordinator listens on a
+//!   connection of its own, so new work is picked up at once wherever it was queued.
+//! - Connections come from a pool that replaces broken ones: after a database restart the
+//!   next calls fail with [`StoreError::Unavailable`] (retried by the worker, 503 in the API)
+//!   until new connections get through.
+//!
+//! One file per aggregate, each implementing its trait from `store/mod.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio_postgres::AsyncMessage;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::database::{PostgresSettings, TlsMode};
+use super::{Claim, LeaderLease, Leadership, Pruned, Result, StoreError, StoreMeta};
+
+mod agents;
+mod audit;
+mod clusters;
+mod configurations;
+mod drift;
+mod hosts;
+pub mod migrations;
+mod namespaces;
+mod revisions;
+mod rollouts;
+mod tls;
+mod tokens;
+mod work;
+mod workspace;
+
+pub use migrations::latest as latest_version;
+
+/// The database's clock in milliseconds, as SQL.
+pub(super) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// The notification channel of queue changes.
+const CHANNEL: &str = "clawfleet_work";
+
+/// The advisory lock key of migrations ("clawfleet" in ASCII, as a number).
+const MIGRATION_LOCK: i64 = 0x636c_6177_666c_6565;
+
+pub(super) type Tx<'a> = deadpool_postgres::Transaction<'a>;
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if e.is_closed() {
+            return StoreError::Unavailable(e.to_string());
+        }
+        if let Some(db) = e.as_db_error() {
+            let code = db.code().code();
+            // Connection exceptions, operator intervention (shutdown, restart), insufficient
+            // resources, serialization failures and deadlocks: retry later.
+            let transient = code.starts_with("08")
+                || code.starts_with("57P")
+                || code.starts_with("53")
+                || code == "40001"
+                || code == "40P01";
+            let text = format!("{} (SQLSTATE {code})", db.message());
+            return if transient {
+                StoreError::Unavailable(text)
+            } else {
+                StoreError::Database(text)
+            };
+        }
+        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+        if io {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Database(e.to_string())
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => StoreError::Unavailable(format!("no database connection: {other}")),
+        }
+    }
+}
+
+/// A column that does not fit its Rust type.
+pub(super) fn narrow<T: TryFrom<i64>>(v: i64, what: &str) -> Result<T> {
+    T::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is out of range")))
+}
+
+/// Refuses a write on behalf of a claim that another claim replaced. The row lock (`FOR
+/// SHARE`) makes a concurrent claim of the item wait until this transaction ends, so the
+/// check holds for the whole write.
+pub(super) async fn check_claim(tx: &Tx<'_>, claim: &Claim) -> Result<()> {
+    let row = tx
+        .query_opt(
+            "SELECT 1 FROM work WHERE id = $1 AND claim_token = $2 AND state = 'running' FOR SHARE",
+            &[&claim.work, &claim.token],
+        )
+        .await?;
+    match row {
+        Some(_) => Ok(()),
+        None => Err(StoreError::ClaimLost {
+            work: claim.work,
+            token: claim.token,
+        }),
+    }
+}
+
+/// One statement on behalf of a claim, in a transaction that checks it; rows changed.
+pub(super) async fn claimed_execute(
+    store: &PostgresStore,
+    claim: &Claim,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<u64> {
+    let mut c = store.client().await?;
+    let tx = c.transaction().await?;
+    check_claim(&tx, claim).await?;
+    let n = tx.execute(sql, params).await?;
+    tx.commit().await?;
+    Ok(n)
+}
+
+/// Announces a queue change to every coordinator, when the transaction commits.
+pub(super) async fn notify(tx: &Tx<'_>) -> Result<()> {
+    tx.execute("SELECT pg_notify($1, '')", &[&CHANNEL]).await?;
+    Ok(())
+}
+
+/// Aborts the listener when the store goes.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The PostgreSQL store.
+#[derive(Debug)]
+pub struct PostgresStore {
+    pool: Pool,
+    wake: Arc<Notify>,
+    _listener: AbortOnDrop,
+    shown: String,
+}
+
+fn pg_config(s: &PostgresSettings) -> tokio_postgres::Config {
+    let mut c = tokio_postgres::Config::new();
+    if s.host.starts_with('/') {
+        c.host_path(&s.host);
+    } else {
+        c.host(&s.host);
+    }
+    c.port(s.port)
+        .user(&s.user)
+        .dbname(&s.dbname)
+        .application_name(&s.application_name)
+        .connect_timeout(s.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(30))
+        .ssl_mode(match s.tls {
+            TlsMode::Disable => tokio_postgres::config::SslMode::Disable,
+            TlsMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            TlsMode::Require | TlsMode::VerifyCa | TlsMode::VerifyFull => {
+                tokio_postgres::config::SslMode::Require
+            }
+        });
+    if let Some(p) = &s.password {
+        c.password(&p.0);
+    }
+    c
+}
+
+fn connector(s: &PostgresSettings) -> Result<MakeRustlsConnect> {
+    let config = match tls::client_config(s)? {
+        Some(c) => c,
+        // Never used with sslmode=disable; one connector type keeps the pool's type simple.
+        None => rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Config(format!("database TLS: {e}")))?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth(),
+    };
+    Ok(MakeRustlsConnect::new(config))
+}
+
+impl PostgresStore {
+    /// Connects, migrates (once, under a lock, whoever starts first) and starts listening for
+    /// queue changes.
+    pub async fn connect(settings: Box<PostgresSettings>) -> Result<Self> {
+        let config = pg_config(&settings);
+        let tls = connector(&settings)?;
+        let manager = Manager::from_config(
+            config.clone(),
+            tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(settings.connect_timeout))
+            .create_timeout(Some(settings.connect_timeout))
+            .recycle_timeout(Some(settings.connect_timeout))
+            .build()
+            .map_err(|e| StoreError::Config(format!("database pool: {e}")))?;
+        let store_shown = settings.shown.clone();
+        migrate(&pool).await.map_err(|e| match e {
+            StoreError::Unavailable(m) => StoreError::Unavailable(format!("{store_shown}: {m}")),
+            other => other,
+        })?;
+        let wake = Arc::new(Notify::new());
+        let listener = tokio::spawn(listen(config, tls, wake.clone()));
+        Ok(Self {
+            pool,
+            wake,
+            _listener: AbortOnDrop(listener),
+            shown: settings.shown.clone(),
+        })
+    }
+
+    /// A pooled connection.
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Object> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Wakes this process's worker (other coordinators hear the NOTIFY).
+    pub(super) fn wake_local(&self) {
+        self.wake.notify_one();
+    }
+}
+
+async fn migrate(pool: &Pool) -> Result<()> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")
+        .await?;
+    let current: i64 = tx
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM schema_version", &[])
+        .await?
+        .try_get(0)?;
+    let latest = migrations::latest();
+    if current > latest {
+        return Err(StoreError::TooNew {
+            found: current,
+            known: latest,
+        });
+    }
+    for (i, sql) in migrations::MIGRATIONS.iter().enumerate() {
+        let version = migrations::BASELINE + i as i64;
+        if version <= current {
+            continue;
+        }
+        tx.batch_execute(sql).await?;
+        if i == 0 {
+            // The baseline stands for every version up to it.
+            for v in 1..=version {
+                tx.execute("INSERT INTO schema_version (version) VALUES ($1)", &[&v])
+                    .await?;
+            }
+        } else {
+            tx.execute(
+                "INSERT INTO schema_version (version) VALUES ($1)",
+                &[&version],
+            )
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Listens for queue changes on a connection of its own, reconnecting after a failure; every
+/// notification (and every reconnection, which may have missed some) wakes the worker.
+async fn listen(config: tokio_postgres::Config, tls: MakeRustlsConnect, wake: Arc<Notify>) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match config.connect(tls.clone()).await {
+            Ok((client, mut connection)) => {
+                let woken = wake.clone();
+                let driver = tokio::spawn(async move {
+                    let mut messages =
+                        futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+                    while let Some(m) = messages.next().await {
+                        match m {
+                            Ok(AsyncMessage::Notification(_)) => woken.notify_one(),
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::warn!("the queue listener's connection failed: {e}");
+                                return;
+                            }
+                        }
+                    }
+                });
+                match client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+                    Ok(()) => {
+                        delay = Duration::from_millis(100);
+                        wake.notify_one();
+                        let _ = driver.await;
+                    }
+                    Err(e) => {
+                        tracing::warn!("cannot listen for queue changes: {e}");
+                        driver.abort();
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("the queue listener cannot connect: {e}"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[async_trait]
+impl StoreMeta for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn schema_version(&self) -> Result<i64> {
+        let c = self.client().await?;
+        Ok(c.query_one("SELECT MAX(version) FROM schema_version", &[])
+            .await?
+            .try_get(0)?)
+    }
+
+    async fn row_counts(&self) -> Result<Vec<(String, i64)>> {
+        let c = self.client().await?;
+        let tables: Vec<String> = c
+            .query(
+                "SELECT table_name::text FROM information_schema.tables
+                 WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' ORDER BY 1",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut out = Vec::new();
+        for t in tables {
+            // Names come from the catalogue, quoted as identifiers.
+            let n: i64 = c
+                .query_one(
+                    &format!("SELECT count(*) FROM \"{}\"", t.replace('"', "\"\"")),
+                    &[],
+                )
+                .await?
+                .try_get(0)?;
+            out.push((t, n));
+        }
+        Ok(out)
+    }
+}
+
+/// The one lease row's name.
+const LEADER: &str = "singleton";
+
+#[async_trait]
+impl LeaderLease for PostgresStore {
+    async fn lead(&self, holder: &str, lease: Duration) -> Result<Leadership> {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let c = self.client().await?;
+        c.execute(
+            &format!(
+                "INSERT INTO leader (name, holder, term, lease_until) VALUES ($1, $2, 1, {NOW_MS} + $3)
+                 ON CONFLICT (name) DO UPDATE SET
+                   term = CASE WHEN leader.holder = EXCLUDED.holder THEN leader.term ELSE leader.term + 1 END,
+                   holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until
+                 WHERE leader.holder = EXCLUDED.holder OR leader.lease_until < {NOW_MS}"
+            ),
+            &[&LEADER, &holder, &lease_ms],
+        )
+        .await?;
+        let row = c
+            .query_one(
+                "SELECT holder, term FROM leader WHERE name = $1",
+                &[&LEADER],
+            )
+            .await?;
+        let h: String = row.try_get(0)?;
+        Ok(Leadership {
+            is_leader: h == holder,
+            holder: h,
+            term: row.try_get(1)?,
+        })
+    }
+
+    async fn resign(&self, holder: &str) -> Result<()> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE leader SET lease_until = 0 WHERE name = $1 AND holder = $2",
+            &[&LEADER, &holder],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn prune(&self, work_older_than: i64, audit_older_than: i64) -> Result<Pruned> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let work = tx
+            .execute(
+                &format!(
+                    "DELETE FROM work WHERE state IN ('done', 'failed') AND updated_at < {NOW_MS} - $1::bigint * 1000
+                       AND id NOT IN (SELECT a.work_id FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
+                                      WHERE a.work_id IS NOT NULL AND r.state IN {})",
+                    rollouts::open_list()
+                ),
+                &[&work_older_than],
+            )
+            .await?;
+        let audit = tx
+            .execute(
+                &format!("DELETE FROM audit WHERE at < {NOW_MS} / 1000 - $1::bigint"),
+                &[&audit_older_than],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(Pruned { work, audit })
+    }
+}
+
+impl std::fmt::Display for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}

@@ -1,0 +1,233 @@
+//! Immutable revisions and their progress.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_postgres::Row;
+
+use super::{PostgresStore, Tx, check_claim, claimed_execute, narrow, rollouts, work};
+use crate::model::{LastAttempt, Revision, RevisionStatus};
+use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError};
+
+const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure";
+
+fn json(t: String) -> Result<Value> {
+    serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn revision(r: &Row) -> Result<Revision> {
+    let status: String = r.try_get(8)?;
+    let code: Option<String> = r.try_get(9)?;
+    let at: Option<i64> = r.try_get(11)?;
+    Ok(Revision {
+        namespace_id: r.try_get(0)?,
+        agent_id: r.try_get(1)?,
+        id: r.try_get(2)?,
+        number: narrow(r.try_get(3)?, "revision number")?,
+        configuration_id: r.try_get(4)?,
+        configuration_generation: narrow(r.try_get(5)?, "configuration generation")?,
+        configuration_hash: r.try_get(6)?,
+        rendered: json(r.try_get(7)?)?,
+        status: RevisionStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("revision status {status:?}")))?,
+        last_attempt: match (code, at) {
+            (Some(code), Some(at)) => Some(LastAttempt {
+                code,
+                message: r.try_get::<_, Option<String>>(10)?.unwrap_or_default(),
+                at,
+                attempts: narrow(r.try_get(12)?, "attempts")?,
+            }),
+            _ => None,
+        },
+        created_at: r.try_get(13)?,
+        runtime_failure: r.try_get::<_, Option<String>>(14)?.map(json).transpose()?,
+    })
+}
+
+/// Inserts the next revision (numbered inside `tx`, with the Agent's row locked so concurrent
+/// deploys of one Agent get distinct numbers) and its deploy work; desired becomes running.
+/// Returns the work's id.
+pub(super) async fn insert_revision(tx: &Tx<'_>, r: &mut Revision) -> Result<i64> {
+    tx.execute(
+        "SELECT 1 FROM agents WHERE namespace_id = $1 AND id = $2 FOR UPDATE",
+        &[&r.namespace_id, &r.agent_id],
+    )
+    .await?;
+    let last: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = $1 AND agent_id = $2",
+            &[&r.namespace_id, &r.agent_id],
+        )
+        .await?
+        .try_get(0)?;
+    r.number = narrow(last + 1, "revision number")?;
+    r.id = Revision::id_for(r.number);
+    r.status = RevisionStatus::Pending;
+    tx.execute(
+        "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        &[
+            &r.namespace_id,
+            &r.agent_id,
+            &r.id,
+            &(last + 1),
+            &r.configuration_id,
+            &i64::from(r.configuration_generation),
+            &r.configuration_hash,
+            &r.rendered.to_string(),
+            &r.status.as_str(),
+            &r.created_at,
+        ],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE agents SET desired_state = 'running' WHERE namespace_id = $1 AND id = $2",
+        &[&r.namespace_id, &r.agent_id],
+    )
+    .await?;
+    work::enqueue(tx, &Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id)).await
+}
+
+#[async_trait]
+impl RevisionStore for PostgresStore {
+    async fn create_revision(&self, r: &mut Revision) -> Result<RevisionInsert> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        if let Some(rollout) = rollouts::open_rollout_of(&tx, &r.namespace_id, &r.agent_id).await? {
+            return Ok(RevisionInsert::InRollout(rollout));
+        }
+        let work = insert_revision(&tx, r).await?;
+        tx.commit().await?;
+        self.wake_local();
+        Ok(RevisionInsert::Queued(work))
+    }
+
+    async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
+        let c = self.client().await?;
+        c.query_opt(
+            &format!(
+                "SELECT {REV_COLS} FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $3"
+            ),
+            &[&ns, &agent, &id],
+        )
+        .await?
+        .as_ref()
+        .map(revision)
+        .transpose()
+    }
+
+    async fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>> {
+        let c = self.client().await?;
+        c.query(
+            &format!(
+                "SELECT {REV_COLS} FROM revisions WHERE namespace_id = $1 AND agent_id = $2 ORDER BY number"
+            ),
+            &[&ns, &agent],
+        )
+        .await?
+        .iter()
+        .map(revision)
+        .collect()
+    }
+
+    async fn set_runtime_failure(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        evidence: Option<&Value>,
+    ) -> Result<()> {
+        claimed_execute(
+            self,
+            claim,
+            "UPDATE revisions SET runtime_failure = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
+            &[&ns, &agent, &id, &evidence.map(Value::to_string)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn set_revision_status(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        status: RevisionStatus,
+    ) -> Result<()> {
+        claimed_execute(
+            self,
+            claim,
+            "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
+            &[&ns, &agent, &id, &status.as_str()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn commit_revision(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        expected: Option<&str>,
+        candidate: &str,
+    ) -> Result<bool> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        check_claim(&tx, claim).await?;
+        let n = tx
+            .execute(
+                "UPDATE agents SET active_revision_id = $4
+                 WHERE namespace_id = $1 AND id = $2 AND active_revision_id IS NOT DISTINCT FROM $3",
+                &[&ns, &agent, &expected, &candidate],
+            )
+            .await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        tx.execute(
+            "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
+            &[&ns, &agent, &candidate, &RevisionStatus::Activating.as_str()],
+        )
+        .await?;
+        if let Some(old) = expected {
+            tx.execute(
+                "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3 AND status IN ($5, $6, $7)",
+                &[
+                    &ns,
+                    &agent,
+                    &old,
+                    &RevisionStatus::Superseded.as_str(),
+                    &RevisionStatus::Active.as_str(),
+                    &RevisionStatus::Activating.as_str(),
+                    &RevisionStatus::Stopped.as_str(),
+                ],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn record_attempt(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        code: &str,
+        message: &str,
+        now: i64,
+    ) -> Result<()> {
+        claimed_execute(
+            self,
+            claim,
+            "UPDATE revisions SET last_code = $4, last_message = $5, last_at = $6, attempts = attempts + 1
+             WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
+            &[&ns, &agent, &id, &code, &message, &now],
+        )
+        .await?;
+        Ok(())
+    }
+}

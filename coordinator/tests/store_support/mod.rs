@@ -1,0 +1,858 @@
+//! The store's behaviour, written once against the `Store` trait and run against every
+//! implementation (`tests/store_suite.rs`): SQLite in memory and on a file, and a real
+//! PostgreSQL server. Each case starts from an empty, migrated store.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
+use coordinator::model::{
+    Agent, DesiredState, DriftReason, DriftRow, DriftState, Grant, Host, RestorePolicy, Revision,
+    RevisionStatus, Role, RolloutAgentState, RolloutState, WorkspaceState,
+};
+use coordinator::store::{
+    Enqueue, NamespaceInsert, NewToken, RevisionInsert, RolloutInsert, RolloutRow, SharedStore,
+    StoreError, WorkEnd, WorkKind, WorkState,
+};
+use serde_json::json;
+
+/// One case of the suite.
+pub type Case = fn(SharedStore) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        /// Every case, by name.
+        pub const CASES: &[(&str, Case)] = &[$((stringify!($name), |s| Box::pin($name(s)))),*];
+    };
+}
+
+cases!(
+    migrations_reach_the_same_version,
+    hosts_are_unique_and_in_use_hosts_stay,
+    namespaces_queue_their_work_and_single_tenant_pools_are_exclusive,
+    tokens_are_found_by_hash_until_revoked,
+    configurations_count_generations,
+    revisions_are_numbered_inside_the_transaction_even_when_concurrent,
+    claims_respect_lanes_and_barriers,
+    a_replaced_claim_can_write_nothing,
+    concurrent_claimers_never_share_a_lane_and_claim_each_item_once,
+    the_leader_lease_changes_hands_with_a_higher_term,
+    workspace_files_are_stored_with_the_agent_and_dropped,
+    rollouts_own_their_agents_until_done,
+    retention_prunes_old_finished_work_and_audit,
+    audit_and_drift_read_back,
+    row_counts_cover_every_table,
+);
+
+const KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+
+fn host(name: &str) -> Host {
+    Host {
+        name: name.into(),
+        address: "127.0.0.1".into(),
+        port: 22,
+        host_key: KEY.into(),
+        fingerprint: "SHA256:x".into(),
+        max_agents: 10,
+        enrolled_at: 1,
+        last_probe: None,
+    }
+}
+
+fn agent(id: &str) -> Agent {
+    Agent {
+        namespace_id: "ns".into(),
+        id: id.into(),
+        service_principal_id: format!("sp-{id}"),
+        configuration_id: "cfg".into(),
+        desired_state: DesiredState::Stopped,
+        host: None,
+        port: None,
+        active_revision_id: None,
+        served_revision_id: None,
+        restore: RestorePolicy::None,
+        created_at: 1,
+    }
+}
+
+fn revision(agent: &str) -> Revision {
+    Revision {
+        namespace_id: "ns".into(),
+        agent_id: agent.into(),
+        id: String::new(),
+        number: 0,
+        configuration_id: "cfg".into(),
+        configuration_generation: 1,
+        configuration_hash: "0".repeat(64),
+        status: RevisionStatus::Pending,
+        last_attempt: None,
+        created_at: 1,
+        runtime_failure: None,
+        rendered: json!({"gateway": {}}),
+    }
+}
+
+/// A Namespace `ns` on host `h1` (its ensure work finished) with Agents `a1..=an`.
+async fn world(s: &SharedStore, agents: usize) {
+    assert!(s.insert_host(&host("h1")).await.unwrap());
+    let inserted = s
+        .insert_namespace(
+            "ns",
+            "ns",
+            &["h1".into()],
+            None,
+            false,
+            1,
+            &Enqueue::namespace(WorkKind::EnsureNamespace, "ns"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(inserted, NamespaceInsert::Inserted);
+    let w = s
+        .claim_work("setup", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        s.end_work(
+            &w.claim,
+            WorkEnd::Finished {
+                state: WorkState::Done,
+                code: "OK",
+                message: ""
+            }
+        )
+        .await
+        .unwrap()
+    );
+    for i in 1..=agents {
+        assert!(
+            s.insert_agent(&agent(&format!("a{i}")), &[], 1)
+                .await
+                .unwrap()
+        );
+    }
+}
+
+fn done() -> WorkEnd<'static> {
+    WorkEnd::Finished {
+        state: WorkState::Done,
+        code: "OK",
+        message: "",
+    }
+}
+
+pub async fn migrations_reach_the_same_version(s: SharedStore) {
+    assert_eq!(
+        s.schema_version().await.unwrap(),
+        coordinator::store::postgres::latest_version()
+    );
+    assert_eq!(
+        coordinator::store::postgres::latest_version(),
+        coordinator::store::sqlite::MIGRATIONS.len() as i64,
+        "a migration is missing from one of the two stores"
+    );
+}
+
+pub async fn hosts_are_unique_and_in_use_hosts_stay(s: SharedStore) {
+    assert!(s.insert_host(&host("h1")).await.unwrap());
+    assert!(!s.insert_host(&host("h1")).await.unwrap());
+    assert!(s.insert_host(&host("h2")).await.unwrap());
+    let mut changed = host("h2");
+    changed.port = 2222;
+    assert!(s.update_host(&changed).await.unwrap());
+    assert!(!s.update_host(&host("nope")).await.unwrap());
+    s.set_host_probe("h1", &json!({"hostdVersion": "1"}))
+        .await
+        .unwrap();
+    let hosts = s.hosts().await.unwrap();
+    assert_eq!(
+        hosts.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+        ["h1", "h2"]
+    );
+    assert_eq!(hosts[0].last_probe, Some(json!({"hostdVersion": "1"})));
+    assert_eq!(s.host("h2").await.unwrap().unwrap().port, 2222);
+    s.insert_namespace(
+        "ns",
+        "ns",
+        &["h1".into()],
+        None,
+        false,
+        1,
+        &Enqueue::namespace(WorkKind::EnsureNamespace, "ns"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.delete_host("h1").await.unwrap(), Some(false));
+    assert_eq!(s.delete_host("h2").await.unwrap(), Some(true));
+    assert_eq!(s.delete_host("h2").await.unwrap(), None);
+    assert_eq!(s.agents_on_host("h1").await.unwrap(), 0);
+}
+
+pub async fn namespaces_queue_their_work_and_single_tenant_pools_are_exclusive(s: SharedStore) {
+    for h in ["h1", "h2"] {
+        s.insert_host(&host(h)).await.unwrap();
+    }
+    let ensure = |ns: &str| Enqueue::namespace(WorkKind::EnsureNamespace, ns);
+    assert_eq!(
+        s.insert_namespace("a", "a", &["h1".into()], None, true, 5, &ensure("a"))
+            .await
+            .unwrap(),
+        NamespaceInsert::Inserted
+    );
+    assert_eq!(
+        s.insert_namespace("a", "a", &["h2".into()], None, false, 5, &ensure("a"))
+            .await
+            .unwrap(),
+        NamespaceInsert::Exists
+    );
+    assert_eq!(
+        s.insert_namespace("b", "b", &["h1".into()], None, false, 5, &ensure("b"))
+            .await
+            .unwrap(),
+        NamespaceInsert::HostShared {
+            host: "h1".into(),
+            namespace: "a".into()
+        }
+    );
+    assert!(s.namespace("b").await.unwrap().is_none());
+    assert_eq!(s.pending_work().await.unwrap(), 1, "one ensure, none for b");
+    let ns = s.namespace("a").await.unwrap().unwrap();
+    assert_eq!(
+        (ns.created_at, ns.ready, ns.single_tenant),
+        (5, false, true)
+    );
+    let w = s
+        .claim_work("w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((w.kind, w.fence), (WorkKind::EnsureNamespace, None));
+    s.set_namespace_host_ready(&w.claim, "a", "h1", true)
+        .await
+        .unwrap();
+    assert!(s.namespace("a").await.unwrap().unwrap().ready);
+    s.end_work(&w.claim, done()).await.unwrap();
+    s.insert_agent(
+        &Agent {
+            namespace_id: "a".into(),
+            ..agent("x")
+        },
+        &[],
+        1,
+    )
+    .await
+    .unwrap();
+    let delete = Enqueue::namespace(WorkKind::DeleteNamespace, "a");
+    assert!(!s.mark_namespace_deleting("a", &delete).await.unwrap());
+    assert_eq!(s.pending_work().await.unwrap(), 0);
+    assert_eq!(s.namespaces().await.unwrap().len(), 1);
+}
+
+pub async fn tokens_are_found_by_hash_until_revoked(s: SharedStore) {
+    let grants = [
+        Grant {
+            namespace: "*".into(),
+            role: Role::Read,
+        },
+        Grant {
+            namespace: "ns".into(),
+            role: Role::Deploy,
+        },
+    ];
+    s.create_token(&NewToken {
+        id: "t1",
+        name: "ci",
+        secret_hash: "hash1",
+        grants: &grants,
+        created_at: 3,
+        expires_at: Some(99),
+    })
+    .await
+    .unwrap();
+    let t = s.token_by_hash("hash1").await.unwrap().unwrap();
+    assert_eq!((t.id.as_str(), t.expires_at), ("t1", Some(99)));
+    let mut got = t.grants.clone();
+    got.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+    assert_eq!(got, grants);
+    assert!(s.token_by_hash("other").await.unwrap().is_none());
+    // A duplicate grant is refused by the database, and nothing of the token is stored.
+    let dup = [grants[1].clone(), grants[1].clone()];
+    assert!(
+        s.create_token(&NewToken {
+            id: "t2",
+            name: "dup",
+            secret_hash: "hash2",
+            grants: &dup,
+            created_at: 3,
+            expires_at: None,
+        })
+        .await
+        .is_err()
+    );
+    assert!(s.token_by_hash("hash2").await.unwrap().is_none());
+    assert!(s.revoke_token("t1").await.unwrap());
+    assert!(!s.revoke_token("t1").await.unwrap());
+    assert!(s.token_by_hash("hash1").await.unwrap().is_none());
+    assert_eq!(s.token_count().await.unwrap(), 1);
+}
+
+pub async fn configurations_count_generations(s: SharedStore) {
+    world(&s, 0).await;
+    assert_eq!(
+        s.put_configuration("ns", "c", &json!({"v": 1}), true, 1)
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        s.put_configuration("ns", "c", &json!({"v": 1}), true, 1)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        s.put_configuration("ns", "d", &json!({}), false, 1)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        s.put_configuration("ns", "c", &json!({"v": 2}), false, 2)
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    let latest = s.configuration("ns", "c").await.unwrap().unwrap();
+    assert_eq!((latest.generation, latest.document), (2, json!({"v": 2})));
+    let first = s
+        .configuration_at("ns", "c", Some(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.document, json!({"v": 1}));
+    assert!(
+        s.configuration_at("ns", "c", Some(3))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+pub async fn revisions_are_numbered_inside_the_transaction_even_when_concurrent(s: SharedStore) {
+    world(&s, 1).await;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut r = revision("a1");
+            match s.create_revision(&mut r).await.unwrap() {
+                RevisionInsert::Queued(_) => r.number,
+                other => panic!("{other:?}"),
+            }
+        }));
+    }
+    let mut numbers = Vec::new();
+    for t in tasks {
+        numbers.push(t.await.unwrap());
+    }
+    numbers.sort();
+    assert_eq!(numbers, (1..=16).collect::<Vec<u64>>());
+    let revs = s.revisions("ns", "a1").await.unwrap();
+    assert_eq!(revs.len(), 16);
+    assert_eq!(revs[15].id, "rev-16");
+    assert_eq!(revs[0].rendered, json!({"gateway": {}}));
+    assert_eq!(
+        s.agent("ns", "a1").await.unwrap().unwrap().desired_state,
+        DesiredState::Running
+    );
+    assert_eq!(s.open_work("ns", "a1").await.unwrap().len(), 16);
+}
+
+pub async fn claims_respect_lanes_and_barriers(s: SharedStore) {
+    world(&s, 2).await;
+    let lease = Duration::from_secs(30);
+    let mut r = revision("a1");
+    s.create_revision(&mut r).await.unwrap();
+    let stop = s
+        .set_desired(
+            "ns",
+            "a1",
+            DesiredState::Stopped,
+            Some(&Enqueue::agent(WorkKind::Stop, "ns", "a1")),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let mut r2 = revision("a2");
+    s.create_revision(&mut r2).await.unwrap();
+    // a1's deploy, then a2's deploy (a1's stop waits behind its deploy in a1's lane).
+    let first = s.claim_work("w", lease).await.unwrap().unwrap();
+    assert_eq!(
+        (first.kind, first.agent_id.as_deref()),
+        (WorkKind::Deploy, Some("a1"))
+    );
+    assert_eq!(first.fence, Some(1));
+    let second = s.claim_work("w", lease).await.unwrap().unwrap();
+    assert_eq!(second.agent_id.as_deref(), Some("a2"));
+    assert!(s.claim_work("w", lease).await.unwrap().is_none());
+    s.end_work(&first.claim, done()).await.unwrap();
+    let third = s.claim_work("w", lease).await.unwrap().unwrap();
+    assert_eq!((third.id, third.kind), (stop, WorkKind::Stop));
+    assert_eq!(
+        third.fence,
+        Some(2),
+        "every claim of the Agent's work bumps its fence"
+    );
+    s.end_work(&third.claim, done()).await.unwrap();
+    s.end_work(&second.claim, done()).await.unwrap();
+    // A Namespace-level barrier holds the whole Namespace: nothing queued after it runs first.
+    let del = s
+        .set_desired(
+            "ns",
+            "a2",
+            DesiredState::Deleted,
+            Some(&Enqueue::agent(WorkKind::DeleteAgent, "ns", "a2")),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let mut r3 = revision("a2");
+    s.create_revision(&mut r3).await.unwrap();
+    let w = s.claim_work("w", lease).await.unwrap().unwrap();
+    assert_eq!(w.id, del);
+    assert!(
+        s.claim_work("w", lease).await.unwrap().is_none(),
+        "a2's deploy waits for its delete"
+    );
+    // A requeued item waits for its delay.
+    assert!(
+        s.end_work(
+            &w.claim,
+            WorkEnd::Requeued {
+                delay: Duration::from_secs(60),
+                count_attempt: true,
+                code: "HOST_UNREACHABLE",
+                message: "later"
+            }
+        )
+        .await
+        .unwrap()
+    );
+    let rec = s.work_item("ns", "a2", del).await.unwrap().unwrap();
+    assert_eq!((rec.state, rec.attempts), (WorkState::Queued, 1));
+    assert_eq!(rec.last_attempt.unwrap().code, "HOST_UNREACHABLE");
+    assert!(s.claim_work("w", lease).await.unwrap().is_none());
+}
+
+pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
+    world(&s, 1).await;
+    let mut r = revision("a1");
+    s.create_revision(&mut r).await.unwrap();
+    let old = s
+        .claim_work("paused", Duration::from_millis(200))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let new = s
+        .claim_work("other", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(new.id, old.id, "the lapsed lease is claimed again");
+    assert_eq!(new.claim.token, old.claim.token + 1);
+    assert_eq!(new.fence, Some(old.fence.unwrap() + 1));
+    let lost = |e: StoreError| matches!(e, StoreError::ClaimLost { .. });
+    assert!(
+        !s.renew_lease(&old.claim, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    assert!(lost(
+        s.set_revision_status(&old.claim, "ns", "a1", "rev-1", RevisionStatus::Failed)
+            .await
+            .unwrap_err()
+    ));
+    assert!(lost(
+        s.commit_revision(&old.claim, "ns", "a1", None, "rev-1")
+            .await
+            .unwrap_err()
+    ));
+    assert!(lost(
+        s.place_agent(&old.claim, "ns", "a1", "h1")
+            .await
+            .unwrap_err()
+    ));
+    assert!(lost(
+        s.audit_work(&old.claim, "worker", "x", "y", &json!({}), 1)
+            .await
+            .unwrap_err()
+    ));
+    assert!(!s.end_work(&old.claim, done()).await.unwrap());
+    // The current claim still writes, and its end is the one recorded.
+    assert!(
+        s.commit_revision(&new.claim, "ns", "a1", None, "rev-1")
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.renew_lease(&new.claim, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    assert!(s.end_work(&new.claim, done()).await.unwrap());
+    let rev = s.revision("ns", "a1", "rev-1").await.unwrap().unwrap();
+    assert_eq!(rev.status, RevisionStatus::Activating);
+    assert!(s.audit_events_of(10, Some("x")).await.unwrap().is_empty());
+    // Ended: even the last claim can write no more.
+    assert!(lost(
+        s.record_attempt(&new.claim, "ns", "a1", "rev-1", "OK", "", 1)
+            .await
+            .unwrap_err()
+    ));
+}
+
+pub async fn concurrent_claimers_never_share_a_lane_and_claim_each_item_once(s: SharedStore) {
+    world(&s, 5).await;
+    let mut expected = HashSet::new();
+    for round in 0..4 {
+        for a in 1..=5 {
+            let id = s
+                .enqueue(&Enqueue::deploy(
+                    "ns",
+                    &format!("a{a}"),
+                    &format!("r{round}"),
+                ))
+                .await
+                .unwrap();
+            expected.insert(id);
+        }
+    }
+    let running: Arc<Mutex<BTreeMap<String, i64>>> = Arc::default();
+    let claimed: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for c in 0..6 {
+        let (s, running, claimed) = (s.clone(), running.clone(), claimed.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut idle = 0;
+            while idle < 20 {
+                match s
+                    .claim_work(&format!("c{c}"), Duration::from_secs(30))
+                    .await
+                    .unwrap()
+                {
+                    Some(w) => {
+                        idle = 0;
+                        let lane = w.agent_id.clone().unwrap();
+                        if let Some(other) = running.lock().unwrap().insert(lane.clone(), w.id) {
+                            panic!("{lane}: {} claimed while {other} runs", w.id);
+                        }
+                        claimed.lock().unwrap().push(w.id);
+                        tokio::time::sleep(Duration::from_millis(3)).await;
+                        running.lock().unwrap().remove(&lane);
+                        assert!(s.end_work(&w.claim, done()).await.unwrap());
+                    }
+                    None => {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let claimed = claimed.lock().unwrap().clone();
+    assert_eq!(claimed.len(), expected.len(), "each item claimed once");
+    assert_eq!(claimed.into_iter().collect::<HashSet<_>>(), expected);
+    assert_eq!(s.pending_work().await.unwrap(), 0);
+}
+
+pub async fn the_leader_lease_changes_hands_with_a_higher_term(s: SharedStore) {
+    let lease = Duration::from_millis(300);
+    let a = s.lead("a", lease).await.unwrap();
+    assert!(a.is_leader);
+    let b = s.lead("b", lease).await.unwrap();
+    assert!(!b.is_leader);
+    assert_eq!((b.holder.as_str(), b.term), ("a", a.term));
+    // a renews: same term.
+    assert_eq!(s.lead("a", lease).await.unwrap().term, a.term);
+    // a stops renewing: b takes over after the lease, with a higher term.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let b = s.lead("b", lease).await.unwrap();
+    assert!(b.is_leader);
+    assert!(b.term > a.term);
+    assert!(!s.lead("a", lease).await.unwrap().is_leader);
+    // A clean resignation hands over at once.
+    s.resign("b").await.unwrap();
+    let a2 = s.lead("a", lease).await.unwrap();
+    assert!(a2.is_leader && a2.term > b.term);
+}
+
+fn file(name: &str, content: &str) -> WorkspaceFile {
+    WorkspaceFile {
+        name: WorkspaceName::new(name).unwrap(),
+        content: content.as_bytes().to_vec(),
+    }
+}
+
+pub async fn workspace_files_are_stored_with_the_agent_and_dropped(s: SharedStore) {
+    world(&s, 0).await;
+    let files = [file("b.md", "bee"), file("dir/a.md", "ay")];
+    assert!(s.insert_agent(&agent("w1"), &files, 5).await.unwrap());
+    assert!(
+        !s.insert_agent(&agent("w1"), &[file("c.md", "x")], 6)
+            .await
+            .unwrap()
+    );
+    let info = s.workspace_setup("ns", "w1").await.unwrap().unwrap();
+    assert_eq!(info.state, WorkspaceState::Pending);
+    let names: Vec<&str> = info.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["b.md", "dir/a.md"]);
+    assert!(info.files.iter().all(|f| f.content_held));
+    assert_eq!(
+        s.workspace_contents("ns", "w1").await.unwrap()[0].content,
+        b"bee"
+    );
+    let mut r = revision("w1");
+    s.create_revision(&mut r).await.unwrap();
+    let w = s
+        .claim_work("w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    s.set_workspace_state(&w.claim, "ns", "w1", WorkspaceState::Applied, None, 8)
+        .await
+        .unwrap();
+    s.set_workspace_state(&w.claim, "ns", "w1", WorkspaceState::Applied, None, 9)
+        .await
+        .unwrap();
+    let info = s.workspace_setup("ns", "w1").await.unwrap().unwrap();
+    assert_eq!(
+        (info.state, info.applied_at),
+        (WorkspaceState::Applied, Some(8))
+    );
+    assert_eq!(
+        s.drop_workspace_contents(&w.claim, "ns", "w1")
+            .await
+            .unwrap(),
+        2
+    );
+    assert!(s.workspace_contents("ns", "w1").await.unwrap().is_empty());
+    let info = s.workspace_setup("ns", "w1").await.unwrap().unwrap();
+    assert!(info.files.iter().all(|f| !f.content_held && f.size > 0));
+    assert!(s.insert_agent(&agent("w2"), &[], 5).await.unwrap());
+    assert!(s.workspace_setup("ns", "w2").await.unwrap().is_none());
+    s.delete_agent_row(&w.claim, "ns", "w1").await.unwrap();
+    let counts: BTreeMap<String, i64> = s.row_counts().await.unwrap().into_iter().collect();
+    assert_eq!(counts["agent_workspace_files"], 0);
+    assert_eq!(counts["agent_workspace"], 0);
+}
+
+pub async fn rollouts_own_their_agents_until_done(s: SharedStore) {
+    world(&s, 3).await;
+    let row = |agents: &[&str]| RolloutRow {
+        namespace_id: "ns".into(),
+        configuration_id: "cfg".into(),
+        configuration_generation: 2,
+        canary: 1,
+        max_parallel: 2,
+        max_failures: 0,
+        pause_between_seconds: 0,
+        manual_promote: false,
+        created_by: "op".into(),
+        agents: agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.to_string(), u32::from(i > 0)))
+            .collect(),
+        now: 7,
+    };
+    let RolloutInsert::Created(id) = s.insert_rollout(&row(&["a1", "a2"])).await.unwrap() else {
+        panic!("not created")
+    };
+    assert_eq!(
+        s.insert_rollout(&row(&["a3", "a2"])).await.unwrap(),
+        RolloutInsert::Busy {
+            agent: "a2".into(),
+            rollout: id
+        }
+    );
+    assert_eq!(
+        s.insert_rollout(&row(&["zz"])).await.unwrap(),
+        RolloutInsert::AgentUnavailable("zz".into())
+    );
+    let mut r = revision("a1");
+    assert_eq!(
+        s.create_revision(&mut r).await.unwrap(),
+        RevisionInsert::InRollout(id)
+    );
+    assert_eq!(s.open_rollout_of("ns", "a1").await.unwrap(), Some(id));
+    let mut r = revision("a1");
+    r.configuration_generation = 2;
+    let work = s.start_rollout_deploy(id, &mut r).await.unwrap().unwrap();
+    assert!(
+        s.start_rollout_deploy(id, &mut revision("a1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let ro = s.rollout("ns", id).await.unwrap().unwrap();
+    assert_eq!((ro.state, ro.waves), (RolloutState::Running, 2));
+    assert_eq!(ro.agents[0].state, RolloutAgentState::Deploying);
+    assert_eq!(ro.agents[0].work_id, Some(work));
+    assert!(
+        s.finish_rollout_agent(
+            id,
+            "a1",
+            RolloutAgentState::Deploying,
+            RolloutAgentState::Succeeded,
+            ("REVISION_ACTIVATED", "ok"),
+            9
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        s.set_rollout(
+            id,
+            (RolloutState::Running, 0),
+            RolloutState::Paused,
+            0,
+            Some(5_000),
+            Some("paused"),
+            9
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        !s.set_rollout(
+            id,
+            (RolloutState::Running, 0),
+            RolloutState::Done,
+            1,
+            None,
+            None,
+            9
+        )
+        .await
+        .unwrap()
+    );
+    assert_eq!(s.rollout_next_wave_ms(id).await.unwrap(), Some(5_000));
+    assert_eq!(
+        s.skip_pending_rollout_agents(id, ("ROLLOUT_ABORTED", "x"), 10)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(s.rollouts("ns", 10).await.unwrap().len(), 1);
+    assert_eq!(s.rollouts_to_advance().await.unwrap().len(), 1);
+    assert_eq!(
+        s.rollout_counts().await.unwrap(),
+        vec![("paused".to_owned(), 1)]
+    );
+}
+
+pub async fn retention_prunes_old_finished_work_and_audit(s: SharedStore) {
+    world(&s, 1).await;
+    s.audit("op", "old", "t", &json!({}), 1).await.unwrap();
+    let now = coordinator::clock::now_seconds();
+    s.audit("op", "new", "t", &json!({}), now).await.unwrap();
+    let mut r = revision("a1");
+    s.create_revision(&mut r).await.unwrap();
+    // Nothing is older than an hour yet.
+    let p = s.prune(3600, 3600).await.unwrap();
+    assert_eq!((p.work, p.audit), (0, 1));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The queued deploy stays however old it is; the finished ensure goes.
+    let p = s.prune(0, 3600).await.unwrap();
+    assert_eq!(p.work, 1);
+    assert_eq!(s.pending_work().await.unwrap(), 1);
+    let left: Vec<String> = s
+        .audit_events(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.action)
+        .collect();
+    assert_eq!(left, ["new"]);
+}
+
+pub async fn audit_and_drift_read_back(s: SharedStore) {
+    for (i, action) in ["a", "b", "a"].iter().enumerate() {
+        s.audit("op", action, "t", &json!({"i": i}), i as i64)
+            .await
+            .unwrap();
+    }
+    let a = s.audit_events_of(10, Some("a")).await.unwrap();
+    assert_eq!(a.len(), 2);
+    assert_eq!(a[0].detail, json!({"i": 2}), "newest first");
+    assert_eq!(s.audit_events(2).await.unwrap().len(), 2);
+    let row = |target: &str, agent: &str, state: DriftState| DriftRow {
+        target: target.into(),
+        namespace_id: "ns".into(),
+        agent_id: agent.into(),
+        state,
+        reason: (state == DriftState::Drift).then_some(DriftReason::UnitNotRunning),
+        message: "m".into(),
+        checked_at: 4,
+    };
+    s.replace_drift(
+        "h1",
+        &[
+            row("h1", "a1", DriftState::Synced),
+            row("h1", "a2", DriftState::Drift),
+        ],
+    )
+    .await
+    .unwrap();
+    s.replace_drift("h2", &[row("h2", "a3", DriftState::Unreachable)])
+        .await
+        .unwrap();
+    s.replace_drift("h1", &[row("h1", "a2", DriftState::Drift)])
+        .await
+        .unwrap();
+    let rows = s.drift().await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].reason, Some(DriftReason::UnitNotRunning));
+    s.retain_drift_targets(&["h1".into()]).await.unwrap();
+    assert_eq!(s.drift().await.unwrap().len(), 1);
+}
+
+pub async fn row_counts_cover_every_table(s: SharedStore) {
+    let tables: Vec<String> = s
+        .row_counts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect();
+    for t in [
+        "agent_workspace",
+        "agent_workspace_files",
+        "agents",
+        "audit",
+        "clusters",
+        "configurations",
+        "drift",
+        "hosts",
+        "leader",
+        "namespace_hosts",
+        "namespaces",
+        "revisions",
+        "rollout_agents",
+        "rollouts",
+        "schema_version",
+        "token_grants",
+        "tokens",
+        "work",
+    ] {
+        assert!(tables.iter().any(|x| x == t), "{t} missing from {tables:?}");
+    }
+}
