@@ -272,6 +272,8 @@ pub struct Config {
     pub database: Database,
     pub leader: LeaderSettings,
     pub retention: RetentionSettings,
+    /// `[postgres] password_file`, for `occ db migrate --to` too.
+    pub postgres_password_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -485,16 +487,10 @@ impl Config {
             },
         };
         let postgres = raw.postgres.unwrap_or_default();
+        let postgres_password_file = postgres.password_file.clone();
         let database = match raw.database {
-            None => {
-                if postgres.password_file.is_some() || postgres.pool_size.is_some() {
-                    return Err(invalid(
-                        "postgres",
-                        "is set but `database` names no PostgreSQL database".to_owned(),
-                    ));
-                }
-                Database::sqlite_in(&state_dir)
-            }
+            // [postgres] may be set before `database` is (`occ db migrate --to` reads it).
+            None => Database::sqlite_in(&state_dir),
             Some(url) => Database::parse_url(
                 &url,
                 &PostgresOptions {
@@ -547,6 +543,7 @@ impl Config {
             database,
             leader,
             retention,
+            postgres_password_file,
         })
     }
 }

@@ -82,3 +82,56 @@ async fn postgres_passes_the_store_suite() {
         case(postgres_store(&admin, &format!("suite_{i}")).await).await;
     }
 }
+
+/// `occ db migrate`'s copy: everything a coordinator stored in SQLite reads back the same
+/// from PostgreSQL, ids continue after the copied ones, and a second copy into the now
+/// non-empty database is refused with nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sqlite_database_copies_into_postgres_and_reads_back_the_same() {
+    let Ok(admin) = std::env::var("CLAWFLEET_TEST_PG_URL") else {
+        eprintln!("SKIP: no PostgreSQL");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("occ.db");
+    let sqlite: SharedStore = Arc::new(SqliteStore::open(&path).unwrap());
+    store_support::fill(&sqlite).await;
+    let target = postgres_store(&admin, "copy_target").await;
+    let pg = match coordinator::store::Database::parse_url(
+        &admin.replace("/postgres?", "/copy_target?"),
+        &Default::default(),
+        None,
+    )
+    .unwrap()
+    {
+        coordinator::store::Database::Postgres(s) => {
+            coordinator::store::postgres::PostgresStore::connect(s)
+                .await
+                .unwrap()
+        }
+        coordinator::store::Database::Sqlite(_) => unreachable!(),
+    };
+    let counts = coordinator::store::copy::sqlite_to_postgres(&path, &pg)
+        .await
+        .unwrap();
+    assert!(
+        counts.iter().any(|(t, n)| t == "audit" && *n > 0),
+        "{counts:?}"
+    );
+    store_support::same_reads(&sqlite, &target).await;
+    // Ids go on after the copied ones.
+    let before = sqlite.recent_work("ns", "a1", 1).await.unwrap()[0].id;
+    let next = target
+        .enqueue(&coordinator::store::Enqueue::deploy("ns", "a1", "rev-1"))
+        .await
+        .unwrap();
+    assert!(next > before, "{next} after {before}");
+    let again = coordinator::store::copy::sqlite_to_postgres(&path, &pg).await;
+    assert!(
+        matches!(
+            again,
+            Err(coordinator::store::copy::CopyError::TargetNotEmpty { .. })
+        ),
+        "{again:?}"
+    );
+}

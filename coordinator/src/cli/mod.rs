@@ -5,6 +5,7 @@
 mod agent;
 mod cluster;
 mod configuration;
+mod db;
 mod host;
 mod namespace;
 mod rollout;
@@ -88,6 +89,9 @@ enum Command {
         #[arg(long)]
         state: Option<String>,
     },
+    /// The database: copy the embedded SQLite database into PostgreSQL.
+    #[command(subcommand)]
+    Db(db::DbCmd),
     /// The newest audit events: who changed or read what (global admin).
     Audit {
         /// Most events, newest first (1 to 1000).
@@ -197,7 +201,7 @@ fn run_client(cli: &Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Init | Command::Serve | Command::PrintEnrol => Ok(()),
+        Command::Init | Command::Serve | Command::PrintEnrol | Command::Db(_) => Ok(()),
     }
 }
 
@@ -227,6 +231,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Serve => {
             load_config(&cli).and_then(|config| runtime()?.block_on(setup::serve(config)))
         }
+        Command::Db(cmd) => runtime().and_then(|rt| rt.block_on(db::run(&cli, cmd))),
         _ => run_client(&cli),
     };
     match result {

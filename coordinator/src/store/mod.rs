@@ -26,6 +26,7 @@ use crate::model::{
     WorkspaceSetupInfo, WorkspaceState,
 };
 
+pub mod copy;
 pub mod database;
 pub mod postgres;
 mod rows;

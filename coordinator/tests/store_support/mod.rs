@@ -856,3 +856,132 @@ pub async fn row_counts_cover_every_table(s: SharedStore) {
         assert!(tables.iter().any(|x| x == t), "{t} missing from {tables:?}");
     }
 }
+
+/// A store with a bit of everything: hosts, a Namespace, Agents with revisions and work,
+/// a token, audit, drift, a rollout and workspace files.
+pub async fn fill(s: &SharedStore) {
+    world(s, 3).await;
+    s.insert_host(&host("h2")).await.unwrap();
+    s.set_host_probe("h1", &json!({"hostdVersion": "0.1.0"}))
+        .await
+        .unwrap();
+    s.put_configuration("ns", "cfg", &json!({"gateway": {"mode": "local"}}), true, 2)
+        .await
+        .unwrap();
+    s.insert_agent(&agent("w"), &[file("AGENTS.md", "hello")], 3)
+        .await
+        .unwrap();
+    for a in ["a1", "a2", "w"] {
+        let mut r = revision(a);
+        s.create_revision(&mut r).await.unwrap();
+    }
+    let w = s
+        .claim_work("filler", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    s.place_agent(&w.claim, "ns", "a1", "h1").await.unwrap();
+    s.commit_revision(&w.claim, "ns", "a1", None, "rev-1")
+        .await
+        .unwrap();
+    s.record_attempt(&w.claim, "ns", "a1", "rev-1", "REVISION_ACTIVATED", "ok", 4)
+        .await
+        .unwrap();
+    s.end_work(&w.claim, done()).await.unwrap();
+    s.create_token(&NewToken {
+        id: "t1",
+        name: "ci",
+        secret_hash: "h",
+        grants: &[Grant {
+            namespace: "ns".into(),
+            role: Role::Deploy,
+        }],
+        created_at: 1,
+        expires_at: Some(10_000_000_000),
+    })
+    .await
+    .unwrap();
+    s.audit("op", "agent.create", "ns/a1", &json!({"x": [1, 2]}), 5)
+        .await
+        .unwrap();
+    s.replace_drift(
+        "h1",
+        &[DriftRow {
+            target: "h1".into(),
+            namespace_id: "ns".into(),
+            agent_id: "a1".into(),
+            state: DriftState::Synced,
+            reason: None,
+            message: "ok".into(),
+            checked_at: 6,
+        }],
+    )
+    .await
+    .unwrap();
+    s.insert_rollout(&RolloutRow {
+        namespace_id: "ns".into(),
+        configuration_id: "cfg".into(),
+        configuration_generation: 1,
+        canary: 1,
+        max_parallel: 1,
+        max_failures: 0,
+        pause_between_seconds: 0,
+        manual_promote: true,
+        created_by: "op".into(),
+        agents: vec![("a3".into(), 0)],
+        now: 7,
+    })
+    .await
+    .unwrap();
+}
+
+/// Everything the API reads is the same in both stores.
+pub async fn same_reads(a: &SharedStore, b: &SharedStore) {
+    assert_eq!(a.hosts().await.unwrap(), b.hosts().await.unwrap());
+    assert_eq!(a.namespaces().await.unwrap(), b.namespaces().await.unwrap());
+    assert_eq!(
+        a.configuration("ns", "cfg").await.unwrap(),
+        b.configuration("ns", "cfg").await.unwrap()
+    );
+    assert_eq!(a.agents("ns").await.unwrap(), b.agents("ns").await.unwrap());
+    for agent in ["a1", "a2", "a3", "w"] {
+        assert_eq!(
+            a.revisions("ns", agent).await.unwrap(),
+            b.revisions("ns", agent).await.unwrap()
+        );
+        assert_eq!(
+            a.recent_work("ns", agent, 50).await.unwrap(),
+            b.recent_work("ns", agent, 50).await.unwrap()
+        );
+    }
+    assert_eq!(
+        a.token_by_hash("h").await.unwrap(),
+        b.token_by_hash("h").await.unwrap()
+    );
+    assert_eq!(
+        a.audit_events(100).await.unwrap(),
+        b.audit_events(100).await.unwrap()
+    );
+    assert_eq!(a.drift().await.unwrap(), b.drift().await.unwrap());
+    assert_eq!(
+        a.rollouts("ns", 10).await.unwrap(),
+        b.rollouts("ns", 10).await.unwrap()
+    );
+    assert_eq!(
+        a.workspace_setup("ns", "w").await.unwrap(),
+        b.workspace_setup("ns", "w").await.unwrap()
+    );
+    assert_eq!(
+        a.workspace_contents("ns", "w").await.unwrap(),
+        b.workspace_contents("ns", "w").await.unwrap()
+    );
+    let counts = |v: Vec<(String, i64)>| -> BTreeMap<String, i64> {
+        v.into_iter()
+            .filter(|(t, _)| t != "schema_version")
+            .collect()
+    };
+    assert_eq!(
+        counts(a.row_counts().await.unwrap()),
+        counts(b.row_counts().await.unwrap())
+    );
+}
