@@ -88,6 +88,7 @@ impl<'a> PeerSsh<'a> {
             issued_at: now,
             expires_at: now + 600,
             deadline_seconds: 190,
+            fence: None,
             operation,
         };
         SignedEnvelope::sign(&envelope, &self.keys.signing).unwrap()

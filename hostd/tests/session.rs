@@ -67,6 +67,7 @@ impl Fixture {
             issued_at: now,
             expires_at: now + 300,
             deadline_seconds: 60,
+            fence: None,
             operation,
         }
     }

@@ -9,9 +9,12 @@ use crate::ident::{Fingerprint, HostName, OperationId, Principal, truncate_for_m
 use crate::operation::{Operation, OperationDecodeError};
 
 /// The protocol version this crate writes.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
+/// The first version whose envelopes carry a fence ([`Envelope::fence`]). A writer speaks
+/// version 1 (no fence) to a peer that accepts only that.
+pub const FENCED_VERSION: u32 = 2;
 /// The protocol versions this crate reads.
-pub const SUPPORTED_VERSIONS: &[u32] = &[PROTOCOL_VERSION];
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, PROTOCOL_VERSION];
 /// The default time hostd may work on one operation.
 pub const DEFAULT_DEADLINE_SECONDS: u32 = 190;
 /// The longest deadline an envelope may ask for.
@@ -67,6 +70,11 @@ pub struct Envelope {
     pub expires_at: u64,
     /// How long hostd may work on the operation, in seconds.
     pub deadline_seconds: u32,
+    /// The issuer's fence for the Agent (version 2 on, Agent-scoped changes only): the host
+    /// keeps the highest it saw per Agent and refuses a lower one with `FENCE_STALE`, so a
+    /// coordinator whose claim another one replaced can never act on the Agent again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
     pub operation: Operation,
 }
 
@@ -166,6 +174,8 @@ struct EnvelopeWire {
     issued_at: u64,
     expires_at: u64,
     deadline_seconds: u32,
+    #[serde(default)]
+    fence: Option<u64>,
     operation: serde_json::Value,
 }
 
@@ -180,6 +190,7 @@ impl TryFrom<EnvelopeWire> for Envelope {
             issued_at: wire.issued_at,
             expires_at: wire.expires_at,
             deadline_seconds: wire.deadline_seconds,
+            fence: wire.fence,
             operation: Operation::from_value(wire.operation)?,
         })
     }
@@ -260,6 +271,30 @@ impl Envelope {
                 path: "expiresAt".to_owned(),
                 message: "must be later than issuedAt".to_owned(),
             });
+        }
+        if let Some(fence) = self.fence {
+            let message = if self.version < FENCED_VERSION {
+                Some(format!(
+                    "needs protocol version {FENCED_VERSION} or later (the envelope says {})",
+                    self.version
+                ))
+            } else if !self.operation.kind().is_fenced() {
+                Some(format!(
+                    "applies to Agent-scoped changes only, not to {}",
+                    self.operation.kind()
+                ))
+            } else if fence == 0 {
+                Some("must be at least 1".to_owned())
+            } else {
+                None
+            };
+            if let Some(message) = message {
+                return Err(DecodeError::Invalid {
+                    what: "envelope",
+                    path: "fence".to_owned(),
+                    message,
+                });
+            }
         }
         if let Operation::PrepareRevision(args) = &self.operation
             && !args.revision.hash_matches()

@@ -28,7 +28,9 @@ pub mod workspace;
 
 pub use allowed_signers::AllowedSigners;
 pub use configuration::Configuration;
-pub use envelope::{Envelope, Limits, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Target};
+pub use envelope::{
+    Envelope, FENCED_VERSION, Limits, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Target,
+};
 pub use failure::{Failure, FailureClass, FailureCode};
 pub use framing::{Frame, FrameDecoder, FrameKind, Message};
 pub use ident::{Fingerprint, HostName, Ident, OperationId, Principal, Sha256Hex};

@@ -87,6 +87,19 @@ impl OperationKind {
         }
     }
 
+    /// Whether the operation changes one Agent and so takes a fence (protocol version 2 on):
+    /// a host refuses it when it saw a higher fence for that Agent.
+    pub fn is_fenced(self) -> bool {
+        matches!(
+            self,
+            OperationKind::PrepareRevision
+                | OperationKind::ActivateRevision
+                | OperationKind::StopRevision
+                | OperationKind::RetireRevision
+                | OperationKind::DeleteAgent
+        )
+    }
+
     /// Whether the operation only reads host state.
     pub fn is_read_only(self) -> bool {
         matches!(

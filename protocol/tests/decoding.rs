@@ -393,7 +393,7 @@ fn oversized_documents_are_rejected_before_parsing() {
 #[test]
 fn versions_are_checked_first_with_their_own_code() {
     for bad in [
-        json!(2),
+        json!(3),
         json!(0),
         json!("1"),
         json!(null),
@@ -432,4 +432,46 @@ fn malformed_json_is_invalid_input() {
             String::from_utf8_lossy(bytes)
         );
     }
+}
+
+/// Version 2 carries a fence for Agent-scoped changes; version 1 (an older coordinator)
+/// carries none; a fence anywhere else, or zero, is refused naming the field.
+#[test]
+fn fences_ride_only_on_version_2_agent_changes() {
+    let stop = Operation::StopRevision(RevisionArgs {
+        namespace: namespace(),
+        agent: agent(),
+        revision: RevisionRef {
+            id: ident("rev-1"),
+            number: RevisionNumber::new(1).unwrap(),
+            configuration_hash: revision_spec("rev-1", 1).configuration_hash,
+        },
+    });
+    let mut v = envelope_value(stop.clone());
+    v["version"] = json!(2);
+    v["fence"] = json!(7);
+    assert_eq!(decode(&v).unwrap().fence, Some(7));
+    v["version"] = json!(1);
+    let (path, message) = invalid_at(&v);
+    assert_eq!(path, "fence");
+    assert!(message.contains("version 2"), "{message}");
+    v.as_object_mut().unwrap().remove("fence");
+    assert_eq!(decode(&v).unwrap().fence, None, "version 1 still decodes");
+    let mut v = envelope_value(stop);
+    v["version"] = json!(2);
+    v["fence"] = json!(0);
+    assert!(invalid_at(&v).1.contains("at least 1"));
+    let mut v = envelope_value(Operation::Probe(ProbeArgs {}));
+    v["version"] = json!(2);
+    v["fence"] = json!(3);
+    let (path, message) = invalid_at(&v);
+    assert_eq!(path, "fence");
+    assert!(message.contains("probe"), "{message}");
+    // Written without a fence, the field does not appear at all (version 1 peers refuse it).
+    let e = decode(&envelope_value(Operation::Probe(ProbeArgs {}))).unwrap();
+    assert!(
+        !String::from_utf8(e.to_bytes().unwrap())
+            .unwrap()
+            .contains("fence")
+    );
 }

@@ -89,6 +89,7 @@ impl EnvelopeSigner {
             issued_at,
             expires_at: issued_at + self.lifetime.as_secs().max(1),
             deadline_seconds: deadline_seconds(deadline),
+            fence: None,
             operation,
         };
         SignedEnvelope::sign(&envelope, &self.key)

@@ -96,6 +96,7 @@ impl Coordinator {
             issued_at: now,
             expires_at: now + 600,
             deadline_seconds: 120,
+            fence: None,
             operation,
         }
     }

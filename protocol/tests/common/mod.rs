@@ -111,6 +111,7 @@ pub fn envelope(operation: Operation) -> Envelope {
         issued_at: NOW,
         expires_at: NOW + 300,
         deadline_seconds: DEFAULT_DEADLINE_SECONDS,
+        fence: None,
         operation,
     }
 }
