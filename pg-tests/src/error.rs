@@ -111,6 +111,18 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// `Ok` when nothing was left behind, else one [`Error::Teardown`] naming everything.
+    pub(crate) fn teardown(id: &str, problems: Vec<String>) -> Result<()> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Teardown {
+                id: id.to_string(),
+                detail: problems.join("; "),
+            })
+        }
+    }
+
     pub(crate) fn io(
         action: &'static str,
         path: impl Into<PathBuf>,

@@ -54,8 +54,10 @@ pub struct RunRecord {
     /// Pid of the test process (informational; the lock is what counts).
     pub owner_pid: u32,
     pub port: u16,
-    /// Data directory, socket directory, certificates and the server log.
+    /// Socket directory, certificates and the server log (and the data directory without tmpfs).
     pub run_dir: PathBuf,
+    /// The data directory (on tmpfs when available).
+    pub data_dir: PathBuf,
     /// The running postmaster, if any.
     pub postmaster: Option<ProcessRecord>,
 }
@@ -74,8 +76,10 @@ impl RunRecord {
         {
             left.push(format!("postmaster pid {}", p.pid));
         }
-        if self.run_dir.exists() {
-            left.push(format!("directory {}", self.run_dir.display()));
+        for d in [&self.run_dir, &self.data_dir] {
+            if d.exists() {
+                left.push(format!("directory {}", d.display()));
+            }
         }
         left
     }
@@ -222,26 +226,28 @@ pub(crate) fn keep_log(config: &HarnessConfig, rec: &RunRecord) -> Option<PathBu
     fs::copy(&src, &dst).ok().map(|_| dst)
 }
 
-/// Stops what a record names and removes its run directory. Safe to repeat and on partial
+/// Removes a run's data and run directories, naming what could not be removed.
+pub(crate) fn remove_dirs(rec: &RunRecord) -> Vec<String> {
+    [&rec.data_dir, &rec.run_dir]
+        .into_iter()
+        .filter(|d| d.exists())
+        .filter_map(|d| {
+            fs::remove_dir_all(d)
+                .err()
+                .map(|e| format!("could not remove {}: {e}", d.display()))
+        })
+        .collect()
+}
+
+/// Stops what a record names and removes its directories. Safe to repeat and on partial
 /// records.
 pub(crate) fn teardown(rec: &RunRecord, stop_timeout: Duration) -> Result<()> {
     let mut problems = match rec.postmaster {
         Some(p) => stop_postmaster(p, stop_timeout),
         None => Vec::new(),
     };
-    if rec.run_dir.exists()
-        && let Err(e) = fs::remove_dir_all(&rec.run_dir)
-    {
-        problems.push(format!("could not remove {}: {e}", rec.run_dir.display()));
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Teardown {
-            id: rec.id.clone(),
-            detail: problems.join("; "),
-        })
-    }
+    problems.extend(remove_dirs(rec));
+    Error::teardown(&rec.id, problems)
 }
 
 fn age(path: &Path) -> Option<Duration> {
@@ -301,14 +307,7 @@ pub fn reclaim_stale(config: &HarnessConfig) -> Result<Vec<RunRecord>> {
         }
     }
     prune_logs(&config.logs_dir());
-    if errors.is_empty() {
-        Ok(reclaimed)
-    } else {
-        Err(Error::Teardown {
-            id: "stale runs".into(),
-            detail: errors.join("; "),
-        })
-    }
+    Error::teardown("stale runs", errors).map(|()| reclaimed)
 }
 
 fn prune_logs(dir: &Path) {
@@ -355,6 +354,7 @@ mod tests {
             start_timeout: Duration::from_secs(5),
             stop_timeout: Duration::from_millis(300),
             keep_logs: false,
+            data_on_tmpfs: false,
             uid: 0,
             gid: 0,
         }
@@ -368,6 +368,7 @@ mod tests {
             owner_pid: 1,
             port: 5999,
             run_dir: "/r".into(),
+            data_dir: "/d".into(),
             postmaster: Some(ProcessRecord {
                 pid: 7,
                 start_ticks: Some(9),
@@ -407,6 +408,7 @@ mod tests {
             owner_pid: 999_999,
             port: 1,
             run_dir: run_dir.clone(),
+            data_dir: run_dir.join("data"),
             postmaster: Some(ProcessRecord {
                 pid,
                 start_ticks: sys::proc_stat(pid).map(|s| s.start_ticks),

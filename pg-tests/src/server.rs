@@ -159,7 +159,7 @@ impl TestPostgres {
         let mut pg = TestPostgres {
             config: config.clone(),
             options: options.clone(),
-            data_dir: run_dir.join("data"),
+            data_dir: config.data_dir_for(&id, &run_dir),
             log_path: run_dir.join(run::LOG_FILE),
             socket_dir,
             run_dir,
@@ -255,6 +255,7 @@ impl TestPostgres {
             owner_pid: std::process::id(),
             port: self.port,
             run_dir: self.run_dir.clone(),
+            data_dir: self.data_dir.clone(),
             postmaster,
         }
     }
@@ -380,7 +381,12 @@ impl TestPostgres {
         self.timings
     }
 
-    /// The data directory (owned by the `postgres` user).
+    /// The run directory: socket directory, TLS files, client certificates, server log.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// The data directory (owned by the `postgres` user; on tmpfs unless `CLAWFLEET_PG_TMPFS=0`).
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
@@ -560,14 +566,7 @@ impl TestPostgres {
         let problems = how(pm.record);
         let _ = pm.child.wait();
         self.write_record()?;
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Teardown {
-                id: self.id.clone(),
-                detail: problems.join("; "),
-            })
-        }
+        Error::teardown(&self.id, problems)
     }
 
     /// Starts the server again on the same data directory and port after
@@ -630,22 +629,13 @@ impl TestPostgres {
                 );
             }
         }
-        if self.run_dir.exists()
-            && let Err(e) = fs::remove_dir_all(&self.run_dir)
-        {
-            problems.push(format!("could not remove {}: {e}", self.run_dir.display()));
-        }
+        problems.extend(run::remove_dirs(&self.record(None)));
         signals::unregister(&self.id);
         if problems.is_empty() {
             self.run.forget();
-            Ok(())
-        } else {
-            // The record stays, so the next start (or `pgtests clean`) retries.
-            Err(Error::Teardown {
-                id: self.id.clone(),
-                detail: problems.join("; "),
-            })
         }
+        // Otherwise the record stays, so the next start (or `pgtests clean`) retries.
+        Error::teardown(&self.id, problems)
     }
 }
 

@@ -162,7 +162,7 @@ fn roles_restart_kill_and_drop() {
 
     // Drop: no process, no directory, no record.
     let pids = pg.server_pids();
-    let run_dir = pg.data_dir().parent().unwrap().to_path_buf();
+    let run_dir = pg.run_dir().to_path_buf();
     let data_dir = pg.data_dir().to_path_buf();
     let id = pg.id().to_string();
     assert!(data_dir.is_dir());
@@ -251,9 +251,14 @@ fn percent(p: &Path) -> String {
     p.to_string_lossy().replace('/', "%2F")
 }
 
-/// Starts `pgtests up`, returns the child and (run id, postmaster pid).
-fn pgtests_up() -> (std::process::Child, String, u32) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgtests"))
+/// Starts `pgtests up` (with another state directory when given), returns the child and (run
+/// id, postmaster pid).
+fn pgtests_up(state_dir: Option<&Path>) -> (std::process::Child, String, u32) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgtests"));
+    if let Some(dir) = state_dir {
+        cmd.env("CLAWFLEET_PG_STATE_DIR", dir);
+    }
+    let mut child = cmd
         .arg("up")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -287,10 +292,53 @@ fn run_dir(id: &str) -> PathBuf {
     HarnessConfig::from_env().unwrap().runs_dir().join(id)
 }
 
+/// A `pgtests up` with a state directory of its own (every start reclaims every stale run of its
+/// state directory, so in the shared one another test could reclaim it first), sharing the
+/// shared one's template. Dropping it kills the owner and reclaims and removes everything, also
+/// when the test fails halfway.
+struct PrivateRun {
+    config: HarnessConfig,
+    owner: std::process::Child,
+    id: String,
+    postmaster: u32,
+}
+
+impl PrivateRun {
+    fn start(tag: &str) -> Self {
+        let mut config = HarnessConfig::from_env().unwrap();
+        let shared_templates = config.templates_dir();
+        std::fs::create_dir_all(&shared_templates).unwrap();
+        config.state_dir = PathBuf::from(format!(
+            "{}-{tag}-{}",
+            config.state_dir.display(),
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&config.state_dir).unwrap();
+        std::os::unix::fs::symlink(&shared_templates, config.templates_dir()).unwrap();
+        let (owner, id, postmaster) = pgtests_up(Some(&config.state_dir));
+        PrivateRun {
+            config,
+            owner,
+            id,
+            postmaster,
+        }
+    }
+}
+
+impl Drop for PrivateRun {
+    fn drop(&mut self) {
+        let _ = self.owner.kill();
+        let _ = self.owner.wait();
+        let _ = reclaim_stale(&self.config);
+        let _ = std::fs::remove_dir_all(&self.config.state_dir);
+    }
+}
+
 #[test]
 fn sigkilled_owner_is_reclaimed_by_the_next_run() {
     skip_unless_postgres!();
-    let (mut owner, id, postmaster) = pgtests_up();
+    let mut run = PrivateRun::start("reclaim");
+    let (config, id, postmaster) = (run.config.clone(), run.id.clone(), run.postmaster);
     assert!(proc_exists(postmaster));
     let children: Vec<u32> = std::fs::read_dir("/proc")
         .unwrap()
@@ -306,12 +354,11 @@ fn sigkilled_owner_is_reclaimed_by_the_next_run() {
         })
         .collect();
     assert!(!children.is_empty());
-    owner.kill().unwrap(); // SIGKILL: no handler, no Drop
-    owner.wait().unwrap();
+    run.owner.kill().unwrap(); // SIGKILL: no handler, no Drop
+    run.owner.wait().unwrap();
     // The server outlives its owner…
     std::thread::sleep(Duration::from_millis(300));
     assert!(proc_exists(postmaster), "postmaster died with its owner");
-    let config = HarnessConfig::from_env().unwrap();
     assert!(
         list_runs(&config)
             .unwrap()
@@ -324,15 +371,14 @@ fn sigkilled_owner_is_reclaimed_by_the_next_run() {
     let mut all = children;
     all.push(postmaster);
     assert_eq!(wait_gone(&all, Duration::from_secs(2)), Vec::<u32>::new());
-    assert!(!run_dir(&id).exists());
+    assert!(!config.runs_dir().join(&id).exists());
     assert!(config.logs_dir().join(format!("{id}.log")).is_file());
-    let _ = std::fs::remove_file(config.logs_dir().join(format!("{id}.log")));
 }
 
 #[test]
 fn sigterm_to_the_owner_stops_its_server() {
     skip_unless_postgres!();
-    let (mut owner, id, postmaster) = pgtests_up();
+    let (mut owner, id, postmaster) = pgtests_up(None);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(owner.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
