@@ -304,6 +304,9 @@ pub(crate) fn server_conf(
         "min_wal_size = '8MB'".to_string(),
         "max_wal_size = '256MB'".to_string(),
         "password_encryption = 'scram-sha-256'".to_string(),
+        // Dynamic shared memory as files in the data directory, so that a crashed server's
+        // segments go with it rather than staying in /dev/shm.
+        "dynamic_shared_memory_type = 'mmap'".to_string(),
         "logging_collector = off".to_string(),
         "log_line_prefix = '%m [%p] %q%u@%d '".to_string(),
     ];

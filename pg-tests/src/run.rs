@@ -10,6 +10,7 @@
 
 use std::fs::{self, File, TryLockError};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
@@ -226,17 +227,48 @@ pub(crate) fn keep_log(config: &HarnessConfig, rec: &RunRecord) -> Option<PathBu
     fs::copy(&src, &dst).ok().map(|_| dst)
 }
 
-/// Removes a run's data and run directories, naming what could not be removed.
+/// The System V segment a crashed server left: `postmaster.pid` is still in its data
+/// directory (a clean shutdown removes both), its line 7 names the key and shmid, and
+/// /proc/sysvipc/shm lists that key and shmid with nothing attached. PostgreSQL removes it itself
+/// at the next start on the same data directory; this is for a data directory about to go.
+fn leftover_sysv_segment(data_dir: &Path) -> Option<String> {
+    let pid_file = fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
+    let mut ids = pid_file.lines().nth(6)?.split_whitespace();
+    let (key, shmid) = (ids.next()?.parse::<i64>().ok()?, ids.next()?);
+    let table = fs::read_to_string("/proc/sysvipc/shm").ok()?;
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let matches = f.first()?.parse::<i64>().ok()? == key && *f.get(1)? == shmid;
+        (matches && *f.get(6)? == "0").then(|| shmid.to_string())
+    })
+}
+
+/// Removes a run's leftover shared memory and its data and run directories, naming what could
+/// not be removed. The postmaster must be gone.
 pub(crate) fn remove_dirs(rec: &RunRecord) -> Vec<String> {
-    [&rec.data_dir, &rec.run_dir]
-        .into_iter()
-        .filter(|d| d.exists())
-        .filter_map(|d| {
-            fs::remove_dir_all(d)
-                .err()
-                .map(|e| format!("could not remove {}: {e}", d.display()))
-        })
-        .collect()
+    let mut problems = Vec::new();
+    if let Some(shmid) = leftover_sysv_segment(&rec.data_dir) {
+        let removed = Command::new("ipcrm")
+            .args(["-m", &shmid])
+            .stdin(Stdio::null())
+            .output();
+        match removed {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => problems.push(format!(
+                "ipcrm -m {shmid} failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => problems.push(format!("could not run ipcrm -m {shmid}: {e}")),
+        }
+    }
+    for d in [&rec.data_dir, &rec.run_dir] {
+        if d.exists()
+            && let Err(e) = fs::remove_dir_all(d)
+        {
+            problems.push(format!("could not remove {}: {e}", d.display()));
+        }
+    }
+    problems
 }
 
 /// Stops what a record names and removes its directories. Safe to repeat and on partial
@@ -391,7 +423,7 @@ mod tests {
         let run_dir = runs.join("dead");
         sys::create_dir_all(&run_dir).unwrap();
         fs::write(run_dir.join(LOG_FILE), "last words\n").unwrap();
-        let mut child = std::process::Command::new("sh")
+        let mut child = Command::new("sh")
             .args(["-c", "trap '' INT QUIT; sleep 60 & wait"])
             .spawn()
             .unwrap();

@@ -415,3 +415,41 @@ fn bad_settings_are_refused_before_anything_starts() {
         "no TLS, no client certificates"
     );
 }
+
+/// `(key, shmid)` of the server's System V segment, from line 7 of `postmaster.pid`.
+fn sysv_segment(data_dir: &Path) -> (String, String) {
+    let pid_file = std::fs::read_to_string(data_dir.join("postmaster.pid")).unwrap();
+    let line = pid_file.lines().nth(6).unwrap().to_string();
+    let mut parts = line.split_whitespace();
+    let key: i64 = parts.next().unwrap().parse().unwrap();
+    (key.to_string(), parts.next().unwrap().to_string())
+}
+
+/// Whether /proc/sysvipc/shm lists that key and shmid.
+fn sysv_exists((key, shmid): &(String, String)) -> bool {
+    std::fs::read_to_string("/proc/sysvipc/shm")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.first() == Some(&key.as_str()) && f.get(1) == Some(&shmid.as_str())
+        })
+}
+
+#[test]
+fn a_killed_server_dropped_without_restart_leaves_no_shared_memory() {
+    skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
+    // Dynamic shared memory lives in the data directory, not in /dev/shm.
+    assert_eq!(pg.psql("show dynamic_shared_memory_type").unwrap(), "mmap");
+    let segment = sysv_segment(pg.data_dir());
+    assert!(
+        sysv_exists(&segment),
+        "{segment:?} not in /proc/sysvipc/shm"
+    );
+    pg.kill().unwrap();
+    assert!(sysv_exists(&segment), "a crash leaves the segment behind");
+    drop(pg);
+    assert!(!sysv_exists(&segment), "{segment:?} left behind");
+}
