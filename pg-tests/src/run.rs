@@ -42,7 +42,7 @@ const STEP: Duration = Duration::from_millis(20);
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ProcessRecord {
     pub pid: u32,
-    /// Start time in clock ticks since boot (from /proc/<pid>/stat), against pid reuse.
+    /// Start time in clock ticks since boot (from `/proc/<pid>/stat`), against pid reuse.
     pub start_ticks: Option<u64>,
 }
 

@@ -16,7 +16,7 @@ pub(crate) fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// What /proc/<pid>/stat says about a process.
+/// What `/proc/<pid>/stat` says about a process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stat {
     pub state: char,
