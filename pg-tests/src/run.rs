@@ -311,7 +311,26 @@ pub fn reclaim_stale(config: &HarnessConfig) -> Result<Vec<RunRecord>> {
             continue;
         };
         let record_path = dir.join(format!("{id}.json"));
-        match read_record(&record_path) {
+        // A record the owner was still writing when it died (write_atomic's temporary file) may
+        // be the only one naming its postmaster.
+        let tmps: Vec<PathBuf> = fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with(&format!("{id}.tmp-"))
+                    })
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let found = match read_record(&record_path) {
+            Ok(None) => Ok(tmps.iter().find_map(|p| read_record(p).ok().flatten())),
+            other => other,
+        };
+        match found {
             Ok(Some(rec)) => {
                 eprintln!(
                     "clawfleet-pg-tests: reclaiming PostgreSQL run {id} left by dead pid {}",
@@ -324,6 +343,7 @@ pub fn reclaim_stale(config: &HarnessConfig) -> Result<Vec<RunRecord>> {
                             eprintln!("clawfleet-pg-tests: its server log is in {}", log.display());
                         }
                         let _ = fs::remove_file(&record_path);
+                        tmps.iter().for_each(|t| drop(fs::remove_file(t)));
                         let _ = fs::remove_file(&lock_path);
                         reclaimed.push(rec);
                     }
@@ -331,6 +351,7 @@ pub fn reclaim_stale(config: &HarnessConfig) -> Result<Vec<RunRecord>> {
                 }
             }
             Ok(None) => {
+                tmps.iter().for_each(|t| drop(fs::remove_file(t)));
                 if age(&lock_path).is_some_and(|a| a > ABANDONED_LOCK_AGE) {
                     let _ = fs::remove_file(&lock_path);
                 }
@@ -448,6 +469,22 @@ mod tests {
         };
         fs::write(runs.join("dead.lock"), "").unwrap();
         write_record(&runs.join("dead.json"), &rec).unwrap();
+        // An owner that died while writing its record: only the temporary file names its run.
+        let half_dir = runs.join("half");
+        sys::create_dir_all(&half_dir).unwrap();
+        let half = RunRecord {
+            id: "half".into(),
+            run_dir: half_dir.clone(),
+            data_dir: half_dir.join("data"),
+            postmaster: None,
+            ..rec.clone()
+        };
+        fs::write(runs.join("half.lock"), "").unwrap();
+        fs::write(
+            runs.join("half.tmp-123"),
+            serde_json::to_vec(&half).unwrap(),
+        )
+        .unwrap();
         let live = Run::claim(&cfg, "live").unwrap();
         write_record(
             &live.record_path,
@@ -468,7 +505,12 @@ mod tests {
             vec![("dead", false), ("live", true)]
         );
         let reclaimed = reclaim_stale(&cfg).unwrap();
-        assert_eq!(reclaimed.len(), 1);
+        assert_eq!(
+            reclaimed.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            vec!["dead", "half"]
+        );
+        assert!(!half_dir.exists());
+        assert!(!runs.join("half.tmp-123").exists() && !runs.join("half.lock").exists());
         let status = child.wait().unwrap();
         assert!(!status.success());
         assert!(!sys::process_alive(grandchild.0, Some(grandchild.1)));
