@@ -8,6 +8,10 @@ mod store_support;
 
 use std::sync::Arc;
 
+use clawfleet_pg_tests::{Options, TestPostgres, Tls};
+use coordinator::store::database::{Database, PostgresOptions, PostgresSettings};
+use coordinator::store::postgres::PostgresStore;
+use coordinator::store::prelude::*;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{SharedStore, StoreError};
 use store_support::CASES;
@@ -47,39 +51,112 @@ async fn sqlite_refuses_a_newer_schema() {
     ));
 }
 
-/// A fresh database on the test server, as a store.
-async fn postgres_store(admin_url: &str, db: &str) -> SharedStore {
-    let (client, conn) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
-        .await
-        .unwrap();
-    client
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    let url = admin_url.replace("/postgres?", &format!("/{db}?"));
-    let database = coordinator::store::Database::parse_url(
-        &url,
-        &coordinator::store::database::PostgresOptions::default(),
-        None,
-    )
-    .unwrap();
-    coordinator::store::open(&database).await.unwrap()
+/// A database of its own on the test server, owned by a role of its own, as settings.
+fn database_on(pg: &TestPostgres, name: &str) -> Box<PostgresSettings> {
+    pg.create_role(name, None).unwrap();
+    pg.create_database_owned_by(name, name).unwrap();
+    match Database::parse_url(&pg.url(name, name), &PostgresOptions::default(), None).unwrap() {
+        Database::Postgres(s) => s,
+        Database::Sqlite(_) => unreachable!(),
+    }
+}
+
+async fn postgres_store(pg: &TestPostgres, name: &str) -> SharedStore {
+    Arc::new(PostgresStore::connect(database_on(pg, name)).await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_passes_the_store_suite() {
-    let Ok(admin) = std::env::var("CLAWFLEET_TEST_PG_URL") else {
-        eprintln!("SKIP: no PostgreSQL");
-        return;
-    };
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
     for (i, (name, case)) in CASES.iter().enumerate() {
         eprintln!("case {name}");
-        case(postgres_store(&admin, &format!("suite_{i}")).await).await;
+        case(postgres_store(&pg, &format!("suite_{i}")).await).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_coordinators_starting_together_migrate_once_and_a_newer_schema_is_refused() {
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
+    let settings = database_on(&pg, "together");
+    let mut starts = Vec::new();
+    for _ in 0..4 {
+        let s = settings.clone();
+        starts.push(tokio::spawn(async move { PostgresStore::connect(s).await }));
+    }
+    for s in starts {
+        let store = s.await.unwrap().unwrap();
+        assert_eq!(
+            store.schema_version().await.unwrap(),
+            coordinator::store::postgres::latest_version()
+        );
+    }
+    let versions = pg
+        .psql_in("together", "SELECT count(*) FROM schema_version")
+        .unwrap();
+    assert_eq!(
+        versions,
+        coordinator::store::postgres::latest_version().to_string(),
+        "each version recorded once"
+    );
+    pg.psql_in("together", "INSERT INTO schema_version VALUES (99)")
+        .unwrap();
+    assert!(matches!(
+        PostgresStore::connect(settings).await,
+        Err(StoreError::TooNew { found: 99, .. })
+    ));
+}
+
+/// The password comes from the password file (scram-sha-256 over TCP), a wrong one is refused
+/// without echoing it, and TLS with sslmode=verify-full reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_takes_its_password_from_a_file_and_tls_as_libpq_does() {
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start_with(&Options::default().tls(Tls::On)).unwrap();
+    pg.create_role("occ", Some("s3cret-pw")).unwrap();
+    pg.create_database_owned_by("occ", "occ").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pw");
+    let open = async |password: &str, url: &str| {
+        std::fs::write(&file, format!("{password}\n")).unwrap();
+        let options = PostgresOptions {
+            password_file: Some(file.clone()),
+            pool_size: Some(2),
+        };
+        let Database::Postgres(s) = Database::parse_url(url, &options, None).unwrap() else {
+            unreachable!()
+        };
+        PostgresStore::connect(s).await
+    };
+    let plain = pg.url("occ", "occ");
+    let store = open("s3cret-pw", &plain).await.unwrap();
+    assert_eq!(store.token_count().await.unwrap(), 0);
+    let err = open("wrong-pw", &plain).await.unwrap_err().to_string();
+    assert!(
+        !err.contains("wrong-pw") && !err.contains("s3cret"),
+        "{err}"
+    );
+    assert!(err.contains("password"), "{err}");
+    let tls = pg.tls_url("occ", "occ").unwrap();
+    assert!(tls.contains("sslmode=verify-full"), "{tls}");
+    let store = open("s3cret-pw", &tls).await.unwrap();
+    assert_eq!(
+        store.schema_version().await.unwrap(),
+        coordinator::store::postgres::latest_version()
+    );
+    // The server says the session is encrypted.
+    let ssl = pg
+        .psql_in(
+            "occ",
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.usename = 'occ' AND s.ssl",
+        )
+        .unwrap();
+    assert_ne!(ssl, "0", "no TLS session of occ");
+    // verify-full checks the name: the certificate does not name 127.0.0.2.
+    let wrong_name = tls.replace("127.0.0.1", "127.0.0.2");
+    if std::net::TcpStream::connect(("127.0.0.2", pg.port())).is_ok() {
+        assert!(open("s3cret-pw", &wrong_name).await.is_err());
     }
 }
 
@@ -88,29 +165,15 @@ async fn postgres_passes_the_store_suite() {
 /// non-empty database is refused with nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sqlite_database_copies_into_postgres_and_reads_back_the_same() {
-    let Ok(admin) = std::env::var("CLAWFLEET_TEST_PG_URL") else {
-        eprintln!("SKIP: no PostgreSQL");
-        return;
-    };
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pgs = TestPostgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("occ.db");
     let sqlite: SharedStore = Arc::new(SqliteStore::open(&path).unwrap());
     store_support::fill(&sqlite).await;
-    let target = postgres_store(&admin, "copy_target").await;
-    let pg = match coordinator::store::Database::parse_url(
-        &admin.replace("/postgres?", "/copy_target?"),
-        &Default::default(),
-        None,
-    )
-    .unwrap()
-    {
-        coordinator::store::Database::Postgres(s) => {
-            coordinator::store::postgres::PostgresStore::connect(s)
-                .await
-                .unwrap()
-        }
-        coordinator::store::Database::Sqlite(_) => unreachable!(),
-    };
+    let settings = database_on(&pgs, "copy_target");
+    let target: SharedStore = Arc::new(PostgresStore::connect(settings.clone()).await.unwrap());
+    let pg = PostgresStore::connect(settings).await.unwrap();
     let counts = coordinator::store::copy::sqlite_to_postgres(&path, &pg)
         .await
         .unwrap();
