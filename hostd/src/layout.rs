@@ -135,6 +135,11 @@ impl Layout {
         self.ports_dir().join(format!("{port}.json"))
     }
 
+    /// Where directory trees go to be deleted (see `crate::trash`).
+    pub fn trash_dir(&self) -> PathBuf {
+        self.root.join("trash")
+    }
+
     pub fn journal_dir(&self) -> PathBuf {
         self.root.join("journal")
     }

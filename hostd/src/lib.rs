@@ -18,5 +18,6 @@ pub mod markers;
 pub mod real;
 pub mod session;
 pub mod system;
+pub mod trash;
 pub mod unit;
 pub mod unit_log;

@@ -65,6 +65,20 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
             Vec::new()
         }
     };
+    if only.is_none() {
+        match engine.trash().entries() {
+            Ok(entries) => {
+                for e in entries {
+                    problem(
+                        &mut out.problems,
+                        &engine.layout.trash_dir().join(e),
+                        "a removal in progress, or left by a killed one (the next changing operation finishes it)",
+                    );
+                }
+            }
+            Err(e) => problem(&mut out.problems, &engine.layout.trash_dir(), e),
+        }
+    }
     for name in names {
         if only.is_some_and(|id| dir_name(id) != name) {
             continue;

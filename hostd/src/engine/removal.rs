@@ -138,10 +138,10 @@ impl Engine<'_> {
         }
         if dir_present {
             ctx.step(Step::Remove)?;
-            fsutil::remove_tree_if_present(&paths.dir).map_err(fs_failure)?;
+            self.remove_tree(&paths.dir)?;
         }
         // Leftovers of an interrupted earlier removal (pending names, never read).
-        fsutil::sweep_pending(&self.layout.agents_dir(&ns.id));
+        self.sweep_pending(&self.layout.agents_dir(&ns.id));
         if let Some(m) = &account_marker {
             self.remove_identity(ctx, m)?;
         } else {
@@ -250,7 +250,7 @@ impl Engine<'_> {
         }
         if present {
             ctx.step(Step::Remove)?;
-            fsutil::remove_tree_if_present(&ns_dir).map_err(fs_failure)?;
+            self.remove_tree(&ns_dir)?;
         }
         for m in &leftovers {
             self.remove_identity(ctx, m)?;

@@ -2160,3 +2160,5 @@ fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() 
     let env = std::fs::read_to_string(h.layout().agent(&id("ns1"), &id("a1")).launch_env).unwrap();
     assert!(env.contains("DAEMON_REF=\"started\""), "{env}");
 }
+
+mod hardening;
