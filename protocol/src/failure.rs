@@ -60,6 +60,9 @@ failure_codes! {
     UnsupportedVersion = "UNSUPPORTED_VERSION" => Permanent,
     /// The operation id was used before with a different body.
     ReplayMismatch = "REPLAY_MISMATCH" => Permanent,
+    /// The envelope expires at or before the latest expiry of a journal entry hostd already
+    /// pruned: it may have run before, and the host can no longer tell, so it never runs.
+    ReplayUnverifiable = "REPLAY_UNVERIFIABLE" => Permanent,
     /// A frame, envelope, or field is larger than its limit.
     InputTooLarge = "INPUT_TOO_LARGE" => Permanent,
     /// The envelope or operation does not decode: unknown field, wrong type, bad identifier.
