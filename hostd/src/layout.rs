@@ -126,6 +126,12 @@ impl Layout {
         self.accounts_dir().join(format!("{account}.json"))
     }
 
+    /// The intent to create an account (see `markers::AccountIntent`); not `.json`, so never
+    /// read as an account marker.
+    pub fn account_intent(&self, account: &str) -> PathBuf {
+        self.accounts_dir().join(format!("{account}.intent"))
+    }
+
     /// One file per reserved port: allocation never depends on reading other Agents' markers.
     pub fn ports_dir(&self) -> PathBuf {
         self.root.join("ports")

@@ -8,6 +8,7 @@ pub mod config;
 pub mod engine;
 pub mod enrol;
 pub mod fake;
+pub mod fault;
 pub mod fsutil;
 pub mod journal;
 pub mod launch;

@@ -227,6 +227,7 @@ impl<'a> Responder<'a> {
                 elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 detail: None,
             });
+            crate::fault::point(&format!("{kind}/{}", step_name(step)));
         };
         let mut ctx = Ctx::new(id.clone(), deadline, now, cancelled, &mut on_step);
         let result = self.engine.execute(&env.operation, &mut ctx, &self.journal);

@@ -118,6 +118,7 @@ impl Trash {
         // From here the tree is gone from its real name, durably.
         fsutil::sync_dir(path.parent().unwrap_or(Path::new("/")))?;
         fsutil::sync_dir(&entry_path)?;
+        crate::fault::point("after-trash-rename");
         self.delete_entry(&entry_path, &entry)?;
         Ok(true)
     }

@@ -181,6 +181,23 @@ fn orphaned_accounts(
         return;
     }
     for name in fsutil::list_dir(&dir).unwrap_or_default() {
+        if name.ends_with(".intent") {
+            let path = dir.join(&name);
+            match markers::read::<markers::AccountIntent>(&path, "account intent") {
+                Ok(i) if only.is_none_or(|id| id == &i.namespace_id) => problem(
+                    problems,
+                    &path,
+                    format!(
+                        "account {} of Agent {}/{} is being created, or a killed run left it half made; the Agent's next prepare adopts it, a delete removes it",
+                        i.account, i.namespace_id, i.agent_id
+                    ),
+                ),
+                Ok(_) => {}
+                Err(e) if only.is_none() => problem(problems, &path, e),
+                Err(_) => {}
+            }
+            continue;
+        }
         if !name.ends_with(".json") {
             continue;
         }

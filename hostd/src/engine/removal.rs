@@ -11,7 +11,9 @@ use clawfleet_protocol::result::{DeleteAgentResult, DeleteNamespaceResult, Step}
 use super::{Ctx, Engine, fs_failure, marker_failure, ownership, system_failure};
 use crate::fsutil::{self, Kind};
 use crate::layout::{AgentPaths, dir_name};
-use crate::markers::{self, AccountMarker, AgentMarker, NamespaceMarker, PortMarker};
+use crate::markers::{
+    self, AccountIntent, AccountMarker, AgentMarker, NamespaceMarker, PortMarker,
+};
 
 impl Engine<'_> {
     /// Stops and disables the unit and removes its file. Assumes the file was verified ours.
@@ -66,7 +68,44 @@ impl Engine<'_> {
                 .map_err(system_failure)?;
         }
         self.release_ports(&marker.namespace_id, &marker.agent_id)?;
+        fsutil::remove_file_if_present(&self.layout.account_intent(&marker.account))
+            .map_err(fs_failure)?;
         fsutil::remove_file_if_present(&self.layout.account_marker(&marker.account))
+            .map_err(fs_failure)?;
+        Ok(())
+    }
+
+    /// Removes what a run killed between its account intent and the account marker left:
+    /// the user and group of the intent's name (hostd was creating them), its ports, the
+    /// intent.
+    fn remove_intended_account(
+        &self,
+        ctx: &mut Ctx<'_>,
+        intent: &AccountIntent,
+    ) -> Result<(), Failure> {
+        ctx.step(Step::AccountRemoval)?;
+        if self
+            .system
+            .user(&intent.account)
+            .map_err(system_failure)?
+            .is_some()
+        {
+            self.system
+                .delete_user(&intent.account)
+                .map_err(system_failure)?;
+        }
+        if self
+            .system
+            .group(&intent.account)
+            .map_err(system_failure)?
+            .is_some()
+        {
+            self.system
+                .delete_group(&intent.account)
+                .map_err(system_failure)?;
+        }
+        self.release_ports(&intent.namespace_id, &intent.agent_id)?;
+        fsutil::remove_file_if_present(&self.layout.account_intent(&intent.account))
             .map_err(fs_failure)?;
         Ok(())
     }
@@ -123,6 +162,7 @@ impl Engine<'_> {
             self.check_account_marker(m, &ns.id, agent, &paths.account)?;
             self.verify_remaining_account(m)?;
         }
+        let intent = self.account_intent(&ns.id, agent, paths)?;
         let dir_present = fsutil::dir_exists(&paths.dir).map_err(fs_failure)?;
         if dir_present {
             self.verify_agent(&ns.id, agent, paths)?;
@@ -144,10 +184,12 @@ impl Engine<'_> {
         self.sweep_pending(&self.layout.agents_dir(&ns.id));
         if let Some(m) = &account_marker {
             self.remove_identity(ctx, m)?;
+        } else if let Some(i) = &intent {
+            self.remove_intended_account(ctx, i)?;
         } else {
             self.release_ports(&ns.id, &agent.id)?;
         }
-        let removed = dir_present || account_marker.is_some() || unit_removed;
+        let removed = dir_present || account_marker.is_some() || intent.is_some() || unit_removed;
         if removed {
             tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, "agent deleted");
         }
@@ -204,9 +246,19 @@ impl Engine<'_> {
         }
         // Leftover accounts of this Namespace (from a retry after a partial failure).
         let mut leftovers: Vec<AccountMarker> = Vec::new();
+        let mut intents: Vec<AccountIntent> = Vec::new();
         let accounts_dir = self.layout.accounts_dir();
         if fsutil::dir_exists(&accounts_dir).map_err(fs_failure)? {
             for name in fsutil::list_dir(&accounts_dir).map_err(fs_failure)? {
+                if name.ends_with(".intent") {
+                    if let Ok(i) =
+                        markers::read::<AccountIntent>(&accounts_dir.join(&name), "account intent")
+                        && i.namespace_id == ns.id
+                    {
+                        intents.push(i);
+                    }
+                    continue;
+                }
                 if !name.ends_with(".json") {
                     continue;
                 }
@@ -255,10 +307,16 @@ impl Engine<'_> {
         for m in &leftovers {
             self.remove_identity(ctx, m)?;
         }
+        for i in &intents {
+            // An intent whose marker was written too went with the marker above.
+            if fsutil::file_exists(&self.layout.account_intent(&i.account)).map_err(fs_failure)? {
+                self.remove_intended_account(ctx, i)?;
+            }
+        }
         for lock in &locks {
             lock.unlink();
         }
-        if !present && leftovers.is_empty() {
+        if !present && leftovers.is_empty() && intents.is_empty() {
             return Ok(DeleteNamespaceResult {
                 namespace_id: ns.id.clone(),
                 removed: false,

@@ -154,3 +154,126 @@ fn a_removal_killed_half_way_is_finished_by_the_retry_and_by_any_later_operation
     assert_outside_intact(&etc);
     assert!(status(&h).problems.is_empty());
 }
+
+/// The intent a run killed at the account step leaves (it is written before `useradd`).
+fn write_intent(h: &Host, a: &str) -> AgentPaths {
+    let paths = h.layout().agent(&id("ns1"), &id(a));
+    let intent = crate::markers::AccountIntent {
+        schema: crate::markers::SCHEMA,
+        namespace_id: id("ns1"),
+        agent_id: id(a),
+        service_principal_id: id(&format!("sp-{a}")),
+        account: paths.account.clone(),
+    };
+    std::fs::create_dir_all(h.layout().accounts_dir()).unwrap();
+    std::fs::write(
+        h.layout().account_intent(&paths.account),
+        crate::markers::to_bytes(&intent),
+    )
+    .unwrap();
+    paths
+}
+
+#[test]
+fn an_account_created_by_a_killed_prepare_is_adopted_from_its_intent() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    // Killed after useradd, before the account marker: user and group exist, no marker.
+    let paths = write_intent(&h, "a1");
+    let ids = Ids { uid: 950, gid: 950 };
+    h.fake.add_foreign_user(&paths.account, ids);
+    assert!(
+        status(&h)
+            .problems
+            .iter()
+            .any(|p| p.path.ends_with(".intent")),
+        "status shows the intent"
+    );
+    h.fake.clear_calls();
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    assert!(
+        !h.fake
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("create-account")),
+        "adopted, not created again: {:?}",
+        h.fake.calls()
+    );
+    let marker: crate::markers::AccountMarker =
+        crate::markers::read(&h.layout().account_marker(&paths.account), "account").unwrap();
+    assert_eq!((marker.uid, marker.gid), (950, 950));
+    assert!(!h.layout().account_intent(&paths.account).exists());
+    h.ok(activate("ns1", "a1", "r1", 1));
+    assert!(status(&h).problems.is_empty());
+}
+
+#[test]
+fn a_lone_group_of_a_killed_prepare_is_replaced_and_a_bare_intent_created_afresh() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    // Killed between groupadd and useradd: only the group.
+    let p1 = write_intent(&h, "a1");
+    h.fake
+        .add_foreign_user(&p1.account, Ids { uid: 951, gid: 951 });
+    h.fake.delete_user(&p1.account).unwrap();
+    assert!(h.fake.has_group(&p1.account) && !h.fake.has_user(&p1.account));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    assert!(h.fake.has_user(&p1.account));
+    assert!(!h.layout().account_intent(&p1.account).exists());
+    // Killed right after the intent: nothing else.
+    let p2 = write_intent(&h, "a2");
+    h.ok(prepare("ns1", "a2", "r1", 1));
+    assert!(h.fake.has_user(&p2.account));
+    assert!(!h.layout().account_intent(&p2.account).exists());
+}
+
+#[test]
+fn an_intent_is_refused_for_another_agent_and_removed_with_its_agent() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let paths = write_intent(&h, "a1");
+    h.fake
+        .add_foreign_user(&paths.account, Ids { uid: 952, gid: 952 });
+    // Another service principal under the same Agent id: not what the intent describes.
+    let mut other = prepare("ns1", "a1", "r1", 1);
+    if let Operation::PrepareRevision(p) = &mut other {
+        p.agent.service_principal_id = id("sp-other");
+    }
+    assert_eq!(h.fails(other).code, FailureCode::OwnershipMismatch);
+    assert!(h.fake.has_user(&paths.account));
+    // delete-agent removes what the intent describes: user, group, intent.
+    match h.ok(delete("ns1", "a1")) {
+        OperationResult::DeleteAgent(r) => assert!(r.removed),
+        other => panic!("{other:?}"),
+    }
+    assert!(!h.fake.has_user(&paths.account) && !h.fake.has_group(&paths.account));
+    assert!(!h.layout().account_intent(&paths.account).exists());
+    // And delete-namespace does for the Agents of its Namespace.
+    let p2 = write_intent(&h, "a2");
+    h.fake
+        .add_foreign_user(&p2.account, Ids { uid: 953, gid: 953 });
+    h.ok(delete_namespace("ns1"));
+    assert!(!h.fake.has_user(&p2.account));
+    assert!(!h.layout().account_intent(&p2.account).exists());
+    assert_no_leftovers(&h);
+}
+
+#[test]
+fn an_intent_that_cannot_be_written_stops_prepare_before_the_account() {
+    // The intent cannot be written (the real full disk is in tests/hosts_faults.rs): nothing
+    // is created, no pending file is left.
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let accounts = h.layout().accounts_dir();
+    std::fs::create_dir_all(&accounts).unwrap();
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    // A directory where the intent goes stands in for a write that fails.
+    std::fs::create_dir(h.layout().account_intent(&paths.account)).unwrap();
+    let f = h.fails(prepare("ns1", "a1", "r1", 1));
+    assert!(f.message.contains(".intent"), "{f}");
+    assert!(!h.fake.has_user(&paths.account));
+    assert!(!h.layout().account_marker(&paths.account).exists());
+    std::fs::remove_dir(h.layout().account_intent(&paths.account)).unwrap();
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    assert_no_leftovers(&h);
+}
