@@ -285,11 +285,21 @@ impl Engine<'_> {
                 },
             )?;
         }
-        // Agent locks in a fixed order, then the host lock.
-        agents.sort_by(|a, b| a.1.lock.cmp(&b.1.lock));
+        // Agent locks in a fixed order, then the host lock: those of the Agents in the
+        // directory and of the leftover accounts (a retry after a kill), so every lock file
+        // of the Namespace goes with it, unlinked while held.
+        let mut lock_paths: std::collections::BTreeSet<std::path::PathBuf> =
+            agents.iter().map(|(_, p)| p.lock.clone()).collect();
+        for agent_id in leftovers
+            .iter()
+            .map(|m| &m.agent_id)
+            .chain(intents.iter().map(|i| &i.agent_id))
+        {
+            lock_paths.insert(self.layout.agent(&ns.id, agent_id).lock);
+        }
         let mut locks = Vec::new();
-        for (_, paths) in &agents {
-            locks.push(self.agent_lock(ctx, &paths.lock)?);
+        for path in &lock_paths {
+            locks.push(self.agent_lock(ctx, path)?);
         }
         let _host = self.host_lock(ctx)?;
         let mut any_unit = false;

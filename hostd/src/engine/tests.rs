@@ -617,6 +617,8 @@ fn delete_namespace_validates_everything_first_and_is_retry_safe() {
         let p = h.layout().agent(&id("ns1"), &id(a));
         assert!(!h.fake.has_user(&p.account) && !h.fake.has_group(&p.account));
         assert!(!p.unit_file.exists());
+        // The retry found the Agents only by their leftover accounts; their lock files go too.
+        assert!(!p.lock.exists(), "{a}'s lock file is left");
     }
     match h.ok(Operation::DeleteNamespace(NamespaceArgs {
         namespace: ns("ns1"),

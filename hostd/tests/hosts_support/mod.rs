@@ -356,6 +356,22 @@ pub fn host_with_hostd(coordinator: &Coordinator, extra_config: &str) -> TestHos
 
 pub fn install_hostd(host: &TestHost, coordinator: &Coordinator, extra_config: &str) {
     install::install_hostd_package_or_binary(host, Path::new(env!("CARGO_BIN_EXE_hostd"))).unwrap();
+    configure_and_enrol(host, coordinator, extra_config);
+}
+
+/// Boots a host with this test build of hostd (not the package: the fault matrix needs its
+/// test-only hooks), configured and enrolled like [`host_with_hostd`].
+pub fn host_with_test_build_of_hostd(coordinator: &Coordinator, extra_config: &str) -> TestHost {
+    let host = TestHost::start().unwrap();
+    host.install_hostd(Path::new(env!("CARGO_BIN_EXE_hostd")))
+        .unwrap();
+    configure_and_enrol(&host, coordinator, extra_config);
+    host
+}
+
+/// The test gateway, hostd.toml (short limits unless `extra_config` has `[limits]`) and the
+/// coordinator's keys through `hostd enrol` (twice: it must be idempotent).
+pub fn configure_and_enrol(host: &TestHost, coordinator: &Coordinator, extra_config: &str) {
     let gateway = host.install_test_gateway().unwrap();
     let config = format!(
         "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n{extra_config}\n",
