@@ -15,6 +15,7 @@ pub mod launch;
 pub mod layout;
 pub mod listener;
 pub mod lock;
+pub mod login_user;
 pub mod markers;
 pub mod real;
 pub mod session;

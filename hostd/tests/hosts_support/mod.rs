@@ -38,6 +38,8 @@ pub struct Coordinator {
     pub login_key: PathBuf,
     pub signing: PrivateKey,
     counter: std::cell::Cell<u32>,
+    /// The user `ssh` logs in as: root, or the login user of `hostd enrol --login-user`.
+    pub user: String,
 }
 
 impl Coordinator {
@@ -65,6 +67,7 @@ impl Coordinator {
             login_key,
             signing: PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap(),
             counter: std::cell::Cell::new(0),
+            user: "root".to_owned(),
         }
     }
 
@@ -126,7 +129,7 @@ impl Coordinator {
             .arg("-o")
             .arg(format!("UserKnownHostsFile={}", known.display()))
             .args(["-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"])
-            .arg(format!("root@{}", host.address()))
+            .arg(format!("{}@{}", self.user, host.address()))
             // The forced command runs whatever we ask for; say what we mean anyway.
             .arg("hostd serve");
         c
