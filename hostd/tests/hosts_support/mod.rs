@@ -352,7 +352,17 @@ pub fn rargs(n: &str, a: &str, rev: &RevisionSpec) -> RevisionArgs {
 /// Boots a host, installs hostd and the test gateway, writes hostd.toml with short limits,
 /// and enrols the coordinator with `hostd enrol` (twice: it must be idempotent).
 pub fn host_with_hostd(coordinator: &Coordinator, extra_config: &str) -> TestHost {
-    let host = TestHost::start().unwrap();
+    host_with_hostd_options(coordinator, extra_config, &Default::default())
+}
+
+/// [`host_with_hostd`] on a host booted with `options`.
+pub fn host_with_hostd_options(
+    coordinator: &Coordinator,
+    extra_config: &str,
+    options: &clawfleet_vm_tests::HostOptions,
+) -> TestHost {
+    let config = clawfleet_vm_tests::HarnessConfig::from_env().unwrap();
+    let host = TestHost::start_with_options(&config, options).unwrap();
     install_hostd(&host, coordinator, extra_config);
     host
 }
