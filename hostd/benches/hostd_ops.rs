@@ -18,8 +18,6 @@
 
 #[path = "../tests/hosts_support/mod.rs"]
 mod hosts_support;
-#[path = "../../vm-tests/tests/packages_support/install.rs"]
-mod install;
 
 use std::path::Path;
 use std::process::Command;

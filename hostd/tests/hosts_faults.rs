@@ -21,8 +21,6 @@ use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
 use hosts_support::*;
 use serde_json::json;
 
-#[path = "../../vm-tests/tests/packages_support/install.rs"]
-mod install;
 
 const FAULT: &str = "/run/clawfleet-hostd-fault";
 /// The marker only a build with the hooks contains.

@@ -15,8 +15,6 @@ use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
 use hosts_support::*;
 use serde_json::{Value, json};
 
-#[path = "../../vm-tests/tests/packages_support/install.rs"]
-mod install;
 
 const USER: &str = "clawfleet";
 

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 /// Installs hostd from the project's .deb when a current one was built (always under CI).
 #[path = "../../../vm-tests/tests/packages_support/install.rs"]
-mod install;
+pub mod install;
 
 pub const PRINCIPAL: &str = "occ@tests";
 
