@@ -21,7 +21,6 @@ use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
 use hosts_support::*;
 use serde_json::json;
 
-
 const FAULT: &str = "/run/clawfleet-hostd-fault";
 /// The marker only a build with the hooks contains.
 const HOOK_MARKER: &[u8] = b"clawfleet-hostd-fault";

@@ -15,7 +15,6 @@ use clawfleet_vm_tests::{TestHost, skip_unless_hosts};
 use hosts_support::*;
 use serde_json::{Value, json};
 
-
 const USER: &str = "clawfleet";
 
 /// Runs `hostd enrol --login-user` on the host; returns its JSON.
