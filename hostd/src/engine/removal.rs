@@ -47,29 +47,7 @@ impl Engine<'_> {
         // Checked before anything was removed; checked again here because it is cheap and the
         // account tools are the one step that cannot be undone.
         self.verify_remaining_account(marker)?;
-        if self
-            .system
-            .user(&marker.account)
-            .map_err(system_failure)?
-            .is_some()
-        {
-            self.system
-                .delete_user(&marker.account)
-                .map_err(system_failure)?;
-        }
-        if self
-            .system
-            .group(&marker.account)
-            .map_err(system_failure)?
-            .is_some()
-        {
-            self.system
-                .delete_group(&marker.account)
-                .map_err(system_failure)?;
-        }
-        self.release_ports(&marker.namespace_id, &marker.agent_id)?;
-        fsutil::remove_file_if_present(&self.layout.account_intent(&marker.account))
-            .map_err(fs_failure)?;
+        self.remove_account_and_ports(&marker.account, &marker.namespace_id, &marker.agent_id)?;
         fsutil::remove_file_if_present(&self.layout.account_marker(&marker.account))
             .map_err(fs_failure)?;
         Ok(())
@@ -84,29 +62,30 @@ impl Engine<'_> {
         intent: &AccountIntent,
     ) -> Result<(), Failure> {
         ctx.step(Step::AccountRemoval)?;
-        if self
-            .system
-            .user(&intent.account)
-            .map_err(system_failure)?
-            .is_some()
-        {
-            self.system
-                .delete_user(&intent.account)
-                .map_err(system_failure)?;
+        self.remove_account_and_ports(&intent.account, &intent.namespace_id, &intent.agent_id)
+    }
+
+    /// The user and group of `account` (those still there), the Agent's port reservations
+    /// and any intent to create the account.
+    fn remove_account_and_ports(
+        &self,
+        account: &str,
+        ns: &Ident,
+        agent: &Ident,
+    ) -> Result<(), Failure> {
+        if self.system.user(account).map_err(system_failure)?.is_some() {
+            self.system.delete_user(account).map_err(system_failure)?;
         }
         if self
             .system
-            .group(&intent.account)
+            .group(account)
             .map_err(system_failure)?
             .is_some()
         {
-            self.system
-                .delete_group(&intent.account)
-                .map_err(system_failure)?;
+            self.system.delete_group(account).map_err(system_failure)?;
         }
-        self.release_ports(&intent.namespace_id, &intent.agent_id)?;
-        fsutil::remove_file_if_present(&self.layout.account_intent(&intent.account))
-            .map_err(fs_failure)?;
+        self.release_ports(ns, agent)?;
+        fsutil::remove_file_if_present(&self.layout.account_intent(account)).map_err(fs_failure)?;
         Ok(())
     }
 
