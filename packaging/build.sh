@@ -12,12 +12,32 @@
 #
 # The release binaries are built once (`cargo build --release --locked`, stripped by the
 # workspace release profile) and packaged as they are (`--no-build`) into both formats.
+# hostd is built in a cargo invocation of its own: built together with the coordinator, its
+# dependencies would get the coordinator's features (tracing-subscriber's regex filter among
+# them) and the shipped binary would grow past its 6 MiB budget. A release build never has
+# hostd's dev-dependencies, so never its test-only fault hooks.
 # cargo-deb and cargo-generate-rpm are installed with `cargo install --locked` when missing.
+#
+#   packaging/build.sh hostd-binary   only builds the shipped hostd binary and prints its path
+#                                     (hostd's benchmark measures it; no packaging tools needed)
 #
 # Environment: CARGO_TARGET_DIR (default target), CLAWFLEET_PACKAGES_DIR (default
 # $CARGO_TARGET_DIR/packages), CLAWFLEET_SKIP_TEST_PACKAGES=1 to leave out target/packages/test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The one definition of the shipped hostd binary's build.
+build_hostd() {
+  cargo build --release --locked -p clawfleet-hostd
+}
+
+if [ "${1:-}" = hostd-binary ]; then
+  build_hostd >&2
+  dir="${CARGO_TARGET_DIR:-target}"
+  case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
+  echo "$dir/release/hostd"
+  exit 0
+fi
 
 CARGO_DEB_VERSION=3.8.0
 CARGO_GENERATE_RPM_VERSION=0.21.1
@@ -37,8 +57,10 @@ if ! command -v cargo-generate-rpm >/dev/null; then
   cargo install --locked "cargo-generate-rpm@$CARGO_GENERATE_RPM_VERSION"
 fi
 
-step "release binaries (built once for both formats)"
-cargo build --release --locked -p clawfleet-hostd -p clawfleet-coordinator
+step "release binaries (built once for both formats, hostd on its own)"
+build_hostd
+cargo build --release --locked -p clawfleet-coordinator
+echo "hostd: $(stat -c %s "$target_dir/release/hostd") bytes (budget 6 MiB = 6291456)"
 
 # File times and build dates from the last commit, so a rebuild of the same commit gives the
 # same package contents (both tools honour SOURCE_DATE_EPOCH). Set only now: some build

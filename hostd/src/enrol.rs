@@ -42,6 +42,9 @@ pub struct EnrolRequest {
     pub allowed_signers: PathBuf,
     pub host_key: PathBuf,
     pub forced_command: String,
+    /// Log in as this dedicated user through sudo instead of as root
+    /// (`crate::login_user`); then its authorized_keys and forced command are used.
+    pub login_user: Option<crate::login_user::LoginUserRequest>,
 }
 
 impl EnrolRequest {
@@ -59,6 +62,7 @@ impl EnrolRequest {
             allowed_signers: PathBuf::from(DEFAULT_ALLOWED_SIGNERS),
             host_key: PathBuf::from(DEFAULT_HOST_KEY),
             forced_command: DEFAULT_FORCED_COMMAND.into(),
+            login_user: None,
         }
     }
 }
@@ -89,12 +93,20 @@ pub struct EnrolOutcome {
     pub host_key_fingerprint: Fingerprint,
     pub authorized_keys: FileChange,
     pub allowed_signers: FileChange,
+    /// The login user set up for `--login-user`, if one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub login_user: Option<crate::login_user::LoginUserOutcome>,
 }
 
 impl EnrolOutcome {
     /// Whether anything on disk changed.
     pub fn changed(&self) -> bool {
-        self.authorized_keys.changed() || self.allowed_signers.changed()
+        self.authorized_keys.changed()
+            || self.allowed_signers.changed()
+            || self
+                .login_user
+                .as_ref()
+                .is_some_and(|l| l.user.changed() || l.sudoers.changed())
     }
 }
 
@@ -130,6 +142,8 @@ pub enum EnrolError {
         path: String,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    LoginUser(#[from] crate::login_user::LoginUserError),
     #[error(
         "{path} line {line} already authorises this SSH key with other options; remove or fix that line by hand, enrol does not rewrite it"
     )]
@@ -498,6 +512,9 @@ fn restore(path: &Path, previous: Option<&(Vec<u8>, fs::Metadata)>) -> Result<()
 /// Authorises a coordinator on this host; see the module docs. Everything is validated and
 /// every conflict detected before the first write.
 pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
+    if let Some(lu) = &req.login_user {
+        crate::login_user::check_name(&lu.name)?;
+    }
     let principal =
         Principal::new(req.principal.as_str()).map_err(|source| EnrolError::InvalidPrincipal {
             principal: shorten(&req.principal),
@@ -520,6 +537,27 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
             })
         })?;
     let host_key_fingerprint = Fingerprint::of(&host_key);
+
+    // A login user instead of root: its account, home and sudoers drop-in first; its
+    // authorized_keys (root-owned, readable by it) then gets the key, forced through sudo.
+    let login_user = match &req.login_user {
+        Some(lu) => Some(crate::login_user::set_up(lu)?),
+        None => None,
+    };
+    let (authorized_keys_path, forced_command, keys_mode) = match &login_user {
+        Some(l) => (l.authorized_keys.clone(), l.forced_command.clone(), 0o644),
+        None => (
+            req.authorized_keys.clone(),
+            req.forced_command.clone(),
+            0o600,
+        ),
+    };
+    check_forced_command(&forced_command)?;
+    let req = &EnrolRequest {
+        authorized_keys: authorized_keys_path,
+        forced_command,
+        ..req.clone()
+    };
 
     // authorized_keys: decide.
     let options = format!("restrict,command=\"{}\"", req.forced_command);
@@ -598,7 +636,7 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
                 &req.authorized_keys,
                 &appended(existing, &keys_line),
                 keys_before.as_ref().map(|(_, m)| m),
-                0o600,
+                keys_mode,
             )
         });
         if let Err(e) = written {
@@ -619,6 +657,7 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
         host_key_fingerprint,
         authorized_keys,
         allowed_signers,
+        login_user,
     })
 }
 

@@ -81,7 +81,7 @@ pub fn kind(path: &Path) -> Result<Kind, FsError> {
     }
 }
 
-fn wrong_type(path: &Path, found: Kind, expected: Kind) -> FsError {
+pub(crate) fn wrong_type(path: &Path, found: Kind, expected: Kind) -> FsError {
     FsError::WrongType {
         path: path.display().to_string(),
         found: found.describe(),
@@ -116,7 +116,8 @@ pub fn file_exists(path: &Path) -> Result<bool, FsError> {
     exists_as(path, Kind::File)
 }
 
-/// Creates a directory with `mode` if it is missing; an existing non-directory is an error.
+/// Creates a directory with `mode` if it is missing (and syncs its parent, so the new
+/// directory survives a power cut); an existing non-directory is an error.
 pub fn ensure_dir(path: &Path, mode: u32) -> Result<bool, FsError> {
     if dir_exists(path)? {
         return Ok(false);
@@ -124,6 +125,7 @@ pub fn ensure_dir(path: &Path, mode: u32) -> Result<bool, FsError> {
     match fs::DirBuilder::new().mode(mode).create(path) {
         Ok(()) => {
             set_mode(path, mode)?;
+            sync_dir(parent(path))?;
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -293,34 +295,21 @@ pub fn read_small(path: &Path, max: u64) -> Result<Vec<u8>, FsError> {
     fs::read(path).map_err(io_err(path))
 }
 
-/// Removes a file if present; a non-file is refused.
+/// Removes a file (or a symlink, never followed) if present, and syncs its directory so the
+/// removal is durable; a directory or special file is refused.
 pub fn remove_file_if_present(path: &Path) -> Result<bool, FsError> {
     match kind(path)? {
         Kind::Missing => Ok(false),
         Kind::File | Kind::Symlink => {
-            fs::remove_file(path).map_err(io_err(path))?;
+            match fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(io_err(path)(e)),
+            }
+            sync_dir(parent(path))?;
             Ok(true)
         }
         other => Err(wrong_type(path, other, Kind::File)),
-    }
-}
-
-/// Removes a directory tree if present (symlinks inside are removed, never followed). The
-/// tree is first renamed to a pending name (and the parent synced), so an interrupted removal
-/// never leaves a half-removed tree under its real name, only a pending leftover that
-/// [`list_dir`] skips and [`sweep_pending`] removes.
-pub fn remove_tree_if_present(path: &Path) -> Result<bool, FsError> {
-    match kind(path)? {
-        Kind::Missing => Ok(false),
-        Kind::Dir => {
-            let pending = pending_name(path).map_err(io_err(path))?;
-            fs::rename(path, &pending).map_err(io_err(path))?;
-            sync_dir(parent(path))?;
-            fs::remove_dir_all(&pending).map_err(io_err(&pending))?;
-            sync_dir(parent(path))?;
-            Ok(true)
-        }
-        other => Err(wrong_type(path, other, Kind::Dir)),
     }
 }
 
@@ -349,19 +338,17 @@ pub fn list_dir(path: &Path) -> Result<Vec<String>, FsError> {
     Ok(names)
 }
 
-/// Removes pending leftovers (from a killed run) in a directory.
-pub fn sweep_pending(path: &Path) {
-    if let Ok(entries) = fs::read_dir(path) {
-        for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().contains(".pending-") {
-                let p = entry.path();
-                let _ = match kind(&p) {
-                    Ok(Kind::Dir) => fs::remove_dir_all(&p),
-                    _ => fs::remove_file(&p),
-                };
-            }
-        }
-    }
+/// Our own pending leftovers (from a killed run) in a directory; a missing or unreadable
+/// directory has none.
+pub fn pending_leftovers(path: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(path) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".pending-"))
+        .map(|e| e.path())
+        .collect()
 }
 
 #[cfg(test)]
@@ -370,23 +357,16 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     #[test]
-    fn trees_are_removed_under_a_pending_name() {
+    fn pending_leftovers_are_invisible_to_listings_and_found_for_sweeping() {
         let dir = tempfile::tempdir().unwrap();
-        let tree = dir.path().join("t");
-        fs::create_dir_all(tree.join("a/b")).unwrap();
-        fs::write(tree.join("a/b/f"), b"x").unwrap();
-        assert!(remove_tree_if_present(&tree).unwrap());
-        assert!(!tree.exists());
-        assert!(
-            fs::read_dir(dir.path()).unwrap().next().is_none(),
-            "no leftovers"
-        );
-        assert!(!remove_tree_if_present(&tree).unwrap());
-        // What an interrupted removal leaves is invisible to listings and swept.
         fs::create_dir_all(dir.path().join("u.pending-1-2/x")).unwrap();
-        assert!(list_dir(dir.path()).unwrap().is_empty());
-        sweep_pending(dir.path());
-        assert!(fs::read_dir(dir.path()).unwrap().next().is_none());
+        fs::write(dir.path().join("f"), b"x").unwrap();
+        assert_eq!(list_dir(dir.path()).unwrap(), vec!["f"]);
+        assert_eq!(
+            pending_leftovers(dir.path()),
+            vec![dir.path().join("u.pending-1-2")]
+        );
+        assert!(pending_leftovers(&dir.path().join("missing")).is_empty());
     }
 
     #[test]

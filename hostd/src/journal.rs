@@ -4,10 +4,19 @@
 //!
 //! A running operation holds a flock on `<id>.run`; if the entry says "running" but nobody
 //! holds that lock, the process died mid-operation and the entry is reported as aborted after
-//! its last recorded step.
+//! its last recorded step. Whoever settles an entry (a replay, `operation-status`, pruning)
+//! takes that lock first and reads the entry again under it, so a just-finished outcome is
+//! never rewritten as aborted; run files left by killed operations are removed by pruning.
+//!
+//! Entries are pruned once their envelope has expired by the host's clock. So that a clock
+//! that ran ahead cannot reopen a replay window, pruning first raises a persisted watermark,
+//! the latest expiry of any entry it removed (`.pruned.json`), and an envelope whose id the
+//! journal does not know and that expires at or before the watermark is refused
+//! (`REPLAY_UNVERIFIABLE`): it may have run before, and nothing on the host can tell. A fresh
+//! envelope from the coordinator always expires later than anything already pruned.
 
 use std::fs::{File, OpenOptions, TryLockError};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use clawfleet_protocol::failure::{Failure, FailureCode};
@@ -51,6 +60,29 @@ pub enum EntryState {
     },
 }
 
+/// The journal's pruning watermark file; never an entry's name (operation ids start with a
+/// letter or digit).
+const WATERMARK_FILE: &str = ".pruned.json";
+
+/// The latest `expiresAt` of any entry pruned so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Watermark {
+    schema: u32,
+    pruned_expires_at: u64,
+}
+
+/// An operation's run lock, as found.
+#[derive(Debug)]
+enum RunLock {
+    /// Held by us: nobody runs the operation.
+    Held(File),
+    /// Another process runs the operation now.
+    Busy,
+    /// No run file (only when not asked to create one).
+    Missing,
+}
+
 /// What to do with an incoming operation id.
 #[derive(Debug)]
 pub enum Begin {
@@ -62,6 +94,9 @@ pub enum Begin {
     Mismatch,
     /// Another live session is running it now.
     InProgress,
+    /// A new id whose envelope expires at or before the pruning watermark: it may have run
+    /// before (its entry pruned), so it is refused.
+    Unverifiable { expires_at: u64, watermark: u64 },
 }
 
 /// The journal directory.
@@ -108,6 +143,63 @@ impl Journal {
         self.dir.join(format!("{id}.run"))
     }
 
+    fn watermark_path(&self) -> PathBuf {
+        self.dir.join(WATERMARK_FILE)
+    }
+
+    /// The latest expiry of any entry pruned so far (0 when none was).
+    pub fn watermark(&self) -> Result<u64, FsError> {
+        let w: Option<Watermark> =
+            markers::read_optional(&self.watermark_path(), "journal watermark")
+                .map_err(entry_err)?;
+        Ok(w.map_or(0, |w| w.pruned_expires_at))
+    }
+
+    /// Takes the run lock of `id` without waiting (creating the file if `create`). A lock
+    /// file that its holder unlinked meanwhile (finish, a replay, pruning) guards nothing:
+    /// then the one now at the path is tried instead.
+    fn lock_run(&self, id: &OperationId, create: bool) -> Result<RunLock, FsError> {
+        let path = self.run_lock_path(id);
+        loop {
+            let file = match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => {
+                    return Ok(RunLock::Missing);
+                }
+                Err(e) => return Err(fsutil::io_err(&path)(e)),
+            };
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => return Ok(RunLock::Busy),
+                Err(TryLockError::Error(e)) => return Err(fsutil::io_err(&path)(e)),
+            }
+            let held = file.metadata().map_err(fsutil::io_err(&path))?;
+            match std::fs::symlink_metadata(&path) {
+                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => {
+                    return Ok(RunLock::Held(file));
+                }
+                Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => {
+                    return Ok(RunLock::Missing);
+                }
+                _ => continue,
+            }
+        }
+    }
+
+    /// Removes a run file whose lock we hold.
+    fn release_run(&self, id: &OperationId, lock: File) {
+        let _ = std::fs::remove_file(self.run_lock_path(id));
+        drop(lock);
+    }
+
     /// Registers an operation before it runs.
     pub fn begin(
         &self,
@@ -117,31 +209,37 @@ impl Journal {
         expires_at: u64,
         now: u64,
     ) -> Result<Begin, FsError> {
-        let run_lock_path = self.run_lock_path(id);
-        let run_lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&run_lock_path)
-            .map_err(fsutil::io_err(&run_lock_path))?;
-        match run_lock.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
+        let run_lock = match self.lock_run(id, true)? {
+            RunLock::Held(f) => f,
+            RunLock::Busy | RunLock::Missing => {
                 return Ok(match self.read(id)? {
                     Some(e) if &e.body_sha256 != body_sha256 => Begin::Mismatch,
                     _ => Begin::InProgress,
                 });
             }
-            Err(TryLockError::Error(e)) => return Err(fsutil::io_err(&run_lock_path)(e)),
-        }
+        };
         if let Some(existing) = self.read(id)? {
-            let _ = std::fs::remove_file(&run_lock_path);
             if &existing.body_sha256 != body_sha256 {
+                self.release_run(id, run_lock);
                 return Ok(Begin::Mismatch);
             }
-            return Ok(Begin::Recorded(self.settle(existing)?));
+            let settled = self.settle(existing);
+            self.release_run(id, run_lock);
+            return Ok(Begin::Recorded(outcome_of(settled?)));
+        }
+        let watermark = match self.watermark() {
+            Ok(w) => w,
+            Err(e) => {
+                self.release_run(id, run_lock);
+                return Err(e);
+            }
+        };
+        if expires_at <= watermark {
+            self.release_run(id, run_lock);
+            return Ok(Begin::Unverifiable {
+                expires_at,
+                watermark,
+            });
         }
         let entry = Entry {
             schema: SCHEMA,
@@ -153,11 +251,14 @@ impl Journal {
             state: EntryState::Running { step: None },
         };
         let path = self.entry_path(id);
-        fsutil::write_atomic(&path, &markers::to_bytes(&entry), 0o600, |_| Ok(()))?;
+        if let Err(e) = fsutil::write_atomic(&path, &markers::to_bytes(&entry), 0o600, |_| Ok(())) {
+            self.release_run(id, run_lock);
+            return Err(e);
+        }
         Ok(Begin::Run(RunHandle {
             entry,
             path,
-            run_lock_path,
+            run_lock_path: self.run_lock_path(id),
             _run_lock: run_lock,
         }))
     }
@@ -172,81 +273,133 @@ impl Journal {
         markers::read_optional::<Entry>(&self.entry_path(id), "journal entry").map_err(entry_err)
     }
 
-    /// Turns an entry whose process died while running into a failure record, and returns
-    /// the outcome an entry stands for.
-    fn settle(&self, entry: Entry) -> Result<Outcome, FsError> {
-        Ok(match entry.state {
-            EntryState::Succeeded { result } => Outcome::Succeeded { result: *result },
-            EntryState::Failed { failure, .. } => Outcome::Failed { failure },
-            EntryState::Running { step } => {
-                let failure = aborted_failure(step);
-                let settled = Entry {
-                    state: EntryState::Failed {
-                        failure: failure.clone(),
-                        after_step: step,
-                    },
-                    ..entry
-                };
-                fsutil::write_atomic(
-                    &self.entry_path(&settled.operation_id),
-                    &markers::to_bytes(&settled),
-                    0o600,
-                    |_| Ok(()),
-                )?;
-                Outcome::Failed { failure }
-            }
-        })
+    /// Turns an entry whose process died while running into a failure record (durably) and
+    /// returns the entry as it now stands. The caller holds the run lock.
+    fn settle(&self, entry: Entry) -> Result<Entry, FsError> {
+        let EntryState::Running { step } = entry.state else {
+            return Ok(entry);
+        };
+        let settled = Entry {
+            state: EntryState::Failed {
+                failure: aborted_failure(step),
+                after_step: step,
+            },
+            ..entry
+        };
+        fsutil::write_atomic(
+            &self.entry_path(&settled.operation_id),
+            &markers::to_bytes(&settled),
+            0o600,
+            |_| Ok(()),
+        )?;
+        Ok(settled)
     }
 
-    /// What `operation-status` reports for an id.
+    /// What `operation-status` reports for an id. A running entry is settled only under its
+    /// run lock, after reading it again: an operation that finished between the first read
+    /// and the lock keeps its outcome.
     pub fn status(&self, id: &OperationId) -> Result<OperationState, FsError> {
+        self.status_between(id, &mut || {})
+    }
+
+    /// [`Journal::status`], running `between` after the first read (tests: an operation that
+    /// finishes right then).
+    fn status_between(
+        &self,
+        id: &OperationId,
+        between: &mut dyn FnMut(),
+    ) -> Result<OperationState, FsError> {
         let Some(entry) = self.read(id)? else {
             return Ok(OperationState::Unknown);
         };
-        let kind = entry.kind;
-        if let EntryState::Running { step } = entry.state {
-            let path = self.run_lock_path(id);
-            let live = match File::open(&path) {
-                Ok(f) => matches!(f.try_lock(), Err(TryLockError::WouldBlock)),
-                Err(_) => false,
-            };
-            if live {
-                return Ok(OperationState::Running { kind, step });
-            }
-        }
-        Ok(match self.settle(entry)? {
-            Outcome::Succeeded { result } => OperationState::Succeeded {
-                kind,
-                result: Box::new(result),
-            },
-            Outcome::Failed { failure } => {
-                let after_step = match self.read(id)?.map(|e| e.state) {
-                    Some(EntryState::Failed { after_step, .. }) => after_step,
-                    _ => None,
-                };
-                OperationState::Failed {
-                    kind,
-                    failure,
-                    after_step,
+        between();
+        let entry = match entry.state {
+            EntryState::Running { step } => match self.lock_run(id, true)? {
+                RunLock::Busy | RunLock::Missing => {
+                    return Ok(OperationState::Running {
+                        kind: entry.kind,
+                        step,
+                    });
                 }
-            }
+                RunLock::Held(lock) => {
+                    let settled = match self.read(id) {
+                        Ok(Some(now)) => self.settle(now).map(Some),
+                        other => other,
+                    };
+                    self.release_run(id, lock);
+                    match settled? {
+                        Some(e) => e,
+                        None => return Ok(OperationState::Unknown),
+                    }
+                }
+            },
+            _ => entry,
+        };
+        let kind = entry.kind;
+        Ok(match entry.state {
+            EntryState::Succeeded { result } => OperationState::Succeeded { kind, result },
+            EntryState::Failed {
+                failure,
+                after_step,
+            } => OperationState::Failed {
+                kind,
+                failure,
+                after_step,
+            },
+            EntryState::Running { step } => OperationState::Running { kind, step },
         })
     }
 
+    /// Removes the run files of operations nobody runs any more (their process was killed),
+    /// settling their entries first. Returns how many it removed.
+    fn prune_run_files(&self, names: &[String]) -> Result<usize, FsError> {
+        let mut removed = 0;
+        for name in names {
+            let Some(id) = name
+                .strip_suffix(".run")
+                .and_then(|s| OperationId::new(s).ok())
+            else {
+                continue;
+            };
+            let RunLock::Held(lock) = self.lock_run(&id, false)? else {
+                continue;
+            };
+            // An unreadable entry is not ours to judge; status reports it.
+            if let Ok(Some(entry)) = self.read(&id)
+                && let Err(e) = self.settle(entry)
+            {
+                drop(lock);
+                return Err(e);
+            }
+            self.release_run(&id, lock);
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
     /// Drops the oldest entries beyond the limit, but never one whose envelope could still be
-    /// replayed (not yet expired) and never a running one.
+    /// replayed (not yet expired by the host's clock) and never a running one; before it
+    /// removes any, it raises the watermark to the latest expiry among them (durably). Also
+    /// removes run files of killed operations. Returns how many entries it removed.
     pub fn prune(&self, now: u64) -> Result<usize, FsError> {
         let names = fsutil::list_dir(&self.dir)?;
-        let json: Vec<&String> = names.iter().filter(|n| n.ends_with(".json")).collect();
+        if self.prune_run_files(&names)? > 0 {
+            fsutil::sync_dir(&self.dir)?;
+        }
+        let json: Vec<&String> = names
+            .iter()
+            .filter(|n| n.ends_with(".json") && n.as_str() != WATERMARK_FILE)
+            .collect();
         if json.len() <= self.max_entries {
             return Ok(0);
         }
-        let mut entries: Vec<(u64, PathBuf)> = Vec::new();
+        let excess = json.len() - self.max_entries;
+        let mut entries: Vec<(u64, u64, PathBuf)> = Vec::new();
         for name in json {
             let path = self.dir.join(name);
             match markers::read::<Entry>(&path, "journal entry") {
                 Ok(e) if e.expires_at < now && !matches!(e.state, EntryState::Running { .. }) => {
-                    entries.push((e.started_at, path))
+                    entries.push((e.started_at, e.expires_at, path))
                 }
                 Ok(_) => {}
                 // An unreadable entry is not ours to judge; it stays and is reported by status.
@@ -254,14 +407,42 @@ impl Journal {
             }
         }
         entries.sort();
-        let excess = names.iter().filter(|n| n.ends_with(".json")).count() - self.max_entries;
+        entries.truncate(excess);
+        let Some(latest) = entries.iter().map(|(_, expires, _)| *expires).max() else {
+            return Ok(0);
+        };
+        if latest > self.watermark()? {
+            let mark = Watermark {
+                schema: SCHEMA,
+                pruned_expires_at: latest,
+            };
+            fsutil::write_atomic(
+                &self.watermark_path(),
+                &markers::to_bytes(&mark),
+                0o600,
+                |_| Ok(()),
+            )?;
+        }
         let mut removed = 0;
-        for (_, path) in entries.into_iter().take(excess) {
+        for (_, _, path) in entries {
             if std::fs::remove_file(&path).is_ok() {
                 removed += 1;
             }
         }
+        fsutil::sync_dir(&self.dir)?;
         Ok(removed)
+    }
+}
+
+/// The outcome a settled entry stands for.
+fn outcome_of(entry: Entry) -> Outcome {
+    match entry.state {
+        EntryState::Succeeded { result } => Outcome::Succeeded { result: *result },
+        EntryState::Failed { failure, .. } => Outcome::Failed { failure },
+        // Settled entries are never running; answer as a dead one would be.
+        EntryState::Running { step } => Outcome::Failed {
+            failure: aborted_failure(step),
+        },
     }
 }
 
@@ -447,5 +628,126 @@ mod tests {
             ));
         }
         assert_eq!(j.status(&id("op0")).unwrap(), OperationState::Unknown);
+    }
+
+    fn begin_run(j: &Journal, op: &str, expires: u64, now: u64) -> RunHandle {
+        match j
+            .begin(
+                &id(op),
+                OperationKind::DeleteAgent,
+                &hash('a'),
+                expires,
+                now,
+            )
+            .unwrap()
+        {
+            Begin::Run(h) => h,
+            other => panic!("{op}: {other:?}"),
+        }
+    }
+
+    /// The scenario at the journal: the host clock runs ahead, pruning removes an
+    /// entry whose envelope had not expired by real time, the clock is stepped back, and the
+    /// same envelope comes again.
+    #[test]
+    fn pruning_raises_a_watermark_that_refuses_what_it_can_no_longer_recognise() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path(), 2).unwrap();
+        let real_now = 1_000;
+        begin_run(&j, "del-1", real_now + 300, real_now)
+            .finish(&ok(), None)
+            .unwrap();
+        // The clock an hour ahead: three more operations, then a prune that removes del-1.
+        let ahead = real_now + 3_600;
+        for i in 0..3 {
+            begin_run(&j, &format!("later-{i}"), ahead + 300, ahead)
+                .finish(&ok(), None)
+                .unwrap();
+        }
+        assert_eq!(j.prune(ahead).unwrap(), 1);
+        assert_eq!(j.status(&id("del-1")).unwrap(), OperationState::Unknown);
+        assert_eq!(j.watermark().unwrap(), real_now + 300);
+        // Back to real time: the replay of del-1 (same body, still unexpired) is refused.
+        match j
+            .begin(
+                &id("del-1"),
+                OperationKind::DeleteAgent,
+                &hash('a'),
+                real_now + 300,
+                real_now,
+            )
+            .unwrap()
+        {
+            Begin::Unverifiable {
+                expires_at,
+                watermark,
+            } => assert_eq!((expires_at, watermark), (real_now + 300, real_now + 300)),
+            other => panic!("{other:?}"),
+        }
+        assert!(!dir.path().join("del-1.run").exists());
+        assert!(!dir.path().join("del-1.json").exists());
+        // A fresh envelope expires later than anything pruned, and runs.
+        begin_run(&j, "fresh", real_now + 301, real_now + 1)
+            .finish(&ok(), None)
+            .unwrap();
+        // The watermark survives a reopen and never goes down.
+        let j = Journal::open(dir.path(), 2).unwrap();
+        assert_eq!(j.watermark().unwrap(), real_now + 300);
+        assert!(j.prune(real_now + 10).unwrap() <= 1);
+        assert!(j.watermark().unwrap() >= real_now + 300);
+    }
+
+    #[test]
+    fn operation_status_never_rewrites_a_just_finished_outcome_as_aborted() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path(), 100).unwrap();
+        let mut h = Some(begin_run(&j, "op3", 10, 1));
+        // The operation finishes between operation-status's first read (running) and its
+        // look at the run lock.
+        let state = j
+            .status_between(&id("op3"), &mut || {
+                if let Some(h) = h.take() {
+                    h.finish(&ok(), None).unwrap();
+                }
+            })
+            .unwrap();
+        assert!(
+            matches!(state, OperationState::Succeeded { .. }),
+            "{state:?}"
+        );
+        assert!(matches!(
+            j.status(&id("op3")).unwrap(),
+            OperationState::Succeeded { .. }
+        ));
+    }
+
+    #[test]
+    fn run_files_of_killed_operations_are_pruned_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path(), 100).unwrap();
+        let mut killed = begin_run(&j, "killed", 10, 1);
+        killed.step(Step::Account).unwrap();
+        // The process dies: its lock goes, its run file stays.
+        drop(killed);
+        assert!(dir.path().join("killed.run").exists());
+        // A run file with no entry at all (killed between the two).
+        std::fs::write(dir.path().join("orphan.run"), b"").unwrap();
+        let live = begin_run(&j, "live", 10, 1);
+        j.prune(5).unwrap();
+        assert!(!dir.path().join("killed.run").exists());
+        assert!(!dir.path().join("orphan.run").exists());
+        assert!(dir.path().join("live.run").exists());
+        match j.status(&id("killed")).unwrap() {
+            OperationState::Failed { after_step, .. } => {
+                assert_eq!(after_step, Some(Step::Account))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            j.status(&id("live")).unwrap(),
+            OperationState::Running { .. }
+        ));
+        live.finish(&ok(), None).unwrap();
+        assert!(!dir.path().join("live.run").exists());
     }
 }

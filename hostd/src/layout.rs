@@ -126,6 +126,12 @@ impl Layout {
         self.accounts_dir().join(format!("{account}.json"))
     }
 
+    /// The intent to create an account (see `markers::AccountIntent`); not `.json`, so never
+    /// read as an account marker.
+    pub fn account_intent(&self, account: &str) -> PathBuf {
+        self.accounts_dir().join(format!("{account}.intent"))
+    }
+
     /// One file per reserved port: allocation never depends on reading other Agents' markers.
     pub fn ports_dir(&self) -> PathBuf {
         self.root.join("ports")
@@ -133,6 +139,11 @@ impl Layout {
 
     pub fn port_file(&self, port: u16) -> PathBuf {
         self.ports_dir().join(format!("{port}.json"))
+    }
+
+    /// Where directory trees go to be deleted (see `crate::trash`).
+    pub fn trash_dir(&self) -> PathBuf {
+        self.root.join("trash")
     }
 
     pub fn journal_dir(&self) -> PathBuf {

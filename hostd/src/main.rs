@@ -72,6 +72,11 @@ enum Command {
         /// The command the coordinator's key is forced to run.
         #[arg(long, default_value = hostd::enrol::DEFAULT_FORCED_COMMAND)]
         forced_command: String,
+        /// For hosts that forbid root login: the coordinator logs in as this system user
+        /// (created if missing), whose key is forced to run `sudo -n /usr/sbin/hostd serve`,
+        /// and a sudoers drop-in lets it run exactly that as root.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["authorized_keys", "forced_command"])]
+        login_user: Option<String>,
     },
     /// The Agent unit's ExecStart: confines binds to the Agent's port, then execs the gateway.
     #[command(hide = true)]
@@ -89,10 +94,18 @@ enum Command {
     },
 }
 
+/// Logs to journald (stderr without one), at the levels `HOSTD_LOG` names as a target list
+/// (`info`, `hostd=debug,zbus=warn`, `off`), `info` by default or when it does not parse.
 fn init_logging() {
     use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HOSTD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use tracing_subscriber_lean as tracing_subscriber;
+    let filter = std::env::var("HOSTD_LOG")
+        .ok()
+        .and_then(|v| v.parse::<tracing_subscriber::filter::Targets>().ok())
+        .unwrap_or_else(|| {
+            tracing_subscriber::filter::Targets::new()
+                .with_default(tracing::level_filters::LevelFilter::INFO)
+        });
     let journald = tracing_journald::layer().ok();
     let stderr = journald.is_none().then(|| {
         tracing_subscriber::fmt::layer()
@@ -220,6 +233,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             principal,
             authorized_keys,
             forced_command,
+            login_user,
         } => {
             let config = load_config(&cli)?;
             let mut req = EnrolRequest::new(key_text(ssh_key)?, key_text(signing_key)?, principal);
@@ -227,6 +241,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             req.allowed_signers = config.allowed_signers.clone();
             req.host_key = config.host_key.clone();
             req.forced_command = forced_command.clone();
+            req.login_user = login_user.as_ref().map(|name| {
+                let mut lu = hostd::login_user::LoginUserRequest::new(name);
+                lu.state_root = config.state_root.clone();
+                lu
+            });
             let outcome = enrol(&req)?;
             println!("{}", serde_json::to_string_pretty(&outcome)?);
             Ok(ExitCode::SUCCESS)

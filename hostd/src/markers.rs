@@ -140,6 +140,19 @@ pub struct AccountMarker {
     pub gid: u32,
 }
 
+/// `accounts/<account>.intent`: written (durably) before the account tools create an
+/// account and removed once its [`AccountMarker`] is, so that what a killed run created is
+/// adopted (or cleaned up) by the next one instead of refused as foreign forever.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AccountIntent {
+    pub schema: u32,
+    pub namespace_id: Ident,
+    pub agent_id: Ident,
+    pub service_principal_id: Ident,
+    pub account: String,
+}
+
 /// `ports/<port>.json`: the reservation of one gateway port.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

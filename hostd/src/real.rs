@@ -430,6 +430,16 @@ fn wait_bounded(child: &mut Child, limit: Duration) -> Option<std::io::Result<Ex
     }
 }
 
+/// Runs one account tool (`useradd`, …) for `account` the way Agent accounts are made, for
+/// `hostd enrol --login-user`.
+pub(crate) fn run_account_tool(
+    tool: &'static str,
+    args: &[&OsStr],
+    account: &str,
+) -> Result<(), SystemError> {
+    run_tool(tool, args, Duration::from_secs(30)).map_err(|f| tool_error(tool, account, &f))
+}
+
 fn tool_error(tool: &'static str, account: &str, failure: &ToolFailure) -> SystemError {
     let detail = match failure {
         ToolFailure::Missing => format!("{tool} is not installed in {SAFE_PATH}"),

@@ -48,6 +48,8 @@ pub struct Responder<'a> {
     engine: &'a Engine<'a>,
     verifier: Result<Verifier, Failure>,
     journal: Journal,
+    /// The host's clock in Unix seconds ([`now_unix`]; tests move it).
+    clock: Box<dyn Fn() -> u64 + 'a>,
 }
 
 impl std::fmt::Debug for Responder<'_> {
@@ -86,7 +88,13 @@ impl<'a> Responder<'a> {
             engine,
             verifier,
             journal,
+            clock: Box::new(now_unix),
         })
+    }
+
+    /// Replaces the clock (tests: a host clock stepped ahead and back).
+    pub fn set_clock(&mut self, clock: impl Fn() -> u64 + 'a) {
+        self.clock = Box::new(clock);
     }
 
     /// Verifies and executes one envelope; `progress` receives each step as it starts.
@@ -96,7 +104,7 @@ impl<'a> Responder<'a> {
         cancelled: &dyn Fn() -> bool,
         progress: &mut dyn FnMut(Progress),
     ) -> ResultMessage {
-        let now = now_unix();
+        let now = (self.clock)();
         let verified = match &self.verifier {
             Err(failure) => {
                 return ResultMessage {
@@ -180,6 +188,20 @@ impl<'a> Responder<'a> {
                         ),
                     );
                 }
+                Ok(Begin::Unverifiable {
+                    expires_at,
+                    watermark,
+                }) => {
+                    return failed(
+                        Some(id),
+                        Failure::new(
+                            FailureCode::ReplayUnverifiable,
+                            format!(
+                                "this envelope expires at {expires_at}, not after {watermark}, the latest expiry of an operation this host's journal has already pruned: it may have run before and the host can no longer tell, so it does not run; sign a new envelope",
+                            ),
+                        ),
+                    );
+                }
                 Ok(Begin::InProgress) => {
                     return failed(
                         Some(id),
@@ -205,6 +227,7 @@ impl<'a> Responder<'a> {
                 elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 detail: None,
             });
+            crate::fault::point(&format!("{kind}/{}", step_name(step)));
         };
         let mut ctx = Ctx::new(id.clone(), deadline, now, cancelled, &mut on_step);
         let result = self.engine.execute(&env.operation, &mut ctx, &self.journal);

@@ -146,9 +146,11 @@ fn an_agent_cannot_reach_its_sibling_from_inside_its_unit_on_a_real_host() {
     command(&ib, "dmesg");
     command(&ib, "cgroup");
 
-    // The limits are in force, read from the unit's cgroup (where the host's cgroup v2 tree has
-    // the memory and pids controllers; a runner whose controllers are all bound to cgroup v1
-    // gives its nspawn hosts none, and then systemd can only record the limits).
+    // The limits are set on the unit, and read from its cgroup where this host's cgroup v2
+    // tree has the memory and pids controllers (on a runner whose controllers are bound to
+    // cgroup v1 this default host has none; the limits are proven in force there by
+    // the_memory_and_task_limits_are_in_force_in_an_agents_cgroup_on_a_real_host, whose host
+    // gets its own v1 memory and pids cgroups).
     let controllers = host
         .run_ok("cat /sys/fs/cgroup/cgroup.controllers")
         .unwrap();
@@ -444,4 +446,93 @@ fn an_agent_account_with_authorized_keys_cannot_open_an_ssh_session_on_a_real_ho
             .status
             .success()
     );
+}
+
+/// The unit's limit files in its cgroup, wherever this host's systemd put them: cgroup v2
+/// (`memory.max`, `pids.max`) or, on a runner whose memory and pids controllers are bound to
+/// cgroup v1, the v1 hierarchies the test host's systemd was given
+/// (`HostOptions::cgroup_limits`: `memory.limit_in_bytes`, `pids.max`).
+fn cgroup_limits(host: &TestHost, unit: &str) -> (String, String, String) {
+    let out = host
+        .run_ok(&format!(
+            "cg=$(systemctl show -P ControlGroup {unit}); \
+             if [ -e /sys/fs/cgroup/cgroup.controllers ]; then \
+               echo v2; cat /sys/fs/cgroup$cg/memory.max /sys/fs/cgroup$cg/pids.max; \
+             else \
+               echo v1; cat /sys/fs/cgroup/memory$cg/memory.limit_in_bytes /sys/fs/cgroup/pids$cg/pids.max; \
+             fi"
+        ))
+        .unwrap();
+    let mut lines = out.lines().map(|l| l.trim().to_owned());
+    let mut next = || lines.next().unwrap_or_default();
+    (next(), next(), next())
+}
+
+#[test]
+fn the_memory_and_task_limits_are_in_force_in_an_agents_cgroup_on_a_real_host() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd_options(
+        &occ,
+        "[unit]\nmemory_max = \"256M\"\ntasks_max = 40\n",
+        &clawfleet_vm_tests::HostOptions {
+            cgroup_limits: true,
+            ..Default::default()
+        },
+    );
+    occ.ok(&host, ensure("ns1"));
+    // From inside the unit, as the Agent: more processes than TasksMax, more memory than
+    // MemoryMax (the allocation is killed by the kernel, the gateway goes on).
+    let r1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "limits", "probe": {"commands": {
+            "tasks": "n=0; for i in $(seq 60); do sleep 20 </dev/null >/dev/null 2>&1 & n=$((n+1)); done; echo started $n",
+            "memory": "perl -e '$x = \"a\" x (400 * 1024 * 1024); print length($x), \"\\n\"'",
+            "cgroup": "cat /proc/self/cgroup",
+        }}}),
+    );
+    let pa = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+    );
+    let a = layout().agent(&id("ns1"), &id("a1"));
+    let (mode, memory, pids) = cgroup_limits(&host, &a.unit_name);
+    println!(
+        "{}: cgroup {mode} memory limit {memory} pids.max {pids}",
+        a.unit_name
+    );
+    assert_eq!(
+        memory,
+        (256u64 << 20).to_string(),
+        "the unit's memory limit"
+    );
+    assert_eq!(pids, "40", "the unit's task limit");
+    let ia = info(&host, pa);
+    command(&ia, "cgroup");
+    let tasks = command(&ia, "tasks");
+    assert_ne!(
+        tasks["status"], 0,
+        "60 processes started under TasksMax=40: {tasks}"
+    );
+    assert!(
+        tasks["stderr"].as_str().unwrap_or("").contains("fork"),
+        "{tasks}"
+    );
+    let memory = command(&ia, "memory");
+    assert_ne!(
+        memory["status"], 0,
+        "400 MB allocated under MemoryMax=256M: {memory}"
+    );
+    let kills = host
+        .run_ok(&format!(
+            "cg=$(systemctl show -P ControlGroup {0}); \
+             cat /sys/fs/cgroup/memory$cg/memory.failcnt 2>/dev/null || grep oom_kill /sys/fs/cgroup$cg/memory.events",
+            a.unit_name
+        ))
+        .unwrap();
+    println!("memory limit hits in the unit's cgroup: {}", kills.trim());
+    // The gateway itself is still there and served.
+    assert_eq!(curl(&host, pa, "/readyz").0, 200);
 }

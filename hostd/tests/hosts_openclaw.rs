@@ -158,7 +158,14 @@ fn real_openclaw_gateway_through_hostd() {
         );
     }
     let occ = Coordinator::new();
-    let host = TestHost::start_with_options(&harness, &HostOptions { openclaw: true }).unwrap();
+    let host = TestHost::start_with_options(
+        &harness,
+        &HostOptions {
+            openclaw: true,
+            ..HostOptions::default()
+        },
+    )
+    .unwrap();
     let paths = host.install_openclaw().unwrap();
     install_hostd(&host, &occ, "");
     // hostd.toml for OpenClaw: the bundle's launch words and a real gateway's readiness limit.

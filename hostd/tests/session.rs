@@ -55,7 +55,11 @@ impl Fixture {
     }
 
     fn envelope(&self, id: &str, operation: Operation) -> Envelope {
-        let now = now_unix();
+        self.envelope_at(id, operation, now_unix())
+    }
+
+    /// An envelope issued at `now` by the coordinator's clock, valid for 300 s.
+    fn envelope_at(&self, id: &str, operation: Operation, now: u64) -> Envelope {
         Envelope {
             version: PROTOCOL_VERSION,
             operation_id: OperationId::new(id).unwrap(),
@@ -73,7 +77,11 @@ impl Fixture {
     }
 
     fn signed(&self, id: &str, operation: Operation) -> SignedEnvelope {
-        SignedEnvelope::sign(&self.envelope(id, operation), &self.key).unwrap()
+        self.signed_envelope(&self.envelope(id, operation))
+    }
+
+    fn signed_envelope(&self, envelope: &Envelope) -> SignedEnvelope {
+        SignedEnvelope::sign(envelope, &self.key).unwrap()
     }
 
     /// Runs one session over `input` and returns every message hostd wrote.
@@ -366,5 +374,72 @@ fn an_invalid_allowed_signers_file_refuses_everything() {
     assert_eq!(
         code(&results(&out)[0]),
         Some(FailureCode::SignersFileInvalid)
+    );
+}
+
+/// Issue 11's replay scenario: the host clock runs ahead long enough for pruning to remove the
+/// entry of a delete-namespace whose envelope has not expired by real time, the clock is
+/// stepped back, the Namespace is created again, and the recorded delete-namespace envelope
+/// comes again. It is refused with REPLAY_UNVERIFIABLE and the Namespace stays.
+#[test]
+fn a_replay_after_its_entry_was_pruned_under_a_clock_ahead_is_refused() {
+    let mut f = Fixture::new();
+    f.config.journal_max_entries = 2;
+    let engine = Engine::new(&f.config, &f.fake, f.host_key.clone());
+    let clock = std::rc::Rc::new(std::cell::Cell::new(now_unix()));
+    let mut responder = Responder::new(&engine, &f.config).unwrap();
+    let c = clock.clone();
+    responder.set_clock(move || c.get());
+    let run = |signed: &SignedEnvelope| responder.respond(signed, &|| false, &mut |_| {});
+    let real = clock.get();
+    let ns_dir = f
+        .config
+        .state_root
+        .join("namespaces")
+        .join(hostd::layout::dir_name(&ns().id));
+    let ensure = |id: &str, at: u64| {
+        f.signed_envelope(&f.envelope_at(
+            id,
+            Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+            at,
+        ))
+    };
+    assert_eq!(code(&run(&ensure("ens-1", real))), None);
+    let delete = f.signed_envelope(&f.envelope_at(
+        "del-1",
+        Operation::DeleteNamespace(NamespaceArgs { namespace: ns() }),
+        real,
+    ));
+    assert_eq!(code(&run(&delete)), None);
+    assert!(!ns_dir.exists());
+
+    // An hour ahead: envelopes signed then are valid by this clock; after the third, pruning
+    // removes ens-1 and del-1 (expired by the host's clock, not by real time).
+    let ahead = real + 3_600;
+    clock.set(ahead);
+    for i in 0..3 {
+        assert_eq!(code(&run(&ensure(&format!("ahead-{i}"), ahead))), None);
+    }
+    assert!(
+        !f.config.state_root.join("journal/del-1.json").exists(),
+        "del-1 pruned"
+    );
+
+    // Back to real time: the Namespace is deleted and created again, then del-1 is replayed.
+    clock.set(real + 1);
+    let delete2 = f.signed_envelope(&f.envelope_at(
+        "del-2",
+        Operation::DeleteNamespace(NamespaceArgs { namespace: ns() }),
+        real + 1,
+    ));
+    assert_eq!(code(&run(&delete2)), None);
+    assert_eq!(code(&run(&ensure("ens-2", real + 1))), None);
+    assert!(ns_dir.exists());
+    let replay = run(&delete);
+    println!("replayed delete-namespace: {:?}", replay.outcome);
+    assert_eq!(code(&replay), Some(FailureCode::ReplayUnverifiable));
+    assert!(
+        ns_dir.exists(),
+        "the re-created Namespace was deleted by a replay"
     );
 }

@@ -64,6 +64,9 @@ failure_codes! {
     /// claim of the Agent's work moved it on, so this (stale) coordinator's operation is
     /// refused with nothing changed.
     FenceStale = "FENCE_STALE" => Permanent,
+    /// The envelope expires at or before the latest expiry of a journal entry hostd already
+    /// pruned: it may have run before, and the host can no longer tell, so it never runs.
+    ReplayUnverifiable = "REPLAY_UNVERIFIABLE" => Permanent,
     /// A frame, envelope, or field is larger than its limit.
     InputTooLarge = "INPUT_TOO_LARGE" => Permanent,
     /// The envelope or operation does not decode: unknown field, wrong type, bad identifier.

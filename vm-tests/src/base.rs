@@ -28,6 +28,8 @@ pub const INCLUDES: &[&str] = &[
     "curl",
     "procps",
     "passwd",
+    // `hostd enrol --login-user` (hosts that forbid root login) runs hostd through sudo.
+    "sudo",
 ];
 
 /// Units that only cost boot time or fail in a container without a disk or network.

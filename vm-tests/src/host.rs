@@ -32,6 +32,13 @@ pub struct HostOptions {
     /// Bind the cached OpenClaw bundle read-only at `/opt/clawfleet-openclaw` (no copy; fetched
     /// once with npm). Without it, [`TestHost::install_openclaw`] copies the ~850 MB bundle.
     pub openclaw: bool,
+    /// Let the host's systemd enforce `MemoryMax=` and `TasksMax=` on a runner whose memory
+    /// and pids controllers are bound to cgroup v1 (where a pure-v2 container has none): the
+    /// container boots with the hybrid layout (`SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0`) and, once
+    /// up, its v1 `memory` and `pids` mounts (its own cgroups, below the runner's) are made
+    /// writable and systemd re-executed, so units get cgroups with their limits there. No
+    /// effect on a pure-v2 runner.
+    pub cgroup_limits: bool,
 }
 
 #[derive(Debug)]
@@ -61,6 +68,7 @@ pub struct TestHost {
     machine_id: String,
     /// `--bind-ro=` mounts given to nspawn (runner path, host path).
     binds: Vec<(PathBuf, String)>,
+    cgroup_limits: bool,
     state: Mutex<State>,
     // Dropped last: the slot stays ours until teardown has finished.
     slot: Slot,
@@ -136,6 +144,7 @@ impl TestHost {
             fingerprint: identity.fingerprint,
             machine_id: identity.machine_id,
             binds,
+            cgroup_limits: options.cgroup_limits,
             state: Mutex::new(State {
                 record,
                 child: None,
@@ -150,6 +159,7 @@ impl TestHost {
         host.launch(&mut st)?;
         st.boot_time = host.wait_ready(&mut st)?;
         drop(st);
+        host.enable_cgroup_limits()?;
         Ok(host)
     }
 
@@ -218,6 +228,63 @@ impl TestHost {
         Ok(())
     }
 
+    /// For [`HostOptions::cgroup_limits`]: makes the container's v1 `memory` and `pids`
+    /// mounts (nspawn mounts them read-only) writable inside its mount namespace, then
+    /// re-executes its systemd so that units started from now on get cgroups there.
+    fn enable_cgroup_limits(&self) -> Result<()> {
+        if !self.cgroup_limits {
+            return Ok(());
+        }
+        let controllers: Vec<&str> = sys::V1_LIMIT_CONTROLLERS
+            .iter()
+            .copied()
+            .filter(|c| {
+                self.lock()
+                    .record
+                    .cgroup_dirs
+                    .iter()
+                    .any(|d| d.starts_with(Path::new("/sys/fs/cgroup").join(c)))
+            })
+            .collect();
+        if controllers.is_empty() {
+            return Ok(());
+        }
+        let init = self.container_init_pid().ok_or_else(|| Error::Remote {
+            name: self.name.clone(),
+            command: "find the container's init".into(),
+            status: "no child of systemd-nspawn".into(),
+            stderr: String::new(),
+        })?;
+        for c in &controllers {
+            sys::run(Command::new("nsenter").args([
+                "-t",
+                &init.to_string(),
+                "-m",
+                "--",
+                "mount",
+                "-o",
+                "remount,bind,rw",
+                &format!("/sys/fs/cgroup/{c}"),
+            ]))?;
+        }
+        self.run_ok("systemctl daemon-reexec").map(|_| ())
+    }
+
+    /// The pid (on the runner) of the container's init: systemd-nspawn's child.
+    fn container_init_pid(&self) -> Option<u32> {
+        let nspawn = self.lock().record.nspawn_pid?;
+        let children = fs::read_dir(format!("/proc/{nspawn}/task")).ok()?;
+        children
+            .filter_map(|t| t.ok())
+            .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|s| {
+                s.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .next()
+    }
+
     /// Starts systemd-nspawn for this host and records its pid.
     fn launch(&self, st: &mut State) -> Result<()> {
         for d in &st.record.cgroup_dirs {
@@ -268,7 +335,11 @@ impl TestHost {
             .env("CFVM_CGROUP_PROCS", procs.join(" "))
             .env(
                 "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY",
-                if self.config.unified_cgroup { "1" } else { "0" },
+                if self.config.unified_cgroup && !self.cgroup_limits {
+                    "1"
+                } else {
+                    "0"
+                },
             )
             // Own process group: a terminal's Ctrl-C reaches the test process (which tears
             // down in order), not nspawn directly.
@@ -616,7 +687,9 @@ impl TestHost {
         st.child = None;
         self.launch(&mut st)?;
         st.boot_time = self.wait_ready(&mut st)?;
-        Ok(st.boot_time)
+        drop(st);
+        self.enable_cgroup_limits()?;
+        Ok(self.boot_duration())
     }
 
     /// Powers the host off and removes everything it used (same as dropping it, but returns

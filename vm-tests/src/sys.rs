@@ -251,17 +251,47 @@ pub(crate) fn wait_until(limit: Duration, step: Duration, mut done: impl FnMut()
 }
 
 /// The cgroup hierarchies a container must be placed in: the pure v2 root, or on a hybrid
-/// machine the v1 `name=systemd` tree plus the v2 `unified` tree (see notes/test-hosts.md).
+/// machine the v1 `name=systemd` tree plus the v2 `unified` tree (see notes/test-hosts.md),
+/// and the v1 `memory` and `pids` trees at this process's own cgroup in each, so that every
+/// container has memory and pids cgroups of its own (below ours: its usage still counts
+/// where ours does), which a host booted with [`crate::HostOptions::cgroup_limits`] lets its
+/// systemd use.
 pub(crate) fn cgroup_roots() -> Vec<PathBuf> {
     let base = Path::new("/sys/fs/cgroup");
     if base.join("cgroup.controllers").exists() {
         return vec![base.to_path_buf()];
     }
-    ["systemd", "unified"]
+    let mut roots: Vec<PathBuf> = ["systemd", "unified"]
         .iter()
         .map(|d| base.join(d))
         .filter(|p| p.join("cgroup.procs").exists())
-        .collect()
+        .collect();
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    for controller in V1_LIMIT_CONTROLLERS {
+        let Some(path) = own_v1_cgroup(&own, controller) else {
+            continue;
+        };
+        let dir = base.join(controller).join(path.trim_start_matches('/'));
+        if dir.join("cgroup.procs").exists() {
+            roots.push(dir);
+        }
+    }
+    roots
+}
+
+/// The v1 controllers whose limits a test host's systemd can be given (MemoryMax=, TasksMax=).
+pub(crate) const V1_LIMIT_CONTROLLERS: [&str; 2] = ["memory", "pids"];
+
+/// This process's cgroup in the v1 hierarchy of `controller`, from `/proc/self/cgroup` text.
+fn own_v1_cgroup<'a>(proc_cgroup: &'a str, controller: &str) -> Option<&'a str> {
+    proc_cgroup.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == controller)
+            .then_some(path)
+    })
 }
 
 /// All pids in a cgroup and its descendants.

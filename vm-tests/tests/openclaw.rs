@@ -22,7 +22,10 @@ fn real_openclaw_gateway_becomes_ready_in_a_host() {
     }
     let t0 = Instant::now();
     let config = HarnessConfig::from_env().unwrap();
-    let options = HostOptions { openclaw: true };
+    let options = HostOptions {
+        openclaw: true,
+        ..HostOptions::default()
+    };
     let host = TestHost::start_with_options(&config, &options).unwrap();
     let paths = host.install_openclaw().unwrap();
     eprintln!(

@@ -65,6 +65,20 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
             Vec::new()
         }
     };
+    if only.is_none() {
+        match engine.trash().entries() {
+            Ok(entries) => {
+                for e in entries {
+                    problem(
+                        &mut out.problems,
+                        &engine.layout.trash_dir().join(e),
+                        "a removal in progress, or left by a killed one (the next changing operation finishes it)",
+                    );
+                }
+            }
+            Err(e) => problem(&mut out.problems, &engine.layout.trash_dir(), e),
+        }
+    }
     for name in names {
         if only.is_some_and(|id| dir_name(id) != name) {
             continue;
@@ -167,6 +181,23 @@ fn orphaned_accounts(
         return;
     }
     for name in fsutil::list_dir(&dir).unwrap_or_default() {
+        if name.ends_with(".intent") {
+            let path = dir.join(&name);
+            match markers::read::<markers::AccountIntent>(&path, "account intent") {
+                Ok(i) if only.is_none_or(|id| id == &i.namespace_id) => problem(
+                    problems,
+                    &path,
+                    format!(
+                        "account {} of Agent {}/{} is being created, or a killed run left it half made; the Agent's next prepare adopts it, a delete removes it",
+                        i.account, i.namespace_id, i.agent_id
+                    ),
+                ),
+                Ok(_) => {}
+                Err(e) if only.is_none() => problem(problems, &path, e),
+                Err(_) => {}
+            }
+            continue;
+        }
         if !name.ends_with(".json") {
             continue;
         }

@@ -223,6 +223,45 @@ impl<'a> Engine<'a> {
         self.lock(ctx, lock_path)
     }
 
+    /// The trash area, where removed directory trees are deleted (`crate::trash`).
+    pub(crate) fn trash(&self) -> crate::trash::Trash {
+        crate::trash::Trash::new(self.layout.trash_dir())
+    }
+
+    /// Moves a directory tree into the trash and deletes it there (see `crate::trash`).
+    pub(crate) fn remove_tree(&self, path: &std::path::Path) -> Result<bool, Failure> {
+        self.trash().remove_tree(path).map_err(fs_failure)
+    }
+
+    /// Deletes what killed removals left in the trash (entries a live removal holds are left
+    /// to it). A failure here is logged, not fatal: it never concerns this operation's Agent
+    /// alone, and `status` lists what stays.
+    fn finish_trash(&self, ctx: &Ctx<'_>) {
+        match self.trash().finish() {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(operation_id = %ctx.operation_id, entries = n, "finished removals left in the trash")
+            }
+            Err(e) => {
+                tracing::warn!(operation_id = %ctx.operation_id, "cannot finish the trash: {e}")
+            }
+        }
+    }
+
+    /// Removes our own pending leftovers (from a killed run) in `dir`: directories through
+    /// the trash, files directly.
+    pub(crate) fn sweep_pending(&self, dir: &std::path::Path) {
+        for path in crate::fsutil::pending_leftovers(dir) {
+            let removed = match crate::fsutil::kind(&path) {
+                Ok(crate::fsutil::Kind::Dir) => self.trash().remove_tree(&path).map(|_| ()),
+                _ => crate::fsutil::remove_file_if_present(&path).map(|_| ()),
+            };
+            if let Err(e) = removed {
+                tracing::warn!("cannot remove the leftover {}: {e}", path.display());
+            }
+        }
+    }
+
     /// Unlinks an Agent's lock file, while holding it, when nothing of the Agent is on the
     /// host (no directory, no account marker): an operation refused for an Agent the host
     /// never had, or a stop of one already gone, leaves no lock file behind. A waiter on the
@@ -247,6 +286,9 @@ impl<'a> Engine<'a> {
         ctx: &mut Ctx<'_>,
         journal: &Journal,
     ) -> Result<OperationResult, Failure> {
+        if !operation.kind().is_read_only() {
+            self.finish_trash(ctx);
+        }
         match operation {
             Operation::Probe(_) => Ok(OperationResult::Probe(probe(self))),
             Operation::Status(args) => Ok(OperationResult::Status(inventory(

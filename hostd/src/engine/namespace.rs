@@ -20,7 +20,7 @@ impl Engine<'_> {
         let host = self.host_lock(ctx)?;
         ctx.step(Step::Directories)?;
         fsutil::ensure_dir(&self.layout.namespaces_dir(), 0o755).map_err(fs_failure)?;
-        fsutil::sweep_pending(&self.layout.namespaces_dir());
+        self.sweep_pending(&self.layout.namespaces_dir());
         let marker = NamespaceMarker {
             schema: SCHEMA,
             namespace_id: ns.id.clone(),

@@ -12,7 +12,7 @@ use clawfleet_protocol::result::Step;
 use super::{Ctx, Engine, fs_failure, ownership, system_failure};
 use crate::fsutil;
 use crate::layout::AgentPaths;
-use crate::markers::{self, AccountMarker, AgentMarker, PortMarker, SCHEMA};
+use crate::markers::{self, AccountIntent, AccountMarker, AgentMarker, PortMarker, SCHEMA};
 use crate::system::Ids;
 
 /// The passwd home of every Agent account: it does not exist, and the Agent cannot create it.
@@ -40,11 +40,14 @@ impl Engine<'_> {
         // Check.
         self.verify_unit_file(ns, &agent.id, paths)?;
         let marker_path = self.layout.account_marker(&paths.account);
+        let intent = self.account_intent(ns, agent, paths)?;
         let existing_ids =
             if fsutil::kind(&marker_path).map_err(fs_failure)? != fsutil::Kind::Missing {
                 Some(self.verify_account(ns, agent, paths)?)
             } else {
-                self.refuse_foreign_account(paths)?;
+                if intent.is_none() {
+                    self.refuse_foreign_account(paths)?;
+                }
                 None
             };
         let port = if fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {
@@ -55,8 +58,15 @@ impl Engine<'_> {
         };
         // Create.
         let ids = match existing_ids {
-            Some(ids) => ids,
-            None => self.create_account(ctx, ns, agent, paths)?,
+            Some(ids) => {
+                // A run killed after the marker and before the intent's removal.
+                if intent.is_some() {
+                    fsutil::remove_file_if_present(&self.layout.account_intent(&paths.account))
+                        .map_err(fs_failure)?;
+                }
+                ids
+            }
+            None => self.create_account(ctx, ns, agent, paths, intent.is_some())?,
         };
         if let Some(choice) = port {
             self.reserve_port(ns, &agent.id, choice)?;
@@ -64,6 +74,39 @@ impl Engine<'_> {
         }
         self.verify_agent(ns, agent, paths)?;
         Ok(ids)
+    }
+
+    /// The intent a killed run left to create this Agent's account, if any. One for another
+    /// Agent (or service principal) under this account name is refused.
+    pub(crate) fn account_intent(
+        &self,
+        ns: &Ident,
+        agent: &AgentRef,
+        paths: &AgentPaths,
+    ) -> Result<Option<AccountIntent>, Failure> {
+        let intent: Option<AccountIntent> = markers::read_optional(
+            &self.layout.account_intent(&paths.account),
+            "account intent",
+        )
+        .map_err(super::marker_failure)?;
+        if let Some(i) = &intent
+            && (&i.namespace_id != ns
+                || i.agent_id != agent.id
+                || i.service_principal_id != agent.service_principal_id
+                || i.account != paths.account)
+        {
+            return Err(ownership(format!(
+                "the intent to create account {} names Agent {}/{} (service principal {}), not {}/{} ({})",
+                paths.account,
+                i.namespace_id,
+                i.agent_id,
+                i.service_principal_id,
+                ns,
+                agent.id,
+                agent.service_principal_id
+            )));
+        }
+        Ok(intent)
     }
 
     /// A user or group of the account's name that hostd did not record is not ours to adopt.
@@ -87,27 +130,69 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Creates the Agent's account and its marker. The account's passwd home is
+    /// Creates the Agent's account and its marker, recording the intent first (durably): a
+    /// run killed between the account tools and the marker leaves an intent, and the next run
+    /// adopts exactly what it describes, the user and group of that name when both exist and
+    /// fit (the user's primary group is the group, neither is root), removes a lone group
+    /// (`groupadd` ran, `useradd` did not) and creates afresh. The account's passwd home is
     /// [`ACCOUNT_HOME`], which does not exist and which the Agent cannot create: nothing it
     /// writes (say `~/.ssh/authorized_keys`) is ever read by sshd or by the account tools.
-    /// The gateway's `HOME` is set by the unit alone. The caller checked that neither exists.
+    /// The gateway's `HOME` is set by the unit alone. Without an intent the caller checked
+    /// that neither user nor group exists.
     fn create_account(
         &self,
         ctx: &mut Ctx<'_>,
         ns: &Ident,
         agent: &AgentRef,
         paths: &AgentPaths,
+        had_intent: bool,
     ) -> Result<Ids, Failure> {
         ctx.step(Step::Account)?;
         let marker_path = self.layout.account_marker(&paths.account);
+        let intent_path = self.layout.account_intent(&paths.account);
         fsutil::ensure_dir(&self.layout.accounts_dir(), 0o700).map_err(fs_failure)?;
-        let ids = self
-            .system
-            .create_account(&paths.account, Path::new(ACCOUNT_HOME))
-            .map_err(system_failure)?;
+        if !had_intent {
+            let intent = AccountIntent {
+                schema: SCHEMA,
+                namespace_id: ns.clone(),
+                agent_id: agent.id.clone(),
+                service_principal_id: agent.service_principal_id.clone(),
+                account: paths.account.clone(),
+            };
+            fsutil::write_atomic(&intent_path, &markers::to_bytes(&intent), 0o600, |_| Ok(()))
+                .map_err(fs_failure)?;
+        }
+        crate::fault::point("after-account-intent");
+        let user = self.system.user(&paths.account).map_err(system_failure)?;
+        let group = self.system.group(&paths.account).map_err(system_failure)?;
+        let ids = match (user, group) {
+            (Some(ids), Some(gid)) if had_intent && ids.gid == gid => {
+                tracing::info!(operation_id = %ctx.operation_id, account = %paths.account, uid = ids.uid, "adopting the account a killed run created");
+                ids
+            }
+            (None, group) if had_intent || group.is_none() => {
+                if group.is_some() {
+                    tracing::info!(operation_id = %ctx.operation_id, account = %paths.account, "removing the lone group a killed run created");
+                    self.system
+                        .delete_group(&paths.account)
+                        .map_err(system_failure)?;
+                }
+                self.system
+                    .create_account(&paths.account, Path::new(ACCOUNT_HOME))
+                    .map_err(system_failure)?
+            }
+            _ => {
+                return Err(ownership(format!(
+                    "a user or group named {} exists that hostd's intent does not describe (user without its group, or another primary group); refusing to adopt it",
+                    paths.account
+                )));
+            }
+        };
+        crate::fault::point("after-useradd");
         if ids.uid == 0 || ids.gid == 0 {
             let _ = self.system.delete_user(&paths.account);
             let _ = self.system.delete_group(&paths.account);
+            let _ = fsutil::remove_file_if_present(&intent_path);
             return Err(Failure::new(
                 FailureCode::AccountToolFailed,
                 format!(
@@ -125,13 +210,10 @@ impl Engine<'_> {
             uid: ids.uid,
             gid: ids.gid,
         };
-        if let Err(e) =
-            fsutil::write_atomic(&marker_path, &markers::to_bytes(&marker), 0o600, |_| Ok(()))
-        {
-            let _ = self.system.delete_user(&paths.account);
-            let _ = self.system.delete_group(&paths.account);
-            return Err(fs_failure(e));
-        }
+        // A failure here leaves the intent: the next run adopts the account.
+        fsutil::write_atomic(&marker_path, &markers::to_bytes(&marker), 0o600, |_| Ok(()))
+            .map_err(fs_failure)?;
+        fsutil::remove_file_if_present(&intent_path).map_err(fs_failure)?;
         tracing::info!(operation_id = %ctx.operation_id, account = %paths.account, uid = ids.uid, "account created");
         Ok(ids)
     }

@@ -11,7 +11,9 @@ use clawfleet_protocol::result::{DeleteAgentResult, DeleteNamespaceResult, Step}
 use super::{Ctx, Engine, fs_failure, marker_failure, ownership, system_failure};
 use crate::fsutil::{self, Kind};
 use crate::layout::{AgentPaths, dir_name};
-use crate::markers::{self, AccountMarker, AgentMarker, NamespaceMarker, PortMarker};
+use crate::markers::{
+    self, AccountIntent, AccountMarker, AgentMarker, NamespaceMarker, PortMarker,
+};
 
 impl Engine<'_> {
     /// Stops and disables the unit and removes its file. Assumes the file was verified ours.
@@ -45,29 +47,45 @@ impl Engine<'_> {
         // Checked before anything was removed; checked again here because it is cheap and the
         // account tools are the one step that cannot be undone.
         self.verify_remaining_account(marker)?;
-        if self
-            .system
-            .user(&marker.account)
-            .map_err(system_failure)?
-            .is_some()
-        {
-            self.system
-                .delete_user(&marker.account)
-                .map_err(system_failure)?;
-        }
-        if self
-            .system
-            .group(&marker.account)
-            .map_err(system_failure)?
-            .is_some()
-        {
-            self.system
-                .delete_group(&marker.account)
-                .map_err(system_failure)?;
-        }
-        self.release_ports(&marker.namespace_id, &marker.agent_id)?;
+        self.remove_account_and_ports(&marker.account, &marker.namespace_id, &marker.agent_id)?;
         fsutil::remove_file_if_present(&self.layout.account_marker(&marker.account))
             .map_err(fs_failure)?;
+        Ok(())
+    }
+
+    /// Removes what a run killed between its account intent and the account marker left:
+    /// the user and group of the intent's name (hostd was creating them), its ports, the
+    /// intent.
+    fn remove_intended_account(
+        &self,
+        ctx: &mut Ctx<'_>,
+        intent: &AccountIntent,
+    ) -> Result<(), Failure> {
+        ctx.step(Step::AccountRemoval)?;
+        self.remove_account_and_ports(&intent.account, &intent.namespace_id, &intent.agent_id)
+    }
+
+    /// The user and group of `account` (those still there), the Agent's port reservations
+    /// and any intent to create the account.
+    fn remove_account_and_ports(
+        &self,
+        account: &str,
+        ns: &Ident,
+        agent: &Ident,
+    ) -> Result<(), Failure> {
+        if self.system.user(account).map_err(system_failure)?.is_some() {
+            self.system.delete_user(account).map_err(system_failure)?;
+        }
+        if self
+            .system
+            .group(account)
+            .map_err(system_failure)?
+            .is_some()
+        {
+            self.system.delete_group(account).map_err(system_failure)?;
+        }
+        self.release_ports(ns, agent)?;
+        fsutil::remove_file_if_present(&self.layout.account_intent(account)).map_err(fs_failure)?;
         Ok(())
     }
 
@@ -123,6 +141,7 @@ impl Engine<'_> {
             self.check_account_marker(m, &ns.id, agent, &paths.account)?;
             self.verify_remaining_account(m)?;
         }
+        let intent = self.account_intent(&ns.id, agent, paths)?;
         let dir_present = fsutil::dir_exists(&paths.dir).map_err(fs_failure)?;
         if dir_present {
             self.verify_agent(&ns.id, agent, paths)?;
@@ -138,16 +157,18 @@ impl Engine<'_> {
         }
         if dir_present {
             ctx.step(Step::Remove)?;
-            fsutil::remove_tree_if_present(&paths.dir).map_err(fs_failure)?;
+            self.remove_tree(&paths.dir)?;
         }
         // Leftovers of an interrupted earlier removal (pending names, never read).
-        fsutil::sweep_pending(&self.layout.agents_dir(&ns.id));
+        self.sweep_pending(&self.layout.agents_dir(&ns.id));
         if let Some(m) = &account_marker {
             self.remove_identity(ctx, m)?;
+        } else if let Some(i) = &intent {
+            self.remove_intended_account(ctx, i)?;
         } else {
             self.release_ports(&ns.id, &agent.id)?;
         }
-        let removed = dir_present || account_marker.is_some() || unit_removed;
+        let removed = dir_present || account_marker.is_some() || intent.is_some() || unit_removed;
         if removed {
             tracing::info!(operation_id = %ctx.operation_id, agent = %agent.id, "agent deleted");
         }
@@ -204,9 +225,19 @@ impl Engine<'_> {
         }
         // Leftover accounts of this Namespace (from a retry after a partial failure).
         let mut leftovers: Vec<AccountMarker> = Vec::new();
+        let mut intents: Vec<AccountIntent> = Vec::new();
         let accounts_dir = self.layout.accounts_dir();
         if fsutil::dir_exists(&accounts_dir).map_err(fs_failure)? {
             for name in fsutil::list_dir(&accounts_dir).map_err(fs_failure)? {
+                if name.ends_with(".intent") {
+                    if let Ok(i) =
+                        markers::read::<AccountIntent>(&accounts_dir.join(&name), "account intent")
+                        && i.namespace_id == ns.id
+                    {
+                        intents.push(i);
+                    }
+                    continue;
+                }
                 if !name.ends_with(".json") {
                     continue;
                 }
@@ -233,11 +264,21 @@ impl Engine<'_> {
                 },
             )?;
         }
-        // Agent locks in a fixed order, then the host lock.
-        agents.sort_by(|a, b| a.1.lock.cmp(&b.1.lock));
+        // Agent locks in a fixed order, then the host lock: those of the Agents in the
+        // directory and of the leftover accounts (a retry after a kill), so every lock file
+        // of the Namespace goes with it, unlinked while held.
+        let mut lock_paths: std::collections::BTreeSet<std::path::PathBuf> =
+            agents.iter().map(|(_, p)| p.lock.clone()).collect();
+        for agent_id in leftovers
+            .iter()
+            .map(|m| &m.agent_id)
+            .chain(intents.iter().map(|i| &i.agent_id))
+        {
+            lock_paths.insert(self.layout.agent(&ns.id, agent_id).lock);
+        }
         let mut locks = Vec::new();
-        for (_, paths) in &agents {
-            locks.push(self.agent_lock(ctx, &paths.lock)?);
+        for path in &lock_paths {
+            locks.push(self.agent_lock(ctx, path)?);
         }
         let _host = self.host_lock(ctx)?;
         let mut any_unit = false;
@@ -250,15 +291,21 @@ impl Engine<'_> {
         }
         if present {
             ctx.step(Step::Remove)?;
-            fsutil::remove_tree_if_present(&ns_dir).map_err(fs_failure)?;
+            self.remove_tree(&ns_dir)?;
         }
         for m in &leftovers {
             self.remove_identity(ctx, m)?;
         }
+        for i in &intents {
+            // An intent whose marker was written too went with the marker above.
+            if fsutil::file_exists(&self.layout.account_intent(&i.account)).map_err(fs_failure)? {
+                self.remove_intended_account(ctx, i)?;
+            }
+        }
         for lock in &locks {
             lock.unlink();
         }
-        if !present && leftovers.is_empty() {
+        if !present && leftovers.is_empty() && intents.is_empty() {
             return Ok(DeleteNamespaceResult {
                 namespace_id: ns.id.clone(),
                 removed: false,

@@ -171,7 +171,7 @@ impl Engine<'_> {
         let mut created = false;
         if existing.is_none() {
             ctx.step(Step::Snapshot)?;
-            fsutil::sweep_pending(&paths.revisions);
+            self.sweep_pending(&paths.revisions);
             let marker = RevisionMarker {
                 schema: SCHEMA,
                 namespace_id: ns.id.clone(),
@@ -472,7 +472,7 @@ impl Engine<'_> {
         paths: &AgentPaths,
         rev: &RevisionRef,
     ) -> Result<(), Failure> {
-        fsutil::sweep_pending(&paths.dir);
+        self.sweep_pending(&paths.dir);
         // Durably forget what served before, then move `current`.
         fsutil::remove_file_if_present(&paths.served).map_err(fs_failure)?;
         fsutil::remove_file_if_present(&paths.started).map_err(fs_failure)?;
@@ -802,8 +802,7 @@ impl Engine<'_> {
         let (stopped, exists) = outcome?;
         if exists {
             ctx.step(Step::Remove)?;
-            fsutil::remove_tree_if_present(&paths.revision_dir(&args.revision.id))
-                .map_err(fs_failure)?;
+            self.remove_tree(&paths.revision_dir(&args.revision.id))?;
             tracing::info!(operation_id = %ctx.operation_id, agent = %args.agent.id, revision = %args.revision.id, "revision retired");
         }
         Ok(RetireResult {

@@ -617,6 +617,8 @@ fn delete_namespace_validates_everything_first_and_is_retry_safe() {
         let p = h.layout().agent(&id("ns1"), &id(a));
         assert!(!h.fake.has_user(&p.account) && !h.fake.has_group(&p.account));
         assert!(!p.unit_file.exists());
+        // The retry found the Agents only by their leftover accounts; their lock files go too.
+        assert!(!p.lock.exists(), "{a}'s lock file is left");
     }
     match h.ok(Operation::DeleteNamespace(NamespaceArgs {
         namespace: ns("ns1"),
@@ -2160,3 +2162,5 @@ fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() 
     let env = std::fs::read_to_string(h.layout().agent(&id("ns1"), &id("a1")).launch_env).unwrap();
     assert!(env.contains("DAEMON_REF=\"started\""), "{env}");
 }
+
+mod hardening;

@@ -145,7 +145,7 @@ impl Engine<'_> {
         };
         self.stage(paths, ids, files)?;
         let moved = self.move_into_workspace(paths);
-        let _ = fsutil::remove_tree_if_present(&paths.workspace_staging);
+        let _ = self.remove_tree(&paths.workspace_staging);
         moved?;
         let applied = WorkspaceAppliedMarker {
             schema: SCHEMA,
@@ -171,7 +171,7 @@ impl Engine<'_> {
     /// files 0600, owned by the Agent, every file fsynced.
     fn stage(&self, paths: &AgentPaths, ids: Ids, files: &[WorkspaceFile]) -> Result<(), Failure> {
         let root = &paths.workspace_staging;
-        fsutil::remove_tree_if_present(root).map_err(fs_failure)?;
+        self.remove_tree(root)?;
         let io = |name: &str, e: std::io::Error| {
             let text = e
                 .raw_os_error()

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 /// Installs hostd from the project's .deb when a current one was built (always under CI).
 #[path = "../../../vm-tests/tests/packages_support/install.rs"]
-mod install;
+pub mod install;
 
 pub const PRINCIPAL: &str = "occ@tests";
 
@@ -38,6 +38,8 @@ pub struct Coordinator {
     pub login_key: PathBuf,
     pub signing: PrivateKey,
     counter: std::cell::Cell<u32>,
+    /// The user `ssh` logs in as: root, or the login user of `hostd enrol --login-user`.
+    pub user: String,
 }
 
 impl Coordinator {
@@ -65,6 +67,7 @@ impl Coordinator {
             login_key,
             signing: PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap(),
             counter: std::cell::Cell::new(0),
+            user: "root".to_owned(),
         }
     }
 
@@ -127,7 +130,7 @@ impl Coordinator {
             .arg("-o")
             .arg(format!("UserKnownHostsFile={}", known.display()))
             .args(["-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10"])
-            .arg(format!("root@{}", host.address()))
+            .arg(format!("{}@{}", self.user, host.address()))
             // The forced command runs whatever we ask for; say what we mean anyway.
             .arg("hostd serve");
         c
@@ -350,13 +353,39 @@ pub fn rargs(n: &str, a: &str, rev: &RevisionSpec) -> RevisionArgs {
 /// Boots a host, installs hostd and the test gateway, writes hostd.toml with short limits,
 /// and enrols the coordinator with `hostd enrol` (twice: it must be idempotent).
 pub fn host_with_hostd(coordinator: &Coordinator, extra_config: &str) -> TestHost {
-    let host = TestHost::start().unwrap();
+    host_with_hostd_options(coordinator, extra_config, &Default::default())
+}
+
+/// [`host_with_hostd`] on a host booted with `options`.
+pub fn host_with_hostd_options(
+    coordinator: &Coordinator,
+    extra_config: &str,
+    options: &clawfleet_vm_tests::HostOptions,
+) -> TestHost {
+    let config = clawfleet_vm_tests::HarnessConfig::from_env().unwrap();
+    let host = TestHost::start_with_options(&config, options).unwrap();
     install_hostd(&host, coordinator, extra_config);
     host
 }
 
 pub fn install_hostd(host: &TestHost, coordinator: &Coordinator, extra_config: &str) {
     install::install_hostd_package_or_binary(host, Path::new(env!("CARGO_BIN_EXE_hostd"))).unwrap();
+    configure_and_enrol(host, coordinator, extra_config);
+}
+
+/// Boots a host with this test build of hostd (not the package: the fault matrix needs its
+/// test-only hooks), configured and enrolled like [`host_with_hostd`].
+pub fn host_with_test_build_of_hostd(coordinator: &Coordinator, extra_config: &str) -> TestHost {
+    let host = TestHost::start().unwrap();
+    host.install_hostd(Path::new(env!("CARGO_BIN_EXE_hostd")))
+        .unwrap();
+    configure_and_enrol(&host, coordinator, extra_config);
+    host
+}
+
+/// The test gateway, hostd.toml (short limits unless `extra_config` has `[limits]`) and the
+/// coordinator's keys through `hostd enrol` (twice: it must be idempotent).
+pub fn configure_and_enrol(host: &TestHost, coordinator: &Coordinator, extra_config: &str) {
     let gateway = host.install_test_gateway().unwrap();
     let config = format!(
         "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n{extra_config}\n",
