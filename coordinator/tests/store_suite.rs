@@ -189,6 +189,27 @@ async fn a_sqlite_database_copies_into_postgres_and_reads_back_the_same() {
         .await
         .unwrap();
     assert!(next > before, "{next} after {before}");
+    // Fences go on from the highest one the SQLite coordinator issued.
+    let issued = sqlite
+        .claim_work("source", std::time::Duration::from_secs(30))
+        .await
+        .unwrap()
+        .and_then(|w| w.fence)
+        .unwrap();
+    let taken = loop {
+        let w = target
+            .claim_work("target", std::time::Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        if let Some(f) = w.fence {
+            break f;
+        }
+    };
+    assert!(
+        taken >= issued,
+        "PostgreSQL's first fence {taken} is below SQLite's {issued}"
+    );
     let again = coordinator::store::copy::sqlite_to_postgres(&path, &pg).await;
     assert!(
         matches!(

@@ -234,6 +234,16 @@ pub async fn sqlite_to_postgres(
         )
         .await?;
     }
+    // Fences go on from the highest one issued, so hosts accept the new coordinators.
+    let fence: i64 = read
+        .query_row("SELECT value FROM fence_counter WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .map_err(src_err)?;
+    if fence > 0 {
+        tx.execute("SELECT setval('agent_fence', $1)", &[&fence])
+            .await?;
+    }
     // The check: both sides count the same rows in every table.
     for (table, copied) in &counts {
         let source_rows: i64 = read

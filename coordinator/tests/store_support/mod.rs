@@ -38,6 +38,7 @@ cases!(
     claims_respect_lanes_and_barriers,
     a_replaced_claim_can_write_nothing,
     concurrent_claimers_never_share_a_lane_and_claim_each_item_once,
+    fences_only_grow_even_across_a_re_created_agent,
     the_leader_lease_changes_hands_with_a_higher_term,
     workspace_files_are_stored_with_the_agent_and_dropped,
     rollouts_own_their_agents_until_done,
@@ -402,10 +403,11 @@ pub async fn claims_respect_lanes_and_barriers(s: SharedStore) {
     s.end_work(&first.claim, done()).await.unwrap();
     let third = s.claim_work("w", lease).await.unwrap().unwrap();
     assert_eq!((third.id, third.kind), (stop, WorkKind::Stop));
-    assert_eq!(
-        third.fence,
-        Some(2),
-        "every claim of the Agent's work bumps its fence"
+    assert!(
+        third.fence > first.fence,
+        "every claim of the Agent's work takes a higher fence: {:?} then {:?}",
+        first.fence,
+        third.fence
     );
     s.end_work(&third.claim, done()).await.unwrap();
     s.end_work(&second.claim, done()).await.unwrap();
@@ -977,11 +979,49 @@ pub async fn same_reads(a: &SharedStore, b: &SharedStore) {
     );
     let counts = |v: Vec<(String, i64)>| -> BTreeMap<String, i64> {
         v.into_iter()
-            .filter(|(t, _)| t != "schema_version")
+            .filter(|(t, _)| t != "schema_version" && t != "fence_counter")
             .collect()
     };
     assert_eq!(
         counts(a.row_counts().await.unwrap()),
         counts(b.row_counts().await.unwrap())
+    );
+}
+
+pub async fn fences_only_grow_even_across_a_re_created_agent(s: SharedStore) {
+    world(&s, 2).await;
+    let lease = Duration::from_secs(30);
+    let mut seen = Vec::new();
+    for a in ["a1", "a2", "a1"] {
+        let mut r = revision(a);
+        s.create_revision(&mut r).await.unwrap();
+        let w = s.claim_work("w", lease).await.unwrap().unwrap();
+        seen.push(w.fence.unwrap());
+        s.end_work(&w.claim, done()).await.unwrap();
+    }
+    // a1 is deleted and created again under the same ids: its fences go on upwards.
+    s.set_desired(
+        "ns",
+        "a1",
+        DesiredState::Deleted,
+        Some(&Enqueue::agent(WorkKind::DeleteAgent, "ns", "a1")),
+    )
+    .await
+    .unwrap();
+    let w = s.claim_work("w", lease).await.unwrap().unwrap();
+    seen.push(w.fence.unwrap());
+    s.delete_agent_row(&w.claim, "ns", "a1").await.unwrap();
+    s.end_work(&w.claim, done()).await.unwrap();
+    assert!(s.insert_agent(&agent("a1"), &[], 2).await.unwrap());
+    let mut r = revision("a1");
+    s.create_revision(&mut r).await.unwrap();
+    let w = s.claim_work("w", lease).await.unwrap().unwrap();
+    seen.push(w.fence.unwrap());
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(
+        sorted, seen,
+        "every claim's fence is higher than every earlier one: {seen:?}"
     );
 }

@@ -2,7 +2,8 @@
 //! (`store/sqlite/migrations.rs`). PostgreSQL support starts at version 10: its first entry
 //! creates in one step the schema SQLite reaches at version 10 (same tables, columns, keys and
 //! indexes; BIGINT for integers, BOOLEAN for flags, BYTEA for contents, identity columns for
-//! SQLite's AUTOINCREMENT). From version 11 on, every migration exists in both files.
+//! SQLite's AUTOINCREMENT; the sequence `agent_fence` for SQLite's one-row `fence_counter`).
+//! From version 11 on, every migration exists in both files.
 //!
 //! They run in one transaction under a transaction-scoped advisory lock, so coordinators that
 //! start together migrate once.
@@ -200,6 +201,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (namespace_id, agent_id, name),
         FOREIGN KEY (namespace_id, agent_id) REFERENCES agents(namespace_id, id) ON DELETE CASCADE
     );
+    CREATE SEQUENCE agent_fence AS BIGINT MINVALUE 1;
     CREATE TABLE leader (
         name TEXT PRIMARY KEY,
         holder TEXT NOT NULL,

@@ -154,7 +154,7 @@ impl WorkQueue for PostgresStore {
             let fence = match &agent_id {
                 Some(agent) => tx
                     .query_opt(
-                        "UPDATE agents SET fence = fence + 1 WHERE namespace_id = $1 AND id = $2 RETURNING fence",
+                        "UPDATE agents SET fence = nextval('agent_fence') WHERE namespace_id = $1 AND id = $2 RETURNING fence",
                         &[&namespace_id, agent],
                     )
                     .await?

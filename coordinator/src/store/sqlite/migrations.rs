@@ -216,12 +216,15 @@ pub const MIGRATIONS: &[&str] = &[
     );
     ",
     // 10: several coordinators: a claim token per work item (only the current claim may publish
-    // its result), a fence per Agent (bumped by every claim of its work, carried by its
-    // operations), the leader lease of the singleton loops, and indexes that keep the claim
-    // query independent of the queue's length.
+    // its result), a fence per Agent (from one counter that only grows, taken by every claim of
+    // its work and carried by its operations, so even a re-created Agent's fences are higher
+    // than its earlier incarnation's), the leader lease of the singleton loops, and indexes
+    // that keep the claim query independent of the queue's length.
     "
     ALTER TABLE work ADD COLUMN claim_token INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE agents ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE fence_counter (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL);
+    INSERT INTO fence_counter (id, value) VALUES (1, 0);
     CREATE TABLE leader (
         name TEXT PRIMARY KEY,
         holder TEXT NOT NULL,

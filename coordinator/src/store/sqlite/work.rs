@@ -118,14 +118,20 @@ impl WorkQueue for SqliteStore {
                 params![id, owner, now.saturating_add(millis(lease)), token, now],
             )?;
             let fence = match &agent_id {
-                Some(agent) => tx
-                    .query_row(
-                        "UPDATE agents SET fence = fence + 1 WHERE namespace_id = ?1 AND id = ?2 RETURNING fence",
-                        params![namespace_id, agent],
+                Some(agent) => {
+                    let next: i64 = tx.query_row(
+                        "UPDATE fence_counter SET value = value + 1 WHERE id = 1 RETURNING value",
+                        [],
+                        |r| r.get(0),
+                    )?;
+                    tx.query_row(
+                        "UPDATE agents SET fence = ?3 WHERE namespace_id = ?1 AND id = ?2 RETURNING fence",
+                        params![namespace_id, agent, next],
                         |r| r.get::<_, i64>(0),
                     )
                     .optional()?
-                    .map(|f| f.max(0) as u64),
+                    .map(|f| f.max(0) as u64)
+                }
                 None => None,
             };
             Ok(Some(Work {
