@@ -10,6 +10,7 @@ pub mod clock;
 pub mod codes;
 pub mod config;
 pub mod drift;
+pub mod fault;
 pub mod leader;
 pub mod metrics;
 pub mod model;

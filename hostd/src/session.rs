@@ -17,7 +17,9 @@ use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::framing::{FrameError, read_frame, write_frame};
 use clawfleet_protocol::result::{Hello, Outcome, Progress, ResultMessage, Step};
 use clawfleet_protocol::signing::Rejection;
-use clawfleet_protocol::{AllowedSigners, HostIdentity, Limits, Message, SignedEnvelope, Verifier};
+use clawfleet_protocol::{
+    AllowedSigners, HostIdentity, Ident, Limits, Message, SignedEnvelope, Verifier,
+};
 use thiserror::Error;
 
 use crate::config::Config;
@@ -137,7 +139,16 @@ impl<'a> Responder<'a> {
         let env = &verified.envelope;
         let id = env.operation_id.clone();
         let kind = env.operation.kind();
-        tracing::info!(operation_id = %id, op = kind.as_str(), issuer = %env.issuer, signer = %verified.signer, "operation received");
+        tracing::info!(
+            operation_id = %id,
+            op = kind.as_str(),
+            agent = env.operation.agent().map_or("-", Ident::as_str),
+            revision = env.operation.revision().map_or("-", Ident::as_str),
+            fence = env.fence.unwrap_or(0),
+            issuer = %env.issuer,
+            signer = %verified.signer,
+            "operation received"
+        );
         let started = Instant::now();
         let deadline = started + Duration::from_secs(u64::from(env.deadline_seconds));
 

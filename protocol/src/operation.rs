@@ -196,6 +196,39 @@ impl Operation {
         })
     }
 
+    /// The Agent an Agent-scoped operation acts on (for logs and fencing).
+    pub fn agent(&self) -> Option<&Ident> {
+        Some(match self {
+            Operation::PrepareRevision(a) => &a.agent.id,
+            Operation::ActivateRevision(a) => &a.agent.id,
+            Operation::VerifyRevision(a)
+            | Operation::StopRevision(a)
+            | Operation::RetireRevision(a) => &a.agent.id,
+            Operation::DeleteAgent(a) => &a.agent.id,
+            Operation::AgentRuntime(a) => &a.agent.id,
+            Operation::AgentLogs(a) => &a.agent.id,
+            Operation::PlanRevision(a) => &a.agent.id,
+            Operation::Probe(_)
+            | Operation::EnsureNamespace(_)
+            | Operation::DeleteNamespace(_)
+            | Operation::Status(_)
+            | Operation::OperationStatus(_) => return None,
+        })
+    }
+
+    /// The revision a revision operation names (for logs).
+    pub fn revision(&self) -> Option<&Ident> {
+        Some(match self {
+            Operation::PrepareRevision(a) => &a.revision.id,
+            Operation::ActivateRevision(a) => &a.revision.id,
+            Operation::VerifyRevision(a)
+            | Operation::StopRevision(a)
+            | Operation::RetireRevision(a) => &a.revision.id,
+            Operation::PlanRevision(a) => &a.revision.id,
+            _ => return None,
+        })
+    }
+
     /// Which operation this is.
     pub fn kind(&self) -> OperationKind {
         match self {

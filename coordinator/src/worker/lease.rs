@@ -62,18 +62,31 @@ impl Lease {
             return Err(LeaseLost::Replaced);
         }
         let started = Instant::now();
-        match self.store.renew_lease(&self.claim, self.lease).await {
+        let outcome = self.store.renew_lease(&self.claim, self.lease).await;
+        let took = started.elapsed();
+        if took > self.lease / 3 {
+            tracing::warn!(
+                work = self.claim.work,
+                took_ms = took.as_millis() as u64,
+                "renewing the lease took more than a third of it"
+            );
+        }
+        match outcome {
             Ok(true) => {
                 self.set(Some(started + self.lease));
                 Ok(())
             }
             Ok(false) => {
+                tracing::warn!(work = self.claim.work, "another claim replaced this one");
                 self.set(None);
                 Err(LeaseLost::Replaced)
             }
-            Err(e) => self.check().map_err(|_| LeaseLost::Lapsed {
-                error: e.to_string(),
-            }),
+            Err(e) => {
+                tracing::warn!(work = self.claim.work, "cannot renew the lease: {e}");
+                self.check().map_err(|_| LeaseLost::Lapsed {
+                    error: e.to_string(),
+                })
+            }
         }
     }
 

@@ -276,6 +276,7 @@ impl<B: Backend> Worker<B> {
             fence: work.fence,
             ..options
         };
+        crate::fault::before_call(op.kind().as_str());
         let result = self.backend.call(target, op, options).await;
         if let Err(CallError::Failed(f)) = &result
             && f.code == FailureCode::FenceStale

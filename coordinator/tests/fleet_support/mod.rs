@@ -46,14 +46,47 @@ pub fn phase_done(name: &str, start: Instant) {
     eprintln!("=== phase {name}: {:.1} s", start.elapsed().as_secs_f64());
 }
 
-/// Three (or n) hosts, the coordinator and its state.
+/// How a fleet is set up: its hosts, and its coordinators and their database.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    pub hosts: usize,
+    /// `occ serve` processes sharing the state (more than one needs `database`).
+    pub coordinators: usize,
+    /// `database = …` for occ.toml (a PostgreSQL URL); `None`: SQLite in the state directory.
+    pub database: Option<String>,
+    /// `[postgres] password_file`.
+    pub password_file: Option<PathBuf>,
+    /// More occ.toml lines (sections of their own, e.g. `[leader]`).
+    pub extra_toml: String,
+    /// `[worker] lease_seconds`.
+    pub lease_seconds: u32,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        Self {
+            hosts: 3,
+            coordinators: 1,
+            database: None,
+            password_file: None,
+            extra_toml: String::new(),
+            lease_seconds: 3,
+        }
+    }
+}
+
+/// Three (or n) hosts, the coordinator(s) and their state.
 pub struct Fleet {
-    server: Option<Child>,
-    serve_runs: u32,
+    servers: Vec<Option<Child>>,
+    serve_runs: Vec<u32>,
     pub port: u16,
+    pub ports: Vec<u16>,
     pub occ_bin: PathBuf,
+    /// Coordinator 0's configuration (every coordinator's differs only in `listen`).
     pub config: PathBuf,
+    pub configs: Vec<PathBuf>,
     pub api: Client,
+    pub apis: Vec<Client>,
     pub dir: tempfile::TempDir,
     pub hosts: TestHosts,
 }
@@ -68,8 +101,7 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         if std::thread::panicking() {
             // The coordinator's log explains most failures.
-            for run in 1..=self.serve_runs {
-                let log = self.dir.path().join(format!("serve-{run}.log"));
+            for log in self.serve_logs() {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
                 let lines: Vec<&str> = text.lines().collect();
                 let tail = &lines[lines.len().saturating_sub(60)..];
@@ -81,9 +113,15 @@ impl Drop for Fleet {
                 );
             }
         }
-        if let Some(mut child) = self.server.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        for server in &mut self.servers {
+            if let Some(mut child) = server.take() {
+                // A stopped (SIGSTOP) coordinator must be continued to die cleanly.
+                let _ = Command::new("kill")
+                    .args(["-CONT", &child.id().to_string()])
+                    .status();
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }
@@ -94,6 +132,16 @@ impl Fleet {
     /// `occ init` and `occ serve`, enrols every host and creates the Namespace [`NS`]
     /// with all of them as its pool, and waits until it is ready everywhere.
     pub fn start(n: usize) -> Fleet {
+        Self::start_with(FleetOptions {
+            hosts: n,
+            ..FleetOptions::default()
+        })
+    }
+
+    /// [`Fleet::start`] with more than the host count to choose: several coordinators, a
+    /// PostgreSQL database, more occ.toml.
+    pub fn start_with(options: FleetOptions) -> Fleet {
+        let n = options.hosts;
         let t = Instant::now();
         let occ_bin = PathBuf::from(env!("CARGO_BIN_EXE_occ"));
         let (hostd, hosts) = if n == 0 {
@@ -127,27 +175,63 @@ impl Fleet {
             .prefix("occ-e2e-")
             .tempdir()
             .expect("no temporary directory");
-        let port = free_port();
-        let config = dir.path().join("occ.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:{port}\"\nstate_dir = \"{}\"\n\
-                 [worker]\nlease_seconds = 3\nbackoff_initial_ms = 200\nbackoff_max_ms = 2000\n\
-                 poll_ms = 100\nreadiness_recheck_ms = 200\nreadiness_recheck_max_ms = 1000\n\
-                 operation_deadline_seconds = 60\n\
-                 [ssh]\nconnect_timeout_seconds = 5\n",
-                dir.path().join("state").display()
-            ),
-        )
-        .expect("cannot write occ.toml");
+        let ports: Vec<u16> = (0..options.coordinators.max(1))
+            .map(|_| free_port())
+            .collect();
+        let mut database = String::new();
+        if let Some(url) = &options.database {
+            database = format!("database = \"{url}\"\n");
+        }
+        let mut postgres = String::new();
+        if let Some(file) = &options.password_file {
+            postgres = format!("[postgres]\npassword_file = \"{}\"\n", file.display());
+        }
+        let configs: Vec<PathBuf> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, port)| {
+                let config = dir.path().join(if i == 0 {
+                    "occ.toml".to_owned()
+                } else {
+                    format!("occ-{i}.toml")
+                });
+                std::fs::write(
+                    &config,
+                    format!(
+                        "listen = \"127.0.0.1:{port}\"\nstate_dir = \"{}\"\n{database}\
+                         [worker]\nlease_seconds = {}\nbackoff_initial_ms = 200\nbackoff_max_ms = 2000\n\
+                         poll_ms = 100\nreadiness_recheck_ms = 200\nreadiness_recheck_max_ms = 1000\n\
+                         operation_deadline_seconds = 60\n\
+                         [ssh]\nconnect_timeout_seconds = 5\n{postgres}{}",
+                        dir.path().join("state").display(),
+                        options.lease_seconds,
+                        options.extra_toml
+                    ),
+                )
+                .expect("cannot write occ.toml");
+                config
+            })
+            .collect();
+        let port = ports[0];
+        let clients = |token: Option<String>| -> Vec<Client> {
+            ports
+                .iter()
+                .map(|p| {
+                    Client::new(&format!("http://127.0.0.1:{p}"), token.clone())
+                        .expect("bad server URL")
+                })
+                .collect()
+        };
         let mut fleet = Fleet {
-            server: None,
-            serve_runs: 0,
+            servers: ports.iter().map(|_| None).collect(),
+            serve_runs: ports.iter().map(|_| 0).collect(),
             port,
             api: Client::new(&format!("http://127.0.0.1:{port}"), None).expect("bad server URL"),
+            apis: clients(None),
+            ports: ports.clone(),
             occ_bin,
-            config,
+            config: configs[0].clone(),
+            configs,
             dir,
             hosts,
         };
@@ -159,7 +243,10 @@ impl Fleet {
             Some(token.trim().to_owned()),
         )
         .expect("bad server URL");
-        fleet.start_serve();
+        fleet.apis = clients(Some(token.trim().to_owned()));
+        for i in 0..fleet.ports.len() {
+            fleet.start_serve_at(i);
+        }
         let enrol = fleet.occ_ok(&["enrol-command"]).trim().to_owned();
         for h in fleet.hosts.iter() {
             h.run_ok(&enrol).expect("hostd enrol failed on the host");
@@ -235,51 +322,90 @@ impl Fleet {
 
     /// Starts `occ serve` (again) on the same state dir and waits until it answers.
     pub fn start_serve(&mut self) {
-        assert!(self.server.is_none(), "occ serve is already running");
-        self.serve_runs += 1;
-        let log_path = self
-            .dir
-            .path()
-            .join(format!("serve-{}.log", self.serve_runs));
+        self.start_serve_at(0);
+    }
+
+    fn serve_log(&self, i: usize, run: u32) -> PathBuf {
+        self.dir.path().join(if i == 0 {
+            format!("serve-{run}.log")
+        } else {
+            format!("serve-{i}-{run}.log")
+        })
+    }
+
+    fn serve_logs(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for (i, runs) in self.serve_runs.iter().enumerate() {
+            for run in 1..=*runs {
+                out.push(self.serve_log(i, run));
+            }
+        }
+        out
+    }
+
+    /// Starts coordinator `i`'s `occ serve` (again) and waits until it answers.
+    pub fn start_serve_at(&mut self, i: usize) {
+        self.start_serve_with(i, &[]);
+    }
+
+    /// [`Fleet::start_serve_at`] with more environment variables (e.g. a test-only fault hook).
+    pub fn start_serve_with(&mut self, i: usize, env: &[(&str, &str)]) {
+        assert!(
+            self.servers[i].is_none(),
+            "occ serve {i} is already running"
+        );
+        self.serve_runs[i] += 1;
+        let log_path = self.serve_log(i, self.serve_runs[i]);
         let log = std::fs::File::create(&log_path).expect("cannot create the serve log");
         let mut child = Command::new(&self.occ_bin)
             .arg("--config")
-            .arg(&self.config)
+            .arg(&self.configs[i])
             .arg("serve")
             .env("OCC_LOG", "info,russh=warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("cannot share the log file"))
             .stderr(log)
             .spawn()
             .expect("cannot start occ serve");
         let start = Instant::now();
+        let health = Client::new(&format!("http://127.0.0.1:{}", self.ports[i]), None)
+            .expect("bad server URL");
         loop {
             if let Some(status) = child.try_wait().expect("cannot poll occ serve") {
                 panic!(
-                    "occ serve exited early ({status}): {}",
+                    "occ serve {i} exited early ({status}): {}",
                     std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
             }
-            if self.api.request("GET", "/healthz", None).is_ok() {
+            if health.request("GET", "/healthz", None).is_ok() {
                 break;
             }
             assert!(
                 start.elapsed() < Duration::from_secs(20),
-                "occ serve did not answer /healthz within 20 s"
+                "occ serve {i} did not answer /healthz within 20 s"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.server = Some(child);
+        self.servers[i] = Some(child);
     }
 
     /// Lines of every `occ serve` run's log that contain `needle`.
     pub fn serve_log_lines(&self, needle: &str) -> Vec<String> {
-        (1..=self.serve_runs)
-            .map(|run| {
-                let log = self.dir.path().join(format!("serve-{run}.log"));
-                std::fs::read_to_string(log).unwrap_or_default() + "\n"
-            })
+        self.serve_logs()
+            .into_iter()
+            .map(|log| std::fs::read_to_string(log).unwrap_or_default() + "\n")
             .collect::<String>()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Lines of coordinator `i`'s current run's log that contain `needle`.
+    pub fn serve_log_lines_at(&self, i: usize, needle: &str) -> Vec<String> {
+        std::fs::read_to_string(self.serve_log(i, self.serve_runs[i]))
+            .unwrap_or_default()
             .lines()
             .filter(|l| l.contains(needle))
             .map(str::to_owned)
@@ -288,21 +414,67 @@ impl Fleet {
 
     /// The pid of the running `occ serve`.
     pub fn serve_pid(&self) -> u32 {
-        self.server.as_ref().expect("occ serve is not running").id()
+        self.serve_pid_at(0)
+    }
+
+    /// The pid of coordinator `i`'s `occ serve`.
+    pub fn serve_pid_at(&self, i: usize) -> u32 {
+        self.servers[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("occ serve {i} is not running"))
+            .id()
+    }
+
+    /// Whether coordinator `i` is stopped (SIGSTOP), from `/proc/<pid>/stat`.
+    pub fn is_stopped(&self, i: usize) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.serve_pid_at(i)))
+            .unwrap_or_default();
+        // The state follows the command name in parentheses.
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    }
+
+    /// Stops coordinator `i` with SIGTERM (a clean shutdown), then reaps it.
+    pub fn stop_serve_at(&mut self, i: usize) -> u32 {
+        self.signal_serve(i, "-TERM", Duration::from_secs(15))
+    }
+
+    /// Which coordinator runs as `pid`, if any.
+    pub fn coordinator_of(&self, pid: u32) -> Option<usize> {
+        self.servers
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|c| c.id() == pid))
     }
 
     /// `kill -9 <pid>` of the `occ serve` child, then reaps it.
     pub fn kill_serve(&mut self) -> u32 {
-        self.signal_serve("-KILL", Duration::from_secs(10))
+        self.kill_serve_at(0)
+    }
+
+    /// `kill -9` of coordinator `i`, then reaps it.
+    pub fn kill_serve_at(&mut self, i: usize) -> u32 {
+        self.signal_serve(i, "-KILL", Duration::from_secs(10))
     }
 
     /// `kill -TERM <pid>` (graceful stop), then reaps it.
     pub fn stop_serve(&mut self) -> u32 {
-        self.signal_serve("-TERM", Duration::from_secs(15))
+        self.signal_serve(0, "-TERM", Duration::from_secs(15))
     }
 
-    fn signal_serve(&mut self, signal: &str, within: Duration) -> u32 {
-        let mut child = self.server.take().expect("occ serve is not running");
+    /// Sends `signal` (e.g. `-STOP`, `-CONT`) to coordinator `i` without waiting for it.
+    pub fn signal_only(&self, i: usize, signal: &str) {
+        let pid = self.serve_pid_at(i);
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("cannot run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    fn signal_serve(&mut self, i: usize, signal: &str, within: Duration) -> u32 {
+        let mut child = self.servers[i]
+            .take()
+            .unwrap_or_else(|| panic!("occ serve {i} is not running"));
         let pid = child.id();
         let status = Command::new("kill")
             .args([signal, &pid.to_string()])

@@ -495,6 +495,14 @@ async fn wait_ready(r: &Requests, t: &Tenant, agent: &Ident) -> Result<Observed,
     let mut pause = Duration::from_millis(100);
     let mut blocked_since: Option<(FailureCode, Instant)> = None;
     loop {
+        if r.remaining() <= super::ANSWER_MARGIN {
+            // No time left to ask the API and answer: the gateway was not seen ready in time
+            // (a request started now could only time out, and that is not the API's fault).
+            return Err(Failure::new(
+                FailureCode::RevisionIncomplete,
+                "the gateway is not ready yet at the deadline; activation can be retried",
+            ));
+        }
         let seen = Box::pin(observe::observe(r, t, agent)).await?;
         if seen.ready {
             return Ok(seen);

@@ -1,0 +1,386 @@
+//! Several coordinators on one PostgreSQL database, driving real test hosts (issue 13): three
+//! `occ serve` processes deploy 30 Agents over three hosts and each revision is prepared and
+//! activated once (counted in the hosts' own journals); the leader is killed and a follower
+//! runs the singleton loops within one lease; the coordinator holding a claim is SIGKILLed
+//! mid-activation and another finishes it after the lease; PostgreSQL restarts during a
+//! deploy and nothing acknowledged is lost; and a fleet that started on SQLite moves to
+//! PostgreSQL with `occ db migrate` and keeps converging.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "fleet_support/mod.rs"]
+mod fleet;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use clawfleet_pg_tests::TestPostgres;
+use fleet::{Fleet, FleetOptions, NS, Want, document, journal_field};
+use serde_json::{Value, json};
+
+/// The database and its owner role.
+const DB: &str = "occ";
+
+/// A PostgreSQL server with the role and database the coordinators use, and the password file
+/// they read.
+fn postgres(dir: &std::path::Path) -> (TestPostgres, String, std::path::PathBuf) {
+    let pg = TestPostgres::start().expect("cannot start PostgreSQL");
+    pg.create_role(DB, Some("ha-s3cret")).unwrap();
+    pg.create_database_owned_by(DB, DB).unwrap();
+    let file = dir.join("db-password");
+    std::fs::write(&file, "ha-s3cret\n").unwrap();
+    let url = pg.url(DB, DB);
+    (pg, url, file)
+}
+
+fn options(url: &str, password_file: &std::path::Path) -> FleetOptions {
+    FleetOptions {
+        hosts: 3,
+        coordinators: 3,
+        database: Some(url.to_owned()),
+        password_file: Some(password_file.to_owned()),
+        // Leases long enough for a machine at a load of 8 (the worker's 3 s default of the
+        // other suites lapsed there once, and a lapsed lease means a legitimate second run).
+        extra_toml: "[leader]\nlease_ms = 4000\n[drift]\ninterval_seconds = 2\n".to_owned(),
+        lease_seconds: 8,
+    }
+}
+
+fn sql(pg: &TestPostgres, query: &str) -> String {
+    pg.psql_in(DB, query)
+        .unwrap_or_else(|e| panic!("{query}: {e}"))
+}
+
+/// The pid in a lease owner (`<pid>@<host>:<ms>`).
+fn owner_pid(owner: &str) -> u32 {
+    owner
+        .split('@')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("lease owner {owner:?} names no pid"))
+}
+
+/// `(holder, term)` of the leader lease.
+fn leader(pg: &TestPostgres) -> (String, i64) {
+    let row = sql(pg, "SELECT holder || '|' || term FROM leader");
+    let (holder, term) = row
+        .split_once('|')
+        .unwrap_or_else(|| panic!("no leader row: {row:?}"));
+    (holder.to_owned(), term.parse().unwrap())
+}
+
+/// Per (operation kind, Agent, revision): how many times hostd ran it on every host since
+/// `since` (Unix seconds), from its journal's "operation received" lines.
+fn operations_per_revision(fleet: &Fleet, since: u64) -> BTreeMap<(String, String, String), usize> {
+    let mut out = BTreeMap::new();
+    for host in fleet.hosts.iter() {
+        let text = host
+            .run_ok(&format!(
+                "journalctl -t hostd -o json --no-pager --since @{since}"
+            ))
+            .unwrap();
+        for line in text.lines() {
+            let Ok(e) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if journal_field(&e, "MESSAGE") != Some("operation received") {
+                continue;
+            }
+            let (Some(op), Some(agent), Some(rev)) = (
+                journal_field(&e, "OP"),
+                journal_field(&e, "AGENT"),
+                journal_field(&e, "REVISION"),
+            ) else {
+                continue;
+            };
+            *out.entry((op.to_owned(), agent.to_owned(), rev.to_owned()))
+                .or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn three_coordinators_share_one_fleet_and_survive_kills_and_a_database_restart() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let work = tempfile::tempdir().unwrap();
+    let (pg, url, password_file) = postgres(work.path());
+    let mut fleet = Fleet::start_with(options(&url, &password_file));
+
+    // 1. Thirty Agents, their deploys sent to the three coordinators in turn: every revision
+    // is prepared and activated exactly once over all hosts.
+    let t = Instant::now();
+    let since = now_unix();
+    let agents: Vec<String> = (0..30).map(|i| format!("h{i:02}")).collect();
+    for a in &agents {
+        fleet.create_agent(a, &document(&format!("{a}-v1"), json!({})));
+    }
+    let mut wants = Vec::new();
+    for (i, a) in agents.iter().enumerate() {
+        let api = &fleet.apis[i % 3];
+        let rev = api
+            .request("POST", &format!("/namespaces/{NS}/agents/{a}/deploy"), None)
+            .unwrap_or_else(|e| panic!("deploy of {a}: {e}"));
+        wants.push((
+            a.as_str(),
+            Want::Running {
+                rev: rev["id"].as_str().unwrap().to_owned(),
+                label: format!("{a}-v1"),
+            },
+        ));
+    }
+    fleet.wait_converged(&wants, t, Duration::from_secs(240));
+    let ops = operations_per_revision(&fleet, since);
+    for a in &agents {
+        for op in ["prepare-revision", "activate-revision"] {
+            let n = ops
+                .get(&(op.to_owned(), a.clone(), "rev-1".to_owned()))
+                .copied()
+                .unwrap_or(0);
+            assert_eq!(n, 1, "{a}: {op} of rev-1 ran {n} times");
+        }
+    }
+    // The work spread over the coordinators (each logs the items it finished).
+    let per_coordinator: Vec<usize> = (0..3)
+        .map(|i| fleet.serve_log_lines_at(i, "REVISION_ACTIVATED").len())
+        .collect();
+    eprintln!("activations finished per coordinator: {per_coordinator:?}");
+    assert!(
+        per_coordinator.iter().filter(|n| **n > 0).count() >= 2,
+        "the work did not spread: {per_coordinator:?}"
+    );
+    fleet::phase_done("30 Agents converged once over 3 coordinators", t);
+
+    // 2. Kill the leader: a follower holds the lease within one lease (2 s, plus a renewal
+    // period and slack on this busy machine), with a higher term, and runs the drift sweep.
+    let t = Instant::now();
+    let (holder, term) = leader(&pg);
+    let dead = fleet
+        .coordinator_of(owner_pid(&holder))
+        .unwrap_or_else(|| panic!("the leader {holder} is none of our coordinators"));
+    fleet.kill_serve_at(dead);
+    let killed_at = Instant::now();
+    let (new_holder, new_term) = loop {
+        let (h, term_now) = leader(&pg);
+        if h != holder {
+            break (h, term_now);
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(10),
+            "no follower took the lease within 10 s of the leader's death"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let took = killed_at.elapsed();
+    assert!(new_term > term, "term {new_term} after {term}");
+    let successor = fleet.coordinator_of(owner_pid(&new_holder)).unwrap();
+    eprintln!("leader {dead} killed; {successor} leads after {took:?}");
+    loop {
+        let swept = fleet
+            .serve_log_lines_at(successor, "drift sweep done")
+            .len();
+        if swept > 0 {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(15),
+            "the new leader ran no drift sweep"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    fleet.start_serve_at(dead);
+    fleet::phase_done("leader killed, a follower leads and sweeps", t);
+
+    // 3. SIGKILL the coordinator holding an Agent's claim mid-activation (its gateway takes
+    // 6 s to become ready): another takes the item after the lease and converges.
+    let t = Instant::now();
+    fleet.update_configuration("h00", &document("h00-v2", json!({"readyAfterMs": 6000})));
+    let rev = fleet.deploy("h00");
+    let holder = loop {
+        let owner = sql(
+            &pg,
+            "SELECT coalesce(max(lease_owner), '') FROM work WHERE agent_id = 'h00' AND state = 'running'",
+        );
+        if !owner.is_empty() {
+            break owner;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "nobody claimed h00's deploy"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Wait until the activation is under way on the host.
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = fleet.coordinator_of(owner_pid(&holder)).unwrap();
+    fleet.kill_serve_at(victim);
+    fleet.wait_converged(
+        &[(
+            "h00",
+            Want::Running {
+                rev: rev.clone(),
+                label: "h00-v2".into(),
+            },
+        )],
+        t,
+        Duration::from_secs(120),
+    );
+    let finisher = sql(
+        &pg,
+        &format!(
+            "SELECT lease_owner IS NULL FROM work WHERE agent_id = 'h00' AND revision_id = '{rev}' AND state = 'done'"
+        ),
+    );
+    assert_eq!(finisher, "t", "h00's deploy is done");
+    fleet.start_serve_at(victim);
+    fleet::phase_done("claim holder killed mid-activation, another finished", t);
+
+    // 4. PostgreSQL restarts while ten deploys are in flight: every acknowledged deploy
+    // converges, nothing is lost.
+    let t = Instant::now();
+    let mut wants = Vec::new();
+    for a in agents.iter().skip(10).take(10) {
+        fleet.update_configuration(
+            a,
+            &document(&format!("{a}-v2"), json!({"readyAfterMs": 500})),
+        );
+        let rev = fleet.deploy(a);
+        wants.push((
+            a.as_str(),
+            Want::Running {
+                rev,
+                label: format!("{a}-v2"),
+            },
+        ));
+    }
+    let down = pg.restart().expect("PostgreSQL did not restart");
+    eprintln!("PostgreSQL was back after {down:?}");
+    let wants: Vec<(&str, Want)> = wants;
+    fleet.wait_converged(&wants, t, Duration::from_secs(240));
+    for (a, want) in &wants {
+        let Want::Running { rev, .. } = want else {
+            unreachable!()
+        };
+        let rows = sql(
+            &pg,
+            &format!("SELECT count(*) FROM revisions WHERE agent_id = '{a}' AND id = '{rev}'"),
+        );
+        assert_eq!(rows, "1", "{a}'s acknowledged {rev} is stored");
+    }
+    fleet::phase_done("PostgreSQL restarted mid-deploy, all converged", t);
+    let model = agents
+        .iter()
+        .map(|a| {
+            let s = fleet.status(a).unwrap();
+            let rev = s["activeRevisionId"].as_str().unwrap().to_owned();
+            let label = if a == "h00" {
+                "h00-v2".to_owned()
+            } else if agents.iter().skip(10).take(10).any(|x| x == a) {
+                format!("{a}-v2")
+            } else {
+                format!("{a}-v1")
+            };
+            (a.clone(), Want::Running { rev, label })
+        })
+        .collect();
+    let per_host = fleet.check_hosts(&model, true);
+    assert_eq!(per_host.values().sum::<usize>(), 30);
+}
+
+/// A fleet on the embedded SQLite database moves to PostgreSQL: `occ db migrate`, then two
+/// coordinators on PostgreSQL keep converging what SQLite's deployed and what comes next.
+#[test]
+fn a_sqlite_fleet_moves_to_postgres_with_occ_db_migrate_and_keeps_converging() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let work = tempfile::tempdir().unwrap();
+    let (pg, url, password_file) = postgres(work.path());
+    let mut fleet = Fleet::start(2);
+    let t = Instant::now();
+    let agents = ["m1", "m2", "m3", "m4"];
+    let mut wants = Vec::new();
+    for a in agents {
+        fleet.create_agent(a, &document(&format!("{a}-v1"), json!({})));
+        let rev = fleet.deploy(a);
+        wants.push((
+            a,
+            Want::Running {
+                rev,
+                label: format!("{a}-v1"),
+            },
+        ));
+    }
+    fleet.wait_converged(&wants, t, Duration::from_secs(120));
+    fleet.stop_serve();
+    // A target that is not empty is refused; an empty one takes the copy.
+    let config = fleet.config.display().to_string();
+    let out = fleet.occ(&[
+        "db",
+        "migrate",
+        "--to",
+        "postgres://nobody@127.0.0.1:1/x?sslmode=disable",
+    ]);
+    assert!(!out.status.success(), "a migrate to nowhere succeeded");
+    let out = std::process::Command::new(&fleet.occ_bin)
+        .args(["--config", &config, "db", "migrate", "--to", &url])
+        .env("PGPASSWORD", "ha-s3cret")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "occ db migrate failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("every table counted the same"),
+        "{printed}"
+    );
+    assert_eq!(sql(&pg, "SELECT count(*) FROM agents"), "4");
+    let again = std::process::Command::new(&fleet.occ_bin)
+        .args(["--config", &config, "db", "migrate", "--to", &url])
+        .env("PGPASSWORD", "ha-s3cret")
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("not empty"));
+    // The same coordinator, now on PostgreSQL, with the same keys and token.
+    let text = std::fs::read_to_string(&fleet.config).unwrap();
+    std::fs::write(
+        &fleet.config,
+        format!(
+            "database = \"{url}\"\n{text}[postgres]\npassword_file = \"{}\"\n",
+            password_file.display()
+        ),
+    )
+    .unwrap();
+    fleet.start_serve();
+    let t = Instant::now();
+    let mut wants = Vec::new();
+    for a in agents {
+        fleet.update_configuration(a, &document(&format!("{a}-v2"), json!({})));
+        let rev = fleet.deploy(a);
+        assert_eq!(rev, "rev-2", "{a}: numbering goes on from SQLite's");
+        wants.push((
+            a,
+            Want::Running {
+                rev,
+                label: format!("{a}-v2"),
+            },
+        ));
+    }
+    fleet.wait_converged(&wants, t, Duration::from_secs(120));
+    let model = wants
+        .iter()
+        .map(|(a, w)| ((*a).to_owned(), w.clone()))
+        .collect();
+    fleet.check_hosts(&model, true);
+}
