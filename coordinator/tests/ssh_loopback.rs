@@ -215,14 +215,18 @@ fn idle_and_aged_sessions_are_closed() {
     runtime().block_on(async {
         // Idle for longer than the idle timeout: closed, and its hostd exits.
         let backend = keys.backend(SshSettings {
-            session_idle_timeout: Duration::from_millis(500),
+            session_idle_timeout: Duration::from_secs(1),
             ..fast_settings()
         });
         backend.call(&target, probe(), short(10)).await.unwrap();
+        let idle_since = Instant::now();
         let first = lo.starts()[0];
+        // Open while idle, until the idle timeout.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(alive(first));
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert_eq!(backend.host_sessions(&target).0, 1);
         wait_gone(first, Duration::from_secs(5));
+        assert!(idle_since.elapsed() >= Duration::from_secs(1));
         assert_eq!(backend.host_sessions(&target).0, 0);
         assert_eq!(backend.stats().sessions_retired, 1);
         backend.call(&target, probe(), short(10)).await.unwrap();

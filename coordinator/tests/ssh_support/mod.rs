@@ -760,10 +760,12 @@ pub fn journal_entry(host: &clawfleet_vm_tests::TestHost, id: &str) -> Option<Va
 
 /// The entries of hostd's journal (`/var/lib/clawfleet/journal/*.json`).
 pub fn journal_entries(host: &clawfleet_vm_tests::TestHost) -> Vec<Value> {
-    host.run_ok("for f in /var/lib/clawfleet/journal/*.json; do [ -f \"$f\" ] && { cat \"$f\"; echo; }; done; true")
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
+    let text = host
+        .run_ok("for f in /var/lib/clawfleet/journal/*.json; do [ -f \"$f\" ] && cat \"$f\"; done; true")
+        .unwrap();
+    serde_json::Deserializer::from_str(&text)
+        .into_iter::<Value>()
+        .map(|v| v.unwrap())
         .collect()
 }
 
@@ -804,12 +806,16 @@ pub fn install_sudo(host: &clawfleet_vm_tests::TestHost) {
     host.install_deb(&deb).unwrap();
 }
 
-/// Removes the sudo package downloaded by [`install_sudo`] (call at the end of a test).
-pub fn remove_sudo_download() {
-    if let Some(deb) = SUDO_DEB.lock().unwrap_or_else(|p| p.into_inner()).take()
-        && let Some(dir) = deb.parent()
-    {
-        let _ = std::fs::remove_dir_all(dir);
+/// Removes the sudo package [`install_sudo`] downloaded, when dropped (hold one for the test).
+pub struct SudoDownload;
+
+impl Drop for SudoDownload {
+    fn drop(&mut self) {
+        if let Some(deb) = SUDO_DEB.lock().unwrap_or_else(|p| p.into_inner()).take()
+            && let Some(dir) = deb.parent()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
