@@ -206,16 +206,6 @@ impl Occ {
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
         occ(&["init"]);
-        host.run_ok(occ(&["enrol-command"]).trim()).unwrap();
-        occ(&[
-            "host",
-            "enrol",
-            host.name(),
-            "--address",
-            &host.address().to_string(),
-            "--host-key",
-            host.host_public_key().trim(),
-        ]);
         let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
         let child = Command::new(bin)
             .arg("--config")
@@ -233,16 +223,28 @@ impl Occ {
             Some(token.trim().to_owned()),
         )
         .unwrap();
-        let until = Instant::now() + Duration::from_secs(20);
-        while api.request("GET", "/healthz", None).is_err() {
-            assert!(Instant::now() < until, "occ serve did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Occ {
+        // Owns the child from here on (killed on drop, panics included).
+        let me = Occ {
             child,
             api,
             _dir: dir,
+        };
+        let until = Instant::now() + Duration::from_secs(20);
+        while me.api.request("GET", "/healthz", None).is_err() {
+            assert!(Instant::now() < until, "occ serve did not come up");
+            std::thread::sleep(Duration::from_millis(50));
         }
+        host.run_ok(occ(&["enrol-command"]).trim()).unwrap();
+        occ(&[
+            "host",
+            "enrol",
+            host.name(),
+            "--address",
+            &host.address().to_string(),
+            "--host-key",
+            host.host_public_key().trim(),
+        ]);
+        me
     }
 
     fn probe(&self, host: &str) -> Value {
@@ -279,30 +281,15 @@ fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1000.0)
 }
 
-/// A journal field, whatever prefix tracing-journald gave it.
-fn field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
-    entry
-        .as_object()?
-        .iter()
-        .find(|(k, _)| *k == name || k.strip_prefix("F_") == Some(name))
-        .and_then(|(_, v)| v.as_str())
-}
-
 /// hostd's own time per operation since `since`, from its journal: (kind, whether its hostd
-/// process answered other operations too, received → succeeded in µs, its elapsed_ms field).
-fn hostd_times(host: &TestHost, since: u64) -> Vec<(String, bool, u64, u64)> {
-    let text = host
-        .run_ok(&format!(
-            "journalctl -t hostd -o json --no-pager --since @{since}"
-        ))
-        .unwrap();
+/// process answered other operations too, received → succeeded in µs). journald stamps each
+/// entry when it arrives (µs); hostd's own elapsed_ms field is too coarse here.
+fn hostd_times(host: &TestHost, since: u64) -> Vec<(String, bool, u64)> {
+    let field = journal_field;
     let mut received: BTreeMap<String, (u64, u32, String)> = BTreeMap::new();
-    let mut done: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut done: BTreeMap<String, u64> = BTreeMap::new();
     let mut per_pid: BTreeMap<u32, usize> = BTreeMap::new();
-    for e in text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-    {
+    for e in hostd_journal(host, since) {
         let (Some(id), Some(msg), Some(at)) = (
             field(&e, "OPERATION_ID"),
             field(&e, "MESSAGE"),
@@ -316,21 +303,17 @@ fn hostd_times(host: &TestHost, since: u64) -> Vec<(String, bool, u64, u64)> {
             let op = field(&e, "OP").unwrap_or("-").to_owned();
             received.insert(id.to_owned(), (at, pid, op));
         } else if msg.contains("operation succeeded") {
-            let elapsed = field(&e, "ELAPSED_MS")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            done.insert(id.to_owned(), (at, elapsed));
+            done.insert(id.to_owned(), at);
         }
     }
     received
         .into_iter()
         .filter_map(|(id, (start, pid, op))| {
-            let (end, elapsed) = done.get(&id)?;
+            let end = done.get(&id)?;
             Some((
                 op,
                 per_pid.get(&pid).copied().unwrap_or(0) > 1,
                 end.saturating_sub(start),
-                *elapsed,
             ))
         })
         .collect()
@@ -383,12 +366,7 @@ fn main() {
             assert!(!p.created, "prepare must be idempotent here");
         }
     };
-    let since = host
-        .run_ok("date +%s")
-        .unwrap()
-        .trim()
-        .parse::<u64>()
-        .unwrap();
+    let since = host_now(&host);
     const COLUMNS: [&str; 4] = [
         "persistent session",
         "new hostd per op",
@@ -502,6 +480,7 @@ fn main() {
         "{:<31} | {:>7} {:>6} {:>7} | {:>7} {:>6} {:>7}",
         "", "median", "n", "p90", "median", "n", "p90"
     );
+    let mut logged = Vec::new();
     for (name, kind) in [
         ("probe", "probe"),
         ("prepare-revision (idempotent)", "prepare-revision"),
@@ -510,8 +489,8 @@ fn main() {
         for reused in [true, false] {
             let v: Vec<Duration> = times
                 .iter()
-                .filter(|(op, r, _, _)| op == kind && *r == reused)
-                .map(|(_, _, us, _)| Duration::from_micros(*us))
+                .filter(|(op, r, _)| op == kind && *r == reused)
+                .map(|(_, _, us)| Duration::from_micros(*us))
                 .collect();
             if v.is_empty() {
                 line.push_str(&format!(" | {:>22}", "-"));
@@ -519,9 +498,34 @@ fn main() {
                 let n = v.len();
                 let s = summarise(v);
                 line.push_str(&format!(" | {:>7} {n:>6} {:>7}", ms(s.median), ms(s.p90)));
+                if reused {
+                    logged.push(s.median);
+                }
             }
         }
         println!("{line}");
+    }
+    // A probe does nothing hostd logs outside that window; the rest of its round trip is the
+    // transport (SSH, framing, signing and the signature check), about the same for a prepare.
+    if let ([probe_logged, prepare_logged], [(_, probe), (_, prepare)]) =
+        (logged.as_slice(), results.as_slice())
+        && let (Some(probe), Some(prepare)) = (&probe[0], &prepare[0])
+    {
+        let transport = probe.median.saturating_sub(*probe_logged);
+        let hostd = prepare.median.saturating_sub(transport);
+        println!();
+        println!(
+            "persistent session, medians: transport {} ms (probe {} - hostd's logged {}); \
+             idempotent prepare {} ms = transport {} + hostd {} ({} logged, the rest outside \
+             the logged window: journal begin and finish with their fsyncs and renames)",
+            ms(transport),
+            ms(probe.median),
+            ms(*probe_logged),
+            ms(prepare.median),
+            ms(transport),
+            ms(hostd),
+            ms(*prepare_logged),
+        );
     }
     drop(occ);
     rt.block_on(persistent.close_all());

@@ -54,6 +54,30 @@ fn served(backend_result: OperationResult, ns: &str, agent: &str) -> Option<Stri
         .map(|s| s.to_string())
 }
 
+/// Prepares and activates `rev` of `agent` in Namespace ns1; returns the activation's result
+/// and the steps hostd reported on the way.
+async fn deploy(
+    backend: &SshBackend,
+    target: &HostTarget,
+    agent: &str,
+    rev: &RevisionSpec,
+) -> (OperationResult, Vec<Step>) {
+    backend
+        .call(target, prepare("ns1", agent, rev), opts())
+        .await
+        .unwrap();
+    let (sink, mut rx) = channel_sink();
+    let r = backend
+        .call_with_progress(target, activate("ns1", agent, rev), opts(), Some(&sink))
+        .await
+        .unwrap();
+    let mut steps = Vec::new();
+    while let Ok(p) = rx.try_recv() {
+        steps.push(p.step);
+    }
+    (r, steps)
+}
+
 /// Kills, inside the host, the sshd processes serving the TCP connection from `local_port`
 /// (found with `ss`, killed by pid): the session drops as if the network or sshd died.
 fn cut_from_host_side(host: &TestHost, local_port: u16) {
@@ -158,23 +182,11 @@ fn lifecycle_concurrency_and_dropped_sessions_on_a_real_host() {
 
         // Prepare and activate with progress.
         let r1 = spec("r1", 1, json!({}));
-        backend
-            .call(&target, prepare("ns1", "a1", &r1), opts())
-            .await
-            .unwrap();
-        let (sink, mut rx) = channel_sink();
-        let r = backend
-            .call_with_progress(&target, activate("ns1", "a1", &r1), opts(), Some(&sink))
-            .await
-            .unwrap();
+        let (r, steps) = deploy(&backend, &target, "a1", &r1).await;
         assert!(
             matches!(r, OperationResult::ActivateRevision(ref a) if a.restarted),
             "{r:?}"
         );
-        let mut steps = Vec::new();
-        while let Ok(p) = rx.try_recv() {
-            steps.push(p.step);
-        }
         for s in [
             Step::PointerFlip,
             Step::Restart,
@@ -578,20 +590,8 @@ fn login_user_through_sudo_and_a_shared_jump_host() {
             backend.call(target, ensure("ns1"), opts()).await.unwrap();
         }
         let r1 = spec("r1", 1, json!({}));
-        backend
-            .call(&target1, prepare("ns1", "a1", &r1), opts())
-            .await
-            .unwrap();
-        let (sink, mut rx) = channel_sink();
-        let r = backend
-            .call_with_progress(&target1, activate("ns1", "a1", &r1), opts(), Some(&sink))
-            .await
-            .unwrap();
+        let (r, steps) = deploy(&backend, &target1, "a1", &r1).await;
         assert!(matches!(r, OperationResult::ActivateRevision(_)), "{r:?}");
-        let mut steps = Vec::new();
-        while let Ok(p) = rx.try_recv() {
-            steps.push(p.step);
-        }
         assert!(steps.contains(&Step::Readiness), "{steps:?}");
         let inv = backend.call(&target1, status(), opts()).await.unwrap();
         assert_eq!(served(inv, "ns1", "a1").as_deref(), Some("r1"));
@@ -650,7 +650,10 @@ fn login_user_through_sudo_and_a_shared_jump_host() {
             Err(CallError::HostKeyMismatch {
                 host, presented, ..
             }) => {
-                assert!(host.contains("jump host"), "{host}");
+                assert_eq!(
+                    host,
+                    format!("{}:22 (the jump host of {})", jump.address(), t2.name())
+                );
                 assert_eq!(presented, jump.host_key_fingerprint());
             }
             other => panic!("{other:?}"),

@@ -70,7 +70,7 @@ struct Slot {
 pub(crate) struct Endpoint {
     /// For messages: `h1 (192.0.2.1:22)` or `jump host 192.0.2.9:22`.
     pub(crate) label: String,
-    /// The name errors are reported under (the host's name, or the jump host's label).
+    /// The name errors are reported under: the host's name, or the jump host's address.
     report_as: String,
     address: String,
     port: u16,
@@ -121,11 +121,11 @@ impl Link {
 
     /// The link to a jump host, shared by every host behind it.
     pub(crate) fn jump(jump: &JumpHost, shared: &Shared) -> Self {
-        let label = format!("jump host {}:{}", jump.address, jump.port);
+        let address = format!("{}:{}", jump.address, jump.port);
         Self::new(
             Endpoint {
-                report_as: label.clone(),
-                label,
+                label: format!("jump host {address}"),
+                report_as: address,
                 address: jump.address.clone(),
                 port: jump.port,
                 user: jump

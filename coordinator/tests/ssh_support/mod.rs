@@ -712,7 +712,7 @@ pub struct HostdOp {
 
 /// A field of a journal entry (`journalctl -o json`), whatever prefix tracing-journald gave it
 /// (`OP` or `F_OP`).
-fn journal_field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
+pub fn journal_field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
     entry
         .as_object()?
         .iter()
@@ -720,15 +720,21 @@ fn journal_field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
         .and_then(|(_, v)| v.as_str())
 }
 
+/// hostd's journald entries since `since` (host clock), in order.
+pub fn hostd_journal(host: &clawfleet_vm_tests::TestHost, since: u64) -> Vec<Value> {
+    host.run_ok(&format!(
+        "journalctl -t hostd -o json --no-pager --since @{since}"
+    ))
+    .unwrap()
+    .lines()
+    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    .collect()
+}
+
 /// The operations hostd received since `since` (host clock), in order.
 pub fn hostd_ops(host: &clawfleet_vm_tests::TestHost, since: u64) -> Vec<HostdOp> {
-    let text = host
-        .run_ok(&format!(
-            "journalctl -t hostd -o json --no-pager --since @{since}"
-        ))
-        .unwrap();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    hostd_journal(host, since)
+        .into_iter()
         .filter(|e| journal_field(e, "MESSAGE").is_some_and(|m| m.contains("operation received")))
         .filter_map(|e| {
             Some(HostdOp {
