@@ -113,7 +113,9 @@ impl Keys {
 /// Settings with short limits, so tests wait seconds.
 pub fn fast_settings() -> SshSettings {
     SshSettings {
-        connect_timeout: Duration::from_secs(5),
+        // Generous: on a loaded machine, starting several hostd sessions at once has taken
+        // over 5 s before their hellos (a refused or unreachable host still fails at once).
+        connect_timeout: Duration::from_secs(15),
         reconnect_backoff_base: Duration::from_millis(100),
         reconnect_backoff_max: Duration::from_secs(1),
         status_poll_interval: Duration::from_millis(200),
@@ -211,12 +213,14 @@ impl Loopback {
             format!("{PRINCIPAL} {}\n", keys.signing_public()),
         )
         .unwrap();
+        // A long lock timeout: warm sessions send concurrent operations straight into hostd's
+        // host lock, and on a loaded machine each holder's fsyncs take long.
         std::fs::write(
             d.join("hostd.toml"),
             format!(
                 "host_name = \"{name}\"\nhost_key = \"{hk}\"\nallowed_signers = \"{as_}\"\n\
                  state_root = \"{sr}\"\nunit_dir = \"{sr}/units\"\ngateway_command = [\"/bin/true\"]\n\
-                 hooks_dir = \"{d}/hooks\"\n[limits]\nlock_timeout_ms = 3000\n",
+                 hooks_dir = \"{d}/hooks\"\n[limits]\nlock_timeout_ms = 15000\n",
                 d = d.display(),
                 hk = d.join("host_ed25519.pub").display(),
                 as_ = d.join("allowed_signers").display(),
