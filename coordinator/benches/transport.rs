@@ -285,35 +285,18 @@ fn ms(d: Duration) -> String {
 /// process answered other operations too, received → succeeded in µs). journald stamps each
 /// entry when it arrives (µs); hostd's own elapsed_ms field is too coarse here.
 fn hostd_times(host: &TestHost, since: u64) -> Vec<(String, bool, u64)> {
-    let field = journal_field;
-    let mut received: BTreeMap<String, (u64, u32, String)> = BTreeMap::new();
-    let mut done: BTreeMap<String, u64> = BTreeMap::new();
+    let ops = hostd_ops(host, since);
     let mut per_pid: BTreeMap<u32, usize> = BTreeMap::new();
-    for e in hostd_journal(host, since) {
-        let (Some(id), Some(msg), Some(at)) = (
-            field(&e, "OPERATION_ID"),
-            field(&e, "MESSAGE"),
-            field(&e, "__REALTIME_TIMESTAMP").and_then(|t| t.parse::<u64>().ok()),
-        ) else {
-            continue;
-        };
-        if msg.contains("operation received") {
-            let pid = field(&e, "_PID").and_then(|p| p.parse().ok()).unwrap_or(0);
-            *per_pid.entry(pid).or_default() += 1;
-            let op = field(&e, "OP").unwrap_or("-").to_owned();
-            received.insert(id.to_owned(), (at, pid, op));
-        } else if msg.contains("operation succeeded") {
-            done.insert(id.to_owned(), at);
-        }
+    for o in &ops {
+        *per_pid.entry(o.pid).or_default() += 1;
     }
-    received
-        .into_iter()
-        .filter_map(|(id, (start, pid, op))| {
-            let end = done.get(&id)?;
+    ops.into_iter()
+        .filter(|o| o.succeeded)
+        .filter_map(|o| {
             Some((
-                op,
-                per_pid.get(&pid).copied().unwrap_or(0) > 1,
-                end.saturating_sub(start),
+                o.op,
+                per_pid.get(&o.pid).copied().unwrap_or(0) > 1,
+                o.finished_us?.saturating_sub(o.received_us),
             ))
         })
         .collect()

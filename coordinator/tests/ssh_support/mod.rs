@@ -705,13 +705,18 @@ pub fn host_now(host: &clawfleet_vm_tests::TestHost) -> u64 {
     host.run_ok("date +%s").unwrap().trim().parse().unwrap()
 }
 
-/// One operation as hostd's journald entries tell it: its id, kind and the pid of the hostd
-/// process (the session) that ran it.
+/// One operation as hostd's journald entries tell it: its id, kind, the pid of the hostd
+/// process (the session) that ran it, and when hostd logged receiving and finishing it
+/// (journald's receive times, µs since the epoch).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostdOp {
     pub id: String,
     pub op: String,
     pub pid: u32,
+    pub received_us: u64,
+    /// "operation succeeded" or "operation failed".
+    pub finished_us: Option<u64>,
+    pub succeeded: bool,
 }
 
 /// A field of a journal entry (`journalctl -o json`), whatever prefix tracing-journald gave it
@@ -737,17 +742,42 @@ pub fn hostd_journal(host: &clawfleet_vm_tests::TestHost, since: u64) -> Vec<Val
 
 /// The operations hostd received since `since` (host clock), in order.
 pub fn hostd_ops(host: &clawfleet_vm_tests::TestHost, since: u64) -> Vec<HostdOp> {
-    hostd_journal(host, since)
-        .into_iter()
-        .filter(|e| journal_field(e, "MESSAGE").is_some_and(|m| m.contains("operation received")))
-        .filter_map(|e| {
-            Some(HostdOp {
-                id: journal_field(&e, "OPERATION_ID")?.to_owned(),
-                op: journal_field(&e, "OP")?.to_owned(),
-                pid: journal_field(&e, "_PID")?.parse().ok()?,
-            })
-        })
-        .collect()
+    let mut ops: Vec<HostdOp> = Vec::new();
+    for e in hostd_journal(host, since) {
+        let (Some(id), Some(msg), Some(at)) = (
+            journal_field(&e, "OPERATION_ID"),
+            journal_field(&e, "MESSAGE"),
+            journal_field(&e, "__REALTIME_TIMESTAMP").and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        if msg.contains("operation received") {
+            let (Some(op), Some(pid)) = (
+                journal_field(&e, "OP"),
+                journal_field(&e, "_PID").and_then(|p| p.parse().ok()),
+            ) else {
+                continue;
+            };
+            ops.push(HostdOp {
+                id: id.to_owned(),
+                op: op.to_owned(),
+                pid,
+                received_us: at,
+                finished_us: None,
+                succeeded: false,
+            });
+        } else if let Some(o) = ops.iter_mut().rev().find(|o| o.id == id)
+            && o.finished_us.is_none()
+        {
+            if msg.contains("operation succeeded") {
+                o.finished_us = Some(at);
+                o.succeeded = true;
+            } else if msg.contains("operation failed") {
+                o.finished_us = Some(at);
+            }
+        }
+    }
+    ops
 }
 
 /// The pids of the `hostd serve` processes running on the host.
