@@ -1,11 +1,18 @@
 //! Transport benchmark (not a timed test): per-operation latency of `probe` and of an
 //! idempotent `prepare-revision` against ONE real test host with hostd enrolled, sent
 //!
-//! - over the SSH backend's persistent russh connection (one channel per operation), and
+//! - over the SSH backend's persistent `hostd serve` session (the default),
+//! - over the SSH backend with a new session channel and a new `hostd serve` per operation
+//!   (the backend before persistent sessions: `session_max_age` of 1 ns),
+//! - through the coordinator's HTTP API (`POST /hosts/{host}/probe`; probe only: no route
+//!   sends a bare prepare), `occ serve` running as a child process, and
 //! - the peer's way: a NEW `ssh` process per operation (BatchMode, the envelope frame on
 //!   stdin, the Result frame read from stdout),
 //!
-//! printed side by side (median and p90, milliseconds) with the ratio.
+//! printed side by side (median and p90, milliseconds), the transports alternating. It then
+//! prints hostd's own time per operation from the host's journal (from hostd's "operation
+//! received" to its "operation succeeded" entry, journald's receive timestamps), for
+//! operations on a long-lived hostd and on one started for the operation.
 //!
 //! Run: `cargo bench -p clawfleet-coordinator --bench transport` as root with the vm-tests
 //! runner packages; prints SKIP otherwise. `BENCH_ITERATIONS` (default 50) and
@@ -15,8 +22,9 @@
 #[path = "../tests/ssh_support/mod.rs"]
 mod ssh_support;
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clawfleet_protocol::framing::{FrameDecoder, write_frame};
@@ -27,6 +35,9 @@ use clawfleet_protocol::{
 };
 use clawfleet_vm_tests::TestHost;
 use coordinator::backend::{Backend, CallOptions};
+use coordinator::client::Client;
+use coordinator::ssh::SshSettings;
+use serde_json::Value;
 use ssh_support::*;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -156,6 +167,101 @@ impl<'a> PeerSsh<'a> {
     }
 }
 
+/// `occ serve` with the host enrolled, for the API column.
+struct Occ {
+    child: Child,
+    api: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Occ {
+    fn start(host: &TestHost) -> Occ {
+        let bin = env!("CARGO_BIN_EXE_occ");
+        let dir = tempfile::Builder::new()
+            .prefix("occ-transport-bench-")
+            .tempdir()
+            .unwrap();
+        let port = free_port();
+        let config = dir.path().join("occ.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\nstate_dir = \"{}\"\n",
+                dir.path().join("state").display()
+            ),
+        )
+        .unwrap();
+        let occ = |args: &[&str]| {
+            let out = Command::new(bin)
+                .arg("--config")
+                .arg(&config)
+                .args(args)
+                .env("OCC_LOG", "warn")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "occ {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        occ(&["init"]);
+        let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
+        let child = Command::new(bin)
+            .arg("--config")
+            .arg(&config)
+            .arg("serve")
+            .env("OCC_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let token = std::fs::read_to_string(dir.path().join("state/admin.token")).unwrap();
+        let api = Client::new(
+            &format!("http://127.0.0.1:{port}"),
+            Some(token.trim().to_owned()),
+        )
+        .unwrap();
+        // Owns the child from here on (killed on drop, panics included).
+        let me = Occ {
+            child,
+            api,
+            _dir: dir,
+        };
+        let until = Instant::now() + Duration::from_secs(20);
+        while me.api.request("GET", "/healthz", None).is_err() {
+            assert!(Instant::now() < until, "occ serve did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        host.run_ok(occ(&["enrol-command"]).trim()).unwrap();
+        occ(&[
+            "host",
+            "enrol",
+            host.name(),
+            "--address",
+            &host.address().to_string(),
+            "--host-key",
+            host.host_public_key().trim(),
+        ]);
+        me
+    }
+
+    fn probe(&self, host: &str) -> Value {
+        self.api
+            .request("POST", &format!("/hosts/{host}/probe"), None)
+            .unwrap()
+    }
+}
+
+impl Drop for Occ {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 struct Summary {
     median: Duration,
     p90: Duration,
@@ -173,7 +279,28 @@ fn summarise(mut samples: Vec<Duration>) -> Summary {
 }
 
 fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1000.0)
+    format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+/// hostd's own time per operation since `since`, from its journal: (kind, whether its hostd
+/// process answered other operations too, received → succeeded in µs). journald stamps each
+/// entry when it arrives (µs); hostd's own elapsed_ms field is too coarse here.
+fn hostd_times(host: &TestHost, since: u64) -> Vec<(String, bool, u64)> {
+    let ops = hostd_ops(host, since);
+    let mut per_pid: BTreeMap<u32, usize> = BTreeMap::new();
+    for o in &ops {
+        *per_pid.entry(o.pid).or_default() += 1;
+    }
+    ops.into_iter()
+        .filter(|o| o.succeeded)
+        .filter_map(|o| {
+            Some((
+                o.op,
+                per_pid.get(&o.pid).copied().unwrap_or(0) > 1,
+                o.finished_us?.saturating_sub(o.received_us),
+            ))
+        })
+        .collect()
 }
 
 fn main() {
@@ -198,51 +325,81 @@ fn main() {
     ];
 
     let rt = runtime();
-    let backend = keys.backend(fast_settings());
+    let persistent = keys.backend(fast_settings());
+    // The transport before persistent sessions: a new channel and hostd per operation.
+    let per_op = keys.backend(SshSettings {
+        session_max_age: Duration::from_nanos(1),
+        ..fast_settings()
+    });
     let options = CallOptions::default();
     rt.block_on(async {
-        backend
+        persistent
             .call(&target, ensure("bench"), options)
             .await
             .unwrap();
         // The first prepare creates the snapshot; every later one verifies and changes nothing.
-        backend
+        persistent
             .call(&target, prepare("bench", "a1", &rev), options)
             .await
             .unwrap();
     });
+    let occ = Occ::start(&host);
     let mut peer = PeerSsh::new(&host, &keys);
     let check = |r: &OperationResult| {
         if let OperationResult::PrepareRevision(p) = r {
             assert!(!p.created, "prepare must be idempotent here");
         }
     };
-    // The two transports alternate, so both see the same load on the machine.
-    let mut russh_results = Vec::new();
-    let mut peer_results = Vec::new();
+    let since = host_now(&host);
+    const COLUMNS: [&str; 4] = [
+        "persistent session",
+        "new hostd per op",
+        "HTTP API",
+        "new ssh process per op",
+    ];
+    // The transports alternate, so all see the same load on the machine.
+    let mut results: Vec<(&str, Vec<Option<Summary>>)> = Vec::new();
     for (name, op) in &ops {
-        let mut russh_samples = Vec::with_capacity(iterations);
-        let mut peer_samples = Vec::with_capacity(iterations);
+        let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(iterations); COLUMNS.len()];
+        let is_probe = matches!(op, Operation::Probe(_));
         for i in 0..warmup + iterations {
-            let t = Instant::now();
-            let r = rt
-                .block_on(backend.call(&target, op.clone(), options))
-                .unwrap();
-            let russh_took = t.elapsed();
-            check(&r);
+            let mut took = [None; 4];
+            for (b, backend) in [&persistent, &per_op].into_iter().enumerate() {
+                let t = Instant::now();
+                let r = rt
+                    .block_on(backend.call(&target, op.clone(), options))
+                    .unwrap();
+                took[b] = Some(t.elapsed());
+                check(&r);
+            }
+            if is_probe {
+                let t = Instant::now();
+                let v = occ.probe(host.name());
+                took[2] = Some(t.elapsed());
+                assert!(v.is_object(), "{v}");
+            }
             let t = Instant::now();
             let r = peer.call(op.clone());
-            let peer_took = t.elapsed();
+            took[3] = Some(t.elapsed());
             check(&r);
             if i >= warmup {
-                russh_samples.push(russh_took);
-                peer_samples.push(peer_took);
+                for (c, d) in took.iter().enumerate() {
+                    if let Some(d) = d {
+                        samples[c].push(*d);
+                    }
+                }
             }
         }
-        russh_results.push((*name, summarise(russh_samples)));
-        peer_results.push((*name, summarise(peer_samples)));
+        results.push((
+            *name,
+            samples
+                .into_iter()
+                .map(|s| (!s.is_empty()).then(|| summarise(s)))
+                .collect(),
+        ));
     }
-    let russh_connections = backend.stats().connections_opened;
+    let stats = persistent.stats();
+    let old_stats = per_op.stats();
 
     println!();
     println!(
@@ -250,33 +407,112 @@ fn main() {
         host.name(),
         host.address()
     );
-    println!(
-        "{:<31} | {:>27} | {:>27} | {:>12}",
-        "operation", "russh persistent", "new ssh process per op", "ratio"
-    );
-    println!(
-        "{:<31} | {:>8} {:>8} {:>9} | {:>8} {:>8} {:>9} | {:>12}",
-        "", "median", "p90", "min", "median", "p90", "min", "ssh / russh"
-    );
-    println!("{}", "-".repeat(31 + 3 + 27 + 3 + 27 + 3 + 12));
-    for ((name, r), (_, p)) in russh_results.iter().zip(&peer_results) {
-        println!(
-            "{:<31} | {:>8} {:>8} {:>9} | {:>8} {:>8} {:>9} | {:>11.1}x",
-            name,
-            ms(r.median),
-            ms(r.p90),
-            ms(r.min),
-            ms(p.median),
-            ms(p.p90),
-            ms(p.min),
-            p.median.as_secs_f64() / r.median.as_secs_f64()
-        );
+    let mut header = format!("{:<31}", "operation");
+    let mut sub = format!("{:<31}", "");
+    for c in COLUMNS {
+        header.push_str(&format!(" | {c:>24}"));
+        sub.push_str(&format!(" | {:>7} {:>7} {:>8}", "median", "p90", "min"));
+    }
+    println!("{header} | {:>11}", "ssh process");
+    println!("{sub} | {:>11}", "/ persistent");
+    println!("{}", "-".repeat(header.len() + 14));
+    for (name, cols) in &results {
+        let mut line = format!("{name:<31}");
+        for c in cols {
+            match c {
+                Some(s) => line.push_str(&format!(
+                    " | {:>7} {:>7} {:>8}",
+                    ms(s.median),
+                    ms(s.p90),
+                    ms(s.min)
+                )),
+                None => line.push_str(&format!(" | {:>24}", "-")),
+            }
+        }
+        let ratio = match (&cols[0], &cols[3]) {
+            (Some(p), Some(s)) => {
+                format!("{:.1}x", s.median.as_secs_f64() / p.median.as_secs_f64())
+            }
+            _ => "-".to_owned(),
+        };
+        println!("{line} | {ratio:>11}");
     }
     println!();
     println!(
-        "russh: {russh_connections} SSH connection(s) for {} operations; ssh: one process and connection per operation",
-        (iterations + warmup) * ops.len() + 2
+        "persistent session: {} SSH connection(s), {} hostd session(s) for {} operations; \
+         new hostd per op: {} connection(s), {} sessions; ssh: one process, connection and hostd per operation; \
+         HTTP API: occ serve on loopback, one HTTP connection per request (the occ CLI's client), \
+         the probe result stored in SQLite",
+        stats.connections_opened,
+        stats.sessions_opened,
+        stats.calls,
+        old_stats.connections_opened,
+        old_stats.sessions_opened,
     );
-    rt.block_on(backend.close_all());
+
+    // hostd's own share, from its journal.
+    let times = hostd_times(&host, since);
+    println!();
+    println!(
+        "hostd's own time per operation (host journal: \"operation received\" -> \"operation succeeded\", after the signature check), ms"
+    );
+    println!(
+        "{:<31} | {:>22} | {:>22}",
+        "operation", "long-lived hostd", "hostd started for it"
+    );
+    println!(
+        "{:<31} | {:>7} {:>6} {:>7} | {:>7} {:>6} {:>7}",
+        "", "median", "n", "p90", "median", "n", "p90"
+    );
+    let mut logged = Vec::new();
+    for (name, kind) in [
+        ("probe", "probe"),
+        ("prepare-revision (idempotent)", "prepare-revision"),
+    ] {
+        let mut line = format!("{name:<31}");
+        for reused in [true, false] {
+            let v: Vec<Duration> = times
+                .iter()
+                .filter(|(op, r, _)| op == kind && *r == reused)
+                .map(|(_, _, us)| Duration::from_micros(*us))
+                .collect();
+            if v.is_empty() {
+                line.push_str(&format!(" | {:>22}", "-"));
+            } else {
+                let n = v.len();
+                let s = summarise(v);
+                line.push_str(&format!(" | {:>7} {n:>6} {:>7}", ms(s.median), ms(s.p90)));
+                if reused {
+                    logged.push(s.median);
+                }
+            }
+        }
+        println!("{line}");
+    }
+    // A probe does nothing hostd logs outside that window; the rest of its round trip is the
+    // transport (SSH, framing, signing and the signature check), about the same for a prepare.
+    if let ([probe_logged, prepare_logged], [(_, probe), (_, prepare)]) =
+        (logged.as_slice(), results.as_slice())
+        && let (Some(probe), Some(prepare)) = (&probe[0], &prepare[0])
+    {
+        let transport = probe.median.saturating_sub(*probe_logged);
+        let hostd = prepare.median.saturating_sub(transport);
+        println!();
+        println!(
+            "persistent session, medians: transport {} ms (probe {} - hostd's logged {}); \
+             idempotent prepare {} ms = transport {} + hostd {} ({} logged, the rest outside \
+             the logged window: journal begin and finish with their fsyncs and renames)",
+            ms(transport),
+            ms(probe.median),
+            ms(*probe_logged),
+            ms(prepare.median),
+            ms(transport),
+            ms(hostd),
+            ms(*prepare_logged),
+        );
+    }
+    drop(occ);
+    rt.block_on(persistent.close_all());
+    rt.block_on(per_op.close_all());
     drop(host);
 }

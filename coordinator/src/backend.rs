@@ -13,27 +13,107 @@ use clawfleet_protocol::{Failure, HostName, Operation};
 use thiserror::Error;
 
 /// Where and how to reach one host. Everything here comes from the coordinator's database.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HostTarget {
     /// The name envelopes address (hostd's `host_name`).
     pub name: HostName,
-    /// Address to connect to (IP or DNS name).
+    /// Address to connect to (IP or DNS name); behind a jump host, as the jump host resolves
+    /// and reaches it.
     pub address: String,
     pub port: u16,
     /// The pinned host key, one OpenSSH public key line (`ssh-ed25519 AAAA…`). A host that
     /// presents any other key is refused.
     pub host_key: String,
+    /// The account to log in as, for hosts that forbid root login (its authorized_keys runs
+    /// `sudo -n /usr/sbin/hostd serve` as the forced command; `hostd enrol --login-user`).
+    /// `None`: the backend's login user (root).
+    pub login_user: Option<String>,
+    /// The jump host (bastion) the host is reached through. `None`: connect directly.
+    pub jump: Option<JumpHost>,
+}
+
+/// A jump host: the coordinator opens a direct-tcpip channel on its SSH connection to reach
+/// the hosts behind it. One connection to it is shared by all of them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct JumpHost {
+    pub address: String,
+    pub port: u16,
+    /// The jump host's pinned key, one OpenSSH public key line.
+    pub host_key: String,
+    /// The account to log in as on the jump host (it needs only port forwarding to the
+    /// hosts). `None`: the backend's login user.
+    pub login_user: Option<String>,
+}
+
+/// Why a host target cannot be used as given.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("host {host}: `{field}` {message}")]
+pub struct TargetError {
+    pub host: String,
+    pub field: &'static str,
+    pub message: String,
+}
+
+/// A login name OpenSSH and useradd both take: letters, digits, `.`, `_`, `-` (not first),
+/// at most 32 bytes.
+fn check_login_user(user: &str) -> Result<(), String> {
+    if user.is_empty() || user.len() > 32 {
+        return Err("must be 1 to 32 characters long".to_owned());
+    }
+    if user.starts_with('-') {
+        return Err("must not start with '-'".to_owned());
+    }
+    match user
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        Some(c) => Err(format!(
+            "may hold only letters, digits, '.', '_' and '-', not {c:?}"
+        )),
+        None => Ok(()),
+    }
 }
 
 impl HostTarget {
-    /// The target for a host record from the database.
+    /// The target for a host record from the database (root login, no jump host).
     pub fn of(host: &crate::model::Host) -> Result<Self, clawfleet_protocol::ident::IdentError> {
         Ok(Self {
             name: HostName::new(host.name.as_str())?,
             address: host.address.clone(),
             port: host.port,
             host_key: host.host_key.clone(),
+            login_user: None,
+            jump: None,
         })
+    }
+
+    /// Checks what the SSH backend cannot check by connecting: the login users' names and
+    /// the jump host's address and port. Host keys are checked at connection time (a bad
+    /// one is a host key mismatch naming it).
+    pub fn check(&self) -> Result<(), TargetError> {
+        let err = |field: &'static str, message: String| TargetError {
+            host: self.name.to_string(),
+            field,
+            message,
+        };
+        if let Some(user) = &self.login_user {
+            check_login_user(user).map_err(|m| err("login_user", m))?;
+        }
+        if let Some(jump) = &self.jump {
+            if let Some(user) = &jump.login_user {
+                check_login_user(user).map_err(|m| err("jump.login_user", m))?;
+            }
+            if jump.address.trim().is_empty() || jump.address.chars().any(char::is_whitespace) {
+                return Err(err(
+                    "jump.address",
+                    "must be a host name or IP address".to_owned(),
+                ));
+            }
+            if jump.port == 0 {
+                return Err(err("jump.port", "must be between 1 and 65535".to_owned()));
+            }
+        }
+        Ok(())
     }
 }
 

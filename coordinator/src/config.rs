@@ -207,6 +207,9 @@ struct RawWorker {
 struct RawSsh {
     connect_timeout_seconds: Option<u64>,
     max_parallel_hosts: Option<usize>,
+    max_sessions_per_host: Option<usize>,
+    session_idle_timeout_seconds: Option<u64>,
+    session_max_age_seconds: Option<u64>,
 }
 
 /// Worker timing; the defaults are the design's.
@@ -242,21 +245,8 @@ impl Default for WorkerSettings {
     }
 }
 
-/// SSH settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SshSettings {
-    pub connect_timeout: Duration,
-    pub max_parallel_hosts: usize,
-}
-
-impl Default for SshSettings {
-    fn default() -> Self {
-        Self {
-            connect_timeout: Duration::from_secs(10),
-            max_parallel_hosts: 16,
-        }
-    }
-}
+/// SSH settings (`[ssh]`): the SSH backend's own settings, with its defaults.
+pub use crate::ssh::SshSettings;
 
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -403,21 +393,42 @@ impl Config {
             ));
         }
         let s = raw.ssh.unwrap_or_default();
+        let ds = SshSettings::default();
+        let count = |key: &'static str, v: Option<usize>, max: usize, default: usize| match v {
+            Some(n) if n == 0 || n > max => {
+                Err(invalid(key, format!("must be between 1 and {max}")))
+            }
+            v => Ok(v.unwrap_or(default)),
+        };
         let ssh = SshSettings {
             connect_timeout: secs(
                 "ssh.connect_timeout_seconds",
                 s.connect_timeout_seconds,
-                SshSettings::default().connect_timeout,
+                ds.connect_timeout,
             )?,
-            max_parallel_hosts: match s.max_parallel_hosts {
-                Some(0) => {
-                    return Err(invalid(
-                        "ssh.max_parallel_hosts",
-                        "must be at least 1".to_owned(),
-                    ));
-                }
-                v => v.unwrap_or(SshSettings::default().max_parallel_hosts),
-            },
+            max_parallel_hosts: count(
+                "ssh.max_parallel_hosts",
+                s.max_parallel_hosts,
+                65536,
+                ds.max_parallel_hosts,
+            )?,
+            max_sessions_per_host: count(
+                "ssh.max_sessions_per_host",
+                s.max_sessions_per_host,
+                256,
+                ds.max_sessions_per_host,
+            )?,
+            session_idle_timeout: secs(
+                "ssh.session_idle_timeout_seconds",
+                s.session_idle_timeout_seconds,
+                ds.session_idle_timeout,
+            )?,
+            session_max_age: secs(
+                "ssh.session_max_age_seconds",
+                s.session_max_age_seconds,
+                ds.session_max_age,
+            )?,
+            ..ds
         };
         let a = raw.api.unwrap_or_default();
         let da = ApiSettings::default();
@@ -578,6 +589,8 @@ mod tests {
         assert_eq!(parsed.retention, defaults.retention);
         assert_eq!(parsed.database, defaults.database);
         assert_eq!(parsed.listen, defaults.listen);
+        assert_eq!(parsed.ssh, defaults.ssh);
+        assert!(uncommented.contains("max_sessions_per_host"));
         assert!(
             uncommented.contains("[drift]")
                 && uncommented.contains("[rollout]")
@@ -599,6 +612,22 @@ mod tests {
                 "worker.backoff_initial_ms",
             ),
             ("[ssh]\nmax_parallel_hosts = 0", "ssh.max_parallel_hosts"),
+            (
+                "[ssh]\nmax_sessions_per_host = 0",
+                "ssh.max_sessions_per_host",
+            ),
+            (
+                "[ssh]\nmax_sessions_per_host = 257",
+                "ssh.max_sessions_per_host",
+            ),
+            (
+                "[ssh]\nsession_idle_timeout_seconds = 0",
+                "ssh.session_idle_timeout_seconds",
+            ),
+            (
+                "[ssh]\nsession_max_age_seconds = 0",
+                "ssh.session_max_age_seconds",
+            ),
             ("listen = \"0.0.0.0:7300\"", "listen"),
             ("listen = \"192.0.2.1:7300\"", "listen"),
             ("[worker]\nparallelism = 0", "worker.parallelism"),

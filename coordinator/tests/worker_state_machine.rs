@@ -464,6 +464,8 @@ async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
         address: "127.0.0.1".into(),
         port: 22,
         host_key: HOST_KEY.into(),
+        login_user: None,
+        jump: None,
     };
     let id = |s: &str| Ident::new(s).unwrap();
     let namespace = NamespaceRef {

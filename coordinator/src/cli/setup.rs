@@ -15,7 +15,7 @@ use coordinator::api::AppState;
 use coordinator::config::Config;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
-use coordinator::ssh::{SshBackend, SshSettings};
+use coordinator::ssh::SshBackend;
 use coordinator::worker::Worker;
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -123,13 +123,13 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
     let login = ensure_key_readonly(&config.login_key())?;
     let signing = ensure_key_readonly(&config.signing_key())?;
     let principal = issuer(&signing)?;
-    let settings = SshSettings {
-        connect_timeout: config.ssh.connect_timeout,
-        max_parallel_hosts: config.ssh.max_parallel_hosts,
-        ..SshSettings::default()
-    };
     let backend = Arc::new(coordinator::backends::Backends {
-        ssh: Arc::new(SshBackend::new(login, signing, principal, settings)?),
+        ssh: Arc::new(SshBackend::new(
+            login,
+            signing,
+            principal,
+            config.ssh.clone(),
+        )?),
         kube: Arc::new(clawfleet_kube::KubeBackend::new()),
     });
     let worker = Arc::new(Worker::new(

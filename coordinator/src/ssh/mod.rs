@@ -1,32 +1,47 @@
-//! The SSH backend: pushes signed operations to hostd over one persistent russh connection
-//! per host.
+//! The SSH backend: pushes signed operations to hostd over persistent `hostd serve` sessions
+//! on one persistent russh connection per host.
 //!
 //! - Host keys are pinned: the key a host presents must equal [`HostTarget::host_key`] (key
 //!   data), or the call fails with [`CallError::HostKeyMismatch`] naming both fingerprints.
-//! - Each call opens a session channel on the host's connection and runs `hostd serve` (the
-//!   forced command runs anyway), reads hostd's hello, sends one signed envelope, forwards
-//!   progress and returns the one result. Concurrent calls to one host share the connection,
-//!   each on its own channel (hostd serves one envelope at a time per session).
-//! - At most [`SshSettings::max_parallel_hosts`] hosts are worked on at once; at most
-//!   [`SshSettings::max_sessions_per_host`] channels are open per host.
+//! - Each host has a pool of sessions (pool.rs): a session channel that runs `hostd serve`
+//!   (the forced command runs anyway), whose hello is read once, and over which envelopes go
+//!   one at a time, each answered with progress and one result (hostd reads envelopes until
+//!   its input ends). At most [`SshSettings::max_sessions_per_host`] sessions are open per
+//!   host (OpenSSH refuses more than `MaxSessions`, 10 by default, per connection); a call
+//!   takes an idle session or opens one, so independent Agents do not queue behind each
+//!   other up to that many. Idle sessions close after [`SshSettings::session_idle_timeout`],
+//!   and none is reused past [`SshSettings::session_max_age`].
+//! - A host may name a login user other than root ([`HostTarget::login_user`]) and a jump
+//!   host ([`HostTarget::jump`]): the host is then reached through a direct-tcpip channel of
+//!   the jump host's connection, one per jump host, shared by every host behind it; both keys
+//!   are pinned.
+//! - At most [`SshSettings::max_parallel_hosts`] hosts are worked on at once.
 //! - The transport gives up [`SshSettings::transport_grace`] after the envelope deadline.
-//! - Failed connections are retried with exponential backoff per host.
-//! - If the session drops after the envelope was sent, the backend reconnects and asks
-//!   `operation-status` until the operation is no longer running (within the original
-//!   deadline), and returns the recorded outcome. It never guesses: an operation the host
-//!   has no record of is a transport error (safe to retry with a new id).
+//! - Failed connections are retried with exponential backoff per host (and per jump host).
+//! - An idle session that died (hostd exited, its channel closed) is replaced before an
+//!   envelope is sent on it. If the session drops after the envelope was sent, the backend
+//!   asks `operation-status` (over another session, reconnecting if needed) until the
+//!   operation is no longer running (within the original deadline), and returns the recorded
+//!   outcome. It never guesses: an operation the host has no record of is a transport error
+//!   (safe to retry with a new id), except when a reused session died without acknowledging
+//!   the envelope: it may have been dead before the envelope was written, so the same signed
+//!   envelope (same operation id, which hostd's journal runs at most once) is sent once more
+//!   on a new session.
 //!
 //! Tests and benchmark (as root; each prints `SKIP: …` otherwise, and fails under `CI=true`):
 //! - `cargo test -p clawfleet-coordinator --test ssh_loopback`: a private OpenSSH sshd on
 //!   127.0.0.1 with the real hostd (built with cargo on first use, or `$CLAWFLEET_HOSTD_BIN`)
-//!   as the forced command: connection reuse, concurrency, pinning, refused login keys,
-//!   reconnects, fast failures, lost results recovered through `operation-status`.
-//! - `cargo test -p clawfleet-coordinator --test ssh_hosts`: a real test host (vm-tests).
+//!   as the forced command: session reuse, the pool's bound, idle and aged sessions, sessions
+//!   killed between and during operations, pinning, refused login keys, reconnects, fast
+//!   failures, lost results recovered through `operation-status`.
+//! - `cargo test -p clawfleet-coordinator --test ssh_hosts`: real test hosts (vm-tests),
+//!   including a login user through sudo and a jump host.
 //! - `cargo bench -p clawfleet-coordinator --bench transport`: latency against the peer's
 //!   transport (a new `ssh` process per operation).
 
 mod connection;
 mod pinning;
+mod pool;
 mod session;
 mod signer;
 
@@ -39,22 +54,24 @@ use std::time::{Duration, Instant};
 use clawfleet_protocol::operation::{OperationKind, OperationStatusArgs};
 use clawfleet_protocol::result::{OperationResult, OperationState, Outcome, Progress};
 use clawfleet_protocol::ssh_key::PrivateKey;
-use clawfleet_protocol::{Operation, OperationId, Principal};
+use clawfleet_protocol::{Limits, Message, Operation, OperationId, Principal};
 use thiserror::Error;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::backend::{Backend, CallError, CallOptions, HostTarget, ProgressSink, Target};
-use connection::HostEntry;
+use crate::backend::{Backend, CallError, CallOptions, HostTarget, JumpHost, ProgressSink, Target};
+use connection::{HostEntry, Link};
 pub use pinning::{PinError, PinnedKey};
-use session::{Lost, OpenError};
+use session::{Lost, OpenError, OpenSession};
 use signer::EnvelopeSigner;
 
 /// Limits and settings of the SSH backend. Every value is configurable so tests wait
-/// seconds; the defaults follow the design's time budget.
+/// seconds; the defaults follow the design's time budget. occ.toml's `[ssh]` section sets
+/// them (config.rs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SshSettings {
-    /// The login user on every host (hostd's forced command sits in its authorized_keys).
+    /// The login user on hosts that name none (hostd's forced command sits in its
+    /// authorized_keys).
     pub user: String,
     /// TCP connect + SSH handshake + authentication; also opening a channel and waiting for
     /// hostd's hello.
@@ -62,9 +79,14 @@ pub struct SshSettings {
     /// How many hosts may have calls in flight at once (calls to a host already being
     /// worked on do not take another slot).
     pub max_parallel_hosts: usize,
-    /// Session channels open at once on one host's connection. OpenSSH refuses more than
-    /// `MaxSessions` (default 10).
+    /// hostd sessions open at once on one host, idle or in use: as many operations run on
+    /// the host at once. OpenSSH refuses more than `MaxSessions` (default 10) per connection.
     pub max_sessions_per_host: usize,
+    /// An idle session is closed after this long (its hostd exits).
+    pub session_idle_timeout: Duration,
+    /// A session is not reused after this long, so a changed hostd configuration, allowed
+    /// signers file or hostd binary is in use on every session within this time.
+    pub session_max_age: Duration,
     /// Envelope lifetime: `expires_at − issued_at`. hostd refuses lifetimes above its
     /// `max_envelope_lifetime_seconds` (default 3600).
     pub envelope_lifetime: Duration,
@@ -87,8 +109,10 @@ impl Default for SshSettings {
         Self {
             user: "root".to_owned(),
             connect_timeout: Duration::from_secs(10),
-            max_parallel_hosts: 32,
+            max_parallel_hosts: 16,
             max_sessions_per_host: 8,
+            session_idle_timeout: Duration::from_secs(120),
+            session_max_age: Duration::from_secs(900),
             envelope_lifetime: Duration::from_secs(600),
             transport_grace: Duration::from_secs(10),
             reconnect_backoff_base: Duration::from_millis(500),
@@ -119,16 +143,27 @@ pub enum SshSetupError {
 pub struct SshStats {
     /// Calls started (each minted operation id, recovery polls excluded).
     pub calls: u64,
-    /// Connection attempts (TCP connect through authentication).
+    /// Connection attempts (TCP connect through authentication), jump hosts included.
     pub connect_attempts: u64,
-    /// Connections established.
+    /// Connections to hosts established.
     pub connections_opened: u64,
-    /// Session channels on which hostd's hello was read.
+    /// Connections to jump hosts established.
+    pub jump_connections_opened: u64,
+    /// hostd sessions started (hello read): each is one `hostd serve` process on a host.
     pub sessions_opened: u64,
+    /// Envelopes sent on a session that had answered an earlier one.
+    pub sessions_reused: u64,
+    /// Idle sessions found dead (hostd exited, channel or connection closed) and replaced.
+    pub sessions_replaced: u64,
+    /// Sessions closed after their idle timeout or maximum age.
+    pub sessions_retired: u64,
     /// Calls whose session dropped after the envelope was sent.
     pub recoveries: u64,
     /// `operation-status` queries sent during recoveries.
     pub status_queries: u64,
+    /// Envelopes sent a second time, with the same operation id, after a reused session died
+    /// without acknowledging them and the host confirmed it had no record of them.
+    pub resends: u64,
 }
 
 #[derive(Debug, Default)]
@@ -136,10 +171,15 @@ pub(crate) struct Stats {
     calls: AtomicU64,
     connect_attempts: AtomicU64,
     connections_opened: AtomicU64,
+    jump_connections_opened: AtomicU64,
     connection_ids: AtomicU64,
     sessions_opened: AtomicU64,
+    sessions_reused: AtomicU64,
+    sessions_replaced: AtomicU64,
+    sessions_retired: AtomicU64,
     recoveries: AtomicU64,
     status_queries: AtomicU64,
+    resends: AtomicU64,
 }
 
 /// State shared by all calls.
@@ -148,32 +188,14 @@ pub(crate) struct Shared {
     login_key: Arc<PrivateKey>,
     signer: EnvelopeSigner,
     hosts_limit: Arc<Semaphore>,
-    hosts: Mutex<HashMap<HostKey, Arc<HostEntry>>>,
+    hosts: Mutex<HashMap<HostTarget, Arc<HostEntry>>>,
+    /// One link per jump host, shared by the hosts behind it.
+    jumps: Mutex<HashMap<JumpHost, Arc<Link>>>,
     progress: Option<ProgressSink>,
-    stats: Stats,
+    stats: Arc<Stats>,
 }
 
-/// A host entry is keyed by everything that decides how to reach and trust it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct HostKey {
-    name: String,
-    address: String,
-    port: u16,
-    host_key: String,
-}
-
-impl HostKey {
-    fn of(t: &HostTarget) -> Self {
-        Self {
-            name: t.name.to_string(),
-            address: t.address.clone(),
-            port: t.port,
-            host_key: t.host_key.trim().to_owned(),
-        }
-    }
-}
-
-/// The SSH backend. Cheap to clone; clones share connections and limits.
+/// The SSH backend. Cheap to clone; clones share connections, sessions and limits.
 #[derive(Clone)]
 pub struct SshBackend {
     shared: Arc<Shared>,
@@ -195,7 +217,7 @@ pub(crate) fn transport(host: &str, message: String) -> CallError {
     }
 }
 
-/// What an attempt ended with.
+/// What sending an envelope ended with.
 enum Attempt {
     /// hostd's answer (success or failure), already checked against the operation.
     Done(Result<OperationResult, CallError>),
@@ -205,9 +227,26 @@ enum Attempt {
     Lost(Lost),
 }
 
+/// What `operation-status` told about a lost operation.
+enum Recovery {
+    /// The recorded outcome, or why it could not be learned in time.
+    Known(Result<OperationResult, CallError>),
+    /// The host confirmed it has no record: the envelope never arrived.
+    NeverArrived(CallError),
+}
+
+/// A signed envelope, framed for the session.
+struct Framed {
+    id: OperationId,
+    kind: OperationKind,
+    payload: Vec<u8>,
+    deadline: Duration,
+}
+
 impl SshBackend {
-    /// A backend that logs in as `settings.user` with `login_key` and signs envelopes with
-    /// `signing_key` as `issuer` (the principal in the hosts' allowed_signers).
+    /// A backend that logs in as `settings.user` (unless a host names another user) with
+    /// `login_key` and signs envelopes with `signing_key` as `issuer` (the principal in the
+    /// hosts' allowed_signers).
     pub fn new(
         login_key: PrivateKey,
         signing_key: PrivateKey,
@@ -246,6 +285,16 @@ impl SshBackend {
             "must be at least 1",
         )?;
         check(
+            !settings.session_idle_timeout.is_zero(),
+            "session_idle_timeout",
+            "must be positive",
+        )?;
+        check(
+            !settings.session_max_age.is_zero(),
+            "session_max_age",
+            "must be positive",
+        )?;
+        check(
             settings.envelope_lifetime >= Duration::from_secs(1),
             "envelope_lifetime",
             "must be at least one second",
@@ -274,8 +323,9 @@ impl SshBackend {
                 login_key: Arc::new(login_key),
                 signer,
                 hosts: Mutex::new(HashMap::new()),
+                jumps: Mutex::new(HashMap::new()),
                 progress: None,
-                stats: Stats::default(),
+                stats: Arc::default(),
             }),
         })
     }
@@ -298,28 +348,46 @@ impl SshBackend {
     /// Counters since the backend was built.
     pub fn stats(&self) -> SshStats {
         let s = &self.shared.stats;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         SshStats {
-            calls: s.calls.load(Ordering::Relaxed),
-            connect_attempts: s.connect_attempts.load(Ordering::Relaxed),
-            connections_opened: s.connections_opened.load(Ordering::Relaxed),
-            sessions_opened: s.sessions_opened.load(Ordering::Relaxed),
-            recoveries: s.recoveries.load(Ordering::Relaxed),
-            status_queries: s.status_queries.load(Ordering::Relaxed),
+            calls: get(&s.calls),
+            connect_attempts: get(&s.connect_attempts),
+            connections_opened: get(&s.connections_opened),
+            jump_connections_opened: get(&s.jump_connections_opened),
+            sessions_opened: get(&s.sessions_opened),
+            sessions_reused: get(&s.sessions_reused),
+            sessions_replaced: get(&s.sessions_replaced),
+            sessions_retired: get(&s.sessions_retired),
+            recoveries: get(&s.recoveries),
+            status_queries: get(&s.status_queries),
+            resends: get(&s.resends),
         }
     }
 
     /// How many connections were established to this host (1 while the first one lives).
     pub fn host_connections_opened(&self, host: &HostTarget) -> u64 {
         self.existing_entry(host)
-            .map(|e| e.connections_opened.load(Ordering::Relaxed))
+            .map(|e| e.link.connections_opened.load(Ordering::Relaxed))
             .unwrap_or(0)
     }
 
-    /// The local address of the host's current connection, if one is open (lets a test find
-    /// the connection from the server side).
+    /// hostd sessions open on this host now (idle or in use), and the most open at once.
+    pub fn host_sessions(&self, host: &HostTarget) -> (usize, usize) {
+        self.existing_entry(host)
+            .map(|e| {
+                (
+                    e.pool.open.load(Ordering::Relaxed),
+                    e.pool.peak.load(Ordering::Relaxed),
+                )
+            })
+            .unwrap_or((0, 0))
+    }
+
+    /// The local address of the host's current connection, if one is open and direct (lets a
+    /// test find the connection from the server side).
     pub async fn connection_local_addr(&self, host: &HostTarget) -> Option<SocketAddr> {
         let entry = self.existing_entry(host)?;
-        let conn = entry.current().await?;
+        let conn = entry.link.current().await?;
         if conn.is_closed() {
             None
         } else {
@@ -334,13 +402,22 @@ impl SshBackend {
         match self.existing_entry(host) {
             Some(entry) => {
                 tracing::info!(host = %host.name, "dropping the SSH connection on request");
-                entry.drop_current("dropped on request").await
+                entry.link.drop_current("dropped on request").await
             }
             None => false,
         }
     }
 
-    /// Closes every connection (for shutdown).
+    /// Test and operator hook: closes the host's idle hostd sessions (their hostd processes
+    /// exit); the next call starts a new one. Returns how many were closed.
+    pub async fn close_idle_sessions(&self, host: &HostTarget) -> usize {
+        match self.existing_entry(host) {
+            Some(entry) => entry.pool.close_idle().await,
+            None => 0,
+        }
+    }
+
+    /// Closes every idle session and every connection (for shutdown).
     pub async fn close_all(&self) {
         let entries: Vec<Arc<HostEntry>> = self
             .shared
@@ -349,7 +426,17 @@ impl SshBackend {
             .map(|h| h.values().cloned().collect())
             .unwrap_or_default();
         for e in entries {
-            e.drop_current("coordinator shutting down").await;
+            let _ = e.pool.close_idle().await;
+            e.link.drop_current("coordinator shutting down").await;
+        }
+        let jumps: Vec<Arc<Link>> = self
+            .shared
+            .jumps
+            .lock()
+            .map(|j| j.values().cloned().collect())
+            .unwrap_or_default();
+        for j in jumps {
+            j.drop_current("coordinator shutting down").await;
         }
     }
 
@@ -389,22 +476,38 @@ impl SshBackend {
     }
 
     fn existing_entry(&self, host: &HostTarget) -> Option<Arc<HostEntry>> {
-        let key = HostKey::of(host);
-        self.shared.hosts.lock().ok()?.get(&key).cloned()
+        self.shared
+            .hosts
+            .lock()
+            .ok()?
+            .get(&normalised(host))
+            .cloned()
     }
 
-    fn entry(&self, host: &HostTarget) -> Arc<HostEntry> {
-        let key = HostKey::of(host);
+    fn entry(&self, host: &HostTarget) -> Result<Arc<HostEntry>, CallError> {
+        host.check().map_err(|e| CallError::Unsupported {
+            target: host.name.to_string(),
+            message: e.to_string(),
+        })?;
+        let key = normalised(host);
         let mut hosts = self.shared.hosts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = hosts.get(&key) {
-            return e.clone();
+            return Ok(e.clone());
         }
-        // The host was re-addressed or re-pinned: forget the old entry (calls still running
-        // on it keep their own reference).
+        // The host was re-addressed, re-pinned or moved behind another jump host: forget the
+        // old entry (calls still running on it keep their own reference; its idle sessions
+        // close with it).
         hosts.retain(|k, _| k.name != key.name);
-        let entry = Arc::new(HostEntry::new(host.clone(), &self.shared));
+        let via = key.jump.as_ref().map(|j| {
+            let mut jumps = self.shared.jumps.lock().unwrap_or_else(|p| p.into_inner());
+            jumps
+                .entry(j.clone())
+                .or_insert_with(|| Arc::new(Link::jump(j, &self.shared)))
+                .clone()
+        });
+        let entry = Arc::new(HostEntry::new(key.clone(), via, &self.shared));
         hosts.insert(key, entry.clone());
-        entry
+        Ok(entry)
     }
 
     /// Sends one operation and waits for its result, forwarding progress to `progress`
@@ -416,17 +519,26 @@ impl SshBackend {
         options: CallOptions,
         progress: Option<&ProgressSink>,
     ) -> Result<OperationResult, CallError> {
-        let entry = self.entry(host);
+        let entry = self.entry(host)?;
         let sink = progress.or(self.shared.progress.as_ref()).cloned();
+        if entry.fingerprint().is_none() {
+            // No usable pin: connect anyway so the error can name the key presented; the
+            // handshake refuses it.
+            return Err(match entry.connection(&self.shared, false).await {
+                Err(e) => e,
+                Ok(_) => entry.mismatch("(unchecked)".to_owned()),
+            });
+        }
         let _host = entry.enter(&self.shared.hosts_limit).await;
-        // Per-host channel limit; the semaphore is never closed.
-        let _channel = entry.sessions.clone().acquire_owned().await.ok();
+        // One session at a time per call, recovery included; the semaphore is never closed.
+        let _session_slot = entry.pool.limit.clone().acquire_owned().await.ok();
         let kind = operation.kind();
         let read_only = kind.is_read_only();
-        // A read-only operation whose session dropped is simply sent again once.
+        // A read-only operation whose session dropped is simply sent again once, on a new
+        // session.
         let tries = if read_only { 2 } else { 1 };
         let mut last_loss = None;
-        for _ in 0..tries {
+        for attempt in 0..tries {
             let id = self.shared.signer.mint_id().map_err(|e| {
                 transport(
                     host.name.as_str(),
@@ -435,8 +547,9 @@ impl SshBackend {
             })?;
             self.shared.stats.calls.fetch_add(1, Ordering::Relaxed);
             let span = tracing::info_span!("ssh_call", host = %host.name, operation_id = %id, op = kind.as_str());
+            let framed = self.frame(&entry, &id, operation.clone(), options)?;
             let outcome = self
-                .attempt(&entry, &id, operation.clone(), options, sink.as_ref())
+                .send(&entry, &framed, sink.as_ref(), attempt > 0)
                 .instrument(span.clone())
                 .await;
             match outcome {
@@ -447,7 +560,10 @@ impl SshBackend {
                     last_loss = Some(lost);
                 }
                 Attempt::Lost(lost) => {
-                    return self.recover(&entry, &id, kind, lost).instrument(span).await;
+                    return self
+                        .recover_or_resend(&entry, &framed, lost, sink.as_ref())
+                        .instrument(span)
+                        .await;
                 }
             }
         }
@@ -461,69 +577,104 @@ impl SshBackend {
         ))
     }
 
-    /// One envelope over one session channel. A broken connection found before sending is
-    /// replaced once.
-    async fn attempt(
+    /// Signs and frames the envelope for one operation.
+    fn frame(
         &self,
-        entry: &Arc<HostEntry>,
+        entry: &HostEntry,
         id: &OperationId,
         operation: Operation,
         options: CallOptions,
-        sink: Option<&ProgressSink>,
-    ) -> Attempt {
-        let settings = &self.shared.settings;
+    ) -> Result<Framed, CallError> {
         let host = entry.target.name.as_str();
         let kind = operation.kind();
-        let Some(fingerprint) = entry.fingerprint().cloned() else {
-            // No usable pin: connect anyway so the error can name the key presented; the
-            // handshake refuses it.
-            return Attempt::NotSent(match entry.connection(&self.shared, false).await {
-                Err(e) => e,
-                Ok(_) => entry.mismatch("(unchecked)".to_owned()),
-            });
+        let Some(fingerprint) = entry.fingerprint() else {
+            return Err(entry.mismatch("(not checked)".to_owned()));
         };
-        let mut session = None;
+        let signed = self
+            .shared
+            .signer
+            .sign(
+                id,
+                &entry.target.name,
+                fingerprint,
+                options.deadline,
+                operation,
+            )
+            .map_err(|e| transport(host, format!("cannot sign the envelope: {e}")))?;
+        let payload = Message::Envelope(signed)
+            .to_frame()
+            .map_err(|e| e.to_string())
+            .and_then(|f| {
+                f.encode(Limits::default().max_frame)
+                    .map_err(|e| e.to_string())
+            })
+            .map_err(|e| transport(host, format!("the envelope cannot be framed: {e}")))?;
+        Ok(Framed {
+            id: id.clone(),
+            kind,
+            payload,
+            deadline: Duration::from_secs(u64::from(signer::deadline_seconds(options.deadline))),
+        })
+    }
+
+    /// A session for one envelope: an idle one from the pool unless `fresh`, else a new one
+    /// (a broken connection found on the way is replaced once).
+    async fn session(
+        &self,
+        entry: &Arc<HostEntry>,
+        id: &OperationId,
+        fresh: bool,
+    ) -> Result<OpenSession, CallError> {
+        let stats = &self.shared.stats;
+        if !fresh && let Some(s) = entry.pool.take(stats) {
+            stats.sessions_reused.fetch_add(1, Ordering::Relaxed);
+            return Ok(s);
+        }
         for retry in [false, true] {
-            let conn = match entry.connection(&self.shared, false).await {
-                Ok(c) => c,
-                Err(e) => return Attempt::NotSent(e),
-            };
-            match session::open(entry, &conn, settings.connect_timeout).await {
+            let conn = entry.connection(&self.shared, false).await?;
+            match session::open(
+                entry,
+                &conn,
+                self.shared.settings.connect_timeout,
+                &entry.pool.open,
+            )
+            .await
+            {
                 Ok(s) => {
-                    self.shared
-                        .stats
-                        .sessions_opened
-                        .fetch_add(1, Ordering::Relaxed);
+                    stats.sessions_opened.fetch_add(1, Ordering::Relaxed);
+                    entry.pool.opened();
                     tracing::debug!(operation_id = %id, connection = conn.id, hostd = %s.hello.hostd_version, "session open");
-                    session = Some(s);
-                    break;
+                    return Ok(s);
                 }
                 Err(OpenError::Connection(e)) if !retry => {
                     tracing::info!(operation_id = %id, connection = conn.id, "replacing a broken connection: {e}");
-                    entry.invalidate(&conn, "broken connection").await;
+                    entry.link.invalidate(&conn, "broken connection").await;
                 }
-                Err(OpenError::Connection(e) | OpenError::Refused(e)) => {
-                    return Attempt::NotSent(e);
-                }
+                Err(OpenError::Connection(e) | OpenError::Refused(e)) => return Err(e),
             }
         }
-        let Some(session) = session else {
-            return Attempt::NotSent(transport(host, format!("no session to {}", entry.label())));
-        };
-        let signed = match self.shared.signer.sign(
-            id,
-            &entry.target.name,
-            &fingerprint,
-            options.deadline,
-            operation,
-        ) {
+        Err(transport(
+            entry.target.name.as_str(),
+            format!("no session to {}", entry.label()),
+        ))
+    }
+
+    /// One envelope over one session. The session goes back to the pool after a complete
+    /// exchange and is dropped (closed) otherwise.
+    async fn send(
+        &self,
+        entry: &Arc<HostEntry>,
+        framed: &Framed,
+        sink: Option<&ProgressSink>,
+        fresh: bool,
+    ) -> Attempt {
+        let host = entry.target.name.as_str();
+        let id = &framed.id;
+        let mut session = match self.session(entry, id, fresh).await {
             Ok(s) => s,
-            Err(e) => {
-                return Attempt::NotSent(transport(host, format!("cannot sign the envelope: {e}")));
-            }
+            Err(e) => return Attempt::NotSent(e),
         };
-        let deadline = Duration::from_secs(u64::from(signer::deadline_seconds(options.deadline)));
-        let until = Instant::now() + deadline + settings.transport_grace;
+        let until = Instant::now() + framed.deadline + self.shared.settings.transport_grace;
         let name = entry.target.name.clone();
         let forward = |p: &Progress| {
             tracing::debug!(operation_id = %id, step = ?p.step, elapsed_ms = p.elapsed_ms, "progress");
@@ -531,44 +682,68 @@ impl SshBackend {
                 sink(&name, p);
             }
         };
-        tracing::debug!(operation_id = %id, deadline_s = deadline.as_secs(), "envelope sent");
+        tracing::debug!(operation_id = %id, deadline_s = framed.deadline.as_secs(), reused = session.answered > 0, "sending the envelope");
         let started = Instant::now();
-        match session.exchange(&signed, id, until, &forward).await {
-            Err(lost) => Attempt::Lost(lost),
-            Ok(reply) => {
-                let elapsed_ms = started.elapsed().as_millis() as u64;
-                if let Some(other) = &reply.operation_id
-                    && other != id
-                {
-                    return Attempt::Done(Err(transport(
-                        host,
-                        format!("hostd answered {id} with the result of {other}"),
-                    )));
+        let reply = match session.exchange(&framed.payload, id, until, &forward).await {
+            Err(lost) => return Attempt::Lost(lost),
+            Ok(reply) => reply,
+        };
+        entry.pool.put(session, &self.shared.stats);
+        let elapsed_us = started.elapsed().as_micros() as u64;
+        if let Some(other) = &reply.operation_id
+            && other != id
+        {
+            return Attempt::Done(Err(transport(
+                host,
+                format!("hostd answered {id} with the result of {other}"),
+            )));
+        }
+        let r = check_outcome(host, id, framed.kind, reply.outcome);
+        match &r {
+            Ok(_) => tracing::info!(operation_id = %id, elapsed_us, "operation succeeded"),
+            Err(e) => {
+                tracing::warn!(operation_id = %id, elapsed_us, code = e.code(), "operation failed: {e}")
+            }
+        }
+        Attempt::Done(r)
+    }
+
+    /// A changing operation's session dropped after the envelope was sent: learn the outcome
+    /// with `operation-status`; if the host never got an envelope written into a reused
+    /// session, send the same envelope once more on a new session.
+    async fn recover_or_resend(
+        &self,
+        entry: &Arc<HostEntry>,
+        framed: &Framed,
+        lost: Lost,
+        sink: Option<&ProgressSink>,
+    ) -> Result<OperationResult, CallError> {
+        let may_resend = lost.may_resend();
+        match self.recover(entry, framed, &lost).await {
+            Recovery::Known(r) => r,
+            Recovery::NeverArrived(e) if !may_resend => Err(e),
+            Recovery::NeverArrived(_) => {
+                tracing::info!(operation_id = %framed.id, "the envelope went into a session that had died; sending it again on a new session");
+                self.shared.stats.resends.fetch_add(1, Ordering::Relaxed);
+                match self.send(entry, framed, sink, true).await {
+                    Attempt::Done(r) => r,
+                    Attempt::NotSent(e) => Err(e),
+                    Attempt::Lost(again) => match self.recover(entry, framed, &again).await {
+                        Recovery::Known(r) => r,
+                        Recovery::NeverArrived(e) => Err(e),
+                    },
                 }
-                let r = check_outcome(host, id, kind, reply.outcome);
-                match &r {
-                    Ok(_) => tracing::info!(operation_id = %id, elapsed_ms, "operation succeeded"),
-                    Err(e) => {
-                        tracing::warn!(operation_id = %id, elapsed_ms, code = e.code(), "operation failed: {e}")
-                    }
-                }
-                Attempt::Done(r)
             }
         }
     }
 
-    /// The session dropped after the envelope was sent: learn the recorded outcome with
-    /// `operation-status`, polling while the host still runs the operation, within the
-    /// original transport deadline (at least one query is always made).
-    async fn recover(
-        &self,
-        entry: &Arc<HostEntry>,
-        id: &OperationId,
-        kind: OperationKind,
-        lost: Lost,
-    ) -> Result<OperationResult, CallError> {
+    /// Learns a lost operation's recorded outcome with `operation-status`, polling while the
+    /// host still runs it, within the original transport deadline (at least one query is
+    /// always made).
+    async fn recover(&self, entry: &Arc<HostEntry>, framed: &Framed, lost: &Lost) -> Recovery {
         let settings = &self.shared.settings;
         let host = entry.target.name.as_str();
+        let (id, kind) = (&framed.id, framed.kind);
         self.shared.stats.recoveries.fetch_add(1, Ordering::Relaxed);
         let what = if lost.timed_out {
             "timed out"
@@ -603,12 +778,12 @@ impl SshBackend {
                 Ok(OperationState::Succeeded { kind: k, result }) => {
                     tracing::info!(operation_id = %id, polls, "recovered: the host recorded success");
                     if k != kind || result.kind() != kind {
-                        return Err(transport(
+                        return Recovery::Known(Err(transport(
                             host,
                             format!("operation-status reports {id} as a {k}, but it was a {kind}"),
-                        ));
+                        )));
                     }
-                    return Ok(*result);
+                    return Recovery::Known(Ok(*result));
                 }
                 Ok(OperationState::Failed {
                     kind: k,
@@ -617,17 +792,17 @@ impl SshBackend {
                 }) => {
                     tracing::warn!(operation_id = %id, polls, code = failure.code.as_str(), ?after_step, "recovered: the host recorded a failure: {}", failure.message);
                     if k != kind {
-                        return Err(transport(
+                        return Recovery::Known(Err(transport(
                             host,
                             format!("operation-status reports {id} as a {k}, but it was a {kind}"),
-                        ));
+                        )));
                     }
-                    return Err(CallError::Failed(failure));
+                    return Recovery::Known(Err(CallError::Failed(failure)));
                 }
                 Ok(OperationState::Unknown) => {
                     if lost_at.elapsed() >= confirm_unknown_after {
                         tracing::warn!(operation_id = %id, polls, "the host has no record of the operation");
-                        return Err(transport(
+                        return Recovery::NeverArrived(transport(
                             host,
                             format!(
                                 "the session to {} {what} after operation {id} was sent ({}), and the host has no record of it: it never arrived; safe to retry with a new operation id",
@@ -642,7 +817,7 @@ impl SshBackend {
                     e @ (CallError::HostKeyMismatch { .. }
                     | CallError::AuthenticationRefused { .. }),
                 ) => {
-                    return Err(e);
+                    return Recovery::Known(Err(e));
                 }
                 Err(e) => {
                     tracing::info!(operation_id = %id, "operation-status failed: {e}");
@@ -655,14 +830,14 @@ impl SshBackend {
             }
             tokio::time::sleep(settings.status_poll_interval.min(give_up - now)).await;
         }
-        Err(transport(
+        Recovery::Known(Err(transport(
             host,
             format!(
                 "the session to {} {what} after operation {id} was sent ({}), and its outcome is still unknown at the transport deadline: {last_problem}; ask operation-status for {id} later",
                 entry.label(),
                 lost.reason
             ),
-        ))
+        )))
     }
 
     /// One `operation-status` query for `id`, with its own id, over the (re)connected host.
@@ -682,8 +857,8 @@ impl SshBackend {
         });
         // Patient: wait out the reconnect backoff rather than failing at once.
         entry.connection(&self.shared, true).await?;
-        let options = self.status_options();
-        match self.attempt(entry, &status_id, op, options, None).await {
+        let framed = self.frame(entry, &status_id, op, self.status_options())?;
+        match self.send(entry, &framed, None, false).await {
             Attempt::Done(Ok(OperationResult::OperationStatus(s))) => {
                 if &s.operation_id != id {
                     return Err(transport(
@@ -707,6 +882,16 @@ impl SshBackend {
             )),
         }
     }
+}
+
+/// A target as the backend keys it (the pinned key lines trimmed).
+fn normalised(t: &HostTarget) -> HostTarget {
+    let mut t = t.clone();
+    t.host_key = t.host_key.trim().to_owned();
+    if let Some(j) = &mut t.jump {
+        j.host_key = j.host_key.trim().to_owned();
+    }
+    t
 }
 
 /// Maps hostd's outcome to the call's result, checking that it answers this operation.

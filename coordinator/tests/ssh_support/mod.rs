@@ -113,7 +113,9 @@ impl Keys {
 /// Settings with short limits, so tests wait seconds.
 pub fn fast_settings() -> SshSettings {
     SshSettings {
-        connect_timeout: Duration::from_secs(5),
+        // Generous: on a loaded machine, starting several hostd sessions at once has taken
+        // over 5 s before their hellos (a refused or unreachable host still fails at once).
+        connect_timeout: Duration::from_secs(15),
         reconnect_backoff_base: Duration::from_millis(100),
         reconnect_backoff_max: Duration::from_secs(1),
         status_poll_interval: Duration::from_millis(200),
@@ -211,18 +213,44 @@ impl Loopback {
             format!("{PRINCIPAL} {}\n", keys.signing_public()),
         )
         .unwrap();
+        // A long lock timeout: warm sessions send concurrent operations straight into hostd's
+        // host lock, and on a loaded machine each holder's fsyncs take long.
         std::fs::write(
             d.join("hostd.toml"),
             format!(
                 "host_name = \"{name}\"\nhost_key = \"{hk}\"\nallowed_signers = \"{as_}\"\n\
                  state_root = \"{sr}\"\nunit_dir = \"{sr}/units\"\ngateway_command = [\"/bin/true\"]\n\
-                 [limits]\nlock_timeout_ms = 3000\n",
+                 hooks_dir = \"{d}/hooks\"\n[limits]\nlock_timeout_ms = 15000\n",
+                d = d.display(),
                 hk = d.join("host_ed25519.pub").display(),
                 as_ = d.join("allowed_signers").display(),
                 sr = state_root.display(),
             ),
         )
         .unwrap();
+        // An after-namespace-prepared hook: it records "<hostd pid> <own pid>" (its parent is
+        // the hostd process of the session running the ensure-namespace), then sleeps for
+        // the seconds in `hook-sleep` (none unless a test writes it).
+        let hook_dir = d.join("hooks/after-namespace-prepared");
+        std::fs::create_dir_all(&hook_dir).unwrap();
+        for dir in [d.join("hooks"), hook_dir.clone()] {
+            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        }
+        let hook = hook_dir.join("10-record");
+        std::fs::write(
+            &hook,
+            format!(
+                "#!/bin/sh\n\
+                 D='{d}'\n\
+                 echo \"$PPID $$\" >> \"$D/hook-runs\"\n\
+                 if [ -s \"$D/hook-sleep\" ]; then /bin/sleep \"$(/bin/cat \"$D/hook-sleep\")\"; fi\n",
+                d = d.display(),
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         // The hello hostd sends, to let the "lose-result" mode pass exactly that through.
         let hello = Hello {
             hostd_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -236,13 +264,16 @@ impl Loopback {
             format!(
                 "#!/bin/sh\n\
                  D='{d}'\n\
+                 # One line per session: the pid that becomes hostd (exec keeps it).\n\
+                 echo $$ >> \"$D/starts\"\n\
                  H=\"{hostd} --config $D/hostd.toml serve\"\n\
-                 # lose-result: hostd runs the envelope, but only its hello reaches the client.\n\
-                 if [ -e \"$D/mode-lose-result\" ]; then rm -f \"$D/mode-lose-result\"; $H | {{ head -c {hello_len}; cat > /dev/null; }}; exit 0; fi\n\
+                 # lose-result: hostd runs what it gets, but only its hello reaches the client; the\n\
+                 # session ends a second later (hostd sees its output closed).\n\
+                 if [ -e \"$D/mode-lose-result\" ]; then rm -f \"$D/mode-lose-result\"; $H | {{ head -c {hello_len}; sleep 1; }}; exit 0; fi\n\
                  # hold: like lose-result, but the session stays open for 20 s.\n\
                  if [ -e \"$D/mode-hold\" ]; then rm -f \"$D/mode-hold\"; $H | {{ head -c {hello_len}; sleep 20; cat > /dev/null; }}; exit 0; fi\n\
                  # swallow: hostd says hello and exits; the envelope goes nowhere.\n\
-                 if [ -e \"$D/mode-swallow\" ]; then rm -f \"$D/mode-swallow\"; $H < /dev/null; cat > /dev/null; exit 0; fi\n\
+                 if [ -e \"$D/mode-swallow\" ]; then rm -f \"$D/mode-swallow\"; $H < /dev/null; head -c 1 > /dev/null; exit 0; fi\n\
                  exec $H\n",
                 d = d.display(),
                 hostd = hostd.display(),
@@ -282,6 +313,8 @@ impl Loopback {
             address: "127.0.0.1".to_owned(),
             port: self.port,
             host_key: self.host_pub.clone(),
+            login_user: None,
+            jump: None,
         }
     }
 
@@ -375,7 +408,57 @@ impl Loopback {
         self.sshd.is_some()
     }
 
-    /// Arms a one-shot mode of the forced-command wrapper.
+    /// The pids of the hostd sessions sshd started, in order (one per `hostd serve`).
+    pub fn starts(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.dir.path().join("starts"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Every run of the after-namespace-prepared hook: (the hostd pid that ran it, its own pid).
+    pub fn hook_runs(&self) -> Vec<(u32, u32)> {
+        std::fs::read_to_string(self.dir.path().join("hook-runs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (a, b) = l.trim().split_once(' ')?;
+                Some((a.parse().ok()?, b.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Makes every later hook run sleep `seconds` (0: not at all).
+    pub fn hook_sleep(&self, seconds: u32) {
+        let path = self.dir.path().join("hook-sleep");
+        if seconds == 0 {
+            let _ = std::fs::remove_file(path);
+        } else {
+            std::fs::write(path, seconds.to_string()).unwrap();
+        }
+    }
+
+    /// hostd's operation journal: every entry, as written (`<state_root>/journal/<id>.json`).
+    pub fn journal(&self) -> Vec<Value> {
+        let Ok(dir) = std::fs::read_dir(self.state_root.join("journal")) else {
+            return Vec::new();
+        };
+        let mut entries: Vec<Value> = dir
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+            .collect();
+        entries.sort_by_key(|e| e["operationId"].as_str().map(str::to_owned));
+        entries
+    }
+
+    /// The sshd process that relays a hostd session's channel (hostd's parent).
+    pub fn relay_of(&self, hostd_pid: u32) -> u32 {
+        parent_of(hostd_pid).unwrap_or_else(|| panic!("hostd {hostd_pid} has no parent"))
+    }
+
+    /// Arms a one-shot mode of the forced-command wrapper (for the next session started).
     pub fn arm(&self, mode: &str) {
         std::fs::write(self.dir.path().join(format!("mode-{mode}")), b"").unwrap();
     }
@@ -396,6 +479,13 @@ impl Loopback {
 impl Drop for Loopback {
     fn drop(&mut self) {
         self.stop_sshd();
+        // Hooks orphaned by a killed hostd (checked by command line against pid reuse).
+        for (_, hook) in self.hook_runs() {
+            let cmdline = std::fs::read(format!("/proc/{hook}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains("10-record") {
+                kill_pids(&[hook]);
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.state_root);
     }
 }
@@ -409,6 +499,42 @@ fn write_private(path: &Path, key: &PrivateKey) {
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
+}
+
+/// A process's parent pid.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Sends a signal (`-KILL`, `-STOP`, `-CONT`) to one process, by its pid.
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// Waits until a process is gone.
+pub fn wait_gone(pid: u32, within: Duration) {
+    let until = Instant::now() + within;
+    while alive(pid) {
+        assert!(Instant::now() < until, "process {pid} still runs");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Every process below `root` (children first found, deepest last).
@@ -569,5 +695,292 @@ pub fn host_target(host: &clawfleet_vm_tests::TestHost) -> HostTarget {
         address: host.address().to_string(),
         port: 22,
         host_key: host.host_public_key().trim().to_owned(),
+        login_user: None,
+        jump: None,
+    }
+}
+
+/// The host's clock (Unix seconds), for `journalctl --since @…`.
+pub fn host_now(host: &clawfleet_vm_tests::TestHost) -> u64 {
+    host.run_ok("date +%s").unwrap().trim().parse().unwrap()
+}
+
+/// One operation as hostd's journald entries tell it: its id, kind, the pid of the hostd
+/// process (the session) that ran it, and when hostd logged receiving and finishing it
+/// (journald's receive times, µs since the epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostdOp {
+    pub id: String,
+    pub op: String,
+    pub pid: u32,
+    pub received_us: u64,
+    /// "operation succeeded" or "operation failed".
+    pub finished_us: Option<u64>,
+    pub succeeded: bool,
+}
+
+/// A field of a journal entry (`journalctl -o json`), whatever prefix tracing-journald gave it
+/// (`OP` or `F_OP`).
+pub fn journal_field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
+    entry
+        .as_object()?
+        .iter()
+        .find(|(k, _)| *k == name || k.strip_prefix("F_") == Some(name))
+        .and_then(|(_, v)| v.as_str())
+}
+
+/// hostd's journald entries since `since` (host clock), in order.
+pub fn hostd_journal(host: &clawfleet_vm_tests::TestHost, since: u64) -> Vec<Value> {
+    host.run_ok(&format!(
+        "journalctl -t hostd -o json --no-pager --since @{since}"
+    ))
+    .unwrap()
+    .lines()
+    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    .collect()
+}
+
+/// The operations hostd received since `since` (host clock), in order.
+pub fn hostd_ops(host: &clawfleet_vm_tests::TestHost, since: u64) -> Vec<HostdOp> {
+    let mut ops: Vec<HostdOp> = Vec::new();
+    for e in hostd_journal(host, since) {
+        let (Some(id), Some(msg), Some(at)) = (
+            journal_field(&e, "OPERATION_ID"),
+            journal_field(&e, "MESSAGE"),
+            journal_field(&e, "__REALTIME_TIMESTAMP").and_then(|t| t.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        if msg.contains("operation received") {
+            let (Some(op), Some(pid)) = (
+                journal_field(&e, "OP"),
+                journal_field(&e, "_PID").and_then(|p| p.parse().ok()),
+            ) else {
+                continue;
+            };
+            ops.push(HostdOp {
+                id: id.to_owned(),
+                op: op.to_owned(),
+                pid,
+                received_us: at,
+                finished_us: None,
+                succeeded: false,
+            });
+        } else if let Some(o) = ops.iter_mut().rev().find(|o| o.id == id)
+            && o.finished_us.is_none()
+        {
+            if msg.contains("operation succeeded") {
+                o.finished_us = Some(at);
+                o.succeeded = true;
+            } else if msg.contains("operation failed") {
+                o.finished_us = Some(at);
+            }
+        }
+    }
+    ops
+}
+
+/// The pids of the `hostd serve` processes running on the host.
+pub fn hostd_serve_pids(host: &clawfleet_vm_tests::TestHost) -> Vec<u32> {
+    host.run_ok("ps -C hostd -o pid=,args= || true")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" serve"))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// hostd's journal entry for an operation id (`/var/lib/clawfleet/journal/<id>.json`).
+pub fn journal_entry(host: &clawfleet_vm_tests::TestHost, id: &str) -> Option<Value> {
+    let out = host
+        .run(&format!("cat /var/lib/clawfleet/journal/{id}.json"))
+        .unwrap();
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// The entries of hostd's journal (`/var/lib/clawfleet/journal/*.json`).
+pub fn journal_entries(host: &clawfleet_vm_tests::TestHost) -> Vec<Value> {
+    let text = host
+        .run_ok("for f in /var/lib/clawfleet/journal/*.json; do [ -f \"$f\" ] && cat \"$f\"; done; true")
+        .unwrap();
+    serde_json::Deserializer::from_str(&text)
+        .into_iter::<Value>()
+        .map(|v| v.unwrap())
+        .collect()
+}
+
+static SUDO_DEB: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// Installs sudo on a test host (the base rootfs has none) from Debian's package, fetched
+/// once per process on the runner with `apt-get download` (the hosts have no network).
+pub fn install_sudo(host: &clawfleet_vm_tests::TestHost) {
+    if host.run("command -v sudo").unwrap().status.success() {
+        return;
+    }
+    let deb = {
+        let mut cached = SUDO_DEB.lock().unwrap_or_else(|p| p.into_inner());
+        if cached.is_none() {
+            let dir =
+                std::env::temp_dir().join(format!("clawfleet-ssh-sudo-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let out = Command::new("apt-get")
+                .args(["download", "sudo"])
+                .current_dir(&dir)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "apt-get download sudo failed (the login-user tests need Debian's sudo package): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let deb = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|e| e == "deb"))
+                .expect("apt-get download wrote no .deb");
+            *cached = Some(deb);
+        }
+        cached.clone().unwrap()
+    };
+    host.install_deb(&deb).unwrap();
+}
+
+/// Removes the sudo package [`install_sudo`] downloaded, when dropped (hold one for the test).
+pub struct SudoDownload;
+
+impl Drop for SudoDownload {
+    fn drop(&mut self) {
+        if let Some(deb) = SUDO_DEB.lock().unwrap_or_else(|p| p.into_inner()).take()
+            && let Some(dir) = deb.parent()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Sets up a dedicated login user for the coordinator, as `hostd enrol --login-user` will:
+/// its authorized_keys runs `sudo -n /usr/sbin/hostd serve` as the forced command, and a
+/// sudoers drop-in allows exactly that. Root no longer accepts the coordinator's key.
+pub fn add_login_user(host: &clawfleet_vm_tests::TestHost, user: &str, keys: &Keys) {
+    install_sudo(host);
+    host.run_ok(&format!(
+        "useradd --system --create-home --shell /bin/sh {user} && usermod -p '*' {user} && \
+         install -d -m 700 -o {user} -g {user} /home/{user}/.ssh && \
+         sed -i '/{principal}/d' /root/.ssh/authorized_keys",
+        principal = keys
+            .login_public()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .replace('/', "\\/"),
+    ))
+    .unwrap();
+    host.write_file(
+        &format!("/home/{user}/.ssh/authorized_keys"),
+        format!(
+            "restrict,command=\"sudo -n /usr/sbin/hostd serve\" {}\n",
+            keys.login_public()
+        )
+        .as_bytes(),
+        0o600,
+    )
+    .unwrap();
+    host.write_file(
+        "/etc/sudoers.d/clawfleet-hostd",
+        format!("{user} ALL=(root) NOPASSWD: /usr/sbin/hostd serve\n").as_bytes(),
+        0o440,
+    )
+    .unwrap();
+    host.run_ok(&format!(
+        "chown {user}:{user} /home/{user}/.ssh/authorized_keys && visudo -cq"
+    ))
+    .unwrap();
+}
+
+/// Sets up a jump host account for the coordinator: port forwarding to `targets` only, no
+/// shell, no session.
+pub fn add_jump_user(
+    host: &clawfleet_vm_tests::TestHost,
+    user: &str,
+    keys: &Keys,
+    targets: &[String],
+) {
+    host.run_ok(&format!(
+        "useradd --system --create-home --shell /usr/sbin/nologin {user} && usermod -p '*' {user} && \
+         install -d -m 700 -o {user} -g {user} /home/{user}/.ssh"
+    ))
+    .unwrap();
+    let permit: Vec<String> = targets
+        .iter()
+        .map(|t| format!("permitopen=\"{t}\""))
+        .collect();
+    host.write_file(
+        &format!("/home/{user}/.ssh/authorized_keys"),
+        format!(
+            "restrict,port-forwarding,{},command=\"/bin/false\" {}\n",
+            permit.join(","),
+            keys.login_public()
+        )
+        .as_bytes(),
+        0o600,
+    )
+    .unwrap();
+    host.run_ok(&format!(
+        "chown {user}:{user} /home/{user}/.ssh/authorized_keys"
+    ))
+    .unwrap();
+}
+
+/// A private link between two test hosts' network namespaces (a veth pair whose ends live
+/// only there, deleted with either namespace): `a` gets `169.254.78.(4n+1)`, `b` gets
+/// `169.254.78.(4n+2)`. Nothing else can reach these addresses: the runner has no route.
+pub struct HostLink {
+    netns: String,
+    name: String,
+    pub a_address: String,
+    pub b_address: String,
+}
+
+impl HostLink {
+    pub fn new(a: &clawfleet_vm_tests::TestHost, b: &clawfleet_vm_tests::TestHost, n: u8) -> Self {
+        let (na, nb) = (a.record().netns, b.record().netns);
+        let name = format!("cfl{n}");
+        let a_address = format!("169.254.78.{}", 4 * n + 1);
+        let b_address = format!("169.254.78.{}", 4 * n + 2);
+        let run = |args: &str| {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!("ip {args}"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ip {args}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&format!(
+            "link add name {name} netns {na} type veth peer name {name} netns {nb}"
+        ));
+        run(&format!("-n {na} addr add {a_address}/30 dev {name}"));
+        run(&format!("-n {nb} addr add {b_address}/30 dev {name}"));
+        run(&format!("-n {na} link set {name} up"));
+        run(&format!("-n {nb} link set {name} up"));
+        Self {
+            netns: na,
+            name,
+            a_address,
+            b_address,
+        }
+    }
+}
+
+impl Drop for HostLink {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["-n", &self.netns, "link", "del", &self.name])
+            .stderr(Stdio::null())
+            .status();
     }
 }
