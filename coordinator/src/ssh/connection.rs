@@ -462,6 +462,8 @@ pub(crate) struct HostEntry {
     pub(crate) target: HostTarget,
     pub(crate) link: Link,
     pub(crate) pool: Arc<SessionPool>,
+    /// The protocol versions hostd said it accepts in its latest hello (`None` until one).
+    pub(crate) versions: Mutex<Option<Vec<u32>>>,
     active: Mutex<Active>,
     gate: tokio::sync::Mutex<()>,
 }
@@ -505,6 +507,7 @@ impl HostEntry {
             link: Link::new(endpoint, via, shared),
             pool: Arc::new(SessionPool::new(&shared.settings)),
             target,
+            versions: Mutex::new(None),
             active: Mutex::new(Active::default()),
             gate: tokio::sync::Mutex::new(()),
         }
@@ -512,6 +515,18 @@ impl HostEntry {
 
     pub(crate) fn label(&self) -> String {
         self.link.endpoint.label.clone()
+    }
+
+    /// What hostd accepts, as its latest hello said.
+    pub(crate) fn versions(&self) -> Option<Vec<u32>> {
+        self.versions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_versions(&self, versions: &[u32]) {
+        *self.versions.lock().unwrap_or_else(|p| p.into_inner()) = Some(versions.to_vec());
     }
 
     /// Joins the calls in flight on this host; the first one takes a permit of the

@@ -54,7 +54,10 @@ use std::time::{Duration, Instant};
 use clawfleet_protocol::operation::{OperationKind, OperationStatusArgs};
 use clawfleet_protocol::result::{OperationResult, OperationState, Outcome, Progress};
 use clawfleet_protocol::ssh_key::PrivateKey;
-use clawfleet_protocol::{Limits, Message, Operation, OperationId, Principal};
+use clawfleet_protocol::{
+    Failure, FailureCode, Limits, Message, Operation, OperationId, PROTOCOL_VERSION, Principal,
+    SUPPORTED_VERSIONS,
+};
 use thiserror::Error;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
@@ -534,6 +537,13 @@ impl SshBackend {
         let _session_slot = entry.pool.limit.clone().acquire_owned().await.ok();
         let kind = operation.kind();
         let read_only = kind.is_read_only();
+        if entry.versions().is_none() {
+            // The envelope's version depends on what this hostd accepts: learn it from a
+            // session's hello before the first envelope is signed (the session stays pooled).
+            let warm = OperationId::new("warm-up").map_err(|e| transport(host.name.as_str(), e.to_string()))?;
+            let s = self.session(&entry, &warm, false).await?;
+            entry.pool.put(s, &self.shared.stats);
+        }
         // A read-only operation whose session dropped is simply sent again once, on a new
         // session.
         let tries = if read_only { 2 } else { 1 };
@@ -590,6 +600,27 @@ impl SshBackend {
         let Some(fingerprint) = entry.fingerprint() else {
             return Err(entry.mismatch("(not checked)".to_owned()));
         };
+        // The newest version hostd accepts: version 2 carries the fence; a hostd from before
+        // fencing accepts only version 1, and gets its operations unfenced.
+        let accepted = entry.versions().unwrap_or_default();
+        let version = if accepted.is_empty() || accepted.contains(&PROTOCOL_VERSION) {
+            PROTOCOL_VERSION
+        } else if let Some(v) = accepted
+            .iter()
+            .copied()
+            .filter(|v| SUPPORTED_VERSIONS.contains(v))
+            .max()
+        {
+            v
+        } else {
+            return Err(CallError::Failed(Failure::new(
+                FailureCode::UnsupportedVersion,
+                format!(
+                    "hostd on {} speaks protocol versions {accepted:?}; this coordinator speaks {SUPPORTED_VERSIONS:?}",
+                    entry.label()
+                ),
+            )));
+        };
         let signed = self
             .shared
             .signer
@@ -598,6 +629,7 @@ impl SshBackend {
                 &entry.target.name,
                 fingerprint,
                 options.deadline,
+                (version, options.fence),
                 operation,
             )
             .map_err(|e| transport(host, format!("cannot sign the envelope: {e}")))?;

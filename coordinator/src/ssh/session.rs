@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clawfleet_protocol::framing::FrameDecoder;
 use clawfleet_protocol::result::{Hello, Progress, ResultMessage};
-use clawfleet_protocol::{Failure, FailureCode, Limits, Message, OperationId, PROTOCOL_VERSION};
+use clawfleet_protocol::{Failure, FailureCode, Limits, Message, OperationId, SUPPORTED_VERSIONS};
 use russh::client::Msg;
 use russh::{Channel, ChannelMsg};
 
@@ -237,15 +237,20 @@ pub(crate) async fn open(
             entry.mismatch(format!("{} (in hostd's hello)", hello.host_key)),
         ));
     }
-    if !hello.protocol_versions.contains(&PROTOCOL_VERSION) {
+    if !hello
+        .protocol_versions
+        .iter()
+        .any(|v| SUPPORTED_VERSIONS.contains(v))
+    {
         return Err(OpenError::Refused(CallError::Failed(Failure::new(
             FailureCode::UnsupportedVersion,
             format!(
-                "hostd {} on {} speaks protocol versions {:?}; this coordinator speaks {}",
-                hello.hostd_version, entry.target.name, hello.protocol_versions, PROTOCOL_VERSION
+                "hostd {} on {} speaks protocol versions {:?}; this coordinator speaks {:?}",
+                hello.hostd_version, entry.target.name, hello.protocol_versions, SUPPORTED_VERSIONS
             ),
         ))));
     }
+    entry.set_versions(&hello.protocol_versions);
     session.hello = hello;
     Ok(session)
 }

@@ -8,7 +8,7 @@ use clawfleet_protocol::ident::IdentError;
 use clawfleet_protocol::signing::SignError;
 use clawfleet_protocol::ssh_key::PrivateKey;
 use clawfleet_protocol::{
-    Envelope, Fingerprint, HostName, Operation, OperationId, PROTOCOL_VERSION, Principal,
+    Envelope, FENCED_VERSION, Fingerprint, HostName, Operation, OperationId, Principal,
     SignedEnvelope, Target,
 };
 
@@ -68,18 +68,22 @@ impl EnvelopeSigner {
         ))?)
     }
 
-    /// Builds and signs the envelope for one operation.
+    /// Builds and signs the envelope for one operation, in protocol `version` (with the
+    /// fence only from [`FENCED_VERSION`] on, and only for operations that take one).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sign(
         &self,
         id: &OperationId,
         host: &HostName,
         host_key: &Fingerprint,
         deadline: Duration,
+        (version, fence): (u32, Option<u64>),
         operation: Operation,
     ) -> Result<SignedEnvelope, SignError> {
         let issued_at = now_unix_ms() / 1000;
+        let fence = fence.filter(|_| version >= FENCED_VERSION && operation.kind().is_fenced());
         let envelope = Envelope {
-            version: PROTOCOL_VERSION,
+            version,
             operation_id: id.clone(),
             target: Target {
                 host: host.clone(),
@@ -89,7 +93,7 @@ impl EnvelopeSigner {
             issued_at,
             expires_at: issued_at + self.lifetime.as_secs().max(1),
             deadline_seconds: deadline_seconds(deadline),
-            fence: None,
+            fence,
             operation,
         };
         SignedEnvelope::sign(&envelope, &self.key)
