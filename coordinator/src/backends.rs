@@ -78,7 +78,7 @@ impl Backends {
             Target::Cluster(c) => {
                 let cluster = kube_cluster(&c).map_err(CallError::Failed)?;
                 self.kube
-                    .call(&cluster, operation, options.deadline)
+                    .call_fenced(&cluster, operation, options.deadline, options.fence)
                     .await
                     .map_err(CallError::Failed)
             }

@@ -163,6 +163,7 @@ mod tests {
             "OCC_CONFIG_PATH",
             "OCC_LOG",
             "OCC_TOKEN",
+            "OCC_FAULT_STOP_BEFORE",
             "PGPASSWORD",
             "OPENCLAW_GATEWAY_PASSWORD",
             "OPENAI_API_KEY",

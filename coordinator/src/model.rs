@@ -68,6 +68,32 @@ pub struct Host {
     pub max_agents: u32,
     pub enrolled_at: i64,
     pub last_probe: Option<Value>,
+    /// Whether the host's hostd refuses operations of a coordinator whose claim was replaced,
+    /// as its last probe said (derived, never stored).
+    #[serde(default)]
+    pub fencing: Fencing,
+}
+
+impl Host {
+    /// Derives [`Host::fencing`] from the last probe's `protocolVersions`.
+    pub fn with_fencing(mut self) -> Self {
+        self.fencing = match self
+            .last_probe
+            .as_ref()
+            .and_then(|p| p.get("protocolVersions"))
+            .and_then(Value::as_array)
+        {
+            None => Fencing::Unknown,
+            Some(v)
+                if v.iter()
+                    .any(|x| x.as_u64() == Some(u64::from(clawfleet_protocol::FENCED_VERSION))) =>
+            {
+                Fencing::Fenced
+            }
+            Some(_) => Fencing::Unfenced,
+        };
+        self
+    }
 }
 
 /// A Kubernetes cluster registered with the coordinator, as the API shows it: never its
@@ -574,4 +600,23 @@ pub struct WorkspaceSetupInfo {
     /// Unix seconds.
     pub updated_at: i64,
     pub files: Vec<WorkspaceFileInfo>,
+}
+
+text_enum! {
+    /// Whether a host refuses operations of a coordinator whose claim was replaced.
+    Fencing {
+        /// hostd speaks protocol version 2 and keeps each Agent's highest fence.
+        Fenced = "fenced",
+        /// hostd predates fencing (protocol version 1 only): its operations go unfenced;
+        /// upgrade it before running several coordinators.
+        Unfenced = "unfenced",
+        /// Not probed yet.
+        Unknown = "unknown",
+    }
+}
+
+impl Default for Fencing {
+    fn default() -> Self {
+        Fencing::Unknown
+    }
 }

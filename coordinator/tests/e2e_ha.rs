@@ -417,3 +417,162 @@ fn a_sqlite_fleet_moves_to_postgres_with_occ_db_migrate_and_keeps_converging() {
         .collect();
     fleet.check_hosts(&model, true);
 }
+
+/// Every hostd journal line since `since` (Unix seconds) on the fleet's first host, as JSON.
+fn journal(fleet: &Fleet, since: u64) -> Vec<Value> {
+    fleet
+        .hosts
+        .iter()
+        .next()
+        .unwrap()
+        .run_ok(&format!(
+            "journalctl -t hostd -o json --no-pager --since @{since}"
+        ))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Fencing end to end, and a hostd from before fencing. A coordinator stopped (SIGSTOP) right
+/// before an activation, holding the claim, is continued after its lease lapsed and another
+/// coordinator deployed two revisions: hostd refuses its stale call with FENCE_STALE, the
+/// coordinator records the claim as lost, and the host keeps the newer revision. Then the
+/// host's hostd speaks only protocol version 1 (as one from before fencing): the host shows
+/// "unfenced", and a new Agent still deploys there, its operations carrying no fence.
+#[test]
+fn a_paused_coordinator_is_fenced_off_and_an_unfenced_host_keeps_working() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let work = tempfile::tempdir().unwrap();
+    let (_pg, url, password_file) = postgres(work.path());
+    let mut fleet = Fleet::start_with(FleetOptions {
+        hosts: 1,
+        coordinators: 2,
+        lease_seconds: 4,
+        ..options(&url, &password_file)
+    });
+    let host = fleet.host_names()[0].clone();
+
+    // 1. Coordinator 0 alone takes f1's deploy and stops itself before the activation.
+    let t = Instant::now();
+    fleet.create_agent("f1", &document("f1-v1", json!({})));
+    fleet.stop_serve_at(1);
+    fleet.stop_serve_at(0);
+    fleet.start_serve_with(0, &[("OCC_FAULT_STOP_BEFORE", "activate-revision")]);
+    let rev1 = fleet.deploy("f1");
+    while !fleet.is_stopped(0) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "coordinator 0 never reached the activation"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Coordinator 1 takes over after the lease, then deploys a second revision.
+    fleet.start_serve_at(1);
+    fleet.use_coordinator(1);
+    let running = |rev: &str, label: &str| {
+        vec![(
+            "f1",
+            Want::Running {
+                rev: rev.to_owned(),
+                label: label.to_owned(),
+            },
+        )]
+    };
+    fleet.wait_converged(&running(&rev1, "f1-v1"), t, Duration::from_secs(120));
+    fleet.update_configuration("f1", &document("f1-v2", json!({})));
+    let rev2 = fleet.deploy("f1");
+    fleet.wait_converged(&running(&rev2, "f1-v2"), t, Duration::from_secs(120));
+    fleet::phase_done(
+        "coordinator 0 paused, coordinator 1 took over and moved on",
+        t,
+    );
+
+    // 2. Continued, coordinator 0 sends its stale activation of rev1: refused by hostd.
+    let t = Instant::now();
+    let since = now_unix().saturating_sub(1);
+    fleet.signal_only(0, "-CONT");
+    loop {
+        if !fleet.serve_log_lines_at(0, "CLAIM_LOST").is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "coordinator 0 did not record its claim as lost: {:?}",
+            fleet.serve_log_lines_at(0, "f1")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let refused: Vec<Value> = journal(&fleet, since)
+        .into_iter()
+        .filter(|e| e.to_string().contains("FENCE_STALE"))
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "hostd logged no FENCE_STALE refusal since coordinator 0 continued"
+    );
+    let s = fleet.status("f1").unwrap();
+    assert_eq!(s["activeRevisionId"], rev2.as_str(), "{s}");
+    assert_eq!(s["servedRevisionId"], rev2.as_str(), "{s}");
+    let inventory = fleet.inventory(fleet.host(&host));
+    let f1 = inventory.to_string();
+    assert!(
+        f1.contains(&format!("\"current\":\"{rev2}\"")),
+        "the host no longer has {rev2} current: {inventory}"
+    );
+    fleet::phase_done("the stale activation was refused with FENCE_STALE", t);
+
+    // 3. The host's hostd speaks only version 1: shown unfenced, and still deploys.
+    let t = Instant::now();
+    fleet
+        .host(&host)
+        .run_ok("sed -i '1i protocol_versions = [1]' /etc/clawfleet/hostd.toml")
+        .unwrap();
+    // New hostd sessions read the changed configuration.
+    for i in 0..2 {
+        fleet.stop_serve_at(i);
+        fleet.start_serve_at(i);
+    }
+    let probe = fleet.occ(&["host", "probe", &host]);
+    assert!(probe.status.success(), "{probe:?}");
+    assert!(
+        String::from_utf8_lossy(&probe.stderr).contains("unfenced"),
+        "occ host probe did not warn: {probe:?}"
+    );
+    let hosts = fleet.occ_json(&["host", "list"]);
+    assert_eq!(hosts[0]["fencing"], "unfenced", "{hosts}");
+    let table = fleet.occ_ok(&["host", "list"]);
+    assert!(
+        table.contains("FENCING") && table.contains("unfenced"),
+        "{table}"
+    );
+    let since = now_unix().saturating_sub(1);
+    fleet.create_agent("u1", &document("u1-v1", json!({})));
+    let rev = fleet.deploy("u1");
+    fleet.wait_converged(
+        &[(
+            "u1",
+            Want::Running {
+                rev,
+                label: "u1-v1".into(),
+            },
+        )],
+        t,
+        Duration::from_secs(120),
+    );
+    let fences: Vec<String> = journal(&fleet, since)
+        .iter()
+        .filter(|e| {
+            journal_field(e, "MESSAGE") == Some("operation received")
+                && journal_field(e, "AGENT") == Some("u1")
+        })
+        .map(|e| journal_field(e, "FENCE").unwrap_or("none").to_owned())
+        .collect();
+    assert!(!fences.is_empty(), "hostd received no operation for u1");
+    assert!(
+        fences.iter().all(|f| f == "0" || f == "none"),
+        "operations to a version-1 hostd carried fences: {fences:?}"
+    );
+    fleet::phase_done("a version-1 hostd shows unfenced and deploys", t);
+}

@@ -40,7 +40,10 @@ fn probe_and_status_reuse_one_session() {
             match backend.call(&target, probe(), CallOptions::default()).await {
                 Ok(OperationResult::Probe(p)) => {
                     assert_eq!(p.host_key.as_str(), lo.fingerprint());
-                    assert_eq!(p.protocol_versions, clawfleet_protocol::SUPPORTED_VERSIONS.to_vec());
+                    assert_eq!(
+                        p.protocol_versions,
+                        clawfleet_protocol::SUPPORTED_VERSIONS.to_vec()
+                    );
                 }
                 other => panic!("probe {i}: {other:?}"),
             }

@@ -182,7 +182,10 @@ fn hello_then_many_operations_in_one_session_even_after_end_of_input() {
     let out = f.session(input);
     match &out[0] {
         Message::Hello(h) => {
-            assert_eq!(h.protocol_versions, clawfleet_protocol::SUPPORTED_VERSIONS.to_vec());
+            assert_eq!(
+                h.protocol_versions,
+                clawfleet_protocol::SUPPORTED_VERSIONS.to_vec()
+            );
             assert_eq!(h.host_key, f.host_key);
         }
         other => panic!("first message must be hello, got {other:?}"),

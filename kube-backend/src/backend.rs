@@ -53,6 +53,8 @@
 //!   containers' restart count, `enabled` whether the Deployment exists.
 //! - `agent-runtime` and `agent-logs`: the Agent's newest Pod, its events and its gateway
 //!   container's log, within the protocol's page limits ([`crate::ops::runtime`]).
+//! - Fencing: prepare, activate, stop, retire and delete-agent carry the claim's fence, checked
+//!   and recorded on the Agent's ServiceAccount before they write ([`crate::ops::fence`]).
 //! - `operation-status`: always `unknown`. Calls to a cluster are synchronous request and
 //!   answer from the coordinator's own process, so there is no remote journal to ask: when a
 //!   call is interrupted the coordinator retries the (idempotent) operation, which observes
@@ -136,12 +138,25 @@ impl KubeBackend {
         Ok(c)
     }
 
-    /// Runs one operation against one cluster within `deadline`.
+    /// Runs one operation against one cluster within `deadline`, unfenced.
     pub async fn call(
         &self,
         cluster: &Cluster,
         operation: Operation,
         deadline: Duration,
+    ) -> Result<OperationResult, Failure> {
+        self.call_fenced(cluster, operation, deadline, None).await
+    }
+
+    /// Runs one operation within `deadline`, carrying the fence of the coordinator's claim on
+    /// the Agent ([`ops::fence`]): a fenced operation whose fence is lower than the Agent's is
+    /// refused with `FENCE_STALE` before it writes anything.
+    pub async fn call_fenced(
+        &self,
+        cluster: &Cluster,
+        operation: Operation,
+        deadline: Duration,
+        fence: Option<u64>,
     ) -> Result<OperationResult, Failure> {
         cluster.settings.validate().map_err(|e| {
             Failure::new(
@@ -155,14 +170,19 @@ impl KubeBackend {
         };
         let kind = operation.kind();
         let started = Instant::now();
-        let out = run(
-            &r,
-            &cluster.name,
-            &cluster.credentials,
-            &cluster.settings,
-            operation,
-        )
-        .await;
+        let out = match ops::fence::check(&r, &cluster.settings, &operation, fence).await {
+            Err(f) => Err(f),
+            Ok(()) => {
+                run(
+                    &r,
+                    &cluster.name,
+                    &cluster.credentials,
+                    &cluster.settings,
+                    operation,
+                )
+                .await
+            }
+        };
         match &out {
             Ok(_) => {
                 tracing::info!(cluster = %cluster.name, op = %kind, elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")

@@ -32,6 +32,12 @@ pub const CONFIGURATION_HASH: &str = "clawfleet.dev/configuration-hash";
 pub const RENDERED_HASH: &str = "clawfleet.dev/rendered-hash";
 /// Label and annotation on an adopted (operator-chosen) namespace: `"true"`.
 pub const ADOPTED: &str = "clawfleet.dev/adopted";
+/// Annotation on the Agent's ServiceAccount: the highest fence an operation on the Agent
+/// carried ([`crate::ops::fence`]); a lower one is refused with `FENCE_STALE`.
+pub const FENCE: &str = "clawfleet.dev/fence";
+/// The server-side apply field manager of [`FENCE`] alone, so the Agent's own apply (manager
+/// [`FIELD_MANAGER`], which never sets it) neither removes nor conflicts with it.
+pub const FENCE_MANAGER: &str = "clawfleet-fence";
 /// Label: what an object is for (`namespace`, `gateway`).
 pub const COMPONENT: &str = "clawfleet.dev/component";
 /// Pod label and Service selector key: which revision a Pod serves. The Service selects

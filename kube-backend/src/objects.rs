@@ -69,7 +69,7 @@ pub(crate) fn check_owned(
 
 /// Whether a 409 is the optimistic-lock kind (a resourceVersion in the request is stale):
 /// retryable, unlike a field-manager conflict.
-fn stale_resource_version(e: &kube::Error) -> bool {
+pub(crate) fn stale_resource_version(e: &kube::Error) -> bool {
     match e {
         kube::Error::Api(s) => s.message.contains("the object has been modified"),
         _ => false,

@@ -1549,3 +1549,81 @@ async fn workspace_files_go_through_a_secret_and_an_init_container_and_leave_the
     call(&backend, &c, delete_agent_op(ns, "a")).await.unwrap();
     assert!(secrets.get_opt(&name).await.unwrap().is_none());
 }
+
+/// Fencing as on hosts: the Agent's ServiceAccount keeps the highest fence; a lower one and
+/// an unfenced operation are refused with FENCE_STALE before anything is written; the
+/// Agent's own re-apply of its ServiceAccount keeps the record; a malformed record is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_fence_is_refused_before_any_write() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 2).await;
+    let c = cluster(&cp, settings());
+    let backend = KubeBackend::new();
+    let ns = "ns-fence";
+    let tenant = names::tenant_namespace(&id(ns));
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &tenant);
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let sa_name = names::agent(&id("a")).gateway;
+    let fenced = |op: Operation, fence: Option<u64>| {
+        let backend = &backend;
+        let c = &c;
+        async move { backend.call_fenced(c, op, DEADLINE, fence).await }
+    };
+    let recorded = || async {
+        accounts
+            .get(&sa_name)
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(names::FENCE)
+            .cloned()
+    };
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    // An Agent never fenced: unfenced operations work (a coordinator from before fencing).
+    deploy(&backend, &c, ns, "a", "r1", 1).await;
+    assert_eq!(recorded().await, None);
+    fenced(prepare_op(ns, "a", "r2", 2), Some(5)).await.unwrap();
+    assert_eq!(recorded().await.as_deref(), Some("5"));
+    // A lower fence, then no fence: refused, and the Deployment still runs r1.
+    let before = resource_version(&deps.get(&sa_name).await.unwrap());
+    for fence in [Some(4), None] {
+        let f = fenced(activate_op(ns, "a", "r2", 2), fence)
+            .await
+            .unwrap_err();
+        assert_eq!(f.code, FailureCode::FenceStale, "{f}");
+        assert!(f.message.contains("fenced at 5"), "{f}");
+    }
+    assert_eq!(resource_version(&deps.get(&sa_name).await.unwrap()), before);
+    assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r1"));
+    // The same fence again, then a higher one: accepted; the prepare's own apply of the
+    // ServiceAccount leaves the record alone.
+    fenced(prepare_op(ns, "a", "r2", 2), Some(5)).await.unwrap();
+    let out = fenced(activate_op(ns, "a", "r2", 2), Some(6))
+        .await
+        .unwrap();
+    assert_eq!(served(&out).as_deref(), Some("r2"));
+    fenced(prepare_op(ns, "a", "r3", 3), Some(6)).await.unwrap();
+    assert_eq!(recorded().await.as_deref(), Some("6"));
+    // A malformed record is named, and nothing is written.
+    let mut sa = accounts.get(&sa_name).await.unwrap();
+    sa.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(names::FENCE.to_owned(), "six".to_owned());
+    accounts
+        .replace(&sa_name, &PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let f = fenced(activate_op(ns, "a", "r3", 3), Some(7))
+        .await
+        .unwrap_err();
+    assert!(
+        f.message.contains(names::FENCE) && f.message.contains("six"),
+        "{f}"
+    );
+    assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r2"));
+}

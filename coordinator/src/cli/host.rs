@@ -52,6 +52,16 @@ fn report_probe(name: &str, probe: &Value) {
             missing.join(", ")
         );
     }
+    let fenced = probe["protocolVersions"].as_array().is_some_and(|v| {
+        v.iter()
+            .any(|x| x.as_u64() == Some(u64::from(clawfleet_protocol::FENCED_VERSION)))
+    });
+    if !fenced {
+        eprintln!(
+            "warning: host {name} runs a hostd from before fencing (protocol versions {}); it works, unfenced: upgrade it before running several coordinators",
+            probe["protocolVersions"]
+        );
+    }
 }
 
 pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
@@ -119,6 +129,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
                 ("ADDRESS", "address"),
                 ("PORT", "port"),
                 ("MAX", "maxAgents"),
+                ("FENCING", "fencing"),
                 ("FINGERPRINT", "fingerprint"),
             ],
         ),

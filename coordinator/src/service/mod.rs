@@ -450,6 +450,7 @@ impl Service {
             max_agents: h.max_agents,
             enrolled_at: now(),
             last_probe: None,
+            fencing: crate::model::Fencing::Unknown,
         };
         Ok(host)
     }

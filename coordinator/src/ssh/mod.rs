@@ -540,7 +540,8 @@ impl SshBackend {
         if entry.versions().is_none() {
             // The envelope's version depends on what this hostd accepts: learn it from a
             // session's hello before the first envelope is signed (the session stays pooled).
-            let warm = OperationId::new("warm-up").map_err(|e| transport(host.name.as_str(), e.to_string()))?;
+            let warm = OperationId::new("warm-up")
+                .map_err(|e| transport(host.name.as_str(), e.to_string()))?;
             let s = self.session(&entry, &warm, false).await?;
             entry.pool.put(s, &self.shared.stats);
         }
@@ -659,7 +660,11 @@ impl SshBackend {
     ) -> Result<OpenSession, CallError> {
         let stats = &self.shared.stats;
         if !fresh && let Some(s) = entry.pool.take(stats) {
-            stats.sessions_reused.fetch_add(1, Ordering::Relaxed);
+            // A session that only said hello (the version warm-up) is new to its first
+            // envelope, not reused.
+            if s.answered > 0 {
+                stats.sessions_reused.fetch_add(1, Ordering::Relaxed);
+            }
             return Ok(s);
         }
         for retry in [false, true] {

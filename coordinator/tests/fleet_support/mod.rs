@@ -461,6 +461,14 @@ impl Fleet {
         self.signal_serve(0, "-TERM", Duration::from_secs(15))
     }
 
+    /// Sends later CLI and API requests to coordinator `i` (e.g. while coordinator 0 is
+    /// stopped).
+    pub fn use_coordinator(&mut self, i: usize) {
+        self.config = self.configs[i].clone();
+        self.api = self.apis[i].clone();
+        self.port = self.ports[i];
+    }
+
     /// Sends `signal` (e.g. `-STOP`, `-CONT`) to coordinator `i` without waiting for it.
     pub fn signal_only(&self, i: usize, signal: &str) {
         let pid = self.serve_pid_at(i);

@@ -60,6 +60,7 @@ fn host(name: &str) -> Host {
         max_agents: 10,
         enrolled_at: 1,
         last_probe: None,
+        fencing: Default::default(),
     }
 }
 

@@ -711,7 +711,10 @@ fn probe_and_status_create_nothing() {
     let h = Host::new();
     match h.ok(Operation::Probe(ProbeArgs {})) {
         OperationResult::Probe(p) => {
-            assert_eq!(p.protocol_versions, clawfleet_protocol::SUPPORTED_VERSIONS.to_vec());
+            assert_eq!(
+                p.protocol_versions,
+                clawfleet_protocol::SUPPORTED_VERSIONS.to_vec()
+            );
             assert_eq!(p.agents, 0);
             assert!(p.missing_tools.is_empty());
         }

@@ -1,6 +1,7 @@
 //! The operations, one module per area.
 
 pub(crate) mod agent;
+pub(crate) mod fence;
 pub(crate) mod namespace;
 pub(crate) mod probe;
 pub(crate) mod revision;

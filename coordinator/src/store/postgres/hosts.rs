@@ -5,7 +5,7 @@ use serde_json::Value;
 use tokio_postgres::Row;
 
 use super::{PostgresStore, narrow};
-use crate::model::Host;
+use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result, StoreError};
 
 const HOST_COLS: &str =
@@ -24,7 +24,9 @@ fn host(r: &Row) -> Result<Host> {
             .try_get::<_, Option<String>>(7)?
             .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
             .transpose()?,
-    })
+        fencing: Fencing::Unknown,
+    }
+    .with_fencing())
 }
 
 #[async_trait]

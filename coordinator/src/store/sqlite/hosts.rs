@@ -5,7 +5,7 @@ use rusqlite::{OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::{SqliteStore, json_col};
-use crate::model::Host;
+use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result};
 
 const HOST_COLS: &str =
@@ -22,6 +22,7 @@ fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
             max_agents: r.get(5)?,
             enrolled_at: r.get(6)?,
             last_probe: None,
+            fencing: Fencing::Unknown,
         },
         r.get(7)?,
     ))
@@ -29,7 +30,7 @@ fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
 
 fn finish_host((mut h, probe): (Host, Option<String>)) -> Result<Host> {
     h.last_probe = probe.map(json_col).transpose()?;
-    Ok(h)
+    Ok(h.with_fencing())
 }
 
 #[async_trait]
