@@ -241,6 +241,7 @@ impl<'a> Responder<'a> {
             crate::fault::point(&format!("{kind}/{}", step_name(step)));
         };
         let mut ctx = Ctx::new(id.clone(), deadline, now, cancelled, &mut on_step);
+        ctx.fence = env.fence;
         let result = self.engine.execute(&env.operation, &mut ctx, &self.journal);
         let last_step = ctx.last_step();
         drop(ctx);
