@@ -44,6 +44,7 @@ struct RawConfig {
     gateway_command: Option<Vec<String>>,
     port_range: Option<(u16, u16)>,
     max_agents: Option<u32>,
+    protocol_versions: Option<Vec<u64>>,
     limits: RawLimits,
     unit: RawUnit,
     journal: RawJournal,
@@ -129,6 +130,27 @@ impl<'a> TableReader<'a> {
                     ));
                 }
             }
+        }
+        Ok(Some(out))
+    }
+
+    /// An array of whole numbers, each within `min..=max`.
+    fn integers(&mut self, key: &str, min: u64, max: u64) -> Result<Option<Vec<u64>>, ConfigError> {
+        let items = match self.table.remove(key) {
+            None => return Ok(None),
+            Some(toml::Value::Array(items)) => items,
+            Some(other) => {
+                return Err(self.invalid(
+                    key,
+                    format!("must be an array of numbers, got {}", describe(&other)),
+                ));
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let n = whole(item, min, max)
+                .map_err(|m| self.invalid(key, format!("element {} {m}", i + 1)))?;
+            out.push(n);
         }
         Ok(Some(out))
     }
@@ -253,6 +275,7 @@ impl RawConfig {
             gateway_command: top.strings("gateway_command")?,
             port_range: top.port_range("port_range")?,
             max_agents: top.integer("max_agents", 1, u32_max)?.map(|n| n as u32),
+            protocol_versions: top.integers("protocol_versions", 1, u32_max)?,
             ..RawConfig::default()
         };
         let mut limits = top.table("limits", "limits.")?;
@@ -370,6 +393,10 @@ pub struct Config {
     pub gateway_command: Vec<String>,
     pub port_range: (u16, u16),
     pub max_agents: u32,
+    /// The protocol versions this host speaks, ascending (default: all that hostd supports).
+    /// `[1]` makes a test host behave like a hostd that predates fencing: hello and probe
+    /// advertise only these, and envelopes of other versions are refused.
+    pub protocol_versions: Vec<u32>,
     pub limits: Limits,
     pub unit: UnitResources,
     pub journal_max_entries: usize,
@@ -487,6 +514,8 @@ impl Config {
 
         let (start, end) = raw.port_range.unwrap_or((18700, 18999));
         let max_agents = raw.max_agents.unwrap_or(1000);
+        let protocol_versions = protocol_versions(raw.protocol_versions)
+            .map_err(|m| invalid("protocol_versions", m))?;
 
         // Ranges were checked while reading.
         let l = raw.limits;
@@ -533,6 +562,7 @@ impl Config {
             gateway_command,
             port_range: (start, end),
             max_agents,
+            protocol_versions,
             limits,
             unit: UnitResources {
                 memory_max: Some(
@@ -545,6 +575,38 @@ impl Config {
             journal_max_entries,
         })
     }
+}
+
+/// `protocol_versions`: every version hostd supports when unset; otherwise a non-empty set
+/// of supported versions, returned ascending.
+fn protocol_versions(raw: Option<Vec<u64>>) -> Result<Vec<u32>, String> {
+    let supported = clawfleet_protocol::SUPPORTED_VERSIONS;
+    let Some(raw) = raw else {
+        return Ok(supported.to_vec());
+    };
+    if raw.is_empty() {
+        return Err(format!(
+            "must name at least one protocol version (this hostd supports {supported:?})"
+        ));
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    for v in raw {
+        match u32::try_from(v) {
+            Ok(v) if supported.contains(&v) => {
+                if out.contains(&v) {
+                    return Err(format!("names version {v} twice"));
+                }
+                out.push(v);
+            }
+            _ => {
+                return Err(format!(
+                    "names version {v}, which this hostd does not support (it supports {supported:?})"
+                ));
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
 }
 
 /// The system host name from `/etc/hostname`, falling back to the kernel's.
@@ -617,6 +679,30 @@ mod tests {
         assert_eq!(c.unit.memory_max.as_deref(), Some(DEFAULT_MEMORY_MAX));
         assert_eq!(c.unit.tasks_max, Some(DEFAULT_TASKS_MAX));
         assert_eq!(c.unit.cpu_quota, None);
+        assert_eq!(
+            c.protocol_versions,
+            clawfleet_protocol::SUPPORTED_VERSIONS.to_vec()
+        );
+    }
+
+    #[test]
+    fn protocol_versions_can_be_narrowed_to_emulate_an_older_hostd() {
+        assert_eq!(
+            parse("protocol_versions = [1]").unwrap().protocol_versions,
+            vec![1]
+        );
+        assert_eq!(
+            parse("protocol_versions = [2, 1]")
+                .unwrap()
+                .protocol_versions,
+            vec![1, 2]
+        );
+        let (key, shown) = refusal("protocol_versions = [1, 3]");
+        assert_eq!(key, "protocol_versions");
+        assert!(
+            shown.contains("version 3") && shown.contains("[1, 2]"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -685,6 +771,12 @@ max_entries = 100
             ("[unit]\ncpu_quota = \"50\"", "unit.cpu_quota"),
             ("[unit]\ntasks_max = 0", "unit.tasks_max"),
             ("[journal]\nmax_entries = 1", "journal.max_entries"),
+            ("protocol_versions = []", "protocol_versions"),
+            ("protocol_versions = [3]", "protocol_versions"),
+            ("protocol_versions = [0]", "protocol_versions"),
+            ("protocol_versions = [1, 1]", "protocol_versions"),
+            ("protocol_versions = 1", "protocol_versions"),
+            ("protocol_versions = [\"1\"]", "protocol_versions"),
         ];
         for (text, key) in cases {
             let got = key_of(parse(text).unwrap_err());

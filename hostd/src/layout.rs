@@ -84,6 +84,9 @@ pub struct AgentPaths {
     pub unit_name: String,
     pub account: String,
     pub lock: PathBuf,
+    /// `fences/<32 hex>.json`: the highest fence seen for the Agent. Outside the Agent
+    /// directory, like the lock, so it outlives `delete-agent` (see `engine::fence`).
+    pub fence: PathBuf,
 }
 
 impl AgentPaths {
@@ -116,6 +119,13 @@ impl Layout {
     /// while another session waits on them.
     pub fn locks_dir(&self) -> PathBuf {
         self.root.join("locks")
+    }
+
+    /// One record per Agent of the highest fence seen (`engine::fence`), kept outside the
+    /// Agent directory so that a deleted Agent's record stays and a stale coordinator cannot
+    /// re-create what a newer one removed.
+    pub fn fences_dir(&self) -> PathBuf {
+        self.root.join("fences")
     }
 
     pub fn accounts_dir(&self) -> PathBuf {
@@ -188,6 +198,10 @@ impl Layout {
             unit_file: self.unit_dir.join(&unit_name),
             lock: self.locks_dir().join(format!(
                 "{}.lock",
+                hash_prefix(&agent_key(namespace, agent), 32)
+            )),
+            fence: self.fences_dir().join(format!(
+                "{}.json",
                 hash_prefix(&agent_key(namespace, agent), 32)
             )),
             account: account_name(namespace, agent),

@@ -202,6 +202,17 @@ pub struct StartedMarker {
     pub operation_id: OperationId,
 }
 
+/// `fences/<32 hex>.json`: the highest fence a coordinator sent for one Agent (protocol
+/// version 2). Names the Agent so a record is never read for another one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FenceMarker {
+    pub schema: u32,
+    pub namespace_id: Ident,
+    pub agent_id: Ident,
+    pub fence: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

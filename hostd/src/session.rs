@@ -139,6 +139,20 @@ impl<'a> Responder<'a> {
         let env = &verified.envelope;
         let id = env.operation_id.clone();
         let kind = env.operation.kind();
+        // A host configured for fewer versions (`protocol_versions`, e.g. a test host standing
+        // in for a hostd that predates fencing) refuses the others as that hostd would.
+        let speaks = &self.engine.config.protocol_versions;
+        if !speaks.contains(&env.version) {
+            let failure = Failure::new(
+                FailureCode::UnsupportedVersion,
+                format!(
+                    "protocol version {} is not supported; this side speaks {speaks:?}",
+                    env.version
+                ),
+            );
+            tracing::warn!(operation_id = %id, code = failure.code.as_str(), "envelope refused: {}", failure.message);
+            return failed(Some(id), failure);
+        }
         tracing::info!(
             operation_id = %id,
             op = kind.as_str(),
@@ -241,6 +255,7 @@ impl<'a> Responder<'a> {
             crate::fault::point(&format!("{kind}/{}", step_name(step)));
         };
         let mut ctx = Ctx::new(id.clone(), deadline, now, cancelled, &mut on_step);
+        ctx.fence = env.fence;
         let result = self.engine.execute(&env.operation, &mut ctx, &self.journal);
         let last_step = ctx.last_step();
         drop(ctx);
@@ -303,7 +318,7 @@ pub fn serve<R: Read + Send + 'static, W: Write>(
     };
     send(&Message::Hello(Hello {
         hostd_version: env!("CARGO_PKG_VERSION").to_owned(),
-        protocol_versions: clawfleet_protocol::SUPPORTED_VERSIONS.to_vec(),
+        protocol_versions: responder.engine.config.protocol_versions.clone(),
         host_key: responder.engine.host_key.clone(),
     }))?;
 

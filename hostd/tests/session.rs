@@ -30,6 +30,11 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
+        Self::with_config("")
+    }
+
+    /// A fixture whose hostd.toml also has `extra` (top-level keys).
+    fn with_config(extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap();
         let signers = dir.path().join("allowed_signers");
@@ -41,9 +46,10 @@ impl Fixture {
             ),
         )
         .unwrap();
-        let text =
-            "host_name = \"h1\"\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 300\n";
-        let mut config = hostd::fake::test_config(dir.path(), text, &[]).unwrap();
+        let text = format!(
+            "host_name = \"h1\"\n{extra}\n[limits]\nlock_timeout_ms = 300\nreadiness_timeout_ms = 300\n"
+        );
+        let mut config = hostd::fake::test_config(dir.path(), &text, &[]).unwrap();
         config.allowed_signers = signers;
         Self {
             fake: FakeSystem::new(&config.unit_dir),
@@ -445,4 +451,115 @@ fn a_replay_after_its_entry_was_pruned_under_a_clock_ahead_is_refused() {
         ns_dir.exists(),
         "the re-created Namespace was deleted by a replay"
     );
+}
+
+/// An envelope of `version` with `fence`, signed.
+fn versioned(
+    f: &Fixture,
+    id: &str,
+    op: Operation,
+    version: u32,
+    fence: Option<u64>,
+) -> SignedEnvelope {
+    let mut e = f.envelope(id, op);
+    e.version = version;
+    e.fence = fence;
+    f.signed_envelope(&e)
+}
+
+#[test]
+fn a_host_configured_for_version_1_only_behaves_like_a_hostd_that_predates_fencing() {
+    let f = Fixture::with_config("protocol_versions = [1]");
+    let ensure = || Operation::EnsureNamespace(NamespaceArgs { namespace: ns() });
+    let out = f.session(frames(&[
+        versioned(&f, "op-1", Operation::Probe(ProbeArgs {}), 1, None),
+        versioned(&f, "op-2", ensure(), PROTOCOL_VERSION, None),
+        versioned(&f, "op-3", prepare(), PROTOCOL_VERSION, Some(5)),
+        versioned(&f, "op-4", ensure(), 1, None),
+    ]));
+    match &out[0] {
+        Message::Hello(h) => assert_eq!(h.protocol_versions, vec![1]),
+        other => panic!("first message must be hello, got {other:?}"),
+    }
+    let rs = results(&out);
+    assert_eq!(rs.len(), 4);
+    match &rs[0].outcome {
+        Outcome::Succeeded {
+            result: OperationResult::Probe(p),
+        } => assert_eq!(p.protocol_versions, vec![1]),
+        other => panic!("{other:?}"),
+    }
+    for r in &rs[1..3] {
+        assert_eq!(code(r), Some(FailureCode::UnsupportedVersion), "{r:?}");
+        let message = &r.outcome.failure().unwrap().message;
+        assert!(
+            message.contains(&format!("version {PROTOCOL_VERSION}")) && message.contains("[1]"),
+            "{message}"
+        );
+    }
+    // The refused ones were not recorded (their ids stay free) and changed nothing; the
+    // version 1 envelope after them ran.
+    assert!(code(&rs[3]).is_none(), "{:?}", rs[3]);
+    let status = f.session(frames(&[versioned(
+        &f,
+        "op-5",
+        Operation::OperationStatus(OperationStatusArgs {
+            operation_id: OperationId::new("op-3").unwrap(),
+        }),
+        1,
+        None,
+    )]));
+    match &results(&status)[0].outcome {
+        Outcome::Succeeded {
+            result: OperationResult::OperationStatus(s),
+        } => assert_eq!(s.state, OperationState::Unknown),
+        other => panic!("{other:?}"),
+    }
+    assert!(!f.config.state_root.join("fences").exists());
+    for namespace in std::fs::read_dir(f.config.state_root.join("namespaces")).unwrap() {
+        let agents = namespace.unwrap().path().join("agents");
+        if agents.exists() {
+            assert_eq!(
+                std::fs::read_dir(&agents).unwrap().count(),
+                0,
+                "no Agent prepared"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_envelope_fence_reaches_the_engine_and_a_lower_one_is_refused() {
+    let f = Fixture::new();
+    let stale = versioned(&f, "op-3", prepare(), PROTOCOL_VERSION, Some(4));
+    let ensure = Operation::EnsureNamespace(NamespaceArgs { namespace: ns() });
+    let out = f.session(frames(&[
+        versioned(&f, "op-1", ensure, PROTOCOL_VERSION, None),
+        versioned(&f, "op-2", prepare(), PROTOCOL_VERSION, Some(5)),
+        stale.clone(),
+        versioned(&f, "op-4", prepare(), 1, None),
+        versioned(&f, "op-5", prepare(), PROTOCOL_VERSION, Some(6)),
+    ]));
+    let rs = results(&out);
+    assert_eq!(rs.len(), 5);
+    for (i, expected) in [
+        None,
+        None,
+        Some(FailureCode::FenceStale),
+        Some(FailureCode::FenceStale),
+        None,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(code(&rs[i]), expected, "op-{}: {:?}", i + 1, rs[i]);
+    }
+    let message = &rs[2].outcome.failure().unwrap().message;
+    assert!(
+        message.contains("fence 4 ") && message.contains("fence 5,"),
+        "{message}"
+    );
+    // A stale operation's refusal is recorded like any outcome: a retry of it gets the same.
+    let again = f.session(frames(&[stale]));
+    assert_eq!(results(&again)[0].outcome, rs[2].outcome);
 }

@@ -20,7 +20,7 @@ pub fn probe(engine: &Engine<'_>) -> ProbeResult {
         .unwrap_or(0);
     ProbeResult {
         hostd_version: env!("CARGO_PKG_VERSION").to_owned(),
-        protocol_versions: clawfleet_protocol::SUPPORTED_VERSIONS.to_vec(),
+        protocol_versions: engine.config.protocol_versions.clone(),
         system_host_name: crate::config::system_host_name().unwrap_or_default(),
         host_key: engine.host_key.clone(),
         systemd_version: engine.system.systemd_version().ok(),

@@ -5,6 +5,7 @@
 //! step itself leaves the host consistent, so stopping between steps is always safe.
 
 mod checks;
+mod fence;
 pub mod hooks;
 mod inventory;
 mod namespace;
@@ -56,6 +57,9 @@ pub struct Ctx<'a> {
     last_step: Option<Step>,
     /// Unix seconds when the operation started (for served.json).
     pub now_unix: u64,
+    /// The envelope's fence (protocol version 2 on), checked under the Agent lock by
+    /// Agent-scoped changes (`fence.rs`). `None` for version 1 envelopes.
+    pub fence: Option<u64>,
     /// Set once an activation with a restore began its cutover: from then on the operation
     /// runs to its end whatever happens to the session or the deadline (each wait inside it
     /// still has its own limit).
@@ -87,6 +91,7 @@ impl<'a> Ctx<'a> {
             on_step,
             last_step: None,
             now_unix,
+            fence: None,
             detached: false,
         }
     }

@@ -118,7 +118,9 @@ impl Engine<'_> {
     ) -> Result<DeleteAgentResult, Failure> {
         let paths = self.layout.agent(&ns.id, &agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let result = self.delete_agent_locked(ctx, ns, agent, &paths);
+        let result = self
+            .check_fence(ctx, &ns.id, &agent.id, &paths)
+            .and_then(|()| self.delete_agent_locked(ctx, ns, agent, &paths));
         self.forget_lock_if_absent(&agent_lock, &paths);
         result
     }

@@ -123,7 +123,9 @@ impl Engine<'_> {
     ) -> Result<PrepareResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let result = self.prepare_locked(ctx, args, &paths);
+        let result = self
+            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
+            .and_then(|()| self.prepare_locked(ctx, args, &paths));
         self.forget_lock_if_absent(&agent_lock, &paths);
         result
     }
@@ -268,7 +270,9 @@ impl Engine<'_> {
     ) -> Result<ActivateResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let result = self.activate_locked(ctx, args, &paths);
+        let result = self
+            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
+            .and_then(|()| self.activate_locked(ctx, args, &paths));
         self.forget_lock_if_absent(&agent_lock, &paths);
         result
     }
@@ -780,7 +784,9 @@ impl Engine<'_> {
     ) -> Result<StopResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let stopped = self.stop_if_current(ctx, args, &paths);
+        let stopped = self
+            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
+            .and_then(|()| self.stop_if_current(ctx, args, &paths));
         self.forget_lock_if_absent(&agent_lock, &paths);
         let (stopped, _) = stopped?;
         Ok(StopResult {
@@ -797,7 +803,9 @@ impl Engine<'_> {
     ) -> Result<RetireResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let outcome = self.stop_if_current(ctx, args, &paths);
+        let outcome = self
+            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
+            .and_then(|()| self.stop_if_current(ctx, args, &paths));
         self.forget_lock_if_absent(&agent_lock, &paths);
         let (stopped, exists) = outcome?;
         if exists {

@@ -57,6 +57,11 @@ impl Host {
     }
 
     fn run(&self, op: Operation) -> Result<OperationResult, Failure> {
+        self.run_fenced(op, None)
+    }
+
+    /// Runs `op` as an envelope with `fence` would (protocol version 2).
+    fn run_fenced(&self, op: Operation, fence: Option<u64>) -> Result<OperationResult, Failure> {
         let mut steps = Vec::new();
         let cancelled = || false;
         let mut on_step = |s: Step| steps.push(s);
@@ -67,6 +72,7 @@ impl Host {
             &cancelled,
             &mut on_step,
         );
+        ctx.fence = fence;
         self.engine().execute(&op, &mut ctx, &self.journal)
     }
 
@@ -2166,4 +2172,5 @@ fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() 
     assert!(env.contains("DAEMON_REF=\"started\""), "{env}");
 }
 
+mod fences;
 mod hardening;

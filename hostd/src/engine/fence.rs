@@ -1,0 +1,82 @@
+//! Fences (protocol version 2): every Agent-scoped change a coordinator sends carries a fence
+//! that its store bumps on every claim of the Agent. Under the Agent lock, before anything of
+//! the operation changes, hostd compares it with the highest fence it saw for that Agent and
+//! refuses a lower one with `FENCE_STALE`, so a coordinator that paused or was partitioned
+//! past its claim can never overwrite what the coordinator that took over did.
+//!
+//! The record is `fences/<32 hex>.json`, outside the Agent directory: it survives the Agent's
+//! revisions and its deletion, so a stale coordinator cannot re-create an Agent a newer one
+//! removed (a re-created Agent gets higher fences from the coordinator's global counter). It is
+//! written only when the fence grows, so repeating an operation under the same claim writes
+//! nothing.
+
+use clawfleet_protocol::Ident;
+use clawfleet_protocol::failure::{Failure, FailureCode};
+
+use super::{Ctx, Engine, fs_failure, marker_failure, ownership};
+use crate::fsutil;
+use crate::layout::AgentPaths;
+use crate::markers::{self, FenceMarker, SCHEMA};
+
+impl Engine<'_> {
+    /// Checks the operation's fence (`ctx.fence`) against the Agent's record and raises the
+    /// record when the fence is higher. Must be called with the Agent lock held.
+    ///
+    /// - a lower fence is refused;
+    /// - an operation without a fence is refused once the Agent has a record (a coordinator
+    ///   that predates fencing must not overwrite a fenced coordinator's work), and accepted
+    ///   on an Agent that never had one (version 1 coordinators keep working);
+    /// - a record that cannot be read is an error naming its file, and is left as it is.
+    pub(crate) fn check_fence(
+        &self,
+        ctx: &Ctx<'_>,
+        namespace: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<(), Failure> {
+        let stored =
+            markers::read_optional::<FenceMarker>(&paths.fence, "fence").map_err(marker_failure)?;
+        if let Some(m) = &stored
+            && (&m.namespace_id != namespace || &m.agent_id != agent)
+        {
+            return Err(ownership(format!(
+                "{} records the fence of Agent {} in Namespace {}, not of Agent {agent} in Namespace {namespace}; it is left as it is",
+                paths.fence.display(),
+                m.agent_id,
+                m.namespace_id
+            )));
+        }
+        let stored = stored.map(|m| m.fence);
+        let fence = match (ctx.fence, stored) {
+            (None, None) => return Ok(()),
+            (None, Some(stored)) => {
+                return Err(stale(format!(
+                    "this operation carries no fence, but this host already saw fence {stored} for Agent {agent}: a coordinator without fencing must not change an Agent a fenced coordinator manages"
+                )));
+            }
+            (Some(fence), Some(stored)) if fence < stored => {
+                return Err(stale(format!(
+                    "fence {fence} is lower than fence {stored}, which this host already saw for Agent {agent}: a later claim of the Agent supersedes this one"
+                )));
+            }
+            (Some(fence), Some(stored)) if fence == stored => return Ok(()),
+            (Some(fence), _) => fence,
+        };
+        fsutil::ensure_dir(&self.layout.fences_dir(), 0o700).map_err(fs_failure)?;
+        let record = FenceMarker {
+            schema: SCHEMA,
+            namespace_id: namespace.clone(),
+            agent_id: agent.clone(),
+            fence,
+        };
+        fsutil::write_atomic(&paths.fence, &markers::to_bytes(&record), 0o600, |_| Ok(()))
+            .map_err(fs_failure)?;
+        tracing::info!(operation_id = %ctx.operation_id, %agent, fence, previous = stored.unwrap_or(0), "fence raised");
+        Ok(())
+    }
+}
+
+/// The session logs the refusal with the operation id; nothing to add here.
+fn stale(message: String) -> Failure {
+    Failure::new(FailureCode::FenceStale, message)
+}

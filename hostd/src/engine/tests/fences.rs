@@ -1,0 +1,243 @@
+//! Issue 13 over the fake layer: hostd keeps the highest fence per Agent and refuses lower
+//! ones (and, once an Agent is fenced, unfenced ones) before anything changes.
+
+use std::os::unix::fs::MetadataExt;
+
+use super::*;
+
+fn stop(n: &str, a: &str, rev: &str, number: u64) -> Operation {
+    Operation::StopRevision(rargs(n, a, rev, number))
+}
+
+fn retire(n: &str, a: &str, rev: &str, number: u64) -> Operation {
+    Operation::RetireRevision(rargs(n, a, rev, number))
+}
+
+fn delete_agent(n: &str, a: &str) -> Operation {
+    Operation::DeleteAgent(AgentArgs {
+        namespace: ns(n),
+        agent: agent(a),
+    })
+}
+
+impl Host {
+    fn ok_at(&self, op: Operation, fence: Option<u64>) -> OperationResult {
+        match self.run_fenced(op.clone(), fence) {
+            Ok(r) => r,
+            Err(f) => panic!("{} at fence {fence:?} failed: {f}", op.kind()),
+        }
+    }
+
+    fn fails_at(&self, op: Operation, fence: Option<u64>) -> Failure {
+        match self.run_fenced(op.clone(), fence) {
+            Ok(r) => panic!("{} at fence {fence:?} should fail, got {r:?}", op.kind()),
+            Err(f) => f,
+        }
+    }
+
+    fn paths(&self, n: &str, a: &str) -> AgentPaths {
+        self.layout().agent(&id(n), &id(a))
+    }
+
+    /// The fence recorded for an Agent, `None` when it has no record.
+    fn recorded_fence(&self, n: &str, a: &str) -> Option<u64> {
+        let path = self.paths(n, a).fence;
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("{}: {e}", path.display()),
+        };
+        let record: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(record["schema"], 1);
+        assert_eq!(record["namespaceId"], n);
+        assert_eq!(record["agentId"], a);
+        Some(record["fence"].as_u64().unwrap())
+    }
+}
+
+fn current_of(paths: &AgentPaths) -> std::path::PathBuf {
+    std::fs::read_link(&paths.current).unwrap()
+}
+
+fn assert_stale(f: &Failure, seen: u64, stored: u64) {
+    assert_eq!(f.code, FailureCode::FenceStale, "{f}");
+    assert!(
+        f.message.contains(&format!("fence {seen} "))
+            && f.message.contains(&format!("fence {stored},")),
+        "the refusal names both fences: {f}"
+    );
+}
+
+#[test]
+fn a_higher_fence_is_stored_and_a_lower_one_refused_before_anything_changes() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(5));
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(5));
+    h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(5));
+    h.ok_at(prepare("ns1", "a1", "rev-2", 2), Some(7));
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(7));
+    let paths = h.paths("ns1", "a1");
+    let served_before = std::fs::read(&paths.served).unwrap();
+    let current_before = current_of(&paths);
+    assert_eq!(
+        current_before,
+        AgentPaths::current_target(&id("rev-1")),
+        "rev-1 serves"
+    );
+
+    // A coordinator still at fence 6 (its claim lapsed; another took over at 7).
+    h.fake.clear_calls();
+    for op in [
+        activate("ns1", "a1", "rev-2", 2),
+        prepare("ns1", "a1", "rev-3", 3),
+        stop("ns1", "a1", "rev-1", 1),
+        retire("ns1", "a1", "rev-2", 2),
+        delete_agent("ns1", "a1"),
+    ] {
+        let kind = op.kind();
+        let f = h.fails_at(op, Some(6));
+        assert_stale(&f, 6, 7);
+        assert!(f.message.contains("a1"), "{kind}: {f}");
+    }
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    assert_eq!(current_of(&paths), current_before, "current did not move");
+    assert_eq!(std::fs::read(&paths.served).unwrap(), served_before);
+    assert!(paths.revision_dir(&id("rev-2")).exists());
+    assert!(!paths.revision_dir(&id("rev-3")).exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(7), "the record is kept");
+
+    // The current claim goes on, and a later one is stored.
+    h.ok_at(activate("ns1", "a1", "rev-2", 2), Some(7));
+    assert_eq!(current_of(&paths), AgentPaths::current_target(&id("rev-2")));
+    h.ok_at(stop("ns1", "a1", "rev-2", 2), Some(9));
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(9));
+
+    // Fences are per Agent: another Agent is not held back by a1's.
+    h.ok_at(prepare("ns1", "a2", "rev-1", 1), Some(2));
+    assert_eq!(h.recorded_fence("ns1", "a2"), Some(2));
+}
+
+#[test]
+fn an_equal_fence_is_accepted_without_writing_the_record() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(4));
+    let record = h.paths("ns1", "a1").fence;
+    let before = std::fs::metadata(&record).unwrap();
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(4));
+    h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(4));
+    h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(4));
+    let after = std::fs::metadata(&record).unwrap();
+    // A write is a rename of a new file: the inode would change.
+    assert_eq!(
+        (before.ino(), before.mtime(), before.mtime_nsec()),
+        (after.ino(), after.mtime(), after.mtime_nsec()),
+        "an equal fence must not rewrite the record"
+    );
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(4));
+    assert_eq!(
+        crate::fsutil::pending_leftovers(&h.layout().fences_dir()),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+#[test]
+fn an_unfenced_operation_is_refused_once_the_agent_is_fenced() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(3));
+    h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(3));
+    let paths = h.paths("ns1", "a1");
+    h.fake.clear_calls();
+    for op in [
+        stop("ns1", "a1", "rev-1", 1),
+        prepare("ns1", "a1", "rev-2", 2),
+        delete_agent("ns1", "a1"),
+    ] {
+        let f = h.fails_at(op, None);
+        assert_eq!(f.code, FailureCode::FenceStale, "{f}");
+        assert!(
+            f.message.contains("no fence") && f.message.contains("fence 3"),
+            "{f}"
+        );
+    }
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    assert_eq!(current_of(&paths), AgentPaths::current_target(&id("rev-1")));
+    assert!(paths.dir.exists() && !paths.revision_dir(&id("rev-2")).exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(3));
+}
+
+#[test]
+fn a_never_fenced_agent_accepts_unfenced_operations_and_gets_no_record() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), None);
+    h.ok_at(activate("ns1", "a1", "rev-1", 1), None);
+    h.ok_at(stop("ns1", "a1", "rev-1", 1), None);
+    h.ok_at(delete_agent("ns1", "a1"), None);
+    assert_eq!(h.recorded_fence("ns1", "a1"), None);
+    assert!(
+        !h.layout().fences_dir().exists(),
+        "nothing fenced, nothing written"
+    );
+    // Upgrading the coordinator: the first fenced operation starts the record.
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(1));
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(1));
+}
+
+#[test]
+fn the_record_outlives_delete_agent_so_a_stale_coordinator_cannot_recreate_the_agent() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(10));
+    h.ok_at(delete_agent("ns1", "a1"), Some(11));
+    let paths = h.paths("ns1", "a1");
+    assert!(!paths.dir.exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(11));
+    assert_stale(
+        &h.fails_at(prepare("ns1", "a1", "rev-1", 1), Some(10)),
+        10,
+        11,
+    );
+    assert!(!paths.dir.exists(), "the stale prepare created nothing");
+    assert!(!h.layout().port_file(18700).exists());
+    // Re-created by the coordinator: its global counter gives higher fences.
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(12));
+    assert!(paths.dir.exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(12));
+}
+
+#[test]
+fn a_malformed_or_foreign_record_is_refused_naming_the_file_and_left_as_it_is() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    let paths = h.paths("ns1", "a1");
+    std::fs::create_dir_all(h.layout().fences_dir()).unwrap();
+    let shown = paths.fence.display().to_string();
+    let foreign = serde_json::json!({
+        "schema": 1, "namespaceId": "ns1", "agentId": "other", "fence": 1
+    })
+    .to_string();
+    for bad in [
+        "not json".to_owned(),
+        r#"{"schema": 1, "namespaceId": "ns1", "agentId": "a1", "fence": -1}"#.to_owned(),
+        r#"{"schema": 2, "namespaceId": "ns1", "agentId": "a1", "fence": 1}"#.to_owned(),
+        foreign,
+    ] {
+        std::fs::write(&paths.fence, &bad).unwrap();
+        for fence in [Some(9), None] {
+            let f = h.fails_at(prepare("ns1", "a1", "rev-1", 1), fence);
+            assert_eq!(f.code, FailureCode::OwnershipMismatch, "{bad}: {f}");
+            assert!(f.message.contains(&shown), "{bad}: names the file: {f}");
+            assert_eq!(std::fs::read_to_string(&paths.fence).unwrap(), bad);
+            assert!(!paths.dir.exists(), "nothing prepared");
+        }
+    }
+    // A directory where the record belongs is refused too, and stays.
+    std::fs::remove_file(&paths.fence).unwrap();
+    std::fs::create_dir(&paths.fence).unwrap();
+    let f = h.fails_at(prepare("ns1", "a1", "rev-1", 1), Some(9));
+    assert!(f.message.contains(&shown), "{f}");
+    assert!(paths.fence.is_dir() && !paths.dir.exists());
+}
