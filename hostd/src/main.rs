@@ -22,7 +22,7 @@ use hostd::config::{Config, DEFAULT_CONFIG_PATH};
 use hostd::engine::{Engine, inventory};
 use hostd::enrol::{EnrolRequest, enrol};
 use hostd::real::RealSystem;
-use hostd::session::{Responder, read_envelope_files, serve};
+use hostd::session::{Responder, read_envelope_files, serve_while};
 
 #[derive(Parser, Debug)]
 #[command(name = "hostd", version, about = "clawfleet host helper")]
@@ -125,6 +125,14 @@ fn load_config(cli: &Cli) -> Result<Config> {
         None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
     };
     Ok(Config::load(&path, explicit)?)
+}
+
+/// What tells a changed configuration file apart: inode, size and modification time (`None`
+/// when it cannot be read, e.g. no file and the defaults in use).
+fn config_stamp(path: &std::path::Path) -> Option<(u64, u64, std::time::SystemTime)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.ino(), m.len(), m.modified().ok()?))
 }
 
 fn host_fingerprint(config: &Config) -> Result<Fingerprint> {
@@ -298,13 +306,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::ExecGateway { .. } => Ok(ExitCode::from(1)),
         Command::Serve => {
+            let path = cli
+                .config
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
+            let loaded = config_stamp(&path);
             let config = load_config(&cli)?;
             let system = RealSystem::new()?;
             let engine = Engine::new(&config, &system, host_fingerprint(&config)?);
             let responder = Responder::new(&engine, &config)?;
             let closed = Arc::new(AtomicBool::new(false));
             watch_session(&closed)?;
-            serve(&responder, std::io::stdin(), std::io::stdout(), closed)?;
+            let stale = || config_stamp(&path) != loaded;
+            serve_while(
+                &responder,
+                std::io::stdin(),
+                std::io::stdout(),
+                closed,
+                &stale,
+            )?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -307,6 +307,20 @@ pub fn serve<R: Read + Send + 'static, W: Write>(
     output: W,
     closed: Arc<AtomicBool>,
 ) -> Result<(), SessionError> {
+    serve_while(responder, input, output, closed, &|| false)
+}
+
+/// [`serve`], also ending the session between two operations once `stale` says the
+/// configuration it was started with has changed on disk: sessions are long-lived (the
+/// coordinator keeps them open), and an operator who edits hostd.toml expects the next
+/// operation to use it. The coordinator replaces an ended session transparently.
+pub fn serve_while<R: Read + Send + 'static, W: Write>(
+    responder: &Responder<'_>,
+    input: R,
+    output: W,
+    closed: Arc<AtomicBool>,
+    stale: &dyn Fn() -> bool,
+) -> Result<(), SessionError> {
     let limits = Limits::default();
     let output = RefCell::new(output);
     let send = |message: &Message| -> Result<(), SessionError> {
@@ -354,11 +368,24 @@ pub fn serve<R: Read + Send + 'static, W: Write>(
                 if cancelled() {
                     return Ok(());
                 }
+                if stale() {
+                    tracing::info!("the configuration changed; ending the session");
+                    return Ok(());
+                }
                 continue;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
         };
         let frame = match incoming {
+            // Not run under a configuration that is no longer the operator's: unanswered, the
+            // envelope is sent again on a new session (a read) or recovered with
+            // operation-status, which finds it never ran (a change).
+            Incoming::Frame(_) if stale() => {
+                tracing::info!(
+                    "the configuration changed; ending the session before this envelope"
+                );
+                return Ok(());
+            }
             Incoming::Frame(f) => f,
             Incoming::Broken(e) => {
                 let code = match e {
@@ -399,6 +426,10 @@ pub fn serve<R: Read + Send + 'static, W: Write>(
         if let Err(e) = send(&Message::Result(reply)) {
             // The peer is gone; the outcome is in the journal.
             tracing::info!("session output closed: {e}");
+            return Ok(());
+        }
+        if stale() {
+            tracing::info!("the configuration changed; ending the session");
             return Ok(());
         }
     }

@@ -83,7 +83,12 @@ impl SimHost {
         }
     }
 
-    fn run(&self, op: &Operation, deadline: Duration) -> Result<OperationResult, Failure> {
+    fn run(
+        &self,
+        op: &Operation,
+        deadline: Duration,
+        fence: Option<u64>,
+    ) -> Result<OperationResult, Failure> {
         let engine = Engine::new(
             &self.config,
             &self.fake as &dyn System,
@@ -102,6 +107,8 @@ impl SimHost {
             &cancelled,
             &mut on_step,
         );
+        // As hostd's session does: the envelope's fence, for fenced operations only.
+        ctx.fence = fence.filter(|_| op.kind().is_fenced());
         engine.execute(op, &mut ctx, &self.journal)
     }
 }
@@ -176,7 +183,7 @@ impl EngineBackend {
             return Vec::new();
         }
         let op = Operation::Status(StatusArgs { namespace_id: None });
-        match self.host(host).run(&op, Duration::from_secs(10)) {
+        match self.host(host).run(&op, Duration::from_secs(10), None) {
             Ok(OperationResult::Status(s)) => s.namespaces,
             other => panic!("status of {host}: {other:?}"),
         }
@@ -232,7 +239,7 @@ impl Backend for EngineBackend {
         let injected = self.inject.lock().unwrap().remove(&n);
         let host = self.host(&name);
         let run = |host: Arc<SimHost>, op: Operation| async move {
-            tokio::task::spawn_blocking(move || host.run(&op, options.deadline))
+            tokio::task::spawn_blocking(move || host.run(&op, options.deadline, options.fence))
                 .await
                 .unwrap()
         };
