@@ -75,15 +75,20 @@ fn check_login_user(user: &str) -> Result<(), String> {
 }
 
 impl HostTarget {
-    /// The target for a host record from the database (root login, no jump host).
+    /// The target for a host record from the database, with its login user and jump host.
     pub fn of(host: &crate::model::Host) -> Result<Self, clawfleet_protocol::ident::IdentError> {
         Ok(Self {
             name: HostName::new(host.name.as_str())?,
             address: host.address.clone(),
             port: host.port,
             host_key: host.host_key.clone(),
-            login_user: None,
-            jump: None,
+            login_user: host.login_user.clone(),
+            jump: host.jump.as_ref().map(|j| JumpHost {
+                address: j.address.clone(),
+                port: j.port,
+                host_key: j.host_key.clone(),
+                login_user: j.login_user.clone(),
+            }),
         })
     }
 

@@ -65,6 +65,7 @@ codes! {
     InvalidPort = "INVALID_PORT", "A port is out of range.";
     InvalidCapacity = "INVALID_CAPACITY", "A host's maxAgents is out of range.";
     InvalidHostKey = "INVALID_HOST_KEY", "A host key is not one OpenSSH ed25519 public key.";
+    InvalidHostAccess = "INVALID_HOST_ACCESS", "A host's login user or jump host is not usable.";
     InvalidExpiry = "INVALID_EXPIRY", "A token's expiresAt is not in the future.";
     DuplicateGrant = "DUPLICATE_GRANT", "A token names one Namespace in two grants.";
     HostExists = "HOST_EXISTS", "A host of that name is enrolled.";

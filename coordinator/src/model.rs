@@ -68,10 +68,36 @@ pub struct Host {
     pub max_agents: u32,
     pub enrolled_at: i64,
     pub last_probe: Option<Value>,
+    /// The account the coordinator logs in as, on a host that forbids root login (`hostd
+    /// enrol --login-user`); absent: root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_user: Option<String>,
+    /// The jump host (bastion) the host is reached through; absent: directly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jump: Option<Jump>,
     /// Whether the host's hostd refuses operations of a coordinator whose claim was replaced,
     /// as its last probe said (derived, never stored).
     #[serde(default)]
     pub fencing: Fencing,
+}
+
+/// A jump host: its address, port, pinned key and login user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Jump {
+    #[schemars(length(min = 1, max = 253))]
+    pub address: String,
+    #[serde(default = "ssh_port")]
+    pub port: u16,
+    /// The jump host's SSH public key (one OpenSSH line), pinned like a host's.
+    pub host_key: String,
+    /// The account on the jump host (it only forwards); absent: the coordinator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_user: Option<String>,
+}
+
+fn ssh_port() -> u16 {
+    22
 }
 
 impl Host {

@@ -154,6 +154,23 @@ async fn happy_path_through_every_resource() {
         .unwrap();
     assert!(host["fingerprint"].as_str().unwrap().starts_with("SHA256:"));
     api.admin("GET", "/hosts", None).await.unwrap();
+    // A host behind a jump host, logged into as a user other than root: kept and shown.
+    let behind = api
+        .admin(
+            "POST",
+            "/hosts",
+            Some(json!({"name": "hb", "address": "10.0.0.7", "hostKey": HOST_KEY,
+                        "loginUser": "occlogin",
+                        "jump": {"address": "bastion.example", "port": 2200, "hostKey": HOST_KEY, "loginUser": "occjump"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(behind["loginUser"], "occlogin", "{behind}");
+    assert_eq!(behind["jump"]["port"], 2200, "{behind}");
+    let got = api.admin("GET", "/hosts/hb", None).await.unwrap();
+    assert_eq!(got["jump"], behind["jump"], "{got}");
+    assert_eq!(got["fencing"], "unknown", "{got}");
+    api.admin("DELETE", "/hosts/hb", None).await.unwrap();
     api.admin("GET", "/hosts/h1", None).await.unwrap();
     // Re-pinning after a legitimate re-key.
     const NEW_KEY: &str =
@@ -563,6 +580,37 @@ async fn invalid_bodies_are_4xx_with_a_code_and_store_nothing() {
             json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY}),
             409,
             "HOST_EXISTS",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "hostKey": HOST_KEY, "loginUser": "-oProxyCommand"}),
+            400,
+            "INVALID_HOST_ACCESS",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "hostKey": HOST_KEY,
+                   "jump": {"address": "bastion", "hostKey": HOST_KEY, "loginUser": "a b"}}),
+            400,
+            "INVALID_HOST_ACCESS",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "hostKey": HOST_KEY,
+                   "jump": {"address": "bastion", "hostKey": "not a key"}}),
+            400,
+            "INVALID_HOST_KEY",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "hostKey": HOST_KEY,
+                   "jump": {"address": "bastion", "port": 0, "hostKey": HOST_KEY}}),
+            400,
+            "INVALID_HOST_ACCESS",
         ),
         (
             "POST",

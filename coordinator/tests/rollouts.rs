@@ -70,6 +70,8 @@ impl World {
                     port: 22,
                     host_key: HOST_KEY.into(),
                     max_agents: 100,
+                    login_user: None,
+                    jump: None,
                 },
             )
             .await

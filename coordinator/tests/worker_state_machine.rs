@@ -55,6 +55,8 @@ impl World {
                     port: 22,
                     host_key: HOST_KEY.into(),
                     max_agents: 100,
+                    login_user: None,
+                    jump: None,
                 },
             )
             .await

@@ -41,6 +41,8 @@ pub(super) async fn update_host<B: Backend>(
         port: req.port,
         host_key: req.host_key,
         max_agents: req.max_agents,
+        login_user: req.login_user,
+        jump: req.jump,
     };
     ok(
         StatusCode::OK,

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use coordinator::client::Client;
+use coordinator::model::Jump;
 use coordinator::service::{HostUpdate, NewHost};
 use serde_json::Value;
 
@@ -29,6 +30,19 @@ pub(crate) enum HostCmd {
         /// Re-pin an already enrolled host (after a legitimate re-key or move).
         #[arg(long)]
         replace: bool,
+        /// Log in as this user, on a host that forbids root login (`hostd enrol --login-user`).
+        #[arg(long)]
+        login_user: Option<String>,
+        /// Reach the host through this jump host: ADDRESS or ADDRESS:PORT (as the jump host
+        /// resolves --address).
+        #[arg(long, requires = "jump_host_key")]
+        jump: Option<String>,
+        /// The jump host's public key line, or a path to it (pinned like the host's).
+        #[arg(long, requires = "jump")]
+        jump_host_key: Option<String>,
+        /// The account on the jump host (it only forwards); default: the coordinator's.
+        #[arg(long, requires = "jump")]
+        jump_login_user: Option<String>,
     },
     /// List enrolled hosts.
     List,
@@ -64,6 +78,38 @@ fn report_probe(name: &str, probe: &Value) {
     }
 }
 
+/// A public key given as its line, or as a path to a file holding it.
+fn key_line(arg: &str) -> Result<String> {
+    if arg.starts_with("ssh-") {
+        return Ok(arg.to_owned());
+    }
+    Ok(std::fs::read_to_string(arg)
+        .with_context(|| format!("cannot read {arg}"))?
+        .trim()
+        .to_owned())
+}
+
+/// `--jump ADDRESS[:PORT]` (an IPv6 address in brackets when a port follows).
+fn parse_jump(arg: &str, host_key: String, login_user: Option<String>) -> Result<Jump> {
+    let (address, port) = match arg.rsplit_once(':') {
+        Some((a, p)) if !a.contains(':') || a.starts_with('[') => (
+            a.trim_start_matches('[').trim_end_matches(']'),
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .with_context(|| format!("--jump {arg}: the port {p:?} is not 1 to 65535"))?,
+        ),
+        _ => (arg, 22),
+    };
+    anyhow::ensure!(!address.is_empty(), "--jump {arg}: no address");
+    Ok(Jump {
+        address: address.to_owned(),
+        port,
+        host_key,
+        login_user,
+    })
+}
+
 pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
     match cmd {
         HostCmd::Enrol {
@@ -73,12 +119,15 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
             host_key,
             max_agents,
             replace,
+            login_user,
+            jump,
+            jump_host_key,
+            jump_login_user,
         } => {
-            let key = if host_key.starts_with("ssh-") {
-                host_key.clone()
-            } else {
-                std::fs::read_to_string(host_key)
-                    .with_context(|| format!("cannot read {host_key}"))?
+            let key = key_line(host_key)?;
+            let jump = match (jump, jump_host_key) {
+                (Some(j), Some(k)) => Some(parse_jump(j, key_line(k)?, jump_login_user.clone())?),
+                _ => None,
             };
             let v = if *replace {
                 c.send(
@@ -89,6 +138,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
                         port: *port,
                         host_key: key.trim().to_owned(),
                         max_agents: *max_agents,
+                        login_user: login_user.clone(),
+                        jump: jump.clone(),
                     },
                 )?
             } else {
@@ -101,6 +152,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
                         port: *port,
                         host_key: key.trim().to_owned(),
                         max_agents: *max_agents,
+                        login_user: login_user.clone(),
+                        jump,
                     },
                 )?
             };

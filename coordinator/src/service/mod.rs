@@ -155,6 +155,13 @@ pub struct NewHost {
     pub host_key: String,
     #[serde(default = "default_max_agents")]
     pub max_agents: u32,
+    /// The account to log in as where root login is forbidden (`hostd enrol --login-user`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    pub login_user: Option<String>,
+    /// The jump host the host is reached through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jump: Option<crate::model::Jump>,
 }
 
 fn default_port() -> u16 {
@@ -203,6 +210,11 @@ pub struct HostUpdate {
     pub host_key: String,
     #[serde(default = "default_max_agents")]
     pub max_agents: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32))]
+    pub login_user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jump: Option<crate::model::Jump>,
 }
 
 /// Body of `POST /namespaces/{ns}/configurations`.
@@ -385,7 +397,8 @@ impl Service {
             "host.update",
             &host.name,
             json!({"oldFingerprint": old.fingerprint, "fingerprint": host.fingerprint,
-                   "address": host.address, "port": host.port, "maxAgents": host.max_agents}),
+                   "address": host.address, "port": host.port, "maxAgents": host.max_agents,
+                   "loginUser": host.login_user, "jump": host.jump.as_ref().map(|j| &j.address)}),
         )
         .await?;
         Ok(host)
@@ -450,8 +463,46 @@ impl Service {
             max_agents: h.max_agents,
             enrolled_at: now(),
             last_probe: None,
+            login_user: h.login_user,
+            jump: h.jump,
             fencing: crate::model::Fencing::Unknown,
         };
+        if let Some(jump) = &host.jump {
+            if jump.address.is_empty()
+                || jump.address.starts_with('-')
+                || !jump
+                    .address
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-'))
+            {
+                return Err(ServiceError::invalid(
+                    Code::InvalidAddress,
+                    format!(
+                        "jump.address {:?} must be an IP address or DNS name",
+                        jump.address
+                    ),
+                ));
+            }
+            clawfleet_protocol::ssh_key::PublicKey::from_openssh(jump.host_key.trim()).map_err(
+                |e| {
+                    ServiceError::invalid(
+                        Code::InvalidHostKey,
+                        format!("jump.hostKey is not an OpenSSH public key: {e}"),
+                    )
+                },
+            )?;
+        }
+        crate::backend::HostTarget::of(&host)
+            .map_err(|e| ServiceError::invalid(Code::InvalidIdentifier, format!("name {e}")))?
+            .check()
+            .map_err(|e| {
+                let field = match e.field {
+                    "login_user" => "loginUser",
+                    "jump.login_user" => "jump.loginUser",
+                    other => other,
+                };
+                ServiceError::invalid(Code::InvalidHostAccess, format!("{field} {}", e.message))
+            })?;
         Ok(host)
     }
 

@@ -60,6 +60,8 @@ fn host(name: &str) -> Host {
         max_agents: 10,
         enrolled_at: 1,
         last_probe: None,
+        login_user: None,
+        jump: None,
         fencing: Default::default(),
     }
 }
@@ -165,6 +167,13 @@ pub async fn hosts_are_unique_and_in_use_hosts_stay(s: SharedStore) {
     assert!(s.insert_host(&host("h2")).await.unwrap());
     let mut changed = host("h2");
     changed.port = 2222;
+    changed.login_user = Some("clawfleet".into());
+    changed.jump = Some(coordinator::model::Jump {
+        address: "bastion.example".into(),
+        port: 2200,
+        host_key: KEY.into(),
+        login_user: Some("jump".into()),
+    });
     assert!(s.update_host(&changed).await.unwrap());
     assert!(!s.update_host(&host("nope")).await.unwrap());
     s.set_host_probe("h1", &json!({"hostdVersion": "1"}))
@@ -176,7 +185,27 @@ pub async fn hosts_are_unique_and_in_use_hosts_stay(s: SharedStore) {
         ["h1", "h2"]
     );
     assert_eq!(hosts[0].last_probe, Some(json!({"hostdVersion": "1"})));
-    assert_eq!(s.host("h2").await.unwrap().unwrap().port, 2222);
+    let h2 = s.host("h2").await.unwrap().unwrap();
+    assert_eq!(
+        (h2.port, &h2.login_user, &h2.jump),
+        (2222, &changed.login_user, &changed.jump)
+    );
+    // The probe's protocol versions say whether the host enforces fences.
+    assert_eq!(hosts[0].fencing, coordinator::model::Fencing::Unknown);
+    s.set_host_probe("h1", &json!({"protocolVersions": [1]}))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.host("h1").await.unwrap().unwrap().fencing,
+        coordinator::model::Fencing::Unfenced
+    );
+    s.set_host_probe("h1", &json!({"protocolVersions": [1, 2]}))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.host("h1").await.unwrap().unwrap().fencing,
+        coordinator::model::Fencing::Fenced
+    );
     s.insert_namespace(
         "ns",
         "ns",

@@ -8,8 +8,7 @@ use super::{PostgresStore, narrow};
 use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result, StoreError};
 
-const HOST_COLS: &str =
-    "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe";
+const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
 
 fn host(r: &Row) -> Result<Host> {
     Ok(Host {
@@ -24,9 +23,22 @@ fn host(r: &Row) -> Result<Host> {
             .try_get::<_, Option<String>>(7)?
             .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
             .transpose()?,
+        login_user: r.try_get(8)?,
+        jump: r
+            .try_get::<_, Option<String>>(9)?
+            .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .transpose()?,
         fencing: Fencing::Unknown,
     }
     .with_fencing())
+}
+
+/// The jump host as stored: its typed record as JSON text.
+fn jump_col(h: &Host) -> Result<Option<String>> {
+    h.jump
+        .as_ref()
+        .map(|j| serde_json::to_string(j).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
 }
 
 #[async_trait]
@@ -34,8 +46,8 @@ impl HostStore for PostgresStore {
     async fn insert_host(&self, h: &Host) -> Result<bool> {
         let c = self.client().await?;
         Ok(c.execute(
-            "INSERT INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING",
+            "INSERT INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at, login_user, jump)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (name) DO NOTHING",
             &[
                 &h.name,
                 &h.address,
@@ -44,6 +56,8 @@ impl HostStore for PostgresStore {
                 &h.fingerprint,
                 &i64::from(h.max_agents),
                 &h.enrolled_at,
+                &h.login_user,
+                &jump_col(h)?,
             ],
         )
         .await?
@@ -53,7 +67,8 @@ impl HostStore for PostgresStore {
     async fn update_host(&self, h: &Host) -> Result<bool> {
         let c = self.client().await?;
         Ok(c.execute(
-            "UPDATE hosts SET address = $2, port = $3, host_key = $4, fingerprint = $5, max_agents = $6, last_probe = NULL WHERE name = $1",
+            "UPDATE hosts SET address = $2, port = $3, host_key = $4, fingerprint = $5, max_agents = $6, last_probe = NULL,
+                 login_user = $7, jump = $8 WHERE name = $1",
             &[
                 &h.name,
                 &h.address,
@@ -61,6 +76,8 @@ impl HostStore for PostgresStore {
                 &h.host_key,
                 &h.fingerprint,
                 &i64::from(h.max_agents),
+                &h.login_user,
+                &jump_col(h)?,
             ],
         )
         .await?

@@ -209,6 +209,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
         lease_until BIGINT NOT NULL
     );
     ",
+    // 11: as SQLite's 11: the host's login user and jump host.
+    "
+    ALTER TABLE hosts ADD COLUMN login_user TEXT;
+    ALTER TABLE hosts ADD COLUMN jump TEXT;
+    CREATE INDEX agents_host ON agents(host_name);
+    ",
 ];
 
 /// The version the migrations bring a database to.

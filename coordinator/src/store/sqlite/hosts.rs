@@ -6,12 +6,11 @@ use serde_json::Value;
 
 use super::{SqliteStore, json_col};
 use crate::model::{Fencing, Host};
-use crate::store::{HostStore, Result};
+use crate::store::{HostStore, Result, StoreError};
 
-const HOST_COLS: &str =
-    "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe";
+const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
 
-fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
+fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<String>)> {
     Ok((
         Host {
             name: r.get(0)?,
@@ -22,15 +21,31 @@ fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>)> {
             max_agents: r.get(5)?,
             enrolled_at: r.get(6)?,
             last_probe: None,
+            login_user: r.get(8)?,
+            jump: None,
             fencing: Fencing::Unknown,
         },
         r.get(7)?,
+        r.get(9)?,
     ))
 }
 
-fn finish_host((mut h, probe): (Host, Option<String>)) -> Result<Host> {
+fn finish_host((mut h, probe, jump): (Host, Option<String>, Option<String>)) -> Result<Host> {
     h.last_probe = probe.map(json_col).transpose()?;
+    h.jump = jump
+        .map(|t| {
+            serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("hosts.jump: {e}")))
+        })
+        .transpose()?;
     Ok(h.with_fencing())
+}
+
+/// The jump host as stored: its typed record as JSON text.
+fn jump_col(h: &Host) -> Result<Option<String>> {
+    h.jump
+        .as_ref()
+        .map(|j| serde_json::to_string(j).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
 }
 
 #[async_trait]
@@ -38,9 +53,9 @@ impl HostStore for SqliteStore {
     async fn insert_host(&self, h: &Host) -> Result<bool> {
         self.transact(None, |tx| {
             Ok(tx.execute(
-                "INSERT OR IGNORE INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at],
+                "INSERT OR IGNORE INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at, login_user, jump)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at, h.login_user, jump_col(h)?],
             )? > 0)
         })
         .await
@@ -49,8 +64,9 @@ impl HostStore for SqliteStore {
     async fn update_host(&self, h: &Host) -> Result<bool> {
         self.transact(None, |tx| {
             Ok(tx.execute(
-                "UPDATE hosts SET address = ?2, port = ?3, host_key = ?4, fingerprint = ?5, max_agents = ?6, last_probe = NULL WHERE name = ?1",
-                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents],
+                "UPDATE hosts SET address = ?2, port = ?3, host_key = ?4, fingerprint = ?5, max_agents = ?6, last_probe = NULL,
+                     login_user = ?7, jump = ?8 WHERE name = ?1",
+                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.login_user, jump_col(h)?],
             )? > 0)
         })
         .await

@@ -235,4 +235,12 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX work_open ON work(state, not_before, id);
     CREATE INDEX audit_at ON audit(at);
     ",
+    // 11: how a host is reached: the login user where root login is forbidden, and the jump
+    // host (its typed record as JSON: address, port, pinned key, login user); placement
+    // counts a host's Agents by index.
+    "
+    ALTER TABLE hosts ADD COLUMN login_user TEXT;
+    ALTER TABLE hosts ADD COLUMN jump TEXT;
+    CREATE INDEX agents_host ON agents(host_name);
+    ",
 ];
