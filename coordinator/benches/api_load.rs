@@ -411,6 +411,8 @@ async fn populate(store: &SharedStore, agents: usize) -> (String, Vec<(String, S
                     port: 22,
                     host_key: HOST_KEY.into(),
                     max_agents: u32::MAX,
+                    login_user: None,
+                    jump: None,
                 },
             )
             .await

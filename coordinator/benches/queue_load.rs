@@ -337,6 +337,9 @@ async fn populate(
                     max_agents: 100,
                     enrolled_at: 1,
                     last_probe: None,
+                    login_user: None,
+                    jump: None,
+                    fencing: Default::default(),
                 };
                 assert!(store.insert_host(&host).await.unwrap());
             }

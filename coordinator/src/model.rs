@@ -641,6 +641,8 @@ text_enum! {
     }
 }
 
+// `text_enum!` derives a fixed list, so the default is written out.
+#[allow(clippy::derivable_impls)]
 impl Default for Fencing {
     fn default() -> Self {
         Fencing::Unknown

@@ -41,7 +41,7 @@ fn options(url: &str, password_file: &std::path::Path) -> FleetOptions {
         // Leases long enough for a machine at a load of 8 (the worker's 3 s default of the
         // other suites lapsed there once, and a lapsed lease means a legitimate second run).
         extra_toml: "[leader]\nlease_ms = 4000\n[drift]\ninterval_seconds = 2\n".to_owned(),
-        lease_seconds: 8,
+        lease_seconds: 15,
     }
 }
 
