@@ -1,7 +1,7 @@
 //! The audit trail.
 
 use async_trait::async_trait;
-use rusqlite::{Transaction, params};
+use rusqlite::{Connection, params};
 use serde_json::Value;
 
 use super::{SqliteStore, json_col};
@@ -9,7 +9,7 @@ use crate::model::AuditEvent;
 use crate::store::{AuditLog, Claim, Result};
 
 fn insert(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     (actor, action, target): (&str, &str, &str),
     detail: &Value,
     now: i64,

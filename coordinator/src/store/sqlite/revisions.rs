@@ -1,7 +1,7 @@
 //! Immutable revisions and their progress.
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, Row, Transaction, params};
+use rusqlite::{OptionalExtension, Row, Connection, params};
 use serde_json::Value;
 
 use super::{SqliteStore, json_col, parse_col, rollouts, work};
@@ -67,7 +67,7 @@ fn finish_revision(
 
 /// Inserts the next revision (numbered inside `tx`) and its deploy work; desired becomes
 /// running. Returns the work's id.
-pub(super) fn insert_revision(tx: &Transaction<'_>, r: &mut Revision) -> Result<i64> {
+pub(super) fn insert_revision(tx: &Connection, r: &mut Revision) -> Result<i64> {
     let last: i64 = tx.query_row(
         "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2",
         params![r.namespace_id, r.agent_id],

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, Row, Transaction, params};
+use rusqlite::{OptionalExtension, Row, Connection, params};
 
 use super::{SqliteStore, check_claim, corrupt};
 use crate::clock::now_ms;
@@ -15,7 +15,7 @@ use crate::store::{
 };
 
 /// Queues one item inside `tx`; its id.
-pub(super) fn enqueue(tx: &Transaction<'_>, w: &Enqueue) -> Result<i64> {
+pub(super) fn enqueue(tx: &Connection, w: &Enqueue) -> Result<i64> {
     let now = now_ms();
     tx.execute(
         "INSERT INTO work (kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at)

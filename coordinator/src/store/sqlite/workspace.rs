@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{OptionalExtension, Connection, params};
 
 use super::{SqliteStore, parse_col};
 use crate::model::{Agent, WorkspaceFileInfo, WorkspaceSetupInfo, WorkspaceState};
@@ -12,7 +12,7 @@ use crate::store::{Claim, Result, StoreError, WorkspaceStore};
 
 /// Stores an Agent's files inside the transaction that inserts the Agent.
 pub(super) fn insert_files(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     a: &Agent,
     files: &[WorkspaceFile],
     now: i64,
