@@ -160,6 +160,9 @@ impl Journal {
     /// then the one now at the path is tried instead.
     fn lock_run(&self, id: &OperationId, create: bool) -> Result<RunLock, FsError> {
         let path = self.run_lock_path(id);
+        if create {
+            fsutil::counters::other();
+        }
         loop {
             let file = match OpenOptions::new()
                 .read(true)
@@ -196,6 +199,7 @@ impl Journal {
 
     /// Removes a run file whose lock we hold.
     fn release_run(&self, id: &OperationId, lock: File) {
+        fsutil::counters::other();
         let _ = std::fs::remove_file(self.run_lock_path(id));
         drop(lock);
     }
@@ -495,6 +499,7 @@ impl RunHandle {
         fsutil::write_atomic(&self.path, &markers::to_bytes(&self.entry), 0o600, |_| {
             Ok(())
         })?;
+        fsutil::counters::other();
         let _ = std::fs::remove_file(&self.run_lock_path);
         Ok(())
     }
