@@ -14,7 +14,7 @@
 //! number of timed operations per row (default 300).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clawfleet_protocol::operation::*;
 use clawfleet_protocol::result::{OperationResult, Outcome};
@@ -30,6 +30,9 @@ use hostd::session::{Responder, now_unix};
 use serde_json::json;
 
 const WARMUP: usize = 10;
+
+/// Makes the next operation of one row.
+type MakeOp = Box<dyn FnMut() -> Operation>;
 
 struct Bench {
     config: hostd::config::Config,
@@ -188,7 +191,7 @@ fn main() {
 
     let mut fresh = 1u64;
     let mut rows = Vec::new();
-    let cases: Vec<(&'static str, Box<dyn FnMut() -> Operation>)> = vec![
+    let cases: Vec<(&'static str, MakeOp)> = vec![
         (
             "prepare-revision, already prepared",
             Box::new(|| prepare("a", "rev-1", 1)),
@@ -271,5 +274,4 @@ fn main() {
         "µs: one signed envelope through Responder::respond (signature check, journal, engine); \
          counts from hostd::fsutil::counters and the fake's call log"
     );
-    let _ = Duration::ZERO;
 }

@@ -754,6 +754,7 @@ impl RunHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fsutil::counters;
     use clawfleet_protocol::result::DeleteAgentResult;
 
     fn id(s: &str) -> OperationId {
@@ -1000,5 +1001,137 @@ mod tests {
         ));
         live.finish(&ok(), None).unwrap();
         assert!(!dir.path().join("live.run").exists());
+    }
+
+    fn begin_deferred(j: &Journal, op: &str, body: char, expires: u64) -> Begin {
+        j.begin_deferred(
+            &id(op),
+            OperationKind::PrepareRevision,
+            &hash(body),
+            expires,
+            1,
+        )
+        .unwrap()
+    }
+
+    /// A no-op's record: no entry until the outcome, which is written without fsync once the
+    /// boot's bound covers it; replays and mismatches are caught exactly as for others.
+    #[test]
+    fn a_deferred_operation_that_never_commits_is_recorded_cheaply_and_replay_safe() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(mut h) = begin_deferred(&j, "noop-1", 'a', 1_000) else {
+            panic!()
+        };
+        h.step(Step::Verify).unwrap();
+        // Nothing on disk but the run file; a second session with the id waits its turn.
+        assert!(!dir.path().join("noop-1.json").exists());
+        assert_eq!(j.status(&id("noop-1")).unwrap(), OperationState::Unknown);
+        assert!(matches!(
+            begin_deferred(&j, "noop-1", 'a', 1_000),
+            Begin::InProgress
+        ));
+        counters::reset();
+        h.finish(&ok(), None).unwrap();
+        // The first cheap record raised the boot's bound durably (one write_atomic) ...
+        let first = counters::get();
+        assert_eq!((first.fsyncs, first.renames), (2, 2), "{first:?}");
+        let Begin::Run(h) = begin_deferred(&j, "noop-2", 'a', 1_000 + UNSYNCED_HEADROOM) else {
+            panic!()
+        };
+        counters::reset();
+        h.finish(&ok(), None).unwrap();
+        // ... the next within its headroom is one rename, no fsync.
+        let next = counters::get();
+        assert_eq!((next.fsyncs, next.renames), (0, 1), "{next:?}");
+        match begin_deferred(&j, "noop-1", 'a', 1_000) {
+            Begin::Recorded(o) => assert_eq!(o, ok()),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            begin_deferred(&j, "noop-1", 'b', 1_000),
+            Begin::Mismatch
+        ));
+        assert!(matches!(
+            j.status(&id("noop-2")).unwrap(),
+            OperationState::Succeeded { .. }
+        ));
+        assert!(!dir.path().join("noop-1.run").exists());
+    }
+
+    /// A committed operation is recorded as `begin` records it: running entry durable before
+    /// the first change, the last step in it, a killed run reported aborted after that step.
+    #[test]
+    fn a_committed_deferred_operation_is_recorded_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(mut h) = begin_deferred(&j, "change", 'a', 1_000) else {
+            panic!()
+        };
+        h.step(Step::Verify).unwrap();
+        counters::reset();
+        h.commit().unwrap();
+        assert!(h.is_committed());
+        assert_eq!(counters::get().fsyncs, 2);
+        assert!(matches!(
+            j.status(&id("change")).unwrap(),
+            OperationState::Running {
+                step: Some(Step::Verify),
+                ..
+            }
+        ));
+        h.step(Step::Snapshot).unwrap();
+        drop(h);
+        match j.status(&id("change")).unwrap() {
+            OperationState::Failed { after_step, .. } => {
+                assert_eq!(after_step, Some(Step::Snapshot))
+            }
+            other => panic!("{other:?}"),
+        }
+        // No unsynced bound was needed.
+        assert!(!dir.path().join(UNSYNCED_FILE).exists());
+    }
+
+    /// A crash can lose a record written without fsync. The journal of the next boot raises
+    /// the watermark to the earlier boot's bound, so no such envelope runs again, while a
+    /// fresh one (expiring later) does; a reopen in the same boot changes nothing.
+    #[test]
+    fn after_a_reboot_the_unsynced_bound_becomes_the_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(h) = begin_deferred(&j, "noop-1", 'a', 1_000) else {
+            panic!()
+        };
+        h.finish(&ok(), None).unwrap();
+        let bound = 1_000 + UNSYNCED_HEADROOM;
+        // Same boot: nothing changes.
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        assert_eq!(j.watermark().unwrap(), 0);
+        // The record is lost in a power cut, and the host boots again.
+        std::fs::remove_file(dir.path().join("noop-1.json")).unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-b".into())).unwrap();
+        assert_eq!(j.watermark().unwrap(), bound);
+        assert!(!dir.path().join(UNSYNCED_FILE).exists());
+        assert!(matches!(
+            begin_deferred(&j, "noop-1", 'a', 1_000),
+            Begin::Unverifiable { .. }
+        ));
+        assert!(matches!(
+            begin_deferred(&j, "issued-then", 'a', bound),
+            Begin::Unverifiable { .. }
+        ));
+        assert!(matches!(
+            begin_deferred(&j, "fresh", 'a', bound + 1),
+            Begin::Run(_)
+        ));
+        // Without a boot id nothing is written unsynced.
+        let j = Journal::open_in_boot(dir.path(), 100, None).unwrap();
+        let Begin::Run(h) = begin_deferred(&j, "noop-3", 'a', bound + 100) else {
+            panic!()
+        };
+        counters::reset();
+        h.finish(&ok(), None).unwrap();
+        assert_eq!(counters::get().fsyncs, 2);
+        assert!(!dir.path().join(UNSYNCED_FILE).exists());
     }
 }
