@@ -33,6 +33,8 @@ struct State {
     behaviour: BTreeMap<u16, Behaviour>,
     unit_ports: BTreeMap<String, u16>,
     calls: Vec<String>,
+    /// Reads that the real layer makes over D-Bus (unit state, runtime, version).
+    bus_reads: usize,
     fail_next: BTreeSet<&'static str>,
     squatters: BTreeMap<u16, u32>,
     /// Every unit's journal, oldest first, as (unit, entry).
@@ -99,9 +101,19 @@ impl FakeSystem {
         self.with(|s| s.calls.clone())
     }
 
-    /// Forgets the call log.
+    /// Forgets the call log and the read count.
     pub fn clear_calls(&self) {
-        self.with(|s| s.calls.clear());
+        self.with(|s| {
+            s.calls.clear();
+            s.bus_reads = 0;
+        });
+    }
+
+    /// How many reads the real layer would make over D-Bus (`unit_state`, `unit_runtime`,
+    /// `systemd_version`) since the last [`FakeSystem::clear_calls`]; [`FakeSystem::calls`]
+    /// has every change.
+    pub fn bus_reads(&self) -> usize {
+        self.with(|s| s.bus_reads)
     }
 
     /// Adds an account that hostd did not create (to test refusal of foreign accounts).
@@ -404,6 +416,7 @@ impl System for FakeSystem {
     }
 
     fn unit_state(&self, unit: &str) -> Result<UnitState, SystemError> {
+        self.with(|s| s.bus_reads += 1);
         let port = self.with(|s| s.unit_ports.get(unit).copied());
         let crashing =
             port.is_some_and(|p| self.with(|s| s.behaviour_of(unit, p) == Behaviour::CrashLoop));
@@ -432,6 +445,7 @@ impl System for FakeSystem {
     }
 
     fn systemd_version(&self) -> Result<String, SystemError> {
+        self.with(|s| s.bus_reads += 1);
         Ok("252 (fake)".to_owned())
     }
 
@@ -483,6 +497,7 @@ impl System for FakeSystem {
     }
 
     fn unit_runtime(&self, unit: &str) -> Result<UnitRuntime, SystemError> {
+        self.with(|s| s.bus_reads += 1);
         let state = self.unit_state(unit)?;
         let running = state.is_active();
         let run = self.with(|s| s.invocations.get(unit).copied());

@@ -9,6 +9,67 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
+/// Per-thread counts of the durable and mutating file system calls hostd makes: what the
+/// fast-path tests assert to be zero for a no-op, and what the `fastpath` bench prints. Counted
+/// per thread because an operation runs on one thread and tests run in parallel; an increment
+/// is a thread-local add, nothing next to the call it counts.
+pub mod counters {
+    use std::cell::Cell;
+
+    /// File system calls made on this thread since the last [`reset`].
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct IoCounts {
+        /// `fsync` of a file or a directory.
+        pub fsyncs: u64,
+        /// `rename`.
+        pub renames: u64,
+        /// Other changes: files, directories, links and symlinks created or removed (not
+        /// counting the pending file a rename moves into place).
+        pub other: u64,
+    }
+
+    impl IoCounts {
+        /// Nothing written at all.
+        pub fn is_zero(&self) -> bool {
+            *self == Self::default()
+        }
+    }
+
+    thread_local! {
+        static COUNTS: Cell<IoCounts> = const { Cell::new(IoCounts { fsyncs: 0, renames: 0, other: 0 }) };
+    }
+
+    /// The counts so far on this thread.
+    pub fn get() -> IoCounts {
+        COUNTS.with(Cell::get)
+    }
+
+    /// Starts counting from zero on this thread.
+    pub fn reset() {
+        COUNTS.with(|c| c.set(IoCounts::default()));
+    }
+
+    fn bump(f: impl FnOnce(&mut IoCounts)) {
+        COUNTS.with(|c| {
+            let mut v = c.get();
+            f(&mut v);
+            c.set(v);
+        });
+    }
+
+    pub(crate) fn fsync() {
+        bump(|c| c.fsyncs += 1);
+    }
+
+    pub(crate) fn rename() {
+        bump(|c| c.renames += 1);
+    }
+
+    pub(crate) fn other() {
+        bump(|c| c.other += 1);
+    }
+}
+
 /// A file system step that failed or found something foreign.
 #[derive(Debug, Error)]
 pub enum FsError {
@@ -122,6 +183,7 @@ pub fn ensure_dir(path: &Path, mode: u32) -> Result<bool, FsError> {
     if dir_exists(path)? {
         return Ok(false);
     }
+    counters::other();
     match fs::DirBuilder::new().mode(mode).create(path) {
         Ok(()) => {
             set_mode(path, mode)?;
@@ -143,6 +205,7 @@ pub fn set_mode(path: &Path, mode: u32) -> Result<(), FsError> {
 
 /// fsync a directory so a rename inside it is durable.
 pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    counters::fsync();
     File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(io_err(dir))
@@ -183,6 +246,7 @@ fn write_pending(
             .map_err(io_err(&pending))?;
         f.write_all(bytes).map_err(io_err(&pending))?;
         if durable {
+            counters::fsync();
             f.sync_all().map_err(io_err(&pending))?;
         }
         drop(f);
@@ -209,6 +273,7 @@ pub fn write_atomic(
 ) -> Result<(), FsError> {
     file_exists(target)?;
     let pending = write_pending(target, bytes, mode, true, prepare)?;
+    counters::rename();
     if let Err(e) = fs::rename(&pending, target) {
         let _ = fs::remove_file(&pending);
         return Err(io_err(target)(e));
@@ -222,6 +287,7 @@ pub fn write_atomic(
 pub fn replace_quickly(target: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
     file_exists(target)?;
     let pending = write_pending(target, bytes, mode, false, |_| Ok(()))?;
+    counters::rename();
     fs::rename(&pending, target).map_err(|e| {
         let _ = fs::remove_file(&pending);
         io_err(target)(e)
@@ -241,6 +307,7 @@ pub fn create_once(
     }
     let pending = write_pending(target, bytes, mode, true, prepare)?;
     // link(2) fails if the target appeared meanwhile: never replace.
+    counters::other();
     let linked = fs::hard_link(&pending, target);
     let _ = fs::remove_file(&pending);
     match linked {
@@ -264,6 +331,7 @@ pub fn create_dir_atomic(
         return Ok(false);
     }
     let pending = pending_name(target).map_err(io_err(target))?;
+    counters::other();
     let result = (|| {
         fs::DirBuilder::new()
             .mode(mode)
@@ -272,6 +340,7 @@ pub fn create_dir_atomic(
         set_mode(&pending, mode)?;
         build(&pending)?;
         sync_dir(&pending)?;
+        counters::rename();
         fs::rename(&pending, target).map_err(io_err(target))?;
         sync_dir(parent(target))
     })();
@@ -301,6 +370,7 @@ pub fn remove_file_if_present(path: &Path) -> Result<bool, FsError> {
     match kind(path)? {
         Kind::Missing => Ok(false),
         Kind::File | Kind::Symlink => {
+            counters::other();
             match fs::remove_file(path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -316,7 +386,9 @@ pub fn remove_file_if_present(path: &Path) -> Result<bool, FsError> {
 /// Points the symlink `link` at `target` atomically (pending symlink, rename, dir fsync).
 pub fn replace_symlink(link: &Path, target: &Path) -> Result<(), FsError> {
     let pending = pending_name(link).map_err(io_err(link))?;
+    counters::other();
     std::os::unix::fs::symlink(target, &pending).map_err(io_err(&pending))?;
+    counters::rename();
     if let Err(e) = fs::rename(&pending, link) {
         let _ = fs::remove_file(&pending);
         return Err(io_err(link)(e));

@@ -14,10 +14,28 @@
 //! journal does not know and that expires at or before the watermark is refused
 //! (`REPLAY_UNVERIFIABLE`): it may have run before, and nothing on the host can tell. A fresh
 //! envelope from the coordinator always expires later than anything already pruned.
+//!
+//! Operations that change nothing (the engine's no-op fast path) are recorded cheaply: the
+//! session begins them with [`Journal::begin_deferred`], which takes the run lock and checks
+//! for replays but writes no entry; the engine calls [`RunHandle::commit`] (through
+//! `Ctx::commit`) before its first write, which writes the running entry durably as
+//! [`Journal::begin`] does, so an operation that changes things is recorded exactly as before.
+//! One that never committed changed nothing, and its outcome is written without fsync (one
+//! write and one rename, no fsync: a killed process loses nothing, the page cache has it).
+//! Only a power cut or kernel crash can lose such a record, and so that the lost id cannot run
+//! again, the journal first makes sure, durably, that `.unsynced.json` names this boot and an
+//! expiry bound at or after the envelope's (raised by [`UNSYNCED_HEADROOM`] at a time, so a
+//! run of no-ops pays that one durable write at most every few seconds). When a journal is
+//! opened in a later boot and finds the file of an earlier one, it raises the pruning
+//! watermark to that bound: every envelope whose record might have been lost is then refused
+//! as `REPLAY_UNVERIFIABLE`, as a pruned one is. Replay protection is thus the same for every
+//! operation; what a no-op saves is the fsyncs and renames of its entry and of its steps.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::OperationKind;
@@ -64,6 +82,38 @@ pub enum EntryState {
 /// letter or digit).
 const WATERMARK_FILE: &str = ".pruned.json";
 
+/// The file naming the boot whose unsynced records the journal may hold, and a bound on their
+/// envelopes' expiry; never an entry's name.
+const UNSYNCED_FILE: &str = ".unsynced.json";
+/// Serialises raises of [`UNSYNCED_FILE`] between concurrent sessions.
+const UNSYNCED_LOCK: &str = ".unsynced.lock";
+/// How far past a no-op's expiry a raise of the unsynced bound reaches, in seconds, so that
+/// no-ops in quick succession share one durable write. The price after a crash: envelopes
+/// issued up to this long after the last raise are refused as possibly seen (they were issued
+/// before the crash, or within seconds of it, since a host takes longer to boot).
+pub const UNSYNCED_HEADROOM: u64 = 10;
+/// A cheap (unsynced) record also prunes only every this many records: pruning lists the
+/// whole directory.
+const CHEAP_PRUNE_EVERY: u32 = 32;
+
+/// `.unsynced.json`: records written without fsync in boot `boot_id` have envelopes expiring
+/// at or before `expires_at_bound`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Unsynced {
+    schema: u32,
+    boot_id: String,
+    expires_at_bound: u64,
+}
+
+/// The kernel's id of the current boot; `None` where there is none (no /proc).
+fn current_boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 /// The latest `expiresAt` of any entry pruned so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -104,6 +154,12 @@ pub enum Begin {
 pub struct Journal {
     dir: PathBuf,
     max_entries: usize,
+    /// The current boot's id; without one every record is written durably.
+    boot_id: Option<String>,
+    /// A bound this process knows `.unsynced.json` holds for this boot (0: none yet).
+    unsynced_bound: Arc<AtomicU64>,
+    /// Cheap records since the last prune.
+    cheap_since_prune: Arc<AtomicU32>,
 }
 
 /// Progress recording for one running operation; holds its run lock.
@@ -113,6 +169,9 @@ pub struct RunHandle {
     path: PathBuf,
     run_lock_path: PathBuf,
     _run_lock: File,
+    /// The running entry is on disk, durably: the operation may change the host.
+    committed: bool,
+    journal: Journal,
 }
 
 fn entry_err(e: MarkerError) -> FsError {
@@ -127,12 +186,140 @@ fn entry_err(e: MarkerError) -> FsError {
 
 impl Journal {
     /// A journal in `dir`, created 0700 if missing.
+    /// Settles the unsynced records of an earlier boot (see the module documentation).
     pub fn open(dir: &Path, max_entries: usize) -> Result<Self, FsError> {
+        Self::open_in_boot(dir, max_entries, current_boot_id())
+    }
+
+    /// [`Journal::open`] as in the boot `boot_id` (tests: a reboot).
+    pub fn open_in_boot(
+        dir: &Path,
+        max_entries: usize,
+        boot_id: Option<String>,
+    ) -> Result<Self, FsError> {
         fsutil::ensure_dir(dir, 0o700)?;
-        Ok(Self {
+        let journal = Self {
             dir: dir.to_path_buf(),
             max_entries,
-        })
+            boot_id,
+            unsynced_bound: Arc::default(),
+            cheap_since_prune: Arc::default(),
+        };
+        journal.settle_unsynced()?;
+        Ok(journal)
+    }
+
+    fn unsynced_path(&self) -> PathBuf {
+        self.dir.join(UNSYNCED_FILE)
+    }
+
+    fn read_unsynced(&self) -> Result<Option<Unsynced>, FsError> {
+        markers::read_optional(&self.unsynced_path(), "journal unsynced bound").map_err(entry_err)
+    }
+
+    /// Takes the lock that serialises changes of `.unsynced.json` (held until dropped).
+    fn lock_unsynced(&self) -> Result<File, FsError> {
+        let path = self.dir.join(UNSYNCED_LOCK);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(&path)
+            .map_err(fsutil::io_err(&path))?;
+        file.lock().map_err(fsutil::io_err(&path))?;
+        Ok(file)
+    }
+
+    /// A `.unsynced.json` of another boot means records written without fsync may have been
+    /// lost in a crash: the watermark is raised (durably) to their bound, so their envelopes
+    /// are refused, and then the file is removed. One of this boot is remembered.
+    fn settle_unsynced(&self) -> Result<(), FsError> {
+        let Some(found) = self.read_unsynced()? else {
+            return Ok(());
+        };
+        if self.boot_id.as_deref() == Some(found.boot_id.as_str()) {
+            self.unsynced_bound
+                .fetch_max(found.expires_at_bound, Ordering::SeqCst);
+            return Ok(());
+        }
+        let _lock = self.lock_unsynced()?;
+        let Some(found) = self.read_unsynced()? else {
+            return Ok(());
+        };
+        if self.boot_id.as_deref() == Some(found.boot_id.as_str()) {
+            self.unsynced_bound
+                .fetch_max(found.expires_at_bound, Ordering::SeqCst);
+            return Ok(());
+        }
+        if found.expires_at_bound > self.watermark()? {
+            self.write_watermark(found.expires_at_bound)?;
+        }
+        tracing::warn!(
+            previous_boot = %found.boot_id,
+            watermark = found.expires_at_bound,
+            "the journal held records written without fsync in an earlier boot; envelopes expiring by the watermark are refused as possibly seen"
+        );
+        fsutil::remove_file_if_present(&self.unsynced_path())?;
+        Ok(())
+    }
+
+    /// Makes sure `.unsynced.json` covers an envelope expiring at `expires_at` for this
+    /// boot, raising it durably when it does not. False when there is no boot id (the
+    /// caller then writes durably).
+    fn cover_unsynced(&self, expires_at: u64) -> Result<bool, FsError> {
+        if self.unsynced_bound.load(Ordering::SeqCst) >= expires_at {
+            return Ok(true);
+        }
+        let Some(boot) = self.boot_id.as_deref() else {
+            return Ok(false);
+        };
+        let _lock = self.lock_unsynced()?;
+        let on_disk = match self.read_unsynced()? {
+            None => 0,
+            Some(u) if u.boot_id == boot => u.expires_at_bound,
+            // Another boot's, not settled yet (a journal opened before the file appeared
+            // cannot be of an earlier boot; be safe anyway).
+            Some(_) => return Ok(false),
+        };
+        if on_disk < expires_at {
+            let record = Unsynced {
+                schema: SCHEMA,
+                boot_id: boot.to_owned(),
+                expires_at_bound: expires_at.saturating_add(UNSYNCED_HEADROOM).max(on_disk),
+            };
+            fsutil::write_atomic(
+                &self.unsynced_path(),
+                &markers::to_bytes(&record),
+                0o600,
+                |_| Ok(()),
+            )?;
+            self.unsynced_bound
+                .fetch_max(record.expires_at_bound, Ordering::SeqCst);
+        } else {
+            self.unsynced_bound.fetch_max(on_disk, Ordering::SeqCst);
+        }
+        Ok(true)
+    }
+
+    /// Whether the session should prune after a cheap record (every [`CHEAP_PRUNE_EVERY`]).
+    pub fn cheap_prune_due(&self) -> bool {
+        self.cheap_since_prune.fetch_add(1, Ordering::SeqCst) + 1 >= CHEAP_PRUNE_EVERY
+    }
+
+    fn write_watermark(&self, pruned_expires_at: u64) -> Result<(), FsError> {
+        let mark = Watermark {
+            schema: SCHEMA,
+            pruned_expires_at,
+        };
+        fsutil::write_atomic(
+            &self.watermark_path(),
+            &markers::to_bytes(&mark),
+            0o600,
+            |_| Ok(()),
+        )
     }
 
     fn entry_path(&self, id: &OperationId) -> PathBuf {
@@ -160,6 +347,9 @@ impl Journal {
     /// then the one now at the path is tried instead.
     fn lock_run(&self, id: &OperationId, create: bool) -> Result<RunLock, FsError> {
         let path = self.run_lock_path(id);
+        if create {
+            fsutil::counters::other();
+        }
         loop {
             let file = match OpenOptions::new()
                 .read(true)
@@ -196,11 +386,12 @@ impl Journal {
 
     /// Removes a run file whose lock we hold.
     fn release_run(&self, id: &OperationId, lock: File) {
+        fsutil::counters::other();
         let _ = std::fs::remove_file(self.run_lock_path(id));
         drop(lock);
     }
 
-    /// Registers an operation before it runs.
+    /// Registers an operation before it runs, writing its running entry durably.
     pub fn begin(
         &self,
         id: &OperationId,
@@ -208,6 +399,34 @@ impl Journal {
         body_sha256: &Sha256Hex,
         expires_at: u64,
         now: u64,
+    ) -> Result<Begin, FsError> {
+        self.begin_inner(id, kind, body_sha256, expires_at, now, true)
+    }
+
+    /// Like [`Journal::begin`] (replays, mismatches, the run lock and the watermark are
+    /// checked the same way) but writes no entry yet: [`RunHandle::commit`] writes it before
+    /// the operation changes anything, and an operation that never commits is recorded
+    /// cheaply by [`RunHandle::finish`] (see the module documentation). Until then
+    /// `operation-status` reports the id unknown, which is true of what it did so far.
+    pub fn begin_deferred(
+        &self,
+        id: &OperationId,
+        kind: OperationKind,
+        body_sha256: &Sha256Hex,
+        expires_at: u64,
+        now: u64,
+    ) -> Result<Begin, FsError> {
+        self.begin_inner(id, kind, body_sha256, expires_at, now, false)
+    }
+
+    fn begin_inner(
+        &self,
+        id: &OperationId,
+        kind: OperationKind,
+        body_sha256: &Sha256Hex,
+        expires_at: u64,
+        now: u64,
+        durable: bool,
     ) -> Result<Begin, FsError> {
         let run_lock = match self.lock_run(id, true)? {
             RunLock::Held(f) => f,
@@ -251,7 +470,10 @@ impl Journal {
             state: EntryState::Running { step: None },
         };
         let path = self.entry_path(id);
-        if let Err(e) = fsutil::write_atomic(&path, &markers::to_bytes(&entry), 0o600, |_| Ok(())) {
+        if durable
+            && let Err(e) =
+                fsutil::write_atomic(&path, &markers::to_bytes(&entry), 0o600, |_| Ok(()))
+        {
             self.release_run(id, run_lock);
             return Err(e);
         }
@@ -260,6 +482,8 @@ impl Journal {
             path,
             run_lock_path: self.run_lock_path(id),
             _run_lock: run_lock,
+            committed: durable,
+            journal: self.clone(),
         }))
     }
 
@@ -382,13 +606,14 @@ impl Journal {
     /// removes any, it raises the watermark to the latest expiry among them (durably). Also
     /// removes run files of killed operations. Returns how many entries it removed.
     pub fn prune(&self, now: u64) -> Result<usize, FsError> {
+        self.cheap_since_prune.store(0, Ordering::SeqCst);
         let names = fsutil::list_dir(&self.dir)?;
         if self.prune_run_files(&names)? > 0 {
             fsutil::sync_dir(&self.dir)?;
         }
         let json: Vec<&String> = names
             .iter()
-            .filter(|n| n.ends_with(".json") && n.as_str() != WATERMARK_FILE)
+            .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
             .collect();
         if json.len() <= self.max_entries {
             return Ok(0);
@@ -412,16 +637,7 @@ impl Journal {
             return Ok(0);
         };
         if latest > self.watermark()? {
-            let mark = Watermark {
-                schema: SCHEMA,
-                pruned_expires_at: latest,
-            };
-            fsutil::write_atomic(
-                &self.watermark_path(),
-                &markers::to_bytes(&mark),
-                0o600,
-                |_| Ok(()),
-            )?;
+            self.write_watermark(latest)?;
         }
         let mut removed = 0;
         for (_, _, path) in entries {
@@ -468,6 +684,10 @@ impl RunHandle {
     /// Records the step about to start.
     pub fn step(&mut self, step: Step) -> Result<(), FsError> {
         self.entry.state = EntryState::Running { step: Some(step) };
+        if !self.committed {
+            // Written with the entry at commit, if the operation ever commits.
+            return Ok(());
+        }
         // Not fsynced: after a power cut the record names an earlier step, which is still
         // true ("aborted after step X" with an earlier X). The start and the outcome are.
         fsutil::replace_quickly(&self.path, &markers::to_bytes(&self.entry), 0o600)
@@ -481,7 +701,26 @@ impl RunHandle {
         }
     }
 
-    /// Records the outcome and releases the run lock.
+    /// Writes the running entry, with the last step, durably: from now on the operation may
+    /// change the host. Once only; later calls do nothing.
+    pub fn commit(&mut self) -> Result<(), FsError> {
+        if self.committed {
+            return Ok(());
+        }
+        fsutil::write_atomic(&self.path, &markers::to_bytes(&self.entry), 0o600, |_| {
+            Ok(())
+        })?;
+        self.committed = true;
+        Ok(())
+    }
+
+    /// Whether [`RunHandle::commit`] ran (or the entry was begun durably).
+    pub fn is_committed(&self) -> bool {
+        self.committed
+    }
+
+    /// Records the outcome and releases the run lock: durably if the operation committed,
+    /// otherwise without fsync once `.unsynced.json` covers it (see the module documentation).
     pub fn finish(mut self, outcome: &Outcome, after_step: Option<Step>) -> Result<(), FsError> {
         self.entry.state = match outcome {
             Outcome::Succeeded { result } => EntryState::Succeeded {
@@ -492,9 +731,21 @@ impl RunHandle {
                 after_step,
             },
         };
-        fsutil::write_atomic(&self.path, &markers::to_bytes(&self.entry), 0o600, |_| {
-            Ok(())
-        })?;
+        let bytes = markers::to_bytes(&self.entry);
+        let cheap = !self.committed
+            && match self.journal.cover_unsynced(self.entry.expires_at) {
+                Ok(covered) => covered,
+                Err(e) => {
+                    tracing::warn!(operation_id = %self.entry.operation_id, "cannot raise the journal's unsynced bound, recording durably: {e}");
+                    false
+                }
+            };
+        if cheap {
+            fsutil::replace_quickly(&self.path, &bytes, 0o600)?;
+        } else {
+            fsutil::write_atomic(&self.path, &bytes, 0o600, |_| Ok(()))?;
+        }
+        fsutil::counters::other();
         let _ = std::fs::remove_file(&self.run_lock_path);
         Ok(())
     }
@@ -503,6 +754,7 @@ impl RunHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fsutil::counters;
     use clawfleet_protocol::result::DeleteAgentResult;
 
     fn id(s: &str) -> OperationId {
@@ -749,5 +1001,137 @@ mod tests {
         ));
         live.finish(&ok(), None).unwrap();
         assert!(!dir.path().join("live.run").exists());
+    }
+
+    fn begin_deferred(j: &Journal, op: &str, body: char, expires: u64) -> Begin {
+        j.begin_deferred(
+            &id(op),
+            OperationKind::PrepareRevision,
+            &hash(body),
+            expires,
+            1,
+        )
+        .unwrap()
+    }
+
+    /// A no-op's record: no entry until the outcome, which is written without fsync once the
+    /// boot's bound covers it; replays and mismatches are caught exactly as for others.
+    #[test]
+    fn a_deferred_operation_that_never_commits_is_recorded_cheaply_and_replay_safe() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(mut h) = begin_deferred(&j, "noop-1", 'a', 1_000) else {
+            panic!()
+        };
+        h.step(Step::Verify).unwrap();
+        // Nothing on disk but the run file; a second session with the id waits its turn.
+        assert!(!dir.path().join("noop-1.json").exists());
+        assert_eq!(j.status(&id("noop-1")).unwrap(), OperationState::Unknown);
+        assert!(matches!(
+            begin_deferred(&j, "noop-1", 'a', 1_000),
+            Begin::InProgress
+        ));
+        counters::reset();
+        h.finish(&ok(), None).unwrap();
+        // The first cheap record raised the boot's bound durably (one write_atomic) ...
+        let first = counters::get();
+        assert_eq!((first.fsyncs, first.renames), (2, 2), "{first:?}");
+        let Begin::Run(h) = begin_deferred(&j, "noop-2", 'a', 1_000 + UNSYNCED_HEADROOM) else {
+            panic!()
+        };
+        counters::reset();
+        h.finish(&ok(), None).unwrap();
+        // ... the next within its headroom is one rename, no fsync.
+        let next = counters::get();
+        assert_eq!((next.fsyncs, next.renames), (0, 1), "{next:?}");
+        match begin_deferred(&j, "noop-1", 'a', 1_000) {
+            Begin::Recorded(o) => assert_eq!(o, ok()),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            begin_deferred(&j, "noop-1", 'b', 1_000),
+            Begin::Mismatch
+        ));
+        assert!(matches!(
+            j.status(&id("noop-2")).unwrap(),
+            OperationState::Succeeded { .. }
+        ));
+        assert!(!dir.path().join("noop-1.run").exists());
+    }
+
+    /// A committed operation is recorded as `begin` records it: running entry durable before
+    /// the first change, the last step in it, a killed run reported aborted after that step.
+    #[test]
+    fn a_committed_deferred_operation_is_recorded_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(mut h) = begin_deferred(&j, "change", 'a', 1_000) else {
+            panic!()
+        };
+        h.step(Step::Verify).unwrap();
+        counters::reset();
+        h.commit().unwrap();
+        assert!(h.is_committed());
+        assert_eq!(counters::get().fsyncs, 2);
+        assert!(matches!(
+            j.status(&id("change")).unwrap(),
+            OperationState::Running {
+                step: Some(Step::Verify),
+                ..
+            }
+        ));
+        h.step(Step::Snapshot).unwrap();
+        drop(h);
+        match j.status(&id("change")).unwrap() {
+            OperationState::Failed { after_step, .. } => {
+                assert_eq!(after_step, Some(Step::Snapshot))
+            }
+            other => panic!("{other:?}"),
+        }
+        // No unsynced bound was needed.
+        assert!(!dir.path().join(UNSYNCED_FILE).exists());
+    }
+
+    /// A crash can lose a record written without fsync. The journal of the next boot raises
+    /// the watermark to the earlier boot's bound, so no such envelope runs again, while a
+    /// fresh one (expiring later) does; a reopen in the same boot changes nothing.
+    #[test]
+    fn after_a_reboot_the_unsynced_bound_becomes_the_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(h) = begin_deferred(&j, "noop-1", 'a', 1_000) else {
+            panic!()
+        };
+        h.finish(&ok(), None).unwrap();
+        let bound = 1_000 + UNSYNCED_HEADROOM;
+        // Same boot: nothing changes.
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        assert_eq!(j.watermark().unwrap(), 0);
+        // The record is lost in a power cut, and the host boots again.
+        std::fs::remove_file(dir.path().join("noop-1.json")).unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-b".into())).unwrap();
+        assert_eq!(j.watermark().unwrap(), bound);
+        assert!(!dir.path().join(UNSYNCED_FILE).exists());
+        assert!(matches!(
+            begin_deferred(&j, "noop-1", 'a', 1_000),
+            Begin::Unverifiable { .. }
+        ));
+        assert!(matches!(
+            begin_deferred(&j, "issued-then", 'a', bound),
+            Begin::Unverifiable { .. }
+        ));
+        assert!(matches!(
+            begin_deferred(&j, "fresh", 'a', bound + 1),
+            Begin::Run(_)
+        ));
+        // Without a boot id nothing is written unsynced.
+        let j = Journal::open_in_boot(dir.path(), 100, None).unwrap();
+        let Begin::Run(h) = begin_deferred(&j, "noop-3", 'a', bound + 100) else {
+            panic!()
+        };
+        counters::reset();
+        h.finish(&ok(), None).unwrap();
+        assert_eq!(counters::get().fsyncs, 2);
+        assert!(!dir.path().join(UNSYNCED_FILE).exists());
     }
 }

@@ -38,6 +38,7 @@ impl LockGuard {
     /// Removes the lock file while still holding it (used when its Agent is deleted). Anyone
     /// waiting on the old file notices the unlink after acquiring and retries on a new one.
     pub fn unlink(&self) {
+        crate::fsutil::counters::other();
         let _ = std::fs::remove_file(&self.path);
     }
 }

@@ -190,9 +190,11 @@ impl<'a> Responder<'a> {
                 Ok(None) => None,
             }
         } else {
+            // Deferred: the entry is written durably only when the engine is about to change
+            // something (`Ctx::commit`); a no-op is recorded cheaply (journal.rs).
             match self
                 .journal
-                .begin(&id, kind, &verified.body_sha256, env.expires_at, now)
+                .begin_deferred(&id, kind, &verified.body_sha256, env.expires_at, now)
             {
                 Err(e) => {
                     return failed(Some(id), Failure::new(FailureCode::IoFailed, e.to_string()));
@@ -254,8 +256,20 @@ impl<'a> Responder<'a> {
             });
             crate::fault::point(&format!("{kind}/{}", step_name(step)));
         };
+        let mut commit = || -> Result<(), Failure> {
+            match handle.borrow_mut().as_mut() {
+                Some(h) => h.commit().map_err(|e| {
+                    Failure::new(
+                        FailureCode::IoFailed,
+                        format!("cannot record the operation in the journal: {e}"),
+                    )
+                }),
+                None => Ok(()),
+            }
+        };
         let mut ctx = Ctx::new(id.clone(), deadline, now, cancelled, &mut on_step);
         ctx.fence = env.fence;
+        ctx.on_commit(&mut commit);
         let result = self.engine.execute(&env.operation, &mut ctx, &self.journal);
         let last_step = ctx.last_step();
         drop(ctx);
@@ -273,10 +287,13 @@ impl<'a> Responder<'a> {
         }
         if let Some(h) = handle.into_inner() {
             let after = outcome.failure().and(last_step);
+            let committed = h.is_committed();
             if let Err(e) = h.finish(&outcome, after) {
                 tracing::error!(operation_id = %id, "cannot record the outcome: {e}");
             }
-            if let Err(e) = self.journal.prune(now) {
+            if (committed || self.journal.cheap_prune_due())
+                && let Err(e) = self.journal.prune(now)
+            {
                 tracing::warn!(operation_id = %id, "cannot prune the journal: {e}");
             }
         }

@@ -99,6 +99,7 @@ impl Trash {
         }
         let (entry_path, entry) = loop {
             let (entry_path, entry) = self.new_entry()?;
+            fsutil::counters::rename();
             match std::fs::rename(path, entry_path.join(TREE)) {
                 Ok(()) => break (entry_path, entry),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {

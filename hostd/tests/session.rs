@@ -563,3 +563,72 @@ fn the_envelope_fence_reaches_the_engine_and_a_lower_one_is_refused() {
     let again = f.session(frames(&[stale]));
     assert_eq!(results(&again)[0].outcome, rs[2].outcome);
 }
+
+/// Issue 17: a no-op (an idempotent prepare) is recorded cheaply but as surely as a change: its
+/// replay returns the recorded outcome and runs nothing, even after the Agent it names was
+/// deleted (a rerun would create it again), its id with another body is refused, and
+/// operation-status reports it.
+#[test]
+fn a_no_op_is_recorded_and_its_replay_never_runs_again() {
+    let f = Fixture::new();
+    let noop = f.signed("op-3", prepare());
+    let out = f.session(frames(&[
+        f.signed(
+            "op-1",
+            Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+        ),
+        f.signed("op-2", prepare()),
+        noop.clone(),
+    ]));
+    let first = results(&out);
+    assert!(first.iter().all(|r| code(r).is_none()), "{first:?}");
+    match &first[2].outcome {
+        Outcome::Succeeded {
+            result: OperationResult::PrepareRevision(p),
+        } => assert!(p.ready && !p.created, "{p:?}"),
+        other => panic!("{other:?}"),
+    }
+    let agent_dir = f.config.state_root.join("namespaces");
+    let delete = f.signed(
+        "op-4",
+        Operation::DeleteAgent(AgentArgs {
+            namespace: ns(),
+            agent: AgentRef {
+                id: Ident::new("a1").unwrap(),
+                service_principal_id: Ident::new("sp1").unwrap(),
+            },
+        }),
+    );
+    let out = f.session(frames(&[delete, noop.clone()]));
+    let second = results(&out);
+    assert!(code(&second[0]).is_none(), "{second:?}");
+    assert_eq!(
+        second[1].outcome, first[2].outcome,
+        "the replay is the record"
+    );
+    let status = f.session(frames(&[f.signed(
+        "op-5",
+        Operation::OperationStatus(OperationStatusArgs {
+            operation_id: OperationId::new("op-3").unwrap(),
+        }),
+    )]));
+    match &results(&status)[0].outcome {
+        Outcome::Succeeded {
+            result: OperationResult::OperationStatus(s),
+        } => assert!(matches!(s.state, OperationState::Succeeded { .. }), "{s:?}"),
+        other => panic!("{other:?}"),
+    }
+    let other_body = f.signed(
+        "op-3",
+        Operation::EnsureNamespace(NamespaceArgs { namespace: ns() }),
+    );
+    let out = f.session(frames(&[other_body]));
+    assert_eq!(code(&results(&out)[0]), Some(FailureCode::ReplayMismatch));
+    // Nothing of the Agent came back.
+    let accounts = f.config.state_root.join("accounts");
+    let leftovers: Vec<_> = std::fs::read_dir(&accounts)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(agent_dir.exists());
+}

@@ -34,6 +34,22 @@ impl Engine<'_> {
         agent: &Ident,
         paths: &AgentPaths,
     ) -> Result<(), Failure> {
+        match self.fence_verdict(ctx, namespace, agent, paths)? {
+            None => Ok(()),
+            Some(raise) => self.raise_fence(ctx, namespace, agent, paths, raise),
+        }
+    }
+
+    /// The read-only half of [`Engine::check_fence`]: refuses as it would, and says which
+    /// fence it would record (`None`: the record stays as it is). The no-op fast path uses it
+    /// to know, before anything is written, that the fence needs no write.
+    pub(crate) fn fence_verdict(
+        &self,
+        ctx: &Ctx<'_>,
+        namespace: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<Option<u64>, Failure> {
         let stored =
             markers::read_optional::<FenceMarker>(&paths.fence, "fence").map_err(marker_failure)?;
         if let Some(m) = &stored
@@ -47,21 +63,28 @@ impl Engine<'_> {
             )));
         }
         let stored = stored.map(|m| m.fence);
-        let fence = match (ctx.fence, stored) {
-            (None, None) => return Ok(()),
-            (None, Some(stored)) => {
-                return Err(stale(format!(
-                    "this operation carries no fence, but this host already saw fence {stored} for Agent {agent}: a coordinator without fencing must not change an Agent a fenced coordinator manages"
-                )));
-            }
-            (Some(fence), Some(stored)) if fence < stored => {
-                return Err(stale(format!(
-                    "fence {fence} is lower than fence {stored}, which this host already saw for Agent {agent}: a later claim of the Agent supersedes this one"
-                )));
-            }
-            (Some(fence), Some(stored)) if fence == stored => return Ok(()),
-            (Some(fence), _) => fence,
-        };
+        match (ctx.fence, stored) {
+            (None, None) => Ok(None),
+            (None, Some(stored)) => Err(stale(format!(
+                "this operation carries no fence, but this host already saw fence {stored} for Agent {agent}: a coordinator without fencing must not change an Agent a fenced coordinator manages"
+            ))),
+            (Some(fence), Some(stored)) if fence < stored => Err(stale(format!(
+                "fence {fence} is lower than fence {stored}, which this host already saw for Agent {agent}: a later claim of the Agent supersedes this one"
+            ))),
+            (Some(fence), Some(stored)) if fence == stored => Ok(None),
+            (Some(fence), _) => Ok(Some(fence)),
+        }
+    }
+
+    /// Records `fence` as the highest seen for the Agent (atomically, fsync).
+    pub(crate) fn raise_fence(
+        &self,
+        ctx: &Ctx<'_>,
+        namespace: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        fence: u64,
+    ) -> Result<(), Failure> {
         fsutil::ensure_dir(&self.layout.fences_dir(), 0o700).map_err(fs_failure)?;
         let record = FenceMarker {
             schema: SCHEMA,
@@ -71,7 +94,7 @@ impl Engine<'_> {
         };
         fsutil::write_atomic(&paths.fence, &markers::to_bytes(&record), 0o600, |_| Ok(()))
             .map_err(fs_failure)?;
-        tracing::info!(operation_id = %ctx.operation_id, %agent, fence, previous = stored.unwrap_or(0), "fence raised");
+        tracing::info!(operation_id = %ctx.operation_id, %agent, fence, "fence raised");
         Ok(())
     }
 }

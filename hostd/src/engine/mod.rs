@@ -5,6 +5,7 @@
 //! step itself leaves the host consistent, so stopping between steps is always safe.
 
 mod checks;
+mod fastpath;
 mod fence;
 pub mod hooks;
 mod inventory;
@@ -60,6 +61,10 @@ pub struct Ctx<'a> {
     /// The envelope's fence (protocol version 2 on), checked under the Agent lock by
     /// Agent-scoped changes (`fence.rs`). `None` for version 1 envelopes.
     pub fence: Option<u64>,
+    /// Makes the operation's journal entry durable (`RunHandle::commit`). The engine calls it
+    /// through [`Ctx::commit`] before its first write: an operation found to be a no-op under
+    /// the Agent lock never calls it, so it answers without a durable journal write.
+    commit: Option<&'a mut dyn FnMut() -> Result<(), Failure>>,
     /// Set once an activation with a restore began its cutover: from then on the operation
     /// runs to its end whatever happens to the session or the deadline (each wait inside it
     /// still has its own limit).
@@ -92,7 +97,23 @@ impl<'a> Ctx<'a> {
             last_step: None,
             now_unix,
             fence: None,
+            commit: None,
             detached: false,
+        }
+    }
+
+    /// Sets what [`Ctx::commit`] runs (the session: the journal entry's durable write).
+    pub fn on_commit(&mut self, commit: &'a mut dyn FnMut() -> Result<(), Failure>) {
+        self.commit = Some(commit);
+    }
+
+    /// Called before the operation changes anything on the host: from here on the host may
+    /// change, so the journal must know the operation durably (replay protection). Runs the
+    /// hook once; later calls do nothing. Without a hook (engine tests) it does nothing.
+    pub fn commit(&mut self) -> Result<(), Failure> {
+        match self.commit.take() {
+            Some(commit) => commit(),
+            None => Ok(()),
         }
     }
 
@@ -292,6 +313,15 @@ impl<'a> Engine<'a> {
         journal: &Journal,
     ) -> Result<OperationResult, Failure> {
         if !operation.kind().is_read_only() {
+            // Operations without a no-op fast path change the host from their start on.
+            if !matches!(
+                operation,
+                Operation::PrepareRevision(_)
+                    | Operation::ActivateRevision(_)
+                    | Operation::StopRevision(_)
+            ) {
+                ctx.commit()?;
+            }
             self.finish_trash(ctx);
         }
         match operation {

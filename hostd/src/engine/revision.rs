@@ -16,6 +16,7 @@ use clawfleet_protocol::result::{
 use serde_json::Value;
 
 use super::checks::snapshot_matches;
+use super::fastpath::Fast;
 use super::hooks::{Event, Subject};
 use super::{Ctx, Engine, fs_failure, system_failure};
 use crate::fsutil;
@@ -74,6 +75,18 @@ impl Engine<'_> {
         agent: &Ident,
         paths: &AgentPaths,
     ) -> AgentObservation {
+        self.observe_with(ns, agent, paths, None)
+    }
+
+    /// [`Engine::observe`] with the unit's state already read by the caller (one systemd
+    /// read fewer), or `None` to read it.
+    pub(crate) fn observe_with(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        state: Option<crate::system::UnitState>,
+    ) -> AgentObservation {
         let current = self
             .read_current(ns, agent, paths)
             .ok()
@@ -82,11 +95,11 @@ impl Engine<'_> {
         let port = markers::read::<markers::AgentMarker>(&paths.marker, "agent")
             .ok()
             .map(|m| m.port);
-        let state = self
-            .system
-            .unit_state(&paths.unit_name)
-            .ok()
-            .filter(|u| u.loaded);
+        let state = match state {
+            Some(s) => Some(s),
+            None => self.system.unit_state(&paths.unit_name).ok(),
+        }
+        .filter(|u| u.loaded);
         // Served: confirmed ready (served.json) for the revision `current` names, with the
         // unit up. A candidate that `current` names but that never became ready is not
         // served, and neither is the revision before it, which no longer runs.
@@ -123,9 +136,13 @@ impl Engine<'_> {
     ) -> Result<PrepareResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let result = self
-            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
-            .and_then(|()| self.prepare_locked(ctx, args, &paths));
+        let result = match self.prepare_noop(ctx, args, &paths) {
+            Fast::Answer(r) => r,
+            Fast::Decline => ctx.commit().and_then(|()| {
+                self.check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)?;
+                self.prepare_locked(ctx, args, &paths)
+            }),
+        };
         self.forget_lock_if_absent(&agent_lock, &paths);
         result
     }
@@ -270,9 +287,13 @@ impl Engine<'_> {
     ) -> Result<ActivateResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let result = self
-            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
-            .and_then(|()| self.activate_locked(ctx, args, &paths));
+        let result = match self.activate_noop(ctx, args, &paths) {
+            Fast::Answer(r) => r,
+            Fast::Decline => ctx.commit().and_then(|()| {
+                self.check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)?;
+                self.activate_locked(ctx, args, &paths)
+            }),
+        };
         self.forget_lock_if_absent(&agent_lock, &paths);
         result
     }
@@ -722,6 +743,34 @@ impl Engine<'_> {
         })
     }
 
+    /// The read-only part of [`Engine::stop_if_current`]: whether `current` names this
+    /// revision (so the unit must stop), and if not whether the snapshot exists. Writes
+    /// nothing, so the no-op fast path answers with it directly.
+    pub(crate) fn stop_plan(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+        paths: &AgentPaths,
+    ) -> Result<StopPlan, Failure> {
+        let ns = &args.namespace;
+        ctx.step(Step::Verify)?;
+        if !fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {
+            return Ok(StopPlan::Nothing { exists: false });
+        }
+        self.verify_namespace(ns)?;
+        self.verify_agent(&ns.id, &args.agent, paths)?;
+        self.verify_account(&ns.id, &args.agent, paths)?;
+        let current = self.read_current(&ns.id, &args.agent.id, paths)?;
+        if !fsutil::dir_exists(&paths.revision_dir(&args.revision.id)).map_err(fs_failure)? {
+            return Ok(StopPlan::Nothing { exists: false });
+        }
+        self.verify_snapshot(&ns.id, &args.agent.id, paths, &args.revision)?;
+        if current.is_none_or(|c| c.revision_id != args.revision.id) {
+            return Ok(StopPlan::Nothing { exists: true });
+        }
+        Ok(StopPlan::Stop)
+    }
+
     /// Stops the gateway if `current` names this revision. Keeps snapshots, state, the
     /// password file, the account and the port. Returns whether it stopped the unit, and
     /// whether the snapshot exists.
@@ -731,21 +780,8 @@ impl Engine<'_> {
         args: &RevisionArgs,
         paths: &AgentPaths,
     ) -> Result<(bool, bool), Failure> {
-        let ns = &args.namespace;
-        ctx.step(Step::Verify)?;
-        if !fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {
-            return Ok((false, false));
-        }
-        self.verify_namespace(ns)?;
-        self.verify_agent(&ns.id, &args.agent, paths)?;
-        self.verify_account(&ns.id, &args.agent, paths)?;
-        let current = self.read_current(&ns.id, &args.agent.id, paths)?;
-        if !fsutil::dir_exists(&paths.revision_dir(&args.revision.id)).map_err(fs_failure)? {
-            return Ok((false, false));
-        }
-        self.verify_snapshot(&ns.id, &args.agent.id, paths, &args.revision)?;
-        if current.is_none_or(|c| c.revision_id != args.revision.id) {
-            return Ok((false, true));
+        if let StopPlan::Nothing { exists } = self.stop_plan(ctx, args, paths)? {
+            return Ok((false, exists));
         }
         if fsutil::file_exists(&paths.unit_file).map_err(fs_failure)? {
             ctx.step(Step::Hooks)?;
@@ -784,9 +820,16 @@ impl Engine<'_> {
     ) -> Result<StopResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let stopped = self
-            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
-            .and_then(|()| self.stop_if_current(ctx, args, &paths));
+        let stopped = match self.stop_noop(ctx, args, &paths) {
+            Fast::Answer(r) => {
+                self.forget_lock_if_absent(&agent_lock, &paths);
+                return r;
+            }
+            Fast::Decline => ctx.commit().and_then(|()| {
+                self.check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)?;
+                self.stop_if_current(ctx, args, &paths)
+            }),
+        };
         self.forget_lock_if_absent(&agent_lock, &paths);
         let (stopped, _) = stopped?;
         Ok(StopResult {
@@ -821,7 +864,14 @@ impl Engine<'_> {
     }
 }
 
-/// Whether a candidate's failure is one a restore answers: it did not become ready.
+/// What a stop has to do, found by reads alone ([`Engine::stop_plan`]).
+pub(crate) enum StopPlan {
+    /// `current` does not name the revision: nothing stops. `exists`: its snapshot is there.
+    Nothing { exists: bool },
+    /// `current` names the revision: stop the unit and remove `current`.
+    Stop,
+}
+
 /// What the hooks of one revision act on.
 fn hook_subject<'a>(args: &'a RevisionArgs, rev: &'a RevisionRef) -> Subject<'a> {
     Subject {
@@ -834,6 +884,7 @@ fn hook_subject<'a>(args: &'a RevisionArgs, rev: &'a RevisionRef) -> Subject<'a>
     }
 }
 
+/// Whether a candidate's failure is one a restore answers: it did not become ready.
 fn restorable(f: &Failure) -> bool {
     matches!(
         f.code,

@@ -2172,5 +2172,6 @@ fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() 
     assert!(env.contains("DAEMON_REF=\"started\""), "{env}");
 }
 
+mod fastpath;
 mod fences;
 mod hardening;

@@ -1,0 +1,202 @@
+//! The no-op fast path: under the Agent lock, before anything is written, an idempotent
+//! prepare, an activate of the revision already served and a stop of an Agent that is not
+//! running the revision are recognised with reads alone (markers, snapshot hashes, the unit
+//! file, one unit state) and answered as the slow path would answer them, without a durable
+//! journal write ([`Ctx::commit`] is never called), fsync, rename or systemd change.
+//!
+//! Each check here is the read-only prefix of the slow path. Whenever a check finds anything
+//! to do, or anything it cannot judge (an error other than a fence refusal), the fast path
+//! declines (`None`) and the slow path runs from its start, after [`Ctx::commit`], exactly as
+//! before: it repeats the checks and reports any error itself, so the fast path never has to
+//! reproduce an error message. Verify-revision needs no fast path: it is read-only and not
+//! journaled at all.
+
+use clawfleet_protocol::Ident;
+use clawfleet_protocol::failure::Failure;
+use clawfleet_protocol::operation::{ActivateArgs, PrepareArgs, RevisionArgs};
+use clawfleet_protocol::result::{ActivateResult, PrepareResult, Step, StopResult};
+
+use super::checks::snapshot_matches;
+use super::revision::{needs_password, newer_is_current};
+use super::{Ctx, Engine};
+use crate::fsutil;
+use crate::layout::AgentPaths;
+
+/// What the fast path found.
+pub(crate) enum Fast<T> {
+    /// A no-op (or a refusal that writes nothing): this is the answer.
+    Answer(Result<T, Failure>),
+    /// Something to do or to judge: run the slow path.
+    Decline,
+}
+
+/// `?` for the fast path: an error declines (the slow path reports it).
+macro_rules! or_decline {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(_) => return Fast::Decline,
+        }
+    };
+}
+
+/// Declines unless `cond` holds.
+macro_rules! require {
+    ($cond:expr) => {
+        if !$cond {
+            return Fast::Decline;
+        }
+    };
+}
+
+impl Engine<'_> {
+    /// The fence part shared by every fast path: a refusal is the answer (it writes nothing),
+    /// a fence that grows declines (recording it is a write).
+    fn fence_is_current<T>(
+        &self,
+        ctx: &Ctx<'_>,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Option<Fast<T>> {
+        match self.fence_verdict(ctx, ns, agent, paths) {
+            Err(f) => Some(Fast::Answer(Err(f))),
+            Ok(Some(_)) => Some(Fast::Decline),
+            Ok(None) => None,
+        }
+    }
+
+    /// An idempotent prepare: account, directory, port, snapshot, workspace and password file
+    /// all there and ours (what `provision` and `prepare_locked` would find and leave as is),
+    /// or a candidate older than the revision already current (answered "not ready").
+    pub(crate) fn prepare_noop(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &PrepareArgs,
+        paths: &AgentPaths,
+    ) -> Fast<PrepareResult> {
+        let ns = &args.namespace;
+        let agent = &args.agent;
+        let rev = &args.revision;
+        if let Some(fast) = self.fence_is_current(ctx, &ns.id, &agent.id, paths) {
+            return fast;
+        }
+        or_decline!(ctx.step(Step::Verify));
+        or_decline!(self.verify_namespace(ns));
+        or_decline!(self.check_gateway_command());
+        // provision: nothing to create and nothing left over from a killed run.
+        or_decline!(self.verify_unit_file(&ns.id, &agent.id, paths));
+        require!(or_decline!(self.account_intent(&ns.id, agent, paths)).is_none());
+        require!(
+            or_decline!(fsutil::kind(&self.layout.account_marker(&paths.account)))
+                != fsutil::Kind::Missing
+        );
+        or_decline!(self.verify_account(&ns.id, agent, paths));
+        require!(or_decline!(fsutil::dir_exists(&paths.dir)));
+        or_decline!(self.verify_agent(&ns.id, agent, paths));
+        // The snapshot, or an older candidate (which the slow path answers without writing).
+        let current = or_decline!(self.read_current_repairable(ctx, &ns.id, &agent.id, paths));
+        let snapshot_dir = paths.revision_dir(&rev.id);
+        let exists = or_decline!(fsutil::dir_exists(&snapshot_dir));
+        if exists {
+            let m = or_decline!(self.read_snapshot(&ns.id, &agent.id, &snapshot_dir));
+            or_decline!(snapshot_matches(&m, &rev.reference()));
+        }
+        if or_decline!(newer_is_current(current.as_ref(), &rev.id, rev.number)) {
+            return Fast::Answer(Ok(PrepareResult {
+                ready: false,
+                created: false,
+                observation: self.observe(&ns.id, &agent.id, paths),
+                workspace: None,
+            }));
+        }
+        require!(exists);
+        let workspace = match &args.workspace {
+            None => None,
+            Some(setup) => {
+                require!(setup.check().is_ok());
+                require!(or_decline!(fsutil::kind(&paths.workspace_applied)) == fsutil::Kind::File);
+                Some(clawfleet_protocol::result::WorkspaceOutcome::AlreadyApplied)
+            }
+        };
+        if needs_password(rev.configuration.value()) {
+            require!(or_decline!(fsutil::file_exists(&paths.password_file)));
+        }
+        Fast::Answer(Ok(PrepareResult {
+            ready: true,
+            created: false,
+            observation: self.observe(&ns.id, &agent.id, paths),
+            workspace,
+        }))
+    }
+
+    /// An activate of the revision already served: `current` names it, the unit file is the
+    /// one hostd would write and is enabled, `served.json` names the revision, the unit is
+    /// active and `/readyz` answers on a listener the Agent owns.
+    pub(crate) fn activate_noop(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &ActivateArgs,
+        paths: &AgentPaths,
+    ) -> Fast<ActivateResult> {
+        let ns = &args.namespace;
+        let agent = &args.agent;
+        let rev = &args.revision;
+        if let Some(fast) = self.fence_is_current(ctx, &ns.id, &agent.id, paths) {
+            return fast;
+        }
+        or_decline!(ctx.step(Step::Verify));
+        or_decline!(self.verify_namespace(ns));
+        let ids = or_decline!(self.verify_account(&ns.id, agent, paths));
+        let agent_marker = or_decline!(self.verify_agent(&ns.id, agent, paths));
+        let snapshot = or_decline!(self.verify_snapshot(&ns.id, &agent.id, paths, rev));
+        if let Some(prev) = &args.restore {
+            require!(prev.number < rev.number);
+            or_decline!(self.verify_snapshot(&ns.id, &agent.id, paths, prev));
+        }
+        let current = or_decline!(self.read_current_repairable(ctx, &ns.id, &agent.id, paths));
+        require!(current.is_some_and(|c| c.revision_id == rev.id));
+        if snapshot.needs_password {
+            require!(or_decline!(fsutil::file_exists(&paths.password_file)));
+        }
+        let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
+        let existing = or_decline!(self.verify_unit_file(&ns.id, &agent.id, paths));
+        require!(existing.as_deref() == Some(text.as_str()));
+        let state = or_decline!(self.system.unit_state(&paths.unit_name));
+        require!(state.enabled && state.is_active());
+        require!(or_decline!(self.read_served(paths)).is_some_and(|s| s.revision_id == rev.id));
+        require!(or_decline!(self.ready_and_owned(
+            paths,
+            agent_marker.port,
+            ids.uid
+        )));
+        Fast::Answer(Ok(ActivateResult {
+            restarted: false,
+            unit_changed: false,
+            observation: self.observe_with(&ns.id, &agent.id, paths, Some(state)),
+            restored: None,
+        }))
+    }
+
+    /// A stop that stops nothing: the Agent or the revision is not on the host, or `current`
+    /// does not name the revision. Errors of these checks are the slow path's errors too, and
+    /// it writes nothing before them, so they are the answer as well.
+    pub(crate) fn stop_noop(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+        paths: &AgentPaths,
+    ) -> Fast<StopResult> {
+        if let Some(fast) = self.fence_is_current(ctx, &args.namespace.id, &args.agent.id, paths) {
+            return fast;
+        }
+        match self.stop_plan(ctx, args, paths) {
+            Err(f) => Fast::Answer(Err(f)),
+            Ok(super::revision::StopPlan::Stop) => Fast::Decline,
+            Ok(super::revision::StopPlan::Nothing { .. }) => Fast::Answer(Ok(StopResult {
+                stopped: false,
+                observation: self.observe(&args.namespace.id, &args.agent.id, paths),
+            })),
+        }
+    }
+}
