@@ -65,8 +65,10 @@ failure_codes! {
     /// refused with nothing changed.
     FenceStale = "FENCE_STALE" => Permanent,
     /// The envelope expires at or before the latest expiry of a journal entry hostd already
-    /// pruned: it may have run before, and the host can no longer tell, so it never runs.
-    ReplayUnverifiable = "REPLAY_UNVERIFIABLE" => Permanent,
+    /// pruned (or, after a power cut, that it may have lost): it may have run before, and the
+    /// host can no longer tell, so this envelope never runs. Retryable: the same operation in
+    /// a new envelope (a later expiry) runs, as a coordinator's retry sends it.
+    ReplayUnverifiable = "REPLAY_UNVERIFIABLE" => Retryable,
     /// A frame, envelope, or field is larger than its limit.
     InputTooLarge = "INPUT_TOO_LARGE" => Permanent,
     /// The envelope or operation does not decode: unknown field, wrong type, bad identifier.
