@@ -584,6 +584,20 @@ async fn invalid_bodies_are_4xx_with_a_code_and_store_nothing() {
         (
             "POST",
             "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "port": 0, "hostKey": HOST_KEY}),
+            400,
+            "INVALID_PORT",
+        ),
+        (
+            "POST",
+            "/hosts",
+            json!({"name": "h2", "address": "127.0.0.1", "maxAgents": 0, "hostKey": HOST_KEY}),
+            400,
+            "INVALID_CAPACITY",
+        ),
+        (
+            "POST",
+            "/hosts",
             json!({"name": "h2", "address": "127.0.0.1", "hostKey": HOST_KEY, "loginUser": "-oProxyCommand"}),
             400,
             "INVALID_HOST_ACCESS",

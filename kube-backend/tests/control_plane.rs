@@ -835,10 +835,11 @@ async fn api_faults_are_unavailable_and_retryable() {
     call(&backend, &via, prepare_op("ns-faults", "a", "r1", 1))
         .await
         .unwrap();
-    // Activation reads the namespace, five prepared objects, the workspace Secret and the
-    // Deployment, then applies the Deployment: the 9th request gets the 429.
+    // Activation reads the ServiceAccount's fence, the namespace, five prepared objects, the
+    // workspace Secret and the Deployment, then applies the Deployment: the 10th request gets
+    // the 429.
     let seen_before = proxy.seen().len();
-    proxy.inject(Fault::Delay(Duration::ZERO), 8);
+    proxy.inject(Fault::Delay(Duration::ZERO), 9);
     proxy.inject(Fault::too_many_requests(2), 1);
     let f = call(&backend, &via, activate_op("ns-faults", "a", "r1", 1))
         .await
@@ -873,9 +874,10 @@ async fn api_faults_are_unavailable_and_retryable() {
         .await
         .unwrap();
     let seen_before = proxy.seen().len();
-    // namespace, five prepared objects, workspace Secret, Deployment, apply Deployment, apply
-    // Service: then the first readiness read is held for 2 s while the apiserver dies.
-    proxy.inject(Fault::Delay(Duration::ZERO), 10);
+    // The fence, namespace, five prepared objects, workspace Secret, Deployment, apply
+    // Deployment, apply Service: then the first readiness read is held for 2 s while the
+    // apiserver dies.
+    proxy.inject(Fault::Delay(Duration::ZERO), 11);
     proxy.inject(Fault::Delay(Duration::from_secs(2)), 1);
     let b2 = std::sync::Arc::clone(&backend);
     let via2 = via.clone();
@@ -950,9 +952,9 @@ async fn a_stop_racing_the_successors_activation_leaves_the_successor_intact() {
         .await
         .unwrap();
 
-    // The predecessor's stop reads the namespace, the Deployment (still r1) and the Service;
-    // its DELETE is held 3 s, while the successor is activated directly.
-    proxy.inject(Fault::Delay(Duration::ZERO), 3);
+    // The predecessor's stop reads the fence, the namespace, the Deployment (still r1) and the
+    // Service; its DELETE is held 3 s, while the successor is activated directly.
+    proxy.inject(Fault::Delay(Duration::ZERO), 4);
     proxy.inject(Fault::Delay(Duration::from_secs(3)), 1);
     let b2 = std::sync::Arc::clone(&backend);
     let via2 = via.clone();

@@ -2,7 +2,7 @@
 //! crate's tests. Cargo cannot hand one package's binary to another package's tests, so the
 //! harness asks cargo to build it and reads the artifact path from cargo's JSON messages.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
@@ -49,8 +49,11 @@ pub enum Artifact {
 }
 
 /// Builds one target of a workspace package with the cargo running this process, in the same
-/// target directory and profile (release when the running executable is a release build), and
-/// returns the executable's path from cargo's JSON messages.
+/// profile (release when the running executable is a release build), and returns the
+/// executable's path from cargo's JSON messages. The build goes to `nested/` inside the test
+/// run's target directory, never to the directory itself: there, `target/debug/hostd` is the
+/// binary hostd's own tests run (built with its test-only fault hooks), and a build of the
+/// package alone (without them) would replace it under the tests running in parallel.
 pub fn cargo_build(package: &str, artifact: Artifact, name: &str) -> Result<PathBuf> {
     let failed = |detail: String| Error::Build {
         target: format!("{package} {name}"),
@@ -71,6 +74,13 @@ pub fn cargo_build(package: &str, artifact: Artifact, name: &str) -> Result<Path
         .is_some_and(|p| p.components().any(|c| c.as_os_str() == "release"));
     if release {
         cmd.arg("--release");
+    }
+    // The test executable is <target>/<profile>/deps/<name>.
+    if let Some(target) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.ancestors().nth(3).map(Path::to_path_buf))
+    {
+        cmd.arg("--target-dir").arg(target.join("nested"));
     }
     let out = sys::run(&mut cmd).map_err(|e| failed(e.to_string()))?;
     String::from_utf8_lossy(&out.stdout)
