@@ -313,9 +313,7 @@ impl SqliteStore {
                 };
                 let end = match out {
                     Ok(_) => w.conn.execute_batch("RELEASE write"),
-                    Err(_) => w
-                        .conn
-                        .execute_batch("ROLLBACK TO write; RELEASE write"),
+                    Err(_) => w.conn.execute_batch("ROLLBACK TO write; RELEASE write"),
                 };
                 if let Err(e) = end {
                     // The batch's transaction is in an unknown state: abandon all of it.
@@ -347,7 +345,9 @@ impl SqliteStore {
         match committed.await {
             Ok(Ok(())) => out,
             Ok(Err(why)) => Err(StoreError::Unavailable(format!("commit failed: {why}"))),
-            Err(e) => Err(StoreError::Unavailable(format!("the commit did not finish: {e}"))),
+            Err(e) => Err(StoreError::Unavailable(format!(
+                "the commit did not finish: {e}"
+            ))),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Immutable revisions and their progress.
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, Row, Connection, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::{SqliteStore, json_col, parse_col, rollouts, work};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, Row, Connection, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{SqliteStore, check_claim, corrupt};
 use crate::clock::now_ms;

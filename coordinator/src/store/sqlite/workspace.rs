@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
-use rusqlite::{OptionalExtension, Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{SqliteStore, parse_col};
 use crate::model::{Agent, WorkspaceFileInfo, WorkspaceSetupInfo, WorkspaceState};
