@@ -58,7 +58,12 @@ enum Command {
     Serve,
     /// Print the `hostd enrol` command that authorises this coordinator on a host.
     #[command(name = "enrol-command")]
-    PrintEnrol,
+    PrintEnrol {
+        /// For a host that forbids root login: the user hostd sets up to log in as (enrol the
+        /// host with the same `occ host enrol --login-user`).
+        #[arg(long)]
+        login_user: Option<String>,
+    },
     /// Namespaces.
     #[command(subcommand)]
     Namespace(namespace::NamespaceCmd),
@@ -201,7 +206,7 @@ fn run_client(cli: &Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Init | Command::Serve | Command::PrintEnrol | Command::Db(_) => Ok(()),
+        Command::Init | Command::Serve | Command::PrintEnrol { .. } | Command::Db(_) => Ok(()),
     }
 }
 
@@ -225,9 +230,8 @@ pub(crate) fn main() -> ExitCode {
         .try_init();
     let result = match &cli.command {
         Command::Init => load_config(&cli).and_then(|c| runtime()?.block_on(setup::init(&c))),
-        Command::PrintEnrol => {
-            load_config(&cli).and_then(|c| setup::enrol_command(&c).map(|s| println!("{s}")))
-        }
+        Command::PrintEnrol { login_user } => load_config(&cli)
+            .and_then(|c| setup::enrol_command(&c, login_user.as_deref()).map(|s| println!("{s}"))),
         Command::Serve => {
             load_config(&cli).and_then(|config| runtime()?.block_on(setup::serve(config)))
         }

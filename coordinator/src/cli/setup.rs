@@ -54,15 +54,30 @@ fn issuer(signing: &PrivateKey) -> Result<Principal> {
     ))?)
 }
 
-pub(crate) fn enrol_command(config: &Config) -> Result<String> {
+pub(crate) fn enrol_command(config: &Config, login_user: Option<&str>) -> Result<String> {
     let login = ensure_key_readonly(&config.login_key())?;
     let signing = ensure_key_readonly(&config.signing_key())?;
-    Ok(format!(
+    let mut line = format!(
         "hostd enrol --ssh-key '{}' --signing-key '{}' --principal {}",
         login.public_key().to_openssh()?,
         signing.public_key().to_openssh()?,
         issuer(&signing)?
-    ))
+    );
+    if let Some(user) = login_user {
+        // The same rule the host record applies (a name OpenSSH and useradd both take), so
+        // the printed line is safe to paste into a shell.
+        anyhow::ensure!(
+            !user.is_empty()
+                && user.len() <= 32
+                && !user.starts_with('-')
+                && user
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
+            "--login-user {user:?}: 1 to 32 letters, digits, '.', '_' or '-', not starting with '-'"
+        );
+        line.push_str(&format!(" --login-user {user}"));
+    }
+    Ok(line)
 }
 
 fn ensure_key_readonly(path: &Path) -> Result<PrivateKey> {
@@ -106,7 +121,7 @@ pub(crate) async fn init(config: &Config) -> Result<()> {
     println!("state directory: {}", config.state_dir.display());
     println!(
         "authorise this coordinator on each host with:\n  {}",
-        enrol_command(config)?
+        enrol_command(config, None)?
     );
     Ok(())
 }
