@@ -897,17 +897,15 @@ impl Service {
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
         let mut rev = self.build_revision(&self.namespace(ns).await?, id, &cfg)?;
         // The store allocates the number and id inside its transaction.
-        let work = match self.store.create_revision(&mut rev).await? {
+        // The revision, its work and the audit event in one transaction.
+        let work = match self
+            .store
+            .create_revision_audited(&mut rev, actor, now())
+            .await?
+        {
             RevisionInsert::Queued(work) => work,
             RevisionInsert::InRollout(rollout) => return Err(in_rollout(ns, id, rollout)),
         };
-        self.audit(
-            actor,
-            "agent.deploy",
-            &format!("{ns}/{id}"),
-            json!({"revisionId": rev.id, "number": rev.number, "workId": work}),
-        )
-        .await?;
         Ok((rev, work))
     }
 

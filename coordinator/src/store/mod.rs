@@ -248,6 +248,15 @@ pub trait RevisionStore: Send + Sync {
     /// transaction, so concurrent deploys of one Agent get distinct numbers. Refused (nothing
     /// written) while the Agent belongs to an open rollout.
     async fn create_revision(&self, r: &mut Revision) -> Result<RevisionInsert>;
+    /// [`RevisionStore::create_revision`] and its audit event (`agent.deploy` by `actor`,
+    /// naming the revision, its number and the work) in one transaction: one commit per
+    /// deploy request.
+    async fn create_revision_audited(
+        &self,
+        r: &mut Revision,
+        actor: &str,
+        now: i64,
+    ) -> Result<RevisionInsert>;
     async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>>;
     /// Every revision of an Agent, oldest first.
     async fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>>;

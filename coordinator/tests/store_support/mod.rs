@@ -817,6 +817,24 @@ pub async fn retention_prunes_old_finished_work_and_audit(s: SharedStore) {
 }
 
 pub async fn audit_and_drift_read_back(s: SharedStore) {
+    // A deploy writes its revision, work and audit event together.
+    world(&s, 1).await;
+    let mut r = revision("a1");
+    let work = match s.create_revision_audited(&mut r, "tok", 7).await.unwrap() {
+        RevisionInsert::Queued(w) => w,
+        other => panic!("{other:?}"),
+    };
+    let deploys = s.audit_events_of(10, Some("agent.deploy")).await.unwrap();
+    assert_eq!(deploys.len(), 1);
+    assert_eq!((deploys[0].actor.as_str(), deploys[0].at), ("tok", 7));
+    assert_eq!(
+        deploys[0].target,
+        format!("{}/{}", r.namespace_id, r.agent_id)
+    );
+    assert_eq!(
+        deploys[0].detail,
+        json!({"revisionId": r.id, "number": r.number, "workId": work})
+    );
     for (i, action) in ["a", "b", "a"].iter().enumerate() {
         s.audit("op", action, "t", &json!({"i": i}), i as i64)
             .await

@@ -7,7 +7,7 @@ use super::{PostgresStore, Tx, check_claim};
 use crate::model::AuditEvent;
 use crate::store::{AuditLog, Claim, Result, StoreError};
 
-async fn insert(
+pub(super) async fn insert(
     tx: &Tx<'_>,
     (actor, action, target): (&str, &str, &str),
     detail: &Value,

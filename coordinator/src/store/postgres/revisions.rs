@@ -101,6 +101,34 @@ impl RevisionStore for PostgresStore {
         Ok(RevisionInsert::Queued(work))
     }
 
+    async fn create_revision_audited(
+        &self,
+        r: &mut Revision,
+        actor: &str,
+        now: i64,
+    ) -> Result<RevisionInsert> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        if let Some(rollout) = rollouts::open_rollout_of(&tx, &r.namespace_id, &r.agent_id).await? {
+            return Ok(RevisionInsert::InRollout(rollout));
+        }
+        let work = insert_revision(&tx, r).await?;
+        super::audit::insert(
+            &tx,
+            (
+                actor,
+                "agent.deploy",
+                &format!("{}/{}", r.namespace_id, r.agent_id),
+            ),
+            &serde_json::json!({"revisionId": r.id, "number": r.number, "workId": work}),
+            now,
+        )
+        .await?;
+        tx.commit().await?;
+        self.wake_local();
+        Ok(RevisionInsert::Queued(work))
+    }
+
     async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
         let c = self.client().await?;
         c.query_opt(

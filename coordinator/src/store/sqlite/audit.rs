@@ -8,7 +8,7 @@ use super::{SqliteStore, json_col};
 use crate::model::AuditEvent;
 use crate::store::{AuditLog, Claim, Result};
 
-fn insert(
+pub(super) fn insert(
     tx: &Connection,
     (actor, action, target): (&str, &str, &str),
     detail: &Value,

@@ -106,6 +106,38 @@ impl RevisionStore for SqliteStore {
         Ok(out)
     }
 
+    async fn create_revision_audited(
+        &self,
+        r: &mut Revision,
+        actor: &str,
+        now: i64,
+    ) -> Result<RevisionInsert> {
+        let out = self
+            .transact(None, |tx| {
+                if let Some(rollout) = rollouts::open_rollout_of(tx, &r.namespace_id, &r.agent_id)?
+                {
+                    return Ok(RevisionInsert::InRollout(rollout));
+                }
+                let work = insert_revision(tx, r)?;
+                super::audit::insert(
+                    tx,
+                    (
+                        actor,
+                        "agent.deploy",
+                        &format!("{}/{}", r.namespace_id, r.agent_id),
+                    ),
+                    &serde_json::json!({"revisionId": r.id, "number": r.number, "workId": work}),
+                    now,
+                )?;
+                Ok(RevisionInsert::Queued(work))
+            })
+            .await?;
+        if matches!(out, RevisionInsert::Queued(_)) {
+            self.wake.notify_one();
+        }
+        Ok(out)
+    }
+
     async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
         self.read(|c| {
             c.query_row(
