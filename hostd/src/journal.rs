@@ -740,14 +740,17 @@ impl RunHandle {
                     false
                 }
             };
-        if cheap {
-            fsutil::replace_quickly(&self.path, &bytes, 0o600)?;
+        let written = if cheap {
+            fsutil::replace_quickly(&self.path, &bytes, 0o600)
         } else {
-            fsutil::write_atomic(&self.path, &bytes, 0o600, |_| Ok(()))?;
-        }
+            fsutil::write_atomic(&self.path, &bytes, 0o600, |_| Ok(()))
+        };
+        // The run file goes whether or not the record could be written (a full disk): we
+        // hold its lock, so nothing else runs the operation, and a committed entry left
+        // "running" is settled as aborted by the next reader, as after a crash.
         fsutil::counters::other();
         let _ = std::fs::remove_file(&self.run_lock_path);
-        Ok(())
+        written
     }
 }
 
