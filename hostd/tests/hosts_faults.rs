@@ -48,6 +48,10 @@ fn delete_namespace(n: &str) -> Operation {
     Operation::DeleteNamespace(NamespaceArgs { namespace: ns(n) })
 }
 
+/// Steps that a prepare, activate, stop or retire reaches before its first write, where the
+/// journal entry is not written yet (it is deferred until then, hostd/src/journal.rs).
+const PRE_COMMIT: &[&str] = &["/agent-lock", "/verify"];
+
 /// The steps an operation reports, in order, from a run without faults.
 fn steps_of(occ: &Coordinator, host: &TestHost, op: Operation) -> Vec<String> {
     let kind = op.kind();
@@ -70,7 +74,8 @@ fn steps_of(occ: &Coordinator, host: &TestHost, op: Operation) -> Vec<String> {
 }
 
 /// Runs `op` with hostd paused at `point`, SIGKILLs it there, and checks that
-/// `operation-status` reports the operation as aborted. Returns false when the operation
+/// `operation-status` reports the operation as aborted (or unknown, killed before its first
+/// write). Returns false when the operation
 /// finished without reaching the point.
 fn kill_at(occ: &Coordinator, host: &TestHost, op: Operation, point: &str) -> bool {
     host.run_ok(&format!("rm -f {FAULT}.paused")).unwrap();
@@ -118,6 +123,10 @@ fn kill_at(occ: &Coordinator, host: &TestHost, op: Operation, point: &str) -> bo
                     "{point}: {failure}"
                 )
             }
+            // Killed holding the Agent lock, before the fast path's check decided to write:
+            // the journal entry is deferred until the first write (hostd/src/journal.rs),
+            // so nothing was recorded because nothing was done; the retry below converges.
+            OperationState::Unknown if PRE_COMMIT.iter().any(|s| point.ends_with(s)) => {}
             other => panic!("{point}: operation-status after the kill: {other:?}"),
         },
         other => panic!("{other:?}"),
