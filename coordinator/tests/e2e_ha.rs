@@ -254,6 +254,8 @@ fn three_coordinators_share_one_fleet_and_survive_kills_and_a_database_restart()
     std::thread::sleep(Duration::from_millis(1500));
     let victim = fleet.coordinator_of(owner_pid(&holder)).unwrap();
     fleet.kill_serve_at(victim);
+    // Ask a coordinator that is still up.
+    fleet.use_coordinator(if victim == 0 { 1 } else { 0 });
     fleet.wait_converged(
         &[(
             "h00",
@@ -273,6 +275,7 @@ fn three_coordinators_share_one_fleet_and_survive_kills_and_a_database_restart()
     );
     assert_eq!(finisher, "t", "h00's deploy is done");
     fleet.start_serve_at(victim);
+    fleet.use_coordinator(0);
     fleet::phase_done("claim holder killed mid-activation, another finished", t);
 
     // 4. PostgreSQL restarts while ten deploys are in flight: every acknowledged deploy
