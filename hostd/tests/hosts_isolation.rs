@@ -349,7 +349,21 @@ fn an_agent_account_with_authorized_keys_cannot_open_an_ssh_session_on_a_real_ho
             0o644,
         )
         .unwrap();
+        let since = host.run_ok("date +%s").unwrap().trim().to_owned();
         host.run_ok("systemctl reload ssh.service").unwrap();
+        // The reload re-executes sshd, which refuses connections until it listens again.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !host
+            .run_ok(&format!(
+                "journalctl -u ssh.service --since @{since} --no-pager -o cat | grep -c 'Server listening' || true"
+            ))
+            .unwrap()
+            .trim()
+            .starts_with(|c: char| c.is_ascii_digit() && c != '0')
+        {
+            assert!(std::time::Instant::now() < until, "sshd did not listen again after the reload");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
     }
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "a"}));
