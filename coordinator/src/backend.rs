@@ -56,7 +56,7 @@ pub struct TargetError {
 
 /// A login name OpenSSH and useradd both take: letters, digits, `.`, `_`, `-` (not first),
 /// at most 32 bytes.
-fn check_login_user(user: &str) -> Result<(), String> {
+pub fn check_login_user(user: &str) -> Result<(), String> {
     if user.is_empty() || user.len() > 32 {
         return Err("must be 1 to 32 characters long".to_owned());
     }

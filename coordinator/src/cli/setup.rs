@@ -64,17 +64,9 @@ pub(crate) fn enrol_command(config: &Config, login_user: Option<&str>) -> Result
         issuer(&signing)?
     );
     if let Some(user) = login_user {
-        // The same rule the host record applies (a name OpenSSH and useradd both take), so
-        // the printed line is safe to paste into a shell.
-        anyhow::ensure!(
-            !user.is_empty()
-                && user.len() <= 32
-                && !user.starts_with('-')
-                && user
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')),
-            "--login-user {user:?}: 1 to 32 letters, digits, '.', '_' or '-', not starting with '-'"
-        );
+        // The rule the host record applies, so the printed line is safe to paste into a shell.
+        coordinator::backend::check_login_user(user)
+            .map_err(|m| anyhow::anyhow!("--login-user {user:?} {m}"))?;
         line.push_str(&format!(" --login-user {user}"));
     }
     Ok(line)

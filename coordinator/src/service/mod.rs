@@ -420,18 +420,7 @@ impl Service {
         check_id("name", &h.name)?;
         clawfleet_protocol::HostName::new(h.name.as_str())
             .map_err(|e| ServiceError::invalid(Code::InvalidIdentifier, format!("name {e}")))?;
-        if h.address.is_empty()
-            || h.address.starts_with('-')
-            || !h
-                .address
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-'))
-        {
-            return Err(ServiceError::invalid(
-                Code::InvalidAddress,
-                format!("address {:?} must be an IP address or DNS name", h.address),
-            ));
-        }
+        check_address("address", &h.address)?;
         if h.port == 0 {
             return Err(ServiceError::invalid(
                 Code::InvalidPort,
@@ -468,21 +457,7 @@ impl Service {
             fencing: crate::model::Fencing::Unknown,
         };
         if let Some(jump) = &host.jump {
-            if jump.address.is_empty()
-                || jump.address.starts_with('-')
-                || !jump
-                    .address
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-'))
-            {
-                return Err(ServiceError::invalid(
-                    Code::InvalidAddress,
-                    format!(
-                        "jump.address {:?} must be an IP address or DNS name",
-                        jump.address
-                    ),
-                ));
-            }
+            check_address("jump.address", &jump.address)?;
             clawfleet_protocol::ssh_key::PublicKey::from_openssh(jump.host_key.trim()).map_err(
                 |e| {
                     ServiceError::invalid(
@@ -1081,4 +1056,20 @@ impl Service {
             "lastCode": recent.first().and_then(|w| w.last_attempt.as_ref()).map(|a| a.code.clone()),
         }))
     }
+}
+
+/// A host or jump host address: an IP address or DNS name (never an option-like `-…`).
+fn check_address(field: &str, address: &str) -> Result<()> {
+    if address.is_empty()
+        || address.starts_with('-')
+        || !address
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-'))
+    {
+        return Err(ServiceError::invalid(
+            Code::InvalidAddress,
+            format!("{field} {address:?} must be an IP address or DNS name"),
+        ));
+    }
+    Ok(())
 }
