@@ -104,55 +104,40 @@ impl<'a> TableReader<'a> {
         Ok(self.string(key)?.map(PathBuf::from))
     }
 
-    fn strings(&mut self, key: &str) -> Result<Option<Vec<String>>, ConfigError> {
+    /// An array whose every element `each` accepts; refusals name the key and the element.
+    fn array<T>(
+        &mut self,
+        key: &str,
+        of: &str,
+        each: impl Fn(&toml::Value) -> Result<T, String>,
+    ) -> Result<Option<Vec<T>>, ConfigError> {
         let items = match self.table.remove(key) {
             None => return Ok(None),
             Some(toml::Value::Array(items)) => items,
             Some(other) => {
                 return Err(self.invalid(
                     key,
-                    format!("must be an array of strings, got {}", describe(&other)),
-                ));
-            }
-        };
-        let mut out = Vec::with_capacity(items.len());
-        for (i, item) in items.into_iter().enumerate() {
-            match item {
-                toml::Value::String(s) => out.push(s),
-                other => {
-                    return Err(self.invalid(
-                        key,
-                        format!(
-                            "element {} must be a string, got {}",
-                            i + 1,
-                            describe(&other)
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(Some(out))
-    }
-
-    /// An array of whole numbers, each within `min..=max`.
-    fn integers(&mut self, key: &str, min: u64, max: u64) -> Result<Option<Vec<u64>>, ConfigError> {
-        let items = match self.table.remove(key) {
-            None => return Ok(None),
-            Some(toml::Value::Array(items)) => items,
-            Some(other) => {
-                return Err(self.invalid(
-                    key,
-                    format!("must be an array of numbers, got {}", describe(&other)),
+                    format!("must be an array of {of}, got {}", describe(&other)),
                 ));
             }
         };
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let n = whole(item, min, max)
-                .map_err(|m| self.invalid(key, format!("element {} {m}", i + 1)))?;
-            out.push(n);
+            out.push(each(item).map_err(|m| self.invalid(key, format!("element {} {m}", i + 1)))?);
         }
         Ok(Some(out))
+    }
+
+    fn strings(&mut self, key: &str) -> Result<Option<Vec<String>>, ConfigError> {
+        self.array(key, "strings", |item| match item {
+            toml::Value::String(s) => Ok(s.clone()),
+            other => Err(format!("must be a string, got {}", describe(other))),
+        })
+    }
+
+    /// An array of whole numbers, each within `min..=max`.
+    fn integers(&mut self, key: &str, min: u64, max: u64) -> Result<Option<Vec<u64>>, ConfigError> {
+        self.array(key, "numbers", |item| whole(item, min, max))
     }
 
     /// A whole number within `min..=max`.
