@@ -73,6 +73,22 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 pub type SharedStore = Arc<dyn Store>;
 
 /// `('a', 'b')`: stored texts (states, kinds) as an SQL list, from their one enum.
+/// A host's jump host as both stores keep it: its typed record as JSON text.
+pub(crate) fn jump_text(h: &Host) -> Result<Option<String>> {
+    h.jump
+        .as_ref()
+        .map(|j| serde_json::to_string(j).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
+}
+
+/// The jump host read back from [`jump_text`]'s column.
+pub(crate) fn jump_of(text: Option<String>) -> Result<Option<crate::model::Jump>> {
+    text.map(|t| {
+        serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("hosts.jump: {e}")))
+    })
+    .transpose()
+}
+
 pub(crate) fn sql_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     let quoted: Vec<String> = items.into_iter().map(|s| format!("'{s}'")).collect();
     format!("({})", quoted.join(", "))

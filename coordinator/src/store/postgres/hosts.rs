@@ -24,21 +24,10 @@ fn host(r: &Row) -> Result<Host> {
             .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
             .transpose()?,
         login_user: r.try_get(8)?,
-        jump: r
-            .try_get::<_, Option<String>>(9)?
-            .map(|t| serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string())))
-            .transpose()?,
+        jump: crate::store::jump_of(r.try_get(9)?)?,
         fencing: Fencing::Unknown,
     }
     .with_fencing())
-}
-
-/// The jump host as stored: its typed record as JSON text.
-fn jump_col(h: &Host) -> Result<Option<String>> {
-    h.jump
-        .as_ref()
-        .map(|j| serde_json::to_string(j).map_err(|e| StoreError::Corrupt(e.to_string())))
-        .transpose()
 }
 
 #[async_trait]
@@ -57,7 +46,7 @@ impl HostStore for PostgresStore {
                 &i64::from(h.max_agents),
                 &h.enrolled_at,
                 &h.login_user,
-                &jump_col(h)?,
+                &crate::store::jump_text(h)?,
             ],
         )
         .await?
@@ -77,7 +66,7 @@ impl HostStore for PostgresStore {
                 &h.fingerprint,
                 &i64::from(h.max_agents),
                 &h.login_user,
-                &jump_col(h)?,
+                &crate::store::jump_text(h)?,
             ],
         )
         .await?

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{SqliteStore, json_col};
 use crate::model::{Fencing, Host};
-use crate::store::{HostStore, Result, StoreError};
+use crate::store::{HostStore, Result};
 
 const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
 
@@ -32,20 +32,8 @@ fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<Strin
 
 fn finish_host((mut h, probe, jump): (Host, Option<String>, Option<String>)) -> Result<Host> {
     h.last_probe = probe.map(json_col).transpose()?;
-    h.jump = jump
-        .map(|t| {
-            serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("hosts.jump: {e}")))
-        })
-        .transpose()?;
+    h.jump = crate::store::jump_of(jump)?;
     Ok(h.with_fencing())
-}
-
-/// The jump host as stored: its typed record as JSON text.
-fn jump_col(h: &Host) -> Result<Option<String>> {
-    h.jump
-        .as_ref()
-        .map(|j| serde_json::to_string(j).map_err(|e| StoreError::Corrupt(e.to_string())))
-        .transpose()
 }
 
 #[async_trait]
@@ -55,7 +43,7 @@ impl HostStore for SqliteStore {
             Ok(tx.execute(
                 "INSERT OR IGNORE INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at, login_user, jump)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at, h.login_user, jump_col(h)?],
+                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at, h.login_user, crate::store::jump_text(h)?],
             )? > 0)
         })
         .await
@@ -66,7 +54,7 @@ impl HostStore for SqliteStore {
             Ok(tx.execute(
                 "UPDATE hosts SET address = ?2, port = ?3, host_key = ?4, fingerprint = ?5, max_agents = ?6, last_probe = NULL,
                      login_user = ?7, jump = ?8 WHERE name = ?1",
-                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.login_user, jump_col(h)?],
+                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.login_user, crate::store::jump_text(h)?],
             )? > 0)
         })
         .await
