@@ -60,6 +60,12 @@ const OPS_GOAL: f64 = 2000.0;
 /// Tasks that write the set-up rows at once.
 const SETUP_TASKS: usize = 8;
 
+/// `CLAWFLEET_BENCH_PG_STATS=1`: load pg_stat_statements and print the deploy drain's most
+/// expensive statements, to see where the database's time goes.
+fn pg_stats() -> bool {
+    std::env::var("CLAWFLEET_BENCH_PG_STATS").is_ok_and(|v| v == "1")
+}
+
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -492,7 +498,36 @@ fn run_config(
     let ensure = drain(&occs, limit, pg);
     let enqueue_took = first.rt.block_on(enqueue(&first.store, &names));
     sqlite_sync(first, "FULL");
+    if let (true, Some(pg), Db::Postgres(_)) = (pg_stats(), pg, &db) {
+        let name = format!("queue{coordinators}");
+        pg.psql_in(
+            &name,
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
+        )
+        .unwrap();
+        if let Ok(sql) = std::env::var("CLAWFLEET_BENCH_EXPLAIN") {
+            println!(
+                "{}",
+                pg.psql_in(&name, &sql).unwrap_or_else(|e| e.to_string())
+            );
+        }
+    }
     let deploy = drain(&occs, limit, pg);
+    if let (true, Some(pg), Db::Postgres(_)) = (pg_stats(), pg, &db) {
+        let name = format!("queue{coordinators}");
+        let top = pg
+            .psql_in(
+                &name,
+                "SELECT round(total_exec_time)::bigint AS ms, calls, round((total_exec_time / calls)::numeric, 3) AS ms_per_call, \
+                 rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query \
+                 FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25",
+            )
+            .unwrap_or_else(|e| format!("pg_stat_statements: {e}"));
+        println!(
+            "{} deploy drain, statements by total time:\n{top}",
+            format!("postgres x{coordinators}")
+        );
+    }
     let counts = first
         .rt
         .block_on(first.store.work_counts())
@@ -547,7 +582,12 @@ fn main() {
                     if let Some(reason) = clawfleet_pg_tests::skip_reason() {
                         return Err(reason);
                     }
-                    TestPostgres::start().map_err(|e| format!("the test server did not start: {e}"))
+                    let mut options = clawfleet_pg_tests::Options::default();
+                    if pg_stats() {
+                        options = options.setting("shared_preload_libraries", "pg_stat_statements");
+                    }
+                    TestPostgres::start_with(&options)
+                        .map_err(|e| format!("the test server did not start: {e}"))
                 });
                 match server {
                     Ok(s) => Some(&*s),

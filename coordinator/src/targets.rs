@@ -78,11 +78,7 @@ pub async fn agent(
 /// has no host yet (the worker places it; a plan asks that host).
 pub async fn least_loaded(store: &dyn Store, ns: &Namespace) -> Result<Option<Host>, StoreError> {
     let mut best: Option<(u32, Host)> = None;
-    for name in &ns.ready_hosts {
-        let Some(host) = store.host(name).await? else {
-            continue;
-        };
-        let load = store.agents_on_host(name).await?;
+    for (host, load) in store.host_loads(&ns.ready_hosts).await? {
         if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
             best = Some((load, host));
         }

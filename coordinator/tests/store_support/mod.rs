@@ -36,6 +36,7 @@ cases!(
     configurations_count_generations,
     revisions_are_numbered_inside_the_transaction_even_when_concurrent,
     claims_respect_lanes_and_barriers,
+    runnable_work_behind_a_long_busy_lane_is_claimed,
     a_replaced_claim_can_write_nothing,
     concurrent_claimers_never_share_a_lane_and_claim_each_item_once,
     fences_only_grow_even_across_a_re_created_agent,
@@ -478,6 +479,55 @@ pub async fn claims_respect_lanes_and_barriers(s: SharedStore) {
     assert_eq!((rec.state, rec.attempts), (WorkState::Queued, 1));
     assert_eq!(rec.last_attempt.unwrap().code, "HOST_UNREACHABLE");
     assert!(s.claim_work("w", lease).await.unwrap().is_none());
+}
+
+/// More blocked items at the head of the queue than a claim reads at once (PostgreSQL reads
+/// pages of 32) never hide a runnable item behind them, and a lapsed claim is taken again.
+pub async fn runnable_work_behind_a_long_busy_lane_is_claimed(s: SharedStore) {
+    world(&s, 2).await;
+    for _ in 0..40 {
+        let mut r = revision("a1");
+        s.create_revision(&mut r).await.unwrap();
+    }
+    let mut r = revision("a2");
+    s.create_revision(&mut r).await.unwrap();
+    let first = s.claim_work("w", Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(first.agent_id.as_deref(), Some("a1"));
+    // The first claim's lease lapses at once: it is claimed again, before anything queued.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = s
+        .claim_work("w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.id, first.id, "a lapsed claim is taken again first");
+    assert!(again.claim.token > first.claim.token);
+    let behind = s
+        .claim_work("w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        behind.agent_id.as_deref(),
+        Some("a2"),
+        "a2's deploy is claimed past a1's 39 queued items"
+    );
+    assert!(
+        s.claim_work("w", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    s.end_work(&again.claim, done()).await.unwrap();
+    let next = s
+        .claim_work("w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (next.agent_id.as_deref(), next.id > first.id),
+        (Some("a1"), true)
+    );
 }
 
 pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
@@ -931,6 +981,15 @@ pub async fn fill(s: &SharedStore) {
         .unwrap()
         .unwrap();
     s.place_agent(&w.claim, "ns", "a1", "h1").await.unwrap();
+    // Placement's one read: enrolled hosts only, in the order asked, with their Agent counts.
+    let loads: Vec<(String, u32)> = s
+        .host_loads(&["nope".into(), "h1".into()])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(h, n)| (h.name, n))
+        .collect();
+    assert_eq!(loads, vec![("h1".to_owned(), 1)]);
     s.commit_revision(&w.claim, "ns", "a1", None, "rev-1")
         .await
         .unwrap();

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use tokio_postgres::Row;
 
-use super::{PostgresStore, check_claim, claimed_execute, narrow, work, workspace};
+use super::{Cached, PostgresStore, check_claim, claimed_execute, narrow, work, workspace};
 use crate::model::{Agent, DesiredState, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result, StoreError};
 
@@ -39,7 +39,7 @@ impl AgentStore for PostgresStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let inserted = tx
-            .execute(
+            .exec(
                 "INSERT INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore)
                  VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (namespace_id, id) DO NOTHING",
                 &[
@@ -63,7 +63,7 @@ impl AgentStore for PostgresStore {
 
     async fn agent(&self, ns: &str, id: &str) -> Result<Option<Agent>> {
         let c = self.client().await?;
-        c.query_opt(
+        c.opt(
             &format!("SELECT {AGENT_COLS} FROM agents WHERE namespace_id = $1 AND id = $2"),
             &[&ns, &id],
         )
@@ -75,7 +75,7 @@ impl AgentStore for PostgresStore {
 
     async fn agents(&self, ns: &str) -> Result<Vec<Agent>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             &format!("SELECT {AGENT_COLS} FROM agents WHERE namespace_id = $1 ORDER BY id"),
             &[&ns],
         )
@@ -87,7 +87,7 @@ impl AgentStore for PostgresStore {
 
     async fn set_agent_restore(&self, ns: &str, id: &str, restore: RestorePolicy) -> Result<()> {
         let c = self.client().await?;
-        c.execute(
+        c.exec(
             "UPDATE agents SET restore = $3 WHERE namespace_id = $1 AND id = $2",
             &[&ns, &id, &restore.as_str()],
         )
@@ -102,7 +102,7 @@ impl AgentStore for PostgresStore {
         configuration_id: &str,
     ) -> Result<()> {
         let c = self.client().await?;
-        c.execute(
+        c.exec(
             "UPDATE agents SET configuration_id = $3 WHERE namespace_id = $1 AND id = $2",
             &[&ns, &id, &configuration_id],
         )
@@ -119,7 +119,7 @@ impl AgentStore for PostgresStore {
     ) -> Result<Option<i64>> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        tx.execute(
+        tx.exec(
             "UPDATE agents SET desired_state = $3 WHERE namespace_id = $1 AND id = $2",
             &[&ns, &id, &desired.as_str()],
         )
@@ -145,13 +145,13 @@ impl AgentStore for PostgresStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         check_claim(&tx, claim).await?;
-        tx.execute(
+        tx.exec(
             "UPDATE agents SET host_name = $3 WHERE namespace_id = $1 AND id = $2 AND host_name IS NULL",
             &[&ns, &id, &host],
         )
         .await?;
         let placed = tx
-            .query_opt(
+            .opt(
                 "SELECT host_name FROM agents WHERE namespace_id = $1 AND id = $2",
                 &[&ns, &id],
             )

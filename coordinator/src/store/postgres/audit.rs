@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::{PostgresStore, Tx, check_claim};
+use super::{Cached, PostgresStore, Tx, check_claim};
 use crate::model::AuditEvent;
 use crate::store::{AuditLog, Claim, Result, StoreError};
 
@@ -13,7 +13,7 @@ pub(super) async fn insert(
     detail: &Value,
     now: i64,
 ) -> Result<()> {
-    tx.execute(
+    tx.exec(
         "INSERT INTO audit (at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)",
         &[&now, &actor, &action, &target, &detail.to_string()],
     )
@@ -57,7 +57,7 @@ impl AuditLog for PostgresStore {
 
     async fn audit_events_of(&self, limit: u32, action: Option<&str>) -> Result<Vec<AuditEvent>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             "SELECT id, at, actor, action, target, detail FROM audit
              WHERE $2::text IS NULL OR action = $2 ORDER BY id DESC LIMIT $1",
             &[&i64::from(limit), &action],

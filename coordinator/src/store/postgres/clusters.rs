@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::PostgresStore;
+use super::{Cached, PostgresStore};
 use crate::model::{Cluster, ClusterRecord};
 use crate::store::{ClusterStore, Result, StoreError};
 
@@ -28,7 +28,7 @@ impl ClusterStore for PostgresStore {
     async fn insert_cluster(&self, c: &ClusterRecord) -> Result<bool> {
         let db = self.client().await?;
         Ok(db
-            .execute(
+            .exec(
                 "INSERT INTO clusters (name, server, credentials, settings, created_at, last_probe) VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (name) DO NOTHING",
                 &[
@@ -47,7 +47,7 @@ impl ClusterStore for PostgresStore {
     async fn cluster(&self, name: &str) -> Result<Option<ClusterRecord>> {
         let db = self.client().await?;
         let Some(r) = db
-            .query_opt(
+            .opt(
                 "SELECT name, server, settings, created_at, last_probe, credentials FROM clusters WHERE name = $1",
                 &[&name],
             )
@@ -63,7 +63,7 @@ impl ClusterStore for PostgresStore {
 
     async fn clusters(&self) -> Result<Vec<Cluster>> {
         let db = self.client().await?;
-        db.query(
+        db.rows(
             "SELECT name, server, settings, created_at, last_probe FROM clusters ORDER BY name",
             &[],
         )
@@ -77,7 +77,7 @@ impl ClusterStore for PostgresStore {
         let mut db = self.client().await?;
         let tx = db.transaction().await?;
         if tx
-            .query_opt(
+            .opt(
                 "SELECT 1 FROM clusters WHERE name = $1 FOR UPDATE",
                 &[&name],
             )
@@ -87,7 +87,7 @@ impl ClusterStore for PostgresStore {
             return Ok(None);
         }
         let used: i64 = tx
-            .query_one(
+            .one(
                 "SELECT COUNT(*) FROM namespaces WHERE cluster_name = $1",
                 &[&name],
             )
@@ -96,7 +96,7 @@ impl ClusterStore for PostgresStore {
         if used > 0 {
             return Ok(Some(false));
         }
-        tx.execute("DELETE FROM clusters WHERE name = $1", &[&name])
+        tx.exec("DELETE FROM clusters WHERE name = $1", &[&name])
             .await?;
         tx.commit().await?;
         Ok(Some(true))

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::{PostgresStore, narrow};
+use super::{Cached, PostgresStore, narrow};
 use crate::model::Configuration;
 use crate::store::{ConfigurationStore, Result, StoreError};
 
@@ -20,10 +20,10 @@ impl ConfigurationStore for PostgresStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         // Serialises generations of one Configuration: the Namespace row is the lock.
-        tx.execute("SELECT 1 FROM namespaces WHERE id = $1 FOR UPDATE", &[&ns])
+        tx.exec("SELECT 1 FROM namespaces WHERE id = $1 FOR UPDATE", &[&ns])
             .await?;
         let current: Option<i64> = tx
-            .query_one(
+            .one(
                 "SELECT MAX(generation) FROM configurations WHERE namespace_id = $1 AND id = $2",
                 &[&ns, &id],
             )
@@ -33,7 +33,7 @@ impl ConfigurationStore for PostgresStore {
             return Ok(None);
         }
         let generation = current.unwrap_or(0) + 1;
-        tx.execute(
+        tx.exec(
             "INSERT INTO configurations (namespace_id, id, generation, document, created_at) VALUES ($1, $2, $3, $4, $5)",
             &[&ns, &id, &generation, &document.to_string(), &now],
         )
@@ -50,7 +50,7 @@ impl ConfigurationStore for PostgresStore {
     ) -> Result<Option<Configuration>> {
         let c = self.client().await?;
         let Some(r) = c
-            .query_opt(
+            .opt(
                 "SELECT generation, document, created_at FROM configurations
                  WHERE namespace_id = $1 AND id = $2 AND ($3::bigint IS NULL OR generation = $3)
                  ORDER BY generation DESC LIMIT 1",

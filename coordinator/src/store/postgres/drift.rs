@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::PostgresStore;
+use super::{Cached, PostgresStore};
 use crate::model::{DriftReason, DriftRow, DriftState};
 use crate::store::{DriftStore, Result, StoreError};
 
@@ -11,10 +11,10 @@ impl DriftStore for PostgresStore {
     async fn replace_drift(&self, target: &str, rows: &[DriftRow]) -> Result<()> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        tx.execute("DELETE FROM drift WHERE target = $1", &[&target])
+        tx.exec("DELETE FROM drift WHERE target = $1", &[&target])
             .await?;
         for r in rows {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO drift (target, namespace_id, agent_id, state, reason, message, checked_at) VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (target, namespace_id, agent_id) DO UPDATE SET state = EXCLUDED.state, reason = EXCLUDED.reason,
                    message = EXCLUDED.message, checked_at = EXCLUDED.checked_at",
@@ -36,7 +36,7 @@ impl DriftStore for PostgresStore {
 
     async fn retain_drift_targets(&self, targets: &[String]) -> Result<()> {
         let c = self.client().await?;
-        c.execute(
+        c.exec(
             "DELETE FROM drift WHERE NOT (target = ANY($1))",
             &[&targets],
         )
@@ -46,7 +46,7 @@ impl DriftStore for PostgresStore {
 
     async fn drift(&self) -> Result<Vec<DriftRow>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             "SELECT target, namespace_id, agent_id, state, reason, message, checked_at FROM drift ORDER BY target, namespace_id, agent_id",
             &[],
         )

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::{PostgresStore, narrow};
+use super::{Cached, PostgresStore, narrow};
 use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result, StoreError};
 
@@ -34,7 +34,7 @@ fn host(r: &Row) -> Result<Host> {
 impl HostStore for PostgresStore {
     async fn insert_host(&self, h: &Host) -> Result<bool> {
         let c = self.client().await?;
-        Ok(c.execute(
+        Ok(c.exec(
             "INSERT INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at, login_user, jump)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (name) DO NOTHING",
             &[
@@ -55,7 +55,7 @@ impl HostStore for PostgresStore {
 
     async fn update_host(&self, h: &Host) -> Result<bool> {
         let c = self.client().await?;
-        Ok(c.execute(
+        Ok(c.exec(
             "UPDATE hosts SET address = $2, port = $3, host_key = $4, fingerprint = $5, max_agents = $6, last_probe = NULL,
                  login_user = $7, jump = $8 WHERE name = $1",
             &[
@@ -77,14 +77,14 @@ impl HostStore for PostgresStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         if tx
-            .query_opt("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[&name])
+            .opt("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[&name])
             .await?
             .is_none()
         {
             return Ok(None);
         }
         let used: i64 = tx
-            .query_one(
+            .one(
                 "SELECT (SELECT COUNT(*) FROM namespace_hosts WHERE host_name = $1) + (SELECT COUNT(*) FROM agents WHERE host_name = $1)",
                 &[&name],
             )
@@ -93,7 +93,7 @@ impl HostStore for PostgresStore {
         if used > 0 {
             return Ok(Some(false));
         }
-        tx.execute("DELETE FROM hosts WHERE name = $1", &[&name])
+        tx.exec("DELETE FROM hosts WHERE name = $1", &[&name])
             .await?;
         tx.commit().await?;
         Ok(Some(true))
@@ -101,7 +101,7 @@ impl HostStore for PostgresStore {
 
     async fn host(&self, name: &str) -> Result<Option<Host>> {
         let c = self.client().await?;
-        c.query_opt(
+        c.opt(
             &format!("SELECT {HOST_COLS} FROM hosts WHERE name = $1"),
             &[&name],
         )
@@ -113,7 +113,7 @@ impl HostStore for PostgresStore {
 
     async fn hosts(&self) -> Result<Vec<Host>> {
         let c = self.client().await?;
-        c.query(&format!("SELECT {HOST_COLS} FROM hosts ORDER BY name"), &[])
+        c.rows(&format!("SELECT {HOST_COLS} FROM hosts ORDER BY name"), &[])
             .await?
             .iter()
             .map(host)
@@ -122,7 +122,7 @@ impl HostStore for PostgresStore {
 
     async fn set_host_probe(&self, name: &str, probe: &Value) -> Result<()> {
         let c = self.client().await?;
-        c.execute(
+        c.exec(
             "UPDATE hosts SET last_probe = $2 WHERE name = $1",
             &[&name, &probe.to_string()],
         )
@@ -133,9 +133,29 @@ impl HostStore for PostgresStore {
     async fn agents_on_host(&self, name: &str) -> Result<u32> {
         let c = self.client().await?;
         let n: i64 = c
-            .query_one("SELECT COUNT(*) FROM agents WHERE host_name = $1", &[&name])
+            .one("SELECT COUNT(*) FROM agents WHERE host_name = $1", &[&name])
             .await?
             .try_get(0)?;
         narrow(n, "agent count")
+    }
+
+    async fn host_loads(&self, names: &[String]) -> Result<Vec<(Host, u32)>> {
+        let c = self.client().await?;
+        let rows = c
+            .rows(
+                &format!(
+                    "SELECT {HOST_COLS}, (SELECT COUNT(*) FROM agents a WHERE a.host_name = h.name)
+                     FROM hosts h WHERE h.name = ANY($1)"
+                ),
+                &[&names],
+            )
+            .await?;
+        let mut found = std::collections::HashMap::new();
+        for r in &rows {
+            let load: i64 = r.try_get(10)?;
+            let h = host(r)?;
+            found.insert(h.name.clone(), (h, narrow(load, "agent count")?));
+        }
+        Ok(names.iter().filter_map(|n| found.remove(n)).collect())
     }
 }

@@ -215,6 +215,13 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE hosts ADD COLUMN jump TEXT;
     CREATE INDEX agents_host ON agents(host_name);
     ",
+    // 12: the claim's indexes, each over open rows only so it stays the size of the queue, not
+    // of its history: a Namespace's open items in queue order (the lane checks), and running
+    // items by lease (lapsed claims).
+    "
+    CREATE INDEX work_open_lane ON work(namespace_id, id) WHERE state IN ('queued', 'running');
+    CREATE INDEX work_lapsed ON work(lease_until) WHERE state = 'running';
+    ",
 ];
 
 /// The version the migrations bring a database to.

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::{PostgresStore, claimed_execute as claimed, work};
+use super::{Cached, PostgresStore, claimed_execute as claimed, work};
 use crate::model::Namespace;
 use crate::store::{Claim, Enqueue, NamespaceInsert, NamespaceStore, Result};
 
@@ -11,7 +11,7 @@ async fn namespace_in(
     id: &str,
 ) -> Result<Option<Namespace>> {
     let Some(r) = c
-        .query_opt(
+        .opt(
             "SELECT id, name, deleting, created_at, cluster_name, cluster_ready, single_tenant FROM namespaces WHERE id = $1",
             &[&id],
         )
@@ -21,7 +21,7 @@ async fn namespace_in(
     };
     let id: String = r.try_get(0)?;
     let pool = c
-        .query(
+        .rows(
             "SELECT host_name, ready FROM namespace_hosts WHERE namespace_id = $1 ORDER BY host_name",
             &[&id],
         )
@@ -58,12 +58,12 @@ impl NamespaceStore for PostgresStore {
         // The pool's hosts are locked so two Namespaces cannot claim one host for a
         // single-tenant pool at once.
         for h in hosts {
-            tx.execute("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[h])
+            tx.exec("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[h])
                 .await?;
         }
         for h in hosts {
             let sharing = tx
-                .query_opt(
+                .opt(
                     "SELECT n.id FROM namespace_hosts nh JOIN namespaces n ON n.id = nh.namespace_id
                      WHERE nh.host_name = $1 AND n.id != $2 AND (n.single_tenant OR $3) LIMIT 1",
                     &[h, &id, &single_tenant],
@@ -77,7 +77,7 @@ impl NamespaceStore for PostgresStore {
             }
         }
         let n = tx
-            .execute(
+            .exec(
                 "INSERT INTO namespaces (id, name, created_at, cluster_name, single_tenant) VALUES ($1, $2, $3, $4, $5)
                  ON CONFLICT (id) DO NOTHING",
                 &[&id, &name, &created_at, &cluster, &single_tenant],
@@ -87,7 +87,7 @@ impl NamespaceStore for PostgresStore {
             return Ok(NamespaceInsert::Exists);
         }
         for h in hosts {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO namespace_hosts (namespace_id, host_name) VALUES ($1, $2)",
                 &[&id, h],
             )
@@ -119,7 +119,7 @@ impl NamespaceStore for PostgresStore {
             .start()
             .await?;
         let ids: Vec<String> = tx
-            .query("SELECT id FROM namespaces ORDER BY id", &[])
+            .rows("SELECT id FROM namespaces ORDER BY id", &[])
             .await?
             .iter()
             .map(|r| r.try_get(0))
@@ -136,10 +136,10 @@ impl NamespaceStore for PostgresStore {
     async fn mark_namespace_deleting(&self, id: &str, then: &Enqueue) -> Result<bool> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        tx.execute("SELECT 1 FROM namespaces WHERE id = $1 FOR UPDATE", &[&id])
+        tx.exec("SELECT 1 FROM namespaces WHERE id = $1 FOR UPDATE", &[&id])
             .await?;
         let agents: i64 = tx
-            .query_one(
+            .one(
                 "SELECT COUNT(*) FROM agents WHERE namespace_id = $1",
                 &[&id],
             )
@@ -148,7 +148,7 @@ impl NamespaceStore for PostgresStore {
         if agents > 0 {
             return Ok(false);
         }
-        tx.execute(
+        tx.exec(
             "UPDATE namespaces SET deleting = TRUE WHERE id = $1",
             &[&id],
         )

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::{PostgresStore, Tx, check_claim, claimed_execute, narrow, rollouts, work};
+use super::{Cached, PostgresStore, Tx, check_claim, claimed_execute, narrow, rollouts, work};
 use crate::model::{LastAttempt, Revision, RevisionStatus};
 use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError};
 
@@ -47,13 +47,13 @@ fn revision(r: &Row) -> Result<Revision> {
 /// deploys of one Agent get distinct numbers) and its deploy work; desired becomes running.
 /// Returns the work's id.
 pub(super) async fn insert_revision(tx: &Tx<'_>, r: &mut Revision) -> Result<i64> {
-    tx.execute(
+    tx.exec(
         "SELECT 1 FROM agents WHERE namespace_id = $1 AND id = $2 FOR UPDATE",
         &[&r.namespace_id, &r.agent_id],
     )
     .await?;
     let last: i64 = tx
-        .query_one(
+        .one(
             "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = $1 AND agent_id = $2",
             &[&r.namespace_id, &r.agent_id],
         )
@@ -62,7 +62,7 @@ pub(super) async fn insert_revision(tx: &Tx<'_>, r: &mut Revision) -> Result<i64
     r.number = narrow(last + 1, "revision number")?;
     r.id = Revision::id_for(r.number);
     r.status = RevisionStatus::Pending;
-    tx.execute(
+    tx.exec(
         "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         &[
@@ -79,7 +79,7 @@ pub(super) async fn insert_revision(tx: &Tx<'_>, r: &mut Revision) -> Result<i64
         ],
     )
     .await?;
-    tx.execute(
+    tx.exec(
         "UPDATE agents SET desired_state = 'running' WHERE namespace_id = $1 AND id = $2",
         &[&r.namespace_id, &r.agent_id],
     )
@@ -131,7 +131,7 @@ impl RevisionStore for PostgresStore {
 
     async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>> {
         let c = self.client().await?;
-        c.query_opt(
+        c.opt(
             &format!(
                 "SELECT {REV_COLS} FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $3"
             ),
@@ -145,7 +145,7 @@ impl RevisionStore for PostgresStore {
 
     async fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             &format!(
                 "SELECT {REV_COLS} FROM revisions WHERE namespace_id = $1 AND agent_id = $2 ORDER BY number"
             ),
@@ -205,7 +205,7 @@ impl RevisionStore for PostgresStore {
         let tx = c.transaction().await?;
         check_claim(&tx, claim).await?;
         let n = tx
-            .execute(
+            .exec(
                 "UPDATE agents SET active_revision_id = $4
                  WHERE namespace_id = $1 AND id = $2 AND active_revision_id IS NOT DISTINCT FROM $3",
                 &[&ns, &agent, &expected, &candidate],
@@ -214,13 +214,13 @@ impl RevisionStore for PostgresStore {
         if n == 0 {
             return Ok(false);
         }
-        tx.execute(
+        tx.exec(
             "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
             &[&ns, &agent, &candidate, &RevisionStatus::Activating.as_str()],
         )
         .await?;
         if let Some(old) = expected {
-            tx.execute(
+            tx.exec(
                 "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3 AND status IN ($5, $6, $7)",
                 &[
                     &ns,

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
-use super::{NOW_MS, PostgresStore, Tx, narrow, revisions};
+use super::{Cached, NOW_MS, PostgresStore, Tx, narrow, revisions};
 use crate::model::{Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutState};
 use crate::store::{Result, RolloutInsert, RolloutRow, RolloutStore, StoreError, sql_list};
 
@@ -18,7 +18,7 @@ pub(super) async fn open_rollout_of(
     ns: &str,
     agent: &str,
 ) -> Result<Option<i64>> {
-    Ok(c.query_opt(
+    Ok(c.opt(
         &format!(
             "SELECT r.id FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
              WHERE a.namespace_id = $1 AND a.agent_id = $2 AND r.state IN {}
@@ -83,7 +83,7 @@ async fn rollouts_where(
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<Rollout>> {
     let rows = c
-        .query(
+        .rows(
             &format!("SELECT {ROLLOUT_COLS} FROM rollouts r {condition}"),
             params,
         )
@@ -92,7 +92,7 @@ async fn rollouts_where(
     for row in &rows {
         let mut r = rollout(row)?;
         r.agents = c
-            .query(
+            .rows(
                 "SELECT agent_id, wave, state, revision_id, work_id, code, message, started_at, finished_at
                  FROM rollout_agents WHERE rollout_id = $1 ORDER BY position",
                 &[&r.id],
@@ -123,7 +123,7 @@ impl RolloutStore for PostgresStore {
         for (agent, _) in &r.agents {
             // Locks the Agent against a concurrent rollout or deploy until the insert commits.
             let desired = tx
-                .query_opt(
+                .opt(
                     "SELECT desired_state FROM agents WHERE namespace_id = $1 AND id = $2 FOR UPDATE",
                     &[&r.namespace_id, agent],
                 )
@@ -142,7 +142,7 @@ impl RolloutStore for PostgresStore {
         }
         let waves = r.agents.iter().map(|(_, w)| w + 1).max().unwrap_or(0);
         let id: i64 = tx
-            .query_one(
+            .one(
                 "INSERT INTO rollouts (namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures,
                      pause_between_seconds, manual_promote, state, wave, waves, created_by, created_at, updated_at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', 0, $9, $10, $11, $11) RETURNING id",
@@ -163,7 +163,7 @@ impl RolloutStore for PostgresStore {
             .await?
             .try_get(0)?;
         for (position, (agent, wave)) in r.agents.iter().enumerate() {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO rollout_agents (rollout_id, namespace_id, agent_id, position, wave, state) VALUES ($1, $2, $3, $4, $5, 'pending')",
                 &[&id, &r.namespace_id, agent, &(position as i64), &i64::from(*wave)],
             )
@@ -213,7 +213,7 @@ impl RolloutStore for PostgresStore {
 
     async fn rollout_counts(&self) -> Result<Vec<(String, i64)>> {
         let c = self.client().await?;
-        c.query("SELECT state, COUNT(*) FROM rollouts GROUP BY state", &[])
+        c.rows("SELECT state, COUNT(*) FROM rollouts GROUP BY state", &[])
             .await?
             .iter()
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
@@ -236,7 +236,7 @@ impl RolloutStore for PostgresStore {
         now: i64,
     ) -> Result<bool> {
         let c = self.client().await?;
-        Ok(c.execute(
+        Ok(c.exec(
             "UPDATE rollouts SET state = $4, wave = $5, next_wave_at_ms = $6, message = COALESCE($7, message), updated_at = $8
              WHERE id = $1 AND state = $2 AND wave = $3",
             &[
@@ -257,7 +257,7 @@ impl RolloutStore for PostgresStore {
     async fn rollout_next_wave_ms(&self, id: i64) -> Result<Option<i64>> {
         let c = self.client().await?;
         Ok(
-            c.query_opt("SELECT next_wave_at_ms FROM rollouts WHERE id = $1", &[&id])
+            c.opt("SELECT next_wave_at_ms FROM rollouts WHERE id = $1", &[&id])
                 .await?
                 .map(|r| r.try_get::<_, Option<i64>>(0))
                 .transpose()?
@@ -269,7 +269,7 @@ impl RolloutStore for PostgresStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let pending = tx
-            .query_opt(
+            .opt(
                 "SELECT 1 FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
                  WHERE a.rollout_id = $1 AND a.agent_id = $2 AND a.state = 'pending' AND r.state = 'running'
                  FOR UPDATE OF a",
@@ -279,13 +279,13 @@ impl RolloutStore for PostgresStore {
         if pending.is_none() {
             return Ok(None);
         }
-        tx.execute(
+        tx.exec(
             "UPDATE agents SET configuration_id = $3 WHERE namespace_id = $1 AND id = $2",
             &[&rev.namespace_id, &rev.agent_id, &rev.configuration_id],
         )
         .await?;
         let work = revisions::insert_revision(&tx, rev).await?;
-        tx.execute(
+        tx.exec(
             &format!(
                 "UPDATE rollout_agents SET state = 'deploying', revision_id = $3, work_id = $4, started_at = {NOW_MS} / 1000
                  WHERE rollout_id = $1 AND agent_id = $2"
@@ -308,7 +308,7 @@ impl RolloutStore for PostgresStore {
         now: i64,
     ) -> Result<bool> {
         let c = self.client().await?;
-        Ok(c.execute(
+        Ok(c.exec(
             "UPDATE rollout_agents SET state = $4, code = $5, message = $6, finished_at = $7
              WHERE rollout_id = $1 AND agent_id = $2 AND state = $3",
             &[
@@ -333,7 +333,7 @@ impl RolloutStore for PostgresStore {
     ) -> Result<usize> {
         let c = self.client().await?;
         let n = c
-            .execute(
+            .exec(
                 "UPDATE rollout_agents SET state = 'skipped', code = $2, message = $3, finished_at = $4
                  WHERE rollout_id = $1 AND state = 'pending'",
                 &[&rollout, &code, &message, &now],

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::PostgresStore;
+use super::{Cached, PostgresStore};
 use crate::model::{Grant, Role};
 use crate::store::{NewToken, Result, StoreError, TokenRow, TokenStore};
 
@@ -11,13 +11,13 @@ impl TokenStore for PostgresStore {
     async fn create_token(&self, t: &NewToken<'_>) -> Result<()> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        tx.execute(
+        tx.exec(
             "INSERT INTO tokens (id, name, secret_hash, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)",
             &[&t.id, &t.name, &t.secret_hash, &t.created_at, &t.expires_at],
         )
         .await?;
         for g in t.grants {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO token_grants (token_id, namespace, role) VALUES ($1, $2, $3)",
                 &[&t.id, &g.namespace, &g.role.as_str()],
             )
@@ -30,7 +30,7 @@ impl TokenStore for PostgresStore {
     async fn token_by_hash(&self, secret_hash: &str) -> Result<Option<TokenRow>> {
         let c = self.client().await?;
         let Some(row) = c
-            .query_opt(
+            .opt(
                 "SELECT id, expires_at FROM tokens WHERE secret_hash = $1 AND NOT revoked",
                 &[&secret_hash],
             )
@@ -40,7 +40,7 @@ impl TokenStore for PostgresStore {
         };
         let id: String = row.try_get(0)?;
         let grants = c
-            .query(
+            .rows(
                 "SELECT namespace, role FROM token_grants WHERE token_id = $1",
                 &[&id],
             )
@@ -64,7 +64,7 @@ impl TokenStore for PostgresStore {
 
     async fn revoke_token(&self, id: &str) -> Result<bool> {
         let c = self.client().await?;
-        Ok(c.execute(
+        Ok(c.exec(
             "UPDATE tokens SET revoked = TRUE WHERE id = $1 AND NOT revoked",
             &[&id],
         )
@@ -74,7 +74,7 @@ impl TokenStore for PostgresStore {
 
     async fn token_count(&self) -> Result<i64> {
         let c = self.client().await?;
-        Ok(c.query_one("SELECT COUNT(*) FROM tokens", &[])
+        Ok(c.one("SELECT COUNT(*) FROM tokens", &[])
             .await?
             .try_get(0)?)
     }

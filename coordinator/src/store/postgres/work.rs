@@ -1,29 +1,49 @@
-//! The work queue on a shared database. A claim takes candidates with `FOR UPDATE SKIP
-//! LOCKED` (coordinators never wait on each other's rows), then serialises the candidate's
-//! lane (its Namespace) with a transaction-scoped advisory lock and checks the lane again
-//! before taking it: two coordinators claiming at once can never both start an item of one
-//! Agent, or anything beside a Namespace-level item. Times are the database's milliseconds.
+//! The work queue on a shared database. A claim walks due work in queue order a page at a
+//! time, serialises each candidate's lane (its Namespace) with a transaction-scoped advisory
+//! lock, and checks and takes the candidate's row with `FOR UPDATE SKIP LOCKED`
+//! (coordinators never wait on each other's rows): two coordinators claiming at once can
+//! never both start an item of one Agent, or anything beside a Namespace-level item. The lane
+//! checks run for one row at a time, along indexes, so a claim's cost does not grow with the
+//! queue (one query over the whole queue was planned as a nested loop of queue × barriers:
+//! 14 ms per claim with 3,000 items queued). Times are the database's milliseconds.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
-use super::{NOW_MS, PostgresStore, Tx, check_claim, narrow, notify};
+use super::{Cached, NOW_MS, PostgresStore, Tx, check_claim, narrow, notify};
 use crate::store::sqlite::barrier_list;
 use crate::store::{
     Claim, Enqueue, Result, StoreError, Work, WorkAttempt, WorkEnd, WorkKind, WorkQueue,
     WorkRecord, WorkState,
 };
 
-/// Candidates looked at per claim; more than one, so a busy lane at the head of the queue
-/// does not hide runnable work behind it.
-const CANDIDATES: i64 = 16;
+/// Candidates read per page while looking for a claimable item. Pages follow the queue's
+/// order along the `work_open` index, so a claim costs the same with 10 or 100,000 items
+/// queued, and a busy lane at the head of the queue never hides runnable work behind it.
+const PAGE: i64 = 32;
+
+/// Lanes found busy during one claim: whole Namespaces (another claimer holds them) and
+/// (Namespace, Agent) lanes (`None`: the Namespace's own lane).
+#[derive(Default)]
+struct Busy {
+    namespaces: HashSet<String>,
+    lanes: HashSet<(String, Option<String>)>,
+}
+
+impl Busy {
+    fn holds(&self, namespace: &str, agent: &Option<String>) -> bool {
+        self.namespaces.contains(namespace)
+            || self.lanes.contains(&(namespace.to_owned(), agent.clone()))
+    }
+}
 
 /// Queues one item inside `tx` and announces it; its id.
 pub(super) async fn enqueue(tx: &Tx<'_>, w: &Enqueue) -> Result<i64> {
     let id: i64 = tx
-        .query_one(
+        .one(
             &format!(
                 "INSERT INTO work (kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at)
                  VALUES ($1, $2, $3, $4, 'queued', {NOW_MS}, {NOW_MS}, {NOW_MS}) RETURNING id"
@@ -85,6 +105,109 @@ fn lane_free() -> String {
     )
 }
 
+impl PostgresStore {
+    /// Claims the first of `candidates` (rows of id, namespace_id, agent_id) whose lane is
+    /// free. Each is checked again under its Namespace's transaction-scoped advisory lock,
+    /// which serialises claimers of one Namespace: the check sees every claim committed
+    /// before it, and the row is taken with `SKIP LOCKED` so claimers never wait on rows.
+    async fn take_first(
+        &self,
+        tx: &Tx<'_>,
+        candidates: &[Row],
+        now: i64,
+        owner: &str,
+        lease: Duration,
+        busy: &mut Busy,
+    ) -> Result<Option<Work>> {
+        for r in candidates {
+            let id: i64 = r.try_get(0)?;
+            let namespace_id: String = r.try_get(1)?;
+            let agent_id: Option<String> = r.try_get(2)?;
+            if busy.holds(&namespace_id, &agent_id) {
+                continue;
+            }
+            let locked: bool = tx
+                .one(
+                    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
+                    &[&namespace_id],
+                )
+                .await?
+                .try_get(0)?;
+            if !locked {
+                busy.namespaces.insert(namespace_id);
+                continue;
+            }
+            let Some(row) = tx
+                .opt(
+                    &format!(
+                        "SELECT w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at, w.claim_token
+                         FROM work w
+                         WHERE w.id = $2
+                           AND ((w.state = 'queued' AND w.not_before <= $1) OR (w.state = 'running' AND w.lease_until < $1))
+                           AND {}
+                         FOR UPDATE OF w SKIP LOCKED",
+                        lane_free()
+                    ),
+                    &[&now, &id],
+                )
+                .await?
+            else {
+                busy.lanes.insert((namespace_id, agent_id));
+                continue;
+            };
+            return self.take(tx, &row, now, owner, lease).await.map(Some);
+        }
+        Ok(None)
+    }
+
+    /// Takes the checked row: running under a fresh token and lease, and for Agent-scoped
+    /// work the Agent's fence bumped, in the claim's transaction.
+    async fn take(
+        &self,
+        tx: &Tx<'_>,
+        r: &Row,
+        now: i64,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Work> {
+        let id: i64 = r.try_get(0)?;
+        let kind: String = r.try_get(1)?;
+        let kind = WorkKind::parse(&kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("work kind {kind:?}")))?;
+        let namespace_id: String = r.try_get(2)?;
+        let agent_id: Option<String> = r.try_get(3)?;
+        let token: i64 = r.try_get::<_, i64>(7)? + 1;
+        tx.exec(
+            "UPDATE work SET state = 'running', lease_owner = $2, lease_until = $3, claim_token = $4, updated_at = $5 WHERE id = $1",
+            &[&id, &owner, &now.saturating_add(millis(lease)), &token, &now],
+        )
+        .await?;
+        let fence = match &agent_id {
+            Some(agent) => tx
+                .opt(
+                    "UPDATE agents SET fence = nextval('agent_fence') WHERE namespace_id = $1 AND id = $2 RETURNING fence",
+                    &[&namespace_id, agent],
+                )
+                .await?
+                .map(|f| f.try_get::<_, i64>(0))
+                .transpose()?
+                .map(|f| f.max(0) as u64),
+            None => None,
+        };
+        Ok(Work {
+            id,
+            kind,
+            namespace_id,
+            agent_id,
+            revision_id: r.try_get(4)?,
+            attempts: narrow(r.try_get(5)?, "attempts")?,
+            created_at: r.try_get(6)?,
+            claim: Claim { work: id, token },
+            fence,
+        })
+    }
+}
+
 #[async_trait]
 impl WorkQueue for PostgresStore {
     async fn enqueue(&self, work: &Enqueue) -> Result<i64> {
@@ -99,90 +222,55 @@ impl WorkQueue for PostgresStore {
     async fn claim_work(&self, owner: &str, lease: Duration) -> Result<Option<Work>> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let now: i64 = tx
-            .query_one(&format!("SELECT {NOW_MS}"), &[])
+        let now: i64 = tx.one(&format!("SELECT {NOW_MS}"), &[]).await?.try_get(0)?;
+        // Lanes seen busy in this claim: later items of a busy lane are busy too (the same
+        // running item or earlier barrier holds them), so each lane is asked about once.
+        let mut busy = Busy::default();
+        // Lapsed claims first: their work was started and should finish before newer work.
+        let lapsed = tx
+            .rows(
+                "SELECT id, namespace_id, agent_id FROM work
+                 WHERE state = 'running' AND lease_until < $1 ORDER BY lease_until, id LIMIT $2",
+                &[&now, &PAGE],
+            )
+            .await?;
+        if let Some(work) = self
+            .take_first(&tx, &lapsed, now, owner, lease, &mut busy)
             .await?
-            .try_get(0)?;
-        let candidates = tx
-            .query(
-                &format!(
-                    "SELECT w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at, w.claim_token
-                     FROM work w
-                     WHERE ((w.state = 'queued' AND w.not_before <= $1) OR (w.state = 'running' AND w.lease_until < $1))
-                       AND {}
-                     ORDER BY w.not_before, w.id LIMIT $2
-                     FOR UPDATE OF w SKIP LOCKED",
-                    lane_free()
-                ),
-                &[&now, &CANDIDATES],
-            )
-            .await?;
-        for r in &candidates {
-            let id: i64 = r.try_get(0)?;
-            let namespace_id: String = r.try_get(2)?;
-            // One claimer per Namespace at a time: it sees every claim committed before it.
-            let locked: bool = tx
-                .query_one(
-                    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
-                    &[&namespace_id],
-                )
-                .await?
-                .try_get(0)?;
-            if !locked {
-                continue;
-            }
-            let still_free = tx
-                .query_opt(
-                    &format!("SELECT 1 FROM work w WHERE w.id = $2 AND {}", lane_free()),
-                    &[&now, &id],
-                )
-                .await?
-                .is_some();
-            if !still_free {
-                continue;
-            }
-            let kind: String = r.try_get(1)?;
-            let kind = WorkKind::parse(&kind)
-                .ok_or_else(|| StoreError::Corrupt(format!("work kind {kind:?}")))?;
-            let agent_id: Option<String> = r.try_get(3)?;
-            let token: i64 = r.try_get::<_, i64>(7)? + 1;
-            tx.execute(
-                "UPDATE work SET state = 'running', lease_owner = $2, lease_until = $3, claim_token = $4, updated_at = $5 WHERE id = $1",
-                &[&id, &owner, &now.saturating_add(millis(lease)), &token, &now],
-            )
-            .await?;
-            let fence = match &agent_id {
-                Some(agent) => tx
-                    .query_opt(
-                        "UPDATE agents SET fence = nextval('agent_fence') WHERE namespace_id = $1 AND id = $2 RETURNING fence",
-                        &[&namespace_id, agent],
-                    )
-                    .await?
-                    .map(|f| f.try_get::<_, i64>(0))
-                    .transpose()?
-                    .map(|f| f.max(0) as u64),
-                None => None,
-            };
-            let work = Work {
-                id,
-                kind,
-                namespace_id,
-                agent_id,
-                revision_id: r.try_get(4)?,
-                attempts: narrow(r.try_get(5)?, "attempts")?,
-                created_at: r.try_get(6)?,
-                claim: Claim { work: id, token },
-                fence,
-            };
+        {
             tx.commit().await?;
             return Ok(Some(work));
         }
-        Ok(None)
+        // Then due queued work in queue order, a page at a time along `work_open`.
+        let mut after: (i64, i64) = (i64::MIN, i64::MIN);
+        loop {
+            let page = tx
+                .rows(
+                    "SELECT id, namespace_id, agent_id, not_before FROM work
+                     WHERE state = 'queued' AND not_before <= $1 AND (not_before, id) > ($2, $3)
+                     ORDER BY not_before, id LIMIT $4",
+                    &[&now, &after.0, &after.1, &PAGE],
+                )
+                .await?;
+            if let Some(work) = self
+                .take_first(&tx, &page, now, owner, lease, &mut busy)
+                .await?
+            {
+                tx.commit().await?;
+                return Ok(Some(work));
+            }
+            match page.last() {
+                Some(last) if page.len() as i64 == PAGE => {
+                    after = (last.try_get(3)?, last.try_get(0)?);
+                }
+                _ => return Ok(None),
+            }
+        }
     }
 
     async fn renew_lease(&self, claim: &Claim, lease: Duration) -> Result<bool> {
         let c = self.client().await?;
-        Ok(c.execute(
+        Ok(c.exec(
             &format!(
                 "UPDATE work SET lease_until = {NOW_MS} + $3 WHERE id = $1 AND claim_token = $2 AND state = 'running'"
             ),
@@ -206,7 +294,7 @@ impl WorkQueue for PostgresStore {
                 code,
                 message,
             } => {
-                tx.execute(
+                tx.exec(
                     &format!(
                         "UPDATE work SET state = $2, last_code = $3, last_message = $4, lease_owner = NULL, lease_until = NULL,
                              updated_at = {NOW_MS}, attempts = attempts + $5
@@ -228,7 +316,7 @@ impl WorkQueue for PostgresStore {
                 code,
                 message,
             } => {
-                tx.execute(
+                tx.exec(
                     &format!(
                         "UPDATE work SET state = 'queued', not_before = {NOW_MS} + $2, attempts = attempts + $3, last_code = $4,
                              last_message = $5, lease_owner = NULL, lease_until = NULL, updated_at = {NOW_MS}
@@ -254,7 +342,7 @@ impl WorkQueue for PostgresStore {
 
     async fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             &format!(
                 "SELECT {WORK_RECORD_COLS} FROM work
                  WHERE namespace_id = $1 AND agent_id = $2 AND state IN ('queued', 'running') ORDER BY id"
@@ -269,7 +357,7 @@ impl WorkQueue for PostgresStore {
 
     async fn recent_work(&self, ns: &str, agent: &str, limit: u32) -> Result<Vec<WorkRecord>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             &format!(
                 "SELECT {WORK_RECORD_COLS} FROM work
                  WHERE namespace_id = $1 AND agent_id = $2 ORDER BY id DESC LIMIT $3"
@@ -284,7 +372,7 @@ impl WorkQueue for PostgresStore {
 
     async fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<Option<WorkRecord>> {
         let c = self.client().await?;
-        c.query_opt(
+        c.opt(
             &format!(
                 "SELECT {WORK_RECORD_COLS} FROM work WHERE namespace_id = $1 AND agent_id = $2 AND id = $3"
             ),
@@ -299,7 +387,7 @@ impl WorkQueue for PostgresStore {
     async fn pending_work_age(&self) -> Result<(i64, Option<i64>)> {
         let c = self.client().await?;
         let r = c
-            .query_one(
+            .one(
                 "SELECT COUNT(*), MIN(created_at) FROM work WHERE state IN ('queued', 'running')",
                 &[],
             )
@@ -309,7 +397,7 @@ impl WorkQueue for PostgresStore {
 
     async fn work_counts(&self) -> Result<Vec<(String, String, i64)>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             "SELECT kind, state, COUNT(*) FROM work GROUP BY kind, state",
             &[],
         )

@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
 
-use super::{PostgresStore, Tx, claimed_execute, narrow};
+use super::{Cached, PostgresStore, Tx, claimed_execute, narrow};
 use crate::model::{Agent, WorkspaceFileInfo, WorkspaceSetupInfo, WorkspaceState};
 use crate::store::{Claim, Result, StoreError, WorkspaceStore};
 
@@ -17,14 +17,14 @@ pub(super) async fn insert_files(
     files: &[WorkspaceFile],
     now: i64,
 ) -> Result<()> {
-    tx.execute(
+    tx.exec(
         "INSERT INTO agent_workspace (namespace_id, agent_id, state, updated_at) VALUES ($1, $2, $3, $4)",
         &[&a.namespace_id, &a.id, &WorkspaceState::Pending.as_str(), &now],
     )
     .await?;
     for f in files {
         let meta = f.meta();
-        tx.execute(
+        tx.exec(
             "INSERT INTO agent_workspace_files (namespace_id, agent_id, name, size, sha256, content)
              VALUES ($1, $2, $3, $4, $5, $6)",
             &[
@@ -52,7 +52,7 @@ impl WorkspaceStore for PostgresStore {
             .start()
             .await?;
         let Some(r) = tx
-            .query_opt(
+            .opt(
                 "SELECT state, applied_at, failure_code, failure_message, updated_at FROM agent_workspace
                  WHERE namespace_id = $1 AND agent_id = $2",
                 &[&ns, &agent],
@@ -63,7 +63,7 @@ impl WorkspaceStore for PostgresStore {
         };
         let state: String = r.try_get(0)?;
         let files = tx
-            .query(
+            .rows(
                 "SELECT name, size, sha256, content IS NOT NULL FROM agent_workspace_files
                  WHERE namespace_id = $1 AND agent_id = $2 ORDER BY name",
                 &[&ns, &agent],
@@ -92,7 +92,7 @@ impl WorkspaceStore for PostgresStore {
 
     async fn workspace_contents(&self, ns: &str, agent: &str) -> Result<Vec<WorkspaceFile>> {
         let c = self.client().await?;
-        c.query(
+        c.rows(
             "SELECT name, content FROM agent_workspace_files
              WHERE namespace_id = $1 AND agent_id = $2 AND content IS NOT NULL ORDER BY name",
             &[&ns, &agent],

@@ -127,4 +127,24 @@ impl HostStore for SqliteStore {
         })
         .await
     }
+
+    async fn host_loads(&self, names: &[String]) -> Result<Vec<(Host, u32)>> {
+        let names = names.to_vec();
+        self.read(move |c| {
+            let mut host_st =
+                c.prepare_cached(&format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"))?;
+            let mut load_st =
+                c.prepare_cached("SELECT COUNT(*) FROM agents WHERE host_name = ?1")?;
+            let mut out = Vec::with_capacity(names.len());
+            for name in &names {
+                let Some(h) = host_st.query_row([name], host_row).optional()? else {
+                    continue;
+                };
+                let load: u32 = load_st.query_row([name], |r| r.get(0))?;
+                out.push((finish_host(h)?, load));
+            }
+            Ok(out)
+        })
+        .await
+    }
 }
