@@ -46,7 +46,7 @@ pub async fn run<B: Backend>(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
-        let wait = jittered(settings.interval);
+        let wait = crate::backoff::jittered(settings.interval);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => return,
@@ -67,20 +67,6 @@ pub async fn run<B: Backend>(
             Err(e) => tracing::warn!("drift sweep failed: {e}"),
         }
     }
-}
-
-/// `interval` ± up to a tenth, so coordinators and hosts are not asked in lockstep.
-fn jittered(interval: Duration) -> Duration {
-    let tenth = interval.as_millis() as u64 / 10;
-    if tenth == 0 {
-        return interval;
-    }
-    let mut b = [0u8; 8];
-    let r = match clawfleet_protocol::random::fill(&mut b) {
-        Ok(()) => u64::from_le_bytes(b),
-        Err(_) => 0,
-    };
-    interval - Duration::from_millis(tenth) + Duration::from_millis(r % (2 * tenth + 1))
 }
 
 /// One sweep over every host and cluster.

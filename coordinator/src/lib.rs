@@ -5,6 +5,7 @@
 pub mod api;
 pub mod backend;
 pub mod backends;
+pub mod backoff;
 pub mod client;
 pub mod clock;
 pub mod codes;

@@ -7,11 +7,12 @@
 //! on purpose), and a second run changes nothing. Files are replaced atomically, so sshd and
 //! hostd never read half a file.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use clawfleet_protocol::atomic_file::{self, AtomicFileError, Attributes};
 use clawfleet_protocol::ident::IdentError;
 use clawfleet_protocol::ssh_key::{Algorithm, PublicKey};
 use clawfleet_protocol::{AllowedSigners, Fingerprint, Principal, SIGNATURE_NAMESPACE};
@@ -142,6 +143,9 @@ pub enum EnrolError {
         path: String,
         source: std::io::Error,
     },
+    /// Names the path and the step that failed; the file is as it was.
+    #[error(transparent)]
+    Replace(#[from] AtomicFileError),
     #[error(transparent)]
     LoginUser(#[from] crate::login_user::LoginUserError),
     #[error(
@@ -449,53 +453,18 @@ fn ensure_parent(path: &Path, mode: u32) -> Result<(), EnrolError> {
         })
 }
 
-/// Replaces `path` with `contents` atomically: a temporary file in the same directory,
-/// fsync, rename, fsync of the directory. The new file gets the old file's mode and owner,
-/// or `new_mode` (owned by the caller, root in production) when there was none.
+/// Replaces `path` with `contents` atomically (`clawfleet_protocol::atomic_file`: a
+/// temporary sibling, fsync, rename, fsync of the directory). The new file gets the old
+/// file's mode and owner, or `new_mode` (owned by the caller, root in production) when there
+/// was none.
 fn write_atomic(
     path: &Path,
     contents: &[u8],
     previous: Option<&fs::Metadata>,
     new_mode: u32,
 ) -> Result<(), EnrolError> {
-    let err = |source| EnrolError::Write {
-        path: shown(path),
-        source,
-    };
-    let dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(d) => d.to_path_buf(),
-        None => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.enrol-{}.tmp", std::process::id()));
-    let mode = previous.map_or(new_mode, |m| m.permissions().mode() & 0o7777);
-    let result = (|| {
-        let _ = fs::remove_file(&tmp);
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        if let Some(m) = previous {
-            let meta = file.metadata()?;
-            if meta.uid() != m.uid() || meta.gid() != m.gid() {
-                std::os::unix::fs::fchown(&file, Some(m.uid()), Some(m.gid()))?;
-            }
-        }
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&tmp, path)?;
-        File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(err)
+    let attributes = previous.map_or(Attributes::mode(new_mode), Attributes::of);
+    Ok(atomic_file::write_atomic(path, contents, attributes)?)
 }
 
 /// Puts a file back as it was before enrol touched it.
@@ -666,6 +635,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     const KEY_A: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOoiH86FPsWOHTpC6dd1O8DwZoDfXuxpuEmcPlZQdKIm key-a@test";
     const KEY_B: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB6TeR9MjGokmZivHwznNGVqnbzd9EAdEPOidCNyuf8V key-b@test";
@@ -727,7 +697,7 @@ mod tests {
                 if let Ok(rd) = fs::read_dir(d) {
                     for e in rd {
                         let n = e.unwrap().file_name().to_string_lossy().into_owned();
-                        if n.ends_with(".tmp") {
+                        if n.contains(atomic_file::PENDING_INFIX) || n.ends_with(".tmp") {
                             found.push(n);
                         }
                     }

@@ -1,12 +1,17 @@
 //! File system steps that are atomic and refuse anything that is not ours: every write goes to
 //! a pending name and is renamed into place, directories are synced after the rename, and
 //! paths are checked with `lstat` so a symlink planted by someone else is refused, not followed.
+//!
+//! File writes are `clawfleet_protocol::atomic_file`'s steps (the coordinator writes its keys
+//! and tokens the same way), taken one at a time here so each is counted (see [`counters`])
+//! and a caller may change the owner before the rename.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use clawfleet_protocol::atomic_file::{self, AtomicFileError, PENDING_INFIX, PendingFile};
 use thiserror::Error;
 
 /// Per-thread counts of the durable and mutating file system calls hostd makes: what the
@@ -83,6 +88,22 @@ pub enum FsError {
     },
     #[error("{path} is {size} bytes; at most {max} are read")]
     TooLarge { path: String, size: u64, max: u64 },
+}
+
+impl From<AtomicFileError> for FsError {
+    fn from(e: AtomicFileError) -> Self {
+        match e {
+            AtomicFileError::NotAFile { path, found } => FsError::WrongType {
+                path: path.display().to_string(),
+                found,
+                expected: Kind::File.describe(),
+            },
+            AtomicFileError::Io { path, source, .. } => FsError::Io {
+                path: path.display().to_string(),
+                source,
+            },
+        }
+    }
 }
 
 impl FsError {
@@ -206,60 +227,39 @@ pub fn set_mode(path: &Path, mode: u32) -> Result<(), FsError> {
 /// fsync a directory so a rename inside it is durable.
 pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
     counters::fsync();
-    File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err(dir))
+    Ok(atomic_file::sync_dir(dir)?)
 }
 
-/// A sibling name for staging: `<name>.pending-<pid>-<random>`. Fails when the system's
-/// random source does (one policy for every crate: `clawfleet_protocol::random`).
-pub fn pending_name(target: &Path) -> io::Result<PathBuf> {
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let random = clawfleet_protocol::random::hex(8).map_err(io::Error::other)?;
-    Ok(target.with_file_name(format!("{name}.pending-{}-{random}", std::process::id())))
+/// A sibling name for staging: `<name>.pending-<pid>-<random>`
+/// (`clawfleet_protocol::atomic_file::pending_name`). Fails when the system's random source
+/// does.
+pub fn pending_name(target: &Path) -> Result<PathBuf, FsError> {
+    Ok(atomic_file::pending_name(target)?)
 }
 
 fn parent(path: &Path) -> &Path {
-    path.parent().unwrap_or(Path::new("/"))
+    atomic_file::parent_dir(path)
 }
 
-/// Writes `bytes` to a new pending sibling of `target` (exclusive create, no symlink
-/// following), fsyncs it, sets `mode` and runs `prepare` (for chown). Removes it on failure.
+/// Writes `bytes` to a new pending sibling of `target` (exclusive create with exactly
+/// `mode`, which never follows a symlink), fsyncs it when `durable` and runs `prepare` (for
+/// chown). The pending file is removed when it is dropped without being moved into place, so
+/// on every failure.
 fn write_pending(
     target: &Path,
     bytes: &[u8],
     mode: u32,
     durable: bool,
     prepare: impl FnOnce(&Path) -> Result<(), FsError>,
-) -> Result<PathBuf, FsError> {
-    let pending = pending_name(target).map_err(io_err(target))?;
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&pending)
-            .map_err(io_err(&pending))?;
-        f.write_all(bytes).map_err(io_err(&pending))?;
-        if durable {
-            counters::fsync();
-            f.sync_all().map_err(io_err(&pending))?;
-        }
-        drop(f);
-        set_mode(&pending, mode)?;
-        prepare(&pending)
-    })();
-    match result {
-        Ok(()) => Ok(pending),
-        Err(e) => {
-            let _ = fs::remove_file(&pending);
-            Err(e)
-        }
+) -> Result<PendingFile, FsError> {
+    let mut pending = PendingFile::create(target, mode)?;
+    pending.write_all(bytes)?;
+    if durable {
+        counters::fsync();
+        pending.sync()?;
     }
+    prepare(pending.path())?;
+    Ok(pending)
 }
 
 /// Writes a file atomically with `mode`: a pending file (see [`write_pending`]) renamed over
@@ -274,10 +274,7 @@ pub fn write_atomic(
     file_exists(target)?;
     let pending = write_pending(target, bytes, mode, true, prepare)?;
     counters::rename();
-    if let Err(e) = fs::rename(&pending, target) {
-        let _ = fs::remove_file(&pending);
-        return Err(io_err(target)(e));
-    }
+    pending.rename_into_place()?;
     sync_dir(parent(target))
 }
 
@@ -288,10 +285,7 @@ pub fn replace_quickly(target: &Path, bytes: &[u8], mode: u32) -> Result<(), FsE
     file_exists(target)?;
     let pending = write_pending(target, bytes, mode, false, |_| Ok(()))?;
     counters::rename();
-    fs::rename(&pending, target).map_err(|e| {
-        let _ = fs::remove_file(&pending);
-        io_err(target)(e)
-    })
+    Ok(pending.rename_into_place()?)
 }
 
 /// Creates a file with `mode` only if it does not exist yet (never replaces): returns false
@@ -308,16 +302,11 @@ pub fn create_once(
     let pending = write_pending(target, bytes, mode, true, prepare)?;
     // link(2) fails if the target appeared meanwhile: never replace.
     counters::other();
-    let linked = fs::hard_link(&pending, target);
-    let _ = fs::remove_file(&pending);
-    match linked {
-        Ok(()) => {
-            sync_dir(parent(target))?;
-            Ok(true)
-        }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-        Err(e) => Err(io_err(target)(e)),
+    if !pending.link_into_place()? {
+        return Ok(false);
     }
+    sync_dir(parent(target))?;
+    Ok(true)
 }
 
 /// Builds a directory completely under a pending name, then renames it into place, so the
@@ -330,7 +319,7 @@ pub fn create_dir_atomic(
     if dir_exists(target)? {
         return Ok(false);
     }
-    let pending = pending_name(target).map_err(io_err(target))?;
+    let pending = pending_name(target)?;
     counters::other();
     let result = (|| {
         fs::DirBuilder::new()
@@ -385,7 +374,7 @@ pub fn remove_file_if_present(path: &Path) -> Result<bool, FsError> {
 
 /// Points the symlink `link` at `target` atomically (pending symlink, rename, dir fsync).
 pub fn replace_symlink(link: &Path, target: &Path) -> Result<(), FsError> {
-    let pending = pending_name(link).map_err(io_err(link))?;
+    let pending = pending_name(link)?;
     counters::other();
     std::os::unix::fs::symlink(target, &pending).map_err(io_err(&pending))?;
     counters::rename();
@@ -402,7 +391,7 @@ pub fn list_dir(path: &Path) -> Result<Vec<String>, FsError> {
     for entry in fs::read_dir(path).map_err(io_err(path))? {
         let entry = entry.map_err(io_err(path))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.contains(".pending-") {
+        if !name.contains(PENDING_INFIX) {
             names.push(name);
         }
     }
@@ -418,7 +407,7 @@ pub fn pending_leftovers(path: &Path) -> Vec<PathBuf> {
     };
     entries
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().contains(".pending-"))
+        .filter(|e| e.file_name().to_string_lossy().contains(PENDING_INFIX))
         .map(|e| e.path())
         .collect()
 }
@@ -456,6 +445,52 @@ mod tests {
             Err(FsError::WrongType { .. })
         ));
         assert_eq!(list_dir(dir.path()).unwrap(), vec!["a.json", "l"]);
+    }
+
+    #[test]
+    fn each_write_counts_its_durable_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.json");
+        let counted = |step: &dyn Fn()| {
+            counters::reset();
+            step();
+            counters::get()
+        };
+        let io = counters::IoCounts {
+            fsyncs: 2,
+            renames: 1,
+            other: 0,
+        };
+        assert_eq!(
+            counted(&|| write_atomic(&f, b"1", 0o600, |_| Ok(())).unwrap()),
+            io,
+            "write_atomic: the file and its directory synced, one rename"
+        );
+        assert_eq!(
+            counted(&|| replace_quickly(&f, b"2", 0o600).unwrap()),
+            counters::IoCounts {
+                fsyncs: 0,
+                renames: 1,
+                other: 0
+            }
+        );
+        let once = dir.path().join("once");
+        assert_eq!(
+            counted(&|| assert!(create_once(&once, b"3", 0o600, |_| Ok(())).unwrap())),
+            counters::IoCounts {
+                fsyncs: 2,
+                renames: 0,
+                other: 1
+            }
+        );
+        // The prepare hook sees the pending file; its failure leaves nothing behind.
+        let failed = write_atomic(&f, b"4", 0o600, |p| {
+            assert!(p.to_string_lossy().contains(PENDING_INFIX));
+            Err(io_err(p)(io::Error::other("refused by the test")))
+        });
+        assert!(failed.is_err());
+        assert_eq!(fs::read(&f).unwrap(), b"2");
+        assert!(pending_leftovers(dir.path()).is_empty());
     }
 
     #[test]

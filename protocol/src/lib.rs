@@ -8,8 +8,11 @@
 //! - [`failure`]: class, stable code and safe message for every failure.
 //! - [`runtime`]: the read-only runtime and log operations' types; [`redact`]: their redaction.
 //! - [`workspace`]: initial workspace files, their names and limits.
+//! - [`atomic_file`]: files replaced whole or created once (temporary, fsync, rename), for
+//!   hostd and the coordinator alike.
 
 pub mod allowed_signers;
+pub mod atomic_file;
 pub mod configuration;
 pub mod envelope;
 pub mod failure;

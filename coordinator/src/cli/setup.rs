@@ -1,12 +1,12 @@
 //! `occ init`, `occ serve` and `occ enrol-command`: the state directory, its keys and first
 //! token, and the serving process (API and worker).
 
-use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use clawfleet_protocol::atomic_file::{self, Attributes};
 use clawfleet_protocol::ssh_key::{
     Algorithm, LineEnding, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
 };
@@ -18,28 +18,24 @@ use coordinator::service::Service;
 use coordinator::ssh::SshBackend;
 use coordinator::worker::Worker;
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    Ok(())
-}
-
+/// The key at `path`, generated first if there is none. A new private key appears complete
+/// or not at all (`atomic_file::create_once`, mode 0600) and is never replaced; its `.pub`
+/// is replaced atomically.
 fn ensure_key(path: &Path) -> Result<PrivateKey> {
+    let load = || load_signing_key(path).with_context(|| format!("cannot use {}", path.display()));
     if path.exists() {
-        return load_signing_key(path).with_context(|| format!("cannot use {}", path.display()));
+        return load();
     }
     let key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519)?;
-    write_private(path, key.to_openssh(LineEnding::LF)?.as_bytes())?;
-    std::fs::write(
-        path.with_extension("pub"),
-        format!("{}\n", key.public_key().to_openssh()?),
+    let private = key.to_openssh(LineEnding::LF)?;
+    if !atomic_file::create_once(path, private.as_bytes(), 0o600)? {
+        // Another `occ init` wrote it first: use that one.
+        return load();
+    }
+    atomic_file::write_atomic(
+        &path.with_extension("pub"),
+        format!("{}\n", key.public_key().to_openssh()?).as_bytes(),
+        Attributes::mode(0o644),
     )?;
     Ok(key)
 }
@@ -104,10 +100,13 @@ pub(crate) async fn init(config: &Config) -> Result<()> {
         )
         .await?;
         let file = config.admin_token_file();
-        if file.exists() {
-            std::fs::remove_file(&file)?;
-        }
-        write_private(&file, format!("{token}\n").as_bytes())?;
+        // Replaced whole: a stale token file (from a deleted database) never lingers
+        // half-written, and the new one is private from its first byte.
+        atomic_file::write_atomic(
+            &file,
+            format!("{token}\n").as_bytes(),
+            Attributes::mode(0o600),
+        )?;
         println!("created admin token {id} in {}", file.display());
     }
     println!("state directory: {}", config.state_dir.display());

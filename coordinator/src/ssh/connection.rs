@@ -196,10 +196,11 @@ impl Link {
             }
             Err(err) => {
                 slot.failures = slot.failures.saturating_add(1);
-                let delay = backoff_delay(
+                // The first failure waits the base, each further one twice as long.
+                let delay = crate::backoff::exponential(
                     shared.settings.reconnect_backoff_base,
                     shared.settings.reconnect_backoff_max,
-                    slot.failures,
+                    slot.failures.saturating_sub(1),
                 );
                 slot.retry_at = Some(Instant::now() + delay);
                 slot.last_error = Some(err.clone());
@@ -574,28 +575,5 @@ impl HostEntry {
             .as_ref()
             .ok()
             .map(|p| p.fingerprint())
-    }
-}
-
-/// `base · 2^(failures−1)`, at most `max`.
-pub(crate) fn backoff_delay(base: Duration, max: Duration, failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(30);
-    base.saturating_mul(1u32 << exp).min(max)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(2);
-        let d: Vec<u128> = (1..=7)
-            .map(|n| backoff_delay(base, max, n).as_millis())
-            .collect();
-        assert_eq!(d, vec![100, 200, 400, 800, 1600, 2000, 2000]);
-        assert_eq!(backoff_delay(base, max, 0).as_millis(), 100);
-        assert_eq!(backoff_delay(base, max, u32::MAX), max);
     }
 }

@@ -402,10 +402,13 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Backoff for failures: initial × 2^attempts, capped.
+    /// Backoff for failures: initial × 2^attempts, capped (`crate::backoff`).
     fn backoff(&self, attempts: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempts.min(20)).unwrap_or(u32::MAX);
-        (self.settings.backoff_initial * factor).min(self.settings.backoff_max)
+        crate::backoff::exponential(
+            self.settings.backoff_initial,
+            self.settings.backoff_max,
+            attempts,
+        )
     }
 
     /// Readiness recheck interval, growing with the item's age.
