@@ -356,9 +356,21 @@ pub struct Revision {
 
 /// An audit event.
 impl Revision {
-    /// The id of revision `number` of an Agent: one rule for every store and every plan.
-    pub fn id_for(number: u64) -> String {
-        format!("rev-{number}")
+    /// The id of revision `number` of an Agent whose rendered configuration hashes to
+    /// `configuration_hash`: one rule for every store and every plan. The hash's first 8 hex
+    /// digits make an id name its content, so a number issued again (a database restored
+    /// from an older backup) never reissues an id for different content: targets see a new
+    /// id, and refuse its number while they serve a newer one (see `revision_floor`).
+    pub fn id_for(number: u64, configuration_hash: &str) -> String {
+        let tag: String = configuration_hash.chars().take(8).collect();
+        format!("rev-{number}-{tag}")
+    }
+
+    /// The number in an id made by [`Revision::id_for`] (`rev-N-…`), as targets report ids.
+    pub fn number_of(id: &str) -> Option<u64> {
+        let rest = id.strip_prefix("rev-")?;
+        let digits = rest.split('-').next()?;
+        digits.parse().ok()
     }
 }
 
@@ -646,5 +658,23 @@ text_enum! {
 impl Default for Fencing {
     fn default() -> Self {
         Fencing::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Revision;
+
+    #[test]
+    fn a_revision_id_names_its_number_and_content() {
+        let a = "3fa9c2d1".to_owned() + &"0".repeat(56);
+        let b = "77aa0011".to_owned() + &"0".repeat(56);
+        assert_eq!(Revision::id_for(5, &a), "rev-5-3fa9c2d1");
+        assert_ne!(Revision::id_for(5, &a), Revision::id_for(5, &b));
+        assert_eq!(Revision::number_of(&Revision::id_for(12, &a)), Some(12));
+        // Ids from before the content tag, and ids that are not ours.
+        assert_eq!(Revision::number_of("rev-7"), Some(7));
+        assert_eq!(Revision::number_of("release-7"), None);
+        assert_eq!(Revision::number_of("rev-x-1"), None);
     }
 }

@@ -17,6 +17,11 @@ use std::time::{Duration, Instant};
 use fleet::{Fleet, NS, Want, document, journal_field};
 use serde_json::{Value, json};
 
+/// The number of a revision id (`rev-N-…`): ids also name their content, tests name numbers.
+fn rev_num(id: Option<&str>) -> Option<u64> {
+    id.and_then(coordinator::model::Revision::number_of)
+}
+
 fn agents() -> Vec<String> {
     (1..=12).map(|i| format!("a{i:02}")).collect()
 }
@@ -210,8 +215,8 @@ fn rollouts_halt_on_a_bad_canary_and_go_out_in_waves_through_a_coordinator_crash
                 ("restored", "REVISION_RESTORED")
             );
             let s = fleet.status(&a).unwrap();
-            assert_eq!(s["activeRevisionId"], "rev-1", "{s}");
-            assert_eq!(s["servedRevisionId"], "rev-1", "{s}");
+            assert_eq!(rev_num(s["activeRevisionId"].as_str()), Some(1), "{s}");
+            assert_eq!(rev_num(s["servedRevisionId"].as_str()), Some(1), "{s}");
         } else {
             assert_eq!(
                 (state.as_str(), code.as_str()),
@@ -219,7 +224,7 @@ fn rollouts_halt_on_a_bad_canary_and_go_out_in_waves_through_a_coordinator_crash
             );
             let s = fleet.status(&a).unwrap();
             assert_eq!(s["revisions"].as_array().unwrap().len(), 1, "{a}: {s}");
-            assert_eq!(s["servedRevisionId"], "rev-1", "{s}");
+            assert_eq!(rev_num(s["servedRevisionId"].as_str()), Some(1), "{s}");
             assert_eq!(pid(&fleet, &a), pids[&a], "{a}'s gateway was restarted");
         }
     }

@@ -24,6 +24,11 @@ use coordinator::worker::Worker;
 use hostd_engine::EngineBackend;
 use serde_json::json;
 
+/// The number of a revision id (`rev-N-…`): ids also name their content, tests name numbers.
+fn rev_num(id: Option<&str>) -> Option<u64> {
+    id.and_then(coordinator::model::Revision::number_of)
+}
+
 const HOST_KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
 const NS: &str = "ns1";
@@ -128,7 +133,7 @@ impl World {
         }
         w.until("every Agent serves rev-1", async || {
             for a in agents(n) {
-                if w.served(&a).await.as_deref() != Some("rev-1") {
+                if rev_num(w.served(&a).await.as_deref()) != Some(1) {
                     return false;
                 }
             }
@@ -301,8 +306,8 @@ async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_mo
     for a in &agents(12)[2..] {
         assert_eq!(w.store.revisions(NS, a).await.unwrap().len(), 1, "{a}");
         let agent = w.store.agent(NS, a).await.unwrap().unwrap();
-        assert_eq!(agent.active_revision_id.as_deref(), Some("rev-1"));
-        assert_eq!(w.served(a).await.as_deref(), Some("rev-1"), "{a}");
+        assert_eq!(rev_num(agent.active_revision_id.as_deref()), Some(1));
+        assert_eq!(rev_num(w.served(a).await.as_deref()), Some(1), "{a}");
     }
     // Halted: a deploy by hand is allowed again, and the rollout takes no more actions.
     assert_eq!(
@@ -340,10 +345,11 @@ async fn a_good_generation_goes_out_in_waves_never_more_than_max_parallel_at_onc
     for a in &r.agents {
         assert_eq!(a.state, RolloutAgentState::Succeeded, "{a:?}");
         assert_eq!(a.code.as_deref(), Some("REVISION_ACTIVATED"));
-        assert_eq!(w.served(&a.agent_id).await.as_deref(), Some("rev-2"));
+        assert_eq!(rev_num(w.served(&a.agent_id).await.as_deref()), Some(2));
+        let served = w.served(&a.agent_id).await.unwrap();
         let rev = w
             .store
-            .revision(NS, &a.agent_id, "rev-2")
+            .revision(NS, &a.agent_id, &served)
             .await
             .unwrap()
             .unwrap();
@@ -456,8 +462,8 @@ async fn pause_resume_promote_and_abort() {
             RolloutAgentState::Skipped
         ]
     );
-    assert_eq!(w.served("a05").await.as_deref(), Some("rev-1"));
-    assert_eq!(w.served("a01").await.as_deref(), Some("rev-2"));
+    assert_eq!(rev_num(w.served("a05").await.as_deref()), Some(1));
+    assert_eq!(rev_num(w.served("a01").await.as_deref()), Some(2));
     assert_eq!(
         code_of(
             w.svc
@@ -624,7 +630,7 @@ async fn plan_tokens_guard_deploys_and_rollouts_and_a_stale_one_stores_nothing()
     // A deploy plan asks the Agent's host, and its token applies while nothing moved.
     let plan = w.svc.plan_deploy(&*w.backend, NS, "a01").await.unwrap();
     let a = &plan["agents"][0];
-    assert_eq!(a["revision"]["id"], "rev-2", "{plan}");
+    assert_eq!(rev_num(a["revision"]["id"].as_str()), Some(2), "{plan}");
     assert_eq!(a["placed"], true);
     assert_eq!(a["changes"]["snapshot"], "create", "{plan}");
     assert_eq!(a["changes"]["daemonReload"], false, "{plan}");
@@ -658,9 +664,14 @@ async fn plan_tokens_guard_deploys_and_rollouts_and_a_stale_one_stores_nothing()
         .deploy_planned("op", NS, "a01", fresh["token"].as_str().unwrap())
         .await
         .unwrap();
-    assert_eq!(rev.id, "rev-2");
+    assert_eq!(
+        Some(rev.id.as_str()),
+        fresh["agents"][0]["revision"]["id"].as_str(),
+        "the plan named the revision the deploy made: {fresh}"
+    );
+    assert_eq!(rev_num(Some(&rev.id)), Some(2));
     w.until("a01 serves rev-2", async || {
-        w.served("a01").await.as_deref() == Some("rev-2")
+        rev_num(w.served("a01").await.as_deref()) == Some(2)
     })
     .await;
 
@@ -672,7 +683,7 @@ async fn plan_tokens_guard_deploys_and_rollouts_and_a_stale_one_stores_nothing()
     let token = plan["token"].as_str().unwrap().to_owned();
     w.svc.deploy("op", NS, "a03").await.unwrap();
     w.until("a03 serves rev-2", async || {
-        w.served("a03").await.as_deref() == Some("rev-2")
+        rev_num(w.served("a03").await.as_deref()) == Some(2)
     })
     .await;
     let rows = w.store.row_counts().await.unwrap();

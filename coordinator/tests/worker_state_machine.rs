@@ -18,6 +18,11 @@ use coordinator::worker::{Step, Worker};
 use hostd_engine::{EngineBackend, Inject};
 use serde_json::json;
 
+/// The number of a revision id (`rev-N-…`): ids also name their content, tests name numbers.
+fn rev_num(id: Option<&str>) -> Option<u64> {
+    id.and_then(coordinator::model::Revision::number_of)
+}
+
 const HOST_KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
 
@@ -183,8 +188,8 @@ async fn deploy_replace_stop_delete_converge() {
     w.settle(&worker).await;
     let a = w.svc.agent("ns1", "a1").await.unwrap();
     let host = a.host.clone().unwrap();
-    assert_eq!(a.active_revision_id.as_deref(), Some("rev-1"));
-    assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
+    assert_eq!(rev_num(a.active_revision_id.as_deref()), Some(1));
+    assert_eq!(rev_num(a.served_revision_id.as_deref()), Some(1));
     assert!(w.backend.has_namespace("h1", "ns1") && w.backend.has_namespace("h2", "ns1"));
 
     // Replace: rev-2 active, rev-1 retired on the host, placement sticky.
@@ -202,10 +207,17 @@ async fn deploy_replace_stop_delete_converge() {
     w.settle(&worker).await;
     let a = w.svc.agent("ns1", "a1").await.unwrap();
     assert_eq!(a.host.as_deref(), Some(host.as_str()));
-    assert_eq!(a.active_revision_id.as_deref(), Some("rev-2"));
+    assert_eq!(rev_num(a.active_revision_id.as_deref()), Some(2));
     let on_host = w.backend.agent(&host, "ns1", "a1").unwrap();
-    assert_eq!(on_host.served.as_deref(), Some("rev-2"));
-    assert_eq!(on_host.snapshots.keys().collect::<Vec<_>>(), vec!["rev-2"]);
+    assert_eq!(rev_num(on_host.served.as_deref()), Some(2));
+    assert_eq!(
+        on_host
+            .snapshots
+            .keys()
+            .map(|k| rev_num(Some(k)))
+            .collect::<Vec<_>>(),
+        vec![Some(2)]
+    );
     let revs = w.store.revisions("ns1", "a1").await.unwrap();
     assert_eq!(revs[0].status, RevisionStatus::Retired);
     assert_eq!(revs[1].status, RevisionStatus::Active);
@@ -253,13 +265,15 @@ async fn a_newer_revision_supersedes_older_work() {
         "REVISION_SUPERSEDED"
     );
     assert_eq!(
-        w.svc
-            .agent("ns1", "a1")
-            .await
-            .unwrap()
-            .active_revision_id
-            .as_deref(),
-        Some("rev-3")
+        rev_num(
+            w.svc
+                .agent("ns1", "a1")
+                .await
+                .unwrap()
+                .active_revision_id
+                .as_deref()
+        ),
+        Some(3)
     );
     // rev-1 and rev-2 were never prepared on the host.
     assert_eq!(
@@ -317,13 +331,15 @@ async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
         "{steps:?}"
     );
     assert_eq!(
-        w.svc
-            .agent("ns1", "a1")
-            .await
-            .unwrap()
-            .served_revision_id
-            .as_deref(),
-        Some("rev-3")
+        rev_num(
+            w.svc
+                .agent("ns1", "a1")
+                .await
+                .unwrap()
+                .served_revision_id
+                .as_deref()
+        ),
+        Some(3)
     );
 }
 
@@ -357,8 +373,8 @@ async fn a_crash_at_every_call_resumes_and_converges() {
             w.settle(&second).await;
             let a = w.svc.agent("ns1", "a1").await.unwrap();
             assert_eq!(
-                a.active_revision_id.as_deref(),
-                Some("rev-1"),
+                rev_num(a.active_revision_id.as_deref()),
+                Some(1),
                 "crash at call {crash_at} (applied {applied})"
             );
             let on_host = w
@@ -366,8 +382,8 @@ async fn a_crash_at_every_call_resumes_and_converges() {
                 .agent(a.host.as_deref().unwrap(), "ns1", "a1")
                 .unwrap();
             assert_eq!(
-                on_host.served.as_deref(),
-                Some("rev-1"),
+                rev_num(on_host.served.as_deref()),
+                Some(1),
                 "crash at call {crash_at}"
             );
             assert_eq!(w.store.pending_work().await.unwrap(), 0);
@@ -386,7 +402,7 @@ async fn placement_spreads_agents_and_respects_capacity() {
     w.settle(&worker).await;
     let mut per_host = std::collections::BTreeMap::new();
     for a in w.store.agents("ns1").await.unwrap() {
-        assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
+        assert_eq!(rev_num(a.served_revision_id.as_deref()), Some(1));
         *per_host.entry(a.host.unwrap()).or_insert(0) += 1;
     }
     assert_eq!(
@@ -409,7 +425,7 @@ async fn a_cluster_namespace_converges_through_the_same_phases() {
     w.settle(&worker).await;
     let a = w.svc.agent("ns1", "a1").await.unwrap();
     assert_eq!(a.host, None);
-    assert_eq!(a.served_revision_id.as_deref(), Some("rev-1"));
+    assert_eq!(rev_num(a.served_revision_id.as_deref()), Some(1));
     w.svc
         .put_configuration(
             "test",
@@ -423,10 +439,14 @@ async fn a_cluster_namespace_converges_through_the_same_phases() {
     w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
     let on_cluster = w.backend.agent("c1", "ns1", "a1").unwrap();
-    assert_eq!(on_cluster.served.as_deref(), Some("rev-2"));
+    assert_eq!(rev_num(on_cluster.served.as_deref()), Some(2));
     assert_eq!(
-        on_cluster.snapshots.keys().collect::<Vec<_>>(),
-        vec!["rev-2"]
+        on_cluster
+            .snapshots
+            .keys()
+            .map(|k| rev_num(Some(k)))
+            .collect::<Vec<_>>(),
+        vec![Some(2)]
     );
     w.svc.stop("test", "ns1", "a1").await.unwrap();
     w.settle(&worker).await;
@@ -514,4 +534,145 @@ async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
     }
     let on_host = backend.agent("h1", "ns1", "a1").unwrap();
     assert_eq!(on_host.snapshots.get("rev-1"), Some(&1));
+}
+
+/// Puts Configuration `cfg` with one log level (a new content, so a new revision hash).
+async fn level(w: &World, level: &str) {
+    let create = w.store.configuration("ns1", "cfg").await.unwrap().is_none();
+    w.svc
+        .put_configuration(
+            "test",
+            "ns1",
+            "cfg",
+            json!({"logging": {"level": level}}),
+            create,
+        )
+        .await
+        .unwrap();
+}
+
+/// A database restored from a backup while the host went on to newer revisions: the restored
+/// database numbers again from the backup, but never reissues an id for other content; the
+/// host refuses the reused number (a1: the host holds that number, SNAPSHOT_MISMATCH; a2: the
+/// host serves a higher one, superseded), the coordinator records the host's number, and the
+/// next deploy is numbered above it and converges.
+#[tokio::test]
+async fn a_restored_database_never_reissues_an_id_and_numbers_above_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("occ.db");
+    let backup = dir.path().join("backup.db");
+    let mut w = World::new(1).await;
+    let file: SharedStore = Arc::new(SqliteStore::open(&db).unwrap());
+    w.store = file.clone();
+    w.svc = Service::new(file);
+    // The same set-up as World::new, on the file.
+    w.svc
+        .enrol_host(
+            "test",
+            NewHost {
+                name: "h1".into(),
+                address: "127.0.0.1".into(),
+                port: 22,
+                host_key: HOST_KEY.into(),
+                max_agents: 100,
+                login_user: None,
+                jump: None,
+            },
+        )
+        .await
+        .unwrap();
+    w.svc
+        .create_namespace(
+            "test",
+            NewNamespace {
+                id: "ns1".into(),
+                name: None,
+                hosts: vec!["h1".into()],
+                cluster: None,
+                single_tenant: false,
+            },
+            true,
+        )
+        .await
+        .unwrap();
+    level(&w, "info").await;
+    let worker = w.worker();
+    for a in ["a1", "a2"] {
+        w.agent(a).await;
+        w.svc.deploy("test", "ns1", a).await.unwrap();
+    }
+    w.settle(&worker).await;
+    // The backup: both Agents at revision 1.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    // After it: a1 goes to revision 2, a2 to revision 3.
+    level(&w, "debug").await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.svc.deploy("test", "ns1", "a2").await.unwrap();
+    w.settle(&worker).await;
+    level(&w, "warn").await;
+    w.svc.deploy("test", "ns1", "a2").await.unwrap();
+    w.settle(&worker).await;
+    let host_a1 = w.backend.agent("h1", "ns1", "a1").unwrap().served.unwrap();
+    let host_a2 = w.backend.agent("h1", "ns1", "a2").unwrap().served.unwrap();
+    assert_eq!(
+        (rev_num(Some(&host_a1)), rev_num(Some(&host_a2))),
+        (Some(2), Some(3))
+    );
+
+    // The restore: the coordinator runs on the backup; the host keeps what it serves.
+    drop(worker);
+    let restored: SharedStore = Arc::new(SqliteStore::open(&backup).unwrap());
+    let r = World {
+        svc: Service::new(restored.clone()),
+        store: restored,
+        backend: w.backend.clone(),
+    };
+    level(&r, "error").await;
+    let worker = r.worker();
+    let (a1_again, _) = r.svc.deploy("test", "ns1", "a1").await.unwrap();
+    let (a2_again, _) = r.svc.deploy("test", "ns1", "a2").await.unwrap();
+    assert_eq!(
+        rev_num(Some(&a1_again.id)),
+        Some(2),
+        "numbering goes on from the backup"
+    );
+    assert_ne!(
+        a1_again.id, host_a1,
+        "number 2 again, but never the id of other content"
+    );
+    r.settle(&worker).await;
+    for (a, rev, host_rev, code) in [
+        ("a1", &a1_again, &host_a1, "SNAPSHOT_MISMATCH"),
+        ("a2", &a2_again, &host_a2, "REVISION_SUPERSEDED"),
+    ] {
+        let stored = r.store.revision("ns1", a, &rev.id).await.unwrap().unwrap();
+        let attempt = stored.last_attempt.as_ref().unwrap();
+        assert_eq!(attempt.code, code, "{a}: {attempt:?}");
+        let on_host = w.backend.agent("h1", "ns1", a).unwrap();
+        assert_eq!(
+            on_host.served.as_ref(),
+            Some(host_rev),
+            "{a}: the host kept its revision"
+        );
+        if code == "REVISION_SUPERSEDED" {
+            assert!(attempt.message.contains(host_rev.as_str()), "{attempt:?}");
+        }
+    }
+    // The next deploy is numbered above what the host holds, and converges.
+    for (a, want) in [("a1", 3), ("a2", 4)] {
+        let (rev, _) = r.svc.deploy("test", "ns1", a).await.unwrap();
+        assert_eq!(rev_num(Some(&rev.id)), Some(want), "{a}");
+        r.settle(&worker).await;
+        let on_host = w.backend.agent("h1", "ns1", a).unwrap();
+        assert_eq!(on_host.served.as_deref(), Some(rev.id.as_str()), "{a}");
+        let agent = r.svc.agent("ns1", a).await.unwrap();
+        assert_eq!(
+            agent.served_revision_id.as_deref(),
+            Some(rev.id.as_str()),
+            "{a}"
+        );
+    }
 }

@@ -180,8 +180,12 @@ impl Service {
             .revisions(ns, &agent.id)
             .await
             .map_err(ServiceError::from)?;
-        rev.number = revisions.iter().map(|r| r.number).max().unwrap_or(0) + 1;
-        rev.id = Revision::id_for(rev.number);
+        rev.number = self
+            .store
+            .next_revision_number(ns, &agent.id)
+            .await
+            .map_err(ServiceError::from)?;
+        rev.id = Revision::id_for(rev.number, &rev.configuration_hash);
         let bad = |e: String| ServiceError::invalid(Code::InvalidStoredId, e);
         let reference = crate::worker::revision_ref(&rev).map_err(bad)?;
         let spec = crate::worker::revision_spec(&reference, &rev.rendered)

@@ -279,6 +279,19 @@ pub trait RevisionStore: Send + Sync {
     async fn revision(&self, ns: &str, agent: &str, id: &str) -> Result<Option<Revision>>;
     /// Every revision of an Agent, oldest first.
     async fn revisions(&self, ns: &str, agent: &str) -> Result<Vec<Revision>>;
+    /// The number the Agent's next revision would get (for plans): after every number issued
+    /// and after the Agent's revision floor.
+    async fn next_revision_number(&self, ns: &str, agent: &str) -> Result<u64>;
+    /// Raises the Agent's revision floor to `number` (never lowers it): a target serves or
+    /// holds revision `number` that this database did not issue, as after a restore from an
+    /// older backup, so the next revision is numbered above it.
+    async fn raise_revision_floor(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        number: u64,
+    ) -> Result<()>;
     /// Records (or with `None` clears) the evidence of a revision's failed activation.
     async fn set_runtime_failure(
         &self,

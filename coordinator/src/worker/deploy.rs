@@ -222,6 +222,12 @@ impl<B: Backend> Worker<B> {
         });
         match self.call(d.work, d.target()?, op).await? {
             Err(e) => {
+                if e.code() == FailureCode::SnapshotMismatch.as_str() && !d.committed {
+                    // The target holds another revision under this number (or this id with
+                    // other content): this database issued the number again, as after a
+                    // restore from an older backup. The next revision is numbered above it.
+                    self.raise_floor(d, d.rev.number).await?;
+                }
                 if e.code() == FailureCode::WorkspaceSetupFailed.as_str() {
                     let message = e.to_string();
                     self.store
@@ -261,11 +267,41 @@ impl<B: Backend> Worker<B> {
                 if p.ready {
                     return Ok(());
                 }
+                let newer = p
+                    .observation
+                    .current
+                    .as_ref()
+                    .map(|c| c.as_str().to_owned())
+                    .filter(|c| *c != d.rev.id);
+                let unknown = match &newer {
+                    Some(id) => self
+                        .store
+                        .revision(&d.work.namespace_id, &d.agent.id, id)
+                        .await
+                        .map_err(store_err)?
+                        .is_none(),
+                    None => false,
+                };
+                // A newer revision this database never issued (a restore from an older
+                // backup): number the next revision above it, so a new deploy converges.
+                let floor = newer
+                    .as_deref()
+                    .filter(|_| unknown)
+                    .and_then(Revision::number_of);
+                if let Some(n) = floor {
+                    self.raise_floor(d, n).await?;
+                }
                 self.set_status(d, &d.rev.id, RevisionStatus::Superseded)
                     .await?;
                 Err(done(
                     Code::RevisionSuperseded,
-                    "the host already runs a newer revision",
+                    match (&newer, floor) {
+                        (Some(id), Some(_)) => format!(
+                            "the host already runs {id}, a newer revision this coordinator's database did not issue (restored from an older backup?); deploy again to number a revision above it"
+                        ),
+                        (Some(id), None) => format!("the host already runs a newer revision, {id}"),
+                        (None, _) => "the host already runs a newer revision".to_owned(),
+                    },
                 ))
             }
             Ok(other) => Err(failed(
@@ -599,6 +635,13 @@ impl<B: Backend> Worker<B> {
             }
         }
         Ok(())
+    }
+
+    async fn raise_floor(&self, d: &Deploy<'_>, number: u64) -> Result<(), Step> {
+        self.store
+            .raise_revision_floor(&d.work.claim, &d.work.namespace_id, &d.agent.id, number)
+            .await
+            .map_err(store_err)
     }
 
     async fn set_status(

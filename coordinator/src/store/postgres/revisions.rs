@@ -47,11 +47,15 @@ fn revision(r: &Row) -> Result<Revision> {
 /// deploys of one Agent get distinct numbers) and its deploy work; desired becomes running.
 /// Returns the work's id.
 pub(super) async fn insert_revision(tx: &Tx<'_>, r: &mut Revision) -> Result<i64> {
-    tx.exec(
-        "SELECT 1 FROM agents WHERE namespace_id = $1 AND id = $2 FOR UPDATE",
-        &[&r.namespace_id, &r.agent_id],
-    )
-    .await?;
+    let floor: i64 = tx
+        .opt(
+            "SELECT revision_floor FROM agents WHERE namespace_id = $1 AND id = $2 FOR UPDATE",
+            &[&r.namespace_id, &r.agent_id],
+        )
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?
+        .unwrap_or(0);
     let last: i64 = tx
         .one(
             "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = $1 AND agent_id = $2",
@@ -59,8 +63,9 @@ pub(super) async fn insert_revision(tx: &Tx<'_>, r: &mut Revision) -> Result<i64
         )
         .await?
         .try_get(0)?;
+    let last = last.max(floor);
     r.number = narrow(last + 1, "revision number")?;
-    r.id = Revision::id_for(r.number);
+    r.id = Revision::id_for(r.number, &r.configuration_hash);
     r.status = RevisionStatus::Pending;
     tx.exec(
         "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
@@ -170,6 +175,40 @@ impl RevisionStore for PostgresStore {
             claim,
             "UPDATE revisions SET runtime_failure = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
             &[&ns, &agent, &id, &evidence.map(Value::to_string)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn next_revision_number(&self, ns: &str, agent: &str) -> Result<u64> {
+        let c = self.client().await?;
+        let last: i64 = c
+            .one(
+                "SELECT GREATEST(
+                   COALESCE((SELECT MAX(number) FROM revisions WHERE namespace_id = $1 AND agent_id = $2), 0),
+                   COALESCE((SELECT revision_floor FROM agents WHERE namespace_id = $1 AND id = $2), 0))",
+                &[&ns, &agent],
+            )
+            .await?
+            .try_get(0)?;
+        narrow(last.saturating_add(1), "revision number")
+    }
+
+    async fn raise_revision_floor(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        number: u64,
+    ) -> Result<()> {
+        let number = i64::try_from(number).map_err(|_| {
+            StoreError::Corrupt(format!("revision number {number} is out of range"))
+        })?;
+        claimed_execute(
+            self,
+            claim,
+            "UPDATE agents SET revision_floor = $3 WHERE namespace_id = $1 AND id = $2 AND revision_floor < $3",
+            &[&ns, &agent, &number],
         )
         .await?;
         Ok(())

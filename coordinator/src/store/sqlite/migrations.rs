@@ -245,9 +245,12 @@ pub const MIGRATIONS: &[&str] = &[
     ",
     // 12: the claim's indexes, each over open rows only so it stays the size of the queue, not
     // of its history: a Namespace's open items in queue order (the lane checks), and running
-    // items by lease (lapsed claims).
+    // items by lease (lapsed claims). And each Agent's revision floor: the highest revision
+    // number a target reported that this database had not issued (after a restore from an
+    // older backup), so numbering continues above it.
     "
     CREATE INDEX work_open_lane ON work(namespace_id, id) WHERE state IN ('queued', 'running');
     CREATE INDEX work_lapsed ON work(lease_until) WHERE state = 'running';
+    ALTER TABLE agents ADD COLUMN revision_floor BIGINT NOT NULL DEFAULT 0;
     ",
 ];

@@ -67,14 +67,22 @@ fn finish_revision(
 
 /// Inserts the next revision (numbered inside `tx`) and its deploy work; desired becomes
 /// running. Returns the work's id.
-pub(super) fn insert_revision(tx: &Connection, r: &mut Revision) -> Result<i64> {
-    let last: i64 = tx.query_row(
-        "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2",
-        params![r.namespace_id, r.agent_id],
+/// The number the Agent's next revision gets: after every number this database issued and
+/// after its revision floor.
+fn next_number(c: &Connection, ns: &str, agent: &str) -> Result<i64> {
+    let last: i64 = c.query_row(
+        "SELECT MAX(COALESCE((SELECT MAX(number) FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2), 0),
+                    COALESCE((SELECT revision_floor FROM agents WHERE namespace_id = ?1 AND id = ?2), 0))",
+        params![ns, agent],
         |row| row.get(0),
     )?;
+    Ok(last + 1)
+}
+
+pub(super) fn insert_revision(tx: &Connection, r: &mut Revision) -> Result<i64> {
+    let last = next_number(tx, &r.namespace_id, &r.agent_id)? - 1;
     r.number = last as u64 + 1;
-    r.id = Revision::id_for(r.number);
+    r.id = Revision::id_for(r.number, &r.configuration_hash);
     r.status = RevisionStatus::Pending;
     tx.execute(
         "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
@@ -178,6 +186,30 @@ impl RevisionStore for SqliteStore {
             tx.execute(
                 "UPDATE revisions SET runtime_failure = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
                 params![ns, agent, id, text],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn next_revision_number(&self, ns: &str, agent: &str) -> Result<u64> {
+        self.read(|c| Ok(next_number(c, ns, agent)? as u64)).await
+    }
+
+    async fn raise_revision_floor(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        number: u64,
+    ) -> Result<()> {
+        let number = i64::try_from(number).map_err(|_| {
+            crate::store::StoreError::Corrupt(format!("revision number {number} is out of range"))
+        })?;
+        self.transact(Some(claim), |tx| {
+            tx.execute(
+                "UPDATE agents SET revision_floor = ?3 WHERE namespace_id = ?1 AND id = ?2 AND revision_floor < ?3",
+                params![ns, agent, number],
             )?;
             Ok(())
         })
