@@ -450,8 +450,9 @@ async fn deletes_end_deleted_even_when_already_gone() {
 async fn a_deploy_whose_agent_or_revision_went_away_ends_gone() {
     let w = World::pool(100).await;
     let worker = w.worker_with(WorkerSettings {
-        backoff_initial: Duration::from_millis(300),
-        backoff_max: Duration::from_millis(300),
+        // Long enough that the deletion queued after the failed attempt always runs first.
+        backoff_initial: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(1),
         ..settings()
     });
     w.settle(&worker).await;
@@ -476,7 +477,8 @@ async fn a_deploy_whose_agent_or_revision_went_away_ends_gone() {
             w.agent(agent).await;
         }
         let calls = w.backend.calls();
-        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert!(worker.run_once().await.is_none(), "the retry ran early");
+        tokio::time::sleep(Duration::from_millis(1050)).await;
         let (work, step) = w.once(&worker).await;
         assert_eq!(work.id, deploy.id, "{agent}");
         assert_step(&step, "done", code, message);
