@@ -318,3 +318,81 @@ async fn json_errors(response: Response) -> Response {
     };
     ApiError::new(status, code, message).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn shaped(status: StatusCode, content_type: &str, body: String) -> Response {
+        let plain = Response::builder()
+            .status(status)
+            .header(axum::http::header::CONTENT_TYPE, content_type)
+            .body(axum::body::Body::from(body))
+            .unwrap_or_default();
+        json_errors(plain).await
+    }
+
+    async fn error_of(r: Response) -> (StatusCode, serde_json::Value) {
+        let status = r.status();
+        let bytes = axum::body::to_bytes(r.into_body(), MAX_BODY)
+            .await
+            .unwrap_or_default();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// The framework's plain-text rejections get the API's JSON shape and a code from their
+    /// status: 415 (an extractor that checks the media type; none of the routes' extractors
+    /// does today) and any 5xx (a layer's own failure) included.
+    #[tokio::test]
+    async fn plain_rejections_get_a_code_from_their_status() {
+        let cases = [
+            (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                Code::UnsupportedMediaType,
+                "request bodies must be JSON",
+            ),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Code::InternalError,
+                "the coordinator failed; see its log",
+            ),
+            (
+                StatusCode::BAD_GATEWAY,
+                Code::InternalError,
+                "the coordinator failed; see its log",
+            ),
+            (
+                StatusCode::BAD_REQUEST,
+                Code::InvalidRequest,
+                "the request was refused: Bad Request",
+            ),
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Code::BodyTooLarge,
+                "request bodies are limited to 1024 KiB",
+            ),
+        ];
+        for (status, code, message) in cases {
+            let (got, v) = error_of(shaped(status, "text/plain", "nope".into()).await).await;
+            assert_eq!(got, status);
+            assert_eq!(v["error"]["code"], code.as_str(), "{status}: {v}");
+            assert_eq!(v["error"]["message"], message, "{status}: {v}");
+        }
+        // An answer that is JSON already, or not an error, passes unchanged.
+        let (_, v) = error_of(
+            shaped(
+                StatusCode::CONFLICT,
+                "application/json",
+                json!({"error": {"code": Code::NotFound.as_str(), "message": "x"}}).to_string(),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(v["error"]["code"], Code::NotFound.as_str());
+        let ok = shaped(StatusCode::OK, "text/plain", "fine".into()).await;
+        assert_eq!(ok.status(), StatusCode::OK);
+    }
+}

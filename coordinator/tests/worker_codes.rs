@@ -1,0 +1,678 @@
+//! Issue 10: the work outcomes no other test produced, each produced by the worker over hostd's
+//! real engine in process (tests/hostd_engine/mod.rs) and asserted as the step the pass ended
+//! with and as what the store recorded (the work item's and the revision's last attempt).
+//!
+//! Most conditions come from the API's own order of events (a stop queued behind a deploy, a
+//! deletion while a retry waits, a full pool). Codes that exist for a damaged database
+//! (`INVALID_STORED_ID`, `INVALID_STATE`, `INVALID_WORK`, `NAMESPACE_GONE`) are produced by
+//! editing the store as an operator's tooling could, since the service never writes such rows;
+//! a store failure by a trigger that refuses one write.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hostd_engine;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawfleet_protocol::Operation;
+use clawfleet_protocol::failure::FailureCode;
+use clawfleet_protocol::operation::StatusArgs;
+use clawfleet_protocol::result::OperationResult;
+use coordinator::backend::{Backend, CallError, CallOptions, Target};
+use coordinator::config::WorkerSettings;
+use coordinator::model::{Cluster, ClusterRecord, RevisionStatus};
+use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::store::sqlite::SqliteStore;
+use coordinator::store::{Enqueue, SharedStore, Work, WorkKind, WorkRecord, WorkState};
+use coordinator::worker::{Step, Worker};
+use hostd_engine::{EngineBackend, Inject};
+use serde_json::json;
+
+const HOST_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+
+fn settings() -> WorkerSettings {
+    WorkerSettings {
+        lease: Duration::from_millis(200),
+        backoff_initial: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(5),
+        readiness_recheck: Duration::from_millis(1),
+        readiness_recheck_max: Duration::from_millis(5),
+        ..WorkerSettings::default()
+    }
+}
+
+fn host(name: &str, max_agents: u32) -> NewHost {
+    NewHost {
+        name: name.into(),
+        address: "127.0.0.1".into(),
+        port: 22,
+        host_key: HOST_KEY.into(),
+        max_agents,
+        login_user: None,
+        jump: None,
+    }
+}
+
+struct World {
+    svc: Service,
+    store: SharedStore,
+    sqlite: Arc<SqliteStore>,
+    backend: Arc<EngineBackend>,
+}
+
+impl World {
+    fn empty() -> Self {
+        let sqlite = Arc::new(SqliteStore::in_memory().unwrap());
+        let store: SharedStore = sqlite.clone();
+        Self {
+            svc: Service::new(store.clone()),
+            store,
+            sqlite,
+            backend: Arc::new(EngineBackend::new()),
+        }
+    }
+
+    /// Namespace ns1 on one host h1 that takes `max_agents`, configuration cfg; the
+    /// Namespace's ensure work is queued, not run.
+    async fn pool(max_agents: u32) -> Self {
+        let w = Self::empty();
+        w.svc
+            .enrol_host("test", host("h1", max_agents))
+            .await
+            .unwrap();
+        w.namespace(vec!["h1".into()], None).await;
+        w
+    }
+
+    /// Namespace ns1 on a (fake) cluster c1, configuration cfg; ensure work queued.
+    async fn on_cluster() -> Self {
+        let w = Self::empty();
+        w.store
+            .insert_cluster(&ClusterRecord {
+                cluster: Cluster {
+                    name: "c1".into(),
+                    server: "https://127.0.0.1:6443".into(),
+                    settings: json!({}),
+                    created_at: 0,
+                    last_probe: None,
+                },
+                credentials: json!({"token": "not-a-real-token"}),
+            })
+            .await
+            .unwrap();
+        w.namespace(vec![], Some("c1".into())).await;
+        w
+    }
+
+    async fn namespace(&self, hosts: Vec<String>, cluster: Option<String>) {
+        self.svc
+            .create_namespace(
+                "test",
+                NewNamespace {
+                    id: "ns1".into(),
+                    name: None,
+                    hosts,
+                    cluster,
+                    single_tenant: false,
+                },
+                true,
+            )
+            .await
+            .unwrap();
+        self.svc
+            .put_configuration("test", "ns1", "cfg", json!({}), true)
+            .await
+            .unwrap();
+    }
+
+    fn worker(&self) -> Worker<EngineBackend> {
+        self.worker_with(settings())
+    }
+
+    fn worker_with(&self, settings: WorkerSettings) -> Worker<EngineBackend> {
+        Worker::new(self.store.clone(), self.backend.clone(), settings)
+    }
+
+    async fn agent(&self, id: &str) {
+        self.svc
+            .create_agent(
+                "test",
+                "ns1",
+                NewAgent {
+                    id: id.into(),
+                    service_principal_id: None,
+                    configuration_id: "cfg".into(),
+                    harness_auth: None,
+                    restore: None,
+                    workspace_files: Vec::new(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Deploys the Agent; the new revision's id.
+    async fn deploy(&self, agent: &str) -> String {
+        self.svc.deploy("test", "ns1", agent).await.unwrap().0.id
+    }
+
+    /// Runs the worker until no work is left.
+    async fn settle<B: Backend>(&self, w: &Worker<B>) {
+        for _ in 0..500 {
+            if w.run_once().await.is_none() {
+                if self.store.pending_work().await.unwrap() == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        panic!("the worker did not settle");
+    }
+
+    /// Runs the one item that must be due now.
+    async fn once<B: Backend>(&self, w: &Worker<B>) -> (Work, Step) {
+        w.run_once().await.expect("no work was due")
+    }
+
+    /// The Agent's newest work item as the store keeps it.
+    async fn last_work(&self, agent: &str) -> WorkRecord {
+        self.store
+            .recent_work("ns1", agent, 1)
+            .await
+            .unwrap()
+            .pop()
+            .expect("the Agent has no work")
+    }
+
+    async fn revision(&self, agent: &str, id: &str) -> coordinator::model::Revision {
+        self.store
+            .revision("ns1", agent, id)
+            .await
+            .unwrap()
+            .expect("no such revision")
+    }
+
+    /// Runs SQL on the store's writer connection.
+    async fn sql(&self, sql: &str) {
+        self.sqlite
+            .with_connection(|c| c.execute_batch(sql))
+            .await
+            .unwrap();
+    }
+
+    fn prepares(&self) -> usize {
+        self.backend
+            .log()
+            .iter()
+            .filter(|l| l.ends_with("prepare-revision"))
+            .count()
+    }
+}
+
+/// Asserts how a pass ended: `done`, `failed` or `retry`, its code, and a part of its message.
+#[track_caller]
+fn assert_step(step: &Step, how: &str, code: &str, message_part: &str) {
+    let (got_how, got_code, message) = match step {
+        Step::Done { code, message } => ("done", code, message),
+        Step::Failed { code, message } => ("failed", code, message),
+        Step::Retry { code, message, .. } => ("retry", code, message),
+    };
+    assert_eq!((got_how, got_code.as_str()), (how, code), "{step:?}");
+    assert!(message.contains(message_part), "{step:?}");
+}
+
+#[track_caller]
+fn assert_recorded(record: &WorkRecord, state: WorkState, code: &str) {
+    assert_eq!(record.state, state, "{record:?}");
+    assert_eq!(
+        record.last_attempt.as_ref().map(|a| a.code.as_str()),
+        Some(code),
+        "{record:?}"
+    );
+}
+
+/// Namespace work: ready on its pool, removed from it, found already removed by a second
+/// deletion, and (an edited queue) ensure work for a Namespace that no longer exists.
+#[tokio::test]
+async fn namespace_work_ends_ready_deleted_or_gone() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.kind, WorkKind::EnsureNamespace);
+    assert_step(&step, "done", "NAMESPACE_READY", "ready on every pool host");
+    assert!(w.backend.has_namespace("h1", "ns1"));
+    assert!(w.svc.namespace("ns1").await.unwrap().ready);
+
+    // Deleted twice before the worker runs: the first pass removes it, the second finds it gone.
+    w.svc.delete_namespace("test", "ns1").await.unwrap();
+    w.svc.delete_namespace("test", "ns1").await.unwrap();
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.kind, WorkKind::DeleteNamespace);
+    assert_step(
+        &step,
+        "done",
+        "NAMESPACE_DELETED",
+        "removed from every pool host",
+    );
+    assert!(!w.backend.has_namespace("h1", "ns1"));
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "NAMESPACE_DELETED", "already gone");
+
+    let calls = w.backend.calls();
+    w.store
+        .enqueue(&Enqueue::namespace(WorkKind::EnsureNamespace, "ns1"))
+        .await
+        .unwrap();
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "NAMESPACE_GONE", "the Namespace was deleted");
+    assert_eq!(w.backend.calls(), calls, "no host was asked");
+    assert!(!w.backend.has_namespace("h1", "ns1"));
+}
+
+/// On a cluster the Namespace is ready once its cluster says so; until then a deploy waits
+/// with `NAMESPACE_NOT_READY` (not counted as an attempt) and nothing is prepared.
+#[tokio::test]
+async fn a_deploy_waits_while_its_namespace_is_not_ready_on_the_cluster() {
+    let w = World::on_cluster().await;
+    let worker = w.worker();
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "NAMESPACE_READY", "ready on c1");
+
+    let w = World::on_cluster().await;
+    let worker = w.worker();
+    w.backend
+        .inject(0, Inject::Fail(FailureCode::OwnershipMismatch));
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "failed", "OWNERSHIP_MISMATCH", "injected");
+    assert!(!w.svc.namespace("ns1").await.unwrap().ready);
+
+    w.agent("a1").await;
+    let rev = w.deploy("a1").await;
+    for _ in 0..2 {
+        let (work, step) = w.once(&worker).await;
+        assert_eq!(work.kind, WorkKind::Deploy);
+        assert_step(
+            &step,
+            "retry",
+            "NAMESPACE_NOT_READY",
+            "not ready on its cluster yet",
+        );
+        assert!(matches!(step, Step::Retry { attempt: false, .. }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let record = w.last_work("a1").await;
+    assert_recorded(&record, WorkState::Queued, "NAMESPACE_NOT_READY");
+    assert_eq!(record.attempts, 0);
+    let r = w.revision("a1", &rev).await;
+    assert_eq!(r.last_attempt.unwrap().code, "NAMESPACE_NOT_READY");
+    assert_eq!(r.status, RevisionStatus::Pending);
+    assert_eq!(w.prepares(), 0);
+}
+
+/// A pool whose hosts are full leaves the deploy waiting with `NO_HOST_AVAILABLE` (not an
+/// attempt); once the host takes one more Agent the deploy is placed and serves.
+#[tokio::test]
+async fn a_full_pool_leaves_the_deploy_waiting_for_room() {
+    let w = World::pool(1).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    w.agent("a2").await;
+    w.deploy("a1").await;
+    w.settle(&worker).await;
+    let rev = w.deploy("a2").await;
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.agent_id.as_deref(), Some("a2"));
+    assert_step(
+        &step,
+        "retry",
+        "NO_HOST_AVAILABLE",
+        "no ready pool host has room",
+    );
+    assert!(matches!(step, Step::Retry { attempt: false, .. }));
+    assert_recorded(
+        &w.last_work("a2").await,
+        WorkState::Queued,
+        "NO_HOST_AVAILABLE",
+    );
+    assert_eq!(w.svc.agent("ns1", "a2").await.unwrap().host, None);
+
+    w.svc.update_host("test", host("h1", 2)).await.unwrap();
+    w.settle(&worker).await;
+    let a2 = w.svc.agent("ns1", "a2").await.unwrap();
+    assert_eq!(a2.host.as_deref(), Some("h1"));
+    assert_eq!(a2.served_revision_id.as_deref(), Some(rev.as_str()));
+}
+
+/// Stop outcomes: a stop of a running Agent, a deploy and a stop that both find the Agent
+/// not meant to run, and a stop dropped because the Agent is meant to run again.
+#[tokio::test]
+async fn stops_end_stopped_or_superseded() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    let first = w.deploy("a1").await;
+    w.settle(&worker).await;
+
+    w.svc.stop("test", "ns1", "a1").await.unwrap();
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "REVISION_STOPPED", "stopped on h1");
+    assert_eq!(
+        w.revision("a1", &first).await.status,
+        RevisionStatus::Stopped
+    );
+    assert_eq!(
+        w.svc.agent("ns1", "a1").await.unwrap().active_revision_id,
+        None
+    );
+    assert_eq!(w.backend.agent("h1", "ns1", "a1").unwrap().served, None);
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Done,
+        "REVISION_STOPPED",
+    );
+
+    // A deploy and then a stop, queued before the worker runs.
+    let calls = w.backend.calls();
+    let second = w.deploy("a1").await;
+    w.svc.stop("test", "ns1", "a1").await.unwrap();
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.revision_id.as_deref(), Some(second.as_str()));
+    assert_step(&step, "done", "REVISION_STOPPED", "no longer meant to run");
+    assert_eq!(
+        w.revision("a1", &second).await.last_attempt.unwrap().code,
+        "REVISION_STOPPED"
+    );
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.kind, WorkKind::Stop);
+    assert_step(&step, "done", "REVISION_STOPPED", "nothing was running");
+    assert_eq!(w.backend.calls(), calls, "nothing reached the host");
+
+    // A stop and then a deploy: the stop is dropped, the deploy serves.
+    w.svc.stop("test", "ns1", "a1").await.unwrap();
+    let third = w.deploy("a1").await;
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.kind, WorkKind::Stop);
+    assert_step(&step, "done", "STOP_SUPERSEDED", "meant to run again");
+    let stop = w
+        .store
+        .work_item("ns1", "a1", work.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_recorded(&stop, WorkState::Done, "STOP_SUPERSEDED");
+    w.settle(&worker).await;
+    assert_eq!(
+        w.svc
+            .agent("ns1", "a1")
+            .await
+            .unwrap()
+            .served_revision_id
+            .as_deref(),
+        Some(third.as_str())
+    );
+}
+
+/// An Agent deleted twice before the worker runs: removed from its host, then found gone.
+#[tokio::test]
+async fn deletes_end_deleted_even_when_already_gone() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    w.deploy("a1").await;
+    w.settle(&worker).await;
+    assert!(w.backend.agent("h1", "ns1", "a1").is_some());
+    let first = w.svc.delete_agent("test", "ns1", "a1").await.unwrap();
+    let second = w.svc.delete_agent("test", "ns1", "a1").await.unwrap();
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.id, first);
+    assert_step(&step, "done", "AGENT_DELETED", "removed from its host");
+    assert!(w.backend.agent("h1", "ns1", "a1").is_none());
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.id, second);
+    assert_step(&step, "done", "AGENT_DELETED", "already gone");
+    let record = w
+        .store
+        .work_item("ns1", "a1", second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_recorded(&record, WorkState::Done, "AGENT_DELETED");
+}
+
+/// A deploy waiting for its retry while its Agent is deleted ends `AGENT_GONE`; while its
+/// Agent is deleted and created again under the same id, `REVISION_GONE`. Neither reaches
+/// the host again.
+#[tokio::test]
+async fn a_deploy_whose_agent_or_revision_went_away_ends_gone() {
+    let w = World::pool(100).await;
+    let worker = w.worker_with(WorkerSettings {
+        // Long enough that the deletion queued after the failed attempt always runs first.
+        backoff_initial: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(1),
+        ..settings()
+    });
+    w.settle(&worker).await;
+    for (agent, recreate, code, message) in [
+        ("a1", false, "AGENT_GONE", "the Agent was deleted"),
+        ("a2", true, "REVISION_GONE", "the revision was deleted"),
+    ] {
+        w.agent(agent).await;
+        w.deploy(agent).await;
+        w.settle(&worker).await;
+        let rev = w.deploy(agent).await;
+        w.backend.inject(w.backend.calls(), Inject::Transport);
+        let (deploy, step) = w.once(&worker).await;
+        assert_eq!(deploy.revision_id.as_deref(), Some(rev.as_str()));
+        assert_step(&step, "retry", "HOST_UNREACHABLE", "injected");
+        // The deletion runs while the deploy waits for its retry.
+        w.svc.delete_agent("test", "ns1", agent).await.unwrap();
+        let (work, step) = w.once(&worker).await;
+        assert_eq!(work.kind, WorkKind::DeleteAgent, "{agent}");
+        assert_step(&step, "done", "AGENT_DELETED", "removed from its host");
+        if recreate {
+            w.agent(agent).await;
+        }
+        let calls = w.backend.calls();
+        assert!(worker.run_once().await.is_none(), "the retry ran early");
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        let (work, step) = w.once(&worker).await;
+        assert_eq!(work.id, deploy.id, "{agent}");
+        assert_step(&step, "done", code, message);
+        assert_eq!(w.backend.calls(), calls, "{agent}: the host was asked");
+        let record = w
+            .store
+            .work_item("ns1", agent, deploy.id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_recorded(&record, WorkState::Done, code);
+    }
+    assert_eq!(
+        w.svc.agent("ns1", "a2").await.unwrap().active_revision_id,
+        None
+    );
+}
+
+/// Work older than the convergence deadline fails at once, without reaching the host.
+#[tokio::test]
+async fn work_past_the_convergence_deadline_fails() {
+    let w = World::pool(100).await;
+    w.settle(&w.worker()).await;
+    w.agent("a1").await;
+    let rev = w.deploy("a1").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let late = w.worker_with(WorkerSettings {
+        convergence_deadline: Duration::from_secs(1),
+        ..settings()
+    });
+    let calls = w.backend.calls();
+    let (_, step) = w.once(&late).await;
+    assert_step(
+        &step,
+        "failed",
+        "CONVERGENCE_DEADLINE_EXCEEDED",
+        "not converged within 1 s",
+    );
+    assert_eq!(w.backend.calls(), calls);
+    let r = w.revision("a1", &rev).await;
+    assert_eq!(r.status, RevisionStatus::Failed);
+    assert_eq!(
+        r.last_attempt.unwrap().code,
+        "CONVERGENCE_DEADLINE_EXCEEDED"
+    );
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Failed,
+        "CONVERGENCE_DEADLINE_EXCEEDED",
+    );
+}
+
+/// A damaged database fails the work it concerns, with nothing sent: a stored id no operation
+/// can carry, an active revision that does not exist, and work items without what their kind
+/// needs.
+#[tokio::test]
+async fn damaged_stored_state_fails_the_work_with_its_code() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    for a in ["a1", "a2", "a3"] {
+        w.agent(a).await;
+    }
+    w.deploy("a2").await;
+    w.settle(&worker).await;
+    let calls = w.backend.calls();
+
+    w.sql("UPDATE agents SET service_principal_id = 'not an id!' WHERE id = 'a1'")
+        .await;
+    let rev = w.deploy("a1").await;
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "failed", "INVALID_STORED_ID", "not an id!");
+    assert_eq!(w.revision("a1", &rev).await.status, RevisionStatus::Failed);
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Failed,
+        "INVALID_STORED_ID",
+    );
+
+    w.sql("UPDATE agents SET active_revision_id = 'no-such-revision' WHERE id = 'a2'")
+        .await;
+    w.svc.stop("test", "ns1", "a2").await.unwrap();
+    let (_, step) = w.once(&worker).await;
+    assert_step(
+        &step,
+        "failed",
+        "INVALID_STATE",
+        "the Agent's Namespace or revision is missing",
+    );
+    assert_recorded(&w.last_work("a2").await, WorkState::Failed, "INVALID_STATE");
+
+    for (item, message) in [
+        (
+            Enqueue::namespace(WorkKind::Stop, "ns1"),
+            "stop work without an Agent",
+        ),
+        (
+            Enqueue::namespace(WorkKind::DeleteAgent, "ns1"),
+            "delete work without an Agent",
+        ),
+        (
+            Enqueue::agent(WorkKind::Deploy, "ns1", "a3"),
+            "deploy work without an Agent or revision",
+        ),
+    ] {
+        w.store.enqueue(&item).await.unwrap();
+        let (_, step) = w.once(&worker).await;
+        assert_step(&step, "failed", "INVALID_WORK", message);
+    }
+    assert_recorded(&w.last_work("a3").await, WorkState::Failed, "INVALID_WORK");
+    assert_eq!(w.backend.calls(), calls, "a damaged item reached the host");
+}
+
+/// hostd's engine, except that it answers `prepare-revision` with the result of another
+/// operation (a `status` of the same host).
+struct Misanswering(Arc<EngineBackend>);
+
+impl Backend for Misanswering {
+    async fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        let operation = match operation {
+            Operation::PrepareRevision(_) => Operation::Status(StatusArgs { namespace_id: None }),
+            other => other,
+        };
+        self.0.call(target, operation, options).await
+    }
+}
+
+/// A host that answers with the result of another operation fails the deploy with
+/// `INVALID_HOST_RESULT`; nothing is committed.
+#[tokio::test]
+async fn a_result_of_another_operation_is_invalid_host_result() {
+    let w = World::pool(100).await;
+    let worker = Worker::new(
+        w.store.clone(),
+        Arc::new(Misanswering(w.backend.clone())),
+        settings(),
+    );
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    let rev = w.deploy("a1").await;
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "failed", "INVALID_HOST_RESULT", "prepare answered");
+    let r = w.revision("a1", &rev).await;
+    assert_eq!(r.status, RevisionStatus::Failed);
+    assert_eq!(r.last_attempt.unwrap().code, "INVALID_HOST_RESULT");
+    assert_eq!(
+        w.svc.agent("ns1", "a1").await.unwrap().active_revision_id,
+        None
+    );
+}
+
+/// A write the store refuses during work is `STORE_UNAVAILABLE`: retried without spending an
+/// attempt, and the deploy converges once the store takes the write.
+#[tokio::test]
+async fn a_store_failure_during_work_is_retried_as_store_unavailable() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    let rev = w.deploy("a1").await;
+    // Placement writes the Agent's host; the claim's fence update is another column.
+    w.sql(
+        "CREATE TRIGGER refuse_placement BEFORE UPDATE OF host_name ON agents
+           BEGIN SELECT RAISE(ABORT, 'injected: the disk refused the write'); END;",
+    )
+    .await;
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "retry", "STORE_UNAVAILABLE", "injected");
+    assert!(matches!(step, Step::Retry { attempt: false, .. }));
+    let record = w.last_work("a1").await;
+    assert_recorded(&record, WorkState::Queued, "STORE_UNAVAILABLE");
+    assert_eq!(record.attempts, 0);
+    assert_eq!(
+        w.revision("a1", &rev).await.last_attempt.unwrap().code,
+        "STORE_UNAVAILABLE"
+    );
+    assert_eq!(w.prepares(), 0);
+
+    w.sql("DROP TRIGGER refuse_placement").await;
+    // The retry waits a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    w.settle(&worker).await;
+    assert_eq!(
+        w.svc
+            .agent("ns1", "a1")
+            .await
+            .unwrap()
+            .served_revision_id
+            .as_deref(),
+        Some(rev.as_str())
+    );
+}
