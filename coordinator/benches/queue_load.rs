@@ -28,8 +28,11 @@
 //! (10000), `CLAWFLEET_BENCH_AGENTS` (6000; 20000 to queue more than any configuration
 //! drains in the default limit), `CLAWFLEET_BENCH_POOL` (10), `CLAWFLEET_BENCH_SECONDS`
 //! (drain limit, 30), `CLAWFLEET_BENCH_CONFIGS`
-//! (`sqlite:1,postgres:3`: store and coordinator count). PostgreSQL needs root and Debian's
-//! postgresql package; without them its rows say why they were skipped.
+//! (`sqlite:1,postgres:3`: store and coordinator count), `CLAWFLEET_BENCH_PG_STATS=1` (load
+//! `pg_stat_statements` and print the deploy drain's 25 most expensive statements),
+//! `CLAWFLEET_BENCH_EXPLAIN` (an SQL text, e.g. `EXPLAIN ANALYZE …`, run with the full queue
+//! just before the deploy drain, with `CLAWFLEET_BENCH_PG_STATS=1`). PostgreSQL needs root
+//! and Debian's postgresql package; without them its rows say why they were skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -524,8 +527,7 @@ fn run_config(
             )
             .unwrap_or_else(|e| format!("pg_stat_statements: {e}"));
         println!(
-            "{} deploy drain, statements by total time:\n{top}",
-            format!("postgres x{coordinators}")
+            "postgres x{coordinators} deploy drain, statements by total time (ms, calls, ms per call, rows, statement):\n{top}"
         );
     }
     let counts = first
