@@ -395,13 +395,37 @@ pub async fn revisions_are_numbered_inside_the_transaction_even_when_concurrent(
     assert_eq!(numbers, (1..=16).collect::<Vec<u64>>());
     let revs = s.revisions("ns", "a1").await.unwrap();
     assert_eq!(revs.len(), 16);
-    assert_eq!(revs[15].id, "rev-16");
+    // The id names the number and the content (the first 8 hex digits of its hash).
+    assert_eq!(
+        revs[15].id,
+        format!("rev-16-{}", &revs[15].configuration_hash[..8])
+    );
     assert_eq!(revs[0].rendered, json!({"gateway": {}}));
     assert_eq!(
         s.agent("ns", "a1").await.unwrap().unwrap().desired_state,
         DesiredState::Running
     );
     assert_eq!(s.open_work("ns", "a1").await.unwrap().len(), 16);
+    // A target's revision the database never issued raises the Agent's floor (never lowers
+    // it), and numbering goes on above it.
+    assert_eq!(s.next_revision_number("ns", "a1").await.unwrap(), 17);
+    let w = s
+        .claim_work("w", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    s.raise_revision_floor(&w.claim, "ns", "a1", 40)
+        .await
+        .unwrap();
+    s.raise_revision_floor(&w.claim, "ns", "a1", 20)
+        .await
+        .unwrap();
+    assert_eq!(s.next_revision_number("ns", "a1").await.unwrap(), 41);
+    let mut r = revision("a1");
+    s.create_revision(&mut r).await.unwrap();
+    assert_eq!(r.number, 41);
+    assert!(r.id.starts_with("rev-41-"), "{}", r.id);
+    assert_eq!(s.next_revision_number("ns", "a1").await.unwrap(), 42);
 }
 
 pub async fn claims_respect_lanes_and_barriers(s: SharedStore) {
@@ -555,12 +579,12 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
             .unwrap()
     );
     assert!(lost(
-        s.set_revision_status(&old.claim, "ns", "a1", "rev-1", RevisionStatus::Failed)
+        s.set_revision_status(&old.claim, "ns", "a1", &r.id, RevisionStatus::Failed)
             .await
             .unwrap_err()
     ));
     assert!(lost(
-        s.commit_revision(&old.claim, "ns", "a1", None, "rev-1")
+        s.commit_revision(&old.claim, "ns", "a1", None, &r.id)
             .await
             .unwrap_err()
     ));
@@ -577,7 +601,7 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
     assert!(!s.end_work(&old.claim, done()).await.unwrap());
     // The current claim still writes, and its end is the one recorded.
     assert!(
-        s.commit_revision(&new.claim, "ns", "a1", None, "rev-1")
+        s.commit_revision(&new.claim, "ns", "a1", None, &r.id)
             .await
             .unwrap()
     );
@@ -587,12 +611,12 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
             .unwrap()
     );
     assert!(s.end_work(&new.claim, done()).await.unwrap());
-    let rev = s.revision("ns", "a1", "rev-1").await.unwrap().unwrap();
+    let rev = s.revision("ns", "a1", &r.id).await.unwrap().unwrap();
     assert_eq!(rev.status, RevisionStatus::Activating);
     assert!(s.audit_events_of(10, Some("x")).await.unwrap().is_empty());
     // Ended: even the last claim can write no more.
     assert!(lost(
-        s.record_attempt(&new.claim, "ns", "a1", "rev-1", "OK", "", 1)
+        s.record_attempt(&new.claim, "ns", "a1", &r.id, "OK", "", 1)
             .await
             .unwrap_err()
     ));
@@ -971,9 +995,13 @@ pub async fn fill(s: &SharedStore) {
     s.insert_agent(&agent("w"), &[file("AGENTS.md", "hello")], 3)
         .await
         .unwrap();
+    let mut first = String::new();
     for a in ["a1", "a2", "w"] {
         let mut r = revision(a);
         s.create_revision(&mut r).await.unwrap();
+        if a == "a1" {
+            first = r.id;
+        }
     }
     let w = s
         .claim_work("filler", Duration::from_secs(30))
@@ -990,10 +1018,10 @@ pub async fn fill(s: &SharedStore) {
         .map(|(h, n)| (h.name, n))
         .collect();
     assert_eq!(loads, vec![("h1".to_owned(), 1)]);
-    s.commit_revision(&w.claim, "ns", "a1", None, "rev-1")
+    s.commit_revision(&w.claim, "ns", "a1", None, &first)
         .await
         .unwrap();
-    s.record_attempt(&w.claim, "ns", "a1", "rev-1", "REVISION_ACTIVATED", "ok", 4)
+    s.record_attempt(&w.claim, "ns", "a1", &first, "REVISION_ACTIVATED", "ok", 4)
         .await
         .unwrap();
     s.end_work(&w.claim, done()).await.unwrap();

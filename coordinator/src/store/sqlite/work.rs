@@ -25,6 +25,24 @@ pub(super) fn enqueue(tx: &Connection, w: &Enqueue) -> Result<i64> {
     Ok(tx.last_insert_rowid())
 }
 
+const CLAIM_COLS: &str = "w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at, w.claim_token";
+
+/// The lane conditions of a candidate `w` at time `?1`: no other item of its lane runs under a
+/// live lease, and no earlier barrier of its lane is still open.
+fn lane_free(barriers: &str) -> String {
+    format!(
+        "NOT EXISTS (
+           SELECT 1 FROM work o WHERE o.id != w.id AND o.state = 'running' AND o.lease_until >= ?1
+             AND o.namespace_id = w.namespace_id
+             AND (o.agent_id IS w.agent_id OR o.agent_id IS NULL OR w.agent_id IS NULL))
+         AND NOT EXISTS (
+           SELECT 1 FROM work e WHERE e.id < w.id AND e.state IN ('queued', 'running')
+             AND e.namespace_id = w.namespace_id
+             AND (e.agent_id IS w.agent_id OR e.agent_id IS NULL OR w.agent_id IS NULL)
+             AND e.kind IN {barriers})"
+    )
+}
+
 /// `('ensure-namespace', …)`: the barrier kinds as an SQL list.
 pub(crate) fn barrier_list() -> String {
     crate::store::sql_list(WorkKind::BARRIERS.iter().map(|k| k.as_str()))
@@ -85,26 +103,36 @@ impl WorkQueue for SqliteStore {
         let now = now_ms();
         let barriers = barrier_list();
         self.transact(None, |tx| {
-            let row: Option<WorkRow> = tx
+            // Lapsed claims first (their work was started), then due queued work in queue
+            // order. Each walks its own index in order and stops at the first free lane, so a
+            // claim does not sort or scan the whole queue (one query with both conditions
+            // OR-ed did both: 14 ms of CPU per claim with 6,000 items queued).
+            let lane = lane_free(&barriers);
+            let lapsed: Option<WorkRow> = tx
                 .query_row(
                     &format!(
-                        "SELECT w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at, w.claim_token FROM work w
-                         WHERE ((w.state = 'queued' AND w.not_before <= ?1) OR (w.state = 'running' AND w.lease_until < ?1))
-                           AND NOT EXISTS (
-                             SELECT 1 FROM work o WHERE o.id != w.id AND o.state = 'running' AND o.lease_until >= ?1
-                               AND o.namespace_id = w.namespace_id
-                               AND (o.agent_id IS w.agent_id OR o.agent_id IS NULL OR w.agent_id IS NULL))
-                           AND NOT EXISTS (
-                             SELECT 1 FROM work e WHERE e.id < w.id AND e.state IN ('queued', 'running')
-                               AND e.namespace_id = w.namespace_id
-                               AND (e.agent_id IS w.agent_id OR e.agent_id IS NULL OR w.agent_id IS NULL)
-                               AND e.kind IN {barriers})
-                         ORDER BY w.not_before, w.id LIMIT 1"
+                        "SELECT {CLAIM_COLS} FROM work w INDEXED BY work_lapsed
+                         WHERE w.state = 'running' AND w.lease_until < ?1 AND {lane}
+                         ORDER BY w.lease_until, w.id LIMIT 1"
                     ),
                     [now],
                     |r| r.try_into(),
                 )
                 .optional()?;
+            let row = match lapsed {
+                Some(row) => Some(row),
+                None => tx
+                    .query_row(
+                        &format!(
+                            "SELECT {CLAIM_COLS} FROM work w INDEXED BY work_open
+                             WHERE w.state = 'queued' AND w.not_before <= ?1 AND {lane}
+                             ORDER BY w.not_before, w.id LIMIT 1"
+                        ),
+                        [now],
+                        |r| r.try_into(),
+                    )
+                    .optional()?,
+            };
             let Some((id, kind, namespace_id, agent_id, revision_id, attempts, created_at, token)) =
                 row
             else {
