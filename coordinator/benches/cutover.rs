@@ -77,4 +77,138 @@ fn main() {
             quantile(&ms, 0.9)
         );
     }
+    let all = host
+        .run_ok(&format!("journalctl -o json --no-pager --since @{since}"))
+        .unwrap();
+    breakdown(&all);
+}
+
+/// One journal entry: its time (µs since the epoch) and the fields the breakdown reads.
+struct Entry {
+    at: u64,
+    message: String,
+    /// `_SYSTEMD_UNIT` (the unit's own output) or `UNIT` (systemd's messages about it).
+    unit: String,
+    op: Option<String>,
+    operation: Option<String>,
+}
+
+fn entries(text: &str) -> Vec<Entry> {
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|e| {
+            Some(Entry {
+                at: journal_field(&e, "__REALTIME_TIMESTAMP")?.parse().ok()?,
+                message: journal_field(&e, "MESSAGE")?.to_owned(),
+                unit: journal_field(&e, "UNIT")
+                    .or_else(|| journal_field(&e, "_SYSTEMD_UNIT"))
+                    .unwrap_or_default()
+                    .to_owned(),
+                op: journal_field(&e, "OP").map(str::to_owned),
+                operation: journal_field(&e, "OPERATION_ID").map(str::to_owned),
+            })
+        })
+        .collect()
+}
+
+/// Each `activate-revision` cut into its parts from the host's journal: hostd's entries, the
+/// Agent unit's systemd messages and the test gateway's "listening" line (which carries the
+/// gateway's own time from `main` to listening, `start_us`). The overhead is everything but
+/// that own start: what clawfleet, systemd and the sandbox add to a cutover.
+fn breakdown(text: &str) {
+    let entries = entries(text);
+    let first_after = |from: u64, to: u64, f: &dyn Fn(&Entry) -> bool| {
+        entries
+            .iter()
+            .find(|e| e.at >= from && e.at <= to && f(e))
+            .map(|e| e.at)
+    };
+    let agent_unit = |e: &Entry| e.unit.starts_with("clawfleet-agent-");
+    let mut parts: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for received in entries.iter().filter(|e| {
+        e.message == "operation received" && e.op.as_deref() == Some("activate-revision")
+    }) {
+        let Some(id) = &received.operation else {
+            continue;
+        };
+        let Some(done) = entries
+            .iter()
+            .find(|e| e.operation.as_ref() == Some(id) && e.message == "operation succeeded")
+        else {
+            continue;
+        };
+        let (t0, t9) = (received.at, done.at);
+        let stopping = first_after(t0, t9, &|e| {
+            agent_unit(e) && e.message.starts_with("Stopping")
+        });
+        let stopped = first_after(t0, t9, &|e| {
+            agent_unit(e) && e.message.starts_with("Stopped")
+        });
+        let started = first_after(t0, t9, &|e| {
+            agent_unit(e) && e.message.starts_with("Started")
+        });
+        let listening = entries.iter().find(|e| {
+            e.at >= t0 && e.at <= t9 && agent_unit(e) && e.message.contains("listening on")
+        });
+        let (Some(stopping), Some(stopped), Some(started), Some(listening)) =
+            (stopping, stopped, started, listening)
+        else {
+            continue;
+        };
+        let own_us: u64 = listening
+            .message
+            .split("start_us=")
+            .nth(1)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let ms = |a: u64, b: u64| b.saturating_sub(a) / 1000;
+        parts
+            .entry("1 hostd: received -> restart issued (verify, hooks, pointer flip)")
+            .or_default()
+            .push(ms(t0, stopping));
+        parts
+            .entry("2 systemd: old gateway stopped")
+            .or_default()
+            .push(ms(stopping, stopped));
+        parts
+            .entry("3 systemd: new process started (fork)")
+            .or_default()
+            .push(ms(stopped, started));
+        parts
+            .entry("4 exec, sandbox set-up and gateway start, to listening")
+            .or_default()
+            .push(ms(started, listening.at));
+        parts
+            .entry("5 hostd: listening -> answered (readiness seen, served record)")
+            .or_default()
+            .push(ms(listening.at, t9));
+        parts
+            .entry("6 the gateway's own start (main -> listening)")
+            .or_default()
+            .push(own_us / 1000);
+        parts
+            .entry("7 total (received -> answered)")
+            .or_default()
+            .push(ms(t0, t9));
+        parts
+            .entry("8 overhead: total minus the gateway's own start")
+            .or_default()
+            .push(ms(t0, t9).saturating_sub(own_us / 1000));
+    }
+    if parts.is_empty() {
+        println!("cutover breakdown: no activation with all its journal entries found");
+        return;
+    }
+    println!(
+        "cutover breakdown from the host's journal (medians / p90, ms; target: overhead <= 50 ms)"
+    );
+    for (part, mut ms) in parts {
+        ms.sort_unstable();
+        println!(
+            "  {part:<64} n={:<3} median {:>4}  p90 {:>4}",
+            ms.len(),
+            quantile(&ms, 0.5),
+            quantile(&ms, 0.9)
+        );
+    }
 }

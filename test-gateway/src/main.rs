@@ -41,6 +41,8 @@ struct State {
 }
 
 fn main() -> ExitCode {
+    // From main to listening: the gateway's own start, which a cutover breakdown subtracts.
+    let entered = Instant::now();
     let settings = match config::load(|k| std::env::var(k).ok()) {
         Ok(s) => s,
         Err(e) => {
@@ -84,10 +86,11 @@ fn main() -> ExitCode {
         settings,
     });
     eprintln!(
-        "clawfleet-test-gateway: listening on 127.0.0.1:{} config={} label={}",
+        "clawfleet-test-gateway: listening on 127.0.0.1:{} config={} label={} start_us={}",
         state.settings.port,
         state.settings.config_path.display(),
-        state.settings.switches.label.as_deref().unwrap_or("-")
+        state.settings.switches.label.as_deref().unwrap_or("-"),
+        entered.elapsed().as_micros()
     );
     start_timers(&state);
     for conn in listener.incoming() {
