@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use super::{Cached, PostgresStore, Tx, check_claim, claimed_execute, narrow, rollouts, work};
 use crate::model::{LastAttempt, Revision, RevisionStatus};
@@ -45,51 +46,76 @@ fn revision(r: &Row) -> Result<Revision> {
 
 /// Inserts the next revision (numbered inside `tx`, with the Agent's row locked so concurrent
 /// deploys of one Agent get distinct numbers) and its deploy work; desired becomes running.
-/// Returns the work's id.
-pub(super) async fn insert_revision(tx: &Tx<'_>, r: &mut Revision) -> Result<i64> {
-    let floor: i64 = tx
-        .opt(
-            "SELECT revision_floor FROM agents WHERE namespace_id = $1 AND id = $2 FOR UPDATE",
-            &[&r.namespace_id, &r.agent_id],
-        )
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()?
-        .unwrap_or(0);
-    let last: i64 = tx
-        .one(
+/// Returns the work's id, or the open rollout that owns the Agent (then the caller must not
+/// commit).
+///
+/// Statements that do not need each other's answers go out together (tokio-postgres
+/// pipelines the requests of futures polled at once, and the server runs them in order): the
+/// rollout check, the row lock with the revision floor, and the highest number (read after
+/// the lock, by a statement of its own so it sees a concurrent deploy that committed while
+/// this one waited); then the revision, its work and the notification. Three round trips
+/// instead of seven.
+/// `owner` is the rollout deploying this revision, which the check must not refuse.
+pub(super) async fn insert_revision(
+    tx: &Tx<'_>,
+    r: &mut Revision,
+    owner: Option<i64>,
+) -> Result<RevisionInsert> {
+    let open_rollout = async {
+        match owner {
+            Some(_) => Ok(None),
+            None => rollouts::open_rollout_of(tx, &r.namespace_id, &r.agent_id).await,
+        }
+    };
+    let agent_key: [&(dyn ToSql + Sync); 2] = [&r.namespace_id, &r.agent_id];
+    let (rollout, floor, last) = futures::try_join!(
+        open_rollout,
+        tx.opt(
+            "UPDATE agents SET desired_state = 'running' WHERE namespace_id = $1 AND id = $2
+             RETURNING revision_floor",
+            &agent_key,
+        ),
+        tx.one(
             "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = $1 AND agent_id = $2",
-            &[&r.namespace_id, &r.agent_id],
-        )
-        .await?
-        .try_get(0)?;
-    let last = last.max(floor);
+            &agent_key,
+        ),
+    )?;
+    if let Some(rollout) = rollout {
+        // The caller does not commit: the row lock and the desired state are rolled back.
+        return Ok(RevisionInsert::InRollout(rollout));
+    }
+    let floor: i64 = floor.map(|row| row.try_get(0)).transpose()?.unwrap_or(0);
+    let last: i64 = last.try_get::<_, i64>(0)?.max(floor);
     r.number = narrow(last + 1, "revision number")?;
     r.id = Revision::id_for(r.number, &r.configuration_hash);
     r.status = RevisionStatus::Pending;
-    tx.exec(
-        "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        &[
-            &r.namespace_id,
-            &r.agent_id,
-            &r.id,
-            &(last + 1),
-            &r.configuration_id,
-            &i64::from(r.configuration_generation),
-            &r.configuration_hash,
-            &r.rendered.to_string(),
-            &r.status.as_str(),
-            &r.created_at,
-        ],
-    )
-    .await?;
-    tx.exec(
-        "UPDATE agents SET desired_state = 'running' WHERE namespace_id = $1 AND id = $2",
-        &[&r.namespace_id, &r.agent_id],
-    )
-    .await?;
-    work::enqueue(tx, &Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id)).await
+    let number = last + 1;
+    let generation = i64::from(r.configuration_generation);
+    let rendered = r.rendered.to_string();
+    let status = r.status.as_str();
+    let row: [&(dyn ToSql + Sync); 10] = [
+        &r.namespace_id,
+        &r.agent_id,
+        &r.id,
+        &number,
+        &r.configuration_id,
+        &generation,
+        &r.configuration_hash,
+        &rendered,
+        &status,
+        &r.created_at,
+    ];
+    let work = Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id);
+    let (_, work, ()) = futures::try_join!(
+        tx.exec(
+            "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &row,
+        ),
+        work::insert(tx, &work),
+        super::notify(tx),
+    )?;
+    Ok(RevisionInsert::Queued(work))
 }
 
 #[async_trait]
@@ -97,13 +123,12 @@ impl RevisionStore for PostgresStore {
     async fn create_revision(&self, r: &mut Revision) -> Result<RevisionInsert> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        if let Some(rollout) = rollouts::open_rollout_of(&tx, &r.namespace_id, &r.agent_id).await? {
-            return Ok(RevisionInsert::InRollout(rollout));
+        let out = insert_revision(&tx, r, None).await?;
+        if matches!(out, RevisionInsert::Queued(_)) {
+            tx.commit().await?;
+            self.wake_local();
         }
-        let work = insert_revision(&tx, r).await?;
-        tx.commit().await?;
-        self.wake_local();
-        Ok(RevisionInsert::Queued(work))
+        Ok(out)
     }
 
     async fn create_revision_audited(
@@ -114,10 +139,10 @@ impl RevisionStore for PostgresStore {
     ) -> Result<RevisionInsert> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        if let Some(rollout) = rollouts::open_rollout_of(&tx, &r.namespace_id, &r.agent_id).await? {
-            return Ok(RevisionInsert::InRollout(rollout));
-        }
-        let work = insert_revision(&tx, r).await?;
+        let work = match insert_revision(&tx, r, None).await? {
+            RevisionInsert::Queued(work) => work,
+            other => return Ok(other),
+        };
         super::audit::insert(
             &tx,
             (

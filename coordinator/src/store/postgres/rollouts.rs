@@ -5,7 +5,9 @@ use tokio_postgres::Row;
 
 use super::{Cached, NOW_MS, PostgresStore, Tx, narrow, revisions};
 use crate::model::{Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutState};
-use crate::store::{Result, RolloutInsert, RolloutRow, RolloutStore, StoreError, sql_list};
+use crate::store::{
+    Result, RevisionInsert, RolloutInsert, RolloutRow, RolloutStore, StoreError, sql_list,
+};
 
 /// The open states as an SQL list.
 pub(super) fn open_list() -> String {
@@ -284,7 +286,14 @@ impl RolloutStore for PostgresStore {
             &[&rev.namespace_id, &rev.agent_id, &rev.configuration_id],
         )
         .await?;
-        let work = revisions::insert_revision(&tx, rev).await?;
+        let work = match revisions::insert_revision(&tx, rev, Some(rollout)).await? {
+            RevisionInsert::Queued(work) => work,
+            RevisionInsert::InRollout(other) => {
+                return Err(StoreError::Database(format!(
+                    "rollout {rollout} found rollout {other} owning its own Agent"
+                )));
+            }
+        };
         tx.exec(
             &format!(
                 "UPDATE rollout_agents SET state = 'deploying', revision_id = $3, work_id = $4, started_at = {NOW_MS} / 1000

@@ -42,7 +42,13 @@ impl Busy {
 
 /// Queues one item inside `tx` and announces it; its id.
 pub(super) async fn enqueue(tx: &Tx<'_>, w: &Enqueue) -> Result<i64> {
-    let id: i64 = tx
+    let (id, ()) = futures::try_join!(insert(tx, w), notify(tx))?;
+    Ok(id)
+}
+
+/// Inserts one item inside `tx` without announcing it (the caller notifies); its id.
+pub(super) async fn insert(tx: &Tx<'_>, w: &Enqueue) -> Result<i64> {
+    Ok(tx
         .one(
             &format!(
                 "INSERT INTO work (kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at)
@@ -51,9 +57,7 @@ pub(super) async fn enqueue(tx: &Tx<'_>, w: &Enqueue) -> Result<i64> {
             &[&w.kind.as_str(), &w.namespace_id, &w.agent_id, &w.revision_id],
         )
         .await?
-        .try_get(0)?;
-    notify(tx).await?;
-    Ok(id)
+        .try_get(0)?)
 }
 
 const WORK_RECORD_COLS: &str =
