@@ -705,6 +705,12 @@ pub fn host_now(host: &clawfleet_vm_tests::TestHost) -> u64 {
     host.run_ok("date +%s").unwrap().trim().parse().unwrap()
 }
 
+/// The host's clock in µs since the epoch: journal entries are selected by the second, so a
+/// test that must not see the operations of the same second before it filters with this.
+pub fn host_now_us(host: &clawfleet_vm_tests::TestHost) -> u64 {
+    host.run_ok("date +%s%6N").unwrap().trim().parse().unwrap()
+}
+
 /// One operation as hostd's journald entries tell it: its id, kind, the pid of the hostd
 /// process (the session) that ran it, and when hostd logged receiving and finishing it
 /// (journald's receive times, µs since the epoch).
