@@ -45,10 +45,11 @@ struct World {
 
 impl World {
     async fn new(hosts: usize) -> Self {
-        let store = {
-            let s: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
-            s
-        };
+        Self::on(Arc::new(SqliteStore::in_memory().unwrap()), hosts).await
+    }
+
+    /// `hosts` pool hosts and Namespace ns1 with Configuration cfg, on `store`.
+    async fn on(store: SharedStore, hosts: usize) -> Self {
         let svc = Service::new(store.clone());
         let names: Vec<String> = (1..=hosts).map(|i| format!("h{i}")).collect();
         for n in &names {
@@ -561,40 +562,7 @@ async fn a_restored_database_never_reissues_an_id_and_numbers_above_the_host() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("occ.db");
     let backup = dir.path().join("backup.db");
-    let mut w = World::new(1).await;
-    let file: SharedStore = Arc::new(SqliteStore::open(&db).unwrap());
-    w.store = file.clone();
-    w.svc = Service::new(file);
-    // The same set-up as World::new, on the file.
-    w.svc
-        .enrol_host(
-            "test",
-            NewHost {
-                name: "h1".into(),
-                address: "127.0.0.1".into(),
-                port: 22,
-                host_key: HOST_KEY.into(),
-                max_agents: 100,
-                login_user: None,
-                jump: None,
-            },
-        )
-        .await
-        .unwrap();
-    w.svc
-        .create_namespace(
-            "test",
-            NewNamespace {
-                id: "ns1".into(),
-                name: None,
-                hosts: vec!["h1".into()],
-                cluster: None,
-                single_tenant: false,
-            },
-            true,
-        )
-        .await
-        .unwrap();
+    let w = World::on(Arc::new(SqliteStore::open(&db).unwrap()), 1).await;
     level(&w, "info").await;
     let worker = w.worker();
     for a in ["a1", "a2"] {
