@@ -803,24 +803,27 @@ impl System for RealSystem {
                     .cache_properties(zbus::proxy::CacheProperties::No)
                     .build()
                     .await?;
-                let service = ServiceProxy::builder(&conn)
-                    .path(path)
-                    .cache_properties(zbus::proxy::CacheProperties::No)
-                    .build()
-                    .await?;
+                // One GetAll of the Service interface: systemd builds the answer in one go, so
+                // the exit code, status and time belong to the same run. Property by property,
+                // a restart between two reads paired a new run's status 0 with the last
+                // run's exit.
+                let service = ServiceSnapshot::read(&conn, path).await?;
+                let mut state = state;
+                state.n_restarts = service.get("NRestarts")?;
+                state.exec_main_status = service.get("ExecMainStatus")?;
                 // systemd answers u64::MAX for what it does not track; an older systemd
                 // lacks some properties altogether (MemoryPeak before 254).
-                let tracked = |v: zbus::Result<u64>| v.ok().filter(|v| *v != u64::MAX);
+                let tracked = |name: &str| service.get::<u64>(name).ok().filter(|v| *v != u64::MAX);
                 Ok(crate::system::UnitRuntime {
-                    main_pid: service.main_pid().await?,
-                    exec_main_code: service.exec_main_code().await?,
-                    exec_main_start_usec: service.exec_main_start_timestamp().await?,
-                    exec_main_exit_usec: service.exec_main_exit_timestamp().await?,
-                    result: service.result().await?,
-                    memory_current: tracked(service.memory_current().await),
-                    memory_peak: tracked(service.memory_peak().await),
-                    cpu_usage_nsec: tracked(service.cpu_usage_n_sec().await),
-                    tasks_current: tracked(service.tasks_current().await),
+                    main_pid: service.get("MainPID")?,
+                    exec_main_code: service.get("ExecMainCode")?,
+                    exec_main_start_usec: service.get("ExecMainStartTimestamp")?,
+                    exec_main_exit_usec: service.get("ExecMainExitTimestamp")?,
+                    result: service.get::<&str>("Result")?.to_owned(),
+                    memory_current: tracked("MemoryCurrent"),
+                    memory_peak: tracked("MemoryPeak"),
+                    cpu_usage_nsec: tracked("CPUUsageNSec"),
+                    tasks_current: tracked("TasksCurrent"),
                     invocation_id: unit
                         .invocation_id()
                         .await?
@@ -866,6 +869,38 @@ impl System for RealSystem {
             missing.push("dbus".into());
         }
         missing
+    }
+}
+
+/// All properties of a unit's `org.freedesktop.systemd1.Service` interface from one `GetAll`:
+/// a consistent picture of one moment of the service.
+struct ServiceSnapshot(std::collections::HashMap<String, zbus::OwnedVariant>);
+
+impl ServiceSnapshot {
+    async fn read(conn: &zbus::Connection, path: zbus::OwnedObjectPath) -> zbus::Result<Self> {
+        let properties = zbus::fdo::PropertiesProxy::builder(conn)
+            .destination("org.freedesktop.systemd1")
+            .path(path)
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await?;
+        let interface =
+            zbus::names::InterfaceName::from_static_str("org.freedesktop.systemd1.Service")?;
+        Ok(Self(properties.get_all(interface).await?))
+    }
+
+    /// One property, converted; a missing or mistyped one is an error naming it.
+    fn get<'a, T>(&'a self, name: &str) -> zbus::Result<T>
+    where
+        T: TryFrom<&'a zbus::OwnedVariant>,
+    {
+        let value = self
+            .0
+            .get(name)
+            .ok_or_else(|| zbus::Error::Failure(format!("systemd did not report {name}")))?;
+        T::try_from(value).map_err(|_| {
+            zbus::Error::Failure(format!("systemd reported {name} with an unexpected type"))
+        })
     }
 }
 

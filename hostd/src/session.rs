@@ -242,7 +242,20 @@ impl<'a> Responder<'a> {
             }
         };
         let handle = RefCell::new(handle);
+        // When each step began, for the success line: where an operation's time went.
+        let timeline = RefCell::new(String::new());
         let mut on_step = |step: Step| {
+            {
+                use std::fmt::Write as _;
+                let mut t = timeline.borrow_mut();
+                let sep = if t.is_empty() { "" } else { " " };
+                let _ = write!(
+                    t,
+                    "{sep}{}@{:.1}",
+                    step_name(step),
+                    started.elapsed().as_secs_f64() * 1000.0
+                );
+            }
             if let Some(h) = handle.borrow_mut().as_mut()
                 && let Err(e) = h.step(step)
             {
@@ -279,7 +292,7 @@ impl<'a> Responder<'a> {
         };
         match outcome.failure() {
             None => {
-                tracing::info!(operation_id = %id, op = kind.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")
+                tracing::info!(operation_id = %id, op = kind.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, elapsed_us = started.elapsed().as_micros() as u64, steps = %timeline.borrow(), "operation succeeded")
             }
             Some(f) => {
                 tracing::warn!(operation_id = %id, op = kind.as_str(), code = f.code.as_str(), "operation failed: {}", f.message)

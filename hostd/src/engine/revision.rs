@@ -548,7 +548,8 @@ impl Engine<'_> {
         uid: u32,
     ) -> Result<Option<Restored>, Failure> {
         let candidate = match self.wait_ready(ctx, paths, port, uid) {
-            Ok(()) => {
+            Ok(polls) => {
+                tracing::info!(operation_id = %ctx.operation_id, polls, "ready");
                 self.record_served(ctx, paths, &args.revision)?;
                 return Ok(None);
             }
@@ -588,7 +589,8 @@ impl Engine<'_> {
             ctx.step(Step::PointerFlip)?;
             self.cut_over(ctx, paths, prev)?;
             ctx.step(Step::Readiness)?;
-            self.wait_ready(ctx, paths, port, uid)?;
+            let polls = self.wait_ready(ctx, paths, port, uid)?;
+            tracing::info!(operation_id = %ctx.operation_id, polls, "ready");
             self.record_served(ctx, paths, prev)
         })();
         match restore {
@@ -661,14 +663,15 @@ impl Engine<'_> {
     }
 
     /// Polls `/readyz`: the first probe at once, then pauses of 2 ms doubling to 10 ms for the
-    /// first 2 s and to 1 s after, up to the readiness limit. A unit that systemd gave up on, or that keeps restarting, fails at once.
+    /// first 2 s and to 1 s after, up to the readiness limit. A unit that systemd gave up on,
+    /// or that keeps restarting, fails at once. Ready: how many looks it took.
     fn wait_ready(
         &self,
         ctx: &Ctx<'_>,
         paths: &AgentPaths,
         port: u16,
         uid: u32,
-    ) -> Result<(), Failure> {
+    ) -> Result<u32, Failure> {
         let limit = self.config.limits.readiness_timeout;
         let start = Instant::now();
         // The first probe at once, then 2 ms doubling to 10 ms, and to 1 s after 2 s: a
@@ -676,18 +679,23 @@ impl Engine<'_> {
         // costs one probe a second.
         let mut pause = FIRST_READINESS_PAUSE;
         let mut first_restarts: Option<u32> = None;
+        let mut polls = 0u32;
         loop {
+            polls = polls.saturating_add(1);
             let state = self
                 .system
                 .unit_state(&paths.unit_name)
                 .map_err(system_failure)?;
             let base = *first_restarts.get_or_insert(state.n_restarts);
             if state.n_restarts.saturating_sub(base) >= CRASH_LOOP_RESTARTS {
+                // `state` may already describe the next run (status 0): ask for the exit.
+                let status = self
+                    .last_exit_status(ctx, paths)
+                    .map_or_else(|| "unknown".to_owned(), |s| s.to_string());
                 return Err(Failure::new(
                     FailureCode::UnitFailed,
                     format!(
-                        "the gateway keeps exiting (last exit status {}, {} restarts while waiting for readiness)",
-                        state.exec_main_status,
+                        "the gateway keeps exiting (last exit status {status}, {} restarts while waiting for readiness)",
                         state.n_restarts - base
                     ),
                 ));
@@ -707,7 +715,7 @@ impl Engine<'_> {
             // gateway cannot bind while it is there.
             let owned = self.listener_owned(paths, port, uid)?;
             if state.is_active() && owned && self.ready_and_owned(paths, port, uid)? {
-                return Ok(());
+                return Ok(polls);
             }
             if start.elapsed() >= limit {
                 return Err(Failure::new(

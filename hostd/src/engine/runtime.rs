@@ -151,6 +151,17 @@ impl Engine<'_> {
         Ok(found)
     }
 
+    /// The exit status of the unit's last run that ended: systemd's snapshot of the service
+    /// when it still holds that run's exit, else its journal (a restart clears the snapshot).
+    pub(crate) fn last_exit_status(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Option<i32> {
+        match self.system.unit_runtime(&paths.unit_name) {
+            Ok(run) if run.exec_main_code != 0 => Some(run.state.exec_main_status),
+            _ => self
+                .last_exit_from_journal(ctx, paths)
+                .map(|exit| exit.status),
+        }
+    }
+
     /// The newest "Main process exited" of the unit, from systemd's own journal entries.
     fn last_exit_from_journal(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Option<LastExit> {
         self.newest_supervisor_entry(ctx, paths, EXIT_SCAN_MAX, |record| {
