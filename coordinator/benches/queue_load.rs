@@ -338,7 +338,7 @@ async fn populate(
         set.spawn(async move {
             for (i, name) in names.iter().enumerate().skip(t).step_by(SETUP_TASKS) {
                 let host = Host {
-                    name: name.clone(),
+                    name: clawfleet_protocol::HostName::new(name.as_str()).unwrap(),
                     address: format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255),
                     port: 22,
                     host_key: HOST_KEY.into(),

@@ -76,9 +76,9 @@ pub fn check_login_user(user: &str) -> Result<(), String> {
 
 impl HostTarget {
     /// The target for a host record from the database, with its login user and jump host.
-    pub fn of(host: &crate::model::Host) -> Result<Self, clawfleet_protocol::ident::IdentError> {
-        Ok(Self {
-            name: HostName::new(host.name.as_str())?,
+    pub fn of(host: &crate::model::Host) -> Self {
+        Self {
+            name: host.name.clone(),
             address: host.address.clone(),
             port: host.port,
             host_key: host.host_key.clone(),
@@ -89,7 +89,7 @@ impl HostTarget {
                 host_key: j.host_key.clone(),
                 login_user: j.login_user.clone(),
             }),
-        })
+        }
     }
 
     /// Checks what the SSH backend cannot check by connecting: the login users' names and

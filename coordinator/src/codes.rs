@@ -117,7 +117,7 @@ codes! {
     AgentGone = "AGENT_GONE", "The Agent was deleted while its work waited.";
     AgentDeleted = "AGENT_DELETED", "The Agent was removed from its host or cluster.";
     ConvergenceDeadlineExceeded = "CONVERGENCE_DEADLINE_EXCEEDED", "The work did not converge within the convergence deadline.";
-    InvalidStoredId = "INVALID_STORED_ID", "A stored id is no longer valid (the database was edited).";
+    InvalidStoredId = "INVALID_STORED_ID", "Stored data is no longer valid (the database was edited): the store names the column it cannot read.";
     InvalidState = "INVALID_STATE", "The stored state is inconsistent (the message says where).";
     InvalidWork = "INVALID_WORK", "A work item lacks what its kind needs.";
     InvalidHostResult = "INVALID_HOST_RESULT", "The host answered with a result of another operation.";

@@ -10,9 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use clawfleet_protocol::Operation;
 use clawfleet_protocol::operation::StatusArgs;
 use clawfleet_protocol::result::{AgentInventory, Inventory, OperationResult};
+use clawfleet_protocol::{Ident, Operation};
 
 use crate::backend::{Backend, CallOptions, Target};
 use crate::config::DriftSettings;
@@ -75,9 +75,7 @@ pub async fn sweep<B: Backend>(store: &dyn Store, backend: &B) -> Result<SweepSu
     let mut expected: BTreeMap<String, Vec<Expected>> = BTreeMap::new();
     let mut targets: BTreeMap<String, Target> = BTreeMap::new();
     for h in store.hosts().await? {
-        if let Ok(t) = crate::targets::host(&h) {
-            targets.insert(h.name.clone(), t);
-        }
+        targets.insert(h.name.to_string(), crate::targets::host(&h));
     }
     for ns in store.namespaces().await? {
         let cluster = crate::targets::cluster(store, &ns).await.ok().flatten();
@@ -173,10 +171,10 @@ fn unreachable_rows(target: &str, want: &[Expected], why: &str, now: i64) -> Vec
 
 /// The rows of one target from its inventory.
 fn compare(target: &str, want: &[Expected], inv: &Inventory, now: i64) -> Vec<DriftRow> {
-    let mut found: BTreeMap<(String, String), &AgentInventory> = BTreeMap::new();
+    let mut found: BTreeMap<(Ident, Ident), &AgentInventory> = BTreeMap::new();
     for ns in &inv.namespaces {
         for a in &ns.agents {
-            found.insert((ns.id.as_str().to_owned(), a.id.as_str().to_owned()), a);
+            found.insert((ns.id.clone(), a.id.clone()), a);
         }
     }
     let mut rows = Vec::new();
@@ -277,7 +275,7 @@ fn judge(
             let Some(active) = &a.active_revision_id else {
                 return (DriftState::Synced, None, "not deployed yet".to_owned());
             };
-            if !inv.revisions.iter().any(|r| r.id.as_str() == active) {
+            if !inv.revisions.iter().any(|r| r.id == *active) {
                 return drift(
                     SnapshotChanged,
                     format!(
@@ -301,9 +299,7 @@ fn judge(
                 );
             }
             match &o.served {
-                Some(s) if s.as_str() == active => {
-                    (DriftState::Synced, None, format!("serving {active}"))
-                }
+                Some(s) if s == active => (DriftState::Synced, None, format!("serving {active}")),
                 Some(s) => drift(
                     ServedNotActive,
                     format!("the target serves {s}, not the active revision {active}"),

@@ -1,5 +1,6 @@
 //! The coordinator's data model as the API shows it.
 
+use clawfleet_protocol::{HostName, Ident, Sha256Hex};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -60,7 +61,7 @@ pub struct Grant {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Host {
-    pub name: String,
+    pub name: HostName,
     pub address: String,
     pub port: u16,
     pub host_key: String,
@@ -157,8 +158,8 @@ impl std::fmt::Debug for ClusterRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Namespace {
-    pub id: String,
-    pub name: String,
+    pub id: Ident,
+    pub name: Ident,
     /// The host pool (empty for a cluster Namespace).
     pub hosts: Vec<String>,
     /// The cluster, for a Namespace placed on Kubernetes.
@@ -177,7 +178,7 @@ impl Namespace {
     /// A Namespace from its stored row and its pool (host, ready) or cluster (name, ready):
     /// readiness is derived here, the same for every store.
     pub fn from_pool(
-        (id, name): (String, String),
+        (id, name): (Ident, Ident),
         pool: Vec<(String, bool)>,
         cluster: Option<(String, bool)>,
         deleting: bool,
@@ -211,8 +212,8 @@ impl Namespace {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Configuration {
-    pub namespace_id: String,
-    pub id: String,
+    pub namespace_id: Ident,
+    pub id: Ident,
     pub generation: u32,
     pub document: Value,
     pub created_at: i64,
@@ -250,17 +251,17 @@ impl DesiredState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Agent {
-    pub namespace_id: String,
-    pub id: String,
-    pub service_principal_id: String,
-    pub configuration_id: String,
+    pub namespace_id: Ident,
+    pub id: Ident,
+    pub service_principal_id: Ident,
+    pub configuration_id: Ident,
     pub desired_state: DesiredState,
     /// The host the Agent is placed on (sticky once set).
     pub host: Option<String>,
     pub port: Option<u16>,
-    pub active_revision_id: Option<String>,
+    pub active_revision_id: Option<Ident>,
     /// What the host last reported serving.
-    pub served_revision_id: Option<String>,
+    pub served_revision_id: Option<Ident>,
     /// What happens when a candidate does not become ready.
     pub restore: RestorePolicy,
     pub created_at: i64,
@@ -336,13 +337,13 @@ impl RevisionStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Revision {
-    pub namespace_id: String,
-    pub agent_id: String,
-    pub id: String,
+    pub namespace_id: Ident,
+    pub agent_id: Ident,
+    pub id: Ident,
     pub number: u64,
-    pub configuration_id: String,
+    pub configuration_id: Ident,
     pub configuration_generation: u32,
-    pub configuration_hash: String,
+    pub configuration_hash: Sha256Hex,
     pub status: RevisionStatus,
     pub last_attempt: Option<LastAttempt>,
     pub created_at: i64,
@@ -361,9 +362,12 @@ impl Revision {
     /// digits make an id name its content, so a number issued again (a database restored
     /// from an older backup) never reissues an id for different content: targets see a new
     /// id, and refuse its number while they serve a newer one (see `revision_floor`).
-    pub fn id_for(number: u64, configuration_hash: &str) -> String {
+    pub fn id_for(
+        number: u64,
+        configuration_hash: &str,
+    ) -> Result<Ident, clawfleet_protocol::ident::IdentError> {
         let tag: String = configuration_hash.chars().take(8).collect();
-        format!("rev-{number}-{tag}")
+        Ident::new(format!("rev-{number}-{tag}"))
     }
 
     /// The number in an id made by [`Revision::id_for`] (`rev-N-…`), as targets report ids.
@@ -549,7 +553,7 @@ impl RolloutAgentState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutAgent {
-    pub agent_id: String,
+    pub agent_id: Ident,
     /// 0 is the canary wave when the rollout has a canary.
     pub wave: u32,
     pub state: RolloutAgentState,
@@ -569,8 +573,8 @@ pub struct RolloutAgent {
 #[serde(rename_all = "camelCase")]
 pub struct Rollout {
     pub id: i64,
-    pub namespace_id: String,
-    pub configuration_id: String,
+    pub namespace_id: Ident,
+    pub configuration_id: Ident,
     /// The generation every Agent gets (the latest when the rollout was created).
     pub configuration_generation: u32,
     pub canary: u32,
@@ -617,9 +621,11 @@ text_enum! {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceFileInfo {
-    pub name: String,
+    #[schemars(with = "String")]
+    pub name: clawfleet_protocol::workspace::WorkspaceName,
     pub size: u64,
-    pub sha256: String,
+    #[schemars(with = "String")]
+    pub sha256: Sha256Hex,
     /// Whether the coordinator still holds the content (until an activation succeeded after
     /// the target applied it).
     pub content_held: bool,
@@ -669,9 +675,10 @@ mod tests {
     fn a_revision_id_names_its_number_and_content() {
         let a = "3fa9c2d1".to_owned() + &"0".repeat(56);
         let b = "77aa0011".to_owned() + &"0".repeat(56);
-        assert_eq!(Revision::id_for(5, &a), "rev-5-3fa9c2d1");
-        assert_ne!(Revision::id_for(5, &a), Revision::id_for(5, &b));
-        assert_eq!(Revision::number_of(&Revision::id_for(12, &a)), Some(12));
+        let id = |n: u64, hash: &str| Revision::id_for(n, hash).map(String::from);
+        assert_eq!(id(5, &a), Ok("rev-5-3fa9c2d1".to_owned()));
+        assert_ne!(id(5, &a), id(5, &b));
+        assert_eq!(id(12, &a).map(|i| Revision::number_of(&i)), Ok(Some(12)));
         // Ids from before the content tag, and ids that are not ours.
         assert_eq!(Revision::number_of("rev-7"), Some(7));
         assert_eq!(Revision::number_of("release-7"), None);

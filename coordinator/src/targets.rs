@@ -22,13 +22,8 @@ pub enum TargetError {
 }
 
 /// The target of an enrolled host.
-pub fn host(host: &Host) -> Result<Target, TargetError> {
-    HostTarget::of(host)
-        .map(Target::Host)
-        .map_err(|e| TargetError::Inconsistent {
-            code: Code::InvalidStoredId,
-            message: format!("host {}: {e}", host.name),
-        })
+pub fn host(host: &Host) -> Target {
+    Target::Host(HostTarget::of(host))
 }
 
 /// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
@@ -71,7 +66,7 @@ pub async fn agent(
             code: Code::InvalidState,
             message: format!("the Agent's host {name} is not enrolled"),
         })?;
-    Ok(Some(host(&h)?))
+    Ok(Some(host(&h)))
 }
 
 /// The ready pool host with room and the fewest Agents: where placement puts an Agent that

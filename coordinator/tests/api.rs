@@ -124,7 +124,10 @@ impl Api {
             }
             out.push_str(&format!(
                 "{:?}",
-                self.store.configuration(&ns.id, "cfg").await.unwrap()
+                self.store
+                    .configuration(&ns.id, &clawfleet_protocol::Ident::new("cfg").unwrap())
+                    .await
+                    .unwrap()
             ));
         }
         out.push_str(&self.store.pending_work().await.unwrap().to_string());

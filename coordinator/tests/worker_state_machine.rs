@@ -8,6 +8,7 @@ mod hostd_engine;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::FailureCode;
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Cluster, ClusterRecord, DesiredState, RevisionStatus};
@@ -478,7 +479,7 @@ async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
         AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceArgs, NamespaceRef,
         PrepareArgs, RevisionNumber, RevisionSpec,
     };
-    use clawfleet_protocol::{Configuration, Ident, Operation};
+    use clawfleet_protocol::{Configuration, Operation};
     use coordinator::backend::{Backend, CallError, CallOptions, HostTarget};
 
     let backend = EngineBackend::new();
@@ -490,7 +491,6 @@ async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
         login_user: None,
         jump: None,
     };
-    let id = |s: &str| Ident::new(s).unwrap();
     let namespace = NamespaceRef {
         id: id("ns1"),
         name: id("ns1"),
@@ -537,9 +537,18 @@ async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
     assert_eq!(on_host.snapshots.get("rev-1"), Some(&1));
 }
 
+fn id(s: &str) -> Ident {
+    Ident::new(s).unwrap()
+}
+
 /// Puts Configuration `cfg` with one log level (a new content, so a new revision hash).
 async fn level(w: &World, level: &str) {
-    let create = w.store.configuration("ns1", "cfg").await.unwrap().is_none();
+    let create = w
+        .store
+        .configuration(&id("ns1"), &id("cfg"))
+        .await
+        .unwrap()
+        .is_none();
     w.svc
         .put_configuration(
             "test",

@@ -72,6 +72,13 @@ pub enum WorkspaceError {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WorkspaceName(String);
 
+impl std::str::FromStr for WorkspaceName {
+    type Err = WorkspaceError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
 impl WorkspaceName {
     /// Checks and wraps a name.
     pub fn new(value: impl Into<String>) -> Result<Self, WorkspaceError> {

@@ -2,6 +2,7 @@
 //! validates its input, changes the store in one transaction where it matters, records an
 //! audit event, and queues the work that realises it. Nothing here talks to hosts.
 
+use clawfleet_protocol::Ident;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
@@ -110,12 +111,18 @@ fn rendered_for(ns: &Namespace, document: &Value) -> Result<Value> {
         .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))
 }
 
-fn check_id(field: &str, value: &str) -> Result<()> {
-    clawfleet_protocol::Ident::new(value)
-        .map(|_| ())
-        .map_err(|e| {
-            ServiceError::invalid(Code::InvalidIdentifier, format!("{field} {value:?} {e}"))
-        })
+/// An id from a request, checked once and typed from here down: the store keeps it typed and
+/// the worker sends it to targets as it is.
+fn check_id(field: &str, value: &str) -> Result<Ident> {
+    Ident::new(value).map_err(|e| {
+        ServiceError::invalid(Code::InvalidIdentifier, format!("{field} {value:?} {e}"))
+    })
+}
+
+/// An id in a request's path, used to look something up: text that is not an id names
+/// nothing, so it is not found (as an unknown id is).
+fn lookup_id(kind: &'static str, value: &str) -> Result<Ident> {
+    Ident::new(value).map_err(|_| ServiceError::not_found(kind, value))
 }
 
 /// Body of `POST /namespaces`: a Namespace on a host pool (`hosts`) or on one Kubernetes
@@ -418,7 +425,7 @@ impl Service {
 
     fn validate_host(h: NewHost) -> Result<Host> {
         check_id("name", &h.name)?;
-        clawfleet_protocol::HostName::new(h.name.as_str())
+        let name = clawfleet_protocol::HostName::new(h.name.as_str())
             .map_err(|e| ServiceError::invalid(Code::InvalidIdentifier, format!("name {e}")))?;
         check_address("address", &h.address)?;
         if h.port == 0 {
@@ -442,7 +449,7 @@ impl Service {
             },
         )?;
         let host = Host {
-            name: h.name.clone(),
+            name,
             address: h.address,
             port: h.port,
             host_key: key
@@ -467,17 +474,14 @@ impl Service {
                 },
             )?;
         }
-        crate::backend::HostTarget::of(&host)
-            .map_err(|e| ServiceError::invalid(Code::InvalidIdentifier, format!("name {e}")))?
-            .check()
-            .map_err(|e| {
-                let field = match e.field {
-                    "login_user" => "loginUser",
-                    "jump.login_user" => "jump.loginUser",
-                    other => other,
-                };
-                ServiceError::invalid(Code::InvalidHostAccess, format!("{field} {}", e.message))
-            })?;
+        crate::backend::HostTarget::of(&host).check().map_err(|e| {
+            let field = match e.field {
+                "login_user" => "loginUser",
+                "jump.login_user" => "jump.loginUser",
+                other => other,
+            };
+            ServiceError::invalid(Code::InvalidHostAccess, format!("{field} {}", e.message))
+        })?;
         Ok(host)
     }
 
@@ -757,12 +761,13 @@ impl Service {
                 format!("Namespace {ns} is being deleted"),
             ));
         }
-        check_id("id", &a.id)?;
+        let id = check_id("id", &a.id)?;
         let sp = a
             .service_principal_id
             .unwrap_or_else(|| format!("sp-{}", a.id));
         let sp: String = sp.chars().take(63).collect();
-        check_id("servicePrincipalId", &sp)?;
+        let sp = check_id("servicePrincipalId", &sp)?;
+        let configuration_id = check_id("configurationId", &a.configuration_id)?;
         if let Some(auth) = &a.harness_auth
             && auth.method != HARNESS_AUTH_RUNTIME
         {
@@ -777,7 +782,7 @@ impl Service {
         }
         if self
             .store
-            .configuration(ns, &a.configuration_id)
+            .configuration(&namespace.id, &configuration_id)
             .await?
             .is_none()
         {
@@ -788,10 +793,10 @@ impl Service {
         }
         let files = workspace::validate(&a.workspace_files)?;
         let agent = Agent {
-            namespace_id: ns.to_owned(),
-            id: a.id.clone(),
+            namespace_id: namespace.id.clone(),
+            id,
             service_principal_id: sp,
-            configuration_id: a.configuration_id,
+            configuration_id,
             desired_state: DesiredState::Stopped,
             host: None,
             port: None,
@@ -834,12 +839,18 @@ impl Service {
         id: &str,
         p: AgentPatch,
     ) -> Result<Agent> {
-        self.agent(ns, id).await?;
+        let agent = self.agent(ns, id).await?;
         if let Some(cfg) = &p.configuration_id {
             if let Some(rollout) = self.store.open_rollout_of(ns, id).await? {
                 return Err(in_rollout(ns, id, rollout));
             }
-            if self.store.configuration(ns, cfg).await?.is_none() {
+            let cfg_id = check_id("configurationId", cfg)?;
+            if self
+                .store
+                .configuration(&agent.namespace_id, &cfg_id)
+                .await?
+                .is_none()
+            {
                 return Err(ServiceError::invalid(
                     Code::UnknownConfiguration,
                     format!("configuration {cfg} does not exist"),
@@ -867,10 +878,10 @@ impl Service {
         let agent = self.agent_not_deleting(ns, id).await?;
         let cfg = self
             .store
-            .configuration(ns, &agent.configuration_id)
+            .configuration(&agent.namespace_id, &agent.configuration_id)
             .await?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
-        let mut rev = self.build_revision(&self.namespace(ns).await?, id, &cfg)?;
+        let mut rev = self.build_revision(&self.namespace(ns).await?, &agent.id, &cfg)?;
         // The store allocates the number and id inside its transaction.
         // The revision, its work and the audit event in one transaction.
         let work = match self
@@ -889,20 +900,22 @@ impl Service {
     fn build_revision(
         &self,
         ns: &Namespace,
-        agent: &str,
+        agent: &Ident,
         cfg: &crate::model::Configuration,
     ) -> Result<Revision> {
         let rendered = rendered_for(ns, &cfg.document)?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
+        let configuration_hash = canonical.hash();
         Ok(Revision {
             namespace_id: ns.id.clone(),
-            agent_id: agent.to_owned(),
-            id: String::new(),
+            agent_id: agent.clone(),
+            // Number 0 and its id until the store allocates both in its transaction.
+            id: crate::store::revision_id(0, &configuration_hash)?,
             number: 0,
             configuration_id: cfg.id.clone(),
             configuration_generation: cfg.generation,
-            configuration_hash: canonical.hash().to_string(),
+            configuration_hash,
             status: RevisionStatus::Pending,
             last_attempt: None,
             runtime_failure: None,
@@ -941,7 +954,7 @@ impl Service {
             json!({"revisionId": active, "workId": work}),
         )
         .await?;
-        Ok((active, work))
+        Ok((active.to_string(), work))
     }
 
     /// The Agent, unless it is being deleted (409 `AGENT_DELETING`).

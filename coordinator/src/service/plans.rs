@@ -5,7 +5,7 @@
 
 use clawfleet_protocol::plan::PlanArgs;
 use clawfleet_protocol::result::OperationResult;
-use clawfleet_protocol::{Operation, Sha256Hex};
+use clawfleet_protocol::{Ident, Operation, Sha256Hex};
 use serde_json::{Value, json};
 
 use super::runtime::{RuntimeError, read_options, refs, wrong_answer};
@@ -55,10 +55,10 @@ impl Service {
     /// `(agent, configuration, generation, active revision)` of an Agent about to get `cfg`.
     fn fact(agent: &Agent, cfg: &Configuration) -> (String, String, u32, Option<String>) {
         (
-            agent.id.clone(),
-            cfg.id.clone(),
+            agent.id.to_string(),
+            cfg.id.to_string(),
             cfg.generation,
-            agent.active_revision_id.clone(),
+            agent.active_revision_id.as_ref().map(Ident::to_string),
         )
     }
 
@@ -70,7 +70,7 @@ impl Service {
     ) -> super::Result<(String, Configuration)> {
         let cfg = self
             .store
-            .configuration(ns, &agent.configuration_id)
+            .configuration(&agent.namespace_id, &agent.configuration_id)
             .await?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
         Ok((token(ns, &[Self::fact(agent, &cfg)]), cfg))
@@ -185,7 +185,8 @@ impl Service {
             .next_revision_number(ns, &agent.id)
             .await
             .map_err(ServiceError::from)?;
-        rev.id = Revision::id_for(rev.number, &rev.configuration_hash);
+        rev.id = crate::store::revision_id(rev.number, &rev.configuration_hash)
+            .map_err(ServiceError::from)?;
         let bad = |e: String| ServiceError::invalid(Code::InvalidStoredId, e);
         let reference = crate::worker::revision_ref(&rev).map_err(bad)?;
         let spec = crate::worker::revision_spec(&reference, &rev.rendered)
@@ -206,7 +207,7 @@ impl Service {
             Some(t) => (t, true),
             None => (self.would_place(namespace).await?, false),
         };
-        let (namespace_ref, agent_ref) = refs(namespace, agent)?;
+        let (namespace_ref, agent_ref) = refs(namespace, agent);
         let target_name = target.name().to_owned();
         let op = Operation::PlanRevision(PlanArgs {
             namespace: namespace_ref,
@@ -242,7 +243,7 @@ impl Service {
                 format!("no ready host of Namespace {}'s pool has room", ns.id),
             ));
         };
-        Ok(crate::targets::host(&host)?)
+        Ok(crate::targets::host(&host))
     }
 }
 

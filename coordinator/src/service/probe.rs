@@ -4,7 +4,6 @@ use serde_json::Value;
 
 use super::{Service, ServiceError};
 use crate::backend::{Backend, CallError, CallOptions, HostTarget};
-use crate::codes::Code;
 
 /// Why a probe gave no answer.
 #[derive(Debug, thiserror::Error)]
@@ -23,9 +22,7 @@ impl Service {
         name: &str,
     ) -> Result<Value, ProbeError> {
         let host = self.host(name).await?;
-        let target = HostTarget::of(&host).map_err(|e| {
-            ServiceError::invalid(Code::InvalidStoredId, format!("host {name}: {e}"))
-        })?;
+        let target = HostTarget::of(&host);
         let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
         let result = backend.call(&target, op, CallOptions::default()).await?;
         let value = serde_json::to_value(&result).unwrap_or(Value::Null);

@@ -115,9 +115,10 @@ impl Service {
 
     /// A Configuration's latest generation.
     pub async fn configuration(&self, ns: &str, id: &str) -> Result<Configuration> {
-        self.namespace(ns).await?;
+        let namespace = self.namespace(ns).await?;
+        let typed = super::lookup_id("Configuration", id)?;
         self.store
-            .configuration(ns, id)
+            .configuration(&namespace.id, &typed)
             .await?
             .ok_or_else(|| ServiceError::not_found("Configuration", id))
     }

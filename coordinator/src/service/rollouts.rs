@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use clawfleet_protocol::FailureCode;
+use clawfleet_protocol::{FailureCode, Ident};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -134,10 +134,10 @@ impl Service {
                 format!("Namespace {ns} is being deleted"),
             ));
         }
-        check_id("configurationId", &r.configuration_id)?;
+        let configuration_id = check_id("configurationId", &r.configuration_id)?;
         let cfg = self
             .store
-            .configuration(ns, &r.configuration_id)
+            .configuration(&namespace.id, &configuration_id)
             .await?
             .ok_or_else(|| {
                 ServiceError::invalid(
@@ -172,7 +172,7 @@ impl Service {
                 .filter(|a| {
                     a.configuration_id == cfg.id && a.desired_state != DesiredState::Deleted
                 })
-                .map(|a| a.id)
+                .map(|a| String::from(a.id))
                 .take(MAX_ROLLOUT_AGENTS)
                 .collect(),
         };
@@ -213,7 +213,7 @@ impl Service {
         let max_failures = r.max_failures.unwrap_or(0);
         let row = RolloutRow {
             namespace_id: ns.to_owned(),
-            configuration_id: cfg.id.clone(),
+            configuration_id: cfg.id.to_string(),
             configuration_generation: cfg.generation,
             canary,
             max_parallel,
@@ -454,7 +454,7 @@ impl Service {
                 .iter()
                 .filter(|a| a.state == RolloutAgentState::Deploying)
                 .count() as u32;
-            let pending: Vec<String> = r
+            let pending: Vec<Ident> = r
                 .agents
                 .iter()
                 .filter(|a| a.wave == wave && a.state == RolloutAgentState::Pending)
@@ -640,7 +640,7 @@ impl Service {
                     };
                     let state = if w.state == WorkState::Done
                         && active
-                        && agent.active_revision_id == a.revision_id
+                        && agent.active_revision_id.as_deref() == a.revision_id.as_deref()
                     {
                         RolloutAgentState::Succeeded
                     } else if code == Code::RevisionRestored.as_str() {
@@ -722,7 +722,7 @@ impl Service {
     }
 
     /// Deploys one pending Agent: its next revision from the rollout's generation.
-    async fn start_agent(&self, r: &Rollout, agent: &str) -> Result<()> {
+    async fn start_agent(&self, r: &Rollout, agent: &Ident) -> Result<()> {
         let t = now();
         let skip = async |state: RolloutAgentState, code: Code, message: String| -> Result<()> {
             self.store

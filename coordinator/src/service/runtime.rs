@@ -2,6 +2,7 @@
 //! failure evidence the worker keeps with a revision whose activation failed. Log reads are
 //! audited (who read which range of whose log).
 
+use clawfleet_protocol::FailureCode;
 use clawfleet_protocol::Operation;
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
 use clawfleet_protocol::redact::Redactor;
@@ -9,7 +10,6 @@ use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::runtime::{
     LogCursor, LogPage, LogStart, LogsArgs, MAX_PAGE_LINES, PageLines, RuntimeArgs, RuntimeReport,
 };
-use clawfleet_protocol::{FailureCode, Ident};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -101,27 +101,18 @@ struct Inspected {
     agent: AgentRef,
 }
 
-fn ident(field: &str, value: &str) -> Result<Ident, ServiceError> {
-    Ident::new(value).map_err(|e| {
-        ServiceError::invalid(Code::InvalidStoredId, format!("{field} {value:?}: {e}"))
-    })
-}
-
 /// The protocol refs of an Agent (shared with the worker's evidence).
-pub(crate) fn refs(
-    ns: &Namespace,
-    agent: &Agent,
-) -> Result<(NamespaceRef, AgentRef), ServiceError> {
-    Ok((
+pub(crate) fn refs(ns: &Namespace, agent: &Agent) -> (NamespaceRef, AgentRef) {
+    (
         NamespaceRef {
-            id: ident("Namespace id", &ns.id)?,
-            name: ident("Namespace name", &ns.name)?,
+            id: ns.id.clone(),
+            name: ns.name.clone(),
         },
         AgentRef {
-            id: ident("Agent id", &agent.id)?,
-            service_principal_id: ident("service principal", &agent.service_principal_id)?,
+            id: agent.id.clone(),
+            service_principal_id: agent.service_principal_id.clone(),
         },
-    ))
+    )
 }
 
 impl Service {
@@ -136,7 +127,7 @@ impl Service {
                     format!("Agent {ns}/{id} was never placed on a host; deploy it first"),
                 )
             })?;
-        let (namespace, agent) = refs(&namespace, &agent)?;
+        let (namespace, agent) = refs(&namespace, &agent);
         Ok(Inspected {
             target,
             namespace,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawfleet_protocol::Ident;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use serde_json::Value;
 use thiserror::Error;
@@ -71,6 +72,15 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The store as the rest of the coordinator holds it.
 pub type SharedStore = Arc<dyn Store>;
+
+/// The id of revision `number` (see [`Revision::id_for`]), as both stores allocate it.
+pub(crate) fn revision_id(number: u64, configuration_hash: &str) -> Result<Ident> {
+    Revision::id_for(number, configuration_hash).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "configuration hash {configuration_hash:?} makes no revision id: {e}"
+        ))
+    })
+}
 
 /// `('a', 'b')`: stored texts (states, kinds) as an SQL list, from their one enum.
 /// A host's jump host as both stores keep it: its typed record as JSON text.
@@ -198,11 +208,11 @@ pub trait ConfigurationStore: Send + Sync {
     /// One generation of a Configuration (`None`: the latest).
     async fn configuration_at(
         &self,
-        ns: &str,
-        id: &str,
+        ns: &Ident,
+        id: &Ident,
         generation: Option<u32>,
     ) -> Result<Option<Configuration>>;
-    async fn configuration(&self, ns: &str, id: &str) -> Result<Option<Configuration>> {
+    async fn configuration(&self, ns: &Ident, id: &Ident) -> Result<Option<Configuration>> {
         self.configuration_at(ns, id, None).await
     }
 }

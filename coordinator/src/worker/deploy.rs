@@ -11,8 +11,8 @@ use clawfleet_protocol::operation::{
 };
 use clawfleet_protocol::result::{OperationResult, WorkspaceOutcome};
 use clawfleet_protocol::runtime::RuntimeArgs;
-use clawfleet_protocol::workspace::{WorkspaceFileMeta, WorkspaceName, WorkspaceSetup};
-use clawfleet_protocol::{FailureCode, Operation, Sha256Hex};
+use clawfleet_protocol::workspace::{WorkspaceFileMeta, WorkspaceSetup};
+use clawfleet_protocol::{FailureCode, Operation};
 
 use super::{Step, Worker, done, failed, store_err};
 use crate::backend::{Backend, CallError, Target};
@@ -199,7 +199,7 @@ impl<B: Backend> Worker<B> {
                         delay: self.recheck(d.work),
                     });
                 };
-                if !d.ns.ready_hosts.contains(&host.name) {
+                if !d.ns.ready_hosts.iter().any(|h| host.name == *h) {
                     self.ensure_on(d.work, &d.ns, &host).await?;
                 }
                 self.target(&host)?
@@ -271,8 +271,8 @@ impl<B: Backend> Worker<B> {
                     .observation
                     .current
                     .as_ref()
-                    .map(|c| c.as_str().to_owned())
-                    .filter(|c| *c != d.rev.id);
+                    .filter(|c| **c != d.rev.id)
+                    .cloned();
                 let unknown = match &newer {
                     Some(id) => self
                         .store
@@ -323,24 +323,15 @@ impl<B: Backend> Worker<B> {
         else {
             return Ok(None);
         };
-        let corrupt = |what: String| {
-            failed(
-                Code::InvalidStoredId,
-                format!("the stored workspace file {what} is invalid"),
-            )
-        };
-        let manifest = info
+        let manifest: Vec<WorkspaceFileMeta> = info
             .files
             .iter()
-            .map(|f| {
-                Ok(WorkspaceFileMeta {
-                    name: WorkspaceName::new(f.name.clone()).map_err(|e| corrupt(e.to_string()))?,
-                    size: f.size,
-                    sha256: Sha256Hex::new(f.sha256.clone())
-                        .map_err(|e| corrupt(format!("{}: {e}", f.name)))?,
-                })
+            .map(|f| WorkspaceFileMeta {
+                name: f.name.clone(),
+                size: f.size,
+                sha256: f.sha256.clone(),
             })
-            .collect::<Result<Vec<_>, Step>>()?;
+            .collect();
         let files = if info.files.iter().any(|f| f.content_held) {
             Some(
                 self.store

@@ -12,7 +12,7 @@ use clawfleet_protocol::operation::{
     AgentArgs, AgentRef, NamespaceArgs, NamespaceRef, RevisionArgs, RevisionNumber, RevisionRef,
 };
 use clawfleet_protocol::result::{AgentObservation, OperationResult};
-use clawfleet_protocol::{FailureCode, Ident, Operation, Sha256Hex};
+use clawfleet_protocol::{FailureCode, Operation};
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, Target};
@@ -33,10 +33,9 @@ pub const HARNESS_VERSION: &str = "2026.9.6";
 /// (`INVALID_STORED_ID`).
 pub fn revision_ref(rev: &Revision) -> Result<RevisionRef, String> {
     Ok(RevisionRef {
-        id: Ident::new(rev.id.as_str()).map_err(|e| format!("{:?} {e}", rev.id))?,
+        id: rev.id.clone(),
         number: RevisionNumber::new(rev.number)?,
-        configuration_hash: Sha256Hex::new(rev.configuration_hash.as_str())
-            .map_err(|e| e.to_string())?,
+        configuration_hash: rev.configuration_hash.clone(),
     })
 }
 
@@ -95,10 +94,6 @@ fn failed(code: Code, message: impl Into<String>) -> Step {
 
 pub use crate::clock::now_ms;
 
-fn ident(s: &str) -> Result<Ident, Step> {
-    Ident::new(s).map_err(|e| failed(Code::InvalidStoredId, format!("{s:?} {e}")))
-}
-
 fn target_err(e: crate::targets::TargetError) -> Step {
     match e {
         crate::targets::TargetError::Store(e) => store_err(e),
@@ -107,9 +102,13 @@ fn target_err(e: crate::targets::TargetError) -> Step {
 }
 
 fn store_err(e: StoreError) -> Step {
-    if let StoreError::ClaimLost { .. } = e {
+    match e {
         // Another coordinator owns the item now: nothing more is ours to do or record.
-        return failed(Code::ClaimLost, e.to_string());
+        StoreError::ClaimLost { .. } => return failed(Code::ClaimLost, e.to_string()),
+        // A row the store cannot decode (an id no operation can carry, edited behind the
+        // coordinator's back) does not mend itself: fail the work, naming the column.
+        StoreError::Corrupt(_) => return failed(Code::InvalidStoredId, e.to_string()),
+        _ => {}
     }
     Step::Retry {
         code: Code::StoreUnavailable.as_str().to_owned(),
@@ -445,7 +444,7 @@ impl<B: Backend> Worker<B> {
     }
 
     fn target(&self, host: &Host) -> Result<Target, Step> {
-        crate::targets::host(host).map_err(target_err)
+        Ok(crate::targets::host(host))
     }
 
     /// The cluster of a cluster Namespace, with its credentials; `None` for a host pool.
@@ -472,8 +471,8 @@ impl<B: Backend> Worker<B> {
 
     fn namespace_ref(ns: &Namespace) -> Result<NamespaceRef, Step> {
         Ok(NamespaceRef {
-            id: ident(&ns.id)?,
-            name: ident(&ns.name)?,
+            id: ns.id.clone(),
+            name: ns.name.clone(),
         })
     }
 
@@ -625,7 +624,7 @@ impl<B: Backend> Worker<B> {
             .await
             .map_err(store_err)?;
         match placed {
-            Some(p) if p == host.name => Ok(Some(host)),
+            Some(p) if host.name == p => Ok(Some(host)),
             Some(p) => self.store.host(&p).await.map_err(store_err),
             None => Ok(None),
         }
@@ -633,8 +632,8 @@ impl<B: Backend> Worker<B> {
 
     fn agent_ref(agent: &Agent) -> Result<AgentRef, Step> {
         Ok(AgentRef {
-            id: ident(&agent.id)?,
-            service_principal_id: ident(&agent.service_principal_id)?,
+            id: agent.id.clone(),
+            service_principal_id: agent.service_principal_id.clone(),
         })
     }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
+use clawfleet_protocol::{Ident, Sha256Hex};
 use coordinator::model::{
     Agent, DesiredState, DriftReason, DriftRow, DriftState, Grant, Host, RestorePolicy, Revision,
     RevisionStatus, Role, RolloutAgentState, RolloutState, WorkspaceState,
@@ -51,9 +52,14 @@ cases!(
 const KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
 
+/// A typed id from a test's literal.
+fn id(s: &str) -> Ident {
+    Ident::new(s).unwrap()
+}
+
 fn host(name: &str) -> Host {
     Host {
-        name: name.into(),
+        name: clawfleet_protocol::HostName::new(name).unwrap(),
         address: "127.0.0.1".into(),
         port: 22,
         host_key: KEY.into(),
@@ -67,12 +73,12 @@ fn host(name: &str) -> Host {
     }
 }
 
-fn agent(id: &str) -> Agent {
+fn agent(agent: &str) -> Agent {
     Agent {
-        namespace_id: "ns".into(),
-        id: id.into(),
-        service_principal_id: format!("sp-{id}"),
-        configuration_id: "cfg".into(),
+        namespace_id: id("ns"),
+        id: id(agent),
+        service_principal_id: id(&format!("sp-{agent}")),
+        configuration_id: id("cfg"),
         desired_state: DesiredState::Stopped,
         host: None,
         port: None,
@@ -85,13 +91,13 @@ fn agent(id: &str) -> Agent {
 
 fn revision(agent: &str) -> Revision {
     Revision {
-        namespace_id: "ns".into(),
-        agent_id: agent.into(),
-        id: String::new(),
+        namespace_id: id("ns"),
+        agent_id: id(agent),
+        id: id("rev-0"),
         number: 0,
-        configuration_id: "cfg".into(),
+        configuration_id: id("cfg"),
         configuration_generation: 1,
-        configuration_hash: "0".repeat(64),
+        configuration_hash: Sha256Hex::new("0".repeat(64)).unwrap(),
         status: RevisionStatus::Pending,
         last_attempt: None,
         created_at: 1,
@@ -270,7 +276,7 @@ pub async fn namespaces_queue_their_work_and_single_tenant_pools_are_exclusive(s
     s.end_work(&w.claim, done()).await.unwrap();
     s.insert_agent(
         &Agent {
-            namespace_id: "a".into(),
+            namespace_id: id("a"),
             ..agent("x")
         },
         &[],
@@ -358,16 +364,16 @@ pub async fn configurations_count_generations(s: SharedStore) {
             .unwrap(),
         Some(2)
     );
-    let latest = s.configuration("ns", "c").await.unwrap().unwrap();
+    let latest = s.configuration(&id("ns"), &id("c")).await.unwrap().unwrap();
     assert_eq!((latest.generation, latest.document), (2, json!({"v": 2})));
     let first = s
-        .configuration_at("ns", "c", Some(1))
+        .configuration_at(&id("ns"), &id("c"), Some(1))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(first.document, json!({"v": 1}));
     assert!(
-        s.configuration_at("ns", "c", Some(3))
+        s.configuration_at(&id("ns"), &id("c"), Some(3))
             .await
             .unwrap()
             .is_none()
@@ -995,7 +1001,7 @@ pub async fn fill(s: &SharedStore) {
     s.insert_agent(&agent("w"), &[file("AGENTS.md", "hello")], 3)
         .await
         .unwrap();
-    let mut first = String::new();
+    let mut first = id("rev-0");
     for a in ["a1", "a2", "w"] {
         let mut r = revision(a);
         s.create_revision(&mut r).await.unwrap();
@@ -1015,7 +1021,7 @@ pub async fn fill(s: &SharedStore) {
         .await
         .unwrap()
         .into_iter()
-        .map(|(h, n)| (h.name, n))
+        .map(|(h, n)| (h.name.to_string(), n))
         .collect();
     assert_eq!(loads, vec![("h1".to_owned(), 1)]);
     s.commit_revision(&w.claim, "ns", "a1", None, &first)
@@ -1077,8 +1083,8 @@ pub async fn same_reads(a: &SharedStore, b: &SharedStore) {
     assert_eq!(a.hosts().await.unwrap(), b.hosts().await.unwrap());
     assert_eq!(a.namespaces().await.unwrap(), b.namespaces().await.unwrap());
     assert_eq!(
-        a.configuration("ns", "cfg").await.unwrap(),
-        b.configuration("ns", "cfg").await.unwrap()
+        a.configuration(&id("ns"), &id("cfg")).await.unwrap(),
+        b.configuration(&id("ns"), &id("cfg")).await.unwrap()
     );
     assert_eq!(a.agents("ns").await.unwrap(), b.agents("ns").await.unwrap());
     for agent in ["a1", "a2", "a3", "w"] {

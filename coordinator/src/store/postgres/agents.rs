@@ -4,7 +4,10 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use tokio_postgres::Row;
 
-use super::{Cached, PostgresStore, check_claim, claimed_execute, narrow, work, workspace};
+use super::{
+    Cached, PostgresStore, check_claim, claimed_execute, id_col, narrow, opt_id_col, work,
+    workspace,
+};
 use crate::model::{Agent, DesiredState, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result, StoreError};
 
@@ -14,10 +17,10 @@ pub(super) fn agent(r: &Row) -> Result<Agent> {
     let desired: String = r.try_get(4)?;
     let restore: String = r.try_get(10)?;
     Ok(Agent {
-        namespace_id: r.try_get(0)?,
-        id: r.try_get(1)?,
-        service_principal_id: r.try_get(2)?,
-        configuration_id: r.try_get(3)?,
+        namespace_id: id_col(r, 0)?,
+        id: id_col(r, 1)?,
+        service_principal_id: id_col(r, 2)?,
+        configuration_id: id_col(r, 3)?,
         desired_state: DesiredState::parse(&desired)
             .ok_or_else(|| StoreError::Corrupt(format!("desired state {desired:?}")))?,
         host: r.try_get(5)?,
@@ -25,8 +28,8 @@ pub(super) fn agent(r: &Row) -> Result<Agent> {
             .try_get::<_, Option<i64>>(6)?
             .map(|p| narrow(p, "Agent port"))
             .transpose()?,
-        active_revision_id: r.try_get(7)?,
-        served_revision_id: r.try_get(8)?,
+        active_revision_id: opt_id_col(r, 7)?,
+        served_revision_id: opt_id_col(r, 8)?,
         restore: RestorePolicy::parse(&restore)
             .ok_or_else(|| StoreError::Corrupt(format!("restore policy {restore:?}")))?,
         created_at: r.try_get(9)?,
@@ -43,10 +46,10 @@ impl AgentStore for PostgresStore {
                 "INSERT INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore)
                  VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (namespace_id, id) DO NOTHING",
                 &[
-                    &a.namespace_id,
-                    &a.id,
-                    &a.service_principal_id,
-                    &a.configuration_id,
+                    &a.namespace_id.as_str(),
+                    &a.id.as_str(),
+                    &a.service_principal_id.as_str(),
+                    &a.configuration_id.as_str(),
                     &a.desired_state.as_str(),
                     &a.created_at,
                     &a.restore.as_str(),

@@ -1,6 +1,7 @@
 //! Configuration generations (native `openclaw.json` documents).
 
 use async_trait::async_trait;
+use clawfleet_protocol::Ident;
 use serde_json::Value;
 
 use super::{Cached, PostgresStore, narrow};
@@ -44,8 +45,8 @@ impl ConfigurationStore for PostgresStore {
 
     async fn configuration_at(
         &self,
-        ns: &str,
-        id: &str,
+        ns: &Ident,
+        id: &Ident,
         generation: Option<u32>,
     ) -> Result<Option<Configuration>> {
         let c = self.client().await?;
@@ -54,7 +55,7 @@ impl ConfigurationStore for PostgresStore {
                 "SELECT generation, document, created_at FROM configurations
                  WHERE namespace_id = $1 AND id = $2 AND ($3::bigint IS NULL OR generation = $3)
                  ORDER BY generation DESC LIMIT 1",
-                &[&ns, &id, &generation.map(i64::from)],
+                &[&ns.as_str(), &id.as_str(), &generation.map(i64::from)],
             )
             .await?
         else {
@@ -62,8 +63,8 @@ impl ConfigurationStore for PostgresStore {
         };
         let document: String = r.try_get(1)?;
         Ok(Some(Configuration {
-            namespace_id: ns.to_owned(),
-            id: id.to_owned(),
+            namespace_id: ns.clone(),
+            id: id.clone(),
             generation: narrow(r.try_get(0)?, "configuration generation")?,
             document: serde_json::from_str(&document)
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?,

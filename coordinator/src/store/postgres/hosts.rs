@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_postgres::Row;
 
-use super::{Cached, PostgresStore, narrow};
+use super::{Cached, PostgresStore, id_col, narrow};
 use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result, StoreError};
 
@@ -12,7 +12,7 @@ const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents,
 
 fn host(r: &Row) -> Result<Host> {
     Ok(Host {
-        name: r.try_get(0)?,
+        name: id_col(r, 0)?,
         address: r.try_get(1)?,
         port: narrow(r.try_get(2)?, "host port")?,
         host_key: r.try_get(3)?,
@@ -38,7 +38,7 @@ impl HostStore for PostgresStore {
             "INSERT INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at, login_user, jump)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (name) DO NOTHING",
             &[
-                &h.name,
+                &h.name.as_str(),
                 &h.address,
                 &i64::from(h.port),
                 &h.host_key,
@@ -59,7 +59,7 @@ impl HostStore for PostgresStore {
             "UPDATE hosts SET address = $2, port = $3, host_key = $4, fingerprint = $5, max_agents = $6, last_probe = NULL,
                  login_user = $7, jump = $8 WHERE name = $1",
             &[
-                &h.name,
+                &h.name.as_str(),
                 &h.address,
                 &i64::from(h.port),
                 &h.host_key,
@@ -154,7 +154,7 @@ impl HostStore for PostgresStore {
         for r in &rows {
             let load: i64 = r.try_get(10)?;
             let h = host(r)?;
-            found.insert(h.name.clone(), (h, narrow(load, "agent count")?));
+            found.insert(h.name.to_string(), (h, narrow(load, "agent count")?));
         }
         Ok(names.iter().filter_map(|n| found.remove(n)).collect())
     }

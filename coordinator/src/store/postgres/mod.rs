@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawfleet_protocol::Ident;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures::StreamExt;
 use tokio::sync::Notify;
@@ -137,6 +138,35 @@ impl From<deadpool_postgres::PoolError> for StoreError {
 /// A column that does not fit its Rust type.
 pub(super) fn narrow<T: TryFrom<i64>>(v: i64, what: &str) -> Result<T> {
     T::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is out of range")))
+}
+
+/// An id column as the typed id it was stored from. Ids are checked when they enter (the
+/// API, plans); a row that no longer holds one was edited behind the coordinator's back, and
+/// is refused here, naming the column, rather than by every reader above the store.
+pub(super) fn id_col<T>(r: &Row, i: usize) -> Result<T>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text: String = r.try_get(i)?;
+    checked_id(r, i, text)
+}
+
+/// An optional id column (see [`id_col`]).
+pub(super) fn opt_id_col(r: &Row, i: usize) -> Result<Option<Ident>> {
+    let text: Option<String> = r.try_get(i)?;
+    text.map(|t| checked_id(r, i, t)).transpose()
+}
+
+fn checked_id<T>(r: &Row, i: usize, text: String) -> Result<T>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|e: T::Err| {
+        let column = r.columns().get(i).map_or("?", |c| c.name());
+        StoreError::Corrupt(format!("column {column} holds {text:?}, which {e}"))
+    })
 }
 
 /// Refuses a write on behalf of a claim that another claim replaced. The row lock (`FOR

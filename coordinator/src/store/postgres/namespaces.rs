@@ -1,8 +1,9 @@
 //! Namespaces and their pools (or their cluster).
 
 use async_trait::async_trait;
+use clawfleet_protocol::Ident;
 
-use super::{Cached, PostgresStore, claimed_execute as claimed, work};
+use super::{Cached, PostgresStore, claimed_execute as claimed, id_col, work};
 use crate::model::Namespace;
 use crate::store::{Claim, Enqueue, NamespaceInsert, NamespaceStore, Result};
 
@@ -19,11 +20,11 @@ async fn namespace_in(
     else {
         return Ok(None);
     };
-    let id: String = r.try_get(0)?;
+    let id: Ident = id_col(&r, 0)?;
     let pool = c
         .rows(
             "SELECT host_name, ready FROM namespace_hosts WHERE namespace_id = $1 ORDER BY host_name",
-            &[&id],
+            &[&id.as_str()],
         )
         .await?
         .iter()
@@ -32,7 +33,7 @@ async fn namespace_in(
     let cluster: Option<String> = r.try_get(4)?;
     let cluster_ready: bool = r.try_get(5)?;
     Ok(Some(Namespace::from_pool(
-        (id, r.try_get(1)?),
+        (id, id_col(&r, 1)?),
         pool,
         cluster.map(|c| (c, cluster_ready)),
         r.try_get(2)?,

@@ -5,7 +5,9 @@ use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{Cached, PostgresStore, Tx, check_claim, claimed_execute, narrow, rollouts, work};
+use super::{
+    Cached, PostgresStore, Tx, check_claim, claimed_execute, id_col, narrow, rollouts, work,
+};
 use crate::model::{LastAttempt, Revision, RevisionStatus};
 use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError};
 
@@ -20,13 +22,13 @@ fn revision(r: &Row) -> Result<Revision> {
     let code: Option<String> = r.try_get(9)?;
     let at: Option<i64> = r.try_get(11)?;
     Ok(Revision {
-        namespace_id: r.try_get(0)?,
-        agent_id: r.try_get(1)?,
-        id: r.try_get(2)?,
+        namespace_id: id_col(r, 0)?,
+        agent_id: id_col(r, 1)?,
+        id: id_col(r, 2)?,
         number: narrow(r.try_get(3)?, "revision number")?,
-        configuration_id: r.try_get(4)?,
+        configuration_id: id_col(r, 4)?,
         configuration_generation: narrow(r.try_get(5)?, "configuration generation")?,
-        configuration_hash: r.try_get(6)?,
+        configuration_hash: id_col(r, 6)?,
         rendered: json(r.try_get(7)?)?,
         status: RevisionStatus::parse(&status)
             .ok_or_else(|| StoreError::Corrupt(format!("revision status {status:?}")))?,
@@ -67,7 +69,7 @@ pub(super) async fn insert_revision(
             None => rollouts::open_rollout_of(tx, &r.namespace_id, &r.agent_id).await,
         }
     };
-    let agent_key: [&(dyn ToSql + Sync); 2] = [&r.namespace_id, &r.agent_id];
+    let agent_key: [&(dyn ToSql + Sync); 2] = [&r.namespace_id.as_str(), &r.agent_id.as_str()];
     let (rollout, floor, last) = futures::try_join!(
         open_rollout,
         tx.opt(
@@ -87,20 +89,20 @@ pub(super) async fn insert_revision(
     let floor: i64 = floor.map(|row| row.try_get(0)).transpose()?.unwrap_or(0);
     let last: i64 = last.try_get::<_, i64>(0)?.max(floor);
     r.number = narrow(last + 1, "revision number")?;
-    r.id = Revision::id_for(r.number, &r.configuration_hash);
+    r.id = crate::store::revision_id(r.number, &r.configuration_hash)?;
     r.status = RevisionStatus::Pending;
     let number = last + 1;
     let generation = i64::from(r.configuration_generation);
     let rendered = r.rendered.to_string();
     let status = r.status.as_str();
     let row: [&(dyn ToSql + Sync); 10] = [
-        &r.namespace_id,
-        &r.agent_id,
-        &r.id,
+        &r.namespace_id.as_str(),
+        &r.agent_id.as_str(),
+        &r.id.as_str(),
         &number,
-        &r.configuration_id,
+        &r.configuration_id.as_str(),
         &generation,
-        &r.configuration_hash,
+        &r.configuration_hash.as_str(),
         &rendered,
         &status,
         &r.created_at,

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use tokio_postgres::Row;
 
-use super::{Cached, NOW_MS, PostgresStore, Tx, narrow, revisions};
+use super::{Cached, NOW_MS, PostgresStore, Tx, id_col, narrow, revisions};
 use crate::model::{Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutState};
 use crate::store::{
     Result, RevisionInsert, RolloutInsert, RolloutRow, RolloutStore, StoreError, sql_list,
@@ -40,8 +40,8 @@ fn rollout(r: &Row) -> Result<Rollout> {
     let state: String = r.try_get(9)?;
     Ok(Rollout {
         id: r.try_get(0)?,
-        namespace_id: r.try_get(1)?,
-        configuration_id: r.try_get(2)?,
+        namespace_id: id_col(r, 1)?,
+        configuration_id: id_col(r, 2)?,
         configuration_generation: narrow(r.try_get(3)?, "configuration generation")?,
         canary: narrow(r.try_get(4)?, "canary")?,
         max_parallel: narrow(r.try_get(5)?, "maxParallel")?,
@@ -66,7 +66,7 @@ fn rollout(r: &Row) -> Result<Rollout> {
 fn rollout_agent(r: &Row) -> Result<RolloutAgent> {
     let state: String = r.try_get(2)?;
     Ok(RolloutAgent {
-        agent_id: r.try_get(0)?,
+        agent_id: id_col(r, 0)?,
         wave: narrow(r.try_get(1)?, "wave")?,
         state: RolloutAgentState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("rollout Agent state {state:?}")))?,
@@ -275,7 +275,7 @@ impl RolloutStore for PostgresStore {
                 "SELECT 1 FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
                  WHERE a.rollout_id = $1 AND a.agent_id = $2 AND a.state = 'pending' AND r.state = 'running'
                  FOR UPDATE OF a",
-                &[&rollout, &rev.agent_id],
+                &[&rollout, &rev.agent_id.as_str()],
             )
             .await?;
         if pending.is_none() {
@@ -283,7 +283,11 @@ impl RolloutStore for PostgresStore {
         }
         tx.exec(
             "UPDATE agents SET configuration_id = $3 WHERE namespace_id = $1 AND id = $2",
-            &[&rev.namespace_id, &rev.agent_id, &rev.configuration_id],
+            &[
+                &rev.namespace_id.as_str(),
+                &rev.agent_id.as_str(),
+                &rev.configuration_id.as_str(),
+            ],
         )
         .await?;
         let work = match revisions::insert_revision(&tx, rev, Some(rollout)).await? {
@@ -299,7 +303,7 @@ impl RolloutStore for PostgresStore {
                 "UPDATE rollout_agents SET state = 'deploying', revision_id = $3, work_id = $4, started_at = {NOW_MS} / 1000
                  WHERE rollout_id = $1 AND agent_id = $2"
             ),
-            &[&rollout, &rev.agent_id, &rev.id, &work],
+            &[&rollout, &rev.agent_id.as_str(), &rev.id.as_str(), &work],
         )
         .await?;
         tx.commit().await?;

@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
 
-use super::{Cached, PostgresStore, Tx, claimed_execute, narrow};
+use super::{Cached, PostgresStore, Tx, claimed_execute, id_col, narrow};
 use crate::model::{Agent, WorkspaceFileInfo, WorkspaceSetupInfo, WorkspaceState};
 use crate::store::{Claim, Result, StoreError, WorkspaceStore};
 
@@ -19,7 +19,12 @@ pub(super) async fn insert_files(
 ) -> Result<()> {
     tx.exec(
         "INSERT INTO agent_workspace (namespace_id, agent_id, state, updated_at) VALUES ($1, $2, $3, $4)",
-        &[&a.namespace_id, &a.id, &WorkspaceState::Pending.as_str(), &now],
+        &[
+            &a.namespace_id.as_str(),
+            &a.id.as_str(),
+            &WorkspaceState::Pending.as_str(),
+            &now,
+        ],
     )
     .await?;
     for f in files {
@@ -28,8 +33,8 @@ pub(super) async fn insert_files(
             "INSERT INTO agent_workspace_files (namespace_id, agent_id, name, size, sha256, content)
              VALUES ($1, $2, $3, $4, $5, $6)",
             &[
-                &a.namespace_id,
-                &a.id,
+                &a.namespace_id.as_str(),
+                &a.id.as_str(),
                 &meta.name.as_str(),
                 &(meta.size as i64),
                 &meta.sha256.as_str(),
@@ -72,9 +77,9 @@ impl WorkspaceStore for PostgresStore {
             .iter()
             .map(|f| {
                 Ok(WorkspaceFileInfo {
-                    name: f.try_get(0)?,
+                    name: id_col(f, 0)?,
                     size: narrow(f.try_get::<_, i64>(1)?.max(0), "file size")?,
-                    sha256: f.try_get(2)?,
+                    sha256: id_col(f, 2)?,
                     content_held: f.try_get(3)?,
                 })
             })

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use rusqlite::{OptionalExtension, Row, params};
 
-use super::{SqliteStore, parse_col, work, workspace};
+use super::{SqliteStore, id_col, opt_id_col, parse_col, work, workspace};
 use crate::model::{Agent, DesiredState, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result};
 
@@ -13,15 +13,15 @@ const AGENT_COLS: &str = "namespace_id, id, service_principal_id, configuration_
 fn agent_row(r: &Row<'_>) -> rusqlite::Result<(Agent, String, String)> {
     Ok((
         Agent {
-            namespace_id: r.get(0)?,
-            id: r.get(1)?,
-            service_principal_id: r.get(2)?,
-            configuration_id: r.get(3)?,
+            namespace_id: id_col(r, 0)?,
+            id: id_col(r, 1)?,
+            service_principal_id: id_col(r, 2)?,
+            configuration_id: id_col(r, 3)?,
             desired_state: DesiredState::Running,
             host: r.get(5)?,
             port: r.get(6)?,
-            active_revision_id: r.get(7)?,
-            served_revision_id: r.get(8)?,
+            active_revision_id: opt_id_col(r, 7)?,
+            served_revision_id: opt_id_col(r, 8)?,
             restore: RestorePolicy::None,
             created_at: r.get(9)?,
         },
@@ -43,7 +43,7 @@ impl AgentStore for SqliteStore {
             let inserted = tx.execute(
                 "INSERT OR IGNORE INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![a.namespace_id, a.id, a.service_principal_id, a.configuration_id, a.desired_state.as_str(), a.created_at, a.restore.as_str()],
+                params![a.namespace_id.as_str(), a.id.as_str(), a.service_principal_id.as_str(), a.configuration_id.as_str(), a.desired_state.as_str(), a.created_at, a.restore.as_str()],
             )? > 0;
             if inserted && !files.is_empty() {
                 workspace::insert_files(tx, a, files, now)?;

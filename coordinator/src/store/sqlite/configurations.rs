@@ -1,6 +1,7 @@
 //! Configuration generations (native `openclaw.json` documents).
 
 use async_trait::async_trait;
+use clawfleet_protocol::Ident;
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
 
@@ -39,22 +40,22 @@ impl ConfigurationStore for SqliteStore {
 
     async fn configuration_at(
         &self,
-        ns: &str,
-        id: &str,
+        ns: &Ident,
+        id: &Ident,
         generation: Option<u32>,
     ) -> Result<Option<Configuration>> {
         self.read(|c| {
             let row: Option<(u32, String, i64)> = c
                 .query_row(
                     "SELECT generation, document, created_at FROM configurations WHERE namespace_id = ?1 AND id = ?2 AND (?3 IS NULL OR generation = ?3) ORDER BY generation DESC LIMIT 1",
-                    params![ns, id, generation],
+                    params![ns.as_str(), id.as_str(), generation],
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
                 .optional()?;
             row.map(|(generation, document, created_at)| {
                 Ok(Configuration {
-                    namespace_id: ns.to_owned(),
-                    id: id.to_owned(),
+                    namespace_id: ns.clone(),
+                    id: id.clone(),
                     generation,
                     document: json_col(document)?,
                     created_at,

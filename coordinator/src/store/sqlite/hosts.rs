@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, Row, params};
 use serde_json::Value;
 
-use super::{SqliteStore, json_col};
+use super::{SqliteStore, id_col, json_col};
 use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result};
 
@@ -13,7 +13,7 @@ const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents,
 fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<String>)> {
     Ok((
         Host {
-            name: r.get(0)?,
+            name: id_col(r, 0)?,
             address: r.get(1)?,
             port: r.get(2)?,
             host_key: r.get(3)?,
@@ -43,7 +43,7 @@ impl HostStore for SqliteStore {
             Ok(tx.execute(
                 "INSERT OR IGNORE INTO hosts (name, address, port, host_key, fingerprint, max_agents, enrolled_at, login_user, jump)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at, h.login_user, crate::store::jump_text(h)?],
+                params![h.name.as_str(), h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.enrolled_at, h.login_user, crate::store::jump_text(h)?],
             )? > 0)
         })
         .await
@@ -54,7 +54,7 @@ impl HostStore for SqliteStore {
             Ok(tx.execute(
                 "UPDATE hosts SET address = ?2, port = ?3, host_key = ?4, fingerprint = ?5, max_agents = ?6, last_probe = NULL,
                      login_user = ?7, jump = ?8 WHERE name = ?1",
-                params![h.name, h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.login_user, crate::store::jump_text(h)?],
+                params![h.name.as_str(), h.address, h.port, h.host_key, h.fingerprint, h.max_agents, h.login_user, crate::store::jump_text(h)?],
             )? > 0)
         })
         .await

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawfleet_protocol::Ident;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{Notify, Semaphore};
 
@@ -39,6 +40,12 @@ const READERS: usize = 4;
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
+        // A row mapper's own verdict on a value (see `corrupt`) keeps its meaning.
+        if let rusqlite::Error::FromSqlConversionFailure(_, _, inner) = &e
+            && let Some(StoreError::Corrupt(what)) = inner.downcast_ref::<StoreError>()
+        {
+            return StoreError::Corrupt(what.clone());
+        }
         match e.sqlite_error_code() {
             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
                 StoreError::Unavailable(e.to_string())
@@ -65,6 +72,35 @@ pub(super) fn json_col(text: String) -> Result<serde_json::Value> {
 /// A text enum column.
 pub(super) fn parse_col<T>(text: &str, what: &str, parse: fn(&str) -> Option<T>) -> Result<T> {
     parse(text).ok_or_else(|| StoreError::Corrupt(format!("{what} {text:?}")))
+}
+
+/// An id column as the typed id it was stored from. Ids are checked when they enter (the
+/// API, plans); a row that no longer holds one was edited behind the coordinator's back, and
+/// is refused here, naming the column, rather than by every reader above the store.
+pub(super) fn id_col<T>(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<T>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text: String = r.get(i)?;
+    text.parse()
+        .map_err(|e: T::Err| corrupt(i, bad_id(r, i, &text, &e)))
+}
+
+fn bad_id(r: &rusqlite::Row<'_>, i: usize, text: &str, e: &dyn std::fmt::Display) -> String {
+    let column = r.as_ref().column_name(i).unwrap_or("?");
+    format!("column {column} holds {text:?}, which {e}")
+}
+
+/// An optional id column (see [`id_col`]).
+pub(super) fn opt_id_col(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<Ident>> {
+    let text: Option<String> = r.get(i)?;
+    match text {
+        None => Ok(None),
+        Some(text) => Ident::new(text.as_str())
+            .map(Some)
+            .map_err(|e| corrupt(i, bad_id(r, i, &text, &e))),
+    }
 }
 
 /// Refuses a write on behalf of a claim that another claim replaced; call inside the write's

@@ -3,17 +3,28 @@
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 
-use super::{SqliteStore, work};
+use super::{SqliteStore, id_col, work};
 use crate::model::Namespace;
 use crate::store::{Claim, Enqueue, NamespaceInsert, NamespaceStore, Result};
+use clawfleet_protocol::Ident;
 
 fn namespace_in(c: &rusqlite::Connection, id: &str) -> Result<Option<Namespace>> {
-    type NamespaceRow = (String, String, bool, i64, Option<String>, bool, bool);
+    type NamespaceRow = (Ident, Ident, bool, i64, Option<String>, bool, bool);
     let row: Option<NamespaceRow> = c
         .query_row(
             "SELECT id, name, deleting, created_at, cluster_name, cluster_ready, single_tenant FROM namespaces WHERE id = ?1",
             [id],
-            |r| NamespaceRow::try_from(r),
+            |r| {
+                Ok((
+                    id_col(r, 0)?,
+                    id_col(r, 1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
+            },
         )
         .optional()?;
     let Some((id, name, deleting, created_at, cluster, cluster_ready, single_tenant)) = row else {
@@ -23,7 +34,7 @@ fn namespace_in(c: &rusqlite::Connection, id: &str) -> Result<Option<Namespace>>
         "SELECT host_name, ready FROM namespace_hosts WHERE namespace_id = ?1 ORDER BY host_name",
     )?;
     let pool: Vec<(String, bool)> = st
-        .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
     Ok(Some(Namespace::from_pool(
         (id, name),

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
-use super::{SqliteStore, json_col, parse_col, rollouts, work};
+use super::{SqliteStore, id_col, json_col, parse_col, rollouts, work};
 use crate::model::{LastAttempt, Revision, RevisionStatus};
 use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore};
 
@@ -25,13 +25,13 @@ type RevisionRow = (
 fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
     Ok((
         Revision {
-            namespace_id: r.get(0)?,
-            agent_id: r.get(1)?,
-            id: r.get(2)?,
+            namespace_id: id_col(r, 0)?,
+            agent_id: id_col(r, 1)?,
+            id: id_col(r, 2)?,
             number: r.get::<_, i64>(3)? as u64,
-            configuration_id: r.get(4)?,
+            configuration_id: id_col(r, 4)?,
             configuration_generation: r.get(5)?,
-            configuration_hash: r.get(6)?,
+            configuration_hash: id_col(r, 6)?,
             status: RevisionStatus::Pending,
             last_attempt: None,
             created_at: r.get(13)?,
@@ -82,16 +82,16 @@ fn next_number(c: &Connection, ns: &str, agent: &str) -> Result<i64> {
 pub(super) fn insert_revision(tx: &Connection, r: &mut Revision) -> Result<i64> {
     let last = next_number(tx, &r.namespace_id, &r.agent_id)? - 1;
     r.number = last as u64 + 1;
-    r.id = Revision::id_for(r.number, &r.configuration_hash);
+    r.id = crate::store::revision_id(r.number, &r.configuration_hash)?;
     r.status = RevisionStatus::Pending;
     tx.execute(
         "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-        params![r.namespace_id, r.agent_id, r.id, r.number as i64, r.configuration_id, r.configuration_generation, r.configuration_hash, r.rendered.to_string(), r.status.as_str(), r.created_at],
+        params![r.namespace_id.as_str(), r.agent_id.as_str(), r.id.as_str(), r.number as i64, r.configuration_id.as_str(), r.configuration_generation, r.configuration_hash.as_str(), r.rendered.to_string(), r.status.as_str(), r.created_at],
     )?;
     tx.execute(
         "UPDATE agents SET desired_state = 'running' WHERE namespace_id = ?1 AND id = ?2",
-        params![r.namespace_id, r.agent_id],
+        params![r.namespace_id.as_str(), r.agent_id.as_str()],
     )?;
     work::enqueue(tx, &Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id))
 }

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use super::{SqliteStore, corrupt, revisions};
+use super::{SqliteStore, corrupt, id_col, revisions};
 use crate::clock::now_ms;
 use crate::model::{Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutState};
 use crate::store::{Result, RolloutInsert, RolloutRow, RolloutStore};
@@ -34,8 +34,8 @@ fn rollout_row(r: &Row<'_>) -> rusqlite::Result<Rollout> {
     let state: String = r.get(9)?;
     Ok(Rollout {
         id: r.get(0)?,
-        namespace_id: r.get(1)?,
-        configuration_id: r.get(2)?,
+        namespace_id: id_col(r, 1)?,
+        configuration_id: id_col(r, 2)?,
         configuration_generation: r.get(3)?,
         canary: r.get(4)?,
         max_parallel: r.get(5)?,
@@ -58,7 +58,7 @@ fn rollout_row(r: &Row<'_>) -> rusqlite::Result<Rollout> {
 fn agent_row(r: &Row<'_>) -> rusqlite::Result<RolloutAgent> {
     let state: String = r.get(2)?;
     Ok(RolloutAgent {
-        agent_id: r.get(0)?,
+        agent_id: id_col(r, 0)?,
         wave: r.get(1)?,
         state: RolloutAgentState::parse(&state)
             .ok_or_else(|| corrupt(2, format!("rollout Agent state {state:?}")))?,
@@ -227,7 +227,7 @@ impl RolloutStore for SqliteStore {
                     .query_row(
                         "SELECT 1 FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
                          WHERE a.rollout_id = ?1 AND a.agent_id = ?2 AND a.state = 'pending' AND r.state = 'running'",
-                        params![rollout, rev.agent_id],
+                        params![rollout, rev.agent_id.as_str()],
                         |r| r.get(0),
                     )
                     .optional()?;
@@ -236,13 +236,13 @@ impl RolloutStore for SqliteStore {
                 }
                 tx.execute(
                     "UPDATE agents SET configuration_id = ?3 WHERE namespace_id = ?1 AND id = ?2",
-                    params![rev.namespace_id, rev.agent_id, rev.configuration_id],
+                    params![rev.namespace_id.as_str(), rev.agent_id.as_str(), rev.configuration_id.as_str()],
                 )?;
                 let work = revisions::insert_revision(tx, rev)?;
                 tx.execute(
                     "UPDATE rollout_agents SET state = 'deploying', revision_id = ?3, work_id = ?4, started_at = ?5
                      WHERE rollout_id = ?1 AND agent_id = ?2",
-                    params![rollout, rev.agent_id, rev.id, work, now_ms() / 1000],
+                    params![rollout, rev.agent_id.as_str(), rev.id.as_str(), work, now_ms() / 1000],
                 )?;
                 Ok(Some(work))
             })

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{SqliteStore, parse_col};
+use super::{SqliteStore, id_col, parse_col};
 use crate::model::{Agent, WorkspaceFileInfo, WorkspaceSetupInfo, WorkspaceState};
 use crate::store::{Claim, Result, StoreError, WorkspaceStore};
 
@@ -19,14 +19,14 @@ pub(super) fn insert_files(
 ) -> Result<()> {
     tx.execute(
         "INSERT INTO agent_workspace (namespace_id, agent_id, state, updated_at) VALUES (?1, ?2, ?3, ?4)",
-        params![a.namespace_id, a.id, WorkspaceState::Pending.as_str(), now],
+        params![a.namespace_id.as_str(), a.id.as_str(), WorkspaceState::Pending.as_str(), now],
     )?;
     for f in files {
         let meta = f.meta();
         tx.execute(
             "INSERT INTO agent_workspace_files (namespace_id, agent_id, name, size, sha256, content)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![a.namespace_id, a.id, meta.name.as_str(), meta.size as i64, meta.sha256.as_str(), f.content],
+            params![a.namespace_id.as_str(), a.id.as_str(), meta.name.as_str(), meta.size as i64, meta.sha256.as_str(), f.content],
         )?;
     }
     Ok(())
@@ -62,9 +62,9 @@ impl WorkspaceStore for SqliteStore {
             let files = stmt
                 .query_map(params![ns, agent], |r| {
                     Ok(WorkspaceFileInfo {
-                        name: r.get(0)?,
+                        name: id_col(r, 0)?,
                         size: r.get::<_, i64>(1)?.max(0) as u64,
-                        sha256: r.get(2)?,
+                        sha256: id_col(r, 2)?,
                         content_held: r.get(3)?,
                     })
                 })?
