@@ -112,6 +112,13 @@ struct Entry {
     unit: String,
     op: Option<String>,
     operation: Option<String>,
+    /// hostd's step timeline on its success line (`verify@0.2 pointer-flip@1.0 …`, ms).
+    steps: Option<String>,
+    elapsed_us: Option<u64>,
+    /// Readiness looks on hostd's "ready" line, and their costs (µs): systemd's state, the
+    /// port's sockets, `/readyz`.
+    polls: Option<u64>,
+    look_costs: [Option<u64>; 3],
 }
 
 fn entries(text: &str) -> Vec<Entry> {
@@ -127,6 +134,11 @@ fn entries(text: &str) -> Vec<Entry> {
                     .to_owned(),
                 op: journal_field(&e, "OP").map(str::to_owned),
                 operation: journal_field(&e, "OPERATION_ID").map(str::to_owned),
+                steps: journal_field(&e, "STEPS").map(str::to_owned),
+                elapsed_us: journal_field(&e, "ELAPSED_US").and_then(|v| v.parse().ok()),
+                polls: journal_field(&e, "POLLS").and_then(|v| v.parse().ok()),
+                look_costs: ["STATE_US", "SOCKETS_US", "PROBE_US"]
+                    .map(|f| journal_field(&e, f).and_then(|v| v.parse().ok())),
             })
         })
         .collect()
@@ -146,6 +158,7 @@ fn breakdown(text: &str) {
     };
     let agent_unit = |e: &Entry| e.unit.starts_with("clawfleet-agent-");
     let mut parts: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut hostd_steps: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for received in entries.iter().filter(|e| {
         e.message == "operation received" && e.op.as_deref() == Some("activate-revision")
     }) {
@@ -159,6 +172,51 @@ fn breakdown(text: &str) {
             continue;
         };
         let (t0, t9) = (received.at, done.at);
+        // hostd's own account: each step from its start to the next one's (µs → ms).
+        if let (Some(steps), Some(total_us)) = (&done.steps, done.elapsed_us) {
+            let marks: Vec<(&str, f64)> = steps
+                .split_whitespace()
+                .filter_map(|m| {
+                    let (name, at) = m.split_once('@')?;
+                    Some((name, at.parse().ok()?))
+                })
+                .collect();
+            for (i, (name, at)) in marks.iter().enumerate() {
+                let end = marks
+                    .get(i + 1)
+                    .map_or(total_us as f64 / 1000.0, |(_, next)| *next);
+                hostd_steps
+                    .entry(format!("hostd step {i} {name}"))
+                    .or_default()
+                    .push(((end - at) * 1000.0) as u64);
+            }
+        }
+        if let Some(ready) = entries
+            .iter()
+            .find(|e| e.operation.as_ref() == Some(id) && e.message == "ready")
+        {
+            if let Some(polls) = ready.polls {
+                hostd_steps
+                    .entry("readiness looks (count, not ms)".to_owned())
+                    .or_default()
+                    .push(polls * 1000);
+            }
+            for (name, us) in [
+                "asking systemd",
+                "reading the port's sockets",
+                "asking /readyz",
+            ]
+            .iter()
+            .zip(ready.look_costs)
+            {
+                if let Some(us) = us {
+                    hostd_steps
+                        .entry(format!("readiness, in all: {name}"))
+                        .or_default()
+                        .push(us);
+                }
+            }
+        }
         let stopping = first_after(t0, t9, &|e| {
             agent_unit(e) && e.message.starts_with("Stopping")
         });
@@ -230,6 +288,17 @@ fn breakdown(text: &str) {
             ms.len(),
             quantile(&ms, 0.5),
             quantile(&ms, 0.9)
+        );
+    }
+    println!("hostd's own timeline of each activation (its success line; medians / p90, ms)");
+    for (step, mut us) in hostd_steps {
+        us.sort_unstable();
+        let ms = |v: u64| v as f64 / 1000.0;
+        println!(
+            "  {step:<64} n={:<3} median {:>6.1}  p90 {:>6.1}",
+            us.len(),
+            ms(quantile(&us, 0.5)),
+            ms(quantile(&us, 0.9))
         );
     }
 }

@@ -50,6 +50,38 @@ fn next_readiness_pause(pause: Duration, elapsed: Duration) -> Duration {
 /// Restarts seen during one readiness wait that mean "crash loop", not "slow start".
 const CRASH_LOOP_RESTARTS: u32 = 3;
 
+/// How often a readiness wait asks systemd about the unit (failed, restarting). systemd is
+/// busy starting the unit while the gateway comes up, and each question then waits for it;
+/// the port's sockets and `/readyz` say when the gateway is up.
+const STATE_EVERY: Duration = Duration::from_millis(25);
+
+/// What one readiness wait cost: looks, and the time spent asking systemd, reading the port's
+/// sockets and asking `/readyz` (µs), for hostd's "ready" line.
+#[derive(Debug, Default, Clone, Copy)]
+struct Looks {
+    polls: u32,
+    state_us: u64,
+    sockets_us: u64,
+    probe_us: u64,
+}
+
+impl Looks {
+    fn log(self, ctx: &Ctx<'_>) {
+        tracing::info!(
+            operation_id = %ctx.operation_id,
+            polls = self.polls,
+            state_us = self.state_us,
+            sockets_us = self.sockets_us,
+            probe_us = self.probe_us,
+            "ready"
+        );
+    }
+}
+
+fn micros(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Whether the revision `current` points at is newer than revision `number`. Another revision
 /// with the same number is a snapshot mismatch: numbers name exactly one revision.
 pub(crate) fn newer_is_current(
@@ -548,8 +580,8 @@ impl Engine<'_> {
         uid: u32,
     ) -> Result<Option<Restored>, Failure> {
         let candidate = match self.wait_ready(ctx, paths, port, uid) {
-            Ok(polls) => {
-                tracing::info!(operation_id = %ctx.operation_id, polls, "ready");
+            Ok(looks) => {
+                looks.log(ctx);
                 self.record_served(ctx, paths, &args.revision)?;
                 return Ok(None);
             }
@@ -589,8 +621,7 @@ impl Engine<'_> {
             ctx.step(Step::PointerFlip)?;
             self.cut_over(ctx, paths, prev)?;
             ctx.step(Step::Readiness)?;
-            let polls = self.wait_ready(ctx, paths, port, uid)?;
-            tracing::info!(operation_id = %ctx.operation_id, polls, "ready");
+            self.wait_ready(ctx, paths, port, uid)?.log(ctx);
             self.record_served(ctx, paths, prev)
         })();
         match restore {
@@ -662,60 +693,59 @@ impl Engine<'_> {
         self.listener_owned(paths, port, uid)
     }
 
-    /// Polls `/readyz`: the first probe at once, then pauses of 2 ms doubling to 10 ms for the
-    /// first 2 s and to 1 s after, up to the readiness limit. A unit that systemd gave up on,
-    /// or that keeps restarting, fails at once. Ready: how many looks it took.
+    /// Polls `/readyz`: the first look at once, then pauses of 2 ms doubling to 10 ms for the
+    /// first 2 s and to 1 s after, up to the readiness limit. Each look reads the port's
+    /// sockets (cheap) and, once the Agent's account listens, asks `/readyz`; systemd's view
+    /// of the unit is read at the first look and then at most every [`STATE_EVERY`], since
+    /// systemd answers slowly while it is starting the unit. A unit that systemd gave up on, or
+    /// that keeps restarting, fails at once. Ready: what the wait cost.
     fn wait_ready(
         &self,
         ctx: &Ctx<'_>,
         paths: &AgentPaths,
         port: u16,
         uid: u32,
-    ) -> Result<u32, Failure> {
+    ) -> Result<Looks, Failure> {
         let limit = self.config.limits.readiness_timeout;
         let start = Instant::now();
-        // The first probe at once, then 2 ms doubling to 10 ms, and to 1 s after 2 s: a
-        // gateway that is ready within milliseconds is seen within milliseconds, a slow one
-        // costs one probe a second.
         let mut pause = FIRST_READINESS_PAUSE;
         let mut first_restarts: Option<u32> = None;
-        let mut polls = 0u32;
+        let mut looks = Looks::default();
+        let mut state: Option<(Instant, crate::system::UnitState)> = None;
         loop {
-            polls = polls.saturating_add(1);
-            let state = self
-                .system
-                .unit_state(&paths.unit_name)
-                .map_err(system_failure)?;
-            let base = *first_restarts.get_or_insert(state.n_restarts);
-            if state.n_restarts.saturating_sub(base) >= CRASH_LOOP_RESTARTS {
-                // `state` may already describe the next run (status 0): ask for the exit.
-                let status = self
-                    .last_exit_status(ctx, paths)
-                    .map_or_else(|| "unknown".to_owned(), |s| s.to_string());
-                return Err(Failure::new(
-                    FailureCode::UnitFailed,
-                    format!(
-                        "the gateway keeps exiting (last exit status {status}, {} restarts while waiting for readiness)",
-                        state.n_restarts - base
-                    ),
-                ));
+            looks.polls = looks.polls.saturating_add(1);
+            if state
+                .as_ref()
+                .is_none_or(|(at, _)| at.elapsed() >= STATE_EVERY)
+            {
+                let t = Instant::now();
+                let now = self
+                    .system
+                    .unit_state(&paths.unit_name)
+                    .map_err(system_failure)?;
+                looks.state_us += micros(t);
+                self.check_unit(ctx, paths, &now, &mut first_restarts)?;
+                state = Some((Instant::now(), now));
             }
-            if state.is_failed() {
-                let why = if state.exec_main_status == 78 {
-                    "the gateway exited with status 78 (configuration error)".to_owned()
-                } else {
-                    format!(
-                        "the gateway unit failed (exit status {})",
-                        state.exec_main_status
-                    )
-                };
-                return Err(Failure::new(FailureCode::UnitFailed, why));
-            }
+            let Some((_, unit)) = &state else {
+                continue;
+            };
             // A squatter on the port fails the activation whatever the unit's state: our
             // gateway cannot bind while it is there.
+            let t = Instant::now();
             let owned = self.listener_owned(paths, port, uid)?;
-            if state.is_active() && owned && self.ready_and_owned(paths, port, uid)? {
-                return Ok(polls);
+            looks.sockets_us += micros(t);
+            if unit.is_active() && owned {
+                let t = Instant::now();
+                let answered = self.system.probe_ready(port, Duration::from_secs(1));
+                looks.probe_us += micros(t);
+                // Checked again after the answer: the socket that answered was the Agent's.
+                let t = Instant::now();
+                let still = answered && self.listener_owned(paths, port, uid)?;
+                looks.sockets_us += micros(t);
+                if still {
+                    return Ok(looks);
+                }
             }
             if start.elapsed() >= limit {
                 return Err(Failure::new(
@@ -723,9 +753,9 @@ impl Engine<'_> {
                     format!(
                         "the gateway did not answer /readyz with 200 within {} ms (unit {} {}, {} restarts)",
                         limit.as_millis(),
-                        state.active_state,
-                        state.sub_state,
-                        state.n_restarts
+                        unit.active_state,
+                        unit.sub_state,
+                        unit.n_restarts
                     ),
                 ));
             }
@@ -747,6 +777,43 @@ impl Engine<'_> {
             );
             pause = next_readiness_pause(pause, start.elapsed());
         }
+    }
+
+    /// Fails a wait whose unit systemd gave up on, or that restarted
+    /// [`CRASH_LOOP_RESTARTS`] times since the wait began.
+    fn check_unit(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        state: &crate::system::UnitState,
+        first_restarts: &mut Option<u32>,
+    ) -> Result<(), Failure> {
+        let base = *first_restarts.get_or_insert(state.n_restarts);
+        if state.n_restarts.saturating_sub(base) >= CRASH_LOOP_RESTARTS {
+            // `state` may already describe the next run (status 0): ask for the exit.
+            let status = self
+                .last_exit_status(ctx, paths)
+                .map_or_else(|| "unknown".to_owned(), |s| s.to_string());
+            return Err(Failure::new(
+                FailureCode::UnitFailed,
+                format!(
+                    "the gateway keeps exiting (last exit status {status}, {} restarts while waiting for readiness)",
+                    state.n_restarts - base
+                ),
+            ));
+        }
+        if state.is_failed() {
+            let why = if state.exec_main_status == 78 {
+                "the gateway exited with status 78 (configuration error)".to_owned()
+            } else {
+                format!(
+                    "the gateway unit failed (exit status {})",
+                    state.exec_main_status
+                )
+            };
+            return Err(Failure::new(FailureCode::UnitFailed, why));
+        }
+        Ok(())
     }
 
     /// Checks a revision without side effects.
