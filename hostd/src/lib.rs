@@ -19,6 +19,7 @@ pub mod login_user;
 pub mod markers;
 pub mod real;
 pub mod session;
+pub mod sock_diag;
 pub mod system;
 pub mod trash;
 pub mod unit;

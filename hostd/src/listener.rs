@@ -1,4 +1,5 @@
-//! Who listens on a port: the listening TCP sockets in `/proc/net/tcp` and `/proc/net/tcp6`.
+//! Who listens on a port: the listening TCP sockets, from the kernel over netlink
+//! (`sock_diag.rs`) or from `/proc/net/tcp` and `/proc/net/tcp6`.
 //!
 //! Readiness only counts when the listener on the Agent's port belongs to the Agent's account:
 //! otherwise another local user who bound the port first (while the Agent was stopped or
