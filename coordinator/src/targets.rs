@@ -15,8 +15,7 @@ use crate::store::prelude::*;
 pub enum TargetError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The stored state names a cluster or host that is not registered, or a name that is not
-    /// valid: `INVALID_STATE` / `INVALID_STORED_ID`.
+    /// The stored state names a cluster or host that is not registered: `INVALID_STATE`.
     #[error("{message}")]
     Inconsistent { code: Code, message: String },
 }

@@ -292,7 +292,8 @@ impl<'a> Responder<'a> {
         };
         match outcome.failure() {
             None => {
-                tracing::info!(operation_id = %id, op = kind.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, elapsed_us = started.elapsed().as_micros() as u64, steps = %timeline.borrow(), "operation succeeded")
+                let elapsed = started.elapsed();
+                tracing::info!(operation_id = %id, op = kind.as_str(), elapsed_ms = elapsed.as_millis() as u64, elapsed_us = elapsed.as_micros() as u64, steps = %timeline.borrow(), "operation succeeded")
             }
             Some(f) => {
                 tracing::warn!(operation_id = %id, op = kind.as_str(), code = f.code.as_str(), "operation failed: {}", f.message)

@@ -82,6 +82,12 @@ pub(crate) fn revision_id(number: u64, configuration_hash: &str) -> Result<Ident
     })
 }
 
+/// Why a typed column cannot be read back, in both stores' words: the column, what it holds
+/// and what is wrong with that.
+pub(crate) fn bad_column(column: &str, text: &str, why: &dyn std::fmt::Display) -> String {
+    format!("column {column} holds {text:?}, which {why}")
+}
+
 /// `('a', 'b')`: stored texts (states, kinds) as an SQL list, from their one enum.
 /// A host's jump host as both stores keep it: its typed record as JSON text.
 pub(crate) fn jump_text(h: &Host) -> Result<Option<String>> {

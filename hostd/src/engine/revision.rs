@@ -56,7 +56,8 @@ const CRASH_LOOP_RESTARTS: u32 = 3;
 const STATE_EVERY: Duration = Duration::from_millis(25);
 
 /// What one readiness wait cost: looks, and the time spent asking systemd, reading the port's
-/// sockets and asking `/readyz` (µs), for hostd's "ready" line.
+/// sockets and asking `/readyz` with the ownership check after it (µs), for hostd's "ready"
+/// line.
 #[derive(Debug, Default, Clone, Copy)]
 struct Looks {
     polls: u32,
@@ -683,13 +684,15 @@ impl Engine<'_> {
         port: u16,
         uid: u32,
     ) -> Result<bool, Failure> {
-        if !self.listener_owned(paths, port, uid)? {
-            return Ok(false);
-        }
+        Ok(self.listener_owned(paths, port, uid)? && self.answered_and_owned(paths, port, uid)?)
+    }
+
+    /// `/readyz` answered 200, and the listener on the port is still the Agent's own after the
+    /// answer: the socket that answered was the Agent's.
+    fn answered_and_owned(&self, paths: &AgentPaths, port: u16, uid: u32) -> Result<bool, Failure> {
         if !self.system.probe_ready(port, Duration::from_secs(1)) {
             return Ok(false);
         }
-        // Checked again after the answer: the socket that answered was the Agent's.
         self.listener_owned(paths, port, uid)
     }
 
@@ -711,25 +714,22 @@ impl Engine<'_> {
         let mut pause = FIRST_READINESS_PAUSE;
         let mut first_restarts: Option<u32> = None;
         let mut looks = Looks::default();
-        let mut state: Option<(Instant, crate::system::UnitState)> = None;
+        let mut read_unit = |looks: &mut Looks| {
+            let t = Instant::now();
+            let unit = self
+                .system
+                .unit_state(&paths.unit_name)
+                .map_err(system_failure)?;
+            looks.state_us += micros(t);
+            self.check_unit(ctx, paths, &unit, &mut first_restarts)?;
+            Ok::<_, Failure>((Instant::now(), unit))
+        };
+        let (mut checked, mut unit) = read_unit(&mut looks)?;
         loop {
             looks.polls = looks.polls.saturating_add(1);
-            if state
-                .as_ref()
-                .is_none_or(|(at, _)| at.elapsed() >= STATE_EVERY)
-            {
-                let t = Instant::now();
-                let now = self
-                    .system
-                    .unit_state(&paths.unit_name)
-                    .map_err(system_failure)?;
-                looks.state_us += micros(t);
-                self.check_unit(ctx, paths, &now, &mut first_restarts)?;
-                state = Some((Instant::now(), now));
+            if checked.elapsed() >= STATE_EVERY {
+                (checked, unit) = read_unit(&mut looks)?;
             }
-            let Some((_, unit)) = &state else {
-                continue;
-            };
             // A squatter on the port fails the activation whatever the unit's state: our
             // gateway cannot bind while it is there.
             let t = Instant::now();
@@ -737,13 +737,9 @@ impl Engine<'_> {
             looks.sockets_us += micros(t);
             if unit.is_active() && owned {
                 let t = Instant::now();
-                let answered = self.system.probe_ready(port, Duration::from_secs(1));
+                let ready = self.answered_and_owned(paths, port, uid)?;
                 looks.probe_us += micros(t);
-                // Checked again after the answer: the socket that answered was the Agent's.
-                let t = Instant::now();
-                let still = answered && self.listener_owned(paths, port, uid)?;
-                looks.sockets_us += micros(t);
-                if still {
+                if ready {
                     return Ok(looks);
                 }
             }

@@ -165,7 +165,7 @@ where
 {
     text.parse().map_err(|e: T::Err| {
         let column = r.columns().get(i).map_or("?", |c| c.name());
-        StoreError::Corrupt(format!("column {column} holds {text:?}, which {e}"))
+        StoreError::Corrupt(super::bad_column(column, &text, &e))
     })
 }
 

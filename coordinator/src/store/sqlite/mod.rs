@@ -88,8 +88,7 @@ where
 }
 
 fn bad_id(r: &rusqlite::Row<'_>, i: usize, text: &str, e: &dyn std::fmt::Display) -> String {
-    let column = r.as_ref().column_name(i).unwrap_or("?");
-    format!("column {column} holds {text:?}, which {e}")
+    super::bad_column(r.as_ref().column_name(i).unwrap_or("?"), text, e)
 }
 
 /// An optional id column (see [`id_col`]).
