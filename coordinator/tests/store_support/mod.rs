@@ -15,7 +15,7 @@ use coordinator::model::{
 };
 use coordinator::store::{
     Enqueue, NamespaceInsert, NewToken, RevisionInsert, RolloutInsert, RolloutRow, SharedStore,
-    StoreError, WorkEnd, WorkKind, WorkState,
+    StoreError, Work, WorkEnd, WorkKind, WorkState,
 };
 use serde_json::json;
 
@@ -39,6 +39,7 @@ cases!(
     claims_respect_lanes_and_barriers,
     runnable_work_behind_a_long_busy_lane_is_claimed,
     a_replaced_claim_can_write_nothing,
+    a_commit_settles_older_revisions_queued_deploys,
     concurrent_claimers_never_share_a_lane_and_claim_each_item_once,
     fences_only_grow_even_across_a_re_created_agent,
     the_leader_lease_changes_hands_with_a_higher_term,
@@ -626,6 +627,93 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
             .await
             .unwrap_err()
     ));
+}
+
+/// Retries of older revisions waiting out their delay (one committed, one never committed)
+/// end when a newer revision is committed, so deployment status converges then, not at the
+/// retry time; the committed revision's own work and newer work stay open.
+pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
+    world(&s, 1).await;
+    let claim = || s.claim_work("c", Duration::from_secs(30));
+    let retry_later = |w: Work| {
+        let s = s.clone();
+        async move {
+            let requeued = WorkEnd::Requeued {
+                delay: Duration::from_secs(600),
+                count_attempt: true,
+                code: "REVISION_FINALIZATION_INCOMPLETE",
+                message: "not ready",
+            };
+            assert!(s.end_work(&w.claim, requeued).await.unwrap());
+        }
+    };
+    let (mut r1, mut r2, mut r3, mut r4) = (
+        revision("a1"),
+        revision("a1"),
+        revision("a1"),
+        revision("a1"),
+    );
+    s.create_revision(&mut r1).await.unwrap();
+    let w1 = claim().await.unwrap().unwrap();
+    assert!(
+        s.commit_revision(&w1.claim, "ns", "a1", None, &r1.id)
+            .await
+            .unwrap()
+    );
+    let w1_id = w1.id;
+    retry_later(w1).await;
+    s.create_revision(&mut r2).await.unwrap();
+    let w2 = claim().await.unwrap().unwrap();
+    let w2_id = w2.id;
+    retry_later(w2).await;
+    s.create_revision(&mut r3).await.unwrap();
+    let w3 = claim().await.unwrap().unwrap();
+    assert_eq!(w3.revision_id.as_deref(), Some(r3.id.as_str()));
+    s.create_revision(&mut r4).await.unwrap();
+    // A commit that loses its compare-and-set settles nothing.
+    assert!(
+        !s.commit_revision(&w3.claim, "ns", "a1", None, &r3.id)
+            .await
+            .unwrap()
+    );
+    assert_eq!(s.open_work("ns", "a1").await.unwrap().len(), 4);
+    assert!(
+        s.commit_revision(&w3.claim, "ns", "a1", Some(&r1.id), &r3.id)
+            .await
+            .unwrap()
+    );
+    for old in [w1_id, w2_id] {
+        let w = s.work_item("ns", "a1", old).await.unwrap().unwrap();
+        assert_eq!(w.state, WorkState::Done);
+        let attempt = w.last_attempt.unwrap();
+        assert_eq!(attempt.code, "REVISION_SUPERSEDED");
+        assert!(
+            attempt.message.contains(r3.id.as_str()),
+            "{}",
+            attempt.message
+        );
+    }
+    let open: Vec<Option<String>> = s
+        .open_work("ns", "a1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.revision_id)
+        .collect();
+    assert_eq!(open, vec![Some(r3.id.to_string()), Some(r4.id.to_string())]);
+    let mut statuses = Vec::new();
+    for r in [&r1, &r2, &r3, &r4] {
+        statuses.push(s.revision("ns", "a1", &r.id).await.unwrap().unwrap().status);
+    }
+    assert_eq!(
+        statuses,
+        [
+            RevisionStatus::Superseded,
+            RevisionStatus::Superseded,
+            RevisionStatus::Activating,
+            RevisionStatus::Pending
+        ]
+    );
 }
 
 pub async fn concurrent_claimers_never_share_a_lane_and_claim_each_item_once(s: SharedStore) {

@@ -300,6 +300,7 @@ impl RevisionStore for PostgresStore {
             )
             .await?;
         }
+        work::settle_superseded(&tx, ns, agent, candidate).await?;
         tx.commit().await?;
         Ok(true)
     }

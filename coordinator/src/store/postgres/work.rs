@@ -14,11 +14,62 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::{Cached, NOW_MS, PostgresStore, Tx, check_claim, narrow, notify};
+use crate::codes::Code;
+use crate::model::RevisionStatus;
 use crate::store::sqlite::barrier_list;
 use crate::store::{
     Claim, Enqueue, Result, StoreError, Work, WorkAttempt, WorkEnd, WorkKind, WorkQueue,
     WorkRecord, WorkState,
 };
+
+/// At the commit of `candidate`: queued deploy work of the Agent's older revisions (a retry
+/// waiting out its delay, or a deploy never claimed) ends as `REVISION_SUPERSEDED` at once,
+/// and those revisions not yet committed become `superseded`, as the worker would find when it
+/// claimed them; deployment status converges without waiting for their retry time.
+pub(super) async fn settle_superseded(
+    tx: &Tx<'_>,
+    ns: &str,
+    agent: &str,
+    candidate: &str,
+) -> Result<()> {
+    let older = "SELECT id FROM revisions WHERE namespace_id = $1 AND agent_id = $2
+         AND number < (SELECT number FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $3)";
+    let deploy = WorkKind::Deploy.as_str();
+    tx.exec(
+        &format!(
+            "UPDATE revisions SET status = $4 WHERE status IN ($5, $6) AND id IN ({older})
+               AND id IN (SELECT revision_id FROM work WHERE namespace_id = $1 AND agent_id = $2
+                            AND kind = '{deploy}' AND state = 'queued')
+               AND namespace_id = $1 AND agent_id = $2"
+        ),
+        &[
+            &ns,
+            &agent,
+            &candidate,
+            &RevisionStatus::Superseded.as_str(),
+            &RevisionStatus::Pending.as_str(),
+            &RevisionStatus::Prepared.as_str(),
+        ],
+    )
+    .await?;
+    tx.exec(
+        &format!(
+            "UPDATE work SET state = $4, last_code = $5, last_message = $6, updated_at = {NOW_MS}
+             WHERE namespace_id = $1 AND agent_id = $2 AND kind = '{deploy}' AND state = 'queued'
+               AND revision_id IN ({older})"
+        ),
+        &[
+            &ns,
+            &agent,
+            &candidate,
+            &WorkState::Done.as_str(),
+            &Code::RevisionSuperseded.as_str(),
+            &format!("a newer revision, {candidate}, was committed"),
+        ],
+    )
+    .await?;
+    Ok(())
+}
 
 /// Candidates read per page while looking for a claimable item. Pages follow the queue's
 /// order along the `work_open` index, so a claim costs the same with 10 or 100,000 items

@@ -268,6 +268,7 @@ impl RevisionStore for SqliteStore {
                     ],
                 )?;
             }
+            work::settle_superseded(tx, ns, agent, candidate)?;
             Ok(true)
         })
         .await

@@ -9,6 +9,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{SqliteStore, check_claim, corrupt};
 use crate::clock::now_ms;
+use crate::codes::Code;
+use crate::model::RevisionStatus;
 use crate::store::{
     Claim, Enqueue, Result, StoreError, Work, WorkAttempt, WorkEnd, WorkKind, WorkQueue,
     WorkRecord, WorkState,
@@ -23,6 +25,55 @@ pub(super) fn enqueue(tx: &Connection, w: &Enqueue) -> Result<i64> {
         params![w.kind.as_str(), w.namespace_id, w.agent_id, w.revision_id, now],
     )?;
     Ok(tx.last_insert_rowid())
+}
+
+/// At the commit of `candidate`: queued deploy work of the Agent's older revisions (a retry
+/// waiting out its delay, or a deploy never claimed) ends as `REVISION_SUPERSEDED` at once,
+/// and those revisions not yet committed become `superseded`, as the worker would find when it
+/// claimed them; deployment status converges without waiting for their retry time.
+pub(super) fn settle_superseded(
+    tx: &Connection,
+    ns: &str,
+    agent: &str,
+    candidate: &str,
+) -> Result<()> {
+    let older = "SELECT id FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2
+         AND number < (SELECT number FROM revisions WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3)";
+    let queued = format!(
+        "SELECT revision_id FROM work WHERE namespace_id = ?1 AND agent_id = ?2 AND kind = '{}' AND state = 'queued'",
+        WorkKind::Deploy.as_str()
+    );
+    tx.execute(
+        &format!(
+            "UPDATE revisions SET status = ?4 WHERE status IN (?5, ?6) AND id IN ({older}) AND id IN ({queued})
+               AND namespace_id = ?1 AND agent_id = ?2"
+        ),
+        params![
+            ns,
+            agent,
+            candidate,
+            RevisionStatus::Superseded.as_str(),
+            RevisionStatus::Pending.as_str(),
+            RevisionStatus::Prepared.as_str()
+        ],
+    )?;
+    tx.execute(
+        &format!(
+            "UPDATE work SET state = ?4, last_code = ?5, last_message = ?6, updated_at = ?7
+             WHERE namespace_id = ?1 AND agent_id = ?2 AND kind = '{}' AND state = 'queued' AND revision_id IN ({older})",
+            WorkKind::Deploy.as_str()
+        ),
+        params![
+            ns,
+            agent,
+            candidate,
+            WorkState::Done.as_str(),
+            Code::RevisionSuperseded.as_str(),
+            format!("a newer revision, {candidate}, was committed"),
+            now_ms()
+        ],
+    )?;
+    Ok(())
 }
 
 const CLAIM_COLS: &str = "w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at, w.claim_token";
