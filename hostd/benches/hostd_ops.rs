@@ -6,6 +6,8 @@
 //!   hooks); the budget is 6 MiB. That binary is the one installed on the test host below.
 //! - (b) peak RSS (`VmHWM`) of the `hostd serve` process after one prepare-revision, read over a
 //!   second ssh connection while the session is still open (budget 12 MiB)
+//!   and its RSS sampled over `HOSTD_BENCH_LONG_SESSION` (10,000) more operations on that one
+//!   session, which should stay flat
 //! - (c) idempotent prepare-revision over ONE persistent `hostd serve` session (envelope frame
 //!   sent → its result frame received), and, for the ratio the design asks for, the same with a
 //!   new `ssh` process per operation (the peer's transport)
@@ -91,6 +93,20 @@ fn main() {
     }
     let rss_after = hostd_memory(&host);
 
+    // (b) The same session over many more operations: its RSS, sampled as it goes, stays flat.
+    let long = long_session();
+    let mut samples = vec![(0usize, hostd_memory(&host).rss_kb)];
+    let t_long = Instant::now();
+    for i in 1..=long {
+        let (r, _) = roundtrip(&occ, &host, &mut session, prepare(NS, AGENT, &r1));
+        expect_prepare(&r, false);
+        if i % (long / 10).max(1) == 0 || i == long {
+            samples.push((i, hostd_memory(&host).rss_kb));
+        }
+    }
+    let long_elapsed = t_long.elapsed();
+    let rss_long = hostd_memory(&host);
+
     // (d) Cutovers with the test gateway. Revision 1 first (writes the unit; not timed).
     let mut last_start = Instant::now();
     let (r, _) = roundtrip(
@@ -172,6 +188,16 @@ fn main() {
         mib(rss_after.hwm_kb * 1024),
         mib(rss_after.rss_kb * 1024)
     );
+    let first_rss = samples.first().map_or(0, |s| s.1);
+    let last_rss = samples.last().map_or(0, |s| s.1);
+    println!(
+        "|     same session over {long} more prepares: VmRSS first → last sample (growth), VmHWM | {} | {:.2} → {:.2} MiB ({:+} kB) | VmHWM {:.2} MiB | | |",
+        samples.len(),
+        mib(first_rss * 1024),
+        mib(last_rss * 1024),
+        last_rss as i64 - first_rss as i64,
+        mib(rss_long.hwm_kb * 1024)
+    );
     println!(
         "| (c) idempotent prepare-revision, one persistent session | {} | {} | {} | {} | {} |",
         p.n,
@@ -208,6 +234,15 @@ fn main() {
          StartLimitBurst=5 / StartLimitIntervalSec=10s makes the 6th start of one unit within 10 s fail \
          (start-limit-hit → SYSTEMD_UNAVAILABLE) and hostd's unit does not lift it",
         CUTOVER_PACE.as_millis()
+    );
+    println!(
+        "long session: {long} prepares in {:.1}s; VmRSS (kB) by operations done: {}",
+        long_elapsed.as_secs_f64(),
+        samples
+            .iter()
+            .map(|(n, kb)| format!("{n}:{kb}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     println!("binary: {} — {file}", binary.display());
     println!(
@@ -329,6 +364,15 @@ fn expect_served(r: &ResultMessage, rev: &str) {
         ),
         other => panic!("activate-revision: {other:?}"),
     }
+}
+
+/// Operations in the long-session memory check: `HOSTD_BENCH_LONG_SESSION` (default 10,000,
+/// the issue's figure; about half a minute here).
+fn long_session() -> usize {
+    std::env::var("HOSTD_BENCH_LONG_SESSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
 }
 
 struct Memory {

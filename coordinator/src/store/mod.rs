@@ -337,18 +337,6 @@ pub trait RevisionStore: Send + Sync {
         expected: Option<&str>,
         candidate: &str,
     ) -> Result<bool>;
-    /// One more attempt with its code and message (time in seconds).
-    #[allow(clippy::too_many_arguments)]
-    async fn record_attempt(
-        &self,
-        claim: &Claim,
-        ns: &str,
-        agent: &str,
-        id: &str,
-        code: &str,
-        message: &str,
-        now: i64,
-    ) -> Result<()>;
 }
 
 /// The work queue. Lanes: at most one item of an Agent runs at once, and a Namespace-level
@@ -365,6 +353,8 @@ pub trait WorkQueue: Send + Sync {
     /// Extends the claim's lease; false if another claim replaced it.
     async fn renew_lease(&self, claim: &Claim, lease: Duration) -> Result<bool>;
     /// Finishes the item or puts it back; false (nothing written) if the claim was replaced.
+    /// For revision work the end is also the revision's newest attempt (code, message, time,
+    /// one more attempt), and a failure its status: one commit per item's end.
     async fn end_work(&self, claim: &Claim, end: WorkEnd<'_>) -> Result<bool>;
     /// Open work for an Agent (for deployment status), oldest first.
     async fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>>;

@@ -160,6 +160,20 @@ pub enum WorkEnd<'a> {
     },
 }
 
+impl WorkEnd<'_> {
+    /// The code and message the end records, and whether it is a failure.
+    pub fn outcome(&self) -> (&str, &str, bool) {
+        match self {
+            WorkEnd::Finished {
+                state,
+                code,
+                message,
+            } => (code, message, *state == WorkState::Failed),
+            WorkEnd::Requeued { code, message, .. } => (code, message, false),
+        }
+    }
+}
+
 macro_rules! text_enum {
     ($(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
         $(#[$meta])*

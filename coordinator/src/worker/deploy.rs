@@ -113,15 +113,18 @@ impl<B: Backend> Worker<B> {
             ));
         };
         let ns_id = &work.namespace_id;
-        let Some(agent) = self.store.agent(ns_id, agent_id).await.map_err(store_err)? else {
+        // Three independent reads at once (on PostgreSQL, three pooled connections in flight);
+        // the revision itself is one of the Agent's revisions.
+        let (agent, revisions, ns) = futures::try_join!(
+            self.store.agent(ns_id, agent_id),
+            self.store.revisions(ns_id, agent_id),
+            self.store.namespace(ns_id),
+        )
+        .map_err(store_err)?;
+        let Some(agent) = agent else {
             return Err(done(Code::AgentGone, "the Agent was deleted"));
         };
-        let Some(rev) = self
-            .store
-            .revision(ns_id, agent_id, rev_id)
-            .await
-            .map_err(store_err)?
-        else {
+        let Some(rev) = revisions.iter().find(|r| r.id == *rev_id).cloned() else {
             return Err(done(Code::RevisionGone, "the revision was deleted"));
         };
         if agent.desired_state != DesiredState::Running {
@@ -130,11 +133,6 @@ impl<B: Backend> Worker<B> {
                 "the Agent is no longer meant to run",
             ));
         }
-        let revisions = self
-            .store
-            .revisions(ns_id, agent_id)
-            .await
-            .map_err(store_err)?;
         // A newer revision supersedes this one, unless this one is active again because the
         // newer one failed (a restore, then a reconcile of the restored revision).
         let is_active = agent.active_revision_id.as_deref() == Some(rev_id.as_str());
@@ -154,7 +152,7 @@ impl<B: Backend> Worker<B> {
                 .map_err(store_err)?;
             return Err(done(Code::RevisionSuperseded, "a newer revision exists"));
         }
-        let Some(ns) = self.store.namespace(ns_id).await.map_err(store_err)? else {
+        let Some(ns) = ns else {
             return Err(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
         if ns.deleting {

@@ -359,20 +359,6 @@ impl<B: Backend> Worker<B> {
             // Another claim owns the item: it records what happens; nothing is ours to write.
             return;
         }
-        if let (Some(agent), Some(rev)) = (&work.agent_id, &work.revision_id) {
-            let claim = &work.claim;
-            let ns = &work.namespace_id;
-            let _ = self
-                .store
-                .record_attempt(claim, ns, agent, rev, code, message, now_ms() / 1000)
-                .await;
-            if matches!(step, Step::Failed { .. }) {
-                let _ = self
-                    .store
-                    .set_revision_status(claim, ns, agent, rev, RevisionStatus::Failed)
-                    .await;
-            }
-        }
         let end = match step {
             Step::Done { .. } => WorkEnd::Finished {
                 state: WorkState::Done,
@@ -391,6 +377,7 @@ impl<B: Backend> Worker<B> {
                 message,
             },
         };
+        // The end is also the revision's newest attempt (and a failure its status).
         match self.store.end_work(&work.claim, end).await {
             Ok(true) => {}
             Ok(false) => tracing::warn!(

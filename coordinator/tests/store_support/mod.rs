@@ -620,10 +620,13 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
     assert!(s.end_work(&new.claim, done()).await.unwrap());
     let rev = s.revision("ns", "a1", &r.id).await.unwrap().unwrap();
     assert_eq!(rev.status, RevisionStatus::Activating);
+    // The end is the revision's attempt: the current claim's, once.
+    let attempt = rev.last_attempt.unwrap();
+    assert_eq!((attempt.code.as_str(), attempt.attempts), ("OK", 1));
     assert!(s.audit_events_of(10, Some("x")).await.unwrap().is_empty());
     // Ended: even the last claim can write no more.
     assert!(lost(
-        s.record_attempt(&new.claim, "ns", "a1", &r.id, "OK", "", 1)
+        s.set_revision_status(&new.claim, "ns", "a1", &r.id, RevisionStatus::Active)
             .await
             .unwrap_err()
     ));
@@ -713,6 +716,27 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
             RevisionStatus::Activating,
             RevisionStatus::Pending
         ]
+    );
+    // An item's end is its revision's attempt; a failure is also the revision's status.
+    let failed = WorkEnd::Finished {
+        state: WorkState::Failed,
+        code: "UNIT_FAILED",
+        message: "exited",
+    };
+    assert!(s.end_work(&w3.claim, failed).await.unwrap());
+    let r3 = s.revision("ns", "a1", &r3.id).await.unwrap().unwrap();
+    assert_eq!(r3.status, RevisionStatus::Failed);
+    let attempt = r3.last_attempt.unwrap();
+    assert_eq!(
+        (attempt.code.as_str(), attempt.attempts),
+        ("UNIT_FAILED", 1)
+    );
+    let r1 = s.revision("ns", "a1", &r1.id).await.unwrap().unwrap();
+    let attempt = r1.last_attempt.unwrap();
+    assert_eq!(
+        (attempt.code.as_str(), attempt.attempts),
+        ("REVISION_SUPERSEDED", 2),
+        "the retry's attempt, then the settlement"
     );
 }
 
@@ -1115,10 +1139,12 @@ pub async fn fill(s: &SharedStore) {
     s.commit_revision(&w.claim, "ns", "a1", None, &first)
         .await
         .unwrap();
-    s.record_attempt(&w.claim, "ns", "a1", &first, "REVISION_ACTIVATED", "ok", 4)
-        .await
-        .unwrap();
-    s.end_work(&w.claim, done()).await.unwrap();
+    let activated = WorkEnd::Finished {
+        state: WorkState::Done,
+        code: "REVISION_ACTIVATED",
+        message: "ok",
+    };
+    s.end_work(&w.claim, activated).await.unwrap();
     s.create_token(&NewToken {
         id: "t1",
         name: "ci",

@@ -304,25 +304,4 @@ impl RevisionStore for PostgresStore {
         tx.commit().await?;
         Ok(true)
     }
-
-    async fn record_attempt(
-        &self,
-        claim: &Claim,
-        ns: &str,
-        agent: &str,
-        id: &str,
-        code: &str,
-        message: &str,
-        now: i64,
-    ) -> Result<()> {
-        claimed_execute(
-            self,
-            claim,
-            "UPDATE revisions SET last_code = $4, last_message = $5, last_at = $6, attempts = attempts + 1
-             WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
-            &[&ns, &agent, &id, &code, &message, &now],
-        )
-        .await?;
-        Ok(())
-    }
 }

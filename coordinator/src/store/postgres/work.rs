@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use super::{Cached, NOW_MS, PostgresStore, Tx, check_claim, narrow, notify};
 use crate::codes::Code;
@@ -24,8 +25,9 @@ use crate::store::{
 
 /// At the commit of `candidate`: queued deploy work of the Agent's older revisions (a retry
 /// waiting out its delay, or a deploy never claimed) ends as `REVISION_SUPERSEDED` at once,
-/// and those revisions not yet committed become `superseded`, as the worker would find when it
-/// claimed them; deployment status converges without waiting for their retry time.
+/// as the worker would end them when it claimed them (the revision's newest attempt, and
+/// `superseded` for one not yet committed); deployment status converges without waiting for
+/// their retry time.
 pub(super) async fn settle_superseded(
     tx: &Tx<'_>,
     ns: &str,
@@ -35,12 +37,14 @@ pub(super) async fn settle_superseded(
     let older = "SELECT id FROM revisions WHERE namespace_id = $1 AND agent_id = $2
          AND number < (SELECT number FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $3)";
     let deploy = WorkKind::Deploy.as_str();
+    let message = format!("a newer revision, {candidate}, was committed");
     tx.exec(
         &format!(
-            "UPDATE revisions SET status = $4 WHERE status IN ($5, $6) AND id IN ({older})
+            "UPDATE revisions SET status = CASE WHEN status IN ($5, $6) THEN $4 ELSE status END,
+                 last_code = $7, last_message = $8, last_at = {NOW_MS} / 1000, attempts = attempts + 1
+             WHERE namespace_id = $1 AND agent_id = $2 AND id IN ({older})
                AND id IN (SELECT revision_id FROM work WHERE namespace_id = $1 AND agent_id = $2
-                            AND kind = '{deploy}' AND state = 'queued')
-               AND namespace_id = $1 AND agent_id = $2"
+                            AND kind = '{deploy}' AND state = 'queued')"
         ),
         &[
             &ns,
@@ -49,6 +53,8 @@ pub(super) async fn settle_superseded(
             &RevisionStatus::Superseded.as_str(),
             &RevisionStatus::Pending.as_str(),
             &RevisionStatus::Prepared.as_str(),
+            &Code::RevisionSuperseded.as_str(),
+            &message,
         ],
     )
     .await?;
@@ -64,7 +70,7 @@ pub(super) async fn settle_superseded(
             &candidate,
             &WorkState::Done.as_str(),
             &Code::RevisionSuperseded.as_str(),
-            &format!("a newer revision, {candidate}, was committed"),
+            &message,
         ],
     )
     .await?;
@@ -343,53 +349,43 @@ impl WorkQueue for PostgresStore {
             Err(StoreError::ClaimLost { .. }) => return Ok(false),
             Err(e) => return Err(e),
         }
-        match end {
-            WorkEnd::Finished {
-                state,
-                code,
-                message,
-            } => {
-                tx.exec(
-                    &format!(
-                        "UPDATE work SET state = $2, last_code = $3, last_message = $4, lease_owner = NULL, lease_until = NULL,
-                             updated_at = {NOW_MS}, attempts = attempts + $5
-                         WHERE id = $1"
-                    ),
-                    &[
-                        &claim.work,
-                        &state.as_str(),
-                        &code,
-                        &message,
-                        &i64::from(state == WorkState::Failed),
-                    ],
-                )
-                .await?
-            }
+        let (code, message, failed) = end.outcome();
+        // Finished: its state, and a failure counts as an attempt. Requeued: due after its
+        // delay, counting an attempt if asked.
+        let (state, delay, counted) = match end {
+            WorkEnd::Finished { state, .. } => (state, 0, state == WorkState::Failed),
             WorkEnd::Requeued {
                 delay,
                 count_attempt,
-                code,
-                message,
-            } => {
-                tx.exec(
-                    &format!(
-                        "UPDATE work SET state = 'queued', not_before = {NOW_MS} + $2, attempts = attempts + $3, last_code = $4,
-                             last_message = $5, lease_owner = NULL, lease_until = NULL, updated_at = {NOW_MS}
-                         WHERE id = $1"
-                    ),
-                    &[
-                        &claim.work,
-                        &millis(delay),
-                        &i64::from(count_attempt),
-                        &code,
-                        &message,
-                    ],
-                )
-                .await?
-            }
+                ..
+            } => (WorkState::Queued, millis(delay), count_attempt),
         };
-        // A finished item may free its lane for queued work, here or elsewhere.
-        notify(&tx).await?;
+        let counted = i64::from(counted);
+        let attempt_sql = format!(
+            "UPDATE revisions SET last_code = $2, last_message = $3, last_at = {NOW_MS} / 1000,
+                 attempts = attempts + 1, status = CASE WHEN $4 THEN $5 ELSE status END
+             WHERE (namespace_id, agent_id, id) IN
+                   (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = $1 AND revision_id IS NOT NULL)"
+        );
+        let end_sql = format!(
+            "UPDATE work SET state = $2, last_code = $3, last_message = $4, lease_owner = NULL, lease_until = NULL,
+                 not_before = CASE WHEN $2 = 'queued' THEN {NOW_MS} + $5 ELSE not_before END,
+                 attempts = attempts + $6, updated_at = {NOW_MS}
+             WHERE id = $1"
+        );
+        let failed_status = RevisionStatus::Failed.as_str();
+        let state = state.as_str();
+        let attempt_params: [&(dyn ToSql + Sync); 5] =
+            [&claim.work, &code, &message, &failed, &failed_status];
+        let end_params: [&(dyn ToSql + Sync); 6] =
+            [&claim.work, &state, &code, &message, &delay, &counted];
+        // The revision's attempt, the item's end and the notification go out together; a
+        // finished item may free its lane for queued work, here or elsewhere.
+        futures::try_join!(
+            tx.exec(&attempt_sql, &attempt_params),
+            tx.exec(&end_sql, &end_params),
+            notify(&tx)
+        )?;
         tx.commit().await?;
         self.wake_local();
         Ok(true)

@@ -273,24 +273,4 @@ impl RevisionStore for SqliteStore {
         })
         .await
     }
-
-    async fn record_attempt(
-        &self,
-        claim: &Claim,
-        ns: &str,
-        agent: &str,
-        id: &str,
-        code: &str,
-        message: &str,
-        now: i64,
-    ) -> Result<()> {
-        self.transact(Some(claim), |tx| {
-            tx.execute(
-                "UPDATE revisions SET last_code = ?4, last_message = ?5, last_at = ?6, attempts = attempts + 1 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
-                params![ns, agent, id, code, message, now],
-            )?;
-            Ok(())
-        })
-        .await
-    }
 }

@@ -29,8 +29,9 @@ pub(super) fn enqueue(tx: &Connection, w: &Enqueue) -> Result<i64> {
 
 /// At the commit of `candidate`: queued deploy work of the Agent's older revisions (a retry
 /// waiting out its delay, or a deploy never claimed) ends as `REVISION_SUPERSEDED` at once,
-/// and those revisions not yet committed become `superseded`, as the worker would find when it
-/// claimed them; deployment status converges without waiting for their retry time.
+/// as the worker would end them when it claimed them (the revision's newest attempt, and
+/// `superseded` for one not yet committed); deployment status converges without waiting for
+/// their retry time.
 pub(super) fn settle_superseded(
     tx: &Connection,
     ns: &str,
@@ -43,10 +44,13 @@ pub(super) fn settle_superseded(
         "SELECT revision_id FROM work WHERE namespace_id = ?1 AND agent_id = ?2 AND kind = '{}' AND state = 'queued'",
         WorkKind::Deploy.as_str()
     );
+    let now = now_ms();
+    let message = format!("a newer revision, {candidate}, was committed");
     tx.execute(
         &format!(
-            "UPDATE revisions SET status = ?4 WHERE status IN (?5, ?6) AND id IN ({older}) AND id IN ({queued})
-               AND namespace_id = ?1 AND agent_id = ?2"
+            "UPDATE revisions SET status = CASE WHEN status IN (?5, ?6) THEN ?4 ELSE status END,
+                 last_code = ?7, last_message = ?8, last_at = ?9, attempts = attempts + 1
+             WHERE namespace_id = ?1 AND agent_id = ?2 AND id IN ({older}) AND id IN ({queued})"
         ),
         params![
             ns,
@@ -54,7 +58,10 @@ pub(super) fn settle_superseded(
             candidate,
             RevisionStatus::Superseded.as_str(),
             RevisionStatus::Pending.as_str(),
-            RevisionStatus::Prepared.as_str()
+            RevisionStatus::Prepared.as_str(),
+            Code::RevisionSuperseded.as_str(),
+            message,
+            now / 1000
         ],
     )?;
     tx.execute(
@@ -69,9 +76,23 @@ pub(super) fn settle_superseded(
             candidate,
             WorkState::Done.as_str(),
             Code::RevisionSuperseded.as_str(),
-            format!("a newer revision, {candidate}, was committed"),
-            now_ms()
+            message,
+            now
         ],
+    )?;
+    Ok(())
+}
+
+/// The end of work item `work` as its revision's newest attempt (a failure also as its
+/// status); nothing for work without a revision.
+fn revision_attempt(tx: &Connection, work: i64, end: &WorkEnd<'_>, now_ms: i64) -> Result<()> {
+    let (code, message, failed) = end.outcome();
+    tx.execute(
+        "UPDATE revisions SET last_code = ?2, last_message = ?3, last_at = ?4, attempts = attempts + 1,
+             status = CASE WHEN ?5 THEN ?6 ELSE status END
+         WHERE (namespace_id, agent_id, id) IN
+               (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = ?1 AND revision_id IS NOT NULL)",
+        params![work, code, message, now_ms / 1000, failed, RevisionStatus::Failed.as_str()],
     )?;
     Ok(())
 }
@@ -248,6 +269,7 @@ impl WorkQueue for SqliteStore {
                     Err(StoreError::ClaimLost { .. }) => return Ok(false),
                     Err(e) => return Err(e),
                 }
+                revision_attempt(tx, claim.work, &end, now)?;
                 match end {
                     WorkEnd::Finished {
                         state,
