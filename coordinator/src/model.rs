@@ -283,9 +283,11 @@ pub struct LastAttempt {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RevisionStatus {
-    /// Created, not yet staged on the host.
+    /// Created, not yet committed (its deploy may have staged it on the target already).
     Pending,
-    /// Staged on the host (prepare succeeded); not committed.
+    /// Staged on the host (prepare succeeded) and not committed: a newer revision was active,
+    /// or the commit lost its compare-and-set. A revision committed right after its prepare
+    /// goes from pending to activating.
     Prepared,
     /// Committed as the active revision; the host is switching to it or waiting for it to
     /// become ready. Nothing is served meanwhile.

@@ -382,13 +382,15 @@ impl<B: Backend> Worker<B> {
 
     /// Commit: compare-and-set the Agent's active revision; another writer wins only with a
     /// newer one.
+    /// A revision committed right after its prepare goes from pending to activating in the
+    /// commit's transaction; `prepared` is written only when the commit does not happen.
     async fn commit_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
-        self.set_status(d, &d.rev.id, RevisionStatus::Prepared)
-            .await?;
         if let Some(active) = &d.agent.active_revision_id
             && let Some(current) = d.revisions.iter().find(|r| &r.id == active)
             && current.number >= d.rev.number
         {
+            self.set_status(d, &d.rev.id, RevisionStatus::Prepared)
+                .await?;
             return Err(done(Code::RevisionSuperseded, "a newer revision is active"));
         }
         let swapped = self
@@ -405,6 +407,8 @@ impl<B: Backend> Worker<B> {
         if swapped {
             return Ok(());
         }
+        self.set_status(d, &d.rev.id, RevisionStatus::Prepared)
+            .await?;
         Err(Step::Retry {
             code: FailureCode::RevisionIncomplete.as_str().to_owned(),
             message: "the active revision changed meanwhile; re-checking".to_owned(),

@@ -1,8 +1,12 @@
 //! The claim on a work item, kept alive: a heartbeat renews the lease every third of it, and
-//! every host call first renews it too. Once a renewal says another claim replaced ours, or
-//! the lease may have lapsed without a renewal getting through (the database is unreachable),
-//! no further host call is issued for the item: another coordinator may own it by now, and its
-//! operations carry a higher fence than ours.
+//! every host call first makes sure of it: it renews the lease unless the lease was taken or
+//! renewed within the last tenth of it. A renewal then could tell nothing new: a claim takes
+//! only a lapsed lease, and nine tenths of this one are still to run, counted from before the
+//! statement that took it (so on the database's clock too); the fence still travels with the
+//! call. Once a renewal says another claim replaced ours, or the lease may have lapsed
+//! without a renewal getting through (the database is unreachable), no further host call is
+//! issued for the item: another coordinator may own it by now, and its operations carry a
+//! higher fence than ours.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,30 +30,31 @@ pub struct Lease {
     store: SharedStore,
     claim: Claim,
     lease: Duration,
-    /// When the lease runs out, as far as this process knows; `None` once lost.
-    good_until: Arc<Mutex<Option<Instant>>>,
+    /// When the statement that last took or renewed the lease was sent; the lease runs out
+    /// one lease later at the earliest. `None` once lost.
+    confirmed: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Lease {
-    /// A lease just taken by a claim.
-    pub fn new(store: SharedStore, claim: Claim, lease: Duration) -> Self {
+    /// A lease taken by a claim whose statement was sent at `asked`.
+    pub fn new(store: SharedStore, claim: Claim, lease: Duration, asked: Instant) -> Self {
         Self {
             store,
             claim,
             lease,
-            good_until: Arc::new(Mutex::new(Some(Instant::now() + lease))),
+            confirmed: Arc::new(Mutex::new(Some(asked))),
         }
     }
 
     fn set(&self, v: Option<Instant>) {
-        match self.good_until.lock() {
+        match self.confirmed.lock() {
             Ok(mut g) => *g = v,
             Err(p) => *p.into_inner() = v,
         }
     }
 
     fn get(&self) -> Option<Instant> {
-        match self.good_until.lock() {
+        match self.confirmed.lock() {
             Ok(g) => *g,
             Err(p) => *p.into_inner(),
         }
@@ -73,7 +78,7 @@ impl Lease {
         }
         match outcome {
             Ok(true) => {
-                self.set(Some(started + self.lease));
+                self.set(Some(started));
                 Ok(())
             }
             Ok(false) => {
@@ -95,10 +100,20 @@ impl Lease {
     pub fn check(&self) -> Result<(), LeaseLost> {
         match self.get() {
             None => Err(LeaseLost::Replaced),
-            Some(until) if Instant::now() + self.lease / 10 < until => Ok(()),
+            Some(confirmed) if Instant::now() + self.lease / 10 < confirmed + self.lease => Ok(()),
             Some(_) => Err(LeaseLost::Lapsed {
                 error: "the lease ran out before a renewal got through".to_owned(),
             }),
+        }
+    }
+
+    /// Before a host call: renews, unless the lease was confirmed within the last tenth of it
+    /// (see the module's comment); an error once it is lost.
+    pub async fn before_call(&self) -> Result<(), LeaseLost> {
+        match self.get() {
+            None => Err(LeaseLost::Replaced),
+            Some(confirmed) if confirmed.elapsed() < self.lease / 10 => Ok(()),
+            Some(_) => self.renew().await,
         }
     }
 
@@ -124,5 +139,67 @@ impl From<&StoreError> for LeaseLost {
                 error: other.to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::prelude::*;
+    use crate::store::sqlite::SqliteStore;
+
+    /// A store with one claimed item whose claim statement was sent at `asked`.
+    async fn claimed(lease: Duration) -> (Arc<SqliteStore>, Claim, Instant) {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let asked = Instant::now();
+        store
+            .enqueue(&crate::store::Enqueue::namespace(
+                crate::store::WorkKind::EnsureNamespace,
+                "ns",
+            ))
+            .await
+            .unwrap();
+        let work = store.claim_work("t", lease).await.unwrap().unwrap();
+        (store, work.claim, asked)
+    }
+
+    #[tokio::test]
+    async fn a_fresh_lease_is_not_renewed_before_a_call_an_older_one_is() {
+        let lease = Duration::from_secs(2);
+        let (store, claim, asked) = claimed(lease).await;
+        let l = Lease::new(store.clone() as SharedStore, claim, lease, asked);
+        // Within the first tenth (200 ms): no renewal, nothing asked of the database.
+        l.before_call().await.unwrap();
+        assert_eq!(l.get(), Some(asked));
+        // Later: renewed, and confirmed from the renewal.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        l.before_call().await.unwrap();
+        assert!(l.get().is_some_and(|c| c > asked));
+    }
+
+    #[tokio::test]
+    async fn an_older_lease_replaced_meanwhile_stops_the_call() {
+        let lease = Duration::from_secs(2);
+        let (store, claim, asked) = claimed(lease).await;
+        let l = Lease::new(store.clone() as SharedStore, claim, lease, asked);
+        // Another claim replaced ours (as after our lease lapsed): a renewal finds out.
+        let other = Claim {
+            token: claim.token + 1,
+            ..claim
+        };
+        store
+            .with_connection(move |c| {
+                c.execute(
+                    "UPDATE work SET claim_token = ?2 WHERE id = ?1",
+                    rusqlite::params![other.work, other.token],
+                )
+            })
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(l.before_call().await, Err(LeaseLost::Replaced));
+        assert_eq!(l.before_call().await, Err(LeaseLost::Replaced));
     }
 }

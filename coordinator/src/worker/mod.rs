@@ -195,6 +195,7 @@ impl<B: Backend> Worker<B> {
             let Ok(permit) = slots.clone().acquire_owned().await else {
                 return;
             };
+            let asked = tokio::time::Instant::now();
             match self
                 .store
                 .claim_work(&self.owner, self.settings.lease)
@@ -203,7 +204,7 @@ impl<B: Backend> Worker<B> {
                 Ok(Some(work)) => {
                     let me = self.clone();
                     tokio::spawn(async move {
-                        me.process(work).await;
+                        me.process(work, asked).await;
                         drop(permit);
                         // A finished item may free its lane for queued work.
                         me.store.wake_worker();
@@ -226,12 +227,13 @@ impl<B: Backend> Worker<B> {
 
     /// Claims and processes one item if one is due (for tests and single-step use).
     pub async fn run_once(&self) -> Option<(Work, Step)> {
+        let asked = tokio::time::Instant::now();
         let work = self
             .store
             .claim_work(&self.owner, self.settings.lease)
             .await
             .ok()??;
-        let step = self.process(work.clone()).await;
+        let step = self.process(work.clone(), asked).await;
         Some((work, step))
     }
 
@@ -257,8 +259,8 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// One host or cluster call on behalf of a claimed item: the lease is renewed first, and
-    /// no call is issued once it is lost. The Agent's fence from the claim travels with the
+    /// One host or cluster call on behalf of a claimed item: the lease is made sure of first
+    /// ([`Lease::before_call`]), and no call is issued once it is lost. The Agent's fence from the claim travels with the
     /// operation, so a target refuses it once a later claim moved the Agent on; that refusal
     /// ends the pass as a lost claim.
     async fn call_with(
@@ -269,7 +271,7 @@ impl<B: Backend> Worker<B> {
         options: CallOptions,
     ) -> Result<Result<OperationResult, CallError>, Step> {
         if let Some(lease) = self.lease_of(work) {
-            lease.renew().await.map_err(|e| lost(&e))?;
+            lease.before_call().await.map_err(|e| lost(&e))?;
         }
         let options = CallOptions {
             fence: work.fence,
@@ -295,9 +297,9 @@ impl<B: Backend> Worker<B> {
         self.call_with(work, target, op, self.options()).await
     }
 
-    /// Processes one claimed item and records the result.
-    pub async fn process(&self, work: Work) -> Step {
-        let lease = Lease::new(self.store.clone(), work.claim, self.settings.lease);
+    /// Processes one item, claimed by a statement sent at `asked`, and records the result.
+    pub async fn process(&self, work: Work, asked: tokio::time::Instant) -> Step {
+        let lease = Lease::new(self.store.clone(), work.claim, self.settings.lease, asked);
         // Aborted when this future ends or is dropped, so a cancelled pass stops renewing.
         let _renew = AbortOnDrop(lease.heartbeat());
         self.set_lease(&work, Some(lease));

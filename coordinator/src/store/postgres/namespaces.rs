@@ -1,45 +1,32 @@
 //! Namespaces and their pools (or their cluster).
 
 use async_trait::async_trait;
-use clawfleet_protocol::Ident;
+use tokio_postgres::Row;
 
 use super::{Cached, PostgresStore, claimed_execute as claimed, id_col, work};
 use crate::model::Namespace;
 use crate::store::{Claim, Enqueue, NamespaceInsert, NamespaceStore, Result};
 
-async fn namespace_in(
-    c: &impl deadpool_postgres::GenericClient,
-    id: &str,
-) -> Result<Option<Namespace>> {
-    let Some(r) = c
-        .opt(
-            "SELECT id, name, deleting, created_at, cluster_name, cluster_ready, single_tenant FROM namespaces WHERE id = $1",
-            &[&id],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let id: Ident = id_col(&r, 0)?;
-    let pool = c
-        .rows(
-            "SELECT host_name, ready FROM namespace_hosts WHERE namespace_id = $1 ORDER BY host_name",
-            &[&id.as_str()],
-        )
-        .await?
-        .iter()
-        .map(|h| Ok((h.try_get(0)?, h.try_get(1)?)))
-        .collect::<Result<Vec<(String, bool)>>>()?;
+/// A Namespace with its pool (host names and readiness in host order) in one statement, so one
+/// snapshot without a transaction.
+const NAMESPACE_SELECT: &str = "SELECT n.id, n.name, n.deleting, n.created_at, n.cluster_name, n.cluster_ready, n.single_tenant,
+       ARRAY(SELECT h.host_name FROM namespace_hosts h WHERE h.namespace_id = n.id ORDER BY h.host_name),
+       ARRAY(SELECT h.ready FROM namespace_hosts h WHERE h.namespace_id = n.id ORDER BY h.host_name)
+     FROM namespaces n";
+
+fn namespace_row(r: &Row) -> Result<Namespace> {
+    let hosts: Vec<String> = r.try_get(7)?;
+    let ready: Vec<bool> = r.try_get(8)?;
     let cluster: Option<String> = r.try_get(4)?;
     let cluster_ready: bool = r.try_get(5)?;
-    Ok(Some(Namespace::from_pool(
-        (id, id_col(&r, 1)?),
-        pool,
+    Ok(Namespace::from_pool(
+        (id_col(r, 0)?, id_col(r, 1)?),
+        hosts.into_iter().zip(ready).collect(),
         cluster.map(|c| (c, cluster_ready)),
         r.try_get(2)?,
         r.try_get(3)?,
         r.try_get(6)?,
-    )))
+    ))
 }
 
 #[async_trait]
@@ -101,37 +88,21 @@ impl NamespaceStore for PostgresStore {
     }
 
     async fn namespace(&self, id: &str) -> Result<Option<Namespace>> {
-        let mut c = self.client().await?;
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        namespace_in(&tx, id).await
+        let c = self.client().await?;
+        c.opt(&format!("{NAMESPACE_SELECT} WHERE n.id = $1"), &[&id])
+            .await?
+            .as_ref()
+            .map(namespace_row)
+            .transpose()
     }
 
     async fn namespaces(&self) -> Result<Vec<Namespace>> {
-        let mut c = self.client().await?;
-        let tx = c
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        let ids: Vec<String> = tx
-            .rows("SELECT id FROM namespaces ORDER BY id", &[])
+        let c = self.client().await?;
+        c.rows(&format!("{NAMESPACE_SELECT} ORDER BY n.id"), &[])
             .await?
             .iter()
-            .map(|r| r.try_get(0))
-            .collect::<std::result::Result<_, _>>()?;
-        let mut out = Vec::new();
-        for id in ids {
-            if let Some(ns) = namespace_in(&tx, &id).await? {
-                out.push(ns);
-            }
-        }
-        Ok(out)
+            .map(namespace_row)
+            .collect()
     }
 
     async fn mark_namespace_deleting(&self, id: &str, then: &Enqueue) -> Result<bool> {

@@ -269,23 +269,24 @@ impl RevisionStore for PostgresStore {
     ) -> Result<bool> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        check_claim(&tx, claim).await?;
-        let n = tx
-            .exec(
+        // The claim check and the compare-and-set in one round trip (a lost claim rolls the
+        // swap back), then the statuses and the settlement of older work in another.
+        let swap: [&(dyn ToSql + Sync); 4] = [&ns, &agent, &expected, &candidate];
+        let (_, n) = futures::try_join!(
+            check_claim(&tx, claim),
+            tx.exec(
                 "UPDATE agents SET active_revision_id = $4
                  WHERE namespace_id = $1 AND id = $2 AND active_revision_id IS NOT DISTINCT FROM $3",
-                &[&ns, &agent, &expected, &candidate],
-            )
-            .await?;
+                &swap,
+            ),
+        )?;
         if n == 0 {
             return Ok(false);
         }
-        tx.exec(
-            "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
-            &[&ns, &agent, &candidate, &RevisionStatus::Activating.as_str()],
-        )
-        .await?;
-        if let Some(old) = expected {
+        let old_status = async {
+            let Some(old) = expected else {
+                return Ok(0);
+            };
             tx.exec(
                 "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3 AND status IN ($5, $6, $7)",
                 &[
@@ -298,9 +299,18 @@ impl RevisionStore for PostgresStore {
                     &RevisionStatus::Stopped.as_str(),
                 ],
             )
-            .await?;
-        }
-        work::settle_superseded(&tx, ns, agent, candidate).await?;
+            .await
+        };
+        let activating = RevisionStatus::Activating.as_str();
+        let candidate_status: [&(dyn ToSql + Sync); 4] = [&ns, &agent, &candidate, &activating];
+        futures::try_join!(
+            tx.exec(
+                "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
+                &candidate_status,
+            ),
+            old_status,
+            work::settle_superseded(&tx, ns, agent, candidate),
+        )?;
         tx.commit().await?;
         Ok(true)
     }

@@ -38,42 +38,42 @@ pub(super) async fn settle_superseded(
          AND number < (SELECT number FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $3)";
     let deploy = WorkKind::Deploy.as_str();
     let message = format!("a newer revision, {candidate}, was committed");
-    tx.exec(
-        &format!(
-            "UPDATE revisions SET status = CASE WHEN status IN ($5, $6) THEN $4 ELSE status END,
-                 last_code = $7, last_message = $8, last_at = {NOW_MS} / 1000, attempts = attempts + 1
-             WHERE namespace_id = $1 AND agent_id = $2 AND id IN ({older})
-               AND id IN (SELECT revision_id FROM work WHERE namespace_id = $1 AND agent_id = $2
-                            AND kind = '{deploy}' AND state = 'queued')"
-        ),
-        &[
-            &ns,
-            &agent,
-            &candidate,
-            &RevisionStatus::Superseded.as_str(),
-            &RevisionStatus::Pending.as_str(),
-            &RevisionStatus::Prepared.as_str(),
-            &Code::RevisionSuperseded.as_str(),
-            &message,
-        ],
-    )
-    .await?;
-    tx.exec(
-        &format!(
-            "UPDATE work SET state = $4, last_code = $5, last_message = $6, updated_at = {NOW_MS}
-             WHERE namespace_id = $1 AND agent_id = $2 AND kind = '{deploy}' AND state = 'queued'
-               AND revision_id IN ({older})"
-        ),
-        &[
-            &ns,
-            &agent,
-            &candidate,
-            &WorkState::Done.as_str(),
-            &Code::RevisionSuperseded.as_str(),
-            &message,
-        ],
-    )
-    .await?;
+    let revisions = format!(
+        "UPDATE revisions SET status = CASE WHEN status IN ($5, $6) THEN $4 ELSE status END,
+             last_code = $7, last_message = $8, last_at = {NOW_MS} / 1000, attempts = attempts + 1
+         WHERE namespace_id = $1 AND agent_id = $2 AND id IN ({older})
+           AND id IN (SELECT revision_id FROM work WHERE namespace_id = $1 AND agent_id = $2
+                        AND kind = '{deploy}' AND state = 'queued')"
+    );
+    let work = format!(
+        "UPDATE work SET state = $4, last_code = $5, last_message = $6, updated_at = {NOW_MS}
+         WHERE namespace_id = $1 AND agent_id = $2 AND kind = '{deploy}' AND state = 'queued'
+           AND revision_id IN ({older})"
+    );
+    let (superseded, pending, prepared, done, code) = (
+        RevisionStatus::Superseded.as_str(),
+        RevisionStatus::Pending.as_str(),
+        RevisionStatus::Prepared.as_str(),
+        WorkState::Done.as_str(),
+        Code::RevisionSuperseded.as_str(),
+    );
+    // In one round trip; the server runs them in this order (the revisions first, while
+    // their work is still queued).
+    let revision_params: [&(dyn ToSql + Sync); 8] = [
+        &ns,
+        &agent,
+        &candidate,
+        &superseded,
+        &pending,
+        &prepared,
+        &code,
+        &message,
+    ];
+    let work_params: [&(dyn ToSql + Sync); 6] = [&ns, &agent, &candidate, &done, &code, &message];
+    futures::try_join!(
+        tx.exec(&revisions, &revision_params),
+        tx.exec(&work, &work_params),
+    )?;
     Ok(())
 }
 
@@ -238,23 +238,29 @@ impl PostgresStore {
         let namespace_id: String = r.try_get(2)?;
         let agent_id: Option<String> = r.try_get(3)?;
         let token: i64 = r.try_get::<_, i64>(7)? + 1;
-        tx.exec(
-            "UPDATE work SET state = 'running', lease_owner = $2, lease_until = $3, claim_token = $4, updated_at = $5 WHERE id = $1",
-            &[&id, &owner, &now.saturating_add(millis(lease)), &token, &now],
-        )
-        .await?;
-        let fence = match &agent_id {
-            Some(agent) => tx
-                .opt(
-                    "UPDATE agents SET fence = nextval('agent_fence') WHERE namespace_id = $1 AND id = $2 RETURNING fence",
-                    &[&namespace_id, agent],
-                )
-                .await?
-                .map(|f| f.try_get::<_, i64>(0))
-                .transpose()?
-                .map(|f| f.max(0) as u64),
-            None => None,
+        let until = now.saturating_add(millis(lease));
+        // The item's claim and the Agent's fence in one round trip.
+        let fence = async {
+            let Some(agent) = &agent_id else {
+                return Ok(None);
+            };
+            tx.opt(
+                "UPDATE agents SET fence = nextval('agent_fence') WHERE namespace_id = $1 AND id = $2 RETURNING fence",
+                &[&namespace_id, agent],
+            )
+            .await?
+            .map(|f| f.try_get::<_, i64>(0).map(|f| f.max(0) as u64))
+            .transpose()
+            .map_err(StoreError::from)
         };
+        let claimed: [&(dyn ToSql + Sync); 5] = [&id, &owner, &until, &token, &now];
+        let (_, fence) = futures::try_join!(
+            tx.exec(
+                "UPDATE work SET state = 'running', lease_owner = $2, lease_until = $3, claim_token = $4, updated_at = $5 WHERE id = $1",
+                &claimed,
+            ),
+            fence,
+        )?;
         Ok(Work {
             id,
             kind,
@@ -283,18 +289,18 @@ impl WorkQueue for PostgresStore {
     async fn claim_work(&self, owner: &str, lease: Duration) -> Result<Option<Work>> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let now: i64 = tx.one(&format!("SELECT {NOW_MS}"), &[]).await?.try_get(0)?;
         // Lanes seen busy in this claim: later items of a busy lane are busy too (the same
         // running item or earlier barrier holds them), so each lane is asked about once.
         let mut busy = Busy::default();
-        // Lapsed claims first: their work was started and should finish before newer work.
-        let lapsed = tx
-            .rows(
-                "SELECT id, namespace_id, agent_id FROM work
-                 WHERE state = 'running' AND lease_until < $1 ORDER BY lease_until, id LIMIT $2",
-                &[&now, &PAGE],
-            )
-            .await?;
+        // The claim's time, and lapsed claims first (their work was started and should finish
+        // before newer work), in one round trip.
+        let clock = format!("SELECT {NOW_MS}");
+        let lapsed = format!(
+            "SELECT id, namespace_id, agent_id FROM work
+             WHERE state = 'running' AND lease_until < {NOW_MS} ORDER BY lease_until, id LIMIT $1"
+        );
+        let (now, lapsed) = futures::try_join!(tx.one(&clock, &[]), tx.rows(&lapsed, &[&PAGE]))?;
+        let now: i64 = now.try_get(0)?;
         if let Some(work) = self
             .take_first(&tx, &lapsed, now, owner, lease, &mut busy)
             .await?
@@ -344,11 +350,6 @@ impl WorkQueue for PostgresStore {
     async fn end_work(&self, claim: &Claim, end: WorkEnd<'_>) -> Result<bool> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        match check_claim(&tx, claim).await {
-            Ok(()) => {}
-            Err(StoreError::ClaimLost { .. }) => return Ok(false),
-            Err(e) => return Err(e),
-        }
         let (code, message, failed) = end.outcome();
         // Finished: its state, and a failure counts as an attempt. Requeued: due after its
         // delay, counting an attempt if asked.
@@ -379,13 +380,20 @@ impl WorkQueue for PostgresStore {
             [&claim.work, &code, &message, &failed, &failed_status];
         let end_params: [&(dyn ToSql + Sync); 6] =
             [&claim.work, &state, &code, &message, &delay, &counted];
-        // The revision's attempt, the item's end and the notification go out together; a
-        // finished item may free its lane for queued work, here or elsewhere.
-        futures::try_join!(
+        // The claim check, the revision's attempt, the item's end and the notification go out
+        // together (the server runs them in this order); a lost claim rolls all of them back.
+        // A finished item may free its lane for queued work, here or elsewhere.
+        let outcome = futures::try_join!(
+            check_claim(&tx, claim),
             tx.exec(&attempt_sql, &attempt_params),
             tx.exec(&end_sql, &end_params),
             notify(&tx)
-        )?;
+        );
+        match outcome {
+            Ok(_) => {}
+            Err(StoreError::ClaimLost { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        }
         tx.commit().await?;
         self.wake_local();
         Ok(true)

@@ -50,6 +50,17 @@ pub(super) async fn insert_files(
 impl WorkspaceStore for PostgresStore {
     async fn workspace_setup(&self, ns: &str, agent: &str) -> Result<Option<WorkspaceSetupInfo>> {
         let mut c = self.client().await?;
+        // Most Agents have no workspace files: one statement tells, without a transaction.
+        let any = c
+            .opt(
+                "SELECT 1 FROM agent_workspace WHERE namespace_id = $1 AND agent_id = $2",
+                &[&ns, &agent],
+            )
+            .await?;
+        if any.is_none() {
+            return Ok(None);
+        }
+        // The state and the files from one snapshot.
         let tx = c
             .build_transaction()
             .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
