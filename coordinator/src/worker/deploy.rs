@@ -62,6 +62,9 @@ struct Deploy<'w> {
     revisions: Vec<Revision>,
     committed: bool,
     target: Option<Target>,
+    /// Whether the prepare carried workspace files (only then can the activation have
+    /// applied any).
+    workspace: bool,
     namespace: NamespaceRef,
     agent_ref: AgentRef,
     reference: RevisionRef,
@@ -90,7 +93,7 @@ impl<B: Backend> Worker<B> {
         for phase in phases(d.committed) {
             match phase {
                 Phase::Place => self.place_phase(&mut d).await?,
-                Phase::Prepare => self.prepare_phase(&d).await?,
+                Phase::Prepare => self.prepare_phase(&mut d).await?,
                 Phase::Commit => self.commit_phase(&d).await?,
                 Phase::Activate => self.activate_phase(&d).await?,
                 Phase::Retire => self.retire_phase(&d).await?,
@@ -172,6 +175,7 @@ impl<B: Backend> Worker<B> {
             rev,
             revisions,
             target: None,
+            workspace: false,
         })
     }
 
@@ -208,10 +212,12 @@ impl<B: Backend> Worker<B> {
     }
 
     /// Prepare: stage the snapshot (idempotent, so it also runs after the commit point).
-    async fn prepare_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+    async fn prepare_phase(&self, d: &mut Deploy<'_>) -> Result<(), Step> {
         let spec = super::revision_spec(&d.reference, &d.rev.rendered)
             .map_err(|(code, message)| failed(code, message))?;
         let workspace = self.workspace_setup(d).await?;
+        d.workspace = workspace.is_some();
+        let d = &*d;
         let op = Operation::PrepareRevision(PrepareArgs {
             namespace: d.namespace.clone(),
             agent: d.agent_ref.clone(),
@@ -347,6 +353,9 @@ impl<B: Backend> Worker<B> {
     /// prepare; a cluster's Pod in its init container before it became ready): the
     /// coordinator records that and forgets their contents (names, sizes and digests stay).
     async fn drop_applied_workspace(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        if !d.workspace {
+            return Ok(());
+        }
         let ns = &d.work.namespace_id;
         let Some(info) = self
             .store

@@ -4,10 +4,7 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use tokio_postgres::Row;
 
-use super::{
-    Cached, PostgresStore, check_claim, claimed_execute, id_col, narrow, opt_id_col, work,
-    workspace,
-};
+use super::{Cached, PostgresStore, claimed_execute, id_col, narrow, opt_id_col, work, workspace};
 use crate::model::{Agent, DesiredState, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result, StoreError};
 
@@ -145,25 +142,30 @@ impl AgentStore for PostgresStore {
         id: &str,
         host: &str,
     ) -> Result<Option<String>> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        check_claim(&tx, claim).await?;
-        tx.exec(
-            "UPDATE agents SET host_name = $3 WHERE namespace_id = $1 AND id = $2 AND host_name IS NULL",
-            &[&ns, &id, &host],
-        )
-        .await?;
-        let placed = tx
-            .opt(
-                "SELECT host_name FROM agents WHERE namespace_id = $1 AND id = $2",
-                &[&ns, &id],
+        // One statement: the claim check (its row lock held to the end), the placement if the
+        // Agent has none yet, and the host it has now (the update's, or the one it had).
+        let c = self.client().await?;
+        let row = c
+            .one(
+                "WITH claim AS MATERIALIZED (
+                   SELECT 1 FROM work WHERE id = $4 AND claim_token = $5 AND state = 'running' FOR SHARE),
+                 placed AS (
+                   UPDATE agents SET host_name = $3
+                   WHERE namespace_id = $1 AND id = $2 AND host_name IS NULL AND EXISTS (SELECT 1 FROM claim)
+                   RETURNING host_name)
+                 SELECT EXISTS (SELECT 1 FROM claim),
+                        COALESCE((SELECT host_name FROM placed),
+                                 (SELECT host_name FROM agents WHERE namespace_id = $1 AND id = $2))",
+                &[&ns, &id, &host, &claim.work, &claim.token],
             )
-            .await?
-            .map(|r| r.try_get::<_, Option<String>>(0))
-            .transpose()?
-            .flatten();
-        tx.commit().await?;
-        Ok(placed)
+            .await?;
+        if !row.try_get::<_, bool>(0)? {
+            return Err(StoreError::ClaimLost {
+                work: claim.work,
+                token: claim.token,
+            });
+        }
+        Ok(row.try_get(1)?)
     }
 
     async fn set_agent_observed(

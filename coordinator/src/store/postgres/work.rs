@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{Cached, NOW_MS, PostgresStore, Tx, check_claim, narrow, notify};
+use super::{Cached, NOW_MS, PostgresStore, Tx, narrow, notify};
 use crate::codes::Code;
 use crate::model::RevisionStatus;
 use crate::store::sqlite::barrier_list;
@@ -38,42 +38,33 @@ pub(super) async fn settle_superseded(
          AND number < (SELECT number FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $3)";
     let deploy = WorkKind::Deploy.as_str();
     let message = format!("a newer revision, {candidate}, was committed");
-    let revisions = format!(
-        "UPDATE revisions SET status = CASE WHEN status IN ($5, $6) THEN $4 ELSE status END,
-             last_code = $7, last_message = $8, last_at = {NOW_MS} / 1000, attempts = attempts + 1
-         WHERE namespace_id = $1 AND agent_id = $2 AND id IN ({older})
-           AND id IN (SELECT revision_id FROM work WHERE namespace_id = $1 AND agent_id = $2
-                        AND kind = '{deploy}' AND state = 'queued')"
+    // One statement: the work settled, then its revisions (the update's own list, so no
+    // second look at the queue).
+    let sql = format!(
+        "WITH settled AS (
+           UPDATE work SET state = $4, last_code = $5, last_message = $6, updated_at = {NOW_MS}
+           WHERE namespace_id = $1 AND agent_id = $2 AND kind = '{deploy}' AND state = 'queued'
+             AND revision_id IN ({older})
+           RETURNING revision_id)
+         UPDATE revisions SET status = CASE WHEN status IN ($7, $8) THEN $9 ELSE status END,
+             last_code = $5, last_message = $6, last_at = {NOW_MS} / 1000, attempts = attempts + 1
+         WHERE namespace_id = $1 AND agent_id = $2 AND id IN (SELECT revision_id FROM settled)"
     );
-    let work = format!(
-        "UPDATE work SET state = $4, last_code = $5, last_message = $6, updated_at = {NOW_MS}
-         WHERE namespace_id = $1 AND agent_id = $2 AND kind = '{deploy}' AND state = 'queued'
-           AND revision_id IN ({older})"
-    );
-    let (superseded, pending, prepared, done, code) = (
-        RevisionStatus::Superseded.as_str(),
-        RevisionStatus::Pending.as_str(),
-        RevisionStatus::Prepared.as_str(),
-        WorkState::Done.as_str(),
-        Code::RevisionSuperseded.as_str(),
-    );
-    // In one round trip; the server runs them in this order (the revisions first, while
-    // their work is still queued).
-    let revision_params: [&(dyn ToSql + Sync); 8] = [
-        &ns,
-        &agent,
-        &candidate,
-        &superseded,
-        &pending,
-        &prepared,
-        &code,
-        &message,
-    ];
-    let work_params: [&(dyn ToSql + Sync); 6] = [&ns, &agent, &candidate, &done, &code, &message];
-    futures::try_join!(
-        tx.exec(&revisions, &revision_params),
-        tx.exec(&work, &work_params),
-    )?;
+    tx.exec(
+        &sql,
+        &[
+            &ns,
+            &agent,
+            &candidate,
+            &WorkState::Done.as_str(),
+            &Code::RevisionSuperseded.as_str(),
+            &message,
+            &RevisionStatus::Pending.as_str(),
+            &RevisionStatus::Prepared.as_str(),
+            &RevisionStatus::Superseded.as_str(),
+        ],
+    )
+    .await?;
     Ok(())
 }
 
@@ -348,8 +339,6 @@ impl WorkQueue for PostgresStore {
     }
 
     async fn end_work(&self, claim: &Claim, end: WorkEnd<'_>) -> Result<bool> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
         let (code, message, failed) = end.outcome();
         // Finished: its state, and a failure counts as an attempt. Requeued: due after its
         // delay, counting an attempt if asked.
@@ -361,40 +350,49 @@ impl WorkQueue for PostgresStore {
                 ..
             } => (WorkState::Queued, millis(delay), count_attempt),
         };
-        let counted = i64::from(counted);
-        let attempt_sql = format!(
-            "UPDATE revisions SET last_code = $2, last_message = $3, last_at = {NOW_MS} / 1000,
-                 attempts = attempts + 1, status = CASE WHEN $4 THEN $5 ELSE status END
-             WHERE (namespace_id, agent_id, id) IN
-                   (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = $1 AND revision_id IS NOT NULL)"
-        );
-        let end_sql = format!(
-            "UPDATE work SET state = $2, last_code = $3, last_message = $4, lease_owner = NULL, lease_until = NULL,
-                 not_before = CASE WHEN $2 = 'queued' THEN {NOW_MS} + $5 ELSE not_before END,
-                 attempts = attempts + $6, updated_at = {NOW_MS}
-             WHERE id = $1"
-        );
-        let failed_status = RevisionStatus::Failed.as_str();
-        let state = state.as_str();
-        let attempt_params: [&(dyn ToSql + Sync); 5] =
-            [&claim.work, &code, &message, &failed, &failed_status];
-        let end_params: [&(dyn ToSql + Sync); 6] =
-            [&claim.work, &state, &code, &message, &delay, &counted];
-        // The claim check, the revision's attempt, the item's end and the notification go out
-        // together (the server runs them in this order); a lost claim rolls all of them back.
-        // A finished item may free its lane for queued work, here or elsewhere.
-        let outcome = futures::try_join!(
-            check_claim(&tx, claim),
-            tx.exec(&attempt_sql, &attempt_params),
-            tx.exec(&end_sql, &end_params),
-            notify(&tx)
-        );
-        match outcome {
-            Ok(_) => {}
-            Err(StoreError::ClaimLost { .. }) => return Ok(false),
-            Err(e) => return Err(e),
+        // One statement: the claim check (the item's row locked), the revision's attempt, the
+        // item's end, and the notification (a finished item may free its lane for queued
+        // work, here or elsewhere). Data-modifying WITH clauses run once each, to completion.
+        let c = self.client().await?;
+        let row = c
+            .one(
+                &format!(
+                    "WITH claim AS MATERIALIZED (
+                       SELECT id, namespace_id, revision_id, agent_id FROM work
+                       WHERE id = $1 AND claim_token = $7 AND state = 'running' FOR UPDATE),
+                     attempt AS (
+                       UPDATE revisions r SET last_code = $3, last_message = $4, last_at = {NOW_MS} / 1000,
+                           attempts = r.attempts + 1, status = CASE WHEN $8 THEN $9 ELSE r.status END
+                       FROM claim c
+                       WHERE r.namespace_id = c.namespace_id AND r.agent_id = c.agent_id AND r.id = c.revision_id
+                       RETURNING 1),
+                     ended AS (
+                       UPDATE work w SET state = $2, last_code = $3, last_message = $4, lease_owner = NULL,
+                           lease_until = NULL,
+                           not_before = CASE WHEN $2 = 'queued' THEN {NOW_MS} + $5 ELSE w.not_before END,
+                           attempts = w.attempts + $6, updated_at = {NOW_MS}
+                       FROM claim c WHERE w.id = c.id
+                       RETURNING 1)
+                     SELECT (SELECT count(*) FROM ended), pg_notify($10, '')::text"
+                ),
+                &[
+                    &claim.work,
+                    &state.as_str(),
+                    &code,
+                    &message,
+                    &delay,
+                    &i64::from(counted),
+                    &claim.token,
+                    &failed,
+                    &RevisionStatus::Failed.as_str(),
+                    &super::CHANNEL,
+                ],
+            )
+            .await?;
+        if row.try_get::<_, i64>(0)? == 0 {
+            // Another claim replaced this one: nothing was written.
+            return Ok(false);
         }
-        tx.commit().await?;
         self.wake_local();
         Ok(true)
     }
