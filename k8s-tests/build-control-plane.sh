@@ -128,7 +128,10 @@ build kubernetes kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-m
 build kubernetes kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
 
 "$dir/kube-apiserver" --version >&2
-"$dir/etcd" --version | head -1 >&2
+# Not `| head -1`: under pipefail, etcd can die of SIGPIPE when head exits first, which
+# failed this script (and .ci/run with it) after a complete build.
+etcd_version_line="$("$dir/etcd" --version)"
+echo "${etcd_version_line%%$'\n'*}" >&2
 
 printf 'kubernetes %s\netcd %s\nkwok %s\nbuilt %s in %s s\n' "$k8s_version" "$etcd_version" "$kwok_version" \
     "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(($(date +%s) - total_start))" >"$dir/.complete.tmp"
