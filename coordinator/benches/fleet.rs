@@ -4,8 +4,18 @@
 //! really goes HTTP API → worker → SSH (one persistent russh connection per host) → hostd →
 //! systemd, with the test gateway as the workload.
 //!
+//! It also prints the fan-out figure of the fast-path issue: the 30-Agent wall time against
+//! the honest floor here, max(one host's 10 Agents alone, the run's total CPU time ÷ cores)
+//! (the test hosts share this machine's cores), with the target of at most 1.1× that floor;
+//! and the coordinator's own CPU per Agent deploy. "One host alone" is a fleet of one test
+//! host deploying 10 Agents, run first; the hosts are identical containers on this machine,
+//! so one stands for the slowest. CPU: the machine's busy time from `/proc/stat` over the
+//! timed window (hosts, hostd, gateways, sshd and the coordinator alike), and `occ serve`'s
+//! own from `/proc/<pid>/stat`.
+//!
 //! `cargo bench -p clawfleet-coordinator --bench fleet` (root and the test-host prerequisites;
-//! otherwise it prints `SKIP: ...` and exits 0). `CLAWFLEET_BENCH_AGENTS` changes the count.
+//! otherwise it prints `SKIP: ...` and exits 0). `CLAWFLEET_BENCH_AGENTS` changes the count
+//! (the one-host baseline deploys a third of it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/fleet_support/mod.rs"]
@@ -21,25 +31,63 @@ fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
 
-fn main() {
-    if let Some(reason) = clawfleet_vm_tests::skip_reason() {
-        println!("SKIP: {reason}");
-        return;
-    }
-    let count: usize = std::env::var("CLAWFLEET_BENCH_AGENTS")
+/// Clock ticks per second of `/proc` CPU times.
+fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
         .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(30);
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The machine's busy CPU time so far (every CPU: all but idle and iowait), in ticks.
+fn machine_busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let line = stat.lines().next().unwrap();
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    v[0] + v[1] + v[2] + v[5] + v[6] + v.get(7).copied().unwrap_or(0)
+}
+
+/// A process's CPU time (user + system) so far, in ticks.
+fn process_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// What one timed deploy of `count` Agents over a fleet of `hosts` measured.
+struct Run {
+    wall: Duration,
+    requests: Duration,
+    per_agent: Vec<Duration>,
+    placement: String,
+    hosts: usize,
+    setup: Duration,
+    machine_cpu: Duration,
+    occ_cpu: Duration,
+}
+
+fn run(hosts: usize, count: usize, prefix: &str) -> Run {
+    let ticks = clock_ticks();
     let setup = Instant::now();
-    let fleet = Fleet::start(3);
-    let agents: Vec<String> = (0..count).map(|i| format!("b{i:03}")).collect();
+    let fleet = Fleet::start(hosts);
+    let agents: Vec<String> = (0..count).map(|i| format!("{prefix}{i:03}")).collect();
     for a in &agents {
         fleet.create_agent(a, &document(&format!("{a}-v1"), json!({})));
     }
     let setup = setup.elapsed();
+    let occ = fleet.serve_pid();
 
     // Timed: the deploy requests, then polling deployment-status until all converged.
+    let (busy0, occ0) = (machine_busy_ticks(), process_ticks(occ));
     let t0 = Instant::now();
     let mut sent: BTreeMap<String, Duration> = BTreeMap::new();
     let mut wants: Vec<(&str, Want)> = Vec::new();
@@ -57,14 +105,12 @@ fn main() {
     }
     let requests = t0.elapsed();
     let converged = fleet.wait_converged(&wants, t0, Duration::from_secs(900));
+    let (busy1, occ1) = (machine_busy_ticks(), process_ticks(occ));
     let wall = converged.values().max().copied().unwrap_or_default();
     let per_agent: Vec<Duration> = converged
         .iter()
         .map(|(a, at)| at.saturating_sub(sent[a]))
         .collect();
-    let mut sorted = per_agent.clone();
-    sorted.sort();
-    let p90 = sorted[(sorted.len() * 9 / 10).min(sorted.len() - 1)];
 
     // Not timed: the hosts really run what the coordinator says.
     let per_host = fleet.check_hosts(&model, true);
@@ -73,22 +119,59 @@ fn main() {
         .map(|(h, n)| format!("{h} {n}"))
         .collect::<Vec<_>>()
         .join(", ");
+    let cpu = |t: u64| Duration::from_secs_f64(t as f64 / ticks);
+    Run {
+        wall,
+        requests,
+        per_agent,
+        placement,
+        hosts: per_host.len(),
+        setup,
+        machine_cpu: cpu(busy1.saturating_sub(busy0)),
+        occ_cpu: cpu(occ1.saturating_sub(occ0)),
+    }
+}
+
+fn main() {
+    if let Some(reason) = clawfleet_vm_tests::skip_reason() {
+        println!("SKIP: {reason}");
+        return;
+    }
+    let count: usize = std::env::var("CLAWFLEET_BENCH_AGENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(30);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The baseline first: one host deploying its share alone.
+    let alone = run(1, count.div_ceil(3), "a");
+    let all = run(3, count, "b");
+
+    let mut sorted = all.per_agent.clone();
+    sorted.sort();
+    let p90 = sorted[(sorted.len() * 9 / 10).min(sorted.len() - 1)];
+    let cpu_floor = all.machine_cpu / cores as u32;
+    let floor = alone.wall.max(cpu_floor);
+    let ratio = all.wall.as_secs_f64() / floor.as_secs_f64().max(1e-9);
 
     let rows = [
-        ("Agents / hosts", format!("{count} / {}", per_host.len())),
-        ("placement (Agents per host)", placement),
+        ("Agents / hosts", format!("{count} / {}", all.hosts)),
+        ("placement (Agents per host)", all.placement.clone()),
         (
             "setup, untimed (cargo build if stale, hosts, hostd, enrol, Agents)",
-            secs(setup),
+            secs(all.setup),
         ),
-        ("deploy requests sent (POST .../deploy x N)", secs(requests)),
+        (
+            "deploy requests sent (POST .../deploy x N)",
+            secs(all.requests),
+        ),
         (
             "WALL TIME: first deploy request -> all converged",
-            secs(wall),
+            secs(all.wall),
         ),
         (
             "per-Agent time to converge (own request -> converged), MEDIAN",
-            secs(median(&per_agent)),
+            secs(median(&all.per_agent)),
         ),
         ("per-Agent time to converge, p90", secs(p90)),
         (
@@ -99,7 +182,35 @@ fn main() {
             "throughput",
             format!(
                 "{:.2} Agents/s",
-                count as f64 / wall.as_secs_f64().max(1e-9)
+                count as f64 / all.wall.as_secs_f64().max(1e-9)
+            ),
+        ),
+        (
+            "one host alone: its share of Agents, wall time",
+            format!(
+                "{} ({} Agents, setup {})",
+                secs(alone.wall),
+                alone.per_agent.len(),
+                secs(alone.setup)
+            ),
+        ),
+        (
+            "machine CPU over the timed window / cores",
+            format!("{} / {cores} = {}", secs(all.machine_cpu), secs(cpu_floor)),
+        ),
+        (
+            "FAN-OUT: wall / max(one host alone, CPU / cores)",
+            format!(
+                "{ratio:.2}x (target <= 1.10x: {})",
+                if ratio <= 1.10 { "met" } else { "MISSED" }
+            ),
+        ),
+        (
+            "occ serve CPU per Agent deploy",
+            format!(
+                "{:.1} ms ({} in all)",
+                all.occ_cpu.as_secs_f64() * 1000.0 / count as f64,
+                secs(all.occ_cpu)
             ),
         ),
     ];
