@@ -116,14 +116,17 @@ impl<B: Backend> Worker<B> {
             ));
         };
         let ns_id = &work.namespace_id;
-        // Three independent reads at once (on PostgreSQL, three pooled connections in flight);
-        // the revision itself is one of the Agent's revisions.
-        let (agent, revisions, ns) = futures::try_join!(
-            self.store.agent(ns_id, agent_id),
-            self.store.revisions(ns_id, agent_id),
-            self.store.namespace(ns_id),
-        )
-        .map_err(store_err)?;
+        // One after the other, not at once: the API's reads share the store's read
+        // connections, and a worker with many items in flight would take them all (on SQLite
+        // that cost the deploy route a fifth of its requests/s). The revision itself is one
+        // of the Agent's revisions.
+        let agent = self.store.agent(ns_id, agent_id).await.map_err(store_err)?;
+        let revisions = self
+            .store
+            .revisions(ns_id, agent_id)
+            .await
+            .map_err(store_err)?;
+        let ns = self.store.namespace(ns_id).await.map_err(store_err)?;
         let Some(agent) = agent else {
             return Err(done(Code::AgentGone, "the Agent was deleted"));
         };
