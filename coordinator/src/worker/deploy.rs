@@ -394,6 +394,7 @@ impl<B: Backend> Worker<B> {
 
     /// Commit: compare-and-set the Agent's active revision; another writer wins only with a
     /// newer one.
+    ///
     /// A revision committed right after its prepare goes from pending to activating in the
     /// commit's transaction; `prepared` is written only when the commit does not happen.
     async fn commit_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
