@@ -95,17 +95,16 @@ fn main() {
 
     // (b) The same session over many more operations: its RSS, sampled as it goes, stays flat.
     let long = long_session();
-    let mut samples = vec![(0usize, hostd_memory(&host).rss_kb)];
+    let mut samples = vec![(0usize, hostd_memory(&host))];
     let t_long = Instant::now();
     for i in 1..=long {
         let (r, _) = roundtrip(&occ, &host, &mut session, prepare(NS, AGENT, &r1));
         expect_prepare(&r, false);
         if i % (long / 10).max(1) == 0 || i == long {
-            samples.push((i, hostd_memory(&host).rss_kb));
+            samples.push((i, hostd_memory(&host)));
         }
     }
     let long_elapsed = t_long.elapsed();
-    let rss_long = hostd_memory(&host);
 
     // (d) Cutovers with the test gateway. Revision 1 first (writes the unit; not timed).
     let mut last_start = Instant::now();
@@ -188,15 +187,15 @@ fn main() {
         mib(rss_after.hwm_kb * 1024),
         mib(rss_after.rss_kb * 1024)
     );
-    let first_rss = samples.first().map_or(0, |s| s.1);
-    let last_rss = samples.last().map_or(0, |s| s.1);
+    let first_rss = samples.first().map_or(0, |s| s.1.rss_kb);
+    let (last_rss, last_hwm) = samples.last().map_or((0, 0), |s| (s.1.rss_kb, s.1.hwm_kb));
     println!(
         "|     same session over {long} more prepares: VmRSS first → last sample (growth), VmHWM | {} | {:.2} → {:.2} MiB ({:+} kB) | VmHWM {:.2} MiB | | |",
         samples.len(),
         mib(first_rss * 1024),
         mib(last_rss * 1024),
         last_rss as i64 - first_rss as i64,
-        mib(rss_long.hwm_kb * 1024)
+        mib(last_hwm * 1024)
     );
     println!(
         "| (c) idempotent prepare-revision, one persistent session | {} | {} | {} | {} | {} |",
@@ -240,7 +239,7 @@ fn main() {
         long_elapsed.as_secs_f64(),
         samples
             .iter()
-            .map(|(n, kb)| format!("{n}:{kb}"))
+            .map(|(n, m)| format!("{n}:{}", m.rss_kb))
             .collect::<Vec<_>>()
             .join(" ")
     );

@@ -160,16 +160,46 @@ pub enum WorkEnd<'a> {
     },
 }
 
-impl WorkEnd<'_> {
-    /// The code and message the end records, and whether it is a failure.
-    pub fn outcome(&self) -> (&str, &str, bool) {
-        match self {
+/// What an end writes, derived once for both stores: the item's new state, its code and
+/// message (also the revision's newest attempt), the delay before a requeued item is due, and
+/// whether the pass counts as one of the item's attempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndRow<'a> {
+    pub state: WorkState,
+    pub code: &'a str,
+    pub message: &'a str,
+    /// Zero for a finished item (its `not_before` stays).
+    pub delay: Duration,
+    /// A failure always counts; a requeue when it says so.
+    pub counts_attempt: bool,
+}
+
+impl<'a> WorkEnd<'a> {
+    pub fn row(&self) -> EndRow<'a> {
+        match *self {
             WorkEnd::Finished {
                 state,
                 code,
                 message,
-            } => (code, message, *state == WorkState::Failed),
-            WorkEnd::Requeued { code, message, .. } => (code, message, false),
+            } => EndRow {
+                state,
+                code,
+                message,
+                delay: Duration::ZERO,
+                counts_attempt: state == WorkState::Failed,
+            },
+            WorkEnd::Requeued {
+                delay,
+                count_attempt,
+                code,
+                message,
+            } => EndRow {
+                state: WorkState::Queued,
+                code,
+                message,
+                delay,
+                counts_attempt: count_attempt,
+            },
         }
     }
 }

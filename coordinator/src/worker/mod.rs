@@ -260,9 +260,9 @@ impl<B: Backend> Worker<B> {
     }
 
     /// One host or cluster call on behalf of a claimed item: the lease is made sure of first
-    /// ([`Lease::before_call`]), and no call is issued once it is lost. The Agent's fence from the claim travels with the
-    /// operation, so a target refuses it once a later claim moved the Agent on; that refusal
-    /// ends the pass as a lost claim.
+    /// ([`Lease::before_call`]), and no call is issued once it is lost. The Agent's fence from
+    /// the claim travels with the operation, so a target refuses it once a later claim moved
+    /// the Agent on; that refusal ends the pass as a lost claim.
     async fn call_with(
         &self,
         work: &Work,

@@ -339,17 +339,7 @@ impl WorkQueue for PostgresStore {
     }
 
     async fn end_work(&self, claim: &Claim, end: WorkEnd<'_>) -> Result<bool> {
-        let (code, message, failed) = end.outcome();
-        // Finished: its state, and a failure counts as an attempt. Requeued: due after its
-        // delay, counting an attempt if asked.
-        let (state, delay, counted) = match end {
-            WorkEnd::Finished { state, .. } => (state, 0, state == WorkState::Failed),
-            WorkEnd::Requeued {
-                delay,
-                count_attempt,
-                ..
-            } => (WorkState::Queued, millis(delay), count_attempt),
-        };
+        let end = end.row();
         // One statement: the claim check (the item's row locked), the revision's attempt, the
         // item's end, and the notification (a finished item may free its lane for queued
         // work, here or elsewhere). Data-modifying WITH clauses run once each, to completion.
@@ -377,13 +367,13 @@ impl WorkQueue for PostgresStore {
                 ),
                 &[
                     &claim.work,
-                    &state.as_str(),
-                    &code,
-                    &message,
-                    &delay,
-                    &i64::from(counted),
+                    &end.state.as_str(),
+                    &end.code,
+                    &end.message,
+                    &millis(end.delay),
+                    &i64::from(end.counts_attempt),
                     &claim.token,
-                    &failed,
+                    &(end.state == WorkState::Failed),
                     &RevisionStatus::Failed.as_str(),
                     &super::CHANNEL,
                 ],

@@ -83,20 +83,6 @@ pub(super) fn settle_superseded(
     Ok(())
 }
 
-/// The end of work item `work` as its revision's newest attempt (a failure also as its
-/// status); nothing for work without a revision.
-fn revision_attempt(tx: &Connection, work: i64, end: &WorkEnd<'_>, now_ms: i64) -> Result<()> {
-    let (code, message, failed) = end.outcome();
-    tx.execute(
-        "UPDATE revisions SET last_code = ?2, last_message = ?3, last_at = ?4, attempts = attempts + 1,
-             status = CASE WHEN ?5 THEN ?6 ELSE status END
-         WHERE (namespace_id, agent_id, id) IN
-               (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = ?1 AND revision_id IS NOT NULL)",
-        params![work, code, message, now_ms / 1000, failed, RevisionStatus::Failed.as_str()],
-    )?;
-    Ok(())
-}
-
 const CLAIM_COLS: &str = "w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at, w.claim_token";
 
 /// The lane conditions of a candidate `w` at time `?1`: no other item of its lane runs under a
@@ -262,6 +248,7 @@ impl WorkQueue for SqliteStore {
 
     async fn end_work(&self, claim: &Claim, end: WorkEnd<'_>) -> Result<bool> {
         let now = now_ms();
+        let end = end.row();
         let ended = self
             .transact(None, |tx| {
                 match check_claim(tx, claim) {
@@ -269,30 +256,21 @@ impl WorkQueue for SqliteStore {
                     Err(StoreError::ClaimLost { .. }) => return Ok(false),
                     Err(e) => return Err(e),
                 }
-                revision_attempt(tx, claim.work, &end, now)?;
-                match end {
-                    WorkEnd::Finished {
-                        state,
-                        code,
-                        message,
-                    } => tx.execute(
-                        "UPDATE work SET state = ?2, last_code = ?3, last_message = ?4, lease_owner = NULL, lease_until = NULL,
-                             updated_at = ?5, attempts = attempts + ?6
-                         WHERE id = ?1",
-                        params![claim.work, state.as_str(), code, message, now, i64::from(state == WorkState::Failed)],
-                    )?,
-                    WorkEnd::Requeued {
-                        delay,
-                        count_attempt,
-                        code,
-                        message,
-                    } => tx.execute(
-                        "UPDATE work SET state = 'queued', not_before = ?2, attempts = attempts + ?3, last_code = ?4, last_message = ?5,
-                             lease_owner = NULL, lease_until = NULL, updated_at = ?6
-                         WHERE id = ?1",
-                        params![claim.work, now.saturating_add(millis(delay)), i64::from(count_attempt), code, message, now],
-                    )?,
-                };
+                // The revision's newest attempt (a failure also its status), then the item.
+                tx.execute(
+                    "UPDATE revisions SET last_code = ?2, last_message = ?3, last_at = ?4, attempts = attempts + 1,
+                         status = CASE WHEN ?5 THEN ?6 ELSE status END
+                     WHERE (namespace_id, agent_id, id) IN
+                           (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = ?1 AND revision_id IS NOT NULL)",
+                    params![claim.work, end.code, end.message, now / 1000, end.state == WorkState::Failed, RevisionStatus::Failed.as_str()],
+                )?;
+                tx.execute(
+                    "UPDATE work SET state = ?2, last_code = ?3, last_message = ?4, lease_owner = NULL, lease_until = NULL,
+                         not_before = CASE WHEN ?2 = 'queued' THEN ?5 ELSE not_before END,
+                         attempts = attempts + ?6, updated_at = ?7
+                     WHERE id = ?1",
+                    params![claim.work, end.state.as_str(), end.code, end.message, now.saturating_add(millis(end.delay)), i64::from(end.counts_attempt), now],
+                )?;
                 Ok(true)
             })
             .await?;
