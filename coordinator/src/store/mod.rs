@@ -247,14 +247,17 @@ pub trait AgentStore: Send + Sync {
         desired: DesiredState,
         then: Option<&Enqueue>,
     ) -> Result<Option<i64>>;
-    /// Sets the placement once; returns the placement in force afterwards.
+    /// Places an Agent that has no host yet on the least loaded of `candidates` with room
+    /// (the rule of [`crate::targets::least_loaded_of`]: fewest Agents, then the order
+    /// given), choosing and placing in one write. Returns the host the Agent is placed on
+    /// afterwards; `None` while it has none (no candidate has room).
     async fn place_agent(
         &self,
         claim: &Claim,
         ns: &str,
         id: &str,
-        host: &str,
-    ) -> Result<Option<String>>;
+        candidates: &[String],
+    ) -> Result<Option<Host>>;
     async fn set_agent_observed(
         &self,
         claim: &Claim,
@@ -324,6 +327,18 @@ pub trait RevisionStore: Send + Sync {
         agent: &str,
         id: &str,
         status: RevisionStatus,
+    ) -> Result<()>;
+    /// A successful activation's record in one write: the revision is `active`, and the
+    /// Agent's observed port (kept when `None`) and served revision are what the target
+    /// answered.
+    async fn set_activated(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        port: Option<u16>,
+        served: Option<&str>,
     ) -> Result<()>;
     /// The commit point: compare-and-set of `activeRevisionId` from `expected` to `candidate`,
     /// and in the same transaction the candidate becomes `activating` and the revision it

@@ -252,7 +252,11 @@ impl<B: Backend> Worker<B> {
                 Err(self.call_failed(d.work, e, d.committed))
             }
             Ok(OperationResult::PrepareRevision(p)) => {
-                self.observe(d.work, &d.agent, &p.observation).await;
+                // The deploy's first observation, against the Agent as loaded: nothing to
+                // write when it says nothing new (a redeploy of a running Agent).
+                if !super::observation_unchanged(&d.agent, &p.observation) {
+                    self.observe(d.work, &d.agent, &p.observation).await;
+                }
                 // A host applied them (or had); a cluster only staged them for the Pod, and its
                 // ready activation says they were applied.
                 if matches!(
@@ -506,8 +510,8 @@ impl<B: Backend> Worker<B> {
                 Err(self.call_failed(d.work, e, true))
             }
             Ok(OperationResult::ActivateRevision(a)) => {
-                self.observe(d.work, &d.agent, &a.observation).await;
                 if let Some(restored) = a.restored {
+                    self.observe(d.work, &d.agent, &a.observation).await;
                     return Err(self.restored(d, restored).await);
                 }
                 if d.rev.runtime_failure.is_some() {
@@ -522,8 +526,18 @@ impl<B: Backend> Worker<B> {
                         .await
                         .map_err(store_err)?;
                 }
-                self.set_status(d, &d.rev.id, RevisionStatus::Active)
-                    .await?;
+                // The revision active and what the target answered, in one write.
+                self.store
+                    .set_activated(
+                        &d.work.claim,
+                        &d.work.namespace_id,
+                        &d.agent.id,
+                        &d.rev.id,
+                        a.observation.port,
+                        super::served(&a.observation).as_deref(),
+                    )
+                    .await
+                    .map_err(store_err)?;
                 self.drop_applied_workspace(d).await
             }
             Ok(other) => Err(failed(

@@ -601,22 +601,10 @@ impl<B: Backend> Worker<B> {
         if let Some(name) = &agent.host {
             return self.store.host(name).await.map_err(store_err);
         }
-        let Some(host) = crate::targets::least_loaded(&*self.store, ns)
+        self.store
+            .place_agent(&work.claim, &ns.id, &agent.id, &ns.ready_hosts)
             .await
-            .map_err(store_err)?
-        else {
-            return Ok(None);
-        };
-        let placed = self
-            .store
-            .place_agent(&work.claim, &ns.id, &agent.id, &host.name)
-            .await
-            .map_err(store_err)?;
-        match placed {
-            Some(p) if host.name == p => Ok(Some(host)),
-            Some(p) => self.store.host(&p).await.map_err(store_err),
-            None => Ok(None),
-        }
+            .map_err(store_err)
     }
 
     fn agent_ref(agent: &Agent) -> Result<AgentRef, Step> {
@@ -634,11 +622,7 @@ impl<B: Backend> Worker<B> {
     /// names it: once activation has switched `current` to a candidate that is not ready yet,
     /// the previous revision no longer runs, whatever an older `served.json` says.
     async fn observe(&self, work: &Work, agent: &Agent, o: &AgentObservation) {
-        let served = o
-            .served
-            .as_ref()
-            .filter(|s| o.current.as_ref() == Some(*s))
-            .map(|s| s.as_str().to_owned());
+        let served = served(o);
         let _ = self
             .store
             .set_agent_observed(
@@ -745,6 +729,22 @@ impl<B: Backend> Worker<B> {
             .map_err(store_err)?;
         Ok(done(Code::AgentDeleted, "removed from its host"))
     }
+}
+
+/// The revision an observation says is served: only while `current` still names it (see
+/// [`Worker::observe`]).
+fn served(o: &AgentObservation) -> Option<String> {
+    o.served
+        .as_ref()
+        .filter(|s| o.current.as_ref() == Some(*s))
+        .map(|s| s.as_str().to_owned())
+}
+
+/// Whether an observation says nothing new against the Agent as it was loaded: the port
+/// (when reported) and the served revision are what is stored.
+fn observation_unchanged(agent: &Agent, o: &AgentObservation) -> bool {
+    (o.port.is_none() || o.port == agent.port)
+        && served(o).as_deref() == agent.served_revision_id.as_deref()
 }
 
 /// This machine's name, for lease owners in logs and the database.

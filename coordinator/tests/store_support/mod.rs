@@ -40,6 +40,7 @@ cases!(
     runnable_work_behind_a_long_busy_lane_is_claimed,
     a_replaced_claim_can_write_nothing,
     a_commit_settles_older_revisions_queued_deploys,
+    placement_takes_the_least_loaded_host_with_room_once,
     concurrent_claimers_never_share_a_lane_and_claim_each_item_once,
     fences_only_grow_even_across_a_re_created_agent,
     the_leader_lease_changes_hands_with_a_higher_term,
@@ -596,7 +597,12 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
             .unwrap_err()
     ));
     assert!(lost(
-        s.place_agent(&old.claim, "ns", "a1", "h1")
+        s.place_agent(&old.claim, "ns", "a1", &["h1".into()])
+            .await
+            .unwrap_err()
+    ));
+    assert!(lost(
+        s.set_activated(&old.claim, "ns", "a1", &r.id, Some(18_001), Some(&r.id))
             .await
             .unwrap_err()
     ));
@@ -617,9 +623,24 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
             .await
             .unwrap()
     );
-    assert!(s.end_work(&new.claim, done()).await.unwrap());
+    let a1 = s.agent("ns", "a1").await.unwrap().unwrap();
+    assert_eq!((a1.port, a1.served_revision_id), (None, None));
     let rev = s.revision("ns", "a1", &r.id).await.unwrap().unwrap();
     assert_eq!(rev.status, RevisionStatus::Activating);
+    // The activation's record: the revision active, the Agent's port and served revision.
+    s.set_activated(&new.claim, "ns", "a1", &r.id, Some(18_001), Some(&r.id))
+        .await
+        .unwrap();
+    // A later answer without a port keeps the one on record.
+    s.set_activated(&new.claim, "ns", "a1", &r.id, None, Some(&r.id))
+        .await
+        .unwrap();
+    let a1 = s.agent("ns", "a1").await.unwrap().unwrap();
+    assert_eq!(a1.port, Some(18_001));
+    assert_eq!(a1.served_revision_id.as_deref(), Some(r.id.as_str()));
+    assert!(s.end_work(&new.claim, done()).await.unwrap());
+    let rev = s.revision("ns", "a1", &r.id).await.unwrap().unwrap();
+    assert_eq!(rev.status, RevisionStatus::Active);
     // The end is the revision's attempt: the current claim's, once.
     let attempt = rev.last_attempt.unwrap();
     assert_eq!((attempt.code.as_str(), attempt.attempts), ("OK", 1));
@@ -630,6 +651,67 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
             .await
             .unwrap_err()
     ));
+}
+
+/// Placement chooses and places in one write: the fewest Agents among the candidates with
+/// room, ties in the order given; an Agent placed once stays where it is; no room, no
+/// placement.
+pub async fn placement_takes_the_least_loaded_host_with_room_once(s: SharedStore) {
+    world(&s, 4).await;
+    assert!(s.insert_host(&host("h2")).await.unwrap());
+    assert!(
+        s.insert_host(&Host {
+            max_agents: 1,
+            ..host("h3")
+        })
+        .await
+        .unwrap()
+    );
+    let mut r = revision("a1");
+    s.create_revision(&mut r).await.unwrap();
+    let w = s
+        .claim_work("c", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let all: Vec<String> = ["h3", "h1", "h2"].map(String::from).to_vec();
+    let place = |agent: &'static str, candidates: Vec<String>| {
+        let s = s.clone();
+        let claim = w.claim;
+        async move {
+            s.place_agent(&claim, "ns", agent, &candidates)
+                .await
+                .unwrap()
+                .map(|h| h.name.to_string())
+        }
+    };
+    // All empty: the first in the order given.
+    assert_eq!(place("a1", all.clone()).await.as_deref(), Some("h3"));
+    // h3 is full; h1 and h2 tie, h1 comes first.
+    assert_eq!(place("a2", all.clone()).await.as_deref(), Some("h1"));
+    // h1 has one Agent, h2 none.
+    assert_eq!(place("a3", all.clone()).await.as_deref(), Some("h2"));
+    // Placed once: it stays, whatever the candidates.
+    assert_eq!(place("a1", vec!["h2".into()]).await.as_deref(), Some("h3"));
+    // No candidate with room, or none enrolled: not placed.
+    assert_eq!(place("a4", vec!["h3".into()]).await, None);
+    assert_eq!(place("a4", vec!["nope".into()]).await, None);
+    assert_eq!(place("a4", vec![]).await, None);
+    assert_eq!(s.agent("ns", "a4").await.unwrap().unwrap().host, None);
+    // The host comes back whole.
+    let h = s
+        .place_agent(&w.claim, "ns", "a4", &all)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (h.name.as_str(), h.address.as_str(), h.max_agents),
+        ("h1", "127.0.0.1", 10)
+    );
+    assert_eq!(
+        s.agent("ns", "a4").await.unwrap().unwrap().host.as_deref(),
+        Some("h1")
+    );
 }
 
 /// Retries of older revisions waiting out their delay (one committed, one never committed)
@@ -1126,7 +1208,9 @@ pub async fn fill(s: &SharedStore) {
         .await
         .unwrap()
         .unwrap();
-    s.place_agent(&w.claim, "ns", "a1", "h1").await.unwrap();
+    s.place_agent(&w.claim, "ns", "a1", &["h1".into()])
+        .await
+        .unwrap();
     // Placement's one read: enrolled hosts only, in the order asked, with their Agent counts.
     let loads: Vec<(String, u32)> = s
         .host_loads(&["nope".into(), "h1".into()])

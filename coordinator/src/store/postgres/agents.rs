@@ -4,8 +4,9 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use tokio_postgres::Row;
 
+use super::hosts::HOST_COLS;
 use super::{Cached, PostgresStore, claimed_execute, id_col, narrow, opt_id_col, work, workspace};
-use crate::model::{Agent, DesiredState, RestorePolicy};
+use crate::model::{Agent, DesiredState, Host, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result, StoreError};
 
 const AGENT_COLS: &str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at, restore";
@@ -140,32 +141,46 @@ impl AgentStore for PostgresStore {
         claim: &Claim,
         ns: &str,
         id: &str,
-        host: &str,
-    ) -> Result<Option<String>> {
-        // One statement: the claim check (its row lock held to the end), the placement if the
-        // Agent has none yet, and the host it has now (the update's, or the one it had).
-        let c = self.client().await?;
-        let row = c
-            .one(
+        candidates: &[String],
+    ) -> Result<Option<Host>> {
+        // One statement: the claim check (its row lock held to the end), the choice (the rule
+        // of `targets::least_loaded_of`: fewest Agents among hosts with room, then the order
+        // given), the placement if the Agent has none yet, and the row of the host it has
+        // now (the update's, or the one it had).
+        static PLACE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
                 "WITH claim AS MATERIALIZED (
                    SELECT 1 FROM work WHERE id = $4 AND claim_token = $5 AND state = 'running' FOR SHARE),
+                 choice AS MATERIALIZED (
+                   SELECT h.name FROM hosts h
+                   CROSS JOIN LATERAL (SELECT COUNT(*) AS load FROM agents a WHERE a.host_name = h.name) l
+                   WHERE h.name = ANY($3) AND l.load < h.max_agents
+                   ORDER BY l.load, array_position($3, h.name) LIMIT 1),
                  placed AS (
-                   UPDATE agents SET host_name = $3
-                   WHERE namespace_id = $1 AND id = $2 AND host_name IS NULL AND EXISTS (SELECT 1 FROM claim)
+                   UPDATE agents SET host_name = (SELECT name FROM choice)
+                   WHERE namespace_id = $1 AND id = $2 AND host_name IS NULL
+                     AND EXISTS (SELECT 1 FROM claim) AND EXISTS (SELECT 1 FROM choice)
                    RETURNING host_name)
-                 SELECT EXISTS (SELECT 1 FROM claim),
-                        COALESCE((SELECT host_name FROM placed),
-                                 (SELECT host_name FROM agents WHERE namespace_id = $1 AND id = $2))",
-                &[&ns, &id, &host, &claim.work, &claim.token],
+                 SELECT {HOST_COLS}, EXISTS (SELECT 1 FROM claim)
+                 FROM (SELECT 1) one LEFT JOIN hosts ON hosts.name = COALESCE(
+                   (SELECT host_name FROM placed),
+                   (SELECT host_name FROM agents WHERE namespace_id = $1 AND id = $2))"
             )
+        });
+        let c = self.client().await?;
+        let row = c
+            .one(&PLACE, &[&ns, &id, &candidates, &claim.work, &claim.token])
             .await?;
-        if !row.try_get::<_, bool>(0)? {
+        if !row.try_get::<_, bool>(10)? {
             return Err(StoreError::ClaimLost {
                 work: claim.work,
                 token: claim.token,
             });
         }
-        Ok(row.try_get(1)?)
+        if row.try_get::<_, Option<String>>(0)?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(super::hosts::host(&row)?))
     }
 
     async fn set_agent_observed(

@@ -8,9 +8,9 @@ use super::{Cached, PostgresStore, id_col, narrow};
 use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result, StoreError};
 
-const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
+pub(super) const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
 
-fn host(r: &Row) -> Result<Host> {
+pub(super) fn host(r: &Row) -> Result<Host> {
     Ok(Host {
         name: id_col(r, 0)?,
         address: r.try_get(1)?,

@@ -281,6 +281,11 @@ fn pg_config(s: &PostgresSettings) -> tokio_postgres::Config {
         .user(&s.user)
         .dbname(&s.dbname)
         .application_name(&s.application_name)
+        // Every statement is a fixed text prepared once per connection ([`Cached`]) and finds
+        // its rows by key, so one generic plan serves every call: without this the server
+        // plans the first five calls of each anew and keeps re-planning the ones whose
+        // generic estimate looks worse (the work queue's CTEs), on every call.
+        .options("-c plan_cache_mode=force_generic_plan")
         .connect_timeout(s.connect_timeout)
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(30))

@@ -259,6 +259,52 @@ impl RevisionStore for PostgresStore {
         Ok(())
     }
 
+    async fn set_activated(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        port: Option<u16>,
+        served: Option<&str>,
+    ) -> Result<()> {
+        // One statement: the claim check (the item's row share-locked until it commits) and
+        // both writes.
+        let c = self.client().await?;
+        let row = c
+            .one(
+                "WITH claim AS MATERIALIZED (
+                   SELECT 1 FROM work WHERE id = $7 AND claim_token = $8 AND state = 'running' FOR SHARE),
+                 revision AS (
+                   UPDATE revisions SET status = $4
+                   WHERE namespace_id = $1 AND agent_id = $2 AND id = $3 AND EXISTS (SELECT 1 FROM claim)
+                   RETURNING 1),
+                 observed AS (
+                   UPDATE agents SET port = COALESCE($5, port), served_revision_id = $6
+                   WHERE namespace_id = $1 AND id = $2 AND EXISTS (SELECT 1 FROM claim)
+                   RETURNING 1)
+                 SELECT count(*) FROM claim",
+                &[
+                    &ns,
+                    &agent,
+                    &id,
+                    &RevisionStatus::Active.as_str(),
+                    &port.map(i64::from),
+                    &served,
+                    &claim.work,
+                    &claim.token,
+                ],
+            )
+            .await?;
+        if row.try_get::<_, i64>(0)? == 0 {
+            return Err(StoreError::ClaimLost {
+                work: claim.work,
+                token: claim.token,
+            });
+        }
+        Ok(())
+    }
+
     async fn commit_revision(
         &self,
         claim: &Claim,

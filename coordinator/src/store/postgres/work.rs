@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 
 use super::{Cached, NOW_MS, PostgresStore, Tx, narrow, notify};
 use crate::codes::Code;
@@ -140,12 +139,12 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The lane conditions of a candidate `w` at time `$1`: no other item of its lane runs under
-/// a live lease, and no earlier barrier of its lane is still open.
-fn lane_free() -> String {
+/// The lane conditions of a candidate `w` at time `now`: no other item of its lane runs
+/// under a live lease, and no earlier barrier of its lane is still open.
+fn lane_free(now: &str) -> String {
     format!(
         "NOT EXISTS (
-           SELECT 1 FROM work o WHERE o.id != w.id AND o.state = 'running' AND o.lease_until >= $1
+           SELECT 1 FROM work o WHERE o.id != w.id AND o.state = 'running' AND o.lease_until >= {now}
              AND o.namespace_id = w.namespace_id
              AND (o.agent_id IS NOT DISTINCT FROM w.agent_id OR o.agent_id IS NULL OR w.agent_id IS NULL))
          AND NOT EXISTS (
@@ -157,6 +156,36 @@ fn lane_free() -> String {
     )
 }
 
+/// The check and the take of one candidate (`$1`) as one statement: its row is checked
+/// (still due, lane free) and locked with `SKIP LOCKED`, then runs under owner `$2`, a lease
+/// of `$3` ms and the next token, and for Agent-scoped work the Agent's fence is bumped. Run
+/// after the Namespace's advisory lock was taken, so its snapshot sees every claim committed
+/// before that. The clock is read once; every row is found by its key (no joins for the
+/// planner to get wrong). Data-modifying WITH clauses run once each, to completion.
+static TAKE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let now = "(SELECT now FROM t)";
+    format!(
+        "WITH t AS MATERIALIZED (SELECT {NOW_MS} AS now),
+         candidate AS MATERIALIZED (
+           SELECT w.id, w.namespace_id, w.agent_id FROM work w
+           WHERE w.id = $1
+             AND ((w.state = 'queued' AND w.not_before <= {now}) OR (w.state = 'running' AND w.lease_until < {now}))
+             AND {}
+           FOR UPDATE SKIP LOCKED),
+         taken AS (
+           UPDATE work SET state = 'running', lease_owner = $2, lease_until = {now} + $3,
+               claim_token = claim_token + 1, updated_at = {now}
+           WHERE id = $1 AND EXISTS (SELECT 1 FROM candidate)
+           RETURNING id, kind, namespace_id, agent_id, revision_id, attempts, created_at, claim_token),
+         fenced AS (
+           UPDATE agents SET fence = nextval('agent_fence')
+           WHERE namespace_id = (SELECT namespace_id FROM candidate) AND id = (SELECT agent_id FROM candidate)
+           RETURNING fence)
+         SELECT taken.*, (SELECT fence FROM fenced) FROM taken",
+        lane_free(now)
+    )
+});
+
 impl PostgresStore {
     /// Claims the first of `candidates` (rows of id, namespace_id, agent_id) whose lane is
     /// free. Each is checked again under its Namespace's transaction-scoped advisory lock,
@@ -166,7 +195,6 @@ impl PostgresStore {
         &self,
         tx: &Tx<'_>,
         candidates: &[Row],
-        now: i64,
         owner: &str,
         lease: Duration,
         busy: &mut Busy,
@@ -189,81 +217,37 @@ impl PostgresStore {
                 busy.namespaces.insert(namespace_id);
                 continue;
             }
-            let Some(row) = tx
-                .opt(
-                    &format!(
-                        "SELECT w.id, w.kind, w.namespace_id, w.agent_id, w.revision_id, w.attempts, w.created_at, w.claim_token
-                         FROM work w
-                         WHERE w.id = $2
-                           AND ((w.state = 'queued' AND w.not_before <= $1) OR (w.state = 'running' AND w.lease_until < $1))
-                           AND {}
-                         FOR UPDATE OF w SKIP LOCKED",
-                        lane_free()
-                    ),
-                    &[&now, &id],
-                )
-                .await?
-            else {
+            let Some(row) = tx.opt(&TAKE, &[&id, &owner, &millis(lease)]).await? else {
                 busy.lanes.insert((namespace_id, agent_id));
                 continue;
             };
-            return self.take(tx, &row, now, owner, lease).await.map(Some);
+            return taken(&row).map(Some);
         }
         Ok(None)
     }
+}
 
-    /// Takes the checked row: running under a fresh token and lease, and for Agent-scoped
-    /// work the Agent's fence bumped, in the claim's transaction.
-    async fn take(
-        &self,
-        tx: &Tx<'_>,
-        r: &Row,
-        now: i64,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Work> {
-        let id: i64 = r.try_get(0)?;
-        let kind: String = r.try_get(1)?;
-        let kind = WorkKind::parse(&kind)
-            .ok_or_else(|| StoreError::Corrupt(format!("work kind {kind:?}")))?;
-        let namespace_id: String = r.try_get(2)?;
-        let agent_id: Option<String> = r.try_get(3)?;
-        let token: i64 = r.try_get::<_, i64>(7)? + 1;
-        let until = now.saturating_add(millis(lease));
-        // The item's claim and the Agent's fence in one round trip.
-        let fence = async {
-            let Some(agent) = &agent_id else {
-                return Ok(None);
-            };
-            tx.opt(
-                "UPDATE agents SET fence = nextval('agent_fence') WHERE namespace_id = $1 AND id = $2 RETURNING fence",
-                &[&namespace_id, agent],
-            )
-            .await?
-            .map(|f| f.try_get::<_, i64>(0).map(|f| f.max(0) as u64))
-            .transpose()
-            .map_err(StoreError::from)
-        };
-        let claimed: [&(dyn ToSql + Sync); 5] = [&id, &owner, &until, &token, &now];
-        let (_, fence) = futures::try_join!(
-            tx.exec(
-                "UPDATE work SET state = 'running', lease_owner = $2, lease_until = $3, claim_token = $4, updated_at = $5 WHERE id = $1",
-                &claimed,
-            ),
-            fence,
-        )?;
-        Ok(Work {
-            id,
-            kind,
-            namespace_id,
-            agent_id,
-            revision_id: r.try_get(4)?,
-            attempts: narrow(r.try_get(5)?, "attempts")?,
-            created_at: r.try_get(6)?,
-            claim: Claim { work: id, token },
-            fence,
-        })
-    }
+/// The item a take statement ([`TAKE`]) returned.
+fn taken(r: &Row) -> Result<Work> {
+    let id: i64 = r.try_get(0)?;
+    let kind: String = r.try_get(1)?;
+    let kind =
+        WorkKind::parse(&kind).ok_or_else(|| StoreError::Corrupt(format!("work kind {kind:?}")))?;
+    let fence: Option<i64> = r.try_get(8)?;
+    Ok(Work {
+        id,
+        kind,
+        namespace_id: r.try_get(2)?,
+        agent_id: r.try_get(3)?,
+        revision_id: r.try_get(4)?,
+        attempts: narrow(r.try_get(5)?, "attempts")?,
+        created_at: r.try_get(6)?,
+        claim: Claim {
+            work: id,
+            token: r.try_get(7)?,
+        },
+        fence: fence.map(|f| f.max(0) as u64),
+    })
 }
 
 #[async_trait]
@@ -283,37 +267,32 @@ impl WorkQueue for PostgresStore {
         // Lanes seen busy in this claim: later items of a busy lane are busy too (the same
         // running item or earlier barrier holds them), so each lane is asked about once.
         let mut busy = Busy::default();
-        // The claim's time, and lapsed claims first (their work was started and should finish
-        // before newer work), in one round trip.
-        let clock = format!("SELECT {NOW_MS}");
+        // Lapsed claims first (their work was started and should finish before newer work),
+        // then due queued work in queue order, a page at a time along `work_open`. The lapsed
+        // page and the first queued page are asked for in one round trip; each statement
+        // reads the database's clock once.
         let lapsed = format!(
             "SELECT id, namespace_id, agent_id FROM work
-             WHERE state = 'running' AND lease_until < {NOW_MS} ORDER BY lease_until, id LIMIT $1"
+             WHERE state = 'running' AND lease_until < (SELECT {NOW_MS}) ORDER BY lease_until, id LIMIT $1"
         );
-        let (now, lapsed) = futures::try_join!(tx.one(&clock, &[]), tx.rows(&lapsed, &[&PAGE]))?;
-        let now: i64 = now.try_get(0)?;
+        let queued = format!(
+            "SELECT id, namespace_id, agent_id, not_before FROM work
+             WHERE state = 'queued' AND not_before <= (SELECT {NOW_MS}) AND (not_before, id) > ($1, $2)
+             ORDER BY not_before, id LIMIT $3"
+        );
+        let mut after: (i64, i64) = (i64::MIN, i64::MIN);
+        let first: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&after.0, &after.1, &PAGE];
+        let (lapsed, mut page) =
+            futures::try_join!(tx.rows(&lapsed, &[&PAGE]), tx.rows(&queued, &first))?;
         if let Some(work) = self
-            .take_first(&tx, &lapsed, now, owner, lease, &mut busy)
+            .take_first(&tx, &lapsed, owner, lease, &mut busy)
             .await?
         {
             tx.commit().await?;
             return Ok(Some(work));
         }
-        // Then due queued work in queue order, a page at a time along `work_open`.
-        let mut after: (i64, i64) = (i64::MIN, i64::MIN);
         loop {
-            let page = tx
-                .rows(
-                    "SELECT id, namespace_id, agent_id, not_before FROM work
-                     WHERE state = 'queued' AND not_before <= $1 AND (not_before, id) > ($2, $3)
-                     ORDER BY not_before, id LIMIT $4",
-                    &[&now, &after.0, &after.1, &PAGE],
-                )
-                .await?;
-            if let Some(work) = self
-                .take_first(&tx, &page, now, owner, lease, &mut busy)
-                .await?
-            {
+            if let Some(work) = self.take_first(&tx, &page, owner, lease, &mut busy).await? {
                 tx.commit().await?;
                 return Ok(Some(work));
             }
@@ -323,6 +302,7 @@ impl WorkQueue for PostgresStore {
                 }
                 _ => return Ok(None),
             }
+            page = tx.rows(&queued, &[&after.0, &after.1, &PAGE]).await?;
         }
     }
 

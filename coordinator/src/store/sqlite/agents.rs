@@ -4,8 +4,9 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use rusqlite::{OptionalExtension, Row, params};
 
+use super::hosts::{HOST_COLS, finish_host, host_row};
 use super::{SqliteStore, id_col, opt_id_col, parse_col, work, workspace};
-use crate::model::{Agent, DesiredState, RestorePolicy};
+use crate::model::{Agent, DesiredState, Host, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result};
 
 const AGENT_COLS: &str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at, restore";
@@ -132,21 +133,57 @@ impl AgentStore for SqliteStore {
         claim: &Claim,
         ns: &str,
         id: &str,
-        host: &str,
-    ) -> Result<Option<String>> {
+        candidates: &[String],
+    ) -> Result<Option<Host>> {
         self.transact(Some(claim), |tx| {
-            tx.execute(
-                "UPDATE agents SET host_name = ?3 WHERE namespace_id = ?1 AND id = ?2 AND host_name IS NULL",
-                params![ns, id, host],
-            )?;
-            Ok(tx
+            let placed: Option<String> = tx
                 .query_row(
                     "SELECT host_name FROM agents WHERE namespace_id = ?1 AND id = ?2",
                     params![ns, id],
                     |r| r.get(0),
                 )
                 .optional()?
-                .flatten())
+                .flatten();
+            let placed = match placed {
+                Some(name) => Some(name),
+                None => {
+                    let mut load = tx.prepare_cached(
+                        "SELECT max_agents, (SELECT COUNT(*) FROM agents a WHERE a.host_name = h.name)
+                         FROM hosts h WHERE name = ?1",
+                    )?;
+                    let mut loads = Vec::with_capacity(candidates.len());
+                    for name in candidates {
+                        if let Some((max, n)) = load
+                            .query_row([name], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, u32>(1)?)))
+                            .optional()?
+                        {
+                            loads.push((name, n, max));
+                        }
+                    }
+                    match crate::targets::least_loaded_of(loads) {
+                        Some(name)
+                            if tx.execute(
+                                "UPDATE agents SET host_name = ?3 WHERE namespace_id = ?1 AND id = ?2 AND host_name IS NULL",
+                                params![ns, id, name],
+                            )? > 0 =>
+                        {
+                            Some(name.clone())
+                        }
+                        _ => None,
+                    }
+                }
+            };
+            let Some(name) = placed else {
+                return Ok(None);
+            };
+            let row = tx
+                .query_row(
+                    &format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"),
+                    [&name],
+                    host_row,
+                )
+                .optional()?;
+            row.map(finish_host).transpose()
         })
         .await
     }

@@ -8,9 +8,9 @@ use super::{SqliteStore, id_col, json_col};
 use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result};
 
-const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
+pub(super) const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
 
-fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<String>)> {
+pub(super) fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<String>)> {
     Ok((
         Host {
             name: id_col(r, 0)?,
@@ -30,7 +30,9 @@ fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<Strin
     ))
 }
 
-fn finish_host((mut h, probe, jump): (Host, Option<String>, Option<String>)) -> Result<Host> {
+pub(super) fn finish_host(
+    (mut h, probe, jump): (Host, Option<String>, Option<String>),
+) -> Result<Host> {
     h.last_probe = probe.map(json_col).transpose()?;
     h.jump = crate::store::jump_of(jump)?;
     Ok(h.with_fencing())

@@ -234,6 +234,29 @@ impl RevisionStore for SqliteStore {
         .await
     }
 
+    async fn set_activated(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+        port: Option<u16>,
+        served: Option<&str>,
+    ) -> Result<()> {
+        self.transact(Some(claim), |tx| {
+            tx.execute(
+                "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+                params![ns, agent, id, RevisionStatus::Active.as_str()],
+            )?;
+            tx.execute(
+                "UPDATE agents SET port = COALESCE(?3, port), served_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2",
+                params![ns, agent, port, served],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn commit_revision(
         &self,
         claim: &Claim,
