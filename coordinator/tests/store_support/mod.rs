@@ -799,6 +799,17 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
             RevisionStatus::Pending
         ]
     );
+    // Each settled item is its revision's attempt, the one replaced as well.
+    for r in [&r1, &r2] {
+        let a = s
+            .revision("ns", "a1", &r.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_attempt
+            .unwrap();
+        assert_eq!((a.code.as_str(), a.attempts), ("REVISION_SUPERSEDED", 2));
+    }
     // An item's end is its revision's attempt; a failure is also the revision's status.
     let failed = WorkEnd::Finished {
         state: WorkState::Failed,

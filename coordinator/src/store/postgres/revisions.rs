@@ -5,11 +5,12 @@ use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{
-    Cached, PostgresStore, Tx, check_claim, claimed_execute, id_col, narrow, rollouts, work,
-};
+use super::{Cached, NOW_MS, PostgresStore, Tx, claimed_execute, id_col, narrow, rollouts, work};
+use crate::codes::Code;
 use crate::model::{LastAttempt, Revision, RevisionStatus};
-use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError};
+use crate::store::{
+    Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError, WorkKind, WorkState,
+};
 
 const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure";
 
@@ -62,6 +63,7 @@ pub(super) async fn insert_revision(
     tx: &Tx<'_>,
     r: &mut Revision,
     owner: Option<i64>,
+    audit: Option<(&str, i64)>,
 ) -> Result<RevisionInsert> {
     let open_rollout = async {
         match owner {
@@ -70,7 +72,9 @@ pub(super) async fn insert_revision(
         }
     };
     let agent_key: [&(dyn ToSql + Sync); 2] = [&r.namespace_id.as_str(), &r.agent_id.as_str()];
-    let (rollout, floor, last) = futures::try_join!(
+    // What the inserts depend on in one round trip (the work item's id asked for ahead), then
+    // the inserts, the announcement and the audit record in another.
+    let (rollout, floor, last, work_id) = futures::try_join!(
         open_rollout,
         tx.opt(
             "UPDATE agents SET desired_state = 'running' WHERE namespace_id = $1 AND id = $2
@@ -81,6 +85,7 @@ pub(super) async fn insert_revision(
             "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = $1 AND agent_id = $2",
             &agent_key,
         ),
+        tx.one(work::NEXT_ID, &[]),
     )?;
     if let Some(rollout) = rollout {
         // The caller does not commit: the row lock and the desired state are rolled back.
@@ -107,25 +112,102 @@ pub(super) async fn insert_revision(
         &status,
         &r.created_at,
     ];
+    let work_id: i64 = work_id.try_get(0)?;
     let work = Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id);
-    let (_, work, ()) = futures::try_join!(
+    let audited = async {
+        let Some((actor, now)) = audit else {
+            return Ok(());
+        };
+        super::audit::insert(
+            tx,
+            (
+                actor,
+                "agent.deploy",
+                &format!("{}/{}", r.namespace_id, r.agent_id),
+            ),
+            &serde_json::json!({"revisionId": r.id, "number": r.number, "workId": work_id}),
+            now,
+        )
+        .await
+    };
+    futures::try_join!(
         tx.exec(
             "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             &row,
         ),
-        work::insert(tx, &work),
+        work::insert_as(tx, work_id, &work),
         super::notify(tx),
+        audited,
     )?;
-    Ok(RevisionInsert::Queued(work))
+    Ok(RevisionInsert::Queued(work_id))
 }
+
+/// The commit point as one statement (parameters: Namespace, Agent, expected, candidate,
+/// the claim's work id and token, then the settled work's state, code and message):
+/// - the claim check, its row share-locked until the statement commits;
+/// - the compare-and-set of the Agent's active revision from `expected` to `candidate`;
+/// - once swapped, queued deploy work of the Agent's older revisions (a retry waiting out
+///   its delay, or a deploy never claimed) ends as `REVISION_SUPERSEDED` at once, as the
+///   worker would end it on claiming it, so deployment status converges without waiting
+///   for its retry time;
+/// - and the revisions in one update (a statement may change a row once): the candidate
+///   `activating`, the one it replaced `superseded` (if active, activating or stopped), and
+///   each settled item's revision its attempt and, if not yet committed, `superseded`.
+///
+/// Data-modifying WITH clauses run once each, to completion, on one snapshot.
+static COMMIT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    use RevisionStatus::*;
+    let deploy = WorkKind::Deploy.as_str();
+    let (activating, superseded) = (Activating.as_str(), Superseded.as_str());
+    let replaced = format!(
+        "'{}', '{}', '{}'",
+        Active.as_str(),
+        Activating.as_str(),
+        Stopped.as_str()
+    );
+    let uncommitted = format!("'{}', '{}'", Pending.as_str(), Prepared.as_str());
+    let settled = "r.id IN (SELECT revision_id FROM settled)";
+    format!(
+        "WITH claim AS MATERIALIZED (
+           SELECT 1 FROM work WHERE id = $5 AND claim_token = $6 AND state = 'running' FOR SHARE),
+         swap AS MATERIALIZED (
+           UPDATE agents SET active_revision_id = $4
+           WHERE namespace_id = $1 AND id = $2 AND active_revision_id IS NOT DISTINCT FROM $3
+             AND EXISTS (SELECT 1 FROM claim)
+           RETURNING 1),
+         settled AS MATERIALIZED (
+           UPDATE work SET state = $7, last_code = $8, last_message = $9, updated_at = {NOW_MS}
+           WHERE namespace_id = $1 AND agent_id = $2 AND kind = '{deploy}' AND state = 'queued'
+             AND EXISTS (SELECT 1 FROM swap)
+             AND revision_id IN (
+               SELECT id FROM revisions WHERE namespace_id = $1 AND agent_id = $2
+                 AND number < (SELECT number FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $4))
+           RETURNING revision_id),
+         statuses AS (
+           UPDATE revisions r SET
+               status = CASE
+                 WHEN r.id = $4 THEN '{activating}'
+                 WHEN r.id = $3 AND r.status IN ({replaced}) THEN '{superseded}'
+                 WHEN {settled} AND r.status IN ({uncommitted}) THEN '{superseded}'
+                 ELSE r.status END,
+               last_code = CASE WHEN {settled} THEN $8 ELSE r.last_code END,
+               last_message = CASE WHEN {settled} THEN $9 ELSE r.last_message END,
+               last_at = CASE WHEN {settled} THEN {NOW_MS} / 1000 ELSE r.last_at END,
+               attempts = r.attempts + CASE WHEN {settled} THEN 1 ELSE 0 END
+           WHERE r.namespace_id = $1 AND r.agent_id = $2 AND EXISTS (SELECT 1 FROM swap)
+             AND (r.id = $4 OR r.id = $3 OR {settled})
+           RETURNING 1)
+         SELECT EXISTS (SELECT 1 FROM claim), EXISTS (SELECT 1 FROM swap)"
+    )
+});
 
 #[async_trait]
 impl RevisionStore for PostgresStore {
     async fn create_revision(&self, r: &mut Revision) -> Result<RevisionInsert> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let out = insert_revision(&tx, r, None).await?;
+        let out = insert_revision(&tx, r, None, None).await?;
         if matches!(out, RevisionInsert::Queued(_)) {
             tx.commit().await?;
             self.wake_local();
@@ -141,21 +223,10 @@ impl RevisionStore for PostgresStore {
     ) -> Result<RevisionInsert> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let work = match insert_revision(&tx, r, None).await? {
+        let work = match insert_revision(&tx, r, None, Some((actor, now))).await? {
             RevisionInsert::Queued(work) => work,
             other => return Ok(other),
         };
-        super::audit::insert(
-            &tx,
-            (
-                actor,
-                "agent.deploy",
-                &format!("{}/{}", r.namespace_id, r.agent_id),
-            ),
-            &serde_json::json!({"revisionId": r.id, "number": r.number, "workId": work}),
-            now,
-        )
-        .await?;
         tx.commit().await?;
         self.wake_local();
         Ok(RevisionInsert::Queued(work))
@@ -313,51 +384,30 @@ impl RevisionStore for PostgresStore {
         expected: Option<&str>,
         candidate: &str,
     ) -> Result<bool> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        // The claim check and the compare-and-set in one round trip (a lost claim rolls the
-        // swap back), then the statuses and the settlement of older work in another.
-        let swap: [&(dyn ToSql + Sync); 4] = [&ns, &agent, &expected, &candidate];
-        let (_, n) = futures::try_join!(
-            check_claim(&tx, claim),
-            tx.exec(
-                "UPDATE agents SET active_revision_id = $4
-                 WHERE namespace_id = $1 AND id = $2 AND active_revision_id IS NOT DISTINCT FROM $3",
-                &swap,
-            ),
-        )?;
-        if n == 0 {
-            return Ok(false);
-        }
-        let old_status = async {
-            let Some(old) = expected else {
-                return Ok(0);
-            };
-            tx.exec(
-                "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3 AND status IN ($5, $6, $7)",
+        let c = self.client().await?;
+        let message = format!("a newer revision, {candidate}, was committed");
+        let row = c
+            .one(
+                &COMMIT,
                 &[
                     &ns,
                     &agent,
-                    &old,
-                    &RevisionStatus::Superseded.as_str(),
-                    &RevisionStatus::Active.as_str(),
-                    &RevisionStatus::Activating.as_str(),
-                    &RevisionStatus::Stopped.as_str(),
+                    &expected,
+                    &candidate,
+                    &claim.work,
+                    &claim.token,
+                    &WorkState::Done.as_str(),
+                    &Code::RevisionSuperseded.as_str(),
+                    &message,
                 ],
             )
-            .await
-        };
-        let activating = RevisionStatus::Activating.as_str();
-        let candidate_status: [&(dyn ToSql + Sync); 4] = [&ns, &agent, &candidate, &activating];
-        futures::try_join!(
-            tx.exec(
-                "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
-                &candidate_status,
-            ),
-            old_status,
-            work::settle_superseded(&tx, ns, agent, candidate),
-        )?;
-        tx.commit().await?;
-        Ok(true)
+            .await?;
+        if !row.try_get::<_, bool>(0)? {
+            return Err(StoreError::ClaimLost {
+                work: claim.work,
+                token: claim.token,
+            });
+        }
+        Ok(row.try_get(1)?)
     }
 }

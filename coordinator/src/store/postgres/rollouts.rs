@@ -290,7 +290,7 @@ impl RolloutStore for PostgresStore {
             ],
         )
         .await?;
-        let work = match revisions::insert_revision(&tx, rev, Some(rollout)).await? {
+        let work = match revisions::insert_revision(&tx, rev, Some(rollout), None).await? {
             RevisionInsert::Queued(work) => work,
             RevisionInsert::InRollout(other) => {
                 return Err(StoreError::Database(format!(

@@ -14,58 +14,12 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::{Cached, NOW_MS, PostgresStore, Tx, narrow, notify};
-use crate::codes::Code;
 use crate::model::RevisionStatus;
 use crate::store::sqlite::barrier_list;
 use crate::store::{
     Claim, Enqueue, Result, StoreError, Work, WorkAttempt, WorkEnd, WorkKind, WorkQueue,
     WorkRecord, WorkState,
 };
-
-/// At the commit of `candidate`: queued deploy work of the Agent's older revisions (a retry
-/// waiting out its delay, or a deploy never claimed) ends as `REVISION_SUPERSEDED` at once,
-/// as the worker would end them when it claimed them (the revision's newest attempt, and
-/// `superseded` for one not yet committed); deployment status converges without waiting for
-/// their retry time.
-pub(super) async fn settle_superseded(
-    tx: &Tx<'_>,
-    ns: &str,
-    agent: &str,
-    candidate: &str,
-) -> Result<()> {
-    let older = "SELECT id FROM revisions WHERE namespace_id = $1 AND agent_id = $2
-         AND number < (SELECT number FROM revisions WHERE namespace_id = $1 AND agent_id = $2 AND id = $3)";
-    let deploy = WorkKind::Deploy.as_str();
-    let message = format!("a newer revision, {candidate}, was committed");
-    // One statement: the work settled, then its revisions (the update's own list, so no
-    // second look at the queue).
-    let sql = format!(
-        "WITH settled AS (
-           UPDATE work SET state = $4, last_code = $5, last_message = $6, updated_at = {NOW_MS}
-           WHERE namespace_id = $1 AND agent_id = $2 AND kind = '{deploy}' AND state = 'queued'
-             AND revision_id IN ({older})
-           RETURNING revision_id)
-         UPDATE revisions SET status = CASE WHEN status IN ($7, $8) THEN $9 ELSE status END,
-             last_code = $5, last_message = $6, last_at = {NOW_MS} / 1000, attempts = attempts + 1
-         WHERE namespace_id = $1 AND agent_id = $2 AND id IN (SELECT revision_id FROM settled)"
-    );
-    tx.exec(
-        &sql,
-        &[
-            &ns,
-            &agent,
-            &candidate,
-            &WorkState::Done.as_str(),
-            &Code::RevisionSuperseded.as_str(),
-            &message,
-            &RevisionStatus::Pending.as_str(),
-            &RevisionStatus::Prepared.as_str(),
-            &RevisionStatus::Superseded.as_str(),
-        ],
-    )
-    .await?;
-    Ok(())
-}
 
 /// Candidates read per page while looking for a claimable item. Pages follow the queue's
 /// order along the `work_open` index, so a claim costs the same with 10 or 100,000 items
@@ -91,6 +45,23 @@ impl Busy {
 pub(super) async fn enqueue(tx: &Tx<'_>, w: &Enqueue) -> Result<i64> {
     let (id, ()) = futures::try_join!(insert(tx, w), notify(tx))?;
     Ok(id)
+}
+
+/// The id the next inserted item can take ([`insert_as`]), asked for ahead so the insert can
+/// go out together with statements that name it.
+pub(super) const NEXT_ID: &str = "SELECT nextval(pg_get_serial_sequence('work', 'id'))";
+
+/// Inserts one item under `id` (from [`NEXT_ID`]) inside `tx` without announcing it.
+pub(super) async fn insert_as(tx: &Tx<'_>, id: i64, w: &Enqueue) -> Result<()> {
+    tx.exec(
+        &format!(
+            "INSERT INTO work (id, kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, 'queued', {NOW_MS}, {NOW_MS}, {NOW_MS})"
+        ),
+        &[&id, &w.kind.as_str(), &w.namespace_id, &w.agent_id, &w.revision_id],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Inserts one item inside `tx` without announcing it (the caller notifies); its id.
@@ -187,14 +158,16 @@ static TAKE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 });
 
 impl PostgresStore {
-    /// Claims the first of `candidates` (rows of id, namespace_id, agent_id) whose lane is
-    /// free. Each is checked again under its Namespace's transaction-scoped advisory lock,
-    /// which serialises claimers of one Namespace: the check sees every claim committed
-    /// before it, and the row is taken with `SKIP LOCKED` so claimers never wait on rows.
+    /// Claims the first of `candidates` (rows of id, namespace_id, agent_id, found in
+    /// `state`) whose lane is free. Each is checked again under its Namespace's
+    /// transaction-scoped advisory lock, which serialises claimers of one Namespace: the
+    /// check sees every claim committed before it, and the row is taken with `SKIP LOCKED`
+    /// so claimers never wait on rows.
     async fn take_first(
         &self,
         tx: &Tx<'_>,
         candidates: &[Row],
+        state: WorkState,
         owner: &str,
         lease: Duration,
         busy: &mut Busy,
@@ -206,16 +179,27 @@ impl PostgresStore {
             if busy.holds(&namespace_id, &agent_id) {
                 continue;
             }
-            let locked: bool = tx
+            // The lock only while the item is still as the page found it: one that another
+            // claimer took meanwhile (the usual miss, many claimers reading one queue head)
+            // is passed over without the take's lane checks, and its lane is now busy.
+            let locked: Option<bool> = tx
                 .one(
-                    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
-                    &[&namespace_id],
+                    "SELECT CASE WHEN EXISTS (SELECT 1 FROM work WHERE id = $2 AND state = $3)
+                     THEN pg_try_advisory_xact_lock(hashtextextended($1, 0)) END",
+                    &[&namespace_id, &id, &state.as_str()],
                 )
                 .await?
                 .try_get(0)?;
-            if !locked {
-                busy.namespaces.insert(namespace_id);
-                continue;
+            match locked {
+                Some(true) => {}
+                Some(false) => {
+                    busy.namespaces.insert(namespace_id);
+                    continue;
+                }
+                None => {
+                    busy.lanes.insert((namespace_id, agent_id));
+                    continue;
+                }
             }
             let Some(row) = tx.opt(&TAKE, &[&id, &owner, &millis(lease)]).await? else {
                 busy.lanes.insert((namespace_id, agent_id));
@@ -285,14 +269,17 @@ impl WorkQueue for PostgresStore {
         let (lapsed, mut page) =
             futures::try_join!(tx.rows(&lapsed, &[&PAGE]), tx.rows(&queued, &first))?;
         if let Some(work) = self
-            .take_first(&tx, &lapsed, owner, lease, &mut busy)
+            .take_first(&tx, &lapsed, WorkState::Running, owner, lease, &mut busy)
             .await?
         {
             tx.commit().await?;
             return Ok(Some(work));
         }
         loop {
-            if let Some(work) = self.take_first(&tx, &page, owner, lease, &mut busy).await? {
+            if let Some(work) = self
+                .take_first(&tx, &page, WorkState::Queued, owner, lease, &mut busy)
+                .await?
+            {
                 tx.commit().await?;
                 return Ok(Some(work));
             }
