@@ -15,7 +15,9 @@ use serde_json::json;
 
 use super::{IDENT_PATTERN, Result, Service, ServiceError, check_id, now};
 use crate::codes::Code;
-use crate::model::{DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState};
+use crate::model::{
+    DesiredState, RestorePolicy, RevisionStatus, Rollout, RolloutAgentState, RolloutState,
+};
 use crate::store::{RolloutInsert, RolloutRow, WorkState};
 
 /// Most Agents one rollout takes.
@@ -592,7 +594,20 @@ impl Service {
                     Code::InvalidState.as_str().to_owned(),
                     "the rollout's deploy work is missing".to_owned(),
                 ),
-                (Some(w), Some(_)) if matches!(w.state, WorkState::Queued | WorkState::Running) => {
+                (Some(w), Some(agent))
+                    if matches!(w.state, WorkState::Queued | WorkState::Running) =>
+                {
+                    // With `restore: last-served` and a revision served before this one, the
+                    // target puts that one back and the item ends as REVISION_RESTORED: its
+                    // evidence, kept first, is no verdict yet.
+                    if agent.restore == RestorePolicy::LastServed
+                        && agent
+                            .served_revision_id
+                            .as_deref()
+                            .is_some_and(|served| Some(served) != a.revision_id.as_deref())
+                    {
+                        continue;
+                    }
                     // With restore none the worker keeps retrying a candidate that did not
                     // become ready (the seed's behaviour); for the rollout its activation
                     // failed once the target reported why.

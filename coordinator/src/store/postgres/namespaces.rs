@@ -10,9 +10,11 @@ use crate::store::{Claim, Enqueue, NamespaceInsert, NamespaceStore, Result};
 /// A Namespace with its pool (host names and readiness in host order) in one statement, so one
 /// snapshot without a transaction.
 const NAMESPACE_SELECT: &str = "SELECT n.id, n.name, n.deleting, n.created_at, n.cluster_name, n.cluster_ready, n.single_tenant,
-       ARRAY(SELECT h.host_name FROM namespace_hosts h WHERE h.namespace_id = n.id ORDER BY h.host_name),
-       ARRAY(SELECT h.ready FROM namespace_hosts h WHERE h.namespace_id = n.id ORDER BY h.host_name)
-     FROM namespaces n";
+       COALESCE(p.hosts, '{}'), COALESCE(p.ready, '{}')
+     FROM namespaces n
+     CROSS JOIN LATERAL (
+       SELECT array_agg(h.host_name ORDER BY h.host_name) AS hosts, array_agg(h.ready ORDER BY h.host_name) AS ready
+       FROM namespace_hosts h WHERE h.namespace_id = n.id) p";
 
 fn namespace_row(r: &Row) -> Result<Namespace> {
     let hosts: Vec<String> = r.try_get(7)?;
