@@ -118,17 +118,8 @@ pub(super) async fn insert_revision(
         let Some((actor, now)) = audit else {
             return Ok(());
         };
-        super::audit::insert(
-            tx,
-            (
-                actor,
-                "agent.deploy",
-                &format!("{}/{}", r.namespace_id, r.agent_id),
-            ),
-            &serde_json::json!({"revisionId": r.id, "number": r.number, "workId": work_id}),
-            now,
-        )
-        .await
+        let (action, target, detail) = crate::store::deploy_audit(r, work_id);
+        super::audit::insert(tx, (actor, action, &target), &detail, now).await
     };
     futures::try_join!(
         tx.exec(

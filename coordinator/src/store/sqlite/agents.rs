@@ -37,6 +37,10 @@ fn finish_agent((mut a, desired, restore): (Agent, String, String)) -> Result<Ag
     Ok(a)
 }
 
+/// What a target reported of an Agent (parameters: Namespace, Agent, port or NULL to keep
+/// the one on record, served revision).
+pub(super) const SET_OBSERVED: &str = "UPDATE agents SET port = COALESCE(?3, port), served_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2";
+
 #[async_trait]
 impl AgentStore for SqliteStore {
     async fn insert_agent(&self, a: &Agent, files: &[WorkspaceFile], now: i64) -> Result<bool> {
@@ -197,10 +201,7 @@ impl AgentStore for SqliteStore {
         served: Option<&str>,
     ) -> Result<()> {
         self.transact(Some(claim), |tx| {
-            tx.execute(
-                "UPDATE agents SET port = COALESCE(?3, port), served_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2",
-                params![ns, id, port, served],
-            )?;
+            tx.execute(SET_OBSERVED, params![ns, id, port, served])?;
             Ok(())
         })
         .await

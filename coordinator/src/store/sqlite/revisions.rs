@@ -96,6 +96,10 @@ pub(super) fn insert_revision(tx: &Connection, r: &mut Revision) -> Result<i64> 
     work::enqueue(tx, &Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id))
 }
 
+/// A revision's status (parameters: Namespace, Agent, revision, status).
+const SET_STATUS: &str =
+    "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3";
+
 #[async_trait]
 impl RevisionStore for SqliteStore {
     async fn create_revision(&self, r: &mut Revision) -> Result<RevisionInsert> {
@@ -127,16 +131,8 @@ impl RevisionStore for SqliteStore {
                     return Ok(RevisionInsert::InRollout(rollout));
                 }
                 let work = insert_revision(tx, r)?;
-                super::audit::insert(
-                    tx,
-                    (
-                        actor,
-                        "agent.deploy",
-                        &format!("{}/{}", r.namespace_id, r.agent_id),
-                    ),
-                    &serde_json::json!({"revisionId": r.id, "number": r.number, "workId": work}),
-                    now,
-                )?;
+                let (action, target, detail) = crate::store::deploy_audit(r, work);
+                super::audit::insert(tx, (actor, action, &target), &detail, now)?;
                 Ok(RevisionInsert::Queued(work))
             })
             .await?;
@@ -225,10 +221,7 @@ impl RevisionStore for SqliteStore {
         status: RevisionStatus,
     ) -> Result<()> {
         self.transact(Some(claim), |tx| {
-            tx.execute(
-                "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
-                params![ns, agent, id, status.as_str()],
-            )?;
+            tx.execute(SET_STATUS, params![ns, agent, id, status.as_str()])?;
             Ok(())
         })
         .await
@@ -245,11 +238,11 @@ impl RevisionStore for SqliteStore {
     ) -> Result<()> {
         self.transact(Some(claim), |tx| {
             tx.execute(
-                "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+                SET_STATUS,
                 params![ns, agent, id, RevisionStatus::Active.as_str()],
             )?;
             tx.execute(
-                "UPDATE agents SET port = COALESCE(?3, port), served_revision_id = ?4 WHERE namespace_id = ?1 AND id = ?2",
+                super::agents::SET_OBSERVED,
                 params![ns, agent, port, served],
             )?;
             Ok(())
