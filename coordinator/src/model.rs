@@ -267,6 +267,20 @@ pub struct Agent {
     pub created_at: i64,
 }
 
+impl Agent {
+    /// Under `restore: last-served`, the revision a failed activation of `candidate` falls
+    /// back to: the one last served, if another. (The worker also needs it still on record
+    /// and not retired.)
+    pub fn last_served_fallback(&self, candidate: &str) -> Option<&str> {
+        if self.restore != RestorePolicy::LastServed {
+            return None;
+        }
+        self.served_revision_id
+            .as_deref()
+            .filter(|served| *served != candidate)
+    }
+}
+
 /// The last attempt at a revision's work.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -72,24 +72,15 @@ pub async fn agent(
 /// has no host yet (the worker's placement, [`crate::store::AgentStore::place_agent`], applies
 /// the same rule in its write; a plan asks that host).
 pub async fn least_loaded(store: &dyn Store, ns: &Namespace) -> Result<Option<Host>, StoreError> {
-    Ok(least_loaded_of(
-        store
-            .host_loads(&ns.ready_hosts)
-            .await?
-            .into_iter()
-            .map(|(host, load)| {
-                let max = host.max_agents;
-                (host, load, max)
-            }),
-    ))
+    Ok(least_loaded_of(store.host_loads(&ns.ready_hosts).await?))
 }
 
-/// The placement rule over (host, Agents on it, its maximum) in the Namespace's order: the
-/// first with the fewest Agents among those with room.
-pub fn least_loaded_of<T>(loads: impl IntoIterator<Item = (T, u32, u32)>) -> Option<T> {
-    let mut best: Option<(u32, T)> = None;
-    for (host, load, max) in loads {
-        if load < max && best.as_ref().is_none_or(|(l, _)| load < *l) {
+/// The placement rule over (host, Agents on it) in the Namespace's order: the first with the
+/// fewest Agents among those with room.
+pub fn least_loaded_of(loads: impl IntoIterator<Item = (Host, u32)>) -> Option<Host> {
+    let mut best: Option<(u32, Host)> = None;
+    for (host, load) in loads {
+        if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
             best = Some((load, host));
         }
     }

@@ -15,9 +15,7 @@ use serde_json::json;
 
 use super::{IDENT_PATTERN, Result, Service, ServiceError, check_id, now};
 use crate::codes::Code;
-use crate::model::{
-    DesiredState, RestorePolicy, RevisionStatus, Rollout, RolloutAgentState, RolloutState,
-};
+use crate::model::{DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState};
 use crate::store::{RolloutInsert, RolloutRow, WorkState};
 
 /// Most Agents one rollout takes.
@@ -600,11 +598,9 @@ impl Service {
                     // With `restore: last-served` and a revision served before this one, the
                     // target puts that one back and the item ends as REVISION_RESTORED: its
                     // evidence, kept first, is no verdict yet.
-                    if agent.restore == RestorePolicy::LastServed
-                        && agent
-                            .served_revision_id
-                            .as_deref()
-                            .is_some_and(|served| Some(served) != a.revision_id.as_deref())
+                    if agent
+                        .last_served_fallback(a.revision_id.as_deref().unwrap_or_default())
+                        .is_some()
                     {
                         continue;
                     }

@@ -82,8 +82,6 @@ pub(crate) fn revision_id(number: u64, configuration_hash: &str) -> Result<Ident
     })
 }
 
-/// Why a typed column cannot be read back, in both stores' words: the column, what it holds
-/// and what is wrong with that.
 /// A deploy request's audit record (action, target, detail), written by both stores in the
 /// request's transaction.
 pub(crate) fn deploy_audit(r: &Revision, work: i64) -> (&'static str, String, Value) {
@@ -94,6 +92,8 @@ pub(crate) fn deploy_audit(r: &Revision, work: i64) -> (&'static str, String, Va
     )
 }
 
+/// Why a typed column cannot be read back, in both stores' words: the column, what it holds
+/// and what is wrong with that.
 pub(crate) fn bad_column(column: &str, text: &str, why: &dyn std::fmt::Display) -> String {
     format!("column {column} holds {text:?}, which {why}")
 }

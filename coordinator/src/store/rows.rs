@@ -88,6 +88,16 @@ pub struct Claim {
     pub token: i64,
 }
 
+impl Claim {
+    /// The refusal of a write on behalf of this claim once another replaced it.
+    pub fn lost(&self) -> super::StoreError {
+        super::StoreError::ClaimLost {
+            work: self.work,
+            token: self.token,
+        }
+    }
+}
+
 /// A unit of deployment work, as claimed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Work {

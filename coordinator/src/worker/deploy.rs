@@ -17,9 +17,7 @@ use clawfleet_protocol::{FailureCode, Operation};
 use super::{Step, Worker, done, failed, store_err};
 use crate::backend::{Backend, CallError, Target};
 use crate::codes::Code;
-use crate::model::{
-    Agent, DesiredState, Namespace, RestorePolicy, Revision, RevisionStatus, WorkspaceState,
-};
+use crate::model::{Agent, DesiredState, Namespace, Revision, RevisionStatus, WorkspaceState};
 use crate::store::Work;
 
 /// One phase of a deploy.
@@ -437,16 +435,11 @@ impl<B: Backend> Worker<B> {
     /// The revision a failed candidate falls back to: with `restore: last-served`, the one
     /// the target last served, if it is another, still on record and not retired.
     fn restore_to(&self, d: &Deploy<'_>) -> Result<Option<RevisionRef>, Step> {
-        if d.agent.restore != RestorePolicy::LastServed {
-            return Ok(None);
-        }
-        let Some(served) = &d.agent.served_revision_id else {
+        let Some(served) = d.agent.last_served_fallback(&d.rev.id) else {
             return Ok(None);
         };
-        match d.revisions.iter().find(|r| &r.id == served) {
-            Some(r) if r.id != d.rev.id && r.status != RevisionStatus::Retired => {
-                Ok(Some(Self::revision_ref(r)?))
-            }
+        match d.revisions.iter().find(|r| r.id.as_str() == served) {
+            Some(r) if r.status != RevisionStatus::Retired => Ok(Some(Self::revision_ref(r)?)),
             _ => Ok(None),
         }
     }

@@ -5,7 +5,9 @@ use clawfleet_protocol::workspace::WorkspaceFile;
 use tokio_postgres::Row;
 
 use super::hosts::HOST_COLS;
-use super::{Cached, PostgresStore, claimed_execute, id_col, narrow, opt_id_col, work, workspace};
+use super::{
+    Cached, PostgresStore, claim_cte, claimed_execute, id_col, narrow, opt_id_col, work, workspace,
+};
 use crate::model::{Agent, DesiredState, Host, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result, StoreError};
 
@@ -149,8 +151,7 @@ impl AgentStore for PostgresStore {
         // now (the update's, or the one it had).
         static PLACE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
             format!(
-                "WITH claim AS MATERIALIZED (
-                   SELECT 1 FROM work WHERE id = $4 AND claim_token = $5 AND state = 'running' FOR SHARE),
+                "WITH {},
                  choice AS MATERIALIZED (
                    SELECT h.name FROM hosts h
                    CROSS JOIN LATERAL (SELECT COUNT(*) AS load FROM agents a WHERE a.host_name = h.name) l
@@ -164,7 +165,8 @@ impl AgentStore for PostgresStore {
                  SELECT {HOST_COLS}, EXISTS (SELECT 1 FROM claim)
                  FROM (SELECT 1) one LEFT JOIN hosts ON hosts.name = COALESCE(
                    (SELECT host_name FROM placed),
-                   (SELECT host_name FROM agents WHERE namespace_id = $1 AND id = $2))"
+                   (SELECT host_name FROM agents WHERE namespace_id = $1 AND id = $2))",
+                claim_cte(4, 5)
             )
         });
         let c = self.client().await?;
@@ -172,10 +174,7 @@ impl AgentStore for PostgresStore {
             .one(&PLACE, &[&ns, &id, &candidates, &claim.work, &claim.token])
             .await?;
         if !row.try_get::<_, bool>(10)? {
-            return Err(StoreError::ClaimLost {
-                work: claim.work,
-                token: claim.token,
-            });
+            return Err(claim.lost());
         }
         if row.try_get::<_, Option<String>>(0)?.is_none() {
             return Ok(None);

@@ -181,10 +181,7 @@ pub(super) async fn check_claim(tx: &Tx<'_>, claim: &Claim) -> Result<()> {
         .await?;
     match row {
         Some(_) => Ok(()),
-        None => Err(StoreError::ClaimLost {
-            work: claim.work,
-            token: claim.token,
-        }),
+        None => Err(claim.lost()),
     }
 }
 
@@ -238,11 +235,17 @@ fn claim_guarded(sql: &str, n: usize) -> Result<String> {
     };
     let (head, condition) = (sql[..at].trim_end(), sql[at + "WHERE".len()..].trim());
     Ok(format!(
-        "WITH claim AS MATERIALIZED (SELECT 1 FROM work WHERE id = ${} AND claim_token = ${} AND state = 'running' FOR SHARE) \
-         {head} WHERE EXISTS (SELECT 1 FROM claim) AND ({condition})",
-        n + 1,
-        n + 2
+        "WITH {} {head} WHERE EXISTS (SELECT 1 FROM claim) AND ({condition})",
+        claim_cte(n + 1, n + 2)
     ))
+}
+
+/// The `claim` CTE of a claimed statement: a row while the claim of work id `$work` and
+/// token `$token` is current, that row share-locked until the statement commits.
+pub(super) fn claim_cte(work: usize, token: usize) -> String {
+    format!(
+        "claim AS MATERIALIZED (SELECT 1 FROM work WHERE id = ${work} AND claim_token = ${token} AND state = 'running' FOR SHARE)"
+    )
 }
 
 /// Announces a queue change to every coordinator, when the transaction commits.

@@ -5,7 +5,9 @@ use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use super::{Cached, NOW_MS, PostgresStore, Tx, claimed_execute, id_col, narrow, rollouts, work};
+use super::{
+    Cached, NOW_MS, PostgresStore, Tx, claim_cte, claimed_execute, id_col, narrow, rollouts, work,
+};
 use crate::codes::Code;
 use crate::model::{LastAttempt, Revision, RevisionStatus};
 use crate::store::{
@@ -159,9 +161,9 @@ static COMMIT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     );
     let uncommitted = format!("'{}', '{}'", Pending.as_str(), Prepared.as_str());
     let settled = "r.id IN (SELECT revision_id FROM settled)";
+    let claim = claim_cte(5, 6);
     format!(
-        "WITH claim AS MATERIALIZED (
-           SELECT 1 FROM work WHERE id = $5 AND claim_token = $6 AND state = 'running' FOR SHARE),
+        "WITH {claim},
          swap AS MATERIALIZED (
            UPDATE agents SET active_revision_id = $4
            WHERE namespace_id = $1 AND id = $2 AND active_revision_id IS NOT DISTINCT FROM $3
@@ -332,11 +334,9 @@ impl RevisionStore for PostgresStore {
     ) -> Result<()> {
         // One statement: the claim check (the item's row share-locked until it commits) and
         // both writes.
-        let c = self.client().await?;
-        let row = c
-            .one(
-                "WITH claim AS MATERIALIZED (
-                   SELECT 1 FROM work WHERE id = $7 AND claim_token = $8 AND state = 'running' FOR SHARE),
+        static SET_ACTIVATED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "WITH {},
                  revision AS (
                    UPDATE revisions SET status = $4
                    WHERE namespace_id = $1 AND agent_id = $2 AND id = $3 AND EXISTS (SELECT 1 FROM claim)
@@ -346,6 +346,13 @@ impl RevisionStore for PostgresStore {
                    WHERE namespace_id = $1 AND id = $2 AND EXISTS (SELECT 1 FROM claim)
                    RETURNING 1)
                  SELECT count(*) FROM claim",
+                claim_cte(7, 8)
+            )
+        });
+        let c = self.client().await?;
+        let row = c
+            .one(
+                &SET_ACTIVATED,
                 &[
                     &ns,
                     &agent,
@@ -359,10 +366,7 @@ impl RevisionStore for PostgresStore {
             )
             .await?;
         if row.try_get::<_, i64>(0)? == 0 {
-            return Err(StoreError::ClaimLost {
-                work: claim.work,
-                token: claim.token,
-            });
+            return Err(claim.lost());
         }
         Ok(())
     }
@@ -394,10 +398,7 @@ impl RevisionStore for PostgresStore {
             )
             .await?;
         if !row.try_get::<_, bool>(0)? {
-            return Err(StoreError::ClaimLost {
-                work: claim.work,
-                token: claim.token,
-            });
+            return Err(claim.lost());
         }
         Ok(row.try_get(1)?)
     }

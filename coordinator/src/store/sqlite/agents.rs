@@ -4,7 +4,6 @@ use async_trait::async_trait;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use rusqlite::{OptionalExtension, Row, params};
 
-use super::hosts::{HOST_COLS, finish_host, host_row};
 use super::{SqliteStore, id_col, opt_id_col, parse_col, work, workspace};
 use crate::model::{Agent, DesiredState, Host, RestorePolicy};
 use crate::store::{AgentStore, Claim, Enqueue, Result};
@@ -148,46 +147,18 @@ impl AgentStore for SqliteStore {
                 )
                 .optional()?
                 .flatten();
-            let placed = match placed {
-                Some(name) => Some(name),
-                None => {
-                    let mut load = tx.prepare_cached(
-                        "SELECT max_agents, (SELECT COUNT(*) FROM agents a WHERE a.host_name = h.name)
-                         FROM hosts h WHERE name = ?1",
-                    )?;
-                    let mut loads = Vec::with_capacity(candidates.len());
-                    for name in candidates {
-                        if let Some((max, n)) = load
-                            .query_row([name], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, u32>(1)?)))
-                            .optional()?
-                        {
-                            loads.push((name, n, max));
-                        }
-                    }
-                    match crate::targets::least_loaded_of(loads) {
-                        Some(name)
-                            if tx.execute(
-                                "UPDATE agents SET host_name = ?3 WHERE namespace_id = ?1 AND id = ?2 AND host_name IS NULL",
-                                params![ns, id, name],
-                            )? > 0 =>
-                        {
-                            Some(name.clone())
-                        }
-                        _ => None,
-                    }
-                }
-            };
-            let Some(name) = placed else {
+            if let Some(name) = placed {
+                return super::hosts::host(tx, &name);
+            }
+            let Some(host) = crate::targets::least_loaded_of(super::hosts::loads(tx, candidates)?)
+            else {
                 return Ok(None);
             };
-            let row = tx
-                .query_row(
-                    &format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"),
-                    [&name],
-                    host_row,
-                )
-                .optional()?;
-            row.map(finish_host).transpose()
+            let n = tx.execute(
+                "UPDATE agents SET host_name = ?3 WHERE namespace_id = ?1 AND id = ?2 AND host_name IS NULL",
+                params![ns, id, host.name.as_str()],
+            )?;
+            Ok((n > 0).then_some(host))
         })
         .await
     }

@@ -1,16 +1,16 @@
 //! Enrolled hosts and their pinned keys.
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::{SqliteStore, id_col, json_col};
 use crate::model::{Fencing, Host};
 use crate::store::{HostStore, Result};
 
-pub(super) const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
+const HOST_COLS: &str = "name, address, port, host_key, fingerprint, max_agents, enrolled_at, last_probe, login_user, jump";
 
-pub(super) fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<String>)> {
+fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, Option<String>)> {
     Ok((
         Host {
             name: id_col(r, 0)?,
@@ -30,12 +30,36 @@ pub(super) fn host_row(r: &Row<'_>) -> rusqlite::Result<(Host, Option<String>, O
     ))
 }
 
-pub(super) fn finish_host(
-    (mut h, probe, jump): (Host, Option<String>, Option<String>),
-) -> Result<Host> {
+fn finish_host((mut h, probe, jump): (Host, Option<String>, Option<String>)) -> Result<Host> {
     h.last_probe = probe.map(json_col).transpose()?;
     h.jump = crate::store::jump_of(jump)?;
     Ok(h.with_fencing())
+}
+
+/// One enrolled host, on a read connection or inside the writer's transaction.
+pub(super) fn host(c: &Connection, name: &str) -> Result<Option<Host>> {
+    c.prepare_cached(&format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"))?
+        .query_row([name], host_row)
+        .optional()?
+        .map(finish_host)
+        .transpose()
+}
+
+/// The enrolled hosts among `names`, in that order, with their Agent counts (for placement,
+/// on a read connection or inside the writer's transaction).
+pub(super) fn loads(c: &Connection, names: &[String]) -> Result<Vec<(Host, u32)>> {
+    let mut host_st =
+        c.prepare_cached(&format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"))?;
+    let mut load_st = c.prepare_cached("SELECT COUNT(*) FROM agents WHERE host_name = ?1")?;
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let Some(h) = host_st.query_row([name], host_row).optional()? else {
+            continue;
+        };
+        let load: u32 = load_st.query_row([name], |r| r.get(0))?;
+        out.push((finish_host(h)?, load));
+    }
+    Ok(out)
 }
 
 #[async_trait]
@@ -86,17 +110,7 @@ impl HostStore for SqliteStore {
     }
 
     async fn host(&self, name: &str) -> Result<Option<Host>> {
-        self.read(|c| {
-            c.query_row(
-                &format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"),
-                [name],
-                host_row,
-            )
-            .optional()?
-            .map(finish_host)
-            .transpose()
-        })
-        .await
+        self.read(|c| host(c, name)).await
     }
 
     async fn hosts(&self) -> Result<Vec<Host>> {
@@ -132,21 +146,6 @@ impl HostStore for SqliteStore {
 
     async fn host_loads(&self, names: &[String]) -> Result<Vec<(Host, u32)>> {
         let names = names.to_vec();
-        self.read(move |c| {
-            let mut host_st =
-                c.prepare_cached(&format!("SELECT {HOST_COLS} FROM hosts WHERE name = ?1"))?;
-            let mut load_st =
-                c.prepare_cached("SELECT COUNT(*) FROM agents WHERE host_name = ?1")?;
-            let mut out = Vec::with_capacity(names.len());
-            for name in &names {
-                let Some(h) = host_st.query_row([name], host_row).optional()? else {
-                    continue;
-                };
-                let load: u32 = load_st.query_row([name], |r| r.get(0))?;
-                out.push((finish_host(h)?, load));
-            }
-            Ok(out)
-        })
-        .await
+        self.read(move |c| loads(c, &names)).await
     }
 }

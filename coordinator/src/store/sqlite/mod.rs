@@ -114,10 +114,7 @@ pub(super) fn check_claim(c: &Connection, claim: &Claim) -> Result<()> {
         .optional()?;
     match current {
         Some(_) => Ok(()),
-        None => Err(StoreError::ClaimLost {
-            work: claim.work,
-            token: claim.token,
-        }),
+        None => Err(claim.lost()),
     }
 }
 
