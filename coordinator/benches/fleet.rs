@@ -24,7 +24,7 @@ mod fleet;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fleet::{Fleet, Model, Want, document, median};
+use fleet::{Fleet, Model, Want, document, journal_field, median};
 use serde_json::json;
 
 fn secs(d: Duration) -> String {
@@ -73,6 +73,50 @@ struct Run {
     setup: Duration,
     machine_cpu: Duration,
     occ_cpu: Duration,
+    /// hostd's steps over the timed run, from its success lines: (operation, step) -> µs each.
+    steps: BTreeMap<(String, String), Vec<u64>>,
+}
+
+/// hostd's step timeline of every operation that succeeded on a host since `since` (seconds
+/// since the epoch), each step from its start to the next one's: (operation, step) -> µs.
+fn hostd_steps(fleet: &Fleet, since: u64, into: &mut BTreeMap<(String, String), Vec<u64>>) {
+    for host in fleet.hosts.iter() {
+        let text = host
+            .run_ok(&format!(
+                "journalctl -t hostd -o json --no-pager --since @{since}"
+            ))
+            .unwrap();
+        for e in text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        {
+            if journal_field(&e, "MESSAGE") != Some("operation succeeded") {
+                continue;
+            }
+            let (Some(op), Some(steps), Some(total_us)) = (
+                journal_field(&e, "OP"),
+                journal_field(&e, "STEPS"),
+                journal_field(&e, "ELAPSED_US").and_then(|v| v.parse::<u64>().ok()),
+            ) else {
+                continue;
+            };
+            let marks: Vec<(&str, f64)> = steps
+                .split_whitespace()
+                .filter_map(|m| {
+                    let (name, at) = m.split_once('@')?;
+                    Some((name, at.parse().ok()?))
+                })
+                .collect();
+            for (i, (name, at)) in marks.iter().enumerate() {
+                let end = marks
+                    .get(i + 1)
+                    .map_or(total_us as f64 / 1000.0, |(_, next)| *next);
+                into.entry((op.to_owned(), (*name).to_owned()))
+                    .or_default()
+                    .push(((end - at) * 1000.0).max(0.0) as u64);
+            }
+        }
+    }
 }
 
 fn run(hosts: usize, count: usize, prefix: &str) -> Run {
@@ -87,6 +131,10 @@ fn run(hosts: usize, count: usize, prefix: &str) -> Run {
     let occ = fleet.serve_pid();
 
     // Timed: the deploy requests, then polling deployment-status until all converged.
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let (busy0, occ0) = (machine_busy_ticks(), process_ticks(occ));
     let t0 = Instant::now();
     let mut sent: BTreeMap<String, Duration> = BTreeMap::new();
@@ -119,6 +167,8 @@ fn run(hosts: usize, count: usize, prefix: &str) -> Run {
         .map(|(h, n)| format!("{h} {n}"))
         .collect::<Vec<_>>()
         .join(", ");
+    let mut steps = BTreeMap::new();
+    hostd_steps(&fleet, since, &mut steps);
     let cpu = |t: u64| Duration::from_secs_f64(t as f64 / ticks);
     Run {
         wall,
@@ -129,6 +179,7 @@ fn run(hosts: usize, count: usize, prefix: &str) -> Run {
         setup,
         machine_cpu: cpu(busy1.saturating_sub(busy0)),
         occ_cpu: cpu(occ1.saturating_sub(occ0)),
+        steps,
     }
 }
 
@@ -226,9 +277,21 @@ fn main() {
         println!("{k:<width$} | {v}");
     }
     println!("{:-<w$}-+-{:-<24}", "", "", w = width);
+    println!("hostd's steps in the {count}-Agent run (each operation's success line; ms)");
+    for ((op, step), mut us) in all.steps {
+        us.sort_unstable();
+        let ms = |v: u64| v as f64 / 1000.0;
+        println!(
+            "  {op:<18} {step:<16} n={:<3} median {:>6.1}  max {:>6.1}  sum {:>7.1}",
+            us.len(),
+            ms(us[us.len() / 2]),
+            ms(us[us.len() - 1]),
+            ms(us.iter().sum())
+        );
+    }
     println!(
-        "converged = deployment-status says converged with active = served = the new revision; \
-         polled every ~100 ms (plus one pass over the open Agents), so times are upper bounds \
-         within about 0.2 s."
+        "converged = deployment-status says converged with active = served = the new revision, \
+         asked once the Agent list (polled every 20 ms) shows it served; times are upper bounds \
+         within about 25 ms."
     );
 }

@@ -42,6 +42,9 @@ struct State {
     /// Each unit's invocation count: a (re)start begins a new run.
     invocations: BTreeMap<String, u32>,
     clock_usec: u64,
+    /// Whether a unit file that appears is loaded when referenced, without `daemon-reload`
+    /// (systemd 246 and later); off, every new unit file needs a reload.
+    loads_new_units: bool,
     /// Behaviour by revision directory name, over the port's (a candidate that fails while
     /// its predecessor works).
     revision_behaviour: BTreeMap<String, Behaviour>,
@@ -102,6 +105,11 @@ impl FakeSystem {
     }
 
     /// Forgets the call log and the read count.
+    /// Behave like a systemd that loads a new unit file when it is referenced.
+    pub fn set_loads_new_units(&self, on: bool) {
+        self.with(|s| s.loads_new_units = on);
+    }
+
     pub fn clear_calls(&self) {
         self.with(|s| {
             s.calls.clear();
@@ -413,6 +421,11 @@ impl System for FakeSystem {
             }
         });
         Ok(())
+    }
+
+    fn unit_file_loaded(&self, unit: &str, file: &Path) -> Result<bool, SystemError> {
+        self.with(|s| s.bus_reads += 1);
+        Ok(self.with(|s| s.loads_new_units) && file == self.unit_dir.join(unit) && file.is_file())
     }
 
     fn unit_state(&self, unit: &str) -> Result<UnitState, SystemError> {

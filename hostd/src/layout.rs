@@ -128,6 +128,20 @@ impl Layout {
         self.root.join("fences")
     }
 
+    /// `daemon-reload` bookkeeping shared by operations (`engine::reload`).
+    pub fn reloads_dir(&self) -> PathBuf {
+        self.root.join("reloads")
+    }
+
+    pub fn reload_counts(&self) -> PathBuf {
+        self.reloads_dir().join("counts")
+    }
+
+    /// A unit file written but not yet read by a reload.
+    pub fn reload_pending(&self, unit_name: &str) -> PathBuf {
+        self.reloads_dir().join(format!("{unit_name}.pending"))
+    }
+
     pub fn accounts_dir(&self) -> PathBuf {
         self.root.join("accounts")
     }

@@ -173,6 +173,10 @@ pub trait System {
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// The unit's current state; a unit systemd does not know has `loaded == false`.
     fn unit_state(&self, unit: &str) -> Result<UnitState, SystemError>;
+    /// Whether systemd has the unit loaded from `file` as the file is now: `LoadUnit` (which
+    /// reads a unit systemd did not find before once its file exists, on systemd 246 and
+    /// later), then `LoadState` loaded, `FragmentPath` the file and `NeedDaemonReload` false.
+    fn unit_file_loaded(&self, unit: &str, file: &Path) -> Result<bool, SystemError>;
     /// systemd's version string, for `probe`.
     fn systemd_version(&self) -> Result<String, SystemError>;
 

@@ -48,6 +48,17 @@ pub enum Artifact {
     Example,
 }
 
+/// A directory inside this workspace for cargo to run in: the package whose tests are running
+/// (cargo sets `CARGO_MANIFEST_DIR` for them at run time), else this crate's directory at build
+/// time if it still exists. The run-time value comes first because a build of this crate can be
+/// reused from another checkout that shares the target directory, and that checkout may be gone.
+fn workspace_member_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 /// Builds one target of a workspace package with the cargo running this process, in the same
 /// profile (release when the running executable is a release build), and returns the
 /// executable's path from cargo's JSON messages. The build goes to `nested/` inside the test
@@ -67,7 +78,7 @@ pub fn cargo_build(package: &str, artifact: Artifact, name: &str) -> Result<Path
     };
     cmd.args(["build", "--quiet", "-p", package, kind, name])
         .arg("--message-format=json-render-diagnostics")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(workspace_member_dir())
         .stderr(Stdio::piped());
     let release = std::env::current_exe()
         .ok()

@@ -588,6 +588,11 @@ impl Fleet {
     /// Waits until every Agent matches its [`Want`] in the coordinator (converged, the
     /// right active and served revision). Returns when each was first seen converged,
     /// measured from `since`. Panics on a failed revision or after `timeout`.
+    ///
+    /// Every [`CONVERGE_POLL`] one Agent list shows which Agents serve what they should, and
+    /// only those are asked for their deployment-status (converged also needs no open work);
+    /// every [`FULL_PASS_EVERY`] all open ones are, to catch a failed revision. Seen
+    /// converged is then within one list poll of it, for one request per poll.
     pub fn wait_converged(
         &self,
         wants: &[(&str, Want)],
@@ -595,10 +600,25 @@ impl Fleet {
         timeout: Duration,
     ) -> BTreeMap<String, Duration> {
         let mut done: BTreeMap<String, Duration> = BTreeMap::new();
+        let mut full_pass: Option<Instant> = None;
         loop {
+            let full = full_pass.is_none_or(|t| t.elapsed() >= FULL_PASS_EVERY);
+            if full {
+                full_pass = Some(Instant::now());
+            }
+            let listed = if full {
+                BTreeMap::new()
+            } else {
+                self.api_agents()
+            };
+            let mut waiting = 0;
             let mut last: BTreeMap<&str, Value> = BTreeMap::new();
             for (agent, want) in wants {
                 if done.contains_key(*agent) {
+                    continue;
+                }
+                if !full && !listed.get(*agent).is_some_and(|a| serves_want(a, want)) {
+                    waiting += 1;
                     continue;
                 }
                 let s = self
@@ -624,10 +644,10 @@ impl Fleet {
                 }
                 last.insert(agent, s);
             }
-            if last.is_empty() {
+            if last.is_empty() && waiting == 0 {
                 return done;
             }
-            if since.elapsed() > timeout {
+            if full && since.elapsed() > timeout {
                 let detail: Vec<String> = last
                     .iter()
                     .map(|(a, s)| {
@@ -657,7 +677,7 @@ impl Fleet {
                     detail.join("\n")
                 );
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(CONVERGE_POLL);
         }
     }
 
@@ -856,6 +876,26 @@ impl Fleet {
 }
 
 /// Whether a deployment-status document shows the Agent converged on `want`.
+/// How often [`Fleet::wait_converged`] lists the Agents.
+const CONVERGE_POLL: Duration = Duration::from_millis(20);
+/// How often [`Fleet::wait_converged`] asks every open Agent for its deployment-status.
+const FULL_PASS_EVERY: Duration = Duration::from_millis(500);
+
+/// Whether an Agent, as the Agent list shows it, runs (or stopped) as `want` says: worth
+/// asking its deployment-status whether it converged.
+fn serves_want(agent: &Value, want: &Want) -> bool {
+    match want {
+        Want::Running { rev, .. } => {
+            agent["desiredState"] == "running"
+                && agent["activeRevisionId"] == json!(rev)
+                && agent["servedRevisionId"] == json!(rev)
+        }
+        Want::Stopped { .. } => {
+            agent["desiredState"] == "stopped" && agent["activeRevisionId"].is_null()
+        }
+    }
+}
+
 pub fn matches_want(s: &Value, want: &Want) -> bool {
     if s["converged"] != json!(true) {
         return false;

@@ -12,6 +12,7 @@ mod inventory;
 mod namespace;
 mod plan;
 mod provision;
+mod reload;
 mod removal;
 mod revision;
 mod runtime;

@@ -131,11 +131,11 @@ impl Engine<'_> {
     }
 
     /// Creates the Agent's account and its marker, recording the intent first (durably): a
-    /// run killed between the account tools and the marker leaves an intent, and the next run
+    /// run killed between the account tool and the marker leaves an intent, and the next run
     /// adopts exactly what it describes, the user and group of that name when both exist and
     /// fit (the user's primary group is the group, neither is root), removes a lone group
-    /// (`groupadd` ran, `useradd` did not) and creates afresh. The account's passwd home is
-    /// [`ACCOUNT_HOME`], which does not exist and which the Agent cannot create: nothing it
+    /// (an earlier hostd ran `groupadd`, then `useradd`) and creates afresh. The account's
+    /// passwd home is [`ACCOUNT_HOME`], which does not exist and which the Agent cannot create: nothing it
     /// writes (say `~/.ssh/authorized_keys`) is ever read by sshd or by the account tools.
     /// The gateway's `HOME` is set by the unit alone. Without an intent the caller checked
     /// that neither user nor group exists.

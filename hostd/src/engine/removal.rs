@@ -35,6 +35,8 @@ impl Engine<'_> {
                 .disable_unit(&paths.unit_name)
                 .map_err(system_failure)?;
             ctx.step(Step::Remove)?;
+            // Until a reload forgets the unit, systemd still has it loaded from this file.
+            self.mark_reload_pending(&paths.unit_name)?;
             fsutil::remove_file_if_present(&paths.unit_file).map_err(fs_failure)?;
         }
         Ok(had_file)
@@ -151,12 +153,13 @@ impl Engine<'_> {
         } else {
             self.verify_unit_file(&ns.id, &agent.id, paths)?;
         }
-        let _host = self.host_lock(ctx)?;
+        let host = self.host_lock(ctx)?;
         let unit_removed = self.remove_unit(ctx, paths)?;
         if unit_removed {
-            ctx.step(Step::DaemonReload)?;
-            self.system.daemon_reload().map_err(system_failure)?;
+            let ticket = self.reload_ticket();
+            self.daemon_reload(ctx, &host, ticket)?;
         }
+        self.clear_reload_pending(&paths.unit_name)?;
         if dir_present {
             ctx.step(Step::Remove)?;
             self.remove_tree(&paths.dir)?;
@@ -282,14 +285,17 @@ impl Engine<'_> {
         for path in &lock_paths {
             locks.push(self.agent_lock(ctx, path)?);
         }
-        let _host = self.host_lock(ctx)?;
+        let host = self.host_lock(ctx)?;
         let mut any_unit = false;
         for (_, paths) in &agents {
             any_unit |= self.remove_unit(ctx, paths)?;
         }
         if any_unit {
-            ctx.step(Step::DaemonReload)?;
-            self.system.daemon_reload().map_err(system_failure)?;
+            let ticket = self.reload_ticket();
+            self.daemon_reload(ctx, &host, ticket)?;
+        }
+        for (_, paths) in &agents {
+            self.clear_reload_pending(&paths.unit_name)?;
         }
         if present {
             ctx.step(Step::Remove)?;

@@ -398,7 +398,9 @@ impl Engine<'_> {
 
         let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
         let existing = self.verify_unit_file(&ns.id, &agent.id, paths)?;
-        let unit_changed = existing.as_deref() != Some(text.as_str());
+        // Changed on disk, or changed by an earlier operation that stopped before a reload.
+        let owed = self.reload_pending(&paths.unit_name)?;
+        let unit_changed = existing.as_deref() != Some(text.as_str()) || owed;
         if unit_changed {
             // A new unit file means a restart: refuse before writing it.
             self.check_gateway_command()?;
@@ -408,13 +410,37 @@ impl Engine<'_> {
             .unit_state(&paths.unit_name)
             .map_err(system_failure)?;
         if unit_changed || !state.enabled {
-            let _host = self.host_lock(ctx)?;
-            if unit_changed {
+            // The unit file is the Agent's own (its lock is held): written before the host
+            // lock, so that a reload another operation starts meanwhile reads it too.
+            let ticket = if unit_changed {
                 ctx.step(Step::UnitFile)?;
-                fsutil::write_atomic(&paths.unit_file, text.as_bytes(), 0o644, |_| Ok(()))
-                    .map_err(fs_failure)?;
-                ctx.step(Step::DaemonReload)?;
-                self.system.daemon_reload().map_err(system_failure)?;
+                self.mark_reload_pending(&paths.unit_name)?;
+                if existing.as_deref() != Some(text.as_str()) {
+                    fsutil::write_atomic(&paths.unit_file, text.as_bytes(), 0o644, |_| Ok(()))
+                        .map_err(fs_failure)?;
+                }
+                // A unit file that did not exist before (and no removal of an older one waits
+                // for its reload): systemd has no older version of it, and loads this one when
+                // asked for it, where it can (systemd >= 246).
+                if existing.is_none()
+                    && !owed
+                    && self
+                        .system
+                        .unit_file_loaded(&paths.unit_name, &paths.unit_file)
+                        .map_err(system_failure)?
+                {
+                    self.clear_reload_pending(&paths.unit_name)?;
+                    None
+                } else {
+                    Some(self.reload_ticket())
+                }
+            } else {
+                None
+            };
+            let host = self.host_lock(ctx)?;
+            if let Some(ticket) = ticket {
+                self.daemon_reload(ctx, &host, ticket)?;
+                self.clear_reload_pending(&paths.unit_name)?;
             }
             ctx.step(Step::Enable)?;
             self.system

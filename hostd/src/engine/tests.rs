@@ -712,6 +712,133 @@ fn a_closed_session_stops_before_the_next_step() {
     h.ok(activate("ns1", "a1", "r1", 1));
 }
 
+/// The activation is stopped once its unit file is written, before any reload: the file on
+/// disk is then already what the next attempt wants, and that attempt still reloads.
+#[test]
+fn a_unit_file_written_without_its_reload_is_reloaded_by_the_next_activation() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    let closed = std::cell::Cell::new(false);
+    let cancelled = || closed.get();
+    let mut on_step = |s: Step| {
+        if s == Step::UnitFile {
+            closed.set(true);
+        }
+    };
+    let mut ctx = Ctx::new(
+        OperationId::new("op-unit").unwrap(),
+        Instant::now() + Duration::from_secs(30),
+        0,
+        &cancelled,
+        &mut on_step,
+    );
+    h.fake.clear_calls();
+    let f = h
+        .engine()
+        .execute(&activate("ns1", "a1", "r1", 1), &mut ctx, &h.journal)
+        .unwrap_err();
+    drop(ctx);
+    assert_eq!(f.code, FailureCode::SessionClosed);
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    assert!(paths.unit_file.exists(), "the unit file was written");
+    assert!(h.layout().reload_pending(&paths.unit_name).exists());
+    assert!(!h.fake.calls().iter().any(|c| c == "daemon-reload"));
+
+    h.fake.clear_calls();
+    match h.ok(activate("ns1", "a1", "r1", 1)) {
+        OperationResult::ActivateRevision(r) => assert!(r.restarted && r.unit_changed),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.fake.calls()[0], "daemon-reload", "{:?}", h.fake.calls());
+    assert!(!h.layout().reload_pending(&paths.unit_name).exists());
+    assert_eq!(
+        std::fs::read_to_string(h.layout().reload_counts()).unwrap(),
+        "1 1\n"
+    );
+}
+
+/// A reload that started after a unit file was written covers it: the operation that waited
+/// for the host lock meanwhile does not reload again. One that started before does not.
+#[test]
+fn a_reload_started_after_the_unit_file_was_written_is_shared() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    let engine = h.engine();
+    let cancelled = || false;
+    let mut on_step = |_: Step| {};
+    let mut ctx = Ctx::new(
+        OperationId::new("op-share").unwrap(),
+        Instant::now() + Duration::from_secs(30),
+        0,
+        &cancelled,
+        &mut on_step,
+    );
+    // Another operation's reload is under way (started, not completed) when this one takes
+    // its ticket: that reload may have read the directory before the write.
+    let counts = h.layout().reload_counts();
+    std::fs::create_dir_all(counts.parent().unwrap()).unwrap();
+    std::fs::write(&counts, "4 3\n").unwrap();
+    let ticket = engine.reload_ticket();
+    std::fs::write(&counts, "4 4\n").unwrap();
+    let host = engine.host_lock(&mut ctx).unwrap();
+    h.fake.clear_calls();
+    assert!(engine.daemon_reload(&mut ctx, &host, ticket).unwrap());
+    assert_eq!(h.fake.calls(), ["daemon-reload"]);
+    assert_eq!(std::fs::read_to_string(&counts).unwrap(), "5 5\n");
+    drop(host);
+
+    // Taken while nothing ran: the next reload to complete covers it.
+    let ticket = engine.reload_ticket();
+    std::fs::write(&counts, "6 6\n").unwrap();
+    let host = engine.host_lock(&mut ctx).unwrap();
+    h.fake.clear_calls();
+    assert!(!engine.daemon_reload(&mut ctx, &host, ticket).unwrap());
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+
+    // Counts that are not ours count as none: a reload, and they are written anew.
+    std::fs::write(&counts, "garbage").unwrap();
+    let ticket = engine.reload_ticket();
+    assert!(engine.daemon_reload(&mut ctx, &host, ticket).unwrap());
+    assert_eq!(std::fs::read_to_string(&counts).unwrap(), "1 1\n");
+}
+
+/// On a systemd that loads a new unit file when it is referenced, a first activation needs
+/// no reload; a reload owed by a removal whose own reload failed is still done.
+#[test]
+fn a_new_unit_file_that_systemd_loaded_needs_no_reload_unless_one_is_owed() {
+    let h = Host::new();
+    h.fake.set_loads_new_units(true);
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.fake.clear_calls();
+    match h.ok(activate("ns1", "a1", "r1", 1)) {
+        OperationResult::ActivateRevision(r) => assert!(r.restarted && r.unit_changed),
+        other => panic!("{other:?}"),
+    }
+    let calls = h.fake.calls();
+    assert!(!calls.iter().any(|c| c == "daemon-reload"), "{calls:?}");
+    assert!(calls[0].starts_with("enable "), "{calls:?}");
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    assert!(!h.layout().reload_pending(&paths.unit_name).exists());
+
+    // The removal's reload fails after the unit file is gone: systemd may still have it.
+    h.fake.fail_next("daemon-reload");
+    let delete = Operation::DeleteAgent(AgentArgs {
+        namespace: ns("ns1"),
+        agent: agent("a1"),
+    });
+    h.fails(delete);
+    assert!(!paths.unit_file.exists());
+    assert!(h.layout().reload_pending(&paths.unit_name).exists());
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.fake.clear_calls();
+    h.ok(activate("ns1", "a1", "r1", 1));
+    assert_eq!(h.fake.calls()[0], "daemon-reload", "{:?}", h.fake.calls());
+    assert!(!h.layout().reload_pending(&paths.unit_name).exists());
+}
+
 #[test]
 fn probe_and_status_create_nothing() {
     let h = Host::new();

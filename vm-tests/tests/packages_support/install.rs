@@ -37,11 +37,14 @@ pub fn packages_dir() -> PathBuf {
     workspace_dir().join("target").join("packages")
 }
 
+/// The workspace root: the parent of this package's directory, as cargo gives it at run time
+/// (a build reused from another checkout sharing the target directory keeps that checkout's
+/// compile-time path), else at build time.
 pub fn workspace_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest.parent().unwrap_or(Path::new("/")).to_path_buf()
 }
 
 /// The one file in `dir` whose name starts with `prefix` and ends with `suffix`.

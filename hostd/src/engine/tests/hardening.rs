@@ -211,7 +211,7 @@ fn an_account_created_by_a_killed_prepare_is_adopted_from_its_intent() {
 fn a_lone_group_of_a_killed_prepare_is_replaced_and_a_bare_intent_created_afresh() {
     let h = Host::new();
     h.ok(ensure("ns1"));
-    // Killed between groupadd and useradd: only the group.
+    // A lone group (an earlier hostd killed between groupadd and useradd).
     let p1 = write_intent(&h, "a1");
     h.fake
         .add_foreign_user(&p1.account, Ids { uid: 951, gid: 951 });
