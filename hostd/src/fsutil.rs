@@ -399,6 +399,21 @@ pub fn list_dir(path: &Path) -> Result<Vec<String>, FsError> {
     Ok(names)
 }
 
+/// Calls `f` with each name in a directory, as [`list_dir`] lists them (pending names left
+/// out), in no order and without collecting them: for directories that can hold many
+/// thousands of files.
+pub fn for_each_name(path: &Path, mut f: impl FnMut(&str)) -> Result<(), FsError> {
+    for entry in fs::read_dir(path).map_err(io_err(path))? {
+        let entry = entry.map_err(io_err(path))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !name.contains(PENDING_INFIX) {
+            f(&name);
+        }
+    }
+    Ok(())
+}
+
 /// Our own pending leftovers (from a killed run) in a directory; a missing or unreadable
 /// directory has none.
 pub fn pending_leftovers(path: &Path) -> Vec<PathBuf> {

@@ -95,6 +95,8 @@ pub const UNSYNCED_HEADROOM: u64 = 10;
 /// A cheap (unsynced) record also prunes only every this many records: pruning lists the
 /// whole directory.
 const CHEAP_PRUNE_EVERY: u32 = 32;
+/// Seconds after which a prune that kept a running entry looks at the entries again.
+const RUNNING_RECHECK: u64 = 60;
 
 /// `.unsynced.json`: records written without fsync in boot `boot_id` have envelopes expiring
 /// at or before `expires_at_bound`.
@@ -160,6 +162,10 @@ pub struct Journal {
     unsynced_bound: Arc<AtomicU64>,
     /// Cheap records since the last prune.
     cheap_since_prune: Arc<AtomicU32>,
+    /// The host-clock second before which pruning cannot remove anything, as the last prune
+    /// that stayed over the limit found (0: none). Over the limit with nothing expired,
+    /// every prune would otherwise read every entry again.
+    prune_not_before: Arc<AtomicU64>,
 }
 
 /// Progress recording for one running operation; holds its run lock.
@@ -204,6 +210,7 @@ impl Journal {
             boot_id,
             unsynced_bound: Arc::default(),
             cheap_since_prune: Arc::default(),
+            prune_not_before: Arc::default(),
         };
         journal.settle_unsynced()?;
         Ok(journal)
@@ -605,33 +612,59 @@ impl Journal {
     /// replayed (not yet expired by the host's clock) and never a running one; before it
     /// removes any, it raises the watermark to the latest expiry among them (durably). Also
     /// removes run files of killed operations. Returns how many entries it removed.
+    ///
+    /// A prune that stays over the limit because the rest has not expired remembers when the
+    /// first of them will (a running one is looked at again within [`RUNNING_RECHECK`]), and
+    /// until then later prunes of this process read no entry: pruning late is always safe.
     pub fn prune(&self, now: u64) -> Result<usize, FsError> {
         self.cheap_since_prune.store(0, Ordering::SeqCst);
-        let names = fsutil::list_dir(&self.dir)?;
-        if self.prune_run_files(&names)? > 0 {
+        // Counted first, listed only when entries are to be read: the directory can hold
+        // many thousands.
+        let mut run_files = Vec::new();
+        let mut count = 0usize;
+        fsutil::for_each_name(&self.dir, |name| {
+            if name.ends_with(".run") {
+                run_files.push(name.to_owned());
+            } else if is_entry_name(name) {
+                count += 1;
+            }
+        })?;
+        if self.prune_run_files(&run_files)? > 0 {
             fsutil::sync_dir(&self.dir)?;
         }
-        let json: Vec<&String> = names
-            .iter()
-            .filter(|n| n.ends_with(".json") && !n.starts_with('.'))
-            .collect();
-        if json.len() <= self.max_entries {
+        if count <= self.max_entries || now < self.prune_not_before.load(Ordering::SeqCst) {
             return Ok(0);
         }
-        let excess = json.len() - self.max_entries;
+        let names = fsutil::list_dir(&self.dir)?;
+        let json: Vec<&String> = names.iter().filter(|n| is_entry_name(n)).collect();
+        let Some(excess) = json.len().checked_sub(self.max_entries).filter(|e| *e > 0) else {
+            return Ok(0);
+        };
         let mut entries: Vec<(u64, u64, PathBuf)> = Vec::new();
+        // When the first entry kept now could go.
+        let mut next = u64::MAX;
         for name in json {
             let path = self.dir.join(name);
             match markers::read::<Entry>(&path, "journal entry") {
-                Ok(e) if e.expires_at < now && !matches!(e.state, EntryState::Running { .. }) => {
-                    entries.push((e.started_at, e.expires_at, path))
+                Ok(e) if matches!(e.state, EntryState::Running { .. }) => {
+                    next = next.min(now.saturating_add(RUNNING_RECHECK));
                 }
-                Ok(_) => {}
+                Ok(e) if e.expires_at < now => entries.push((e.started_at, e.expires_at, path)),
+                Ok(e) => next = next.min(e.expires_at.saturating_add(1)),
                 // An unreadable entry is not ours to judge; it stays and is reported by status.
                 Err(_) => {}
             }
         }
         entries.sort();
+        let still_over = entries.len() < excess;
+        self.prune_not_before.store(
+            if still_over && next != u64::MAX {
+                next
+            } else {
+                0
+            },
+            Ordering::SeqCst,
+        );
         entries.truncate(excess);
         let Some(latest) = entries.iter().map(|(_, expires, _)| *expires).max() else {
             return Ok(0);
@@ -648,6 +681,11 @@ impl Journal {
         fsutil::sync_dir(&self.dir)?;
         Ok(removed)
     }
+}
+
+/// An entry's file name (`<operation id>.json`; dot files are the journal's own records).
+fn is_entry_name(name: &str) -> bool {
+    name.ends_with(".json") && !name.starts_with('.')
 }
 
 /// The outcome a settled entry stands for.
@@ -883,6 +921,51 @@ mod tests {
             ));
         }
         assert_eq!(j.status(&id("op0")).unwrap(), OperationState::Unknown);
+    }
+
+    /// Over the limit with nothing expired, a prune remembers when the first entry expires
+    /// and later prunes read nothing until then; from then on they prune as before.
+    #[test]
+    fn a_prune_with_nothing_expired_waits_for_the_first_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(dir.path(), 16).unwrap();
+        let record = |op: &str, expires: u64, now: u64| {
+            let Begin::Run(h) = j
+                .begin(
+                    &id(op),
+                    OperationKind::DeleteAgent,
+                    &hash('a'),
+                    expires,
+                    now,
+                )
+                .unwrap()
+            else {
+                panic!()
+            };
+            h.finish(&ok(), None).unwrap();
+        };
+        for i in 0..20u64 {
+            record(&format!("op{i}"), 500 + i, 100);
+        }
+        assert_eq!(j.prune(100).unwrap(), 0);
+        // An entry that has already expired: not looked at before op0's expiry (500).
+        record("short", 50, 150);
+        assert_eq!(j.prune(200).unwrap(), 0);
+        assert_eq!(j.prune(500).unwrap(), 0);
+        // 21 entries over a limit of 16, and by 503 four have expired: op0..op2 and "short".
+        assert_eq!(j.prune(503).unwrap(), 4);
+        for op in ["op0", "op2", "short"] {
+            assert_eq!(j.status(&id(op)).unwrap(), OperationState::Unknown);
+        }
+        assert!(matches!(
+            j.status(&id("op3")).unwrap(),
+            OperationState::Succeeded { .. }
+        ));
+        // Still over (18 entries with one more): the next look is after op3's expiry.
+        record("later", 700, 503);
+        assert_eq!(j.prune(503).unwrap(), 0);
+        assert_eq!(j.prune(504).unwrap(), 1);
+        assert_eq!(j.status(&id("op3")).unwrap(), OperationState::Unknown);
     }
 
     fn begin_run(j: &Journal, op: &str, expires: u64, now: u64) -> RunHandle {
