@@ -58,6 +58,14 @@ const AGENTS_PER_NAMESPACE: usize = 100;
 const DEPLOY_RPS_TARGET: f64 = 1000.0;
 const P99_TARGET_MS: f64 = 20.0;
 
+/// Where the simulated hosts keep their state: tmpfs when there is one. On a fleet each host's
+/// file system work (journal, markers, snapshots, with their fsyncs) is done by that host's
+/// disk and CPU; on this machine's disk it would compete with the coordinator under test.
+fn sim_hosts_dir() -> Option<&'static std::path::Path> {
+    let shm = std::path::Path::new("/dev/shm");
+    shm.is_dir().then_some(shm)
+}
+
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -286,7 +294,10 @@ impl Coordinator {
         sync("OFF");
         let (token, names) = rt.block_on(populate(&store, agents));
         sync("FULL");
-        let backend = Arc::new(EngineBackend::new());
+        let backend = Arc::new(match sim_hosts_dir() {
+            Some(dir) => EngineBackend::with_hosts_in(dir),
+            None => EngineBackend::new(),
+        });
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let settings = WorkerSettings::default();
         let worker = Arc::new(Worker::new(
@@ -704,6 +715,13 @@ fn main() {
     for n in notes {
         println!("  {n}");
     }
+    println!(
+        "  simulated hosts: hostd's engine over its fake privileged layer, in process, state {}",
+        sim_hosts_dir().map_or_else(
+            || "in the temporary directory (no /dev/shm)".to_owned(),
+            |d| format!("on tmpfs ({})", d.display())
+        )
+    );
     println!(
         "  req/s: requests of the phase / its wall time; reads are one phase of three routes, \
          so their rows share one req/s. 5xx counts transport errors too. Clients, API, worker \

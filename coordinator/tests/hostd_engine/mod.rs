@@ -68,8 +68,11 @@ struct SimHost {
 }
 
 impl SimHost {
-    fn new(name: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+    fn new(name: &str, parent: Option<&std::path::Path>) -> Self {
+        let dir = match parent {
+            Some(p) => tempfile::tempdir_in(p).unwrap(),
+            None => tempfile::tempdir().unwrap(),
+        };
         let text = format!(
             "host_name = \"{name}\"\n[limits]\nlock_timeout_ms = 2000\nreadiness_timeout_ms = 2000\n"
         );
@@ -127,6 +130,8 @@ pub struct EngineBackend {
     /// Activations running now, and the most at once.
     activating: AtomicUsize,
     most_activating: AtomicUsize,
+    /// Where the simulated hosts' directories go (`None`: the system's temporary directory).
+    parent: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for EngineBackend {
@@ -140,11 +145,21 @@ impl EngineBackend {
         Self::default()
     }
 
+    /// Simulated hosts with their directories under `parent` (a benchmark puts them on tmpfs:
+    /// on a fleet, the hosts' disks and CPUs are not the coordinator's).
+    #[allow(dead_code)]
+    pub fn with_hosts_in(parent: &std::path::Path) -> Self {
+        Self {
+            parent: Some(parent.to_path_buf()),
+            ..Self::default()
+        }
+    }
+
     fn host(&self, name: &str) -> Arc<SimHost> {
         let mut hosts = self.hosts.lock().unwrap();
         hosts
             .entry(name.to_owned())
-            .or_insert_with(|| Arc::new(SimHost::new(name)))
+            .or_insert_with(|| Arc::new(SimHost::new(name, self.parent.as_deref())))
             .clone()
     }
 
