@@ -14,7 +14,7 @@ mod fleet;
 
 use std::collections::BTreeMap;
 
-use fleet::{Fleet, NS, document, journal_field};
+use fleet::{Fleet, NS, document, journal_field, step_durations};
 use serde_json::{Value, json};
 
 fn quantile(sorted: &[u64], q: f64) -> u64 {
@@ -174,21 +174,11 @@ fn breakdown(text: &str) {
         let (t0, t9) = (received.at, done.at);
         // hostd's own account: each step from its start to the next one's (µs → ms).
         if let (Some(steps), Some(total_us)) = (&done.steps, done.elapsed_us) {
-            let marks: Vec<(&str, f64)> = steps
-                .split_whitespace()
-                .filter_map(|m| {
-                    let (name, at) = m.split_once('@')?;
-                    Some((name, at.parse().ok()?))
-                })
-                .collect();
-            for (i, (name, at)) in marks.iter().enumerate() {
-                let end = marks
-                    .get(i + 1)
-                    .map_or(total_us as f64 / 1000.0, |(_, next)| *next);
+            for (i, (name, us)) in step_durations(steps, total_us).into_iter().enumerate() {
                 hostd_steps
                     .entry(format!("hostd step {i} {name}"))
                     .or_default()
-                    .push(((end - at) * 1000.0) as u64);
+                    .push(us);
             }
         }
         if let Some(ready) = entries

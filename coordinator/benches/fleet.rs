@@ -24,7 +24,7 @@ mod fleet;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fleet::{Fleet, Model, Want, document, journal_field, median};
+use fleet::{Fleet, Model, Want, document, journal_field, median, step_durations};
 use serde_json::json;
 
 fn secs(d: Duration) -> String {
@@ -100,20 +100,8 @@ fn hostd_steps(fleet: &Fleet, since: u64, into: &mut BTreeMap<(String, String), 
             ) else {
                 continue;
             };
-            let marks: Vec<(&str, f64)> = steps
-                .split_whitespace()
-                .filter_map(|m| {
-                    let (name, at) = m.split_once('@')?;
-                    Some((name, at.parse().ok()?))
-                })
-                .collect();
-            for (i, (name, at)) in marks.iter().enumerate() {
-                let end = marks
-                    .get(i + 1)
-                    .map_or(total_us as f64 / 1000.0, |(_, next)| *next);
-                into.entry((op.to_owned(), (*name).to_owned()))
-                    .or_default()
-                    .push(((end - at) * 1000.0).max(0.0) as u64);
+            for (name, us) in step_durations(steps, total_us) {
+                into.entry((op.to_owned(), name)).or_default().push(us);
             }
         }
     }

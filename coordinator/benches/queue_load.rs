@@ -684,12 +684,19 @@ fn main() {
         }
         let deploy_ops: u64 = f.deploy.calls.iter().map(|c| c.iter().sum::<u64>()).sum();
         let rate = deploy_ops as f64 / f.deploy.wall.as_secs_f64().max(1e-9);
-        println!(
-            "{:<12} goal: >= {OPS_GOAL} host operations/s in all while deploying (issue 13, 3 coordinators): {:.0} -> {}",
-            f.config,
-            rate,
-            if rate >= OPS_GOAL { "MET" } else { "MISSED" }
-        );
+        if f.config == "postgres x3" {
+            println!(
+                "{:<12} goal: >= {OPS_GOAL} host operations/s in all while deploying (issue 13, 3 coordinators on PostgreSQL): {:.0} -> {}",
+                f.config,
+                rate,
+                if rate >= OPS_GOAL { "MET" } else { "MISSED" }
+            );
+        } else {
+            println!(
+                "{:<12} {:.0} host operations/s in all while deploying (the goal of {OPS_GOAL} is for 3 coordinators on PostgreSQL)",
+                f.config, rate
+            );
+        }
     }
     println!(
         "  items: ensure = ensure-namespace calls (one per Namespace and pool host), deploy = \

@@ -930,19 +930,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path(), 16).unwrap();
         let record = |op: &str, expires: u64, now: u64| {
-            let Begin::Run(h) = j
-                .begin(
-                    &id(op),
-                    OperationKind::DeleteAgent,
-                    &hash('a'),
-                    expires,
-                    now,
-                )
-                .unwrap()
-            else {
-                panic!()
-            };
-            h.finish(&ok(), None).unwrap();
+            begin_run(&j, op, expires, now).finish(&ok(), None).unwrap();
         };
         for i in 0..20u64 {
             record(&format!("op{i}"), 500 + i, 100);

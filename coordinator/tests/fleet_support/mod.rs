@@ -921,6 +921,30 @@ pub fn document(label: &str, extra: Value) -> Value {
     json!({"logging": {"level": "info"}, "x-clawfleet-test": switches})
 }
 
+/// hostd's step timeline from its success line (`STEPS`: `verify@0.2 pointer-flip@1.0 …`, ms
+/// since the operation began) and its total (`ELAPSED_US`): each step with its duration in µs,
+/// from its start to the next one's (the last to the end).
+#[allow(dead_code)]
+pub fn step_durations(steps: &str, total_us: u64) -> Vec<(String, u64)> {
+    let marks: Vec<(&str, f64)> = steps
+        .split_whitespace()
+        .filter_map(|m| {
+            let (name, at) = m.split_once('@')?;
+            Some((name, at.parse().ok()?))
+        })
+        .collect();
+    marks
+        .iter()
+        .enumerate()
+        .map(|(i, (name, at))| {
+            let end = marks
+                .get(i + 1)
+                .map_or(total_us as f64 / 1000.0, |(_, next)| *next);
+            ((*name).to_owned(), ((end - at) * 1000.0).max(0.0) as u64)
+        })
+        .collect()
+}
+
 /// A field of a hostd journal entry (`journalctl -o json`), whatever prefix tracing-journald
 /// gave it (`OP` or `F_OP`).
 pub fn journal_field<'a>(entry: &'a Value, name: &str) -> Option<&'a str> {
