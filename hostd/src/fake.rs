@@ -104,12 +104,12 @@ impl FakeSystem {
         self.with(|s| s.calls.clone())
     }
 
-    /// Forgets the call log and the read count.
     /// Behave like a systemd that loads a new unit file when it is referenced.
     pub fn set_loads_new_units(&self, on: bool) {
         self.with(|s| s.loads_new_units = on);
     }
 
+    /// Forgets the call log and the read count.
     pub fn clear_calls(&self) {
         self.with(|s| {
             s.calls.clear();

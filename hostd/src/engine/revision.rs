@@ -401,8 +401,9 @@ impl Engine<'_> {
         let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
         let existing = self.verify_unit_file(&ns.id, &agent.id, paths)?;
         // Changed on disk, or changed by an earlier operation that stopped before a reload.
+        let differs = existing.as_deref() != Some(text.as_str());
         let owed = self.reload_pending(&paths.unit_name)?;
-        let unit_changed = existing.as_deref() != Some(text.as_str()) || owed;
+        let unit_changed = differs || owed;
         if unit_changed {
             // A new unit file means a restart: refuse before writing it.
             self.check_gateway_command()?;
@@ -417,7 +418,7 @@ impl Engine<'_> {
             let ticket = if unit_changed {
                 ctx.step(Step::UnitFile)?;
                 self.mark_reload_pending(&paths.unit_name)?;
-                if existing.as_deref() != Some(text.as_str()) {
+                if differs {
                     fsutil::write_atomic(&paths.unit_file, text.as_bytes(), 0o644, |_| Ok(()))
                         .map_err(fs_failure)?;
                 }
