@@ -50,7 +50,7 @@ pub enum Artifact {
 
 /// A directory inside this workspace for cargo to run in: the package whose tests are running
 /// (cargo sets `CARGO_MANIFEST_DIR` for them at run time), else this crate's directory at build
-/// time if it still exists. The run-time value comes first because a build of this crate can be
+/// time. The run-time value comes first because a build of this crate can be
 /// reused from another checkout that shares the target directory, and that checkout may be gone.
 fn workspace_member_dir() -> PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
