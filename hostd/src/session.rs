@@ -24,7 +24,7 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::engine::{Ctx, Engine, step_name};
-use crate::journal::{Begin, Journal};
+use crate::journal::{Begin, Journal, Validity};
 
 /// Why a session could not start or had to end early.
 #[derive(Debug, Error)]
@@ -192,10 +192,16 @@ impl<'a> Responder<'a> {
         } else {
             // Deferred: the entry is written durably only when the engine is about to change
             // something (`Ctx::commit`); a no-op is recorded cheaply (journal.rs).
-            match self
-                .journal
-                .begin_deferred(&id, kind, &verified.body_sha256, env.expires_at, now)
-            {
+            match self.journal.begin_deferred(
+                &id,
+                kind,
+                &verified.body_sha256,
+                Validity {
+                    issued_at: env.issued_at,
+                    expires_at: env.expires_at,
+                },
+                now,
+            ) {
                 Err(e) => {
                     return failed(Some(id), Failure::new(FailureCode::IoFailed, e.to_string()));
                 }
@@ -225,6 +231,21 @@ impl<'a> Responder<'a> {
                             FailureCode::ReplayUnverifiable,
                             format!(
                                 "this envelope expires at {expires_at}, not after {watermark}, the latest expiry of an operation this host's journal has already pruned: it may have run before and the host can no longer tell, so it does not run; sign a new envelope",
+                            ),
+                        ),
+                    );
+                }
+                Ok(Begin::LostInCrash {
+                    issued_at,
+                    issued_at_bound,
+                    expires_at_bound,
+                }) => {
+                    return failed(
+                        Some(id),
+                        Failure::new(
+                            FailureCode::ReplayUnverifiable,
+                            format!(
+                                "this envelope was issued at {issued_at}, before this host's last crash, which may have lost the journal records of operations issued by {issued_at_bound} and expiring by {expires_at_bound}: it may have run before and the host can no longer tell, so it does not run; sign a new envelope",
                             ),
                         ),
                     );
