@@ -549,6 +549,13 @@ impl Journal {
                 });
             }
         };
+        // The kind goes into the run file (no fsync: it lives as long as the process), so
+        // that `operation-status` can say "running" before the entry is written (a deferred
+        // operation waiting for its Agent lock).
+        if let Err(e) = write_run_kind(&run_lock, kind) {
+            self.release_run(id, run_lock);
+            return Err(fsutil::io_err(&self.run_lock_path(id))(e));
+        }
         if let Some(existing) = self.read(id)? {
             if &existing.body_sha256 != body_sha256 {
                 self.release_run(id, run_lock);
@@ -658,7 +665,7 @@ impl Journal {
         between: &mut dyn FnMut(),
     ) -> Result<OperationState, FsError> {
         let Some(entry) = self.read(id)? else {
-            return Ok(OperationState::Unknown);
+            return self.status_without_entry(id);
         };
         between();
         let entry = match entry.state {
@@ -696,6 +703,30 @@ impl Journal {
             },
             EntryState::Running { step } => OperationState::Running { kind, step },
         })
+    }
+
+    /// An id without an entry: running when a live process holds its run lock (an operation
+    /// begun deferred, not committed yet: waiting for its Agent lock, or a no-op under way),
+    /// unknown otherwise. A run file nobody holds is left to pruning.
+    fn status_without_entry(&self, id: &OperationId) -> Result<OperationState, FsError> {
+        match self.lock_run(id, false)? {
+            RunLock::Missing | RunLock::Held(_) => Ok(OperationState::Unknown),
+            RunLock::Busy => {
+                // The holder writes the kind right after taking the lock: a reader can come
+                // between the two for a moment.
+                for _ in 0..50 {
+                    if let Some(kind) = read_run_kind(&self.run_lock_path(id)) {
+                        // Finished meanwhile? Then its entry says how.
+                        if self.read(id)?.is_some() {
+                            return self.status(id);
+                        }
+                        return Ok(OperationState::Running { kind, step: None });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Ok(OperationState::Unknown)
+            }
+        }
     }
 
     /// Removes the run files of operations nobody runs any more (their process was killed),
@@ -798,6 +829,21 @@ impl Journal {
         fsutil::sync_dir(&self.dir)?;
         Ok(removed)
     }
+}
+
+/// Writes the operation's kind into its run file, whose lock the caller holds.
+fn write_run_kind(file: &File, kind: OperationKind) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    let mut f = file;
+    f.set_len(0)?;
+    f.seek(std::io::SeekFrom::Start(0))?;
+    f.write_all(kind.as_str().as_bytes())
+}
+
+/// The kind a run file names, if it names one yet.
+fn read_run_kind(path: &Path) -> Option<OperationKind> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_value(serde_json::Value::String(text)).ok()
 }
 
 /// An entry's file name (`<operation id>.json`; dot files are the journal's own records).
@@ -1228,7 +1274,10 @@ mod tests {
         h.step(Step::Verify).unwrap();
         // Nothing on disk but the run file; a second session with the id waits its turn.
         assert!(!dir.path().join("noop-1.json").exists());
-        assert_eq!(j.status(&id("noop-1")).unwrap(), OperationState::Unknown);
+        assert!(matches!(
+            j.status(&id("noop-1")).unwrap(),
+            OperationState::Running { .. }
+        ));
         assert!(matches!(
             begin_deferred(&j, "noop-1", 'a', 1_000),
             Begin::InProgress
@@ -1259,6 +1308,36 @@ mod tests {
             OperationState::Succeeded { .. }
         ));
         assert!(!dir.path().join("noop-1.run").exists());
+    }
+
+    /// Issue 27: `operation-status` answered `unknown` while a deferred operation waited for
+    /// its Agent lock (no entry yet). Its live run lock says it is running.
+    #[test]
+    fn a_deferred_operation_not_yet_committed_is_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(h) = begin_deferred(&j, "waiting", 'a', 1_000) else {
+            panic!()
+        };
+        assert_eq!(
+            j.status(&id("waiting")).unwrap(),
+            OperationState::Running {
+                kind: OperationKind::PrepareRevision,
+                step: None
+            }
+        );
+        h.finish(&ok(), None).unwrap();
+        assert!(matches!(
+            j.status(&id("waiting")).unwrap(),
+            OperationState::Succeeded { .. }
+        ));
+        // A run file nobody holds (a killed process) is not running.
+        let Begin::Run(h) = begin_deferred(&j, "killed", 'a', 1_000) else {
+            panic!()
+        };
+        drop(h);
+        assert_eq!(j.status(&id("killed")).unwrap(), OperationState::Unknown);
+        assert_eq!(j.status(&id("never")).unwrap(), OperationState::Unknown);
     }
 
     /// A committed operation is recorded as `begin` records it: running entry durable before
