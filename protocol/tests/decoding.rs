@@ -461,6 +461,13 @@ fn fences_ride_only_on_version_2_agent_changes() {
     v["version"] = json!(2);
     v["fence"] = json!(0);
     assert!(invalid_at(&v).1.contains("at least 1"));
+    // delete-namespace removes Agents: it takes the coordinator's current fence.
+    let mut v = envelope_value(Operation::DeleteNamespace(NamespaceArgs {
+        namespace: namespace(),
+    }));
+    v["version"] = json!(2);
+    v["fence"] = json!(9);
+    assert_eq!(decode(&v).unwrap().fence, Some(9));
     let mut v = envelope_value(Operation::Probe(ProbeArgs {}));
     v["version"] = json!(2);
     v["fence"] = json!(3);

@@ -9,6 +9,11 @@
 //! removed (a re-created Agent gets higher fences from the coordinator's global counter). It is
 //! written only when the fence grows, so repeating an operation under the same claim writes
 //! nothing.
+//!
+//! `delete-namespace` removes every Agent of the Namespace left on the host, so its fence (the
+//! coordinator's current one) is checked against each of them, with the same rules: without
+//! one it removes only Agents that never had a fence, and a stale coordinator (or one that
+//! predates fencing) cannot remove a fenced Agent through its Namespace.
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};

@@ -225,6 +225,8 @@ impl Engine<'_> {
                 self.verify_agent(&ns.id, &agent, &paths)?;
                 self.verify_account(&ns.id, &agent, &paths)?;
                 self.verify_snapshots(&ns.id, &agent.id, &paths)?;
+                // Refused before the hooks when the fence is stale; checked again under its lock.
+                self.fence_verdict(ctx, &ns.id, &agent.id, &paths)?;
                 agents.push((agent, paths));
             }
         }
@@ -284,6 +286,9 @@ impl Engine<'_> {
         let mut locks = Vec::new();
         for path in &lock_paths {
             locks.push(self.agent_lock(ctx, path)?);
+        }
+        for (agent, paths) in &agents {
+            self.check_fence(ctx, &ns.id, &agent.id, paths)?;
         }
         let host = self.host_lock(ctx)?;
         let mut any_unit = false;

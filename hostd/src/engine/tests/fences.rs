@@ -168,6 +168,54 @@ fn an_unfenced_operation_is_refused_once_the_agent_is_fenced() {
     assert_eq!(h.recorded_fence("ns1", "a1"), Some(3));
 }
 
+fn delete_namespace(n: &str) -> Operation {
+    Operation::DeleteNamespace(NamespaceArgs { namespace: ns(n) })
+}
+
+/// Issue 27: an unfenced (version 1) or stale `delete-namespace` removed a serving Agent
+/// fenced at 100 right after a stale `delete-agent` for it had been refused. It is now checked
+/// against the fence of every Agent it would remove, before its hooks and again under the
+/// Agent locks; a current fence removes the Namespace and raises the records.
+#[test]
+fn delete_namespace_is_refused_for_a_fenced_agent_unless_its_fence_is_current() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(100));
+    h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(100));
+    // An Agent that never had a fence, in the same Namespace.
+    h.ok_at(prepare("ns1", "a2", "rev-1", 1), None);
+    let paths = h.paths("ns1", "a1");
+    assert_stale(&h.fails_at(delete_agent("ns1", "a1"), Some(50)), 50, 100);
+    h.fake.clear_calls();
+    let f = h.fails_at(delete_namespace("ns1"), None);
+    assert_eq!(f.code, FailureCode::FenceStale, "{f}");
+    assert!(
+        f.message.contains("no fence") && f.message.contains("fence 100"),
+        "{f}"
+    );
+    assert_stale(&h.fails_at(delete_namespace("ns1"), Some(99)), 99, 100);
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    assert!(paths.dir.exists() && paths.unit_file.exists());
+    assert_eq!(current_of(&paths), AgentPaths::current_target(&id("rev-1")));
+    assert!(h.paths("ns1", "a2").dir.exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(100));
+    match h.ok_at(delete_namespace("ns1"), Some(101)) {
+        OperationResult::DeleteNamespace(r) => {
+            assert!(r.removed);
+            assert_eq!(r.agents_removed, 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!paths.dir.exists() && !paths.unit_file.exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(101));
+    assert_eq!(h.recorded_fence("ns1", "a2"), Some(101));
+    // A Namespace whose Agents were all deleted needs no fence (the coordinator's own case).
+    h.ok(ensure("ns2"));
+    h.ok_at(prepare("ns2", "b1", "rev-1", 1), Some(200));
+    h.ok_at(delete_agent("ns2", "b1"), Some(201));
+    h.ok_at(delete_namespace("ns2"), None);
+}
+
 #[test]
 fn a_never_fenced_agent_accepts_unfenced_operations_and_gets_no_record() {
     let h = Host::new();
