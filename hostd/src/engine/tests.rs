@@ -1805,6 +1805,64 @@ fn workspace_outcome(r: &OperationResult) -> Option<WorkspaceOutcome> {
     }
 }
 
+/// Issue 27: the workspace set's limits (count, size, total, duplicates) were checked after
+/// provisioning, so a refused set left an account, a port, a directory, a snapshot and a
+/// fence behind. They are checked before anything.
+#[test]
+fn a_refused_workspace_set_leaves_nothing_behind() {
+    use clawfleet_protocol::workspace::{
+        WORKSPACE_MAX_FILE_BYTES, WORKSPACE_MAX_FILES, WORKSPACE_MAX_TOTAL_BYTES, WorkspaceSetup,
+    };
+    let big = |n: usize| "x".repeat(n);
+    let sets: Vec<(&str, Vec<clawfleet_protocol::workspace::WorkspaceFile>)> = vec![
+        (
+            "too many",
+            (0..=WORKSPACE_MAX_FILES)
+                .map(|i| ws_file(&format!("f{i}.md"), "x"))
+                .collect(),
+        ),
+        (
+            "too large",
+            vec![ws_file("big.md", &big(WORKSPACE_MAX_FILE_BYTES + 1))],
+        ),
+        (
+            "total",
+            (0..3)
+                .map(|i| ws_file(&format!("t{i}.md"), &big(WORKSPACE_MAX_TOTAL_BYTES / 2 - 1)))
+                .collect(),
+        ),
+        (
+            "twice",
+            vec![ws_file("SOUL.md", "a\n"), ws_file("SOUL.md", "a\n")],
+        ),
+    ];
+    for (what, files) in sets {
+        let h = Host::new();
+        h.ok(ensure("ns1"));
+        h.fake.clear_calls();
+        let manifest = files.iter().map(|f| f.meta()).collect();
+        let op = Operation::PrepareRevision(PrepareArgs {
+            workspace: Some(WorkspaceSetup {
+                manifest,
+                files: Some(files),
+            }),
+            namespace: ns("ns1"),
+            agent: agent("a1"),
+            revision: spec("r1", 1),
+        });
+        let f = match h.run_fenced(op, Some(5)) {
+            Ok(r) => panic!("{what}: accepted: {r:?}"),
+            Err(f) => f,
+        };
+        assert_eq!(f.code, FailureCode::InvalidInput, "{what}: {f}");
+        assert!(f.message.contains("workspace"), "{what}: {f}");
+        assert_nothing_of(&h, "a1");
+        let paths = h.layout().agent(&id("ns1"), &id("a1"));
+        assert!(!paths.fence.exists(), "{what}: fence record");
+        assert!(h.fake.calls().is_empty(), "{what}: {:?}", h.fake.calls());
+    }
+}
+
 #[test]
 fn workspace_files_are_applied_once_and_live_edits_are_kept() {
     let h = Host::new();

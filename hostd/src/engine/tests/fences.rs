@@ -216,6 +216,52 @@ fn delete_namespace_is_refused_for_a_fenced_agent_unless_its_fence_is_current() 
     h.ok_at(delete_namespace("ns2"), None);
 }
 
+/// Issue 27: a fenced prepare refused for a full port range, a full host, a foreign account
+/// or a missing gateway wrote a fence record for an Agent that never existed. The record is
+/// written only once every check passed; a refusal for an existing Agent keeps its record.
+#[test]
+fn a_refused_prepare_leaves_no_fence_record() {
+    let refused = |h: &Host, a: &str, code: FailureCode| {
+        let f = h.fails_at(prepare("ns1", a, "r1", 1), Some(5));
+        assert_eq!(f.code, code, "{f}");
+        assert_eq!(h.recorded_fence("ns1", a), None, "{code:?}");
+        assert_nothing_of(h, a);
+    };
+    let h = Host::with_config("port_range = [20000, 20000]");
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "r1", 1), Some(4));
+    refused(&h, "a2", FailureCode::PortRangeExhausted);
+
+    let h = Host::with_config("max_agents = 1");
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "r1", 1), Some(4));
+    refused(&h, "a2", FailureCode::HostFull);
+
+    let mut h = Host::new();
+    h.ok(ensure("ns1"));
+    let account = h.paths("ns1", "a3").account;
+    h.fake.add_foreign_user(
+        &account,
+        Ids {
+            uid: 4242,
+            gid: 4242,
+        },
+    );
+    let f = h.fails_at(prepare("ns1", "a3", "r1", 1), Some(5));
+    assert_eq!(f.code, FailureCode::OwnershipMismatch, "{f}");
+    assert_eq!(h.recorded_fence("ns1", "a3"), None);
+
+    h.ok_at(prepare("ns1", "a1", "r1", 1), Some(4));
+    h.config.gateway_command[0] = "/nonexistent/node".to_owned();
+    refused(&h, "a2", FailureCode::GatewayCommandMissing);
+    // An existing Agent's record stays as it was.
+    assert_eq!(
+        h.fails_at(prepare("ns1", "a1", "r2", 2), Some(6)).code,
+        FailureCode::GatewayCommandMissing
+    );
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(4));
+}
+
 #[test]
 fn a_never_fenced_agent_accepts_unfenced_operations_and_gets_no_record() {
     let h = Host::new();
