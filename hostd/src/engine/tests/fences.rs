@@ -335,3 +335,41 @@ fn a_malformed_or_foreign_record_is_refused_naming_the_file_and_left_as_it_is() 
     assert!(f.message.contains(&shown), "{f}");
     assert!(paths.fence.is_dir() && !paths.dir.exists());
 }
+
+/// Issue 27: with an Agent's fence record unreadable every change of the Agent fails, and
+/// `status` reported no problem. It names the file (and so for a deleted Agent's record,
+/// which would refuse re-creating it).
+#[test]
+fn status_reports_an_unreadable_fence_record() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(3));
+    h.ok_at(prepare("ns1", "a2", "rev-1", 1), Some(3));
+    h.ok_at(delete_agent("ns1", "a2"), Some(4));
+    for a in ["a1", "a2"] {
+        std::fs::write(h.paths("ns1", a).fence, b"{not json").unwrap();
+    }
+    assert_eq!(
+        h.fails_at(prepare("ns1", "a1", "rev-2", 2), Some(5)).code,
+        FailureCode::OwnershipMismatch
+    );
+    let problems = match h.ok(Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => inv.problems,
+        other => panic!("{other:?}"),
+    };
+    for a in ["a1", "a2"] {
+        let path = h.paths("ns1", a).fence.display().to_string();
+        let found: Vec<_> = problems.iter().filter(|p| p.path == path).collect();
+        assert_eq!(found.len(), 1, "{a}: {problems:?}");
+        assert!(found[0].message.contains("refused"), "{:?}", found[0]);
+    }
+    // One Namespace's view shows its listed Agent's record too.
+    let problems = match h.ok(Operation::Status(StatusArgs {
+        namespace_id: Some(id("ns1")),
+    })) {
+        OperationResult::Status(inv) => inv.problems,
+        other => panic!("{other:?}"),
+    };
+    let path = h.paths("ns1", "a1").fence.display().to_string();
+    assert!(problems.iter().any(|p| p.path == path), "{problems:?}");
+}
