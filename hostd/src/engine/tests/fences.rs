@@ -373,3 +373,36 @@ fn status_reports_an_unreadable_fence_record() {
     let path = h.paths("ns1", "a1").fence.display().to_string();
     assert!(problems.iter().any(|p| p.path == path), "{problems:?}");
 }
+
+/// Issue 27: a refused `plan-revision` reported a new Agent's defaults (account: create,
+/// port: null) for an Agent that exists. It reports what is on the host.
+#[test]
+fn a_refused_plan_reports_the_agent_as_it_is() {
+    use clawfleet_protocol::plan::{Change, PlanArgs};
+    let mut h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "rev-1", 1)));
+    h.ok(activate("ns1", "a1", "rev-1", 1));
+    h.config.gateway_command[0] = "/nonexistent/node".to_owned();
+    let plan = match h.ok(Operation::PlanRevision(PlanArgs {
+        namespace: ns("ns1"),
+        agent: agent("a1"),
+        revision: spec("rev-1", 1),
+        restore: None,
+    })) {
+        OperationResult::PlanRevision(p) => *p,
+        other => panic!("{other:?}"),
+    };
+    let refusal = plan.refusal.as_ref().expect("refused");
+    assert_eq!(
+        refusal.code,
+        FailureCode::GatewayCommandMissing,
+        "{refusal}"
+    );
+    assert_eq!(plan.account, Change::Keep, "{plan:?}");
+    assert_eq!(plan.agent_directory, Change::Keep, "{plan:?}");
+    assert_eq!(plan.port, Some(port), "{plan:?}");
+    assert_eq!(plan.snapshot, Change::Keep, "{plan:?}");
+    assert_eq!(plan.password_file, Change::Keep, "{plan:?}");
+    assert_ne!(plan.unit_file, Change::Create, "{plan:?}");
+}
