@@ -487,22 +487,42 @@ pub fn serve_while<R: Read + Send + 'static, W: Write>(
     }
 }
 
-/// Reads an envelope body and its armored signature for `hostd apply`.
-pub fn read_envelope_files(body: &Path, signature: &Path) -> std::io::Result<SignedEnvelope> {
+/// Reads an envelope body and its armored signature for `hostd apply`. A file over the
+/// session's limits is refused with `INPUT_TOO_LARGE`, as the same bytes in a frame would
+/// be (read at most one byte past the limit, whatever its size says); one that cannot be read
+/// is `INVALID_INPUT`, naming it.
+pub fn read_envelope_files(body: &Path, signature: &Path) -> Result<SignedEnvelope, Failure> {
     let limits = Limits::default();
-    let read = |p: &Path, max: usize| -> std::io::Result<Vec<u8>> {
-        let meta = std::fs::metadata(p)?;
-        if meta.len() > max as u64 {
-            return Err(std::io::Error::other(format!(
-                "{} is {} bytes; at most {max} are read",
-                p.display(),
-                meta.len()
-            )));
+    let read = |p: &Path, what: &str, max: usize| -> Result<Vec<u8>, Failure> {
+        let unreadable = |e: std::io::Error| {
+            Failure::new(
+                FailureCode::InvalidInput,
+                format!("cannot read the {what} {}: {e}", p.display()),
+            )
+        };
+        let file = std::fs::File::open(p).map_err(unreadable)?;
+        let mut bytes = Vec::new();
+        file.take(max as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(unreadable)?;
+        if bytes.len() > max {
+            return Err(Failure::new(
+                FailureCode::InputTooLarge,
+                format!(
+                    "the {what} {} is larger than {max} bytes, the most an envelope may be",
+                    p.display()
+                ),
+            ));
         }
-        std::fs::read(p)
+        Ok(bytes)
     };
-    let body = read(body, limits.max_envelope)?;
-    let signature = String::from_utf8(read(signature, limits.max_signature)?)
-        .map_err(|_| std::io::Error::other(format!("{} is not text", signature.display())))?;
+    let body = read(body, "envelope", limits.max_envelope)?;
+    let signature = String::from_utf8(read(signature, "signature", limits.max_signature)?)
+        .map_err(|_| {
+            Failure::new(
+                FailureCode::InvalidInput,
+                format!("the signature {} is not text", signature.display()),
+            )
+        })?;
     Ok(SignedEnvelope { body, signature })
 }
