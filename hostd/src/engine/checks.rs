@@ -409,25 +409,61 @@ pub(crate) fn gateway_command_problem(command: &[String]) -> Option<String> {
     }
 }
 
+impl Engine<'_> {
+    /// An Agent never prepared here (no directory and no account marker) is missing, not
+    /// someone else's: `AGENT_MISSING`, where the account check alone said
+    /// `OWNERSHIP_MISMATCH`. Anything of it that is there is judged by the usual checks.
+    pub(crate) fn require_agent_present(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<(), Failure> {
+        let missing = |p: &Path| -> Result<bool, Failure> {
+            Ok(fsutil::kind(p).map_err(fs_failure)? == Kind::Missing)
+        };
+        if missing(&paths.dir)? && missing(&self.layout.account_marker(&paths.account))? {
+            return Err(Failure::new(
+                FailureCode::AgentMissing,
+                format!(
+                    "Agent {agent} of Namespace {ns} is not on this host (never prepared, or deleted); prepare a revision first"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// An existing snapshot must be exactly the revision asked for.
 pub(crate) fn snapshot_matches(marker: &RevisionMarker, rev: &RevisionRef) -> Result<(), Failure> {
-    if marker.revision_id != rev.id
-        || marker.number != rev.number
-        || marker.configuration_hash != rev.configuration_hash
-    {
-        return Err(Failure::new(
-            FailureCode::SnapshotMismatch,
-            format!(
-                "the snapshot of revision {} holds number {} with hash {}, not number {} with hash {}",
-                rev.id,
-                marker.number,
-                marker.configuration_hash,
-                rev.number,
-                rev.configuration_hash
-            ),
+    let mut differs = Vec::new();
+    if marker.revision_id != rev.id {
+        differs.push(format!(
+            "revision id {} (not {})",
+            marker.revision_id, rev.id
         ));
     }
-    Ok(())
+    if marker.number != rev.number {
+        differs.push(format!("number {} (not {})", marker.number, rev.number));
+    }
+    if marker.configuration_hash != rev.configuration_hash {
+        differs.push(format!(
+            "configuration hash {} (not {})",
+            marker.configuration_hash, rev.configuration_hash
+        ));
+    }
+    if differs.is_empty() {
+        return Ok(());
+    }
+    // Only what differs: repeating equal values made a changed id read as no change at all.
+    Err(Failure::new(
+        FailureCode::SnapshotMismatch,
+        format!(
+            "the snapshot at revision {}'s directory holds {}",
+            rev.id,
+            differs.join(" and ")
+        ),
+    ))
 }
 
 /// `revisions/<32 hex>` exactly, or nothing.
@@ -451,6 +487,51 @@ pub(crate) fn namespace_matches(marker: &NamespaceMarker, ns: &NamespaceRef) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 27: a changed revision id was reported as "holds number 1 with hash X, not
+    /// number 1 with hash X". The message says what differs, and only that.
+    #[test]
+    fn a_snapshot_mismatch_says_what_differs() {
+        use clawfleet_protocol::operation::{
+            Harness, HarnessId, HarnessMode, HarnessVersion, RevisionNumber,
+        };
+        let hash = |c: char| Sha256Hex::new(c.to_string().repeat(64)).unwrap();
+        let marker = RevisionMarker {
+            schema: 1,
+            namespace_id: Ident::new("ns1").unwrap(),
+            agent_id: Ident::new("a1").unwrap(),
+            revision_id: Ident::new("rev-1").unwrap(),
+            number: RevisionNumber::new(1).unwrap(),
+            configuration_hash: hash('a'),
+            harness: Harness {
+                id: HarnessId::Openclaw,
+                version: HarnessVersion::new("2026.9.6").unwrap(),
+                mode: HarnessMode::Embedded,
+            },
+            needs_password: false,
+        };
+        let asked = |id: &str, number: u64, h: char| RevisionRef {
+            id: Ident::new(id).unwrap(),
+            number: RevisionNumber::new(number).unwrap(),
+            configuration_hash: hash(h),
+        };
+        assert!(snapshot_matches(&marker, &asked("rev-1", 1, 'a')).is_ok());
+        let f = snapshot_matches(&marker, &asked("rev-x", 1, 'a')).unwrap_err();
+        assert_eq!(f.code, FailureCode::SnapshotMismatch);
+        assert!(f.message.contains("revision id rev-1 (not rev-x)"), "{f}");
+        assert!(
+            !f.message.contains("number") && !f.message.contains("hash"),
+            "{f}"
+        );
+        let f = snapshot_matches(&marker, &asked("rev-1", 2, 'b')).unwrap_err();
+        assert!(
+            f.message.contains("number 1 (not 2)")
+                && f.message
+                    .contains(&format!("hash {} (not {})", hash('a'), hash('b'))),
+            "{f}"
+        );
+        assert!(!f.message.contains("revision id"), "{f}");
+    }
 
     #[test]
     fn gateway_commands_must_be_executable_files() {

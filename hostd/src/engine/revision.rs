@@ -372,6 +372,7 @@ impl Engine<'_> {
         let rev = &args.revision;
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
+        self.require_agent_present(&ns.id, &agent.id, paths)?;
         let ids = self.verify_account(&ns.id, agent, paths)?;
         let agent_marker = self.verify_agent(&ns.id, agent, paths)?;
         let snapshot = self.verify_snapshot(&ns.id, &agent.id, paths, rev)?;
@@ -863,6 +864,7 @@ impl Engine<'_> {
         let paths = self.layout.agent(&ns.id, &args.agent.id);
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
+        self.require_agent_present(&ns.id, &args.agent.id, &paths)?;
         self.verify_account(&ns.id, &args.agent, &paths)?;
         self.verify_agent(&ns.id, &args.agent, &paths)?;
         self.read_current(&ns.id, &args.agent.id, &paths)?;

@@ -2360,3 +2360,23 @@ fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() 
 mod fastpath;
 mod fences;
 mod hardening;
+
+/// Issue 27: activating (or verifying) an Agent that was never prepared on the host said
+/// `OWNERSHIP_MISMATCH`, as if something foreign were in the way. It is `AGENT_MISSING`, and
+/// nothing is left behind.
+#[test]
+fn activating_a_never_prepared_agent_is_agent_missing() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.fake.clear_calls();
+    let f = h.fails(activate("ns1", "a1", "r1", 1));
+    assert_eq!(f.code, FailureCode::AgentMissing, "{f}");
+    assert!(
+        f.message.contains("a1") && f.message.contains("prepare"),
+        "{f}"
+    );
+    let f = h.fails(Operation::VerifyRevision(rargs("ns1", "a1", "r1", 1)));
+    assert_eq!(f.code, FailureCode::AgentMissing, "{f}");
+    assert_nothing_of(&h, "a1");
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+}
