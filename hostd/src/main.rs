@@ -228,6 +228,13 @@ fn print_table(inv: &Inventory) {
             );
         }
     }
+    for ns in &inv.namespaces {
+        for a in &ns.agents {
+            if let Some(why) = &a.unit_drift {
+                let _ = writeln!(out, "unit drift: {}/{}: {why}", ns.id, a.id);
+            }
+        }
+    }
     for p in &inv.problems {
         let _ = writeln!(out, "problem: {}: {}", p.path, p.message);
     }

@@ -266,6 +266,11 @@ pub struct AgentInventory {
     pub account: String,
     pub revisions: Vec<RevisionInventory>,
     pub observation: AgentObservation,
+    /// How the Agent's unit on the target differs from what the target itself would write
+    /// (a hand-edited unit file, a drop-in overriding it); absent when it does not, or when
+    /// the Agent has no unit yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_drift: Option<String>,
 }
 
 /// One Namespace on a host.

@@ -131,6 +131,7 @@ fn every_result_round_trips() {
                         number: RevisionNumber::new(1).unwrap(),
                     }],
                     observation,
+                    unit_drift: Some("MemoryMax=8G is not what hostd writes".into()),
                 }],
             }],
             problems: vec![InventoryProblem {

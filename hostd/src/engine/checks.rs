@@ -409,7 +409,51 @@ pub(crate) fn gateway_command_problem(command: &[String]) -> Option<String> {
     }
 }
 
+/// At most this many differing lines are named in a unit drift report.
+const UNIT_DRIFT_LINES: usize = 4;
+
 impl Engine<'_> {
+    /// How the Agent's unit differs from what hostd would write for it (`status`, and so the
+    /// coordinator's drift sweep): a unit file edited by hand (a sandbox line removed, a limit
+    /// raised), not ours, or unreadable, and drop-ins next to it, which systemd applies on
+    /// top. `None` when it is exactly hostd's or there is no unit file yet (an Agent never
+    /// activated). The next activation rewrites the file; drop-ins are the operator's.
+    pub(crate) fn unit_drift(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        port: u16,
+    ) -> Option<String> {
+        let mut reasons = Vec::new();
+        match self.verify_unit_file(ns, agent, paths) {
+            Err(f) => reasons.push(f.message),
+            Ok(None) => {}
+            Ok(Some(text)) => {
+                let want = self.unit_text(ns, agent, paths, port);
+                if text != want {
+                    reasons.push(unit_text_diff(&text, &want));
+                }
+            }
+        }
+        let dropins = self.layout.unit_dir.join(format!("{}.d", paths.unit_name));
+        if let Ok(names) = fsutil::list_dir(&dropins) {
+            let confs: Vec<&String> = names.iter().filter(|n| n.ends_with(".conf")).collect();
+            if !confs.is_empty() {
+                reasons.push(format!(
+                    "drop-ins in {} override the unit: {}",
+                    dropins.display(),
+                    confs
+                        .iter()
+                        .map(|n| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+
     /// An Agent never prepared here (no directory and no account marker) is missing, not
     /// someone else's: `AGENT_MISSING`, where the account check alone said
     /// `OWNERSHIP_MISMATCH`. Anything of it that is there is judged by the usual checks.
@@ -432,6 +476,48 @@ impl Engine<'_> {
         }
         Ok(())
     }
+}
+
+/// The lines of a unit file that hostd would not write, and those it would write that are
+/// missing, each list cut at [`UNIT_DRIFT_LINES`].
+fn unit_text_diff(have: &str, want: &str) -> String {
+    let set = |t: &str| -> std::collections::BTreeSet<String> {
+        t.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let (have, want) = (set(have), set(want));
+    let list = |lines: Vec<&String>| {
+        let more = lines.len().saturating_sub(UNIT_DRIFT_LINES);
+        let mut shown: Vec<String> = lines
+            .into_iter()
+            .take(UNIT_DRIFT_LINES)
+            .map(|l| format!("`{l}`"))
+            .collect();
+        if more > 0 {
+            shown.push(format!("{more} more"));
+        }
+        shown.join(", ")
+    };
+    let added: Vec<&String> = have.difference(&want).collect();
+    let missing: Vec<&String> = want.difference(&have).collect();
+    let mut parts = Vec::new();
+    if !added.is_empty() {
+        parts.push(format!("has lines hostd does not write: {}", list(added)));
+    }
+    if !missing.is_empty() {
+        parts.push(format!("lacks lines hostd writes: {}", list(missing)));
+    }
+    if parts.is_empty() {
+        // Same lines, other order, comments or blank lines.
+        parts.push("its lines are hostd's, in another order or with other comments".to_owned());
+    }
+    format!(
+        "the unit file differs from what hostd writes: it {}",
+        parts.join("; it ")
+    )
 }
 
 /// An existing snapshot must be exactly the revision asked for.

@@ -167,6 +167,7 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
                 );
             }
             ns.agents.push(AgentInventory {
+                unit_drift: engine.unit_drift(&marker.namespace_id, &agent.id, &paths, am.port),
                 observation: engine.observe(&marker.namespace_id, &agent.id, &paths),
                 id: agent.id,
                 service_principal_id: agent.service_principal_id,

@@ -2380,3 +2380,49 @@ fn activating_a_never_prepared_agent_is_agent_missing() {
     assert_nothing_of(&h, "a1");
     assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
 }
+
+/// Issue 27: a hand-edited unit file (NoNewPrivileges removed, MemoryMax raised) was reported
+/// as synced. `status` names how the unit differs from hostd's text, and a drop-in; the next
+/// activation rewrites the file.
+#[test]
+fn status_reports_a_hand_edited_unit_file_and_drop_ins() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let drift = |h: &Host| match h.ok(Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => inv.namespaces[0].agents[0].unit_drift.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(drift(&h), None);
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let text = std::fs::read_to_string(&paths.unit_file).unwrap();
+    let edited = text
+        .replace("NoNewPrivileges=yes\n", "")
+        .replace("MemoryMax=2G\n", "MemoryMax=64G\n");
+    assert_ne!(edited, text);
+    std::fs::write(&paths.unit_file, &edited).unwrap();
+    let why = drift(&h).expect("drift reported");
+    assert!(
+        why.contains("`MemoryMax=64G`")
+            && why.contains("`MemoryMax=2G`")
+            && why.contains("`NoNewPrivileges=yes`"),
+        "{why}"
+    );
+    // A drop-in next to a correct file.
+    std::fs::write(&paths.unit_file, &text).unwrap();
+    let dropins = h.config.unit_dir.join(format!("{}.d", paths.unit_name));
+    std::fs::create_dir_all(&dropins).unwrap();
+    std::fs::write(
+        dropins.join("override.conf"),
+        "[Service]\nMemoryMax=infinity\n",
+    )
+    .unwrap();
+    let why = drift(&h).expect("drift reported");
+    assert!(why.contains("override.conf"), "{why}");
+    std::fs::remove_dir_all(&dropins).unwrap();
+    // Activation puts hostd's text back.
+    std::fs::write(&paths.unit_file, &edited).unwrap();
+    h.ok(activate("ns1", "a1", "r1", 1));
+    assert_eq!(drift(&h), None);
+}
