@@ -28,6 +28,11 @@ impl Engine<'_> {
             self.system
                 .stop_unit(&paths.unit_name, self.config.limits.unit_stop_timeout)
                 .map_err(system_failure)?;
+            // A unit that failed stays in systemd's failed list after it is stopped and its
+            // file removed, until its failed state is reset.
+            self.system
+                .reset_failed_unit(&paths.unit_name)
+                .map_err(system_failure)?;
         }
         if had_file {
             ctx.step(Step::Disable)?;

@@ -2426,3 +2426,40 @@ fn status_reports_a_hand_edited_unit_file_and_drop_ins() {
     h.ok(activate("ns1", "a1", "r1", 1));
     assert_eq!(drift(&h), None);
 }
+
+/// Issue 27: the failed unit of a deleted Agent stayed in systemd's failed list. Deleting the
+/// Agent (or its Namespace) resets the unit's failed state after stopping it.
+#[test]
+fn deleting_an_agent_resets_its_failed_unit() {
+    for namespace in [false, true] {
+        let h = Host::new();
+        h.ok(ensure("ns1"));
+        let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+        h.fake.set_behaviour(port, Behaviour::ExitConfig);
+        h.fails(activate("ns1", "a1", "r1", 1));
+        let paths = h.layout().agent(&id("ns1"), &id("a1"));
+        assert!(h.fake.unit_state(&paths.unit_name).unwrap().is_failed());
+        h.fake.clear_calls();
+        h.ok(if namespace {
+            Operation::DeleteNamespace(NamespaceArgs {
+                namespace: ns("ns1"),
+            })
+        } else {
+            Operation::DeleteAgent(AgentArgs {
+                namespace: ns("ns1"),
+                agent: agent("a1"),
+            })
+        });
+        let calls = h.fake.calls();
+        let stop = calls
+            .iter()
+            .position(|c| c == &format!("stop {}", paths.unit_name));
+        let reset = calls
+            .iter()
+            .position(|c| c == &format!("reset-failed {}", paths.unit_name));
+        assert!(
+            matches!((stop, reset), (Some(s), Some(r)) if s < r),
+            "{calls:?}"
+        );
+    }
+}
