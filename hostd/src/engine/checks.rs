@@ -417,7 +417,7 @@ impl Engine<'_> {
     /// coordinator's drift sweep): a unit file edited by hand (a sandbox line removed, a limit
     /// raised), not ours, or unreadable, and drop-ins next to it, which systemd applies on
     /// top. `None` when it is exactly hostd's or there is no unit file yet (an Agent never
-    /// activated). The next activation rewrites the file; drop-ins are the operator's.
+    /// activated; one with a `current` revision has lost its file). The next activation rewrites the file; drop-ins are the operator's.
     pub(crate) fn unit_drift(
         &self,
         ns: &Ident,
@@ -428,6 +428,13 @@ impl Engine<'_> {
         let mut reasons = Vec::new();
         match self.verify_unit_file(ns, agent, paths) {
             Err(f) => reasons.push(f.message),
+            // Activation writes the unit file before it moves `current`, and stop keeps it.
+            Ok(None) if fsutil::kind(&paths.current).ok() == Some(Kind::Symlink) => {
+                reasons.push(format!(
+                    "the Agent has a current revision but no unit file at {}",
+                    paths.unit_file.display()
+                ));
+            }
             Ok(None) => {}
             Ok(Some(text)) => {
                 let want = self.unit_text(ns, agent, paths, port);

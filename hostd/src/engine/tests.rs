@@ -2421,6 +2421,10 @@ fn status_reports_a_hand_edited_unit_file_and_drop_ins() {
     let why = drift(&h).expect("drift reported");
     assert!(why.contains("override.conf"), "{why}");
     std::fs::remove_dir_all(&dropins).unwrap();
+    // A unit file removed under an activated Agent.
+    std::fs::remove_file(&paths.unit_file).unwrap();
+    let why = drift(&h).expect("drift reported");
+    assert!(why.contains("no unit file"), "{why}");
     // Activation puts hostd's text back.
     std::fs::write(&paths.unit_file, &edited).unwrap();
     h.ok(activate("ns1", "a1", "r1", 1));
