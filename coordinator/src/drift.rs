@@ -251,6 +251,10 @@ fn judge(
             _ => (DriftState::Synced, None, "not deployed yet".to_owned()),
         };
     };
+    // Whatever the Agent should do: its sandbox and limits are not what was deployed.
+    if let Some(why) = &inv.unit_drift {
+        return drift(UnitFileChanged, why.clone());
+    }
     let o = &inv.observation;
     let unit_state = o
         .unit
@@ -310,5 +314,67 @@ fn judge(
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clawfleet_protocol::result::{AgentObservation, RevisionInventory, UnitObservation};
+
+    use super::*;
+    use crate::model::RestorePolicy;
+
+    fn ident(s: &str) -> Ident {
+        Ident::new(s).unwrap()
+    }
+
+    /// Issue 27: an Agent whose unit file was edited by hand (its sandbox or limits) was
+    /// `synced`; the target's report of it makes the row `drift` with its own reason.
+    #[test]
+    fn a_unit_that_differs_from_the_targets_text_is_drift() {
+        let expected = Expected {
+            agent: Agent {
+                namespace_id: ident("ns1"),
+                id: ident("a1"),
+                service_principal_id: ident("sp1"),
+                configuration_id: ident("c1"),
+                desired_state: DesiredState::Running,
+                host: Some("h1".to_owned()),
+                port: Some(18700),
+                active_revision_id: Some(ident("r1")),
+                served_revision_id: Some(ident("r1")),
+                restore: RestorePolicy::None,
+                created_at: 0,
+            },
+            open_work: false,
+        };
+        let mut inv = AgentInventory {
+            id: ident("a1"),
+            service_principal_id: ident("sp1"),
+            account: "cfa-0".to_owned(),
+            revisions: vec![RevisionInventory {
+                id: ident("r1"),
+                number: clawfleet_protocol::operation::RevisionNumber::new(1).unwrap(),
+            }],
+            observation: AgentObservation {
+                current: Some(ident("r1")),
+                served: Some(ident("r1")),
+                port: Some(18700),
+                unit: Some(UnitObservation {
+                    name: "clawfleet-agent-0.service".to_owned(),
+                    active_state: "active".to_owned(),
+                    sub_state: "running".to_owned(),
+                    n_restarts: 0,
+                    enabled: true,
+                }),
+            },
+            unit_drift: None,
+        };
+        assert_eq!(judge(&expected, Some(&inv)).0, DriftState::Synced);
+        inv.unit_drift = Some("it lacks lines hostd writes: `NoNewPrivileges=yes`".to_owned());
+        let (state, reason, message) = judge(&expected, Some(&inv));
+        assert_eq!(state, DriftState::Drift);
+        assert_eq!(reason, Some(DriftReason::UnitFileChanged));
+        assert!(message.contains("NoNewPrivileges=yes"), "{message}");
     }
 }

@@ -459,6 +459,9 @@ text_enum! {
         ServedNotActive = "served-not-active",
         /// The active revision's snapshot is missing or does not verify.
         SnapshotChanged = "snapshot-changed",
+        /// The Agent's unit on the target is not what the target would write (a hand-edited
+        /// unit file, a drop-in overriding it).
+        UnitFileChanged = "unit-file-changed",
         /// The target holds an Agent (or an Agent directory) the coordinator does not know.
         UnknownAgent = "unknown-agent",
         /// The coordinator expects the Agent on the target, which lacks it.

@@ -323,3 +323,44 @@ fn coordinator_defects_on_a_real_host() {
     assert!(started.elapsed() < Duration::from_secs(30), "{printed}");
     fleet.kill_serve();
 }
+
+/// The drift sweep's row for the Agent (`occ drift --now`).
+fn drift_row(fleet: &Fleet) -> Value {
+    let rows = fleet.occ_json(&["drift", "--now"]);
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["namespaceId"] == NS && r["agentId"] == AGENT)
+        .cloned()
+        .unwrap_or_else(|| panic!("no drift row for {AGENT}: {rows}"))
+}
+
+/// Issue 27: a unit file edited by hand on the host (NoNewPrivileges removed, MemoryMax
+/// raised) was reported `synced`. hostd compares it with the text it writes, and the sweep
+/// shows `drift` with the reason and the lines; a redeploy of the Agent writes it back.
+#[test]
+fn a_hand_edited_unit_file_is_drift_on_a_real_host() {
+    if let Some(reason) = clawfleet_vm_tests::skip_reason() {
+        println!("SKIP: {reason}");
+        return;
+    }
+    let fleet = Fleet::start(1);
+    fleet.create_agent(AGENT, &document("v1", json!({})));
+    let (code, out) = deploy_wait(&fleet);
+    assert_eq!(code, 0, "{out}");
+    let row = drift_row(&fleet);
+    assert_eq!(row["state"], "synced", "{row}");
+    on_host(
+        &fleet,
+        "sed -i -e '/^NoNewPrivileges=/d' -e 's/^MemoryMax=.*/MemoryMax=64G/' \
+         /etc/systemd/system/clawfleet-agent-*.service",
+    );
+    let row = drift_row(&fleet);
+    assert_eq!(row["state"], "drift", "{row}");
+    assert_eq!(row["reason"], "unit-file-changed", "{row}");
+    let message = row["message"].as_str().unwrap();
+    assert!(
+        message.contains("NoNewPrivileges=yes") && message.contains("MemoryMax=64G"),
+        "{row}"
+    );
+}

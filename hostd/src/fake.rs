@@ -423,6 +423,19 @@ impl System for FakeSystem {
         Ok(())
     }
 
+    fn reset_failed_unit(&self, unit: &str) -> Result<(), SystemError> {
+        self.log(format!("reset-failed {unit}"));
+        self.with(|s| {
+            if let Some(u) = s.units.get_mut(unit)
+                && u.active_state == "failed"
+            {
+                u.active_state = "inactive".to_owned();
+                u.sub_state = "dead".to_owned();
+            }
+        });
+        Ok(())
+    }
+
     fn unit_file_loaded(&self, unit: &str, file: &Path) -> Result<bool, SystemError> {
         self.with(|s| s.bus_reads += 1);
         Ok(self.with(|s| s.loads_new_units) && file == self.unit_dir.join(unit) && file.is_file())

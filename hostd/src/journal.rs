@@ -23,13 +23,18 @@
 //! One that never committed changed nothing, and its outcome is written without fsync (one
 //! write and one rename, no fsync: a killed process loses nothing, the page cache has it).
 //! Only a power cut or kernel crash can lose such a record, and so that the lost id cannot run
-//! again, the journal first makes sure, durably, that `.unsynced.json` names this boot and an
-//! expiry bound at or after the envelope's (raised by [`UNSYNCED_HEADROOM`] at a time, so a
-//! run of no-ops pays that one durable write at most every few seconds). When a journal is
-//! opened in a later boot and finds the file of an earlier one, it raises the pruning
-//! watermark to that bound: every envelope whose record might have been lost is then refused
-//! as `REPLAY_UNVERIFIABLE`, as a pruned one is. Replay protection is thus the same for every
-//! operation; what a no-op saves is the fsyncs and renames of its entry and of its steps.
+//! again, the journal first makes sure, durably, that `.unsynced.json` names this boot, the
+//! latest `issuedAt` of any such envelope and an expiry bound at or after theirs (raised by
+//! [`UNSYNCED_HEADROOM`] at a time). When a journal is opened in a later boot and finds the
+//! file of an earlier one, it keeps both bounds in `.crashed.json`: an envelope whose id the
+//! journal does not know, issued at or before the issue bound and expiring at or before the
+//! expiry bound, might be one whose record was lost, and is refused as
+//! `REPLAY_UNVERIFIABLE`. Envelopes issued later (every one the coordinator signs after the
+//! reboot) or expiring later run, so the refusal never outlasts the envelopes that could
+//! really have run before the crash (a bound on expiry alone refused every new short-lived
+//! envelope until the longest-lived one of the earlier boot expired). Replay protection is
+//! thus the same for every operation; what a no-op saves is the fsyncs and renames of its
+//! entry and of its steps.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -87,11 +92,12 @@ const WATERMARK_FILE: &str = ".pruned.json";
 const UNSYNCED_FILE: &str = ".unsynced.json";
 /// Serialises raises of [`UNSYNCED_FILE`] between concurrent sessions.
 const UNSYNCED_LOCK: &str = ".unsynced.lock";
-/// How far past a no-op's expiry a raise of the unsynced bound reaches, in seconds, so that
-/// no-ops in quick succession share one durable write. The price after a crash: envelopes
-/// issued up to this long after the last raise are refused as possibly seen (they were issued
-/// before the crash, or within seconds of it, since a host takes longer to boot).
+/// How far past a no-op's expiry a raise of the unsynced expiry bound reaches, in seconds, so
+/// that no-ops in quick succession share one durable write. It costs nothing after a crash:
+/// the refusal also needs an envelope issued by the exact issue bound.
 pub const UNSYNCED_HEADROOM: u64 = 10;
+/// The bounds of the records an earlier boot may have lost in a crash; never an entry's name.
+const CRASHED_FILE: &str = ".crashed.json";
 /// A cheap (unsynced) record also prunes only every this many records: pruning lists the
 /// whole directory.
 const CHEAP_PRUNE_EVERY: u32 = 32;
@@ -99,12 +105,28 @@ const CHEAP_PRUNE_EVERY: u32 = 32;
 const RUNNING_RECHECK: u64 = 60;
 
 /// `.unsynced.json`: records written without fsync in boot `boot_id` have envelopes expiring
-/// at or before `expires_at_bound`.
+/// at or before `expires_at_bound` and issued at or before `issued_at_bound`. A file without
+/// `issued_at_bound` was written by an earlier hostd: after a crash its whole expiry bound
+/// becomes the watermark, as that hostd did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Unsynced {
     schema: u32,
     boot_id: String,
+    expires_at_bound: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    issued_at_bound: Option<u64>,
+}
+
+/// `.crashed.json`: an earlier boot ended with records written without fsync, whose envelopes
+/// were issued at or before `issued_at_bound` and expire at or before `expires_at_bound`;
+/// after several such boots, the largest of each (the latest boot's, since later envelopes are
+/// issued and expire later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Crashed {
+    schema: u32,
+    issued_at_bound: u64,
     expires_at_bound: u64,
 }
 
@@ -149,6 +171,20 @@ pub enum Begin {
     /// A new id whose envelope expires at or before the pruning watermark: it may have run
     /// before (its entry pruned), so it is refused.
     Unverifiable { expires_at: u64, watermark: u64 },
+    /// A new id whose envelope was issued before a crash that may have lost records written
+    /// without fsync, and expires within their bound: it may have run before, so it is refused.
+    LostInCrash {
+        issued_at: u64,
+        issued_at_bound: u64,
+        expires_at_bound: u64,
+    },
+}
+
+/// When an envelope was issued and when it expires (Unix seconds, as it says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub issued_at: u64,
+    pub expires_at: u64,
 }
 
 /// The journal directory.
@@ -160,6 +196,11 @@ pub struct Journal {
     boot_id: Option<String>,
     /// A bound this process knows `.unsynced.json` holds for this boot (0: none yet).
     unsynced_bound: Arc<AtomicU64>,
+    /// The issue bound this process knows `.unsynced.json` holds for this boot (0: none yet).
+    unsynced_issued: Arc<AtomicU64>,
+    /// What `.crashed.json` said when the journal was opened (it only changes when a journal
+    /// is opened in a new boot, before any operation of that boot).
+    crashed: Option<Crashed>,
     /// Cheap records since the last prune.
     cheap_since_prune: Arc<AtomicU32>,
     /// The host-clock second before which pruning cannot remove anything, as the last prune
@@ -172,6 +213,8 @@ pub struct Journal {
 #[derive(Debug)]
 pub struct RunHandle {
     entry: Entry,
+    /// The envelope's `issuedAt`, for the unsynced bound.
+    issued_at: u64,
     path: PathBuf,
     run_lock_path: PathBuf,
     _run_lock: File,
@@ -204,16 +247,36 @@ impl Journal {
         boot_id: Option<String>,
     ) -> Result<Self, FsError> {
         fsutil::ensure_dir(dir, 0o700)?;
-        let journal = Self {
+        let mut journal = Self {
             dir: dir.to_path_buf(),
             max_entries,
             boot_id,
             unsynced_bound: Arc::default(),
+            unsynced_issued: Arc::default(),
+            crashed: None,
             cheap_since_prune: Arc::default(),
             prune_not_before: Arc::default(),
         };
         journal.settle_unsynced()?;
+        journal.crashed = journal.read_crashed()?;
         Ok(journal)
+    }
+
+    fn crashed_path(&self) -> PathBuf {
+        self.dir.join(CRASHED_FILE)
+    }
+
+    fn read_crashed(&self) -> Result<Option<Crashed>, FsError> {
+        markers::read_optional(&self.crashed_path(), "journal crash bounds").map_err(entry_err)
+    }
+
+    /// Remembers what this boot's `.unsynced.json` covers.
+    fn know_unsynced(&self, found: &Unsynced) {
+        self.unsynced_bound
+            .fetch_max(found.expires_at_bound, Ordering::SeqCst);
+        if let Some(issued) = found.issued_at_bound {
+            self.unsynced_issued.fetch_max(issued, Ordering::SeqCst);
+        }
     }
 
     fn unsynced_path(&self) -> PathBuf {
@@ -241,15 +304,14 @@ impl Journal {
     }
 
     /// A `.unsynced.json` of another boot means records written without fsync may have been
-    /// lost in a crash: the watermark is raised (durably) to their bound, so their envelopes
-    /// are refused, and then the file is removed. One of this boot is remembered.
+    /// lost in a crash: its bounds go (durably) into `.crashed.json`, so those envelopes are
+    /// refused, and then the file is removed. One of this boot is remembered.
     fn settle_unsynced(&self) -> Result<(), FsError> {
         let Some(found) = self.read_unsynced()? else {
             return Ok(());
         };
         if self.boot_id.as_deref() == Some(found.boot_id.as_str()) {
-            self.unsynced_bound
-                .fetch_max(found.expires_at_bound, Ordering::SeqCst);
+            self.know_unsynced(&found);
             return Ok(());
         }
         let _lock = self.lock_unsynced()?;
@@ -257,45 +319,82 @@ impl Journal {
             return Ok(());
         };
         if self.boot_id.as_deref() == Some(found.boot_id.as_str()) {
-            self.unsynced_bound
-                .fetch_max(found.expires_at_bound, Ordering::SeqCst);
+            self.know_unsynced(&found);
             return Ok(());
         }
-        if found.expires_at_bound > self.watermark()? {
-            self.write_watermark(found.expires_at_bound)?;
+        match found.issued_at_bound {
+            Some(issued) => {
+                let before = self.read_crashed()?;
+                let crashed = Crashed {
+                    schema: SCHEMA,
+                    issued_at_bound: before.map_or(issued, |c| c.issued_at_bound.max(issued)),
+                    expires_at_bound: before.map_or(found.expires_at_bound, |c| {
+                        c.expires_at_bound.max(found.expires_at_bound)
+                    }),
+                };
+                if before != Some(crashed) {
+                    fsutil::write_atomic(
+                        &self.crashed_path(),
+                        &markers::to_bytes(&crashed),
+                        0o600,
+                        |_| Ok(()),
+                    )?;
+                }
+                tracing::warn!(
+                    previous_boot = %found.boot_id,
+                    issued_at_bound = issued,
+                    expires_at_bound = found.expires_at_bound,
+                    "the journal held records written without fsync in an earlier boot; unknown envelopes issued and expiring by these bounds are refused as possibly seen"
+                );
+            }
+            // Written by an earlier hostd, which knew no issue bound.
+            None => {
+                if found.expires_at_bound > self.watermark()? {
+                    self.write_watermark(found.expires_at_bound)?;
+                }
+                tracing::warn!(
+                    previous_boot = %found.boot_id,
+                    watermark = found.expires_at_bound,
+                    "the journal held records written without fsync in an earlier boot; envelopes expiring by the watermark are refused as possibly seen"
+                );
+            }
         }
-        tracing::warn!(
-            previous_boot = %found.boot_id,
-            watermark = found.expires_at_bound,
-            "the journal held records written without fsync in an earlier boot; envelopes expiring by the watermark are refused as possibly seen"
-        );
         fsutil::remove_file_if_present(&self.unsynced_path())?;
         Ok(())
     }
 
-    /// Makes sure `.unsynced.json` covers an envelope expiring at `expires_at` for this
-    /// boot, raising it durably when it does not. False when there is no boot id (the
-    /// caller then writes durably).
-    fn cover_unsynced(&self, expires_at: u64) -> Result<bool, FsError> {
-        if self.unsynced_bound.load(Ordering::SeqCst) >= expires_at {
+    /// Makes sure `.unsynced.json` covers an envelope issued at `issued_at` and expiring at
+    /// `expires_at` for this boot, raising it durably when it does not. False when there is
+    /// no boot id, or the file of this boot was written by an earlier hostd without an issue
+    /// bound (the caller then writes durably).
+    fn cover_unsynced(&self, issued_at: u64, expires_at: u64) -> Result<bool, FsError> {
+        if self.unsynced_bound.load(Ordering::SeqCst) >= expires_at
+            && self.unsynced_issued.load(Ordering::SeqCst) >= issued_at
+        {
             return Ok(true);
         }
         let Some(boot) = self.boot_id.as_deref() else {
             return Ok(false);
         };
         let _lock = self.lock_unsynced()?;
-        let on_disk = match self.read_unsynced()? {
-            None => 0,
-            Some(u) if u.boot_id == boot => u.expires_at_bound,
+        let (on_disk_expires, on_disk_issued) = match self.read_unsynced()? {
+            None => (0, 0),
+            Some(u) if u.boot_id == boot => match u.issued_at_bound {
+                Some(issued) => (u.expires_at_bound, issued),
+                None => return Ok(false),
+            },
             // Another boot's, not settled yet (a journal opened before the file appeared
             // cannot be of an earlier boot; be safe anyway).
             Some(_) => return Ok(false),
         };
-        if on_disk < expires_at {
+        if on_disk_expires < expires_at || on_disk_issued < issued_at {
             let record = Unsynced {
                 schema: SCHEMA,
                 boot_id: boot.to_owned(),
-                expires_at_bound: expires_at.saturating_add(UNSYNCED_HEADROOM).max(on_disk),
+                expires_at_bound: expires_at
+                    .saturating_add(UNSYNCED_HEADROOM)
+                    .max(on_disk_expires),
+                issued_at_bound: Some(issued_at.max(on_disk_issued)),
             };
             fsutil::write_atomic(
                 &self.unsynced_path(),
@@ -303,10 +402,12 @@ impl Journal {
                 0o600,
                 |_| Ok(()),
             )?;
-            self.unsynced_bound
-                .fetch_max(record.expires_at_bound, Ordering::SeqCst);
+            self.know_unsynced(&record);
         } else {
-            self.unsynced_bound.fetch_max(on_disk, Ordering::SeqCst);
+            self.unsynced_bound
+                .fetch_max(on_disk_expires, Ordering::SeqCst);
+            self.unsynced_issued
+                .fetch_max(on_disk_issued, Ordering::SeqCst);
         }
         Ok(true)
     }
@@ -404,10 +505,10 @@ impl Journal {
         id: &OperationId,
         kind: OperationKind,
         body_sha256: &Sha256Hex,
-        expires_at: u64,
+        validity: Validity,
         now: u64,
     ) -> Result<Begin, FsError> {
-        self.begin_inner(id, kind, body_sha256, expires_at, now, true)
+        self.begin_inner(id, kind, body_sha256, validity, now, true)
     }
 
     /// Like [`Journal::begin`] (replays, mismatches, the run lock and the watermark are
@@ -420,10 +521,10 @@ impl Journal {
         id: &OperationId,
         kind: OperationKind,
         body_sha256: &Sha256Hex,
-        expires_at: u64,
+        validity: Validity,
         now: u64,
     ) -> Result<Begin, FsError> {
-        self.begin_inner(id, kind, body_sha256, expires_at, now, false)
+        self.begin_inner(id, kind, body_sha256, validity, now, false)
     }
 
     fn begin_inner(
@@ -431,10 +532,14 @@ impl Journal {
         id: &OperationId,
         kind: OperationKind,
         body_sha256: &Sha256Hex,
-        expires_at: u64,
+        validity: Validity,
         now: u64,
         durable: bool,
     ) -> Result<Begin, FsError> {
+        let Validity {
+            issued_at,
+            expires_at,
+        } = validity;
         let run_lock = match self.lock_run(id, true)? {
             RunLock::Held(f) => f,
             RunLock::Busy | RunLock::Missing => {
@@ -444,6 +549,13 @@ impl Journal {
                 });
             }
         };
+        // The kind goes into the run file (no fsync: it lives as long as the process), so
+        // that `operation-status` can say "running" before the entry is written (a deferred
+        // operation waiting for its Agent lock).
+        if let Err(e) = write_run_kind(&run_lock, kind) {
+            self.release_run(id, run_lock);
+            return Err(fsutil::io_err(&self.run_lock_path(id))(e));
+        }
         if let Some(existing) = self.read(id)? {
             if &existing.body_sha256 != body_sha256 {
                 self.release_run(id, run_lock);
@@ -467,6 +579,17 @@ impl Journal {
                 watermark,
             });
         }
+        if let Some(c) = self.crashed
+            && issued_at <= c.issued_at_bound
+            && expires_at <= c.expires_at_bound
+        {
+            self.release_run(id, run_lock);
+            return Ok(Begin::LostInCrash {
+                issued_at,
+                issued_at_bound: c.issued_at_bound,
+                expires_at_bound: c.expires_at_bound,
+            });
+        }
         let entry = Entry {
             schema: SCHEMA,
             operation_id: id.clone(),
@@ -486,6 +609,7 @@ impl Journal {
         }
         Ok(Begin::Run(RunHandle {
             entry,
+            issued_at,
             path,
             run_lock_path: self.run_lock_path(id),
             _run_lock: run_lock,
@@ -541,7 +665,7 @@ impl Journal {
         between: &mut dyn FnMut(),
     ) -> Result<OperationState, FsError> {
         let Some(entry) = self.read(id)? else {
-            return Ok(OperationState::Unknown);
+            return self.status_without_entry(id);
         };
         between();
         let entry = match entry.state {
@@ -579,6 +703,30 @@ impl Journal {
             },
             EntryState::Running { step } => OperationState::Running { kind, step },
         })
+    }
+
+    /// An id without an entry: running when a live process holds its run lock (an operation
+    /// begun deferred, not committed yet: waiting for its Agent lock, or a no-op under way),
+    /// unknown otherwise. A run file nobody holds is left to pruning.
+    fn status_without_entry(&self, id: &OperationId) -> Result<OperationState, FsError> {
+        match self.lock_run(id, false)? {
+            RunLock::Missing | RunLock::Held(_) => Ok(OperationState::Unknown),
+            RunLock::Busy => {
+                // The holder writes the kind right after taking the lock: a reader can come
+                // between the two for a moment.
+                for _ in 0..50 {
+                    if let Some(kind) = read_run_kind(&self.run_lock_path(id)) {
+                        // Finished meanwhile? Then its entry says how.
+                        if self.read(id)?.is_some() {
+                            return self.status(id);
+                        }
+                        return Ok(OperationState::Running { kind, step: None });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Ok(OperationState::Unknown)
+            }
+        }
     }
 
     /// Removes the run files of operations nobody runs any more (their process was killed),
@@ -683,6 +831,21 @@ impl Journal {
     }
 }
 
+/// Writes the operation's kind into its run file, whose lock the caller holds.
+fn write_run_kind(file: &File, kind: OperationKind) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    let mut f = file;
+    f.set_len(0)?;
+    f.seek(std::io::SeekFrom::Start(0))?;
+    f.write_all(kind.as_str().as_bytes())
+}
+
+/// The kind a run file names, if it names one yet.
+fn read_run_kind(path: &Path) -> Option<OperationKind> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_value(serde_json::Value::String(text)).ok()
+}
+
 /// An entry's file name (`<operation id>.json`; dot files are the journal's own records).
 fn is_entry_name(name: &str) -> bool {
     name.ends_with(".json") && !name.starts_with('.')
@@ -771,7 +934,10 @@ impl RunHandle {
         };
         let bytes = markers::to_bytes(&self.entry);
         let cheap = !self.committed
-            && match self.journal.cover_unsynced(self.entry.expires_at) {
+            && match self
+                .journal
+                .cover_unsynced(self.issued_at, self.entry.expires_at)
+            {
                 Ok(covered) => covered,
                 Err(e) => {
                     tracing::warn!(operation_id = %self.entry.operation_id, "cannot raise the journal's unsynced bound, recording durably: {e}");
@@ -806,6 +972,14 @@ mod tests {
         Sha256Hex::new(c.to_string().repeat(64)).unwrap()
     }
 
+    /// An envelope issued at 1 that expires at `expires_at`.
+    fn v(expires_at: u64) -> Validity {
+        Validity {
+            issued_at: 1,
+            expires_at,
+        }
+    }
+
     fn ok() -> Outcome {
         Outcome::Succeeded {
             result: OperationResult::DeleteAgent(DeleteAgentResult { removed: true }),
@@ -817,21 +991,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path(), 100).unwrap();
         let Begin::Run(h) = j
-            .begin(&id("op1"), OperationKind::DeleteAgent, &hash('a'), 10, 1)
+            .begin(&id("op1"), OperationKind::DeleteAgent, &hash('a'), v(10), 1)
             .unwrap()
         else {
             panic!()
         };
         h.finish(&ok(), None).unwrap();
         match j
-            .begin(&id("op1"), OperationKind::DeleteAgent, &hash('a'), 10, 2)
+            .begin(&id("op1"), OperationKind::DeleteAgent, &hash('a'), v(10), 2)
             .unwrap()
         {
             Begin::Recorded(o) => assert_eq!(o, ok()),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            j.begin(&id("op1"), OperationKind::DeleteAgent, &hash('b'), 10, 2)
+            j.begin(&id("op1"), OperationKind::DeleteAgent, &hash('b'), v(10), 2)
                 .unwrap(),
             Begin::Mismatch
         ));
@@ -851,7 +1025,7 @@ mod tests {
                 &id("op2"),
                 OperationKind::ActivateRevision,
                 &hash('a'),
-                10,
+                v(10),
                 1,
             )
             .unwrap()
@@ -871,7 +1045,7 @@ mod tests {
                 &id("op2"),
                 OperationKind::ActivateRevision,
                 &hash('a'),
-                10,
+                v(10),
                 1
             )
             .unwrap(),
@@ -903,7 +1077,7 @@ mod tests {
                     &id(&format!("op{i}")),
                     OperationKind::DeleteAgent,
                     &hash('a'),
-                    expires,
+                    v(expires),
                     i,
                 )
                 .unwrap()
@@ -962,7 +1136,7 @@ mod tests {
                 &id(op),
                 OperationKind::DeleteAgent,
                 &hash('a'),
-                expires,
+                v(expires),
                 now,
             )
             .unwrap()
@@ -999,7 +1173,7 @@ mod tests {
                 &id("del-1"),
                 OperationKind::DeleteAgent,
                 &hash('a'),
-                real_now + 300,
+                v(real_now + 300),
                 real_now,
             )
             .unwrap()
@@ -1082,7 +1256,7 @@ mod tests {
             &id(op),
             OperationKind::PrepareRevision,
             &hash(body),
-            expires,
+            v(expires),
             1,
         )
         .unwrap()
@@ -1100,7 +1274,10 @@ mod tests {
         h.step(Step::Verify).unwrap();
         // Nothing on disk but the run file; a second session with the id waits its turn.
         assert!(!dir.path().join("noop-1.json").exists());
-        assert_eq!(j.status(&id("noop-1")).unwrap(), OperationState::Unknown);
+        assert!(matches!(
+            j.status(&id("noop-1")).unwrap(),
+            OperationState::Running { .. }
+        ));
         assert!(matches!(
             begin_deferred(&j, "noop-1", 'a', 1_000),
             Begin::InProgress
@@ -1131,6 +1308,36 @@ mod tests {
             OperationState::Succeeded { .. }
         ));
         assert!(!dir.path().join("noop-1.run").exists());
+    }
+
+    /// Issue 27: `operation-status` answered `unknown` while a deferred operation waited for
+    /// its Agent lock (no entry yet). Its live run lock says it is running.
+    #[test]
+    fn a_deferred_operation_not_yet_committed_is_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(h) = begin_deferred(&j, "waiting", 'a', 1_000) else {
+            panic!()
+        };
+        assert_eq!(
+            j.status(&id("waiting")).unwrap(),
+            OperationState::Running {
+                kind: OperationKind::PrepareRevision,
+                step: None
+            }
+        );
+        h.finish(&ok(), None).unwrap();
+        assert!(matches!(
+            j.status(&id("waiting")).unwrap(),
+            OperationState::Succeeded { .. }
+        ));
+        // A run file nobody holds (a killed process) is not running.
+        let Begin::Run(h) = begin_deferred(&j, "killed", 'a', 1_000) else {
+            panic!()
+        };
+        drop(h);
+        assert_eq!(j.status(&id("killed")).unwrap(), OperationState::Unknown);
+        assert_eq!(j.status(&id("never")).unwrap(), OperationState::Unknown);
     }
 
     /// A committed operation is recorded as `begin` records it: running entry durable before
@@ -1166,11 +1373,12 @@ mod tests {
         assert!(!dir.path().join(UNSYNCED_FILE).exists());
     }
 
-    /// A crash can lose a record written without fsync. The journal of the next boot raises
-    /// the watermark to the earlier boot's bound, so no such envelope runs again, while a
-    /// fresh one (expiring later) does; a reopen in the same boot changes nothing.
+    /// A crash can lose a record written without fsync. The journal of the next boot refuses
+    /// every unknown envelope issued and expiring within that boot's bounds, so no such
+    /// envelope runs again, while one issued later (or expiring later) does; a reopen in the
+    /// same boot changes nothing.
     #[test]
-    fn after_a_reboot_the_unsynced_bound_becomes_the_watermark() {
+    fn after_a_reboot_the_unsynced_bounds_refuse_what_may_have_been_lost() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
         let Begin::Run(h) = begin_deferred(&j, "noop-1", 'a', 1_000) else {
@@ -1181,18 +1389,18 @@ mod tests {
         // Same boot: nothing changes.
         let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
         assert_eq!(j.watermark().unwrap(), 0);
+        assert!(!dir.path().join(CRASHED_FILE).exists());
         // The record is lost in a power cut, and the host boots again.
         std::fs::remove_file(dir.path().join("noop-1.json")).unwrap();
         let j = Journal::open_in_boot(dir.path(), 100, Some("boot-b".into())).unwrap();
-        assert_eq!(j.watermark().unwrap(), bound);
         assert!(!dir.path().join(UNSYNCED_FILE).exists());
         assert!(matches!(
             begin_deferred(&j, "noop-1", 'a', 1_000),
-            Begin::Unverifiable { .. }
+            Begin::LostInCrash { .. }
         ));
         assert!(matches!(
             begin_deferred(&j, "issued-then", 'a', bound),
-            Begin::Unverifiable { .. }
+            Begin::LostInCrash { .. }
         ));
         assert!(matches!(
             begin_deferred(&j, "fresh", 'a', bound + 1),
@@ -1207,5 +1415,105 @@ mod tests {
         h.finish(&ok(), None).unwrap();
         assert_eq!(counters::get().fsyncs, 2);
         assert!(!dir.path().join(UNSYNCED_FILE).exists());
+    }
+
+    fn deferred_at(j: &Journal, op: &str, issued_at: u64, expires_at: u64) -> Begin {
+        j.begin_deferred(
+            &id(op),
+            OperationKind::PrepareRevision,
+            &hash('a'),
+            Validity {
+                issued_at,
+                expires_at,
+            },
+            issued_at,
+        )
+        .unwrap()
+    }
+
+    /// Issue 27: one no-op under a 3,600 s envelope, then a clean reboot. The refusal covers
+    /// only envelopes issued by the last unsynced record's issue time: every envelope the
+    /// coordinator signs after the reboot runs whatever its lifetime (a bound on expiry alone
+    /// refused every 600 s envelope for the next 50 minutes), an id the journal still holds
+    /// answers from its record, and one issued before the crash and unknown is refused.
+    #[test]
+    fn after_a_reboot_only_envelopes_issued_before_it_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = 1_800_000_000;
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(h) = deferred_at(&j, "long-noop", t0, t0 + 3_600) else {
+            panic!()
+        };
+        h.finish(&ok(), None).unwrap();
+        let Begin::Run(h) = deferred_at(&j, "kept-noop", t0, t0 + 600) else {
+            panic!()
+        };
+        h.finish(&ok(), None).unwrap();
+        // A clean reboot a minute later: the records survived (long-noop's is lost below).
+        std::fs::remove_file(dir.path().join("long-noop.json")).unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-b".into())).unwrap();
+        let after = t0 + 60;
+        match deferred_at(&j, "new-600", after, after + 600) {
+            Begin::Run(h) => h.finish(&ok(), None).unwrap(),
+            other => panic!("an envelope issued after the reboot was refused: {other:?}"),
+        }
+        assert!(matches!(
+            deferred_at(&j, "new-10", after + 1, after + 11),
+            Begin::Run(_)
+        ));
+        // The journal answers for what it holds.
+        assert!(matches!(
+            deferred_at(&j, "kept-noop", t0, t0 + 600),
+            Begin::Recorded(_)
+        ));
+        // What may have run before the crash and is not known is refused.
+        match deferred_at(&j, "long-noop", t0, t0 + 3_600) {
+            Begin::LostInCrash {
+                issued_at,
+                issued_at_bound,
+                expires_at_bound,
+            } => assert_eq!(
+                (issued_at, issued_at_bound, expires_at_bound),
+                (t0, t0, t0 + 3_600 + UNSYNCED_HEADROOM)
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            deferred_at(&j, "other-then", t0 - 5, t0 + 100),
+            Begin::LostInCrash { .. }
+        ));
+        // Nothing else was refused by the watermark, and the bounds survive a reopen.
+        assert_eq!(j.watermark().unwrap(), 0);
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-b".into())).unwrap();
+        assert!(matches!(
+            deferred_at(&j, "long-noop", t0, t0 + 3_600),
+            Begin::LostInCrash { .. }
+        ));
+    }
+
+    /// A `.unsynced.json` an earlier hostd wrote (no issue bound) is settled as that hostd
+    /// did, and in its own boot makes the new hostd record durably.
+    #[test]
+    fn an_unsynced_file_without_an_issue_bound_is_settled_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = br#"{"schema":1,"bootId":"boot-a","expiresAtBound":5000}"#;
+        std::fs::write(dir.path().join(UNSYNCED_FILE), old).unwrap();
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-a".into())).unwrap();
+        let Begin::Run(h) = deferred_at(&j, "noop", 100, 200) else {
+            panic!()
+        };
+        counters::reset();
+        h.finish(&ok(), None).unwrap();
+        assert_eq!(counters::get().fsyncs, 2, "recorded durably");
+        assert_eq!(
+            std::fs::read(dir.path().join(UNSYNCED_FILE)).unwrap(),
+            old.to_vec()
+        );
+        let j = Journal::open_in_boot(dir.path(), 100, Some("boot-b".into())).unwrap();
+        assert_eq!(j.watermark().unwrap(), 5000);
+        assert!(matches!(
+            deferred_at(&j, "late", 4_000, 5_000),
+            Begin::Unverifiable { .. }
+        ));
     }
 }

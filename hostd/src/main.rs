@@ -228,6 +228,13 @@ fn print_table(inv: &Inventory) {
             );
         }
     }
+    for ns in &inv.namespaces {
+        for a in &ns.agents {
+            if let Some(why) = &a.unit_drift {
+                let _ = writeln!(out, "unit drift: {}/{}: {why}", ns.id, a.id);
+            }
+        }
+    }
     for p in &inv.problems {
         let _ = writeln!(out, "problem: {}: {}", p.path, p.message);
     }
@@ -279,14 +286,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Apply { file, signature } => {
+            let sig_path = signature
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{}.sig", file.display())));
+            // Input first, answered as typed failures like every other refusal.
+            let signed = match read_envelope_files(file, &sig_path) {
+                Ok(s) => s,
+                Err(failure) => {
+                    let reply = clawfleet_protocol::result::ResultMessage {
+                        operation_id: None,
+                        outcome: Outcome::Failed { failure },
+                    };
+                    println!("{}", serde_json::to_string_pretty(&reply)?);
+                    return Ok(ExitCode::from(1));
+                }
+            };
             let config = load_config(&cli)?;
             let system = RealSystem::new()?;
             let engine = Engine::new(&config, &system, host_fingerprint(&config)?);
             let responder = Responder::new(&engine, &config)?;
-            let sig_path = signature
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("{}.sig", file.display())));
-            let signed = read_envelope_files(file, &sig_path)?;
             let closed = Arc::new(AtomicBool::new(false));
             watch_session(&closed)?;
             let cancelled = || closed.load(Ordering::SeqCst);

@@ -694,6 +694,23 @@ impl System for RealSystem {
         )
     }
 
+    fn reset_failed_unit(&self, unit: &str) -> Result<(), SystemError> {
+        check_unit_name("reset-failed", unit)?;
+        let name = unit.to_owned();
+        self.bus_call(
+            |conn| async move { manager(&conn).await?.reset_failed_unit(name).await },
+            // Not loaded: nothing failed to forget.
+            |e| {
+                if is_no_such_unit(e) {
+                    Ok(())
+                } else {
+                    Err(systemd_error("reset-failed", unit, e))
+                }
+            },
+            || bus_timeout(self.call_timeout),
+        )
+    }
+
     fn restart_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
         check_unit_name("restart", unit)?;
         let name = unit.to_owned();

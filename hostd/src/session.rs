@@ -24,7 +24,7 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::engine::{Ctx, Engine, step_name};
-use crate::journal::{Begin, Journal};
+use crate::journal::{Begin, Journal, Validity};
 
 /// Why a session could not start or had to end early.
 #[derive(Debug, Error)]
@@ -192,10 +192,16 @@ impl<'a> Responder<'a> {
         } else {
             // Deferred: the entry is written durably only when the engine is about to change
             // something (`Ctx::commit`); a no-op is recorded cheaply (journal.rs).
-            match self
-                .journal
-                .begin_deferred(&id, kind, &verified.body_sha256, env.expires_at, now)
-            {
+            match self.journal.begin_deferred(
+                &id,
+                kind,
+                &verified.body_sha256,
+                Validity {
+                    issued_at: env.issued_at,
+                    expires_at: env.expires_at,
+                },
+                now,
+            ) {
                 Err(e) => {
                     return failed(Some(id), Failure::new(FailureCode::IoFailed, e.to_string()));
                 }
@@ -225,6 +231,21 @@ impl<'a> Responder<'a> {
                             FailureCode::ReplayUnverifiable,
                             format!(
                                 "this envelope expires at {expires_at}, not after {watermark}, the latest expiry of an operation this host's journal has already pruned: it may have run before and the host can no longer tell, so it does not run; sign a new envelope",
+                            ),
+                        ),
+                    );
+                }
+                Ok(Begin::LostInCrash {
+                    issued_at,
+                    issued_at_bound,
+                    expires_at_bound,
+                }) => {
+                    return failed(
+                        Some(id),
+                        Failure::new(
+                            FailureCode::ReplayUnverifiable,
+                            format!(
+                                "this envelope was issued at {issued_at}, before this host's last crash, which may have lost the journal records of operations issued by {issued_at_bound} and expiring by {expires_at_bound}: it may have run before and the host can no longer tell, so it does not run; sign a new envelope",
                             ),
                         ),
                     );
@@ -466,22 +487,42 @@ pub fn serve_while<R: Read + Send + 'static, W: Write>(
     }
 }
 
-/// Reads an envelope body and its armored signature for `hostd apply`.
-pub fn read_envelope_files(body: &Path, signature: &Path) -> std::io::Result<SignedEnvelope> {
+/// Reads an envelope body and its armored signature for `hostd apply`. A file over the
+/// session's limits is refused with `INPUT_TOO_LARGE`, as the same bytes in a frame would
+/// be (read at most one byte past the limit, whatever its size says); one that cannot be read
+/// is `INVALID_INPUT`, naming it.
+pub fn read_envelope_files(body: &Path, signature: &Path) -> Result<SignedEnvelope, Failure> {
     let limits = Limits::default();
-    let read = |p: &Path, max: usize| -> std::io::Result<Vec<u8>> {
-        let meta = std::fs::metadata(p)?;
-        if meta.len() > max as u64 {
-            return Err(std::io::Error::other(format!(
-                "{} is {} bytes; at most {max} are read",
-                p.display(),
-                meta.len()
-            )));
+    let read = |p: &Path, what: &str, max: usize| -> Result<Vec<u8>, Failure> {
+        let unreadable = |e: std::io::Error| {
+            Failure::new(
+                FailureCode::InvalidInput,
+                format!("cannot read the {what} {}: {e}", p.display()),
+            )
+        };
+        let file = std::fs::File::open(p).map_err(unreadable)?;
+        let mut bytes = Vec::new();
+        file.take(max as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(unreadable)?;
+        if bytes.len() > max {
+            return Err(Failure::new(
+                FailureCode::InputTooLarge,
+                format!(
+                    "the {what} {} is larger than {max} bytes, the most an envelope may be",
+                    p.display()
+                ),
+            ));
         }
-        std::fs::read(p)
+        Ok(bytes)
     };
-    let body = read(body, limits.max_envelope)?;
-    let signature = String::from_utf8(read(signature, limits.max_signature)?)
-        .map_err(|_| std::io::Error::other(format!("{} is not text", signature.display())))?;
+    let body = read(body, "envelope", limits.max_envelope)?;
+    let signature = String::from_utf8(read(signature, "signature", limits.max_signature)?)
+        .map_err(|_| {
+            Failure::new(
+                FailureCode::InvalidInput,
+                format!("the signature {} is not text", signature.display()),
+            )
+        })?;
     Ok(SignedEnvelope { body, signature })
 }

@@ -171,6 +171,9 @@ pub trait System {
     fn restart_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// Stops a unit and waits for its job; succeeds if the unit was not loaded or not running.
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
+    /// Forgets a unit's failed state (`ResetFailedUnit`), so a removed Agent's unit leaves
+    /// systemd's failed list; succeeds if systemd does not know the unit.
+    fn reset_failed_unit(&self, unit: &str) -> Result<(), SystemError>;
     /// The unit's current state; a unit systemd does not know has `loaded == false`.
     fn unit_state(&self, unit: &str) -> Result<UnitState, SystemError>;
     /// Whether systemd has the unit loaded from `file` as the file is now: `LoadUnit` (which

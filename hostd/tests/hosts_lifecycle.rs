@@ -402,3 +402,44 @@ impl SignedEnvelopeForge {
         clawfleet_protocol::SignedEnvelope::sign(envelope, &key).unwrap()
     }
 }
+
+/// Issue 27: the failed unit of a deleted Agent stayed in systemd's failed list
+/// (`not-found failed`). delete-agent and delete-namespace reset it.
+#[test]
+fn a_deleted_agents_failed_unit_leaves_the_failed_list_on_a_real_host() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, QUICK_READINESS);
+    occ.ok(&host, ensure("ns1"));
+    occ.ok(&host, ensure("ns2"));
+    // A switch the test gateway cannot read: it exits 78, which the unit does not restart.
+    let bad = spec("rev-1", 1, json!({"crashAtStart": "not a boolean"}));
+    let failed = || {
+        host.run_ok("systemctl list-units --all --failed --plain --no-legend 'clawfleet-agent-*'")
+            .unwrap()
+    };
+    for (n, a) in [("ns1", "a1"), ("ns2", "b1")] {
+        occ.ok(&host, prepare(n, a, &bad));
+        let f = occ.fails(
+            &host,
+            Operation::ActivateRevision(ActivateArgs::from(rargs(n, a, &bad))),
+        );
+        assert_eq!(f.code, FailureCode::UnitFailed, "{f}");
+    }
+    assert_eq!(failed().lines().count(), 2, "{}", failed());
+    occ.ok(
+        &host,
+        Operation::DeleteAgent(AgentArgs {
+            namespace: ns("ns1"),
+            agent: agent("a1"),
+        }),
+    );
+    assert_eq!(failed().lines().count(), 1, "{}", failed());
+    occ.ok(
+        &host,
+        Operation::DeleteNamespace(NamespaceArgs {
+            namespace: ns("ns2"),
+        }),
+    );
+    assert_eq!(failed().trim(), "", "failed units left: {}", failed());
+}

@@ -632,3 +632,30 @@ fn a_no_op_is_recorded_and_its_replay_never_runs_again() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
     assert!(agent_dir.exists());
 }
+
+/// Issue 27: `hostd apply` answered an oversized envelope in plain text. It answers the
+/// typed failure, as a session answers an oversized frame, before reading any configuration.
+#[test]
+fn hostd_apply_answers_an_oversized_envelope_with_input_too_large() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("op.json");
+    std::fs::write(&body, vec![b' '; Limits::default().max_envelope + 1]).unwrap();
+    std::fs::write(dir.path().join("op.json.sig"), b"sig").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hostd"))
+        .arg("--config")
+        .arg(dir.path().join("missing.toml"))
+        .arg("apply")
+        .arg(&body)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let reply: ResultMessage = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not a result: {e}: {out:?}"));
+    match reply.outcome {
+        Outcome::Failed { failure } => {
+            assert_eq!(failure.code, FailureCode::InputTooLarge, "{failure}");
+            assert!(failure.message.contains("op.json"), "{failure}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

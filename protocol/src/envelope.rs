@@ -70,9 +70,11 @@ pub struct Envelope {
     pub expires_at: u64,
     /// How long hostd may work on the operation, in seconds.
     pub deadline_seconds: u32,
-    /// The issuer's fence for the Agent (version 2 on, Agent-scoped changes only): the host
-    /// keeps the highest it saw per Agent and refuses a lower one with `FENCE_STALE`, so a
-    /// coordinator whose claim another one replaced can never act on the Agent again.
+    /// The issuer's fence for the Agent (version 2 on, operations that change Agents only,
+    /// [`crate::operation::OperationKind::is_fenced`]): the host keeps the highest it saw per
+    /// Agent and refuses a lower one with `FENCE_STALE`, so a coordinator whose claim another
+    /// one replaced can never act on the Agent again. A `delete-namespace` fence is checked
+    /// against every Agent it would remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence: Option<u64>,
     pub operation: Operation,
@@ -280,7 +282,7 @@ impl Envelope {
                 ))
             } else if !self.operation.kind().is_fenced() {
                 Some(format!(
-                    "applies to Agent-scoped changes only, not to {}",
+                    "applies to operations that change Agents only, not to {}",
                     self.operation.kind()
                 ))
             } else if fence == 0 {

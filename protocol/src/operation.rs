@@ -87,8 +87,11 @@ impl OperationKind {
         }
     }
 
-    /// Whether the operation changes one Agent and so takes a fence (protocol version 2 on):
-    /// a host refuses it when it saw a higher fence for that Agent.
+    /// Whether the operation changes Agents and so takes a fence (protocol version 2 on): a
+    /// host refuses it when it saw a higher fence for an Agent it would change.
+    /// `delete-namespace` removes every Agent of the Namespace left on the host, so it is
+    /// checked against each of them (its fence is the coordinator's current one; without one
+    /// it removes only Agents that never had a fence).
     pub fn is_fenced(self) -> bool {
         matches!(
             self,
@@ -97,6 +100,7 @@ impl OperationKind {
                 | OperationKind::StopRevision
                 | OperationKind::RetireRevision
                 | OperationKind::DeleteAgent
+                | OperationKind::DeleteNamespace
         )
     }
 

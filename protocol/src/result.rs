@@ -266,6 +266,11 @@ pub struct AgentInventory {
     pub account: String,
     pub revisions: Vec<RevisionInventory>,
     pub observation: AgentObservation,
+    /// How the Agent's unit on the target differs from what the target itself would write
+    /// (a hand-edited unit file, a drop-in overriding it); absent when it does not, or when
+    /// the Agent has no unit yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_drift: Option<String>,
 }
 
 /// One Namespace on a host.
@@ -334,11 +339,17 @@ pub enum OperationState {
         kind: OperationKind,
         result: Box<OperationResult>,
     },
-    /// Finished with a failure; `after_step` names the last step completed when it was aborted.
+    /// Finished with a failure; `afterStep` names the last step completed when it was aborted.
+    /// Hosts before the rename wrote `after_step`, still read.
     Failed {
         kind: OperationKind,
         failure: Failure,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            rename = "afterStep",
+            alias = "after_step"
+        )]
         after_step: Option<Step>,
     },
     /// This host has no record of the id (never received, or older than the journal).

@@ -131,6 +131,7 @@ fn every_result_round_trips() {
                         number: RevisionNumber::new(1).unwrap(),
                     }],
                     observation,
+                    unit_drift: Some("MemoryMax=8G is not what hostd writes".into()),
                 }],
             }],
             problems: vec![InventoryProblem {
@@ -179,8 +180,61 @@ fn every_result_round_trips() {
             let back: ResultMessage =
                 clawfleet_protocol::envelope::decode_json("result", &bytes).unwrap();
             assert_eq!(back, msg);
+            assert_camel_case(&serde_json::from_slice(&bytes).unwrap(), "result");
         }
     }
+}
+
+/// Every key the protocol writes is camelCase (issue 27: `after_step` was the one
+/// snake_case field). The carried configuration is the operator's document, not the
+/// protocol's, and is skipped.
+fn assert_camel_case(value: &Value, path: &str) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map {
+                assert!(
+                    !key.contains('_'),
+                    "{path}.{key} is not camelCase: {value:#}"
+                );
+                if key != "configuration" {
+                    assert_camel_case(v, &format!("{path}.{key}"));
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                assert_camel_case(v, &format!("{path}[{i}]"));
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn every_envelope_key_is_camel_case() {
+    for op in every_operation() {
+        let mut v = envelope_value(op);
+        v["version"] = json!(2);
+        assert_camel_case(&v, "envelope");
+    }
+}
+
+/// The rename keeps the coordinator able to read what a hostd from before it answers.
+#[test]
+fn operation_status_reads_after_step_in_both_spellings() {
+    let state = OperationState::Failed {
+        kind: OperationKind::ActivateRevision,
+        failure: Failure::new(FailureCode::SessionClosed, "session closed"),
+        after_step: Some(Step::PointerFlip),
+    };
+    let v = serde_json::to_value(&state).unwrap();
+    assert_eq!(v["afterStep"], "pointer-flip", "{v:#}");
+    assert!(v.get("after_step").is_none(), "{v:#}");
+    let mut old = v.clone();
+    let step = old.as_object_mut().unwrap().remove("afterStep").unwrap();
+    old["after_step"] = step;
+    let back: OperationState = serde_json::from_value(old).unwrap();
+    assert_eq!(back, state);
 }
 
 #[test]
@@ -461,6 +515,13 @@ fn fences_ride_only_on_version_2_agent_changes() {
     v["version"] = json!(2);
     v["fence"] = json!(0);
     assert!(invalid_at(&v).1.contains("at least 1"));
+    // delete-namespace removes Agents: it takes the coordinator's current fence.
+    let mut v = envelope_value(Operation::DeleteNamespace(NamespaceArgs {
+        namespace: namespace(),
+    }));
+    v["version"] = json!(2);
+    v["fence"] = json!(9);
+    assert_eq!(decode(&v).unwrap().fence, Some(9));
     let mut v = envelope_value(Operation::Probe(ProbeArgs {}));
     v["version"] = json!(2);
     v["fence"] = json!(3);

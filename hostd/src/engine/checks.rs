@@ -409,25 +409,154 @@ pub(crate) fn gateway_command_problem(command: &[String]) -> Option<String> {
     }
 }
 
+/// At most this many differing lines are named in a unit drift report.
+const UNIT_DRIFT_LINES: usize = 4;
+
+impl Engine<'_> {
+    /// How the Agent's unit differs from what hostd would write for it (`status`, and so the
+    /// coordinator's drift sweep): a unit file edited by hand (a sandbox line removed, a limit
+    /// raised), not ours, or unreadable, and drop-ins next to it, which systemd applies on
+    /// top. `None` when it is exactly hostd's or there is no unit file yet (an Agent never
+    /// activated; one with a `current` revision has lost its file). The next activation rewrites the file; drop-ins are the operator's.
+    pub(crate) fn unit_drift(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        port: u16,
+    ) -> Option<String> {
+        let mut reasons = Vec::new();
+        match self.verify_unit_file(ns, agent, paths) {
+            Err(f) => reasons.push(f.message),
+            // Activation writes the unit file before it moves `current`, and stop keeps it.
+            Ok(None) if fsutil::kind(&paths.current).ok() == Some(Kind::Symlink) => {
+                reasons.push(format!(
+                    "the Agent has a current revision but no unit file at {}",
+                    paths.unit_file.display()
+                ));
+            }
+            Ok(None) => {}
+            Ok(Some(text)) => {
+                let want = self.unit_text(ns, agent, paths, port);
+                if text != want {
+                    reasons.push(unit_text_diff(&text, &want));
+                }
+            }
+        }
+        let dropins = self.layout.unit_dir.join(format!("{}.d", paths.unit_name));
+        if let Ok(names) = fsutil::list_dir(&dropins) {
+            let confs: Vec<&String> = names.iter().filter(|n| n.ends_with(".conf")).collect();
+            if !confs.is_empty() {
+                reasons.push(format!(
+                    "drop-ins in {} override the unit: {}",
+                    dropins.display(),
+                    confs
+                        .iter()
+                        .map(|n| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+
+    /// An Agent never prepared here (no directory and no account marker) is missing, not
+    /// someone else's: `AGENT_MISSING`, where the account check alone said
+    /// `OWNERSHIP_MISMATCH`. Anything of it that is there is judged by the usual checks.
+    pub(crate) fn require_agent_present(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<(), Failure> {
+        let missing = |p: &Path| -> Result<bool, Failure> {
+            Ok(fsutil::kind(p).map_err(fs_failure)? == Kind::Missing)
+        };
+        if missing(&paths.dir)? && missing(&self.layout.account_marker(&paths.account))? {
+            return Err(Failure::new(
+                FailureCode::AgentMissing,
+                format!(
+                    "Agent {agent} of Namespace {ns} is not on this host (never prepared, or deleted); prepare a revision first"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The lines of a unit file that hostd would not write, and those it would write that are
+/// missing, each list cut at [`UNIT_DRIFT_LINES`].
+fn unit_text_diff(have: &str, want: &str) -> String {
+    let set = |t: &str| -> std::collections::BTreeSet<String> {
+        t.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    };
+    let (have, want) = (set(have), set(want));
+    let list = |lines: Vec<&String>| {
+        let more = lines.len().saturating_sub(UNIT_DRIFT_LINES);
+        let mut shown: Vec<String> = lines
+            .into_iter()
+            .take(UNIT_DRIFT_LINES)
+            .map(|l| format!("`{l}`"))
+            .collect();
+        if more > 0 {
+            shown.push(format!("{more} more"));
+        }
+        shown.join(", ")
+    };
+    let added: Vec<&String> = have.difference(&want).collect();
+    let missing: Vec<&String> = want.difference(&have).collect();
+    let mut parts = Vec::new();
+    if !added.is_empty() {
+        parts.push(format!("has lines hostd does not write: {}", list(added)));
+    }
+    if !missing.is_empty() {
+        parts.push(format!("lacks lines hostd writes: {}", list(missing)));
+    }
+    if parts.is_empty() {
+        // Same lines, other order, comments or blank lines.
+        parts.push("its lines are hostd's, in another order or with other comments".to_owned());
+    }
+    format!(
+        "the unit file differs from what hostd writes: it {}",
+        parts.join("; it ")
+    )
+}
+
 /// An existing snapshot must be exactly the revision asked for.
 pub(crate) fn snapshot_matches(marker: &RevisionMarker, rev: &RevisionRef) -> Result<(), Failure> {
-    if marker.revision_id != rev.id
-        || marker.number != rev.number
-        || marker.configuration_hash != rev.configuration_hash
-    {
-        return Err(Failure::new(
-            FailureCode::SnapshotMismatch,
-            format!(
-                "the snapshot of revision {} holds number {} with hash {}, not number {} with hash {}",
-                rev.id,
-                marker.number,
-                marker.configuration_hash,
-                rev.number,
-                rev.configuration_hash
-            ),
+    let mut differs = Vec::new();
+    if marker.revision_id != rev.id {
+        differs.push(format!(
+            "revision id {} (not {})",
+            marker.revision_id, rev.id
         ));
     }
-    Ok(())
+    if marker.number != rev.number {
+        differs.push(format!("number {} (not {})", marker.number, rev.number));
+    }
+    if marker.configuration_hash != rev.configuration_hash {
+        differs.push(format!(
+            "configuration hash {} (not {})",
+            marker.configuration_hash, rev.configuration_hash
+        ));
+    }
+    if differs.is_empty() {
+        return Ok(());
+    }
+    // Only what differs: repeating equal values made a changed id read as no change at all.
+    Err(Failure::new(
+        FailureCode::SnapshotMismatch,
+        format!(
+            "the snapshot at revision {}'s directory holds {}",
+            rev.id,
+            differs.join(" and ")
+        ),
+    ))
 }
 
 /// `revisions/<32 hex>` exactly, or nothing.
@@ -451,6 +580,51 @@ pub(crate) fn namespace_matches(marker: &NamespaceMarker, ns: &NamespaceRef) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 27: a changed revision id was reported as "holds number 1 with hash X, not
+    /// number 1 with hash X". The message says what differs, and only that.
+    #[test]
+    fn a_snapshot_mismatch_says_what_differs() {
+        use clawfleet_protocol::operation::{
+            Harness, HarnessId, HarnessMode, HarnessVersion, RevisionNumber,
+        };
+        let hash = |c: char| Sha256Hex::new(c.to_string().repeat(64)).unwrap();
+        let marker = RevisionMarker {
+            schema: 1,
+            namespace_id: Ident::new("ns1").unwrap(),
+            agent_id: Ident::new("a1").unwrap(),
+            revision_id: Ident::new("rev-1").unwrap(),
+            number: RevisionNumber::new(1).unwrap(),
+            configuration_hash: hash('a'),
+            harness: Harness {
+                id: HarnessId::Openclaw,
+                version: HarnessVersion::new("2026.9.6").unwrap(),
+                mode: HarnessMode::Embedded,
+            },
+            needs_password: false,
+        };
+        let asked = |id: &str, number: u64, h: char| RevisionRef {
+            id: Ident::new(id).unwrap(),
+            number: RevisionNumber::new(number).unwrap(),
+            configuration_hash: hash(h),
+        };
+        assert!(snapshot_matches(&marker, &asked("rev-1", 1, 'a')).is_ok());
+        let f = snapshot_matches(&marker, &asked("rev-x", 1, 'a')).unwrap_err();
+        assert_eq!(f.code, FailureCode::SnapshotMismatch);
+        assert!(f.message.contains("revision id rev-1 (not rev-x)"), "{f}");
+        assert!(
+            !f.message.contains("number") && !f.message.contains("hash"),
+            "{f}"
+        );
+        let f = snapshot_matches(&marker, &asked("rev-1", 2, 'b')).unwrap_err();
+        assert!(
+            f.message.contains("number 1 (not 2)")
+                && f.message
+                    .contains(&format!("hash {} (not {})", hash('a'), hash('b'))),
+            "{f}"
+        );
+        assert!(!f.message.contains("revision id"), "{f}");
+    }
 
     #[test]
     fn gateway_commands_must_be_executable_files() {

@@ -9,6 +9,11 @@
 //! removed (a re-created Agent gets higher fences from the coordinator's global counter). It is
 //! written only when the fence grows, so repeating an operation under the same claim writes
 //! nothing.
+//!
+//! `delete-namespace` removes every Agent of the Namespace left on the host, so its fence (the
+//! coordinator's current one) is checked against each of them, with the same rules: without
+//! one it removes only Agents that never had a fence, and a stale coordinator (or one that
+//! predates fencing) cannot remove a fenced Agent through its Namespace.
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
@@ -50,6 +55,29 @@ impl Engine<'_> {
         agent: &Ident,
         paths: &AgentPaths,
     ) -> Result<Option<u64>, Failure> {
+        let stored = self.stored_fence(namespace, agent, paths)?;
+        match (ctx.fence, stored) {
+            (None, None) => Ok(None),
+            (None, Some(stored)) => Err(stale(format!(
+                "this operation carries no fence, but this host already saw fence {stored} for Agent {agent}: a coordinator without fencing must not change an Agent a fenced coordinator manages"
+            ))),
+            (Some(fence), Some(stored)) if fence < stored => Err(stale(format!(
+                "fence {fence} is lower than fence {stored}, which this host already saw for Agent {agent}: a later claim of the Agent supersedes this one"
+            ))),
+            (Some(fence), Some(stored)) if fence == stored => Ok(None),
+            (Some(fence), _) => Ok(Some(fence)),
+        }
+    }
+
+    /// The highest fence recorded for the Agent (`None`: no record). A record that cannot be
+    /// read, or that names another Agent, is an error naming its file (every change of the
+    /// Agent is refused then, and `status` reports it).
+    pub(crate) fn stored_fence(
+        &self,
+        namespace: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Result<Option<u64>, Failure> {
         let stored =
             markers::read_optional::<FenceMarker>(&paths.fence, "fence").map_err(marker_failure)?;
         if let Some(m) = &stored
@@ -62,18 +90,7 @@ impl Engine<'_> {
                 m.namespace_id
             )));
         }
-        let stored = stored.map(|m| m.fence);
-        match (ctx.fence, stored) {
-            (None, None) => Ok(None),
-            (None, Some(stored)) => Err(stale(format!(
-                "this operation carries no fence, but this host already saw fence {stored} for Agent {agent}: a coordinator without fencing must not change an Agent a fenced coordinator manages"
-            ))),
-            (Some(fence), Some(stored)) if fence < stored => Err(stale(format!(
-                "fence {fence} is lower than fence {stored}, which this host already saw for Agent {agent}: a later claim of the Agent supersedes this one"
-            ))),
-            (Some(fence), Some(stored)) if fence == stored => Ok(None),
-            (Some(fence), _) => Ok(Some(fence)),
-        }
+        Ok(stored.map(|m| m.fence))
     }
 
     /// Records `fence` as the highest seen for the Agent (atomically, fsync).

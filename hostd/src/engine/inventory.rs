@@ -155,7 +155,19 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
             if let Err(f) = engine.verify_account(&marker.namespace_id, &agent, &paths) {
                 problem(&mut out.problems, &account_marker, f.message);
             }
+            // Every change of the Agent fails while its fence record is unreadable.
+            if let Err(f) = engine.stored_fence(&marker.namespace_id, &agent.id, &paths) {
+                problem(
+                    &mut out.problems,
+                    &paths.fence,
+                    format!(
+                        "{}; every change of this Agent is refused until it is fixed",
+                        f.message
+                    ),
+                );
+            }
             ns.agents.push(AgentInventory {
+                unit_drift: engine.unit_drift(&marker.namespace_id, &agent.id, &paths, am.port),
                 observation: engine.observe(&marker.namespace_id, &agent.id, &paths),
                 id: agent.id,
                 service_principal_id: agent.service_principal_id,
@@ -166,7 +178,34 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
         out.namespaces.push(ns);
     }
     orphaned_accounts(engine, only, &mut out.problems);
+    if only.is_none() {
+        unreadable_fences(engine, &mut out.problems);
+    }
     out
+}
+
+/// Fence records that cannot be read, of Agents not listed above (deleted ones: re-creating
+/// the Agent is refused while its record is unreadable).
+fn unreadable_fences(engine: &Engine<'_>, problems: &mut Vec<InventoryProblem>) {
+    let dir = engine.layout.fences_dir();
+    if !matches!(fsutil::dir_exists(&dir), Ok(true)) {
+        return;
+    }
+    let reported: std::collections::BTreeSet<String> =
+        problems.iter().map(|p| p.path.clone()).collect();
+    for name in fsutil::list_dir(&dir).unwrap_or_default() {
+        let path = dir.join(&name);
+        if !name.ends_with(".json") || reported.contains(&path.display().to_string()) {
+            continue;
+        }
+        if let Err(e) = markers::read::<markers::FenceMarker>(&path, "fence") {
+            problem(
+                problems,
+                &path,
+                format!("{e}; every change of its Agent is refused until it is fixed"),
+            );
+        }
+    }
 }
 
 /// Account markers whose Agent directory is gone (a delete that failed at the account): a

@@ -31,10 +31,46 @@ impl Engine<'_> {
             refusal: None,
             observation: self.observe(&args.namespace.id, &args.agent.id, &paths),
         };
+        // What is there, before any check that could refuse: a refused plan reports the
+        // Agent as it is on the host, not a new Agent's defaults.
+        self.existing_state(args, &paths, &mut plan);
         if let Err(f) = self.fill_plan(ctx, args, &paths, &mut plan) {
             plan.refusal = Some(f);
         }
         Ok(plan)
+    }
+
+    /// Marks what exists as kept (the unit file as replaced, since it was not compared yet)
+    /// and reads the Agent's port from its marker, when readable. `fill_plan` refines it.
+    fn existing_state(&self, args: &PlanArgs, paths: &AgentPaths, plan: &mut PlanResult) {
+        let exists = |p: &std::path::Path| {
+            !matches!(
+                fsutil::kind(p),
+                Ok(fsutil::Kind::Missing) | Err(fsutil::FsError::Io { .. })
+            )
+        };
+        if exists(&self.layout.account_marker(&paths.account)) {
+            plan.account = Change::Keep;
+        }
+        if exists(&paths.dir) {
+            plan.agent_directory = Change::Keep;
+            plan.port = crate::markers::read::<crate::markers::AgentMarker>(&paths.marker, "agent")
+                .ok()
+                .map(|m| m.port);
+            if exists(&paths.revision_dir(&args.revision.id)) {
+                plan.snapshot = Change::Keep;
+            }
+        }
+        if exists(&paths.unit_file) {
+            plan.unit_file = Change::Replace;
+        }
+        if needs_password(args.revision.configuration.value()) {
+            plan.password_file = if exists(&paths.password_file) {
+                Change::Keep
+            } else {
+                Change::Create
+            };
+        }
     }
 
     fn fill_plan(

@@ -29,13 +29,15 @@ struct PortChoice {
 impl Engine<'_> {
     /// Makes sure the Agent's account and directory exist and are ours, creating what is
     /// missing. Checks first (foreign unit file, foreign account, the existing directory, a
-    /// free port), creates after. Returns the account's ids.
+    /// free port), then records `raise_fence` (the operation's fence, when higher than the
+    /// Agent's record), creates after. Returns the account's ids.
     pub(crate) fn provision(
         &self,
         ctx: &mut Ctx<'_>,
         ns: &Ident,
         agent: &AgentRef,
         paths: &AgentPaths,
+        raise_fence: Option<u64>,
     ) -> Result<Ids, Failure> {
         // Check.
         self.verify_unit_file(ns, &agent.id, paths)?;
@@ -56,6 +58,10 @@ impl Engine<'_> {
         } else {
             Some(self.choose_port(ctx, ns, &agent.id)?)
         };
+        // Accepted: the fence first, before anything of the Agent changes.
+        if let Some(fence) = raise_fence {
+            self.raise_fence(ctx, ns, &agent.id, paths, fence)?;
+        }
         // Create.
         let ids = match existing_ids {
             Some(ids) => {

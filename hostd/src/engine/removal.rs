@@ -28,6 +28,11 @@ impl Engine<'_> {
             self.system
                 .stop_unit(&paths.unit_name, self.config.limits.unit_stop_timeout)
                 .map_err(system_failure)?;
+            // A unit that failed stays in systemd's failed list after it is stopped and its
+            // file removed, until its failed state is reset.
+            self.system
+                .reset_failed_unit(&paths.unit_name)
+                .map_err(system_failure)?;
         }
         if had_file {
             ctx.step(Step::Disable)?;
@@ -225,6 +230,8 @@ impl Engine<'_> {
                 self.verify_agent(&ns.id, &agent, &paths)?;
                 self.verify_account(&ns.id, &agent, &paths)?;
                 self.verify_snapshots(&ns.id, &agent.id, &paths)?;
+                // Refused before the hooks when the fence is stale; checked again under its lock.
+                self.fence_verdict(ctx, &ns.id, &agent.id, &paths)?;
                 agents.push((agent, paths));
             }
         }
@@ -284,6 +291,9 @@ impl Engine<'_> {
         let mut locks = Vec::new();
         for path in &lock_paths {
             locks.push(self.agent_lock(ctx, path)?);
+        }
+        for (agent, paths) in &agents {
+            self.check_fence(ctx, &ns.id, &agent.id, paths)?;
         }
         let host = self.host_lock(ctx)?;
         let mut any_unit = false;

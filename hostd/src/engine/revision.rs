@@ -185,13 +185,24 @@ impl Engine<'_> {
         ctx: &mut Ctx<'_>,
         args: &PrepareArgs,
     ) -> Result<PrepareResult, Failure> {
+        // The request's own limits first, before any lock or side effect: a refused workspace
+        // set leaves no account, port, directory, snapshot or fence behind.
+        if let Some(setup) = &args.workspace {
+            setup.check().map_err(|m| {
+                Failure::new(FailureCode::InvalidInput, format!("at `workspace`: {m}"))
+            })?;
+        }
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
         let result = match self.prepare_noop(ctx, args, &paths) {
             Fast::Answer(r) => r,
             Fast::Decline => ctx.commit().and_then(|()| {
-                self.check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)?;
-                self.prepare_locked(ctx, args, &paths)
+                // Refused now if stale; recorded only once every check of the prepare passed
+                // (`provision`), so a refused prepare leaves no record for an Agent that never
+                // existed. The Agent lock is held throughout: nothing of the Agent changes in
+                // between.
+                let raise = self.fence_verdict(ctx, &args.namespace.id, &args.agent.id, &paths)?;
+                self.prepare_locked(ctx, args, &paths, raise)
             }),
         };
         self.forget_lock_if_absent(&agent_lock, &paths);
@@ -203,6 +214,7 @@ impl Engine<'_> {
         ctx: &mut Ctx<'_>,
         args: &PrepareArgs,
         paths: &AgentPaths,
+        raise_fence: Option<u64>,
     ) -> Result<PrepareResult, Failure> {
         let ns = &args.namespace;
         let agent = &args.agent;
@@ -216,7 +228,7 @@ impl Engine<'_> {
         {
             // Inventory changes only: account, port, directory.
             let _host = self.host_lock(ctx)?;
-            ids = self.provision(ctx, &ns.id, agent, paths)?;
+            ids = self.provision(ctx, &ns.id, agent, paths, raise_fence)?;
         }
         let current = self.read_current_repairable(ctx, &ns.id, &agent.id, paths)?;
         let reference = rev.reference();
@@ -360,6 +372,7 @@ impl Engine<'_> {
         let rev = &args.revision;
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
+        self.require_agent_present(&ns.id, &agent.id, paths)?;
         let ids = self.verify_account(&ns.id, agent, paths)?;
         let agent_marker = self.verify_agent(&ns.id, agent, paths)?;
         let snapshot = self.verify_snapshot(&ns.id, &agent.id, paths, rev)?;
@@ -851,6 +864,7 @@ impl Engine<'_> {
         let paths = self.layout.agent(&ns.id, &args.agent.id);
         ctx.step(Step::Verify)?;
         self.verify_namespace(ns)?;
+        self.require_agent_present(&ns.id, &args.agent.id, &paths)?;
         self.verify_account(&ns.id, &args.agent, &paths)?;
         self.verify_agent(&ns.id, &args.agent, &paths)?;
         self.read_current(&ns.id, &args.agent.id, &paths)?;

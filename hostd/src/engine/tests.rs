@@ -1805,6 +1805,64 @@ fn workspace_outcome(r: &OperationResult) -> Option<WorkspaceOutcome> {
     }
 }
 
+/// Issue 27: the workspace set's limits (count, size, total, duplicates) were checked after
+/// provisioning, so a refused set left an account, a port, a directory, a snapshot and a
+/// fence behind. They are checked before anything.
+#[test]
+fn a_refused_workspace_set_leaves_nothing_behind() {
+    use clawfleet_protocol::workspace::{
+        WORKSPACE_MAX_FILE_BYTES, WORKSPACE_MAX_FILES, WORKSPACE_MAX_TOTAL_BYTES, WorkspaceSetup,
+    };
+    let big = |n: usize| "x".repeat(n);
+    let sets: Vec<(&str, Vec<clawfleet_protocol::workspace::WorkspaceFile>)> = vec![
+        (
+            "too many",
+            (0..=WORKSPACE_MAX_FILES)
+                .map(|i| ws_file(&format!("f{i}.md"), "x"))
+                .collect(),
+        ),
+        (
+            "too large",
+            vec![ws_file("big.md", &big(WORKSPACE_MAX_FILE_BYTES + 1))],
+        ),
+        (
+            "total",
+            (0..3)
+                .map(|i| ws_file(&format!("t{i}.md"), &big(WORKSPACE_MAX_TOTAL_BYTES / 2 - 1)))
+                .collect(),
+        ),
+        (
+            "twice",
+            vec![ws_file("SOUL.md", "a\n"), ws_file("SOUL.md", "a\n")],
+        ),
+    ];
+    for (what, files) in sets {
+        let h = Host::new();
+        h.ok(ensure("ns1"));
+        h.fake.clear_calls();
+        let manifest = files.iter().map(|f| f.meta()).collect();
+        let op = Operation::PrepareRevision(PrepareArgs {
+            workspace: Some(WorkspaceSetup {
+                manifest,
+                files: Some(files),
+            }),
+            namespace: ns("ns1"),
+            agent: agent("a1"),
+            revision: spec("r1", 1),
+        });
+        let f = match h.run_fenced(op, Some(5)) {
+            Ok(r) => panic!("{what}: accepted: {r:?}"),
+            Err(f) => f,
+        };
+        assert_eq!(f.code, FailureCode::InvalidInput, "{what}: {f}");
+        assert!(f.message.contains("workspace"), "{what}: {f}");
+        assert_nothing_of(&h, "a1");
+        let paths = h.layout().agent(&id("ns1"), &id("a1"));
+        assert!(!paths.fence.exists(), "{what}: fence record");
+        assert!(h.fake.calls().is_empty(), "{what}: {:?}", h.fake.calls());
+    }
+}
+
 #[test]
 fn workspace_files_are_applied_once_and_live_edits_are_kept() {
     let h = Host::new();
@@ -2302,3 +2360,110 @@ fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() 
 mod fastpath;
 mod fences;
 mod hardening;
+
+/// Issue 27: activating (or verifying) an Agent that was never prepared on the host said
+/// `OWNERSHIP_MISMATCH`, as if something foreign were in the way. It is `AGENT_MISSING`, and
+/// nothing is left behind.
+#[test]
+fn activating_a_never_prepared_agent_is_agent_missing() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.fake.clear_calls();
+    let f = h.fails(activate("ns1", "a1", "r1", 1));
+    assert_eq!(f.code, FailureCode::AgentMissing, "{f}");
+    assert!(
+        f.message.contains("a1") && f.message.contains("prepare"),
+        "{f}"
+    );
+    let f = h.fails(Operation::VerifyRevision(rargs("ns1", "a1", "r1", 1)));
+    assert_eq!(f.code, FailureCode::AgentMissing, "{f}");
+    assert_nothing_of(&h, "a1");
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+}
+
+/// Issue 27: a hand-edited unit file (NoNewPrivileges removed, MemoryMax raised) was reported
+/// as synced. `status` names how the unit differs from hostd's text, and a drop-in; the next
+/// activation rewrites the file.
+#[test]
+fn status_reports_a_hand_edited_unit_file_and_drop_ins() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let drift = |h: &Host| match h.ok(Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => inv.namespaces[0].agents[0].unit_drift.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(drift(&h), None);
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let text = std::fs::read_to_string(&paths.unit_file).unwrap();
+    let edited = text
+        .replace("NoNewPrivileges=yes\n", "")
+        .replace("MemoryMax=2G\n", "MemoryMax=64G\n");
+    assert_ne!(edited, text);
+    std::fs::write(&paths.unit_file, &edited).unwrap();
+    let why = drift(&h).expect("drift reported");
+    assert!(
+        why.contains("`MemoryMax=64G`")
+            && why.contains("`MemoryMax=2G`")
+            && why.contains("`NoNewPrivileges=yes`"),
+        "{why}"
+    );
+    // A drop-in next to a correct file.
+    std::fs::write(&paths.unit_file, &text).unwrap();
+    let dropins = h.config.unit_dir.join(format!("{}.d", paths.unit_name));
+    std::fs::create_dir_all(&dropins).unwrap();
+    std::fs::write(
+        dropins.join("override.conf"),
+        "[Service]\nMemoryMax=infinity\n",
+    )
+    .unwrap();
+    let why = drift(&h).expect("drift reported");
+    assert!(why.contains("override.conf"), "{why}");
+    std::fs::remove_dir_all(&dropins).unwrap();
+    // A unit file removed under an activated Agent.
+    std::fs::remove_file(&paths.unit_file).unwrap();
+    let why = drift(&h).expect("drift reported");
+    assert!(why.contains("no unit file"), "{why}");
+    // Activation puts hostd's text back.
+    std::fs::write(&paths.unit_file, &edited).unwrap();
+    h.ok(activate("ns1", "a1", "r1", 1));
+    assert_eq!(drift(&h), None);
+}
+
+/// Issue 27: the failed unit of a deleted Agent stayed in systemd's failed list. Deleting the
+/// Agent (or its Namespace) resets the unit's failed state after stopping it.
+#[test]
+fn deleting_an_agent_resets_its_failed_unit() {
+    for namespace in [false, true] {
+        let h = Host::new();
+        h.ok(ensure("ns1"));
+        let port = port_of(&h.ok(prepare("ns1", "a1", "r1", 1)));
+        h.fake.set_behaviour(port, Behaviour::ExitConfig);
+        h.fails(activate("ns1", "a1", "r1", 1));
+        let paths = h.layout().agent(&id("ns1"), &id("a1"));
+        assert!(h.fake.unit_state(&paths.unit_name).unwrap().is_failed());
+        h.fake.clear_calls();
+        h.ok(if namespace {
+            Operation::DeleteNamespace(NamespaceArgs {
+                namespace: ns("ns1"),
+            })
+        } else {
+            Operation::DeleteAgent(AgentArgs {
+                namespace: ns("ns1"),
+                agent: agent("a1"),
+            })
+        });
+        let calls = h.fake.calls();
+        let stop = calls
+            .iter()
+            .position(|c| c == &format!("stop {}", paths.unit_name));
+        let reset = calls
+            .iter()
+            .position(|c| c == &format!("reset-failed {}", paths.unit_name));
+        assert!(
+            matches!((stop, reset), (Some(s), Some(r)) if s < r),
+            "{calls:?}"
+        );
+    }
+}

@@ -111,9 +111,7 @@ impl Engine<'_> {
         ids: Ids,
         setup: &WorkspaceSetup,
     ) -> Result<WorkspaceOutcome, Failure> {
-        setup
-            .check()
-            .map_err(|m| Failure::new(FailureCode::InvalidInput, format!("at `workspace`: {m}")))?;
+        // `setup.check()` ran before the prepare changed anything (`Engine::prepare`).
         match fsutil::kind(&paths.workspace_applied).map_err(fs_failure)? {
             fsutil::Kind::File => return Ok(WorkspaceOutcome::AlreadyApplied),
             fsutil::Kind::Missing => {}

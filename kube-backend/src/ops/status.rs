@@ -192,6 +192,7 @@ async fn namespace_agents(
         let mut revs = revisions.remove(&agent).unwrap_or_default();
         revs.sort_by_key(|r| r.number);
         agents.push(AgentInventory {
+            unit_drift: None,
             id: agent,
             service_principal_id: sp,
             account: name,

@@ -168,6 +168,100 @@ fn an_unfenced_operation_is_refused_once_the_agent_is_fenced() {
     assert_eq!(h.recorded_fence("ns1", "a1"), Some(3));
 }
 
+fn delete_namespace(n: &str) -> Operation {
+    Operation::DeleteNamespace(NamespaceArgs { namespace: ns(n) })
+}
+
+/// Issue 27: an unfenced (version 1) or stale `delete-namespace` removed a serving Agent
+/// fenced at 100 right after a stale `delete-agent` for it had been refused. It is now checked
+/// against the fence of every Agent it would remove, before its hooks and again under the
+/// Agent locks; a current fence removes the Namespace and raises the records.
+#[test]
+fn delete_namespace_is_refused_for_a_fenced_agent_unless_its_fence_is_current() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(100));
+    h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(100));
+    // An Agent that never had a fence, in the same Namespace.
+    h.ok_at(prepare("ns1", "a2", "rev-1", 1), None);
+    let paths = h.paths("ns1", "a1");
+    assert_stale(&h.fails_at(delete_agent("ns1", "a1"), Some(50)), 50, 100);
+    h.fake.clear_calls();
+    let f = h.fails_at(delete_namespace("ns1"), None);
+    assert_eq!(f.code, FailureCode::FenceStale, "{f}");
+    assert!(
+        f.message.contains("no fence") && f.message.contains("fence 100"),
+        "{f}"
+    );
+    assert_stale(&h.fails_at(delete_namespace("ns1"), Some(99)), 99, 100);
+    assert!(h.fake.calls().is_empty(), "{:?}", h.fake.calls());
+    assert!(paths.dir.exists() && paths.unit_file.exists());
+    assert_eq!(current_of(&paths), AgentPaths::current_target(&id("rev-1")));
+    assert!(h.paths("ns1", "a2").dir.exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(100));
+    match h.ok_at(delete_namespace("ns1"), Some(101)) {
+        OperationResult::DeleteNamespace(r) => {
+            assert!(r.removed);
+            assert_eq!(r.agents_removed, 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!paths.dir.exists() && !paths.unit_file.exists());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(101));
+    assert_eq!(h.recorded_fence("ns1", "a2"), Some(101));
+    // A Namespace whose Agents were all deleted needs no fence (the coordinator's own case).
+    h.ok(ensure("ns2"));
+    h.ok_at(prepare("ns2", "b1", "rev-1", 1), Some(200));
+    h.ok_at(delete_agent("ns2", "b1"), Some(201));
+    h.ok_at(delete_namespace("ns2"), None);
+}
+
+/// Issue 27: a fenced prepare refused for a full port range, a full host, a foreign account
+/// or a missing gateway wrote a fence record for an Agent that never existed. The record is
+/// written only once every check passed; a refusal for an existing Agent keeps its record.
+#[test]
+fn a_refused_prepare_leaves_no_fence_record() {
+    let refused = |h: &Host, a: &str, code: FailureCode| {
+        let f = h.fails_at(prepare("ns1", a, "r1", 1), Some(5));
+        assert_eq!(f.code, code, "{f}");
+        assert_eq!(h.recorded_fence("ns1", a), None, "{code:?}");
+        assert_nothing_of(h, a);
+    };
+    let h = Host::with_config("port_range = [20000, 20000]");
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "r1", 1), Some(4));
+    refused(&h, "a2", FailureCode::PortRangeExhausted);
+
+    let h = Host::with_config("max_agents = 1");
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "r1", 1), Some(4));
+    refused(&h, "a2", FailureCode::HostFull);
+
+    let mut h = Host::new();
+    h.ok(ensure("ns1"));
+    let account = h.paths("ns1", "a3").account;
+    h.fake.add_foreign_user(
+        &account,
+        Ids {
+            uid: 4242,
+            gid: 4242,
+        },
+    );
+    let f = h.fails_at(prepare("ns1", "a3", "r1", 1), Some(5));
+    assert_eq!(f.code, FailureCode::OwnershipMismatch, "{f}");
+    assert_eq!(h.recorded_fence("ns1", "a3"), None);
+
+    h.ok_at(prepare("ns1", "a1", "r1", 1), Some(4));
+    h.config.gateway_command[0] = "/nonexistent/node".to_owned();
+    refused(&h, "a2", FailureCode::GatewayCommandMissing);
+    // An existing Agent's record stays as it was.
+    assert_eq!(
+        h.fails_at(prepare("ns1", "a1", "r2", 2), Some(6)).code,
+        FailureCode::GatewayCommandMissing
+    );
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(4));
+}
+
 #[test]
 fn a_never_fenced_agent_accepts_unfenced_operations_and_gets_no_record() {
     let h = Host::new();
@@ -240,4 +334,75 @@ fn a_malformed_or_foreign_record_is_refused_naming_the_file_and_left_as_it_is() 
     let f = h.fails_at(prepare("ns1", "a1", "rev-1", 1), Some(9));
     assert!(f.message.contains(&shown), "{f}");
     assert!(paths.fence.is_dir() && !paths.dir.exists());
+}
+
+/// Issue 27: with an Agent's fence record unreadable every change of the Agent fails, and
+/// `status` reported no problem. It names the file (and so for a deleted Agent's record,
+/// which would refuse re-creating it).
+#[test]
+fn status_reports_an_unreadable_fence_record() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(3));
+    h.ok_at(prepare("ns1", "a2", "rev-1", 1), Some(3));
+    h.ok_at(delete_agent("ns1", "a2"), Some(4));
+    for a in ["a1", "a2"] {
+        std::fs::write(h.paths("ns1", a).fence, b"{not json").unwrap();
+    }
+    assert_eq!(
+        h.fails_at(prepare("ns1", "a1", "rev-2", 2), Some(5)).code,
+        FailureCode::OwnershipMismatch
+    );
+    let problems = match h.ok(Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => inv.problems,
+        other => panic!("{other:?}"),
+    };
+    for a in ["a1", "a2"] {
+        let path = h.paths("ns1", a).fence.display().to_string();
+        let found: Vec<_> = problems.iter().filter(|p| p.path == path).collect();
+        assert_eq!(found.len(), 1, "{a}: {problems:?}");
+        assert!(found[0].message.contains("refused"), "{:?}", found[0]);
+    }
+    // One Namespace's view shows its listed Agent's record too.
+    let problems = match h.ok(Operation::Status(StatusArgs {
+        namespace_id: Some(id("ns1")),
+    })) {
+        OperationResult::Status(inv) => inv.problems,
+        other => panic!("{other:?}"),
+    };
+    let path = h.paths("ns1", "a1").fence.display().to_string();
+    assert!(problems.iter().any(|p| p.path == path), "{problems:?}");
+}
+
+/// Issue 27: a refused `plan-revision` reported a new Agent's defaults (account: create,
+/// port: null) for an Agent that exists. It reports what is on the host.
+#[test]
+fn a_refused_plan_reports_the_agent_as_it_is() {
+    use clawfleet_protocol::plan::{Change, PlanArgs};
+    let mut h = Host::new();
+    h.ok(ensure("ns1"));
+    let port = port_of(&h.ok(prepare("ns1", "a1", "rev-1", 1)));
+    h.ok(activate("ns1", "a1", "rev-1", 1));
+    h.config.gateway_command[0] = "/nonexistent/node".to_owned();
+    let plan = match h.ok(Operation::PlanRevision(PlanArgs {
+        namespace: ns("ns1"),
+        agent: agent("a1"),
+        revision: spec("rev-1", 1),
+        restore: None,
+    })) {
+        OperationResult::PlanRevision(p) => *p,
+        other => panic!("{other:?}"),
+    };
+    let refusal = plan.refusal.as_ref().expect("refused");
+    assert_eq!(
+        refusal.code,
+        FailureCode::GatewayCommandMissing,
+        "{refusal}"
+    );
+    assert_eq!(plan.account, Change::Keep, "{plan:?}");
+    assert_eq!(plan.agent_directory, Change::Keep, "{plan:?}");
+    assert_eq!(plan.port, Some(port), "{plan:?}");
+    assert_eq!(plan.snapshot, Change::Keep, "{plan:?}");
+    assert_eq!(plan.password_file, Change::Keep, "{plan:?}");
+    assert_ne!(plan.unit_file, Change::Create, "{plan:?}");
 }
