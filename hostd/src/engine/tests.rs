@@ -2302,3 +2302,4 @@ fn a_hook_that_leaves_a_daemon_holding_its_output_does_not_keep_hostd_waiting() 
 mod fastpath;
 mod fences;
 mod hardening;
+mod security;
