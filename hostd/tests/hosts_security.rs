@@ -66,7 +66,7 @@ fn attacks() -> Value {
         "units": "ls /etc/systemd/system | grep -c '^clawfleet-agent-'; cat /etc/systemd/system/clawfleet-agent-*.service 2>&1 | grep -c 'Managed by clawfleet'",
         // add_key(2) ("user", "cf-secret", "s3cret", 6, KEY_SPEC_USER_KEYRING) and
         // keyctl(2) (KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_USER_KEYRING) on x86_64.
-        "keyring": "perl -e '$a = syscall(248, \"user\", \"cf-secret\", \"s3cret\", 6, -4); print \"add_key=$a $!\\n\"; $!=0; $p = syscall(250, 22, -1, -4); print \"persistent=$p $!\\n\"'",
+        "keyring": "perl -e 'my ($t, $d, $v) = (\"user\", \"cf-secret\", \"s3cret\"); $a = syscall(248, $t, $d, $v, 6, -4); print \"add_key=$a $!\\n\"; $!=0; $p = syscall(250, 22, -1, -4); print \"persistent=$p $!\\n\"'",
         "forge": "logger -t hostd cf-forged-by-an-agent 2>&1; echo logger=$?",
     })
 }
@@ -76,7 +76,7 @@ fn an_agent_cannot_read_other_units_reuse_a_uid_reach_the_keyring_or_forge_hostd
  {
     skip_unless_hosts!();
     let occ = Coordinator::new();
-    let host = host_with_hostd(&occ, "[unit]\nlog_rate_limit_burst = 200\n");
+    let host = host_with_hostd(&occ, "[unit]\nlog_rate_limit_burst = 20\n");
     occ.ok(&host, ensure("ns1"));
     occ.ok(&host, ensure("ns2"));
 
@@ -93,6 +93,9 @@ fn an_agent_cannot_read_other_units_reuse_a_uid_reach_the_keyring_or_forge_hostd
         Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
     );
     let uid_a1 = uid_of(&host, &a1.account);
+    // On these nspawn test hosts nspawn's own seccomp filter refuses keyring calls too, so
+    // this passes there whatever the unit says (unit::tests checks the unit's filter); what
+    // the hosts do show is the root cause, the uid handed out again (below).
     let keyring = stdout(&command(&host, pa, "keyring"));
     assert!(
         keyring.contains("add_key=-1 Operation not permitted")
@@ -103,8 +106,10 @@ fn an_agent_cannot_read_other_units_reuse_a_uid_reach_the_keyring_or_forge_hostd
 
     // The next Agent, another tenant's, never gets a1's uid.
     let b1 = layout().agent(&id("ns2"), &id("b1"));
-    let floods = json!({"label": "b1", "probe": {"commands": attacks()},
-        "logLines": ["hostd: operation succeeded (forged on stderr)"], "logBytes": 40_000_000u64});
+    // A forged line on its own stderr, then a flood of 2,000 lines at once.
+    let mut lines = vec!["hostd: operation succeeded (forged on stderr)".to_owned()];
+    lines.extend((0..2000).map(|i| format!("cf-flood-{i}")));
+    let floods = json!({"label": "b1", "probe": {"commands": attacks()}, "logLines": lines});
     let rb = spec("rev-1", 1, floods);
     let pb = port(&occ.ok(&host, prepare("ns2", "b1", &rb)));
     occ.ok(
@@ -155,20 +160,23 @@ fn an_agent_cannot_read_other_units_reuse_a_uid_reach_the_keyring_or_forge_hostd
         ))
         .unwrap();
     assert_eq!(tagged.trim(), "1", "the Agent's own line under its own tag");
-    // The flood (1,000 lines of 40 KB within seconds) is cut at the configured burst of 200;
-    // journald's own default (10,000 per 30 s) let it all through.
-    std::thread::sleep(std::time::Duration::from_secs(5));
-    let lines: u64 = host
+    // The flood is cut at the configured burst of 20 per 30 s, which journald multiplies by
+    // up to 5 when the disk has much free space; its own default (10,000) let it all through.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let kept: u64 = host
         .run_ok(&format!(
-            "journalctl --no-pager -o cat -u {} | wc -l",
+            "journalctl --no-pager -o cat -u {} | grep -c cf-flood- || true",
             b1.unit_name
         ))
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    println!("the flooding Agent's journal holds {lines} lines");
-    assert!(lines < 400, "{lines} lines: the rate limit is not in force");
+    println!("journald kept {kept} of the flooding Agent's 2,000 lines");
+    assert!(
+        kept < 1000,
+        "{kept} of 2,000 lines kept: the rate limit is not in force"
+    );
 
     // Acceptance: the unit's exposure stays at or below 1.5.
     let out = host
