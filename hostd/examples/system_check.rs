@@ -15,6 +15,8 @@ const ACCOUNT: &str = "cfa-syscheck000000000000000";
 const OK_UNIT: &str = "cf-syscheck-ok.service";
 const BAD_UNIT: &str = "cf-syscheck-bad.service";
 const DIR: &str = "/var/lib/cf-syscheck";
+/// The uid and gid the account is created with (hostd allocates them from its range).
+const ID: u32 = 400_777;
 
 fn state_json(s: &Result<UnitState, hostd::system::SystemError>) -> Value {
     match s {
@@ -82,8 +84,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "userBefore".into(),
         res(sys.user(ACCOUNT).map(|o| o.map(|i| i.uid))),
     );
+    out.insert("idInUseBefore".into(), res(sys.id_in_use(ID)));
     let t = Instant::now();
-    let ids = sys.create_account(ACCOUNT, Path::new(&format!("{DIR}/home")));
+    let ids = sys.create_account(ACCOUNT, Path::new(&format!("{DIR}/home")), ID);
     out.insert("createAccountMs".into(), json!(ms(t.elapsed())));
     out.insert(
         "createAccount".into(),
@@ -92,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     out.insert(
         "createAgain".into(),
         res(sys
-            .create_account(ACCOUNT, Path::new("/nonexistent"))
+            .create_account(ACCOUNT, Path::new("/nonexistent"), ID + 1)
             .map(|_| ())),
     );
     out.insert(
@@ -102,6 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|o| o.map(|i| json!({"uid": i.uid, "gid": i.gid})))),
     );
     out.insert("group".into(), res(sys.group(ACCOUNT)));
+    out.insert("idInUse".into(), res(sys.id_in_use(ID)));
     let passwd = std::fs::read_to_string("/etc/passwd")?;
     out.insert(
         "passwdLine".into(),
@@ -113,7 +117,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     out.insert(
         "badName".into(),
-        res(sys.create_account("-o", Path::new("/x")).map(|_| ())),
+        res(sys
+            .create_account("-o", Path::new("/x"), ID + 2)
+            .map(|_| ())),
     );
 
     // useradd fails (the user name is taken, the group name is free): the group is rolled back.
@@ -125,7 +131,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     out.insert(
         "rollbackCreate".into(),
         res(sys
-            .create_account(taken, Path::new("/nonexistent"))
+            .create_account(taken, Path::new("/nonexistent"), ID + 3)
             .map(|_| ())),
     );
     out.insert("rollbackGroup".into(), res(sys.group(taken)));

@@ -47,6 +47,7 @@ struct RawConfig {
     protocol_versions: Option<Vec<u64>>,
     limits: RawLimits,
     unit: RawUnit,
+    accounts: RawAccounts,
     journal: RawJournal,
 }
 
@@ -59,6 +60,8 @@ struct RawLimits {
     hook_timeout_ms: Option<u64>,
     clock_skew_seconds: Option<u64>,
     max_envelope_lifetime_seconds: Option<u64>,
+    max_sessions: Option<u64>,
+    session_idle_timeout_seconds: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +69,13 @@ struct RawUnit {
     memory_max: Option<String>,
     cpu_quota: Option<String>,
     tasks_max: Option<u32>,
+    log_rate_limit_interval_seconds: Option<u64>,
+    log_rate_limit_burst: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+struct RawAccounts {
+    uid_range: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Default)]
@@ -185,6 +195,43 @@ impl<'a> TableReader<'a> {
         Ok(Some((s, e)))
     }
 
+    /// `[start, end]` of Agent uids: above every range the distribution and systemd hand
+    /// out themselves (see [`UID_FLOOR`]), below 2^31 (tools that keep ids signed).
+    fn uid_range(&mut self, key: &str) -> Result<Option<(u32, u32)>, ConfigError> {
+        let items = match self.table.remove(key) {
+            None => return Ok(None),
+            Some(toml::Value::Array(items)) => items,
+            Some(other) => {
+                return Err(self.invalid(
+                    key,
+                    format!(
+                        "must be an array of two uids [start, end], got {}",
+                        describe(&other)
+                    ),
+                ));
+            }
+        };
+        let [s, e] = items.as_slice() else {
+            return Err(self.invalid(
+                key,
+                format!(
+                    "must be an array of exactly two uids [start, end], got {} elements",
+                    items.len()
+                ),
+            ));
+        };
+        let uid = |which: &str, v: &toml::Value| {
+            whole(v, u64::from(UID_FLOOR), u64::from(UID_CEILING))
+                .map(|n| n as u32)
+                .map_err(|m| self.invalid(key, format!("{which} {m}")))
+        };
+        let (s, e) = (uid("start", s)?, uid("end", e)?);
+        if s > e {
+            return Err(self.invalid(key, format!("start {s} must not exceed end {e}")));
+        }
+        Ok(Some((s, e)))
+    }
+
     /// A sub-table such as `[limits]`.
     fn table(&mut self, key: &'static str, prefix: &'static str) -> Result<Self, ConfigError> {
         let table = match self.table.remove(key) {
@@ -276,6 +323,12 @@ impl RawConfig {
                 1,
                 86_400,
             )?,
+            max_sessions: limits.integer("max_sessions", 1, 10_000)?,
+            session_idle_timeout_seconds: limits.integer(
+                "session_idle_timeout_seconds",
+                1,
+                86_400,
+            )?,
         };
         limits.finish()?;
         let mut unit = top.table("unit", "unit.")?;
@@ -283,8 +336,21 @@ impl RawConfig {
             memory_max: unit.string("memory_max")?,
             cpu_quota: unit.string("cpu_quota")?,
             tasks_max: unit.integer("tasks_max", 1, u32_max)?.map(|n| n as u32),
+            log_rate_limit_interval_seconds: unit.integer(
+                "log_rate_limit_interval_seconds",
+                1,
+                3600,
+            )?,
+            log_rate_limit_burst: unit
+                .integer("log_rate_limit_burst", 1, 1_000_000)?
+                .map(|n| n as u32),
         };
         unit.finish()?;
+        let mut accounts = top.table("accounts", "accounts.")?;
+        raw.accounts = RawAccounts {
+            uid_range: accounts.uid_range("uid_range")?,
+        };
+        accounts.finish()?;
         let mut journal = top.table("journal", "journal.")?;
         raw.journal = RawJournal {
             max_entries: journal
@@ -334,6 +400,12 @@ pub struct Limits {
     pub hook_timeout: Duration,
     pub clock_skew_seconds: u64,
     pub max_envelope_lifetime_seconds: u64,
+    /// Most `hostd serve` sessions open at once on the host, whoever logged in
+    /// (session.rs): each costs a root process of about 15 MiB.
+    pub max_sessions: u32,
+    /// A session that receives no frame for this long ends itself (session.rs). Above the
+    /// coordinator's own idle close (120 s), which replaces an ended session transparently.
+    pub session_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -346,6 +418,8 @@ impl Default for Limits {
             hook_timeout: Duration::from_secs(30),
             clock_skew_seconds: 60,
             max_envelope_lifetime_seconds: 3600,
+            max_sessions: 32,
+            session_idle_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -355,13 +429,32 @@ pub const DEFAULT_MEMORY_MAX: &str = "2G";
 /// `[unit] tasks_max` when unset.
 pub const DEFAULT_TASKS_MAX: u32 = 512;
 
+/// `[unit] log_rate_limit_interval_seconds` when unset.
+pub const DEFAULT_LOG_RATE_LIMIT_INTERVAL_SECONDS: u64 = 30;
+/// `[unit] log_rate_limit_burst` when unset: messages per interval, well below journald's
+/// own per-service default (10,000), which let one Agent write 100 MB in 2 s.
+pub const DEFAULT_LOG_RATE_LIMIT_BURST: u32 = 1000;
+
 /// Resource limits written into every Agent unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnitResources {
     pub memory_max: Option<String>,
     pub cpu_quota: Option<String>,
     pub tasks_max: Option<u32>,
+    /// journald's rate limit for the unit (`LogRateLimitIntervalSec=`,
+    /// `LogRateLimitBurst=`): messages beyond the burst within the interval are dropped.
+    pub log_rate_limit: Option<(u64, u32)>,
 }
+
+/// Lowest uid `[accounts] uid_range` may start at: above the distributions' system and
+/// regular ranges (up to 60000), systemd's portable (60001–60513) and dynamic users
+/// (61184–65519) and `nobody` (65534).
+pub const UID_FLOOR: u32 = 65_536;
+/// Highest uid it may end at (2^31 - 1): some tools keep ids signed.
+pub const UID_CEILING: u32 = 0x7fff_ffff;
+/// `[accounts] uid_range` when unset: a block no distribution or systemd allocates from
+/// (systemd-nspawn's `--private-users=pick` starts at 524288).
+pub const DEFAULT_UID_RANGE: (u32, u32) = (400_000, 499_999);
 
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -384,6 +477,9 @@ pub struct Config {
     pub protocol_versions: Vec<u32>,
     pub limits: Limits,
     pub unit: UnitResources,
+    /// Where Agent uids (and their groups' gids) come from; each is used once per host
+    /// (`crate::uids`).
+    pub uid_range: (u32, u32),
     pub journal_max_entries: usize,
 }
 
@@ -516,6 +612,10 @@ impl Config {
             max_envelope_lifetime_seconds: l
                 .max_envelope_lifetime_seconds
                 .unwrap_or(d.max_envelope_lifetime_seconds),
+            max_sessions: l.max_sessions.map_or(d.max_sessions, |n| n as u32),
+            session_idle_timeout: l
+                .session_idle_timeout_seconds
+                .map_or(d.session_idle_timeout, Duration::from_secs),
         };
 
         let u = raw.unit;
@@ -556,7 +656,14 @@ impl Config {
                 ),
                 cpu_quota: u.cpu_quota,
                 tasks_max: Some(u.tasks_max.unwrap_or(DEFAULT_TASKS_MAX)),
+                log_rate_limit: Some((
+                    u.log_rate_limit_interval_seconds
+                        .unwrap_or(DEFAULT_LOG_RATE_LIMIT_INTERVAL_SECONDS),
+                    u.log_rate_limit_burst
+                        .unwrap_or(DEFAULT_LOG_RATE_LIMIT_BURST),
+                )),
             },
+            uid_range: raw.accounts.uid_range.unwrap_or(DEFAULT_UID_RANGE),
             journal_max_entries,
         })
     }

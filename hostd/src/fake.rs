@@ -28,7 +28,6 @@ pub enum Behaviour {
 struct State {
     users: BTreeMap<String, Ids>,
     groups: BTreeMap<String, u32>,
-    next_id: u32,
     units: BTreeMap<String, UnitState>,
     behaviour: BTreeMap<u16, Behaviour>,
     unit_ports: BTreeMap<String, u16>,
@@ -72,15 +71,14 @@ pub struct FakeSystem {
 }
 
 impl FakeSystem {
-    /// An empty host with ids starting at 900, whose units live in `unit_dir`: starting a
-    /// unit reads its `OPENCLAW_GATEWAY_PORT` from the file there, as a gateway would.
+    /// An empty host whose units live in `unit_dir`: starting a unit reads its
+    /// `OPENCLAW_GATEWAY_PORT` from the file there, as a gateway would. Accounts get the ids
+    /// hostd asks for (`crate::uids`).
     pub fn new(unit_dir: &Path) -> Self {
-        let fake = Self {
+        Self {
             state: Mutex::default(),
             unit_dir: unit_dir.to_path_buf(),
-        };
-        fake.with(|s| s.next_id = 900);
-        fake
+        }
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
@@ -297,8 +295,16 @@ impl System for FakeSystem {
         Ok(self.with(|s| s.groups.get(name).copied()))
     }
 
-    fn create_account(&self, name: &str, home: &Path) -> Result<Ids, SystemError> {
-        self.log(format!("create-account {name} home={}", home.display()));
+    fn id_in_use(&self, id: u32) -> Result<bool, SystemError> {
+        Ok(self
+            .with(|s| s.users.values().any(|i| i.uid == id) || s.groups.values().any(|g| *g == id)))
+    }
+
+    fn create_account(&self, name: &str, home: &Path, id: u32) -> Result<Ids, SystemError> {
+        self.log(format!(
+            "create-account {name} id={id} home={}",
+            home.display()
+        ));
         if self.injected("useradd") {
             return Err(SystemError::AccountTool {
                 tool: "useradd",
@@ -307,8 +313,6 @@ impl System for FakeSystem {
             });
         }
         Ok(self.with(|s| {
-            let id = s.next_id;
-            s.next_id += 1;
             let ids = Ids { uid: id, gid: id };
             s.users.insert(name.to_owned(), ids);
             s.groups.insert(name.to_owned(), id);

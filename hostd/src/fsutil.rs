@@ -90,6 +90,16 @@ pub enum FsError {
     TooLarge { path: String, size: u64, max: u64 },
 }
 
+/// Whether an I/O error says the file system is full or a quota is spent (ENOSPC, EDQUOT):
+/// retryable once space is freed, unlike most other I/O failures (issue 26, N6).
+pub fn is_no_space(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(code) if code == nix::libc::ENOSPC || code == nix::libc::EDQUOT
+    ) || e.kind() == io::ErrorKind::StorageFull
+        || e.kind() == io::ErrorKind::QuotaExceeded
+}
+
 impl From<AtomicFileError> for FsError {
     fn from(e: AtomicFileError) -> Self {
         match e {

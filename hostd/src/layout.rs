@@ -166,6 +166,16 @@ impl Layout {
     }
 
     /// Where directory trees go to be deleted (see `crate::trash`).
+    /// Session slots (`crate::session`): `<n>.lock`, one held per open `hostd serve`.
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.root.join("sessions")
+    }
+
+    /// The uid high-water mark (`crate::uids`).
+    pub fn uids_file(&self) -> PathBuf {
+        self.root.join("uids.json")
+    }
+
     pub fn trash_dir(&self) -> PathBuf {
         self.root.join("trash")
     }

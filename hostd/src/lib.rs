@@ -22,5 +22,6 @@ pub mod session;
 pub mod sock_diag;
 pub mod system;
 pub mod trash;
+pub mod uids;
 pub mod unit;
 pub mod unit_log;

@@ -541,7 +541,16 @@ impl System for RealSystem {
         Ok(Some(gid))
     }
 
-    fn create_account(&self, name: &str, home: &Path) -> Result<Ids, SystemError> {
+    fn id_in_use(&self, id: u32) -> Result<bool, SystemError> {
+        let shown = || format!("uid/gid {id}");
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(id))
+            .map_err(|e| lookup_error(&shown(), e))?;
+        let group = nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(id))
+            .map_err(|e| lookup_error(&shown(), e))?;
+        Ok(user.is_some() || group.is_some())
+    }
+
+    fn create_account(&self, name: &str, home: &Path, id: u32) -> Result<Ids, SystemError> {
         check_account_name("useradd", name)?;
         let home_ok = home.is_absolute()
             && home
@@ -557,22 +566,33 @@ impl System for RealSystem {
             });
         }
         let n = OsStr::new(name);
+        let id_text = id.to_string();
+        // `--user-group` gives the group the uid as gid only when that lies in the system
+        // group range: the range is narrowed to exactly this id (`-K`), so the group gets it
+        // or useradd fails. Same for the uid range, which only silences useradd's warning.
+        let keys: Vec<std::ffi::OsString> =
+            ["SYS_UID_MIN", "SYS_UID_MAX", "SYS_GID_MIN", "SYS_GID_MAX"]
+                .iter()
+                .flat_map(|k| [std::ffi::OsString::from("-K"), format!("{k}={id}").into()])
+                .collect();
+        let mut argv: Vec<&OsStr> = vec![
+            OsStr::new("--system"),
+            OsStr::new("--uid"),
+            OsStr::new(&id_text),
+        ];
+        argv.extend(keys.iter().map(|k| k.as_os_str()));
         // One tool for user and group (`--user-group`): each run of an account tool costs
         // 15–30 ms, under the host lock.
-        let added = run_tool(
-            "useradd",
-            &[
-                OsStr::new("--system"),
-                OsStr::new("--user-group"),
-                OsStr::new("--home-dir"),
-                home.as_os_str(),
-                OsStr::new("--no-create-home"),
-                OsStr::new("--shell"),
-                OsStr::new("/usr/sbin/nologin"),
-                n,
-            ],
-            self.tool_timeout,
-        );
+        argv.extend([
+            OsStr::new("--user-group"),
+            OsStr::new("--home-dir"),
+            home.as_os_str(),
+            OsStr::new("--no-create-home"),
+            OsStr::new("--shell"),
+            OsStr::new("/usr/sbin/nologin"),
+            n,
+        ]);
+        let added = run_tool("useradd", &argv, self.tool_timeout);
         if let Err(failure) = added {
             // useradd writes the group and the user together, but should a group of the name
             // be left (the caller checked that none existed), remove it so a retry starts
@@ -594,6 +614,15 @@ impl System for RealSystem {
             return Err(lookup_error(
                 name,
                 "the user's primary group is not the group of the same name",
+            ));
+        }
+        if ids.uid != id || ids.gid != id {
+            return Err(lookup_error(
+                name,
+                format!(
+                    "useradd gave uid {} and gid {} instead of {id}",
+                    ids.uid, ids.gid
+                ),
             ));
         }
         Ok(ids)
@@ -1130,15 +1159,15 @@ mod tests {
         }
         let sys = RealSystem::new().unwrap();
         let err = sys
-            .create_account("--help", Path::new("/nonexistent"))
+            .create_account("--help", Path::new("/nonexistent"), 400_000)
             .unwrap_err();
         assert!(matches!(err, SystemError::AccountTool { .. }), "{err}");
         let err = sys
-            .create_account("cfa-x", Path::new("relative/home"))
+            .create_account("cfa-x", Path::new("relative/home"), 400_000)
             .unwrap_err();
         assert!(err.to_string().contains("absolute"), "{err}");
         let err = sys
-            .create_account("cfa-x", Path::new("/var/lib/a:b"))
+            .create_account("cfa-x", Path::new("/var/lib/a:b"), 400_000)
             .unwrap_err();
         assert!(err.to_string().contains("':'"), "{err}");
     }

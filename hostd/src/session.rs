@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -202,9 +203,7 @@ impl<'a> Responder<'a> {
                 },
                 now,
             ) {
-                Err(e) => {
-                    return failed(Some(id), Failure::new(FailureCode::IoFailed, e.to_string()));
-                }
+                Err(e) => return failed(Some(id), journal_failure(e, "")),
                 Ok(Begin::Recorded(outcome)) => {
                     tracing::info!(operation_id = %id, "replay: returning the recorded outcome");
                     return ResultMessage {
@@ -293,10 +292,7 @@ impl<'a> Responder<'a> {
         let mut commit = || -> Result<(), Failure> {
             match handle.borrow_mut().as_mut() {
                 Some(h) => h.commit().map_err(|e| {
-                    Failure::new(
-                        FailureCode::IoFailed,
-                        format!("cannot record the operation in the journal: {e}"),
-                    )
+                    journal_failure(e, "cannot record the operation in the journal: ")
                 }),
                 None => Ok(()),
             }
@@ -339,12 +335,57 @@ impl<'a> Responder<'a> {
     }
 }
 
+/// A journal write that failed: `NO_SPACE` when the file system is full (issue 26, N6),
+/// `IO_FAILED` otherwise.
+fn journal_failure(e: crate::fsutil::FsError, prefix: &str) -> Failure {
+    let code = match &e {
+        crate::fsutil::FsError::Io { source, .. } if crate::fsutil::is_no_space(source) => {
+            FailureCode::NoSpace
+        }
+        _ => FailureCode::IoFailed,
+    };
+    Failure::new(code, format!("{prefix}{e}"))
+}
+
 fn failed(id: Option<clawfleet_protocol::OperationId>, failure: Failure) -> ResultMessage {
     ResultMessage {
         operation_id: id,
         outcome: Outcome::Failed { failure },
     }
 }
+
+/// One of the host's `[limits] max_sessions` session slots, held (a kernel `flock` on
+/// `sessions/<n>.lock`) for as long as the session lives; the kernel releases it however the
+/// process ends. A stolen login key can therefore keep at most that many idle root
+/// processes open, and each of them only until its idle timeout (issue 26, N12).
+#[derive(Debug)]
+pub struct SessionSlot {
+    _file: std::fs::File,
+}
+
+/// Takes a free slot of `max` in `dir`; `None` when all are held.
+pub fn take_slot(dir: &Path, max: u32) -> Result<Option<SessionSlot>, crate::fsutil::FsError> {
+    crate::fsutil::ensure_dir(dir, 0o700)?;
+    for n in 0..max {
+        let path = dir.join(format!("{n}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(crate::fsutil::io_err(&path))?;
+        match file.try_lock() {
+            Ok(()) => return Ok(Some(SessionSlot { _file: file })),
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(e)) => return Err(crate::fsutil::io_err(&path)(e)),
+        }
+    }
+    Ok(None)
+}
+
+/// How long a session refused for want of a slot waits for the envelope it answers.
+const REFUSED_WAIT: Duration = Duration::from_secs(5);
 
 enum Incoming {
     Frame(clawfleet_protocol::Frame),
@@ -412,12 +453,57 @@ pub fn serve_while<R: Read + Send + 'static, W: Write>(
         }
     });
 
+    let config = responder.engine.config;
+    // Held until the session returns.
+    let _slot = match take_slot(
+        &responder.engine.layout.sessions_dir(),
+        config.limits.max_sessions,
+    ) {
+        Ok(Some(slot)) => Some(slot),
+        Ok(None) => {
+            tracing::warn!(
+                max_sessions = config.limits.max_sessions,
+                "every session slot is taken; answering SESSION_LIMIT and ending the session"
+            );
+            let failure = Failure::new(
+                FailureCode::SessionLimit,
+                format!(
+                    "this host already has {} hostd sessions open ([limits] max_sessions); retry later",
+                    config.limits.max_sessions
+                ),
+            );
+            // Answer the first envelope (its sender waits for a result), then end.
+            if let Ok(Incoming::Frame(_)) = rx.recv_timeout(REFUSED_WAIT) {
+                let _ = send(&Message::Result(failed(None, failure)));
+            }
+            return Ok(());
+        }
+        Err(e) => {
+            // Not a reason to refuse work: the limit guards the host, the operations are
+            // the job (and an unwritable state root fails them clearly anyway).
+            tracing::warn!("cannot take a session slot: {e}");
+            None
+        }
+    };
+    let idle_limit = config.limits.session_idle_timeout;
+    let mut last_frame = Instant::now();
+
     let cancelled = || closed.load(Ordering::SeqCst);
     loop {
         let incoming = match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(i) => i,
+            Ok(i) => {
+                last_frame = Instant::now();
+                i
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if cancelled() {
+                    return Ok(());
+                }
+                if last_frame.elapsed() >= idle_limit {
+                    tracing::info!(
+                        idle_seconds = idle_limit.as_secs(),
+                        "no frame within the idle timeout; ending the session"
+                    );
                     return Ok(());
                 }
                 if stale() {

@@ -150,9 +150,12 @@ pub trait System {
     fn user(&self, name: &str) -> Result<Option<Ids>, SystemError>;
     /// The gid of a group, or `None` if no such group exists.
     fn group(&self, name: &str) -> Result<Option<u32>, SystemError>;
+    /// Whether any user has the uid `id` or any group the gid `id`.
+    fn id_in_use(&self, id: u32) -> Result<bool, SystemError>;
     /// Creates a system group and a system user of the same name whose primary group it is,
-    /// with the given home (not created) and no login shell. Returns their ids.
-    fn create_account(&self, name: &str, home: &Path) -> Result<Ids, SystemError>;
+    /// both with the id `id` (uid and gid), with the given home (not created) and no login
+    /// shell. Returns their ids.
+    fn create_account(&self, name: &str, home: &Path, id: u32) -> Result<Ids, SystemError>;
     /// Removes a user (never its home: hostd removes Agent directories itself).
     fn delete_user(&self, name: &str) -> Result<(), SystemError>;
     /// Removes a group.

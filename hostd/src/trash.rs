@@ -42,6 +42,43 @@ pub struct Trash {
     dir: PathBuf,
 }
 
+/// A tree moved into its own trash entry and not deleted yet; the entry stays locked (so no
+/// other process deletes it meanwhile) until [`Moved::delete`] or drop.
+#[derive(Debug)]
+#[must_use = "a moved tree is deleted by Moved::delete (or left for Trash::finish)"]
+pub struct Moved {
+    trash: Trash,
+    path: PathBuf,
+    entry: File,
+}
+
+impl Moved {
+    /// The trash entry that holds the tree.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Deletes the tree and its entry with the bounded walk.
+    pub fn delete(self) -> Result<(), FsError> {
+        #[cfg(test)]
+        BEFORE_DELETE.with(|f| {
+            if let Some(f) = f.borrow_mut().as_mut() {
+                f(&self.path);
+            }
+        });
+        self.trash.delete_entry(&self.path, &self.entry)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Called (in tests) when a moved tree's deletion starts, with its entry: engine tests
+    /// check there which locks are still held.
+    #[allow(clippy::type_complexity)]
+    pub(crate) static BEFORE_DELETE: std::cell::RefCell<Option<Box<dyn FnMut(&Path)>>> =
+        std::cell::RefCell::new(None);
+}
+
 fn errno_err(path: &Path, e: Errno) -> FsError {
     fsutil::io_err(path)(io::Error::from(e))
 }
@@ -92,8 +129,22 @@ impl Trash {
     /// (atomic, synced), then deletes it there. Returns false when nothing was there; anything
     /// but a directory (a symlink included) is refused and left alone.
     pub fn remove_tree(&self, path: &Path) -> Result<bool, FsError> {
+        match self.move_aside(path)? {
+            Some(moved) => moved.delete().map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// The first half of [`Trash::remove_tree`]: renames the tree at `path` into a fresh,
+    /// locked trash entry (the rename and both parents synced) and returns it, for the caller
+    /// to delete with [`Moved::delete`] once it holds no lock another operation may wait for
+    /// (a tree of 400,000 files takes seconds to delete). Until then the entry stays locked,
+    /// so [`Trash::finish`] leaves it alone; dropped without `delete` (a killed or failed
+    /// run), it is an ordinary leftover that the next changing operation finishes. `None`
+    /// when nothing was there; anything but a directory is refused and left alone.
+    pub fn move_aside(&self, path: &Path) -> Result<Option<Moved>, FsError> {
         match fsutil::kind(path)? {
-            fsutil::Kind::Missing => return Ok(false),
+            fsutil::Kind::Missing => return Ok(None),
             fsutil::Kind::Dir => {}
             other => return Err(fsutil::wrong_type(path, other, fsutil::Kind::Dir)),
         }
@@ -107,7 +158,7 @@ impl Trash {
                     // (a finisher took it while it was empty, before we locked it).
                     if fsutil::kind(path)? == fsutil::Kind::Missing {
                         let _ = std::fs::remove_dir(&entry_path);
-                        return Ok(false);
+                        return Ok(None);
                     }
                 }
                 Err(e) => {
@@ -120,8 +171,11 @@ impl Trash {
         fsutil::sync_dir(path.parent().unwrap_or(Path::new("/")))?;
         fsutil::sync_dir(&entry_path)?;
         crate::fault::point("after-trash-rename");
-        self.delete_entry(&entry_path, &entry)?;
-        Ok(true)
+        Ok(Some(Moved {
+            trash: self.clone(),
+            path: entry_path,
+            entry,
+        }))
     }
 
     /// Makes a fresh, locked, empty trash entry.

@@ -15,6 +15,20 @@ pub const HEADER_PREFIX: &str = "# Managed by clawfleet hostd; do not edit.";
 /// ([`crate::launch`]).
 pub const LAUNCHER: &str = "/usr/sbin/hostd";
 
+/// The unit file's mode: root reads it (systemd does), Agents and other local users do not.
+/// With 0644 every Agent could list every tenant on the host and read its port, paths and
+/// launch settings (issue 26, N14).
+pub const FILE_MODE: u32 = 0o640;
+
+/// Journal sockets an Agent may not write to: over them a process sets its own
+/// `SYSLOG_IDENTIFIER` and could forge lines tagged `hostd` (issue 26, N7). Its stdout and
+/// stderr still reach the journal, through the stream systemd connects before the gateway
+/// starts, tagged with the unit's `SyslogIdentifier=`. (`/dev/log` is a link to the second.)
+pub const JOURNAL_SOCKETS: [&str; 2] = [
+    "/run/systemd/journal/socket",
+    "/run/systemd/journal/dev-log",
+];
+
 /// The ownership line for an Agent.
 pub fn header(namespace: &Ident, agent: &Ident) -> String {
     format!("{HEADER_PREFIX} namespace={namespace} agent={agent}")
@@ -40,10 +54,10 @@ pub fn render(
     // Writing to a String cannot fail.
     let _ = writeln!(u, "{}", header(namespace, agent));
     let _ = writeln!(u, "[Unit]");
-    let _ = writeln!(
-        u,
-        "Description=clawfleet Agent {agent} (Namespace {namespace})"
-    );
+    // systemd shows every unit's description to every local user over D-Bus: no tenant's
+    // names there, only the unit's hash (the header above, in a file only root reads, has
+    // them).
+    let _ = writeln!(u, "Description=clawfleet Agent");
     let _ = writeln!(u, "After=network-online.target");
     let _ = writeln!(u, "Wants=network-online.target");
     // Cutovers restart the unit; systemd's default start limit (5 in 10 s) would refuse a
@@ -141,6 +155,26 @@ pub fn render(
     let _ = writeln!(u, "AmbientCapabilities=");
     let _ = writeln!(u, "DevicePolicy=closed");
     let _ = writeln!(u, "KeyringMode=private");
+    // The kernel keeps a persistent keyring per uid, reachable by any later process of that
+    // uid (keyctl KEYCTL_GET_PERSISTENT): no keyring calls at all (issue 26, N5; uids are
+    // also never reused, crate::uids).
+    let _ = writeln!(u, "SystemCallFilter=~@keyring");
+    // Its output is tagged with the unit's name, and it cannot reach the journal's native
+    // or syslog socket to tag lines as anything else.
+    let _ = writeln!(
+        u,
+        "SyslogIdentifier={}",
+        paths.unit_name.trim_end_matches(".service")
+    );
+    let _ = writeln!(
+        u,
+        "InaccessiblePaths={}",
+        JOURNAL_SOCKETS.map(|p| format!("-{p}")).join(" ")
+    );
+    if let Some((interval, burst)) = resources.log_rate_limit {
+        let _ = writeln!(u, "LogRateLimitIntervalSec={interval}");
+        let _ = writeln!(u, "LogRateLimitBurst={burst}");
+    }
     if let Some(m) = &resources.memory_max {
         let _ = writeln!(u, "MemoryMax={m}");
     }
@@ -207,10 +241,19 @@ mod tests {
             "LockPersonality=yes\n",
             "SocketBindAllow=tcp:18700\n",
             "SocketBindDeny=any\n",
+            "SystemCallFilter=~@keyring\n",
+            "InaccessiblePaths=-/run/systemd/journal/socket -/run/systemd/journal/dev-log\n",
         ] {
             assert!(text.contains(needle), "missing {needle}\n{text}");
         }
         assert!(!text.contains("revisions/"));
+        // Nothing systemd shows every local user names a tenant.
+        assert!(text.contains("\nDescription=clawfleet Agent\n"), "{text}");
+        let tag = format!(
+            "\nSyslogIdentifier={}\n",
+            paths.unit_name.trim_end_matches(".service")
+        );
+        assert!(text.contains(&tag), "{text}");
         // What the real gateway needs: Node's JIT and openat2.
         assert!(!text.contains("MemoryDenyWriteExecute"));
         assert!(!text.contains("RestrictSUIDSGID"));
@@ -224,9 +267,14 @@ mod tests {
                 memory_max: Some("2G".into()),
                 cpu_quota: None,
                 tasks_max: Some(512),
+                log_rate_limit: Some((30, 1000)),
             },
             30,
         );
         assert!(limited.contains("MemoryMax=2G\n") && limited.contains("TasksMax=512\n"));
+        assert!(
+            limited.contains("LogRateLimitIntervalSec=30\nLogRateLimitBurst=1000\n"),
+            "{limited}"
+        );
     }
 }

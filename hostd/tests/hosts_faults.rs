@@ -458,7 +458,9 @@ fn a_full_state_root_fails_clearly_and_leaves_no_half_written_marker_on_a_real_h
                     failure.message.contains("No space left on device"),
                     "{what}: not a clear error: {failure}"
                 );
-                assert_eq!(failure.code, FailureCode::IoFailed, "{what}: {failure}");
+                // Its own retryable code, not the generic IO_FAILED (issue 26, N6).
+                assert_eq!(failure.code, FailureCode::NoSpace, "{what}: {failure}");
+                assert!(failure.is_retryable(), "{what}: {failure}");
                 failures
                     .entry(failure.message.split(':').next().unwrap_or("").to_owned())
                     .or_insert(free);

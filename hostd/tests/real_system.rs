@@ -77,7 +77,10 @@ fn real_system_drives_accounts_and_systemd_on_a_real_host() {
             "cfa-syscheck000000000000000:x:{uid}:{gid}::/var/lib/cf-syscheck/home:/usr/sbin/nologin"
         )
     );
-    assert!(uid < 1000, "a system account: {uid}");
+    // The id hostd asked for, for the user and its group alike (`-K SYS_GID_MIN/MAX`).
+    assert_eq!((uid, gid), (400_777, 400_777), "{created}");
+    assert_eq!(ok(&v, "idInUseBefore"), false, "{v:#}");
+    assert_eq!(ok(&v, "idInUse"), true, "{v:#}");
     assert!(
         !host.root_dir().join("var/lib/cf-syscheck/home").exists(),
         "no home is created"

@@ -659,3 +659,52 @@ fn hostd_apply_answers_an_oversized_envelope_with_input_too_large() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Issue 26, N12: a stolen login key could open any number of idle root sessions. At most
+/// `[limits] max_sessions` run at once (one more answers `SESSION_LIMIT` and ends), and a
+/// session that receives nothing for `[limits] session_idle_timeout_seconds` ends itself.
+#[test]
+fn sessions_beyond_the_hosts_limit_are_refused_and_idle_ones_end() {
+    let mut f = Fixture::new();
+    f.config.limits.max_sessions = 2;
+    let slots = f.config.state_root.join("sessions");
+    std::fs::create_dir_all(&f.config.state_root).unwrap();
+    let held: Vec<_> = (0..2)
+        .map(|_| hostd::session::take_slot(&slots, 2).unwrap().unwrap())
+        .collect();
+    let out = f.session(frames(&[f.signed("op-1", Operation::Probe(ProbeArgs {}))]));
+    let r = results(&out);
+    assert_eq!(r.len(), 1, "{out:?}");
+    assert_eq!(code(&r[0]), Some(FailureCode::SessionLimit), "{r:?}");
+    assert!(r[0].outcome.failure().unwrap().is_retryable());
+    drop(held);
+    let out = f.session(frames(&[f.signed("op-2", Operation::Probe(ProbeArgs {}))]));
+    assert_eq!(code(&results(&out)[0]), None, "a free slot serves again");
+
+    // A client that connects and sends nothing: the session ends at its idle limit.
+    f.config.limits.session_idle_timeout = std::time::Duration::from_millis(600);
+    let (reader, writer) = std::io::pipe().unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let engine = Engine::new(&f.config, &f.fake, f.host_key.clone());
+            let responder = Responder::new(&engine, &f.config).unwrap();
+            let started = std::time::Instant::now();
+            let _ = serve(
+                &responder,
+                reader,
+                std::io::sink(),
+                Arc::new(AtomicBool::new(false)),
+            );
+            let _ = done_tx.send(started.elapsed());
+        });
+        let ended = done_rx.recv_timeout(std::time::Duration::from_secs(10));
+        // Ends the session either way (end of input), so the scope can finish.
+        drop(writer);
+        let elapsed = ended.expect("an idle session did not end within 10 s");
+        assert!(
+            elapsed >= std::time::Duration::from_millis(600),
+            "{elapsed:?}"
+        );
+    });
+}

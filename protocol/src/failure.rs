@@ -115,6 +115,12 @@ failure_codes! {
     SessionClosed = "SESSION_CLOSED" => Retryable,
     /// A file system operation failed on the host.
     IoFailed = "IO_FAILED" => Retryable,
+    /// The host's file system is full (ENOSPC) or a quota is spent (EDQUOT); nothing half
+    /// written was kept. Retryable once space is freed.
+    NoSpace = "NO_SPACE" => Retryable,
+    /// The host already runs its configured maximum of `hostd serve` sessions
+    /// (hostd.toml `[limits] max_sessions`); this session answered only this and ended.
+    SessionLimit = "SESSION_LIMIT" => Retryable,
     /// The Namespace has not been ensured on this host yet.
     NamespaceMissing = "NAMESPACE_MISSING" => Retryable,
     /// Another session is executing the same operation id right now.

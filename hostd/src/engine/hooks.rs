@@ -65,33 +65,70 @@ const OUTPUT_GRACE: Duration = Duration::from_millis(500);
 /// Lines of a failing hook's stderr that go (redacted) to hostd's journal.
 const LOGGED_LINES: usize = 20;
 
-/// Names a hook may not set: the unit's own, the loader's and the runtime's.
-fn reserved(name: &str) -> bool {
-    const EXACT: &[&str] = &[
-        "HOME",
-        "PATH",
-        "USER",
-        "LOGNAME",
-        "SHELL",
-        "PWD",
-        "TERM",
-        "TMPDIR",
-        "LANG",
-        "NODE_OPTIONS",
-        "NODE_PATH",
-        "INVOCATION_ID",
-        "NOTIFY_SOCKET",
-        "LISTEN_FDS",
-        "LISTEN_PID",
-        "JOURNAL_STREAM",
-        "SYSTEMD_EXEC_PID",
-        "CREDENTIALS_DIRECTORY",
-        "RUNTIME_DIRECTORY",
-        "STATE_DIRECTORY",
-        "MAINPID",
-    ];
-    const PREFIXES: &[&str] = &["LD_", "OPENCLAW_", "CLAWFLEET_", "SYSTEMD_", "LC_"];
-    EXACT.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
+/// Names a hook may not set, exactly: the unit's own, and those that change how the runtime
+/// behaves rather than what the gateway does (TLS verification, proxies, the allocator, trusted
+/// CAs, the shell's startup). The one list: refusals and the operator guide come from it.
+pub const RESERVED_NAMES: &[&str] = &[
+    "HOME",
+    "PATH",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PWD",
+    "TERM",
+    "TMPDIR",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TZDIR",
+    "INVOCATION_ID",
+    "NOTIFY_SOCKET",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "JOURNAL_STREAM",
+    "CREDENTIALS_DIRECTORY",
+    "RUNTIME_DIRECTORY",
+    "STATE_DIRECTORY",
+    "MAINPID",
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "FTP_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "CURL_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "GCONV_PATH",
+    "HOSTALIASES",
+    "LOCALDOMAIN",
+    "RES_OPTIONS",
+    "NLSPATH",
+    "IFS",
+    "ENV",
+    "BASH_ENV",
+];
+
+/// Prefixes of names a hook may not set: the loader's (`LD_`), glibc's (`GLIBC_TUNABLES`,
+/// `MALLOC_`), Node's (`NODE_OPTIONS`, `NODE_TLS_REJECT_UNAUTHORIZED`, `NODE_EXTRA_CA_CERTS`,
+/// …), libuv's, OpenSSL's, the gateway's and clawfleet's own, systemd's and the locale's.
+pub const RESERVED_PREFIXES: &[&str] = &[
+    "LD_",
+    "GLIBC_",
+    "MALLOC_",
+    "NODE_",
+    "UV_",
+    "OPENSSL_",
+    "OPENCLAW_",
+    "CLAWFLEET_",
+    "SYSTEMD_",
+    "LC_",
+];
+
+/// Whether a hook may not set `name` (see [`RESERVED_NAMES`], [`RESERVED_PREFIXES`]).
+pub fn reserved(name: &str) -> bool {
+    RESERVED_NAMES.contains(&name) || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 fn valid_name(name: &str) -> bool {
@@ -146,6 +183,95 @@ fn check_owner(path: &Path, shown: &str, owner: u32, want_dir: bool) -> Result<(
         return Err(refused(shown, "is not executable by its owner"));
     }
     Ok(())
+}
+
+/// `(pid, ppid, start time in clock ticks)` of a process, from `/proc/<pid>/stat`.
+fn proc_stat(pid: i32) -> Option<(i32, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is the state (field 3); ppid is field 4, starttime field 22.
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((ppid, start))
+}
+
+/// The processes descending from this one that started at or after `since` (clock ticks
+/// since boot): what one hook started, wherever it moved itself (`setsid`, double fork), since
+/// hostd is their subreaper. hostd runs one hook at a time and starts nothing else meanwhile.
+fn hook_processes(since: u64) -> Vec<i32> {
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    let mut parent_of = BTreeMap::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Some((ppid, start)) = proc_stat(pid) {
+            parent_of.insert(pid, (ppid, start));
+        }
+    }
+    let mut out = Vec::new();
+    for (&pid, &(_, start)) in &parent_of {
+        if pid == me || start < since {
+            continue;
+        }
+        // Walk up (bounded: a pid chain has no cycles, but /proc changes while read).
+        let mut at = pid;
+        for _ in 0..4096 {
+            match parent_of.get(&at) {
+                Some(&(ppid, _)) if ppid == me => {
+                    out.push(pid);
+                    break;
+                }
+                Some(&(ppid, _)) if ppid > 1 => at = ppid,
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
+/// Kills everything a hook started (see [`hook_processes`]) and reaps what became hostd's
+/// child, until nothing is left or `limit` passed. A hook's daemons, `setsid` or double-forked,
+/// never outlive it: a hook is a step of an operation, and what must keep running belongs in
+/// a unit of its own.
+fn kill_hook_processes(since: u64, limit: Duration) -> usize {
+    let started = Instant::now();
+    let mut killed = 0;
+    loop {
+        let left = hook_processes(since);
+        if left.is_empty() {
+            return killed;
+        }
+        for &pid in &left {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+            // Reparented to hostd (the subreaper) or its own: reap it once it died.
+            let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+        if started.elapsed() >= limit {
+            return killed;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// This process's start time in clock ticks since boot (`/proc/self/stat`), 0 if unreadable.
+fn start_ticks(pid: u32) -> u64 {
+    i32::try_from(pid)
+        .ok()
+        .and_then(proc_stat)
+        .map_or(0, |(_, start)| start)
 }
 
 /// One finished hook's output.
@@ -232,6 +358,11 @@ impl Engine<'_> {
         if let Some(n) = subject.revision_number {
             cmd.env("CLAWFLEET_REVISION_NUMBER", n.to_string());
         }
+        // Orphans of the hook (a `setsid` daemon whose parent exited) become hostd's children
+        // instead of init's, so they stay findable and killable (kill_hook_processes).
+        if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+            tracing::warn!(operation_id = %ctx.operation_id, "cannot become the hooks' subreaper: {e}");
+        }
         let mut child = cmd.spawn().map_err(|e| {
             Failure::new(
                 FailureCode::HookFailed,
@@ -280,6 +411,7 @@ impl Engine<'_> {
         );
         let limit = self.config.limits.hook_timeout;
         let started = Instant::now();
+        let since = start_ticks(child.id());
         let pgid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
         let status = loop {
             match child.try_wait() {
@@ -302,6 +434,15 @@ impl Engine<'_> {
         };
         // A grandchild that keeps the pipes open is in the group and was killed, or exits.
         let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        // And everything else it started, in another group or session (setsid) included.
+        let stray = if since > 0 {
+            kill_hook_processes(since, Duration::from_secs(5))
+        } else {
+            0
+        };
+        if stray > 0 {
+            tracing::warn!(operation_id = %ctx.operation_id, hook = shown, processes = stray, "killed what the hook left running");
+        }
         let stdout = out();
         let stderr = err();
         let log_stderr = |what: &str| {
@@ -420,7 +561,7 @@ pub(crate) fn parse_launch_env(
             return Err(output_refused(
                 hook,
                 format!(
-                    "line {n}: {name} is reserved (HOME, PATH, USER, LD_*, OPENCLAW_*, NODE_OPTIONS, …)"
+                    "line {n}: {name} is reserved for the launch itself (it changes how the runtime behaves: TLS, proxies, loader, allocator, …); see the operator guide's list"
                 ),
             ));
         }
@@ -481,6 +622,18 @@ mod tests {
             ("LD_PRELOAD=/x.so", "reserved"),
             ("OPENCLAW_GATEWAY_PORT=1", "reserved"),
             ("NODE_OPTIONS=--x", "reserved"),
+            (
+                "NODE_TLS_REJECT_UNAUTHORIZED=0",
+                "NODE_TLS_REJECT_UNAUTHORIZED is reserved",
+            ),
+            (
+                "GLIBC_TUNABLES=glibc.malloc.x=1",
+                "GLIBC_TUNABLES is reserved",
+            ),
+            ("HTTPS_PROXY=http://evil:8080", "HTTPS_PROXY is reserved"),
+            ("HTTP_PROXY=http://evil:8080", "HTTP_PROXY is reserved"),
+            ("LD_LIBRARY_PATH=/tmp", "LD_LIBRARY_PATH is reserved"),
+            ("SSL_CERT_FILE=/tmp/ca.pem", "SSL_CERT_FILE is reserved"),
             ("lower=1", "must match"),
             ("NOEQUALS", "not NAME=value"),
             (

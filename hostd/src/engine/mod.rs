@@ -182,6 +182,10 @@ pub(crate) fn fs_failure(e: FsError) -> Failure {
     match e {
         FsError::WrongType { .. } => Failure::new(FailureCode::OwnershipMismatch, e.to_string()),
         FsError::TooLarge { .. } => Failure::new(FailureCode::OwnershipMismatch, e.to_string()),
+        FsError::Io { ref source, .. } if crate::fsutil::is_no_space(source) => Failure::new(
+            FailureCode::NoSpace,
+            format!("{e} (free space on the host's state root, then retry)"),
+        ),
         FsError::Io { .. } => Failure::new(FailureCode::IoFailed, e.to_string()),
     }
 }

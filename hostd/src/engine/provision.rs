@@ -183,8 +183,24 @@ impl Engine<'_> {
                         .delete_group(&paths.account)
                         .map_err(system_failure)?;
                 }
+                // A uid never handed out before on this host (crate::uids).
+                let id = match crate::uids::allocate(
+                    &self.layout.uids_file(),
+                    self.config.uid_range,
+                    self.system,
+                ) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        // Nothing was created: the intent this run wrote goes too.
+                        if !had_intent && let Err(r) = fsutil::remove_file_if_present(&intent_path)
+                        {
+                            tracing::warn!(operation_id = %ctx.operation_id, "cannot remove {}: {r}", intent_path.display());
+                        }
+                        return Err(e.into_failure());
+                    }
+                };
                 self.system
-                    .create_account(&paths.account, Path::new(ACCOUNT_HOME))
+                    .create_account(&paths.account, Path::new(ACCOUNT_HOME), id)
                     .map_err(system_failure)?
             }
             _ => {

@@ -8,12 +8,14 @@ use clawfleet_protocol::failure::Failure;
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
 use clawfleet_protocol::result::{DeleteAgentResult, DeleteNamespaceResult, Step};
 
+use super::hooks::{Event, Subject};
 use super::{Ctx, Engine, fs_failure, marker_failure, ownership, system_failure};
 use crate::fsutil::{self, Kind};
 use crate::layout::{AgentPaths, dir_name};
 use crate::markers::{
     self, AccountIntent, AccountMarker, AgentMarker, NamespaceMarker, PortMarker,
 };
+use crate::trash::Moved;
 
 impl Engine<'_> {
     /// Stops and disables the unit and removes its file. Assumes the file was verified ours.
@@ -45,6 +47,39 @@ impl Engine<'_> {
             fsutil::remove_file_if_present(&paths.unit_file).map_err(fs_failure)?;
         }
         Ok(had_file)
+    }
+
+    /// The `before-workload-stop` hooks of an Agent about to be removed, when its gateway
+    /// would be running: the unit file is there and `current` names a revision (what
+    /// stop-revision stops). As in stop-revision, they run in reverse order and a failing one
+    /// is logged and never keeps the removal from going on.
+    fn workload_stop_hooks(
+        &self,
+        ctx: &mut Ctx<'_>,
+        ns: &Ident,
+        ns_name: &Ident,
+        agent: &AgentRef,
+        paths: &AgentPaths,
+    ) -> Result<(), Failure> {
+        if !fsutil::file_exists(&paths.unit_file).map_err(fs_failure)? {
+            return Ok(());
+        }
+        let Some(current) = self.read_current(ns, &agent.id, paths)? else {
+            return Ok(());
+        };
+        ctx.step(Step::Hooks)?;
+        let subject = Subject {
+            namespace_id: ns.as_str(),
+            namespace_name: ns_name.as_str(),
+            agent_id: Some(agent.id.as_str()),
+            service_principal_id: Some(agent.service_principal_id.as_str()),
+            revision_id: Some(current.revision_id.as_str()),
+            revision_number: Some(current.number.get()),
+        };
+        if let Err(f) = self.run_hooks_reverse(ctx, Event::BeforeWorkloadStop, &subject) {
+            tracing::warn!(operation_id = %ctx.operation_id, agent = %agent.id, "before-workload-stop: {f}");
+        }
+        Ok(())
     }
 
     /// Removes the account (user, then group, then marker) and its port reservations. Each
@@ -125,11 +160,37 @@ impl Engine<'_> {
     ) -> Result<DeleteAgentResult, Failure> {
         let paths = self.layout.agent(&ns.id, &agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
+        let mut moved = None;
         let result = self
             .check_fence(ctx, &ns.id, &agent.id, &paths)
-            .and_then(|()| self.delete_agent_locked(ctx, ns, agent, &paths));
+            .and_then(|()| self.delete_agent_locked(ctx, ns, agent, &paths, &mut moved));
         self.forget_lock_if_absent(&agent_lock, &paths);
-        result
+        drop(agent_lock);
+        let result = result?;
+        self.delete_moved(ctx, moved)?;
+        Ok(result)
+    }
+
+    /// Moves a directory tree into the trash under the locks (see `crate::trash`): from then
+    /// on it is gone from its name, and [`Engine::delete_moved`] deletes it once the locks
+    /// are released.
+    fn move_aside(&self, path: &std::path::Path) -> Result<Option<Moved>, Failure> {
+        self.trash().move_aside(path).map_err(fs_failure)
+    }
+
+    /// Deletes trees [`Engine::move_aside`] moved, with no lock held: a tree of 400,000 files
+    /// takes seconds, and another tenant's operation must not wait for it (issue 26, N8). A
+    /// failure leaves the entry in the trash, where the next changing operation finishes it
+    /// and `status` lists it until then.
+    fn delete_moved(&self, ctx: &Ctx<'_>, moved: Option<Moved>) -> Result<(), Failure> {
+        let Some(moved) = moved else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let entry = moved.path().display().to_string();
+        moved.delete().map_err(fs_failure)?;
+        tracing::info!(operation_id = %ctx.operation_id, entry, ms = started.elapsed().as_millis() as u64, "removed tree deleted outside the locks");
+        Ok(())
     }
 
     fn delete_agent_locked(
@@ -138,6 +199,7 @@ impl Engine<'_> {
         ns: &NamespaceRef,
         agent: &AgentRef,
         paths: &AgentPaths,
+        moved: &mut Option<Moved>,
     ) -> Result<DeleteAgentResult, Failure> {
         ctx.step(Step::Verify)?;
         if fsutil::dir_exists(&self.layout.namespace_dir(&ns.id)).map_err(fs_failure)? {
@@ -158,6 +220,10 @@ impl Engine<'_> {
         } else {
             self.verify_unit_file(&ns.id, &agent.id, paths)?;
         }
+        // A running gateway is stopped as stop-revision stops it: its stop hooks first.
+        if dir_present {
+            self.workload_stop_hooks(ctx, &ns.id, &ns.name, agent, paths)?;
+        }
         let host = self.host_lock(ctx)?;
         let unit_removed = self.remove_unit(ctx, paths)?;
         if unit_removed {
@@ -167,7 +233,7 @@ impl Engine<'_> {
         self.clear_reload_pending(&paths.unit_name)?;
         if dir_present {
             ctx.step(Step::Remove)?;
-            self.remove_tree(&paths.dir)?;
+            *moved = self.move_aside(&paths.dir)?;
         }
         // Leftovers of an interrupted earlier removal (pending names, never read).
         self.sweep_pending(&self.layout.agents_dir(&ns.id));
@@ -268,11 +334,11 @@ impl Engine<'_> {
             ctx.step(Step::Hooks)?;
             self.run_hooks(
                 ctx,
-                super::hooks::Event::BeforeNamespaceDelete,
-                &super::hooks::Subject {
+                Event::BeforeNamespaceDelete,
+                &Subject {
                     namespace_id: ns.id.as_str(),
                     namespace_name: ns.name.as_str(),
-                    ..super::hooks::Subject::default()
+                    ..Subject::default()
                 },
             )?;
         }
@@ -295,6 +361,9 @@ impl Engine<'_> {
         for (agent, paths) in &agents {
             self.check_fence(ctx, &ns.id, &agent.id, paths)?;
         }
+        for (agent, paths) in &agents {
+            self.workload_stop_hooks(ctx, &ns.id, &ns.name, agent, paths)?;
+        }
         let host = self.host_lock(ctx)?;
         let mut any_unit = false;
         for (_, paths) in &agents {
@@ -307,9 +376,10 @@ impl Engine<'_> {
         for (_, paths) in &agents {
             self.clear_reload_pending(&paths.unit_name)?;
         }
+        let mut moved = None;
         if present {
             ctx.step(Step::Remove)?;
-            self.remove_tree(&ns_dir)?;
+            moved = self.move_aside(&ns_dir)?;
         }
         for m in &leftovers {
             self.remove_identity(ctx, m)?;
@@ -323,6 +393,9 @@ impl Engine<'_> {
         for lock in &locks {
             lock.unlink();
         }
+        drop(host);
+        drop(locks);
+        self.delete_moved(ctx, moved)?;
         if !present && leftovers.is_empty() && intents.is_empty() {
             return Ok(DeleteNamespaceResult {
                 namespace_id: ns.id.clone(),

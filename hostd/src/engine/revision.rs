@@ -432,8 +432,13 @@ impl Engine<'_> {
                 ctx.step(Step::UnitFile)?;
                 self.mark_reload_pending(&paths.unit_name)?;
                 if differs {
-                    fsutil::write_atomic(&paths.unit_file, text.as_bytes(), 0o644, |_| Ok(()))
-                        .map_err(fs_failure)?;
+                    fsutil::write_atomic(
+                        &paths.unit_file,
+                        text.as_bytes(),
+                        unit::FILE_MODE,
+                        |_| Ok(()),
+                    )
+                    .map_err(fs_failure)?;
                 }
                 // A unit file that did not exist before (and no removal of an older one waits
                 // for its reload): systemd has no older version of it, and loads this one when

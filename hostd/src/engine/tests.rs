@@ -2467,3 +2467,4 @@ fn deleting_an_agent_resets_its_failed_unit() {
         );
     }
 }
+mod security;
