@@ -247,3 +247,30 @@ fn a_reboot_keeps_serving_the_current_revision() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Issue 27: one no-op under a 3,600 s envelope, then a clean reboot, and every change under a
+/// fresh 600 s envelope was refused as REPLAY_UNVERIFIABLE for about 50 minutes. Only unknown
+/// envelopes issued before the reboot are refused now.
+#[test]
+fn after_a_reboot_a_fresh_envelope_runs_whatever_the_lifetime_of_earlier_ones() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "[limits]\nmax_envelope_lifetime_seconds = 3600\n");
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec("rev-1", 1, json!({"label": "r1"}));
+    occ.ok(&host, prepare("ns1", "a1", &r1));
+    // A no-op (already prepared) under a long envelope: recorded without fsync.
+    let mut long = occ.envelope(&host, &occ.next_id(), prepare("ns1", "a1", &r1));
+    long.expires_at = long.issued_at + 3_600;
+    let answered = results(&occ.session(&host, &[occ.sign(&long)]));
+    assert!(answered[0].outcome.failure().is_none(), "{answered:?}");
+    let boot =
+        |h: &clawfleet_vm_tests::TestHost| h.run_ok("cat /proc/sys/kernel/random/boot_id").unwrap();
+    let before = boot(&host);
+    host.reboot().unwrap();
+    assert_ne!(boot(&host), before, "the test host kept its boot id");
+    // Issued after the reboot, with the default 600 s lifetime: it runs.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let r2 = spec("rev-2", 2, json!({"label": "r2"}));
+    occ.ok(&host, prepare("ns1", "a1", &r2));
+}
