@@ -183,6 +183,17 @@ impl FakeSystem {
         });
     }
 
+    /// Appends an entry journald cut at its line limit (the line goes on in the next).
+    pub fn log_cut(&self, unit: &str, message: &str) {
+        self.with(|s| {
+            let run = s.invocations.get(unit).copied().unwrap_or(0);
+            push_entry(s, unit, message, false, run);
+            if let Some((_, record)) = s.journal.last_mut() {
+                record.cut = true;
+            }
+        });
+    }
+
     /// The current run's invocation id of a unit (what `InvocationID` would say).
     pub fn invocation_of(&self, unit: &str) -> Option<String> {
         self.with(|s| s.invocations.get(unit).map(|n| invocation_id(unit, *n)))
@@ -271,6 +282,7 @@ fn push_entry(s: &mut State, unit: &str, message: &str, supervisor: bool, run: u
             realtime_usec: 1_767_225_600_000_000 + s.clock_usec,
             message: message.to_owned(),
             from_supervisor: supervisor,
+            cut: false,
             invocation: Some(invocation_id(unit, run)),
             exit: (supervisor && message.starts_with("Main process exited"))
                 .then(|| ("exited".to_owned(), 1)),

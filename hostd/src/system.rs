@@ -107,6 +107,9 @@ pub struct JournalRecord {
     pub message: String,
     /// Written by systemd (PID 1) about the unit, not by the unit's own processes.
     pub from_supervisor: bool,
+    /// journald cut the writer's line at its line limit (`_LINE_BREAK=line-max`): the line
+    /// goes on in the next entry.
+    pub cut: bool,
     /// The run the entry belongs to.
     pub invocation: Option<String>,
     /// systemd's `EXIT_CODE` and `EXIT_STATUS` on its "Main process exited" message.

@@ -7,11 +7,18 @@
 //! correctly. Why the export format: every field arrives with its length or on its own line,
 //! so a 50 MB message costs one bounded buffer, never 50 MB, and the cursor of every entry is
 //! kept even when its message is cut.
+//!
+//! Redaction happens here too ([`redact`]): every entry with the Agent's literal secrets (its
+//! gateway password and the values of its env files, [`env_file`]) and journald's
+//! line cuts (`_LINE_BREAK=line-max`) known, so a secret that a cut splits across two entries
+//! is caught in both.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use clawfleet_protocol::redact::{Redacted, Redactor};
 
 use crate::system::{JournalQuery, JournalRecord, JournalStart, SystemError};
 
@@ -29,7 +36,7 @@ pub fn arguments(query: &JournalQuery) -> Result<Vec<String>, SystemError> {
         "--no-pager".to_owned(),
         "--quiet".to_owned(),
         "--output=export".to_owned(),
-        "--output-fields=MESSAGE,_PID,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,EXIT_CODE,EXIT_STATUS"
+        "--output-fields=MESSAGE,_PID,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,EXIT_CODE,EXIT_STATUS,_LINE_BREAK"
             .to_owned(),
     ];
     match &query.start {
@@ -279,6 +286,7 @@ struct Entry {
     invocation: Option<String>,
     exit_code: Option<String>,
     exit_status: Option<i32>,
+    line_break: Option<String>,
 }
 
 impl Entry {
@@ -292,6 +300,7 @@ impl Entry {
             b"_SYSTEMD_INVOCATION_ID" | b"INVOCATION_ID" => self.invocation = Some(text()),
             b"EXIT_CODE" => self.exit_code = Some(text()),
             b"EXIT_STATUS" => self.exit_status = text().trim().parse().ok(),
+            b"_LINE_BREAK" => self.line_break = Some(text()),
             _ => {}
         }
     }
@@ -306,6 +315,8 @@ impl Entry {
             // a secret at the cut is never half shown.
             message: e.message.unwrap_or_default(),
             from_supervisor: e.pid1,
+            // journald cut the line at its limit; the rest is the next entry.
+            cut: e.line_break.as_deref() == Some("line-max"),
             invocation: e.invocation,
             // Only systemd's own message counts: a gateway can log any field it likes.
             exit: match (e.pid1, e.exit_code, e.exit_status) {
@@ -314,6 +325,58 @@ impl Entry {
             },
         })
     }
+}
+
+/// One entry's message as it leaves the host: redacted by the reader that saw the entries
+/// before it (so a secret split by journald's cut is caught), then cut to its shown length (a
+/// secret at that cut is never half shown).
+pub fn redact(redactor: &mut Redactor, record: &JournalRecord) -> Redacted {
+    let r = redactor.entry(&record.message, record.cut);
+    Redacted {
+        text: clawfleet_protocol::text::clean(
+            &r.text,
+            clawfleet_protocol::runtime::MAX_ENTRY_CHARS,
+        ),
+        count: r.count,
+    }
+}
+
+/// The names and values of a systemd `EnvironmentFile=` (the Agent's password file, its
+/// operator env file, its launch environment), as the unit sees them: `"…"` with `\`
+/// escapes undone, `'…'` verbatim, unquoted values trimmed. Comments (`#`, `;`) and blank
+/// lines skipped.
+pub fn env_file(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        let Some((name, raw)) = line.split_once('=') else {
+            continue;
+        };
+        let raw = raw.trim_start();
+        let value = if let Some(body) = raw.strip_prefix('"') {
+            let mut v = String::new();
+            let mut chars = body.chars();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => v.extend(chars.next()),
+                    c => v.push(c),
+                }
+            }
+            v
+        } else if let Some(body) = raw.strip_prefix('\'') {
+            body.split('\'').next().unwrap_or_default().to_owned()
+        } else {
+            raw.trim_end().to_owned()
+        };
+        if !value.is_empty() {
+            out.push((name.trim().to_owned(), value));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -374,5 +437,67 @@ mod tests {
             ..q(unit, None)
         };
         assert!(arguments(&bad_cursor).is_err());
+    }
+
+    /// The redaction corpus through hostd's log path: each case as journalctl's export
+    /// output (an entry journald cut carries `_LINE_BREAK=line-max`), parsed, then redacted
+    /// entry by entry as a page is, the corpus's literal secrets as the Agent's.
+    #[test]
+    fn journal_entries_pass_the_redaction_corpus() {
+        use clawfleet_protocol::redact::corpus;
+        let corpus = corpus::load().unwrap();
+        let mut bad = Vec::new();
+        let mut checked = 0;
+        for case in &corpus.cases {
+            let mut bytes = Vec::new();
+            for (n, e) in case.iter().enumerate() {
+                bytes.extend_from_slice(format!("__CURSOR=s=1;i={n}\nMESSAGE\n").as_bytes());
+                bytes.extend_from_slice(&(e.input.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(e.input.as_bytes());
+                bytes.extend_from_slice(b"\n_PID=4242\n");
+                if e.cut {
+                    bytes.extend_from_slice(b"_LINE_BREAK=line-max\n");
+                }
+                bytes.push(b'\n');
+            }
+            let got = records(&bytes);
+            assert_eq!(got.len(), case.len());
+            let mut redactor = Redactor::new(corpus.secrets.iter().cloned());
+            for (e, record) in case.iter().zip(&got) {
+                checked += 1;
+                assert_eq!(record.cut, e.cut, "line {}", e.line);
+                let out = redact(&mut redactor, record).text;
+                if out != e.expected {
+                    bad.push(format!(
+                        "line {}: {:?}\n  expected {:?}\n  got      {:?}",
+                        e.line, e.input, e.expected, out
+                    ));
+                }
+            }
+        }
+        assert!(checked >= 300, "{checked}");
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+
+    #[test]
+    fn env_files_give_the_values_the_unit_sees() {
+        let text = "# comment\n; also a comment\n\nA=plain value  \nB=\"quoted \\\"inner\\\" \\\\ end\"\nC='single $x'\n D = spaced\nE=\nnot an assignment\n";
+        assert_eq!(
+            env_file(text),
+            [
+                ("A".to_owned(), "plain value".to_owned()),
+                ("B".to_owned(), "quoted \"inner\" \\ end".to_owned()),
+                ("C".to_owned(), "single $x".to_owned()),
+                ("D".to_owned(), "spaced".to_owned()),
+            ]
+        );
+        // What hostd writes for the launch environment reads back verbatim.
+        let mut env = std::collections::BTreeMap::new();
+        env.insert("DB_PASSWORD".to_owned(), "a \"b\" \\c".to_owned());
+        let written = crate::engine::hooks::render_env_file(&env);
+        assert_eq!(
+            env_file(&written),
+            [("DB_PASSWORD".to_owned(), "a \"b\" \\c".to_owned())]
+        );
     }
 }

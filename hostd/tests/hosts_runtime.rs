@@ -276,6 +276,87 @@ fn runtime_logs_redaction_paging_and_previous_run_on_a_real_host() {
     );
 }
 
+/// The Agent's own secrets never show in `agent-logs` on a real host: the values of its
+/// operator env file and its gateway password, printed by the gateway whole and in a line so
+/// long that journald cuts it inside the password (`_LINE_BREAK=line-max`).
+#[test]
+fn env_values_and_a_password_cut_by_journald_never_show_on_a_real_host() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    occ.ok(&host, ensure("ns1"));
+    let paths = hostd::layout::Layout::new("/var/lib/clawfleet", "/etc/systemd/system")
+        .agent(&id("ns1"), &id("e1"));
+    // journald's default LineMax (48K): the cut falls 12 characters into the password.
+    let long = format!(
+        "{}${{PASSWORD}} end of the long line",
+        "x".repeat(48 * 1024 - 12)
+    );
+    let r1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "rev-1", "logLines": [
+            "upstream token ${ENV:UPSTREAM_TOKEN} in use",
+            "db password ${ENV:DB_PASSWORD} ok",
+            long,
+            "marker: all lines written",
+        ]}),
+    );
+    occ.ok(&host, prepare("ns1", "e1", &r1));
+    host.run_ok(&format!(
+        "printf '%s\\n' 'UPSTREAM_TOKEN=\"tok value with spaces 123\"' 'DB_PASSWORD=hunter2hunter2' > {0} && chmod 600 {0}",
+        paths.operator_env.display()
+    ))
+    .unwrap();
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "e1", &r1))),
+    );
+    wait_for_line(&occ, &host, "e1", "marker: all lines written");
+    let pw = host
+        .run_ok(&format!("cat {}", paths.password_file.display()))
+        .unwrap();
+    let pw = pw.trim().split_once('=').unwrap().1.to_owned();
+    let all = page(
+        &occ,
+        &host,
+        logs_op(
+            "e1",
+            LogStart::Tail {
+                lines: PageLines::max(),
+                since_unix: None,
+            },
+            false,
+            1000,
+        ),
+    );
+    let text = gateway_lines(&all);
+    let joined = text.join("\n");
+    for secret in ["tok value with spaces 123", "hunter2hunter2"] {
+        assert!(!joined.contains(secret), "{secret} leaked: {joined}");
+    }
+    // No eight characters of the password in a row, on either side of the cut.
+    for window in pw.as_bytes().windows(8) {
+        let w = std::str::from_utf8(window).unwrap();
+        assert!(!joined.contains(w), "{w} of the password leaked");
+    }
+    assert!(
+        text.contains(&"upstream token [REDACTED] in use".to_owned()),
+        "{text:?}"
+    );
+    assert!(
+        text.contains(&"db password [REDACTED] ok".to_owned()),
+        "{text:?}"
+    );
+    assert!(
+        text.contains(&"[REDACTED] end of the long line".to_owned()),
+        "journald cut the long line elsewhere: {:?}",
+        text.iter()
+            .map(|l| l.chars().take(60).collect::<String>())
+            .collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn a_crash_loop_leaves_its_exit_status_and_last_lines_as_evidence() {
     skip_unless_hosts!();

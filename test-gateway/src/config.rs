@@ -29,7 +29,8 @@ pub struct Switches {
     /// results are reported by `/info` under `probe`.
     pub probe: Probe,
     /// Lines written to stderr (the journal) at start, before anything else; `${PASSWORD}` in
-    /// a line becomes the gateway's own password (for the redaction tests).
+    /// a line becomes the gateway's own password and `${ENV:NAME}` the value of its
+    /// environment variable `NAME` (for the redaction tests).
     pub log_lines: Vec<String>,
     /// This many bytes of numbered filler lines written to stderr at start (log volume tests).
     pub log_bytes: u64,
@@ -78,6 +79,23 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// `text` with every `${ENV:NAME}` replaced by `lookup(NAME)` (empty when unset).
+pub fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("${ENV:") {
+        let after = &rest[at + "${ENV:".len()..];
+        let Some(end) = after.find('}') else {
+            break;
+        };
+        out.push_str(&rest[..at]);
+        out.push_str(&lookup(&after[..end]).unwrap_or_default());
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Parses `OPENCLAW_GATEWAY_PORT`: a decimal port 1..=65535.
@@ -374,5 +392,12 @@ mod tests {
             sha256_hex(b"abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn env_references_in_log_lines_are_expanded() {
+        let lookup = |name: &str| (name == "A").then(|| "va".to_owned());
+        assert_eq!(expand_env("x ${ENV:A} y ${ENV:B} z", lookup), "x va y  z");
+        assert_eq!(expand_env("open ${ENV:A", lookup), "open ${ENV:A");
     }
 }

@@ -111,7 +111,10 @@ fn write_logs(sw: &config::Switches) {
     let password = std::env::var("OPENCLAW_GATEWAY_PASSWORD").unwrap_or_default();
     let mut err = std::io::stderr().lock();
     for line in &sw.log_lines {
-        let _ = writeln!(err, "{}", line.replace("${PASSWORD}", &password));
+        let line = config::expand_env(&line.replace("${PASSWORD}", &password), |name| {
+            std::env::var(name).ok()
+        });
+        let _ = writeln!(err, "{line}");
     }
     let _ = err.flush();
     drop(err);

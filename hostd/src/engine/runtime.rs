@@ -4,7 +4,8 @@
 //! at that moment, and the operation journal does not record them.
 //!
 //! Every log line is redacted here, before it leaves the host, with the Agent's own gateway
-//! password and the values of its operator env file among the literal secrets.
+//! password and the values of its operator env file and launch environment among the literal
+//! secrets (`crate::unit_log::redact`).
 
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
@@ -237,7 +238,7 @@ impl Engine<'_> {
         let mut redactor = Redactor::new(self.agent_secrets(paths)?);
         self.system
             .read_journal(&query, ctx.deadline, &mut |record| {
-                let redacted = redactor.line(&record.message);
+                let redacted = crate::unit_log::redact(&mut redactor, &record);
                 let entry = LogEntry {
                     at: format_rfc3339_micros(record.realtime_usec),
                     source: if record.from_supervisor {
@@ -245,10 +246,7 @@ impl Engine<'_> {
                     } else {
                         LogSource::Gateway
                     },
-                    message: clawfleet_protocol::text::clean(
-                        &redacted.text,
-                        clawfleet_protocol::runtime::MAX_ENTRY_CHARS,
-                    ),
+                    message: redacted.text,
                 };
                 page.push(entry, LogCursor::new(record.cursor).ok(), redacted.count)
             })
@@ -281,12 +279,14 @@ impl Engine<'_> {
         })
     }
 
-    /// The Agent's literal secrets: its gateway password and the values of its operator env
-    /// file (hostd never writes that file; it reads it only for this). A file that is there
-    /// but cannot be read fails the read: no page leaves without its redaction.
+    /// The Agent's literal secrets: its gateway password, the values of its operator env
+    /// file (hostd never writes that file; it reads it only for this), and the values of its
+    /// launch environment (what start hooks returned) whose name says they are secret
+    /// (`DB_PASSWORD=…`: the value alone need not look like one). A file that is there but
+    /// cannot be read fails the read: no page leaves without its redaction.
     fn agent_secrets(&self, paths: &AgentPaths) -> Result<Vec<String>, Failure> {
         let mut secrets = Vec::new();
-        for file in [&paths.password_file, &paths.operator_env] {
+        for file in [&paths.password_file, &paths.operator_env, &paths.launch_env] {
             if matches!(
                 fsutil::kind(file).map_err(fs_failure)?,
                 fsutil::Kind::Missing
@@ -299,18 +299,13 @@ impl Engine<'_> {
                     format!("the log is not read without its redaction: {e}"),
                 )
             })?;
-            for line in String::from_utf8_lossy(&bytes).lines() {
-                let line = line.trim();
-                if line.starts_with('#') {
-                    continue;
-                }
-                if let Some((_, value)) = line.split_once('=') {
-                    let value = value.trim().trim_matches(|c| c == '"' || c == '\'');
-                    if !value.is_empty() {
-                        secrets.push(value.to_owned());
-                    }
-                }
-            }
+            let all = file != &paths.launch_env;
+            secrets.extend(
+                crate::unit_log::env_file(&String::from_utf8_lossy(&bytes))
+                    .into_iter()
+                    .filter(|(name, _)| all || clawfleet_protocol::redact::is_secret_name(name))
+                    .map(|(_, value)| value),
+            );
         }
         Ok(secrets)
     }

@@ -1411,6 +1411,72 @@ fn log_pages_are_redacted_bounded_and_continue_by_cursor_exactly_once() {
     assert_eq!(f.code, FailureCode::LogCursorInvalid);
 }
 
+/// The Agent's own secrets (its password, its operator env file's values, its launch values
+/// named as secrets) never show in a log page: whole, or split by a journald line cut.
+#[test]
+fn log_pages_never_show_the_agents_env_values_even_across_journald_cuts() {
+    use clawfleet_protocol::runtime::LogStart;
+    let h = Host::new();
+    let unit = running_agent(&h, "a1");
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let pw = std::fs::read_to_string(&paths.password_file).unwrap();
+    let pw = pw.trim().split_once('=').unwrap().1.to_owned();
+    std::fs::write(
+        &paths.operator_env,
+        "# the operator's\nUPSTREAM_CREDENTIALS=\"op env value 1\"\nREGION=eu-central-1x\n",
+    )
+    .unwrap();
+    let mut launch = std::collections::BTreeMap::new();
+    launch.insert("DB_PASSWORD".to_owned(), "hunter2hunter2".to_owned());
+    launch.insert("LOG_STYLE".to_owned(), "verbose-json".to_owned());
+    std::fs::write(&paths.launch_env, super::hooks::render_env_file(&launch)).unwrap();
+    h.fake
+        .log_line(&unit, "connecting to the db with hunter2hunter2 now");
+    h.fake
+        .log_line(&unit, "upstream auth op env value 1 loaded");
+    h.fake
+        .log_line(&unit, "log style verbose-json in region eu-central-1x");
+    let (head, tail) = pw.split_at(pw.len() / 2);
+    h.fake.log_cut(
+        &unit,
+        &format!("{} the password is {head}", "x".repeat(100)),
+    );
+    h.fake
+        .log_line(&unit, &format!("{tail} and the line goes on"));
+    h.fake.log_cut(&unit, "retrying with hunter2hun");
+    h.fake.log_line(&unit, "ter2 again");
+    let p = page(h.ok(logs("a1", LogStart::Since { since_unix: 0 }, 1000)));
+    let lines: Vec<&str> = p
+        .entries
+        .iter()
+        .map(|e| e.message.as_str())
+        .filter(|m| !m.starts_with("Started "))
+        .collect();
+    let joined = lines.join("\n");
+    for secret in [
+        pw.as_str(),
+        tail,
+        "hunter2hunter2",
+        "ter2",
+        "op env value 1",
+    ] {
+        assert!(!joined.contains(secret), "{secret:?} shows:\n{joined}");
+    }
+    assert_eq!(
+        lines,
+        [
+            "connecting to the db with [REDACTED] now",
+            "upstream auth [REDACTED] loaded",
+            // Launch values not named as secrets are not secrets.
+            "log style verbose-json in region [REDACTED]",
+            &format!("{} the password is [REDACTED]", "x".repeat(100)),
+            "[REDACTED] and the line goes on",
+            "retrying with [REDACTED]",
+            "[REDACTED] again",
+        ]
+    );
+}
+
 #[test]
 fn previous_reads_the_run_before_a_restart() {
     use clawfleet_protocol::runtime::{LogStart, LogsArgs, PageLines};

@@ -346,6 +346,22 @@ async fn read_page(
         text.truncate(cut);
     }
     let secrets = password(r, t, agent).await?;
+    let page = page_from_log(&text, secrets, &uid, start, limit, tail, position.as_ref());
+    Ok(page.finish(if previous { Some(uid) } else { None }))
+}
+
+/// One page of a Pod log as the log API gives it with timestamps (`<RFC 3339> <message>`
+/// lines): every message redacted, the Agent's `secrets` among the literal ones; after a
+/// cursor (`position`), what it already gave is skipped.
+fn page_from_log(
+    text: &str,
+    secrets: Vec<String>,
+    uid: &str,
+    start: &LogStart,
+    limit: PageLines,
+    tail: bool,
+    position: Option<&Position>,
+) -> PageBuilder {
     let mut redactor = Redactor::new(secrets);
     let mut page = PageBuilder::new(limit, tail);
     if let LogStart::After { cursor } = start {
@@ -353,7 +369,7 @@ async fn read_page(
     }
     let mut last_at = String::new();
     let mut same = 0usize;
-    let mut skip_same = position.as_ref().map(|p| (p.at.clone(), p.seen));
+    let mut skip_same = position.map(|p| (p.at.clone(), p.seen));
     for line in text.lines() {
         let (at, message) = line.split_once(' ').unwrap_or((line, ""));
         if let Some((cursor_at, seen)) = &mut skip_same {
@@ -371,7 +387,7 @@ async fn read_page(
             same = 1;
             last_at = at.to_owned();
         }
-        let seen = match &position {
+        let seen = match position {
             Some(p) if p.at == at => p.seen + same,
             _ => same,
         };
@@ -384,15 +400,63 @@ async fn read_page(
                 clawfleet_protocol::runtime::MAX_ENTRY_CHARS,
             ),
         };
-        if !page.push(entry, make_cursor(&uid, at, seen), redacted.count) {
+        if !page.push(entry, make_cursor(uid, at, seen), redacted.count) {
             break;
         }
     }
-    Ok(page.finish(if previous { Some(uid) } else { None }))
+    page
 }
 
 /// Unix seconds of an RFC 3339 timestamp as the log API writes it (`…Z`, fraction optional).
 fn chrono_seconds(at: &str) -> Option<u64> {
     let ts: Timestamp = at.parse().ok()?;
     u64::try_from(ts.as_second()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clawfleet_protocol::redact::corpus;
+
+    /// The redaction corpus through the Pod log path: each case as one log text with
+    /// timestamps, the corpus's literal secrets as the Agent's Secret values. Cases with
+    /// entries journald cut are a journal's matter, not a Pod log's.
+    #[test]
+    fn pod_logs_pass_the_redaction_corpus() {
+        let corpus = corpus::load().unwrap();
+        let mut bad = Vec::new();
+        let mut checked = 0;
+        for case in corpus.cases.iter().filter(|c| c.iter().all(|e| !e.cut)) {
+            let text: String = case
+                .iter()
+                .enumerate()
+                .map(|(n, e)| format!("2026-12-04T06:43:39.{n:09}Z {}\n", e.input))
+                .collect();
+            let page = page_from_log(
+                &text,
+                corpus.secrets.clone(),
+                "uid-1",
+                &LogStart::Since { since_unix: 0 },
+                PageLines::max(),
+                false,
+                None,
+            )
+            .finish(None);
+            assert_eq!(page.entries.len(), case.len(), "{text}");
+            for (e, got) in case.iter().zip(&page.entries) {
+                checked += 1;
+                if got.message != e.expected {
+                    bad.push(format!(
+                        "line {}: {:?}\n  expected {:?}\n  got      {:?}",
+                        e.line, e.input, e.expected, got.message
+                    ));
+                }
+                if let Some(s) = corpus.secrets.iter().find(|s| got.message.contains(*s)) {
+                    bad.push(format!("line {}: {s:?} shows", e.line));
+                }
+            }
+        }
+        assert!(checked >= 250, "{checked}");
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
 }
