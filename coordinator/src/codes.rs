@@ -216,6 +216,7 @@ mod tests {
             "OCC_CONFIG_PATH",
             "OCC_LOG",
             "OCC_TOKEN",
+            "NO_COLOR",
             "OCC_FAULT_STOP_BEFORE",
             "PGPASSWORD",
             "OPENCLAW_GATEWAY_PASSWORD",
