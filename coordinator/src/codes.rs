@@ -69,6 +69,7 @@ codes! {
     InvalidExpiry = "INVALID_EXPIRY", "A token's expiresAt is not in the future.";
     DuplicateGrant = "DUPLICATE_GRANT", "A token names one Namespace in two grants.";
     HostExists = "HOST_EXISTS", "A host of that name is enrolled.";
+    HostNameMismatch = "HOST_NAME_MISMATCH", "hostd at that address answers to another host name (host_name in its hostd.toml, else /etc/hostname); the message names both.";
     HostInUse = "HOST_IN_USE", "A Namespace's pool names the host.";
     UnknownHost = "UNKNOWN_HOST", "The host is not enrolled, or the token may not choose it.";
     EmptyPool = "EMPTY_POOL", "A Namespace needs a host pool or a cluster.";
@@ -215,6 +216,7 @@ mod tests {
             "OCC_CONFIG_PATH",
             "OCC_LOG",
             "OCC_TOKEN",
+            "NO_COLOR",
             "OCC_FAULT_STOP_BEFORE",
             "PGPASSWORD",
             "OPENCLAW_GATEWAY_PASSWORD",

@@ -201,31 +201,113 @@ fn compare(target: &str, want: &[Expected], inv: &Inventory, now: i64) -> Vec<Dr
             ));
         }
     }
+    label_problems(target, want, inv, &mut rows, now);
+    rows
+}
+
+/// hostd's directory name of a Namespace, Agent or revision id: the first 32 hex digits of
+/// the SHA-256 of the id (hostd's `layout::dir_name`).
+fn dir_name(id: &str) -> String {
+    let mut h = clawfleet_protocol::ident::hex(&clawfleet_protocol::ident::sha256(id.as_bytes()));
+    h.truncate(32);
+    h
+}
+
+/// The Namespace and Agent directory names in a host path
+/// (`…/namespaces/<ns dir>/agents/<agent dir>/…`), and the rest of the path.
+fn directories_of(path: &str) -> (Option<&str>, Option<&str>, &str) {
+    let Some((_, after)) = path.rsplit_once("/namespaces/") else {
+        return (None, None, path);
+    };
+    let mut parts = after.splitn(4, '/');
+    let ns = parts.next().filter(|p| !p.is_empty());
+    match (parts.next(), parts.next()) {
+        (Some("agents"), Some(agent)) if !agent.is_empty() => {
+            (ns, Some(agent), parts.next().unwrap_or(""))
+        }
+        _ => (ns, None, after.split_once('/').map_or("", |(_, r)| r)),
+    }
+}
+
+/// Rows for the problems a target reports (paths it could not read or verify), labelled by
+/// the Namespace and Agent they belong to, never by a host path in the AGENT column: a
+/// problem in a known Agent's directory joins that Agent's row (which turns to drift if it
+/// was synced); one in a directory no known Agent has is an `unknown-agent` row labelled
+/// `(unknown agent <dir prefix>)`; anything else is a `(target problem N)` row. The path
+/// goes into the message.
+fn label_problems(
+    target: &str,
+    want: &[Expected],
+    inv: &Inventory,
+    rows: &mut Vec<DriftRow>,
+    now: i64,
+) {
+    let mut namespaces: BTreeMap<String, String> = BTreeMap::new();
+    let mut agents: BTreeMap<(String, String), String> = BTreeMap::new();
+    let known = want
+        .iter()
+        .map(|e| (e.agent.namespace_id.to_string(), e.agent.id.to_string()))
+        .chain(inv.namespaces.iter().flat_map(|n| {
+            n.agents
+                .iter()
+                .map(move |a| (n.id.to_string(), a.id.to_string()))
+        }));
+    for (ns, agent) in known {
+        let ns_dir = dir_name(&ns);
+        agents.insert((ns_dir.clone(), dir_name(&agent)), agent);
+        namespaces.insert(ns_dir, ns);
+    }
+    let mut others = 0;
     for p in &inv.problems {
+        let (ns_dir, agent_dir, rest) = directories_of(&p.path);
         let reason = if p.path.ends_with("/current") {
             DriftReason::CurrentChanged
         } else if p.path.contains("/revisions/") {
             DriftReason::SnapshotChanged
-        } else if p
-            .path
-            .rsplit_once("/agents/")
-            .is_some_and(|(_, rest)| !rest.contains('/'))
-        {
+        } else if agent_dir.is_some() && rest.is_empty() {
             DriftReason::UnknownAgent
         } else {
             DriftReason::TargetProblem
         };
+        let ns = ns_dir.and_then(|d| namespaces.get(d)).cloned();
+        let agent = ns_dir
+            .zip(agent_dir)
+            .and_then(|(n, a)| agents.get(&(n.to_owned(), a.to_owned())))
+            .cloned();
+        let message = format!("{}: {}", p.path, p.message);
+        if let (Some(ns), Some(agent)) = (&ns, &agent)
+            && let Some(r) = rows
+                .iter_mut()
+                .find(|r| r.namespace_id == *ns && r.agent_id == *agent)
+        {
+            if r.state == DriftState::Synced {
+                r.state = DriftState::Drift;
+                r.reason = Some(reason);
+                r.message = clawfleet_protocol::text::clean(&message, 300);
+            } else {
+                r.message =
+                    clawfleet_protocol::text::clean(&format!("{}; {message}", r.message), 300);
+            }
+            continue;
+        }
+        let label = match (agent, agent_dir) {
+            (Some(agent), _) => agent,
+            (None, Some(dir)) => format!("(unknown agent {})", dir.get(..8).unwrap_or(dir)),
+            (None, None) => {
+                others += 1;
+                format!("(target problem {others})")
+            }
+        };
         rows.push(row(
             target,
-            "",
-            &p.path,
+            ns.as_deref().unwrap_or(""),
+            &label,
             DriftState::Drift,
             Some(reason),
-            &p.message,
+            message,
             now,
         ));
     }
-    rows
 }
 
 fn judge(
@@ -376,5 +458,73 @@ mod tests {
         assert_eq!(state, DriftState::Drift);
         assert_eq!(reason, Some(DriftReason::UnitFileChanged));
         assert!(message.contains("NoNewPrivileges=yes"), "{message}");
+    }
+}
+
+#[cfg(test)]
+mod problem_labels {
+    use clawfleet_protocol::result::{AgentObservation, InventoryProblem, NamespaceInventory};
+
+    use super::*;
+
+    fn id(s: &str) -> Ident {
+        Ident::new(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    /// Problem rows name the Namespace and Agent, never a host path in the AGENT column (the
+    /// path used to be the row's Agent id).
+    #[test]
+    fn problem_rows_are_labelled_by_namespace_and_agent_not_by_path() {
+        let root = "/var/lib/clawfleet/namespaces";
+        let (ns, a1) = (dir_name("ns1"), dir_name("a1"));
+        let stray = "f".repeat(32);
+        let inv = Inventory {
+            namespaces: vec![NamespaceInventory {
+                id: id("ns1"),
+                name: id("ns1"),
+                agents: vec![AgentInventory {
+                    id: id("a1"),
+                    service_principal_id: id("a1"),
+                    account: "cfa-1".into(),
+                    revisions: Vec::new(),
+                    observation: AgentObservation::default(),
+                    unit_drift: None,
+                }],
+            }],
+            problems: vec![
+                InventoryProblem {
+                    path: format!("{root}/{ns}/agents/{a1}/revisions/{}", "0".repeat(32)),
+                    message: "the snapshot does not verify".into(),
+                },
+                InventoryProblem {
+                    path: format!("{root}/{ns}/agents/{stray}"),
+                    message: "no Agent marker".into(),
+                },
+                InventoryProblem {
+                    path: "/var/lib/clawfleet/trash/1-x".into(),
+                    message: "a removal in progress".into(),
+                },
+            ],
+        };
+        let rows = compare("h1", &[], &inv, 0);
+        let labels: Vec<(&str, &str, Option<DriftReason>)> = rows
+            .iter()
+            .map(|r| (r.namespace_id.as_str(), r.agent_id.as_str(), r.reason))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("ns1", "a1", Some(DriftReason::UnknownAgent)),
+                (
+                    "ns1",
+                    "(unknown agent ffffffff)",
+                    Some(DriftReason::UnknownAgent)
+                ),
+                ("", "(target problem 1)", Some(DriftReason::TargetProblem)),
+            ]
+        );
+        assert!(rows[0].message.contains("/revisions/"), "{:?}", rows[0]);
+        assert!(rows[1].message.contains(&stray), "{:?}", rows[1]);
+        assert!(rows.iter().all(|r| !r.agent_id.contains('/')), "{rows:?}");
     }
 }

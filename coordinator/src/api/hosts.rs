@@ -15,10 +15,19 @@ pub(super) async fn enrol_host<B: Backend>(
     caller: Caller,
     StrictJson(req): StrictJson<NewHost>,
 ) -> ApiResult {
-    ok(
-        StatusCode::CREATED,
-        st.service.enrol_host(&caller.token_id, req).await?,
-    )
+    let host = st
+        .service
+        .enrol_host_probed(&*st.backend, &caller.token_id, req, false)
+        .await
+        .map_err(probe_error)?;
+    ok(StatusCode::CREATED, host)
+}
+
+fn probe_error(e: ProbeError) -> ApiError {
+    match e {
+        ProbeError::Service(e) => e.into(),
+        ProbeError::Call(e) => ApiError::from_call(&e),
+    }
 }
 
 pub(super) async fn list_hosts<B: Backend>(State(st): S<B>) -> ApiResult {
@@ -44,10 +53,12 @@ pub(super) async fn update_host<B: Backend>(
         login_user: req.login_user,
         jump: req.jump,
     };
-    ok(
-        StatusCode::OK,
-        st.service.update_host(&caller.token_id, update).await?,
-    )
+    let host = st
+        .service
+        .enrol_host_probed(&*st.backend, &caller.token_id, update, true)
+        .await
+        .map_err(probe_error)?;
+    ok(StatusCode::OK, host)
 }
 
 pub(super) async fn delete_host<B: Backend>(
@@ -64,9 +75,10 @@ pub(super) async fn probe_host<B: Backend>(
     Path(host): Path<String>,
     _: NoBody,
 ) -> ApiResult {
-    match st.service.probe_host(&*st.backend, &host).await {
-        Ok(value) => ok(StatusCode::OK, value),
-        Err(ProbeError::Service(e)) => Err(e.into()),
-        Err(ProbeError::Call(e)) => Err(ApiError::from_call(&e)),
-    }
+    let value = st
+        .service
+        .probe_host(&*st.backend, &host)
+        .await
+        .map_err(probe_error)?;
+    ok(StatusCode::OK, value)
 }

@@ -6,9 +6,10 @@ use coordinator::client::Client;
 use coordinator::model::RestorePolicy;
 use coordinator::service::{AgentPatch, NewAgent, NewWorkspaceFile};
 
-use super::Cli;
+use super::out::say;
 use super::table::{AGENT_COLUMNS, print};
 use super::wait::{WaitArgs, Waited, wait};
+use super::{Cli, Output};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum AgentCmd {
@@ -167,6 +168,32 @@ const STATUS_COLUMNS: &[(&str, &str)] = &[
     ("LAST CODE", "lastCode"),
 ];
 
+const REVISION_COLUMNS: &[(&str, &str)] = &[
+    ("REVISION", "id"),
+    ("NUMBER", "number"),
+    ("STATUS", "status"),
+    ("HASH", "configurationHash"),
+];
+
+/// The deployment status after `deploy --wait` converged.
+const WAITED_STATUS_COLUMNS: &[(&str, &str)] = &[
+    ("AGENT", "agentId"),
+    ("HOST", "host"),
+    ("PORT", "port"),
+    ("ACTIVE", "activeRevisionId"),
+    ("SERVED", "servedRevisionId"),
+    ("CONVERGED", "converged"),
+];
+
+/// The answer of a request that queued work: the API's answer with `--output json`, else
+/// one line for people.
+fn answer(cli: &Cli, v: &serde_json::Value, line: &str) {
+    match cli.output {
+        Output::Json => super::out::json(v),
+        Output::Table => say(line),
+    }
+}
+
 pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
     match cmd {
         AgentCmd::Create {
@@ -246,31 +273,17 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 ));
             }
             let rev = c.request("POST", &path, None)?;
-            print(
-                cli,
-                &rev,
-                &[
-                    ("REVISION", "id"),
-                    ("NUMBER", "number"),
-                    ("STATUS", "status"),
-                    ("HASH", "configurationHash"),
-                ],
-            );
             if w.wait {
+                // Table: the revision now, the status once it converged. JSON: one document,
+                // when the wait ends (see `WaitEnd`).
+                if cli.output == Output::Table {
+                    print(cli, &rev, REVISION_COLUMNS);
+                }
                 let work = work_id(&rev, "deploy")?;
-                let status = wait(c, namespace, id, work, Waited::Deploy, w)?;
-                print(
-                    cli,
-                    &status,
-                    &[
-                        ("AGENT", "agentId"),
-                        ("HOST", "host"),
-                        ("PORT", "port"),
-                        ("ACTIVE", "activeRevisionId"),
-                        ("SERVED", "servedRevisionId"),
-                        ("CONVERGED", "converged"),
-                    ],
-                );
+                wait(c, namespace, id, work, Waited::Deploy, w)?
+                    .finish(cli, |status| print(cli, status, WAITED_STATUS_COLUMNS))?;
+            } else {
+                print(cli, &rev, REVISION_COLUMNS);
             }
         }
         AgentCmd::Stop {
@@ -285,10 +298,10 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             )?;
             if w.wait {
                 let work = work_id(&v, "stop")?;
-                wait(c, namespace, id, work, Waited::Stop, w)?;
-                println!("{id}: stopped");
+                wait(c, namespace, id, work, Waited::Stop, w)?
+                    .finish(cli, |_| say(&format!("{id}: stopped")))?;
             } else {
-                println!("{id}: stop requested");
+                answer(cli, &v, &format!("{id}: stop requested"));
             }
         }
         AgentCmd::Delete {
@@ -303,10 +316,10 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             )?;
             if w.wait {
                 let work = work_id(&v, "delete")?;
-                wait(c, namespace, id, work, Waited::Delete, w)?;
-                println!("{id}: deleted");
+                wait(c, namespace, id, work, Waited::Delete, w)?
+                    .finish(cli, |_| say(&format!("{id}: deleted")))?;
             } else {
-                println!("{id}: deletion requested");
+                answer(cli, &v, &format!("{id}: deletion requested"));
             }
         }
         AgentCmd::Reconcile {
@@ -322,10 +335,10 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             let rev = v["revisionId"].as_str().unwrap_or_default().to_owned();
             if w.wait {
                 let work = work_id(&v, "reconcile")?;
-                wait(c, namespace, id, work, Waited::Deploy, w)?;
-                println!("{id}: {rev} re-applied");
+                wait(c, namespace, id, work, Waited::Deploy, w)?
+                    .finish(cli, |_| say(&format!("{id}: {rev} re-applied")))?;
             } else {
-                println!("{id}: re-applying {rev}");
+                answer(cli, &v, &format!("{id}: re-applying {rev}"));
             }
         }
         AgentCmd::Runtime { namespace, id } => super::runtime::show(cli, c, namespace, id)?,
@@ -366,17 +379,17 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                 &format!("/namespaces/{namespace}/agents/{id}/workspace"),
                 None,
             )?;
-            if cli.output == super::Output::Json {
+            if cli.output == Output::Json {
                 print(cli, &v, &[]);
             } else {
-                println!(
+                say(&format!(
                     "setup: {}{}",
                     v["state"].as_str().unwrap_or("?"),
                     v["failureCode"]
                         .as_str()
                         .map(|c| format!(" ({c}: {})", v["failureMessage"].as_str().unwrap_or("")))
                         .unwrap_or_default()
-                );
+                ));
                 print(
                     cli,
                     &v["files"],

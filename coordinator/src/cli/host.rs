@@ -8,12 +8,15 @@ use coordinator::service::{HostUpdate, NewHost};
 use serde_json::Value;
 
 use super::Cli;
+use super::out::{note, say};
 use super::table::print;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum HostCmd {
-    /// Enrol a host: pins its SSH host key.
+    /// Enrol a host: pins its SSH host key (refused when hostd there answers to another name).
     Enrol {
+        /// hostd's host name there (`host_name` in its hostd.toml, else /etc/hostname): every
+        /// operation is addressed to it, and hostd refuses any other.
         name: String,
         /// The host's IP address or DNS name.
         #[arg(long)]
@@ -61,20 +64,20 @@ fn report_probe(name: &str, probe: &Value) {
         .map(|m| m.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     if !missing.is_empty() {
-        eprintln!(
+        note(&format!(
             "warning: host {name} lacks {}; deploys there fail (GATEWAY_COMMAND_MISSING or MISSING_TOOL) until it is installed",
             missing.join(", ")
-        );
+        ));
     }
     let fenced = probe["protocolVersions"].as_array().is_some_and(|v| {
         v.iter()
             .any(|x| x.as_u64() == Some(u64::from(clawfleet_protocol::FENCED_VERSION)))
     });
     if !fenced {
-        eprintln!(
+        note(&format!(
             "warning: host {name} runs a hostd from before fencing (protocol versions {}); it works, unfenced: upgrade it before running several coordinators",
             probe["protocolVersions"]
-        );
+        ));
     }
 }
 
@@ -169,9 +172,9 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
             // Probe at once, so a host that lacks the gateway command says so now.
             match c.request("POST", &format!("/hosts/{name}/probe"), None) {
                 Ok(probe) => report_probe(name, &probe),
-                Err(e) => eprintln!(
-                    "note: host {name} is enrolled but its probe failed ({e}); run `occ host probe {name}` once hostd is enrolled there"
-                ),
+                Err(e) => note(&format!(
+                    "note: host {name} is enrolled, but its probe failed: {e}. If hostd is not enrolled there yet, run the `occ enrol-command` line on the host, then `occ host probe {name}`"
+                )),
             }
         }
         HostCmd::List => print(
@@ -193,7 +196,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
         ),
         HostCmd::Remove { name } => {
             c.request("DELETE", &format!("/hosts/{name}"), None)?;
-            println!("host {name} removed");
+            say(&format!("host {name} removed"));
         }
         HostCmd::Probe { name } => {
             let v = c.request("POST", &format!("/hosts/{name}/probe"), None)?;

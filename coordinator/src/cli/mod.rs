@@ -8,6 +8,7 @@ mod configuration;
 mod db;
 mod host;
 mod namespace;
+mod out;
 mod rollout;
 mod runtime;
 mod setup;
@@ -218,20 +219,40 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// Whether log lines may carry ANSI colour codes: only for a terminal, and never when
+/// `NO_COLOR` is set (<https://no-color.org>: set and not empty). A pipe, a file or the
+/// packaged service's journal gets plain text.
+fn log_colours(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// The whole of `occ`: parses the command line and runs it.
 pub(crate) fn main() -> ExitCode {
+    use std::io::IsTerminal;
     let cli = Cli::parse();
-    let _ = tracing_subscriber::fmt()
+    let colours = log_colours(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
+    // Fails only when a subscriber is already set, which `main` never does.
+    let _already_set = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OCC_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_ansi(colours)
         .with_writer(std::io::stderr)
         .try_init();
     let result = match &cli.command {
         Command::Init => load_config(&cli).and_then(|c| runtime()?.block_on(setup::init(&c))),
-        Command::PrintEnrol { login_user } => load_config(&cli)
-            .and_then(|c| setup::enrol_command(&c, login_user.as_deref()).map(|s| println!("{s}"))),
+        Command::PrintEnrol { login_user } => load_config(&cli).and_then(|c| {
+            let line = setup::enrol_command(&c, login_user.as_deref())?;
+            match cli.output {
+                Output::Json => out::json(&serde_json::json!({ "command": line })),
+                Output::Table => out::say(&line),
+            }
+            Ok(())
+        }),
         Command::Serve => {
             load_config(&cli).and_then(|config| runtime()?.block_on(setup::serve(config)))
         }
@@ -241,7 +262,7 @@ pub(crate) fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::from(wait::exit::OK),
         Err(e) => {
-            eprintln!("occ: {e:#}");
+            out::note(&format!("occ: {e:#}"));
             match e.downcast_ref::<wait::WaitFailure>() {
                 Some(w) => ExitCode::from(w.exit),
                 None => ExitCode::from(wait::exit::ERROR),
@@ -254,7 +275,15 @@ pub(crate) fn main() -> ExitCode {
 mod tests {
     use clap::CommandFactory;
 
-    use super::Cli;
+    use super::{Cli, log_colours};
+
+    #[test]
+    fn log_lines_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(log_colours(true, None));
+        assert!(log_colours(true, Some("".as_ref())));
+        assert!(!log_colours(true, Some("1".as_ref())));
+        assert!(!log_colours(false, None));
+    }
 
     /// Every verb has a one-line help, and so has every option.
     #[test]

@@ -9,6 +9,7 @@ use coordinator::service::NewRollout;
 use serde_json::Value;
 
 use super::Cli;
+use super::out::{note, say};
 use super::table::print;
 use super::wait::{exit, wait_failure};
 
@@ -39,8 +40,8 @@ pub(crate) enum RolloutCmd {
         /// Wait for `occ rollout promote` after each wave.
         #[arg(long)]
         manual_promote: bool,
-        /// Follow the rollout until it is done, halted or aborted (exit 0 only when every
-        /// Agent serves the new revision).
+        /// Follow the rollout until it is done, halted or aborted (exit 0 only when it is done
+        /// and none of its Agents failed or was restored).
         #[arg(long)]
         wait: bool,
         /// Show what the rollout would change on each Agent's host and the plan token; create
@@ -92,7 +93,7 @@ fn show(cli: &Cli, rollout: &Value) {
         return;
     }
     print(cli, rollout, ROLLOUT_COLUMNS);
-    println!();
+    say("");
     print(cli, &rollout["agents"], AGENT_COLUMNS);
 }
 
@@ -153,16 +154,16 @@ pub(crate) fn print_plan(cli: &Cli, plan: &Value) {
     );
     for a in plan["agents"].as_array().into_iter().flatten() {
         if let Some(m) = a["changes"]["refusal"]["message"].as_str() {
-            println!(
+            say(&format!(
                 "{}: would be refused: {m}",
                 a["agentId"].as_str().unwrap_or("-")
-            );
+            ));
         }
     }
-    println!(
+    say(&format!(
         "plan token: {} (apply with --apply-plan; refused if anything moved meanwhile)",
         plan["token"].as_str().unwrap_or("-")
-    );
+    ));
 }
 
 /// One line of progress: state, wave, and Agents per state.
@@ -183,18 +184,19 @@ fn progress(r: &Value) -> String {
     )
 }
 
-/// Follows a rollout until it is no longer open.
-fn wait(c: &Client, ns: &str, id: i64, timeout: u64) -> Result<Value> {
+/// Follows a rollout until it is no longer open; returns the rollout as last read and, unless
+/// every Agent serves the new revision, why not (with its exit code).
+fn wait(c: &Client, ns: &str, id: i64, timeout: u64) -> Result<(Value, Option<anyhow::Error>)> {
     let start = Instant::now();
     let mut last = String::new();
     loop {
         let r = c.request("GET", &format!("/namespaces/{ns}/rollouts/{id}"), None)?;
         let line = progress(&r);
         if line != last {
-            eprintln!(
+            note(&format!(
                 "[{:>5.1}s] rollout {id}: {line}",
                 start.elapsed().as_secs_f64()
-            );
+            ));
             last = line;
         }
         let failed: Vec<String> = r["agents"]
@@ -213,30 +215,33 @@ fn wait(c: &Client, ns: &str, id: i64, timeout: u64) -> Result<Value> {
             .collect();
         let message = r["message"].as_str().unwrap_or("");
         match r["state"].as_str() {
-            Some("done") if failed.is_empty() => return Ok(r),
+            Some("done") if failed.is_empty() => return Ok((r, None)),
             Some("done" | "halted") => {
-                return Err(wait_failure(
+                let failure = wait_failure(
                     exit::WORK_FAILED,
                     format!(
                         "rollout {id} {}: {message}; {}",
                         r["state"].as_str().unwrap_or("-"),
                         failed.join(", ")
                     ),
-                ));
+                );
+                return Ok((r, Some(failure)));
             }
             Some("aborted") => {
-                return Err(wait_failure(
+                let failure = wait_failure(
                     exit::SUPERSEDED,
                     format!("rollout {id} was aborted: {message}"),
-                ));
+                );
+                return Ok((r, Some(failure)));
             }
             _ => {}
         }
         if start.elapsed() > Duration::from_secs(timeout) {
-            return Err(wait_failure(
+            let failure = wait_failure(
                 exit::TIMED_OUT,
                 format!("rollout {id} not finished after {timeout} s ({last})"),
-            ));
+            );
+            return Ok((r, Some(failure)));
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -291,9 +296,14 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
                 anyhow::bail!("the rollout answer has no id");
             };
             if *follow {
-                eprintln!("rollout {id} created");
-                let done = wait(c, namespace, id, *timeout)?;
-                show(cli, &done);
+                note(&format!("rollout {id} created"));
+                // One rule for every `--wait`: the final state, printed when the wait ends
+                // whatever the outcome; the exit code says how it ended.
+                let (last, failure) = wait(c, namespace, id, *timeout)?;
+                show(cli, &last);
+                if let Some(e) = failure {
+                    return Err(e);
+                }
             } else {
                 show(cli, &r);
             }

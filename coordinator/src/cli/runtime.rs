@@ -9,6 +9,7 @@ use clap::Args;
 use coordinator::client::{Client, ClientError, percent_encode};
 use serde_json::Value;
 
+use super::out::say;
 use super::table::print;
 use super::{Cli, Output};
 
@@ -82,18 +83,18 @@ pub(crate) fn show(cli: &Cli, c: &Client, ns: &str, id: &str) -> Result<()> {
 fn print_entries(cli: &Cli, page: &Value) {
     for e in page["entries"].as_array().into_iter().flatten() {
         if cli.output == Output::Json {
-            println!("{e}");
+            super::out::json_line(e);
         } else {
             let marker = if e["source"] == "supervisor" {
                 " [supervisor]"
             } else {
                 ""
             };
-            println!(
+            say(&format!(
                 "{}{marker} {}",
                 e["at"].as_str().unwrap_or_default(),
                 e["message"].as_str().unwrap_or_default()
-            );
+            ));
         }
     }
 }
@@ -152,16 +153,16 @@ pub(crate) fn print_failure(cli: &Cli, status: &Value) {
     };
     let f = &rev["runtimeFailure"];
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    println!();
-    println!(
+    say("");
+    say(&format!(
         "runtime failure of {} ({}, check {}): {}",
         text(&rev["id"]),
         text(&f["code"]),
         text(&f["check"]),
         text(&f["message"])
-    );
+    ));
     if let Some(exit) = f["lastExit"].as_object() {
-        println!(
+        say(&format!(
             "  last exit: {} status {}{}",
             exit.get("kind").and_then(Value::as_str).unwrap_or("?"),
             exit.get("status").map(Value::to_string).unwrap_or_default(),
@@ -169,16 +170,20 @@ pub(crate) fn print_failure(cli: &Cli, status: &Value) {
                 .and_then(Value::as_str)
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
-        );
+        ));
     }
     if let (Some(state), Some(restarts)) = (f["activeState"].as_str(), f["restarts"].as_u64()) {
-        println!(
+        say(&format!(
             "  state: {state}/{} after {restarts} restarts",
             text(&f["subState"])
-        );
+        ));
     }
     for line in f["lastLines"].as_array().into_iter().flatten() {
-        println!("  {} {}", text(&line["at"]), text(&line["message"]));
+        say(&format!(
+            "  {} {}",
+            text(&line["at"]),
+            text(&line["message"])
+        ));
     }
 }
 

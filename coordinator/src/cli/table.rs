@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+use super::out::{sanitise, say};
 use super::{Cli, Output};
 
 pub(crate) const CLUSTER_COLUMNS: &[(&str, &str)] = &[("CLUSTER", "name"), ("SERVER", "server")];
@@ -18,8 +19,12 @@ pub(crate) const AGENT_COLUMNS: &[(&str, &str)] = &[
     ("RESTORE", "restore"),
 ];
 
-/// One field of an answer as a table cell.
+/// One field of an answer as a table cell, sanitised (see `out.rs`).
 fn cell(v: &Value) -> String {
+    sanitise(&raw_cell(v)).into_owned()
+}
+
+fn raw_cell(v: &Value) -> String {
     match v {
         Value::Null => "-".to_owned(),
         Value::String(s) => s.clone(),
@@ -70,18 +75,19 @@ pub(crate) fn fields(value: &Value, path: &str, out: &mut Vec<(String, String)>)
 /// Prints an answer: JSON with `--output json`, else a table of `columns`, else field lines.
 pub(crate) fn print(cli: &Cli, value: &Value, columns: &[(&str, &str)]) {
     if cli.output == Output::Json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(value).unwrap_or_default()
-        );
+        super::out::json(value);
         return;
     }
     if columns.is_empty() {
         let mut out = Vec::new();
         fields(value, "", &mut out);
-        let width = out.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let out: Vec<(String, String)> = out
+            .into_iter()
+            .map(|(k, v)| (sanitise(&k).into_owned(), v))
+            .collect();
+        let width = out.iter().map(|(k, _)| width_of(k)).max().unwrap_or(0);
         for (k, v) in out {
-            println!("{}", format!("{k:<width$}  {v}").trim_end());
+            say(format!("{}  {v}", pad(&k, width)).trim_end());
         }
         return;
     }
@@ -99,7 +105,7 @@ pub(crate) fn print(cli: &Cli, value: &Value, columns: &[(&str, &str)]) {
         .map(|(i, (h, _))| {
             table
                 .iter()
-                .map(|r| r[i].len())
+                .map(|r| width_of(&r[i]))
                 .max()
                 .unwrap_or(0)
                 .max(h.len())
@@ -109,19 +115,25 @@ pub(crate) fn print(cli: &Cli, value: &Value, columns: &[(&str, &str)]) {
         cells
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .map(|(i, c)| pad(c, widths[i]))
             .collect::<Vec<_>>()
             .join("  ")
             .trim_end()
             .to_owned()
     };
-    println!(
-        "{}",
-        line(columns.iter().map(|(h, _)| h.to_string()).collect())
-    );
+    say(&line(columns.iter().map(|(h, _)| h.to_string()).collect()));
     for r in table {
-        println!("{}", line(r));
+        say(&line(r));
     }
+}
+
+/// Columns a cell takes (characters, not bytes: names may be in any script).
+fn width_of(text: &str) -> usize {
+    text.chars().count()
+}
+
+fn pad(text: &str, width: usize) -> String {
+    format!("{text}{}", " ".repeat(width.saturating_sub(width_of(text))))
 }
 
 #[cfg(test)]

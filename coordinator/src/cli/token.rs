@@ -7,6 +7,7 @@ use coordinator::client::Client;
 use coordinator::model::{Grant, Role};
 
 use super::Cli;
+use super::out::say;
 use super::table::print;
 
 #[derive(Subcommand, Debug)]
@@ -62,7 +63,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &TokenCmd) -> Result<()> {
         }
         TokenCmd::Revoke { id } => {
             c.request("DELETE", &format!("/tokens/{id}"), None)?;
-            println!("token {id} revoked");
+            say(&format!("token {id} revoked"));
         }
     }
     Ok(())

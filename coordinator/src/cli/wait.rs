@@ -21,15 +21,17 @@ pub(crate) struct WaitArgs {
 
 /// Exit codes of `occ` (documented in docs/operator-guide.md, "Exit codes").
 pub(crate) mod exit {
-    /// The command did what was asked (with `--wait`: the requested work converged).
+    /// The command did what was asked. With `--wait`: the requested work converged and still
+    /// holds when the wait ends (a deploy's revision is the active and served one, a stopped
+    /// Agent is still meant to be stopped).
     pub const OK: u8 = 0;
     /// The command failed: bad configuration, the API refused the request, or it was
     /// unreachable.
     pub const ERROR: u8 = 1;
     /// With `--wait`: the requested work failed (its code and message are printed).
     pub const WORK_FAILED: u8 = 3;
-    /// With `--wait`: the request was overtaken before it took effect (a newer deploy, a
-    /// stop, or the Agent meant to run again).
+    /// With `--wait`: the request was overtaken (a newer deploy, a stop, or the Agent meant to
+    /// run again), before it took effect or after, before the wait looked.
     pub const SUPERSEDED: u8 = 4;
     /// With `--wait`: the timeout passed before the work finished.
     pub const TIMED_OUT: u8 = 5;
@@ -75,9 +77,94 @@ fn converged_code(what: Waited, code: &str) -> bool {
     }
 }
 
-/// Follows one work item until it finishes, printing each change of its progress, and
-/// returns the final deployment status (null once a deleted Agent is gone). A failed,
-/// overtaken or timed-out item is an error carrying its exit code.
+/// How a `--wait` ended: the work item and the deployment status it last read (`status` is
+/// null once a deleted Agent is gone), and, unless it converged, why not (with its exit code).
+pub(crate) struct WaitEnd {
+    pub(crate) work: Value,
+    pub(crate) status: Value,
+    pub(crate) failure: Option<anyhow::Error>,
+}
+
+impl WaitEnd {
+    /// The one document `--output json` prints when a wait ends, whatever the outcome.
+    pub(crate) fn document(&self) -> Value {
+        serde_json::json!({"work": self.work, "status": self.status})
+    }
+
+    /// Prints the end of the wait (JSON: [`Self::document`]; table: `table`, only when it
+    /// converged) and returns the failure, if any, for `main`'s exit code.
+    pub(crate) fn finish(self, cli: &super::Cli, table: impl FnOnce(&Value)) -> Result<()> {
+        if cli.output == super::Output::Json {
+            super::out::json(&self.document());
+        } else if self.failure.is_none() {
+            table(&self.status);
+        }
+        match self.failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What one look at a work item and the Agent's status says: still open, done as asked, or
+/// ended otherwise (exit code and message).
+fn judge(
+    what: Waited,
+    agent: &str,
+    work: &Value,
+    status: &Value,
+) -> Option<Result<(), (u8, String)>> {
+    let state = work["state"].as_str().unwrap_or("-");
+    let code = work["lastAttempt"]["code"].as_str().unwrap_or("");
+    let message = work["lastAttempt"]["message"].as_str().unwrap_or("");
+    let revision = work["revisionId"].as_str().unwrap_or("-");
+    let label = match what {
+        Waited::Deploy => "deploy",
+        Waited::Stop => "stop",
+        Waited::Delete => "delete",
+    };
+    let subject = if what == Waited::Deploy {
+        format!("{agent} {revision}")
+    } else {
+        format!("{label} of {agent}")
+    };
+    let active = status["activeRevisionId"].as_str();
+    let served = status["servedRevisionId"].as_str().unwrap_or("nothing");
+    match state {
+        "done" if converged_code(what, code) => match what {
+            // Activated, but a newer deploy (or a stop) may have taken over since: exit 0 only
+            // while the requested revision is still the active and served one.
+            Waited::Deploy if active != Some(revision) || served != revision => Some(Err((
+                exit::SUPERSEDED,
+                format!(
+                    "{subject} was activated, then overtaken: {} is active, {served} serves",
+                    active.unwrap_or("nothing")
+                ),
+            ))),
+            Waited::Stop if status["desiredState"] != "stopped" => Some(Err((
+                exit::SUPERSEDED,
+                format!(
+                    "{subject} finished, then was overtaken: the Agent is {} again ({served} serves)",
+                    status["desiredState"].as_str().unwrap_or("-")
+                ),
+            ))),
+            _ => Some(Ok(())),
+        },
+        "done" => Some(Err((
+            exit::SUPERSEDED,
+            format!("{subject} was overtaken: {code} {message} ({served} serves)"),
+        ))),
+        "failed" => Some(Err((
+            exit::WORK_FAILED,
+            format!("{subject} failed: {code} {message} ({served} serves)"),
+        ))),
+        _ => None,
+    }
+}
+
+/// Follows one work item until it finishes, printing each change of its progress to stderr.
+/// A failed, overtaken or timed-out item ends with its failure set; only an unreachable or
+/// refusing API is an error here.
 pub(crate) fn wait(
     client: &Client,
     ns: &str,
@@ -85,7 +172,7 @@ pub(crate) fn wait(
     work_id: i64,
     what: Waited,
     args: &WaitArgs,
-) -> Result<Value> {
+) -> Result<WaitEnd> {
     let start = Instant::now();
     let mut last = String::new();
     let label = match what {
@@ -137,41 +224,105 @@ pub(crate) fn wait(
             )
         };
         if line != last {
-            eprintln!("[{:>5.1}s] {agent}: {line}", start.elapsed().as_secs_f64());
+            super::out::note(&format!(
+                "[{:>5.1}s] {agent}: {line}",
+                start.elapsed().as_secs_f64()
+            ));
             last = line;
         }
-        let subject = if what == Waited::Deploy {
-            format!("{agent} {revision}")
-        } else {
-            format!("{label} of {agent}")
+        let failure = match judge(what, agent, &work, &status) {
+            Some(Ok(())) => None,
+            Some(Err((exit, message))) => Some(wait_failure(exit, message)),
+            None if start.elapsed() > Duration::from_secs(args.timeout) => {
+                let subject = if what == Waited::Deploy {
+                    format!("{agent} {revision}")
+                } else {
+                    format!("{label} of {agent}")
+                };
+                Some(wait_failure(
+                    exit::TIMED_OUT,
+                    format!(
+                        "{subject} not finished after {} s (last: {code} {message})",
+                        args.timeout
+                    ),
+                ))
+            }
+            None => {
+                std::thread::sleep(Duration::from_millis(250));
+                continue;
+            }
         };
-        match state {
-            "done" if converged_code(what, code) => return Ok(status),
-            "done" => {
-                let served = status["servedRevisionId"].as_str().unwrap_or("nothing");
-                return Err(wait_failure(
-                    exit::SUPERSEDED,
-                    format!("{subject} was overtaken: {code} {message} ({served} serves)"),
-                ));
+        return Ok(WaitEnd {
+            work,
+            status,
+            failure,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn work(state: &str, code: &str, revision: &str) -> Value {
+        json!({"state": state, "revisionId": revision, "lastAttempt": {"code": code, "message": "m"}})
+    }
+
+    fn status(desired: &str, active: Option<&str>, served: Option<&str>) -> Value {
+        json!({"desiredState": desired, "activeRevisionId": active, "servedRevisionId": served})
+    }
+
+    /// A deploy whose revision was activated and then overtaken by a newer one before the
+    /// wait looked is not "active and served": it exits 4 (it used to exit 0).
+    #[test]
+    fn an_activated_revision_overtaken_before_the_wait_looked_is_superseded() {
+        let done = work("done", Code::RevisionActivated.as_str(), "rev-2-aaaaaaaa");
+        let now = status("running", Some("rev-3-bbbbbbbb"), Some("rev-3-bbbbbbbb"));
+        match judge(Waited::Deploy, "a1", &done, &now) {
+            Some(Err((code, message))) => {
+                assert_eq!(code, exit::SUPERSEDED);
+                assert!(message.contains("rev-3-bbbbbbbb is active"), "{message}");
             }
-            "failed" => {
-                let served = status["servedRevisionId"].as_str().unwrap_or("nothing");
-                return Err(wait_failure(
-                    exit::WORK_FAILED,
-                    format!("{subject} failed: {code} {message} ({served} serves)"),
-                ));
-            }
-            _ => {}
+            other => panic!("{other:?}"),
         }
-        if start.elapsed() > Duration::from_secs(args.timeout) {
-            return Err(wait_failure(
-                exit::TIMED_OUT,
-                format!(
-                    "{subject} not finished after {} s (last: {code} {message})",
-                    args.timeout
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(250));
+        let served = status("running", Some("rev-2-aaaaaaaa"), Some("rev-2-aaaaaaaa"));
+        assert_eq!(judge(Waited::Deploy, "a1", &done, &served), Some(Ok(())));
+        // Active, but the host serves another revision: not "served" either.
+        let other = status("running", Some("rev-2-aaaaaaaa"), Some("rev-1-cccccccc"));
+        assert!(matches!(
+            judge(Waited::Deploy, "a1", &done, &other),
+            Some(Err((exit::SUPERSEDED, _)))
+        ));
+    }
+
+    #[test]
+    fn a_stop_overtaken_by_a_deploy_is_superseded_and_open_work_is_pending() {
+        let stopped = work("done", Code::RevisionStopped.as_str(), "rev-2-aaaaaaaa");
+        assert_eq!(
+            judge(Waited::Stop, "a1", &stopped, &status("stopped", None, None)),
+            Some(Ok(()))
+        );
+        assert!(matches!(
+            judge(
+                Waited::Stop,
+                "a1",
+                &stopped,
+                &status("running", Some("rev-3-bbbbbbbb"), None)
+            ),
+            Some(Err((exit::SUPERSEDED, _)))
+        ));
+        let open = work("running", "", "rev-2-aaaaaaaa");
+        assert_eq!(judge(Waited::Deploy, "a1", &open, &Value::Null), None);
+        let failed = work(
+            "failed",
+            clawfleet_protocol::FailureCode::OwnershipMismatch.as_str(),
+            "rev-2-aaaaaaaa",
+        );
+        assert!(matches!(
+            judge(Waited::Deploy, "a1", &failed, &Value::Null),
+            Some(Err((exit::WORK_FAILED, _)))
+        ));
     }
 }
