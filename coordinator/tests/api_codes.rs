@@ -640,6 +640,41 @@ async fn a_plan_token_applies_once() {
     );
 }
 
+/// `occ agent logs --follow` polls once a second, and each poll was an audit event. Now polls
+/// that say `follow=true` are one `agent.logs.follow` event when the follow starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_follow_is_audited_once() {
+    let api = Api::start().await;
+    api.pool().await;
+    api.agent("a1").await.unwrap();
+    api.admin("POST", "/namespaces/ns1/agents/a1/deploy", None)
+        .await
+        .unwrap();
+    api.settle().await;
+    let logs = "/namespaces/ns1/agents/a1/runtime/logs";
+    api.admin("GET", &format!("{logs}?tailLines=5"), None)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        api.admin("GET", &format!("{logs}?sinceSeconds=10&follow=true"), None)
+            .await
+            .unwrap();
+    }
+    let count = |action: &'static str| {
+        let api = &api;
+        async move {
+            api.admin("GET", &format!("/audit?action={action}"), None)
+                .await
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(count("agent.logs.read").await, 1);
+    assert_eq!(count("agent.logs.follow").await, 1);
+}
+
 /// A target that does not know a runtime operation (a hostd older than it) is 501
 /// `BACKEND_UNSUPPORTED`, naming the upgrade, rather than a generic 409 `INVALID_INPUT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
