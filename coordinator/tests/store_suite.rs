@@ -140,6 +140,18 @@ async fn postgres_takes_its_password_from_a_file_and_tls_as_libpq_does() {
         "{err}"
     );
     assert!(err.contains("password"), "{err}");
+    // No password configured at all: tokio-postgres says only "invalid configuration"; the
+    // error names the setting.
+    let Database::Postgres(s) =
+        Database::parse_url(&plain, &PostgresOptions::default(), None).unwrap()
+    else {
+        unreachable!()
+    };
+    let err = PostgresStore::connect(s).await.unwrap_err().to_string();
+    assert!(
+        err.contains("asks for a password") && err.contains("[postgres] password_file"),
+        "{err}"
+    );
     let tls = pg.tls_url("occ", "occ").unwrap();
     assert!(tls.contains("sslmode=verify-full"), "{tls}");
     let store = open("s3cret-pw", &tls).await.unwrap();
