@@ -206,7 +206,8 @@ impl Occ {
             );
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
-        occ(&["init"]);
+        let token_file = dir.path().join("operator-admin.token");
+        occ(&["init", "--admin-token-file", token_file.to_str().unwrap()]);
         let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
         let child = Command::new(bin)
             .arg("--config")
@@ -218,7 +219,7 @@ impl Occ {
             .stderr(log)
             .spawn()
             .unwrap();
-        let token = std::fs::read_to_string(dir.path().join("state/admin.token")).unwrap();
+        let token = std::fs::read_to_string(&token_file).unwrap();
         let api = Client::new(
             &format!("http://127.0.0.1:{port}"),
             Some(token.trim().to_owned()),

@@ -101,7 +101,7 @@ codes! {
     RolloutStateConflict = "ROLLOUT_STATE_CONFLICT", "The rollout is not in a state that allows this (pause a running one, resume a paused one, promote one waiting, abort one not finished).";
     PlanStale = "PLAN_STALE", "The plan token no longer matches: a Configuration generation or an Agent's active revision moved since the plan; plan again.";
     InvalidPlanToken = "INVALID_PLAN_TOKEN", "The plan token is not one the coordinator issues (plan1- and 32 hex digits).";
-    RateLimited = "RATE_LIMITED", "The token made too many runtime or log reads; retry after the Retry-After seconds.";
+    RateLimited = "RATE_LIMITED", "The token is over one of its limits (requests in progress, requests per minute, reads of hosts and clusters per minute); retry after the Retry-After seconds.";
     // Work outcomes.
     NamespaceReady = "NAMESPACE_READY", "The Namespace is ready on its pool or cluster.";
     NamespaceNotReady = "NAMESPACE_NOT_READY", "The Agent waits for its Namespace to become ready.";
@@ -217,6 +217,7 @@ mod tests {
             "OCC_LOG",
             "OCC_TOKEN",
             "NO_COLOR",
+            "OCC_TOKEN_FILE",
             "OCC_FAULT_STOP_BEFORE",
             "PGPASSWORD",
             "OPENCLAW_GATEWAY_PASSWORD",

@@ -39,6 +39,7 @@ pub enum ConfigError {
 struct Raw {
     listen: Option<String>,
     state_dir: Option<PathBuf>,
+    encryption_key_file: Option<PathBuf>,
     worker: Option<RawWorker>,
     ssh: Option<RawSsh>,
     api: Option<RawApi>,
@@ -156,6 +157,11 @@ struct RawApi {
     max_concurrent_requests: Option<usize>,
     allow_plaintext_listen: Option<bool>,
     runtime_reads_per_minute: Option<u32>,
+    body_timeout_seconds: Option<u64>,
+    admin_reserved_requests: Option<usize>,
+    token_concurrent_requests: Option<usize>,
+    unauthenticated_concurrent_requests: Option<usize>,
+    token_requests_per_minute: Option<u32>,
 }
 
 /// HTTP API limits (`[api]`).
@@ -165,8 +171,20 @@ pub struct ApiSettings {
     pub request_timeout: Duration,
     /// A connection must send a request's headers within this, or it is closed.
     pub header_timeout: Duration,
-    /// Requests in progress at once; more get 503 SERVER_BUSY.
+    /// Requests of valid tokens in progress at once; more get 503 SERVER_BUSY.
     pub max_concurrent_requests: usize,
+    /// Of `max_concurrent_requests`, the part only tokens with the admin role in all
+    /// Namespaces may use, so other tokens' requests cannot lock the operator out.
+    pub admin_reserved_requests: usize,
+    /// Requests in progress at once per token; more get 429 RATE_LIMITED.
+    pub token_concurrent_requests: usize,
+    /// Requests without a valid token in progress at once (apart from the tokens' share).
+    pub unauthenticated_concurrent_requests: usize,
+    /// Requests per minute of each token that is not a global admin (bucket of a minute's
+    /// worth); more get 429 RATE_LIMITED with Retry-After.
+    pub token_requests_per_minute: u32,
+    /// A request's body must have arrived within this, or it gets 408.
+    pub body_timeout: Duration,
     /// Allows a `listen` address off loopback although occ serves plain HTTP (for a TLS
     /// proxy in front on another machine).
     pub allow_plaintext_listen: bool,
@@ -181,6 +199,11 @@ impl Default for ApiSettings {
             request_timeout: Duration::from_secs(30),
             header_timeout: Duration::from_secs(10),
             max_concurrent_requests: 256,
+            admin_reserved_requests: 32,
+            token_concurrent_requests: 32,
+            unauthenticated_concurrent_requests: 32,
+            token_requests_per_minute: 1200,
+            body_timeout: Duration::from_secs(10),
             allow_plaintext_listen: false,
             runtime_reads_per_minute: 120,
         }
@@ -264,6 +287,10 @@ pub struct Config {
     pub retention: RetentionSettings,
     /// `[postgres] password_file`, for `occ db migrate --to` too.
     pub postgres_password_file: Option<PathBuf>,
+    /// The key that seals cluster credentials and workspace contents in the database
+    /// (`store/seal.rs`); created by `occ init`; default `keys/encryption.key` in the state
+    /// directory.
+    pub encryption_key_file: PathBuf,
 }
 
 impl Config {
@@ -275,11 +302,6 @@ impl Config {
     /// The operation-signing key (private, OpenSSH format).
     pub fn signing_key(&self) -> PathBuf {
         self.state_dir.join("keys").join("signing_ed25519")
-    }
-
-    /// The first admin token, written 0600 by `occ init`.
-    pub fn admin_token_file(&self) -> PathBuf {
-        self.state_dir.join("admin.token")
     }
 
     /// Reads a configuration file; a missing file at the default path means all defaults.
@@ -321,6 +343,15 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
         if !state_dir.is_absolute() {
             return Err(invalid("state_dir", "must be an absolute path".to_owned()));
+        }
+        let encryption_key_file = raw
+            .encryption_key_file
+            .unwrap_or_else(|| crate::store::seal::default_key_file(&state_dir));
+        if !encryption_key_file.is_absolute() {
+            return Err(invalid(
+                "encryption_key_file",
+                "must be an absolute path".to_owned(),
+            ));
         }
         let w = raw.worker.unwrap_or_default();
         let d = WorkerSettings::default();
@@ -462,7 +493,45 @@ impl Config {
                 }
                 v => v.unwrap_or(da.runtime_reads_per_minute),
             },
+            body_timeout: secs(
+                "api.body_timeout_seconds",
+                a.body_timeout_seconds,
+                da.body_timeout,
+            )?,
+            admin_reserved_requests: a
+                .admin_reserved_requests
+                .unwrap_or(da.admin_reserved_requests),
+            token_concurrent_requests: count(
+                "api.token_concurrent_requests",
+                a.token_concurrent_requests,
+                65536,
+                da.token_concurrent_requests,
+            )?,
+            unauthenticated_concurrent_requests: count(
+                "api.unauthenticated_concurrent_requests",
+                a.unauthenticated_concurrent_requests,
+                65536,
+                da.unauthenticated_concurrent_requests,
+            )?,
+            token_requests_per_minute: match a.token_requests_per_minute {
+                Some(0) => {
+                    return Err(invalid(
+                        "api.token_requests_per_minute",
+                        "must be at least 1".to_owned(),
+                    ));
+                }
+                v => v.unwrap_or(da.token_requests_per_minute),
+            },
         };
+        if api.admin_reserved_requests >= api.max_concurrent_requests {
+            return Err(invalid(
+                "api.admin_reserved_requests",
+                format!(
+                    "must be less than api.max_concurrent_requests ({}), so other tokens keep a share",
+                    api.max_concurrent_requests
+                ),
+            ));
+        }
         if !listen.ip().is_loopback() && !api.allow_plaintext_listen {
             return Err(invalid(
                 "listen",
@@ -555,6 +624,7 @@ impl Config {
             leader,
             retention,
             postgres_password_file,
+            encryption_key_file,
         })
     }
 }
@@ -638,6 +708,26 @@ mod tests {
             (
                 "[api]\nheader_timeout_seconds = 0",
                 "api.header_timeout_seconds",
+            ),
+            (
+                "[api]\nbody_timeout_seconds = 0",
+                "api.body_timeout_seconds",
+            ),
+            (
+                "[api]\nmax_concurrent_requests = 8\nadmin_reserved_requests = 8",
+                "api.admin_reserved_requests",
+            ),
+            (
+                "[api]\ntoken_concurrent_requests = 0",
+                "api.token_concurrent_requests",
+            ),
+            (
+                "[api]\nunauthenticated_concurrent_requests = 0",
+                "api.unauthenticated_concurrent_requests",
+            ),
+            (
+                "[api]\ntoken_requests_per_minute = 0",
+                "api.token_requests_per_minute",
             ),
         ] {
             match Config::parse(text, "occ.toml") {

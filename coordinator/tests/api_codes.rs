@@ -535,7 +535,7 @@ async fn reads_over_the_token_budget_are_429_rate_limited() {
             v["error"]["message"]
                 .as_str()
                 .unwrap()
-                .contains("too many runtime and log reads"),
+                .contains("too many reads of hosts and clusters"),
             "{v}"
         );
         // Two reads a minute: the next one in about 30 s.
@@ -559,6 +559,120 @@ async fn reads_over_the_token_budget_are_429_rate_limited() {
         .unwrap()
         .to_owned();
     api.call(&reader, "GET", runtime, None).await.unwrap();
+}
+
+/// Plans ask their targets, so a deploy-role token's burst of plans is held to the token's
+/// budget of reads of hosts and clusters: the plans over it are 429 `RATE_LIMITED` and never
+/// reach the host (before, all of them did: 300 in a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_over_the_token_budget_are_429_and_do_not_reach_the_host() {
+    let api = Api::on(
+        Arc::new(SqliteStore::in_memory().unwrap()),
+        ApiSettings {
+            runtime_reads_per_minute: 3,
+            ..ApiSettings::default()
+        },
+    )
+    .await;
+    api.pool().await;
+    api.agent("a1").await.unwrap();
+    let deployer = api
+        .admin(
+            "POST",
+            "/tokens",
+            Some(json!({"name": "d", "grants": [{"namespace": "ns1", "role": "deploy"}]})),
+        )
+        .await
+        .unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let calls = api.targets.engine.calls();
+    let (mut planned, mut limited) = (0, 0);
+    for _ in 0..20 {
+        let (status, _, v) = api
+            .raw("POST", "/namespaces/ns1/agents/a1/plan", Some(&deployer))
+            .await;
+        match status {
+            200 => planned += 1,
+            429 => {
+                assert_eq!(v["error"]["code"], "RATE_LIMITED", "{v}");
+                assert!(
+                    v["error"]["message"].as_str().unwrap().contains("plans"),
+                    "{v}"
+                );
+                limited += 1;
+            }
+            other => panic!("{other}: {v}"),
+        }
+    }
+    assert_eq!((planned, limited), (3, 17));
+    assert_eq!(
+        api.targets.engine.calls() - calls,
+        3,
+        "a refused plan reached the host"
+    );
+}
+
+/// A plan token applies once: a second deploy with it, before the first one's work moved any
+/// fact the token digests, was accepted too (two deploys from one reviewed plan). Now the
+/// store consumes the token atomically and the second apply is 409 `PLAN_STALE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_token_applies_once() {
+    let api = Api::start().await;
+    api.pool().await;
+    api.agent("a1").await.unwrap();
+    let plan = api
+        .admin("POST", "/namespaces/ns1/agents/a1/plan", None)
+        .await
+        .unwrap();
+    let token = plan["token"].as_str().unwrap().to_owned();
+    let apply = format!("/namespaces/ns1/agents/a1/deploy?planToken={token}");
+    api.admin("POST", &apply, None).await.unwrap();
+    let revisions = api.store.revisions("ns1", "a1").await.unwrap().len();
+    let (status, code, message) = api.refused("POST", &apply, None).await;
+    assert_eq!((status, code.as_str()), (409, "PLAN_STALE"), "{message}");
+    assert!(message.contains("applied already"), "{message}");
+    assert_eq!(
+        api.store.revisions("ns1", "a1").await.unwrap().len(),
+        revisions,
+        "the second apply stored a revision"
+    );
+}
+
+/// `occ agent logs --follow` polls once a second, and each poll was an audit event. Now polls
+/// that say `follow=true` are one `agent.logs.follow` event when the follow starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_follow_is_audited_once() {
+    let api = Api::start().await;
+    api.pool().await;
+    api.agent("a1").await.unwrap();
+    api.admin("POST", "/namespaces/ns1/agents/a1/deploy", None)
+        .await
+        .unwrap();
+    api.settle().await;
+    let logs = "/namespaces/ns1/agents/a1/runtime/logs";
+    api.admin("GET", &format!("{logs}?tailLines=5"), None)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        api.admin("GET", &format!("{logs}?sinceSeconds=10&follow=true"), None)
+            .await
+            .unwrap();
+    }
+    let count = |action: &'static str| {
+        let api = &api;
+        async move {
+            api.admin("GET", &format!("/audit?action={action}"), None)
+                .await
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!(count("agent.logs.read").await, 1);
+    assert_eq!(count("agent.logs.follow").await, 1);
 }
 
 /// A target that does not know a runtime operation (a hostd older than it) is 501

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use coordinator::api::{AppState, router_with, serve};
 use coordinator::client::{Client, ClientError};
 use coordinator::config::ApiSettings;
+use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::SharedStore;
 use hostd_engine::EngineBackend;
@@ -184,15 +185,177 @@ async fn an_oversized_body_is_refused_before_the_token_is_looked_up() {
     assert!(got.contains("BODY_TOO_LARGE"), "{got}");
 }
 
+/// Opens a request whose body never finishes arriving (50 of 100 bytes) and keeps it.
+fn slow_body(addr: &str, token: &str, path: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"name\": \"{}\"",
+        "x".repeat(38)
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s
+}
+
+/// The status line of the answer on `s`, or "" when none came within `wait`.
+fn status_line(s: &mut TcpStream, wait: Duration) -> String {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !out.windows(2).any(|w| w == b"\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
+/// N9: one deploy-role token's slow-body requests took every permit of the API's global
+/// concurrency limit, and the global admin got 503 (260 requests held it for most of 40 s).
+/// Now a token has its own share (the requests over it are 429 at once), low-role tokens
+/// together cannot take the admins' reserve, requests without a token have their own share,
+/// and a body that does not arrive is cut off by the body-read timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_of_low_role_tokens_leave_the_admin_a_share() {
+    let api = Api::start(ApiSettings {
+        max_concurrent_requests: 6,
+        admin_reserved_requests: 2,
+        token_concurrent_requests: 3,
+        unauthenticated_concurrent_requests: 2,
+        // Longer than the test takes to open every request, so none ends before it is counted.
+        body_timeout: Duration::from_secs(8),
+        request_timeout: Duration::from_secs(20),
+        ..short()
+    })
+    .await;
+    let mut deployers = Vec::new();
+    for name in ["d1", "d2", "d3"] {
+        let (_, secret) = coordinator::tokens::create(
+            &*api.store,
+            name,
+            &[Grant {
+                namespace: "ns1".into(),
+                role: Role::Deploy,
+            }],
+        )
+        .await
+        .unwrap();
+        deployers.push(secret);
+    }
+    let path = "/namespaces/ns1/configurations";
+    let (addr, d) = (api.addr.clone(), deployers.clone());
+    let t0 = Instant::now();
+    // d1 opens eight slow requests: three hold its share, five are refused at once.
+    let (held, refused) = tokio::task::spawn_blocking(move || {
+        let mut held = Vec::new();
+        let mut refused = Vec::new();
+        for _ in 0..8 {
+            let mut s = slow_body(&addr, &d[0], path);
+            match status_line(&mut s, Duration::from_millis(500)).as_str() {
+                "" => held.push(s),
+                line => refused.push(line.to_owned()),
+            }
+        }
+        (held, refused)
+    })
+    .await
+    .unwrap();
+    assert_eq!(held.len(), 3, "refused: {refused:?}");
+    assert!(
+        refused.iter().all(|l| l.starts_with("HTTP/1.1 429")),
+        "{refused:?}"
+    );
+    // The global admin is served while d1 holds its share.
+    assert_eq!(
+        api.call_async(Some(&api.admin.clone()), "GET", "/hosts", None)
+            .await
+            .unwrap(),
+        json!([])
+    );
+    // d2 and d3 fill the rest of the tokens' share (6 - 2 reserved - 3 of d1 = 1).
+    let (addr, d) = (api.addr.clone(), deployers.clone());
+    let (more_held, busy) = tokio::task::spawn_blocking(move || {
+        let mut held = Vec::new();
+        let mut busy = Vec::new();
+        for token in [&d[1], &d[1], &d[2]] {
+            let mut s = slow_body(&addr, token, path);
+            match status_line(&mut s, Duration::from_millis(500)).as_str() {
+                "" => held.push(s),
+                line => busy.push(line.to_owned()),
+            }
+        }
+        (held, busy)
+    })
+    .await
+    .unwrap();
+    assert_eq!(more_held.len(), 1, "{busy:?}");
+    assert!(
+        busy.iter().all(|l| l.starts_with("HTTP/1.1 503")),
+        "{busy:?}"
+    );
+    // Still the admin (from the reserve), and a request without a token (its own share).
+    for _ in 0..3 {
+        api.call_async(Some(&api.admin.clone()), "GET", "/hosts", None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        api.call_async(None, "GET", "/healthz", None).await.unwrap()["status"],
+        "ok"
+    );
+    // The held requests end with 408 at the body-read timeout, long before the request timeout.
+    let lines = tokio::task::spawn_blocking(move || {
+        held.into_iter()
+            .chain(more_held)
+            .map(|mut s| status_line(&mut s, Duration::from_secs(10)))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert!(
+        lines.iter().all(|l| l.starts_with("HTTP/1.1 408")),
+        "{lines:?}"
+    );
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(8) && took < Duration::from_secs(16),
+        "{took:?}"
+    );
+    // Given back: d1 is served again.
+    let d1 = deployers[0].clone();
+    let created = api
+        .call_async(
+            Some(&d1),
+            "POST",
+            "/namespaces/ns1/configurations",
+            Some(json!({"name": "c"})),
+        )
+        .await;
+    assert!(!matches!(&created, Err((429 | 503, _, _))), "{created:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_beyond_the_concurrency_limit_get_503_at_once() {
     let api = Api::start(ApiSettings {
         max_concurrent_requests: 1,
+        admin_reserved_requests: 0,
+        unauthenticated_concurrent_requests: 1,
         ..short()
     })
     .await;
     let (addr, admin) = (api.addr.clone(), api.admin.clone());
-    // One request holds the only permit while its body trickles in.
+    let (_, other) = coordinator::tokens::create(
+        &*api.store,
+        "other",
+        &[Grant {
+            namespace: "*".into(),
+            role: Role::Read,
+        }],
+    )
+    .await
+    .unwrap();
+    // One request holds the tokens' only permit while its body trickles in.
     let holder = tokio::task::spawn_blocking(move || {
         let mut s = TcpStream::connect(&addr).unwrap();
         let head = format!(
@@ -204,7 +367,7 @@ async fn requests_beyond_the_concurrency_limit_get_503_at_once() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t0 = Instant::now();
     let busy = api
-        .call_async(None, "GET", "/healthz", None)
+        .call_async(Some(&other), "GET", "/hosts", None)
         .await
         .unwrap_err();
     assert_eq!((busy.0, busy.1.as_str()), (503, "SERVER_BUSY"), "{busy:?}");

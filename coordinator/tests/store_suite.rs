@@ -12,9 +12,11 @@ use clawfleet_pg_tests::{Options, TestPostgres, Tls};
 use coordinator::store::database::{Database, PostgresOptions, PostgresSettings};
 use coordinator::store::postgres::PostgresStore;
 use coordinator::store::prelude::*;
+use coordinator::store::seal::Sealer;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{SharedStore, StoreError};
 use store_support::CASES;
+use store_support::{CREDENTIAL_SECRET, WORKSPACE_SECRET, put_secrets, secrets_read_back};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_in_memory_passes_the_store_suite() {
@@ -138,6 +140,18 @@ async fn postgres_takes_its_password_from_a_file_and_tls_as_libpq_does() {
         "{err}"
     );
     assert!(err.contains("password"), "{err}");
+    // No password configured at all: tokio-postgres says only "invalid configuration"; the
+    // error names the setting.
+    let Database::Postgres(s) =
+        Database::parse_url(&plain, &PostgresOptions::default(), None).unwrap()
+    else {
+        unreachable!()
+    };
+    let err = PostgresStore::connect(s).await.unwrap_err().to_string();
+    assert!(
+        err.contains("asks for a password") && err.contains("[postgres] password_file"),
+        "{err}"
+    );
     let tls = pg.tls_url("occ", "occ").unwrap();
     assert!(tls.contains("sslmode=verify-full"), "{tls}");
     let store = open("s3cret-pw", &tls).await.unwrap();
@@ -169,11 +183,17 @@ async fn a_sqlite_database_copies_into_postgres_and_reads_back_the_same() {
     let pgs = TestPostgres::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("occ.db");
-    let sqlite: SharedStore = Arc::new(SqliteStore::open(&path).unwrap());
+    // Both sides under one key, as `occ db migrate` runs with the coordinator's key file.
+    let key = Arc::new(Sealer::ephemeral());
+    let sqlite: SharedStore = Arc::new(SqliteStore::open_sealed(&path, key.clone()).unwrap());
     store_support::fill(&sqlite).await;
     let settings = database_on(&pgs, "copy_target");
-    let target: SharedStore = Arc::new(PostgresStore::connect(settings.clone()).await.unwrap());
-    let pg = PostgresStore::connect(settings).await.unwrap();
+    let target: SharedStore = Arc::new(
+        PostgresStore::connect_sealed(settings.clone(), key.clone())
+            .await
+            .unwrap(),
+    );
+    let pg = PostgresStore::connect_sealed(settings, key).await.unwrap();
     let counts = coordinator::store::copy::sqlite_to_postgres(&path, &pg)
         .await
         .unwrap();
@@ -218,4 +238,232 @@ async fn a_sqlite_database_copies_into_postgres_and_reads_back_the_same() {
         ),
         "{again:?}"
     );
+}
+
+/// The secrets of [`put_secrets`] found in any file under `dir`.
+fn secrets_in_files(dir: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                for secret in [CREDENTIAL_SECRET, WORKSPACE_SECRET] {
+                    if bytes.windows(secret.len()).any(|w| w == secret.as_bytes()) {
+                        found.push(format!("{secret} in {}", p.display()));
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// N15: `occ init` left occ.db 0644 in a 0755 directory, and cluster credentials and workspace
+/// contents sat in it in clear. Now the database and its -wal/-shm are 0600 and both secrets
+/// are sealed: the files' bytes hold neither, and another key cannot open them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_keeps_secrets_sealed_and_its_files_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let key_file = dir.path().join("encryption.key");
+    assert!(Sealer::create_file(&key_file).unwrap());
+    assert_eq!(mode(&key_file), 0o600);
+    let path = state.join("occ.db");
+    let key = Arc::new(Sealer::load(&key_file).unwrap());
+    let s: SharedStore = Arc::new(SqliteStore::open_sealed(&path, key.clone()).unwrap());
+    put_secrets(&s).await;
+    secrets_read_back(&s).await.unwrap();
+    for f in ["occ.db", "occ.db-wal", "occ.db-shm"] {
+        assert_eq!(mode(&state.join(f)), 0o600, "{f}");
+    }
+    assert_eq!(secrets_in_files(&state), Vec::<String>::new());
+    drop(s);
+    assert_eq!(secrets_in_files(&state), Vec::<String>::new());
+    // Another key: a clear error naming the setting, nothing returned.
+    let other: SharedStore =
+        Arc::new(SqliteStore::open_sealed(&path, Arc::new(Sealer::ephemeral())).unwrap());
+    let e = secrets_read_back(&other).await.unwrap_err().to_string();
+    assert!(
+        e.contains("encryption_key_file") && e.contains("cluster c1"),
+        "{e}"
+    );
+    drop(other);
+    let again: SharedStore = Arc::new(SqliteStore::open_sealed(&path, key).unwrap());
+    secrets_read_back(&again).await.unwrap();
+}
+
+/// A database an older coordinator wrote (secrets in clear) still reads, and its secrets are
+/// sealed when the store opens, so they leave the files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_seals_what_an_older_coordinator_stored_in_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("occ.db");
+    let key = Arc::new(Sealer::ephemeral());
+    let s = SqliteStore::open_sealed(&path, key.clone()).unwrap();
+    let shared: SharedStore = Arc::new(s);
+    put_secrets(&shared).await;
+    drop(shared);
+    // As the previous release stored them.
+    let s = SqliteStore::open_sealed(&path, key.clone()).unwrap();
+    s.with_connection(|c| {
+        c.execute(
+            "UPDATE clusters SET credentials = ?1",
+            [format!("{{\"token\":\"{CREDENTIAL_SECRET}\"}}")],
+        )?;
+        c.execute(
+            "UPDATE agent_workspace_files SET content = ?1, sealed = 0",
+            [WORKSPACE_SECRET.as_bytes()],
+        )?;
+        c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+    })
+    .await
+    .unwrap();
+    drop(s);
+    assert_eq!(secrets_in_files(dir.path()).len(), 2, "the clear rows");
+    let s: SharedStore = Arc::new(SqliteStore::open_sealed(&path, key).unwrap());
+    secrets_read_back(&s).await.unwrap();
+    drop(s);
+    assert_eq!(secrets_in_files(dir.path()), Vec::<String>::new());
+}
+
+/// The same on PostgreSQL: the columns a dump holds are sealed, the server's files (after a
+/// checkpoint) hold neither secret, another key gets a clear error, and rows stored in clear
+/// by an older coordinator are sealed when a coordinator connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_secrets_sealed() {
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
+    let settings = database_on(&pg, "sealed");
+    let key = Arc::new(Sealer::ephemeral());
+    let s: SharedStore = Arc::new(
+        PostgresStore::connect_sealed(settings.clone(), key.clone())
+            .await
+            .unwrap(),
+    );
+    put_secrets(&s).await;
+    secrets_read_back(&s).await.unwrap();
+    let dump = |pg: &TestPostgres| {
+        pg.psql_in(
+            "sealed",
+            "SELECT credentials FROM clusters UNION ALL \
+             SELECT encode(content, 'escape') FROM agent_workspace_files",
+        )
+        .unwrap()
+    };
+    let columns = dump(&pg);
+    assert!(columns.starts_with("sealed1:"), "{columns}");
+    assert!(
+        !columns.contains(CREDENTIAL_SECRET) && !columns.contains(WORKSPACE_SECRET),
+        "{columns}"
+    );
+    pg.psql_in("sealed", "CHECKPOINT").unwrap();
+    assert_eq!(secrets_in_files(pg.data_dir()), Vec::<String>::new());
+    let other: SharedStore = Arc::new(
+        PostgresStore::connect_sealed(settings.clone(), Arc::new(Sealer::ephemeral()))
+            .await
+            .unwrap(),
+    );
+    let e = secrets_read_back(&other).await.unwrap_err().to_string();
+    assert!(e.contains("encryption_key_file"), "{e}");
+    // As the previous release stored them; sealed by the next coordinator that connects.
+    pg.psql_in(
+        "sealed",
+        &format!(
+            "UPDATE clusters SET credentials = '{{\"token\":\"{CREDENTIAL_SECRET}\"}}'; \
+             UPDATE agent_workspace_files SET content = convert_to('{WORKSPACE_SECRET}', 'UTF8'), sealed = FALSE"
+        ),
+    )
+    .unwrap();
+    assert!(dump(&pg).contains(CREDENTIAL_SECRET));
+    let next: SharedStore = Arc::new(PostgresStore::connect_sealed(settings, key).await.unwrap());
+    secrets_read_back(&next).await.unwrap();
+    let columns = dump(&pg);
+    assert!(
+        !columns.contains(CREDENTIAL_SECRET) && !columns.contains(WORKSPACE_SECRET),
+        "{columns}"
+    );
+}
+
+/// A backend for API tests that reach no target.
+struct NoTargets;
+
+impl coordinator::backend::Backend for NoTargets {
+    async fn call(
+        &self,
+        target: impl Into<coordinator::backend::Target> + Send,
+        _: clawfleet_protocol::Operation,
+        _: coordinator::backend::CallOptions,
+    ) -> Result<clawfleet_protocol::result::OperationResult, coordinator::backend::CallError> {
+        Err(coordinator::backend::CallError::Unsupported {
+            target: target.into().name().to_owned(),
+            message: "no targets in this test".into(),
+        })
+    }
+}
+
+/// `/healthz` answered 200 while PostgreSQL was down. Now it asks the database (one cheap
+/// query, a short timeout): 200 while it answers, 503 `DATABASE_UNAVAILABLE` while it is
+/// down, 200 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_says_when_postgres_is_down() {
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
+    let store = postgres_store(&pg, "health").await;
+    let state = Arc::new(coordinator::api::AppState {
+        service: coordinator::service::Service::new(store),
+        backend: Arc::new(NoTargets),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let router = coordinator::api::router(state);
+    let settings = coordinator::config::ApiSettings::default();
+    tokio::spawn(async move {
+        coordinator::api::serve(listener, router, &settings, std::future::pending()).await
+    });
+    let health = || {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let c = coordinator::client::Client::new(&url, None).unwrap();
+            let t0 = std::time::Instant::now();
+            let r = c.request("GET", "/healthz", None);
+            (r, t0.elapsed())
+        })
+    };
+    let (r, _) = health().await.unwrap();
+    assert_eq!(r.unwrap()["status"], "ok");
+    pg.stop().unwrap();
+    let (r, took) = health().await.unwrap();
+    match r {
+        Err(coordinator::client::ClientError::Api { status, code, .. }) => {
+            assert_eq!((status, code.as_str()), (503, "DATABASE_UNAVAILABLE"));
+        }
+        other => panic!("healthz with the database down: {other:?}"),
+    }
+    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    pg.start_again().unwrap();
+    let mut last = None;
+    for _ in 0..50 {
+        let (r, _) = health().await.unwrap();
+        if let Ok(v) = &r {
+            assert_eq!(v["status"], "ok");
+            return;
+        }
+        last = Some(r);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("healthz stayed down after the restart: {last:?}");
 }

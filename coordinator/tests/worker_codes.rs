@@ -687,3 +687,81 @@ async fn a_store_failure_during_work_is_retried_as_store_unavailable() {
         Some(rev.as_str())
     );
 }
+
+/// Item 7 (issue 27): with restore off, an activation whose candidate never became ready was
+/// retried without spending attempts until the convergence deadline (57 passes in 900 s, as
+/// long as `--wait`'s default, so `--wait` ended with its timeout rather than the failure).
+/// Now each such pass spends an attempt and the item fails after `worker.max_attempts`.
+#[tokio::test]
+async fn readiness_failures_without_restore_spend_the_attempt_budget() {
+    let w = World::pool(100).await;
+    let worker = w.worker_with(WorkerSettings {
+        max_attempts: 3,
+        ..settings()
+    });
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    w.backend
+        .fail_activations_of("a1", FailureCode::ReadinessTimeout);
+    w.deploy("a1").await;
+    let mut last = None;
+    for _ in 0..2000 {
+        match worker.run_once().await {
+            Some((_, step @ Step::Failed { .. })) => {
+                last = Some(step);
+                break;
+            }
+            Some((_, step)) => last = Some(step),
+            None => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+    let activations = w
+        .backend
+        .log()
+        .iter()
+        .filter(|l| l.ends_with("activate-revision"))
+        .count();
+    let step = last.expect("no pass ran");
+    assert_step(
+        &step,
+        "failed",
+        "READINESS_TIMEOUT",
+        "gave up after 3 attempts",
+    );
+    assert_eq!(activations, 3, "one activation per attempt");
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Failed,
+        "READINESS_TIMEOUT",
+    );
+}
+
+/// Item 7 (issue 27): a coordinator that joined a shared database before it was enrolled on
+/// every host took work there and failed it for good with HOST_AUTH_REFUSED, though an
+/// enrolled coordinator could have done it. Now the item goes back to the queue (an attempt
+/// spent) and the next claim, here one the host accepts, finishes it.
+#[tokio::test]
+async fn a_host_refusing_this_coordinator_leaves_the_work_for_another() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    let rev = w.deploy("a1").await;
+    w.backend.inject(w.backend.calls(), Inject::AuthRefused);
+    let (_, step) = w.once(&worker).await;
+    assert_step(
+        &step,
+        "retry",
+        "HOST_AUTH_REFUSED",
+        "left for another coordinator",
+    );
+    let record = w.last_work("a1").await;
+    assert_eq!(record.state, WorkState::Queued, "{record:?}");
+    w.settle(&worker).await;
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Done,
+        "REVISION_ACTIVATED",
+    );
+    assert_eq!(w.revision("a1", &rev).await.status, RevisionStatus::Active);
+}

@@ -24,12 +24,15 @@ fn build(package: &str, bin: &str) -> Result<PathBuf> {
 struct Occ {
     bin: PathBuf,
     config: PathBuf,
+    /// The admin token `occ init` wrote (`--admin-token-file`), for client commands.
+    token_file: PathBuf,
 }
 
 impl Occ {
     fn cmd(&self) -> Command {
         let mut c = Command::new(&self.bin);
         c.arg("--config").arg(&self.config);
+        c.arg("--token-file").arg(&self.token_file);
         c
     }
 
@@ -125,11 +128,18 @@ fn run() -> Result<()> {
             dir.join("state").display()
         ),
     )?;
+    // The first admin token goes to a file the operator names (occ keeps no copy).
+    let token_file = dir.join("admin.token");
     let occ = Occ {
         bin: occ_bin,
         config,
+        token_file: token_file.clone(),
     };
-    occ.run(&["init"])?;
+    occ.run(&[
+        "init",
+        "--admin-token-file",
+        &token_file.display().to_string(),
+    ])?;
 
     step("occ serve (API + worker)");
     let mut child = occ

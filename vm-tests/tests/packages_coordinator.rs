@@ -1,6 +1,7 @@
 //! The clawfleet-coordinator .deb on a real test host: the package creates the `clawfleet`
 //! system user, installs and enables the hardened unit, and the unit starts under systemd,
-//! runs `occ init` (keys and admin token in the state directory) and answers `/healthz`.
+//! runs `occ init` (keys in the state directory, no admin token: it is shown once to the operator
+//! who asks for it) and answers `/healthz`.
 //! Then an upgrade keeps the keys, and remove/purge follow the documented rule.
 //!
 //! Needs root (test hosts) and `packaging/build.sh` output; otherwise prints `SKIP: ...`
@@ -132,10 +133,15 @@ fn coordinator_deb_service_starts_runs_init_and_answers_healthz() {
         host.run_ok(&format!("stat -c '%a %U %G' {STATE}")).unwrap(),
         "700 clawfleet clawfleet\n"
     );
-    let keys =
-        format!("{STATE}/keys/login_ed25519 {STATE}/keys/signing_ed25519 {STATE}/admin.token");
-    let perms = host.run_ok(&format!("stat -c '%a %U' {keys}")).unwrap();
-    assert_eq!(perms, "600 clawfleet\n".repeat(3), "occ init's files");
+    let keys = format!(
+        "{STATE}/keys/login_ed25519 {STATE}/keys/signing_ed25519 {STATE}/keys/encryption.key"
+    );
+    let perms = host
+        .run_ok(&format!("stat -c '%a %U' {keys} {STATE}/occ.db"))
+        .unwrap();
+    assert_eq!(perms, "600 clawfleet\n".repeat(4), "occ init's files");
+    // The unit's `occ init` (no terminal, no --admin-token-file) keeps no token anywhere.
+    assert!(!exists(&host, &format!("{STATE}/admin.token")));
     let journal = host
         .run_ok(&format!("journalctl -u {UNIT} --no-pager -o cat | wc -l"))
         .unwrap();
@@ -206,23 +212,30 @@ fn both_packages_on_one_host_deploy_an_agent_from_the_hardened_service() {
     .unwrap();
     wait_healthy(&host);
 
-    // The guide's enrolment, all on this host (as root, the client commands read admin.token).
+    // The guide's enrolment, all on this host: the operator asks for the first admin token
+    // (printed once) and keeps it where only root reads it; client commands read it from there.
     let t = Instant::now();
+    host.run_ok(
+        "umask 077 && runuser -u clawfleet -- occ init --config /etc/clawfleet/occ.toml \
+         --admin-token-file - > /root/occ-admin.token",
+    )
+    .unwrap();
+    let occ = "OCC_TOKEN_FILE=/root/occ-admin.token occ";
     let enrol = host.run_ok("occ enrol-command").unwrap();
     let enrolled = host.run_ok(enrol.trim()).unwrap();
     assert!(enrolled.contains(host.host_key_fingerprint()), "{enrolled}");
     host.run_ok(&format!(
-        "occ host enrol {} --address 127.0.0.1 --host-key /etc/ssh/ssh_host_ed25519_key.pub",
+        "{occ} host enrol {} --address 127.0.0.1 --host-key /etc/ssh/ssh_host_ed25519_key.pub",
         host.name()
     ))
     .unwrap();
     host.run_ok(&format!(
-        "occ namespace create solo --hosts {}",
+        "{occ} namespace create solo --hosts {}",
         host.name()
     ))
     .unwrap();
     let json = |cmd: &str| -> serde_json::Value {
-        serde_json::from_str(&host.run_ok(&format!("occ --output json {cmd}")).unwrap()).unwrap()
+        serde_json::from_str(&host.run_ok(&format!("{occ} --output json {cmd}")).unwrap()).unwrap()
     };
     let mut last = serde_json::Value::Null;
     assert!(
@@ -238,7 +251,7 @@ fn both_packages_on_one_host_deploy_an_agent_from_the_hardened_service() {
         0o644,
     )
     .unwrap();
-    host.run_ok("occ configuration create solo a1 --file /var/tmp/cfg.json && occ agent create solo a1 --configuration a1")
+    host.run_ok(&format!("{occ} configuration create solo a1 --file /var/tmp/cfg.json && {occ} agent create solo a1 --configuration a1"))
         .unwrap();
     let rev = json("agent deploy solo a1")["id"]
         .as_str()

@@ -75,6 +75,7 @@ impl Occ {
         Command::new(&self.bin)
             .arg("--config")
             .arg(&self.config)
+            .env("OCC_TOKEN_FILE", self.dir.0.join("operator-admin.token"))
             .args(args)
             .output()
             .unwrap()
@@ -211,7 +212,8 @@ fn agents_deployed_by_the_packaged_coordinator_survive_hostd_upgrade_and_rollbac
     .unwrap();
 
     // The operator's steps: init, serve, print the enrol command, run it on the host, pin.
-    occ.ok(&["init"]);
+    let token_file = occ.dir.0.join("operator-admin.token");
+    occ.ok(&["init", "--admin-token-file", token_file.to_str().unwrap()]);
     occ.start_serve();
     let enrol = occ.ok(&["enrol-command"]).trim().to_owned();
     assert!(enrol.starts_with("hostd enrol "), "{enrol}");

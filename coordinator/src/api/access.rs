@@ -120,8 +120,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
+/// The outcome of the bearer token's lookup by admission (`admit` in `mod.rs`), for the
+/// access check.
+#[derive(Debug, Clone)]
+pub(super) struct Authentication(pub Result<Caller, ApiError>);
+
 /// Looks the bearer token up: unknown, revoked and expired tokens are 401.
-async fn authenticate<B: Backend>(
+pub(super) async fn authenticate<B: Backend>(
     state: &AppState<B>,
     headers: &HeaderMap,
     now: i64,
@@ -165,8 +170,12 @@ pub(super) async fn authorize<B: Backend>(
     if access == Access::Public {
         return next.run(request).await;
     }
-    let now = crate::clock::now_seconds();
-    let caller = match authenticate(&state, request.headers(), now).await {
+    // Admission looked the token up already; without a header there is nothing to look up.
+    let found = match request.extensions_mut().remove::<Authentication>() {
+        Some(Authentication(found)) => found,
+        None => authenticate(&state, request.headers(), crate::clock::now_seconds()).await,
+    };
+    let caller = match found {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };

@@ -11,8 +11,27 @@ use serde::de::DeserializeOwned;
 use super::{ApiError, MAX_BODY};
 use crate::codes::Code;
 
+/// The body, within the request's body deadline (set by admission) when it has one.
 async fn bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    Bytes::from_request(req, state).await.map_err(|e| {
+    let deadline = req.extensions().get::<super::BodyDeadline>().copied();
+    let read = Bytes::from_request(req, state);
+    let read = match deadline {
+        Some(d) => match tokio::time::timeout_at(d.at, read).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    Code::RequestTimeout,
+                    format!(
+                        "the request body did not arrive within {} s (api.body_timeout_seconds)",
+                        d.seconds
+                    ),
+                ));
+            }
+        },
+        None => read.await,
+    };
+    read.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,

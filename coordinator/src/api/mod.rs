@@ -2,9 +2,12 @@
 //! error codes, an audit event for every change, `/openapi.json`, `/healthz` and `/metrics`.
 //!
 //! A request meets, in order: the connection's header-read timeout ([`serve`]), the
-//! concurrency limit, the body-size limit, the request timeout, the route's access check
-//! (`access.rs`, from the route table in `routes.rs`), the body extractor (`extract.rs`) and
-//! the handler (one module per resource), which calls the service layer.
+//! declared body-size limit, the request timeout, admission ([`admit`]: the bearer token is
+//! looked up, then the request is charged to the token's concurrency and rate, a global admin
+//! may use the reserved share, requests without a valid token have their own; see
+//! `ratelimit.rs`), the route's access check (`access.rs`, from the route table in
+//! `routes.rs`), the body extractor (`extract.rs`, with the body-read timeout) and the handler
+//! (one module per resource), which calls the service layer.
 
 mod access;
 mod agents;
@@ -25,16 +28,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use access::{Access, Caller};
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
-use tokio::sync::Semaphore;
-
-pub use access::{Access, Caller};
 pub use routes::{Body, Method, ROUTES, Route};
+use serde_json::json;
 pub use tokens::NewToken;
 
 use crate::backend::Backend;
@@ -55,7 +56,7 @@ impl<B: Backend> std::fmt::Debug for AppState<B> {
 }
 
 /// An API error: status, stable code, message.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError {
     status: StatusCode,
     code: &'static str,
@@ -172,6 +173,7 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
     let limiter = Arc::new(ratelimit::ReadLimiter::new(
         settings.runtime_reads_per_minute,
     ));
+    let admission = Arc::new(ratelimit::Admission::new(settings));
     let routes = routes::add_routes(Router::new(), &state)
         .fallback(|| async {
             ApiError::new(
@@ -180,11 +182,15 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
                 "no such route; see /openapi.json",
             )
         })
-        .with_state(state)
+        .with_state(state.clone())
         .layer(axum::Extension(limiter));
     // Layers wrap from the inside out: the last one added runs first.
     routes
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            (state, admission),
+            admit::<B>,
+        ))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
@@ -192,33 +198,91 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
         // A declared Content-Length over the limit is refused here, before any token lookup.
         .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(Semaphore::new(settings.max_concurrent_requests)),
-            limit_concurrency,
-        ))
 }
 
-/// At most `api.max_concurrent_requests` requests in progress; more get 503 at once rather
-/// than queueing without bound.
-async fn limit_concurrency(
-    State(permits): State<Arc<Semaphore>>,
-    request: Request,
+/// The moment a request's body must have arrived by (`api.body_timeout_seconds`), for the
+/// body extractors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyDeadline {
+    pub at: tokio::time::Instant,
+    pub seconds: u64,
+}
+
+/// Looks the bearer token up (before any share is charged, so the charge goes to the right
+/// token), then admits the request to its share or refuses it at once: 429 when the token is
+/// over its own concurrency or rate, 503 when its class's share is in use. The lookup's
+/// outcome goes to the route's access check in the request's extensions.
+async fn admit<B: Backend>(
+    State((state, admission)): State<(Arc<AppState<B>>, Arc<ratelimit::Admission>)>,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    match permits.clone().try_acquire_owned() {
-        Ok(_permit) => next.run(request).await,
-        Err(_) => {
-            let mut r = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Code::ServerBusy,
-                "too many requests in progress; retry shortly",
-            )
-            .into_response();
-            r.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-            r
+    use ratelimit::{Class, Refusal};
+    let busy = || {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Code::ServerBusy,
+            "too many requests in progress; retry shortly",
+        )
+        .retry_after(1)
+        .into_response()
+    };
+    let authenticated = if request.headers().contains_key("authorization") {
+        let Ok(_lookup) = admission.lookups.clone().try_acquire_owned() else {
+            return busy();
+        };
+        let found =
+            access::authenticate(&state, request.headers(), crate::clock::now_seconds()).await;
+        Some(found)
+    } else {
+        None
+    };
+    let class = match &authenticated {
+        Some(Ok(caller)) if caller.is_global(crate::model::Role::Admin) => {
+            Class::Admin(&caller.token_id)
         }
+        Some(Ok(caller)) => Class::Token(&caller.token_id),
+        _ => Class::Unauthenticated,
+    };
+    let admitted = match admission.admit(class) {
+        Ok(a) => a,
+        Err(Refusal::ServerBusy) => return busy(),
+        Err(Refusal::TokenBusy) => {
+            return ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                Code::RateLimited,
+                "this token has too many requests in progress (api.token_concurrent_requests); \
+                 retry when one has been answered",
+            )
+            .retry_after(1)
+            .into_response();
+        }
+        Err(Refusal::TokenRate(wait)) => {
+            let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            return ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                Code::RateLimited,
+                format!(
+                    "this token made too many requests (api.token_requests_per_minute); retry in \
+                     {seconds} s"
+                ),
+            )
+            .retry_after(seconds.max(1))
+            .into_response();
+        }
+    };
+    if let Some(found) = authenticated {
+        request
+            .extensions_mut()
+            .insert(access::Authentication(found));
     }
+    request.extensions_mut().insert(BodyDeadline {
+        at: tokio::time::Instant::now() + admission.body_timeout,
+        seconds: admission.body_timeout.as_secs(),
+    });
+    let response = next.run(request).await;
+    drop(admitted);
+    response
 }
 
 /// Serves the router on the listener until `shutdown` resolves, cutting off a client that

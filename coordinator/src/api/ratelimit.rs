@@ -1,11 +1,24 @@
-//! A per-token budget for reads that reach hosts or clusters (runtime and logs): a token
-//! bucket per token id, refilled continuously at `[api] runtime_reads_per_minute`, holding at
-//! most one minute's worth. A read over the budget gets 429 with the seconds until the next
-//! one is allowed in Retry-After.
+//! Per-token limits.
+//!
+//! [`ReadLimiter`]: a budget for reads that reach hosts or clusters (runtime, logs, plans): a
+//! token bucket per token id, refilled continuously at `[api] runtime_reads_per_minute`,
+//! holding at most one minute's worth. A read over the budget gets 429 with the seconds until
+//! the next one is allowed in Retry-After. The same buckets, at `[api]
+//! token_requests_per_minute`, bound every request of a token that is not a global admin.
+//!
+//! [`Admission`]: who may have a request in progress. Every token has its own share
+//! (`token_concurrent_requests`); all tokens together have `max_concurrent_requests`, of which
+//! `admin_reserved_requests` only global admin tokens may use; requests without a valid token
+//! have their own `unauthenticated_concurrent_requests`. So one token, or many low-role ones,
+//! holding slow requests cannot lock the operator out.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::ApiSettings;
 
 /// Buckets kept at most; the least recently used go first (a bucket left alone for a minute
 /// is full again anyway).
@@ -54,6 +67,148 @@ impl ReadLimiter {
     }
 }
 
+/// Requests in progress per token id.
+type Counts = Arc<Mutex<HashMap<String, usize>>>;
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The token has `token_concurrent_requests` in progress already.
+    TokenBusy,
+    /// The token spent its requests of the minute; retry after this.
+    TokenRate(Duration),
+    /// The share of the caller's class is in use.
+    ServerBusy,
+}
+
+/// Who a request is charged to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class<'a> {
+    /// A token with the admin role in all Namespaces: may use the reserved share, no rate.
+    Admin(&'a str),
+    /// Any other valid token.
+    Token(&'a str),
+    /// No token, or one that is not valid.
+    Unauthenticated,
+}
+
+/// The concurrency shares and the per-token request rate.
+#[derive(Debug)]
+pub struct Admission {
+    shared: Arc<Semaphore>,
+    reserved: Arc<Semaphore>,
+    unauthenticated: Arc<Semaphore>,
+    /// Token lookups in progress (bounded apart: a lookup holds no share yet).
+    pub(super) lookups: Arc<Semaphore>,
+    per_token: usize,
+    in_progress: Counts,
+    rate: ReadLimiter,
+    /// How long a request's body may take to arrive.
+    pub body_timeout: Duration,
+}
+
+/// What an admitted request holds until its answer is ready.
+#[derive(Debug)]
+pub struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    slot: Option<(String, Counts)>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some((token, map)) = self.slot.take() {
+            let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = map.get_mut(&token) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(&token);
+                }
+            }
+        }
+    }
+}
+
+impl Admission {
+    /// The shares of `settings` (a reserve larger than the total leaves one shared slot).
+    pub fn new(settings: &ApiSettings) -> Self {
+        let total = settings.max_concurrent_requests.max(1);
+        let reserved = settings.admin_reserved_requests.min(total - 1);
+        Self {
+            shared: Arc::new(Semaphore::new(total - reserved)),
+            reserved: Arc::new(Semaphore::new(reserved)),
+            unauthenticated: Arc::new(Semaphore::new(
+                settings.unauthenticated_concurrent_requests.max(1),
+            )),
+            lookups: Arc::new(Semaphore::new(total)),
+            per_token: settings.token_concurrent_requests.max(1),
+            in_progress: Arc::new(Mutex::new(HashMap::new())),
+            rate: ReadLimiter::new(settings.token_requests_per_minute),
+            body_timeout: settings.body_timeout,
+        }
+    }
+
+    /// Admits a request of `class` now, or says why not (never waits).
+    pub fn admit(&self, class: Class<'_>) -> Result<Admitted, Refusal> {
+        let token = match class {
+            Class::Unauthenticated => {
+                let permit = self
+                    .unauthenticated
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| Refusal::ServerBusy)?;
+                return Ok(Admitted {
+                    _permit: permit,
+                    slot: None,
+                });
+            }
+            Class::Admin(t) | Class::Token(t) => t,
+        };
+        // The token's own share first: a token over it never takes from the others'.
+        let slot = {
+            let mut map = self.in_progress.lock().unwrap_or_else(|p| p.into_inner());
+            let n = map.entry(token.to_owned()).or_insert(0);
+            if *n >= self.per_token {
+                return Err(Refusal::TokenBusy);
+            }
+            *n += 1;
+            Admitted {
+                _permit: match self.shared.clone().try_acquire_owned() {
+                    Ok(p) => p,
+                    Err(_) => match class {
+                        Class::Admin(_) => match self.reserved.clone().try_acquire_owned() {
+                            Ok(p) => p,
+                            Err(_) => {
+                                release(&mut map, token);
+                                return Err(Refusal::ServerBusy);
+                            }
+                        },
+                        _ => {
+                            release(&mut map, token);
+                            return Err(Refusal::ServerBusy);
+                        }
+                    },
+                },
+                slot: Some((token.to_owned(), self.in_progress.clone())),
+            }
+        };
+        if let Class::Token(t) = class
+            && let Err(wait) = self.rate.take(t)
+        {
+            return Err(Refusal::TokenRate(wait));
+        }
+        Ok(slot)
+    }
+}
+
+fn release(map: &mut HashMap<String, usize>, token: &str) {
+    if let Some(n) = map.get_mut(token) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            map.remove(token);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +227,66 @@ mod tests {
         );
         assert!(l.take_at("b", t0).is_ok());
         assert!(l.take_at("a", t0 + Duration::from_secs(20)).is_ok());
+    }
+
+    fn settings(total: usize, reserved: usize, per_token: usize) -> ApiSettings {
+        ApiSettings {
+            max_concurrent_requests: total,
+            admin_reserved_requests: reserved,
+            token_concurrent_requests: per_token,
+            unauthenticated_concurrent_requests: 1,
+            token_requests_per_minute: 1000,
+            ..ApiSettings::default()
+        }
+    }
+
+    /// A token gets its own share only; many tokens get the shared part only; a global admin
+    /// still gets the reserve; requests without a token have their own share.
+    #[test]
+    fn shares_are_per_token_with_a_reserve_for_admins() {
+        let a = Admission::new(&settings(4, 1, 2));
+        let one: Vec<_> = (0..2)
+            .map(|_| a.admit(Class::Token("t1")).unwrap())
+            .collect();
+        assert_eq!(a.admit(Class::Token("t1")).unwrap_err(), Refusal::TokenBusy);
+        let _two = a.admit(Class::Token("t2")).unwrap();
+        assert_eq!(
+            a.admit(Class::Token("t3")).unwrap_err(),
+            Refusal::ServerBusy
+        );
+        let admin = a.admit(Class::Admin("adm")).unwrap();
+        assert_eq!(
+            a.admit(Class::Admin("adm")).unwrap_err(),
+            Refusal::ServerBusy
+        );
+        let anon = a.admit(Class::Unauthenticated).unwrap();
+        assert_eq!(
+            a.admit(Class::Unauthenticated).unwrap_err(),
+            Refusal::ServerBusy
+        );
+        drop((one, admin, anon));
+        // Everything given back: t1 has its share again, and the refused t3 left no count.
+        let _again: Vec<_> = (0..2)
+            .map(|_| a.admit(Class::Token("t1")).unwrap())
+            .collect();
+        assert!(a.in_progress.lock().unwrap().get("t3").is_none());
+    }
+
+    #[test]
+    fn a_token_over_its_rate_waits_but_an_admin_does_not() {
+        let a = Admission::new(&ApiSettings {
+            token_requests_per_minute: 2,
+            ..ApiSettings::default()
+        });
+        for _ in 0..2 {
+            drop(a.admit(Class::Token("t")).unwrap());
+        }
+        assert!(matches!(
+            a.admit(Class::Token("t")).unwrap_err(),
+            Refusal::TokenRate(_)
+        ));
+        for _ in 0..10 {
+            drop(a.admit(Class::Admin("adm")).unwrap());
+        }
     }
 }

@@ -19,13 +19,17 @@ use crate::backend::{Backend, CallError};
 use crate::codes::Code;
 use crate::service::{LogsQuery, RuntimeError};
 
-fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiError> {
+/// Spends one read of hosts and clusters (runtime, logs, plans) from the token's budget.
+pub(super) fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiError> {
     limiter.take(&caller.token_id).map_err(|wait| {
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             Code::RateLimited,
-            format!("this token made too many runtime and log reads; retry in {seconds} s"),
+            format!(
+                "this token made too many reads of hosts and clusters (runtime, logs, plans; \
+                 api.runtime_reads_per_minute); retry in {seconds} s"
+            ),
         )
         .retry_after(seconds.max(1))
     })

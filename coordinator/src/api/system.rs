@@ -7,8 +7,22 @@ use serde_json::json;
 use super::{ApiResult, S};
 use crate::backend::Backend;
 
-pub(super) async fn healthz<B: Backend>(State(_): S<B>) -> ApiResult {
-    Ok(axum::Json(json!({"status": "ok"})).into_response())
+/// How long `/healthz` waits for the database.
+const HEALTH_DATABASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// 200 while the database answers a cheap query within [`HEALTH_DATABASE_TIMEOUT`]; 503
+/// `DATABASE_UNAVAILABLE` otherwise (a coordinator that cannot reach its state cannot serve).
+pub(super) async fn healthz<B: Backend>(State(st): S<B>) -> ApiResult {
+    if let Err(e) = st.service.database_answers(HEALTH_DATABASE_TIMEOUT).await {
+        tracing::warn!("health check: the database does not answer: {e}");
+        return Err(super::ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            crate::codes::Code::DatabaseUnavailable,
+            format!("the database does not answer: {e}"),
+        )
+        .retry_after(1));
+    }
+    Ok(axum::Json(json!({"status": "ok", "database": "ok"})).into_response())
 }
 
 pub(super) async fn openapi_document<B: Backend>(State(_): S<B>) -> ApiResult {

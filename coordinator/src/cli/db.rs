@@ -48,7 +48,8 @@ pub(crate) async fn run(cli: &Cli, cmd: &DbCmd) -> Result<()> {
         bail!("--to must be a postgres:// URL");
     };
     let shown = settings.shown.clone();
-    let store = PostgresStore::connect(settings)
+    let sealer = coordinator::store::seal::Sealer::load(&config.encryption_key_file)?;
+    let store = PostgresStore::connect_sealed(settings, std::sync::Arc::new(sealer))
         .await
         .with_context(|| format!("cannot open {shown}"))?;
     let counts = coordinator::store::copy::sqlite_to_postgres(&source, &store)

@@ -34,9 +34,12 @@ pub(crate) struct Cli {
     /// Coordinator URL for client commands (default: from the configuration's listen).
     #[arg(long, global = true)]
     pub(crate) server: Option<String>,
-    /// API token for client commands (default: OCC_TOKEN, then the state dir's admin.token).
+    /// API token for client commands (default: OCC_TOKEN, then the file --token-file names).
     #[arg(long, global = true)]
     pub(crate) token: Option<String>,
+    /// File holding the API token for client commands (default: OCC_TOKEN_FILE).
+    #[arg(long, global = true)]
+    pub(crate) token_file: Option<PathBuf>,
     /// Output format of client commands.
     #[arg(long, global = true, value_enum, default_value = "table")]
     pub(crate) output: Output,
@@ -52,9 +55,19 @@ pub(crate) enum Output {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create the state directory, the SSH login and signing keys, the database and the first
-    /// admin token (idempotent).
-    Init,
+    /// Create the state directory, the SSH login and signing keys and the database
+    /// (idempotent), and the first admin token when the database has none: printed once when
+    /// stdout is a terminal, or handed as --admin-token-file says; never kept by occ.
+    Init {
+        /// Write the new admin token to this new file (0600; never replaced; not in the state
+        /// directory), or `-`: print it alone on stdout.
+        #[arg(long)]
+        admin_token_file: Option<PathBuf>,
+        /// Create an admin token although the database has tokens already (needs access to
+        /// the database itself, as occ init does; e.g. every admin token was lost).
+        #[arg(long)]
+        new_admin_token: bool,
+    },
     /// Run the API and the deployment worker.
     Serve,
     /// Print the `hostd enrol` command that authorises this coordinator on a host.
@@ -127,9 +140,19 @@ pub(crate) fn client(cli: &Cli) -> Result<Client> {
     let token = match (&cli.token, std::env::var("OCC_TOKEN")) {
         (Some(t), _) => Some(t.clone()),
         (None, Ok(t)) => Some(t),
-        (None, Err(_)) => std::fs::read_to_string(config.admin_token_file())
-            .ok()
-            .map(|t| t.trim().to_owned()),
+        (None, Err(_)) => match cli
+            .token_file
+            .clone()
+            .or_else(|| std::env::var_os("OCC_TOKEN_FILE").map(PathBuf::from))
+        {
+            Some(path) => Some(
+                std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read the token file {}", path.display()))?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => None,
+        },
     };
     Ok(Client::new(&server, token)?)
 }
@@ -207,7 +230,9 @@ fn run_client(cli: &Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Init | Command::Serve | Command::PrintEnrol { .. } | Command::Db(_) => Ok(()),
+        Command::Init { .. } | Command::Serve | Command::PrintEnrol { .. } | Command::Db(_) => {
+            Ok(())
+        }
     }
 }
 
@@ -244,7 +269,16 @@ pub(crate) fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let result = match &cli.command {
-        Command::Init => load_config(&cli).and_then(|c| runtime()?.block_on(setup::init(&c))),
+        Command::Init {
+            admin_token_file,
+            new_admin_token,
+        } => load_config(&cli).and_then(|c| {
+            runtime()?.block_on(setup::init(
+                &c,
+                admin_token_file.as_deref(),
+                *new_admin_token,
+            ))
+        }),
         Command::PrintEnrol { login_user } => load_config(&cli).and_then(|c| {
             let line = setup::enrol_command(&c, login_user.as_deref())?;
             match cli.output {

@@ -129,10 +129,12 @@ pub(crate) fn logs(cli: &Cli, c: &Client, ns: &str, id: &str, args: &LogsArgs) -
         if !more {
             std::thread::sleep(FOLLOW_EVERY);
         }
+        // Polls of a follow say so: the follow is audited once, not at every poll.
+        let follow = if args.follow { "&follow=true" } else { "" };
         query = match &cursor {
-            Some(c) => format!("cursor={}", percent_encode(c)),
+            Some(c) => format!("cursor={}{follow}", percent_encode(c)),
             // Nothing logged yet: ask again for what came since following began.
-            None => format!("sinceSeconds={}", started.elapsed().as_secs() + 2),
+            None => format!("sinceSeconds={}{follow}", started.elapsed().as_secs() + 2),
         };
     }
 }

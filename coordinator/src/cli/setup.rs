@@ -73,8 +73,55 @@ fn ensure_key_readonly(path: &Path) -> Result<PrivateKey> {
         .with_context(|| format!("cannot use {} (run `occ init` first)", path.display()))
 }
 
-pub(crate) async fn init(config: &Config) -> Result<()> {
+/// Where `occ init` hands a new admin token (`--admin-token-file`), if anywhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TokenOut {
+    /// No flag and no terminal (the packaged unit's `ExecStartPre`, whose output the journal
+    /// keeps): no token is created.
+    Nowhere,
+    /// Printed once on stdout: `--admin-token-file -`, or no flag with stdout a terminal.
+    Stdout,
+    /// Written to a new file (0600) the operator named; an existing file is never replaced.
+    File(std::path::PathBuf),
+}
+
+impl TokenOut {
+    /// From `--admin-token-file` (`-`: stdout) and whether stdout is a terminal.
+    pub(crate) fn from_flag(flag: Option<&Path>, stdout_is_terminal: bool) -> Self {
+        match flag {
+            Some(p) if p == Path::new("-") => TokenOut::Stdout,
+            Some(p) => TokenOut::File(p.to_owned()),
+            None if stdout_is_terminal => TokenOut::Stdout,
+            None => TokenOut::Nowhere,
+        }
+    }
+}
+
+/// How to get an admin token when `occ init` creates none.
+const NEW_ADMIN_TOKEN_HOWTO: &str = "create one with `occ token create NAME --grant '*:admin'` \
+     under an existing admin token, or, on this machine with access to the database, with \
+     `occ init --new-admin-token --admin-token-file PATH` (PATH `-`: print it)";
+
+/// `occ init`: the state directory, the keys, the database and, when asked, an admin token.
+/// The token's secret is never kept by the coordinator (the database holds its hash only): it
+/// is printed once or written to the file the operator names, never into the state directory.
+/// Informational lines go to stderr when the token goes to stdout, so `--admin-token-file -`
+/// prints the token alone.
+pub(crate) async fn init(
+    config: &Config,
+    token_file: Option<&Path>,
+    new_admin_token: bool,
+) -> Result<()> {
+    use std::io::IsTerminal;
     use std::os::unix::fs::DirBuilderExt;
+    let out = &TokenOut::from_flag(token_file, std::io::stdout().is_terminal());
+    let say = |line: String| {
+        if *out == TokenOut::Stdout {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
     for dir in [config.state_dir.clone(), config.state_dir.join("keys")] {
         if !dir.exists() {
             std::fs::DirBuilder::new()
@@ -84,12 +131,51 @@ pub(crate) async fn init(config: &Config) -> Result<()> {
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
     }
+    if let TokenOut::File(path) = out
+        && path.starts_with(&config.state_dir)
+    {
+        anyhow::bail!(
+            "--admin-token-file {} is inside the state directory {}: name a file the \
+             coordinator does not keep (the token is shown once and not stored)",
+            path.display(),
+            config.state_dir.display()
+        );
+    }
     ensure_key(&config.login_key())?;
     ensure_key(&config.signing_key())?;
-    let store = coordinator::store::open(&config.database)
+    if coordinator::store::seal::Sealer::create_file(&config.encryption_key_file)? {
+        say(format!(
+            "created the database encryption key {} (back it up apart from the database)",
+            config.encryption_key_file.display()
+        ));
+    }
+    let store = coordinator::store::open(&config.database, &config.encryption_key_file)
         .await
         .with_context(|| format!("cannot open {}", config.database.shown()))?;
-    if store.token_count().await? == 0 {
+    let existing = store.token_count().await?;
+    if existing > 0 && !new_admin_token {
+        if token_file.is_some() {
+            anyhow::bail!(
+                "the database already holds {existing} token(s), so no admin token was created \
+                 and no file was written: {NEW_ADMIN_TOKEN_HOWTO}"
+            );
+        }
+        say(format!(
+            "the database already holds {existing} token(s): no admin token created \
+             ({NEW_ADMIN_TOKEN_HOWTO})"
+        ));
+    } else if *out == TokenOut::Nowhere {
+        let why = if existing == 0 {
+            "no API token exists yet"
+        } else {
+            "--new-admin-token"
+        };
+        eprintln!(
+            "{why}: no admin token created, since its secret would be shown only once and \
+             stdout is not a terminal; run `occ init --admin-token-file PATH` (PATH `-`: print \
+             it) by hand"
+        );
+    } else {
         let (id, token) = coordinator::tokens::create(
             &*store,
             "admin",
@@ -99,26 +185,52 @@ pub(crate) async fn init(config: &Config) -> Result<()> {
             }],
         )
         .await?;
-        let file = config.admin_token_file();
-        // Replaced whole: a stale token file (from a deleted database) never lingers
-        // half-written, and the new one is private from its first byte.
-        atomic_file::write_atomic(
-            &file,
-            format!("{token}\n").as_bytes(),
-            Attributes::mode(0o600),
-        )?;
-        println!("created admin token {id} in {}", file.display());
+        match out {
+            TokenOut::File(path) => {
+                // Private from its first byte, complete or absent, and never over a file.
+                if !atomic_file::create_once(path, format!("{token}\n").as_bytes(), 0o600)
+                    .with_context(|| format!("cannot write {}", path.display()))?
+                {
+                    // The token exists in the database but its secret is lost: revoke it.
+                    store.revoke_token(&id).await?;
+                    anyhow::bail!(
+                        "--admin-token-file {} exists already: not replaced, and the token \
+                         created for it was revoked; name a new file",
+                        path.display()
+                    );
+                }
+                say(format!(
+                    "created admin token {id} in {} (the coordinator keeps no copy)",
+                    path.display()
+                ));
+            }
+            _ => {
+                eprintln!(
+                    "created admin token {id}; it is shown once, here, and kept nowhere \
+                     (use it as OCC_TOKEN or --token-file):"
+                );
+                println!("{token}");
+            }
+        }
     }
-    println!("state directory: {}", config.state_dir.display());
-    println!(
+    let legacy = config.state_dir.join("admin.token");
+    if legacy.exists() {
+        eprintln!(
+            "warning: {} holds an admin token left by an older occ init: move it where only \
+             you can read it (or revoke that token) and delete it",
+            legacy.display()
+        );
+    }
+    say(format!("state directory: {}", config.state_dir.display()));
+    say(format!(
         "authorise this coordinator on each host with:\n  {}",
         enrol_command(config, None)?
-    );
+    ));
     Ok(())
 }
 
 pub(crate) async fn serve(config: Config) -> Result<()> {
-    let store = coordinator::store::open(&config.database)
+    let store = coordinator::store::open(&config.database, &config.encryption_key_file)
         .await
         .with_context(|| {
             format!(

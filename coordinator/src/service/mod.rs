@@ -350,6 +350,9 @@ pub struct AgentPatch {
 #[derive(Debug, Clone)]
 pub struct Service {
     store: SharedStore,
+    /// Log follows in progress: (token, Namespace/Agent) to the time of their last poll,
+    /// so a follow is audited once, not once per poll (`service/runtime.rs`).
+    follows: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(String, String), i64>>>,
 }
 
 fn now() -> i64 {
@@ -358,7 +361,10 @@ fn now() -> i64 {
 
 impl Service {
     pub fn new(store: SharedStore) -> Self {
-        Self { store }
+        Self {
+            store,
+            follows: Default::default(),
+        }
     }
 
     async fn audit(&self, actor: &str, action: &str, target: &str, detail: Value) -> Result<()> {

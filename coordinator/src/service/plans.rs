@@ -91,8 +91,27 @@ impl Service {
         Ok(json!({"namespaceId": ns, "token": token, "agents": [plan]}))
     }
 
+    /// Consumes a current plan token: each applies once, so a second apply (the facts not
+    /// moved yet because the first deploy is still queued) is refused with PLAN_STALE.
+    async fn consume(&self, plan_token: &str, what: &str) -> super::Result<()> {
+        if self
+            .store
+            .consume_plan_token(plan_token, crate::clock::now_seconds())
+            .await?
+        {
+            return Ok(());
+        }
+        Err(ServiceError::conflict(
+            Code::PlanStale,
+            format!(
+                "the plan of {what} was applied already (a plan token applies once); plan again"
+            ),
+        ))
+    }
+
     /// A deploy that `--apply-plan TOKEN` guards: refused with PLAN_STALE (nothing written)
-    /// unless the facts are still those the plan was computed against.
+    /// unless the facts are still those the plan was computed against and the token has not
+    /// been applied before.
     pub async fn deploy_planned(
         &self,
         actor: &str,
@@ -102,7 +121,9 @@ impl Service {
     ) -> super::Result<(Revision, i64)> {
         let agent = self.agent_not_deleting(ns, id).await?;
         let (current, _) = self.deploy_token(ns, &agent).await?;
-        check_token(plan_token, &current, &format!("Agent {ns}/{id}"))?;
+        let what = format!("Agent {ns}/{id}");
+        check_token(plan_token, &current, &what)?;
+        self.consume(plan_token, &what).await?;
         self.deploy(actor, ns, id).await
     }
 
@@ -157,11 +178,9 @@ impl Service {
         for (id, _) in agents {
             facts.push(Self::fact(&self.agent(ns, id).await?, cfg));
         }
-        check_token(
-            plan_token,
-            &token(ns, &facts),
-            &format!("this rollout of {}", cfg.id),
-        )
+        let what = format!("this rollout of {}", cfg.id);
+        check_token(plan_token, &token(ns, &facts), &what)?;
+        self.consume(plan_token, &what).await
     }
 
     /// One Agent's plan, asked of the target it is placed on (or, unplaced, the pool host

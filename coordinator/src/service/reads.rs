@@ -161,6 +161,17 @@ impl Service {
         Ok(self.store.token_by_hash(secret_hash).await?)
     }
 
+    /// Whether the database answers a cheap query (its schema version) within `within`:
+    /// `/healthz`.
+    pub async fn database_answers(&self, within: std::time::Duration) -> Result<()> {
+        match tokio::time::timeout(within, self.store.schema_version()).await {
+            Ok(r) => r.map(|_| ()).map_err(ServiceError::from),
+            Err(_) => Err(ServiceError::Store(crate::store::StoreError::Unavailable(
+                format!("no answer within {} ms", within.as_millis()),
+            ))),
+        }
+    }
+
     /// Counts for `/metrics`.
     pub async fn metrics(&self) -> Result<Metrics> {
         let mut agents = 0;

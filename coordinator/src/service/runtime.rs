@@ -44,7 +44,14 @@ pub struct LogsQuery {
     /// Most lines in the page (1 to 1000, default 1000).
     #[schemars(range(min = 1, max = 1000))]
     pub limit: Option<u32>,
+    /// A poll of a follow (`occ agent logs --follow`): the follow is audited when it starts
+    /// (`agent.logs.follow`), not at every poll; a poll after a minute without one starts a
+    /// new follow.
+    pub follow: Option<bool>,
 }
+
+/// A follow without a poll for this long has ended; the next poll starts (and audits) a new one.
+const FOLLOW_IDLE_SECONDS: i64 = 60;
 
 impl LogsQuery {
     /// The protocol's start and limit, or the refusal naming the parameter.
@@ -162,7 +169,23 @@ impl Service {
         Ok(value)
     }
 
-    /// One page of the Agent's log; the read is audited under `actor`.
+    /// Whether this poll starts a follow of the Agent's log by `actor` (otherwise it continues
+    /// one that was audited when it started).
+    fn follow_starts(&self, actor: &str, target: &str, now: i64) -> bool {
+        let mut follows = self.follows.lock().unwrap_or_else(|p| p.into_inner());
+        if follows.len() > 10_000 {
+            follows.retain(|_, last| now - *last < FOLLOW_IDLE_SECONDS);
+        }
+        let key = (actor.to_owned(), target.to_owned());
+        let starts = follows
+            .get(&key)
+            .is_none_or(|last| now - *last >= FOLLOW_IDLE_SECONDS);
+        follows.insert(key, now);
+        starts
+    }
+
+    /// One page of the Agent's log; the read is audited under `actor` (a follow once, when
+    /// it starts).
     pub async fn agent_logs<B: Backend>(
         &self,
         backend: &B,
@@ -199,12 +222,22 @@ impl Service {
             Ok(_) => (0, Some(Code::InvalidHostResult.as_str())),
             Err(e) => (0, Some(e.code())),
         };
-        self.audit(
-            actor,
-            "agent.logs.read",
-            &format!("{ns}/{id}"),
-            json!({"range": range, "previous": previous, "limit": limit.get(), "entries": entries, "failed": code}),
-        ).await?;
+        let target = format!("{ns}/{id}");
+        if !query.follow.unwrap_or(false) {
+            self.audit(
+                actor,
+                "agent.logs.read",
+                &target,
+                json!({"range": range, "previous": previous, "limit": limit.get(), "entries": entries, "failed": code}),
+            ).await?;
+        } else if self.follow_starts(actor, &target, now()) {
+            self.audit(
+                actor,
+                "agent.logs.follow",
+                &target,
+                json!({"range": range, "previous": previous, "limit": limit.get(), "entries": entries, "failed": code}),
+            ).await?;
+        }
         match outcome? {
             OperationResult::AgentLogs(mut page) => {
                 // Once more here: whatever the target missed does not reach the caller.

@@ -34,6 +34,7 @@ const TABLES: &[&str] = &[
     "rollout_agents",
     "agent_workspace",
     "agent_workspace_files",
+    "plan_tokens_used",
 ];
 
 /// Tables with an identity column whose sequence must continue after the copied ids.

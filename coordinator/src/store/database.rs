@@ -19,6 +19,27 @@ pub enum Database {
     Postgres(Box<PostgresSettings>),
 }
 
+/// Whether `host` is this machine: a Unix socket directory, `localhost` or a loopback
+/// address. Only there may the connection be plain without `sslmode` saying so.
+pub fn is_local_host(host: &str) -> bool {
+    host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The protection of a connection to `host` when the URL names no `sslmode`: `prefer` on this
+/// machine (as libpq), verified TLS (`verify-full`) anywhere else, so a password and the
+/// state never cross a network unverified unless the operator says so.
+pub fn default_tls(host: &str) -> TlsMode {
+    if is_local_host(host) {
+        TlsMode::Prefer
+    } else {
+        TlsMode::VerifyFull
+    }
+}
+
 /// How the connection to PostgreSQL is protected, as libpq's `sslmode` says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsMode {
@@ -170,7 +191,7 @@ impl Database {
                 .filter(|p| *p > 0)
                 .ok_or_else(|| format!("has port {p:?}, not a number from 1 to 65535"))?,
         };
-        let mut tls = TlsMode::Prefer;
+        let mut tls = None;
         let mut root_cert = None;
         let mut cert = None;
         let mut key = None;
@@ -183,11 +204,11 @@ impl Database {
             let v = decode(v, k)?;
             match k {
                 "sslmode" => {
-                    tls = TlsMode::parse(&v).ok_or_else(|| {
+                    tls = Some(TlsMode::parse(&v).ok_or_else(|| {
                         format!(
                             "sslmode {v:?} is not one of disable, prefer, require, verify-ca, verify-full"
                         )
-                    })?
+                    })?)
                 }
                 "sslrootcert" => root_cert = Some(PathBuf::from(v)),
                 "sslcert" => cert = Some(PathBuf::from(v)),
@@ -228,6 +249,19 @@ impl Database {
         if dbname.is_empty() {
             return Err("names no database (postgres://USER@HOST/DB)".to_owned());
         }
+        let tls = match tls {
+            Some(t) => t,
+            None if default_tls(&host) == TlsMode::VerifyFull && root_cert.is_none() => {
+                return Err(format!(
+                    "names host {host:?}, which is not this machine, and no sslmode: the \
+                     connection must then be verified TLS, so add sslmode=verify-full and \
+                     sslrootcert=<the CA that signed the server's certificate> (or say \
+                     sslmode=require, prefer or disable to accept a connection that is not \
+                     verified)"
+                ));
+            }
+            None => default_tls(&host),
+        };
         if matches!(tls, TlsMode::VerifyCa | TlsMode::VerifyFull) && root_cert.is_none() {
             return Err(format!(
                 "sslmode {} needs sslrootcert (the CA that signed the server's certificate)",
@@ -311,6 +345,52 @@ mod tests {
         }
     }
 
+    /// N16: a URL without sslmode was `prefer` (unverified, or plain if the server offers no
+    /// TLS) wherever the server was. Now only this machine gets that default; any other host
+    /// gets verified TLS, and without the CA the URL is refused naming sslmode.
+    #[test]
+    fn without_sslmode_only_this_machine_may_be_plain() {
+        for local in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "localhost",
+            "LocalHost",
+            "/run/postgresql",
+        ] {
+            assert!(is_local_host(local), "{local}");
+            assert_eq!(default_tls(local), TlsMode::Prefer, "{local}");
+        }
+        for remote in [
+            "db.example.org",
+            "10.0.0.5",
+            "192.0.2.1",
+            "::2",
+            "localhost.example.org",
+        ] {
+            assert!(!is_local_host(remote), "{remote}");
+            assert_eq!(default_tls(remote), TlsMode::VerifyFull, "{remote}");
+        }
+        assert_eq!(
+            pg("postgres://occ@127.0.0.1:5433/db").unwrap().tls,
+            TlsMode::Prefer
+        );
+        assert_eq!(pg("postgres://occ@[::1]/db").unwrap().tls, TlsMode::Prefer);
+        assert_eq!(
+            pg("postgres://occ@h/db?host=/run/postgresql").unwrap().tls,
+            TlsMode::Prefer
+        );
+        let e = pg("postgres://occ@db.example.org/db").unwrap_err();
+        assert!(e.contains("sslmode") && e.contains("sslrootcert"), "{e}");
+        let s = pg("postgres://occ@db.example.org/db?sslrootcert=/etc/ca.pem").unwrap();
+        assert_eq!(s.tls, TlsMode::VerifyFull);
+        // Said explicitly, a weaker mode is the operator's choice.
+        for mode in ["require", "prefer", "disable"] {
+            let s = pg(&format!("postgres://occ@db.example.org/db?sslmode={mode}")).unwrap();
+            assert_eq!(Some(s.tls), TlsMode::parse(mode));
+        }
+    }
+
     #[test]
     fn urls_as_libpq_users_write_them() {
         let s = pg("postgres://occ@db.example:6543/clawfleet?sslmode=verify-full&sslrootcert=/etc/ca.pem&application_name=occ-2").unwrap();
@@ -337,15 +417,18 @@ mod tests {
             ("mysql://x@h/db", "postgres:// URL"),
             ("postgres://occ:hunter2@h/db", "password_file"),
             ("postgres://occ@h/db?password=hunter2", "password_file"),
-            ("postgres://occ@h:0/db", "port"),
-            ("postgres://occ@h:99999/db", "port"),
+            ("postgres://occ@localhost:0/db", "port"),
+            ("postgres://occ@localhost:99999/db", "port"),
             ("postgres://occ@h/db?sslmode=maybe", "sslmode"),
             ("postgres://occ@h/db?sslmode=verify-full", "sslrootcert"),
-            ("postgres://occ@h/db?sslcert=/c", "sslkey"),
+            ("postgres://occ@localhost/db?sslcert=/c", "sslkey"),
             ("postgres://occ@h/db?bogus=1", "bogus"),
-            ("postgres://h/db", "user"),
-            ("postgres://occ@h", "database"),
-            ("postgres://occ@h/db?connect_timeout=0", "connect_timeout"),
+            ("postgres://localhost/db", "user"),
+            ("postgres://occ@localhost", "database"),
+            (
+                "postgres://occ@localhost/db?connect_timeout=0",
+                "connect_timeout",
+            ),
         ] {
             let e = pg(url).unwrap_err();
             assert!(e.contains(wanted), "{url}: {e}");
@@ -363,7 +446,8 @@ mod tests {
             pool_size: Some(4),
         };
         let Database::Postgres(s) =
-            Database::parse_url("postgres://occ@h/db", &options, Some("env".into())).unwrap()
+            Database::parse_url("postgres://occ@localhost/db", &options, Some("env".into()))
+                .unwrap()
         else {
             panic!("not postgres")
         };
@@ -371,7 +455,7 @@ mod tests {
         assert_eq!(s.pool_size, 4);
         assert!(!format!("{s:?}").contains("s3cret"));
         let Database::Postgres(s) = Database::parse_url(
-            "postgres://occ@h/db",
+            "postgres://occ@localhost/db",
             &PostgresOptions::default(),
             Some("env".into()),
         )

@@ -31,6 +31,7 @@ pub mod copy;
 pub mod database;
 pub mod postgres;
 mod rows;
+pub mod seal;
 pub mod sqlite;
 
 pub use crate::model::{DriftReason, DriftState};
@@ -59,6 +60,9 @@ pub enum StoreError {
     ClaimLost { work: i64, token: i64 },
     #[error("{0}")]
     Config(String),
+    /// A sealed value does not open with this coordinator's key (`store/seal.rs`).
+    #[error("{0}")]
+    Key(String),
 }
 
 impl StoreError {
@@ -120,12 +124,14 @@ pub(crate) fn sql_list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     format!("({})", quoted.join(", "))
 }
 
-/// Opens (creating and migrating as needed) the database the configuration names.
-pub async fn open(database: &Database) -> Result<SharedStore> {
+/// Opens (creating and migrating as needed) the database the configuration names, sealing
+/// secrets with the key in `key_file` (`store/seal.rs`).
+pub async fn open(database: &Database, key_file: &std::path::Path) -> Result<SharedStore> {
+    let sealer = Arc::new(seal::Sealer::load(key_file)?);
     match database {
-        Database::Sqlite(path) => Ok(Arc::new(sqlite::SqliteStore::open(path)?)),
+        Database::Sqlite(path) => Ok(Arc::new(sqlite::SqliteStore::open_sealed(path, sealer)?)),
         Database::Postgres(settings) => Ok(Arc::new(
-            postgres::PostgresStore::connect(settings.clone()).await?,
+            postgres::PostgresStore::connect_sealed(settings.clone(), sealer).await?,
         )),
     }
 }
@@ -409,6 +415,9 @@ pub trait TokenStore: Send + Sync {
     /// Revokes a token; false if there was none.
     async fn revoke_token(&self, id: &str) -> Result<bool>;
     async fn token_count(&self) -> Result<i64>;
+    /// Records a plan token as applied; false (nothing written) if it was already: one
+    /// statement, so two applies racing cannot both get true.
+    async fn consume_plan_token(&self, token: &str, now: i64) -> Result<bool>;
 }
 
 /// The audit trail.

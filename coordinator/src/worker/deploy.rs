@@ -489,7 +489,8 @@ impl<B: Backend> Worker<B> {
                 Err(done(Code::RevisionSuperseded, f.message))
             }
             Err(e) => {
-                if crate::service::is_runtime_failure(e.code()) {
+                let runtime_failure = crate::service::is_runtime_failure(e.code());
+                if runtime_failure {
                     self.keep_evidence(d, &e).await;
                 }
                 // After a failed activation the target may serve nothing (the unit runs the
@@ -500,7 +501,26 @@ impl<B: Backend> Worker<B> {
                 {
                     self.observe(d.work, &d.agent, &v.observation).await;
                 }
-                Err(self.call_failed(d.work, e, true))
+                let code = e.code();
+                let mut step = self.call_failed(d.work, e, true);
+                // The candidate did not become ready and nothing was restored: that is an
+                // attempt (`worker.max_attempts`), not finalization to keep at until the
+                // convergence deadline; the last one fails with the runtime failure's code.
+                if runtime_failure
+                    && let Step::Retry {
+                        attempt, message, ..
+                    } = &mut step
+                {
+                    *attempt = true;
+                    let tried = d.work.attempts + 1;
+                    if tried >= self.settings.max_attempts {
+                        step = Step::Failed {
+                            code: code.to_owned(),
+                            message: format!("{message} (gave up after {tried} attempts)"),
+                        };
+                    }
+                }
+                Err(step)
             }
             Ok(OperationResult::ActivateRevision(a)) => {
                 if let Some(restored) = a.restored {

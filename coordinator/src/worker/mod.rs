@@ -407,6 +407,20 @@ impl<B: Backend> Worker<B> {
     }
 
     fn call_failed(&self, work: &Work, e: CallError, after_commit: bool) -> Step {
+        if let CallError::AuthenticationRefused { host } = &e {
+            // With several coordinators on one database, this one may not be enrolled on the
+            // host while the others are: the item goes back to the queue for them, spending
+            // an attempt, so a fleet where none is enrolled still ends with this code.
+            return Step::Retry {
+                code: e.code().to_owned(),
+                message: format!(
+                    "{e}: this coordinator is not enrolled on {host} (run its `occ \
+                     enrol-command` line there); the item is left for another coordinator"
+                ),
+                attempt: true,
+                delay: self.backoff(work.attempts),
+            };
+        }
         if e.is_retryable() {
             let own = progress_code(&e);
             let code = if after_commit && !own {

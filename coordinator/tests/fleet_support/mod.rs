@@ -235,9 +235,11 @@ impl Fleet {
             dir,
             hosts,
         };
-        fleet.occ_ok(&["init"]);
-        let token = std::fs::read_to_string(fleet.dir.path().join("state/admin.token"))
-            .expect("occ init wrote no admin token");
+        // The operator's copy of the first admin token, outside the state directory; client
+        // commands read it through OCC_TOKEN_FILE (see `occ`).
+        let token_file = fleet.dir.path().join("operator-admin.token");
+        fleet.occ_ok(&["init", "--admin-token-file", token_file.to_str().unwrap()]);
+        let token = std::fs::read_to_string(&token_file).expect("occ init wrote no admin token");
         fleet.api = Client::new(
             &format!("http://127.0.0.1:{port}"),
             Some(token.trim().to_owned()),
@@ -292,6 +294,10 @@ impl Fleet {
             .arg(&self.config)
             .args(args)
             .env("OCC_LOG", "warn")
+            .env(
+                "OCC_TOKEN_FILE",
+                self.dir.path().join("operator-admin.token"),
+            )
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run occ {}: {e}", args.join(" ")))

@@ -31,6 +31,8 @@ pub enum Inject {
     Fail(FailureCode),
     /// The host presents a key other than the pinned one.
     HostKeyMismatch,
+    /// The host refuses the coordinator's login (a coordinator not enrolled there).
+    AuthRefused,
     /// Never return (the caller's future is dropped: a crash mid-call). The host applies the
     /// operation first when `applied` is true.
     Hang { applied: bool },
@@ -267,6 +269,9 @@ impl Backend for EngineBackend {
             }
             Some(Inject::Fail(code)) => {
                 return Err(CallError::Failed(Failure::new(code, "injected failure")));
+            }
+            Some(Inject::AuthRefused) => {
+                return Err(CallError::AuthenticationRefused { host: name });
             }
             Some(Inject::HostKeyMismatch) => {
                 return Err(CallError::HostKeyMismatch {

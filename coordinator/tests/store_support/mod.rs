@@ -1375,3 +1375,41 @@ pub async fn fences_only_grow_even_across_a_re_created_agent(s: SharedStore) {
         "every claim's fence is higher than every earlier one: {seen:?}"
     );
 }
+
+/// What [`put_secrets`] stores in clear text, which must never appear in the database's bytes.
+pub const CREDENTIAL_SECRET: &str = "CREDENTIAL-PLAINTEXT-7f3a9c";
+pub const WORKSPACE_SECRET: &str = "WORKSPACE-PLAINTEXT-51e2d8";
+
+/// A cluster with credentials and an Agent with a workspace file, each holding its secret.
+pub async fn put_secrets(s: &SharedStore) {
+    world(s, 0).await;
+    assert!(
+        s.insert_cluster(&coordinator::model::ClusterRecord {
+            cluster: coordinator::model::Cluster {
+                name: "c1".into(),
+                server: "https://127.0.0.1:6443".into(),
+                settings: json!({}),
+                created_at: 0,
+                last_probe: None,
+            },
+            credentials: json!({"token": CREDENTIAL_SECRET}),
+        })
+        .await
+        .unwrap()
+    );
+    assert!(
+        s.insert_agent(&agent("w1"), &[file("SOUL.md", WORKSPACE_SECRET)], 5)
+            .await
+            .unwrap()
+    );
+}
+
+/// The secrets [`put_secrets`] stored read back as they were.
+pub async fn secrets_read_back(s: &SharedStore) -> Result<(), StoreError> {
+    let c = s.cluster("c1").await?.unwrap();
+    assert_eq!(c.credentials, json!({"token": CREDENTIAL_SECRET}));
+    let files = s.workspace_contents("ns", "w1").await?;
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].content, WORKSPACE_SECRET.as_bytes());
+    Ok(())
+}

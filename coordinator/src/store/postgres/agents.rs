@@ -58,7 +58,7 @@ impl AgentStore for PostgresStore {
             .await?
             > 0;
         if inserted && !files.is_empty() {
-            workspace::insert_files(&tx, a, files, now).await?;
+            workspace::insert_files(&tx, &self.sealer, a, files, now).await?;
         }
         tx.commit().await?;
         Ok(inserted)

@@ -7,7 +7,7 @@ use tokio_postgres::Row;
 
 use super::{Cached, PostgresStore};
 use crate::model::{Cluster, ClusterRecord};
-use crate::store::{ClusterStore, Result, StoreError};
+use crate::store::{ClusterStore, Result, StoreError, seal};
 
 fn json(t: String) -> Result<Value> {
     serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string()))
@@ -26,6 +26,10 @@ fn cluster(r: &Row) -> Result<Cluster> {
 #[async_trait]
 impl ClusterStore for PostgresStore {
     async fn insert_cluster(&self, c: &ClusterRecord) -> Result<bool> {
+        let credentials = self.sealer.seal_text(
+            &seal::cluster_context(&c.cluster.name),
+            &c.credentials.to_string(),
+        )?;
         let db = self.client().await?;
         Ok(db
             .exec(
@@ -34,7 +38,7 @@ impl ClusterStore for PostgresStore {
                 &[
                     &c.cluster.name,
                     &c.cluster.server,
-                    &c.credentials.to_string(),
+                    &credentials,
                     &c.cluster.settings.to_string(),
                     &c.cluster.created_at,
                     &c.cluster.last_probe.as_ref().map(Value::to_string),
@@ -57,7 +61,10 @@ impl ClusterStore for PostgresStore {
         };
         Ok(Some(ClusterRecord {
             cluster: cluster(&r)?,
-            credentials: json(r.try_get(5)?)?,
+            credentials: json(
+                self.sealer
+                    .open_text(&seal::cluster_context(name), r.try_get(5)?)?,
+            )?,
         }))
     }
 

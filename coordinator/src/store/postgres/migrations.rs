@@ -225,6 +225,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     CREATE INDEX work_lapsed ON work(lease_until) WHERE state = 'running';
     ALTER TABLE agents ADD COLUMN revision_floor BIGINT NOT NULL DEFAULT 0;
     ",
+    // 13: as SQLite's 13: whether a workspace file's content is sealed; plan tokens applied.
+    "
+    ALTER TABLE agent_workspace_files ADD COLUMN sealed BOOLEAN NOT NULL DEFAULT FALSE;
+    CREATE TABLE plan_tokens_used (token TEXT PRIMARY KEY, used_at BIGINT NOT NULL);
+    ",
 ];
 
 /// The version the migrations bring a database to.

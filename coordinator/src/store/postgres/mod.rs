@@ -27,6 +27,7 @@ use tokio_postgres::{AsyncMessage, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::database::{PostgresSettings, TlsMode};
+use super::seal::{self, Sealer};
 use super::{Claim, LeaderLease, Leadership, Pruned, Result, StoreError, StoreMeta};
 
 mod agents;
@@ -117,11 +118,25 @@ impl From<tokio_postgres::Error> for StoreError {
                 StoreError::Database(text)
             };
         }
-        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
-        if io {
-            StoreError::Unavailable(e.to_string())
+        let source = std::error::Error::source(&e);
+        if source.is_some_and(|s| s.to_string() == "password missing") {
+            // tokio-postgres says only "invalid configuration" (its cause holds this).
+            return StoreError::Config(
+                "the PostgreSQL server asks for a password and none is configured: set \
+                 [postgres] password_file in occ.toml (or PGPASSWORD)"
+                    .to_owned(),
+            );
+        }
+        // The error's own text is its kind only ("invalid configuration", "error connecting
+        // to server"); its cause says what happened.
+        let text = match source {
+            Some(s) => format!("{e}: {s}"),
+            None => e.to_string(),
+        };
+        if source.is_some_and(|s| s.is::<std::io::Error>()) {
+            StoreError::Unavailable(text)
         } else {
-            StoreError::Database(e.to_string())
+            StoreError::Database(text)
         }
     }
 }
@@ -271,6 +286,8 @@ pub struct PostgresStore {
     wake: Arc<Notify>,
     _listener: AbortOnDrop,
     shown: String,
+    /// Seals cluster credentials and workspace contents (`store/seal.rs`).
+    pub(super) sealer: Arc<Sealer>,
 }
 
 fn pg_config(s: &PostgresSettings) -> tokio_postgres::Config {
@@ -323,7 +340,18 @@ fn connector(s: &PostgresSettings) -> Result<MakeRustlsConnect> {
 impl PostgresStore {
     /// Connects, migrates (once, under a lock, whoever starts first) and starts listening for
     /// queue changes.
+    /// With a key of this process only (tests; `occ` connects with
+    /// [`PostgresStore::connect_sealed`]).
     pub async fn connect(settings: Box<PostgresSettings>) -> Result<Self> {
+        Self::connect_sealed(settings, Arc::new(Sealer::ephemeral())).await
+    }
+
+    /// Connects, migrates, seals what an older coordinator stored in clear (under the
+    /// migration lock) and starts listening for queue changes; seals with `sealer`.
+    pub async fn connect_sealed(
+        settings: Box<PostgresSettings>,
+        sealer: Arc<Sealer>,
+    ) -> Result<Self> {
         let config = pg_config(&settings);
         let tls = connector(&settings)?;
         let manager = Manager::from_config(
@@ -346,6 +374,7 @@ impl PostgresStore {
             StoreError::Unavailable(m) => StoreError::Unavailable(format!("{store_shown}: {m}")),
             other => other,
         })?;
+        reseal(&pool, &sealer).await?;
         let wake = Arc::new(Notify::new());
         let listener = tokio::spawn(listen(config, tls, wake.clone()));
         Ok(Self {
@@ -353,6 +382,7 @@ impl PostgresStore {
             wake,
             _listener: AbortOnDrop(listener),
             shown: settings.shown.clone(),
+            sealer,
         })
     }
 
@@ -365,6 +395,57 @@ impl PostgresStore {
     pub(super) fn wake_local(&self) {
         self.wake.notify_one();
     }
+}
+
+/// Seals what an older coordinator stored in clear (cluster credentials, workspace contents)
+/// in one transaction under the migration lock. The clear row versions stay in the table's
+/// files until vacuumed and in the WAL until recycled (the operator guide says so).
+async fn reseal(pool: &Pool, sealer: &Sealer) -> Result<()> {
+    let mut c = pool.get().await?;
+    let tx = c.transaction().await?;
+    tx.exec("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    let clusters = tx
+        .rows(
+            "SELECT name, credentials FROM clusters WHERE credentials NOT LIKE 'sealed1:%' FOR UPDATE",
+            &[],
+        )
+        .await?;
+    for r in &clusters {
+        let name: String = r.try_get(0)?;
+        let credentials: String = r.try_get(1)?;
+        let sealed = sealer.seal_text(&seal::cluster_context(&name), &credentials)?;
+        tx.exec(
+            "UPDATE clusters SET credentials = $2 WHERE name = $1",
+            &[&name, &sealed],
+        )
+        .await?;
+    }
+    let files = tx
+        .rows(
+            "SELECT namespace_id, agent_id, name, content FROM agent_workspace_files
+             WHERE NOT sealed AND content IS NOT NULL FOR UPDATE",
+            &[],
+        )
+        .await?;
+    for r in &files {
+        let (ns, agent, name): (String, String, String) =
+            (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+        let content: Vec<u8> = r.try_get(3)?;
+        let sealed = sealer.seal(&seal::workspace_context(&ns, &agent, &name), &content)?;
+        tx.exec(
+            "UPDATE agent_workspace_files SET content = $4, sealed = TRUE
+             WHERE namespace_id = $1 AND agent_id = $2 AND name = $3",
+            &[&ns, &agent, &name, &sealed],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    let n = clusters.len() + files.len();
+    if n > 0 {
+        tracing::info!("sealed {n} values an older coordinator had stored in clear");
+    }
+    Ok(())
 }
 
 async fn migrate(pool: &Pool) -> Result<()> {

@@ -8,6 +8,16 @@ use crate::store::{NewToken, Result, StoreError, TokenRow, TokenStore};
 
 #[async_trait]
 impl TokenStore for PostgresStore {
+    async fn consume_plan_token(&self, token: &str, now: i64) -> Result<bool> {
+        let c = self.client().await?;
+        Ok(c.exec(
+            "INSERT INTO plan_tokens_used (token, used_at) VALUES ($1, $2) ON CONFLICT (token) DO NOTHING",
+            &[&token, &now],
+        )
+        .await?
+            > 0)
+    }
+
     async fn create_token(&self, t: &NewToken<'_>) -> Result<()> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;

@@ -8,11 +8,13 @@ use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
 
 use super::{Cached, PostgresStore, Tx, claimed_execute, id_col, narrow};
 use crate::model::{Agent, WorkspaceFileInfo, WorkspaceSetupInfo, WorkspaceState};
+use crate::store::seal::{self, Sealer};
 use crate::store::{Claim, Result, StoreError, WorkspaceStore};
 
 /// Stores an Agent's files inside the transaction that inserts the Agent.
 pub(super) async fn insert_files(
     tx: &Tx<'_>,
+    sealer: &Sealer,
     a: &Agent,
     files: &[WorkspaceFile],
     now: i64,
@@ -29,16 +31,20 @@ pub(super) async fn insert_files(
     .await?;
     for f in files {
         let meta = f.meta();
+        let sealed = sealer.seal(
+            &seal::workspace_context(a.namespace_id.as_str(), a.id.as_str(), meta.name.as_str()),
+            &f.content,
+        )?;
         tx.exec(
-            "INSERT INTO agent_workspace_files (namespace_id, agent_id, name, size, sha256, content)
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO agent_workspace_files (namespace_id, agent_id, name, size, sha256, content, sealed)
+             VALUES ($1, $2, $3, $4, $5, $6, TRUE)",
             &[
                 &a.namespace_id.as_str(),
                 &a.id.as_str(),
                 &meta.name.as_str(),
                 &(meta.size as i64),
                 &meta.sha256.as_str(),
-                &f.content,
+                &sealed,
             ],
         )
         .await?;
@@ -109,7 +115,7 @@ impl WorkspaceStore for PostgresStore {
     async fn workspace_contents(&self, ns: &str, agent: &str) -> Result<Vec<WorkspaceFile>> {
         let c = self.client().await?;
         c.rows(
-            "SELECT name, content FROM agent_workspace_files
+            "SELECT name, content, sealed FROM agent_workspace_files
              WHERE namespace_id = $1 AND agent_id = $2 AND content IS NOT NULL ORDER BY name",
             &[&ns, &agent],
         )
@@ -117,10 +123,17 @@ impl WorkspaceStore for PostgresStore {
         .iter()
         .map(|r| {
             let name: String = r.try_get(0)?;
+            let content: Vec<u8> = r.try_get(1)?;
+            let content = if r.try_get::<_, bool>(2)? {
+                self.sealer
+                    .open(&seal::workspace_context(ns, agent, &name), &content)?
+            } else {
+                content
+            };
             Ok(WorkspaceFile {
                 name: WorkspaceName::new(name)
                     .map_err(|e| StoreError::Corrupt(format!("workspace file name: {e}")))?,
-                content: r.try_get(1)?,
+                content,
             })
         })
         .collect()

@@ -50,7 +50,7 @@ impl AgentStore for SqliteStore {
                 params![a.namespace_id.as_str(), a.id.as_str(), a.service_principal_id.as_str(), a.configuration_id.as_str(), a.desired_state.as_str(), a.created_at, a.restore.as_str()],
             )? > 0;
             if inserted && !files.is_empty() {
-                workspace::insert_files(tx, a, files, now)?;
+                workspace::insert_files(tx, &self.sealer, a, files, now)?;
             }
             Ok(inserted)
         })

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{SqliteStore, json_col};
 use crate::model::{Cluster, ClusterRecord};
-use crate::store::{ClusterStore, Result};
+use crate::store::{ClusterStore, Result, seal};
 
 /// name, server, settings, created_at, last_probe.
 type ClusterRow = (String, String, String, i64, Option<String>);
@@ -29,13 +29,17 @@ fn finish_cluster((name, server, settings, created_at, probe): ClusterRow) -> Re
 #[async_trait]
 impl ClusterStore for SqliteStore {
     async fn insert_cluster(&self, c: &ClusterRecord) -> Result<bool> {
+        let credentials = self.sealer.seal_text(
+            &seal::cluster_context(&c.cluster.name),
+            &c.credentials.to_string(),
+        )?;
         self.transact(None, |tx| {
             Ok(tx.execute(
                 "INSERT OR IGNORE INTO clusters (name, server, credentials, settings, created_at, last_probe) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
                     c.cluster.name,
                     c.cluster.server,
-                    c.credentials.to_string(),
+                    credentials,
                     c.cluster.settings.to_string(),
                     c.cluster.created_at,
                     c.cluster.last_probe.as_ref().map(Value::to_string)
@@ -57,7 +61,10 @@ impl ClusterStore for SqliteStore {
             row.map(|(row, credentials)| {
                 Ok(ClusterRecord {
                     cluster: finish_cluster(row)?,
-                    credentials: json_col(credentials)?,
+                    credentials: json_col(
+                        self.sealer
+                            .open_text(&seal::cluster_context(name), credentials)?,
+                    )?,
                 })
             })
             .transpose()

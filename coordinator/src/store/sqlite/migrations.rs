@@ -253,4 +253,12 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX work_lapsed ON work(lease_until) WHERE state = 'running';
     ALTER TABLE agents ADD COLUMN revision_floor BIGINT NOT NULL DEFAULT 0;
     ",
+    // 13: encryption at rest (store/seal.rs): whether a workspace file's content is sealed
+    // (rows from before are in clear until the store seals them when it opens). Sealed cluster
+    // credentials carry their own prefix. And the plan tokens already applied (each applies
+    // once).
+    "
+    ALTER TABLE agent_workspace_files ADD COLUMN sealed INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE plan_tokens_used (token TEXT PRIMARY KEY, used_at INTEGER NOT NULL);
+    ",
 ];

@@ -15,6 +15,7 @@ use clawfleet_protocol::Ident;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{Notify, Semaphore};
 
+use super::seal::{self, Sealer};
 use super::{Claim, LeaderLease, Leadership, Pruned, Result, StoreError, StoreMeta};
 use crate::clock::now_ms;
 
@@ -200,6 +201,86 @@ pub struct SqliteStore {
     readers: Option<Arc<Readers>>,
     /// Woken whenever work is queued or finished, so the worker picks it up at once.
     wake: Arc<Notify>,
+    /// Seals cluster credentials and workspace contents (`store/seal.rs`).
+    pub(super) sealer: Arc<Sealer>,
+}
+
+/// Creates the database file private (0600) if it is missing, and makes it and its `-wal`
+/// and `-shm` private if they are not: SQLite gives those the database file's mode, and would
+/// create the database with the umask's (0644 in a 0755 directory).
+fn private_files(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let failed = |p: &Path, e: std::io::Error| {
+        StoreError::Database(format!("cannot make {} private: {e}", p.display()))
+    };
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(failed(path, e)),
+    }
+    let mut siblings = vec![path.to_owned()];
+    for suffix in ["-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        siblings.push(PathBuf::from(p));
+    }
+    for p in siblings {
+        match std::fs::metadata(&p) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|e| failed(&p, e))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(failed(&p, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Seals what an older coordinator stored in clear (cluster credentials, workspace contents),
+/// in one transaction, then checkpoints so the clear bytes leave the WAL too (with
+/// `secure_delete` the freed pages are zeroed). The number of values sealed.
+fn reseal(conn: &Connection, sealer: &Sealer) -> Result<usize> {
+    let tx = conn.unchecked_transaction()?;
+    let clusters: Vec<(String, String)> = tx
+        .prepare("SELECT name, credentials FROM clusters WHERE credentials NOT LIKE 'sealed1:%'")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (name, credentials) in &clusters {
+        let sealed = sealer.seal_text(&seal::cluster_context(name), credentials)?;
+        tx.execute(
+            "UPDATE clusters SET credentials = ?2 WHERE name = ?1",
+            params![name, sealed],
+        )?;
+    }
+    let files: Vec<(String, String, String, Vec<u8>)> = tx
+        .prepare(
+            "SELECT namespace_id, agent_id, name, content FROM agent_workspace_files
+             WHERE sealed = 0 AND content IS NOT NULL",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (ns, agent, name, content) in &files {
+        let sealed = sealer.seal(&seal::workspace_context(ns, agent, name), content)?;
+        tx.execute(
+            "UPDATE agent_workspace_files SET content = ?4, sealed = 1
+             WHERE namespace_id = ?1 AND agent_id = ?2 AND name = ?3",
+            params![ns, agent, name, sealed],
+        )?;
+    }
+    tx.commit()?;
+    let n = clusters.len() + files.len();
+    if n > 0 {
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        tracing::info!("sealed {n} values an older coordinator had stored in clear");
+    }
+    Ok(n)
 }
 
 fn configure(conn: &Connection) -> Result<()> {
@@ -241,12 +322,23 @@ fn migrate(conn: &Connection) -> Result<()> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) and migrates the database file.
+    /// Opens (creating if needed) and migrates the database file, with a key of this process
+    /// only (tests; `occ` opens with [`SqliteStore::open_sealed`]).
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_sealed(path, Arc::new(Sealer::ephemeral()))
+    }
+
+    /// Opens (creating it 0600 if needed) and migrates the database file, sealing with
+    /// `sealer` and sealing what an older coordinator stored in clear.
+    pub fn open_sealed(path: &Path, sealer: Arc<Sealer>) -> Result<Self> {
+        private_files(path)?;
         let conn = Connection::open(path)?;
         configure(&conn)?;
         migrate(&conn)?;
+        reseal(&conn, &sealer)?;
+        private_files(path)?;
         Ok(Self {
+            sealer,
             writer: Arc::new(tokio::sync::Mutex::new(Writer::new(conn))),
             readers: Some(Arc::new(Readers {
                 path: path.to_owned(),
@@ -263,6 +355,7 @@ impl SqliteStore {
         configure(&conn)?;
         migrate(&conn)?;
         Ok(Self {
+            sealer: Arc::new(Sealer::ephemeral()),
             writer: Arc::new(tokio::sync::Mutex::new(Writer::new(conn))),
             readers: None,
             wake: Arc::new(Notify::new()),

@@ -9,6 +9,16 @@ use crate::store::{NewToken, Result, TokenRow, TokenStore};
 
 #[async_trait]
 impl TokenStore for SqliteStore {
+    async fn consume_plan_token(&self, token: &str, now: i64) -> Result<bool> {
+        self.transact(None, |tx| {
+            Ok(tx.execute(
+                "INSERT OR IGNORE INTO plan_tokens_used (token, used_at) VALUES (?1, ?2)",
+                params![token, now],
+            )? > 0)
+        })
+        .await
+    }
+
     async fn create_token(&self, t: &NewToken<'_>) -> Result<()> {
         self.transact(None, |tx| {
             tx.execute(

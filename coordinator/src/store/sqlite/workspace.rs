@@ -8,11 +8,13 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{SqliteStore, id_col, parse_col};
 use crate::model::{Agent, WorkspaceFileInfo, WorkspaceSetupInfo, WorkspaceState};
+use crate::store::seal::{self, Sealer};
 use crate::store::{Claim, Result, StoreError, WorkspaceStore};
 
 /// Stores an Agent's files inside the transaction that inserts the Agent.
 pub(super) fn insert_files(
     tx: &Connection,
+    sealer: &Sealer,
     a: &Agent,
     files: &[WorkspaceFile],
     now: i64,
@@ -23,10 +25,14 @@ pub(super) fn insert_files(
     )?;
     for f in files {
         let meta = f.meta();
+        let sealed = sealer.seal(
+            &seal::workspace_context(a.namespace_id.as_str(), a.id.as_str(), meta.name.as_str()),
+            &f.content,
+        )?;
         tx.execute(
-            "INSERT INTO agent_workspace_files (namespace_id, agent_id, name, size, sha256, content)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![a.namespace_id.as_str(), a.id.as_str(), meta.name.as_str(), meta.size as i64, meta.sha256.as_str(), f.content],
+            "INSERT INTO agent_workspace_files (namespace_id, agent_id, name, size, sha256, content, sealed)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1)",
+            params![a.namespace_id.as_str(), a.id.as_str(), meta.name.as_str(), meta.size as i64, meta.sha256.as_str(), sealed],
         )?;
     }
     Ok(())
@@ -84,16 +90,26 @@ impl WorkspaceStore for SqliteStore {
     async fn workspace_contents(&self, ns: &str, agent: &str) -> Result<Vec<WorkspaceFile>> {
         self.read(|c| {
             let mut stmt = c.prepare(
-                "SELECT name, content FROM agent_workspace_files
+                "SELECT name, content, sealed FROM agent_workspace_files
                  WHERE namespace_id = ?1 AND agent_id = ?2 AND content IS NOT NULL ORDER BY name",
             )?;
             let rows = stmt
                 .query_map(params![ns, agent], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, bool>(2)?,
+                    ))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             rows.into_iter()
-                .map(|(name, content)| {
+                .map(|(name, content, sealed)| {
+                    let content = if sealed {
+                        self.sealer
+                            .open(&seal::workspace_context(ns, agent, &name), &content)?
+                    } else {
+                        content
+                    };
                     let name = WorkspaceName::new(name)
                         .map_err(|e| StoreError::Corrupt(format!("workspace file name: {e}")))?;
                     Ok(WorkspaceFile { name, content })
