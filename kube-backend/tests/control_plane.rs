@@ -1629,3 +1629,60 @@ async fn a_stale_fence_is_refused_before_any_write() {
     );
     assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r2"));
 }
+
+/// Issue 27 item 2: a 403 right after the connection to the API server broke (as a restarted
+/// apiserver answers before its RBAC caches are filled) is retried, not a permanent refusal
+/// of the deploy; the same 403 from a client with no such history stays permanent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_right_after_a_connection_error_is_retried() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let proxy = FaultProxy::start(&cp).await.unwrap();
+    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), settings());
+    let forbidden = Fault::Respond {
+        status: 403,
+        headers: Vec::new(),
+        body: serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "namespaces is forbidden: User \"admin\" cannot list resource (injected)",
+            "reason": "Forbidden", "code": 403,
+        })
+        .to_string(),
+    };
+
+    // A fresh client whose first answer is a 403: permanent.
+    let backend = KubeBackend::new();
+    proxy.inject(forbidden.clone(), 1);
+    let f = call(&backend, &via, Operation::Status(Default::default()))
+        .await
+        .unwrap_err();
+    proxy.clear_faults();
+    assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
+    assert!(!f.is_retryable(), "{f}");
+    let status = call(&backend, &via, Operation::Status(Default::default())).await;
+    assert!(status.is_ok(), "{status:?}");
+
+    // The connection drops, then the restarted server refuses once: the read is retried and
+    // the operation succeeds.
+    let backend = KubeBackend::new();
+    call(&backend, &via, ensure_op("ns-auth")).await.unwrap();
+    proxy.inject(Fault::Drop, 1);
+    proxy.inject(forbidden.clone(), 1);
+    let out = call(&backend, &via, ensure_op("ns-auth")).await;
+    proxy.clear_faults();
+    assert!(
+        out.is_ok(),
+        "a 403 after a dropped connection is retried: {out:?}"
+    );
+
+    // Refused on every attempt within the window: retryable, not a permanent refusal.
+    proxy.inject(Fault::Drop, 1);
+    proxy.inject(forbidden, 5);
+    let f = call(&backend, &via, Operation::Status(Default::default()))
+        .await
+        .unwrap_err();
+    proxy.clear_faults();
+    assert!(f.is_retryable(), "{f}");
+    assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
+    assert!(f.message.contains("403"), "{f}");
+}
