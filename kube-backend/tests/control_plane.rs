@@ -1630,6 +1630,66 @@ async fn a_stale_fence_is_refused_before_any_write() {
     assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r2"));
 }
 
+/// Issue 27 item 1: a stop named after a revision that never reached the Deployment (its
+/// activation was refused before the apply: an admission policy, an ownership conflict) stops
+/// what runs, the predecessor, instead of answering "nothing to stop" while it keeps serving.
+/// A Deployment carrying a newer revision still stays (the successor race above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_of_a_candidate_that_never_ran_stops_the_revision_that_runs() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 1).await;
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+    let ns = "ns-stop-candidate";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    deploy(&backend, &c, ns, "a", "r1", 1).await;
+    // r2 is prepared; its activation never happened.
+    call(&backend, &c, prepare_op(ns, "a", "r2", 2))
+        .await
+        .unwrap();
+    let out = call(
+        &backend,
+        &c,
+        Operation::StopRevision(rev_args(ns, "a", "r2", 2)),
+    )
+    .await
+    .unwrap();
+    let OperationResult::StopRevision(s) = &out else {
+        panic!("{out:?}")
+    };
+    assert!(s.stopped, "the running predecessor was stopped: {s:?}");
+    assert_eq!(s.observation.served, None, "{s:?}");
+    assert_eq!(s.observation.unit, None, "{s:?}");
+    let tenant = names::tenant_namespace(&id(ns));
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    assert_eq!(deployment_revision(&deps, "a").await, None);
+    let svc: Api<Service> = Api::namespaced(client.clone(), &tenant);
+    assert_eq!(selector_value(&svc, "a").await, names::INACTIVE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant);
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "no Pod of the Agent is left"
+    );
+    // Repeatable: nothing left to stop.
+    match call(
+        &backend,
+        &c,
+        Operation::StopRevision(rev_args(ns, "a", "r2", 2)),
+    )
+    .await
+    .unwrap()
+    {
+        OperationResult::StopRevision(s) => assert!(!s.stopped, "{s:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Issue 27 item 2: a 403 right after the connection to the API server broke (as a restarted
 /// apiserver answers before its RBAC caches are filled) is retried, not a permanent refusal
 /// of the deploy; the same 403 from a client with no such history stays permanent.

@@ -667,17 +667,38 @@ impl<B: Backend> Worker<B> {
         let Some(target) = self.agent_target(&ns, &agent).await? else {
             return Ok(done(Code::RevisionStopped, "nothing was running"));
         };
-        let op = Operation::StopRevision(RevisionArgs {
-            namespace: Self::namespace_ref(&ns)?,
-            agent: Self::agent_ref(&agent)?,
-            revision: Self::revision_ref(&rev)?,
-        });
-        match self.call(work, &target, op).await? {
-            Ok(OperationResult::StopRevision(s)) => {
-                self.observe(work, &agent, &s.observation).await
-            }
-            Ok(_) => {}
-            Err(e) => return Ok(self.call_failed(work, e, false)),
+        let mut observed = match self.stop_one(work, &target, &ns, &agent, &rev).await? {
+            Ok(o) => o,
+            Err(step) => return Ok(step),
+        };
+        // The active revision may never have reached the target (an activation refused
+        // before its cutover): what runs is then an older revision, stopped by name too.
+        if still_running(&observed)
+            && let Some(other) = observed.current.clone().filter(|c| c != active)
+            && let Some(older) = self
+                .store
+                .revision(ns_id, agent_id, other.as_str())
+                .await
+                .map_err(store_err)?
+                .filter(|o| o.number < rev.number)
+        {
+            observed = match self.stop_one(work, &target, &ns, &agent, &older).await? {
+                Ok(o) => o,
+                Err(step) => return Ok(step),
+            };
+        }
+        // Stopped is what is observed, never what was asked for.
+        if still_running(&observed) {
+            let what = observed
+                .current
+                .as_ref()
+                .map_or_else(|| "a gateway".to_owned(), |c| format!("revision {c}"));
+            return Ok(Step::Retry {
+                code: Code::StopIncomplete.as_str().to_owned(),
+                message: format!("{} still reports {what} running", target.name()),
+                attempt: true,
+                delay: self.backoff(work.attempts),
+            });
         }
         // Only now that the host stopped is the active revision cleared.
         self.store
@@ -698,6 +719,33 @@ impl<B: Backend> Worker<B> {
             Code::RevisionStopped,
             format!("stopped on {}", target.name()),
         ))
+    }
+
+    /// One `stop-revision`; the observation it answered with, or the step a failure ends on.
+    async fn stop_one(
+        &self,
+        work: &Work,
+        target: &Target,
+        ns: &Namespace,
+        agent: &Agent,
+        rev: &Revision,
+    ) -> Result<Result<AgentObservation, Step>, Step> {
+        let op = Operation::StopRevision(RevisionArgs {
+            namespace: Self::namespace_ref(ns)?,
+            agent: Self::agent_ref(agent)?,
+            revision: Self::revision_ref(rev)?,
+        });
+        match self.call(work, target, op).await? {
+            Ok(OperationResult::StopRevision(s)) => {
+                self.observe(work, agent, &s.observation).await;
+                Ok(Ok(s.observation))
+            }
+            Ok(_) => Ok(Err(failed(
+                Code::InvalidHostResult,
+                "stop-revision was answered with another operation's result",
+            ))),
+            Err(e) => Ok(Err(self.call_failed(work, e, false))),
+        }
     }
 
     async fn delete_agent(&self, work: &Work) -> Result<Step, Step> {
@@ -738,6 +786,20 @@ fn served(o: &AgentObservation) -> Option<String> {
         .as_ref()
         .filter(|s| o.current.as_ref() == Some(*s))
         .map(|s| s.as_str().to_owned())
+}
+
+/// Whether an observation says a gateway still runs: its unit (a systemd unit, or a
+/// cluster's Deployment) is up or on its way up, or failed while still enabled (a cluster's
+/// Deployment whose Pod is blocked; a stopped host unit is disabled).
+fn still_running(o: &AgentObservation) -> bool {
+    o.served.is_some()
+        || o.unit
+            .as_ref()
+            .is_some_and(|u| match u.active_state.as_str() {
+                "active" | "activating" | "reloading" => true,
+                "failed" => u.enabled,
+                _ => false,
+            })
 }
 
 /// Whether an observation says nothing new against the Agent as it was loaded: the port
