@@ -726,6 +726,55 @@ async fn a_stop_after_a_refused_activation_stops_the_revision_that_still_runs() 
     );
 }
 
+/// Issue 27 item 3: a retryable failure of a cluster Namespace's ensure is retried past the
+/// attempt budget (granting rights later recovers it), and Namespace status shows its code
+/// and message meanwhile.
+#[tokio::test]
+async fn a_cluster_namespace_retries_its_ensure_and_shows_why_it_is_not_ready() {
+    let w = World::on_cluster().await;
+    let worker = w.worker();
+    let budget = settings().max_attempts as usize;
+    for n in 0..budget + 2 {
+        w.backend
+            .inject(n, Inject::Fail(FailureCode::NamespaceMissing));
+    }
+    for _ in 0..budget + 2 {
+        let (work, step) = w.once(&worker).await;
+        assert_eq!(work.kind, WorkKind::EnsureNamespace);
+        assert_step(&step, "retry", "NAMESPACE_MISSING", "injected");
+        assert!(
+            matches!(step, Step::Retry { attempt: false, .. }),
+            "{step:?}"
+        );
+        let status = w.svc.namespace_status("ns1").await.unwrap();
+        assert_eq!(status["ready"], json!(false), "{status}");
+        assert_eq!(
+            status["work"]["kind"],
+            json!("ensure-namespace"),
+            "{status}"
+        );
+        assert_eq!(status["work"]["state"], json!("queued"), "{status}");
+        assert_eq!(
+            status["work"]["lastAttempt"]["code"],
+            json!("NAMESPACE_MISSING"),
+            "{status}"
+        );
+        assert!(
+            status["work"]["lastAttempt"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("injected"),
+            "{status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "NAMESPACE_READY", "ready on c1");
+    let status = w.svc.namespace_status("ns1").await.unwrap();
+    assert_eq!(status["ready"], json!(true), "{status}");
+    assert_eq!(status["work"]["state"], json!("done"), "{status}");
+}
+
 /// A target whose stop answers as if the gateway still ran (a stop that did not take).
 struct StopDoesNotTake(Arc<EngineBackend>);
 

@@ -1225,7 +1225,8 @@ async fn credentials_are_checked_end_to_end() {
     assert_eq!(f.code, FailureCode::KubernetesConfigurationInvalid, "{f}");
     assert!(!f.is_retryable());
 
-    // A token the server does not know: 401, permanent.
+    // A token the server does not know: 401, permanent; for ensure-namespace retryable (the
+    // coordinator keeps retrying it, so fixing the credentials recovers the Namespace).
     let kc = kubeconfig_with(
         &cp.api_url(),
         cp.ca_pem(),
@@ -1233,14 +1234,21 @@ async fn credentials_are_checked_end_to_end() {
     );
     let mut bad_token = cluster_via(&kc, settings());
     bad_token.name = "bad-token".to_owned();
-    let f = call(&backend, &bad_token, ensure_op("ns-x"))
+    let f = call(&backend, &bad_token, Operation::Status(Default::default()))
         .await
         .unwrap_err();
     assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
     assert!(!f.is_retryable());
     assert!(!f.message.contains("not-a-token"), "{f}");
+    let f = call(&backend, &bad_token, ensure_op("ns-x"))
+        .await
+        .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
+    assert!(f.is_retryable(), "{f}");
+    assert!(!f.message.contains("not-a-token"), "{f}");
 
-    // A user without RBAC: 403, permanent, nothing created.
+    // A user without RBAC: 403, nothing created; retryable for ensure-namespace (granting
+    // the rights later recovers the Namespace).
     let limited =
         clawfleet_kube::parse_kubeconfig_file(cp.limited_kubeconfig_path(), None).unwrap();
     let limited = clawfleet_kube::Cluster {
@@ -1253,6 +1261,7 @@ async fn credentials_are_checked_end_to_end() {
         .unwrap_err();
     assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
     assert!(f.message.contains("403"), "{f}");
+    assert!(f.is_retryable(), "{f}");
     let namespaces: Api<Namespace> = Api::all(cp.client().await.unwrap());
     assert!(
         namespaces

@@ -304,24 +304,26 @@ impl<B: Backend> Worker<B> {
         let _renew = AbortOnDrop(lease.heartbeat());
         self.set_lease(&work, Some(lease));
         let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
-        let step = if age > self.settings.convergence_deadline {
-            failed(
-                Code::ConvergenceDeadlineExceeded,
-                format!(
-                    "not converged within {} s",
-                    self.settings.convergence_deadline.as_secs()
-                ),
-            )
-        } else {
-            let result = match work.kind {
-                WorkKind::EnsureNamespace => self.ensure_namespace(&work).await,
-                WorkKind::DeleteNamespace => self.delete_namespace(&work).await,
-                WorkKind::Deploy => self.deploy(&work).await,
-                WorkKind::Stop => self.stop(&work).await,
-                WorkKind::DeleteAgent => self.delete_agent(&work).await,
+        // A Namespace's ensure is not an Agent's convergence: it retries until it succeeds.
+        let step =
+            if age > self.settings.convergence_deadline && work.kind != WorkKind::EnsureNamespace {
+                failed(
+                    Code::ConvergenceDeadlineExceeded,
+                    format!(
+                        "not converged within {} s",
+                        self.settings.convergence_deadline.as_secs()
+                    ),
+                )
+            } else {
+                let result = match work.kind {
+                    WorkKind::EnsureNamespace => self.ensure_namespace(&work).await,
+                    WorkKind::DeleteNamespace => self.delete_namespace(&work).await,
+                    WorkKind::Deploy => self.deploy(&work).await,
+                    WorkKind::Stop => self.stop(&work).await,
+                    WorkKind::DeleteAgent => self.delete_agent(&work).await,
+                };
+                result.unwrap_or_else(|s| s)
             };
-            result.unwrap_or_else(|s| s)
-        };
         self.set_lease(&work, None);
         let step = self.budget(&work, step);
         self.record(&work, &step).await;
@@ -479,6 +481,33 @@ impl<B: Backend> Worker<B> {
         Ok(())
     }
 
+    /// A Namespace on a cluster is retried while its failure is retryable (an API outage, a
+    /// refused identity the operator may still grant rights to), with a delay that doubles
+    /// with the item's age up to `backoff_max`, for as long as it takes: no attempt budget
+    /// and no convergence deadline end it, only success, a permanent failure or the
+    /// Namespace's deletion. Its code and message are the Namespace's status meanwhile.
+    fn cluster_ensure_failed(&self, work: &Work, e: CallError) -> Step {
+        if !e.is_retryable() {
+            return Step::Failed {
+                code: e.code().to_owned(),
+                message: e.to_string(),
+            };
+        }
+        let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
+        let periods = (age.as_nanos() / self.settings.backoff_initial.as_nanos().max(1)).max(1);
+        let doublings = 127 - periods.leading_zeros();
+        Step::Retry {
+            code: e.code().to_owned(),
+            message: e.to_string(),
+            attempt: false,
+            delay: crate::backoff::exponential(
+                self.settings.backoff_initial,
+                self.settings.backoff_max,
+                doublings,
+            ),
+        }
+    }
+
     fn call_failed_plain(&self, e: CallError) -> Step {
         if e.is_retryable() {
             Step::Retry {
@@ -505,11 +534,15 @@ impl<B: Backend> Worker<B> {
             return Ok(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
         if let Some(cluster) = self.cluster_target(&ns).await? {
+            if ns.deleting {
+                // The deletion queued behind this item runs next.
+                return Ok(done(Code::NamespaceGone, "the Namespace is being deleted"));
+            }
             let op = Operation::EnsureNamespace(NamespaceArgs {
                 namespace: Self::namespace_ref(&ns)?,
             });
             if let Err(e) = self.call(work, &cluster, op).await? {
-                return Ok(self.call_failed(work, e, false));
+                return Ok(self.cluster_ensure_failed(work, e));
             }
             self.store
                 .set_namespace_cluster_ready(&work.claim, &ns.id, true)

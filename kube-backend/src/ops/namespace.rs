@@ -161,8 +161,38 @@ async fn check_adoptable_policies(r: &Requests, t: &Tenant) -> Result<(), Failur
     Ok(())
 }
 
-/// `ensure-namespace`.
+/// `ensure-namespace`. A refusal of clawfleet's identity (401/403) is retryable here: creating
+/// namespaces needs cluster-scoped rights an operator often grants after registering the
+/// cluster, and the coordinator keeps retrying (with backoff, the code shown in the
+/// Namespace's status) so that granting them recovers the Namespace.
 pub(crate) async fn ensure(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &NamespaceArgs,
+) -> Result<EnsureNamespaceResult, Failure> {
+    ensure_checked(r, settings, args)
+        .await
+        .map_err(refusal_retryable)
+}
+
+/// A 401/403 (as [`crate::client::api_failure`] words it) made retryable.
+fn refusal_retryable(f: Failure) -> Failure {
+    if f.code == FailureCode::KubernetesApiRejected
+        && (f.message.contains("forbidden (403)") || f.message.contains("credentials (401)"))
+    {
+        return Failure::with_class(
+            clawfleet_protocol::failure::FailureClass::Retryable,
+            f.code,
+            format!(
+                "{}; clawfleet's identity lacks the rights ensure-namespace needs: it is retried, so granting them recovers the Namespace",
+                f.message
+            ),
+        );
+    }
+    f
+}
+
+async fn ensure_checked(
     r: &Requests,
     settings: &ClusterSettings,
     args: &NamespaceArgs,
