@@ -1755,3 +1755,79 @@ async fn a_refusal_right_after_a_connection_error_is_retried() {
     assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
     assert!(f.message.contains("403"), "{f}");
 }
+
+/// Issue 27 item 4: a Pod template edited behind clawfleet's back (a sidecar injected, the
+/// gateway's command replaced) is reported by status as the Agent's workload drift, and a
+/// reconcile (the active revision activated again) restores the template exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_pod_template_is_reported_and_restored_by_a_reconcile() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 1).await;
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+    let ns = "ns-edited";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    deploy(&backend, &c, ns, "a", "r1", 1).await;
+    let tenant = names::tenant_namespace(&id(ns));
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let gw = names::agent(&id("a")).gateway;
+    let workload_problems = |out: OperationResult| match out {
+        OperationResult::Status(inv) => inv
+            .problems
+            .into_iter()
+            .filter(|p| p.path == format!("namespaces/{ns}/agents/a/workload"))
+            .map(|p| p.message)
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    let status = call(&backend, &c, Operation::Status(Default::default()))
+        .await
+        .unwrap();
+    assert_eq!(workload_problems(status), Vec::<String>::new());
+
+    // A foreign edit through the API (as `kubectl edit` does): a sidecar, another command.
+    let mut d = deps.get(&gw).await.unwrap();
+    let spec = d.spec.template.spec.as_mut().unwrap();
+    spec.containers[0].command = Some(vec!["sh".into(), "-c".into(), "sleep 1d".into()]);
+    let mut sidecar = spec.containers[0].clone();
+    sidecar.name = "sidecar".into();
+    sidecar.ports = None;
+    sidecar.readiness_probe = None;
+    spec.containers.push(sidecar);
+    deps.replace(&gw, &PostParams::default(), &d).await.unwrap();
+
+    let status = call(&backend, &c, Operation::Status(Default::default()))
+        .await
+        .unwrap();
+    let problems = workload_problems(status);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("container sidecar was added"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[0].contains("container gateway: command changed"),
+        "{problems:?}"
+    );
+
+    // The reconcile: the active revision again.
+    let out = call(&backend, &c, activate_op(ns, "a", "r1", 1))
+        .await
+        .unwrap();
+    assert_eq!(served(&out).as_deref(), Some("r1"));
+    let d = deps.get(&gw).await.unwrap();
+    let spec = d.spec.template.spec.unwrap();
+    let containers: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(containers, vec![names::CONTAINER], "the sidecar is gone");
+    assert_eq!(
+        spec.containers[0].command.as_ref(),
+        Some(&settings().gateway_command),
+        "the command is clawfleet's again"
+    );
+    let status = call(&backend, &c, Operation::Status(Default::default()))
+        .await
+        .unwrap();
+    assert_eq!(workload_problems(status), Vec::<String>::new());
+}

@@ -460,7 +460,23 @@ async fn activate_one(
         .map(|(id, _)| id);
     let restarted = carried.as_ref() != Some(&rev.id);
     let before = dep.as_ref().and_then(|d| d.metadata.generation);
-    let applied = o.deployments.apply(r, &o.names.gateway, &dep_obj).await?;
+    // A Pod template edited behind clawfleet's back (a swapped image, a replaced command, an
+    // injected sidecar) is replaced, not merged: an apply keeps containers it does not list
+    // and conflicts on fields another manager took. The PUT carries the uid and
+    // resourceVersion read, so it never overwrites a change it did not see.
+    let edited = dep
+        .as_ref()
+        .and_then(|d| observe::workload_drift(d).map(|why| (d, why)));
+    let applied = match edited {
+        Some((live, why)) => {
+            tracing::warn!(agent = %agent.id, revision = %rev.id, "the gateway Deployment's Pod template was edited outside clawfleet ({why}); replacing it");
+            let mut put = dep_obj.clone();
+            put.metadata.uid = live.metadata.uid.clone();
+            put.metadata.resource_version = live.metadata.resource_version.clone();
+            o.deployments.replace(r, &o.names.gateway, &put).await?
+        }
+        None => o.deployments.apply(r, &o.names.gateway, &dep_obj).await?,
+    };
     let template_changed = before != applied.metadata.generation;
     o.services.apply(r, &o.names.gateway, &svc_obj).await?;
     if restarted {
