@@ -1831,3 +1831,105 @@ async fn an_edited_pod_template_is_reported_and_restored_by_a_reconcile() {
         .unwrap();
     assert_eq!(workload_problems(status), Vec::<String>::new());
 }
+
+/// Issue 27 item 5: objects clawfleet never made, at names clawfleet computes, neither wedge
+/// a delete nor are touched by it; a pre-made namespace carrying clawfleet's labels gets the
+/// adoption's NetworkPolicy check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_objects_at_computed_names_are_left_alone_and_deletes_complete() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+
+    // An Agent that never ran, whose ServiceAccount name a foreign ServiceAccount holds.
+    let ns = "ns-foreign";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    let tenant = names::tenant_namespace(&id(ns));
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &tenant);
+    let gw = names::agent(&id("a")).gateway;
+    let foreign: ServiceAccount = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": gw, "labels": { "team": "someone-else" } },
+    }))
+    .unwrap();
+    let made = sas.create(&PostParams::default(), &foreign).await.unwrap();
+    match call(&backend, &c, delete_agent_op(ns, "a")).await {
+        Ok(OperationResult::DeleteAgent(d)) => assert!(!d.removed, "{d:?}"),
+        other => panic!("the delete completes: {other:?}"),
+    }
+    let after = sas.get(&gw).await.unwrap();
+    assert_eq!(after.metadata.uid, made.metadata.uid, "left untouched");
+    assert_eq!(resource_version(&after), resource_version(&made));
+
+    // A namespace at another Namespace's computed name, made by someone else: the deletion
+    // completes without touching it.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let taken = names::tenant_namespace(&id("ns-taken"));
+    let ns_obj: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": taken, "labels": { "team": "someone-else" } },
+    }))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns_obj)
+        .await
+        .unwrap();
+    match call(&backend, &c, delete_ns_op("ns-taken")).await {
+        Ok(OperationResult::DeleteNamespace(d)) => assert!(!d.removed, "{d:?}"),
+        other => panic!("the delete completes: {other:?}"),
+    }
+    let still = namespaces.get(&taken).await.unwrap();
+    assert!(still.metadata.deletion_timestamp.is_none());
+
+    // A pre-made namespace with clawfleet's labels and annotations and a foreign policy
+    // that opens it: refused as an adoption would be.
+    let premade = "ns-premade";
+    let pre = names::tenant_namespace(&id(premade));
+    let mut ns_obj = Namespace::default();
+    ns_obj.metadata.name = Some(pre.clone());
+    ns_obj.metadata.labels = Some(
+        [
+            (names::MANAGED_BY, names::MANAGER),
+            (names::NAMESPACE_ID, premade),
+            ("pod-security.kubernetes.io/enforce", "restricted"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    );
+    ns_obj.metadata.annotations = Some(
+        [
+            (names::NAMESPACE_ID, premade),
+            (names::NAMESPACE_NAME, premade),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    );
+    namespaces
+        .create(&PostParams::default(), &ns_obj)
+        .await
+        .unwrap();
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &pre);
+    let open: NetworkPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "allow-everything" },
+        "spec": { "podSelector": {}, "ingress": [{}], "policyTypes": ["Ingress"] },
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &open)
+        .await
+        .unwrap();
+    assert_conflict(
+        call(&backend, &c, ensure_op(premade)).await,
+        &format!("NetworkPolicy {pre}/allow-everything"),
+    );
+    assert!(
+        policies
+            .get_opt(names::DEFAULT_DENY)
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing written"
+    );
+}

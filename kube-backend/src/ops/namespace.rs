@@ -248,6 +248,11 @@ async fn ensure_checked(
     let quotas: Obj<ResourceQuota> = Obj::namespaced(r, &tenant, "ResourceQuota");
     let ranges: Obj<LimitRange> = Obj::namespaced(r, &tenant, "LimitRange");
     let policies: Obj<NetworkPolicy> = Obj::namespaced(r, &tenant, "NetworkPolicy");
+    if existing.is_some() && !t.adopted {
+        // A namespace made before clawfleet's first ensure (carrying its labels) gets the
+        // adoption's check too: no NetworkPolicy in it that is not this tenant's.
+        check_adoptable_policies(r, &t).await?;
+    }
     if existing.is_some() || claim.is_some() {
         quotas.get_owned(r, names::QUOTA, &m).await?;
         ranges.get_owned(r, names::LIMITS, &m).await?;
@@ -313,6 +318,20 @@ pub(crate) async fn delete(
     args: &NamespaceArgs,
 ) -> Result<DeleteNamespaceResult, Failure> {
     let t = settings.tenant(&args.namespace.id);
+    // A managed namespace's name that some other party's namespace holds (clawfleet never made
+    // it): it is not this Namespace's to delete; left untouched and reported, and the deletion
+    // completes rather than failing forever.
+    if !t.adopted
+        && let Some(n) = namespaces(r).get(r, &t.name).await?
+        && !crate::objects::made_by_clawfleet(&n.metadata)
+    {
+        tracing::warn!(namespace = %t.id, tenant = %t.name, "delete-namespace leaves Namespace {} untouched: clawfleet did not make it", t.name);
+        return Ok(DeleteNamespaceResult {
+            namespace_id: t.id.clone(),
+            removed: false,
+            agents_removed: 0,
+        });
+    }
     let Some(existing) = owned_namespace(r, &t).await? else {
         return Ok(DeleteNamespaceResult {
             namespace_id: t.id.clone(),
