@@ -114,6 +114,7 @@ codes! {
     RevisionSuperseded = "REVISION_SUPERSEDED", "A newer revision took this one's place.";
     RevisionGone = "REVISION_GONE", "The revision was deleted while its work waited.";
     RevisionFinalizationIncomplete = "REVISION_FINALIZATION_INCOMPLETE", "The revision serves but retiring its predecessor is not done yet.";
+    StopIncomplete = "STOP_INCOMPLETE", "The stop ran but the host or cluster still reports the Agent's gateway running (or serving); the stop is retried until it is observed stopped.";
     StopSuperseded = "STOP_SUPERSEDED", "The Agent is meant to run again; the stop was dropped.";
     AgentGone = "AGENT_GONE", "The Agent was deleted while its work waited.";
     AgentDeleted = "AGENT_DELETED", "The Agent was removed from its host or cluster.";

@@ -177,12 +177,27 @@ fn compare(target: &str, want: &[Expected], inv: &Inventory, now: i64) -> Vec<Dr
             found.insert((ns.id.clone(), a.id.clone()), a);
         }
     }
+    // Problems a target attributes to one Agent's workload (`namespaces/<ns>/agents/<agent>/
+    // workload`): the Agent drifted, whatever its unit says.
+    let mut workload: BTreeMap<(String, String), &str> = BTreeMap::new();
+    for p in &inv.problems {
+        if let Some(key) = workload_problem(&p.path) {
+            workload.insert(key, p.message.as_str());
+        }
+    }
     let mut rows = Vec::new();
     let mut known = BTreeSet::new();
     for e in want {
         let key = (e.agent.namespace_id.clone(), e.agent.id.clone());
         known.insert(key.clone());
-        let (state, reason, message) = judge(e, found.get(&key).copied());
+        let (mut state, mut reason, mut message) = judge(e, found.get(&key).copied());
+        if state != DriftState::Converging
+            && let Some(m) = workload.get(&(key.0.to_string(), key.1.to_string()))
+        {
+            state = DriftState::Drift;
+            reason = Some(DriftReason::WorkloadChanged);
+            message = (*m).to_owned();
+        }
         rows.push(row(target, &key.0, &key.1, state, reason, message, now));
     }
     for ((ns, agent), a) in &found {
@@ -259,6 +274,13 @@ fn label_problems(
     }
     let mut others = 0;
     for p in &inv.problems {
+        // A workload problem of a wanted Agent is already that Agent's row (`compare`).
+        if workload_problem(&p.path).is_some_and(|(n, a)| {
+            want.iter()
+                .any(|e| e.agent.namespace_id.as_str() == n && e.agent.id.as_str() == a)
+        }) {
+            continue;
+        }
         let (ns_dir, agent_dir, rest) = directories_of(&p.path);
         let reason = if p.path.ends_with("/current") {
             DriftReason::CurrentChanged
@@ -308,6 +330,15 @@ fn label_problems(
             now,
         ));
     }
+}
+
+/// `(Namespace, Agent)` of a problem path `namespaces/<ns>/agents/<agent>/workload`.
+fn workload_problem(path: &str) -> Option<(String, String)> {
+    let rest = path
+        .strip_prefix("namespaces/")?
+        .strip_suffix("/workload")?;
+    let (ns, agent) = rest.split_once("/agents/")?;
+    (!ns.contains('/') && !agent.contains('/')).then(|| (ns.to_owned(), agent.to_owned()))
 }
 
 fn judge(
@@ -526,5 +557,90 @@ mod problem_labels {
         assert!(rows[0].message.contains("/revisions/"), "{:?}", rows[0]);
         assert!(rows[1].message.contains(&stray), "{:?}", rows[1]);
         assert!(rows.iter().all(|r| !r.agent_id.contains('/')), "{rows:?}");
+    }
+}
+
+#[cfg(test)]
+mod workload_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use clawfleet_protocol::operation::RevisionNumber;
+    use clawfleet_protocol::result::{
+        AgentObservation, InventoryProblem, NamespaceInventory, RevisionInventory, UnitObservation,
+    };
+
+    use super::*;
+    use crate::model::RestorePolicy;
+
+    fn id(s: &str) -> Ident {
+        Ident::new(s).unwrap()
+    }
+
+    /// Issue 27 item 4: a Deployment whose Pod template was edited (the cluster reports it as
+    /// the Agent's `…/workload` problem) is the Agent's drift, not `synced` beside a
+    /// target-wide problem row.
+    #[test]
+    fn an_edited_workload_is_the_agents_drift() {
+        let agent = Agent {
+            namespace_id: id("ns1"),
+            id: id("a1"),
+            service_principal_id: id("a1"),
+            configuration_id: id("cfg"),
+            desired_state: DesiredState::Running,
+            host: None,
+            port: Some(18789),
+            active_revision_id: Some(id("r1")),
+            served_revision_id: Some(id("r1")),
+            restore: RestorePolicy::None,
+            created_at: 0,
+        };
+        let serving = AgentInventory {
+            id: id("a1"),
+            service_principal_id: id("a1"),
+            account: "gw-a1".into(),
+            revisions: vec![RevisionInventory {
+                id: id("r1"),
+                number: RevisionNumber::new(1).unwrap(),
+            }],
+            observation: AgentObservation {
+                current: Some(id("r1")),
+                served: Some(id("r1")),
+                port: Some(18789),
+                unit: Some(UnitObservation {
+                    name: "gw-a1".into(),
+                    active_state: "active".into(),
+                    sub_state: "Running".into(),
+                    n_restarts: 0,
+                    enabled: true,
+                }),
+            },
+            unit_drift: None,
+        };
+        let mut inv = Inventory {
+            namespaces: vec![NamespaceInventory {
+                id: id("ns1"),
+                name: id("ns1"),
+                agents: vec![serving],
+            }],
+            problems: Vec::new(),
+        };
+        let want = [Expected {
+            agent,
+            open_work: false,
+        }];
+        let rows = compare("c1", &want, &inv, 0);
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].state, DriftState::Synced, "{rows:?}");
+
+        inv.problems.push(InventoryProblem {
+            path: "namespaces/ns1/agents/a1/workload".into(),
+            message: "the Pod template differs (container sidecar was added)".into(),
+        });
+        let rows = compare("c1", &want, &inv, 0);
+        assert_eq!(rows.len(), 1, "one row, the Agent's: {rows:?}");
+        assert_eq!(rows[0].agent_id, "a1");
+        assert_eq!(rows[0].state, DriftState::Drift, "{rows:?}");
+        assert_eq!(rows[0].reason, Some(DriftReason::WorkloadChanged));
+        assert!(rows[0].message.contains("sidecar"), "{rows:?}");
     }
 }

@@ -468,6 +468,9 @@ text_enum! {
         MissingOnTarget = "missing-on-target",
         /// The target reports a problem the sweep cannot attribute to one Agent.
         TargetProblem = "target-problem",
+        /// What runs is not what clawfleet applied: a cluster Deployment's Pod template was
+        /// edited (a container's image, command or args, a container added or removed).
+        WorkloadChanged = "workload-changed",
     }
 }
 

@@ -765,3 +765,165 @@ async fn a_host_refusing_this_coordinator_leaves_the_work_for_another() {
     );
     assert_eq!(w.revision("a1", &rev).await.status, RevisionStatus::Active);
 }
+
+/// Issue 27 item 1: a stop after an activation refused before its cutover (the target still
+/// runs the previous revision while `activeRevisionId` names the candidate) stops what runs,
+/// and says stopped only once the target reports nothing running.
+#[tokio::test]
+async fn a_stop_after_a_refused_activation_stops_the_revision_that_still_runs() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    let first = w.deploy("a1").await;
+    w.settle(&worker).await;
+    w.backend
+        .fail_activations_of("a1", FailureCode::KubernetesOwnershipConflict);
+    let second = w.deploy("a1").await;
+    w.settle(&worker).await;
+    let agent = w.svc.agent("ns1", "a1").await.unwrap();
+    assert_eq!(agent.active_revision_id.as_deref(), Some(second.as_str()));
+    let on_host = w.backend.agent("h1", "ns1", "a1").unwrap();
+    assert_eq!(on_host.served.as_deref(), Some(first.as_str()));
+
+    w.svc.stop("test", "ns1", "a1").await.unwrap();
+    let (work, step) = w.once(&worker).await;
+    assert_eq!(work.kind, WorkKind::Stop);
+    assert_step(&step, "done", "REVISION_STOPPED", "stopped on h1");
+    let on_host = w.backend.agent("h1", "ns1", "a1").unwrap();
+    assert_eq!(on_host.served, None, "the old revision still serves");
+    assert_eq!(on_host.current, None, "{on_host:?}");
+    assert_eq!(
+        w.svc
+            .agent("ns1", "a1")
+            .await
+            .unwrap()
+            .served_revision_id
+            .as_deref(),
+        None
+    );
+}
+
+/// Issue 27 item 3: a retryable failure of a cluster Namespace's ensure is retried past the
+/// attempt budget (granting rights later recovers it), and Namespace status shows its code
+/// and message meanwhile.
+#[tokio::test]
+async fn a_cluster_namespace_retries_its_ensure_and_shows_why_it_is_not_ready() {
+    let w = World::on_cluster().await;
+    let worker = w.worker();
+    let budget = settings().max_attempts as usize;
+    for n in 0..budget + 2 {
+        w.backend
+            .inject(n, Inject::Fail(FailureCode::NamespaceMissing));
+    }
+    for _ in 0..budget + 2 {
+        let (work, step) = w.once(&worker).await;
+        assert_eq!(work.kind, WorkKind::EnsureNamespace);
+        assert_step(&step, "retry", "NAMESPACE_MISSING", "injected");
+        assert!(
+            matches!(step, Step::Retry { attempt: false, .. }),
+            "{step:?}"
+        );
+        let status = w.svc.namespace_status("ns1").await.unwrap();
+        assert_eq!(status["ready"], json!(false), "{status}");
+        assert_eq!(
+            status["work"]["kind"],
+            json!("ensure-namespace"),
+            "{status}"
+        );
+        assert_eq!(status["work"]["state"], json!("queued"), "{status}");
+        assert_eq!(
+            status["work"]["lastAttempt"]["code"],
+            json!("NAMESPACE_MISSING"),
+            "{status}"
+        );
+        assert!(
+            status["work"]["lastAttempt"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("injected"),
+            "{status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "NAMESPACE_READY", "ready on c1");
+    let status = w.svc.namespace_status("ns1").await.unwrap();
+    assert_eq!(status["ready"], json!(true), "{status}");
+    assert_eq!(status["work"]["state"], json!("done"), "{status}");
+}
+
+/// A target whose stop answers as if the gateway still ran (a stop that did not take).
+struct StopDoesNotTake(Arc<EngineBackend>);
+
+impl Backend for StopDoesNotTake {
+    async fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        if let Operation::StopRevision(args) = &operation {
+            let observation = clawfleet_protocol::result::AgentObservation {
+                current: Some(args.revision.id.clone()),
+                served: None,
+                port: Some(18789),
+                unit: Some(clawfleet_protocol::result::UnitObservation {
+                    name: "gw".into(),
+                    active_state: "activating".into(),
+                    sub_state: "start".into(),
+                    n_restarts: 0,
+                    enabled: true,
+                }),
+            };
+            return Ok(OperationResult::StopRevision(
+                clawfleet_protocol::result::StopResult {
+                    stopped: true,
+                    observation,
+                },
+            ));
+        }
+        self.0.call(target, operation, options).await
+    }
+}
+
+/// Issue 27 item 1: a stop is `REVISION_STOPPED` only when the target reports nothing
+/// running; while it still reports the gateway up, the stop is retried as `STOP_INCOMPLETE`
+/// and the active revision stays recorded.
+#[tokio::test]
+async fn a_stop_the_target_still_reports_running_is_not_stopped() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.agent("a1").await;
+    let first = w.deploy("a1").await;
+    w.settle(&worker).await;
+    w.svc.stop("test", "ns1", "a1").await.unwrap();
+    let stubborn = Worker::new(
+        w.store.clone(),
+        Arc::new(StopDoesNotTake(w.backend.clone())),
+        settings(),
+    );
+    let (work, step) = w.once(&stubborn).await;
+    assert_eq!(work.kind, WorkKind::Stop);
+    assert_step(&step, "retry", "STOP_INCOMPLETE", "still reports revision");
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Queued,
+        "STOP_INCOMPLETE",
+    );
+    assert_eq!(
+        w.svc
+            .agent("ns1", "a1")
+            .await
+            .unwrap()
+            .active_revision_id
+            .as_deref(),
+        Some(first.as_str()),
+        "not recorded as stopped"
+    );
+    // The real target stops it on the retry.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "REVISION_STOPPED", "stopped on h1");
+}

@@ -37,13 +37,28 @@
 //!   (incomplete, unschedulable, image pull), the predecessor's template is applied again and
 //!   waited for, and the result says `restored`.
 //! - `verify-revision`: the revision's ConfigMap exists, is ours and matches; no writes.
-//! - `stop-revision`: deletes the Deployment only if it carries this revision (uid and
-//!   resourceVersion preconditions), sets the Service inactive, waits until the revision's
-//!   Pods are gone; keeps PVC, Secret and ConfigMaps. Repeatable.
-//! - `retire-revision`: stop if the Deployment carries it, then delete its ConfigMap (uid
-//!   precondition).
+//! - `stop-revision`: deletes the Deployment if it carries this revision or an older one
+//!   (uid and resourceVersion preconditions): the named revision may never have reached the
+//!   Deployment (an activation refused before its apply), and the stop still stops what runs.
+//!   A Deployment carrying a newer revision (a successor) stays. Sets the Service inactive
+//!   and waits until every Pod of the Agent is gone; keeps PVC, Secret and ConfigMaps.
+//!   Repeatable.
+//! - `retire-revision`: stop if the Deployment carries exactly this revision, then delete its
+//!   ConfigMap (uid precondition).
 //! - `delete-agent`: checks every object of the Agent first, then deletes the Deployment,
 //!   waits for its Pods, then the Service, ConfigMaps, Secret, PVC, ServiceAccount and policy.
+//!   An object at one of the Agent's names that clawfleet never made (no managed-by label) is
+//!   left untouched and logged; a tampered object of ours refuses the whole delete.
+//! - Pod template drift: the Deployment carries a fingerprint of the template it was applied
+//!   with ([`crate::render::workload_fingerprint`]: each container's image, command and
+//!   args). `status` reports a live template that differs as the problem
+//!   `namespaces/<ns>/agents/<agent>/workload` (the coordinator's drift sweep makes it the
+//!   Agent's `workload-changed` drift), and `activate-revision` replaces (PUT, uid and
+//!   resourceVersion fenced) rather than applies such a Deployment, so a reconcile restores
+//!   the containers list exactly.
+//! - 401/403: retryable (`KUBERNETES_API_UNAVAILABLE`) within 30 s of a connection error or of
+//!   the identity's last accepted request ([`crate::auth_window`]), permanent otherwise;
+//!   `ensure-namespace` keeps a refusal retryable so that granting rights later recovers it.
 //! - `status`: hostd's `Inventory` shape. Per Agent: `account` = the ServiceAccount name,
 //!   revisions from the ConfigMaps, and an `AgentObservation` where `current` is the revision
 //!   the Deployment's template carries, `served` that revision when it is observed ready and

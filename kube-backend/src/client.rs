@@ -23,6 +23,7 @@ use http::{Request, Response, StatusCode};
 use kube::client::ClientBuilder;
 use kube::config::{AuthInfo, Config};
 
+use crate::auth_window::{AuthRecord, Refusal};
 use crate::kubeconfig::{ClusterAuth, ClusterCredentials};
 
 /// The limit of one request.
@@ -128,6 +129,8 @@ fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 pub(crate) struct ClusterClient {
     pub(crate) client: kube::Client,
     pub(crate) gate: Arc<RetryGate>,
+    /// Last success and connection error, to judge a 401/403 ([`crate::auth_window`]).
+    pub(crate) auth: Arc<AuthRecord>,
 }
 
 impl std::fmt::Debug for ClusterClient {
@@ -181,6 +184,7 @@ impl ClusterClient {
         Ok(Self {
             client: builder.build(),
             gate,
+            auth: Arc::new(AuthRecord::default()),
         })
     }
 
@@ -190,6 +194,7 @@ impl ClusterClient {
         Self {
             client,
             gate: Arc::new(RetryGate::default()),
+            auth: Arc::new(AuthRecord::default()),
         }
     }
 }
@@ -247,6 +252,10 @@ pub(crate) fn api_failure(what: &str, e: &kube::Error) -> Failure {
                 s.reason,
                 short(&s.message)
             ),
+        ),
+        kube::Error::Service(b) if b.downcast_ref::<AuthSettling>().is_some() => Failure::new(
+            FailureCode::KubernetesApiUnavailable,
+            format!("{what}: {}", short(&b.to_string())),
         ),
         kube::Error::HyperError(_) | kube::Error::Service(_) if untrusted_certificate(e) => {
             Failure::new(
@@ -351,11 +360,23 @@ impl Requests {
             self.pass_gate(what).await?;
             let limit = self.limit();
             let out = tokio::time::timeout(limit, f()).await;
+            let out = match out {
+                Ok(r) => r.map_err(|e| self.note(e)),
+                Err(_) => {
+                    self.cc.auth.connection_error(Instant::now());
+                    Err(kube::Error::Service(Box::new(TimedOut(limit))))
+                }
+            };
             let failure = match out {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if transient(&e) => api_failure(what, &e),
-                Ok(Err(e)) => return Err(api_failure(what, &e)),
-                Err(_) => timed_out(what, limit),
+                Ok(v) => {
+                    self.cc.auth.success(Instant::now());
+                    return Ok(v);
+                }
+                Err(kube::Error::Service(b)) if b.downcast_ref::<TimedOut>().is_some() => {
+                    timed_out(what, limit)
+                }
+                Err(e) if is_settling(&e) || transient(&e) => api_failure(what, &e),
+                Err(e) => return Err(api_failure(what, &e)),
             };
             let gate_wait = self.cc.gate.wait().unwrap_or(pause);
             if attempt >= READ_ATTEMPTS || gate_wait + limit.min(pause) >= self.remaining() {
@@ -380,8 +401,46 @@ impl Requests {
         }
         let limit = self.limit();
         match tokio::time::timeout(limit, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(kube::Error::Service(Box::new(TimedOut(limit)))),
+            Ok(Ok(v)) => {
+                self.cc.auth.success(Instant::now());
+                Ok(v)
+            }
+            Ok(Err(e)) => Err(self.note(e)),
+            Err(_) => {
+                self.cc.auth.connection_error(Instant::now());
+                Err(kube::Error::Service(Box::new(TimedOut(limit))))
+            }
+        }
+    }
+
+    /// Records what an error says about the cluster ([`crate::auth_window`]) and turns a
+    /// 401/403 inside the settle window into [`AuthSettling`] (retryable).
+    fn note(&self, e: kube::Error) -> kube::Error {
+        let now = Instant::now();
+        match status_of(&e) {
+            Some(status @ (401 | 403)) => {
+                let why = match self.cc.auth.refusal(now) {
+                    Refusal::Permanent => return e,
+                    Refusal::AfterConnectionError => "a connection error",
+                    Refusal::AfterRecentSuccess => "this identity's last accepted request",
+                };
+                tracing::info!(
+                    status,
+                    "a refusal soon after {why}: taken for an API server still starting"
+                );
+                kube::Error::Service(Box::new(AuthSettling { status, why }))
+            }
+            // Any other answer was decided past authentication and authorization.
+            Some(status) if status != 429 && status < 500 => {
+                self.cc.auth.success(now);
+                e
+            }
+            Some(_) => e,
+            None if transient(&e) => {
+                self.cc.auth.connection_error(now);
+                e
+            }
+            None => e,
         }
     }
 }
@@ -393,3 +452,20 @@ struct TimedOut(Duration);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 struct GateClosed(String);
+
+/// A 401/403 within [`crate::auth_window::SETTLE_WINDOW`] of a connection error or of the
+/// identity's last success: retryable.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refused ({status}) soon after {why}: taken for an API server still filling its \
+     authorization caches; retry (permanent once this lasts {} s)",
+    crate::auth_window::SETTLE_WINDOW.as_secs()
+)]
+struct AuthSettling {
+    status: u16,
+    why: &'static str,
+}
+
+fn is_settling(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Service(b) if b.downcast_ref::<AuthSettling>().is_some())
+}

@@ -67,6 +67,7 @@ pub mod render;
 pub mod settings;
 pub mod workspace;
 
+mod auth_window;
 mod client;
 mod objects;
 mod observe;

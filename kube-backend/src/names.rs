@@ -30,6 +30,10 @@ pub const CONFIGURATION_HASH: &str = "clawfleet.dev/configuration-hash";
 /// Annotation on a revision ConfigMap: SHA-256 (hex) of its `openclaw.json`, checked on every
 /// read so a ConfigMap recreated with copied markers but other content is refused.
 pub const RENDERED_HASH: &str = "clawfleet.dev/rendered-hash";
+/// Annotation on the Deployment: the fingerprint of its Pod template as clawfleet applied it
+/// (each container's image, command and args; [`crate::render::workload_fingerprint`]), so
+/// status and reconcile see a template edited behind clawfleet's back.
+pub const WORKLOAD_FINGERPRINT: &str = "clawfleet.dev/workload-fingerprint";
 /// Label and annotation on an adopted (operator-chosen) namespace: `"true"`.
 pub const ADOPTED: &str = "clawfleet.dev/adopted";
 /// Annotation on the Agent's ServiceAccount: the highest fence an operation on the Agent

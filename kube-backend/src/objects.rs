@@ -67,6 +67,15 @@ pub(crate) fn check_owned(
     Ok(())
 }
 
+/// Whether an object carries `managed-by=clawfleet`: one clawfleet never made lacks it (an
+/// object that has it but other markers is ours, tampered with).
+pub(crate) fn made_by_clawfleet(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(names::MANAGED_BY))
+        .is_some_and(|v| v == names::MANAGER)
+}
+
 /// Whether a 409 is the optimistic-lock kind (a resourceVersion in the request is stale):
 /// retryable, unlike a field-manager conflict.
 pub(crate) fn stale_resource_version(e: &kube::Error) -> bool {

@@ -34,6 +34,8 @@ pub(crate) struct Observed {
     pub(crate) blocker: Option<Failure>,
     pub(crate) sub_state: String,
     pub(crate) restarts: u32,
+    /// How the Deployment's Pod template differs from what clawfleet applied, when it does.
+    pub(crate) workload_drift: Option<String>,
 }
 
 impl Observed {
@@ -234,6 +236,7 @@ pub(crate) async fn observe(r: &Requests, t: &Tenant, agent: &Ident) -> Result<O
         return Ok(out);
     };
     let current = deployment_revision(&dep)?.map(|(id, _)| id);
+    out.workload_drift = workload_drift(&dep);
     out.current = current.clone();
     out.deployment = Some(dep.clone());
     let Some(current) = current else {
@@ -325,6 +328,24 @@ pub(crate) async fn observe(r: &Requests, t: &Tenant, agent: &Ident) -> Result<O
         out.ready = endpoint_ready(r, &tenant, &n.gateway, svc).await?;
     }
     Ok(out)
+}
+
+/// How the Deployment's live Pod template differs from the one clawfleet applied (its
+/// fingerprint annotation); `None` when it does not, or when the Deployment predates the
+/// annotation (the next activation adds it).
+pub(crate) fn workload_drift(dep: &Deployment) -> Option<String> {
+    let text = dep
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(names::WORKLOAD_FINGERPRINT)?;
+    match render::WorkloadFingerprint::from_text(text) {
+        None => Some(format!(
+            "annotation {} is not a fingerprint clawfleet wrote",
+            names::WORKLOAD_FINGERPRINT
+        )),
+        Some(applied) => applied.differences(&render::workload_fingerprint(dep)),
+    }
 }
 
 /// An EndpointSlice owned by the Service's uid has a ready endpoint.

@@ -617,7 +617,7 @@ pub fn deployment(
     if !s.node_selector.is_empty() {
         pod_spec["nodeSelector"] = map(s.node_selector.clone());
     }
-    typed(
+    let mut dep: Deployment = typed(
         "Deployment",
         json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -633,7 +633,95 @@ pub fn deployment(
                 },
             },
         }),
-    )
+    )?;
+    let fingerprint = workload_fingerprint(&dep);
+    dep.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            names::WORKLOAD_FINGERPRINT.to_owned(),
+            fingerprint.to_text(),
+        );
+    Ok(dep)
+}
+
+/// What a Deployment's Pod template runs, field by field: for every container and init
+/// container (by name), short hashes of its image, command and args. None of these is
+/// defaulted by the API server, so the live template gives the same value as the applied one
+/// until someone edits it (a swapped image, a replaced command, an injected sidecar).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkloadFingerprint(BTreeMap<String, BTreeMap<String, String>>);
+
+fn short_hash<T: serde::Serialize>(v: &T) -> String {
+    let text = serde_json::to_string(v).unwrap_or_default();
+    let mut h = clawfleet_protocol::ident::hex(&clawfleet_protocol::ident::sha256(text.as_bytes()));
+    h.truncate(12);
+    h
+}
+
+/// The fingerprint of a Deployment's Pod template as it is (rendered or read back).
+pub fn workload_fingerprint(dep: &Deployment) -> WorkloadFingerprint {
+    let mut out = BTreeMap::new();
+    let spec = dep.spec.template.spec.as_ref();
+    let lists = spec.map(|s| {
+        [
+            ("container", s.containers.as_slice()),
+            (
+                "init container",
+                s.init_containers.as_deref().unwrap_or_default(),
+            ),
+        ]
+    });
+    for (kind, list) in lists.into_iter().flatten() {
+        for c in list {
+            let fields = BTreeMap::from([
+                ("image".to_owned(), short_hash(&c.image)),
+                ("command".to_owned(), short_hash(&c.command)),
+                ("args".to_owned(), short_hash(&c.args)),
+            ]);
+            out.insert(format!("{kind} {}", c.name), fields);
+        }
+    }
+    WorkloadFingerprint(out)
+}
+
+impl WorkloadFingerprint {
+    /// The annotation's text.
+    pub fn to_text(&self) -> String {
+        serde_json::to_string(&self.0).unwrap_or_default()
+    }
+
+    /// Reads the annotation back; `None` when it is not one.
+    pub fn from_text(text: &str) -> Option<Self> {
+        serde_json::from_str(text).ok().map(Self)
+    }
+
+    /// How `live` differs from this (the applied template), in words; `None` when it does
+    /// not. Names containers and fields, never values.
+    pub fn differences(&self, live: &WorkloadFingerprint) -> Option<String> {
+        let mut out = Vec::new();
+        for (name, fields) in &live.0 {
+            match self.0.get(name) {
+                None => out.push(format!("{name} was added")),
+                Some(applied) => {
+                    let changed: Vec<&str> = fields
+                        .iter()
+                        .filter(|(k, v)| applied.get(*k) != Some(*v))
+                        .map(|(k, _)| k.as_str())
+                        .collect();
+                    if !changed.is_empty() {
+                        out.push(format!("{name}: {} changed", changed.join(", ")));
+                    }
+                }
+            }
+        }
+        for name in self.0.keys() {
+            if !live.0.contains_key(name) {
+                out.push(format!("{name} was removed"));
+            }
+        }
+        (!out.is_empty()).then(|| out.join("; "))
+    }
 }
 
 #[cfg(test)]

@@ -1225,7 +1225,8 @@ async fn credentials_are_checked_end_to_end() {
     assert_eq!(f.code, FailureCode::KubernetesConfigurationInvalid, "{f}");
     assert!(!f.is_retryable());
 
-    // A token the server does not know: 401, permanent.
+    // A token the server does not know: 401, permanent; for ensure-namespace retryable (the
+    // coordinator keeps retrying it, so fixing the credentials recovers the Namespace).
     let kc = kubeconfig_with(
         &cp.api_url(),
         cp.ca_pem(),
@@ -1233,14 +1234,21 @@ async fn credentials_are_checked_end_to_end() {
     );
     let mut bad_token = cluster_via(&kc, settings());
     bad_token.name = "bad-token".to_owned();
-    let f = call(&backend, &bad_token, ensure_op("ns-x"))
+    let f = call(&backend, &bad_token, Operation::Status(Default::default()))
         .await
         .unwrap_err();
     assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
     assert!(!f.is_retryable());
     assert!(!f.message.contains("not-a-token"), "{f}");
+    let f = call(&backend, &bad_token, ensure_op("ns-x"))
+        .await
+        .unwrap_err();
+    assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
+    assert!(f.is_retryable(), "{f}");
+    assert!(!f.message.contains("not-a-token"), "{f}");
 
-    // A user without RBAC: 403, permanent, nothing created.
+    // A user without RBAC: 403, nothing created; retryable for ensure-namespace (granting
+    // the rights later recovers the Namespace).
     let limited =
         clawfleet_kube::parse_kubeconfig_file(cp.limited_kubeconfig_path(), None).unwrap();
     let limited = clawfleet_kube::Cluster {
@@ -1253,6 +1261,7 @@ async fn credentials_are_checked_end_to_end() {
         .unwrap_err();
     assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
     assert!(f.message.contains("403"), "{f}");
+    assert!(f.is_retryable(), "{f}");
     let namespaces: Api<Namespace> = Api::all(cp.client().await.unwrap());
     assert!(
         namespaces
@@ -1628,4 +1637,299 @@ async fn a_stale_fence_is_refused_before_any_write() {
         "{f}"
     );
     assert_eq!(deployment_revision(&deps, "a").await.as_deref(), Some("r2"));
+}
+
+/// Issue 27 item 1: a stop named after a revision that never reached the Deployment (its
+/// activation was refused before the apply: an admission policy, an ownership conflict) stops
+/// what runs, the predecessor, instead of answering "nothing to stop" while it keeps serving.
+/// A Deployment carrying a newer revision still stays (the successor race above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_of_a_candidate_that_never_ran_stops_the_revision_that_runs() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 1).await;
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+    let ns = "ns-stop-candidate";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    deploy(&backend, &c, ns, "a", "r1", 1).await;
+    // r2 is prepared; its activation never happened.
+    call(&backend, &c, prepare_op(ns, "a", "r2", 2))
+        .await
+        .unwrap();
+    let out = call(
+        &backend,
+        &c,
+        Operation::StopRevision(rev_args(ns, "a", "r2", 2)),
+    )
+    .await
+    .unwrap();
+    let OperationResult::StopRevision(s) = &out else {
+        panic!("{out:?}")
+    };
+    assert!(s.stopped, "the running predecessor was stopped: {s:?}");
+    assert_eq!(s.observation.served, None, "{s:?}");
+    assert_eq!(s.observation.unit, None, "{s:?}");
+    let tenant = names::tenant_namespace(&id(ns));
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    assert_eq!(deployment_revision(&deps, "a").await, None);
+    let svc: Api<Service> = Api::namespaced(client.clone(), &tenant);
+    assert_eq!(selector_value(&svc, "a").await, names::INACTIVE);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant);
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "no Pod of the Agent is left"
+    );
+    // Repeatable: nothing left to stop.
+    match call(
+        &backend,
+        &c,
+        Operation::StopRevision(rev_args(ns, "a", "r2", 2)),
+    )
+    .await
+    .unwrap()
+    {
+        OperationResult::StopRevision(s) => assert!(!s.stopped, "{s:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 27 item 2: a 403 right after the connection to the API server broke (as a restarted
+/// apiserver answers before its RBAC caches are filled) is retried, not a permanent refusal
+/// of the deploy; the same 403 from a client with no such history stays permanent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_right_after_a_connection_error_is_retried() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let proxy = FaultProxy::start(&cp).await.unwrap();
+    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), settings());
+    let forbidden = Fault::Respond {
+        status: 403,
+        headers: Vec::new(),
+        body: serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "namespaces is forbidden: User \"admin\" cannot list resource (injected)",
+            "reason": "Forbidden", "code": 403,
+        })
+        .to_string(),
+    };
+
+    // A fresh client whose first answer is a 403: permanent.
+    let backend = KubeBackend::new();
+    proxy.inject(forbidden.clone(), 1);
+    let f = call(&backend, &via, Operation::Status(Default::default()))
+        .await
+        .unwrap_err();
+    proxy.clear_faults();
+    assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
+    assert!(!f.is_retryable(), "{f}");
+    let status = call(&backend, &via, Operation::Status(Default::default())).await;
+    assert!(status.is_ok(), "{status:?}");
+
+    // The connection drops, then the restarted server refuses once: the read is retried and
+    // the operation succeeds.
+    let backend = KubeBackend::new();
+    call(&backend, &via, ensure_op("ns-auth")).await.unwrap();
+    proxy.inject(Fault::Drop, 1);
+    proxy.inject(forbidden.clone(), 1);
+    let out = call(&backend, &via, ensure_op("ns-auth")).await;
+    proxy.clear_faults();
+    assert!(
+        out.is_ok(),
+        "a 403 after a dropped connection is retried: {out:?}"
+    );
+
+    // Refused on every attempt within the window: retryable, not a permanent refusal.
+    proxy.inject(Fault::Drop, 1);
+    proxy.inject(forbidden, 5);
+    let f = call(&backend, &via, Operation::Status(Default::default()))
+        .await
+        .unwrap_err();
+    proxy.clear_faults();
+    assert!(f.is_retryable(), "{f}");
+    assert_eq!(f.code, FailureCode::KubernetesApiUnavailable, "{f}");
+    assert!(f.message.contains("403"), "{f}");
+}
+
+/// Issue 27 item 4: a Pod template edited behind clawfleet's back (a sidecar injected, the
+/// gateway's command replaced) is reported by status as the Agent's workload drift, and a
+/// reconcile (the active revision activated again) restores the template exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_pod_template_is_reported_and_restored_by_a_reconcile() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 1).await;
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+    let ns = "ns-edited";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    deploy(&backend, &c, ns, "a", "r1", 1).await;
+    let tenant = names::tenant_namespace(&id(ns));
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let gw = names::agent(&id("a")).gateway;
+    let workload_problems = |out: OperationResult| match out {
+        OperationResult::Status(inv) => inv
+            .problems
+            .into_iter()
+            .filter(|p| p.path == format!("namespaces/{ns}/agents/a/workload"))
+            .map(|p| p.message)
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    let status = call(&backend, &c, Operation::Status(Default::default()))
+        .await
+        .unwrap();
+    assert_eq!(workload_problems(status), Vec::<String>::new());
+
+    // A foreign edit through the API (as `kubectl edit` does): a sidecar, another command.
+    let mut d = deps.get(&gw).await.unwrap();
+    let spec = d.spec.template.spec.as_mut().unwrap();
+    spec.containers[0].command = Some(vec!["sh".into(), "-c".into(), "sleep 1d".into()]);
+    let mut sidecar = spec.containers[0].clone();
+    sidecar.name = "sidecar".into();
+    sidecar.ports = None;
+    sidecar.readiness_probe = None;
+    spec.containers.push(sidecar);
+    deps.replace(&gw, &PostParams::default(), &d).await.unwrap();
+
+    let status = call(&backend, &c, Operation::Status(Default::default()))
+        .await
+        .unwrap();
+    let problems = workload_problems(status);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("container sidecar was added"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[0].contains("container gateway: command changed"),
+        "{problems:?}"
+    );
+
+    // The reconcile: the active revision again.
+    let out = call(&backend, &c, activate_op(ns, "a", "r1", 1))
+        .await
+        .unwrap();
+    assert_eq!(served(&out).as_deref(), Some("r1"));
+    let d = deps.get(&gw).await.unwrap();
+    let spec = d.spec.template.spec.unwrap();
+    let containers: Vec<_> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(containers, vec![names::CONTAINER], "the sidecar is gone");
+    assert_eq!(
+        spec.containers[0].command.as_ref(),
+        Some(&settings().gateway_command),
+        "the command is clawfleet's again"
+    );
+    let status = call(&backend, &c, Operation::Status(Default::default()))
+        .await
+        .unwrap();
+    assert_eq!(workload_problems(status), Vec::<String>::new());
+}
+
+/// Issue 27 item 5: objects clawfleet never made, at names clawfleet computes, neither wedge
+/// a delete nor are touched by it; a pre-made namespace carrying clawfleet's labels gets the
+/// adoption's NetworkPolicy check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_objects_at_computed_names_are_left_alone_and_deletes_complete() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+
+    // An Agent that never ran, whose ServiceAccount name a foreign ServiceAccount holds.
+    let ns = "ns-foreign";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    let tenant = names::tenant_namespace(&id(ns));
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &tenant);
+    let gw = names::agent(&id("a")).gateway;
+    let foreign: ServiceAccount = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": gw, "labels": { "team": "someone-else" } },
+    }))
+    .unwrap();
+    let made = sas.create(&PostParams::default(), &foreign).await.unwrap();
+    match call(&backend, &c, delete_agent_op(ns, "a")).await {
+        Ok(OperationResult::DeleteAgent(d)) => assert!(!d.removed, "{d:?}"),
+        other => panic!("the delete completes: {other:?}"),
+    }
+    let after = sas.get(&gw).await.unwrap();
+    assert_eq!(after.metadata.uid, made.metadata.uid, "left untouched");
+    assert_eq!(resource_version(&after), resource_version(&made));
+
+    // A namespace at another Namespace's computed name, made by someone else: the deletion
+    // completes without touching it.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let taken = names::tenant_namespace(&id("ns-taken"));
+    let ns_obj: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": taken, "labels": { "team": "someone-else" } },
+    }))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns_obj)
+        .await
+        .unwrap();
+    match call(&backend, &c, delete_ns_op("ns-taken")).await {
+        Ok(OperationResult::DeleteNamespace(d)) => assert!(!d.removed, "{d:?}"),
+        other => panic!("the delete completes: {other:?}"),
+    }
+    let still = namespaces.get(&taken).await.unwrap();
+    assert!(still.metadata.deletion_timestamp.is_none());
+
+    // A pre-made namespace with clawfleet's labels and annotations and a foreign policy
+    // that opens it: refused as an adoption would be.
+    let premade = "ns-premade";
+    let pre = names::tenant_namespace(&id(premade));
+    let mut ns_obj = Namespace::default();
+    ns_obj.metadata.name = Some(pre.clone());
+    ns_obj.metadata.labels = Some(
+        [
+            (names::MANAGED_BY, names::MANAGER),
+            (names::NAMESPACE_ID, premade),
+            ("pod-security.kubernetes.io/enforce", "restricted"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    );
+    ns_obj.metadata.annotations = Some(
+        [
+            (names::NAMESPACE_ID, premade),
+            (names::NAMESPACE_NAME, premade),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect(),
+    );
+    namespaces
+        .create(&PostParams::default(), &ns_obj)
+        .await
+        .unwrap();
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &pre);
+    let open: NetworkPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "allow-everything" },
+        "spec": { "podSelector": {}, "ingress": [{}], "policyTypes": ["Ingress"] },
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &open)
+        .await
+        .unwrap();
+    assert_conflict(
+        call(&backend, &c, ensure_op(premade)).await,
+        &format!("NetworkPolicy {pre}/allow-everything"),
+    );
+    assert!(
+        policies
+            .get_opt(names::DEFAULT_DENY)
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing written"
+    );
 }

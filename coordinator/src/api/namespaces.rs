@@ -41,7 +41,7 @@ pub(super) async fn get_namespace<B: Backend>(
     State(st): S<B>,
     Path(ns): Path<String>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.namespace(&ns).await?)
+    ok(StatusCode::OK, st.service.namespace_status(&ns).await?)
 }
 
 pub(super) async fn delete_namespace<B: Backend>(

@@ -161,7 +161,8 @@ route_table! {
         "Create a Namespace on a host pool or a cluster (choosing either needs a global admin token)";
     Get "/namespaces", Token, Empty, 200 => namespaces::list_namespaces,
         "List the Namespaces the token may read";
-    Get "/namespaces/{ns}", Namespace(Read), Empty, 200 => namespaces::get_namespace, "Get a Namespace";
+    Get "/namespaces/{ns}", Namespace(Read), Empty, 200 => namespaces::get_namespace,
+        "Get a Namespace, with its newest ensure or delete work (state, attempts, last code and message)";
     Delete "/namespaces/{ns}", Namespace(Admin), Empty, 202 => namespaces::delete_namespace,
         "Delete an empty Namespace (409 while it has Agents)";
     Post "/namespaces/{ns}/configurations", Namespace(Deploy), Json<NewConfiguration>, 201

@@ -35,6 +35,9 @@ pub(crate) enum NamespaceCmd {
     List,
     /// Show a Namespace: its pool or cluster and whether it is ready.
     Get { id: String },
+    /// Show a Namespace with its newest ensure or delete work: state, attempts, and the last
+    /// code and message (why it is not ready on its cluster or pool, and whether it is retried).
+    Status { id: String },
     /// Delete an empty Namespace (refused while it has Agents).
     Delete { id: String },
 }
@@ -90,6 +93,11 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &NamespaceCmd) -> Result<()> {
                 ("READY HOSTS", "readyHosts"),
                 ("READY", "ready"),
             ],
+        ),
+        NamespaceCmd::Status { id } => print(
+            cli,
+            &c.request("GET", &format!("/namespaces/{id}"), None)?,
+            &[],
         ),
         NamespaceCmd::Delete { id } => print(
             cli,

@@ -701,6 +701,19 @@ impl Service {
             .ok_or_else(|| ServiceError::not_found("Namespace", id))
     }
 
+    /// A Namespace with its newest Namespace-level work item (`ensure-namespace` or
+    /// `delete-namespace`: state, attempts, last code and message), so a Namespace that is not
+    /// ready on its cluster or pool says why, and whether it is still being retried.
+    pub async fn namespace_status(&self, id: &str) -> Result<Value> {
+        let ns = self.namespace(id).await?;
+        let work = self.store.namespace_work(id, 1).await?.into_iter().next();
+        let mut v = json!(ns);
+        if let Some(o) = v.as_object_mut() {
+            o.insert("work".to_owned(), json!(work));
+        }
+        Ok(v)
+    }
+
     /// Deletes an empty Namespace (409 while it has Agents).
     pub async fn delete_namespace(&self, actor: &str, id: &str) -> Result<()> {
         self.namespace(id).await?;

@@ -392,6 +392,9 @@ pub trait WorkQueue: Send + Sync {
     /// The newest work items of an Agent, finished or not, newest first.
     async fn recent_work(&self, ns: &str, agent: &str, limit: u32) -> Result<Vec<WorkRecord>>;
     async fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<Option<WorkRecord>>;
+    /// The newest Namespace-level work items (ensure, delete), newest first: Namespace status
+    /// shows why its pool or cluster is not ready.
+    async fn namespace_work(&self, ns: &str, limit: u32) -> Result<Vec<WorkRecord>>;
     /// Work queued or running, and when the oldest of it was created (milliseconds).
     async fn pending_work_age(&self) -> Result<(i64, Option<i64>)>;
     async fn pending_work(&self) -> Result<i64> {

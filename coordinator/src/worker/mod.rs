@@ -304,24 +304,26 @@ impl<B: Backend> Worker<B> {
         let _renew = AbortOnDrop(lease.heartbeat());
         self.set_lease(&work, Some(lease));
         let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
-        let step = if age > self.settings.convergence_deadline {
-            failed(
-                Code::ConvergenceDeadlineExceeded,
-                format!(
-                    "not converged within {} s",
-                    self.settings.convergence_deadline.as_secs()
-                ),
-            )
-        } else {
-            let result = match work.kind {
-                WorkKind::EnsureNamespace => self.ensure_namespace(&work).await,
-                WorkKind::DeleteNamespace => self.delete_namespace(&work).await,
-                WorkKind::Deploy => self.deploy(&work).await,
-                WorkKind::Stop => self.stop(&work).await,
-                WorkKind::DeleteAgent => self.delete_agent(&work).await,
+        // A Namespace's ensure is not an Agent's convergence: it retries until it succeeds.
+        let step =
+            if age > self.settings.convergence_deadline && work.kind != WorkKind::EnsureNamespace {
+                failed(
+                    Code::ConvergenceDeadlineExceeded,
+                    format!(
+                        "not converged within {} s",
+                        self.settings.convergence_deadline.as_secs()
+                    ),
+                )
+            } else {
+                let result = match work.kind {
+                    WorkKind::EnsureNamespace => self.ensure_namespace(&work).await,
+                    WorkKind::DeleteNamespace => self.delete_namespace(&work).await,
+                    WorkKind::Deploy => self.deploy(&work).await,
+                    WorkKind::Stop => self.stop(&work).await,
+                    WorkKind::DeleteAgent => self.delete_agent(&work).await,
+                };
+                result.unwrap_or_else(|s| s)
             };
-            result.unwrap_or_else(|s| s)
-        };
         self.set_lease(&work, None);
         let step = self.budget(&work, step);
         self.record(&work, &step).await;
@@ -493,6 +495,33 @@ impl<B: Backend> Worker<B> {
         Ok(())
     }
 
+    /// A Namespace on a cluster is retried while its failure is retryable (an API outage, a
+    /// refused identity the operator may still grant rights to), with a delay that doubles
+    /// with the item's age up to `backoff_max`, for as long as it takes: no attempt budget
+    /// and no convergence deadline end it, only success, a permanent failure or the
+    /// Namespace's deletion. Its code and message are the Namespace's status meanwhile.
+    fn cluster_ensure_failed(&self, work: &Work, e: CallError) -> Step {
+        if !e.is_retryable() {
+            return Step::Failed {
+                code: e.code().to_owned(),
+                message: e.to_string(),
+            };
+        }
+        let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
+        let periods = (age.as_nanos() / self.settings.backoff_initial.as_nanos().max(1)).max(1);
+        let doublings = 127 - periods.leading_zeros();
+        Step::Retry {
+            code: e.code().to_owned(),
+            message: e.to_string(),
+            attempt: false,
+            delay: crate::backoff::exponential(
+                self.settings.backoff_initial,
+                self.settings.backoff_max,
+                doublings,
+            ),
+        }
+    }
+
     fn call_failed_plain(&self, e: CallError) -> Step {
         if e.is_retryable() {
             Step::Retry {
@@ -519,11 +548,15 @@ impl<B: Backend> Worker<B> {
             return Ok(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
         if let Some(cluster) = self.cluster_target(&ns).await? {
+            if ns.deleting {
+                // The deletion queued behind this item runs next.
+                return Ok(done(Code::NamespaceGone, "the Namespace is being deleted"));
+            }
             let op = Operation::EnsureNamespace(NamespaceArgs {
                 namespace: Self::namespace_ref(&ns)?,
             });
             if let Err(e) = self.call(work, &cluster, op).await? {
-                return Ok(self.call_failed(work, e, false));
+                return Ok(self.cluster_ensure_failed(work, e));
             }
             self.store
                 .set_namespace_cluster_ready(&work.claim, &ns.id, true)
@@ -681,17 +714,38 @@ impl<B: Backend> Worker<B> {
         let Some(target) = self.agent_target(&ns, &agent).await? else {
             return Ok(done(Code::RevisionStopped, "nothing was running"));
         };
-        let op = Operation::StopRevision(RevisionArgs {
-            namespace: Self::namespace_ref(&ns)?,
-            agent: Self::agent_ref(&agent)?,
-            revision: Self::revision_ref(&rev)?,
-        });
-        match self.call(work, &target, op).await? {
-            Ok(OperationResult::StopRevision(s)) => {
-                self.observe(work, &agent, &s.observation).await
-            }
-            Ok(_) => {}
-            Err(e) => return Ok(self.call_failed(work, e, false)),
+        let mut observed = match self.stop_one(work, &target, &ns, &agent, &rev).await? {
+            Ok(o) => o,
+            Err(step) => return Ok(step),
+        };
+        // The active revision may never have reached the target (an activation refused
+        // before its cutover): what runs is then an older revision, stopped by name too.
+        if still_running(&observed)
+            && let Some(other) = observed.current.clone().filter(|c| c != active)
+            && let Some(older) = self
+                .store
+                .revision(ns_id, agent_id, other.as_str())
+                .await
+                .map_err(store_err)?
+                .filter(|o| o.number < rev.number)
+        {
+            observed = match self.stop_one(work, &target, &ns, &agent, &older).await? {
+                Ok(o) => o,
+                Err(step) => return Ok(step),
+            };
+        }
+        // Stopped is what is observed, never what was asked for.
+        if still_running(&observed) {
+            let what = observed
+                .current
+                .as_ref()
+                .map_or_else(|| "a gateway".to_owned(), |c| format!("revision {c}"));
+            return Ok(Step::Retry {
+                code: Code::StopIncomplete.as_str().to_owned(),
+                message: format!("{} still reports {what} running", target.name()),
+                attempt: true,
+                delay: self.backoff(work.attempts),
+            });
         }
         // Only now that the host stopped is the active revision cleared.
         self.store
@@ -712,6 +766,33 @@ impl<B: Backend> Worker<B> {
             Code::RevisionStopped,
             format!("stopped on {}", target.name()),
         ))
+    }
+
+    /// One `stop-revision`; the observation it answered with, or the step a failure ends on.
+    async fn stop_one(
+        &self,
+        work: &Work,
+        target: &Target,
+        ns: &Namespace,
+        agent: &Agent,
+        rev: &Revision,
+    ) -> Result<Result<AgentObservation, Step>, Step> {
+        let op = Operation::StopRevision(RevisionArgs {
+            namespace: Self::namespace_ref(ns)?,
+            agent: Self::agent_ref(agent)?,
+            revision: Self::revision_ref(rev)?,
+        });
+        match self.call(work, target, op).await? {
+            Ok(OperationResult::StopRevision(s)) => {
+                self.observe(work, agent, &s.observation).await;
+                Ok(Ok(s.observation))
+            }
+            Ok(_) => Ok(Err(failed(
+                Code::InvalidHostResult,
+                "stop-revision was answered with another operation's result",
+            ))),
+            Err(e) => Ok(Err(self.call_failed(work, e, false))),
+        }
     }
 
     async fn delete_agent(&self, work: &Work) -> Result<Step, Step> {
@@ -752,6 +833,20 @@ fn served(o: &AgentObservation) -> Option<String> {
         .as_ref()
         .filter(|s| o.current.as_ref() == Some(*s))
         .map(|s| s.as_str().to_owned())
+}
+
+/// Whether an observation says a gateway still runs: its unit (a systemd unit, or a
+/// cluster's Deployment) is up or on its way up, or failed while still enabled (a cluster's
+/// Deployment whose Pod is blocked; a stopped host unit is disabled).
+fn still_running(o: &AgentObservation) -> bool {
+    o.served.is_some()
+        || o.unit
+            .as_ref()
+            .is_some_and(|u| match u.active_state.as_str() {
+                "active" | "activating" | "reloading" => true,
+                "failed" => u.enabled,
+                _ => false,
+            })
 }
 
 /// Whether an observation says nothing new against the Agent as it was loaded: the port

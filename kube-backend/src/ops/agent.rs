@@ -20,6 +20,30 @@ use crate::observe::agent_pods;
 use crate::ops::namespace::owned_namespace;
 use crate::ops::pause_within;
 
+/// The object at `name` when it is exactly ours; `None` when absent or when clawfleet never
+/// made it (no `managed-by=clawfleet` label: its label goes to `foreign`).
+pub(crate) async fn get_ours<K>(
+    r: &Requests,
+    obj: &Obj<K>,
+    name: &str,
+    m: &Markers,
+    foreign: &mut Vec<String>,
+) -> Result<Option<K>, Failure>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let Some(o) = obj.get(r, name).await? else {
+        return Ok(None);
+    };
+    if !crate::objects::made_by_clawfleet(o.meta()) {
+        foreign.push(crate::objects::label(obj.kind, obj.ns.as_deref(), name));
+        return Ok(None);
+    }
+    check_owned(obj.kind, obj.ns.as_deref(), name, o.meta(), m)?;
+    Ok(Some(o))
+}
+
 /// `delete-agent`.
 pub(crate) async fn delete(
     r: &Requests,
@@ -43,14 +67,21 @@ pub(crate) async fn delete(
     let policies: Obj<NetworkPolicy> = Obj::namespaced(r, &tenant, "NetworkPolicy");
     let config_maps: Obj<ConfigMap> = Obj::namespaced(r, &tenant, "ConfigMap");
 
-    // Check first: every object of the Agent is ours, or nothing is deleted.
-    let dep = deployments.get_owned(r, &n.gateway, &m).await?;
-    let svc = services.get_owned(r, &n.gateway, &m).await?;
-    let sa = accounts.get_owned(r, &n.gateway, &m).await?;
-    let pvc = claims.get_owned(r, &n.state, &m).await?;
-    let secret = secrets.get_owned(r, &n.password, &m).await?;
-    let workspace = secrets.get_owned(r, &n.workspace, &m).await?;
-    let egress = policies.get_owned(r, &n.egress, &m).await?;
+    // Check first: every object of the Agent is ours, or nothing is deleted. An object at one
+    // of its names that clawfleet never made (no managed-by=clawfleet) is not the Agent's: it
+    // is left untouched and reported, and the Agent's own objects go (a tampered object of
+    // ours still refuses the whole delete).
+    let mut foreign = Vec::new();
+    let dep = get_ours(r, &deployments, &n.gateway, &m, &mut foreign).await?;
+    let svc = get_ours(r, &services, &n.gateway, &m, &mut foreign).await?;
+    let sa = get_ours(r, &accounts, &n.gateway, &m, &mut foreign).await?;
+    let pvc = get_ours(r, &claims, &n.state, &m, &mut foreign).await?;
+    let secret = get_ours(r, &secrets, &n.password, &m, &mut foreign).await?;
+    let workspace = get_ours(r, &secrets, &n.workspace, &m, &mut foreign).await?;
+    let egress = get_ours(r, &policies, &n.egress, &m, &mut foreign).await?;
+    for object in &foreign {
+        tracing::warn!(agent = %agent, "delete-agent leaves {object} untouched: clawfleet did not make it");
+    }
     let cm_api: Api<ConfigMap> = Api::namespaced(r.client(), &tenant);
     let lp = ListParams::default().labels(&m.selector());
     let cms = r

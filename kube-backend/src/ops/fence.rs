@@ -95,9 +95,21 @@ pub(crate) async fn check(
     let name = names::agent(agent).gateway;
     let markers = Markers::agent(ns, agent);
     for _ in 0..RACES {
-        let Some(sa) = accounts.get_owned(r, &name, &markers).await? else {
+        let Some(sa) = accounts.get(r, &name).await? else {
             return Ok(());
         };
+        if !crate::objects::made_by_clawfleet(&sa.metadata) {
+            // Not the Agent's: it holds no fence. The operation's own checks refuse it (a
+            // write there) or leave it alone (delete-agent).
+            return Ok(());
+        }
+        crate::objects::check_owned(
+            "ServiceAccount",
+            Some(&t.name),
+            &name,
+            &sa.metadata,
+            &markers,
+        )?;
         let held = recorded(&sa, &t.name)?;
         let Some(fence) = fence else {
             return match held {

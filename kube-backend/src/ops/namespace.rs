@@ -161,8 +161,38 @@ async fn check_adoptable_policies(r: &Requests, t: &Tenant) -> Result<(), Failur
     Ok(())
 }
 
-/// `ensure-namespace`.
+/// `ensure-namespace`. A refusal of clawfleet's identity (401/403) is retryable here: creating
+/// namespaces needs cluster-scoped rights an operator often grants after registering the
+/// cluster, and the coordinator keeps retrying (with backoff, the code shown in the
+/// Namespace's status) so that granting them recovers the Namespace.
 pub(crate) async fn ensure(
+    r: &Requests,
+    settings: &ClusterSettings,
+    args: &NamespaceArgs,
+) -> Result<EnsureNamespaceResult, Failure> {
+    ensure_checked(r, settings, args)
+        .await
+        .map_err(refusal_retryable)
+}
+
+/// A 401/403 (as [`crate::client::api_failure`] words it) made retryable.
+fn refusal_retryable(f: Failure) -> Failure {
+    if f.code == FailureCode::KubernetesApiRejected
+        && (f.message.contains("forbidden (403)") || f.message.contains("credentials (401)"))
+    {
+        return Failure::with_class(
+            clawfleet_protocol::failure::FailureClass::Retryable,
+            f.code,
+            format!(
+                "{}; clawfleet's identity lacks the rights ensure-namespace needs: it is retried, so granting them recovers the Namespace",
+                f.message
+            ),
+        );
+    }
+    f
+}
+
+async fn ensure_checked(
     r: &Requests,
     settings: &ClusterSettings,
     args: &NamespaceArgs,
@@ -218,6 +248,11 @@ pub(crate) async fn ensure(
     let quotas: Obj<ResourceQuota> = Obj::namespaced(r, &tenant, "ResourceQuota");
     let ranges: Obj<LimitRange> = Obj::namespaced(r, &tenant, "LimitRange");
     let policies: Obj<NetworkPolicy> = Obj::namespaced(r, &tenant, "NetworkPolicy");
+    if existing.is_some() && !t.adopted {
+        // A namespace made before clawfleet's first ensure (carrying its labels) gets the
+        // adoption's check too: no NetworkPolicy in it that is not this tenant's.
+        check_adoptable_policies(r, &t).await?;
+    }
     if existing.is_some() || claim.is_some() {
         quotas.get_owned(r, names::QUOTA, &m).await?;
         ranges.get_owned(r, names::LIMITS, &m).await?;
@@ -283,6 +318,20 @@ pub(crate) async fn delete(
     args: &NamespaceArgs,
 ) -> Result<DeleteNamespaceResult, Failure> {
     let t = settings.tenant(&args.namespace.id);
+    // A managed namespace's name that some other party's namespace holds (clawfleet never made
+    // it): it is not this Namespace's to delete; left untouched and reported, and the deletion
+    // completes rather than failing forever.
+    if !t.adopted
+        && let Some(n) = namespaces(r).get(r, &t.name).await?
+        && !crate::objects::made_by_clawfleet(&n.metadata)
+    {
+        tracing::warn!(namespace = %t.id, tenant = %t.name, "delete-namespace leaves Namespace {} untouched: clawfleet did not make it", t.name);
+        return Ok(DeleteNamespaceResult {
+            namespace_id: t.id.clone(),
+            removed: false,
+            agents_removed: 0,
+        });
+    }
     let Some(existing) = owned_namespace(r, &t).await? else {
         return Ok(DeleteNamespaceResult {
             namespace_id: t.id.clone(),

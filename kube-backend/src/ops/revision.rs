@@ -460,7 +460,23 @@ async fn activate_one(
         .map(|(id, _)| id);
     let restarted = carried.as_ref() != Some(&rev.id);
     let before = dep.as_ref().and_then(|d| d.metadata.generation);
-    let applied = o.deployments.apply(r, &o.names.gateway, &dep_obj).await?;
+    // A Pod template edited behind clawfleet's back (a swapped image, a replaced command, an
+    // injected sidecar) is replaced, not merged: an apply keeps containers it does not list
+    // and conflicts on fields another manager took. The PUT carries the uid and
+    // resourceVersion read, so it never overwrites a change it did not see.
+    let edited = dep
+        .as_ref()
+        .and_then(|d| observe::workload_drift(d).map(|why| (d, why)));
+    let applied = match edited {
+        Some((live, why)) => {
+            tracing::warn!(agent = %agent.id, revision = %rev.id, "the gateway Deployment's Pod template was edited outside clawfleet ({why}); replacing it");
+            let mut put = dep_obj.clone();
+            put.metadata.uid = live.metadata.uid.clone();
+            put.metadata.resource_version = live.metadata.resource_version.clone();
+            o.deployments.replace(r, &o.names.gateway, &put).await?
+        }
+        None => o.deployments.apply(r, &o.names.gateway, &dep_obj).await?,
+    };
     let template_changed = before != applied.metadata.generation;
     o.services.apply(r, &o.names.gateway, &svc_obj).await?;
     if restarted {
@@ -569,14 +585,26 @@ pub(crate) async fn verify(
     })
 }
 
-/// Deletes the Deployment if it carries this revision; waits for the revision's Pods to go.
-/// Returns whether it deleted the Deployment.
+/// Which Deployments a stop takes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopScope {
+    /// Only one carrying exactly this revision (retire: the revision's own cleanup).
+    This,
+    /// One carrying this revision or an older one (stop: whatever the Agent runs, even when
+    /// the named revision never reached the Deployment, e.g. an activation refused before its
+    /// apply); a newer one is a successor and stays.
+    ThisOrOlder,
+}
+
+/// Deletes the Deployment if it carries this revision (or, for a stop, an older one); sets
+/// the Service inactive; waits for the Pods to go. Returns whether it deleted the Deployment.
 async fn stop_if_current(
     r: &Requests,
     settings: &ClusterSettings,
     t: &Tenant,
     agent_ref: &AgentRef,
     rev: &RevisionRef,
+    scope: StopScope,
 ) -> Result<bool, Failure> {
     let agent = &agent_ref.id;
     let o = AgentObjects::new(r, t, agent);
@@ -589,9 +617,22 @@ async fn stop_if_current(
         .get_owned(r, &o.names.gateway, &o.markers)
         .await?;
     let serving = names::serving_value(&rev.id);
+    let carried = match &dep {
+        Some(d) => deployment_revision(d)?,
+        None => None,
+    };
+    // Whether the Deployment is this stop's to take down.
+    let takes = |carried: &Option<(Ident, u64)>| match (scope, carried) {
+        (_, Some((id, _))) if *id == rev.id => true,
+        (StopScope::This, _) => false,
+        (StopScope::ThisOrOlder, Some((_, number))) => *number < rev.number.get(),
+        // Ours (markers checked) but carrying no revision: nothing newer can be lost.
+        (StopScope::ThisOrOlder, None) => true,
+    };
+    let successor = dep.is_some() && !takes(&carried);
     let mut stopped = false;
     if let Some(d) = &dep
-        && deployment_revision(d)?.is_some_and(|(id, _)| id == rev.id)
+        && !successor
     {
         // uid + resourceVersion: a concurrent cutover changes the resourceVersion, and then
         // this 409s instead of deleting the successor.
@@ -600,15 +641,28 @@ async fn stop_if_current(
             .delete(r, &o.names.gateway, &d.metadata, true)
             .await?;
         if stopped {
-            tracing::info!(agent = %agent, revision = %rev.id, "gateway Deployment deleted");
+            let runs = carried.as_ref().map(|(id, _)| id.as_str()).unwrap_or("-");
+            tracing::info!(agent = %agent, revision = %rev.id, deployment_revision = %runs, "gateway Deployment deleted");
         }
     }
+    let selected = svc
+        .as_ref()
+        .and_then(|s| {
+            s.spec
+                .as_ref()?
+                .selector
+                .as_ref()?
+                .get(names::SERVING_REVISION)
+        })
+        .cloned();
+    let deselect = match scope {
+        StopScope::This => selected.as_ref() == Some(&serving),
+        StopScope::ThisOrOlder => {
+            !successor && selected.as_deref().is_some_and(|v| v != names::INACTIVE)
+        }
+    };
     if let Some(s) = &svc
-        && s.spec
-            .as_ref()
-            .and_then(|s| s.selector.as_ref())
-            .and_then(|s| s.get(names::SERVING_REVISION))
-            == Some(&serving)
+        && deselect
     {
         // Back to inactive, fenced by the resourceVersion read (apply honours it).
         let mut inactive =
@@ -616,9 +670,14 @@ async fn stop_if_current(
         inactive.metadata.resource_version = s.metadata.resource_version.clone();
         o.services.apply(r, &o.names.gateway, &inactive).await?;
     }
+    // Without a successor a stop waits for every Pod of the Agent, whatever revision it ran.
+    let only = match scope {
+        StopScope::ThisOrOlder if !successor => None,
+        _ => Some((names::SERVING_REVISION, serving.as_str())),
+    };
     let mut pause = Duration::from_millis(100);
     loop {
-        let pods = agent_pods(r, t, agent, Some((names::SERVING_REVISION, &serving))).await?;
+        let pods = agent_pods(r, t, agent, only).await?;
         if pods.is_empty() {
             return Ok(stopped);
         }
@@ -626,7 +685,7 @@ async fn stop_if_current(
             return Err(Failure::new(
                 FailureCode::DeadlineExceeded,
                 format!(
-                    "{} Pod(s) of revision {} are still terminating at the deadline; retry",
+                    "{} Pod(s) of Agent {agent} are still terminating at the deadline (stop of revision {}); retry",
                     pods.len(),
                     rev.id
                 ),
@@ -650,7 +709,15 @@ pub(crate) async fn stop(
             observation: AgentObservation::default(),
         });
     }
-    let stopped = stop_if_current(r, settings, &t, &args.agent, &args.revision).await?;
+    let stopped = stop_if_current(
+        r,
+        settings,
+        &t,
+        &args.agent,
+        &args.revision,
+        StopScope::ThisOrOlder,
+    )
+    .await?;
     Ok(StopResult {
         stopped,
         observation: observation(r, settings, &t, &args.agent.id).await?,
@@ -683,7 +750,15 @@ pub(crate) async fn retire(
             &Markers::revision(ns, agent, &args.revision.id),
         )
         .await?;
-    let stopped = stop_if_current(r, settings, &t, &args.agent, &args.revision).await?;
+    let stopped = stop_if_current(
+        r,
+        settings,
+        &t,
+        &args.agent,
+        &args.revision,
+        StopScope::This,
+    )
+    .await?;
     let removed = match &cm {
         Some(cm) => {
             o.config_maps

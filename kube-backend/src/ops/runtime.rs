@@ -250,8 +250,10 @@ async fn password(r: &Requests, t: &Tenant, agent: &Ident) -> Result<Vec<String>
         })
         .await
         .map_err(|f| {
-            Failure::new(
-                FailureCode::JournalUnavailable,
+            // The cluster's own code (KUBERNETES_API_UNAVAILABLE, …), never a host's word.
+            Failure::with_class(
+                f.class,
+                f.code,
                 format!("the log is not read without its redaction: {}", f.message),
             )
         })?;
@@ -336,8 +338,7 @@ async fn read_page(
                 .map_err(kube::Error::ReadEvents)?;
             Ok(buf)
         })
-        .await
-        .map_err(|f| Failure::new(FailureCode::JournalUnavailable, f.message))?;
+        .await?;
     let mut text = String::from_utf8_lossy(&bytes).into_owned();
     if bytes.len() as u64 >= max
         && let Some(cut) = text.rfind('\n')

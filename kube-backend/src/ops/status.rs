@@ -182,13 +182,24 @@ async fn namespace_agents(
             ));
             continue;
         };
-        let observation = match Box::pin(observe::observe(r, t, &agent)).await {
-            Ok(o) => o.observation(settings),
+        let observed = match Box::pin(observe::observe(r, t, &agent)).await {
+            Ok(o) => o,
             Err(f) => {
                 problems.push(problem(path.clone(), f.message));
                 continue;
             }
         };
+        if let Some(why) = &observed.workload_drift {
+            // Attributed to the Agent by the coordinator's drift sweep (`…/workload`).
+            problems.push(problem(
+                format!("namespaces/{ns}/agents/{agent}/workload"),
+                format!(
+                    "Deployment {tenant}/{}: the Pod template differs from what clawfleet applied ({why}); `occ agent reconcile` restores it",
+                    names::agent(&agent).gateway
+                ),
+            ));
+        }
+        let observation = observed.observation(settings);
         let mut revs = revisions.remove(&agent).unwrap_or_default();
         revs.sort_by_key(|r| r.number);
         agents.push(AgentInventory {

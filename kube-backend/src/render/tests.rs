@@ -342,3 +342,42 @@ fn cluster_configuration_refusals_name_the_field() {
         "gateway.tls.enabled"
     );
 }
+
+/// Issue 27 item 4: the Deployment carries the fingerprint of the template it was rendered
+/// with; the same template read back matches it, and each foreign edit is named.
+#[test]
+fn the_workload_fingerprint_names_each_foreign_edit() {
+    use k8s_openapi::api::core::v1::Container;
+    let d = deployment(&tn(), &agent(), &rev(), &settings(), None).unwrap();
+    let text = d.metadata.annotations.as_ref().unwrap()[names::WORKLOAD_FINGERPRINT].clone();
+    let applied = WorkloadFingerprint::from_text(&text).unwrap();
+    assert_eq!(applied, workload_fingerprint(&d));
+    assert_eq!(applied.differences(&workload_fingerprint(&d)), None);
+
+    let edit = |f: &dyn Fn(&mut Vec<Container>)| {
+        let mut e = d.clone();
+        let spec = e.spec.template.spec.as_mut().unwrap();
+        f(&mut spec.containers);
+        applied.differences(&workload_fingerprint(&e))
+    };
+    let swapped = edit(&|c| c[0].image = Some("evil.example/gw:latest".into())).unwrap();
+    assert_eq!(swapped, "container gateway: image changed");
+    let command = edit(&|c| c[0].command = Some(vec!["sh".into(), "-c".into(), "x".into()]));
+    assert_eq!(command.unwrap(), "container gateway: command changed");
+    let sidecar = edit(&|c| {
+        c.push(Container {
+            name: "sidecar".into(),
+            image: Some("busybox".into()),
+            ..Container::default()
+        })
+    });
+    assert_eq!(sidecar.unwrap(), "container sidecar was added");
+    let removed = edit(&|c| c[0].name = "other".into()).unwrap();
+    assert!(
+        removed.contains("container gateway was removed"),
+        "{removed}"
+    );
+    // Values never appear in the words.
+    assert!(!swapped.contains("evil"), "{swapped}");
+    assert_eq!(WorkloadFingerprint::from_text("not json"), None);
+}

@@ -384,6 +384,21 @@ impl WorkQueue for PostgresStore {
         .collect()
     }
 
+    async fn namespace_work(&self, ns: &str, limit: u32) -> Result<Vec<WorkRecord>> {
+        let c = self.client().await?;
+        c.rows(
+            &format!(
+                "SELECT {WORK_RECORD_COLS} FROM work
+                 WHERE namespace_id = $1 AND agent_id IS NULL ORDER BY id DESC LIMIT $2"
+            ),
+            &[&ns, &i64::from(limit)],
+        )
+        .await?
+        .iter()
+        .map(work_record)
+        .collect()
+    }
+
     async fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<Option<WorkRecord>> {
         let c = self.client().await?;
         c.opt(

@@ -303,6 +303,18 @@ impl WorkQueue for SqliteStore {
         .await
     }
 
+    async fn namespace_work(&self, ns: &str, limit: u32) -> Result<Vec<WorkRecord>> {
+        self.read(|c| {
+            let mut st = c.prepare(&format!(
+                "SELECT {WORK_RECORD_COLS} FROM work
+                 WHERE namespace_id = ?1 AND agent_id IS NULL ORDER BY id DESC LIMIT ?2"
+            ))?;
+            let rows = st.query_map(params![ns, limit], work_record)?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
     async fn work_item(&self, ns: &str, agent: &str, id: i64) -> Result<Option<WorkRecord>> {
         self.read(|c| {
             Ok(c.query_row(
