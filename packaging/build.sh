@@ -11,12 +11,15 @@
 #                                 tests; never publish these.
 #
 # The release binaries are built once (`cargo build --release --locked`, stripped by the
-# workspace release profile) and packaged as they are (`--no-build`) into both formats.
+# workspace release profile) and packaged as they are into both formats by packaging/mkpkg.py
+# with Debian's own tools (dpkg-deb, dpkg-shlibdeps from dpkg-dev; rpmbuild from the `rpm`
+# package), from [package.metadata.deb] / [package.metadata.generate-rpm] in the crates'
+# Cargo.toml. No cargo plugin is compiled (cargo-deb and cargo-generate-rpm cost a cold
+# machine ~20 minutes).
 # hostd is built in a cargo invocation of its own: built together with the coordinator, its
 # dependencies would get the coordinator's features (tracing-subscriber's regex filter among
 # them) and the shipped binary would grow past its 6 MiB budget. A release build never has
 # hostd's dev-dependencies, so never its test-only fault hooks.
-# cargo-deb and cargo-generate-rpm are installed with `cargo install --locked` when missing.
 #
 #   packaging/build.sh hostd-binary   only builds the shipped hostd binary and prints its path
 #                                     (hostd's benchmark measures it; no packaging tools needed)
@@ -39,9 +42,7 @@ if [ "${1:-}" = hostd-binary ]; then
   exit 0
 fi
 
-CARGO_DEB_VERSION=3.8.0
-CARGO_GENERATE_RPM_VERSION=0.21.1
-PACKAGES=(clawfleet-hostd clawfleet-coordinator)
+PACKAGES=(hostd coordinator)
 
 target_dir="${CARGO_TARGET_DIR:-target}"
 out="${CLAWFLEET_PACKAGES_DIR:-$target_dir/packages}"
@@ -50,11 +51,14 @@ elapsed() { local ms=$(( ($(date +%s%N) - start) / 1000000 )); printf '%d.%d' $(
 step() { printf '== %s (%ss)\n' "$*" "$(elapsed)"; }
 
 step "packaging tools"
-if ! command -v cargo-deb >/dev/null; then
-  cargo install --locked "cargo-deb@$CARGO_DEB_VERSION"
-fi
-if ! command -v cargo-generate-rpm >/dev/null; then
-  cargo install --locked "cargo-generate-rpm@$CARGO_GENERATE_RPM_VERSION"
+# Debian package names of the tools mkpkg.py uses.
+need=()
+command -v python3 >/dev/null || need+=(python3)
+command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev)
+command -v rpmbuild >/dev/null || need+=(rpm)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "packaging/build.sh: missing tools; install them with: apt-get install --no-install-recommends ${need[*]}" >&2
+  exit 1
 fi
 
 step "release binaries (built once for both formats, hostd on its own)"
@@ -63,7 +67,8 @@ cargo build --release --locked -p clawfleet-coordinator
 echo "hostd: $(stat -c %s "$target_dir/release/hostd") bytes (budget 6 MiB = 6291456)"
 
 # File times and build dates from the last commit, so a rebuild of the same commit gives the
-# same package contents (both tools honour SOURCE_DATE_EPOCH). Set only now: some build
+# same package contents (mkpkg.py clamps file dates to SOURCE_DATE_EPOCH, rpmbuild takes
+# its build time from it). Set only now: some build
 # scripts rerun when it changes, and the release build must not depend on it.
 SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}"
 export SOURCE_DATE_EPOCH
@@ -72,24 +77,22 @@ rm -rf "$out"
 mkdir -p "$out"
 
 for p in "${PACKAGES[@]}"; do
-  step ".deb $p"
-  cargo deb --no-build --locked -p "$p" -o "$out/"
-  step ".rpm $p"
-  # cargo-generate-rpm 0.21 takes the crate's directory here (hostd/, coordinator/).
-  cargo generate-rpm -p "${p#clawfleet-}" -o "$out/"
+  step ".deb clawfleet-$p"
+  packaging/mkpkg.py deb "$p" "$out"
+  step ".rpm clawfleet-$p"
+  packaging/mkpkg.py rpm "$p" "$out"
 done
 
 if [ "${CLAWFLEET_SKIP_TEST_PACKAGES:-0}" != 1 ]; then
   # The upgrade/downgrade tests install these over the real packages and back.
   mkdir -p "$out/test"
   for p in "${PACKAGES[@]}"; do
-    deb=$(ls "$out/${p}_"*.deb)
+    deb=$(ls "$out/clawfleet-${p}_"*.deb)
     version=$(dpkg-deb -f "$deb" Version)
-    step ".deb $p ${version%-*}+pkgtest1-${version##*-} (tests only)"
-    cargo deb --no-build --locked -p "$p" --deb-version "${version%-*}+pkgtest1-${version##*-}" \
-      -o "$out/test/"
-    step ".rpm $p release ${version##*-}.pkgtest1 (tests only)"
-    cargo generate-rpm -p "${p#clawfleet-}" -s "release = \"${version##*-}.pkgtest1\"" -o "$out/test/"
+    step ".deb clawfleet-$p ${version%-*}+pkgtest1-${version##*-} (tests only)"
+    packaging/mkpkg.py deb "$p" "$out/test" --deb-version "${version%-*}+pkgtest1-${version##*-}"
+    step ".rpm clawfleet-$p release ${version##*-}.pkgtest1 (tests only)"
+    packaging/mkpkg.py rpm "$p" "$out/test" --release "${version##*-}.pkgtest1"
   done
 fi
 
