@@ -19,7 +19,9 @@
 # hostd is built in a cargo invocation of its own: built together with the coordinator, its
 # dependencies would get the coordinator's features (tracing-subscriber's regex filter among
 # them) and the shipped binary would grow past its 6 MiB budget. A release build never has
-# hostd's dev-dependencies, so never its test-only fault hooks.
+# hostd's dev-dependencies, so never its test-only fault hooks. The test gateway is built
+# with the coordinator (it adds no features to it): the demo and the release-mode tests
+# install target/release/clawfleet-test-gateway on their hosts.
 #
 #   packaging/build.sh hostd-binary   only builds the shipped hostd binary and prints its path
 #                                     (hostd's benchmark measures it; no packaging tools needed)
@@ -63,7 +65,7 @@ fi
 
 step "release binaries (built once for both formats, hostd on its own)"
 build_hostd
-cargo build --release --locked -p clawfleet-coordinator
+cargo build --release --locked -p clawfleet-coordinator -p clawfleet-test-gateway
 echo "hostd: $(stat -c %s "$target_dir/release/hostd") bytes (budget 6 MiB = 6291456)"
 
 # File times and build dates from the last commit, so a rebuild of the same commit gives the
