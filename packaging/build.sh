@@ -5,7 +5,8 @@
 #
 # -> target/packages/clawfleet-hostd_<v>-1_amd64.deb        clawfleet-hostd-<v>-1.x86_64.rpm
 #    target/packages/clawfleet-coordinator_<v>-1_amd64.deb  clawfleet-coordinator-<v>-1.x86_64.rpm
-#    target/packages/SHA256SUMS
+#    target/packages/SHA256SUMS, SHA256SUMS.sig   checksums and their SSH signature
+#    target/packages/allowed_signers              the key SHA256SUMS.sig verifies against
 #    target/packages/test/        the same packages with a higher version (.deb <v>+pkgtest1-1,
 #                                 .rpm release 1.pkgtest1), only for the upgrade/downgrade
 #                                 tests; never publish these.
@@ -23,11 +24,17 @@
 # with the coordinator (it adds no features to it): the demo and the release-mode tests
 # install target/release/clawfleet-test-gateway on their hosts.
 #
+# SHA256SUMS is signed with `ssh-keygen -Y sign -n clawfleet-packages` by the key in
+# CLAWFLEET_SIGNING_KEY (an OpenSSH ed25519 private key file; a release uses the project's
+# release key, see the README, "Verifying packages"). Without it, a key is generated for this
+# build only and thrown away: the signature then only shows that signing works.
+#
 #   packaging/build.sh hostd-binary   only builds the shipped hostd binary and prints its path
 #                                     (hostd's benchmark measures it; no packaging tools needed)
 #
 # Environment: CARGO_TARGET_DIR (default target), CLAWFLEET_PACKAGES_DIR (default
-# $CARGO_TARGET_DIR/packages), CLAWFLEET_SKIP_TEST_PACKAGES=1 to leave out target/packages/test.
+# $CARGO_TARGET_DIR/packages), CLAWFLEET_SKIP_TEST_PACKAGES=1 to leave out target/packages/test,
+# CLAWFLEET_SIGNING_KEY and CLAWFLEET_SIGNING_PRINCIPAL (default release@clawfleet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +52,8 @@ if [ "${1:-}" = hostd-binary ]; then
 fi
 
 PACKAGES=(hostd coordinator)
+SIGNATURE_NAMESPACE=clawfleet-packages
+principal="${CLAWFLEET_SIGNING_PRINCIPAL:-release@clawfleet}"
 
 target_dir="${CARGO_TARGET_DIR:-target}"
 out="${CLAWFLEET_PACKAGES_DIR:-$target_dir/packages}"
@@ -53,11 +62,12 @@ elapsed() { local ms=$(( ($(date +%s%N) - start) / 1000000 )); printf '%d.%d' $(
 step() { printf '== %s (%ss)\n' "$*" "$(elapsed)"; }
 
 step "packaging tools"
-# Debian package names of the tools mkpkg.py uses.
+# Debian package names of the tools mkpkg.py and the signature use.
 need=()
 command -v python3 >/dev/null || need+=(python3)
 command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev)
 command -v rpmbuild >/dev/null || need+=(rpm)
+command -v ssh-keygen >/dev/null || need+=(openssh-client)
 if [ ${#need[@]} -gt 0 ]; then
   echo "packaging/build.sh: missing tools; install them with: apt-get install --no-install-recommends ${need[*]}" >&2
   exit 1
@@ -98,6 +108,23 @@ if [ "${CLAWFLEET_SKIP_TEST_PACKAGES:-0}" != 1 ]; then
   done
 fi
 
+step "SHA256SUMS and its signature"
 (cd "$out" && sha256sum -- *.deb *.rpm > SHA256SUMS)
+key="${CLAWFLEET_SIGNING_KEY:-}"
+if [ -z "$key" ]; then
+  keydir=$(mktemp -d)
+  trap 'rm -rf "$keydir"' EXIT
+  key="$keydir/ephemeral_ed25519"
+  ssh-keygen -q -t ed25519 -N '' -C "$principal (ephemeral, this build only)" -f "$key"
+  echo "CLAWFLEET_SIGNING_KEY is not set: signed with a key made for this build only"
+fi
+# The public half: KEY.pub beside it, else derived from it (asks for a passphrase-protected
+# key's passphrase).
+if [ -f "$key.pub" ]; then pub=$(cat "$key.pub"); else pub=$(ssh-keygen -y -f "$key"); fi
+printf '%s namespaces="%s" %s\n' "$principal" "$SIGNATURE_NAMESPACE" "$pub" > "$out/allowed_signers"
+rm -f "$out/SHA256SUMS.sig"
+ssh-keygen -q -Y sign -f "$key" -n "$SIGNATURE_NAMESPACE" "$out/SHA256SUMS"
+ssh-keygen -Y verify -f "$out/allowed_signers" -I "$principal" -n "$SIGNATURE_NAMESPACE" \
+  -s "$out/SHA256SUMS.sig" < "$out/SHA256SUMS"
 step "done"
 ls -l "$out" "$out/test" 2>/dev/null | grep -v '^total'

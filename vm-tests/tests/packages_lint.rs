@@ -370,3 +370,81 @@ fn the_coordinator_postinst_holds_each_generated_part_once() {
     let (ok, _, err) = run_local("sh", &["-n", path.to_str().unwrap()]);
     assert!(ok, "sh -n postinst: {err}");
 }
+
+/// `SHA256SUMS` lists every package and is signed: `ssh-keygen -Y verify` accepts the signature
+/// with the `allowed_signers` the build wrote, `sha256sum -c` passes, and a changed
+/// `SHA256SUMS` no longer verifies.
+#[test]
+fn sha256sums_is_signed_and_a_changed_copy_does_not_verify() {
+    let Some(pkgs) = packages_or_skip() else {
+        return;
+    };
+    let sums = pkgs.dir.join("SHA256SUMS");
+    let sig = pkgs.dir.join("SHA256SUMS.sig");
+    let signers = pkgs.dir.join("allowed_signers");
+    for f in [&sums, &sig, &signers] {
+        assert!(
+            f.is_file(),
+            "{} missing (packaging/build.sh writes it)",
+            f.display()
+        );
+    }
+    let listed = std::fs::read_to_string(&sums).unwrap();
+    for p in [
+        &pkgs.hostd_deb,
+        &pkgs.coordinator_deb,
+        &pkgs.hostd_rpm,
+        &pkgs.coordinator_rpm,
+    ] {
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert!(
+            listed.lines().any(|l| l.ends_with(name)),
+            "{name} in {listed}"
+        );
+    }
+    let principal = std::fs::read_to_string(&signers)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let verify = |file: &Path| {
+        let out = std::process::Command::new("ssh-keygen")
+            .args(["-Y", "verify", "-f"])
+            .arg(&signers)
+            .args(["-I", &principal, "-n", "clawfleet-packages", "-s"])
+            .arg(&sig)
+            .stdin(std::fs::File::open(file).unwrap())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, said) = verify(&sums);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "Good \"clawfleet-packages\" signature for {principal}"
+        )),
+        "{said}"
+    );
+    let out = std::process::Command::new("sha256sum")
+        .args(["-c", "SHA256SUMS"])
+        .current_dir(&pkgs.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let dir = ScratchDir::new("pkgtest-sums");
+    let changed = dir.0.join("SHA256SUMS");
+    std::fs::write(&changed, listed.replacen('0', "1", 1)).unwrap();
+    let (ok, said) = verify(&changed);
+    assert!(!ok, "a changed SHA256SUMS verified: {said}");
+}
