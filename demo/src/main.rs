@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clawfleet_vm_tests::{Artifact, TestHost};
 
+mod setup;
+
 /// Builds a workspace binary with the demo's own profile and returns its path.
 fn build(package: &str, bin: &str) -> Result<PathBuf> {
     Ok(clawfleet_vm_tests::cargo_build(
@@ -82,10 +84,18 @@ fn step(title: &str) {
 }
 
 fn run() -> Result<()> {
-    if !nix_is_root() {
-        bail!(
-            "the demo boots a real Linux test host (systemd-nspawn in a network namespace) and needs root; run it as root"
-        );
+    // No dpkg (not a Debian-family machine): nothing to install; the check below names
+    // whatever tool is missing.
+    let missing = clawfleet_vm_tests::missing_runner_packages().unwrap_or_default();
+    match setup::plan(nix_is_root(), &missing) {
+        setup::Plan::Ready => {}
+        setup::Plan::NeedRoot(message) => bail!("{message}"),
+        setup::Plan::Install(packages) => {
+            step("install the runner packages (vm-tests/RUNNER-PACKAGES)");
+            let names: Vec<&str> = packages.iter().map(String::as_str).collect();
+            println!("$ {}", setup::apt_install_command(&names));
+            setup::apt_install(&packages)?;
+        }
     }
     if let Some(reason) = clawfleet_vm_tests::skip_reason() {
         bail!("cannot boot a test host here: {reason}");

@@ -61,10 +61,8 @@ fn workspace_member_dir() -> PathBuf {
 
 /// Builds one target of a workspace package with the cargo running this process, in the same
 /// profile (release when the running executable is a release build), and returns the
-/// executable's path from cargo's JSON messages. The build goes to `nested/` inside the test
-/// run's target directory, never to the directory itself: there, `target/debug/hostd` is the
-/// binary hostd's own tests run (built with its test-only fault hooks), and a build of the
-/// package alone (without them) would replace it under the tests running in parallel.
+/// executable's path from cargo's JSON messages. Where the build goes: see
+/// [`build_target_dir`].
 pub fn cargo_build(package: &str, artifact: Artifact, name: &str) -> Result<PathBuf> {
     let failed = |detail: String| Error::Build {
         target: format!("{package} {name}"),
@@ -86,12 +84,11 @@ pub fn cargo_build(package: &str, artifact: Artifact, name: &str) -> Result<Path
     if release {
         cmd.arg("--release");
     }
-    // The test executable is <target>/<profile>/deps/<name>.
-    if let Some(target) = std::env::current_exe()
+    if let Some(dir) = std::env::current_exe()
         .ok()
-        .and_then(|p| p.ancestors().nth(3).map(Path::to_path_buf))
+        .and_then(|exe| build_target_dir(&exe))
     {
-        cmd.arg("--target-dir").arg(target.join("nested"));
+        cmd.arg("--target-dir").arg(dir);
     }
     let out = sys::run(&mut cmd).map_err(|e| failed(e.to_string()))?;
     String::from_utf8_lossy(&out.stdout)
@@ -100,4 +97,39 @@ pub fn cargo_build(package: &str, artifact: Artifact, name: &str) -> Result<Path
         .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == name)
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
         .ok_or_else(|| failed("cargo reported no executable".to_owned()))
+}
+
+/// The target directory for [`cargo_build`], from the running executable's path.
+///
+/// A test (`<target>/<profile>/deps/<test>`) builds into `<target>/nested`, never into the
+/// directory itself: there, `target/debug/hostd` is the binary hostd's own tests run (built
+/// with its test-only fault hooks), and a build of the package alone (without them) would
+/// replace it under the tests running in parallel. A binary such as the demo
+/// (`<target>/<profile>/<bin>`) builds into its own target directory, so `cargo run --release
+/// -p clawfleet-demo` reuses the release binaries `packaging/build.sh` builds there (and the
+/// other way round) instead of building them all again elsewhere.
+fn build_target_dir(exe: &Path) -> Option<PathBuf> {
+    let profile_dir = exe.parent()?;
+    if profile_dir.file_name()? == "deps" {
+        Some(profile_dir.parent()?.parent()?.join("nested"))
+    } else {
+        profile_dir.parent().map(Path::to_path_buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_builds_into_nested_and_a_binary_into_its_own_target_dir() {
+        assert_eq!(
+            build_target_dir(Path::new("/w/target/debug/deps/real_system-0123abcd")),
+            Some(PathBuf::from("/w/target/nested"))
+        );
+        assert_eq!(
+            build_target_dir(Path::new("/w/target/release/clawfleet-demo")),
+            Some(PathBuf::from("/w/target"))
+        );
+    }
 }

@@ -23,6 +23,7 @@ mod error;
 mod gateway;
 mod host;
 pub mod openclaw;
+mod runner;
 mod signals;
 mod slot;
 mod sys;
@@ -32,6 +33,10 @@ pub use config::HarnessConfig;
 pub use error::{Error, Result};
 pub use gateway::{Artifact, TEST_GATEWAY_REMOTE_PATH, cargo_build, test_gateway_binary};
 pub use host::{HostOptions, TestHost, TestHosts, preflight};
+pub use runner::{
+    dpkg_installed, missing_packages, missing_runner_packages, parse_runner_packages,
+    runner_packages,
+};
 pub use slot::{
     SlotRecord, SlotState, SlotStatus, host_address, list_slots, reclaim_stale, runner_address,
     slot_name,
@@ -72,11 +77,11 @@ fn missing_prerequisite() -> Option<String> {
     for (tool, package) in TOOLS {
         if sys::which(tool).is_none() {
             return Some(format!(
-                "{tool} not found; install the runner packages: apt-get install {}",
-                TOOLS.iter().map(|t| t.1).collect::<Vec<_>>().join(" ")
+                "{tool} not found (package {package}); install the runner packages: \
+                 apt-get install --no-install-recommends {}",
+                runner_packages().join(" ")
             ));
         }
-        let _ = package;
     }
     if sys::cgroup_roots().is_empty() {
         return Some("no usable cgroup hierarchy under /sys/fs/cgroup".into());

@@ -50,10 +50,14 @@ fn deb_contents(deb: &Path) -> Vec<String> {
     out.lines().map(str::to_owned).collect()
 }
 
+/// An entry of `dpkg-deb -c` with this mode, owned by root (`root/root` as dpkg-deb
+/// `--root-owner-group` writes it, or `0/0` without owner names).
 fn has_entry(listing: &[String], mode: &str, path: &str) -> bool {
-    listing
-        .iter()
-        .any(|l| l.starts_with(mode) && l.contains(" 0/0 ") && l.ends_with(path))
+    listing.iter().any(|l| {
+        l.starts_with(mode)
+            && (l.contains(" root/root ") || l.contains(" 0/0 "))
+            && l.ends_with(path)
+    })
 }
 
 #[test]
@@ -294,4 +298,153 @@ fn a_hostd_deb_older_than_the_sources_is_stale() {
     f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1))
         .unwrap();
     assert!(hostd_deb_is_stale(&copy));
+}
+
+/// `packaging/mkpkg.py` fills the line that is exactly `#DEBHELPER#` and refuses the marker
+/// anywhere else: a tool that replaces every occurrence put the generated code into a comment
+/// too (its first line commented out, the rest run as commands: `postinst: 40: ,: not found`,
+/// and every generated step twice).
+#[test]
+fn a_debhelper_marker_outside_its_own_line_fails_the_package_build() {
+    if !have_tool("python3") {
+        missing("python3 not installed (packaging/mkpkg.py needs it)");
+        return;
+    }
+    let mkpkg = workspace_dir().join("packaging/mkpkg.py");
+    let dir = ScratchDir::new("pkgtest-debhelper");
+    let script = |name: &str, text: &str| {
+        let path = dir.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        let (ok, out, err) = run_local(
+            "python3",
+            &[mkpkg.to_str().unwrap(), "debhelper", path.to_str().unwrap()],
+        );
+        (ok, out, err)
+    };
+    let (ok, out, err) = script(
+        "good",
+        "#!/bin/sh\nset -e\n# generated part below\n#DEBHELPER#\nexit 0\n",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.matches("GENERATED").count(), 1, "{out}");
+    assert!(!out.contains("#DEBHELPER#"), "{out}");
+
+    let (ok, _, err) = script(
+        "in-comment",
+        "#!/bin/sh\n# The generated part below (#DEBHELPER#, filled in by the tool):\nset -e\n#DEBHELPER#\nexit 0\n",
+    );
+    assert!(!ok, "a marker in a comment must fail the build");
+    assert!(
+        err.contains("line(s) [2]") && err.contains("not alone on its line"),
+        "{err}"
+    );
+    let (ok, _, err) = script("twice", "#!/bin/sh\n#DEBHELPER#\n#DEBHELPER#\n");
+    assert!(!ok && err.contains("appears 2 times"), "{err}");
+}
+
+/// The coordinator's postinst as packaged: no marker left, each generated part once, and
+/// valid shell.
+#[test]
+fn the_coordinator_postinst_holds_each_generated_part_once() {
+    let Some(pkgs) = packages_or_skip() else {
+        return;
+    };
+    let (ok, postinst, err) = run_local(
+        "dpkg-deb",
+        &["-I", pkgs.coordinator_deb.to_str().unwrap(), "postinst"],
+    );
+    assert!(ok, "{err}");
+    assert!(!postinst.contains("#DEBHELPER#"), "{postinst}");
+    let commands = |needle: &str| {
+        postinst
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#') && l.contains(needle))
+            .count()
+    };
+    assert_eq!(commands("systemd-sysusers"), 1, "{postinst}");
+    assert_eq!(commands("deb-systemd-helper enable"), 1, "{postinst}");
+    assert_eq!(commands("deb-systemd-invoke $_dh_action"), 1, "{postinst}");
+    let dir = ScratchDir::new("pkgtest-postinst");
+    let path = dir.0.join("postinst");
+    std::fs::write(&path, &postinst).unwrap();
+    let (ok, _, err) = run_local("sh", &["-n", path.to_str().unwrap()]);
+    assert!(ok, "sh -n postinst: {err}");
+}
+
+/// `SHA256SUMS` lists every package and is signed: `ssh-keygen -Y verify` accepts the signature
+/// with the `allowed_signers` the build wrote, `sha256sum -c` passes, and a changed
+/// `SHA256SUMS` no longer verifies.
+#[test]
+fn sha256sums_is_signed_and_a_changed_copy_does_not_verify() {
+    let Some(pkgs) = packages_or_skip() else {
+        return;
+    };
+    let sums = pkgs.dir.join("SHA256SUMS");
+    let sig = pkgs.dir.join("SHA256SUMS.sig");
+    let signers = pkgs.dir.join("allowed_signers");
+    for f in [&sums, &sig, &signers] {
+        assert!(
+            f.is_file(),
+            "{} missing (packaging/build.sh writes it)",
+            f.display()
+        );
+    }
+    let listed = std::fs::read_to_string(&sums).unwrap();
+    for p in [
+        &pkgs.hostd_deb,
+        &pkgs.coordinator_deb,
+        &pkgs.hostd_rpm,
+        &pkgs.coordinator_rpm,
+    ] {
+        let name = p.file_name().unwrap().to_str().unwrap();
+        assert!(
+            listed.lines().any(|l| l.ends_with(name)),
+            "{name} in {listed}"
+        );
+    }
+    let principal = std::fs::read_to_string(&signers)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let verify = |file: &Path| {
+        let out = std::process::Command::new("ssh-keygen")
+            .args(["-Y", "verify", "-f"])
+            .arg(&signers)
+            .args(["-I", &principal, "-n", "clawfleet-packages", "-s"])
+            .arg(&sig)
+            .stdin(std::fs::File::open(file).unwrap())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, said) = verify(&sums);
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!(
+            "Good \"clawfleet-packages\" signature for {principal}"
+        )),
+        "{said}"
+    );
+    let out = std::process::Command::new("sha256sum")
+        .args(["-c", "SHA256SUMS"])
+        .current_dir(&pkgs.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let dir = ScratchDir::new("pkgtest-sums");
+    let changed = dir.0.join("SHA256SUMS");
+    std::fs::write(&changed, listed.replacen('0', "1", 1)).unwrap();
+    let (ok, said) = verify(&changed);
+    assert!(!ok, "a changed SHA256SUMS verified: {said}");
 }
