@@ -161,43 +161,26 @@ impl<'a> TableReader<'a> {
     }
 
     fn port_range(&mut self, key: &str) -> Result<Option<(u16, u16)>, ConfigError> {
-        let items = match self.table.remove(key) {
-            None => return Ok(None),
-            Some(toml::Value::Array(items)) => items,
-            Some(other) => {
-                return Err(self.invalid(
-                    key,
-                    format!(
-                        "must be an array of two port numbers [start, end], got {}",
-                        describe(&other)
-                    ),
-                ));
-            }
-        };
-        let [s, e] = items.as_slice() else {
-            return Err(self.invalid(
-                key,
-                format!(
-                    "must be an array of exactly two port numbers [start, end], got {} elements",
-                    items.len()
-                ),
-            ));
-        };
-        let port = |which: &str, v: &toml::Value| {
-            whole(v, 1024, 65535)
-                .map(|p| p as u16)
-                .map_err(|m| self.invalid(key, format!("{which} {m}")))
-        };
-        let (s, e) = (port("start", s)?, port("end", e)?);
-        if s > e {
-            return Err(self.invalid(key, format!("start {s} must not exceed end {e}")));
-        }
-        Ok(Some((s, e)))
+        let range = self.range(key, "port numbers", 1024, 65535)?;
+        Ok(range.map(|(s, e)| (s as u16, e as u16)))
     }
 
     /// `[start, end]` of Agent uids: above every range the distribution and systemd hand
     /// out themselves (see [`UID_FLOOR`]), below 2^31 (tools that keep ids signed).
     fn uid_range(&mut self, key: &str) -> Result<Option<(u32, u32)>, ConfigError> {
+        let range = self.range(key, "uids", u64::from(UID_FLOOR), u64::from(UID_CEILING))?;
+        Ok(range.map(|(s, e)| (s as u32, e as u32)))
+    }
+
+    /// `[start, end]` of whole numbers within `lo..=hi` (`what` names them in errors), with
+    /// `start <= end`.
+    fn range(
+        &mut self,
+        key: &str,
+        what: &str,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Option<(u64, u64)>, ConfigError> {
         let items = match self.table.remove(key) {
             None => return Ok(None),
             Some(toml::Value::Array(items)) => items,
@@ -205,7 +188,7 @@ impl<'a> TableReader<'a> {
                 return Err(self.invalid(
                     key,
                     format!(
-                        "must be an array of two uids [start, end], got {}",
+                        "must be an array of two {what} [start, end], got {}",
                         describe(&other)
                     ),
                 ));
@@ -215,17 +198,15 @@ impl<'a> TableReader<'a> {
             return Err(self.invalid(
                 key,
                 format!(
-                    "must be an array of exactly two uids [start, end], got {} elements",
+                    "must be an array of exactly two {what} [start, end], got {} elements",
                     items.len()
                 ),
             ));
         };
-        let uid = |which: &str, v: &toml::Value| {
-            whole(v, u64::from(UID_FLOOR), u64::from(UID_CEILING))
-                .map(|n| n as u32)
-                .map_err(|m| self.invalid(key, format!("{which} {m}")))
+        let bound = |which: &str, v: &toml::Value| {
+            whole(v, lo, hi).map_err(|m| self.invalid(key, format!("{which} {m}")))
         };
-        let (s, e) = (uid("start", s)?, uid("end", e)?);
+        let (s, e) = (bound("start", s)?, bound("end", e)?);
         if s > e {
             return Err(self.invalid(key, format!("start {s} must not exceed end {e}")));
         }
