@@ -20,6 +20,7 @@
 mod config;
 mod control_plane;
 mod error;
+mod fake_apiserver;
 mod pki;
 mod pod_logs;
 mod proxy;
@@ -37,6 +38,7 @@ pub use control_plane::{
     wait_for_default_service_account,
 };
 pub use error::{Error, Result};
+pub use fake_apiserver::{FAKE_VERSION, FakeAnswer, FakeApiserver, FakeRequest};
 pub use pki::{APISERVER_DNS_NAMES, CertAndKey, Pki};
 pub use pod_logs::{LogStream, cri_log_line, log_timestamp};
 pub use proxy::{Fault, FaultProxy, SeenRequest};
