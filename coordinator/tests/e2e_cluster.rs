@@ -74,7 +74,8 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     }
     let cp = ControlPlane::start().await.expect("control plane");
     let client = cp.client().await.unwrap();
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    // clawfleet's identity holds the shipped least-privilege ClusterRole only.
+    let kubeconfig = cp.backend_kubeconfig_path().display().to_string();
     let mut fleet = tokio::task::spawn_blocking(|| Fleet::start(1))
         .await
         .unwrap();
@@ -96,9 +97,12 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         ],
     );
     assert_eq!(code, 0, "{out}");
-    assert!(!out.contains(cp.admin_token()), "a credential was printed");
+    assert!(
+        !out.contains(cp.backend_token()),
+        "a credential was printed"
+    );
     let listed = fleet_ref.occ_json(&["cluster", "list"]);
-    assert!(!listed.to_string().contains(cp.admin_token()));
+    assert!(!listed.to_string().contains(cp.backend_token()));
     fleet_ref.occ_ok(&["namespace", "create", CLUSTER_NS, "--cluster", "kwok"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
