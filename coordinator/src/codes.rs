@@ -79,6 +79,8 @@ codes! {
     UnknownCluster = "UNKNOWN_CLUSTER", "The cluster is not registered, or the token may not choose it.";
     ClusterExists = "CLUSTER_EXISTS", "A cluster of that name is registered.";
     ClusterInUse = "CLUSTER_IN_USE", "A Namespace uses the cluster.";
+    ClusterDuplicate = "CLUSTER_DUPLICATE", "The API server (its URL and CA) is already registered under another name; the message names it.";
+    ClusterAccessInsufficient = "CLUSTER_ACCESS_INSUFFICIENT", "The kubeconfig's identity lacks a permission clawfleet needs on the cluster; the message names the verb and resource (kube-backend/rbac/ has the roles to bind).";
     ClusterSettingsInvalid = "CLUSTER_SETTINGS_INVALID", "The cluster settings are invalid; the message names the field.";
     KubeconfigInvalid = "KUBECONFIG_INVALID", "The kubeconfig is invalid; the message names the field.";
     NamespaceExists = "NAMESPACE_EXISTS", "A Namespace of that id exists.";

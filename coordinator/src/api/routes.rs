@@ -14,8 +14,9 @@ use super::{
 use crate::backend::Backend;
 use crate::model::Role;
 use crate::service::{
-    AgentPatch, AuditQuery, ConfigurationUpdate, DeployQuery, DriftQuery, HostUpdate, LogsQuery,
-    NewAgent, NewCluster, NewConfiguration, NewHost, NewNamespace, NewRollout,
+    AgentPatch, AuditQuery, ClusterUpdate, ConfigurationUpdate, DeployQuery, DriftQuery,
+    HostUpdate, LogsQuery, NewAgent, NewCluster, NewConfiguration, NewHost, NewNamespace,
+    NewRollout,
 };
 use tokens::NewToken;
 
@@ -241,6 +242,8 @@ route_table! {
     Get "/clusters", Global(Admin), Empty, 200 => clusters::list_clusters,
         "List clusters (never their credentials)";
     Get "/clusters/{cluster}", Global(Admin), Empty, 200 => clusters::get_cluster, "Get a cluster";
+    Put "/clusters/{cluster}", Global(Admin), Json<ClusterUpdate>, 200 => clusters::update_cluster,
+        "Replace a cluster's credentials and settings (validated, probed and access-checked like a registration)";
     Delete "/clusters/{cluster}", Global(Admin), Empty, 204 => clusters::delete_cluster,
         "Forget a cluster (409 while a Namespace uses it)";
 

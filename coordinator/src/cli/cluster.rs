@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use coordinator::client::Client;
-use coordinator::service::NewCluster;
+use coordinator::service::{ClusterUpdate, NewCluster};
 use serde_json::json;
 
 use super::table::{CLUSTER_COLUMNS, print};
@@ -13,7 +13,9 @@ use super::{Cli, read_json};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum ClusterCmd {
-    /// Register a cluster: its kubeconfig is validated, the cluster probed, then stored.
+    /// Register a cluster: its kubeconfig is read and validated here (files it names are read
+    /// on this machine and sent inline), then the coordinator probes the cluster, checks the
+    /// identity's permissions, and stores it.
     Add {
         name: String,
         /// The kubeconfig file (HTTPS with a CA; a token or a client certificate).
@@ -26,6 +28,23 @@ pub(crate) enum ClusterCmd {
         #[arg(long)]
         gateway_image: Option<String>,
         /// A JSON file with the cluster's other settings (camelCase keys).
+        #[arg(long)]
+        settings: Option<PathBuf>,
+    },
+    /// Replace a cluster's credentials (`--kubeconfig`) and/or settings; validated, probed and
+    /// checked like `add`. Settings not given stay as they are.
+    Update {
+        name: String,
+        /// The new kubeconfig file (read here, as for `add`).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// The context to use (default: the kubeconfig's current-context).
+        #[arg(long, requires = "kubeconfig")]
+        context: Option<String>,
+        /// The gateway image, pinned by digest (`repo@sha256:…`).
+        #[arg(long)]
+        gateway_image: Option<String>,
+        /// A JSON file with the cluster's settings, replacing the stored ones (camelCase keys).
         #[arg(long)]
         settings: Option<PathBuf>,
     },
@@ -46,8 +65,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
             gateway_image,
             settings,
         } => {
-            let text = std::fs::read_to_string(kubeconfig)
-                .with_context(|| format!("cannot read {}", kubeconfig.display()))?;
+            let text = inline(kubeconfig, context.as_deref())?;
             let mut settings = match settings {
                 Some(p) => read_json(p)?,
                 None => json!({}),
@@ -66,16 +84,37 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
                 },
             )?;
             print(cli, &v, CLUSTER_COLUMNS);
-            // The probe's version warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM) are
-            // not refusals; say them.
-            if let Some(version) = v["lastProbe"]["systemdVersion"].as_str()
-                && let Some(at) = version.find("(warning ")
-            {
-                eprintln!(
-                    "warning: cluster {name}: {}",
-                    version[at..].trim_matches(['(', ')'])
-                );
+            warn_probe(name, &v);
+        }
+        ClusterCmd::Update {
+            name,
+            kubeconfig,
+            context,
+            gateway_image,
+            settings,
+        } => {
+            let text = kubeconfig
+                .as_ref()
+                .map(|k| inline(k, context.as_deref()))
+                .transpose()?;
+            let mut settings = match settings {
+                Some(p) => read_json(p)?,
+                None => c.request("GET", &format!("/clusters/{name}"), None)?["settings"].clone(),
+            };
+            if let Some(image) = gateway_image {
+                settings["gatewayImage"] = json!(image);
             }
+            let v = c.send(
+                "PUT",
+                &format!("/clusters/{name}"),
+                &ClusterUpdate {
+                    kubeconfig: text,
+                    context: context.clone(),
+                    settings,
+                },
+            )?;
+            print(cli, &v, CLUSTER_COLUMNS);
+            warn_probe(name, &v);
         }
         ClusterCmd::List => print(cli, &c.request("GET", "/clusters", None)?, CLUSTER_COLUMNS),
         ClusterCmd::Get { name } => print(
@@ -89,4 +128,25 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The kubeconfig as sent: read and validated on this machine, every file it names (CA,
+/// certificate, key, token; relative to its directory) read here, size-bounded, and inlined.
+/// The coordinator never reads a path from a request.
+fn inline(path: &std::path::Path, context: Option<&str>) -> Result<String> {
+    clawfleet_kube::inline_kubeconfig_file(path, context)
+        .with_context(|| format!("kubeconfig {}", path.display()))
+}
+
+/// The probe's version warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM) are not refusals;
+/// say them.
+fn warn_probe(name: &str, v: &serde_json::Value) {
+    if let Some(version) = v["lastProbe"]["systemdVersion"].as_str()
+        && let Some(at) = version.find("(warning ")
+    {
+        eprintln!(
+            "warning: cluster {name}: {}",
+            version[at..].trim_matches(['(', ')'])
+        );
+    }
 }

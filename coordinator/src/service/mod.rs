@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
+mod clusters;
 mod plans;
 mod probe;
 mod reads;
@@ -15,6 +16,7 @@ mod runtime;
 mod tokens;
 mod workspace;
 
+pub use clusters::ClusterUpdate;
 pub use probe::ProbeError;
 pub use reads::{AuditQuery, DriftQuery, Metrics};
 pub use rollouts::{MAX_ROLLOUT_AGENTS, NewRollout, RolloutAction, run as run_rollouts};
@@ -185,8 +187,9 @@ fn default_max_agents() -> u32 {
 pub struct NewCluster {
     #[schemars(pattern(IDENT_PATTERN))]
     pub name: String,
-    /// The kubeconfig's text. Files it names (CA, certificate, key, token) are read on the
-    /// coordinator's machine; embed them (`*-data`) when registering from elsewhere.
+    /// The kubeconfig's text, with everything inline (`*-data`, `token`): a file reference
+    /// (`certificate-authority`, `client-certificate`, `client-key`, `tokenFile`) is refused,
+    /// never read on the coordinator. `occ cluster add` reads them on the operator's machine.
     pub kubeconfig: String,
     #[serde(default)]
     pub context: Option<String>,
@@ -489,85 +492,6 @@ impl Service {
             ServiceError::invalid(Code::InvalidHostAccess, format!("{field} {}", e.message))
         })?;
         Ok(host)
-    }
-
-    /// Validates a cluster registration (kubeconfig and settings) without storing anything;
-    /// the API probes the cluster with the result before [`Service::store_cluster`].
-    pub async fn validate_cluster(&self, c: &NewCluster) -> Result<crate::model::ClusterRecord> {
-        check_id("name", &c.name)?;
-        if self.store.cluster(&c.name).await?.is_some() {
-            return Err(ServiceError::conflict(
-                Code::ClusterExists,
-                format!("cluster {} is already registered", c.name),
-            ));
-        }
-        let credentials =
-            clawfleet_kube::kubeconfig::parse_kubeconfig(&c.kubeconfig, c.context.as_deref())
-                .map_err(|e| {
-                    ServiceError::invalid(Code::KubeconfigInvalid, format!("kubeconfig {e}"))
-                })?;
-        let settings = clawfleet_kube::settings::ClusterSettings::from_json(c.settings.clone())
-            .map_err(|e| {
-                ServiceError::invalid(
-                    Code::ClusterSettingsInvalid,
-                    format!("settings.{}: {}", e.field, e.reason),
-                )
-            })?;
-        let to_value = |v: std::result::Result<Value, serde_json::Error>| {
-            v.map_err(|e| ServiceError::invalid(Code::ClusterSettingsInvalid, e.to_string()))
-        };
-        Ok(crate::model::ClusterRecord {
-            cluster: crate::model::Cluster {
-                name: c.name.clone(),
-                server: credentials.server().to_owned(),
-                settings: to_value(serde_json::to_value(&settings))?,
-                created_at: now(),
-                last_probe: None,
-            },
-            credentials: to_value(serde_json::to_value(&credentials))?,
-        })
-    }
-
-    /// Stores a validated and probed cluster.
-    pub async fn store_cluster(
-        &self,
-        actor: &str,
-        record: &crate::model::ClusterRecord,
-    ) -> Result<crate::model::Cluster> {
-        if !self.store.insert_cluster(record).await? {
-            return Err(ServiceError::conflict(
-                Code::ClusterExists,
-                format!("cluster {} is already registered", record.cluster.name),
-            ));
-        }
-        self.audit(
-            actor,
-            "cluster.add",
-            &record.cluster.name,
-            json!({"server": record.cluster.server}),
-        )
-        .await?;
-        Ok(record.cluster.clone())
-    }
-
-    pub async fn cluster(&self, name: &str) -> Result<crate::model::Cluster> {
-        self.store
-            .cluster(name)
-            .await?
-            .map(|r| r.cluster)
-            .ok_or_else(|| ServiceError::not_found("cluster", name))
-    }
-
-    /// Forgets a cluster no Namespace uses.
-    pub async fn delete_cluster(&self, actor: &str, name: &str) -> Result<()> {
-        match self.store.delete_cluster(name).await? {
-            None => Err(ServiceError::not_found("cluster", name)),
-            Some(false) => Err(ServiceError::conflict(
-                Code::ClusterInUse,
-                format!("cluster {name} still holds Namespaces; delete them first"),
-            )),
-            Some(true) => self.audit(actor, "cluster.delete", name, json!({})).await,
-        }
     }
 
     /// Creates a Namespace. `may_choose_pool` is false for callers that are not global

@@ -172,6 +172,9 @@ pub trait ClusterStore: Send + Sync {
     async fn insert_cluster(&self, c: &ClusterRecord) -> Result<bool>;
     /// A cluster with its credentials (for the backend only; never for the API).
     async fn cluster(&self, name: &str) -> Result<Option<ClusterRecord>>;
+    /// Replaces a cluster's server, credentials, settings and last probe (its name and
+    /// creation time stay); false if it does not exist.
+    async fn update_cluster(&self, c: &ClusterRecord) -> Result<bool>;
     /// Every cluster, without credentials.
     async fn clusters(&self) -> Result<Vec<Cluster>>;
     /// Removes a cluster no Namespace uses; `None` if it does not exist, `Some(false)` if it

@@ -32,6 +32,7 @@ macro_rules! cases {
 cases!(
     migrations_reach_the_same_version,
     hosts_are_unique_and_in_use_hosts_stay,
+    clusters_are_replaced_keeping_name_and_creation,
     namespaces_queue_their_work_and_single_tenant_pools_are_exclusive,
     tokens_are_found_by_hash_until_revoked,
     configurations_count_generations,
@@ -168,6 +169,32 @@ pub async fn migrations_reach_the_same_version(s: SharedStore) {
         coordinator::store::sqlite::MIGRATIONS.len() as i64,
         "a migration is missing from one of the two stores"
     );
+}
+
+/// `update_cluster` replaces server, credentials, settings and probe; name and creation stay.
+pub async fn clusters_are_replaced_keeping_name_and_creation(s: SharedStore) {
+    let record = |server: &str, token: &str| coordinator::model::ClusterRecord {
+        cluster: coordinator::model::Cluster {
+            name: "c1".into(),
+            server: server.into(),
+            settings: json!({"gatewayImage": server}),
+            created_at: 7,
+            last_probe: None,
+        },
+        credentials: json!({"token": token}),
+    };
+    assert!(!s.update_cluster(&record("https://a", "t1")).await.unwrap());
+    assert!(s.insert_cluster(&record("https://a", "t1")).await.unwrap());
+    let mut new = record("https://b", "t2");
+    new.cluster.created_at = 99;
+    new.cluster.last_probe = Some(json!({"probed": true}));
+    assert!(s.update_cluster(&new).await.unwrap());
+    let got = s.cluster("c1").await.unwrap().unwrap();
+    assert_eq!(got.cluster.server, "https://b");
+    assert_eq!(got.cluster.created_at, 7);
+    assert_eq!(got.cluster.settings, json!({"gatewayImage": "https://b"}));
+    assert_eq!(got.cluster.last_probe, Some(json!({"probed": true})));
+    assert_eq!(got.credentials, json!({"token": "t2"}));
 }
 
 pub async fn hosts_are_unique_and_in_use_hosts_stay(s: SharedStore) {
