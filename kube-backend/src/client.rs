@@ -415,10 +415,7 @@ pub(crate) fn api_failure(what: &str, e: &kube::Error) -> Failure {
             FailureCode::KubernetesApiRejected,
             format!("{what}: {CREDENTIALS_REFUSED}"),
         ),
-        // Retryable: a restarted apiserver answers 403 to RBAC-bound identities until its
-        // authorizer's cache is synced, and an operator may fix a binding meanwhile.
-        kube::Error::Api(s) if s.code == 403 => Failure::with_class(
-            FailureClass::Retryable,
+        kube::Error::Api(s) if s.code == 403 => Failure::new(
             FailureCode::KubernetesApiRejected,
             format!("{what}: {FORBIDDEN}: {}", short(&s.message)),
         ),
