@@ -1714,7 +1714,10 @@ async fn a_refusal_right_after_a_connection_error_is_retried() {
     skip_unless_control_plane!();
     let cp = start().await;
     let proxy = FaultProxy::start(&cp).await.unwrap();
-    let via = cluster_via(&proxy.kubeconfig(BACKEND_USER, cp.backend_token()), settings());
+    let via = cluster_via(
+        &proxy.kubeconfig(BACKEND_USER, cp.backend_token()),
+        settings(),
+    );
     let forbidden = Fault::Respond {
         status: 403,
         headers: Vec::new(),
