@@ -57,6 +57,10 @@ pub struct Settings {
     pub state_dir: Option<String>,
     pub home: Option<String>,
     pub switches: Switches,
+    /// `secrets.providers` and the file SecretRefs in the configuration.
+    pub secrets: crate::secrets::Spec,
+    /// `gateway.auth.mode` is `"none"`: the WebSocket `connect` needs no password.
+    pub auth_none: bool,
 }
 
 /// A configuration error: the gateway exits with status 78 and prints this sentence.
@@ -125,7 +129,13 @@ pub fn parse_config(bytes: &[u8], password_set: bool) -> Result<Switches, Config
         let Some(mode) = mode.as_str() else {
             return Err(err("gateway.auth.mode is not a string"));
         };
-        if mode == "password" && !password_set {
+        // A SecretRef in gateway.auth.password is resolved with the other secrets.
+        let password_ref = root
+            .get("gateway")
+            .and_then(|g| g.get("auth"))
+            .and_then(|a| a.get("password"))
+            .is_some_and(Value::is_object);
+        if mode == "password" && !password_set && !password_ref {
             return Err(err(
                 "gateway auth is set to password, but OPENCLAW_GATEWAY_PASSWORD is not set",
             ));
@@ -246,15 +256,40 @@ pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigErro
     })?;
     let password = env("OPENCLAW_GATEWAY_PASSWORD").filter(|p| !p.is_empty());
     let switches = parse_config(&bytes, password.is_some())?;
+    let home = env("HOME");
+    let (secrets, auth_none) = parse_secrets(&bytes, home.as_deref())?;
     Ok(Settings {
         port,
         config_path,
         config_sha256: sha256_hex(&bytes),
         password_sha256: password.map(|p| sha256_hex(p.as_bytes())),
         state_dir: env("OPENCLAW_STATE_DIR"),
-        home: env("HOME"),
+        home,
         switches,
+        secrets,
+        auth_none,
     })
+}
+
+/// The secrets part of the configuration (after [`parse_config`] accepted the bytes) and whether
+/// `gateway.auth.mode` is `"none"`.
+pub fn parse_secrets(
+    bytes: &[u8],
+    home: Option<&str>,
+) -> Result<(crate::secrets::Spec, bool), ConfigError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| err(format!("the configuration is not valid JSON: {e}")))?;
+    let Value::Object(root) = value else {
+        return Err(err("the configuration is not a JSON object"));
+    };
+    let auth_none = root
+        .get("gateway")
+        .and_then(|g| g.get("auth"))
+        .and_then(|a| a.get("mode"))
+        .and_then(Value::as_str)
+        == Some("none");
+    let spec = crate::secrets::parse_spec(&root, home).map_err(err)?;
+    Ok((spec, auth_none))
 }
 
 #[cfg(test)]
