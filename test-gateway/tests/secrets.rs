@@ -247,13 +247,34 @@ fn bot_config(dir: &Scratch) -> Value {
     })
 }
 
+/// Runs the gateway expecting it to exit within 10 s; a gateway that keeps running fails the test.
+fn run_to_exit(mut c: Command) -> (i32, String) {
+    let mut child = Gateway(c.spawn().unwrap());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the gateway kept running instead of refusing to start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code().unwrap_or(-1), stderr)
+}
+
 fn exit_with(dir: &Scratch, config: &Value) -> (i32, String) {
     let path = dir.config(config);
-    let out = command(free_port(), &path, Some("pw")).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_to_exit(command(free_port(), &path, Some("pw")))
 }
 
 #[test]
@@ -525,9 +546,8 @@ fn the_rendered_env_password_ref_is_the_password() {
         "gateway": {"mode": "local", "bind": "loopback", "auth": {"mode": "password",
             "password": {"source": "env", "provider": "default", "id": "OPENCLAW_GATEWAY_PASSWORD"}}},
     }));
-    let out = command(free_port(), &cfg, None).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = run_to_exit(command(free_port(), &cfg, None));
+    assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("env:default:OPENCLAW_GATEWAY_PASSWORD")
             && err.contains("gateway.auth.password")
