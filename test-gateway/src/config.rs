@@ -34,6 +34,10 @@ pub struct Switches {
     pub log_lines: Vec<String>,
     /// This many bytes of numbered filler lines written to stderr at start (log volume tests).
     pub log_bytes: u64,
+    /// Lines written to stderr after the secrets resolve, at start and after every successful
+    /// `secrets.reload`; `${SECRET:<source>:<provider>:<id>}` becomes the value the gateway now
+    /// holds for that ref (for the redaction tests: a gateway that prints its secrets).
+    pub secret_log_lines: Vec<String>,
 }
 
 /// `x-clawfleet-test.probe`: what a compromised gateway would try, run once at start.
@@ -175,6 +179,12 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
                     .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_owned)).collect())
                     .ok_or_else(|| bad("an array of strings"))?
             }
+            "secretLogLines" => {
+                s.secret_log_lines = value
+                    .as_array()
+                    .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_owned)).collect())
+                    .ok_or_else(|| bad("an array of strings"))?
+            }
             "logBytes" => {
                 s.log_bytes = value
                     .as_u64()
@@ -183,7 +193,8 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
             other => {
                 return Err(err(format!(
                     "unknown switch {SWITCHES_KEY}.{other} (known: readyAfterMs, neverReady, \
-                     crashAtStart, crashAfterMs, label, probe, logLines, logBytes)"
+                     crashAtStart, crashAfterMs, label, probe, logLines, logBytes, \
+                     secretLogLines)"
                 )));
             }
         }
@@ -335,7 +346,7 @@ mod tests {
     fn switches_are_parsed() {
         let cfg = br#"{"x-clawfleet-test":{"readyAfterMs":250,"neverReady":true,
             "crashAtStart":false,"crashAfterMs":900,"label":"rev-7","logLines":["a","b"],
-            "logBytes":10}}"#;
+            "logBytes":10,"secretLogLines":["s ${SECRET:file:p:value}"]}}"#;
         let s = parse_config(cfg, false).unwrap();
         assert_eq!(
             s,
@@ -348,6 +359,7 @@ mod tests {
                 probe: Probe::default(),
                 log_lines: vec!["a".into(), "b".into()],
                 log_bytes: 10,
+                secret_log_lines: vec!["s ${SECRET:file:p:value}".into()],
             }
         );
     }

@@ -75,6 +75,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(EXIT_CRASH);
             }
         };
+    write_secret_log_lines(&secrets, &settings.switches.secret_log_lines);
     let listener = match TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, settings.port)) {
         Ok(l) => l,
         Err(e) => {
@@ -158,6 +159,16 @@ fn write_logs(sw: &config::Switches) {
             let _ = err.flush();
         });
     }
+}
+
+/// The `secretLogLines` switch: lines with the held secret values, on stderr (the journal).
+fn write_secret_log_lines(secrets: &secrets::Runtime, lines: &[String]) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    for line in lines {
+        let _ = writeln!(err, "{}", secrets.expand(line));
+    }
+    let _ = err.flush();
 }
 
 /// Runs the isolation probes once, before serving, as the gateway's own user in its unit.
@@ -316,6 +327,7 @@ fn upgrade(
         env_password: state.env_password.as_deref(),
         auth_none: state.settings.auth_none,
         label: state.settings.switches.label.as_deref(),
+        secret_log_lines: &state.settings.switches.secret_log_lines,
     };
     rpc::serve(&mut reader, stream, &ctx);
 }

@@ -47,6 +47,8 @@ pub struct Context<'a> {
     /// `gateway.auth.mode` is `"none"`.
     pub auth_none: bool,
     pub label: Option<&'a str>,
+    /// The `secretLogLines` switch, written after every successful reload.
+    pub secret_log_lines: &'a [String],
 }
 
 impl Context<'_> {
@@ -257,6 +259,7 @@ fn dispatch(method: &str, grant: &Grant, ctx: &Context<'_>) -> Result<Value, Val
                         "clawfleet-test-gateway: secrets reloaded, generation {}",
                         snapshot.generation
                     );
+                    crate::write_secret_log_lines(ctx.secrets, ctx.secret_log_lines);
                     Ok(json!({"ok": true, "warningCount": 0}))
                 }
                 Err(e) => {
@@ -391,6 +394,7 @@ mod tests {
             env_password: Some("pw"),
             auth_none: false,
             label: None,
+            secret_log_lines: &[],
         };
         let ok = connect(
             params("gateway-client", "backend", json!({"password": "pw"})),
@@ -430,6 +434,7 @@ mod tests {
             env_password: Some("pw"),
             auth_none: true,
             label: None,
+            secret_log_lines: &[],
         };
         assert!(connect(params("cli", "cli", json!({})), &none).is_ok());
     }
@@ -442,6 +447,7 @@ mod tests {
             env_password: None,
             auth_none: false,
             label: None,
+            secret_log_lines: &[],
         };
         let read = Grant {
             scopes: vec!["operator.read".into()],

@@ -888,6 +888,28 @@ impl Runtime {
             .map(|r| r.value.0.clone())
     }
 
+    /// `text` with every `${SECRET:<source>:<provider>:<id>}` replaced by the value held for that
+    /// ref (empty when there is none): the `secretLogLines` switch, for redaction tests only.
+    pub fn expand(&self, text: &str) -> String {
+        let snapshot = self.current();
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find("${SECRET:") {
+            let after = &rest[at + "${SECRET:".len()..];
+            let Some(end) = after.find('}') else {
+                break;
+            };
+            out.push_str(&rest[..at]);
+            let key = &after[..end];
+            if let Some(r) = snapshot.refs.iter().find(|r| r.secret_ref.key() == key) {
+                out.push_str(&r.value.0);
+            }
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
     /// The active snapshot's fingerprints plus the latest reload's outcome; never a value.
     pub fn status_json(&self) -> Value {
         let mut out = self.current().to_json();
@@ -1367,5 +1389,9 @@ mod tests {
         assert_eq!(status["reloads"], json!({"ok": 1, "failed": 1}));
         assert_eq!(rt.value_at("channels.x.token").as_deref(), Some("two"));
         assert_eq!(rt.value_at("elsewhere"), None);
+        assert_eq!(
+            rt.expand("a ${SECRET:file:p:value} b ${SECRET:file:q:value} c ${SECRET:x"),
+            "a two b  c ${SECRET:x"
+        );
     }
 }

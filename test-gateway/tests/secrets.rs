@@ -562,3 +562,37 @@ fn the_rendered_env_password_ref_is_the_password() {
     let (mut ws, _) = Ws::open(port);
     assert_eq!(ws.connect(("cli", "cli"), &[], Some("env-pw"))["ok"], true);
 }
+
+/// `secretLogLines` prints the held values at start and after each good reload (a gateway that
+/// leaks its secrets into the journal, for the redaction tests); a failed reload prints nothing.
+#[test]
+fn secret_log_lines_print_the_held_values() {
+    let dir = Scratch::new("loglines");
+    dir.secret("bot", b"value-one", 0o600);
+    let mut config = bot_config(&dir);
+    config["x-clawfleet-test"] =
+        json!({"secretLogLines": ["held=${SECRET:file:clawfleet-bot:value}"]});
+    let cfg = dir.config(&config);
+    let port = free_port();
+    let mut gw = start(port, &cfg, Some("pw"));
+    let (mut ws, _) = Ws::open(port);
+    ws.connect(
+        ("gateway-client", "backend"),
+        &["operator.admin"],
+        Some("pw"),
+    );
+    dir.secret("bot", b"value-two", 0o600);
+    assert_eq!(ws.call("secrets.reload", json!({}))["ok"], true);
+    dir.secret("bot", b"value-bad", 0o660);
+    assert_eq!(ws.call("secrets.reload", json!({}))["ok"], false);
+    drop(ws);
+    gw.0.kill().unwrap();
+    let mut stderr = String::new();
+    gw.0.stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let held: Vec<&str> = stderr.lines().filter(|l| l.starts_with("held=")).collect();
+    assert_eq!(held, ["held=value-one", "held=value-two"], "{stderr}");
+}
