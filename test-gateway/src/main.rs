@@ -47,6 +47,7 @@ struct State {
     workspace: serde_json::Value,
     secrets: secrets::Runtime,
     env_password: Option<String>,
+    connections: rpc::Connections,
 }
 
 fn main() -> ExitCode {
@@ -96,6 +97,7 @@ fn main() -> ExitCode {
     let state = Arc::new(State {
         workspace,
         secrets,
+        connections: rpc::Connections::default(),
         env_password: std::env::var("OPENCLAW_GATEWAY_PASSWORD")
             .ok()
             .filter(|p| !p.is_empty()),
@@ -324,6 +326,7 @@ fn upgrade(
     }
     let ctx = rpc::Context {
         secrets: &state.secrets,
+        connections: &state.connections,
         env_password: state.env_password.as_deref(),
         auth_none: state.settings.auth_none,
         label: state.settings.switches.label.as_deref(),

@@ -12,8 +12,11 @@
 //! scopes it asks for only as `gateway-client`/`backend` or `cli`/`cli` (loopback, shared
 //! password); any other device-less client gets no scopes.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -38,10 +41,62 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Device-less clients whose requested scopes survive (OpenClaw's local backend and CLI paths).
 const SCOPE_KEEPING_CLIENTS: [(&str, &str); 2] = [("gateway-client", "backend"), ("cli", "cli")];
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A connection's write side, shared by its session and [`Connections::close_all`]; each
+/// `write` call is one whole frame under the lock.
+#[derive(Debug, Clone)]
+pub struct Writer(Arc<Mutex<TcpStream>>);
+
+impl Write for Writer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        lock(&self.0).write_all(buf)?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        lock(&self.0).flush()
+    }
+}
+
+/// The open WebSocket sessions, so a change of the gateway password can end them all, as
+/// OpenClaw does (close code 4001 "gateway auth changed").
+#[derive(Debug, Default)]
+pub struct Connections {
+    next: AtomicU64,
+    open: Mutex<BTreeMap<u64, Writer>>,
+}
+
+impl Connections {
+    fn register(&self, stream: TcpStream) -> (u64, Writer) {
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        let writer = Writer(Arc::new(Mutex::new(stream)));
+        lock(&self.open).insert(id, writer.clone());
+        (id, writer)
+    }
+
+    fn remove(&self, id: u64) {
+        lock(&self.open).remove(&id);
+    }
+
+    /// Sends a close frame to every session and shuts its socket, which ends its thread.
+    pub fn close_all(&self, code: u16, reason: &str) -> usize {
+        let open: Vec<Writer> = lock(&self.open).values().cloned().collect();
+        for mut w in open.iter().cloned() {
+            // A session that is already gone needs no close frame.
+            let _ = ws::write_close(&mut w, code, reason);
+            let _ = lock(&w.0).shutdown(Shutdown::Both);
+        }
+        open.len()
+    }
+}
+
 /// What a session needs from the gateway.
 #[derive(Debug)]
 pub struct Context<'a> {
     pub secrets: &'a Runtime,
+    pub connections: &'a Connections,
     /// `OPENCLAW_GATEWAY_PASSWORD`, used when `gateway.auth.password` is not a SecretRef.
     pub env_password: Option<&'a str>,
     /// `gateway.auth.mode` is `"none"`.
@@ -70,19 +125,19 @@ fn error_shape(code: &str, message: &str, details: Option<Value>) -> Value {
     e
 }
 
-fn send(stream: &TcpStream, frame: &Value) -> std::io::Result<()> {
-    let mut w = stream;
+fn send(w: &Writer, frame: &Value) -> std::io::Result<()> {
+    let mut w = w.clone();
     ws::write_frame(&mut w, ws::OP_TEXT, frame.to_string().as_bytes())
 }
 
-fn respond_ok(stream: &TcpStream, id: &Value, payload: Value) -> std::io::Result<()> {
+fn respond_ok(stream: &Writer, id: &Value, payload: Value) -> std::io::Result<()> {
     send(
         stream,
         &json!({"type": "res", "id": id, "ok": true, "payload": payload}),
     )
 }
 
-fn respond_err(stream: &TcpStream, id: &Value, error: Value) -> std::io::Result<()> {
+fn respond_err(stream: &Writer, id: &Value, error: Value) -> std::io::Result<()> {
     send(
         stream,
         &json!({"type": "res", "id": id, "ok": false, "error": error}),
@@ -246,8 +301,33 @@ fn missing_scope(scope: &str) -> Value {
     )
 }
 
+/// What to do after answering a request.
+#[derive(Debug, PartialEq, Eq)]
+enum After {
+    Nothing,
+    /// The gateway password changed: every session ends (OpenClaw: 4001 "gateway auth changed").
+    CloseAll,
+}
+
 /// Answers one request after `connect`.
-fn dispatch(method: &str, grant: &Grant, ctx: &Context<'_>) -> Result<Value, Value> {
+fn dispatch(method: &str, grant: &Grant, ctx: &Context<'_>) -> (Result<Value, Value>, After) {
+    if method == METHOD_RELOAD && grant.allows("operator.admin") {
+        let before = ctx.secrets.value_at(PASSWORD_PATH);
+        let result = answer(method, grant, ctx);
+        let changed = result.is_ok() && ctx.secrets.value_at(PASSWORD_PATH) != before;
+        return (
+            result,
+            if changed {
+                After::CloseAll
+            } else {
+                After::Nothing
+            },
+        );
+    }
+    (answer(method, grant, ctx), After::Nothing)
+}
+
+fn answer(method: &str, grant: &Grant, ctx: &Context<'_>) -> Result<Value, Value> {
     match method {
         METHOD_RELOAD => {
             if !grant.allows("operator.admin") {
@@ -311,17 +391,29 @@ fn parse_request(text: &str) -> Result<(Value, String, Value), Value> {
 /// Runs one WebSocket session after the 101 response: the challenge, `connect`, then requests
 /// until the client closes. I/O errors end the session quietly (the client went away).
 pub fn serve(reader: &mut impl BufRead, stream: &TcpStream, ctx: &Context<'_>) {
-    let _ = run(reader, stream, ctx);
+    let Ok(write_side) = stream.try_clone() else {
+        return;
+    };
+    let (id, writer) = ctx.connections.register(write_side);
+    let _ = run(reader, stream, &writer, ctx);
+    ctx.connections.remove(id);
 }
 
-fn run(reader: &mut impl BufRead, stream: &TcpStream, ctx: &Context<'_>) -> std::io::Result<()> {
-    let mut w = stream;
+fn run(
+    reader: &mut impl BufRead,
+    stream: &TcpStream,
+    writer: &Writer,
+    ctx: &Context<'_>,
+) -> std::io::Result<()> {
+    let mut w = writer.clone();
+    let stream_for_timeouts = stream;
+    let stream = writer;
     send(
         stream,
         &json!({"type": "event", "event": "connect.challenge",
                 "payload": {"nonce": nonce(), "ts": now_ms()}}),
     )?;
-    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    stream_for_timeouts.set_read_timeout(Some(CONNECT_TIMEOUT))?;
     let Message::Text(first) = ws::read_message(reader, &mut w, MAX_PREAUTH_BYTES)? else {
         return Ok(());
     };
@@ -351,16 +443,25 @@ fn run(reader: &mut impl BufRead, stream: &TcpStream, ctx: &Context<'_>) -> std:
         Err(_) => return ws::write_close(&mut w, 1008, "invalid handshake"),
     };
     // Long-lived from here: no read timeout, the client decides when to leave.
-    stream.set_read_timeout(None)?;
+    stream_for_timeouts.set_read_timeout(None)?;
     loop {
         let Message::Text(text) = ws::read_message(reader, &mut w, MAX_PAYLOAD_BYTES)? else {
             return Ok(());
         };
         match parse_request(&text) {
-            Ok((id, method, _params)) => match dispatch(&method, &grant, ctx) {
-                Ok(payload) => respond_ok(stream, &id, payload)?,
-                Err(error) => respond_err(stream, &id, error)?,
-            },
+            Ok((id, method, _params)) => {
+                let (result, after) = dispatch(&method, &grant, ctx);
+                match result {
+                    Ok(payload) => respond_ok(stream, &id, payload)?,
+                    Err(error) => respond_err(stream, &id, error)?,
+                }
+                if after == After::CloseAll {
+                    let n = ctx.connections.close_all(4001, "gateway auth changed");
+                    eprintln!(
+                        "clawfleet-test-gateway: gateway auth changed, closed {n} connection(s)"
+                    );
+                }
+            }
             Err(error) => respond_err(stream, &Value::Null, error)?,
         }
         w.flush()?;
@@ -389,8 +490,10 @@ mod tests {
     #[test]
     fn connect_checks_protocol_client_and_password() {
         let rt = runtime();
+        let conns = Connections::default();
         let ctx = Context {
             secrets: &rt,
+            connections: &conns,
             env_password: Some("pw"),
             auth_none: false,
             label: None,
@@ -431,6 +534,7 @@ mod tests {
         assert!(connect(device, &ctx).is_err());
         let none = Context {
             secrets: &rt,
+            connections: &conns,
             env_password: Some("pw"),
             auth_none: true,
             label: None,
@@ -442,8 +546,10 @@ mod tests {
     #[test]
     fn methods_need_their_scope() {
         let rt = runtime();
+        let conns = Connections::default();
         let ctx = Context {
             secrets: &rt,
+            connections: &conns,
             env_password: None,
             auth_none: false,
             label: None,
@@ -452,19 +558,19 @@ mod tests {
         let read = Grant {
             scopes: vec!["operator.read".into()],
         };
-        let e = dispatch(METHOD_RELOAD, &read, &ctx).unwrap_err();
+        let e = answer(METHOD_RELOAD, &read, &ctx).unwrap_err();
         assert_eq!(e["code"], "FORBIDDEN");
         assert_eq!(e["details"]["missingScope"], "operator.admin");
-        assert!(dispatch(METHOD_STATUS, &read, &ctx).is_ok());
+        assert!(answer(METHOD_STATUS, &read, &ctx).is_ok());
         let admin = Grant {
             scopes: vec!["operator.admin".into()],
         };
         assert_eq!(
-            dispatch(METHOD_RELOAD, &admin, &ctx).unwrap(),
+            answer(METHOD_RELOAD, &admin, &ctx).unwrap(),
             json!({"ok": true, "warningCount": 0})
         );
         assert!(
-            dispatch("nope", &admin, &ctx).unwrap_err()["message"]
+            answer("nope", &admin, &ctx).unwrap_err()["message"]
                 .as_str()
                 .unwrap()
                 .contains("unknown method: nope")

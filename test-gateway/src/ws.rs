@@ -32,9 +32,10 @@ pub const OP_CLOSE: u8 = 0x8;
 pub const OP_PING: u8 = 0x9;
 pub const OP_PONG: u8 = 0xA;
 
-/// Writes one unmasked (server) frame with FIN set.
+/// Writes one unmasked (server) frame with FIN set, in a single `write_all` (so a writer that
+/// locks per write never interleaves two frames).
 pub fn write_frame(w: &mut impl Write, opcode: u8, payload: &[u8]) -> io::Result<()> {
-    let mut head = Vec::with_capacity(10);
+    let mut head = Vec::with_capacity(10 + payload.len());
     head.push(0x80 | opcode);
     match payload.len() {
         n if n < 126 => head.push(n as u8),
@@ -47,8 +48,8 @@ pub fn write_frame(w: &mut impl Write, opcode: u8, payload: &[u8]) -> io::Result
             head.extend_from_slice(&(n as u64).to_be_bytes());
         }
     }
+    head.extend_from_slice(payload);
     w.write_all(&head)?;
-    w.write_all(payload)?;
     w.flush()
 }
 

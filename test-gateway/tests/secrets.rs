@@ -125,6 +125,8 @@ struct Ws {
     out: TcpStream,
     input: BufReader<TcpStream>,
     next_id: u64,
+    /// The code and reason of the server's close frame, once received.
+    closed: Option<(u16, String)>,
 }
 
 impl Ws {
@@ -165,6 +167,7 @@ impl Ws {
             out,
             input,
             next_id: 0,
+            closed: None,
         };
         let challenge = ws.recv().expect("a challenge");
         (ws, challenge)
@@ -208,7 +211,14 @@ impl Ws {
         self.input.read_exact(&mut payload).unwrap();
         match head[0] & 0x0F {
             0x1 => Some(serde_json::from_slice(&payload).unwrap()),
-            0x8 => None,
+            0x8 => {
+                let code = payload
+                    .get(..2)
+                    .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+                let reason = String::from_utf8_lossy(payload.get(2..).unwrap_or_default());
+                self.closed = Some((code, reason.into_owned()));
+                None
+            }
             other => panic!("unexpected opcode {other}"),
         }
     }
@@ -371,6 +381,11 @@ fn reload_swaps_fingerprints_and_keeps_the_last_good_snapshot() {
         json!(["operator.admin"])
     );
 
+    // Another client, connected through every reload below: rotating a non-auth secret must
+    // not disconnect anyone.
+    let (mut bystander, _) = Ws::open(port);
+    bystander.connect(("cli", "cli"), &["operator.read"], Some("pw"));
+
     // Rotation: a new file (atomically), then the reload swaps.
     dir.secret("bot", v2, 0o400);
     let res = ws.call("secrets.reload", json!({}));
@@ -418,6 +433,9 @@ fn reload_swaps_fingerprints_and_keeps_the_last_good_snapshot() {
     assert_eq!(s["generation"], 3);
     assert_eq!(s["refs"][0]["fingerprint"], fp(v1));
     assert_eq!(s["reloads"], json!({"ok": 2, "failed": 2}));
+    let seen = bystander.call("x-clawfleet-test.secrets.status", json!({}));
+    assert_eq!(seen["payload"]["generation"], 3, "{seen}");
+    assert_eq!(bystander.closed, None);
 
     // No value anywhere in what the gateway reports or logs.
     let (_, info) = get(port, "/info").unwrap();
@@ -496,7 +514,7 @@ fn reload_needs_the_password_and_the_admin_scope() {
 }
 
 #[test]
-fn a_password_secret_ref_rotates_without_dropping_connections() {
+fn a_password_secret_ref_rotates_and_ends_the_open_sessions() {
     let dir = Scratch::new("pwref");
     dir.secret("pw", b"first-password\n", 0o600);
     let cfg = dir.config(&json!({
@@ -515,18 +533,21 @@ fn a_password_secret_ref_rotates_without_dropping_connections() {
         Some("first-password"),
     );
     assert_eq!(hello["ok"], true, "{hello}");
+    let (mut bystander, _) = Ws::open(port);
+    bystander.connect(("cli", "cli"), &[], Some("first-password"));
     dir.secret("pw", b"second-password", 0o600);
     assert_eq!(admin.call("secrets.reload", json!({}))["ok"], true);
+    assert!(bystander.recv().is_none());
+    assert_eq!(bystander.closed.as_ref().map(|c| c.0), Some(4001));
     let (mut old, _) = Ws::open(port);
     let res = old.connect(("cli", "cli"), &[], Some("first-password"));
     assert_eq!(res["ok"], false, "{res}");
     let (mut new, _) = Ws::open(port);
     assert_eq!(
-        new.connect(("cli", "cli"), &[], Some("second-password"))["ok"],
+        new.connect(("cli", "cli"), &["operator.read"], Some("second-password"))["ok"],
         true
     );
-    // The connection made with the old password is still served.
-    let status = admin.call("x-clawfleet-test.secrets.status", json!({}));
+    let status = new.call("x-clawfleet-test.secrets.status", json!({}));
     assert_eq!(
         status["payload"]["refs"][0]["fingerprint"],
         fp(b"second-password")
@@ -534,6 +555,13 @@ fn a_password_secret_ref_rotates_without_dropping_connections() {
     assert_eq!(
         status["payload"]["providers"]["clawfleet-pw"]["fingerprint"],
         fp(b"second-password")
+    );
+    // As OpenClaw 2026.9.6 does (seen live), a changed gateway password ends the sessions that
+    // were open at the reload, the caller's included, with 4001 "gateway auth changed".
+    assert!(admin.recv().is_none());
+    assert_eq!(
+        admin.closed,
+        Some((4001, "gateway auth changed".to_owned()))
     );
 }
 
