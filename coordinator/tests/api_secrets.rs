@@ -19,7 +19,6 @@ use coordinator::config::WorkerSettings;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
 use coordinator::store::SharedStore;
-use coordinator::store::prelude::*;
 use coordinator::store::seal::Sealer;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::Worker;

@@ -411,7 +411,6 @@ fn log_lines_have_no_colour_codes_off_a_terminal() {
 /// never from the command line, and is never printed; list, get, rotate and delete work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn occ_secret_takes_values_from_a_file_or_stdin_only() {
-    use coordinator::store::prelude::*;
     let api = Api::start().await;
     api.fleet().await;
     let dir = tempfile::tempdir().unwrap();
