@@ -287,6 +287,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&inv)?);
             } else {
                 print_table(&inv);
+                println!(
+                    "quotas: {}",
+                    hostd::quota::support(&config.state_root).describe()
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
