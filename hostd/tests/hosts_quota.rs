@@ -111,6 +111,28 @@ fn as_agent(host: &TestHost, home: &Path, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `script` in the Agent's running unit (its gateway's user and mount namespaces), as
+/// its account, from its home.
+fn in_unit(host: &TestHost, paths: &hostd::layout::AgentPaths, script: &str) -> String {
+    let pid = host
+        .run_ok(&format!(
+            "systemctl show -p MainPID --value {}",
+            paths.unit_name
+        ))
+        .unwrap();
+    let uid = host
+        .run_ok(&format!("stat -c %u {}", paths.home.display()))
+        .unwrap();
+    let (pid, uid) = (pid.trim(), uid.trim());
+    let out = host
+        .run(&format!(
+            "nsenter -t {pid} -U -m -S {uid} -G {uid} --wd={} sh -c '{script}' 2>&1",
+            paths.home.display()
+        ))
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn an_agent_that_fills_its_share_leaves_other_tenants_and_hostd_working() {
     skip_unless_hosts!();
@@ -147,6 +169,19 @@ fn an_agent_that_fills_its_share_leaves_other_tenants_and_hostd_working() {
     } else {
         "No space left on device"
     };
+
+    // From inside its unit the Agent cannot take its files out of its project: neither change
+    // a file's project id nor clear a directory's inherit flag (its own user namespace,
+    // PrivateUsers=; from the init user namespace the owner may do both).
+    let escape = in_unit(
+        &host,
+        &filler,
+        "mkdir -p esc && touch esc/f; chattr -p 4242 esc/f; echo rc=$?; if lsattr -d esc | cut -d\" \" -f1 | grep -q P; then chattr -P esc; else chattr +P esc; fi; echo rc=$?",
+    );
+    assert!(
+        escape.matches("Invalid argument").count() == 2 && !escape.contains("rc=0"),
+        "the project state cannot change inside the unit: {escape}"
+    );
 
     if fs.quotas {
         // Inodes first (while the blocks for directory entries are within the limit): files
