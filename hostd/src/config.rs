@@ -49,6 +49,13 @@ struct RawConfig {
     unit: RawUnit,
     accounts: RawAccounts,
     journal: RawJournal,
+    quota: RawQuota,
+}
+
+#[derive(Debug, Default)]
+struct RawQuota {
+    max_bytes: Option<u64>,
+    max_inodes: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -339,6 +346,12 @@ impl RawConfig {
                 .map(|n| n as usize),
         };
         journal.finish()?;
+        let mut quota = top.table("quota", "quota.")?;
+        raw.quota = RawQuota {
+            max_bytes: quota.integer("max_bytes", 1024 * 1024, u64::MAX / 2)?,
+            max_inodes: quota.integer("max_inodes", 100, u64::MAX / 2)?,
+        };
+        quota.finish()?;
         top.finish()?;
         Ok(raw)
     }
@@ -462,7 +475,15 @@ pub struct Config {
     /// (`crate::uids`).
     pub uid_range: (u32, u32),
     pub journal_max_entries: usize,
+    /// Each Agent's disk and inode limits, where the state root has project quotas
+    /// (`crate::quota`).
+    pub quota: crate::quota::QuotaLimits,
 }
+
+/// `[quota] max_bytes` when unset: 10 GiB per Agent.
+pub const DEFAULT_QUOTA_MAX_BYTES: u64 = 10 * 1024 * 1024 * 1024;
+/// `[quota] max_inodes` when unset.
+pub const DEFAULT_QUOTA_MAX_INODES: u64 = 1_000_000;
 
 /// Default gateway command: the OpenClaw gateway as the design's launch contract runs it.
 pub const DEFAULT_GATEWAY_COMMAND: [&str; 4] = [
@@ -646,6 +667,10 @@ impl Config {
             },
             uid_range: raw.accounts.uid_range.unwrap_or(DEFAULT_UID_RANGE),
             journal_max_entries,
+            quota: crate::quota::QuotaLimits {
+                max_bytes: raw.quota.max_bytes.unwrap_or(DEFAULT_QUOTA_MAX_BYTES),
+                max_inodes: raw.quota.max_inodes.unwrap_or(DEFAULT_QUOTA_MAX_INODES),
+            },
         })
     }
 }
@@ -796,9 +821,19 @@ cpu_quota = "150%"
 tasks_max = 256
 [journal]
 max_entries = 100
+[quota]
+max_bytes = 1073741824
+max_inodes = 20000
 "#,
         )
         .unwrap();
+        assert_eq!(c.quota.max_bytes, 1 << 30);
+        assert_eq!(c.quota.max_inodes, 20_000);
+        assert_eq!(
+            refusal("[quota]\nmax_inodes = 5").0,
+            "quota.max_inodes",
+            "too few inodes is refused naming the key"
+        );
         assert_eq!(c.port_range, (20000, 20010));
         assert_eq!(c.limits.lock_timeout, Duration::from_secs(2));
         assert_eq!(c.unit.memory_max.as_deref(), Some("2G"));

@@ -78,6 +78,9 @@ pub enum FileChange {
     Added,
     /// The file did not exist and was created with the entry.
     Created,
+    /// The entry an earlier enrol wrote was replaced by today's (its forced command now
+    /// names the key).
+    Updated,
 }
 
 impl FileChange {
@@ -347,15 +350,27 @@ fn text_lines(bytes: &[u8]) -> impl Iterator<Item = (usize, String)> + '_ {
     })
 }
 
-/// Whether root's authorized_keys already has the key with exactly `options`; refuses if it
-/// has the key with anything else.
+/// Whether an authorized_keys file has the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyEntry {
+    Absent,
+    /// With exactly the options enrol writes.
+    Present,
+    /// With the options an earlier enrol wrote (its forced command without `--key`) on this
+    /// 1-based line, which enrol replaces.
+    Earlier(usize),
+}
+
+/// Whether root's authorized_keys already has the key with exactly `options` (or `earlier`,
+/// what an earlier enrol wrote); refuses if it has the key with anything else.
 fn authorized_keys_has(
     path: &Path,
     bytes: &[u8],
     key: &Key,
     options: &str,
-) -> Result<bool, EnrolError> {
-    let mut found = false;
+    earlier: Option<&str>,
+) -> Result<KeyEntry, EnrolError> {
+    let mut found = KeyEntry::Absent;
     for (number, line) in text_lines(bytes) {
         let trimmed = line.trim_start();
         if trimmed.is_empty() || trimmed.starts_with('#') {
@@ -371,7 +386,9 @@ fn authorized_keys_has(
             continue;
         }
         if line_options == options {
-            found = true;
+            found = KeyEntry::Present;
+        } else if earlier == Some(line_options) && found == KeyEntry::Absent {
+            found = KeyEntry::Earlier(number);
         } else {
             return Err(EnrolError::SshKeyOptionsConflict {
                 path: shown(path),
@@ -432,6 +449,22 @@ fn appended(existing: &[u8], line: &str) -> Vec<u8> {
     }
     out.extend_from_slice(line.as_bytes());
     out.push(b'\n');
+    out
+}
+
+/// `existing` with its 1-based line `number` replaced by `line`, every other byte kept.
+fn replaced(existing: &[u8], number: usize, line: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(existing.len() + line.len());
+    for (i, l) in existing.split(|&b| b == b'\n').enumerate() {
+        if i > 0 {
+            out.push(b'\n');
+        }
+        if i + 1 == number {
+            out.extend_from_slice(line.as_bytes());
+        } else {
+            out.extend_from_slice(l);
+        }
+    }
     out
 }
 
@@ -513,11 +546,25 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
         Some(lu) => Some(crate::login_user::set_up(lu)?),
         None => None,
     };
-    let (authorized_keys_path, forced_command, keys_mode) = match &login_user {
-        Some(l) => (l.authorized_keys.clone(), l.forced_command.clone(), 0o644),
+    // As root, the forced command names the key (`--key <id>`), so hostd bounds sessions per
+    // coordinator key (issue 26, N12); an earlier enrol's line without it is replaced. Through
+    // sudo the drop-in allows exactly `hostd serve`, so a login user's sessions are bounded
+    // per login user (sudo's `SUDO_USER`) instead.
+    let (authorized_keys_path, forced_command, earlier_command, keys_mode) = match &login_user {
+        Some(l) => (
+            l.authorized_keys.clone(),
+            l.forced_command.clone(),
+            None,
+            0o644,
+        ),
         None => (
             req.authorized_keys.clone(),
-            req.forced_command.clone(),
+            format!(
+                "{} --key {}",
+                req.forced_command,
+                crate::session::LoginKeyId::of(&ssh_key.key).as_str()
+            ),
+            Some(req.forced_command.clone()),
             0o600,
         ),
     };
@@ -530,10 +577,17 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
 
     // authorized_keys: decide.
     let options = format!("restrict,command=\"{}\"", req.forced_command);
+    let earlier_options = earlier_command.map(|c| format!("restrict,command=\"{c}\""));
     let keys_before = read_existing(&req.authorized_keys, MAX_FILE_BYTES)?;
-    let keys_present = match &keys_before {
-        Some((bytes, _)) => authorized_keys_has(&req.authorized_keys, bytes, &ssh_key, &options)?,
-        None => false,
+    let keys_entry = match &keys_before {
+        Some((bytes, _)) => authorized_keys_has(
+            &req.authorized_keys,
+            bytes,
+            &ssh_key,
+            &options,
+            earlier_options.as_deref(),
+        )?,
+        None => KeyEntry::Absent,
     };
     let keys_line = match safe_comment(&ssh_key.key) {
         Some(c) => format!("{options} {} {c}", ssh_key.data),
@@ -596,14 +650,18 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
         }
     };
 
-    let authorized_keys = if keys_present {
+    let authorized_keys = if keys_entry == KeyEntry::Present {
         FileChange::Unchanged
     } else {
         let existing = keys_before.as_ref().map_or(&[][..], |(b, _)| b.as_slice());
+        let contents = match keys_entry {
+            KeyEntry::Earlier(number) => replaced(existing, number, &keys_line),
+            _ => appended(existing, &keys_line),
+        };
         let written = ensure_parent(&req.authorized_keys, 0o700).and_then(|()| {
             write_atomic(
                 &req.authorized_keys,
-                &appended(existing, &keys_line),
+                &contents,
                 keys_before.as_ref().map(|(_, m)| m),
                 keys_mode,
             )
@@ -615,10 +673,10 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
             }
             return Err(e);
         }
-        if keys_before.is_some() {
-            FileChange::Added
-        } else {
-            FileChange::Created
+        match (keys_entry, &keys_before) {
+            (KeyEntry::Earlier(_), _) => FileChange::Updated,
+            (_, Some(_)) => FileChange::Added,
+            (_, None) => FileChange::Created,
         }
     };
 
@@ -645,6 +703,8 @@ mod tests {
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOoiH86FPsWOHTpC6dd1O8DwZoDfXuxpuEmcPlZQdKIm";
     const BARE_B: &str =
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB6TeR9MjGokmZivHwznNGVqnbzd9EAdEPOidCNyuf8V";
+    /// KEY_A's login key id: its SHA-256 fingerprint, URL-safe.
+    const ID_A: &str = "UoIgluOl6daYn_xeyBwV5oTTdlvo9d5vjx6mJ2P9FDI";
 
     struct Env {
         dir: tempfile::TempDir,
@@ -723,7 +783,13 @@ mod tests {
         assert!(out.changed());
         assert_eq!(
             env.keys(),
-            format!("restrict,command=\"/usr/sbin/hostd serve\" {BARE_A} key-a@test\n")
+            format!(
+                "restrict,command=\"/usr/sbin/hostd serve --key {ID_A}\" {BARE_A} key-a@test\n"
+            )
+        );
+        assert_eq!(
+            crate::session::LoginKeyId::of(&PublicKey::from_openssh(KEY_A).unwrap()).as_str(),
+            ID_A
         );
         assert_eq!(
             env.signers(),
@@ -786,8 +852,30 @@ mod tests {
         assert_eq!(out.authorized_keys, FileChange::Added);
         assert_eq!(
             env.keys(),
-            format!("{keys}\nrestrict,command=\"/usr/sbin/hostd serve\" {BARE_A} key-a@test\n")
+            format!(
+                "{keys}\nrestrict,command=\"/usr/sbin/hostd serve --key {ID_A}\" {BARE_A} key-a@test\n"
+            )
         );
+    }
+
+    /// Issue 26, N12: a line an earlier enrol wrote (forced command without `--key`) is
+    /// replaced in place by one that names the key; every other byte is kept.
+    #[test]
+    fn an_earlier_enrols_line_gets_the_key_id() {
+        let env = Env::new();
+        let keys = format!(
+            "# keep\nrestrict,command=\"/usr/sbin/hostd serve\" {BARE_A} old@x\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPmQ1+8QPtNQ2yOglYcbzhbLC2X/2jhTXO08DvU+OVaB ops@x"
+        );
+        env.put_keys(&keys);
+        let out = enrol(&env.req).unwrap();
+        assert_eq!(out.authorized_keys, FileChange::Updated);
+        assert_eq!(
+            env.keys(),
+            format!(
+                "# keep\nrestrict,command=\"/usr/sbin/hostd serve --key {ID_A}\" {BARE_A} key-a@test\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPmQ1+8QPtNQ2yOglYcbzhbLC2X/2jhTXO08DvU+OVaB ops@x"
+            )
+        );
+        assert!(!enrol(&env.req).unwrap().changed());
     }
 
     #[test]
@@ -980,9 +1068,9 @@ mod tests {
         let mut req = env.req.clone();
         req.forced_command = "/opt/hostd/bin/hostd serve --config /etc/x.toml".into();
         enrol(&req).unwrap();
-        assert!(env.keys().starts_with(
-            "restrict,command=\"/opt/hostd/bin/hostd serve --config /etc/x.toml\" ssh-ed25519 "
-        ));
+        assert!(env.keys().starts_with(&format!(
+            "restrict,command=\"/opt/hostd/bin/hostd serve --config /etc/x.toml --key {ID_A}\" ssh-ed25519 "
+        )));
         assert!(!enrol(&req).unwrap().changed());
         // The default command now conflicts with the line written above.
         assert!(matches!(

@@ -17,6 +17,7 @@ pub mod listener;
 pub mod lock;
 pub mod login_user;
 pub mod markers;
+pub mod quota;
 pub mod real;
 pub mod session;
 pub mod sock_diag;

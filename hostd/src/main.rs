@@ -38,7 +38,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve one SSH session (the forced command).
-    Serve,
+    Serve {
+        /// The coordinator login key the session authenticated with, as `hostd enrol` writes
+        /// it into the key's forced command: sessions are bounded per key.
+        #[arg(long)]
+        key: Option<String>,
+    },
     /// Verify and execute one signed operation from a file; the signature is FILE.sig unless
     /// --signature says otherwise. Prints the result as JSON.
     Apply {
@@ -282,6 +287,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&inv)?);
             } else {
                 print_table(&inv);
+                println!(
+                    "quotas: {}",
+                    hostd::quota::support(&config.state_root).describe()
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -323,7 +332,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             })
         }
         Command::ExecGateway { .. } => Ok(ExitCode::from(1)),
-        Command::Serve => {
+        Command::Serve { key } => {
+            let key = match key.as_deref() {
+                Some(k) => Some(hostd::session::LoginKeyId::new(k)?),
+                // A login user's forced `sudo -n hostd serve` (see `hostd enrol
+                // --login-user`): sudo sets SUDO_USER, which the user cannot choose.
+                None => std::env::var("SUDO_USER")
+                    .ok()
+                    .and_then(|u| hostd::session::LoginKeyId::new(&format!("user-{u}")).ok()),
+            };
             let path = cli
                 .config
                 .clone()
@@ -332,7 +349,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let config = load_config(&cli)?;
             let system = RealSystem::new()?;
             let engine = Engine::new(&config, &system, host_fingerprint(&config)?);
-            let responder = Responder::new(&engine, &config)?;
+            let mut responder = Responder::new(&engine, &config)?;
+            responder.set_login_key(key);
             let closed = Arc::new(AtomicBool::new(false));
             watch_session(&closed)?;
             let stale = || config_stamp(&path) != loaded;

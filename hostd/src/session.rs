@@ -53,6 +53,9 @@ pub struct Responder<'a> {
     journal: Journal,
     /// The host's clock in Unix seconds ([`now_unix`]; tests move it).
     clock: Box<dyn Fn() -> u64 + 'a>,
+    /// The coordinator login key this session authenticated with (`hostd serve --key`,
+    /// written into the forced command by `hostd enrol`); `None` shares one bucket.
+    login_key: Option<LoginKeyId>,
 }
 
 impl std::fmt::Debug for Responder<'_> {
@@ -92,7 +95,14 @@ impl<'a> Responder<'a> {
             verifier,
             journal,
             clock: Box::new(now_unix),
+            login_key: None,
         })
+    }
+
+    /// Names the coordinator login key the session authenticated with (`hostd serve
+    /// --key`): its sessions count against that key's `[limits] max_sessions` only.
+    pub fn set_login_key(&mut self, key: Option<LoginKeyId>) {
+        self.login_key = key;
     }
 
     /// Replaces the clock (tests: a host clock stepped ahead and back).
@@ -356,10 +366,73 @@ fn failed(id: Option<clawfleet_protocol::OperationId>, failure: Failure) -> Resu
     }
 }
 
-/// One of the host's `[limits] max_sessions` session slots, held (a kernel `flock` on
-/// `sessions/<n>.lock`) for as long as the session lives; the kernel releases it however the
-/// process ends. A stolen login key can therefore keep at most that many idle root
-/// processes open, and each of them only until its idle timeout (issue 26, N12).
+/// Which coordinator login key a session authenticated with: `hostd enrol` writes it into
+/// the key's forced command (`hostd serve --key <id>`), which the holder of the key cannot
+/// change, so it names the key as sshd saw it. It is the key's SHA-256 fingerprint in URL-safe
+/// base64 (`-` and `_` for `+` and `/`, no `SHA256:`), which is safe as a file name and in a
+/// sudoers command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginKeyId(String);
+
+/// Why a `--key` value is not a login key id.
+#[derive(Debug, Error)]
+#[error(
+    "the login key id {0:?} is not 1 to 64 characters of A-Z, a-z, 0-9, '-' and '_' (hostd enrol writes it into the forced command)"
+)]
+pub struct LoginKeyIdError(String);
+
+impl LoginKeyId {
+    pub fn new(id: &str) -> Result<Self, LoginKeyIdError> {
+        let ok = !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if ok {
+            Ok(Self(id.to_owned()))
+        } else {
+            Err(LoginKeyIdError(id.chars().take(80).collect()))
+        }
+    }
+
+    /// The id of a login key: its SHA-256 fingerprint, URL-safe.
+    pub fn of(key: &clawfleet_protocol::ssh_key::PublicKey) -> Self {
+        let fingerprint = clawfleet_protocol::signing::fingerprint(key).to_string();
+        let body = fingerprint
+            .strip_prefix("SHA256:")
+            .unwrap_or(&fingerprint)
+            .trim_end_matches('=');
+        Self(
+            body.chars()
+                .map(|c| match c {
+                    '+' => '-',
+                    '/' => '_',
+                    c => c,
+                })
+                .collect(),
+        )
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The directory of this key's session slots under `sessions/`: `key-<id>`, or
+    /// `unkeyed` for sessions started without `--key` (an enrolment that predates it, a
+    /// login user through sudo, an operator's own `hostd serve`).
+    pub fn slots_dir(key: Option<&Self>, sessions: &Path) -> std::path::PathBuf {
+        match key {
+            Some(k) => sessions.join(format!("key-{}", k.0)),
+            None => sessions.join("unkeyed"),
+        }
+    }
+}
+
+/// One of a login key's `[limits] max_sessions` session slots, held (a kernel `flock` on
+/// `sessions/<key>/<n>.lock`) for as long as the session lives; the kernel releases it
+/// however the process ends. A stolen login key can therefore keep at most that many idle
+/// root processes open, each only until its idle timeout, and never takes the slots of
+/// another coordinator's key (issue 26, N12).
 #[derive(Debug)]
 pub struct SessionSlot {
     _file: std::fs::File,
@@ -367,6 +440,9 @@ pub struct SessionSlot {
 
 /// Takes a free slot of `max` in `dir`; `None` when all are held.
 pub fn take_slot(dir: &Path, max: u32) -> Result<Option<SessionSlot>, crate::fsutil::FsError> {
+    if let Some(parent) = dir.parent() {
+        crate::fsutil::ensure_dir(parent, 0o700)?;
+    }
     crate::fsutil::ensure_dir(dir, 0o700)?;
     for n in 0..max {
         let path = dir.join(format!("{n}.lock"));
@@ -472,20 +548,23 @@ fn serve_until_done<R: Read + Send + 'static, W: Write>(
 
     let config = responder.engine.config;
     // Held until the session returns.
+    let key = responder.login_key.as_ref();
+    let key_name = key.map_or("unkeyed", |k| k.as_str());
     let _slot = match take_slot(
-        &responder.engine.layout.sessions_dir(),
+        &LoginKeyId::slots_dir(key, &responder.engine.layout.sessions_dir()),
         config.limits.max_sessions,
     ) {
         Ok(Some(slot)) => Some(slot),
         Ok(None) => {
             tracing::warn!(
                 max_sessions = config.limits.max_sessions,
-                "every session slot is taken; answering SESSION_LIMIT and ending the session"
+                login_key = key_name,
+                "every session slot of this login key is taken; answering SESSION_LIMIT and ending the session"
             );
             let failure = Failure::new(
                 FailureCode::SessionLimit,
                 format!(
-                    "this host already has {} hostd sessions open ([limits] max_sessions); retry later",
+                    "this login key ({key_name}) already has {} hostd sessions open on this host ([limits] max_sessions, per key); retry later",
                     config.limits.max_sessions
                 ),
             );

@@ -132,6 +132,11 @@ pub fn render(
     // No user, mount, network, ... namespaces: inside one an Agent would regain every
     // capability.
     let _ = writeln!(u, "RestrictNamespaces=yes");
+    // Its own user namespace (mapping only root and the Agent's user and group): the kernel
+    // lets the owner of a file change its project id and project-inherit flag from the init
+    // user namespace only, so inside this one the Agent cannot move its files out of the
+    // project quota hostd gives it (issue 26, N6; crate::quota).
+    let _ = writeln!(u, "PrivateUsers=yes");
     let _ = writeln!(u, "RestrictRealtime=yes");
     // Not RestrictSUIDSGID=yes: it makes openat2(2) fail with ENOSYS, and the OpenClaw gateway
     // needs openat2 for its lock (found by the real-gateway test). Not
@@ -229,6 +234,7 @@ mod tests {
             "RestartPreventExitStatus=78",
             "CapabilityBoundingSet=\n",
             "RestrictNamespaces=yes\n",
+            "PrivateUsers=yes\n",
             "PrivateIPC=yes\n",
             "RemoveIPC=yes\n",
             "TemporaryFileSystem=/dev/shm:",

@@ -274,3 +274,63 @@ fn after_a_reboot_a_fresh_envelope_runs_whatever_the_lifetime_of_earlier_ones() 
     let r2 = spec("rev-2", 2, json!({"label": "r2"}));
     occ.ok(&host, prepare("ns1", "a1", &r2));
 }
+
+/// Issue 26, N12: a stolen login key could open sessions until the host's bound and so shut
+/// every other coordinator out. Sessions are bounded per login key: `hostd enrol` writes the
+/// key's id into its forced command, key A's sessions beyond `[limits] max_sessions` are
+/// refused with `SESSION_LIMIT`, and key B is still admitted.
+#[test]
+fn one_login_keys_sessions_do_not_exhaust_another_keys() {
+    skip_unless_hosts!();
+    let a = Coordinator::new();
+    let host = host_with_hostd(
+        &a,
+        "[limits]\nmax_sessions = 3\nlock_timeout_ms = 3000\nreadiness_timeout_ms = 20000\n",
+    );
+    // A second coordinator, enrolled beside the first.
+    let b = Coordinator::new();
+    host.write_file("/tmp/occ-b-login.pub", b.login_public().as_bytes(), 0o644)
+        .unwrap();
+    host.write_file(
+        "/tmp/occ-b-signing.pub",
+        b.signing_public().as_bytes(),
+        0o644,
+    )
+    .unwrap();
+    host.run_ok(&format!(
+        "hostd enrol --ssh-key /tmp/occ-b-login.pub --signing-key /tmp/occ-b-signing.pub --principal {PRINCIPAL}"
+    ))
+    .unwrap();
+    let keys = host.run_ok("cat /root/.ssh/authorized_keys").unwrap();
+    assert_eq!(
+        keys.matches("command=\"/usr/sbin/hostd serve --key ")
+            .count(),
+        2,
+        "each key's forced command names it: {keys}"
+    );
+
+    // Key A opens sessions up to its bound and keeps them idle (each has answered once, so
+    // each holds its slot).
+    let probe = || Operation::Probe(ProbeArgs {});
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = Session::open(&a, &host);
+        s.send(&a.sign(&a.envelope(&host, &a.next_id(), probe())));
+        match s.wait_for(Duration::from_secs(30), is_result) {
+            Some(Message::Result(r)) => assert!(r.outcome.failure().is_none(), "{r:?}"),
+            other => panic!("no result: {other:?}"),
+        }
+        held.push(s);
+    }
+    let f = a.fails(&host, probe());
+    assert_eq!(f.code, FailureCode::SessionLimit, "{f}");
+    assert!(f.is_retryable());
+    // Key B is admitted while key A holds every one of its slots.
+    b.ok(&host, probe());
+    b.ok(&host, ensure("ns-b"));
+    // Key A's slots come back as its sessions end.
+    for s in held {
+        s.finish();
+    }
+    a.ok(&host, probe());
+}

@@ -92,8 +92,14 @@ impl Fixture {
 
     /// Runs one session over `input` and returns every message hostd wrote.
     fn session(&self, input: Vec<u8>) -> Vec<Message> {
+        self.keyed_session(None, input)
+    }
+
+    /// A session started as `hostd serve --key <key>`.
+    fn keyed_session(&self, key: Option<&str>, input: Vec<u8>) -> Vec<Message> {
         let engine = Engine::new(&self.config, &self.fake, self.host_key.clone());
-        let responder = Responder::new(&engine, &self.config).unwrap();
+        let mut responder = Responder::new(&engine, &self.config).unwrap();
+        responder.set_login_key(key.map(|k| hostd::session::LoginKeyId::new(k).unwrap()));
         let mut output = Vec::new();
         let _ = serve(
             &responder,
@@ -661,13 +667,39 @@ fn hostd_apply_answers_an_oversized_envelope_with_input_too_large() {
 }
 
 /// Issue 26, N12: a stolen login key could open any number of idle root sessions. At most
-/// `[limits] max_sessions` run at once (one more answers `SESSION_LIMIT` and ends), and a
-/// session that receives nothing for `[limits] session_idle_timeout_seconds` ends itself.
+/// `[limits] max_sessions` run at once per login key (one more answers `SESSION_LIMIT` and
+/// ends), another key's sessions still run, and a session that receives nothing for
+/// `[limits] session_idle_timeout_seconds` ends itself.
 #[test]
-fn sessions_beyond_the_hosts_limit_are_refused_and_idle_ones_end() {
+fn sessions_beyond_a_keys_limit_are_refused_and_idle_ones_end() {
     let mut f = Fixture::new();
     f.config.limits.max_sessions = 2;
-    let slots = f.config.state_root.join("sessions");
+    let key_a = hostd::session::LoginKeyId::new("key-a").unwrap();
+    let slots_a =
+        hostd::session::LoginKeyId::slots_dir(Some(&key_a), &f.config.state_root.join("sessions"));
+    std::fs::create_dir_all(&f.config.state_root).unwrap();
+    let held_a: Vec<_> = (0..2)
+        .map(|_| hostd::session::take_slot(&slots_a, 2).unwrap().unwrap())
+        .collect();
+    let out = f.keyed_session(
+        Some("key-a"),
+        frames(&[f.signed("op-a", Operation::Probe(ProbeArgs {}))]),
+    );
+    let r = results(&out);
+    assert_eq!(code(&r[0]), Some(FailureCode::SessionLimit), "{r:?}");
+    assert!(
+        r[0].outcome.failure().unwrap().message.contains("key-a"),
+        "{r:?}"
+    );
+    // Key A holds all of its slots; key B's sessions are served.
+    let out = f.keyed_session(
+        Some("key-b"),
+        frames(&[f.signed("op-b", Operation::Probe(ProbeArgs {}))]),
+    );
+    assert_eq!(code(&results(&out)[0]), None, "{out:?}");
+    drop(held_a);
+
+    let slots = hostd::session::LoginKeyId::slots_dir(None, &f.config.state_root.join("sessions"));
     std::fs::create_dir_all(&f.config.state_root).unwrap();
     let held: Vec<_> = (0..2)
         .map(|_| hostd::session::take_slot(&slots, 2).unwrap().unwrap())

@@ -100,6 +100,10 @@ pub struct ProbeResult {
     pub port_range: PortRange,
     pub max_agents: u32,
     pub agents: u32,
+    /// Per-Agent disk and inode limits: `enforced`, or `unavailable: <why>` (hostd; absent
+    /// from hostd before it reported them, and from backends without them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<String>,
 }
 
 /// What `ensure-namespace` reports.

@@ -39,6 +39,10 @@ pub struct HostOptions {
     /// writable and systemd re-executed, so units get cgroups with their limits there. No
     /// effect on a pure-v2 runner.
     pub cgroup_limits: bool,
+    /// Read-write binds (runner path, absolute host path), e.g. a loop-mounted file system
+    /// of the test's own as the host's `/var/lib/clawfleet`. The runner path must exist and
+    /// stays the test's to create and remove.
+    pub binds: Vec<(PathBuf, String)>,
 }
 
 #[derive(Debug)]
@@ -68,6 +72,8 @@ pub struct TestHost {
     machine_id: String,
     /// `--bind-ro=` mounts given to nspawn (runner path, host path).
     binds: Vec<(PathBuf, String)>,
+    /// `--bind=` (read-write) mounts given to nspawn (runner path, host path).
+    rw_binds: Vec<(PathBuf, String)>,
     cgroup_limits: bool,
     state: Mutex<State>,
     // Dropped last: the slot stays ours until teardown has finished.
@@ -104,6 +110,18 @@ impl TestHost {
         if options.openclaw {
             let bundle = crate::openclaw::ensure_cached(config)?;
             binds.push((bundle.dir, crate::openclaw::HOST_PREFIX.to_owned()));
+        }
+        for (from, to) in &options.binds {
+            if from.to_string_lossy().contains([',', ':', '\n'])
+                || !to.starts_with('/')
+                || to.contains([',', ':', '\n'])
+            {
+                return Err(Error::InvalidSetting {
+                    name: "HostOptions::binds",
+                    value: format!("{}:{to}", from.display()),
+                    reason: "bind paths must be absolute and must not contain ',' or ':'",
+                });
+            }
         }
         let slot = slot::acquire(config)?;
         let record = SlotRecord::plan(config, slot.n);
@@ -144,6 +162,7 @@ impl TestHost {
             fingerprint: identity.fingerprint,
             machine_id: identity.machine_id,
             binds,
+            rw_binds: options.binds.clone(),
             cgroup_limits: options.cgroup_limits,
             state: Mutex::new(State {
                 record,
@@ -326,11 +345,17 @@ impl TestHost {
             .arg("--timezone=off")
             // nspawn 252's seccomp allowlist predates Landlock and answers EPERM; a host on
             // bare metal has no such filter. hostd confines each gateway's binds with Landlock.
-            .arg("--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self")
+            // Likewise quotactl_fd (Linux 5.14), with which hostd reads and sets project quotas.
+            .arg("--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self quotactl quotactl_fd")
             .args(
                 self.binds
                     .iter()
                     .map(|(from, to)| format!("--bind-ro={}:{to}", from.display())),
+            )
+            .args(
+                self.rw_binds
+                    .iter()
+                    .map(|(from, to)| format!("--bind={}:{to}", from.display())),
             )
             .env("CFVM_CGROUP_PROCS", procs.join(" "))
             .env(

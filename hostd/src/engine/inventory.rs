@@ -31,6 +31,7 @@ pub fn probe(engine: &Engine<'_>) -> ProbeResult {
         },
         max_agents: engine.config.max_agents,
         agents: u32::try_from(agents).unwrap_or(u32::MAX),
+        quotas: Some(crate::quota::support(&engine.config.state_root).describe()),
     }
 }
 

@@ -79,7 +79,41 @@ impl Engine<'_> {
             self.create_agent_dir(ctx, ns, agent, paths, ids, choice.port)?;
         }
         self.verify_agent(ns, agent, paths)?;
+        self.limit_disk(ctx, agent, paths, ids)?;
         Ok(ids)
+    }
+
+    /// Puts the Agent's writable directories (`home`, `state`, the workspace below it) into
+    /// the project of its uid with `[quota]`'s limits, where the state root's file system has
+    /// project quotas (`crate::quota`); every time, so an Agent created before they were
+    /// turned on gets them at its next prepare (files it made before keep project 0). Without
+    /// project quotas nothing is limited per Agent (see the operator guide).
+    fn limit_disk(
+        &self,
+        ctx: &Ctx<'_>,
+        agent: &AgentRef,
+        paths: &AgentPaths,
+        ids: Ids,
+    ) -> Result<(), Failure> {
+        if crate::quota::support(&self.config.state_root) != crate::quota::Support::Enforced {
+            return Ok(());
+        }
+        crate::quota::limit_agent(&[&paths.home, &paths.state], ids.uid, self.config.quota)
+            .map_err(|e| {
+                Failure::new(
+                    FailureCode::IoFailed,
+                    format!("cannot limit the Agent's disk use: {e}"),
+                )
+            })?;
+        tracing::debug!(
+            operation_id = %ctx.operation_id,
+            agent = %agent.id,
+            project = ids.uid,
+            max_bytes = self.config.quota.max_bytes,
+            max_inodes = self.config.quota.max_inodes,
+            "agent directories limited by project quota"
+        );
+        Ok(())
     }
 
     /// The intent a killed run left to create this Agent's account, if any. One for another

@@ -96,5 +96,6 @@ pub(crate) async fn probe(
         },
         max_agents: settings.quota.pods,
         agents,
+        quotas: None,
     })
 }
