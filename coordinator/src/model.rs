@@ -369,6 +369,10 @@ pub struct Revision {
     pub runtime_failure: Option<Value>,
     #[serde(skip)]
     pub rendered: Value,
+    /// Whether a prepare of this revision was ever sent to a target: one that never reached
+    /// a target has nothing there to retire.
+    #[serde(skip)]
+    pub staged: bool,
 }
 
 /// An audit event.

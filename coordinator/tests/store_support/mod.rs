@@ -106,6 +106,7 @@ fn revision(agent: &str) -> Revision {
         created_at: 1,
         runtime_failure: None,
         rendered: json!({"gateway": {}}),
+        staged: false,
     }
 }
 

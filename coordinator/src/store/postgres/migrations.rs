@@ -230,6 +230,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE agent_workspace_files ADD COLUMN sealed BOOLEAN NOT NULL DEFAULT FALSE;
     CREATE TABLE plan_tokens_used (token TEXT PRIMARY KEY, used_at BIGINT NOT NULL);
     ",
+    // 14: as SQLite's 14: whether a prepare of the revision was ever sent to a target.
+    "
+    ALTER TABLE revisions ADD COLUMN staged BOOLEAN NOT NULL DEFAULT TRUE;
+    ",
 ];
 
 /// The version the migrations bring a database to.

@@ -261,4 +261,10 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE agent_workspace_files ADD COLUMN sealed INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE plan_tokens_used (token TEXT PRIMARY KEY, used_at INTEGER NOT NULL);
     ",
+    // 14: whether a prepare of the revision was ever sent to a target (`staged`): a revision
+    // that never reached one is retired in the store alone, without a host call. Rows from
+    // before are taken as staged (they may have been).
+    "
+    ALTER TABLE revisions ADD COLUMN staged INTEGER NOT NULL DEFAULT 1;
+    ",
 ];
