@@ -250,6 +250,9 @@ pub trait AgentStore: Send + Sync {
     async fn insert_agent(&self, a: &Agent, files: &[WorkspaceFile], now: i64) -> Result<bool>;
     async fn agent(&self, ns: &str, id: &str) -> Result<Option<Agent>>;
     async fn agents(&self, ns: &str) -> Result<Vec<Agent>>;
+    /// At most `limit` of a Namespace's Agents whose id sorts after `after` (bytewise), in
+    /// that order: one page of the list, read by key.
+    async fn agents_after(&self, ns: &str, after: Option<&str>, limit: u32) -> Result<Vec<Agent>>;
     async fn set_agent_restore(&self, ns: &str, id: &str, restore: RestorePolicy) -> Result<()>;
     async fn set_agent_configuration(
         &self,
