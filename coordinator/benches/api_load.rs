@@ -18,6 +18,12 @@
 //! draining. The backlog (queued or running work) at the start and end of each phase is
 //! printed, so one can see the reads really met a draining worker.
 //!
+//! Then, per store, the CHURN case on the same Agents (now running): each client deploys its
+//! share `CLAWFLEET_BENCH_CHURN_ROUNDS` times over (default 5; 0 skips it), so most revisions
+//! are superseded in the queue and the worker retires them, with the same reads meanwhile.
+//! It prints how long the drain took after the last deploy was sent against how long the
+//! deploys took to send (target: within 2×), the host calls by kind, and failed deploys.
+//!
 //! `cargo bench -p clawfleet-coordinator --bench api_load`. Knobs: `CLAWFLEET_BENCH_AGENTS`
 //! (deploy requests, one per Agent; default 1000), `CLAWFLEET_BENCH_READS` (read requests in
 //! all; default 6000), `CLAWFLEET_BENCH_CLIENTS` (default 8), `CLAWFLEET_BENCH_STORES`
@@ -266,6 +272,7 @@ struct Coordinator {
     token: String,
     agents: Vec<(String, String)>,
     stop: tokio::sync::watch::Sender<bool>,
+    backend: Arc<EngineBackend>,
     /// (time, queued or running work) every 50 ms.
     backlog: Arc<Mutex<Vec<(Instant, i64)>>>,
     setup: Duration,
@@ -308,7 +315,7 @@ impl Coordinator {
         rt.spawn(worker.run(settings.parallelism, stop_rx.clone()));
         let state = Arc::new(AppState {
             service: Service::new(store.clone()),
-            backend,
+            backend: backend.clone(),
         });
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -348,6 +355,7 @@ impl Coordinator {
             token,
             agents: names,
             stop,
+            backend,
             backlog,
             setup: t0.elapsed(),
         }
@@ -376,6 +384,16 @@ impl Coordinator {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Host calls so far, by operation kind.
+    fn host_calls(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for line in self.backend.log() {
+            let kind = line.rsplit(' ').next().unwrap_or_default().to_owned();
+            *out.entry(kind).or_insert(0) += 1;
+        }
+        out
     }
 
     fn work_counts(&self) -> String {
@@ -521,21 +539,25 @@ fn measure(
     clients: usize,
     reads: usize,
     drain_limit: Duration,
+    rounds: usize,
 ) -> Vec<Row> {
     let agents = &c.agents;
     let backlog_before = c.backlog();
+    let calls_before = c.host_calls();
     let before = Instant::now();
     let (deploy, deploy_wall) = load(
         clients,
         &["POST …/agents/{a}/deploy"],
         |client, http, samples| {
-            for (ns, a) in agents.iter().skip(client).step_by(clients) {
-                timed(
-                    http,
-                    "POST",
-                    &format!("/namespaces/{ns}/agents/{a}/deploy"),
-                    &mut samples[0],
-                );
+            for _ in 0..rounds {
+                for (ns, a) in agents.iter().skip(client).step_by(clients) {
+                    timed(
+                        http,
+                        "POST",
+                        &format!("/namespaces/{ns}/agents/{a}/deploy"),
+                        &mut samples[0],
+                    );
+                }
             }
         },
         c.addr,
@@ -589,6 +611,27 @@ fn measure(
         },
         c.work_counts(),
     );
+    if let Some(t) = drained {
+        let drain = t.saturating_duration_since(deploys_sent).as_secs_f64();
+        let send = deploy_wall.as_secs_f64();
+        println!(
+            "{name}: {} deploys of {} Agents sent in {send:.2} s; the backlog drained {drain:.2} s \
+             after the last was sent ({:.2}× the send time; target ≤ 2×)",
+            agents.len() * rounds,
+            agents.len(),
+            drain / send.max(1e-9)
+        );
+    }
+    let calls_after = c.host_calls();
+    println!(
+        "{name}: host calls meanwhile: {}",
+        calls_after
+            .iter()
+            .map(|(k, n)| format!("{k} {}", n - calls_before.get(k).copied().unwrap_or(0)))
+            .filter(|s| !s.ends_with(" 0"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let read_total: usize = read.iter().map(|s| s.latencies.len()).sum();
     let mut rows = Vec::new();
     for s in deploy {
@@ -635,6 +678,7 @@ fn main() {
     let drain_limit = Duration::from_secs(knob("CLAWFLEET_BENCH_DRAIN_SECONDS", 15) as u64);
     let reads = knob("CLAWFLEET_BENCH_READS", 6000);
     let clients = knob("CLAWFLEET_BENCH_CLIENTS", 8);
+    let churn = knob("CLAWFLEET_BENCH_CHURN_ROUNDS", 5);
     let stores =
         std::env::var("CLAWFLEET_BENCH_STORES").unwrap_or_else(|_| "sqlite,postgres".to_owned());
     println!(
@@ -658,7 +702,17 @@ fn main() {
                     agents,
                 );
                 println!("sqlite: setup {:.1} s (untimed)", c.setup.as_secs_f64());
-                rows.extend(measure("sqlite", &c, clients, reads, drain_limit));
+                rows.extend(measure("sqlite", &c, clients, reads, drain_limit, 1));
+                if churn > 0 {
+                    rows.extend(measure(
+                        "sqlite churn",
+                        &c,
+                        clients,
+                        reads,
+                        drain_limit,
+                        churn,
+                    ));
+                }
                 c.stop();
                 notes.push(
                     "sqlite: a file in a temporary directory on this machine's disk, WAL, \
@@ -697,7 +751,17 @@ fn main() {
                     c.setup.as_secs_f64(),
                     pg.version()
                 );
-                rows.extend(measure("postgres", &c, clients, reads, drain_limit));
+                rows.extend(measure("postgres", &c, clients, reads, drain_limit, 1));
+                if churn > 0 {
+                    rows.extend(measure(
+                        "postgres churn",
+                        &c,
+                        clients,
+                        reads,
+                        drain_limit,
+                        churn,
+                    ));
+                }
                 c.stop();
                 drop(pg);
                 notes.push(

@@ -75,6 +75,66 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ClientError> {
+        self.exchange(method, path, body).map(|(value, _)| value)
+    }
+
+    /// Every item of a list route, page after page (each page `page_size` items, the API's
+    /// default when `None`), as one JSON array.
+    pub fn list_all(&self, path: &str, page_size: Option<u32>) -> Result<Value, ClientError> {
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut query = Vec::new();
+            if let Some(n) = page_size {
+                query.push(format!("limit={n}"));
+            }
+            if let Some(c) = &cursor {
+                query.push(format!("cursor={}", percent_encode(c)));
+            }
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let url = if query.is_empty() {
+                path.to_owned()
+            } else {
+                format!("{path}{sep}{}", query.join("&"))
+            };
+            let (page, next) = self.exchange("GET", &url, None)?;
+            match page {
+                Value::Array(mut page) => items.append(&mut page),
+                other => {
+                    return Err(ClientError::Malformed(format!(
+                        "{path} answered {} instead of a list",
+                        match other {
+                            Value::Object(_) => "an object",
+                            _ => "something else",
+                        }
+                    )));
+                }
+            }
+            match next {
+                // A cursor that does not move on would loop forever.
+                Some(n) if cursor.as_deref() != Some(n.as_str()) => cursor = Some(n),
+                Some(_) => {
+                    return Err(ClientError::Malformed(format!(
+                        "{path} answered the same next cursor twice"
+                    )));
+                }
+                None => return Ok(Value::Array(items)),
+            }
+        }
+    }
+
+    /// One page of a list route: its items and the cursor of the next page, if more follow.
+    pub fn get_page(&self, path: &str) -> Result<(Value, Option<String>), ClientError> {
+        self.exchange("GET", path, None)
+    }
+
+    /// One request: the JSON body of a 2xx answer and its next-page cursor, if any.
+    fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(Value, Option<String>), ClientError> {
         let connect = |source| ClientError::Connect {
             addr: self.addr.clone(),
             source,
@@ -127,7 +187,10 @@ impl Client {
             serde_json::from_str(&body_text).unwrap_or(Value::String(body_text.clone()))
         };
         if (200..300).contains(&status) {
-            return Ok(value);
+            return Ok((
+                value,
+                header(head, crate::service::page::NEXT_CURSOR_HEADER),
+            ));
         }
         let code = value["error"]["code"]
             .as_str()
@@ -138,14 +201,8 @@ impl Client {
             .map(str::to_owned)
             .unwrap_or_else(|| body_text.chars().take(200).collect());
         if status == 429 {
-            let retry_after = head
-                .lines()
-                .find_map(|l| {
-                    let (name, value) = l.split_once(':')?;
-                    name.trim()
-                        .eq_ignore_ascii_case("retry-after")
-                        .then(|| value.trim().parse().ok())?
-                })
+            let retry_after = header(head, "retry-after")
+                .and_then(|v| v.parse().ok())
                 .unwrap_or(1);
             return Err(ClientError::RateLimited {
                 retry_after,
@@ -158,6 +215,16 @@ impl Client {
             message,
         })
     }
+}
+
+/// A header's value in a response head.
+fn header(head: &str, name: &str) -> Option<String> {
+    head.lines().skip(1).find_map(|l| {
+        let (n, value) = l.split_once(':')?;
+        n.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_owned())
+    })
 }
 
 /// Percent-encoding of a query value: everything but unreserved characters (log cursors hold

@@ -372,6 +372,10 @@ pub struct Revision {
     /// The secret versions the revision was deployed with, by name (never a value).
     #[serde(default)]
     pub secrets: Vec<SecretBinding>,
+    /// Whether a prepare of this revision was ever sent to a target: one that never reached
+    /// a target has nothing there to retire.
+    #[serde(skip)]
+    pub staged: bool,
 }
 
 /// An audit event.

@@ -1231,3 +1231,153 @@ async fn clusters_hide_credentials_and_refuse_removal_while_used() {
         Err((404, "NOT_FOUND".into()))
     );
 }
+
+/// Every list route answers bounded pages: a list longer than the largest page comes in
+/// pages that together hold each item once, in order; a cursor or limit the API did not
+/// issue is refused naming the parameter; `occ` fetches every page.
+#[tokio::test]
+async fn lists_come_in_bounded_pages_continued_by_a_cursor() {
+    use coordinator::service::page::{DEFAULT_PAGE, MAX_PAGE};
+    use coordinator::service::{NewAgent, NewHost, NewNamespace};
+    let api = Api::start().await;
+    let svc = Service::new(api.store.clone());
+    svc.enrol_host(
+        "test",
+        NewHost {
+            name: "h1".into(),
+            address: "127.0.0.1".into(),
+            port: 22,
+            host_key: HOST_KEY.into(),
+            max_agents: 100,
+            login_user: None,
+            jump: None,
+        },
+    )
+    .await
+    .unwrap();
+    svc.create_namespace(
+        "test",
+        NewNamespace {
+            id: "ns1".into(),
+            name: None,
+            hosts: vec!["h1".into()],
+            cluster: None,
+            single_tenant: false,
+        },
+        true,
+    )
+    .await
+    .unwrap();
+    svc.put_configuration("test", "ns1", "cfg", json!({}), true)
+        .await
+        .unwrap();
+    let total = MAX_PAGE as usize + 5;
+    for i in 0..total {
+        svc.create_agent(
+            "test",
+            "ns1",
+            NewAgent {
+                id: format!("a{i:05}"),
+                service_principal_id: None,
+                configuration_id: "cfg".into(),
+                harness_auth: None,
+                restore: None,
+                workspace_files: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+    }
+    let c = api.client(Some(&api.admin));
+    let get = move |path: String| {
+        let c = c.clone();
+        async move {
+            tokio::task::spawn_blocking(move || c.get_page(&path))
+                .await
+                .unwrap()
+        }
+    };
+    // Without a limit: the default page, and a cursor.
+    let (page, next) = get("/namespaces/ns1/agents".into()).await.unwrap();
+    assert_eq!(page.as_array().unwrap().len(), DEFAULT_PAGE as usize);
+    assert!(next.is_some());
+    // The largest page, then the rest.
+    let (first, next) = get(format!("/namespaces/ns1/agents?limit={MAX_PAGE}"))
+        .await
+        .unwrap();
+    let first = first.as_array().unwrap().clone();
+    assert_eq!(first.len(), MAX_PAGE as usize);
+    let next = next.expect("more Agents follow");
+    let (rest, after) = get(format!(
+        "/namespaces/ns1/agents?limit={MAX_PAGE}&cursor={next}"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(after, None, "the last page has no cursor");
+    let ids: Vec<String> = first
+        .iter()
+        .chain(rest.as_array().unwrap())
+        .map(|a| a["id"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..total).map(|i| format!("a{i:05}")).collect();
+    assert_eq!(ids, expected);
+    // A limit beyond the largest page, and cursors the API did not issue, or issued for
+    // another list, are refused naming the parameter.
+    let refused = |r: Result<(Value, Option<String>), ClientError>| match r {
+        Err(ClientError::Api {
+            status,
+            code,
+            message,
+        }) => (status, code, message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let (status, code, message) =
+        refused(get(format!("/namespaces/ns1/agents?limit={}", MAX_PAGE + 1)).await);
+    assert_eq!((status, code.as_str()), (400, "INVALID_QUERY"));
+    assert!(message.starts_with("limit: "), "{message}");
+    let (_, hosts_next) = get("/hosts?limit=1".into()).await.unwrap();
+    assert_eq!(hosts_next, None, "one host fits a page of one");
+    for bad in ["zz", "not-a-cursor", "6167656e7473"] {
+        let (status, code, message) =
+            refused(get(format!("/namespaces/ns1/agents?cursor={bad}")).await);
+        assert_eq!((status, code.as_str()), (400, "INVALID_QUERY"), "{bad}");
+        assert!(message.starts_with("cursor: "), "{message}");
+    }
+    let (status, _, message) = refused(get(format!("/hosts?cursor={next}")).await);
+    assert_eq!(status, 400);
+    assert!(
+        message.starts_with("cursor: "),
+        "an Agents cursor for hosts: {message}"
+    );
+    // occ's client reads every page.
+    let c = api.client(Some(&api.admin));
+    let all = tokio::task::spawn_blocking(move || c.list_all("/namespaces/ns1/agents", Some(300)))
+        .await
+        .unwrap()
+        .unwrap();
+    let ids: Vec<String> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, expected);
+    // Revisions page by number, namespaces by id.
+    for _ in 0..3 {
+        svc.deploy("test", "ns1", "a00000").await.unwrap();
+    }
+    let c = api.client(Some(&api.admin));
+    let revs = tokio::task::spawn_blocking(move || {
+        c.list_all("/namespaces/ns1/agents/a00000/revisions", Some(2))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let numbers: Vec<u64> = revs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, vec![1, 2, 3]);
+}

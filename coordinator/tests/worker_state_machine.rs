@@ -288,6 +288,67 @@ async fn a_newer_revision_supersedes_older_work() {
     );
 }
 
+/// Revisions superseded in the queue never reached the host: retiring them costs no host
+/// call (they are retired in the store); only the revision the host held is retired there.
+#[tokio::test]
+async fn a_revision_that_never_reached_the_host_is_retired_without_a_host_call() {
+    let w = World::new(1).await;
+    let worker = w.worker();
+    w.agent("a1").await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.settle(&worker).await;
+    // Three more deploys before the worker runs again: 2 and 3 are superseded in the queue.
+    for _ in 0..3 {
+        w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    }
+    let before = w.backend.log().len();
+    w.settle(&worker).await;
+    let calls: Vec<String> = w.backend.log()[before..].to_vec();
+    let of = |kind: &str| calls.iter().filter(|l| l.ends_with(kind)).count();
+    assert_eq!(of(" prepare-revision"), 1, "{calls:?}");
+    assert_eq!(
+        of(" retire-revision"),
+        1,
+        "only revision 1 was ever on the host: {calls:?}"
+    );
+    let a = w.svc.agent("ns1", "a1").await.unwrap();
+    assert_eq!(rev_num(a.active_revision_id.as_deref()), Some(4));
+    let revs = w.store.revisions("ns1", "a1").await.unwrap();
+    let statuses: Vec<_> = revs.iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            RevisionStatus::Retired,
+            RevisionStatus::Retired,
+            RevisionStatus::Retired,
+            RevisionStatus::Active
+        ]
+    );
+    let host = a.host.unwrap();
+    let on_host = w.backend.agent(&host, "ns1", "a1").unwrap();
+    assert_eq!(
+        on_host
+            .snapshots
+            .keys()
+            .map(|k| rev_num(Some(k)))
+            .collect::<Vec<_>>(),
+        vec![Some(4)]
+    );
+    // Another deploy retires revision 4 on the host, and nothing already retired again.
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    let before = w.backend.log().len();
+    w.settle(&worker).await;
+    let calls: Vec<String> = w.backend.log()[before..].to_vec();
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|l| l.ends_with(" retire-revision"))
+            .count(),
+        1,
+        "{calls:?}"
+    );
+}
+
 #[tokio::test]
 async fn permanent_failures_stay_permanent_and_retryable_ones_use_the_budget() {
     let w = World::new(1).await;

@@ -6,9 +6,10 @@ use serde_json::json;
 
 use super::access::Caller;
 use super::extract::{NoBody, StrictJson, StrictQuery};
-use super::{ApiError, ApiResult, S, ok};
+use super::{ApiError, ApiResult, S, ok, paged};
 use crate::backend::Backend;
 use crate::codes::Code;
+use crate::service::page::PageQuery;
 use crate::service::{AgentPatch, DeployQuery, NewAgent};
 
 pub(super) async fn create_agent<B: Backend>(
@@ -23,8 +24,12 @@ pub(super) async fn create_agent<B: Backend>(
     )
 }
 
-pub(super) async fn list_agents<B: Backend>(State(st): S<B>, Path(ns): Path<String>) -> ApiResult {
-    ok(StatusCode::OK, st.service.agents(&ns).await?)
+pub(super) async fn list_agents<B: Backend>(
+    State(st): S<B>,
+    Path(ns): Path<String>,
+    StrictQuery(q): StrictQuery<PageQuery>,
+) -> ApiResult {
+    paged(st.service.agents_page(&ns, &q).await?)
 }
 
 pub(super) async fn get_agent<B: Backend>(
@@ -126,8 +131,9 @@ pub(super) async fn get_work<B: Backend>(
 pub(super) async fn list_revisions<B: Backend>(
     State(st): S<B>,
     Path((ns, agent)): Path<(String, String)>,
+    StrictQuery(q): StrictQuery<PageQuery>,
 ) -> ApiResult {
-    ok(StatusCode::OK, st.service.revisions(&ns, &agent).await?)
+    paged(st.service.revisions_page(&ns, &agent, &q).await?)
 }
 
 pub(super) async fn get_revision<B: Backend>(

@@ -5,11 +5,12 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 
 use super::access::Caller;
-use super::extract::StrictJson;
-use super::{ApiError, ApiResult, S, ok};
+use super::extract::{StrictJson, StrictQuery};
+use super::{ApiError, ApiResult, S, ok, paged};
 use crate::backend::{Backend, CallOptions, ClusterTarget, Target};
 use crate::codes::Code;
 use crate::model::ClusterRecord;
+use crate::service::page::PageQuery;
 use crate::service::{ClusterUpdate, NewCluster};
 
 /// Proves, before anything is stored, that the credentials reach the API server (a probe)
@@ -93,8 +94,11 @@ pub(super) async fn update_cluster<B: Backend>(
     )
 }
 
-pub(super) async fn list_clusters<B: Backend>(State(st): S<B>) -> ApiResult {
-    ok(StatusCode::OK, st.service.clusters().await?)
+pub(super) async fn list_clusters<B: Backend>(
+    State(st): S<B>,
+    StrictQuery(q): StrictQuery<PageQuery>,
+) -> ApiResult {
+    paged(st.service.clusters_page(&q).await?)
 }
 
 pub(super) async fn get_cluster<B: Backend>(

@@ -5,9 +5,10 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 
 use super::access::Caller;
-use super::extract::{NoBody, StrictJson};
-use super::{ApiError, ApiResult, S, ok};
+use super::extract::{NoBody, StrictJson, StrictQuery};
+use super::{ApiError, ApiResult, S, ok, paged};
 use crate::backend::Backend;
+use crate::service::page::PageQuery;
 use crate::service::{HostUpdate, NewHost, ProbeError};
 
 pub(super) async fn enrol_host<B: Backend>(
@@ -30,8 +31,11 @@ fn probe_error(e: ProbeError) -> ApiError {
     }
 }
 
-pub(super) async fn list_hosts<B: Backend>(State(st): S<B>) -> ApiResult {
-    ok(StatusCode::OK, st.service.hosts().await?)
+pub(super) async fn list_hosts<B: Backend>(
+    State(st): S<B>,
+    StrictQuery(q): StrictQuery<PageQuery>,
+) -> ApiResult {
+    paged(st.service.hosts_page(&q).await?)
 }
 
 pub(super) async fn get_host<B: Backend>(State(st): S<B>, Path(host): Path<String>) -> ApiResult {

@@ -164,6 +164,25 @@ fn ok(status: StatusCode, value: impl serde::Serialize) -> ApiResult {
     Ok((status, axum::Json(value)).into_response())
 }
 
+/// One page of a list: its items as a JSON array, and the next page's cursor in the
+/// `X-Next-Cursor` header when more follow.
+fn paged<T: serde::Serialize>(page: crate::service::page::Page<T>) -> ApiResult {
+    let mut response = (StatusCode::OK, axum::Json(page.items)).into_response();
+    if let Some(next) = page.next {
+        let value = axum::http::HeaderValue::from_str(&next).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Code::InternalError,
+                format!("the next cursor is not a header value: {e}"),
+            )
+        })?;
+        response
+            .headers_mut()
+            .insert(crate::service::page::NEXT_CURSOR_HEADER, value);
+    }
+    Ok(response)
+}
+
 /// Builds the router with the default limits (tests, embedded use).
 pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
     router_with(state, &ApiSettings::default())

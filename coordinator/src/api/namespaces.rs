@@ -5,10 +5,11 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use super::access::Caller;
-use super::extract::StrictJson;
-use super::{ApiResult, S, ok};
+use super::extract::{StrictJson, StrictQuery};
+use super::{ApiResult, S, ok, paged};
 use crate::backend::Backend;
 use crate::model::Role;
+use crate::service::page::PageQuery;
 use crate::service::{ConfigurationUpdate, NewConfiguration, NewNamespace};
 
 pub(super) async fn create_namespace<B: Backend>(
@@ -28,11 +29,14 @@ pub(super) async fn create_namespace<B: Backend>(
     )
 }
 
-pub(super) async fn list_namespaces<B: Backend>(State(st): S<B>, caller: Caller) -> ApiResult {
-    ok(
-        StatusCode::OK,
+pub(super) async fn list_namespaces<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    StrictQuery(q): StrictQuery<PageQuery>,
+) -> ApiResult {
+    paged(
         st.service
-            .namespaces(|n| caller.may(&n.id, Role::Read))
+            .namespaces_page(|n| caller.may(&n.id, Role::Read), &q)
             .await?,
     )
 }

@@ -106,8 +106,17 @@ pub fn document() -> Value {
     let mut paths = Map::new();
     for r in ROUTES {
         let mut responses = Map::new();
+        // A list route's query is the page query, and nothing else.
+        let paged = matches!(r.body, Body::Query(schema)
+            if schema() == super::routes::schema_of::<crate::service::page::PageQuery>());
         let ok = if r.success == 204 {
             json!({"description": "Done; no body"})
+        } else if paged {
+            json!({"description": "One page of the list, a JSON array in the list's order",
+                   "headers": {"X-Next-Cursor": {
+                       "description": "The cursor of the next page (pass it as `cursor`); absent on the last page",
+                       "schema": {"type": "string"}}},
+                   "content": {"application/json": {"schema": {"type": "array"}}}})
         } else if r.path == "/metrics" {
             json!({"description": "Prometheus text format",
                    "content": {"text/plain": {"schema": {"type": "string"}}}})

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::backend::Backend;
 use crate::model::Role;
+use crate::service::page::PageQuery;
 use crate::service::{
     AgentPatch, AuditQuery, ClusterUpdate, ConfigurationUpdate, DeployQuery, DriftQuery,
     HostUpdate, LogsQuery, NewAgent, NewCluster, NewConfiguration, NewHost, NewNamespace,
@@ -161,7 +162,7 @@ route_table! {
 
     Post "/namespaces", Scoped(Admin), Json<NewNamespace>, 201 => namespaces::create_namespace,
         "Create a Namespace on a host pool or a cluster (choosing either needs a global admin token)";
-    Get "/namespaces", Token, Empty, 200 => namespaces::list_namespaces,
+    Get "/namespaces", Token, Query<PageQuery>, 200 => namespaces::list_namespaces,
         "List the Namespaces the token may read";
     Get "/namespaces/{ns}", Namespace(Read), Empty, 200 => namespaces::get_namespace,
         "Get a Namespace, with its newest ensure or delete work (state, attempts, last code and message)";
@@ -187,7 +188,7 @@ route_table! {
 
     Post "/namespaces/{ns}/agents", Namespace(Deploy), Json<NewAgent>, 201 => agents::create_agent,
         "Create an Agent";
-    Get "/namespaces/{ns}/agents", Namespace(Read), Empty, 200 => agents::list_agents, "List Agents";
+    Get "/namespaces/{ns}/agents", Namespace(Read), Query<PageQuery>, 200 => agents::list_agents, "List Agents";
     Get "/namespaces/{ns}/agents/{agent}", Namespace(Read), Empty, 200 => agents::get_agent,
         "Get an Agent";
     Get "/namespaces/{ns}/agents/{agent}/workspace", Namespace(Read), Empty, 200 => agents::get_workspace,
@@ -205,7 +206,7 @@ route_table! {
         "Stop the Agent";
     Post "/namespaces/{ns}/agents/{agent}/reconcile", Namespace(Operate), Empty, 202
         => runtime::reconcile, "Re-apply the active revision (an audited deployment pass of the same revision)";
-    Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), Empty, 200
+    Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), Query<PageQuery>, 200
         => agents::list_revisions, "List revisions";
     Get "/namespaces/{ns}/agents/{agent}/revisions/{rev}", Namespace(Read), Empty, 200
         => agents::get_revision, "Get a revision";
@@ -240,7 +241,7 @@ route_table! {
         "Abort a rollout: Agents not started are skipped, the others stay as they are";
 
     Post "/hosts", Global(Admin), Json<NewHost>, 201 => hosts::enrol_host, "Enrol a host (pins its key)";
-    Get "/hosts", Global(Admin), Empty, 200 => hosts::list_hosts, "List hosts";
+    Get "/hosts", Global(Admin), Query<PageQuery>, 200 => hosts::list_hosts, "List hosts";
     Get "/hosts/{host}", Global(Admin), Empty, 200 => hosts::get_host, "Get a host";
     Put "/hosts/{host}", Global(Admin), Json<HostUpdate>, 200 => hosts::update_host,
         "Re-pin a host's key, address or capacity";
@@ -251,7 +252,7 @@ route_table! {
 
     Post "/clusters", Global(Admin), Json<NewCluster>, 201 => clusters::add_cluster,
         "Register a Kubernetes cluster (kubeconfig validated, then probed)";
-    Get "/clusters", Global(Admin), Empty, 200 => clusters::list_clusters,
+    Get "/clusters", Global(Admin), Query<PageQuery>, 200 => clusters::list_clusters,
         "List clusters (never their credentials)";
     Get "/clusters/{cluster}", Global(Admin), Empty, 200 => clusters::get_cluster, "Get a cluster";
     Put "/clusters/{cluster}", Global(Admin), Json<ClusterUpdate>, 200 => clusters::update_cluster,

@@ -221,7 +221,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
         }
         AgentCmd::List { namespace } => print(
             cli,
-            &c.request("GET", &format!("/namespaces/{namespace}/agents"), None)?,
+            &c.list_all(&format!("/namespaces/{namespace}/agents"), None)?,
             AGENT_COLUMNS,
         ),
         AgentCmd::Get { namespace, id } => print(
@@ -360,8 +360,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
         }
         AgentCmd::Revisions { namespace, id } => print(
             cli,
-            &c.request(
-                "GET",
+            &c.list_all(
                 &format!("/namespaces/{namespace}/agents/{id}/revisions"),
                 None,
             )?,

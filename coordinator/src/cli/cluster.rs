@@ -116,7 +116,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
             print(cli, &v, CLUSTER_COLUMNS);
             warn_probe(name, &v);
         }
-        ClusterCmd::List => print(cli, &c.request("GET", "/clusters", None)?, CLUSTER_COLUMNS),
+        ClusterCmd::List => print(cli, &c.list_all("/clusters", None)?, CLUSTER_COLUMNS),
         ClusterCmd::Get { name } => print(
             cli,
             &c.request("GET", &format!("/clusters/{name}"), None)?,

@@ -179,7 +179,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
         }
         HostCmd::List => print(
             cli,
-            &c.request("GET", "/hosts", None)?,
+            &c.list_all("/hosts", None)?,
             &[
                 ("HOST", "name"),
                 ("ADDRESS", "address"),

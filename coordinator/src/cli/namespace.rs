@@ -75,7 +75,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &NamespaceCmd) -> Result<()> {
         }
         NamespaceCmd::List => print(
             cli,
-            &c.request("GET", "/namespaces", None)?,
+            &c.list_all("/namespaces", None)?,
             &[
                 ("NAMESPACE", "id"),
                 ("NAME", "name"),

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use thiserror::Error;
 
 mod clusters;
+pub mod page;
 mod plans;
 mod probe;
 mod reads;
@@ -871,6 +872,7 @@ impl Service {
             created_at: now(),
             rendered,
             secrets,
+            staged: false,
         })
     }
 

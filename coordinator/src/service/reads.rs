@@ -1,6 +1,7 @@
 //! What the API reads: each query checks that the resources it names exist, so a missing
 //! Namespace or Agent is a 404 naming it rather than an empty answer.
 
+use super::page::{self, List, Page, PageQuery, PageRequest};
 use super::{Result, Service, ServiceError};
 use crate::model::{Agent, Cluster, Configuration, Host, Namespace, Revision};
 use crate::store::TokenRow;
@@ -108,6 +109,65 @@ impl Service {
     }
 
     /// A Namespace's Agents.
+    /// One page of a Namespace's Agents, by id.
+    pub async fn agents_page(&self, ns: &str, q: &PageQuery) -> Result<Page<Agent>> {
+        let req = q.request(List::Agents)?;
+        self.namespace(ns).await?;
+        let items = self
+            .store
+            .agents_after(ns, req.after.as_deref(), req.limit + 1)
+            .await?;
+        Ok(page::from_ordered(items, List::Agents, &req, |a| {
+            a.id.to_string()
+        }))
+    }
+
+    /// One page of the Namespaces the caller may read, by id.
+    pub async fn namespaces_page(
+        &self,
+        visible: impl Fn(&Namespace) -> bool,
+        q: &PageQuery,
+    ) -> Result<Page<Namespace>> {
+        let req = q.request(List::Namespaces)?;
+        let all = self.namespaces(visible).await?;
+        by_name(all, List::Namespaces, &req, |n| n.id.to_string())
+    }
+
+    /// One page of an Agent's revisions, by number.
+    pub async fn revisions_page(
+        &self,
+        ns: &str,
+        agent: &str,
+        q: &PageQuery,
+    ) -> Result<Page<Revision>> {
+        let req = q.request(List::Revisions)?;
+        let all = self.revisions(ns, agent).await?;
+        page::page_of(
+            all,
+            List::Revisions,
+            &req,
+            |r| r.number,
+            |s| s.parse().ok(),
+            |r| r.number.to_string(),
+        )
+    }
+
+    /// One page of the enrolled hosts, by name.
+    pub async fn hosts_page(&self, q: &PageQuery) -> Result<Page<Host>> {
+        let req = q.request(List::Hosts)?;
+        by_name(self.hosts().await?, List::Hosts, &req, |h| {
+            h.name.to_string()
+        })
+    }
+
+    /// One page of the registered clusters, by name.
+    pub async fn clusters_page(&self, q: &PageQuery) -> Result<Page<Cluster>> {
+        let req = q.request(List::Clusters)?;
+        by_name(self.clusters().await?, List::Clusters, &req, |c| {
+            c.name.clone()
+        })
+    }
+
     pub async fn agents(&self, ns: &str) -> Result<Vec<Agent>> {
         self.namespace(ns).await?;
         Ok(self.store.agents(ns).await?)
@@ -223,4 +283,14 @@ impl Service {
             rollouts_by_state,
         })
     }
+}
+
+/// A page of a list held whole, ordered by a text key.
+fn by_name<T>(
+    items: Vec<T>,
+    list: List,
+    req: &PageRequest,
+    key: impl Fn(&T) -> String,
+) -> Result<Page<T>> {
+    page::page_of(items, list, req, &key, |s| Some(s.to_owned()), &key)
 }

@@ -280,6 +280,9 @@ pub trait AgentStore: Send + Sync {
     async fn insert_agent(&self, a: &Agent, files: &[WorkspaceFile], now: i64) -> Result<bool>;
     async fn agent(&self, ns: &str, id: &str) -> Result<Option<Agent>>;
     async fn agents(&self, ns: &str) -> Result<Vec<Agent>>;
+    /// At most `limit` of a Namespace's Agents whose id sorts after `after` (bytewise), in
+    /// that order: one page of the list, read by key.
+    async fn agents_after(&self, ns: &str, after: Option<&str>, limit: u32) -> Result<Vec<Agent>>;
     async fn set_agent_restore(&self, ns: &str, id: &str, restore: RestorePolicy) -> Result<()>;
     async fn set_agent_configuration(
         &self,
@@ -377,6 +380,25 @@ pub trait RevisionStore: Send + Sync {
         id: &str,
         status: RevisionStatus,
     ) -> Result<()>;
+    /// Records that a prepare of the revision is about to be sent to a target (before it is
+    /// sent, so a crash in between errs towards a host call at retirement).
+    async fn mark_revision_staged(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+    ) -> Result<()>;
+    /// Retires, in the store alone and in one write, every revision of the Agent numbered
+    /// below `below` that was never staged on a target (nothing of it is there to remove);
+    /// how many.
+    async fn retire_unstaged(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        below: u64,
+    ) -> Result<u64>;
     /// A successful activation's record in one write: the revision is `active`, and the
     /// Agent's observed port (kept when `None`) and served revision are what the target
     /// answered.

@@ -144,16 +144,20 @@ impl<B: Backend> Worker<B> {
             .iter()
             .any(|r| r.number > rev.number && !(is_active && r.status == RevisionStatus::Failed))
         {
-            self.store
-                .set_revision_status(
-                    &work.claim,
-                    ns_id,
-                    agent_id,
-                    rev_id,
-                    RevisionStatus::Superseded,
-                )
-                .await
-                .map_err(store_err)?;
+            // A revision that never reached a target may be retired already (by the newer
+            // revision's retire phase): it stays so.
+            if rev.status != RevisionStatus::Retired {
+                self.store
+                    .set_revision_status(
+                        &work.claim,
+                        ns_id,
+                        agent_id,
+                        rev_id,
+                        RevisionStatus::Superseded,
+                    )
+                    .await
+                    .map_err(store_err)?;
+            }
             return Err(done(Code::RevisionSuperseded, "a newer revision exists"));
         }
         let Some(ns) = ns else {
@@ -219,6 +223,13 @@ impl<B: Backend> Worker<B> {
         let workspace = self.workspace_setup(d).await?;
         d.workspace = workspace.is_some();
         let d = &*d;
+        if !d.rev.staged {
+            // Recorded before the call: from here on the target may hold the snapshot.
+            self.store
+                .mark_revision_staged(&d.work.claim, &d.work.namespace_id, &d.agent.id, &d.rev.id)
+                .await
+                .map_err(store_err)?;
+        }
         let op = Operation::PrepareRevision(PrepareArgs {
             namespace: d.namespace.clone(),
             agent: d.agent_ref.clone(),
@@ -663,13 +674,29 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Retire: every older revision not yet retired.
+    /// Retire: every older revision not yet retired. One that never reached a target (a
+    /// deploy superseded in the queue) has nothing there to remove: all of those are retired
+    /// in the store alone, in one write. Only the rest cost a `retire-revision` each.
     async fn retire_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
-        for old in d
-            .revisions
-            .iter()
-            .filter(|r| r.number < d.rev.number && r.status != RevisionStatus::Retired)
-        {
+        let older = || {
+            d.revisions
+                .iter()
+                .filter(|r| r.number < d.rev.number && r.status != RevisionStatus::Retired)
+        };
+        if older().any(|r| !r.staged) {
+            let n = self
+                .store
+                .retire_unstaged(
+                    &d.work.claim,
+                    &d.work.namespace_id,
+                    &d.agent.id,
+                    d.rev.number,
+                )
+                .await
+                .map_err(store_err)?;
+            tracing::debug!(work_id = d.work.id, agent = %d.agent.id, retired = n, "revisions that never reached a target retired without a host call");
+        }
+        for old in older().filter(|r| r.staged) {
             let op = Operation::RetireRevision(RevisionArgs {
                 namespace: d.namespace.clone(),
                 agent: d.agent_ref.clone(),

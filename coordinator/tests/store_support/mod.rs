@@ -51,6 +51,7 @@ cases!(
     audit_and_drift_read_back,
     row_counts_cover_every_table,
     secrets_are_versioned_sealed_and_deleted,
+    unstaged_revisions_retire_in_one_write_and_agents_page_by_id,
 );
 
 const KEY: &str =
@@ -108,6 +109,7 @@ fn revision(agent: &str) -> Revision {
         runtime_failure: None,
         rendered: json!({"gateway": {}}),
         secrets: Vec::new(),
+        staged: false,
     }
 }
 
@@ -746,6 +748,71 @@ pub async fn placement_takes_the_least_loaded_host_with_room_once(s: SharedStore
 /// Retries of older revisions waiting out their delay (one committed, one never committed)
 /// end when a newer revision is committed, so deployment status converges then, not at the
 /// retry time; the committed revision's own work and newer work stay open.
+pub async fn unstaged_revisions_retire_in_one_write_and_agents_page_by_id(s: SharedStore) {
+    world(&s, 3).await;
+    let mut revs = Vec::new();
+    for _ in 0..4 {
+        let mut r = revision("a1");
+        s.create_revision(&mut r).await.unwrap();
+        assert!(!r.staged);
+        revs.push(r);
+    }
+    let w = s
+        .claim_work("c", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    for r in [&revs[0], &revs[3]] {
+        s.mark_revision_staged(&w.claim, "ns", "a1", &r.id)
+            .await
+            .unwrap();
+    }
+    // Below revision 4: 2 and 3 never reached a target.
+    let below = revs[3].number;
+    assert_eq!(
+        s.retire_unstaged(&w.claim, "ns", "a1", below)
+            .await
+            .unwrap(),
+        2
+    );
+    let got = s.revisions("ns", "a1").await.unwrap();
+    assert_eq!(
+        got.iter().map(|r| r.staged).collect::<Vec<_>>(),
+        vec![true, false, false, true]
+    );
+    assert_eq!(
+        got.iter().map(|r| r.status).collect::<Vec<_>>(),
+        vec![
+            RevisionStatus::Pending,
+            RevisionStatus::Retired,
+            RevisionStatus::Retired,
+            RevisionStatus::Pending
+        ]
+    );
+    assert_eq!(
+        s.retire_unstaged(&w.claim, "ns", "a1", below)
+            .await
+            .unwrap(),
+        0
+    );
+    // Agents by id, a page at a time.
+    let ids = |v: Vec<Agent>| v.into_iter().map(|a| a.id.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        ids(s.agents_after("ns", None, 2).await.unwrap()),
+        vec!["a1", "a2"]
+    );
+    assert_eq!(
+        ids(s.agents_after("ns", Some("a2"), 2).await.unwrap()),
+        vec!["a3"]
+    );
+    assert!(
+        s.agents_after("ns", Some("a3"), 2)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
     world(&s, 1).await;
     let claim = || s.claim_work("c", Duration::from_secs(30));

@@ -88,6 +88,21 @@ impl AgentStore for PostgresStore {
         .collect()
     }
 
+    async fn agents_after(&self, ns: &str, after: Option<&str>, limit: u32) -> Result<Vec<Agent>> {
+        let c = self.client().await?;
+        let limit = i64::from(limit);
+        c.rows(
+            &format!(
+                "SELECT {AGENT_COLS} FROM agents WHERE namespace_id = $1 AND id COLLATE \"C\" > $2 ORDER BY id COLLATE \"C\" LIMIT $3"
+            ),
+            &[&ns, &after.unwrap_or(""), &limit],
+        )
+        .await?
+        .iter()
+        .map(agent)
+        .collect()
+    }
+
     async fn set_agent_restore(&self, ns: &str, id: &str, restore: RestorePolicy) -> Result<()> {
         let c = self.client().await?;
         c.exec(

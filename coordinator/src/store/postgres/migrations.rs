@@ -251,6 +251,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );
     ALTER TABLE revisions ADD COLUMN secrets TEXT NOT NULL DEFAULT '[]';
     ",
+    // 15: as SQLite's 15: whether a prepare of the revision was ever sent to a target.
+    "
+    ALTER TABLE revisions ADD COLUMN staged BOOLEAN NOT NULL DEFAULT TRUE;
+    ",
 ];
 
 /// The version the migrations bring a database to.

@@ -14,7 +14,7 @@ use crate::store::{
     Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError, WorkKind, WorkState,
 };
 
-const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets";
+const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets, staged";
 
 fn json(t: String) -> Result<Value> {
     serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string()))
@@ -47,6 +47,7 @@ fn revision(r: &Row) -> Result<Revision> {
         created_at: r.try_get(13)?,
         runtime_failure: r.try_get::<_, Option<String>>(14)?.map(json).transpose()?,
         secrets: crate::store::secrets_of(&r.try_get::<_, String>(15)?)?,
+        staged: r.try_get(16)?,
     })
 }
 
@@ -99,6 +100,7 @@ pub(super) async fn insert_revision(
     r.number = narrow(last + 1, "revision number")?;
     r.id = crate::store::revision_id(r.number, &r.configuration_hash)?;
     r.status = RevisionStatus::Pending;
+    r.staged = false;
     let number = last + 1;
     let generation = i64::from(r.configuration_generation);
     let rendered = r.rendered.to_string();
@@ -128,8 +130,8 @@ pub(super) async fn insert_revision(
     };
     futures::try_join!(
         tx.exec(
-            "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets, staged)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE)",
             &row,
         ),
         work::insert_as(tx, work_id, &work),
@@ -324,6 +326,42 @@ impl RevisionStore for PostgresStore {
         )
         .await?;
         Ok(())
+    }
+
+    async fn mark_revision_staged(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+    ) -> Result<()> {
+        claimed_execute(
+            self,
+            claim,
+            "UPDATE revisions SET staged = TRUE WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
+            &[&ns, &agent, &id],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn retire_unstaged(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        below: u64,
+    ) -> Result<u64> {
+        let below = i64::try_from(below)
+            .map_err(|_| StoreError::Corrupt(format!("revision number {below} is out of range")))?;
+        let n = claimed_execute(
+            self,
+            claim,
+            "UPDATE revisions SET status = $4 WHERE namespace_id = $1 AND agent_id = $2 AND number < $3 AND NOT staged AND status <> $4",
+            &[&ns, &agent, &below, &RevisionStatus::Retired.as_str()],
+        )
+        .await?;
+        Ok(n)
     }
 
     async fn set_activated(

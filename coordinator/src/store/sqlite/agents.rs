@@ -82,6 +82,17 @@ impl AgentStore for SqliteStore {
         .await
     }
 
+    async fn agents_after(&self, ns: &str, after: Option<&str>, limit: u32) -> Result<Vec<Agent>> {
+        self.read(|c| {
+            let mut st = c.prepare(&format!(
+                "SELECT {AGENT_COLS} FROM agents WHERE namespace_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3"
+            ))?;
+            let rows = st.query_map(params![ns, after.unwrap_or(""), limit], agent_row)?;
+            rows.map(|r| finish_agent(r?)).collect()
+        })
+        .await
+    }
+
     async fn set_agent_restore(&self, ns: &str, id: &str, restore: RestorePolicy) -> Result<()> {
         self.transact(None, |tx| {
             tx.execute(

@@ -285,4 +285,10 @@ pub const MIGRATIONS: &[&str] = &[
     );
     ALTER TABLE revisions ADD COLUMN secrets TEXT NOT NULL DEFAULT '[]';
     ",
+    // 15: whether a prepare of the revision was ever sent to a target (`staged`): a revision
+    // that never reached one is retired in the store alone, without a host call. Rows from
+    // before are taken as staged (they may have been).
+    "
+    ALTER TABLE revisions ADD COLUMN staged INTEGER NOT NULL DEFAULT 1;
+    ",
 ];

@@ -8,7 +8,7 @@ use super::{SqliteStore, id_col, json_col, parse_col, rollouts, work};
 use crate::model::{LastAttempt, Revision, RevisionStatus};
 use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore};
 
-const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets";
+const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets, staged";
 
 /// A revision row with its raw status, rendered text, last-attempt columns and evidence.
 type RevisionRow = (
@@ -39,6 +39,7 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
             runtime_failure: None,
             rendered: Value::Null,
             secrets: Vec::new(),
+            staged: r.get(16)?,
         },
         r.get(8)?,
         r.get(7)?,
@@ -88,9 +89,10 @@ pub(super) fn insert_revision(tx: &Connection, r: &mut Revision) -> Result<i64> 
     r.number = last as u64 + 1;
     r.id = crate::store::revision_id(r.number, &r.configuration_hash)?;
     r.status = RevisionStatus::Pending;
+    r.staged = false;
     tx.execute(
-        "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets, staged)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 0)",
         params![r.namespace_id.as_str(), r.agent_id.as_str(), r.id.as_str(), r.number as i64, r.configuration_id.as_str(), r.configuration_generation, r.configuration_hash.as_str(), r.rendered.to_string(), r.status.as_str(), r.created_at, crate::store::secrets_text(&r.secrets)?],
     )?;
     tx.execute(
@@ -227,6 +229,43 @@ impl RevisionStore for SqliteStore {
         self.transact(Some(claim), |tx| {
             tx.execute(SET_STATUS, params![ns, agent, id, status.as_str()])?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn mark_revision_staged(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        id: &str,
+    ) -> Result<()> {
+        self.transact(Some(claim), |tx| {
+            tx.execute(
+                "UPDATE revisions SET staged = 1 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",
+                params![ns, agent, id],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn retire_unstaged(
+        &self,
+        claim: &Claim,
+        ns: &str,
+        agent: &str,
+        below: u64,
+    ) -> Result<u64> {
+        let below = i64::try_from(below).map_err(|_| {
+            crate::store::StoreError::Corrupt(format!("revision number {below} is out of range"))
+        })?;
+        self.transact(Some(claim), |tx| {
+            let n = tx.execute(
+                "UPDATE revisions SET status = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND number < ?3 AND staged = 0 AND status <> ?4",
+                params![ns, agent, below, RevisionStatus::Retired.as_str()],
+            )?;
+            Ok(n as u64)
         })
         .await
     }
