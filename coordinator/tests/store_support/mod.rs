@@ -641,9 +641,12 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
     assert!(s.end_work(&new.claim, done()).await.unwrap());
     let rev = s.revision("ns", "a1", &r.id).await.unwrap().unwrap();
     assert_eq!(rev.status, RevisionStatus::Active);
-    // The end is the revision's attempt: the current claim's, once.
+    // The end is the revision's newest attempt: the current claim's code. A success spends
+    // none of the item's budget, so the revision counts none either (the two counts agree).
     let attempt = rev.last_attempt.unwrap();
-    assert_eq!((attempt.code.as_str(), attempt.attempts), ("OK", 1));
+    assert_eq!((attempt.code.as_str(), attempt.attempts), ("OK", 0));
+    let item = s.work_item("ns", "a1", new.id).await.unwrap().unwrap();
+    assert_eq!(item.attempts, attempt.attempts);
     assert!(s.audit_events_of(10, Some("x")).await.unwrap().is_empty());
     // Ended: even the last claim can write no more.
     assert!(lost(
@@ -799,7 +802,8 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
             RevisionStatus::Pending
         ]
     );
-    // Each settled item is its revision's attempt, the one replaced as well.
+    // Each settled item is its revision's newest attempt, the one replaced as well; settling
+    // counts no attempt, so each revision counts the one retry its item counted.
     for r in [&r1, &r2] {
         let a = s
             .revision("ns", "a1", &r.id)
@@ -808,7 +812,17 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
             .unwrap()
             .last_attempt
             .unwrap();
-        assert_eq!((a.code.as_str(), a.attempts), ("REVISION_SUPERSEDED", 2));
+        assert_eq!((a.code.as_str(), a.attempts), ("REVISION_SUPERSEDED", 1));
+    }
+    for old in [w1_id, w2_id] {
+        assert_eq!(
+            s.work_item("ns", "a1", old)
+                .await
+                .unwrap()
+                .unwrap()
+                .attempts,
+            1
+        );
     }
     // An item's end is its revision's attempt; a failure is also the revision's status.
     let failed = WorkEnd::Finished {
@@ -828,8 +842,8 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
     let attempt = r1.last_attempt.unwrap();
     assert_eq!(
         (attempt.code.as_str(), attempt.attempts),
-        ("REVISION_SUPERSEDED", 2),
-        "the retry's attempt, then the settlement"
+        ("REVISION_SUPERSEDED", 1),
+        "the retry's attempt; the settlement is none"
     );
 }
 
