@@ -635,6 +635,35 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
     s.set_activated(&new.claim, "ns", "a1", &r.id, None, Some(&r.id))
         .await
         .unwrap();
+    // A call in flight is noted on the item and as the revision's newest attempt, counting
+    // none; a replaced claim notes nothing.
+    assert!(
+        !s.note_work(&old.claim, "CALL_IN_PROGRESS", "stale")
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.note_work(&new.claim, "CALL_IN_PROGRESS", "slow")
+            .await
+            .unwrap()
+    );
+    let noted = s
+        .revision("ns", "a1", &r.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .last_attempt
+        .unwrap();
+    assert_eq!(
+        (noted.code.as_str(), noted.message.as_str(), noted.attempts),
+        ("CALL_IN_PROGRESS", "slow", 0)
+    );
+    let item = s.work_item("ns", "a1", new.id).await.unwrap().unwrap();
+    assert_eq!(item.state, WorkState::Running);
+    assert_eq!(
+        item.last_attempt.map(|a| a.code),
+        Some("CALL_IN_PROGRESS".to_owned())
+    );
     let a1 = s.agent("ns", "a1").await.unwrap().unwrap();
     assert_eq!(a1.port, Some(18_001));
     assert_eq!(a1.served_revision_id.as_deref(), Some(r.id.as_str()));

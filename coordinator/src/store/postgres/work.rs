@@ -355,6 +355,31 @@ impl WorkQueue for PostgresStore {
         Ok(true)
     }
 
+    async fn note_work(&self, claim: &Claim, code: &str, message: &str) -> Result<bool> {
+        let c = self.client().await?;
+        let row = c
+            .one(
+                &format!(
+                    "WITH claim AS MATERIALIZED (
+                       SELECT id, namespace_id, revision_id, agent_id FROM work
+                       WHERE id = $1 AND claim_token = $2 AND state = 'running' FOR UPDATE),
+                     attempt AS (
+                       UPDATE revisions r SET last_code = $3, last_message = $4, last_at = {NOW_MS} / 1000
+                       FROM claim c
+                       WHERE r.namespace_id = c.namespace_id AND r.agent_id = c.agent_id AND r.id = c.revision_id
+                       RETURNING 1),
+                     noted AS (
+                       UPDATE work w SET last_code = $3, last_message = $4, updated_at = {NOW_MS}
+                       FROM claim c WHERE w.id = c.id
+                       RETURNING 1)
+                     SELECT (SELECT count(*) FROM noted)"
+                ),
+                &[&claim.work, &claim.token, &code, &message],
+            )
+            .await?;
+        Ok(row.try_get::<_, i64>(0)? > 0)
+    }
+
     async fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>> {
         let c = self.client().await?;
         c.rows(

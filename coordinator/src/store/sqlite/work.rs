@@ -280,6 +280,29 @@ impl WorkQueue for SqliteStore {
         Ok(ended)
     }
 
+    async fn note_work(&self, claim: &Claim, code: &str, message: &str) -> Result<bool> {
+        let now = now_ms();
+        self.transact(None, |tx| {
+            match check_claim(tx, claim) {
+                Ok(()) => {}
+                Err(StoreError::ClaimLost { .. }) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+            tx.execute(
+                "UPDATE revisions SET last_code = ?2, last_message = ?3, last_at = ?4
+                 WHERE (namespace_id, agent_id, id) IN
+                       (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = ?1 AND revision_id IS NOT NULL)",
+                params![claim.work, code, message, now / 1000],
+            )?;
+            tx.execute(
+                "UPDATE work SET last_code = ?2, last_message = ?3, updated_at = ?4 WHERE id = ?1",
+                params![claim.work, code, message, now],
+            )?;
+            Ok(true)
+        })
+        .await
+    }
+
     async fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>> {
         self.read(|c| {
             let mut st = c.prepare(&format!(
