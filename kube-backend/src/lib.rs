@@ -53,6 +53,10 @@
 //!     pub async fn probe_cluster(&self, cluster: &Cluster) -> Result<ClusterProbe, Failure>;
 //!     pub fn forget(&self, cluster_name: &str);
 //! }
+//!
+//! // A cluster's `probe` answer in cluster words (serverVersion, caFingerprint, warnings,
+//! // gatewayPort, ...), never hostd's (systemdVersion, hostKey): what the coordinator shows.
+//! impl ClusterProbeReport { pub fn from_probe_result(p: &ProbeResult) -> Self; }
 //! ```
 //!
 //! `call` needs a tokio runtime (the client spawns its connection tasks), and a cached client
@@ -76,7 +80,10 @@ mod ops;
 #[cfg(test)]
 mod shape_tests;
 
-pub use backend::{Cluster, ClusterProbe, KubeBackend, MINIMUM_KUBERNETES_MINOR, ProbeWarning};
+pub use backend::{
+    Cluster, ClusterProbe, ClusterProbeReport, ClusterProbeWarning, KubeBackend,
+    MINIMUM_KUBERNETES_MINOR, ProbeWarning,
+};
 pub use kubeconfig::{
     ClusterAuth, ClusterCredentials, KubeconfigError, parse_kubeconfig, parse_kubeconfig_file,
 };

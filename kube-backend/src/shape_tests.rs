@@ -399,6 +399,19 @@ async fn probe_reads_version_and_warns_below_the_minimum() {
     assert!(v.starts_with("kubernetes v1.34.3"), "{v}");
     assert!(v.contains("KUBERNETES_VERSION_BELOW_MINIMUM"), "{v}");
     assert!(p.missing_tools.is_empty(), "a warning, not a refusal");
+    // In a cluster's words: the version, the warning by its code, the CA, the gateway port.
+    let report = crate::ClusterProbeReport::from_probe_result(&p);
+    assert_eq!(report.server_version, "v1.34.3");
+    assert_eq!(report.ca_fingerprint, creds.ca_fingerprint());
+    assert_eq!(report.gateway_port, settings().gateway_port);
+    assert_eq!((report.max_agents, report.agents), (20, 1));
+    assert_eq!(report.warnings.len(), 1, "{report:?}");
+    assert_eq!(report.warnings[0].code, "KUBERNETES_VERSION_BELOW_MINIMUM");
+    assert!(report.warnings[0].message.contains("(1.34)"), "{report:?}");
+    let shown = serde_json::to_string(&report).unwrap();
+    for host_word in ["systemd", "hostKey", "hostd", "missingTools", "portRange"] {
+        assert!(!shown.contains(host_word), "{host_word} in {shown}");
+    }
     let seen = seen.lock().unwrap().clone();
     let uri = seen[1].uri.replace("%2F", "/").replace("%3D", "=");
     assert!(uri.starts_with("/apis/apps/v1/deployments?"), "{uri}");

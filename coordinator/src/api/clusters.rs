@@ -24,7 +24,8 @@ pub(super) async fn add_cluster<B: Backend>(
     let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
     match st.backend.call(&target, op, CallOptions::default()).await {
         Ok(result) => {
-            record.cluster.last_probe = serde_json::to_value(&result).ok();
+            // Stored in a cluster's words (serverVersion, caFingerprint), not hostd's.
+            record.cluster.last_probe = crate::model::Cluster::probe_record(&result);
         }
         Err(e) => {
             return Err(ApiError::from_target(

@@ -8,6 +8,7 @@ use coordinator::client::Client;
 use coordinator::service::NewCluster;
 use serde_json::json;
 
+use super::out::sanitise;
 use super::table::{CLUSTER_COLUMNS, print};
 use super::{Cli, read_json};
 
@@ -66,14 +67,13 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
                 },
             )?;
             print(cli, &v, CLUSTER_COLUMNS);
-            // The probe's version warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM) are
-            // not refusals; say them.
-            if let Some(version) = v["lastProbe"]["systemdVersion"].as_str()
-                && let Some(at) = version.find("(warning ")
-            {
+            // The probe's warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM) are not
+            // refusals; say them.
+            for w in v["lastProbe"]["warnings"].as_array().into_iter().flatten() {
                 eprintln!(
-                    "warning: cluster {name}: {}",
-                    version[at..].trim_matches(['(', ')'])
+                    "warning: cluster {name}: {}: {}",
+                    sanitise(w["code"].as_str().unwrap_or_default()),
+                    sanitise(w["message"].as_str().unwrap_or_default())
                 );
             }
         }
