@@ -257,4 +257,14 @@ pub trait Backend: Send + Sync + 'static {
         operation: Operation,
         options: CallOptions,
     ) -> impl Future<Output = Result<OperationResult, CallError>> + Send;
+
+    /// The permissions a cluster's identity lacks of those clawfleet needs (each as
+    /// `verb resource[.group] (where)`), checked when a cluster is registered or its
+    /// credentials replaced. Backends without clusters have nothing to check.
+    fn missing_cluster_access(
+        &self,
+        _target: &ClusterTarget,
+    ) -> impl Future<Output = Result<Vec<String>, CallError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 }

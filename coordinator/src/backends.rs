@@ -60,6 +60,17 @@ impl Backend for Backends {
         crate::metrics::operation(kind, outcome, started.elapsed());
         out
     }
+
+    async fn missing_cluster_access(
+        &self,
+        target: &ClusterTarget,
+    ) -> Result<Vec<String>, CallError> {
+        let cluster = kube_cluster(target).map_err(CallError::Failed)?;
+        self.kube
+            .missing_access(&cluster)
+            .await
+            .map_err(CallError::Failed)
+    }
 }
 
 impl Backends {

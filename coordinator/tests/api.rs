@@ -467,6 +467,7 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
             .replace("{host}", "h1")
             .replace("{cluster}", "c1")
             .replace("{work}", "1")
+            .replace("{name}", "s1")
             .replace("{id}", "abc");
         if route.access == Access::Public {
             let got = api.call(None, &method, &path, None).await;
@@ -1165,7 +1166,8 @@ async fn bad_kubeconfigs_are_refused_naming_the_field_with_nothing_stored() {
 
 /// Issue 27: a cluster's probe is stored and shown in a cluster's words (`serverVersion`,
 /// `caFingerprint`, `warnings`, `gatewayPort`), never hostd's (`systemdVersion`, `hostKey`,
-/// `hostdVersion`); a cluster stored with hostd's shape before is shown in cluster words too.
+/// `hostdVersion`), on registration and on an update; a cluster stored with hostd's shape
+/// before is shown in cluster words too.
 #[tokio::test]
 async fn a_clusters_probe_is_shown_in_cluster_words() {
     const HOST_WORDS: [&str; 6] = [
@@ -1186,9 +1188,21 @@ async fn a_clusters_probe_is_shown_in_cluster_words() {
         )
         .await
         .unwrap();
+    // An update (PUT) probes again and stores that probe in a cluster's words too.
+    let updated = api
+        .admin(
+            "PUT",
+            "/clusters/c1",
+            Some(json!({"settings": {"gatewayImage": "r/x@sha256:2222222222222222222222222222222222222222222222222222222222222222"}})),
+        )
+        .await
+        .unwrap();
+    let stored = api.store.cluster("c1").await.unwrap().unwrap();
+    // As stored, not only as shown: the row itself holds a cluster's words.
+    let stored = json!({"lastProbe": stored.cluster.last_probe});
     let shown = api.admin("GET", "/clusters/c1", None).await.unwrap();
     let listed = api.admin("GET", "/clusters", None).await.unwrap();
-    for v in [&added, &shown, &listed[0]] {
+    for v in [&added, &updated, &stored, &shown, &listed[0]] {
         let probe = &v["lastProbe"];
         assert!(probe.is_object(), "{v}");
         for word in HOST_WORDS {

@@ -74,7 +74,8 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     }
     let cp = ControlPlane::start().await.expect("control plane");
     let client = cp.client().await.unwrap();
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    // clawfleet's identity holds the shipped least-privilege ClusterRole only.
+    let kubeconfig = cp.backend_kubeconfig_path().display().to_string();
     let mut fleet = tokio::task::spawn_blocking(|| Fleet::start(1))
         .await
         .unwrap();
@@ -96,9 +97,12 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         ],
     );
     assert_eq!(code, 0, "{out}");
-    assert!(!out.contains(cp.admin_token()), "a credential was printed");
+    assert!(
+        !out.contains(cp.backend_token()),
+        "a credential was printed"
+    );
     let listed = fleet_ref.occ_json(&["cluster", "list"]);
-    assert!(!listed.to_string().contains(cp.admin_token()));
+    assert!(!listed.to_string().contains(cp.backend_token()));
     fleet_ref.occ_ok(&["namespace", "create", CLUSTER_NS, "--cluster", "kwok"]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -457,7 +461,8 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     fleet_ref.occ_ok(&["cluster", "remove", "kwok"]);
 
     // Codes a cluster gives, each shown in `occ agent status`: the same control plane
-    // registered three more times with settings that cannot work.
+    // registered once more, its settings replaced (`occ cluster update`) by ones that cannot
+    // work, case by case (a second registration of one API server is refused).
     let pulls_fail = IMAGE.replace("openclaw/gateway", "openclaw/fail-pull");
     let cases = [
         (
@@ -476,20 +481,22 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
             "REVISION_UNSCHEDULABLE",
         ),
     ];
+    let cluster = "kwok-codes";
+    let mut verb = "add";
     for (name, settings, code) in cases {
         let file = write_doc(fleet_ref, &format!("settings-{name}"), &settings);
-        let cluster = format!("kwok-{name}");
         fleet_ref.occ_ok(&[
             "cluster",
-            "add",
-            &cluster,
+            verb,
+            cluster,
             "--kubeconfig",
             &kubeconfig,
             "--settings",
             &file,
         ]);
+        verb = "update";
         let ns = format!("codes-{name}");
-        fleet_ref.occ_ok(&["namespace", "create", &ns, "--cluster", &cluster]);
+        fleet_ref.occ_ok(&["namespace", "create", &ns, "--cluster", cluster]);
         let doc = write_doc(fleet_ref, &format!("doc-{name}"), &json!({}));
         fleet_ref.occ_ok(&["configuration", "create", &ns, "cfg", "--file", &doc]);
         fleet_ref.occ_ok(&["agent", "create", &ns, "a", "--configuration", "cfg"]);
@@ -528,16 +535,8 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     // Faults. The apiserver killed mid-deploy: KUBERNETES_API_UNAVAILABLE is shown, and once it
     // is back the deploy converges without a new request.
     let settings = write_doc(&fleet, "settings-faults", &json!({"gatewayImage": IMAGE}));
-    fleet.occ_ok(&[
-        "cluster",
-        "add",
-        "kwok-faults",
-        "--kubeconfig",
-        &kubeconfig,
-        "--settings",
-        &settings,
-    ]);
-    fleet.occ_ok(&["namespace", "create", "faults", "--cluster", "kwok-faults"]);
+    fleet.occ_ok(&["cluster", "update", cluster, "--settings", &settings]);
+    fleet.occ_ok(&["namespace", "create", "faults", "--cluster", cluster]);
     let doc = write_doc(&fleet, "doc-faults", &json!({}));
     fleet.occ_ok(&["configuration", "create", "faults", "cfg", "--file", &doc]);
     fleet.occ_ok(&["agent", "create", "faults", "a", "--configuration", "cfg"]);

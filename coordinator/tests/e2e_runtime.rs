@@ -201,12 +201,8 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
     }
 
     // `occ agent logs -f` follows by cursor: started now, it prints what run two logs.
-    let mut follow = std::process::Command::new(&fleet.occ_bin)
-        .arg("--config")
-        .arg(&fleet.config)
-        .args(["agent", "logs", NS, "a1", "--tail", "1", "-f"])
-        .env("OCC_LOG", "warn")
-        .stdin(std::process::Stdio::null())
+    let mut follow = fleet
+        .occ_command(&["agent", "logs", NS, "a1", "--tail", "1", "-f"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -16,7 +16,9 @@ use coordinator::store::seal::Sealer;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{SharedStore, StoreError};
 use store_support::CASES;
-use store_support::{CREDENTIAL_SECRET, WORKSPACE_SECRET, put_secrets, secrets_read_back};
+use store_support::{
+    CREDENTIAL_SECRET, SECRET_VALUE, WORKSPACE_SECRET, put_secrets, secrets_read_back,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_in_memory_passes_the_store_suite() {
@@ -253,7 +255,7 @@ fn secrets_in_files(dir: &std::path::Path) -> Vec<String> {
             if p.is_dir() {
                 stack.push(p);
             } else if let Ok(bytes) = std::fs::read(&p) {
-                for secret in [CREDENTIAL_SECRET, WORKSPACE_SECRET] {
+                for secret in [CREDENTIAL_SECRET, WORKSPACE_SECRET, SECRET_VALUE] {
                     if bytes.windows(secret.len()).any(|w| w == secret.as_bytes()) {
                         found.push(format!("{secret} in {}", p.display()));
                     }
@@ -360,14 +362,17 @@ async fn postgres_keeps_secrets_sealed() {
         pg.psql_in(
             "sealed",
             "SELECT credentials FROM clusters UNION ALL \
-             SELECT encode(content, 'escape') FROM agent_workspace_files",
+             SELECT encode(content, 'escape') FROM agent_workspace_files UNION ALL \
+             SELECT encode(value, 'escape') FROM secrets",
         )
         .unwrap()
     };
     let columns = dump(&pg);
     assert!(columns.starts_with("sealed1:"), "{columns}");
     assert!(
-        !columns.contains(CREDENTIAL_SECRET) && !columns.contains(WORKSPACE_SECRET),
+        !columns.contains(CREDENTIAL_SECRET)
+            && !columns.contains(WORKSPACE_SECRET)
+            && !columns.contains(SECRET_VALUE),
         "{columns}"
     );
     pg.psql_in("sealed", "CHECKPOINT").unwrap();
@@ -396,6 +401,74 @@ async fn postgres_keeps_secrets_sealed() {
         !columns.contains(CREDENTIAL_SECRET) && !columns.contains(WORKSPACE_SECRET),
         "{columns}"
     );
+}
+
+/// `occ db rekey`: every sealed value (a secret, cluster credentials, a workspace file)
+/// moves to the new key in one step: the new key reads them all, the old one none, and the
+/// files hold no value in clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_rekey_moves_every_sealed_value_to_the_new_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("occ.db");
+    let old = Arc::new(Sealer::ephemeral());
+    let s: SharedStore = Arc::new(SqliteStore::open_sealed(&path, old.clone()).unwrap());
+    put_secrets(&s).await;
+    drop(s);
+    let new = Arc::new(Sealer::ephemeral());
+    let n = coordinator::store::rekey::rekey(&Database::Sqlite(path.clone()), old.clone(), &new)
+        .await
+        .unwrap();
+    assert_eq!(
+        (n.secrets, n.cluster_credentials, n.workspace_files),
+        (1, 1, 1)
+    );
+    let with_new: SharedStore = Arc::new(SqliteStore::open_sealed(&path, new.clone()).unwrap());
+    secrets_read_back(&with_new).await.unwrap();
+    drop(with_new);
+    let with_old: SharedStore = Arc::new(SqliteStore::open_sealed(&path, old.clone()).unwrap());
+    assert!(secrets_read_back(&with_old).await.is_err());
+    assert!(with_old.secret_value("ns", "api-key", 1).await.is_err());
+    drop(with_old);
+    assert_eq!(secrets_in_files(dir.path()), Vec::<String>::new());
+    // A rekey with the wrong current key changes nothing.
+    let wrong = Arc::new(Sealer::ephemeral());
+    assert!(
+        coordinator::store::rekey::rekey(&Database::Sqlite(path.clone()), wrong, &old)
+            .await
+            .is_err()
+    );
+    let still: SharedStore = Arc::new(SqliteStore::open_sealed(&path, new).unwrap());
+    secrets_read_back(&still).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rekey_moves_every_sealed_value_to_the_new_key() {
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
+    let settings = database_on(&pg, "rekeyed");
+    let old = Arc::new(Sealer::ephemeral());
+    let s: SharedStore = Arc::new(
+        PostgresStore::connect_sealed(settings.clone(), old.clone())
+            .await
+            .unwrap(),
+    );
+    put_secrets(&s).await;
+    let new = Arc::new(Sealer::ephemeral());
+    let db = Database::Postgres(settings.clone());
+    let n = coordinator::store::rekey::rekey(&db, old.clone(), &new)
+        .await
+        .unwrap();
+    assert_eq!(
+        (n.secrets, n.cluster_credentials, n.workspace_files),
+        (1, 1, 1)
+    );
+    assert!(
+        secrets_read_back(&s).await.is_err(),
+        "the old key reads nothing"
+    );
+    let with_new: SharedStore =
+        Arc::new(PostgresStore::connect_sealed(settings, new).await.unwrap());
+    secrets_read_back(&with_new).await.unwrap();
 }
 
 /// A backend for API tests that reach no target.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::PostParams;
@@ -39,6 +40,13 @@ pub const POD_CIDR: &str = "10.244.0.0/16";
 pub const ADMIN_USER: &str = "clawfleet-admin";
 /// User name of the less privileged token: authenticated, no RBAC bindings of its own.
 pub const LIMITED_USER: &str = "clawfleet-limited";
+/// User name of the identity clawfleet's backend uses in the tests: not in
+/// `system:masters`, bound only to the shipped least-privilege ClusterRole
+/// (`kube-backend/rbac/managed.yaml`), so the tests prove that role is enough.
+pub const BACKEND_USER: &str = "clawfleet-backend";
+/// The shipped ClusterRole for managed namespaces (its ClusterRoleBinding's subject is the
+/// operator's; the harness binds the role to [`BACKEND_USER`] itself).
+const MANAGED_ROLE_YAML: &str = include_str!("../../kube-backend/rbac/managed.yaml");
 /// The kwok Node's InternalIP: kwok's kubelet-like server listens there, and the apiserver
 /// reaches it for Pod logs. (Pod hostIPs are this too; Pod IPs stay in the fake [`POD_CIDR`].)
 pub const NODE_IP: &str = "127.0.0.1";
@@ -121,6 +129,7 @@ pub struct ControlPlane {
     pki: Pki,
     admin_token: String,
     limited_token: String,
+    backend_token: String,
     api_port: u16,
     etcd_port: u16,
     etcd_peer_port: u16,
@@ -129,11 +138,37 @@ pub struct ControlPlane {
     pod_previous_logs: PathBuf,
     kubeconfig: PathBuf,
     limited_kubeconfig: PathBuf,
+    backend_kubeconfig: PathBuf,
     apiserver_args: Vec<OsString>,
     procs: Mutex<Vec<Proc>>,
     timings: StartTimings,
     keep_logs: bool,
     done: bool,
+}
+
+/// The shipped ClusterRole (from its YAML) and a binding of it to [`BACKEND_USER`].
+fn backend_rbac() -> Result<(ClusterRole, ClusterRoleBinding)> {
+    let bad = |reason: String| Error::Kubeconfig {
+        path: "kube-backend/rbac/managed.yaml".into(),
+        reason,
+    };
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_str_multiple(MANAGED_ROLE_YAML).map_err(|e| bad(e.to_string()))?;
+    let role = docs
+        .into_iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .ok_or_else(|| bad("no ClusterRole".into()))?;
+    let role: ClusterRole = serde_json::from_value(role).map_err(|e| bad(e.to_string()))?;
+    let name = role.metadata.name.clone().unwrap_or_default();
+    let binding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": { "name": BACKEND_USER },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": BACKEND_USER }],
+    }))
+    .map_err(|e| bad(e.to_string()))?;
+    Ok((role, binding))
 }
 
 /// A kubeconfig (JSON, which every kubeconfig reader accepts) for one server, CA and token.
@@ -259,6 +294,7 @@ impl ControlPlane {
             pki: Pki::generate()?,
             admin_token: sys::random_hex(24)?,
             limited_token: sys::random_hex(24)?,
+            backend_token: sys::random_hex(24)?,
             api_port,
             etcd_port,
             etcd_peer_port,
@@ -267,6 +303,7 @@ impl ControlPlane {
             pod_previous_logs: run_dir.join("pod-logs").join("previous.log"),
             kubeconfig: run_dir.join("admin.kubeconfig"),
             limited_kubeconfig: run_dir.join("limited.kubeconfig"),
+            backend_kubeconfig: run_dir.join("backend.kubeconfig"),
             apiserver_args: Vec::new(),
             procs: Mutex::new(Vec::new()),
             timings: StartTimings::default(),
@@ -413,6 +450,31 @@ impl ControlPlane {
         )
         .await?;
 
+        let (role, binding) = backend_rbac()?;
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+        self.poll_until(
+            "binding the shipped ClusterRole to the backend's identity",
+            deadline,
+            async || {
+                for r in [
+                    roles.create(&PostParams::default(), &role).await.map(drop),
+                    bindings
+                        .create(&PostParams::default(), &binding)
+                        .await
+                        .map(drop),
+                ] {
+                    match r {
+                        Ok(()) => {}
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await?;
+
         let nodes: Api<Node> = Api::all(client.clone());
         let node = kwok_node(NODE_NAME)?;
         self.poll_until("creating the kwok Node", deadline, async || {
@@ -526,8 +588,8 @@ impl ControlPlane {
             0o644,
         )?;
         let mut tokens = format!(
-            "{},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n{},{LIMITED_USER},{LIMITED_USER}\n",
-            self.admin_token, self.limited_token
+            "{},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n{},{LIMITED_USER},{LIMITED_USER}\n{},{BACKEND_USER},{BACKEND_USER}\n",
+            self.admin_token, self.limited_token, self.backend_token
         );
         let server = self.api_url();
         for (file, user) in [
@@ -556,6 +618,13 @@ impl ControlPlane {
             &self.limited_token,
         );
         sys::write_file(&self.limited_kubeconfig, limited.as_bytes(), 0o600)?;
+        let backend = kubeconfig_for(
+            &server,
+            &self.pki.ca.cert_pem,
+            BACKEND_USER,
+            &self.backend_token,
+        );
+        sys::write_file(&self.backend_kubeconfig, backend.as_bytes(), 0o600)?;
         let stages = d.join("stages");
         sys::create_dir_all(&stages)?;
         sys::write_file(
@@ -810,6 +879,17 @@ impl ControlPlane {
     /// Keeps the logs after a clean teardown too.
     pub fn keep_logs(&mut self) {
         self.keep_logs = true;
+    }
+
+    /// kubeconfig of [`BACKEND_USER`] (bound to the shipped ClusterRole only): what tests
+    /// give clawfleet's backend.
+    pub fn backend_kubeconfig_path(&self) -> &Path {
+        &self.backend_kubeconfig
+    }
+
+    /// Bearer token of [`BACKEND_USER`].
+    pub fn backend_token(&self) -> &str {
+        &self.backend_token
     }
 
     /// A client from the admin kubeconfig.

@@ -20,6 +20,7 @@
 mod config;
 mod control_plane;
 mod error;
+mod fake_apiserver;
 mod pki;
 mod pod_logs;
 mod proxy;
@@ -31,12 +32,13 @@ pub use config::{
     DEFAULT_CACHE_ROOT, ETCD_VERSION, HarnessConfig, KUBERNETES_VERSION, KWOK_VERSION, cache_key,
 };
 pub use control_plane::{
-    ADMIN_USER, BINARIES, ControlPlane, FAIL_PULL_MARKER, KWOK_NODE_LABEL, LIMITED_USER,
-    NEVER_READY_MARKER, NODE_IP, NODE_LEASE_SECONDS, NODE_NAME, POD_CIDR, SERVICE_CIDR,
-    STORAGE_CLASS, StartTimings, client_from_kubeconfig, kubeconfig_for,
+    ADMIN_USER, BACKEND_USER, BINARIES, ControlPlane, FAIL_PULL_MARKER, KWOK_NODE_LABEL,
+    LIMITED_USER, NEVER_READY_MARKER, NODE_IP, NODE_LEASE_SECONDS, NODE_NAME, POD_CIDR,
+    SERVICE_CIDR, STORAGE_CLASS, StartTimings, client_from_kubeconfig, kubeconfig_for,
     wait_for_default_service_account,
 };
 pub use error::{Error, Result};
+pub use fake_apiserver::{FAKE_VERSION, FakeAnswer, FakeApiserver, FakeRequest};
 pub use pki::{APISERVER_DNS_NAMES, CertAndKey, Pki};
 pub use pod_logs::{LogStream, cri_log_line, log_timestamp};
 pub use proxy::{Fault, FaultProxy, SeenRequest};

@@ -79,16 +79,16 @@
 //!   the cluster as it is.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use clawfleet_protocol::Operation;
-use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::failure::{Failure, FailureClass, FailureCode};
 use clawfleet_protocol::result::{
     OperationResult, OperationState, OperationStatusResult, ProbeResult,
 };
 
-use crate::client::{ClusterClient, Requests};
+use crate::client::{ClusterClient, MAX_RESPONSE_BYTES, Requests};
 use crate::kubeconfig::ClusterCredentials;
 use crate::ops;
 use crate::settings::ClusterSettings;
@@ -206,9 +206,23 @@ impl ClusterProbeReport {
 }
 
 /// The Kubernetes backend. Cheap to share (`Arc<KubeBackend>`); one client per cluster.
-#[derive(Debug, Default)]
+///
+/// The client cache's lock is held only to look up and insert: a client is built outside it,
+/// and a poisoned lock is recovered (the map stays consistent whatever panicked), so one
+/// cluster's bad credentials never fail another cluster's operations.
+#[derive(Debug)]
 pub struct KubeBackend {
     clients: Mutex<HashMap<String, ([u8; 32], ClusterClient)>>,
+    max_response: u64,
+}
+
+impl Default for KubeBackend {
+    fn default() -> Self {
+        Self {
+            clients: Mutex::default(),
+            max_response: MAX_RESPONSE_BYTES,
+        }
+    }
 }
 
 impl KubeBackend {
@@ -217,25 +231,37 @@ impl KubeBackend {
         Self::default()
     }
 
-    /// Drops the cached client of a cluster (after it was removed or re-registered).
-    pub fn forget(&self, cluster_name: &str) {
-        if let Ok(mut c) = self.clients.lock() {
-            c.remove(cluster_name);
+    /// A backend whose responses are capped at `bytes` instead of
+    /// [`crate::client::MAX_RESPONSE_BYTES`].
+    pub fn with_max_response_bytes(bytes: u64) -> Self {
+        Self {
+            max_response: bytes,
+            ..Self::default()
         }
+    }
+
+    fn clients(&self) -> MutexGuard<'_, HashMap<String, ([u8; 32], ClusterClient)>> {
+        self.clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Drops the cached client of a cluster (after it was removed or re-registered; a client
+    /// for changed credentials is also rebuilt on its own, the cache key being their digest).
+    pub fn forget(&self, cluster_name: &str) {
+        self.clients().remove(cluster_name);
     }
 
     fn client_for(&self, cluster: &Cluster) -> Result<ClusterClient, Failure> {
         let key = cluster.credentials.cache_key();
-        let mut clients = self.clients.lock().map_err(|_| {
-            Failure::new(FailureCode::Internal, "the client cache lock is poisoned")
-        })?;
-        if let Some((k, c)) = clients.get(&cluster.name)
+        if let Some((k, c)) = self.clients().get(&cluster.name)
             && *k == key
         {
             return Ok(c.clone());
         }
-        let c = ClusterClient::new(&cluster.credentials)?;
-        clients.insert(cluster.name.clone(), (key, c.clone()));
+        let c = ClusterClient::new(&cluster.credentials, self.max_response)?;
+        self.clients()
+            .insert(cluster.name.clone(), (key, c.clone()));
         Ok(c)
     }
 
@@ -270,6 +296,13 @@ impl KubeBackend {
             deadline: Instant::now() + deadline,
         };
         let kind = operation.kind();
+        let removes = matches!(
+            operation,
+            Operation::DeleteAgent(_)
+                | Operation::DeleteNamespace(_)
+                | Operation::StopRevision(_)
+                | Operation::RetireRevision(_)
+        );
         let started = Instant::now();
         let out = match ops::fence::check(&r, &cluster.settings, &operation, fence).await {
             Err(f) => Err(f),
@@ -284,6 +317,19 @@ impl KubeBackend {
                 .await
             }
         };
+        // Removing things must stay possible once expired or revoked credentials are replaced
+        // (`occ cluster update`): a 401/403 there is retryable, not the end of the deletion.
+        let out = match out {
+            Err(f) if removes && crate::client::auth_refused(&f) => Err(Failure::with_class(
+                FailureClass::Retryable,
+                f.code,
+                format!(
+                    "{}; retried once the cluster's credentials are replaced (occ cluster update)",
+                    f.message
+                ),
+            )),
+            other => other,
+        };
         match &out {
             Ok(_) => {
                 tracing::info!(cluster = %cluster.name, op = %kind, elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")
@@ -293,6 +339,45 @@ impl KubeBackend {
             }
         }
         out
+    }
+
+    /// The permissions of [`crate::rbac`] the cluster's credentials lack, each as text
+    /// naming the verb, resource and where (empty: all held). Without adopted namespaces in
+    /// the settings, the managed ClusterRole's rules cluster-wide; with them, the adopted
+    /// Role's rules in each adopted namespace and the cluster-scoped reads and claim.
+    pub async fn missing_access(&self, cluster: &Cluster) -> Result<Vec<String>, Failure> {
+        use crate::rbac;
+        let r = Requests {
+            cc: self.client_for(cluster)?,
+            deadline: Instant::now() + Duration::from_secs(30),
+        };
+        let adopted = &cluster.settings.adopted_namespaces;
+        let wanted = if adopted.is_empty() {
+            rbac::permissions(&rbac::rules(rbac::MANAGED), None, None)
+        } else {
+            let mut w = Vec::new();
+            for ns in adopted.values() {
+                w.extend(rbac::permissions(
+                    &rbac::rules(rbac::ADOPTED_NAMESPACED),
+                    Some(ns),
+                    None,
+                ));
+                for p in rbac::permissions(&rbac::rules(rbac::ADOPTED_CLUSTER), None, None) {
+                    // The claim patches the adopted namespace itself, nothing else.
+                    let name = (p.verb == "patch").then(|| ns.clone());
+                    let p = rbac::Permission { name, ..p };
+                    if !w.contains(&p) {
+                        w.push(p);
+                    }
+                }
+            }
+            w
+        };
+        let missing = rbac::missing(&r, wanted).await?;
+        if !missing.is_empty() {
+            tracing::warn!(cluster = %cluster.name, missing = missing.len(), "the cluster's identity lacks permissions");
+        }
+        Ok(missing.iter().map(ToString::to_string).collect())
     }
 
     /// `/version` and its warnings, typed.
@@ -370,4 +455,63 @@ pub(crate) async fn run(
             state: OperationState::Unknown,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubeconfig::ClusterAuth;
+
+    fn cluster(name: &str, credentials: ClusterCredentials) -> Cluster {
+        Cluster {
+            name: name.to_owned(),
+            credentials,
+            settings: ClusterSettings::new(format!("r/x@sha256:{}", "1".repeat(64))),
+        }
+    }
+
+    fn good_credentials() -> ClusterCredentials {
+        use base64::Engine as _;
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+            .unwrap()
+            .cert
+            .pem();
+        let doc = serde_json::json!({
+            "clusters": [{ "name": "c", "cluster": { "server": "https://127.0.0.1:1",
+                "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(ca) } }],
+            "users": [{ "name": "u", "user": { "token": "t" } }],
+            "contexts": [{ "name": "x", "context": { "cluster": "c", "user": "u" } }],
+            "current-context": "x",
+        });
+        crate::parse_kubeconfig(&doc.to_string(), None).unwrap()
+    }
+
+    /// Issue 27 N2: a stored token holding a newline made kube's builder panic while the
+    /// client cache's lock was held; every later call, to any cluster, then failed with
+    /// "the client cache lock is poisoned" until restart. Now the panic is caught, fails only
+    /// its own cluster with a code, and the cache serves every other cluster.
+    #[tokio::test]
+    async fn a_panicking_client_build_fails_only_its_own_cluster() {
+        let backend = KubeBackend::new();
+        let bad = cluster(
+            "bad",
+            good_credentials().with_auth_unchecked(ClusterAuth::Token {
+                token: "abc\ndef".to_owned(),
+            }),
+        );
+        let good = cluster("good", good_credentials());
+        let first =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| backend.client_for(&bad)));
+        let second = backend.client_for(&good);
+        assert!(
+            second.is_ok(),
+            "another cluster's client: {:?}",
+            second.err()
+        );
+        let first = first.expect("building the bad cluster's client panicked into its caller");
+        assert_eq!(
+            first.unwrap_err().code,
+            FailureCode::KubernetesConfigurationInvalid
+        );
+    }
 }

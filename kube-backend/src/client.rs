@@ -10,6 +10,11 @@
 //! - A 429 or 503 with `Retry-After` closes a per-cluster gate until then: the retried read,
 //!   and every later request of any operation to that cluster, waits for it (or fails at once
 //!   with `KUBERNETES_API_UNAVAILABLE` when the deadline comes first).
+//! - Every response body is capped at [`MAX_RESPONSE_BYTES`] as it streams in: a larger one
+//!   (a hostile or broken API server) fails that request with `KUBERNETES_API_REJECTED`
+//!   ("exceeds the response limit"), not retried, and never holds more than the cap in memory.
+//! - Building a client never panics into its caller: a panic inside kube's builder becomes
+//!   `KUBERNETES_CONFIGURATION_INVALID` for that cluster only.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +33,10 @@ use crate::kubeconfig::{ClusterAuth, ClusterCredentials};
 
 /// The limit of one request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest response body accepted from an API server (32 MiB): far above a list of every
+/// object clawfleet keeps in a namespace, small enough that a hostile server cannot exhaust
+/// the coordinator's memory.
+pub const MAX_RESPONSE_BYTES: u64 = 32 * 1024 * 1024;
 /// Attempts of one read.
 const READ_ATTEMPTS: u32 = 3;
 /// The longest Retry-After honoured (a larger one is capped).
@@ -124,6 +133,130 @@ fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
     v.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
+/// A response body over the cap: the request fails with this as its source.
+#[derive(Debug, thiserror::Error)]
+#[error("the response body exceeds the limit of {limit} bytes")]
+pub(crate) struct ResponseTooLarge {
+    limit: u64,
+}
+
+/// A tower layer capping every response body at `limit` bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResponseLimitLayer {
+    pub(crate) limit: u64,
+}
+
+impl<S> tower_layer::Layer<S> for ResponseLimitLayer {
+    type Service = ResponseLimitService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        ResponseLimitService {
+            inner,
+            limit: self.limit,
+        }
+    }
+}
+
+/// The service of [`ResponseLimitLayer`].
+#[derive(Debug, Clone)]
+pub(crate) struct ResponseLimitService<S> {
+    inner: S,
+    limit: u64,
+}
+
+impl<S, B, RB> tower_service::Service<Request<B>> for ResponseLimitService<S>
+where
+    S: tower_service::Service<Request<B>, Response = Response<RB>>,
+    S::Future: Send + 'static,
+    RB: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<LimitedBody<RB>>;
+    type Error = S::Error;
+    type Future = BoxFut<Response<LimitedBody<RB>>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let fut = self.inner.call(req);
+        let limit = self.limit;
+        Box::pin(async move {
+            let res = fut.await?;
+            Ok(res.map(|inner| LimitedBody {
+                inner,
+                left: limit,
+                limit,
+            }))
+        })
+    }
+}
+
+/// A body that fails once more than `limit` bytes came (or a declared length says so).
+#[derive(Debug)]
+pub(crate) struct LimitedBody<B> {
+    inner: B,
+    left: u64,
+    limit: u64,
+}
+
+impl<B> http_body::Body for LimitedBody<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        fn too_large<D>(
+            limit: u64,
+        ) -> Poll<Option<Result<D, Box<dyn std::error::Error + Send + Sync>>>> {
+            Poll::Ready(Some(Err(Box::new(ResponseTooLarge { limit }))))
+        }
+        if self.inner.size_hint().lower() > self.left {
+            return too_large(self.limit);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let n = frame.data_ref().map_or(0, |d| d.len() as u64);
+                if n > self.left {
+                    self.left = 0;
+                    return too_large(self.limit);
+                }
+                self.left -= n;
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The limit a response exceeded, if that is what the error is.
+fn too_large(e: &kube::Error) -> Option<u64> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<ResponseTooLarge>() {
+            return Some(t.limit);
+        }
+        cur = err.source();
+    }
+    None
+}
+
 /// A cluster's client and its gate.
 #[derive(Clone)]
 pub(crate) struct ClusterClient {
@@ -140,8 +273,28 @@ impl std::fmt::Debug for ClusterClient {
 }
 
 impl ClusterClient {
-    /// Builds the client from stored credentials. Must run inside a tokio runtime.
-    pub(crate) fn new(creds: &ClusterCredentials) -> Result<Self, Failure> {
+    /// Builds the client from stored credentials, each response capped at `max_response`
+    /// bytes. Must run inside a tokio runtime. A panic inside the builder (kube and tower-http
+    /// panic on some inputs, e.g. a token no header can carry) is caught and becomes this
+    /// cluster's failure.
+    pub(crate) fn new(creds: &ClusterCredentials, max_response: u64) -> Result<Self, Failure> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Self::build(creds, max_response)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(
+                server = creds.server(),
+                "building the cluster's client panicked"
+            );
+            Err(Failure::new(
+                FailureCode::KubernetesConfigurationInvalid,
+                "the stored credentials cannot build a client (the builder failed); \
+                 replace them with `occ cluster update`",
+            ))
+        })
+    }
+
+    fn build(creds: &ClusterCredentials, max_response: u64) -> Result<Self, Failure> {
         let invalid = |what: &str| {
             Failure::new(
                 FailureCode::KubernetesConfigurationInvalid,
@@ -180,7 +333,10 @@ impl ClusterClient {
         let gate = Arc::new(RetryGate::default());
         let builder = ClientBuilder::try_from(config)
             .map_err(|e| invalid(&short(&e.to_string())))?
-            .with_layer(&RetryAfterLayer { gate: gate.clone() });
+            .with_layer(&RetryAfterLayer { gate: gate.clone() })
+            .with_layer(&ResponseLimitLayer {
+                limit: max_response,
+            });
         Ok(Self {
             client: builder.build(),
             gate,
@@ -208,6 +364,9 @@ pub(crate) struct Requests {
 
 /// Whether an error may pass by itself: throttling, server errors, transport, timeouts.
 fn transient(e: &kube::Error) -> bool {
+    if too_large(e).is_some() {
+        return false;
+    }
     match e {
         kube::Error::Api(s) => s.code == 429 || s.code >= 500,
         kube::Error::HyperError(_) | kube::Error::Service(_) => !untrusted_certificate(e),
@@ -220,8 +379,29 @@ pub(crate) fn short(text: &str) -> String {
     t
 }
 
+/// The words of a 401 in a failure's message.
+const CREDENTIALS_REFUSED: &str = "the cluster refused clawfleet's credentials (401)";
+/// The words of a 403 in a failure's message.
+const FORBIDDEN: &str = "forbidden (403)";
+
+/// Whether a failure is the cluster refusing the credentials (401) or their rights (403):
+/// permanent for the request, but fixed by `occ cluster update`.
+pub(crate) fn auth_refused(f: &Failure) -> bool {
+    f.code == FailureCode::KubernetesApiRejected
+        && (f.message.contains(CREDENTIALS_REFUSED) || f.message.contains(FORBIDDEN))
+}
+
 /// The failure for an API error on `what` (e.g. "get Deployment oce-…/gw-…").
 pub(crate) fn api_failure(what: &str, e: &kube::Error) -> Failure {
+    if let Some(limit) = too_large(e) {
+        return Failure::new(
+            FailureCode::KubernetesApiRejected,
+            format!(
+                "{what}: the API server's answer exceeds the response limit of {limit} bytes; \
+                 refused"
+            ),
+        );
+    }
     match e {
         kube::Error::Api(s) if s.code == 429 => Failure::new(
             FailureCode::KubernetesApiUnavailable,
@@ -233,11 +413,11 @@ pub(crate) fn api_failure(what: &str, e: &kube::Error) -> Failure {
         ),
         kube::Error::Api(s) if s.code == 401 => Failure::new(
             FailureCode::KubernetesApiRejected,
-            format!("{what}: the cluster refused clawfleet's credentials (401)"),
+            format!("{what}: {CREDENTIALS_REFUSED}"),
         ),
         kube::Error::Api(s) if s.code == 403 => Failure::new(
             FailureCode::KubernetesApiRejected,
-            format!("{what}: forbidden (403): {}", short(&s.message)),
+            format!("{what}: {FORBIDDEN}: {}", short(&s.message)),
         ),
         kube::Error::Api(s) if s.code == 409 => Failure::with_class(
             FailureClass::Retryable,

@@ -1,13 +1,21 @@
 //! Reading an operator's kubeconfig into the credentials clawfleet stores for a cluster.
 //!
-//! Everything is checked before anything is stored, and everything the backend will need later
-//! is read now (CA, certificate and key files, token files), so a stored cluster never depends
-//! on files or programs of the machine that registered it. Accepted: one HTTPS server with a CA,
-//! and either a bearer token or a client certificate with its key. Refused, each with the field
+//! Everything is checked before anything is stored. Accepted: one HTTPS server with a CA, and
+//! either a bearer token or a client certificate with its key. Refused, each with the field
 //! named: `insecure-skip-tls-verify`, plain `http`, credentials in the URL, `proxy-url`, exec
-//! plugins, `auth-provider`, basic auth, impersonation, unreadable files, unknown fields.
+//! plugins, `auth-provider`, basic auth, impersonation, a token no HTTP header can carry,
+//! unknown fields.
+//!
+//! File references (`certificate-authority`, `client-certificate`, `client-key`, `tokenFile`)
+//! are read only on the operator's machine: [`parse_kubeconfig_file`] and
+//! [`inline_kubeconfig_file`] (what `occ cluster add` sends) read them relative to the
+//! kubeconfig's directory, as kubectl does, each at most [`MAX_FILE_BYTES`].
+//! [`parse_kubeconfig`] (what the coordinator's API uses on text it received) refuses them,
+//! naming the field: a path in a request must never make the server read its own files (its
+//! admin token, `/dev/zero`) or reveal whether they exist.
 
 use std::fmt;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -111,6 +119,9 @@ impl TryFrom<StoredCredentials> for ClusterCredentials {
     fn try_from(s: StoredCredentials) -> Result<Self, Self::Error> {
         check_server("server", &s.server)?;
         check_ca("caPem", s.ca_pem.as_bytes())?;
+        if let ClusterAuth::Token { token } = &s.auth {
+            check_token("auth.token", token)?;
+        }
         if let ClusterAuth::ClientCertificate {
             certificate_pem,
             key_pem,
@@ -173,6 +184,48 @@ impl ClusterCredentials {
         )
     }
 
+    /// These credentials as a one-context kubeconfig with everything inline (JSON text).
+    pub fn to_inline_kubeconfig(&self) -> String {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+        let mut cluster = serde_json::json!({
+            "server": self.server,
+            "certificate-authority-data": b64(&self.ca_pem),
+        });
+        if let Some(name) = &self.tls_server_name {
+            cluster["tls-server-name"] = serde_json::json!(name);
+        }
+        let user = match &self.auth {
+            ClusterAuth::Token { token } => serde_json::json!({ "token": token }),
+            ClusterAuth::ClientCertificate {
+                certificate_pem,
+                key_pem,
+            } => serde_json::json!({
+                "client-certificate-data": b64(certificate_pem),
+                "client-key-data": b64(key_pem),
+            }),
+        };
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": self.context,
+            "clusters": [{ "name": "cluster", "cluster": cluster }],
+            "users": [{ "name": "user", "user": user }],
+            "contexts": [{
+                "name": self.context,
+                "context": { "cluster": "cluster", "user": "user" },
+            }],
+        })
+        .to_string()
+    }
+
+    /// The same credentials with `auth` swapped in unvalidated: tests of what happens when
+    /// stored credentials hold something validation would refuse.
+    #[cfg(test)]
+    pub(crate) fn with_auth_unchecked(mut self, auth: ClusterAuth) -> Self {
+        self.auth = auth;
+        self
+    }
+
     /// A digest of everything, so a client cached for old credentials is never reused.
     pub(crate) fn cache_key(&self) -> [u8; 32] {
         let bytes = serde_json::to_vec(self).unwrap_or_default();
@@ -212,34 +265,62 @@ impl fmt::Display for ClusterCredentials {
 
 const KEY_TAGS: &[&str] = &["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"];
 
-/// Parses kubeconfig text and validates the chosen context (`context`, else `current-context`).
-/// Relative file paths are read relative to the working directory; use
-/// [`parse_kubeconfig_file`] to read them relative to the kubeconfig's own directory.
+/// The largest file a kubeconfig may name (CA bundle, certificate, key, token), and the
+/// largest kubeconfig file read: far above any real one, small enough that `/dev/zero` or a
+/// huge file fails at once instead of exhausting memory.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Where the files a kubeconfig names may be read.
+#[derive(Debug, Clone, Copy)]
+enum Files<'a> {
+    /// Nowhere: text received by the coordinator; a path field is refused, naming it.
+    Refused,
+    /// On this machine (the operator's), relative paths from this directory.
+    ReadFrom(Option<&'a Path>),
+}
+
+/// Parses kubeconfig text received from elsewhere and validates the chosen context
+/// (`context`, else `current-context`). Every file reference is refused, naming the field: the
+/// text must carry its CA, certificate, key and token inline (`*-data`, `token`), as
+/// [`inline_kubeconfig_file`] produces.
 pub fn parse_kubeconfig(
     text: &str,
     context: Option<&str>,
 ) -> Result<ClusterCredentials, KubeconfigError> {
-    parse_in(text, context, None)
+    parse_in(text, context, Files::Refused)
 }
 
-/// Reads a kubeconfig file and validates it like [`parse_kubeconfig`]; relative paths inside
-/// it are taken relative to its directory, as kubectl does.
+/// Reads a kubeconfig file on this machine and validates it like [`parse_kubeconfig`]; the
+/// files it names are read too, relative paths from the kubeconfig's directory (as kubectl
+/// does), each at most [`MAX_FILE_BYTES`].
 pub fn parse_kubeconfig_file(
     path: &Path,
     context: Option<&str>,
 ) -> Result<ClusterCredentials, KubeconfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| KubeconfigError::Unreadable {
+    let bytes = read_bounded("kubeconfig", path)?;
+    let text = String::from_utf8(bytes).map_err(|_| KubeconfigError::Unreadable {
         field: "kubeconfig".to_owned(),
         path: path.display().to_string(),
-        reason: e.to_string(),
+        reason: "not UTF-8 text".to_owned(),
     })?;
-    parse_in(&text, context, path.parent())
+    parse_in(&text, context, Files::ReadFrom(path.parent()))
+}
+
+/// What `occ cluster add` sends: the kubeconfig file read and validated on the operator's
+/// machine (files it names read there, see [`parse_kubeconfig_file`]), reduced to the chosen
+/// context with everything inline, as kubeconfig text (JSON, which is YAML) that
+/// [`parse_kubeconfig`] accepts.
+pub fn inline_kubeconfig_file(
+    path: &Path,
+    context: Option<&str>,
+) -> Result<String, KubeconfigError> {
+    Ok(parse_kubeconfig_file(path, context)?.to_inline_kubeconfig())
 }
 
 fn parse_in(
     text: &str,
     context: Option<&str>,
-    base: Option<&Path>,
+    base: Files<'_>,
 ) -> Result<ClusterCredentials, KubeconfigError> {
     let config =
         Kubeconfig::from_yaml(text).map_err(|e| KubeconfigError::Syntax(syntax_message(&e)))?;
@@ -316,7 +397,7 @@ fn refused(field: String, reason: impl Into<String>) -> KubeconfigError {
 
 fn read_cluster(
     named: &NamedCluster,
-    base: Option<&Path>,
+    base: Files<'_>,
 ) -> Result<(String, Option<String>, String), KubeconfigError> {
     let field = format!("clusters[name={}].cluster", named.name);
     let cluster = named
@@ -369,7 +450,7 @@ fn read_cluster(
     Ok((server, cluster.tls_server_name.clone(), ca_pem))
 }
 
-fn read_user(named: &NamedAuthInfo, base: Option<&Path>) -> Result<ClusterAuth, KubeconfigError> {
+fn read_user(named: &NamedAuthInfo, base: Files<'_>) -> Result<ClusterAuth, KubeconfigError> {
     let field = format!("users[name={}].user", named.name);
     let user: &AuthInfo = named
         .auth_info
@@ -422,12 +503,15 @@ fn read_user(named: &NamedAuthInfo, base: Option<&Path>) -> Result<ClusterAuth, 
                 "both token and tokenFile are set; keep one",
             ));
         }
-        (Some(t), None) => Some(t.expose_secret().trim().to_owned()),
+        (Some(t), None) => Some(check_token(
+            &format!("{field}.token"),
+            t.expose_secret().trim(),
+        )?),
         (None, Some(path)) => {
             let bytes = read_file(&format!("{field}.tokenFile"), path, base)?;
             let text = String::from_utf8(bytes)
                 .map_err(|_| refused(format!("{field}.tokenFile"), "the token file is not text"))?;
-            Some(text.trim().to_owned())
+            Some(check_token(&format!("{field}.tokenFile"), text.trim())?)
         }
         (None, None) => None,
     };
@@ -524,17 +608,60 @@ fn decode_base64(field: &str, data: &str) -> Result<Vec<u8>, KubeconfigError> {
         .map_err(|_| refused(field.to_owned(), "is not valid base64"))
 }
 
-fn read_file(field: &str, path: &str, base: Option<&Path>) -> Result<Vec<u8>, KubeconfigError> {
+fn read_file(field: &str, path: &str, base: Files<'_>) -> Result<Vec<u8>, KubeconfigError> {
+    let base = match base {
+        Files::ReadFrom(base) => base,
+        Files::Refused => {
+            // The path is not echoed: whether it exists on this machine is nobody's business.
+            return Err(refused(
+                field.to_owned(),
+                "names a file, which is never read here: register with `occ cluster add \
+                 --kubeconfig FILE` (it reads the files on your machine and sends their \
+                 contents), or embed the contents (`*-data`, `token`)",
+            ));
+        }
+    };
     let p = PathBuf::from(path);
     let full = match base {
         Some(dir) if p.is_relative() => dir.join(p),
         _ => p,
     };
-    std::fs::read(&full).map_err(|e| KubeconfigError::Unreadable {
+    read_bounded(field, &full)
+}
+
+/// Reads at most [`MAX_FILE_BYTES`] (one more to tell a larger file), so a device or a huge
+/// file fails at once with the field and the path named.
+fn read_bounded(field: &str, path: &Path) -> Result<Vec<u8>, KubeconfigError> {
+    let unreadable = |reason: String| KubeconfigError::Unreadable {
         field: field.to_owned(),
-        path: full.display().to_string(),
-        reason: e.kind().to_string(),
-    })
+        path: path.display().to_string(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(|e| unreadable(e.kind().to_string()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(e.kind().to_string()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(unreadable(format!(
+            "larger than {} bytes (MAX_FILE_BYTES)",
+            MAX_FILE_BYTES
+        )));
+    }
+    Ok(bytes)
+}
+
+/// A token must fit an `Authorization: Bearer …` header: a newline or another control
+/// character would otherwise fail (or panic) only later, when the client is built.
+fn check_token(field: &str, token: &str) -> Result<String, KubeconfigError> {
+    if http::HeaderValue::try_from(format!("Bearer {token}")).is_err() {
+        return Err(refused(
+            field.to_owned(),
+            "holds a character an HTTP header cannot carry (a newline or another control \
+             character); a token is one line of printable text",
+        ));
+    }
+    Ok(token.to_owned())
 }
 
 fn pem_text(field: &str, bytes: Vec<u8>) -> Result<String, KubeconfigError> {

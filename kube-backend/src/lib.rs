@@ -8,10 +8,14 @@
 //! // Registration (`occ cluster add NAME --kubeconfig FILE [--context C]`): validate first,
 //! // then store the credentials' serde form (it holds the secrets: never return or log it;
 //! // Debug and Display redact them; deserializing validates again).
+//! // The API refuses file references in text it receives; the CLI inlines them on the
+//! // operator's machine (bounded reads, relative paths from the kubeconfig's directory).
 //! pub fn parse_kubeconfig(text: &str, context: Option<&str>)
-//!     -> Result<ClusterCredentials, KubeconfigError>;
+//!     -> Result<ClusterCredentials, KubeconfigError>;   // file references refused
 //! pub fn parse_kubeconfig_file(path: &Path, context: Option<&str>)
-//!     -> Result<ClusterCredentials, KubeconfigError>;   // relative paths from the file's dir
+//!     -> Result<ClusterCredentials, KubeconfigError>;   // files read here
+//! pub fn inline_kubeconfig_file(path: &Path, context: Option<&str>)
+//!     -> Result<String, KubeconfigError>;               // what `occ cluster add` sends
 //! impl ClusterCredentials {
 //!     pub fn server(&self) -> &str;  pub fn context(&self) -> &str;
 //!     pub fn ca_pem(&self) -> &str;  pub fn auth(&self) -> &ClusterAuth;
@@ -51,6 +55,8 @@
 //!     pub async fn call(&self, cluster: &Cluster, operation: Operation, deadline: Duration)
 //!         -> Result<OperationResult, Failure>;
 //!     pub async fn probe_cluster(&self, cluster: &Cluster) -> Result<ClusterProbe, Failure>;
+//!     pub async fn missing_access(&self, cluster: &Cluster)    // rbac.rs; at registration
+//!         -> Result<Vec<String>, Failure>;
 //!     pub fn forget(&self, cluster_name: &str);
 //! }
 //!
@@ -67,6 +73,7 @@
 pub mod backend;
 pub mod kubeconfig;
 pub mod names;
+pub mod rbac;
 pub mod render;
 pub mod settings;
 pub mod workspace;
@@ -84,7 +91,9 @@ pub use backend::{
     Cluster, ClusterProbe, ClusterProbeReport, ClusterProbeWarning, KubeBackend,
     MINIMUM_KUBERNETES_MINOR, ProbeWarning,
 };
+pub use client::MAX_RESPONSE_BYTES;
 pub use kubeconfig::{
-    ClusterAuth, ClusterCredentials, KubeconfigError, parse_kubeconfig, parse_kubeconfig_file,
+    ClusterAuth, ClusterCredentials, KubeconfigError, inline_kubeconfig_file, parse_kubeconfig,
+    parse_kubeconfig_file,
 };
 pub use settings::{ClusterSettings, CpuMemory, PeerSelector, Quota, Resources, SettingsError};

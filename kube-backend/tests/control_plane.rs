@@ -7,7 +7,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use clawfleet_k8s_tests::{
-    ADMIN_USER, FAIL_PULL_MARKER, Fault, FaultProxy, NEVER_READY_MARKER, skip_unless_control_plane,
+    BACKEND_USER, FAIL_PULL_MARKER, Fault, FaultProxy, NEVER_READY_MARKER,
+    skip_unless_control_plane,
 };
 use clawfleet_kube::{KubeBackend, names};
 use clawfleet_protocol::result::OperationResult;
@@ -819,7 +820,10 @@ async fn api_faults_are_unavailable_and_retryable() {
     volumes(&client, 2).await;
     let backend = std::sync::Arc::new(KubeBackend::new());
     let proxy = FaultProxy::start(&cp).await.unwrap();
-    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), settings());
+    let via = cluster_via(
+        &proxy.kubeconfig(BACKEND_USER, cp.backend_token()),
+        settings(),
+    );
 
     // 429 with Retry-After on a read: honoured (the read waits, then succeeds).
     proxy.inject(Fault::too_many_requests(2), 1);
@@ -954,7 +958,10 @@ async fn a_stop_racing_the_successors_activation_leaves_the_successor_intact() {
     volumes(&client, 2).await;
     let backend = std::sync::Arc::new(KubeBackend::new());
     let proxy = FaultProxy::start(&cp).await.unwrap();
-    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), settings());
+    let via = cluster_via(
+        &proxy.kubeconfig(BACKEND_USER, cp.backend_token()),
+        settings(),
+    );
     let direct = cluster(&cp, settings());
     let ns = "ns-race";
     call(&backend, &direct, ensure_op(ns)).await.unwrap();
@@ -1103,7 +1110,7 @@ async fn bench_thirty_agents() {
     let proxy = FaultProxy::start(&cp).await.unwrap();
     let mut s = settings();
     s.quota.pods = 40;
-    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), s);
+    let via = cluster_via(&proxy.kubeconfig(BACKEND_USER, cp.backend_token()), s);
     call(&backend, &via, ensure_op("ns-bench")).await.unwrap();
     // One Agent alone first: requests of one prepare and one activate.
     let before = proxy.request_count();
@@ -1226,7 +1233,7 @@ async fn credentials_are_checked_end_to_end() {
     let kc = kubeconfig_with(
         &cp.api_url(),
         &other_ca.cert.pem(),
-        serde_json::json!({ "token": cp.admin_token() }),
+        serde_json::json!({ "token": cp.backend_token() }),
     );
     let mut wrong_ca = cluster_via(&kc, settings());
     wrong_ca.name = "wrong-ca".to_owned();
@@ -1718,7 +1725,10 @@ async fn a_refusal_right_after_a_connection_error_is_retried() {
     skip_unless_control_plane!();
     let cp = start().await;
     let proxy = FaultProxy::start(&cp).await.unwrap();
-    let via = cluster_via(&proxy.kubeconfig(ADMIN_USER, cp.admin_token()), settings());
+    let via = cluster_via(
+        &proxy.kubeconfig(BACKEND_USER, cp.backend_token()),
+        settings(),
+    );
     let forbidden = Fault::Respond {
         status: 403,
         headers: Vec::new(),

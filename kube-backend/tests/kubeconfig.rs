@@ -276,3 +276,147 @@ fn missing_context_cluster_or_user_is_named() {
     let e = parse(&v).unwrap_err();
     assert!(matches!(e, KubeconfigError::NoUser(_)), "{e}");
 }
+
+/// Issue 26 N1: text received by the coordinator names no file it would read. Every path
+/// field is refused, naming the field and never the path (whether it exists is not told).
+#[test]
+fn file_references_in_received_text_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("admin.token");
+    std::fs::write(&secret, "coordinator-admin-secret").unwrap();
+    let s = secret.display().to_string();
+    let c = "clusters[name=c].cluster";
+    let u = "users[name=u].user";
+    let cert = json!({ "client-certificate": s, "client-key-data": b64(KEY) });
+    let key = json!({ "client-certificate-data": b64(CERT), "client-key": s });
+    let cases = [
+        (
+            doc(good_cluster(), json!({ "tokenFile": s })),
+            format!("{u}.tokenFile"),
+        ),
+        (doc(good_cluster(), cert), format!("{u}.client-certificate")),
+        (doc(good_cluster(), key), format!("{u}.client-key")),
+        (
+            doc(
+                json!({ "server": "https://127.0.0.1:6443", "certificate-authority": s }),
+                json!({ "token": TOKEN }),
+            ),
+            format!("{c}.certificate-authority"),
+        ),
+        (
+            doc(good_cluster(), json!({ "tokenFile": "/dev/zero" })),
+            format!("{u}.tokenFile"),
+        ),
+        (
+            doc(good_cluster(), json!({ "tokenFile": "/nonexistent/x" })),
+            format!("{u}.tokenFile"),
+        ),
+    ];
+    for (v, field) in cases {
+        match parse(&v) {
+            Err(e @ KubeconfigError::Refused { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains(&field), "{text}");
+                assert!(text.contains("occ cluster add"), "{text}");
+                assert!(!text.contains(&s) && !text.contains("/dev/zero"), "{text}");
+                assert!(!text.contains("/nonexistent"), "{text}");
+            }
+            other => panic!("{field}: expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+/// What `occ cluster add` sends: the files read on the operator's machine (relative to the
+/// kubeconfig's directory, as kubectl does), inlined; the result passes the coordinator's
+/// file-refusing parser with the same credentials. Reads are bounded: `/dev/zero` and a file
+/// over the limit fail at once, naming the field and the path.
+#[test]
+fn the_cli_inlines_file_references_with_bounded_reads() {
+    use clawfleet_kube::inline_kubeconfig_file;
+    use clawfleet_kube::kubeconfig::MAX_FILE_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("certs")).unwrap();
+    std::fs::write(dir.path().join("certs/ca.crt"), CA).unwrap();
+    std::fs::write(dir.path().join("token"), format!("{TOKEN}\n")).unwrap();
+    std::fs::write(dir.path().join("client.crt"), CERT).unwrap();
+    std::fs::write(dir.path().join("client.key"), KEY).unwrap();
+    let cluster =
+        json!({ "server": "https://127.0.0.1:6443", "certificate-authority": "certs/ca.crt" });
+    let path = dir.path().join("config");
+    // Run from elsewhere: relative paths are the kubeconfig's, not the working directory's.
+    for user in [
+        json!({ "tokenFile": "token" }),
+        json!({ "client-certificate": "client.crt", "client-key": "client.key" }),
+    ] {
+        std::fs::write(&path, doc(cluster.clone(), user).to_string()).unwrap();
+        let text = inline_kubeconfig_file(&path, None).unwrap();
+        for field in [
+            "\"tokenFile\"",
+            "\"certificate-authority\"",
+            "\"client-certificate\"",
+            "\"client-key\"",
+        ] {
+            assert!(!text.contains(field), "{field} still sent: {text}");
+        }
+        let sent = parse_kubeconfig(&text, None).unwrap();
+        assert_eq!(sent, parse_kubeconfig_file(&path, None).unwrap());
+        assert_eq!(sent.ca_pem(), CA);
+        assert_eq!(sent.context(), "ctx");
+    }
+    std::fs::write(
+        dir.path().join("big"),
+        vec![b'a'; MAX_FILE_BYTES as usize + 1],
+    )
+    .unwrap();
+    for (file, shown) in [
+        ("/dev/zero", "/dev/zero".to_owned()),
+        ("big", dir.path().join("big").display().to_string()),
+    ] {
+        std::fs::write(
+            &path,
+            doc(cluster.clone(), json!({ "tokenFile": file })).to_string(),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        match inline_kubeconfig_file(&path, None) {
+            Err(e @ KubeconfigError::Unreadable { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("users[name=u].user.tokenFile"), "{text}");
+                assert!(text.contains(&shown), "{text}");
+                assert!(text.contains("larger than"), "{text}");
+            }
+            other => panic!("{file}: expected Unreadable, got {other:?}"),
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    }
+}
+
+/// Issue 27 N2: a token no HTTP header can carry is refused at registration, naming the
+/// field, instead of panicking later when the client is built; stored credentials holding
+/// one do not decode either.
+#[test]
+fn a_token_with_a_newline_is_refused() {
+    for token in ["abc\ndef", "abc\rdef", "abc\u{1}def"] {
+        assert_eq!(
+            refused_field(&doc(good_cluster(), json!({ "token": token }))),
+            "users[name=u].user.token",
+            "{token:?}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "abc\ndef\n").unwrap();
+    let path = dir.path().join("config");
+    std::fs::write(
+        &path,
+        doc(good_cluster(), json!({ "tokenFile": "token" })).to_string(),
+    )
+    .unwrap();
+    assert!(matches!(
+        parse_kubeconfig_file(&path, None),
+        Err(KubeconfigError::Refused { field, .. }) if field == "users[name=u].user.tokenFile"
+    ));
+    let creds = parse(&doc(good_cluster(), json!({ "token": TOKEN }))).unwrap();
+    let mut stored = serde_json::to_value(&creds).unwrap();
+    stored["auth"]["token"] = json!("abc\ndef");
+    assert!(serde_json::from_value::<ClusterCredentials>(stored).is_err());
+}

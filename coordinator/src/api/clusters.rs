@@ -8,7 +8,61 @@ use super::access::Caller;
 use super::extract::StrictJson;
 use super::{ApiError, ApiResult, S, ok};
 use crate::backend::{Backend, CallOptions, ClusterTarget, Target};
-use crate::service::NewCluster;
+use crate::codes::Code;
+use crate::model::ClusterRecord;
+use crate::service::{ClusterUpdate, NewCluster};
+
+/// Proves, before anything is stored, that the credentials reach the API server (a probe)
+/// and hold the permissions clawfleet needs; records the probe's answer in a cluster's words
+/// ([`crate::model::Cluster::probe_record`]).
+async fn probe_and_check<B: Backend>(
+    st: &super::AppState<B>,
+    record: &mut ClusterRecord,
+) -> Result<(), ApiError> {
+    let target = ClusterTarget {
+        name: record.cluster.name.clone(),
+        record: record.clone(),
+    };
+    let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
+    let failed = |e: &crate::backend::CallError, what: &str| {
+        ApiError::from_target(
+            if e.is_retryable() {
+                StatusCode::BAD_GATEWAY
+            } else {
+                StatusCode::BAD_REQUEST
+            },
+            e.code(),
+            format!("the cluster's {what} failed, nothing was stored: {e}"),
+        )
+    };
+    match st
+        .backend
+        .call(Target::Cluster(target.clone()), op, CallOptions::default())
+        .await
+    {
+        // Stored in a cluster's words (serverVersion, caFingerprint, warnings), not hostd's;
+        // on an update this replaces the previous probe.
+        Ok(result) => record.cluster.last_probe = crate::model::Cluster::probe_record(&result),
+        Err(e) => return Err(failed(&e, "probe")),
+    }
+    let missing = st
+        .backend
+        .missing_cluster_access(&target)
+        .await
+        .map_err(|e| failed(&e, "access check"))?;
+    if !missing.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            Code::ClusterAccessInsufficient,
+            format!(
+                "the kubeconfig's identity lacks permissions clawfleet needs, nothing was \
+                 stored: {}; bind the roles in kube-backend/rbac/ (see the operator guide)",
+                missing.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
 
 pub(super) async fn add_cluster<B: Backend>(
     State(st): S<B>,
@@ -16,32 +70,29 @@ pub(super) async fn add_cluster<B: Backend>(
     StrictJson(req): StrictJson<NewCluster>,
 ) -> ApiResult {
     let mut record = st.service.validate_cluster(&req).await?;
-    // Prove the credentials reach the API server before anything is stored.
-    let target = Target::Cluster(ClusterTarget {
-        name: record.cluster.name.clone(),
-        record: record.clone(),
-    });
-    let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
-    match st.backend.call(&target, op, CallOptions::default()).await {
-        Ok(result) => {
-            // Stored in a cluster's words (serverVersion, caFingerprint), not hostd's.
-            record.cluster.last_probe = crate::model::Cluster::probe_record(&result);
-        }
-        Err(e) => {
-            return Err(ApiError::from_target(
-                if e.is_retryable() {
-                    StatusCode::BAD_GATEWAY
-                } else {
-                    StatusCode::BAD_REQUEST
-                },
-                e.code(),
-                format!("the cluster's probe failed, nothing was stored: {e}"),
-            ));
-        }
-    }
+    probe_and_check(&st, &mut record).await?;
     ok(
         StatusCode::CREATED,
         st.service.store_cluster(&caller.token_id, &record).await?,
+    )
+}
+
+/// Replaces a cluster's credentials and settings, validated, probed and checked like a
+/// registration. The Kubernetes backend's cached client is keyed by the credentials' digest,
+/// so the next call uses the new ones.
+pub(super) async fn update_cluster<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path(cluster): Path<String>,
+    StrictJson(req): StrictJson<ClusterUpdate>,
+) -> ApiResult {
+    let mut record = st.service.validate_cluster_update(&cluster, &req).await?;
+    probe_and_check(&st, &mut record).await?;
+    ok(
+        StatusCode::OK,
+        st.service
+            .store_cluster_update(&caller.token_id, &record, req.kubeconfig.is_some())
+            .await?,
     )
 }
 

@@ -21,6 +21,7 @@ mod ratelimit;
 mod rollouts;
 pub mod routes;
 mod runtime;
+mod secrets;
 mod system;
 mod tokens;
 
@@ -186,6 +187,7 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
         .layer(axum::Extension(limiter));
     // Layers wrap from the inside out: the last one added runs first.
     routes
+        .layer(axum::middleware::from_fn(catch_panics))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(
             (state, admission),
@@ -198,6 +200,28 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
         // A declared Content-Length over the limit is refused here, before any token lookup.
         .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY))
         .layer(axum::middleware::map_response(json_errors))
+}
+
+/// A panic while handling one request answers that request 500 `INTERNAL_ERROR` (and is
+/// logged) instead of dropping its connection; shared state recovers from it (the Kubernetes
+/// backend's client cache, for one, never stays poisoned), so other requests go on.
+async fn catch_panics(request: Request, next: Next) -> Response {
+    use futures::FutureExt as _;
+    match std::panic::AssertUnwindSafe(next.run(request))
+        .catch_unwind()
+        .await
+    {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::error!("a request handler panicked; answered 500 INTERNAL_ERROR");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Code::InternalError,
+                "the coordinator failed while handling this request; its log says why",
+            )
+            .into_response()
+        }
+    }
 }
 
 /// The moment a request's body must have arrived by (`api.body_timeout_seconds`), for the

@@ -5,16 +5,18 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use coordinator::client::Client;
-use coordinator::service::NewCluster;
+use coordinator::service::{ClusterUpdate, NewCluster};
 use serde_json::json;
 
-use super::out::sanitise;
+use super::out::note;
 use super::table::{CLUSTER_COLUMNS, print};
 use super::{Cli, read_json};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum ClusterCmd {
-    /// Register a cluster: its kubeconfig is validated, the cluster probed, then stored.
+    /// Register a cluster: its kubeconfig is read and validated here (files it names are read
+    /// on this machine and sent inline), then the coordinator probes the cluster, checks the
+    /// identity's permissions, and stores it.
     Add {
         name: String,
         /// The kubeconfig file (HTTPS with a CA; a token or a client certificate).
@@ -27,6 +29,23 @@ pub(crate) enum ClusterCmd {
         #[arg(long)]
         gateway_image: Option<String>,
         /// A JSON file with the cluster's other settings (camelCase keys).
+        #[arg(long)]
+        settings: Option<PathBuf>,
+    },
+    /// Replace a cluster's credentials (`--kubeconfig`) and/or settings; validated, probed and
+    /// checked like `add`. Settings not given stay as they are.
+    Update {
+        name: String,
+        /// The new kubeconfig file (read here, as for `add`).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// The context to use (default: the kubeconfig's current-context).
+        #[arg(long, requires = "kubeconfig")]
+        context: Option<String>,
+        /// The gateway image, pinned by digest (`repo@sha256:…`).
+        #[arg(long)]
+        gateway_image: Option<String>,
+        /// A JSON file with the cluster's settings, replacing the stored ones (camelCase keys).
         #[arg(long)]
         settings: Option<PathBuf>,
     },
@@ -47,8 +66,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
             gateway_image,
             settings,
         } => {
-            let text = std::fs::read_to_string(kubeconfig)
-                .with_context(|| format!("cannot read {}", kubeconfig.display()))?;
+            let text = inline(kubeconfig, context.as_deref())?;
             let mut settings = match settings {
                 Some(p) => read_json(p)?,
                 None => json!({}),
@@ -67,15 +85,37 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
                 },
             )?;
             print(cli, &v, CLUSTER_COLUMNS);
-            // The probe's warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM) are not
-            // refusals; say them.
-            for w in v["lastProbe"]["warnings"].as_array().into_iter().flatten() {
-                eprintln!(
-                    "warning: cluster {name}: {}: {}",
-                    sanitise(w["code"].as_str().unwrap_or_default()),
-                    sanitise(w["message"].as_str().unwrap_or_default())
-                );
+            warn_probe(name, &v);
+        }
+        ClusterCmd::Update {
+            name,
+            kubeconfig,
+            context,
+            gateway_image,
+            settings,
+        } => {
+            let text = kubeconfig
+                .as_ref()
+                .map(|k| inline(k, context.as_deref()))
+                .transpose()?;
+            let mut settings = match settings {
+                Some(p) => read_json(p)?,
+                None => c.request("GET", &format!("/clusters/{name}"), None)?["settings"].clone(),
+            };
+            if let Some(image) = gateway_image {
+                settings["gatewayImage"] = json!(image);
             }
+            let v = c.send(
+                "PUT",
+                &format!("/clusters/{name}"),
+                &ClusterUpdate {
+                    kubeconfig: text,
+                    context: context.clone(),
+                    settings,
+                },
+            )?;
+            print(cli, &v, CLUSTER_COLUMNS);
+            warn_probe(name, &v);
         }
         ClusterCmd::List => print(cli, &c.request("GET", "/clusters", None)?, CLUSTER_COLUMNS),
         ClusterCmd::Get { name } => print(
@@ -89,4 +129,25 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The kubeconfig as sent: read and validated on this machine, every file it names (CA,
+/// certificate, key, token; relative to its directory) read here, size-bounded, and inlined.
+/// The coordinator never reads a path from a request.
+fn inline(path: &std::path::Path, context: Option<&str>) -> Result<String> {
+    clawfleet_kube::inline_kubeconfig_file(path, context)
+        .with_context(|| format!("kubeconfig {}", path.display()))
+}
+
+/// The probe's warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM, in `lastProbe.warnings`, a
+/// cluster's words) are not refusals; say them, sanitised (the message comes from the API
+/// server's answer).
+fn warn_probe(name: &str, v: &serde_json::Value) {
+    for w in v["lastProbe"]["warnings"].as_array().into_iter().flatten() {
+        note(&format!(
+            "warning: cluster {name}: {}: {}",
+            w["code"].as_str().unwrap_or_default(),
+            w["message"].as_str().unwrap_or_default()
+        ));
+    }
 }

@@ -7,18 +7,22 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
+mod clusters;
 mod plans;
 mod probe;
 mod reads;
 mod rollouts;
 mod runtime;
+mod secrets;
 mod tokens;
 mod workspace;
 
+pub use clusters::ClusterUpdate;
 pub use probe::ProbeError;
 pub use reads::{AuditQuery, DriftQuery, Metrics};
 pub use rollouts::{MAX_ROLLOUT_AGENTS, NewRollout, RolloutAction, run as run_rollouts};
 pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
+pub use secrets::{NewSecret, SecretDeploy, SecretInfo, SecretUse, secret_redaction_terms};
 pub use tokens::TokenChangeError;
 pub use workspace::NewWorkspaceFile;
 
@@ -185,8 +189,9 @@ fn default_max_agents() -> u32 {
 pub struct NewCluster {
     #[schemars(pattern(IDENT_PATTERN))]
     pub name: String,
-    /// The kubeconfig's text. Files it names (CA, certificate, key, token) are read on the
-    /// coordinator's machine; embed them (`*-data`) when registering from elsewhere.
+    /// The kubeconfig's text, with everything inline (`*-data`, `token`): a file reference
+    /// (`certificate-authority`, `client-certificate`, `client-key`, `tokenFile`) is refused,
+    /// never read on the coordinator. `occ cluster add` reads them on the operator's machine.
     pub kubeconfig: String,
     #[serde(default)]
     pub context: Option<String>,
@@ -491,85 +496,6 @@ impl Service {
         Ok(host)
     }
 
-    /// Validates a cluster registration (kubeconfig and settings) without storing anything;
-    /// the API probes the cluster with the result before [`Service::store_cluster`].
-    pub async fn validate_cluster(&self, c: &NewCluster) -> Result<crate::model::ClusterRecord> {
-        check_id("name", &c.name)?;
-        if self.store.cluster(&c.name).await?.is_some() {
-            return Err(ServiceError::conflict(
-                Code::ClusterExists,
-                format!("cluster {} is already registered", c.name),
-            ));
-        }
-        let credentials =
-            clawfleet_kube::kubeconfig::parse_kubeconfig(&c.kubeconfig, c.context.as_deref())
-                .map_err(|e| {
-                    ServiceError::invalid(Code::KubeconfigInvalid, format!("kubeconfig {e}"))
-                })?;
-        let settings = clawfleet_kube::settings::ClusterSettings::from_json(c.settings.clone())
-            .map_err(|e| {
-                ServiceError::invalid(
-                    Code::ClusterSettingsInvalid,
-                    format!("settings.{}: {}", e.field, e.reason),
-                )
-            })?;
-        let to_value = |v: std::result::Result<Value, serde_json::Error>| {
-            v.map_err(|e| ServiceError::invalid(Code::ClusterSettingsInvalid, e.to_string()))
-        };
-        Ok(crate::model::ClusterRecord {
-            cluster: crate::model::Cluster {
-                name: c.name.clone(),
-                server: credentials.server().to_owned(),
-                settings: to_value(serde_json::to_value(&settings))?,
-                created_at: now(),
-                last_probe: None,
-            },
-            credentials: to_value(serde_json::to_value(&credentials))?,
-        })
-    }
-
-    /// Stores a validated and probed cluster.
-    pub async fn store_cluster(
-        &self,
-        actor: &str,
-        record: &crate::model::ClusterRecord,
-    ) -> Result<crate::model::Cluster> {
-        if !self.store.insert_cluster(record).await? {
-            return Err(ServiceError::conflict(
-                Code::ClusterExists,
-                format!("cluster {} is already registered", record.cluster.name),
-            ));
-        }
-        self.audit(
-            actor,
-            "cluster.add",
-            &record.cluster.name,
-            json!({"server": record.cluster.server}),
-        )
-        .await?;
-        Ok(record.cluster.clone())
-    }
-
-    pub async fn cluster(&self, name: &str) -> Result<crate::model::Cluster> {
-        self.store
-            .cluster(name)
-            .await?
-            .map(|r| r.cluster.shown())
-            .ok_or_else(|| ServiceError::not_found("cluster", name))
-    }
-
-    /// Forgets a cluster no Namespace uses.
-    pub async fn delete_cluster(&self, actor: &str, name: &str) -> Result<()> {
-        match self.store.delete_cluster(name).await? {
-            None => Err(ServiceError::not_found("cluster", name)),
-            Some(false) => Err(ServiceError::conflict(
-                Code::ClusterInUse,
-                format!("cluster {name} still holds Namespaces; delete them first"),
-            )),
-            Some(true) => self.audit(actor, "cluster.delete", name, json!({})).await,
-        }
-    }
-
     /// Creates a Namespace. `may_choose_pool` is false for callers that are not global
     /// admins: they get, for any host or cluster they name, the answer a missing one gets.
     pub async fn create_namespace(
@@ -742,6 +668,7 @@ impl Service {
         check_id("id", id)?;
         // Refuse what can never be deployed now, not at deploy time.
         rendered_for(&namespace, &document)?;
+        self.check_secret_references(ns, &document).await?;
         let canonical = clawfleet_protocol::Configuration::new(document.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         let generation = self
@@ -900,7 +827,9 @@ impl Service {
             .configuration(&agent.namespace_id, &agent.configuration_id)
             .await?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
-        let mut rev = self.build_revision(&self.namespace(ns).await?, &agent.id, &cfg)?;
+        let mut rev = self
+            .build_revision(&self.namespace(ns).await?, &agent.id, &cfg)
+            .await?;
         // The store allocates the number and id inside its transaction.
         // The revision, its work and the audit event in one transaction.
         let work = match self
@@ -915,14 +844,15 @@ impl Service {
     }
 
     /// A new revision of an Agent from one Configuration generation (number and id are
-    /// allocated by the store).
-    fn build_revision(
+    /// allocated by the store), bound to the newest version of every secret it refers to.
+    async fn build_revision(
         &self,
         ns: &Namespace,
         agent: &Ident,
         cfg: &crate::model::Configuration,
     ) -> Result<Revision> {
-        let rendered = rendered_for(ns, &cfg.document)?;
+        let mut rendered = rendered_for(ns, &cfg.document)?;
+        let secrets = self.bind_secrets(&ns.id, &mut rendered).await?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         let configuration_hash = canonical.hash();
@@ -940,6 +870,7 @@ impl Service {
             runtime_failure: None,
             created_at: now(),
             rendered,
+            secrets,
         })
     }
 

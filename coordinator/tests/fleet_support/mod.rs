@@ -287,9 +287,11 @@ impl Fleet {
             .unwrap_or_else(|| panic!("no test host named {name}"))
     }
 
-    /// `occ --config <cfg> <args>`.
-    pub fn occ(&self, args: &[&str]) -> Output {
-        Command::new(&self.occ_bin)
+    /// `occ --config <cfg> <args>` with the operator's admin token, not yet started (for a
+    /// command that runs beside the test, such as a log follow).
+    pub fn occ_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.occ_bin);
+        command
             .arg("--config")
             .arg(&self.config)
             .args(args)
@@ -298,7 +300,13 @@ impl Fleet {
                 "OCC_TOKEN_FILE",
                 self.dir.path().join("operator-admin.token"),
             )
-            .stdin(Stdio::null())
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// `occ --config <cfg> <args>`.
+    pub fn occ(&self, args: &[&str]) -> Output {
+        self.occ_command(args)
             .output()
             .unwrap_or_else(|e| panic!("cannot run occ {}: {e}", args.join(" ")))
     }

@@ -41,9 +41,12 @@ pub async fn start() -> ControlPlane {
     cp
 }
 
-/// The cluster as the coordinator would register it: from the harness's kubeconfig file.
+/// The cluster as the coordinator would register it: from the kubeconfig file of the
+/// harness's backend identity, which holds the shipped least-privilege ClusterRole only
+/// (not `system:masters`; the harness's own setup uses the admin client).
 pub fn cluster(cp: &ControlPlane, settings: ClusterSettings) -> Cluster {
-    let credentials = parse_kubeconfig_file(cp.kubeconfig_path(), None).expect("kubeconfig");
+    let credentials =
+        parse_kubeconfig_file(cp.backend_kubeconfig_path(), None).expect("kubeconfig");
     Cluster {
         name: "test".to_owned(),
         credentials,

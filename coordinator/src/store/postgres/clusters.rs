@@ -48,6 +48,23 @@ impl ClusterStore for PostgresStore {
             > 0)
     }
 
+    async fn update_cluster(&self, c: &ClusterRecord) -> Result<bool> {
+        let db = self.client().await?;
+        Ok(db
+            .exec(
+                "UPDATE clusters SET server = $2, credentials = $3, settings = $4, last_probe = $5 WHERE name = $1",
+                &[
+                    &c.cluster.name,
+                    &c.cluster.server,
+                    &c.credentials.to_string(),
+                    &c.cluster.settings.to_string(),
+                    &c.cluster.last_probe.as_ref().map(Value::to_string),
+                ],
+            )
+            .await?
+            > 0)
+    }
+
     async fn cluster(&self, name: &str) -> Result<Option<ClusterRecord>> {
         let db = self.client().await?;
         let Some(r) = db

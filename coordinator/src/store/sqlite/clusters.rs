@@ -49,6 +49,22 @@ impl ClusterStore for SqliteStore {
         .await
     }
 
+    async fn update_cluster(&self, c: &ClusterRecord) -> Result<bool> {
+        self.transact(None, |tx| {
+            Ok(tx.execute(
+                "UPDATE clusters SET server = ?2, credentials = ?3, settings = ?4, last_probe = ?5 WHERE name = ?1",
+                params![
+                    c.cluster.name,
+                    c.cluster.server,
+                    c.credentials.to_string(),
+                    c.cluster.settings.to_string(),
+                    c.cluster.last_probe.as_ref().map(Value::to_string)
+                ],
+            )? > 0)
+        })
+        .await
+    }
+
     async fn cluster(&self, name: &str) -> Result<Option<ClusterRecord>> {
         self.read(|c| {
             let row: Option<(ClusterRow, String)> = c
