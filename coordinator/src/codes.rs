@@ -109,6 +109,7 @@ codes! {
     InvalidPlanToken = "INVALID_PLAN_TOKEN", "The plan token is not one the coordinator issues (plan1- and 32 hex digits).";
     RateLimited = "RATE_LIMITED", "The token is over one of its limits (requests in progress, requests per minute, reads of hosts and clusters per minute); retry after the Retry-After seconds.";
     // Work outcomes.
+    CallInProgress = "CALL_IN_PROGRESS", "A host or cluster call of the work has not answered for a few seconds (a slow hostd or Kubernetes API); the message names the operation, the target and how long. The call's outcome replaces it.";
     NamespaceReady = "NAMESPACE_READY", "The Namespace is ready on its pool or cluster.";
     NamespaceNotReady = "NAMESPACE_NOT_READY", "The Agent waits for its Namespace to become ready.";
     NamespaceDeleted = "NAMESPACE_DELETED", "The Namespace was removed from its pool or cluster.";

@@ -249,6 +249,9 @@ pub struct WorkerSettings {
     pub operation_deadline_seconds: u32,
     /// Work items in progress at once (each Agent's items stay in order).
     pub parallelism: usize,
+    /// How long a host or cluster call may go unanswered before the work notes it as
+    /// `CALL_IN_PROGRESS`, so status names the step in flight during a hang.
+    pub slow_call: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -264,6 +267,7 @@ impl Default for WorkerSettings {
             poll: Duration::from_millis(250),
             operation_deadline_seconds: 190,
             parallelism: 16,
+            slow_call: Duration::from_secs(3),
         }
     }
 }
@@ -416,6 +420,7 @@ impl Config {
                 }
                 v => v.unwrap_or(d.parallelism),
             },
+            slow_call: d.slow_call,
         };
         if worker.backoff_initial > worker.backoff_max {
             return Err(invalid(

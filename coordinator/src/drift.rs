@@ -110,7 +110,7 @@ pub async fn sweep<B: Backend>(store: &dyn Store, backend: &B) -> Result<SweepSu
             fence: None,
         };
         let rows = match backend.call(target, op, options).await {
-            Ok(OperationResult::Status(inv)) => compare(name, &want, &inv, now),
+            Ok(OperationResult::Status(inv)) => compare(name, Words::of(target), &want, &inv, now),
             Ok(other) => unreachable_rows(
                 name,
                 &want,
@@ -170,7 +170,42 @@ fn unreachable_rows(target: &str, want: &[Expected], why: &str, now: i64) -> Vec
 }
 
 /// The rows of one target from its inventory.
-fn compare(target: &str, want: &[Expected], inv: &Inventory, now: i64) -> Vec<DriftRow> {
+/// What a target calls an Agent's workload, a revision's stored copy and an Agent's
+/// identity, for drift messages: a host's words never describe a cluster's objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Words {
+    workload: &'static str,
+    snapshot: &'static str,
+    account: &'static str,
+}
+
+impl Words {
+    const HOST: Words = Words {
+        workload: "unit",
+        snapshot: "snapshot",
+        account: "account",
+    };
+    const CLUSTER: Words = Words {
+        workload: "Deployment",
+        snapshot: "ConfigMap",
+        account: "ServiceAccount",
+    };
+
+    fn of(target: &Target) -> Words {
+        match target {
+            Target::Host(_) => Words::HOST,
+            Target::Cluster(_) => Words::CLUSTER,
+        }
+    }
+}
+
+fn compare(
+    target: &str,
+    words: Words,
+    want: &[Expected],
+    inv: &Inventory,
+    now: i64,
+) -> Vec<DriftRow> {
     let mut found: BTreeMap<(Ident, Ident), &AgentInventory> = BTreeMap::new();
     for ns in &inv.namespaces {
         for a in &ns.agents {
@@ -190,7 +225,7 @@ fn compare(target: &str, want: &[Expected], inv: &Inventory, now: i64) -> Vec<Dr
     for e in want {
         let key = (e.agent.namespace_id.clone(), e.agent.id.clone());
         known.insert(key.clone());
-        let (mut state, mut reason, mut message) = judge(e, found.get(&key).copied());
+        let (mut state, mut reason, mut message) = judge(e, words, found.get(&key).copied());
         if state != DriftState::Converging
             && let Some(m) = workload.get(&(key.0.to_string(), key.1.to_string()))
         {
@@ -209,8 +244,8 @@ fn compare(target: &str, want: &[Expected], inv: &Inventory, now: i64) -> Vec<Dr
                 DriftState::Drift,
                 Some(DriftReason::UnknownAgent),
                 format!(
-                    "the target runs Agent {ns}/{agent} (account {}), which the coordinator does not place here",
-                    a.account
+                    "the target runs Agent {ns}/{agent} ({} {}), which the coordinator does not place here",
+                    words.account, a.account
                 ),
                 now,
             ));
@@ -343,6 +378,7 @@ fn workload_problem(path: &str) -> Option<(String, String)> {
 
 fn judge(
     e: &Expected,
+    words: Words,
     found: Option<&AgentInventory>,
 ) -> (DriftState, Option<DriftReason>, String) {
     use DriftReason::*;
@@ -383,7 +419,10 @@ fn judge(
             if unit_up {
                 return drift(
                     UnitRunningWhileStopped,
-                    format!("the Agent is stopped, and its unit is {unit_state}"),
+                    format!(
+                        "the Agent is stopped, and its {} is {unit_state}",
+                        words.workload
+                    ),
                 );
             }
             (DriftState::Synced, None, "stopped".to_owned())
@@ -396,7 +435,8 @@ fn judge(
                 return drift(
                     SnapshotChanged,
                     format!(
-                        "the snapshot of the active revision {active} is missing or does not verify"
+                        "the {} of the active revision {active} is missing or does not verify",
+                        words.snapshot
                     ),
                 );
             }
@@ -412,7 +452,10 @@ fn judge(
             if !unit_up {
                 return drift(
                     UnitNotRunning,
-                    format!("the Agent should run {active}, and its unit is {unit_state}"),
+                    format!(
+                        "the Agent should run {active}, and its {} is {unit_state}",
+                        words.workload
+                    ),
                 );
             }
             match &o.served {
@@ -423,7 +466,10 @@ fn judge(
                 ),
                 None => drift(
                     NotServed,
-                    format!("the unit runs, but the target does not record {active} as served"),
+                    format!(
+                        "the {} runs, but the target does not record {active} as served",
+                        words.workload
+                    ),
                 ),
             }
         }
@@ -483,9 +529,12 @@ mod tests {
             },
             unit_drift: None,
         };
-        assert_eq!(judge(&expected, Some(&inv)).0, DriftState::Synced);
+        assert_eq!(
+            judge(&expected, Words::HOST, Some(&inv)).0,
+            DriftState::Synced
+        );
         inv.unit_drift = Some("it lacks lines hostd writes: `NoNewPrivileges=yes`".to_owned());
-        let (state, reason, message) = judge(&expected, Some(&inv));
+        let (state, reason, message) = judge(&expected, Words::HOST, Some(&inv));
         assert_eq!(state, DriftState::Drift);
         assert_eq!(reason, Some(DriftReason::UnitFileChanged));
         assert!(message.contains("NoNewPrivileges=yes"), "{message}");
@@ -537,7 +586,7 @@ mod problem_labels {
                 },
             ],
         };
-        let rows = compare("h1", &[], &inv, 0);
+        let rows = compare("h1", Words::HOST, &[], &inv, 0);
         let labels: Vec<(&str, &str, Option<DriftReason>)> = rows
             .iter()
             .map(|r| (r.namespace_id.as_str(), r.agent_id.as_str(), r.reason))
@@ -628,7 +677,7 @@ mod workload_tests {
             agent,
             open_work: false,
         }];
-        let rows = compare("c1", &want, &inv, 0);
+        let rows = compare("c1", Words::CLUSTER, &want, &inv, 0);
         assert_eq!(rows.len(), 1, "{rows:?}");
         assert_eq!(rows[0].state, DriftState::Synced, "{rows:?}");
 
@@ -636,11 +685,107 @@ mod workload_tests {
             path: "namespaces/ns1/agents/a1/workload".into(),
             message: "the Pod template differs (container sidecar was added)".into(),
         });
-        let rows = compare("c1", &want, &inv, 0);
+        let rows = compare("c1", Words::CLUSTER, &want, &inv, 0);
         assert_eq!(rows.len(), 1, "one row, the Agent's: {rows:?}");
         assert_eq!(rows[0].agent_id, "a1");
         assert_eq!(rows[0].state, DriftState::Drift, "{rows:?}");
         assert_eq!(rows[0].reason, Some(DriftReason::WorkloadChanged));
         assert!(rows[0].message.contains("sidecar"), "{rows:?}");
+    }
+
+    /// Issue 27: a cluster's drift messages use a cluster's words (Deployment, ConfigMap,
+    /// ServiceAccount), never a host's (unit, snapshot, account).
+    #[test]
+    fn a_clusters_drift_is_worded_for_a_cluster() {
+        let agent = |id_: &str, state: DesiredState| Agent {
+            namespace_id: id("ns1"),
+            id: id(id_),
+            service_principal_id: id(id_),
+            configuration_id: id("cfg"),
+            desired_state: state,
+            host: None,
+            port: Some(18789),
+            active_revision_id: Some(id("r1")),
+            served_revision_id: Some(id("r1")),
+            restore: RestorePolicy::None,
+            created_at: 0,
+        };
+        let observed = |id_: &str, revisions: Vec<RevisionInventory>, state: &str| AgentInventory {
+            id: id(id_),
+            service_principal_id: id(id_),
+            account: format!("gw-{id_}"),
+            revisions,
+            observation: AgentObservation {
+                current: Some(id("r1")),
+                served: None,
+                port: Some(18789),
+                unit: Some(UnitObservation {
+                    name: format!("gw-{id_}"),
+                    active_state: state.into(),
+                    sub_state: "Pending".into(),
+                    n_restarts: 0,
+                    enabled: true,
+                }),
+            },
+            unit_drift: None,
+        };
+        let r1 = || {
+            vec![RevisionInventory {
+                id: id("r1"),
+                number: RevisionNumber::new(1).unwrap(),
+            }]
+        };
+        let inv = Inventory {
+            namespaces: vec![NamespaceInventory {
+                id: id("ns1"),
+                name: id("ns1"),
+                agents: vec![
+                    observed("down", r1(), "activating"),
+                    observed("stopped", r1(), "active"),
+                    observed("gone", Vec::new(), "active"),
+                    observed("unserved", r1(), "active"),
+                    observed("stray", r1(), "active"),
+                ],
+            }],
+            problems: Vec::new(),
+        };
+        let want: Vec<Expected> = [
+            ("down", DesiredState::Running),
+            ("stopped", DesiredState::Stopped),
+            ("gone", DesiredState::Running),
+            ("unserved", DesiredState::Running),
+        ]
+        .into_iter()
+        .map(|(a, s)| Expected {
+            agent: agent(a, s),
+            open_work: false,
+        })
+        .collect();
+        let rows = compare("c1", Words::CLUSTER, &want, &inv, 0);
+        assert_eq!(rows.len(), 5, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r.state, DriftState::Drift, "{r:?}");
+            for host_word in ["unit", "snapshot", "(account"] {
+                assert!(!r.message.contains(host_word), "{host_word}: {r:?}");
+            }
+        }
+        let text: Vec<&str> = rows.iter().map(|r| r.message.as_str()).collect();
+        for cluster_word in [
+            "its Deployment is",
+            "the ConfigMap of",
+            "the Deployment runs",
+            "ServiceAccount gw-stray",
+        ] {
+            assert!(
+                text.iter().any(|m| m.contains(cluster_word)),
+                "{cluster_word}: {text:?}"
+            );
+        }
+        // A host keeps its own words.
+        let rows = compare("h1", Words::HOST, &want, &inv, 0);
+        assert!(
+            rows.iter().any(|r| r.message.contains("its unit is")),
+            "{rows:?}"
+        );
     }
 }

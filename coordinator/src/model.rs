@@ -134,7 +134,34 @@ pub struct Cluster {
     /// Per-cluster settings (gateway image, command, resources, quota, ...).
     pub settings: Value,
     pub created_at: i64,
+    /// The registration's probe in a cluster's words ([`clawfleet_kube::ClusterProbeReport`]:
+    /// `serverVersion`, `caFingerprint`, `warnings`, `gatewayPort`, ...).
     pub last_probe: Option<Value>,
+}
+
+impl Cluster {
+    /// The stored form of a cluster's `probe` answer: in a cluster's words, never hostd's
+    /// (`systemdVersion`, `hostKey`); `None` for an answer of another operation.
+    pub fn probe_record(result: &clawfleet_protocol::OperationResult) -> Option<Value> {
+        match result {
+            clawfleet_protocol::OperationResult::Probe(p) => {
+                serde_json::to_value(clawfleet_kube::ClusterProbeReport::from_probe_result(p)).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// The cluster as shown: a probe stored before clusters had their own words (hostd's
+    /// `ProbeResult` shape, tagged `"op": "probe"`) is shown in a cluster's words.
+    pub fn shown(mut self) -> Self {
+        if let Some(v) = &self.last_probe
+            && let Ok(result) =
+                serde_json::from_value::<clawfleet_protocol::OperationResult>(v.clone())
+        {
+            self.last_probe = Self::probe_record(&result);
+        }
+        self
+    }
 }
 
 /// A cluster with its credentials (CA, token or client certificate), for the backend only.

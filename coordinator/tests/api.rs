@@ -1164,6 +1164,93 @@ async fn bad_kubeconfigs_are_refused_naming_the_field_with_nothing_stored() {
     assert_eq!(api.backend.calls(), 0, "nothing was sent to any cluster");
 }
 
+/// Issue 27: a cluster's probe is stored and shown in a cluster's words (`serverVersion`,
+/// `caFingerprint`, `warnings`, `gatewayPort`), never hostd's (`systemdVersion`, `hostKey`,
+/// `hostdVersion`), on registration and on an update; a cluster stored with hostd's shape
+/// before is shown in cluster words too.
+#[tokio::test]
+async fn a_clusters_probe_is_shown_in_cluster_words() {
+    const HOST_WORDS: [&str; 6] = [
+        "systemdVersion",
+        "hostKey",
+        "hostdVersion",
+        "systemHostName",
+        "missingTools",
+        "portRange",
+    ];
+    let api = Api::start().await;
+    let added = api
+        .admin(
+            "POST",
+            "/clusters",
+            Some(json!({"name": "c1", "kubeconfig": kubeconfig("https://127.0.0.1:6443", "", "    token: t0k3n\n"),
+                        "settings": {"gatewayImage": "r/x@sha256:1111111111111111111111111111111111111111111111111111111111111111"}})),
+        )
+        .await
+        .unwrap();
+    // An update (PUT) probes again and stores that probe in a cluster's words too.
+    let updated = api
+        .admin(
+            "PUT",
+            "/clusters/c1",
+            Some(json!({"settings": {"gatewayImage": "r/x@sha256:2222222222222222222222222222222222222222222222222222222222222222"}})),
+        )
+        .await
+        .unwrap();
+    let stored = api.store.cluster("c1").await.unwrap().unwrap();
+    // As stored, not only as shown: the row itself holds a cluster's words.
+    let stored = json!({"lastProbe": stored.cluster.last_probe});
+    let shown = api.admin("GET", "/clusters/c1", None).await.unwrap();
+    let listed = api.admin("GET", "/clusters", None).await.unwrap();
+    for v in [&added, &updated, &stored, &shown, &listed[0]] {
+        let probe = &v["lastProbe"];
+        assert!(probe.is_object(), "{v}");
+        for word in HOST_WORDS {
+            assert!(probe.get(word).is_none(), "{word} in {v}");
+        }
+        for word in ["serverVersion", "caFingerprint", "warnings", "gatewayPort"] {
+            assert!(probe.get(word).is_some(), "no {word} in {v}");
+        }
+    }
+    // A row stored before, in hostd's shape: shown in a cluster's words.
+    api.store
+        .insert_cluster(&coordinator::model::ClusterRecord {
+            cluster: coordinator::model::Cluster {
+                name: "old".into(),
+                server: "https://127.0.0.1:6443".into(),
+                settings: json!({"gatewayImage": "r/x@sha256:1111111111111111111111111111111111111111111111111111111111111111"}),
+                created_at: 0,
+                last_probe: Some(json!({"op": "probe", "hostdVersion": "clawfleet-kube 0.1.0",
+                    "protocolVersions": [1, 2], "systemHostName": "old",
+                    "hostKey": "SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+                    "systemdVersion": "kubernetes v1.34.3 (warning KUBERNETES_VERSION_BELOW_MINIMUM: the API server runs v1.34.3 (1.34); clawfleet is tested on 1.35 and later)",
+                    "missingTools": [], "portRange": {"start": 18789, "end": 18789},
+                    "maxAgents": 20, "agents": 3})),
+            },
+            credentials: json!({"auth": {"kind": "token", "token": "sekret-token-value"}}),
+        })
+        .await
+        .unwrap();
+    let old = api.admin("GET", "/clusters/old", None).await.unwrap();
+    let probe = &old["lastProbe"];
+    for word in HOST_WORDS {
+        assert!(probe.get(word).is_none(), "{word} in {old}");
+    }
+    assert_eq!(probe["serverVersion"], "v1.34.3", "{old}");
+    assert_eq!(
+        probe["caFingerprint"],
+        "SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    );
+    assert_eq!(
+        probe["warnings"][0]["code"],
+        "KUBERNETES_VERSION_BELOW_MINIMUM"
+    );
+    assert_eq!(
+        (probe["gatewayPort"].as_u64(), probe["agents"].as_u64()),
+        (Some(18789), Some(3))
+    );
+}
+
 /// A registered cluster is shown without its credentials, holds Namespaces, and cannot be
 /// forgotten while one uses it (409 CLUSTER_IN_USE); once free it can.
 #[tokio::test]

@@ -311,9 +311,61 @@ async fn a_deploy_waits_while_its_namespace_is_not_ready_on_the_cluster() {
     assert_recorded(&record, WorkState::Queued, "NAMESPACE_NOT_READY");
     assert_eq!(record.attempts, 0);
     let r = w.revision("a1", &rev).await;
-    assert_eq!(r.last_attempt.unwrap().code, "NAMESPACE_NOT_READY");
+    let attempt = r.last_attempt.unwrap();
+    assert_eq!(attempt.code, "NAMESPACE_NOT_READY");
+    // Waiting passes spend no attempt, of the item or of its revision (they used to count
+    // every pass: 2 here, 30-41 on a cluster whose Namespace stayed unready).
+    assert_eq!(attempt.attempts, record.attempts);
     assert_eq!(r.status, RevisionStatus::Pending);
     assert_eq!(w.prepares(), 0);
+}
+
+/// Issue 27: while a cluster call hangs (an apiserver that accepted the connection and never
+/// answers), status names the step in flight as `CALL_IN_PROGRESS` once the call is slower
+/// than `slow_call`, on the work item and as the revision's newest attempt (no attempt
+/// counted); before, both showed no code until the call's deadline.
+#[tokio::test]
+async fn a_hanging_cluster_call_shows_the_step_in_flight() {
+    let w = World::on_cluster().await;
+    let worker = w.worker();
+    let (_, step) = w.once(&worker).await;
+    assert_step(&step, "done", "NAMESPACE_READY", "ready on c1");
+    w.agent("a1").await;
+    let rev = w.deploy("a1").await;
+    w.backend
+        .inject(w.backend.calls(), Inject::Hang { applied: false });
+    let worker = Arc::new(w.worker_with(WorkerSettings {
+        lease: Duration::from_secs(30),
+        slow_call: Duration::from_millis(50),
+        ..settings()
+    }));
+    let pass = tokio::spawn({
+        let worker = worker.clone();
+        async move { worker.run_once().await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let attempt = loop {
+        if let Some(a) = w.revision("a1", &rev).await.last_attempt {
+            break a;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no code while the call hangs: {:?}",
+            w.last_work("a1").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!pass.is_finished(), "the call was meant to hang");
+    assert_eq!(attempt.code, "CALL_IN_PROGRESS");
+    assert!(
+        attempt.message.contains("on cluster c1 has not answered"),
+        "{attempt:?}"
+    );
+    assert_eq!(attempt.attempts, 0);
+    let record = w.last_work("a1").await;
+    assert_recorded(&record, WorkState::Running, "CALL_IN_PROGRESS");
+    assert_eq!(record.attempts, 0);
+    pass.abort();
 }
 
 /// A pool whose hosts are full leaves the deploy waiting with `NO_HOST_AVAILABLE` (not an

@@ -8,7 +8,10 @@
 //!   a host key is a host's), `systemdVersion` = `kubernetes <gitVersion>` followed by
 //!   ` (warning KUBERNETES_VERSION_BELOW_MINIMUM: …)` when below 1.35, `missingTools` empty,
 //!   `portRange` = the gateway port, `maxAgents` = the pod quota, `agents` = clawfleet's
-//!   Deployments on the cluster. [`KubeBackend::probe_cluster`] gives the same as a typed value.
+//!   Deployments on the cluster. [`KubeBackend::probe_cluster`] gives the same as a typed value,
+//!   and [`ClusterProbeReport::from_probe_result`] turns the answer into a cluster's words
+//!   (`serverVersion`, `caFingerprint`, `warnings`, `gatewayPort`), which is what the
+//!   coordinator stores and shows: no host word reaches an operator for a cluster.
 //! - `ensure-namespace`: the tenant namespace `oce-<15 hex>` (restricted Pod Security), its
 //!   ResourceQuota, LimitRange, default-deny, DNS and gateway-ingress NetworkPolicies.
 //!   Another namespace claiming the same Namespace id is a conflict.
@@ -81,7 +84,9 @@ use std::time::{Duration, Instant};
 
 use clawfleet_protocol::Operation;
 use clawfleet_protocol::failure::{Failure, FailureClass, FailureCode};
-use clawfleet_protocol::result::{OperationResult, OperationState, OperationStatusResult};
+use clawfleet_protocol::result::{
+    OperationResult, OperationState, OperationStatusResult, ProbeResult,
+};
 
 use crate::client::{ClusterClient, MAX_RESPONSE_BYTES, Requests};
 use crate::kubeconfig::ClusterCredentials;
@@ -117,6 +122,87 @@ pub struct ProbeWarning {
     /// `KUBERNETES_VERSION_BELOW_MINIMUM`.
     pub code: &'static str,
     pub message: String,
+}
+
+/// How the API server's version starts in the probe's `systemdVersion` field.
+const SERVER_PREFIX: &str = "kubernetes ";
+/// How each warning starts there (`" (warning CODE: message)"`).
+const WARNING_OPEN: &str = " (warning ";
+
+impl ClusterProbe {
+    /// The server facts as the `probe` operation carries them in hostd's `ProbeResult`
+    /// (`systemdVersion`): `kubernetes <gitVersion>` and ` (warning CODE: message)` per
+    /// warning. [`ClusterProbeReport::from_probe_result`] reads them back.
+    pub(crate) fn server_text(&self) -> String {
+        let mut text = format!("{SERVER_PREFIX}{}", self.server_version);
+        for w in &self.warnings {
+            text.push_str(&format!("{WARNING_OPEN}{}: {})", w.code, w.message));
+        }
+        text
+    }
+}
+
+/// A cluster's probe in a cluster's words, for the coordinator to store and show: the
+/// `probe` operation answers in hostd's `ProbeResult` shape (one result type for every
+/// backend), whose host words (`hostdVersion`, `systemdVersion`, `hostKey`, `missingTools`,
+/// `portRange`) mean nothing for a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterProbeReport {
+    /// `clawfleet-kube <version>`: the backend that answered.
+    pub backend_version: String,
+    pub protocol_versions: Vec<u32>,
+    /// The API server's `gitVersion`, e.g. `v1.37.2`.
+    pub server_version: String,
+    /// SHA-256 of the pinned CA certificate: the cluster's identity.
+    pub ca_fingerprint: String,
+    /// Not refusals (e.g. `KUBERNETES_VERSION_BELOW_MINIMUM`).
+    pub warnings: Vec<ClusterProbeWarning>,
+    /// The port every gateway listens on in its Pod.
+    pub gateway_port: u16,
+    /// The Pod quota of each managed namespace.
+    pub max_agents: u32,
+    /// clawfleet's Deployments on the cluster (0 when the identity may not list them).
+    pub agents: u32,
+}
+
+/// One warning of a [`ClusterProbeReport`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterProbeWarning {
+    pub code: String,
+    pub message: String,
+}
+
+impl ClusterProbeReport {
+    /// The report of a cluster's `probe` answer (see [`ClusterProbe::server_text`] for where
+    /// the server's version and warnings travel).
+    pub fn from_probe_result(p: &ProbeResult) -> Self {
+        let text = p.systemd_version.as_deref().unwrap_or_default();
+        let text = text.strip_prefix(SERVER_PREFIX).unwrap_or(text);
+        let mut parts = text.split(WARNING_OPEN);
+        let server_version = parts.next().unwrap_or_default().to_owned();
+        let warnings = parts
+            .map(|w| {
+                let w = w.strip_suffix(')').unwrap_or(w);
+                let (code, message) = w.split_once(": ").unwrap_or((w, ""));
+                ClusterProbeWarning {
+                    code: code.to_owned(),
+                    message: message.to_owned(),
+                }
+            })
+            .collect();
+        Self {
+            backend_version: p.hostd_version.clone(),
+            protocol_versions: p.protocol_versions.clone(),
+            server_version,
+            ca_fingerprint: p.host_key.as_str().to_owned(),
+            warnings,
+            gateway_port: p.port_range.start,
+            max_agents: p.max_agents,
+            agents: p.agents,
+        }
+    }
 }
 
 /// The Kubernetes backend. Cheap to share (`Arc<KubeBackend>`); one client per cluster.

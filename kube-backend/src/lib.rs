@@ -59,6 +59,10 @@
 //!         -> Result<Vec<String>, Failure>;
 //!     pub fn forget(&self, cluster_name: &str);
 //! }
+//!
+//! // A cluster's `probe` answer in cluster words (serverVersion, caFingerprint, warnings,
+//! // gatewayPort, ...), never hostd's (systemdVersion, hostKey): what the coordinator shows.
+//! impl ClusterProbeReport { pub fn from_probe_result(p: &ProbeResult) -> Self; }
 //! ```
 //!
 //! `call` needs a tokio runtime (the client spawns its connection tasks), and a cached client
@@ -83,7 +87,10 @@ mod ops;
 #[cfg(test)]
 mod shape_tests;
 
-pub use backend::{Cluster, ClusterProbe, KubeBackend, MINIMUM_KUBERNETES_MINOR, ProbeWarning};
+pub use backend::{
+    Cluster, ClusterProbe, ClusterProbeReport, ClusterProbeWarning, KubeBackend,
+    MINIMUM_KUBERNETES_MINOR, ProbeWarning,
+};
 pub use client::MAX_RESPONSE_BYTES;
 pub use kubeconfig::{
     ClusterAuth, ClusterCredentials, KubeconfigError, inline_kubeconfig_file, parse_kubeconfig,

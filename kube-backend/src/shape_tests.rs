@@ -395,10 +395,23 @@ async fn probe_reads_version_and_warns_below_the_minimum() {
     assert_eq!(p.agents, 1);
     assert_eq!(p.max_agents, 20);
     assert_eq!(p.host_key.as_str(), creds.ca_fingerprint());
-    let v = p.systemd_version.unwrap();
+    let v = p.systemd_version.clone().unwrap();
     assert!(v.starts_with("kubernetes v1.34.3"), "{v}");
     assert!(v.contains("KUBERNETES_VERSION_BELOW_MINIMUM"), "{v}");
     assert!(p.missing_tools.is_empty(), "a warning, not a refusal");
+    // In a cluster's words: the version, the warning by its code, the CA, the gateway port.
+    let report = crate::ClusterProbeReport::from_probe_result(&p);
+    assert_eq!(report.server_version, "v1.34.3");
+    assert_eq!(report.ca_fingerprint, creds.ca_fingerprint());
+    assert_eq!(report.gateway_port, settings().gateway_port);
+    assert_eq!((report.max_agents, report.agents), (20, 1));
+    assert_eq!(report.warnings.len(), 1, "{report:?}");
+    assert_eq!(report.warnings[0].code, "KUBERNETES_VERSION_BELOW_MINIMUM");
+    assert!(report.warnings[0].message.contains("(1.34)"), "{report:?}");
+    let shown = serde_json::to_string(&report).unwrap();
+    for host_word in ["systemd", "hostKey", "hostd", "missingTools", "portRange"] {
+        assert!(!shown.contains(host_word), "{host_word} in {shown}");
+    }
     let seen = seen.lock().unwrap().clone();
     let uri = seen[1].uri.replace("%2F", "/").replace("%3D", "=");
     assert!(uri.starts_with("/apis/apps/v1/deployments?"), "{uri}");
@@ -462,4 +475,54 @@ async fn malformed_pod_lists_are_errors() {
         );
         assert!(!f.message.contains("ns-2"), "no foreign values: {f}");
     }
+}
+
+/// Issue 27: a cluster's failures carry cluster codes; hostd's words (a journal, systemd,
+/// units, accounts, host hooks) never reach an operator for a cluster. Every source file of
+/// the backend is read for a host-only code.
+#[test]
+fn no_host_only_code_is_emitted_for_a_cluster() {
+    const HOST_ONLY: [&str; 14] = [
+        "JournalUnavailable",
+        "PreviousRunMissing",
+        "SystemdUnavailable",
+        "UnitFailed",
+        "ReadinessTimeout",
+        "ListenerNotOwned",
+        "AccountToolFailed",
+        "PortRangeExhausted",
+        "HostFull",
+        "HostConfigInvalid",
+        "MissingTool",
+        "GatewayCommandMissing",
+        "HookFailed",
+        "SessionLimit",
+    ];
+    let mut dirs = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    ))];
+    let mut files = 0;
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("shape_tests.rs") {
+                continue;
+            }
+            files += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            for code in HOST_ONLY {
+                assert!(
+                    !text.contains(&format!("FailureCode::{code}")),
+                    "{} emits the host-only code {code}",
+                    path.display()
+                );
+            }
+        }
+    }
+    assert!(files > 10, "read {files} files");
 }

@@ -62,9 +62,20 @@ async fn lifecycle_on_a_real_control_plane() {
     {
         OperationResult::Probe(p) => {
             assert_eq!(p.system_host_name, "test");
-            assert!(p.systemd_version.unwrap().starts_with("kubernetes v1.37"));
+            assert!(
+                p.systemd_version
+                    .as_deref()
+                    .unwrap()
+                    .starts_with("kubernetes v1.37")
+            );
             assert!(p.missing_tools.is_empty());
             assert_eq!(p.port_range.start, 18789);
+            // What the coordinator shows: the cluster's words, the server's own version.
+            let report = clawfleet_kube::ClusterProbeReport::from_probe_result(&p);
+            assert!(report.server_version.starts_with("v1.37"), "{report:?}");
+            assert!(report.warnings.is_empty(), "{report:?}");
+            assert_eq!(report.gateway_port, 18789);
+            assert_eq!(report.ca_fingerprint, cluster.credentials.ca_fingerprint());
         }
         other => panic!("{other:?}"),
     }

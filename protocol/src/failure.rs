@@ -129,8 +129,8 @@ failure_codes! {
     NamespaceNotEmpty = "NAMESPACE_NOT_EMPTY" => Permanent,
     /// The Agent is not on this host (no directory, or not this Agent's).
     AgentMissing = "AGENT_MISSING" => Permanent,
-    /// The Agent's log could not be read (journalctl failed or timed out; the Kubernetes log
-    /// endpoint refused).
+    /// The Agent's log could not be read on a host (journalctl failed or timed out). A
+    /// cluster's failed log read carries the cluster's own code (`KUBERNETES_API_*`).
     JournalUnavailable = "JOURNAL_UNAVAILABLE" => Retryable,
     /// A log cursor names no entry this host or cluster has (rotated away, or from elsewhere).
     LogCursorInvalid = "LOG_CURSOR_INVALID" => Permanent,

@@ -14,7 +14,8 @@ use crate::service::page::PageQuery;
 use crate::service::{ClusterUpdate, NewCluster};
 
 /// Proves, before anything is stored, that the credentials reach the API server (a probe)
-/// and hold the permissions clawfleet needs; records the probe's answer.
+/// and hold the permissions clawfleet needs; records the probe's answer in a cluster's words
+/// ([`crate::model::Cluster::probe_record`]).
 async fn probe_and_check<B: Backend>(
     st: &super::AppState<B>,
     record: &mut ClusterRecord,
@@ -40,7 +41,9 @@ async fn probe_and_check<B: Backend>(
         .call(Target::Cluster(target.clone()), op, CallOptions::default())
         .await
     {
-        Ok(result) => record.cluster.last_probe = serde_json::to_value(&result).ok(),
+        // Stored in a cluster's words (serverVersion, caFingerprint, warnings), not hostd's;
+        // on an update this replaces the previous probe.
+        Ok(result) => record.cluster.last_probe = crate::model::Cluster::probe_record(&result),
         Err(e) => return Err(failed(&e, "probe")),
     }
     let missing = st

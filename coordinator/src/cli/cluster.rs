@@ -8,6 +8,7 @@ use coordinator::client::Client;
 use coordinator::service::{ClusterUpdate, NewCluster};
 use serde_json::json;
 
+use super::out::note;
 use super::table::{CLUSTER_COLUMNS, print};
 use super::{Cli, read_json};
 
@@ -138,15 +139,15 @@ fn inline(path: &std::path::Path, context: Option<&str>) -> Result<String> {
         .with_context(|| format!("kubeconfig {}", path.display()))
 }
 
-/// The probe's version warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM) are not refusals;
-/// say them.
+/// The probe's warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM, in `lastProbe.warnings`, a
+/// cluster's words) are not refusals; say them, sanitised (the message comes from the API
+/// server's answer).
 fn warn_probe(name: &str, v: &serde_json::Value) {
-    if let Some(version) = v["lastProbe"]["systemdVersion"].as_str()
-        && let Some(at) = version.find("(warning ")
-    {
-        eprintln!(
-            "warning: cluster {name}: {}",
-            version[at..].trim_matches(['(', ')'])
-        );
+    for w in v["lastProbe"]["warnings"].as_array().into_iter().flatten() {
+        note(&format!(
+            "warning: cluster {name}: {}: {}",
+            w["code"].as_str().unwrap_or_default(),
+            w["message"].as_str().unwrap_or_default()
+        ));
     }
 }

@@ -238,7 +238,7 @@ impl Service {
         self.store
             .cluster(name)
             .await?
-            .map(|r| r.cluster)
+            .map(|r| r.cluster.shown())
             .ok_or_else(|| ServiceError::not_found("cluster", name))
     }
 

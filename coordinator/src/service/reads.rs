@@ -213,7 +213,13 @@ impl Service {
 
     /// Every registered cluster, without credentials.
     pub async fn clusters(&self) -> Result<Vec<Cluster>> {
-        Ok(self.store.clusters().await?)
+        Ok(self
+            .store
+            .clusters()
+            .await?
+            .into_iter()
+            .map(Cluster::shown)
+            .collect())
     }
 
     /// The live token a secret's hash names, if any (expiry is the caller's to judge).

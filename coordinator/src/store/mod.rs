@@ -442,6 +442,11 @@ pub trait WorkQueue: Send + Sync {
     /// For revision work the end is also the revision's newest attempt (code, message, time,
     /// one more attempt), and a failure its status: one commit per item's end.
     async fn end_work(&self, claim: &Claim, end: WorkEnd<'_>) -> Result<bool>;
+    /// Notes what a claimed item is doing while a call of it has not answered yet (code and
+    /// message on the item and, for revision work, as the revision's newest attempt, its
+    /// count and status unchanged), so status shows the step in flight; false (nothing
+    /// written) if the claim was replaced. The item's end overwrites the note.
+    async fn note_work(&self, claim: &Claim, code: &str, message: &str) -> Result<bool>;
     /// Open work for an Agent (for deployment status), oldest first.
     async fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>>;
     /// The newest work items of an Agent, finished or not, newest first.

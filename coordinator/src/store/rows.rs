@@ -172,7 +172,8 @@ pub enum WorkEnd<'a> {
 
 /// What an end writes, derived once for both stores: the item's new state, its code and
 /// message (also the revision's newest attempt), the delay before a requeued item is due, and
-/// whether the pass counts as one of the item's attempts.
+/// whether the pass counts as one of the item's attempts (and so of its revision's: a
+/// revision's count is the sum of what the items that served it counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndRow<'a> {
     pub state: WorkState,

@@ -277,14 +277,52 @@ impl<B: Backend> Worker<B> {
             fence: work.fence,
             ..options
         };
-        crate::fault::before_call(op.kind().as_str());
-        let result = self.backend.call(target, op, options).await;
+        let kind = op.kind();
+        crate::fault::before_call(kind.as_str());
+        let call = self.backend.call(target, op, options);
+        tokio::pin!(call);
+        let result = tokio::select! {
+            result = &mut call => result,
+            () = tokio::time::sleep(self.settings.slow_call) => {
+                self.note_slow(work, target, kind.as_str()).await;
+                call.await
+            }
+        };
         if let Err(CallError::Failed(f)) = &result
             && f.code == FailureCode::FenceStale
         {
             return Err(failed(Code::ClaimLost, f.to_string()));
         }
         Ok(result)
+    }
+
+    /// Notes a call still unanswered after `slow_call` on the item (and its revision), so
+    /// status shows the step in flight during a hung hostd or Kubernetes API instead of
+    /// nothing (or an older outcome); the call's own outcome replaces it.
+    async fn note_slow(&self, work: &Work, target: &Target, operation: &str) {
+        let what = match target {
+            Target::Host(_) => "host",
+            Target::Cluster(_) => "cluster",
+        };
+        let message = format!(
+            "{operation} on {what} {} has not answered for {} s; waiting for it",
+            target.name(),
+            self.settings.slow_call.as_secs_f32()
+        );
+        tracing::warn!(
+            work = work.id,
+            operation,
+            target = target.name(),
+            "{message}"
+        );
+        match self
+            .store
+            .note_work(&work.claim, Code::CallInProgress.as_str(), &message)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => tracing::error!(work = work.id, "cannot note the call in flight: {e}"),
+        }
     }
 
     /// [`Worker::call_with`] with the configured deadline.

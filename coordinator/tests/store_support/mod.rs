@@ -666,15 +666,47 @@ pub async fn a_replaced_claim_can_write_nothing(s: SharedStore) {
     s.set_activated(&new.claim, "ns", "a1", &r.id, None, Some(&r.id))
         .await
         .unwrap();
+    // A call in flight is noted on the item and as the revision's newest attempt, counting
+    // none; a replaced claim notes nothing.
+    assert!(
+        !s.note_work(&old.claim, "CALL_IN_PROGRESS", "stale")
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.note_work(&new.claim, "CALL_IN_PROGRESS", "slow")
+            .await
+            .unwrap()
+    );
+    let noted = s
+        .revision("ns", "a1", &r.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .last_attempt
+        .unwrap();
+    assert_eq!(
+        (noted.code.as_str(), noted.message.as_str(), noted.attempts),
+        ("CALL_IN_PROGRESS", "slow", 0)
+    );
+    let item = s.work_item("ns", "a1", new.id).await.unwrap().unwrap();
+    assert_eq!(item.state, WorkState::Running);
+    assert_eq!(
+        item.last_attempt.map(|a| a.code),
+        Some("CALL_IN_PROGRESS".to_owned())
+    );
     let a1 = s.agent("ns", "a1").await.unwrap().unwrap();
     assert_eq!(a1.port, Some(18_001));
     assert_eq!(a1.served_revision_id.as_deref(), Some(r.id.as_str()));
     assert!(s.end_work(&new.claim, done()).await.unwrap());
     let rev = s.revision("ns", "a1", &r.id).await.unwrap().unwrap();
     assert_eq!(rev.status, RevisionStatus::Active);
-    // The end is the revision's attempt: the current claim's, once.
+    // The end is the revision's newest attempt: the current claim's code. A success spends
+    // none of the item's budget, so the revision counts none either (the two counts agree).
     let attempt = rev.last_attempt.unwrap();
-    assert_eq!((attempt.code.as_str(), attempt.attempts), ("OK", 1));
+    assert_eq!((attempt.code.as_str(), attempt.attempts), ("OK", 0));
+    let item = s.work_item("ns", "a1", new.id).await.unwrap().unwrap();
+    assert_eq!(item.attempts, attempt.attempts);
     assert!(s.audit_events_of(10, Some("x")).await.unwrap().is_empty());
     // Ended: even the last claim can write no more.
     assert!(lost(
@@ -895,7 +927,8 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
             RevisionStatus::Pending
         ]
     );
-    // Each settled item is its revision's attempt, the one replaced as well.
+    // Each settled item is its revision's newest attempt, the one replaced as well; settling
+    // counts no attempt, so each revision counts the one retry its item counted.
     for r in [&r1, &r2] {
         let a = s
             .revision("ns", "a1", &r.id)
@@ -904,7 +937,17 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
             .unwrap()
             .last_attempt
             .unwrap();
-        assert_eq!((a.code.as_str(), a.attempts), ("REVISION_SUPERSEDED", 2));
+        assert_eq!((a.code.as_str(), a.attempts), ("REVISION_SUPERSEDED", 1));
+    }
+    for old in [w1_id, w2_id] {
+        assert_eq!(
+            s.work_item("ns", "a1", old)
+                .await
+                .unwrap()
+                .unwrap()
+                .attempts,
+            1
+        );
     }
     // An item's end is its revision's attempt; a failure is also the revision's status.
     let failed = WorkEnd::Finished {
@@ -924,8 +967,8 @@ pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
     let attempt = r1.last_attempt.unwrap();
     assert_eq!(
         (attempt.code.as_str(), attempt.attempts),
-        ("REVISION_SUPERSEDED", 2),
-        "the retry's attempt, then the settlement"
+        ("REVISION_SUPERSEDED", 1),
+        "the retry's attempt; the settlement is none"
     );
 }
 

@@ -58,10 +58,7 @@ pub(crate) async fn probe(
     settings: &ClusterSettings,
 ) -> Result<ProbeResult, Failure> {
     let v = version(r).await?;
-    let mut systemd_version = format!("kubernetes {}", v.server_version);
-    for w in &v.warnings {
-        systemd_version.push_str(&format!(" (warning {}: {})", w.code, w.message));
-    }
+    let systemd_version = v.server_text();
     let api: Api<Deployment> = Api::all(r.client());
     let lp = ListParams::default().labels(&format!("{}={}", names::MANAGED_BY, names::MANAGER));
     let limit = crate::client::REQUEST_TIMEOUT.min(r.remaining());

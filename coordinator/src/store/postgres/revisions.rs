@@ -151,7 +151,8 @@ pub(super) async fn insert_revision(
 ///   for its retry time;
 /// - and the revisions in one update (a statement may change a row once): the candidate
 ///   `activating`, the one it replaced `superseded` (if active, activating or stopped), and
-///   each settled item's revision its attempt and, if not yet committed, `superseded`.
+///   each settled item's revision its newest attempt (code and message; settling counts no
+///   attempt, as the item's count stays) and, if not yet committed, `superseded`.
 ///
 /// Data-modifying WITH clauses run once each, to completion, on one snapshot.
 static COMMIT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
@@ -191,8 +192,7 @@ static COMMIT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                  ELSE r.status END,
                last_code = CASE WHEN {settled} THEN $8 ELSE r.last_code END,
                last_message = CASE WHEN {settled} THEN $9 ELSE r.last_message END,
-               last_at = CASE WHEN {settled} THEN {NOW_MS} / 1000 ELSE r.last_at END,
-               attempts = r.attempts + CASE WHEN {settled} THEN 1 ELSE 0 END
+               last_at = CASE WHEN {settled} THEN {NOW_MS} / 1000 ELSE r.last_at END
            WHERE r.namespace_id = $1 AND r.agent_id = $2 AND EXISTS (SELECT 1 FROM swap)
              AND (r.id = $4 OR r.id = $3 OR {settled})
            RETURNING 1)

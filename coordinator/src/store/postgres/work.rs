@@ -307,9 +307,10 @@ impl WorkQueue for PostgresStore {
 
     async fn end_work(&self, claim: &Claim, end: WorkEnd<'_>) -> Result<bool> {
         let end = end.row();
-        // One statement: the claim check (the item's row locked), the revision's attempt, the
-        // item's end, and the notification (a finished item may free its lane for queued
-        // work, here or elsewhere). Data-modifying WITH clauses run once each, to completion.
+        // One statement: the claim check (the item's row locked), the revision's attempt
+        // (counted as the item counts it, so the two counts never differ), the item's end,
+        // and the notification (a finished item may free its lane for queued work, here or
+        // elsewhere). Data-modifying WITH clauses run once each, to completion.
         let c = self.client().await?;
         let row = c
             .one(
@@ -319,7 +320,7 @@ impl WorkQueue for PostgresStore {
                        WHERE id = $1 AND claim_token = $7 AND state = 'running' FOR UPDATE),
                      attempt AS (
                        UPDATE revisions r SET last_code = $3, last_message = $4, last_at = {NOW_MS} / 1000,
-                           attempts = r.attempts + 1, status = CASE WHEN $8 THEN $9 ELSE r.status END
+                           attempts = r.attempts + $6, status = CASE WHEN $8 THEN $9 ELSE r.status END
                        FROM claim c
                        WHERE r.namespace_id = c.namespace_id AND r.agent_id = c.agent_id AND r.id = c.revision_id
                        RETURNING 1),
@@ -352,6 +353,31 @@ impl WorkQueue for PostgresStore {
         }
         self.wake_local();
         Ok(true)
+    }
+
+    async fn note_work(&self, claim: &Claim, code: &str, message: &str) -> Result<bool> {
+        let c = self.client().await?;
+        let row = c
+            .one(
+                &format!(
+                    "WITH claim AS MATERIALIZED (
+                       SELECT id, namespace_id, revision_id, agent_id FROM work
+                       WHERE id = $1 AND claim_token = $2 AND state = 'running' FOR UPDATE),
+                     attempt AS (
+                       UPDATE revisions r SET last_code = $3, last_message = $4, last_at = {NOW_MS} / 1000
+                       FROM claim c
+                       WHERE r.namespace_id = c.namespace_id AND r.agent_id = c.agent_id AND r.id = c.revision_id
+                       RETURNING 1),
+                     noted AS (
+                       UPDATE work w SET last_code = $3, last_message = $4, updated_at = {NOW_MS}
+                       FROM claim c WHERE w.id = c.id
+                       RETURNING 1)
+                     SELECT (SELECT count(*) FROM noted)"
+                ),
+                &[&claim.work, &claim.token, &code, &message],
+            )
+            .await?;
+        Ok(row.try_get::<_, i64>(0)? > 0)
     }
 
     async fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>> {

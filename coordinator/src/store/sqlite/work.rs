@@ -31,7 +31,7 @@ pub(super) fn enqueue(tx: &Connection, w: &Enqueue) -> Result<i64> {
 /// waiting out its delay, or a deploy never claimed) ends as `REVISION_SUPERSEDED` at once,
 /// as the worker would end them when it claimed them (the revision's newest attempt, and
 /// `superseded` for one not yet committed); deployment status converges without waiting for
-/// their retry time.
+/// their retry time. Settling is no attempt: neither the item's count nor its revision's moves.
 pub(super) fn settle_superseded(
     tx: &Connection,
     ns: &str,
@@ -49,7 +49,7 @@ pub(super) fn settle_superseded(
     tx.execute(
         &format!(
             "UPDATE revisions SET status = CASE WHEN status IN (?5, ?6) THEN ?4 ELSE status END,
-                 last_code = ?7, last_message = ?8, last_at = ?9, attempts = attempts + 1
+                 last_code = ?7, last_message = ?8, last_at = ?9
              WHERE namespace_id = ?1 AND agent_id = ?2 AND id IN ({older}) AND id IN ({queued})"
         ),
         params![
@@ -256,13 +256,14 @@ impl WorkQueue for SqliteStore {
                     Err(StoreError::ClaimLost { .. }) => return Ok(false),
                     Err(e) => return Err(e),
                 }
-                // The revision's newest attempt (a failure also its status), then the item.
+                // The revision's newest attempt (a failure also its status), then the item. The
+                // revision counts what its item counts, so the two attempt counts never differ.
                 tx.execute(
-                    "UPDATE revisions SET last_code = ?2, last_message = ?3, last_at = ?4, attempts = attempts + 1,
+                    "UPDATE revisions SET last_code = ?2, last_message = ?3, last_at = ?4, attempts = attempts + ?7,
                          status = CASE WHEN ?5 THEN ?6 ELSE status END
                      WHERE (namespace_id, agent_id, id) IN
                            (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = ?1 AND revision_id IS NOT NULL)",
-                    params![claim.work, end.code, end.message, now / 1000, end.state == WorkState::Failed, RevisionStatus::Failed.as_str()],
+                    params![claim.work, end.code, end.message, now / 1000, end.state == WorkState::Failed, RevisionStatus::Failed.as_str(), i64::from(end.counts_attempt)],
                 )?;
                 tx.execute(
                     "UPDATE work SET state = ?2, last_code = ?3, last_message = ?4, lease_owner = NULL, lease_until = NULL,
@@ -277,6 +278,29 @@ impl WorkQueue for SqliteStore {
         // A finished item may free its lane for queued work.
         self.wake.notify_one();
         Ok(ended)
+    }
+
+    async fn note_work(&self, claim: &Claim, code: &str, message: &str) -> Result<bool> {
+        let now = now_ms();
+        self.transact(None, |tx| {
+            match check_claim(tx, claim) {
+                Ok(()) => {}
+                Err(StoreError::ClaimLost { .. }) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+            tx.execute(
+                "UPDATE revisions SET last_code = ?2, last_message = ?3, last_at = ?4
+                 WHERE (namespace_id, agent_id, id) IN
+                       (SELECT namespace_id, agent_id, revision_id FROM work WHERE id = ?1 AND revision_id IS NOT NULL)",
+                params![claim.work, code, message, now / 1000],
+            )?;
+            tx.execute(
+                "UPDATE work SET last_code = ?2, last_message = ?3, updated_at = ?4 WHERE id = ?1",
+                params![claim.work, code, message, now],
+            )?;
+            Ok(true)
+        })
+        .await
     }
 
     async fn open_work(&self, ns: &str, agent: &str) -> Result<Vec<WorkRecord>> {
