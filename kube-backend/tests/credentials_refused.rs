@@ -1,6 +1,7 @@
 //! Expired or revoked credentials (issue 27): a 401 or 403 while removing things (delete an
 //! Agent or a Namespace) is retryable, so the removal succeeds once `occ cluster update`
-//! replaced the credentials; elsewhere it stays permanent. Against a scripted HTTPS server
+//! replaced the credentials; so is a Namespace's ensure (it is retried until the rights or
+//! credentials are fixed); an Agent's prepare outside the auth window stays permanent. Against a scripted HTTPS server
 //! answering every request 401 (`clawfleet_k8s_tests::FakeApiserver`); no control plane.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -49,6 +50,18 @@ async fn removals_refused_for_credentials_are_retryable() {
             .await
             .unwrap_err();
         assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
-        assert!(!f.is_retryable(), "{status} ensure-namespace: {f}");
+        assert!(f.is_retryable(), "{status} ensure-namespace: {f}");
+        let words = if status == 401 {
+            "occ cluster update"
+        } else {
+            "lacks the rights"
+        };
+        assert!(f.message.contains(words), "{status} ensure-namespace: {f}");
+        let f = backend
+            .call(&cluster, prepare_op("ns-1", "a1", "r1", 1), DEADLINE)
+            .await
+            .unwrap_err();
+        assert_eq!(f.code, FailureCode::KubernetesApiRejected, "{f}");
+        assert!(!f.is_retryable(), "{status} prepare-revision: {f}");
     }
 }

@@ -180,13 +180,15 @@ fn refusal_retryable(f: Failure) -> Failure {
     if f.code == FailureCode::KubernetesApiRejected
         && (f.message.contains("forbidden (403)") || f.message.contains("credentials (401)"))
     {
+        let recovery = if f.message.contains("credentials (401)") {
+            "the cluster does not accept clawfleet's credentials: it is retried, so replacing them (`occ cluster update`) recovers the Namespace"
+        } else {
+            "clawfleet's identity lacks the rights ensure-namespace needs: it is retried, so granting them recovers the Namespace"
+        };
         return Failure::with_class(
             clawfleet_protocol::failure::FailureClass::Retryable,
             f.code,
-            format!(
-                "{}; clawfleet's identity lacks the rights ensure-namespace needs: it is retried, so granting them recovers the Namespace",
-                f.message
-            ),
+            format!("{}; {recovery}", f.message),
         );
     }
     f
