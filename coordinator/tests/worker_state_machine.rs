@@ -426,9 +426,21 @@ async fn a_crash_at_every_call_resumes_and_converges() {
             script(&w).await;
             w.svc.deploy("test", "ns1", "a1").await.unwrap();
             w.backend.inject(crash_at, Inject::Hang { applied });
-            // The first worker "crashes": its future is dropped mid-call.
+            // The first worker "crashes": its future is dropped mid-call, once the call with the
+            // hang has been made (however long a loaded machine takes to get there) and the host
+            // had time to apply it; a fixed deadline instead let a slow first worker stop short
+            // and the second one hang for ever.
             let first = w.worker();
-            let _ = tokio::time::timeout(Duration::from_millis(300), w.settle(&first)).await;
+            let hang_reached = async {
+                while w.backend.calls() <= crash_at {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            };
+            tokio::select! {
+                _ = w.settle(&first) => {}
+                () = hang_reached => {}
+            }
             drop(first);
             // A restarted coordinator (new lease owner) resumes after the lease expires.
             tokio::time::sleep(Duration::from_millis(250)).await;
