@@ -24,6 +24,7 @@ pub mod random;
 pub mod redact;
 pub mod result;
 pub mod runtime;
+pub mod secrets;
 pub mod signing;
 pub mod text;
 pub mod time;
