@@ -18,6 +18,7 @@ pub mod lock;
 pub mod login_user;
 pub mod markers;
 pub mod real;
+pub mod secrets;
 pub mod session;
 pub mod sock_diag;
 pub mod system;
