@@ -1,6 +1,6 @@
 //! The coordinator's data model as the API shows it.
 
-use clawfleet_protocol::{HostName, Ident, Sha256Hex};
+use clawfleet_protocol::{HostName, Ident, SecretFingerprint, SecretName, Sha256Hex};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -369,6 +369,9 @@ pub struct Revision {
     pub runtime_failure: Option<Value>,
     #[serde(skip)]
     pub rendered: Value,
+    /// The secret versions the revision was deployed with, by name (never a value).
+    #[serde(default)]
+    pub secrets: Vec<SecretBinding>,
 }
 
 /// An audit event.
@@ -705,5 +708,51 @@ mod tests {
         assert_eq!(Revision::number_of("rev-7"), Some(7));
         assert_eq!(Revision::number_of("release-7"), None);
         assert_eq!(Revision::number_of("rev-x-1"), None);
+    }
+}
+
+/// One version of a secret, as the API shows it: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretVersion {
+    #[schemars(with = "String")]
+    pub name: SecretName,
+    /// 1 for the first write, one more for every write after it; never reused, even after
+    /// the secret was deleted and written again.
+    pub version: u32,
+    /// `sha256:` and the hex of SHA-256 over the value's exact bytes.
+    #[schemars(with = "String")]
+    pub fingerprint: SecretFingerprint,
+    /// The token principal that wrote it.
+    pub written_by: String,
+    /// Seconds since the epoch.
+    pub written_at: i64,
+}
+
+/// A secret version a revision was deployed with (the revision's `secrets`).
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretBinding {
+    #[schemars(with = "String")]
+    pub name: SecretName,
+    pub version: u32,
+    #[schemars(with = "String")]
+    pub fingerprint: SecretFingerprint,
+}
+
+/// A secret version's value for the worker, which delivers it to a target: wiped from memory
+/// when dropped, and never printed (its `Debug` shows the fingerprint only).
+pub struct SecretValue {
+    pub value: zeroize::Zeroizing<Vec<u8>>,
+    pub fingerprint: SecretFingerprint,
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretValue")
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
     }
 }

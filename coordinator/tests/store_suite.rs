@@ -16,7 +16,9 @@ use coordinator::store::seal::Sealer;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{SharedStore, StoreError};
 use store_support::CASES;
-use store_support::{CREDENTIAL_SECRET, WORKSPACE_SECRET, put_secrets, secrets_read_back};
+use store_support::{
+    CREDENTIAL_SECRET, SECRET_VALUE, WORKSPACE_SECRET, put_secrets, secrets_read_back,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_in_memory_passes_the_store_suite() {
@@ -253,7 +255,7 @@ fn secrets_in_files(dir: &std::path::Path) -> Vec<String> {
             if p.is_dir() {
                 stack.push(p);
             } else if let Ok(bytes) = std::fs::read(&p) {
-                for secret in [CREDENTIAL_SECRET, WORKSPACE_SECRET] {
+                for secret in [CREDENTIAL_SECRET, WORKSPACE_SECRET, SECRET_VALUE] {
                     if bytes.windows(secret.len()).any(|w| w == secret.as_bytes()) {
                         found.push(format!("{secret} in {}", p.display()));
                     }
@@ -360,14 +362,17 @@ async fn postgres_keeps_secrets_sealed() {
         pg.psql_in(
             "sealed",
             "SELECT credentials FROM clusters UNION ALL \
-             SELECT encode(content, 'escape') FROM agent_workspace_files",
+             SELECT encode(content, 'escape') FROM agent_workspace_files UNION ALL \
+             SELECT encode(value, 'escape') FROM secrets",
         )
         .unwrap()
     };
     let columns = dump(&pg);
     assert!(columns.starts_with("sealed1:"), "{columns}");
     assert!(
-        !columns.contains(CREDENTIAL_SECRET) && !columns.contains(WORKSPACE_SECRET),
+        !columns.contains(CREDENTIAL_SECRET)
+            && !columns.contains(WORKSPACE_SECRET)
+            && !columns.contains(SECRET_VALUE),
         "{columns}"
     );
     pg.psql_in("sealed", "CHECKPOINT").unwrap();

@@ -11,7 +11,7 @@
 //! - **In clear** only on tmpfs: the unit's `RuntimeDirectory=` (`/run/clawfleet-agent-<32
 //!   hex>`, created by systemd owned by the Agent's account, removed by systemd whenever the
 //!   unit stops, automatic restarts included), bound read-only at
-//!   [`SECRETS_DIR_IN_GATEWAY`] inside the unit; one file per secret, owned by the Agent's
+//!   [`DIRECTORY`](clawfleet_protocol::secret::DIRECTORY) inside the unit; one file per secret, owned by the Agent's
 //!   account, mode 0400, written under a temporary name and renamed. The unit's
 //!   `ExecStartPre=+hostd secret-files …` writes them at every start (from the credentials);
 //!   `put-secrets` writes them into a running unit's directory directly, so a rotation needs
@@ -26,9 +26,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use clawfleet_protocol::atomic_file::PendingFile;
-use clawfleet_protocol::secrets::{
-    MAX_SECRETS_PER_AGENT, SECRETS_DIR_IN_GATEWAY, SecretFingerprint, SecretName, SecretVersion,
-    VALUE_MAX,
+use clawfleet_protocol::sealed::{
+    MAX_SECRETS_PER_AGENT, SecretFingerprint, SecretName, SecretVersion, VALUE_MAX,
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -103,7 +102,10 @@ pub fn unit_lines(unit_name: &str, agent_dir: &Path, account: &str) -> Vec<Strin
     vec![
         format!("RuntimeDirectory={stem}"),
         "RuntimeDirectoryMode=0700".to_owned(),
-        format!("BindReadOnlyPaths={RUN_DIR}/{stem}:{SECRETS_DIR_IN_GATEWAY}"),
+        format!(
+            "BindReadOnlyPaths={RUN_DIR}/{stem}:{}",
+            clawfleet_protocol::secret::DIRECTORY
+        ),
         format!(
             "ExecStartPre=+{} secret-files --agent-dir {} --runtime-dir {RUN_DIR}/{stem} --account {account}",
             crate::unit::LAUNCHER,

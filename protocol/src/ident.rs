@@ -248,6 +248,50 @@ validated_string!(
     }
 );
 
+validated_string!(
+    /// A secret's name (`crate::secret`): 1–48 characters of `[a-z0-9-]`, starting with a
+    /// letter and ending with a letter or digit, so `clawfleet-<name>` is a valid OpenClaw
+    /// secret provider name and `<name>` a valid file name.
+    SecretName,
+    |v| {
+        check_chars(v, crate::secret::NAME_MAX, "lowercase letters, digits and '-'", |c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'
+        })?;
+        let first = v.chars().next();
+        let last = v.chars().last();
+        match (first, last) {
+            (Some(f), Some(l)) if f.is_ascii_lowercase() && (l.is_ascii_lowercase() || l.is_ascii_digit()) => Ok(()),
+            _ => Err(IdentError::BadShape {
+                expected: "a lowercase letter first and a lowercase letter or digit last",
+            }),
+        }
+    }
+);
+
+validated_string!(
+    /// A secret value's fingerprint: `sha256:` and the 64 lowercase hex digits of SHA-256 over
+    /// the value's exact bytes.
+    SecretFingerprint,
+    |v| {
+        let hex = v.strip_prefix("sha256:").ok_or(IdentError::BadShape {
+            expected: "sha256:<64 lowercase hex digits>",
+        })?;
+        if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(IdentError::BadShape {
+                expected: "sha256:<64 lowercase hex digits>",
+            });
+        }
+        Ok(())
+    }
+);
+
+impl SecretFingerprint {
+    /// The fingerprint of a value: `sha256:` and the hex of SHA-256 over its exact bytes.
+    pub fn of(value: &[u8]) -> Self {
+        Self(format!("sha256:{}", hex(&sha256(value))))
+    }
+}
+
 impl Fingerprint {
     /// The OpenSSH SHA-256 fingerprint of a public key.
     pub fn of(key: &ssh_key::PublicKey) -> Self {

@@ -7,6 +7,8 @@
 //! - [`framing`]: many messages over one SSH session's stdin and stdout.
 //! - [`failure`]: class, stable code and safe message for every failure.
 //! - [`runtime`]: the read-only runtime and log operations' types; [`redact`]: their redaction.
+//! - [`sealed`]: secret values sealed to a host's key on their way there, `put-secrets`.
+//! - [`secret`]: secrets' names, values, fingerprints and how configurations refer to them.
 //! - [`workspace`]: initial workspace files, their names and limits.
 //! - [`atomic_file`]: files replaced whole or created once (temporary, fsync, rename), for
 //!   hostd and the coordinator alike.
@@ -24,7 +26,8 @@ pub mod random;
 pub mod redact;
 pub mod result;
 pub mod runtime;
-pub mod secrets;
+pub mod sealed;
+pub mod secret;
 pub mod signing;
 pub mod text;
 pub mod time;
@@ -37,7 +40,9 @@ pub use envelope::{
 };
 pub use failure::{Failure, FailureClass, FailureCode};
 pub use framing::{Frame, FrameDecoder, FrameKind, Message};
-pub use ident::{Fingerprint, HostName, Ident, OperationId, Principal, Sha256Hex};
+pub use ident::{
+    Fingerprint, HostName, Ident, OperationId, Principal, SecretFingerprint, SecretName, Sha256Hex,
+};
 pub use operation::Operation;
 pub use result::{OperationResult, Outcome, ResultMessage};
 pub use signing::{HostIdentity, SIGNATURE_NAMESPACE, SignedEnvelope, Verifier};

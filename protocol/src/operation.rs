@@ -46,7 +46,7 @@ pub enum Operation {
     PlanRevision(crate::plan::PlanArgs),
     /// Replace the Agent's set of secrets with these values, sealed to the host key
     /// (protocol/src/secrets.rs); a running gateway sees the new files at once.
-    PutSecrets(crate::secrets::PutSecretsArgs),
+    PutSecrets(crate::sealed::PutSecretsArgs),
 }
 
 /// The operation names, for logs, metrics and progress.
@@ -195,7 +195,7 @@ impl Operation {
             "agent-logs" => Operation::AgentLogs(args(rest)?),
             "plan-revision" => Operation::PlanRevision(args(rest)?),
             "put-secrets" => {
-                let a: crate::secrets::PutSecretsArgs = args(rest)?;
+                let a: crate::sealed::PutSecretsArgs = args(rest)?;
                 a.check().map_err(|(path, message)| err(&path, message))?;
                 Operation::PutSecrets(a)
             }

@@ -51,7 +51,7 @@ pub enum OperationResult {
     AgentRuntime(Box<crate::runtime::RuntimeReport>),
     AgentLogs(crate::runtime::LogPage),
     PlanRevision(Box<crate::plan::PlanResult>),
-    PutSecrets(crate::secrets::PutSecretsResult),
+    PutSecrets(crate::sealed::PutSecretsResult),
 }
 
 impl OperationResult {

@@ -864,6 +864,7 @@ impl Service {
             runtime_failure: None,
             created_at: now(),
             rendered,
+            secrets: Vec::new(),
         })
     }
 

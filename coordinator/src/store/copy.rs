@@ -35,6 +35,8 @@ const TABLES: &[&str] = &[
     "agent_workspace",
     "agent_workspace_files",
     "plan_tokens_used",
+    "secret_names",
+    "secrets",
 ];
 
 /// Tables with an identity column whose sequence must continue after the copied ids.

@@ -1,6 +1,6 @@
 //! The state store: one trait per aggregate (hosts, clusters, Namespaces, Configurations,
-//! Agents, revisions, the work queue, tokens, audit, drift, rollouts, workspace files, the
-//! leader lease), and [`Store`], all of them at once. Two implementations fill it:
+//! Agents, revisions, the work queue, tokens, audit, drift, rollouts, workspace files, secrets,
+//! the leader lease), and [`Store`], all of them at once. Two implementations fill it:
 //! [`sqlite`] (the embedded default, one coordinator) and [`postgres`] (several coordinators
 //! on one database). Both run the same versioned migrations and pass one test suite
 //! (`coordinator/tests/store_suite.rs`).
@@ -16,15 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use clawfleet_protocol::Ident;
 use clawfleet_protocol::workspace::WorkspaceFile;
+use clawfleet_protocol::{Ident, SecretName};
 use serde_json::Value;
 use thiserror::Error;
 
 use crate::model::{
     Agent, AuditEvent, Cluster, ClusterRecord, Configuration, DesiredState, DriftRow, Host,
     Namespace, RestorePolicy, Revision, RevisionStatus, Rollout, RolloutAgentState, RolloutState,
-    WorkspaceSetupInfo, WorkspaceState,
+    SecretValue, SecretVersion, WorkspaceSetupInfo, WorkspaceState,
 };
 
 pub mod copy;
@@ -96,6 +96,35 @@ pub(crate) fn deploy_audit(r: &Revision, work: i64) -> (&'static str, String, Va
     )
 }
 
+/// Opens a sealed value and checks it against its recorded fingerprint (both stores).
+pub(crate) fn open_secret(
+    sealer: &seal::Sealer,
+    ns: &str,
+    name: &str,
+    version: u32,
+    fingerprint: clawfleet_protocol::SecretFingerprint,
+    sealed: &[u8],
+) -> Result<SecretValue> {
+    let value =
+        zeroize::Zeroizing::new(sealer.open(&seal::secret_context(ns, name, version), sealed)?);
+    if clawfleet_protocol::SecretFingerprint::of(&value) != fingerprint {
+        return Err(StoreError::Corrupt(format!(
+            "secret {ns}/{name} version {version}: the value does not match its fingerprint {fingerprint}"
+        )));
+    }
+    Ok(SecretValue { value, fingerprint })
+}
+
+/// A revision's secret versions as both stores keep them: JSON text.
+pub(crate) fn secrets_text(secrets: &[crate::model::SecretBinding]) -> Result<String> {
+    serde_json::to_string(secrets).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+/// The secret versions read back from [`secrets_text`]'s column.
+pub(crate) fn secrets_of(text: &str) -> Result<Vec<crate::model::SecretBinding>> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("revisions.secrets: {e}")))
+}
+
 /// Why a typed column cannot be read back, in both stores' words: the column, what it holds
 /// and what is wrong with that.
 pub(crate) fn bad_column(column: &str, text: &str, why: &dyn std::fmt::Display) -> String {
@@ -140,8 +169,8 @@ pub async fn open(database: &Database, key_file: &std::path::Path) -> Result<Sha
 pub mod prelude {
     pub use super::{
         AgentStore, AuditLog, ClusterStore, ConfigurationStore, DriftStore, HostStore, LeaderLease,
-        NamespaceStore, RevisionStore, RolloutStore, Store, StoreMeta, TokenStore, WorkQueue,
-        WorkspaceStore,
+        NamespaceStore, RevisionStore, RolloutStore, SecretStore, Store, StoreMeta, TokenStore,
+        WorkQueue, WorkspaceStore,
     };
 }
 
@@ -546,6 +575,43 @@ pub trait WorkspaceStore: Send + Sync {
     async fn drop_workspace_contents(&self, claim: &Claim, ns: &str, agent: &str) -> Result<usize>;
 }
 
+/// Secrets of a Namespace: every write a new version, each value sealed with the
+/// key-encryption key (`store/seal.rs`, associated data [`seal::secret_context`]), so the
+/// database holds ciphertext, the fingerprint and who wrote it when; never a value in clear.
+/// Only [`SecretStore::secret_value`] opens a value, for the worker that delivers it.
+#[async_trait]
+pub trait SecretStore: Send + Sync {
+    /// Writes the next version of a secret (1 for a name never written in the Namespace,
+    /// else one more than the last version ever issued, deleted ones included), and its audit
+    /// event (`secret.set` by `actor`, naming the version and fingerprint, never the value),
+    /// in one transaction. The caller checked the value (`clawfleet_protocol::secret`).
+    /// `None` (nothing written) when the Namespace does not exist or is being deleted.
+    async fn put_secret(
+        &self,
+        ns: &str,
+        name: &SecretName,
+        value: &[u8],
+        actor: &str,
+        now: i64,
+    ) -> Result<Option<SecretVersion>>;
+    /// Every version of every secret of a Namespace, by name then version.
+    async fn secrets(&self, ns: &str) -> Result<Vec<SecretVersion>>;
+    /// Every version of one secret, oldest first (empty: no such secret).
+    async fn secret_versions(&self, ns: &str, name: &str) -> Result<Vec<SecretVersion>>;
+    /// The newest version of one secret.
+    async fn latest_secret(&self, ns: &str, name: &str) -> Result<Option<SecretVersion>> {
+        Ok(self.secret_versions(ns, name).await?.pop())
+    }
+    /// The decrypted value of one version and its fingerprint, for the worker only (never for
+    /// the API). The fingerprint is checked against the opened value.
+    async fn secret_value(&self, ns: &str, name: &str, version: u32)
+    -> Result<Option<SecretValue>>;
+    /// Deletes every version of a secret (the values are gone from the database's files too)
+    /// and audits it (`secret.delete` by `actor`); false (nothing written) if it has none.
+    /// The caller refused the delete of a secret still bound.
+    async fn delete_secret(&self, ns: &str, name: &str, actor: &str, now: i64) -> Result<bool>;
+}
+
 /// The leader lease for the singleton loops, and retention.
 #[async_trait]
 pub trait LeaderLease: Send + Sync {
@@ -584,6 +650,7 @@ pub trait Store:
     + DriftStore
     + RolloutStore
     + WorkspaceStore
+    + SecretStore
     + LeaderLease
     + StoreMeta
     + std::fmt::Debug
@@ -603,6 +670,7 @@ impl<T> Store for T where
         + DriftStore
         + RolloutStore
         + WorkspaceStore
+        + SecretStore
         + LeaderLease
         + StoreMeta
         + std::fmt::Debug

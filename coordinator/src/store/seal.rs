@@ -1,5 +1,5 @@
 //! Encryption at rest of the secrets the database holds (cluster credentials, workspace file
-//! contents), so a copy of the database alone (a dump, a backup, a stolen file) discloses
+//! contents, secret values), so a copy of the database alone (a dump, a backup, a stolen file) discloses
 //! none of them.
 //!
 //! The key-encryption key is 32 random bytes, hex, in a file of its own outside the database
@@ -187,6 +187,11 @@ pub fn cluster_context(name: &str) -> String {
 /// The associated data of a workspace file's content.
 pub fn workspace_context(ns: &str, agent: &str, name: &str) -> String {
     format!("workspace file {ns}/{agent}/{name}")
+}
+
+/// The associated data of a secret version's value.
+pub fn secret_context(ns: &str, name: &str, version: u32) -> String {
+    format!("secret {ns}/{name} version {version}")
 }
 
 /// The default key file of a state directory.

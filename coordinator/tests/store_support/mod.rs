@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
-use clawfleet_protocol::{Ident, Sha256Hex};
+use clawfleet_protocol::{Ident, SecretFingerprint, SecretName, Sha256Hex};
 use coordinator::model::{
     Agent, DesiredState, DriftReason, DriftRow, DriftState, Grant, Host, RestorePolicy, Revision,
     RevisionStatus, Role, RolloutAgentState, RolloutState, WorkspaceState,
@@ -50,6 +50,7 @@ cases!(
     retention_prunes_old_finished_work_and_audit,
     audit_and_drift_read_back,
     row_counts_cover_every_table,
+    secrets_are_versioned_sealed_and_deleted,
 );
 
 const KEY: &str =
@@ -106,6 +107,7 @@ fn revision(agent: &str) -> Revision {
         created_at: 1,
         runtime_failure: None,
         rendered: json!({"gateway": {}}),
+        secrets: Vec::new(),
     }
 }
 
@@ -1211,6 +1213,8 @@ pub async fn row_counts_cover_every_table(s: SharedStore) {
         "rollout_agents",
         "rollouts",
         "schema_version",
+        "secret_names",
+        "secrets",
         "token_grants",
         "tokens",
         "work",
@@ -1233,9 +1237,19 @@ pub async fn fill(s: &SharedStore) {
     s.insert_agent(&agent("w"), &[file("AGENTS.md", "hello")], 3)
         .await
         .unwrap();
+    let v = s
+        .put_secret("ns", &sname("api-key"), b"filler-value", "op", 2)
+        .await
+        .unwrap()
+        .unwrap();
     let mut first = id("rev-0");
     for a in ["a1", "a2", "w"] {
         let mut r = revision(a);
+        r.secrets = vec![coordinator::model::SecretBinding {
+            name: v.name.clone(),
+            version: v.version,
+            fingerprint: v.fingerprint.clone(),
+        }];
         s.create_revision(&mut r).await.unwrap();
         if a == "a1" {
             first = r.id;
@@ -1354,6 +1368,15 @@ pub async fn same_reads(a: &SharedStore, b: &SharedStore) {
         a.workspace_contents("ns", "w").await.unwrap(),
         b.workspace_contents("ns", "w").await.unwrap()
     );
+    assert_eq!(
+        a.secrets("ns").await.unwrap(),
+        b.secrets("ns").await.unwrap()
+    );
+    let (va, vb) = (
+        a.secret_value("ns", "api-key", 1).await.unwrap().unwrap(),
+        b.secret_value("ns", "api-key", 1).await.unwrap().unwrap(),
+    );
+    assert_eq!((&*va.value, &va.fingerprint), (&*vb.value, &vb.fingerprint));
     let counts = |v: Vec<(String, i64)>| -> BTreeMap<String, i64> {
         v.into_iter()
             .filter(|(t, _)| t != "schema_version" && t != "fence_counter")
@@ -1403,9 +1426,146 @@ pub async fn fences_only_grow_even_across_a_re_created_agent(s: SharedStore) {
     );
 }
 
+fn sname(s: &str) -> SecretName {
+    SecretName::new(s).unwrap()
+}
+
+/// Secrets: every write a new version with its fingerprint, writer and time; the value opens
+/// for the worker only; a version is never reused, even after a delete; every change is
+/// audited without the value; a missing or deleting Namespace takes none.
+pub async fn secrets_are_versioned_sealed_and_deleted(s: SharedStore) {
+    world(&s, 0).await;
+    let slack = sname("slack-bot");
+    let v1 = s
+        .put_secret("ns", &slack, b"xoxb-one", "alice", 10)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v1.version, 1);
+    assert_eq!(v1.fingerprint, SecretFingerprint::of(b"xoxb-one"));
+    assert_eq!((v1.written_by.as_str(), v1.written_at), ("alice", 10));
+    let v2 = s
+        .put_secret("ns", &slack, b"xoxb-two", "bob", 11)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v2.version, 2);
+    s.put_secret("ns", &sname("api-key"), b"sk-1", "alice", 12)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        s.put_secret("nope", &slack, b"x", "alice", 12)
+            .await
+            .unwrap(),
+        None,
+        "no Namespace, no secret"
+    );
+    let all = s.secrets("ns").await.unwrap();
+    let listed: Vec<(&str, u32)> = all.iter().map(|v| (v.name.as_str(), v.version)).collect();
+    assert_eq!(
+        listed,
+        vec![("api-key", 1), ("slack-bot", 1), ("slack-bot", 2)]
+    );
+    assert_eq!(
+        s.secret_versions("ns", "slack-bot").await.unwrap(),
+        vec![v1.clone(), v2.clone()]
+    );
+    assert_eq!(
+        s.latest_secret("ns", "slack-bot").await.unwrap(),
+        Some(v2.clone())
+    );
+    assert_eq!(s.latest_secret("ns", "nope").await.unwrap(), None);
+    let value = s.secret_value("ns", "slack-bot", 1).await.unwrap().unwrap();
+    assert_eq!(
+        (&value.value[..], &value.fingerprint),
+        (&b"xoxb-one"[..], &v1.fingerprint)
+    );
+    assert!(
+        !format!("{value:?}").contains("xoxb"),
+        "Debug never shows the value"
+    );
+    assert!(
+        s.secret_value("ns", "slack-bot", 3)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        s.secret_value("other", "slack-bot", 1)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Deleted: every version goes; the next write continues the numbering.
+    assert!(
+        s.delete_secret("ns", "slack-bot", "carol", 13)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.delete_secret("ns", "slack-bot", "carol", 13)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.secret_versions("ns", "slack-bot")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.secret_value("ns", "slack-bot", 2)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let v3 = s
+        .put_secret("ns", &slack, b"xoxb-three", "alice", 14)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(v3.version, 3, "a version is never reused");
+    // Audited, naming version and fingerprint, never the value.
+    let events = s.audit_events(20).await.unwrap();
+    let secret_events: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e.action.starts_with("secret."))
+        .map(|e| (e.action.as_str(), e.actor.as_str()))
+        .collect();
+    assert_eq!(secret_events.len(), 5, "{secret_events:?}");
+    assert!(secret_events.contains(&("secret.delete", "carol")));
+    for e in &events {
+        let text = serde_json::to_string(&e.detail).unwrap();
+        assert!(!text.contains("xoxb") && !text.contains("sk-1"), "{text}");
+    }
+    let set = events
+        .iter()
+        .find(|e| e.action == "secret.set" && e.target == "ns/slack-bot" && e.actor == "bob")
+        .unwrap();
+    assert_eq!(
+        set.detail,
+        json!({"version": 2, "fingerprint": v2.fingerprint})
+    );
+    // A revision records the versions it was deployed with, and reads them back.
+    s.insert_agent(&agent("a1"), &[], 1).await.unwrap();
+    let mut r = revision("a1");
+    r.secrets = vec![coordinator::model::SecretBinding {
+        name: slack.clone(),
+        version: 3,
+        fingerprint: v3.fingerprint.clone(),
+    }];
+    s.create_revision(&mut r).await.unwrap();
+    let back = s.revision("ns", "a1", &r.id).await.unwrap().unwrap();
+    assert_eq!(back.secrets, r.secrets);
+    let listed = s.revisions("ns", "a1").await.unwrap();
+    assert_eq!(listed[0].secrets, r.secrets);
+}
+
 /// What [`put_secrets`] stores in clear text, which must never appear in the database's bytes.
 pub const CREDENTIAL_SECRET: &str = "CREDENTIAL-PLAINTEXT-7f3a9c";
 pub const WORKSPACE_SECRET: &str = "WORKSPACE-PLAINTEXT-51e2d8";
+pub const SECRET_VALUE: &str = "SECRET-VALUE-PLAINTEXT-c04e17";
 
 /// A cluster with credentials and an Agent with a workspace file, each holding its secret.
 pub async fn put_secrets(s: &SharedStore) {
@@ -1429,6 +1589,10 @@ pub async fn put_secrets(s: &SharedStore) {
             .await
             .unwrap()
     );
+    s.put_secret("ns", &sname("api-key"), SECRET_VALUE.as_bytes(), "op", 5)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 /// The secrets [`put_secrets`] stored read back as they were.
@@ -1438,5 +1602,7 @@ pub async fn secrets_read_back(s: &SharedStore) -> Result<(), StoreError> {
     let files = s.workspace_contents("ns", "w1").await?;
     assert_eq!(files.len(), 1);
     assert_eq!(files[0].content, WORKSPACE_SECRET.as_bytes());
+    let v = s.secret_value("ns", "api-key", 1).await?.unwrap();
+    assert_eq!(&v.value[..], SECRET_VALUE.as_bytes());
     Ok(())
 }

@@ -2,7 +2,7 @@
 
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::result::Step;
-use clawfleet_protocol::secrets::{
+use clawfleet_protocol::sealed::{
     HostSecretKey, OpenError, PutSecretsArgs, PutSecretsResult, SecretVersion,
 };
 use zeroize::Zeroizing;

@@ -230,6 +230,27 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE agent_workspace_files ADD COLUMN sealed BOOLEAN NOT NULL DEFAULT FALSE;
     CREATE TABLE plan_tokens_used (token TEXT PRIMARY KEY, used_at BIGINT NOT NULL);
     ",
+    // 14: secrets (see SQLite's 14).
+    "
+    CREATE TABLE secret_names (
+        namespace_id TEXT NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        last_version BIGINT NOT NULL,
+        PRIMARY KEY (namespace_id, name)
+    );
+    CREATE TABLE secrets (
+        namespace_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        version BIGINT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        value BYTEA NOT NULL,
+        written_by TEXT NOT NULL,
+        written_at BIGINT NOT NULL,
+        PRIMARY KEY (namespace_id, name, version),
+        FOREIGN KEY (namespace_id, name) REFERENCES secret_names(namespace_id, name) ON DELETE CASCADE
+    );
+    ALTER TABLE revisions ADD COLUMN secrets TEXT NOT NULL DEFAULT '[]';
+    ",
 ];
 
 /// The version the migrations bring a database to.

@@ -40,6 +40,7 @@ pub mod migrations;
 mod namespaces;
 mod revisions;
 mod rollouts;
+mod secrets;
 mod tls;
 mod tokens;
 mod work;

@@ -14,7 +14,7 @@ use crate::store::{
     Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError, WorkKind, WorkState,
 };
 
-const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure";
+const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets";
 
 fn json(t: String) -> Result<Value> {
     serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string()))
@@ -46,6 +46,7 @@ fn revision(r: &Row) -> Result<Revision> {
         },
         created_at: r.try_get(13)?,
         runtime_failure: r.try_get::<_, Option<String>>(14)?.map(json).transpose()?,
+        secrets: crate::store::secrets_of(&r.try_get::<_, String>(15)?)?,
     })
 }
 
@@ -102,7 +103,8 @@ pub(super) async fn insert_revision(
     let generation = i64::from(r.configuration_generation);
     let rendered = r.rendered.to_string();
     let status = r.status.as_str();
-    let row: [&(dyn ToSql + Sync); 10] = [
+    let secrets = crate::store::secrets_text(&r.secrets)?;
+    let row: [&(dyn ToSql + Sync); 11] = [
         &r.namespace_id.as_str(),
         &r.agent_id.as_str(),
         &r.id.as_str(),
@@ -113,6 +115,7 @@ pub(super) async fn insert_revision(
         &rendered,
         &status,
         &r.created_at,
+        &secrets,
     ];
     let work_id: i64 = work_id.try_get(0)?;
     let work = Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id);
@@ -125,8 +128,8 @@ pub(super) async fn insert_revision(
     };
     futures::try_join!(
         tx.exec(
-            "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             &row,
         ),
         work::insert_as(tx, work_id, &work),

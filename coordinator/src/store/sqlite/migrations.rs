@@ -261,4 +261,28 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE agent_workspace_files ADD COLUMN sealed INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE plan_tokens_used (token TEXT PRIMARY KEY, used_at INTEGER NOT NULL);
     ",
+    // 14: secrets of a Namespace (store/sqlite/secrets.rs): one row per version, its value
+    // sealed (store/seal.rs); the last version issued per name, kept after a delete so a
+    // version is never reused; and the secret versions each revision was deployed with (JSON
+    // list of name, version, fingerprint).
+    "
+    CREATE TABLE secret_names (
+        namespace_id TEXT NOT NULL REFERENCES namespaces(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        last_version INTEGER NOT NULL,
+        PRIMARY KEY (namespace_id, name)
+    );
+    CREATE TABLE secrets (
+        namespace_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        fingerprint TEXT NOT NULL,
+        value BLOB NOT NULL,
+        written_by TEXT NOT NULL,
+        written_at INTEGER NOT NULL,
+        PRIMARY KEY (namespace_id, name, version),
+        FOREIGN KEY (namespace_id, name) REFERENCES secret_names(namespace_id, name) ON DELETE CASCADE
+    );
+    ALTER TABLE revisions ADD COLUMN secrets TEXT NOT NULL DEFAULT '[]';
+    ",
 ];

@@ -29,6 +29,7 @@ pub mod migrations;
 mod namespaces;
 mod revisions;
 mod rollouts;
+mod secrets;
 mod tokens;
 pub(crate) mod work;
 mod workspace;

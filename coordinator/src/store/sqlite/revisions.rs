@@ -8,7 +8,7 @@ use super::{SqliteStore, id_col, json_col, parse_col, rollouts, work};
 use crate::model::{LastAttempt, Revision, RevisionStatus};
 use crate::store::{Claim, Enqueue, Result, RevisionInsert, RevisionStore};
 
-const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure";
+const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets";
 
 /// A revision row with its raw status, rendered text, last-attempt columns and evidence.
 type RevisionRow = (
@@ -20,6 +20,7 @@ type RevisionRow = (
     Option<i64>,
     u32,
     Option<String>,
+    String,
 );
 
 fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
@@ -37,6 +38,7 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
             created_at: r.get(13)?,
             runtime_failure: None,
             rendered: Value::Null,
+            secrets: Vec::new(),
         },
         r.get(8)?,
         r.get(7)?,
@@ -45,12 +47,14 @@ fn revision_row(r: &Row<'_>) -> rusqlite::Result<RevisionRow> {
         r.get(11)?,
         r.get(12)?,
         r.get(14)?,
+        r.get(15)?,
     ))
 }
 
 fn finish_revision(
-    (mut rev, status, rendered, code, message, at, attempts, evidence): RevisionRow,
+    (mut rev, status, rendered, code, message, at, attempts, evidence, secrets): RevisionRow,
 ) -> Result<Revision> {
+    rev.secrets = crate::store::secrets_of(&secrets)?;
     rev.status = parse_col(&status, "revision status", RevisionStatus::parse)?;
     rev.rendered = json_col(rendered)?;
     rev.runtime_failure = evidence.map(json_col).transpose()?;
@@ -85,9 +89,9 @@ pub(super) fn insert_revision(tx: &Connection, r: &mut Revision) -> Result<i64> 
     r.id = crate::store::revision_id(r.number, &r.configuration_hash)?;
     r.status = RevisionStatus::Pending;
     tx.execute(
-        "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-        params![r.namespace_id.as_str(), r.agent_id.as_str(), r.id.as_str(), r.number as i64, r.configuration_id.as_str(), r.configuration_generation, r.configuration_hash.as_str(), r.rendered.to_string(), r.status.as_str(), r.created_at],
+        "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        params![r.namespace_id.as_str(), r.agent_id.as_str(), r.id.as_str(), r.number as i64, r.configuration_id.as_str(), r.configuration_generation, r.configuration_hash.as_str(), r.rendered.to_string(), r.status.as_str(), r.created_at, crate::store::secrets_text(&r.secrets)?],
     )?;
     tx.execute(
         "UPDATE agents SET desired_state = 'running' WHERE namespace_id = ?1 AND id = ?2",

@@ -23,126 +23,20 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce};
 use curve25519_dalek::edwards::CompressedEdwardsY;
 use curve25519_dalek::montgomery::MontgomeryPoint;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256, Sha512};
+
 use thiserror::Error;
 use zeroize::Zeroizing;
 
-use crate::ident::{Ident, hex};
-
-/// Where the gateway finds secret `<name>` inside its unit (hosts) or Pod (clusters).
-pub const SECRETS_DIR_IN_GATEWAY: &str = "/run/clawfleet/secrets";
-
-/// Longest secret value, in bytes.
-pub const VALUE_MAX: usize = 64 * 1024;
+use crate::ident::Ident;
+pub use crate::secret::{SecretFingerprint, SecretName, VALUE_MAX, check_value};
 
 /// Most secrets one Agent may have bound.
 pub const MAX_SECRETS_PER_AGENT: usize = 32;
 
 /// The HKDF info string, and the version of the construction.
 const INFO: &[u8] = b"clawfleet-secret-v1";
-
-/// A secret's name: `^[a-z]([a-z0-9-]{0,46}[a-z0-9])?$`, so it is a safe file name and
-/// `clawfleet-<name>` is a valid OpenClaw provider name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct SecretName(String);
-
-impl SecretName {
-    /// Checks and wraps a name.
-    pub fn new(value: impl Into<String>) -> Result<Self, String> {
-        let value = value.into();
-        let b = value.as_bytes();
-        let ok = !b.is_empty()
-            && b.len() <= 48
-            && b[0].is_ascii_lowercase()
-            && b.iter()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-            && b[b.len() - 1] != b'-';
-        if !ok {
-            return Err(format!(
-                "secret name {:?} must be 1 to 48 characters of a-z, 0-9 and '-', starting \
-                 with a letter and not ending with '-'",
-                crate::ident::truncate_for_message(&value)
-            ));
-        }
-        Ok(Self(value))
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for SecretName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for SecretName {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        SecretName::new(String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
-    }
-}
-
-/// `sha256:<64 lowercase hex>` of a value's exact bytes.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct SecretFingerprint(String);
-
-impl SecretFingerprint {
-    /// The fingerprint of a value.
-    pub fn of(value: &[u8]) -> Self {
-        Self(format!("sha256:{}", hex(&Sha256::digest(value))))
-    }
-
-    /// Checks and wraps a fingerprint's text.
-    pub fn parse(value: impl Into<String>) -> Result<Self, String> {
-        let value = value.into();
-        let ok = value.strip_prefix("sha256:").is_some_and(|h| {
-            h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        });
-        if !ok {
-            return Err("a secret fingerprint must be `sha256:` and 64 lowercase hex".to_owned());
-        }
-        Ok(Self(value))
-    }
-
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for SecretFingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for SecretFingerprint {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        SecretFingerprint::parse(String::deserialize(deserializer)?)
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// Checks a value against the contract's limits: 1 byte to 64 KiB of UTF-8 without NUL.
-pub fn check_value(value: &[u8]) -> Result<(), String> {
-    if value.is_empty() || value.len() > VALUE_MAX {
-        return Err(format!(
-            "a secret value must be 1 to {VALUE_MAX} bytes, got {}",
-            value.len()
-        ));
-    }
-    if std::str::from_utf8(value).is_err() {
-        return Err("a secret value must be UTF-8".to_owned());
-    }
-    if value.contains(&0) {
-        return Err("a secret value must not contain NUL".to_owned());
-    }
-    Ok(())
-}
 
 /// Which secret version, by name and fingerprint (never the value).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -339,9 +233,9 @@ pub fn seal(
     version: u64,
     value: &[u8],
 ) -> Result<SealedSecret, SealError> {
-    check_value(value).map_err(|message| SealError::Value {
+    check_value(value).map_err(|e| SealError::Value {
         name: name.clone(),
-        message,
+        message: e.to_string(),
     })?;
     let recipient = montgomery_of(host_key)?;
     let mut scalar = Zeroizing::new([0u8; 32]);
@@ -445,9 +339,9 @@ impl HostSecretKey {
         if SecretFingerprint::of(&value) != sealed.fingerprint {
             return Err(OpenError::FingerprintMismatch { name: name() });
         }
-        check_value(&value).map_err(|message| OpenError::Value {
+        check_value(&value).map_err(|e| OpenError::Value {
             name: name(),
-            message,
+            message: e.to_string(),
         })?;
         Ok(value)
     }
@@ -588,23 +482,5 @@ mod tests {
         // Ed25519 public key (what the sender seals to).
         let (private, public) = keypair();
         assert_eq!(host(&private).public, montgomery_of(&public).unwrap());
-    }
-
-    #[test]
-    fn names_and_fingerprints_are_validated() {
-        for ok in ["a", "slack-bot", "k8s-token-2", &"a".repeat(48)] {
-            assert!(SecretName::new(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "A", "1a", "a-", "a_b", "a.b", "../x", &"a".repeat(49)] {
-            assert!(SecretName::new(bad).is_err(), "{bad}");
-        }
-        let fp = SecretFingerprint::of(b"abc");
-        assert_eq!(
-            fp.as_str(),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-        assert!(SecretFingerprint::parse(fp.as_str()).is_ok());
-        assert!(SecretFingerprint::parse("sha256:ABC").is_err());
-        assert!(serde_json::from_str::<SecretName>("\"../etc\"").is_err());
     }
 }
