@@ -342,7 +342,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             runtime_dir,
             account,
         } => {
-            let n = hostd::secrets::materialise(&agent_dir, &runtime_dir, &account)
+            let n = hostd::secrets::materialise(agent_dir, runtime_dir, account)
                 .with_context(|| format!("cannot write the secrets of {account}"))?;
             tracing::info!(account = %account, secrets = n, "secret files written");
             Ok(ExitCode::SUCCESS)

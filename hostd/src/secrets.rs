@@ -78,6 +78,13 @@ pub enum SecretsError {
     Account { account: String, detail: String },
 }
 
+/// A secret's version and its value in clear.
+pub type Opened = (SecretVersion, Zeroizing<Vec<u8>>);
+/// Seals one value at rest (`systemd-creds encrypt`; a stand-in in tests).
+pub type Encrypt = dyn Fn(&SecretName, &[u8]) -> Result<Vec<u8>, SecretsError>;
+/// Opens one value kept at rest.
+pub type Decrypt = dyn Fn(&SecretName, &[u8]) -> Result<Zeroizing<Vec<u8>>, SecretsError>;
+
 /// `secrets/manifest.json`: what the Agent's secrets are, never their values.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -145,7 +152,7 @@ fn cred_path(agent_dir: &Path, name: &SecretName) -> PathBuf {
 pub fn store(
     agent_dir: &Path,
     values: &[(SecretVersion, Zeroizing<Vec<u8>>)],
-    encrypt: &dyn Fn(&SecretName, &[u8]) -> Result<Vec<u8>, SecretsError>,
+    encrypt: &Encrypt,
 ) -> Result<(), SecretsError> {
     let dir = secrets_dir(agent_dir);
     fsutil::ensure_dir(&dir, 0o700)?;
@@ -209,10 +216,7 @@ pub fn write_files(
 
 /// Reads every secret of the manifest back from its credential, checking its fingerprint.
 /// A credential replaced while it was read (a `put-secrets` racing a restart) is read again.
-pub fn load(
-    agent_dir: &Path,
-    decrypt: &dyn Fn(&SecretName, &[u8]) -> Result<Zeroizing<Vec<u8>>, SecretsError>,
-) -> Result<Vec<(SecretVersion, Zeroizing<Vec<u8>>)>, SecretsError> {
+pub fn load(agent_dir: &Path, decrypt: &Decrypt) -> Result<Vec<Opened>, SecretsError> {
     let mut last = None;
     for _ in 0..5 {
         match load_once(agent_dir, decrypt) {
@@ -228,10 +232,7 @@ pub fn load(
     })
 }
 
-fn load_once(
-    agent_dir: &Path,
-    decrypt: &dyn Fn(&SecretName, &[u8]) -> Result<Zeroizing<Vec<u8>>, SecretsError>,
-) -> Result<Vec<(SecretVersion, Zeroizing<Vec<u8>>)>, SecretsError> {
+fn load_once(agent_dir: &Path, decrypt: &Decrypt) -> Result<Vec<Opened>, SecretsError> {
     let manifest = read_manifest(agent_dir)?;
     let mut out = Vec::with_capacity(manifest.secrets.len());
     for v in manifest.secrets {

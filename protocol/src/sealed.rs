@@ -182,9 +182,9 @@ pub enum HostKeyError {
 
 fn montgomery_of(public: &ssh_key::PublicKey) -> Result<MontgomeryPoint, SealError> {
     let ed = public.key_data().ed25519().ok_or(SealError::NotEd25519)?;
-    let point = CompressedEdwardsY(ed.0).decompress();
-    let point: Option<_> = point.into();
-    let point: curve25519_dalek::EdwardsPoint = point.ok_or(SealError::InvalidKey)?;
+    let point = CompressedEdwardsY(ed.0)
+        .decompress()
+        .ok_or(SealError::InvalidKey)?;
     if point.is_small_order() {
         return Err(SealError::InvalidKey);
     }
