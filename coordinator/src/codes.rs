@@ -89,6 +89,10 @@ codes! {
     ConfigurationExists = "CONFIGURATION_EXISTS", "A Configuration of that id exists.";
     ConfigurationRefused = "CONFIGURATION_REFUSED", "The configuration document cannot be deployed; the message names the field.";
     UnknownConfiguration = "UNKNOWN_CONFIGURATION", "The Agent names a Configuration that does not exist.";
+    UnknownSecret = "UNKNOWN_SECRET", "A configuration refers to a secret its Namespace does not have; the message names the field.";
+    InvalidSecretName = "INVALID_SECRET_NAME", "A secret's name is outside its charset or length.";
+    InvalidSecretValue = "INVALID_SECRET_VALUE", "A secret's value is empty, too large, not UTF-8, holds a NUL or ends with a newline; nothing was stored.";
+    SecretInUse = "SECRET_IN_USE", "The secret is bound by Agents' current revisions; the message names them.";
     InvalidHarness = "INVALID_HARNESS", "The Agent's harness is not the embedded one.";
     HarnessAuthUnsupported = "HARNESS_AUTH_UNSUPPORTED", "The harness authentication method is not supported.";
     AgentExists = "AGENT_EXISTS", "An Agent of that id exists.";

@@ -17,7 +17,16 @@
 //! (any `agentRuntime.id` or `pickerRuntimes` entry other than the embedded `openclaw`, an Agent
 //! `runtime` other than `embedded`, an ACP binding), a sandbox, and secret providers (with the
 //! file and exec secret references that need one).
+//!
+//! Secrets: a configuration refers to a secret of its Namespace with
+//! `{"source": "file", "provider": "clawfleet", "id": "<name>"}` anywhere in the document
+//! ([`secret_references`]). The coordinator renders for each bound secret the one kind of
+//! provider it allows, a single-value file provider `clawfleet-<name>` reading
+//! `/run/clawfleet/secrets/<name>`, and rewrites the reference to it ([`bind_secrets`]); any
+//! `secrets.providers` the operator writes is refused.
 
+use clawfleet_protocol::SecretName;
+use clawfleet_protocol::secret;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
 
@@ -143,8 +152,9 @@ pub const SECTIONS: &[Section] = &[
         "secrets",
         Allowed,
         "secrets.defaults and secrets.egressProxy pass through; secrets.providers is refused \
-         (secret providers, including exec providers that run a command, are Secret drivers, \
-         out of scope), and so are file and exec secret references, which need one",
+         (clawfleet renders the providers of the secrets a configuration refers to; exec \
+         providers would run a command on the host), and so are file and exec secret \
+         references other than {\"source\": \"file\", \"provider\": \"clawfleet\", \"id\": \"<secret>\"}",
     ),
     row(
         "auth",
@@ -224,7 +234,7 @@ pub const SECTIONS: &[Section] = &[
     row(
         "channels",
         Allowed,
-        "messaging channels; their credentials come from the Agent's env file on the host",
+        "messaging channels; their credentials are clawfleet secrets referred to by name (the Agent's env file on the host is the legacy way)",
     ),
     row(
         "discovery",
@@ -518,9 +528,9 @@ fn check_secrets(secrets: &Value) -> Result<(), Refusal> {
     let Some(providers) = secrets.get("providers") else {
         return Ok(());
     };
-    let unsupported = "secret providers are not supported (Secret drivers are out of scope); \
-                       operator credentials go in the Agent's env file on the host and are \
-                       referenced as {\"source\": \"env\", \"provider\": \"default\", \"id\": …}";
+    let unsupported = "secret providers are rendered by clawfleet, not written: store the \
+                       credential with `occ secret set NS NAME --from-file FILE` and refer to \
+                       it as {\"source\": \"file\", \"provider\": \"clawfleet\", \"id\": \"NAME\"}";
     match providers.as_object().and_then(|p| p.iter().next()) {
         None => Err(refuse("secrets.providers", unsupported)),
         Some((alias, provider)) => {
@@ -629,8 +639,9 @@ fn check_literal_secrets(value: &Value, path: &str) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Refuses secret references (`{source, provider, id}`) to file and exec providers: they
-/// resolve only through `secrets.providers`.
+/// Refuses secret references (`{source, provider, id}`) to file and exec providers other than
+/// clawfleet's own (whose id must be a secret's name): they resolve only through
+/// `secrets.providers`, which clawfleet renders.
 fn check_secret_refs(value: &Value, path: &str) -> Result<(), Refusal> {
     match value {
         Value::Object(map) => {
@@ -641,12 +652,17 @@ fn check_secret_refs(value: &Value, path: &str) -> Result<(), Refusal> {
                     map.get("source").and_then(Value::as_str),
                     Some("file" | "exec")
                 );
+            if is_ref && is_clawfleet_ref(map) {
+                secret_name(map, path)?;
+                return Ok(());
+            }
             if is_ref {
                 return Err(refuse(
                     &child(path, "source"),
-                    "file and exec secret references need a secret provider, which is not \
-                     supported; reference an environment variable from the Agent's env file \
-                     instead ({\"source\": \"env\", \"provider\": \"default\", \"id\": …})",
+                    "file and exec secret references need a secret provider, which clawfleet \
+                     renders for its own secrets only: store the credential with `occ secret \
+                     set NS NAME --from-file FILE` and refer to it as {\"source\": \"file\", \
+                     \"provider\": \"clawfleet\", \"id\": \"NAME\"}",
                 ));
             }
             for (key, v) in map {
@@ -659,6 +675,127 @@ fn check_secret_refs(value: &Value, path: &str) -> Result<(), Refusal> {
             }
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// `{"source": "file", "provider": "clawfleet", "id": …}`: a reference to a clawfleet secret.
+fn is_clawfleet_ref(map: &Map<String, Value>) -> bool {
+    map.len() == 3
+        && map.get("source").and_then(Value::as_str) == Some(secret::REFERENCE_SOURCE)
+        && map.get("provider").and_then(Value::as_str) == Some(secret::REFERENCE_PROVIDER)
+        && map.contains_key("id")
+}
+
+/// The secret a clawfleet reference at `path` names, or the refusal naming `path.id`.
+fn secret_name(map: &Map<String, Value>, path: &str) -> Result<SecretName, Refusal> {
+    let id = map.get("id").unwrap_or(&Value::Null);
+    id.as_str()
+        .and_then(|s| SecretName::new(s).ok())
+        .ok_or_else(|| {
+            refuse(
+                &child(path, "id"),
+                format!(
+                    "{} is not a secret's name (1 to {} characters of lowercase letters, digits \
+                     and '-', starting with a letter and ending with a letter or digit)",
+                    quoted(id),
+                    secret::NAME_MAX
+                ),
+            )
+        })
+}
+
+/// Every clawfleet secret reference in a document, with its path, in document order (a
+/// secret referred to twice appears twice).
+pub fn secret_references(document: &Value) -> Result<Vec<(String, SecretName)>, Refusal> {
+    fn walk(v: &Value, path: &str, out: &mut Vec<(String, SecretName)>) -> Result<(), Refusal> {
+        match v {
+            Value::Object(map) if is_clawfleet_ref(map) => {
+                out.push((path.to_owned(), secret_name(map, path)?));
+            }
+            Value::Object(map) => {
+                for (key, v) in map {
+                    walk(v, &child(path, key), out)?;
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(v, &item(path, i), out)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    if let Some(root) = document.as_object() {
+        for (key, v) in root {
+            if key != TEST_SWITCHES_KEY {
+                walk(v, &child("", key), &mut out)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites every clawfleet secret reference of a rendered document for the gateway,
+/// `{"source": "file", "provider": "clawfleet-<name>", "id": "value"}`, and adds, per secret,
+/// the provider that reads it: `secrets.providers["clawfleet-<name>"] = {"source": "file",
+/// "path": "/run/clawfleet/secrets/<name>", "mode": "singleValue"}`. OpenClaw's single-value
+/// file provider takes exactly the id `value` and refuses a symlink, a file others may read or
+/// write, and a file the gateway's uid does not own, which is how the targets write it.
+pub fn bind_secrets(document: &mut Value) -> Result<(), Refusal> {
+    fn walk(v: &mut Value, path: &str, names: &mut Vec<SecretName>) -> Result<(), Refusal> {
+        match v {
+            Value::Object(map) if is_clawfleet_ref(map) => {
+                let name = secret_name(map, path)?;
+                *v = json!({
+                    "source": secret::REFERENCE_SOURCE,
+                    "provider": secret::provider_name(&name),
+                    "id": secret::SINGLE_VALUE_ID,
+                });
+                names.push(name);
+            }
+            Value::Object(map) => {
+                for (key, v) in map.iter_mut() {
+                    let at = child(path, key);
+                    walk(v, &at, names)?;
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter_mut().enumerate() {
+                    walk(v, &item(path, i), names)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    let root = object(document, "configuration")?;
+    let mut names = Vec::new();
+    for (key, v) in root.iter_mut() {
+        if key != TEST_SWITCHES_KEY {
+            walk(v, &child("", key), &mut names)?;
+        }
+    }
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort();
+    names.dedup();
+    let secrets = root
+        .entry("secrets")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let secrets = object(secrets, "secrets")?;
+    let providers = secrets
+        .entry("providers")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let providers = object(providers, "secrets.providers")?;
+    for name in &names {
+        providers.insert(
+            secret::provider_name(name),
+            json!({"source": "file", "path": secret::path(name), "mode": "singleValue"}),
+        );
     }
     Ok(())
 }
@@ -861,6 +998,87 @@ mod tests {
     }
 
     /// Literal credentials are refused naming the key; environment references pass.
+    /// A reference to a clawfleet secret passes (a bad name is refused at its id), and binding
+    /// rewrites every reference to the secret's own single-value provider and renders that
+    /// provider, the only `secrets.providers` entries of the document.
+    #[test]
+    fn clawfleet_secret_references_are_rendered_as_managed_providers() {
+        let doc = json!({
+            "channels": {"slack": {
+                "botToken": {"source": "file", "provider": "clawfleet", "id": "slack-bot"},
+                "accounts": [{"appToken": {"source": "file", "provider": "clawfleet", "id": "slack-app"}}],
+            }},
+            "models": {"providers": {"openai": {"apiKey": {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}},
+        });
+        let rendered = render(&doc).unwrap();
+        let refs: Vec<(String, String)> = secret_references(&rendered)
+            .unwrap()
+            .into_iter()
+            .map(|(p, n)| (p, n.to_string()))
+            .collect();
+        assert_eq!(
+            refs,
+            vec![
+                (
+                    "channels.slack.accounts[0].appToken".to_owned(),
+                    "slack-app".to_owned()
+                ),
+                ("channels.slack.botToken".to_owned(), "slack-bot".to_owned()),
+                (
+                    "models.providers.openai.apiKey".to_owned(),
+                    "slack-bot".to_owned()
+                ),
+            ]
+        );
+        let mut bound = rendered.clone();
+        bind_secrets(&mut bound).unwrap();
+        assert_eq!(
+            bound["channels"]["slack"]["botToken"],
+            json!({"source": "file", "provider": "clawfleet-slack-bot", "id": "value"})
+        );
+        assert_eq!(
+            bound["channels"]["slack"]["accounts"][0]["appToken"],
+            json!({"source": "file", "provider": "clawfleet-slack-app", "id": "value"})
+        );
+        assert_eq!(
+            bound["secrets"]["providers"],
+            json!({
+                "clawfleet-slack-app": {"source": "file", "path": "/run/clawfleet/secrets/slack-app", "mode": "singleValue"},
+                "clawfleet-slack-bot": {"source": "file", "path": "/run/clawfleet/secrets/slack-bot", "mode": "singleValue"},
+            })
+        );
+        assert!(secret_references(&bound).unwrap().is_empty());
+        // No reference, nothing added.
+        let mut plain = render(&json!({})).unwrap();
+        bind_secrets(&mut plain).unwrap();
+        assert!(plain.get("secrets").is_none());
+        // A bad name, at its id; an operator's own provider, even one named like ours.
+        for (doc, field) in [
+            (
+                json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": "Slack_Bot"}}}}),
+                "channels.slack.botToken.id",
+            ),
+            (
+                json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": 5}}}}),
+                "channels.slack.botToken.id",
+            ),
+            (
+                json!({"secrets": {"providers": {"clawfleet-x": {"source": "file", "path": "/run/clawfleet/secrets/x", "mode": "singleValue"}}}}),
+                "secrets.providers.clawfleet-x",
+            ),
+            (
+                json!({"channels": {"slack": {"botToken": {"source": "exec", "provider": "clawfleet", "id": "x"}}}}),
+                "channels.slack.botToken.source",
+            ),
+        ] {
+            let e = refusal(&doc);
+            assert_eq!(e.field, field, "{doc}: {e}");
+        }
+        // Literal credentials stay refused.
+        let e = refusal(&json!({"channels": {"slack": {"botToken": "xoxb-123"}}}));
+        assert_eq!(e.field, "channels.slack.botToken");
+    }
+
     #[test]
     fn literal_secrets_are_refused_and_env_references_pass() {
         for (doc, field) in [

@@ -467,6 +467,7 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
             .replace("{host}", "h1")
             .replace("{cluster}", "c1")
             .replace("{work}", "1")
+            .replace("{name}", "s1")
             .replace("{id}", "abc");
         if route.access == Access::Public {
             let got = api.call(None, &method, &path, None).await;

@@ -406,3 +406,114 @@ fn log_lines_have_no_colour_codes_off_a_terminal() {
         "{v}"
     );
 }
+
+/// `occ secret`: a value comes from a file or standard input (one trailing newline dropped),
+/// never from the command line, and is never printed; list, get, rotate and delete work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn occ_secret_takes_values_from_a_file_or_stdin_only() {
+    let api = Api::start().await;
+    api.fleet().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bot.token");
+    std::fs::write(&file, "tok-CLI-VALUE-one\n").unwrap();
+    let set = api
+        .occ(&[
+            "secret",
+            "set",
+            "ns1",
+            "bot",
+            "--from-file",
+            file.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(set.code, 0, "{}", set.stderr);
+    assert!(!set.stdout.contains("tok-CLI-VALUE"), "{}", set.stdout);
+    let latest = api
+        .store
+        .latest_secret("ns1", "bot")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        latest.fingerprint,
+        clawfleet_protocol::SecretFingerprint::of(b"tok-CLI-VALUE-one"),
+        "one trailing newline is dropped"
+    );
+    // A value on the command line is not an argument occ takes; nothing is stored.
+    for args in [
+        &["secret", "set", "ns1", "bot", "tok-CLI-VALUE-argv"][..],
+        &[
+            "secret",
+            "set",
+            "ns1",
+            "bot",
+            "--value",
+            "tok-CLI-VALUE-argv",
+        ][..],
+        &["secret", "set", "ns1", "bot"][..],
+    ] {
+        let r = api.occ(args).await;
+        assert_ne!(r.code, 0, "{args:?}");
+        assert!(!r.stdout.contains("tok-CLI-VALUE"), "{}", r.stdout);
+    }
+    assert_eq!(
+        api.store.secret_versions("ns1", "bot").await.unwrap().len(),
+        1
+    );
+    // Standard input.
+    let mut cmd = api.command(&["secret", "rotate", "ns1", "bot", "--from-stdin"]);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = cmd.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"tok-CLI-VALUE-two\r\n")
+            .unwrap();
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("version 2") && !stdout.contains("tok-CLI-VALUE"),
+        "{stdout}"
+    );
+    assert_eq!(
+        api.store
+            .latest_secret("ns1", "bot")
+            .await
+            .unwrap()
+            .unwrap()
+            .fingerprint,
+        clawfleet_protocol::SecretFingerprint::of(b"tok-CLI-VALUE-two")
+    );
+    let list = api
+        .occ(&["secret", "list", "ns1", "--output", "json"])
+        .await;
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let listed: Value = serde_json::from_str(&list.stdout).unwrap();
+    assert_eq!(listed[0]["name"], "bot");
+    assert_eq!(listed[0]["version"], 2);
+    let get = api.occ(&["secret", "get", "ns1", "bot"]).await;
+    assert_eq!(get.code, 0, "{}", get.stderr);
+    assert!(get.stdout.contains("sha256:"), "{}", get.stdout);
+    let del = api.occ(&["secret", "delete", "ns1", "bot"]).await;
+    assert_eq!(del.code, 0, "{}", del.stderr);
+    assert!(
+        api.store
+            .latest_secret("ns1", "bot")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

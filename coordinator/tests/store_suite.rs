@@ -403,6 +403,74 @@ async fn postgres_keeps_secrets_sealed() {
     );
 }
 
+/// `occ db rekey`: every sealed value (a secret, cluster credentials, a workspace file)
+/// moves to the new key in one step: the new key reads them all, the old one none, and the
+/// files hold no value in clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_rekey_moves_every_sealed_value_to_the_new_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("occ.db");
+    let old = Arc::new(Sealer::ephemeral());
+    let s: SharedStore = Arc::new(SqliteStore::open_sealed(&path, old.clone()).unwrap());
+    put_secrets(&s).await;
+    drop(s);
+    let new = Arc::new(Sealer::ephemeral());
+    let n = coordinator::store::rekey::rekey(&Database::Sqlite(path.clone()), old.clone(), &new)
+        .await
+        .unwrap();
+    assert_eq!(
+        (n.secrets, n.cluster_credentials, n.workspace_files),
+        (1, 1, 1)
+    );
+    let with_new: SharedStore = Arc::new(SqliteStore::open_sealed(&path, new.clone()).unwrap());
+    secrets_read_back(&with_new).await.unwrap();
+    drop(with_new);
+    let with_old: SharedStore = Arc::new(SqliteStore::open_sealed(&path, old.clone()).unwrap());
+    assert!(secrets_read_back(&with_old).await.is_err());
+    assert!(with_old.secret_value("ns", "api-key", 1).await.is_err());
+    drop(with_old);
+    assert_eq!(secrets_in_files(dir.path()), Vec::<String>::new());
+    // A rekey with the wrong current key changes nothing.
+    let wrong = Arc::new(Sealer::ephemeral());
+    assert!(
+        coordinator::store::rekey::rekey(&Database::Sqlite(path.clone()), wrong, &old)
+            .await
+            .is_err()
+    );
+    let still: SharedStore = Arc::new(SqliteStore::open_sealed(&path, new).unwrap());
+    secrets_read_back(&still).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rekey_moves_every_sealed_value_to_the_new_key() {
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
+    let settings = database_on(&pg, "rekeyed");
+    let old = Arc::new(Sealer::ephemeral());
+    let s: SharedStore = Arc::new(
+        PostgresStore::connect_sealed(settings.clone(), old.clone())
+            .await
+            .unwrap(),
+    );
+    put_secrets(&s).await;
+    let new = Arc::new(Sealer::ephemeral());
+    let db = Database::Postgres(settings.clone());
+    let n = coordinator::store::rekey::rekey(&db, old.clone(), &new)
+        .await
+        .unwrap();
+    assert_eq!(
+        (n.secrets, n.cluster_credentials, n.workspace_files),
+        (1, 1, 1)
+    );
+    assert!(
+        secrets_read_back(&s).await.is_err(),
+        "the old key reads nothing"
+    );
+    let with_new: SharedStore =
+        Arc::new(PostgresStore::connect_sealed(settings, new).await.unwrap());
+    secrets_read_back(&with_new).await.unwrap();
+}
+
 /// A backend for API tests that reach no target.
 struct NoTargets;
 

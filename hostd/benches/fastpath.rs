@@ -7,11 +7,17 @@
 //! - verify-revision (read-only)
 //! - activate-revision of the revision already served
 //! - stop-revision of an Agent already stopped
+//! - idempotent prepare-revision as the coordinator's worker sends it: a higher fence each
+//!   time (the worker raises the fence on every claim of the Agent)
 //! - for contrast, prepare-revision of a new revision each time (the slow path, which writes)
+//!
+//! and the same again on a long-lived host: the journal at its limit (`[journal] max_entries`,
+//! 10,000 by default) with every envelope expired, 100 Agents, one of them with 50 revisions.
 //!
 //! `cargo bench -p clawfleet-hostd --bench fastpath` (no root needed). `FASTPATH_BENCH_DIR`
 //! picks where the state root lives (default: the system temp directory); `FASTPATH_N` the
-//! number of timed operations per row (default 300).
+//! number of timed operations per row (default 300; the long-lived host's rows take at most
+//! 100).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
@@ -40,6 +46,9 @@ struct Bench {
     key: PrivateKey,
     host_key: Fingerprint,
     next: std::cell::Cell<u64>,
+    /// The fence of Agent-scoped changes; raised before each envelope while `raising`.
+    fence: std::cell::Cell<u64>,
+    raising: std::cell::Cell<bool>,
 }
 
 impl Bench {
@@ -48,13 +57,16 @@ impl Bench {
         self.next.set(n + 1);
         let now = now_unix();
         // Fenced as the coordinator's claims are (the Agent-scoped changes only).
-        let fence = matches!(
+        let scoped = matches!(
             operation,
             Operation::PrepareRevision(_)
                 | Operation::ActivateRevision(_)
                 | Operation::StopRevision(_)
-        )
-        .then_some(7);
+        );
+        if scoped && self.raising.get() {
+            self.fence.set(self.fence.get() + 1);
+        }
+        let fence = scoped.then_some(self.fence.get());
         let env = Envelope {
             version: PROTOCOL_VERSION,
             operation_id: OperationId::new(format!("bench-{n}")).unwrap(),
@@ -163,6 +175,8 @@ fn main() {
         key,
         host_key: Fingerprint::new(format!("SHA256:{}", "Q".repeat(43))).unwrap(),
         next: std::cell::Cell::new(0),
+        fence: std::cell::Cell::new(7),
+        raising: std::cell::Cell::new(false),
     };
     let engine = Engine::new(&b.config, &b.fake, b.host_key.clone());
     let responder = Responder::new(&engine, &b.config).unwrap();
@@ -189,61 +203,150 @@ fn main() {
     ))));
     run(Operation::StopRevision(rargs("b", "rev-1", 1)));
 
-    let mut fresh = 1u64;
+    run(prepare("d", "rev-1", 1));
+
+    let fresh = std::rc::Rc::new(std::cell::Cell::new(1u64));
     let mut rows = Vec::new();
-    let cases: Vec<(&'static str, MakeOp)> = vec![
+    let measure =
+        |rows: &mut Vec<Row>, what: &'static str, n: usize, raising: bool, make: &mut MakeOp| {
+            b.raising.set(raising);
+            for _ in 0..WARMUP {
+                run(make());
+            }
+            let envelopes: Vec<SignedEnvelope> = (0..n).map(|_| b.envelope(make())).collect();
+            b.fake.clear_calls();
+            counters::reset();
+            let mut micros = Vec::with_capacity(n);
+            for signed in &envelopes {
+                let t0 = Instant::now();
+                let r = responder.respond(signed, &|| false, &mut |_| {});
+                micros.push(t0.elapsed().as_secs_f64() * 1e6);
+                if let Outcome::Failed { failure } = r.outcome {
+                    panic!("{what}: {failure}");
+                }
+            }
+            b.raising.set(false);
+            rows.push(Row {
+                what,
+                micros,
+                io: counters::get(),
+                calls: b.fake.calls().len(),
+                bus_reads: b.fake.bus_reads(),
+            });
+        };
+    let new_revision = |a: &'static str| -> MakeOp {
+        let fresh = fresh.clone();
+        Box::new(move || {
+            fresh.set(fresh.get() + 1);
+            prepare(a, &format!("rev-{}", fresh.get()), fresh.get())
+        })
+    };
+    let cases: Vec<(&'static str, bool, MakeOp)> = vec![
         (
             "prepare-revision, already prepared",
+            false,
             Box::new(|| prepare("a", "rev-1", 1)),
         ),
         (
             "verify-revision",
+            false,
             Box::new(|| Operation::VerifyRevision(rargs("a", "rev-1", 1))),
         ),
         (
             "activate-revision, already served",
+            false,
             Box::new(|| Operation::ActivateRevision(ActivateArgs::from(rargs("a", "rev-1", 1)))),
         ),
         (
             "stop-revision, already stopped",
+            false,
             Box::new(|| Operation::StopRevision(rargs("b", "rev-1", 1))),
         ),
         (
+            "prepare-revision, already prepared, higher fence each time (as the worker sends it)",
+            true,
+            Box::new(|| prepare("d", "rev-1", 1)),
+        ),
+        (
             "prepare-revision of a new revision (changes)",
-            Box::new(move || {
-                fresh += 1;
-                prepare("c", &format!("rev-{fresh}"), fresh)
-            }),
+            false,
+            new_revision("c"),
         ),
     ];
-    for (what, mut make) in cases {
-        for _ in 0..WARMUP {
-            run(make());
-        }
-        let envelopes: Vec<SignedEnvelope> = (0..n).map(|_| b.envelope(make())).collect();
-        b.fake.clear_calls();
-        counters::reset();
-        let mut micros = Vec::with_capacity(n);
-        for signed in &envelopes {
-            let t0 = Instant::now();
-            let r = responder.respond(signed, &|| false, &mut |_| {});
-            micros.push(t0.elapsed().as_secs_f64() * 1e6);
-            if let Outcome::Failed { failure } = r.outcome {
-                panic!("{what}: {failure}");
-            }
-        }
-        rows.push(Row {
-            what,
-            micros,
-            io: counters::get(),
-            calls: b.fake.calls().len(),
-            bus_reads: b.fake.bus_reads(),
-        });
+    for (what, raising, mut make) in cases {
+        measure(&mut rows, what, n, raising, &mut make);
+    }
+
+    // The long-lived host: 100 Agents, one with 50 revisions, and the journal at its limit
+    // with every envelope expired (written as entries of earlier operations would be).
+    for i in 0..100 {
+        run(prepare(&format!("agent-{i}"), "rev-1", 1));
+    }
+    for _ in 0..50 {
+        run(new_revision("e")());
+    }
+    let journal = engine.layout.journal_dir();
+    let max = b.config.journal_max_entries;
+    let long_ago = now_unix() - 86_400;
+    let mut have = std::fs::read_dir(&journal)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            let name = name.to_string_lossy();
+            name.ends_with(".json") && !name.starts_with('.')
+        })
+        .count();
+    let mut k = 0u64;
+    while have < max {
+        k += 1;
+        let entry = hostd::journal::Entry {
+            schema: hostd::markers::SCHEMA,
+            operation_id: OperationId::new(format!("aged-{k}")).unwrap(),
+            kind: OperationKind::PrepareRevision,
+            body_sha256: clawfleet_protocol::Sha256Hex::new("a".repeat(64)).unwrap(),
+            expires_at: long_ago + k,
+            started_at: long_ago - 300 + k,
+            state: hostd::journal::EntryState::Failed {
+                failure: clawfleet_protocol::failure::Failure::new(
+                    clawfleet_protocol::failure::FailureCode::Internal,
+                    "bench filler",
+                ),
+                after_step: None,
+            },
+        };
+        std::fs::write(
+            journal.join(format!("aged-{k}.json")),
+            hostd::markers::to_bytes(&entry),
+        )
+        .unwrap();
+        have += 1;
+    }
+    let aged_n = n.min(100);
+    let aged: Vec<(&'static str, bool, MakeOp)> = vec![
+        (
+            "long-lived host: prepare-revision, already prepared, higher fence each time",
+            true,
+            Box::new(|| prepare("agent-7", "rev-1", 1)),
+        ),
+        (
+            "long-lived host: activate-revision, already served",
+            false,
+            Box::new(|| Operation::ActivateRevision(ActivateArgs::from(rargs("a", "rev-1", 1)))),
+        ),
+        (
+            "long-lived host: prepare-revision of a new revision (changes)",
+            false,
+            new_revision("e"),
+        ),
+    ];
+    for (what, raising, mut make) in aged {
+        measure(&mut rows, what, aged_n, raising, &mut make);
     }
 
     println!();
     println!(
-        "fastpath: {n} operations per row, in-process over the fake privileged layer, state root on {}",
+        "fastpath: {n} operations per row ({} on the long-lived host), in-process over the fake privileged layer, state root on {}",
+        n.min(100),
         base.display()
     );
     println!();
@@ -255,6 +358,7 @@ fn main() {
         let mut s = r.micros.clone();
         s.sort_by(|a, b| a.total_cmp(b));
         let rank = |p: f64| s[((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
+        let n = r.micros.len();
         let per = |x: u64| x as f64 / n as f64;
         println!(
             "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",

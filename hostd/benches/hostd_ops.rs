@@ -13,6 +13,14 @@
 //!   new `ssh` process per operation (the peer's transport)
 //! - (d) revision cutover with the test gateway (ready at once): prepare revision n (not timed),
 //!   activate revision n (timed), n = 2..=11
+//! - (e) the same host aged: its journal at its limit (`[journal] max_entries`, 10,000) with
+//!   every envelope expired, 100 more Agents, 40 more revisions; then, on one session, an
+//!   idempotent prepare as the coordinator's worker sends it (a higher fence each time, the
+//!   worker raises it on every claim), a prepare of a new revision (changes, so it prunes), and
+//!   cutovers as in (d). The same fenced prepare on the fresh host is in (c).
+//!
+//! `HOSTD_BENCH_BINARY` runs another hostd binary instead of the shipped one (an earlier
+//! build, for before/after figures).
 //!
 //! `cargo bench -p clawfleet-hostd --bench hostd_ops`. Needs root and the test-host runner
 //! packages; otherwise prints `SKIP: ...` and exits 0.
@@ -40,6 +48,13 @@ const FRESH_SSH: usize = 10;
 const CUTOVERS: std::ops::RangeInclusive<u64> = 2..=11;
 /// At most 5 starts of one unit in any 10 s window (systemd's default start rate limit).
 const CUTOVER_PACE: Duration = Duration::from_millis(2100);
+/// The long-lived host of (e).
+const AGED_AGENTS: usize = 100;
+const AGED_REVISIONS: u64 = 40;
+const AGED_JOURNAL: usize = 10_000;
+const AGED_PREPARES: usize = 30;
+const AGED_CHANGES: u64 = 20;
+const AGED_CUTOVERS: u64 = 5;
 
 fn main() {
     if let Some(reason) = skip_reason() {
@@ -92,6 +107,24 @@ fn main() {
         prepares.push(t);
     }
     let rss_after = hostd_memory(&host);
+    // (c) As the worker sends it: a higher fence each time (its own Agent: a fenced Agent
+    // refuses unfenced operations).
+    let mut fence = 0u64;
+    let mut fenced = |occ: &Coordinator,
+                      session: &mut Session,
+                      agent: &str,
+                      rev: &clawfleet_protocol::operation::RevisionSpec| {
+        fence += 1;
+        roundtrip_fenced(occ, &host, session, prepare(NS, agent, rev), Some(fence))
+    };
+    let (r, _) = fenced(&occ, &mut session, "bench-fenced", &r1);
+    expect_prepare(&r, true);
+    let mut fenced_fresh = Vec::with_capacity(PREPARES);
+    for _ in 0..PREPARES {
+        let (r, t) = fenced(&occ, &mut session, "bench-fenced", &r1);
+        expect_prepare(&r, false);
+        fenced_fresh.push(t);
+    }
 
     // (b) The same session over many more operations: its RSS, sampled as it goes, stays flat.
     let long = long_session();
@@ -158,7 +191,62 @@ fn main() {
         expect_prepare(&out, false);
     }
 
+    // (e) The host aged. Journal entries of operations long expired, written as hostd writes
+    // them, up to the limit; the index is removed, as on a host upgraded from a hostd without
+    // one (it is rebuilt once, when the next session opens the journal).
+    let mut session = Session::open(&occ, &host);
+    for i in 0..AGED_AGENTS {
+        let (r, _) = fenced(&occ, &mut session, &format!("aged-agent-{i}"), &r1);
+        expect_prepare(&r, true);
+    }
+    for n in 1..=AGED_REVISIONS {
+        let rn = rev(100 + n);
+        let (r, _) = roundtrip(&occ, &host, &mut session, prepare(NS, AGENT, &rn));
+        expect_prepare(&r, true);
+    }
+    session.finish();
+    let filled = fill_journal(&host, AGED_JOURNAL);
+    let mut session = Session::open(&occ, &host);
+    let mut fenced_aged = Vec::with_capacity(AGED_PREPARES);
+    for i in 0..AGED_PREPARES + WARMUP {
+        let (r, t) = fenced(&occ, &mut session, "aged-agent-7", &r1);
+        expect_prepare(&r, false);
+        if i >= WARMUP {
+            fenced_aged.push(t);
+        }
+    }
+    let mut changes_aged = Vec::new();
+    for n in 1..=AGED_CHANGES {
+        let rn = rev(200 + n);
+        let (r, t) = roundtrip(&occ, &host, &mut session, prepare(NS, AGENT, &rn));
+        expect_prepare(&r, true);
+        changes_aged.push(t);
+    }
+    let mut cutovers_aged = Vec::new();
+    for n in 1..=AGED_CUTOVERS {
+        let rn = rev(300 + n);
+        let (r, _) = roundtrip(&occ, &host, &mut session, prepare(NS, AGENT, &rn));
+        expect_prepare(&r, true);
+        std::thread::sleep(CUTOVER_PACE.saturating_sub(last_start.elapsed()));
+        last_start = Instant::now();
+        let (r, t) = roundtrip(
+            &occ,
+            &host,
+            &mut session,
+            Operation::ActivateRevision(clawfleet_protocol::operation::ActivateArgs::from(rargs(
+                NS, AGENT, &rn,
+            ))),
+        );
+        expect_served(&r, &format!("rev-{}", 300 + n));
+        cutovers_aged.push(t);
+    }
+    session.finish();
+    let entries_after = host
+        .run_ok("ls /var/lib/clawfleet/journal | grep -c '^[^.].*\\.json$'")
+        .unwrap_or_default();
+
     let p = Stats::of(&prepares);
+    let pf = Stats::of(&fenced_fresh);
     let f = Stats::of(&fresh);
     let c = Stats::of(&cutovers);
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
@@ -206,6 +294,14 @@ fn main() {
         ms(p.max)
     );
     println!(
+        "|     same, a higher fence each time (as the worker sends it) | {} | {} | {} | {} | {} |",
+        pf.n,
+        ms(pf.median),
+        ms(pf.p90),
+        ms(pf.min),
+        ms(pf.max)
+    );
+    println!(
         "|     same, new ssh + hostd per operation (peer transport) | {} | {} | {} | {} | {} |",
         f.n,
         ms(f.median),
@@ -223,7 +319,37 @@ fn main() {
         ms(c.min),
         ms(c.max)
     );
+    for (what, samples) in [
+        (
+            "(e) long-lived host: idempotent prepare-revision, a higher fence each time",
+            &fenced_aged,
+        ),
+        (
+            "(e) long-lived host: prepare-revision of a new revision (changes, prunes)",
+            &changes_aged,
+        ),
+        (
+            "(e) long-lived host: cutover (activate-revision)",
+            &cutovers_aged,
+        ),
+    ] {
+        let s = Stats::of(samples);
+        println!(
+            "| {what} | {} | {} | {} | {} | {} |",
+            s.n,
+            ms(s.median),
+            ms(s.p90),
+            ms(s.min),
+            ms(s.max)
+        );
+    }
     println!();
+    println!(
+        "long-lived host (e): {} Agents, {} revisions of {AGENT}, journal filled with {filled} expired entries to {AGED_JOURNAL}; {} entries after the run",
+        AGED_AGENTS + 2,
+        CUTOVERS.end() + AGED_REVISIONS + AGED_CHANGES + AGED_CUTOVERS,
+        entries_after.trim()
+    );
     println!(
         "persistent session vs new ssh per operation (median): {:.1}x faster",
         f.median.as_secs_f64() / p.median.as_secs_f64().max(1e-9)
@@ -254,6 +380,11 @@ fn main() {
 /// otherwise built by `packaging/build.sh hostd-binary` (the same build step). Returns it and
 /// where it came from.
 fn shipped_binary(scratch: &Path) -> (std::path::PathBuf, String) {
+    if let Some(other) = std::env::var_os("HOSTD_BENCH_BINARY") {
+        let path = std::path::PathBuf::from(other);
+        let shown = format!("HOSTD_BENCH_BINARY={}", path.display());
+        return (path, shown);
+    }
     let dir = install::packages_dir();
     if let Some(deb) = install::find_one(&dir, "clawfleet-hostd_", ".deb")
         && !install::hostd_deb_is_stale(&deb)
@@ -319,8 +450,21 @@ fn roundtrip(
     session: &mut Session,
     operation: Operation,
 ) -> (ResultMessage, Duration) {
+    roundtrip_fenced(occ, host, session, operation, None)
+}
+
+/// [`roundtrip`] with a fence in the envelope.
+fn roundtrip_fenced(
+    occ: &Coordinator,
+    host: &TestHost,
+    session: &mut Session,
+    operation: Operation,
+    fence: Option<u64>,
+) -> (ResultMessage, Duration) {
     let id = occ.next_id();
-    let signed = occ.sign(&occ.envelope(host, &id, operation));
+    let mut envelope = occ.envelope(host, &id, operation);
+    envelope.fence = fence;
+    let signed = occ.sign(&envelope);
     let want = OperationId::new(&id).unwrap();
     let t0 = Instant::now();
     session.send(&signed);
@@ -430,4 +574,59 @@ impl Stats {
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Fills the host's journal with entries of long-expired operations up to `total`, written as
+/// hostd writes them (one tar through ssh), and removes the prune index, as on a host whose
+/// hostd predates it. Returns how many it wrote.
+fn fill_journal(host: &TestHost, total: usize) -> usize {
+    let dir = "/var/lib/clawfleet/journal";
+    let have: usize = host
+        .run_ok(&format!("ls {dir} | grep -c '^[^.].*\\.json$' || true"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    let want = total.saturating_sub(have);
+    let scratch = tempfile::tempdir().unwrap();
+    let long_ago = hostd::session::now_unix() - 86_400;
+    for k in 0..want {
+        let entry = hostd::journal::Entry {
+            schema: hostd::markers::SCHEMA,
+            operation_id: OperationId::new(format!("aged-{k}")).unwrap(),
+            kind: clawfleet_protocol::operation::OperationKind::PrepareRevision,
+            body_sha256: clawfleet_protocol::Sha256Hex::new("a".repeat(64)).unwrap(),
+            expires_at: long_ago + k as u64,
+            started_at: long_ago - 600 + k as u64,
+            state: hostd::journal::EntryState::Failed {
+                failure: clawfleet_protocol::failure::Failure::new(
+                    clawfleet_protocol::failure::FailureCode::Internal,
+                    "bench filler",
+                ),
+                after_step: None,
+            },
+        };
+        std::fs::write(
+            scratch.path().join(format!("aged-{k}.json")),
+            hostd::markers::to_bytes(&entry),
+        )
+        .unwrap();
+    }
+    let names: String = (0..want).map(|k| format!("aged-{k}.json\n")).collect();
+    let list = scratch.path().join("names");
+    std::fs::write(&list, names).unwrap();
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(scratch.path())
+        .args(["--owner=0", "--group=0", "--mode=0600", "-cf", "-", "-T"])
+        .arg(&list)
+        .output()
+        .unwrap();
+    assert!(tar.status.success(), "tar: {tar:?}");
+    host.run_with_input(
+        &format!("tar -C {dir} -xf - && rm -f {dir}/.index && sync"),
+        &tar.stdout,
+    )
+    .unwrap();
+    want
 }

@@ -8,7 +8,9 @@
 //! takes that lock first and reads the entry again under it, so a just-finished outcome is
 //! never rewritten as aborted; run files left by killed operations are removed by pruning.
 //!
-//! Entries are pruned once their envelope has expired by the host's clock. So that a clock
+//! Entries are pruned once their envelope has expired by the host's clock, oldest first, found
+//! through the prune index (`journal/index.rs`): pruning at the limit reads neither the
+//! directory nor the entries, so its cost does not grow with the journal. So that a clock
 //! that ran ahead cannot reopen a replay window, pruning first raises a persisted watermark,
 //! the latest expiry of any entry it removed (`.pruned.json`), and an envelope whose id the
 //! journal does not know and that expires at or before the watermark is refused
@@ -50,6 +52,53 @@ use serde::{Deserialize, Serialize};
 
 use crate::fsutil::{self, FsError};
 use crate::markers::{self, MarkerError, SCHEMA};
+
+mod index;
+
+/// Per-thread counts of what the journal reads, for the tests that bound the cost of one
+/// operation on a journal at its limit (as [`fsutil::counters`] counts writes).
+pub mod counters {
+    use std::cell::Cell;
+
+    /// Journal reads on this thread since the last [`reset`].
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct ReadCounts {
+        /// Entry files read.
+        pub entry_reads: u64,
+        /// Listings of the journal directory.
+        pub listings: u64,
+    }
+
+    thread_local! {
+        static COUNTS: Cell<ReadCounts> = const { Cell::new(ReadCounts { entry_reads: 0, listings: 0 }) };
+    }
+
+    /// The counts so far on this thread.
+    pub fn get() -> ReadCounts {
+        COUNTS.with(Cell::get)
+    }
+
+    /// Starts counting from zero on this thread.
+    pub fn reset() {
+        COUNTS.with(|c| c.set(ReadCounts::default()));
+    }
+
+    pub(super) fn entry_read() {
+        COUNTS.with(|c| {
+            let mut v = c.get();
+            v.entry_reads += 1;
+            c.set(v);
+        });
+    }
+
+    pub(super) fn listing() {
+        COUNTS.with(|c| {
+            let mut v = c.get();
+            v.listings += 1;
+            c.set(v);
+        });
+    }
+}
 
 /// One journal entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -98,11 +147,9 @@ const UNSYNCED_LOCK: &str = ".unsynced.lock";
 pub const UNSYNCED_HEADROOM: u64 = 10;
 /// The bounds of the records an earlier boot may have lost in a crash; never an entry's name.
 const CRASHED_FILE: &str = ".crashed.json";
-/// A cheap (unsynced) record also prunes only every this many records: pruning lists the
-/// whole directory.
+/// A cheap (unsynced) record also prunes only every this many records: pruning takes the
+/// index lock and reads a chunk of the index.
 const CHEAP_PRUNE_EVERY: u32 = 32;
-/// Seconds after which a prune that kept a running entry looks at the entries again.
-const RUNNING_RECHECK: u64 = 60;
 
 /// `.unsynced.json`: records written without fsync in boot `boot_id` have envelopes expiring
 /// at or before `expires_at_bound` and issued at or before `issued_at_bound`. A file without
@@ -203,10 +250,6 @@ pub struct Journal {
     crashed: Option<Crashed>,
     /// Cheap records since the last prune.
     cheap_since_prune: Arc<AtomicU32>,
-    /// The host-clock second before which pruning cannot remove anything, as the last prune
-    /// that stayed over the limit found (0: none). Over the limit with nothing expired,
-    /// every prune would otherwise read every entry again.
-    prune_not_before: Arc<AtomicU64>,
 }
 
 /// Progress recording for one running operation; holds its run lock.
@@ -255,10 +298,12 @@ impl Journal {
             unsynced_issued: Arc::default(),
             crashed: None,
             cheap_since_prune: Arc::default(),
-            prune_not_before: Arc::default(),
         };
         journal.settle_unsynced()?;
         journal.crashed = journal.read_crashed()?;
+        // The prune index, rebuilt here if it is missing or of another boot, so that no
+        // operation pays for that.
+        drop(journal.index()?);
         Ok(journal)
     }
 
@@ -601,8 +646,9 @@ impl Journal {
         };
         let path = self.entry_path(id);
         if durable
-            && let Err(e) =
+            && let Err(e) = self.index_entry(id, expires_at).and_then(|()| {
                 fsutil::write_atomic(&path, &markers::to_bytes(&entry), 0o600, |_| Ok(()))
+            })
         {
             self.release_run(id, run_lock);
             return Err(e);
@@ -625,6 +671,7 @@ impl Journal {
     }
 
     fn read(&self, id: &OperationId) -> Result<Option<Entry>, FsError> {
+        counters::entry_read();
         markers::read_optional::<Entry>(&self.entry_path(id), "journal entry").map_err(entry_err)
     }
 
@@ -756,77 +803,148 @@ impl Journal {
         Ok(removed)
     }
 
-    /// Drops the oldest entries beyond the limit, but never one whose envelope could still be
-    /// replayed (not yet expired by the host's clock) and never a running one; before it
-    /// removes any, it raises the watermark to the latest expiry among them (durably). Also
-    /// removes run files of killed operations. Returns how many entries it removed.
-    ///
-    /// A prune that stays over the limit because the rest has not expired remembers when the
-    /// first of them will (a running one is looked at again within [`RUNNING_RECHECK`]), and
-    /// until then later prunes of this process read no entry: pruning late is always safe.
-    pub fn prune(&self, now: u64) -> Result<usize, FsError> {
-        self.cheap_since_prune.store(0, Ordering::SeqCst);
-        // Counted first, listed only when entries are to be read: the directory can hold
-        // many thousands.
+    /// The prune index, locked; rebuilt first (reading every entry once, and settling the
+    /// run files of killed operations) when it is missing or of another boot.
+    fn index(&self) -> Result<index::Locked, FsError> {
+        let mut scan = || -> Result<Vec<(u64, u64, OperationId)>, FsError> {
+            counters::listing();
+            let names = fsutil::list_dir(&self.dir)?;
+            let run_files: Vec<String> = names
+                .iter()
+                .filter(|n| n.ends_with(".run"))
+                .cloned()
+                .collect();
+            if self.prune_run_files(&run_files)? > 0 {
+                fsutil::sync_dir(&self.dir)?;
+            }
+            let mut out = Vec::new();
+            for name in names.iter().filter(|n| is_entry_name(n)) {
+                let Some(id) = name
+                    .strip_suffix(".json")
+                    .and_then(|s| OperationId::new(s).ok())
+                else {
+                    continue;
+                };
+                counters::entry_read();
+                // An unreadable entry is not ours to judge; it stays and is reported by status.
+                if let Ok(e) = markers::read::<Entry>(&self.dir.join(name), "journal entry") {
+                    out.push((e.started_at, e.expires_at, id));
+                }
+            }
+            Ok(out)
+        };
+        index::Locked::open(&self.dir, self.boot_id.as_deref(), &mut scan)
+    }
+
+    /// Adds the index line of an entry about to be written for the first time.
+    fn index_entry(&self, id: &OperationId, expires_at: u64) -> Result<(), FsError> {
+        self.index()?.append(id, expires_at)
+    }
+
+    /// Removes the run files of operations nobody runs any more (their process was killed),
+    /// settling their entries first. Lists the directory: the session runs it when it ends,
+    /// not inside an operation. Returns how many it removed.
+    pub fn sweep_run_files(&self) -> Result<usize, FsError> {
+        counters::listing();
         let mut run_files = Vec::new();
-        let mut count = 0usize;
         fsutil::for_each_name(&self.dir, |name| {
             if name.ends_with(".run") {
                 run_files.push(name.to_owned());
-            } else if is_entry_name(name) {
-                count += 1;
             }
         })?;
-        if self.prune_run_files(&run_files)? > 0 {
+        let removed = self.prune_run_files(&run_files)?;
+        if removed > 0 {
             fsutil::sync_dir(&self.dir)?;
         }
-        if count <= self.max_entries || now < self.prune_not_before.load(Ordering::SeqCst) {
-            return Ok(0);
-        }
-        let names = fsutil::list_dir(&self.dir)?;
-        let json: Vec<&String> = names.iter().filter(|n| is_entry_name(n)).collect();
-        let Some(excess) = json.len().checked_sub(self.max_entries).filter(|e| *e > 0) else {
+        Ok(removed)
+    }
+
+    /// Drops the oldest entries beyond the limit, but never one whose envelope could still be
+    /// replayed (not yet expired by the host's clock) and never a running one; before it
+    /// removes any, it raises the watermark to the latest expiry among them (durably). An
+    /// entry whose operation was killed is settled first, and its run file removed. Returns
+    /// how many entries it removed.
+    ///
+    /// It looks at no more than [`index::SCAN_LIMIT`] index lines from the oldest, and reads
+    /// no entry except one left running by a killed operation: one prune's cost is bounded
+    /// whatever the journal's size. Lines that must stay (not expired yet, or running) are
+    /// looked at again by the next prune; while the oldest lines all stay the journal stays
+    /// over its limit, which is always safe.
+    pub fn prune(&self, now: u64) -> Result<usize, FsError> {
+        self.cheap_since_prune.store(0, Ordering::SeqCst);
+        let mut index = self.index()?;
+        let max = u64::try_from(self.max_entries).unwrap_or(u64::MAX);
+        let Some(excess) = index.live().checked_sub(max).filter(|e| *e > 0) else {
             return Ok(0);
         };
-        let mut entries: Vec<(u64, u64, PathBuf)> = Vec::new();
-        // When the first entry kept now could go.
-        let mut next = u64::MAX;
-        for name in json {
-            let path = self.dir.join(name);
-            match markers::read::<Entry>(&path, "journal entry") {
-                Ok(e) if matches!(e.state, EntryState::Running { .. }) => {
-                    next = next.min(now.saturating_add(RUNNING_RECHECK));
+        let lines = index.lines()?;
+        let mut candidates: Vec<usize> = Vec::new();
+        for (at, line) in lines.iter().enumerate() {
+            if u64::try_from(candidates.len()).unwrap_or(u64::MAX) >= excess {
+                break;
+            }
+            let Some(id) = line.id.as_ref().filter(|_| !line.dead) else {
+                continue;
+            };
+            if line.expires_at >= now {
+                continue;
+            }
+            match self.lock_run(id, false)? {
+                RunLock::Busy => continue,
+                RunLock::Missing => candidates.push(at),
+                RunLock::Held(lock) => {
+                    // Its process was killed: settled first, as a reader would.
+                    if let Ok(Some(entry)) = self.read(id)
+                        && let Err(e) = self.settle(entry)
+                    {
+                        drop(lock);
+                        return Err(e);
+                    }
+                    self.release_run(id, lock);
+                    candidates.push(at);
                 }
-                Ok(e) if e.expires_at < now => entries.push((e.started_at, e.expires_at, path)),
-                Ok(e) => next = next.min(e.expires_at.saturating_add(1)),
-                // An unreadable entry is not ours to judge; it stays and is reported by status.
-                Err(_) => {}
             }
         }
-        entries.sort();
-        let still_over = entries.len() < excess;
-        self.prune_not_before.store(
-            if still_over && next != u64::MAX {
-                next
-            } else {
-                0
-            },
-            Ordering::SeqCst,
-        );
-        entries.truncate(excess);
-        let Some(latest) = entries.iter().map(|(_, expires, _)| *expires).max() else {
-            return Ok(0);
+        let mut consumed = vec![false; lines.len()];
+        for line in lines.iter().enumerate().filter(|(_, l)| l.dead) {
+            consumed[line.0] = true;
+        }
+        let mut removed = 0usize;
+        let mut gone = 0u64;
+        if let Some(latest) = candidates.iter().map(|at| lines[*at].expires_at).max() {
+            if latest > self.watermark()? {
+                self.write_watermark(latest)?;
+            }
+            for at in &candidates {
+                let Some(id) = &lines[*at].id else { continue };
+                match std::fs::remove_file(self.entry_path(id)) {
+                    Ok(()) => removed += 1,
+                    // Never written (a failed write), or removed by a prune killed before it
+                    // moved past the line.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(operation_id = %id, "cannot prune the journal entry: {e}");
+                        continue;
+                    }
+                }
+                consumed[*at] = true;
+                gone += 1;
+            }
+        }
+        let prefix = consumed.iter().take_while(|c| **c).count();
+        let head = match prefix.checked_sub(1) {
+            Some(last) => lines[last].end,
+            None => lines.first().map_or(0, |l| l.offset),
         };
-        if latest > self.watermark()? {
-            self.write_watermark(latest)?;
-        }
-        let mut removed = 0;
-        for (_, _, path) in entries {
-            if std::fs::remove_file(&path).is_ok() {
-                removed += 1;
+        for at in &candidates {
+            if *at >= prefix && consumed[*at] {
+                index.mark_dead(&lines[*at])?;
             }
         }
-        fsutil::sync_dir(&self.dir)?;
+        if removed > 0 {
+            fsutil::sync_dir(&self.dir)?;
+        }
+        index.advance(head, gone)?;
         Ok(removed)
     }
 }
@@ -908,6 +1026,8 @@ impl RunHandle {
         if self.committed {
             return Ok(());
         }
+        self.journal
+            .index_entry(&self.entry.operation_id, self.entry.expires_at)?;
         fsutil::write_atomic(&self.path, &markers::to_bytes(&self.entry), 0o600, |_| {
             Ok(())
         })?;
@@ -933,6 +1053,15 @@ impl RunHandle {
             },
         };
         let bytes = markers::to_bytes(&self.entry);
+        if !self.committed
+            && let Err(e) = self
+                .journal
+                .index_entry(&self.entry.operation_id, self.entry.expires_at)
+        {
+            // The record matters more than its line: unindexed, the entry is pruned only
+            // after the next rebuild of the index.
+            tracing::warn!(operation_id = %self.entry.operation_id, "cannot index the journal entry: {e}");
+        }
         let cheap = !self.committed
             && match self
                 .journal
@@ -960,6 +1089,7 @@ impl RunHandle {
 
 #[cfg(test)]
 mod tests {
+    use super::counters as journal_counters;
     use super::*;
     use crate::fsutil::counters;
     use clawfleet_protocol::result::DeleteAgentResult;
@@ -1097,8 +1227,8 @@ mod tests {
         assert_eq!(j.status(&id("op0")).unwrap(), OperationState::Unknown);
     }
 
-    /// Over the limit with nothing expired, a prune remembers when the first entry expires
-    /// and later prunes read nothing until then; from then on they prune as before.
+    /// Over the limit with nothing expired, a prune removes nothing and reads no entry; once
+    /// entries expire it removes the oldest of them.
     #[test]
     fn a_prune_with_nothing_expired_waits_for_the_first_expiry() {
         let dir = tempfile::tempdir().unwrap();
@@ -1109,13 +1239,15 @@ mod tests {
         for i in 0..20u64 {
             record(&format!("op{i}"), 500 + i, 100);
         }
+        journal_counters::reset();
         assert_eq!(j.prune(100).unwrap(), 0);
-        // An entry that has already expired: not looked at before op0's expiry (500).
+        assert_eq!(journal_counters::get(), Default::default());
+        // An entry that has already expired goes, though newer than the ones that stay.
         record("short", 50, 150);
-        assert_eq!(j.prune(200).unwrap(), 0);
+        assert_eq!(j.prune(200).unwrap(), 1);
         assert_eq!(j.prune(500).unwrap(), 0);
-        // 21 entries over a limit of 16, and by 503 four have expired: op0..op2 and "short".
-        assert_eq!(j.prune(503).unwrap(), 4);
+        // 20 entries over a limit of 16, and by 503 three have expired: op0..op2.
+        assert_eq!(j.prune(503).unwrap(), 3);
         for op in ["op0", "op2", "short"] {
             assert_eq!(j.status(&id(op)).unwrap(), OperationState::Unknown);
         }
@@ -1233,7 +1365,7 @@ mod tests {
         // A run file with no entry at all (killed between the two).
         std::fs::write(dir.path().join("orphan.run"), b"").unwrap();
         let live = begin_run(&j, "live", 10, 1);
-        j.prune(5).unwrap();
+        assert_eq!(j.sweep_run_files().unwrap(), 2);
         assert!(!dir.path().join("killed.run").exists());
         assert!(!dir.path().join("orphan.run").exists());
         assert!(dir.path().join("live.run").exists());
@@ -1515,5 +1647,143 @@ mod tests {
             deferred_at(&j, "late", 4_000, 5_000),
             Begin::Unverifiable { .. }
         ));
+    }
+
+    /// Issue 34: at its limit, every changing operation re-read the whole journal. One
+    /// operation (begin, finish, prune) on a journal at its limit, every envelope expired,
+    /// reads at most its own entry and lists nothing, and still removes the oldest entry.
+    #[test]
+    fn one_operation_on_a_journal_at_its_limit_reads_a_bounded_number_of_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let max = 3_000usize;
+        // A journal an earlier hostd left at its limit (no index yet).
+        for i in 0..max {
+            let entry = Entry {
+                schema: SCHEMA,
+                operation_id: id(&format!("old-{i}")),
+                kind: OperationKind::DeleteAgent,
+                body_sha256: hash('a'),
+                expires_at: 100 + i as u64,
+                started_at: i as u64,
+                state: EntryState::Succeeded {
+                    result: Box::new(OperationResult::DeleteAgent(DeleteAgentResult {
+                        removed: true,
+                    })),
+                },
+            };
+            std::fs::write(
+                dir.path().join(format!("old-{i}.json")),
+                markers::to_bytes(&entry),
+            )
+            .unwrap();
+        }
+        // Opening it builds the index, reading every entry once.
+        journal_counters::reset();
+        let j = Journal::open_in_boot(dir.path(), max, Some("boot-a".into())).unwrap();
+        let built = journal_counters::get();
+        assert_eq!((built.listings, built.entry_reads), (1, max as u64));
+        let now = 1_000_000;
+        for n in 0..50 {
+            journal_counters::reset();
+            begin_run(&j, &format!("new-{n}"), now + 600, now)
+                .finish(&ok(), None)
+                .unwrap();
+            let removed = j.prune(now).unwrap();
+            let reads = journal_counters::get();
+            assert_eq!(removed, 1, "operation {n}");
+            assert!(
+                reads.entry_reads <= 2 && reads.listings == 0,
+                "operation {n} on a journal of {max} entries: {reads:?}"
+            );
+            assert!(!dir.path().join(format!("old-{n}.json")).exists());
+            assert!(dir.path().join(format!("old-{}.json", n + 1)).exists());
+        }
+        assert_eq!(j.watermark().unwrap(), 100 + 49);
+        assert_eq!(
+            j.status(&id("new-0")).unwrap(),
+            OperationState::Succeeded {
+                kind: OperationKind::DeleteAgent,
+                result: Box::new(OperationResult::DeleteAgent(DeleteAgentResult {
+                    removed: true
+                }))
+            }
+        );
+        let entries = fsutil::list_dir(dir.path())
+            .unwrap()
+            .into_iter()
+            .filter(|n| is_entry_name(n))
+            .count();
+        assert_eq!(entries, max);
+        // A new boot rebuilds the index once (a crash may have lost lines of it), a reopen in
+        // the same boot does not.
+        journal_counters::reset();
+        drop(Journal::open_in_boot(dir.path(), max, Some("boot-b".into())).unwrap());
+        assert_eq!(journal_counters::get().listings, 1);
+        journal_counters::reset();
+        let j = Journal::open_in_boot(dir.path(), max, Some("boot-b".into())).unwrap();
+        assert_eq!(journal_counters::get(), Default::default());
+        begin_run(&j, "after-reboot", now + 600, now)
+            .finish(&ok(), None)
+            .unwrap();
+        assert_eq!(j.prune(now).unwrap(), 1);
+        begin_run(&j, "after-reboot-2", now + 600, now)
+            .finish(&ok(), None)
+            .unwrap();
+        assert_eq!(j.prune(now).unwrap(), 1);
+        assert_eq!(journal_counters::get().listings, 0);
+    }
+
+    /// An entry that must stay (not expired, or running) does not hold the others back: the
+    /// expired ones behind it go, and it goes once it can.
+    #[test]
+    fn pruning_passes_entries_that_must_stay_and_comes_back_to_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open_in_boot(dir.path(), 4, Some("boot-a".into())).unwrap();
+        begin_run(&j, "long", 5_000, 1).finish(&ok(), None).unwrap();
+        let running = begin_run(&j, "running", 50, 1);
+        for i in 0..10 {
+            begin_run(&j, &format!("short-{i}"), 100, 2)
+                .finish(&ok(), None)
+                .unwrap();
+        }
+        // 12 entries over a limit of 4: the 8 oldest expired ones go, long and running stay.
+        assert_eq!(j.prune(1_000).unwrap(), 8);
+        for i in 0..8 {
+            assert_eq!(
+                j.status(&id(&format!("short-{i}"))).unwrap(),
+                OperationState::Unknown
+            );
+        }
+        assert!(matches!(
+            j.status(&id("long")).unwrap(),
+            OperationState::Succeeded { .. }
+        ));
+        assert!(matches!(
+            j.status(&id("running")).unwrap(),
+            OperationState::Running { .. }
+        ));
+        assert_eq!(j.prune(1_000).unwrap(), 0);
+        running.finish(&ok(), None).unwrap();
+        begin_run(&j, "next", 6_000, 3).finish(&ok(), None).unwrap();
+        // 5 entries: the oldest that can go is "running" (finished now).
+        assert_eq!(j.prune(1_000).unwrap(), 1);
+        assert_eq!(j.status(&id("running")).unwrap(), OperationState::Unknown);
+        begin_run(&j, "next-2", 6_000, 4)
+            .finish(&ok(), None)
+            .unwrap();
+        assert_eq!(j.prune(5_001).unwrap(), 1);
+        assert_eq!(j.status(&id("long")).unwrap(), OperationState::Unknown);
+        // A killed operation's entry is settled and pruned like any other.
+        let mut killed = begin_run(&j, "killed", 5_100, 5);
+        killed.step(Step::Account).unwrap();
+        drop(killed);
+        for i in 0..4 {
+            begin_run(&j, &format!("fresh-{i}"), 9_000, 6)
+                .finish(&ok(), None)
+                .unwrap();
+        }
+        assert_eq!(j.prune(5_200).unwrap(), 3);
+        assert_eq!(j.status(&id("killed")).unwrap(), OperationState::Unknown);
+        assert!(!dir.path().join("killed.run").exists());
     }
 }

@@ -307,15 +307,6 @@ impl<'a> Responder<'a> {
             Ok(result) => Outcome::Succeeded { result },
             Err(failure) => Outcome::Failed { failure },
         };
-        match outcome.failure() {
-            None => {
-                let elapsed = started.elapsed();
-                tracing::info!(operation_id = %id, op = kind.as_str(), elapsed_ms = elapsed.as_millis() as u64, elapsed_us = elapsed.as_micros() as u64, steps = %timeline.borrow(), "operation succeeded")
-            }
-            Some(f) => {
-                tracing::warn!(operation_id = %id, op = kind.as_str(), code = f.code.as_str(), "operation failed: {}", f.message)
-            }
-        }
         if let Some(h) = handle.into_inner() {
             let after = outcome.failure().and(last_step);
             let committed = h.is_committed();
@@ -326,6 +317,17 @@ impl<'a> Responder<'a> {
                 && let Err(e) = self.journal.prune(now)
             {
                 tracing::warn!(operation_id = %id, "cannot prune the journal: {e}");
+            }
+        }
+        // Logged after the record and the prune, so that the time is everything the
+        // operation cost before its answer.
+        match outcome.failure() {
+            None => {
+                let elapsed = started.elapsed();
+                tracing::info!(operation_id = %id, op = kind.as_str(), elapsed_ms = elapsed.as_millis() as u64, elapsed_us = elapsed.as_micros() as u64, steps = %timeline.borrow(), "operation succeeded")
+            }
+            Some(f) => {
+                tracing::warn!(operation_id = %id, op = kind.as_str(), code = f.code.as_str(), "operation failed: {}", f.message)
             }
         }
         ResultMessage {
@@ -408,6 +410,21 @@ pub fn serve<R: Read + Send + 'static, W: Write>(
 /// coordinator keeps them open), and an operator who edits hostd.toml expects the next
 /// operation to use it. The coordinator replaces an ended session transparently.
 pub fn serve_while<R: Read + Send + 'static, W: Write>(
+    responder: &Responder<'_>,
+    input: R,
+    output: W,
+    closed: Arc<AtomicBool>,
+    stale: &dyn Fn() -> bool,
+) -> Result<(), SessionError> {
+    let served = serve_until_done(responder, input, output, closed, stale);
+    // Run files of killed operations: a listing of the journal, done when nobody waits.
+    if let Err(e) = responder.journal.sweep_run_files() {
+        tracing::warn!("cannot sweep the journal's run files: {e}");
+    }
+    served
+}
+
+fn serve_until_done<R: Read + Send + 'static, W: Write>(
     responder: &Responder<'_>,
     input: R,
     output: W,

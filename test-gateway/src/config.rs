@@ -34,6 +34,10 @@ pub struct Switches {
     pub log_lines: Vec<String>,
     /// This many bytes of numbered filler lines written to stderr at start (log volume tests).
     pub log_bytes: u64,
+    /// Lines written to stderr after the secrets resolve, at start and after every successful
+    /// `secrets.reload`; `${SECRET:<source>:<provider>:<id>}` becomes the value the gateway now
+    /// holds for that ref (for the redaction tests: a gateway that prints its secrets).
+    pub secret_log_lines: Vec<String>,
 }
 
 /// `x-clawfleet-test.probe`: what a compromised gateway would try, run once at start.
@@ -57,6 +61,10 @@ pub struct Settings {
     pub state_dir: Option<String>,
     pub home: Option<String>,
     pub switches: Switches,
+    /// `secrets.providers` and the file SecretRefs in the configuration.
+    pub secrets: crate::secrets::Spec,
+    /// `gateway.auth.mode` is `"none"`: the WebSocket `connect` needs no password.
+    pub auth_none: bool,
 }
 
 /// A configuration error: the gateway exits with status 78 and prints this sentence.
@@ -125,7 +133,13 @@ pub fn parse_config(bytes: &[u8], password_set: bool) -> Result<Switches, Config
         let Some(mode) = mode.as_str() else {
             return Err(err("gateway.auth.mode is not a string"));
         };
-        if mode == "password" && !password_set {
+        // A SecretRef in gateway.auth.password is resolved with the other secrets.
+        let password_ref = root
+            .get("gateway")
+            .and_then(|g| g.get("auth"))
+            .and_then(|a| a.get("password"))
+            .is_some_and(Value::is_object);
+        if mode == "password" && !password_set && !password_ref {
             return Err(err(
                 "gateway auth is set to password, but OPENCLAW_GATEWAY_PASSWORD is not set",
             ));
@@ -165,6 +179,12 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
                     .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_owned)).collect())
                     .ok_or_else(|| bad("an array of strings"))?
             }
+            "secretLogLines" => {
+                s.secret_log_lines = value
+                    .as_array()
+                    .and_then(|a| a.iter().map(|v| v.as_str().map(str::to_owned)).collect())
+                    .ok_or_else(|| bad("an array of strings"))?
+            }
             "logBytes" => {
                 s.log_bytes = value
                     .as_u64()
@@ -173,7 +193,8 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
             other => {
                 return Err(err(format!(
                     "unknown switch {SWITCHES_KEY}.{other} (known: readyAfterMs, neverReady, \
-                     crashAtStart, crashAfterMs, label, probe, logLines, logBytes)"
+                     crashAtStart, crashAfterMs, label, probe, logLines, logBytes, \
+                     secretLogLines)"
                 )));
             }
         }
@@ -246,15 +267,40 @@ pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigErro
     })?;
     let password = env("OPENCLAW_GATEWAY_PASSWORD").filter(|p| !p.is_empty());
     let switches = parse_config(&bytes, password.is_some())?;
+    let home = env("HOME");
+    let (secrets, auth_none) = parse_secrets(&bytes, home.as_deref())?;
     Ok(Settings {
         port,
         config_path,
         config_sha256: sha256_hex(&bytes),
         password_sha256: password.map(|p| sha256_hex(p.as_bytes())),
         state_dir: env("OPENCLAW_STATE_DIR"),
-        home: env("HOME"),
+        home,
         switches,
+        secrets,
+        auth_none,
     })
+}
+
+/// The secrets part of the configuration (after [`parse_config`] accepted the bytes) and whether
+/// `gateway.auth.mode` is `"none"`.
+pub fn parse_secrets(
+    bytes: &[u8],
+    home: Option<&str>,
+) -> Result<(crate::secrets::Spec, bool), ConfigError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| err(format!("the configuration is not valid JSON: {e}")))?;
+    let Value::Object(root) = value else {
+        return Err(err("the configuration is not a JSON object"));
+    };
+    let auth_none = root
+        .get("gateway")
+        .and_then(|g| g.get("auth"))
+        .and_then(|a| a.get("mode"))
+        .and_then(Value::as_str)
+        == Some("none");
+    let spec = crate::secrets::parse_spec(&root, home).map_err(err)?;
+    Ok((spec, auth_none))
 }
 
 #[cfg(test)]
@@ -300,7 +346,7 @@ mod tests {
     fn switches_are_parsed() {
         let cfg = br#"{"x-clawfleet-test":{"readyAfterMs":250,"neverReady":true,
             "crashAtStart":false,"crashAfterMs":900,"label":"rev-7","logLines":["a","b"],
-            "logBytes":10}}"#;
+            "logBytes":10,"secretLogLines":["s ${SECRET:file:p:value}"]}}"#;
         let s = parse_config(cfg, false).unwrap();
         assert_eq!(
             s,
@@ -313,6 +359,7 @@ mod tests {
                 probe: Probe::default(),
                 log_lines: vec!["a".into(), "b".into()],
                 log_bytes: 10,
+                secret_log_lines: vec!["s ${SECRET:file:p:value}".into()],
             }
         );
     }

@@ -7,10 +7,17 @@
 //!   with status 78, like the real gateway, so systemd's `RestartPreventExitStatus=78` applies.
 //! - Listens on `127.0.0.1:<port>` only and serves `GET /readyz`, `GET /healthz`, `GET /info`.
 //! - Behaviour switches come from the reserved top-level key `x-clawfleet-test`.
+//! - File SecretRefs are resolved at start like OpenClaw's file provider (a ref that cannot be
+//!   resolved stops the start with status 1), `secrets.reload` swaps them over the WebSocket RPC
+//!   on the same port, and `GET /secrets` reports their fingerprints (never the values).
 //!
-//! std only (plus serde_json and sha2): one thread per connection, no async runtime.
+//! std only (plus serde_json, sha1/sha2, base64ct and nix): one thread per connection, no async
+//! runtime.
 
 mod config;
+mod rpc;
+mod secrets;
+mod ws;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
@@ -38,6 +45,9 @@ struct State {
     probe: serde_json::Value,
     /// The workspace as it was when the gateway started.
     workspace: serde_json::Value,
+    secrets: secrets::Runtime,
+    env_password: Option<String>,
+    connections: rpc::Connections,
 }
 
 fn main() -> ExitCode {
@@ -55,6 +65,18 @@ fn main() -> ExitCode {
         eprintln!("clawfleet-test-gateway: crashAtStart is set, exiting 1");
         return ExitCode::from(EXIT_CRASH);
     }
+    // Eagerly, before listening: a ref that cannot be resolved stops the start (status 1, so
+    // systemd restarts it, as the real gateway does for unavailable required secrets).
+    let euid = nix::unistd::geteuid().as_raw();
+    let secrets =
+        match secrets::Runtime::start(settings.secrets.clone(), euid, secrets::process_env) {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("clawfleet-test-gateway: Startup failed: {e}");
+                return ExitCode::from(EXIT_CRASH);
+            }
+        };
+    write_secret_log_lines(&secrets, &settings.switches.secret_log_lines);
     let listener = match TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, settings.port)) {
         Ok(l) => l,
         Err(e) => {
@@ -74,6 +96,11 @@ fn main() -> ExitCode {
         .unwrap_or(serde_json::Value::Null);
     let state = Arc::new(State {
         workspace,
+        secrets,
+        connections: rpc::Connections::default(),
+        env_password: std::env::var("OPENCLAW_GATEWAY_PASSWORD")
+            .ok()
+            .filter(|p| !p.is_empty()),
         ready: AtomicBool::new(false),
         started: Instant::now(),
         started_unix_ms: SystemTime::now()
@@ -134,6 +161,16 @@ fn write_logs(sw: &config::Switches) {
             let _ = err.flush();
         });
     }
+}
+
+/// The `secretLogLines` switch: lines with the held secret values, on stderr (the journal).
+fn write_secret_log_lines(secrets: &secrets::Runtime, lines: &[String]) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    for line in lines {
+        let _ = writeln!(err, "{}", secrets.expand(line));
+    }
+    let _ = err.flush();
 }
 
 /// Runs the isolation probes once, before serving, as the gateway's own user in its unit.
@@ -212,22 +249,40 @@ fn handle(stream: TcpStream, state: &State) {
     if reader.read_line(&mut request_line).is_err() {
         return;
     }
-    // Drain the header block (bounded) so the client sees a clean close.
+    // Read the header block (bounded); names are lower-cased.
+    let mut headers: Vec<(String, String)> = Vec::new();
     let mut header = String::new();
     for _ in 0..100 {
         header.clear();
         match reader.read_line(&mut header) {
             Ok(0) | Err(_) => break,
             Ok(_) if header == "\r\n" || header == "\n" => break,
-            Ok(_) => {}
+            Ok(_) => {
+                if let Some((name, value)) = header.split_once(':') {
+                    headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+                }
+            }
         }
     }
     let mut parts = request_line.split_whitespace();
     let method = parts.next().unwrap_or("");
     let path = parts.next().unwrap_or("");
+    let header_value = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let wants_upgrade =
+        header_value("upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if method == "GET" && wants_upgrade {
+        upgrade(reader, &stream, state, header_value("sec-websocket-key"));
+        return;
+    }
     let (status, body) = route(method, path, state);
     let reason = match status {
         200 => "OK",
+        400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
         _ => "Service Unavailable",
@@ -239,6 +294,45 @@ fn handle(stream: TcpStream, state: &State) {
     );
     let mut stream = stream;
     let _ = stream.write_all(response.as_bytes());
+}
+
+/// The WebSocket upgrade (any path, as the gateway's port serves its RPC on all of them), then
+/// the RPC session on this thread until the client leaves.
+fn upgrade(
+    mut reader: BufReader<&TcpStream>,
+    stream: &TcpStream,
+    state: &State,
+    key: Option<&str>,
+) {
+    let mut out = stream;
+    let Some(key) = key.filter(|k| !k.is_empty()) else {
+        let body = json!({"error": "Sec-WebSocket-Key is missing"}).to_string();
+        let _ = write!(
+            out,
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        return;
+    };
+    let accepted = write!(
+        out,
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Accept: {}\r\n\r\n",
+        ws::accept_key(key)
+    );
+    if accepted.is_err() {
+        return;
+    }
+    let ctx = rpc::Context {
+        secrets: &state.secrets,
+        connections: &state.connections,
+        env_password: state.env_password.as_deref(),
+        auth_none: state.settings.auth_none,
+        label: state.settings.switches.label.as_deref(),
+        secret_log_lines: &state.settings.switches.secret_log_lines,
+    };
+    rpc::serve(&mut reader, stream, &ctx);
 }
 
 fn route(method: &str, path: &str, state: &State) -> (u16, String) {
@@ -254,6 +348,7 @@ fn route(method: &str, path: &str, state: &State) -> (u16, String) {
         ),
         "/healthz" => (200, json!({"ok": true, "status": "live"}).to_string()),
         "/info" => (200, info(state, ready).to_string()),
+        "/secrets" => (200, state.secrets.status_json().to_string()),
         _ => (404, json!({"error": "not found"}).to_string()),
     }
 }
@@ -277,6 +372,7 @@ fn info(state: &State, ready: bool) -> serde_json::Value {
         "ready": ready,
         "probe": state.probe,
         "workspaceAtStart": state.workspace,
+        "secrets": state.secrets.status_json(),
         // What a host's before-workload-start hooks handed over (the tests name them HOOK_*).
         "hookEnv": std::env::vars()
             .filter(|(k, _)| k.starts_with("HOOK_"))

@@ -21,6 +21,7 @@ mod ratelimit;
 mod rollouts;
 pub mod routes;
 mod runtime;
+mod secrets;
 mod system;
 mod tokens;
 

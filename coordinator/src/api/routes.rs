@@ -9,14 +9,15 @@ use axum::routing::MethodFilter;
 
 use super::access::{Access, authorize};
 use super::{
-    AppState, agents, clusters, hosts, namespaces, plans, rollouts, runtime, system, tokens,
+    AppState, agents, clusters, hosts, namespaces, plans, rollouts, runtime, secrets, system,
+    tokens,
 };
 use crate::backend::Backend;
 use crate::model::Role;
 use crate::service::{
     AgentPatch, AuditQuery, ClusterUpdate, ConfigurationUpdate, DeployQuery, DriftQuery,
     HostUpdate, LogsQuery, NewAgent, NewCluster, NewConfiguration, NewHost, NewNamespace,
-    NewRollout,
+    NewRollout, NewSecret,
 };
 use tokens::NewToken;
 
@@ -172,6 +173,17 @@ route_table! {
         => namespaces::get_configuration, "Get a Configuration's latest generation";
     Put "/namespaces/{ns}/configurations/{cfg}", Namespace(Deploy), Json<ConfigurationUpdate>, 200
         => namespaces::put_configuration, "Add a Configuration generation";
+
+    Post "/namespaces/{ns}/secrets", Namespace(Deploy), Json<NewSecret>, 201 => secrets::set_secret,
+        "Write a new version of a secret (its value is never returned, logged or audited; the answer is its version and sha256 fingerprint)";
+    Get "/namespaces/{ns}/secrets", Namespace(Read), Empty, 200 => secrets::list_secrets,
+        "List secrets: names, versions, fingerprints, who wrote them when, and which Agents' revisions use which version (never values)";
+    Get "/namespaces/{ns}/secrets/{name}", Namespace(Read), Empty, 200 => secrets::get_secret,
+        "One secret's versions and users (never its value)";
+    Delete "/namespaces/{ns}/secrets/{name}", Namespace(Deploy), Empty, 204 => secrets::delete_secret,
+        "Delete every version of a secret (409 naming the Agents while their current revisions bind it)";
+    Post "/namespaces/{ns}/secrets/{name}/deploy", Namespace(Deploy), Empty, 202 => secrets::deploy_secret,
+        "Deploy a new revision, bound to the newest version, to every Agent whose current revision binds an older one";
 
     Post "/namespaces/{ns}/agents", Namespace(Deploy), Json<NewAgent>, 201 => agents::create_agent,
         "Create an Agent";

@@ -22,10 +22,22 @@ pub(crate) enum DbCmd {
         #[arg(long)]
         from: Option<PathBuf>,
     },
+    /// Replace the key-encryption key (stop every `occ serve` first): create a new key file
+    /// and reseal every secret, cluster credential and workspace file content with it, in
+    /// one transaction; then move the new file over `encryption_key_file` on every
+    /// coordinator and start them again.
+    Rekey {
+        /// The new key file to create (0600; it must not exist).
+        #[arg(long)]
+        new_key_file: PathBuf,
+    },
 }
 
 pub(crate) async fn run(cli: &Cli, cmd: &DbCmd) -> Result<()> {
-    let DbCmd::Migrate { to, from } = cmd;
+    let (to, from) = match cmd {
+        DbCmd::Migrate { to, from } => (to, from),
+        DbCmd::Rekey { new_key_file } => return rekey(cli, new_key_file).await,
+    };
     let config = load_config(cli)?;
     let source = match (from, &config.database) {
         (Some(p), _) => p.clone(),
@@ -65,4 +77,44 @@ pub(crate) async fn run(cli: &Cli, cmd: &DbCmd) -> Result<()> {
     );
     println!("next: set database = \"{to}\" in occ.toml and start occ serve");
     Ok(())
+}
+
+async fn rekey(cli: &Cli, new_key_file: &std::path::Path) -> Result<()> {
+    use coordinator::store::seal::Sealer;
+    let config = load_config(cli)?;
+    let old = Sealer::load(&config.encryption_key_file)?;
+    if !Sealer::create_file(new_key_file)? {
+        bail!(
+            "--new-key-file {} exists; name a new file",
+            new_key_file.display()
+        );
+    }
+    let outcome = async {
+        let new = Sealer::load(new_key_file)?;
+        coordinator::store::rekey::rekey(&config.database, std::sync::Arc::new(old), &new).await
+    }
+    .await;
+    match outcome {
+        Ok(n) => {
+            println!(
+                "resealed {} secret versions, {} cluster credentials and {} workspace files with {}",
+                n.secrets,
+                n.cluster_credentials,
+                n.workspace_files,
+                new_key_file.display()
+            );
+            println!(
+                "next: move {} over {} on every coordinator, then start them",
+                new_key_file.display(),
+                config.encryption_key_file.display()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            // Nothing was resealed: the new key seals nothing, so it goes.
+            std::fs::remove_file(new_key_file)
+                .with_context(|| format!("remove {}", new_key_file.display()))?;
+            Err(anyhow::Error::new(e).context("nothing was resealed; the key is unchanged"))
+        }
+    }
 }

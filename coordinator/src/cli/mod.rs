@@ -11,6 +11,7 @@ mod namespace;
 mod out;
 mod rollout;
 mod runtime;
+mod secret;
 mod setup;
 mod table;
 mod token;
@@ -87,6 +88,9 @@ enum Command {
     /// Agents.
     #[command(subcommand)]
     Agent(agent::AgentCmd),
+    /// Secrets of a Namespace: write-only values that configurations refer to.
+    #[command(subcommand)]
+    Secret(secret::SecretCmd),
     /// Rollouts: one Configuration to many Agents, canary first, then waves.
     #[command(subcommand)]
     Rollout(rollout::RolloutCmd),
@@ -173,6 +177,7 @@ fn run_client(cli: &Cli) -> Result<()> {
         Command::Host(cmd) => host::run(cli, &c, cmd),
         Command::Cluster(cmd) => cluster::run(cli, &c, cmd),
         Command::Token(cmd) => token::run(cli, &c, cmd),
+        Command::Secret(cmd) => secret::run(cli, &c, cmd),
         Command::Drift { now, state } => {
             let rows = if *now {
                 let all = c.request("POST", "/drift/sweep", None)?;

@@ -13,6 +13,7 @@ mod probe;
 mod reads;
 mod rollouts;
 mod runtime;
+mod secrets;
 mod tokens;
 mod workspace;
 
@@ -21,6 +22,7 @@ pub use probe::ProbeError;
 pub use reads::{AuditQuery, DriftQuery, Metrics};
 pub use rollouts::{MAX_ROLLOUT_AGENTS, NewRollout, RolloutAction, run as run_rollouts};
 pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
+pub use secrets::{NewSecret, SecretDeploy, SecretInfo, SecretUse, secret_redaction_terms};
 pub use tokens::TokenChangeError;
 pub use workspace::NewWorkspaceFile;
 
@@ -666,6 +668,7 @@ impl Service {
         check_id("id", id)?;
         // Refuse what can never be deployed now, not at deploy time.
         rendered_for(&namespace, &document)?;
+        self.check_secret_references(ns, &document).await?;
         let canonical = clawfleet_protocol::Configuration::new(document.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         let generation = self
@@ -824,7 +827,9 @@ impl Service {
             .configuration(&agent.namespace_id, &agent.configuration_id)
             .await?
             .ok_or_else(|| ServiceError::not_found("configuration", &agent.configuration_id))?;
-        let mut rev = self.build_revision(&self.namespace(ns).await?, &agent.id, &cfg)?;
+        let mut rev = self
+            .build_revision(&self.namespace(ns).await?, &agent.id, &cfg)
+            .await?;
         // The store allocates the number and id inside its transaction.
         // The revision, its work and the audit event in one transaction.
         let work = match self
@@ -839,14 +844,15 @@ impl Service {
     }
 
     /// A new revision of an Agent from one Configuration generation (number and id are
-    /// allocated by the store).
-    fn build_revision(
+    /// allocated by the store), bound to the newest version of every secret it refers to.
+    async fn build_revision(
         &self,
         ns: &Namespace,
         agent: &Ident,
         cfg: &crate::model::Configuration,
     ) -> Result<Revision> {
-        let rendered = rendered_for(ns, &cfg.document)?;
+        let mut rendered = rendered_for(ns, &cfg.document)?;
+        let secrets = self.bind_secrets(&ns.id, &mut rendered).await?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;
         let configuration_hash = canonical.hash();
@@ -864,7 +870,7 @@ impl Service {
             runtime_failure: None,
             created_at: now(),
             rendered,
-            secrets: Vec::new(),
+            secrets,
         })
     }
 

@@ -193,7 +193,7 @@ impl Service {
         cfg: &Configuration,
     ) -> Result<Value, RuntimeError> {
         let ns = &namespace.id;
-        let mut rev = self.build_revision(namespace, &agent.id, cfg)?;
+        let mut rev = self.build_revision(namespace, &agent.id, cfg).await?;
         let revisions = self
             .store
             .revisions(ns, &agent.id)

@@ -147,6 +147,8 @@ impl Service {
             })?;
         // Refuse what can never be deployed now, not Agent by Agent.
         super::rendered_for(&namespace, &cfg.document)?;
+        self.check_secret_references(&namespace.id, &cfg.document)
+            .await?;
         let agents = match &r.agents {
             Some(list) => {
                 if list.len() > MAX_ROLLOUT_AGENTS {
@@ -781,7 +783,7 @@ impl Service {
             )
             .await;
         };
-        let mut rev = match self.build_revision(&ns, agent, &cfg) {
+        let mut rev = match self.build_revision(&ns, agent, &cfg).await {
             Ok(rev) => rev,
             Err(ServiceError::Invalid { code, message }) => {
                 return skip(RolloutAgentState::Failed, code, message).await;

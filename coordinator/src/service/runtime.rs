@@ -240,8 +240,12 @@ impl Service {
         }
         match outcome? {
             OperationResult::AgentLogs(mut page) => {
-                // Once more here: whatever the target missed does not reach the caller.
-                let mut redactor = Redactor::new([]);
+                // Once more here: whatever the target missed does not reach the caller, and
+                // the values of the Agent's bound secrets are replaced by construction.
+                let secrets = super::secret_redaction_terms(&*self.store, ns, id)
+                    .await
+                    .map_err(ServiceError::from)?;
+                let mut redactor = Redactor::new(secrets);
                 for e in &mut page.entries {
                     let r = redactor.line(&e.message);
                     page.redactions = page.redactions.saturating_add(r.count);
@@ -308,8 +312,14 @@ pub fn is_runtime_failure(code: &str) -> bool {
 }
 
 /// The bounded, redacted `runtimeFailure` of a failed activation, from the failure and what
-/// `agent-runtime` (with evidence lines) showed right after it.
-pub fn runtime_failure(code: &str, message: &str, report: Option<&RuntimeReport>) -> Value {
+/// `agent-runtime` (with evidence lines) showed right after it. `secrets`: the values of the
+/// Agent's bound secrets ([`super::secret_redaction_terms`]), replaced wherever they appear.
+pub fn runtime_failure(
+    code: &str,
+    message: &str,
+    report: Option<&RuntimeReport>,
+    secrets: Vec<String>,
+) -> Value {
     let check = if code == FailureCode::UnitFailed.as_str() {
         "unit"
     } else if code == FailureCode::ListenerNotOwned.as_str() {
@@ -320,7 +330,7 @@ pub fn runtime_failure(code: &str, message: &str, report: Option<&RuntimeReport>
     } else {
         "readiness"
     };
-    let mut redactor = Redactor::new([]);
+    let mut redactor = Redactor::new(secrets);
     let lines: Vec<Value> = report
         .map(|r| r.recent_lines.as_slice())
         .unwrap_or_default()

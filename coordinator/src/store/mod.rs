@@ -30,6 +30,7 @@ use crate::model::{
 pub mod copy;
 pub mod database;
 pub mod postgres;
+pub mod rekey;
 mod rows;
 pub mod seal;
 pub mod sqlite;

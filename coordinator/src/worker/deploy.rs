@@ -631,7 +631,20 @@ impl<B: Backend> Worker<B> {
             CallError::Failed(f) => f.message.clone(),
             other => other.to_string(),
         };
-        let evidence = crate::service::runtime_failure(e.code(), &message, report.as_ref());
+        // The Agent's bound secrets are redacted from the evidence by their values; without
+        // them, the evidence keeps no log lines.
+        let (report, secrets) = match crate::service::secret_redaction_terms(
+            &*self.store,
+            &d.work.namespace_id,
+            &d.agent.id,
+        )
+        .await
+        {
+            Ok(secrets) => (report, secrets),
+            Err(_) => (None, Vec::new()),
+        };
+        let evidence =
+            crate::service::runtime_failure(e.code(), &message, report.as_ref(), secrets);
         if let Err(err) = self
             .store
             .set_runtime_failure(

@@ -10,6 +10,15 @@
 //! before: it repeats the checks and reports any error itself, so the fast path never has to
 //! reproduce an error message. Verify-revision needs no fast path: it is read-only and not
 //! journaled at all.
+//!
+//! A higher fence (the coordinator's worker raises it on every claim of the Agent, so the
+//! first operation of each claim carries one) does not send a no-op down the slow path: once
+//! every check found nothing to do, the fast path records the fence (durably, one atomic
+//! write, before the answer) and answers. That is all the slow path would have changed. A
+//! lower fence is still refused before anything else, and a refusal or error under a higher
+//! fence declines, so the slow path answers it exactly as before. The operation still never
+//! commits its journal entry: run again (its record lost in a crash), it finds the fence
+//! recorded and answers the same.
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::Failure;
@@ -50,19 +59,38 @@ macro_rules! require {
 }
 
 impl Engine<'_> {
-    /// The fence part shared by every fast path: a refusal is the answer (it writes nothing),
-    /// a fence that grows declines (recording it is a write).
-    fn fence_is_current<T>(
+    /// The fence part shared by every fast path: a refusal is the answer (it writes nothing);
+    /// otherwise the fence to record once the operation turns out to be a no-op (`None`: the
+    /// record stays as it is).
+    fn fence_check<T>(
         &self,
         ctx: &Ctx<'_>,
         ns: &Ident,
         agent: &Ident,
         paths: &AgentPaths,
-    ) -> Option<Fast<T>> {
-        match self.fence_verdict(ctx, ns, agent, paths) {
-            Err(f) => Some(Fast::Answer(Err(f))),
-            Ok(Some(_)) => Some(Fast::Decline),
-            Ok(None) => None,
+    ) -> Result<Option<u64>, Fast<T>> {
+        self.fence_verdict(ctx, ns, agent, paths)
+            .map_err(|f| Fast::Answer(Err(f)))
+    }
+
+    /// A fast path's answer: under a higher fence a no-op first records the fence (durably;
+    /// a failed write declines, and the slow path reports it), and anything else declines.
+    fn answer_fenced<T>(
+        &self,
+        ctx: &Ctx<'_>,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        raise: Option<u64>,
+        answer: Result<T, Failure>,
+    ) -> Fast<T> {
+        match (raise, answer) {
+            (None, answer) => Fast::Answer(answer),
+            (Some(_), Err(_)) => Fast::Decline,
+            (Some(fence), Ok(value)) => match self.raise_fence(ctx, ns, agent, paths, fence) {
+                Ok(()) => Fast::Answer(Ok(value)),
+                Err(_) => Fast::Decline,
+            },
         }
     }
 
@@ -78,9 +106,10 @@ impl Engine<'_> {
         let ns = &args.namespace;
         let agent = &args.agent;
         let rev = &args.revision;
-        if let Some(fast) = self.fence_is_current(ctx, &ns.id, &agent.id, paths) {
-            return fast;
-        }
+        let raise = match self.fence_check(ctx, &ns.id, &agent.id, paths) {
+            Ok(raise) => raise,
+            Err(fast) => return fast,
+        };
         or_decline!(ctx.step(Step::Verify));
         or_decline!(self.verify_namespace(ns));
         or_decline!(self.check_gateway_command());
@@ -103,12 +132,13 @@ impl Engine<'_> {
             or_decline!(snapshot_matches(&m, &rev.reference()));
         }
         if or_decline!(newer_is_current(current.as_ref(), &rev.id, rev.number)) {
-            return Fast::Answer(Ok(PrepareResult {
+            let answer = Ok(PrepareResult {
                 ready: false,
                 created: false,
                 observation: self.observe(&ns.id, &agent.id, paths),
                 workspace: None,
-            }));
+            });
+            return self.answer_fenced(ctx, &ns.id, &agent.id, paths, raise, answer);
         }
         require!(exists);
         let workspace = match &args.workspace {
@@ -122,12 +152,13 @@ impl Engine<'_> {
         if needs_password(rev.configuration.value()) {
             require!(or_decline!(fsutil::file_exists(&paths.password_file)));
         }
-        Fast::Answer(Ok(PrepareResult {
+        let answer = Ok(PrepareResult {
             ready: true,
             created: false,
             observation: self.observe(&ns.id, &agent.id, paths),
             workspace,
-        }))
+        });
+        self.answer_fenced(ctx, &ns.id, &agent.id, paths, raise, answer)
     }
 
     /// An activate of the revision already served: `current` names it, the unit file is the
@@ -142,9 +173,10 @@ impl Engine<'_> {
         let ns = &args.namespace;
         let agent = &args.agent;
         let rev = &args.revision;
-        if let Some(fast) = self.fence_is_current(ctx, &ns.id, &agent.id, paths) {
-            return fast;
-        }
+        let raise = match self.fence_check(ctx, &ns.id, &agent.id, paths) {
+            Ok(raise) => raise,
+            Err(fast) => return fast,
+        };
         or_decline!(ctx.step(Step::Verify));
         or_decline!(self.verify_namespace(ns));
         let ids = or_decline!(self.verify_account(&ns.id, agent, paths));
@@ -170,12 +202,13 @@ impl Engine<'_> {
             agent_marker.port,
             ids.uid
         )));
-        Fast::Answer(Ok(ActivateResult {
+        let answer = Ok(ActivateResult {
             restarted: false,
             unit_changed: false,
             observation: self.observe_with(&ns.id, &agent.id, paths, Some(state)),
             restored: None,
-        }))
+        });
+        self.answer_fenced(ctx, &ns.id, &agent.id, paths, raise, answer)
     }
 
     /// A stop that stops nothing: the Agent or the revision is not on the host, or `current`
@@ -187,16 +220,19 @@ impl Engine<'_> {
         args: &RevisionArgs,
         paths: &AgentPaths,
     ) -> Fast<StopResult> {
-        if let Some(fast) = self.fence_is_current(ctx, &args.namespace.id, &args.agent.id, paths) {
-            return fast;
-        }
-        match self.stop_plan(ctx, args, paths) {
-            Err(f) => Fast::Answer(Err(f)),
-            Ok(super::revision::StopPlan::Stop) => Fast::Decline,
-            Ok(super::revision::StopPlan::Nothing { .. }) => Fast::Answer(Ok(StopResult {
+        let (ns, agent) = (&args.namespace.id, &args.agent.id);
+        let raise = match self.fence_check(ctx, ns, agent, paths) {
+            Ok(raise) => raise,
+            Err(fast) => return fast,
+        };
+        let answer = match self.stop_plan(ctx, args, paths) {
+            Err(f) => Err(f),
+            Ok(super::revision::StopPlan::Stop) => return Fast::Decline,
+            Ok(super::revision::StopPlan::Nothing { .. }) => Ok(StopResult {
                 stopped: false,
-                observation: self.observe(&args.namespace.id, &args.agent.id, paths),
-            })),
-        }
+                observation: self.observe(ns, agent, paths),
+            }),
+        };
+        self.answer_fenced(ctx, ns, agent, paths, raise, answer)
     }
 }

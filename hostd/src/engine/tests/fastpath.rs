@@ -193,7 +193,7 @@ fn stopping_a_stopped_agent_writes_nothing() {
     }
     // An Agent the host never had: nothing to stop, no commit, no fsync or rename (the lock
     // file the Agent lock made is unlinked again, so nothing is left behind), unless the stop
-    // carries a fence, which is recorded for the Agent even so.
+    // carries a fence, which is recorded for the Agent even so (durably, without a commit).
     let ghost = h.counted(stop("ns1", "ghost", "rev-1", 1), None);
     assert!(
         matches!(&ghost.result, Ok(OperationResult::StopRevision(s)) if !s.stopped),
@@ -205,7 +205,12 @@ fn stopping_a_stopped_agent_writes_nothing() {
         "{ghost:?}"
     );
     assert!(ghost.calls.is_empty(), "{ghost:?}");
-    h.changes(stop("ns1", "ghost", "rev-1", 1), Some(5));
+    let fenced = h.fenced_noop(stop("ns1", "ghost", "rev-1", 1), 5);
+    assert!(
+        matches!(&fenced, OperationResult::StopRevision(s) if !s.stopped),
+        "{fenced:?}"
+    );
+    assert_eq!(h.fence_of("ns1", "ghost"), Some(5));
 }
 
 #[test]
@@ -220,8 +225,8 @@ fn changing_operations_commit_before_their_first_write() {
     );
     // A new revision.
     h.changes(prepare("ns1", "a1", "rev-2", 2), Some(5));
-    // The same prepare with a higher fence is not a no-op: the fence record grows.
-    h.changes(prepare("ns1", "a1", "rev-2", 2), Some(6));
+    // The same prepare with a higher fence is a no-op that records the fence.
+    h.fenced_noop(prepare("ns1", "a1", "rev-2", 2), 6);
     h.noop(prepare("ns1", "a1", "rev-2", 2), Some(6));
     // A prepare whose password file went missing recreates it.
     let paths = h.layout().agent(&id("ns1"), &id("a1"));
@@ -251,4 +256,84 @@ fn a_stale_fence_is_refused_without_a_write_or_a_commit() {
         assert_eq!(ran.commits, 0, "{ran:?}");
         assert!(ran.io.is_zero() && ran.calls.is_empty(), "{ran:?}");
     }
+}
+
+impl Host {
+    /// Runs `op` under `fence`, higher than the Agent's: it must take the fast path (no
+    /// commit, no systemd change) and write the fence record durably, nothing else.
+    fn fenced_noop(&self, op: Operation, fence: u64) -> OperationResult {
+        let kind = op.kind();
+        let ran = self.counted(op, Some(fence));
+        assert_eq!(ran.commits, 0, "{kind} committed: {ran:?}");
+        assert!(ran.calls.is_empty(), "{kind} changed systemd: {ran:?}");
+        // One atomic write: the pending file and the directory synced, one rename.
+        assert_eq!(
+            (ran.io.fsyncs, ran.io.renames),
+            (2, 1),
+            "{kind} wrote more than the fence: {ran:?}"
+        );
+        match ran.result {
+            Ok(r) => r,
+            Err(f) => panic!("{kind} failed: {f}"),
+        }
+    }
+
+    fn fence_of(&self, n: &str, a: &str) -> Option<u64> {
+        let paths = self.layout().agent(&id(n), &id(a));
+        crate::markers::read_optional::<crate::markers::FenceMarker>(&paths.fence, "fence")
+            .unwrap()
+            .map(|m| m.fence)
+    }
+}
+
+/// Issue 34: the worker raises the fence on every claim, so its prepare never took the no-op
+/// fast path. An unchanged prepare (or activate, or stop) under a higher fence answers from
+/// the fast path, as the slow path would, after recording the fence durably; a lower fence
+/// is still refused, and an equal one writes nothing.
+#[test]
+fn a_no_op_under_a_higher_fence_records_the_fence_and_takes_the_fast_path() {
+    let h = serving();
+    let slow = h.ok_fenced(prepare("ns1", "a1", "rev-1", 1), 5);
+    let fast = h.fenced_noop(prepare("ns1", "a1", "rev-1", 1), 6);
+    assert_eq!(fast, slow);
+    assert_eq!(h.fence_of("ns1", "a1"), Some(6));
+    // The claim it superseded is refused, before anything is written.
+    let stale = h.counted(prepare("ns1", "a1", "rev-1", 1), Some(5));
+    assert_eq!(
+        stale.result.as_ref().map_err(|f| f.code).err(),
+        Some(FailureCode::FenceStale),
+        "{stale:?}"
+    );
+    assert!(stale.io.is_zero() && stale.commits == 0, "{stale:?}");
+    h.noop(prepare("ns1", "a1", "rev-1", 1), Some(6));
+    // Activate of the served revision and the stop of one not running, each a new claim.
+    match h.fenced_noop(activate("ns1", "a1", "rev-1", 1), 7) {
+        OperationResult::ActivateRevision(a) => assert!(!a.restarted, "{a:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.fence_of("ns1", "a1"), Some(7));
+    h.fenced_noop(stop("ns1", "a1", "rev-9", 9), 8);
+    assert_eq!(h.fence_of("ns1", "a1"), Some(8));
+    for op in [
+        prepare("ns1", "a1", "rev-1", 1),
+        activate("ns1", "a1", "rev-1", 1),
+    ] {
+        let ran = h.counted(op, Some(7));
+        assert_eq!(
+            ran.result.as_ref().map_err(|f| f.code).err(),
+            Some(FailureCode::FenceStale),
+            "{ran:?}"
+        );
+    }
+    // An older candidate under a new claim: not ready, fence recorded, as the slow path does.
+    h.ok_fenced(prepare("ns1", "a1", "rev-2", 2), 8);
+    h.ok_fenced(activate("ns1", "a1", "rev-2", 2), 8);
+    match h.fenced_noop(prepare("ns1", "a1", "rev-1", 1), 9) {
+        OperationResult::PrepareRevision(p) => assert!(!p.ready && !p.created, "{p:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.fence_of("ns1", "a1"), Some(9));
+    // Something to do under a higher fence still goes the slow way, and records the fence.
+    h.changes(prepare("ns1", "a1", "rev-3", 3), Some(10));
+    assert_eq!(h.fence_of("ns1", "a1"), Some(10));
 }

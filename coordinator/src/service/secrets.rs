@@ -1,0 +1,364 @@
+//! Secrets of a Namespace: write-only values (a new version on every write), their metadata
+//! and which Agents' revisions use which version; binding them into revisions; and rolling a
+//! new version out to the Agents that use the secret.
+//!
+//! A value is never returned, logged or audited: it goes from the request into the store's
+//! sealed column, and from there only to the worker that delivers it
+//! ([`crate::store::SecretStore::secret_value`]).
+
+use std::collections::BTreeMap;
+
+use clawfleet_protocol::secret::{self, SecretName};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use zeroize::Zeroizing;
+
+use super::{Result, Service, ServiceError, now};
+use crate::codes::Code;
+use crate::model::{DesiredState, SecretBinding, SecretVersion};
+use crate::render;
+
+/// Body of `POST /namespaces/{ns}/secrets`: a new version of a secret. The value never comes
+/// back in any answer, log or audit event.
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewSecret {
+    /// 1–48 characters of lowercase letters, digits and '-', starting with a letter and
+    /// ending with a letter or digit.
+    #[schemars(regex(pattern = r"^[a-z]([a-z0-9-]{0,46}[a-z0-9])?$"))]
+    pub name: String,
+    /// The value: 1 byte to 64 KiB of UTF-8, no NUL, not ending with a newline.
+    #[schemars(length(min = 1))]
+    pub value: String,
+}
+
+impl std::fmt::Debug for NewSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewSecret")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One Agent revision that binds a secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretUse {
+    pub agent_id: String,
+    pub revision_id: String,
+    pub version: u32,
+    /// The revision the Agent serves (its active one).
+    pub active: bool,
+    /// The Agent's newest revision (the one being deployed, when it is not the active one).
+    pub newest: bool,
+}
+
+/// A secret as the API shows it: its versions and who uses which; never a value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretInfo {
+    pub name: String,
+    /// The newest version.
+    pub version: u32,
+    pub fingerprint: String,
+    pub written_by: String,
+    pub written_at: i64,
+    /// Every version, oldest first.
+    pub versions: Vec<SecretVersion>,
+    /// The Agents' current revisions (active and newest) that bind it.
+    pub used_by: Vec<SecretUse>,
+}
+
+/// What `POST /namespaces/{ns}/secrets/{name}/deploy` started per Agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretDeploy {
+    pub agent_id: String,
+    /// The new revision and the work that deploys it, when one was created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub work_id: Option<i64>,
+    /// Why no revision was created (the Agent is in a rollout, stopped, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+fn check_name(name: &str) -> Result<SecretName> {
+    SecretName::new(name)
+        .map_err(|e| ServiceError::invalid(Code::InvalidSecretName, format!("name {name:?} {e}")))
+}
+
+impl Service {
+    /// Stores a new version of a secret (`value` is wiped from memory when dropped).
+    pub async fn put_secret(
+        &self,
+        actor: &str,
+        ns: &str,
+        name: &str,
+        value: Zeroizing<Vec<u8>>,
+    ) -> Result<SecretVersion> {
+        let namespace = self.namespace(ns).await?;
+        if namespace.deleting {
+            return Err(ServiceError::conflict(
+                Code::NamespaceDeleting,
+                format!("Namespace {ns} is being deleted"),
+            ));
+        }
+        let name = check_name(name)?;
+        secret::check_value(&value)
+            .map_err(|e| ServiceError::invalid(Code::InvalidSecretValue, format!("value {e}")))?;
+        self.store
+            .put_secret(ns, &name, &value, actor, now())
+            .await?
+            .ok_or_else(|| ServiceError::not_found("namespace", ns))
+    }
+
+    /// Every secret of a Namespace with its versions and users, by name.
+    pub async fn secrets(&self, ns: &str) -> Result<Vec<SecretInfo>> {
+        self.namespace(ns).await?;
+        let versions = self.store.secrets(ns).await?;
+        let uses = self.secret_uses(ns).await?;
+        Ok(group(versions, &uses))
+    }
+
+    /// One secret with its versions and users.
+    pub async fn secret(&self, ns: &str, name: &str) -> Result<SecretInfo> {
+        self.namespace(ns).await?;
+        let versions = self.store.secret_versions(ns, name).await?;
+        if versions.is_empty() {
+            return Err(ServiceError::not_found("secret", name));
+        }
+        let uses = self.secret_uses(ns).await?;
+        group(versions, &uses)
+            .pop()
+            .ok_or_else(|| ServiceError::not_found("secret", name))
+    }
+
+    /// Deletes every version of a secret, unless an Agent's current revision (active or
+    /// newest) binds it: 409 naming the Agents.
+    pub async fn delete_secret(&self, actor: &str, ns: &str, name: &str) -> Result<()> {
+        self.namespace(ns).await?;
+        let uses = self.secret_uses(ns).await?;
+        if let Some(users) = uses.get(name) {
+            let mut agents: Vec<&str> = users.iter().map(|u| u.agent_id.as_str()).collect();
+            agents.dedup();
+            return Err(ServiceError::conflict(
+                Code::SecretInUse,
+                format!(
+                    "secret {name} is bound by the current revisions of Agents {}; change \
+                     their configurations and deploy them first",
+                    agents.join(", ")
+                ),
+            ));
+        }
+        if !self.store.delete_secret(ns, name, actor, now()).await? {
+            return Err(ServiceError::not_found("secret", name));
+        }
+        Ok(())
+    }
+
+    /// Deploys a new revision (binding the newest version) to every Agent whose current
+    /// revision binds an older version of the secret, through the ordinary deploy path: each
+    /// is audited, queued and applied like any deploy. An Agent that cannot take one now (in
+    /// an open rollout, stopped, being deleted) is listed with the reason.
+    pub async fn deploy_secret(
+        &self,
+        actor: &str,
+        ns: &str,
+        name: &str,
+    ) -> Result<Vec<SecretDeploy>> {
+        let info = self.secret(ns, name).await?;
+        let mut agents: Vec<&str> = info
+            .used_by
+            .iter()
+            .filter(|u| u.version < info.version && (u.newest || u.active))
+            .map(|u| u.agent_id.as_str())
+            .collect();
+        // An Agent whose newest revision already binds the newest version needs nothing.
+        let current: Vec<&str> = info
+            .used_by
+            .iter()
+            .filter(|u| u.newest && u.version == info.version)
+            .map(|u| u.agent_id.as_str())
+            .collect();
+        agents.retain(|a| !current.contains(a));
+        agents.sort_unstable();
+        agents.dedup();
+        let mut out = Vec::new();
+        for agent in agents {
+            let a = self.agent(ns, agent).await?;
+            if a.desired_state != DesiredState::Running {
+                out.push(SecretDeploy {
+                    agent_id: agent.to_owned(),
+                    revision_id: None,
+                    work_id: None,
+                    code: None,
+                    message: Some(format!(
+                        "the Agent is {}; its next deploy binds version {}",
+                        a.desired_state.as_str(),
+                        info.version
+                    )),
+                });
+                continue;
+            }
+            match self.deploy(actor, ns, agent).await {
+                Ok((rev, work)) => out.push(SecretDeploy {
+                    agent_id: agent.to_owned(),
+                    revision_id: Some(rev.id.to_string()),
+                    work_id: Some(work),
+                    code: None,
+                    message: None,
+                }),
+                Err(ServiceError::Store(e)) => return Err(ServiceError::Store(e)),
+                Err(e) => out.push(SecretDeploy {
+                    agent_id: agent.to_owned(),
+                    revision_id: None,
+                    work_id: None,
+                    code: Some(error_code(&e).to_owned()),
+                    message: Some(e.to_string()),
+                }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// For each secret name, the Agents' current revisions (active and newest) binding it.
+    async fn secret_uses(&self, ns: &str) -> Result<BTreeMap<String, Vec<SecretUse>>> {
+        let mut out: BTreeMap<String, Vec<SecretUse>> = BTreeMap::new();
+        for agent in self.store.agents(ns).await? {
+            let revisions = self.store.revisions(ns, &agent.id).await?;
+            let newest = revisions.last().map(|r| r.id.clone());
+            let current = revisions.iter().filter(|r| {
+                Some(&r.id) == agent.active_revision_id.as_ref() || Some(&r.id) == newest.as_ref()
+            });
+            for r in current {
+                for b in &r.secrets {
+                    out.entry(b.name.to_string()).or_default().push(SecretUse {
+                        agent_id: agent.id.to_string(),
+                        revision_id: r.id.to_string(),
+                        version: b.version,
+                        active: Some(&r.id) == agent.active_revision_id.as_ref(),
+                        newest: Some(&r.id) == newest.as_ref(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks that every secret a configuration refers to exists in the Namespace: the
+    /// refusal names the field and the secret.
+    pub(super) async fn check_secret_references(&self, ns: &str, document: &Value) -> Result<()> {
+        for (path, name) in render::secret_references(document).map_err(refused)? {
+            if self.store.latest_secret(ns, &name).await?.is_none() {
+                return Err(unknown_secret(ns, &path, &name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Binds a rendered document's secret references to the newest version of each secret
+    /// and renders their providers; the versions the revision records.
+    pub(super) async fn bind_secrets(
+        &self,
+        ns: &str,
+        rendered: &mut Value,
+    ) -> Result<Vec<SecretBinding>> {
+        let mut bound: BTreeMap<SecretName, SecretBinding> = BTreeMap::new();
+        for (path, name) in render::secret_references(rendered).map_err(refused)? {
+            if bound.contains_key(&name) {
+                continue;
+            }
+            let latest = self
+                .store
+                .latest_secret(ns, &name)
+                .await?
+                .ok_or_else(|| unknown_secret(ns, &path, &name))?;
+            bound.insert(
+                name.clone(),
+                SecretBinding {
+                    name,
+                    version: latest.version,
+                    fingerprint: latest.fingerprint,
+                },
+            );
+        }
+        render::bind_secrets(rendered).map_err(refused)?;
+        Ok(bound.into_values().collect())
+    }
+}
+
+/// The values of every secret version that any revision of the Agent binds (old versions
+/// too: the log may hold lines from before a rotation): the literal terms its log and the
+/// evidence of its failures are redacted with, so a bound secret's value never leaves in a
+/// log line, whatever the target redacted.
+pub async fn secret_redaction_terms(
+    store: &dyn crate::store::Store,
+    ns: &str,
+    agent: &str,
+) -> std::result::Result<Vec<String>, crate::store::StoreError> {
+    let mut bound: Vec<(String, u32)> = store
+        .revisions(ns, agent)
+        .await?
+        .iter()
+        .flat_map(|r| r.secrets.iter().map(|b| (b.name.to_string(), b.version)))
+        .collect();
+    bound.sort_unstable();
+    bound.dedup();
+    let mut out = Vec::with_capacity(bound.len());
+    for (name, version) in bound {
+        if let Some(v) = store.secret_value(ns, &name, version).await? {
+            // Values are UTF-8 (checked when stored).
+            out.push(String::from_utf8_lossy(&v.value).into_owned());
+        }
+    }
+    Ok(out)
+}
+
+fn refused(r: render::Refusal) -> ServiceError {
+    ServiceError::invalid(Code::ConfigurationRefused, r.to_string())
+}
+
+fn unknown_secret(ns: &str, path: &str, name: &SecretName) -> ServiceError {
+    ServiceError::invalid(
+        Code::UnknownSecret,
+        format!(
+            "{path}: secret {name} does not exist in Namespace {ns}; set it first with `occ \
+             secret set {ns} {name} --from-file FILE`"
+        ),
+    )
+}
+
+fn error_code(e: &ServiceError) -> &'static str {
+    match e {
+        ServiceError::Invalid { code, .. } | ServiceError::Conflict { code, .. } => code.as_str(),
+        ServiceError::NotFound { .. } => Code::NotFound.as_str(),
+        ServiceError::Store(_) => Code::StoreFailure.as_str(),
+    }
+}
+
+/// Versions (by name, then version) grouped per secret, with their users.
+fn group(versions: Vec<SecretVersion>, uses: &BTreeMap<String, Vec<SecretUse>>) -> Vec<SecretInfo> {
+    let mut by_name: BTreeMap<String, Vec<SecretVersion>> = BTreeMap::new();
+    for v in versions {
+        by_name.entry(v.name.to_string()).or_default().push(v);
+    }
+    by_name
+        .into_iter()
+        .filter_map(|(name, versions)| {
+            let newest = versions.last()?.clone();
+            Some(SecretInfo {
+                used_by: uses.get(&name).cloned().unwrap_or_default(),
+                name,
+                version: newest.version,
+                fingerprint: newest.fingerprint.to_string(),
+                written_by: newest.written_by,
+                written_at: newest.written_at,
+                versions,
+            })
+        })
+        .collect()
+}
