@@ -845,6 +845,13 @@ mod tests {
             let p = phases(committed);
             assert_eq!(p.first(), Some(&Phase::Place));
             assert_eq!(p.last(), Some(&Phase::Retire));
+            // Secrets reach the host after the prepare and before the commit and activation.
+            let at = |phase| p.iter().position(|x| *x == phase);
+            assert!(at(Phase::Prepare) < at(Phase::Secrets));
+            assert!(at(Phase::Secrets) < at(Phase::Activate));
+            if !committed {
+                assert!(at(Phase::Secrets) < at(Phase::Commit));
+            }
         }
     }
 }
