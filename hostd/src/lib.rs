@@ -10,6 +10,7 @@ pub mod enrol;
 pub mod fake;
 pub mod fault;
 pub mod fsutil;
+pub mod gateway_rpc;
 pub mod journal;
 pub mod launch;
 pub mod layout;
