@@ -54,6 +54,9 @@ pub const WORKSPACE_APPLIED_FILE: &str = "workspace-applied.json";
 pub struct Layout {
     pub root: PathBuf,
     pub unit_dir: PathBuf,
+    /// Where systemd makes units' runtime directories (`/run`; a temporary directory in
+    /// tests).
+    pub run_dir: PathBuf,
 }
 
 /// Paths of one Agent.
@@ -107,6 +110,7 @@ impl Layout {
         Self {
             root: root.into(),
             unit_dir: unit_dir.into(),
+            run_dir: PathBuf::from(crate::secrets::RUN_DIR),
         }
     }
 

@@ -97,6 +97,20 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// The Agent unit's `ExecStartPre=+` (as root): writes the Agent's secrets from their
+    /// credentials into the unit's runtime directory, owned by the Agent's account, 0400.
+    #[command(hide = true)]
+    SecretFiles {
+        /// The Agent directory (its `secrets/` holds the credentials and the manifest).
+        #[arg(long)]
+        agent_dir: PathBuf,
+        /// The unit's runtime directory.
+        #[arg(long)]
+        runtime_dir: PathBuf,
+        /// The Agent's account.
+        #[arg(long)]
+        account: String,
+    },
 }
 
 /// Logs to journald (stderr without one), at the levels `HOSTD_LOG` names as a target list
@@ -332,6 +346,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             })
         }
         Command::ExecGateway { .. } => Ok(ExitCode::from(1)),
+        Command::SecretFiles {
+            agent_dir,
+            runtime_dir,
+            account,
+        } => {
+            let n = hostd::secrets::materialise(agent_dir, runtime_dir, account)
+                .with_context(|| format!("cannot write the secrets of {account}"))?;
+            tracing::info!(account = %account, secrets = n, "secret files written");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Serve { key } => {
             let key = match key.as_deref() {
                 Some(k) => Some(hostd::session::LoginKeyId::new(k)?),

@@ -88,6 +88,12 @@ pub fn render(
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.operator_env.display());
     // What the operator's before-workload-start hooks returned (engine/hooks.rs).
     let _ = writeln!(u, "EnvironmentFile=-{}", paths.launch_env.display());
+    // Secrets: in clear only in the unit's runtime directory (tmpfs, removed by systemd
+    // whenever the unit stops), written there before every start by hostd as root, and seen
+    // by the gateway read-only at the fixed path (crate::secrets).
+    for line in crate::secrets::unit_lines(&paths.unit_name, &paths.dir, &paths.account) {
+        let _ = writeln!(u, "{line}");
+    }
     // The launcher confines binds to the Agent's port (Landlock), refuses to start while a
     // requested workspace setup has not completed (engine/workspace.rs), then execs the
     // gateway.

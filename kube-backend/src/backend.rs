@@ -450,6 +450,14 @@ pub(crate) async fn run(
                  does not plan deploys yet",
             ));
         }
+        // Clusters get their secrets as a per-Agent Secret volume, not as sealed files.
+        Operation::PutSecrets(_) => {
+            return Err(Failure::new(
+                FailureCode::InvalidInput,
+                "unknown operation \"put-secrets\" on a Kubernetes cluster: this backend \
+                 does not deliver secrets yet",
+            ));
+        }
         Operation::OperationStatus(a) => OperationResult::OperationStatus(OperationStatusResult {
             operation_id: a.operation_id,
             state: OperationState::Unknown,

@@ -151,6 +151,14 @@ failure_codes! {
     /// A `before-workload-start` hook printed a launch value that is refused (a malformed or
     /// reserved name, a value that looks like a credential, too many values).
     HookOutputRefused = "HOOK_OUTPUT_REFUSED" => Permanent,
+    /// A sealed secret of `put-secrets` does not open with this host's key for this Agent
+    /// (sealed to another host key, Agent or name, or altered), or its value does not have
+    /// the stated fingerprint; nothing was changed. The message names the secret.
+    SecretUndecryptable = "SECRET_UNDECRYPTABLE" => Permanent,
+    /// The gateway could not resolve its secrets on a reload and kept its last good snapshot.
+    SecretReloadFailed = "SECRET_RELOAD_FAILED" => Permanent,
+    /// After a reload the gateway holds another fingerprint than the one delivered.
+    SecretFingerprintMismatch = "SECRET_FINGERPRINT_MISMATCH" => Retryable,
     /// An unexpected internal error; the host log has details under the operation id.
     Internal = "INTERNAL" => Retryable,
     // Kubernetes backend outcomes.

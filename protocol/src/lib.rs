@@ -7,6 +7,7 @@
 //! - [`framing`]: many messages over one SSH session's stdin and stdout.
 //! - [`failure`]: class, stable code and safe message for every failure.
 //! - [`runtime`]: the read-only runtime and log operations' types; [`redact`]: their redaction.
+//! - [`sealed`]: secret values sealed to a host's key on their way there, `put-secrets`.
 //! - [`secret`]: secrets' names, values, fingerprints and how configurations refer to them.
 //! - [`workspace`]: initial workspace files, their names and limits.
 //! - [`atomic_file`]: files replaced whole or created once (temporary, fsync, rename), for
@@ -25,6 +26,7 @@ pub mod random;
 pub mod redact;
 pub mod result;
 pub mod runtime;
+pub mod sealed;
 pub mod secret;
 pub mod signing;
 pub mod text;

@@ -44,6 +44,9 @@ pub enum Operation {
     AgentLogs(crate::runtime::LogsArgs),
     /// What a deploy of a revision would change on the host (read-only, no lock).
     PlanRevision(crate::plan::PlanArgs),
+    /// Replace the Agent's set of secrets with these values, sealed to the host key
+    /// (protocol/src/secrets.rs); a running gateway sees the new files at once.
+    PutSecrets(crate::sealed::PutSecretsArgs),
 }
 
 /// The operation names, for logs, metrics and progress.
@@ -64,6 +67,7 @@ pub enum OperationKind {
     AgentRuntime,
     AgentLogs,
     PlanRevision,
+    PutSecrets,
 }
 
 impl OperationKind {
@@ -84,6 +88,7 @@ impl OperationKind {
             OperationKind::AgentRuntime => "agent-runtime",
             OperationKind::AgentLogs => "agent-logs",
             OperationKind::PlanRevision => "plan-revision",
+            OperationKind::PutSecrets => "put-secrets",
         }
     }
 
@@ -101,6 +106,7 @@ impl OperationKind {
                 | OperationKind::RetireRevision
                 | OperationKind::DeleteAgent
                 | OperationKind::DeleteNamespace
+                | OperationKind::PutSecrets
         )
     }
 
@@ -155,7 +161,7 @@ fn args<T: serde::de::DeserializeOwned>(
 
 const OPERATION_NAMES: &str = "probe, ensure-namespace, delete-namespace, prepare-revision, \
      activate-revision, verify-revision, stop-revision, retire-revision, delete-agent, status, \
-     operation-status, agent-runtime, agent-logs, plan-revision";
+     operation-status, agent-runtime, agent-logs, plan-revision, put-secrets";
 
 impl Operation {
     /// Decodes an operation object strictly: its `op` name, then its arguments.
@@ -188,6 +194,11 @@ impl Operation {
             "agent-runtime" => Operation::AgentRuntime(args(rest)?),
             "agent-logs" => Operation::AgentLogs(args(rest)?),
             "plan-revision" => Operation::PlanRevision(args(rest)?),
+            "put-secrets" => {
+                let a: crate::sealed::PutSecretsArgs = args(rest)?;
+                a.check().map_err(|(path, message)| err(&path, message))?;
+                Operation::PutSecrets(a)
+            }
             other => {
                 return Err(err(
                     "op",
@@ -212,6 +223,7 @@ impl Operation {
             Operation::AgentRuntime(a) => &a.agent.id,
             Operation::AgentLogs(a) => &a.agent.id,
             Operation::PlanRevision(a) => &a.agent.id,
+            Operation::PutSecrets(a) => &a.agent.id,
             Operation::Probe(_)
             | Operation::EnsureNamespace(_)
             | Operation::DeleteNamespace(_)
@@ -250,6 +262,7 @@ impl Operation {
             Operation::AgentRuntime(_) => OperationKind::AgentRuntime,
             Operation::AgentLogs(_) => OperationKind::AgentLogs,
             Operation::PlanRevision(_) => OperationKind::PlanRevision,
+            Operation::PutSecrets(_) => OperationKind::PutSecrets,
         }
     }
 }

@@ -51,6 +51,7 @@ pub enum OperationResult {
     AgentRuntime(Box<crate::runtime::RuntimeReport>),
     AgentLogs(crate::runtime::LogPage),
     PlanRevision(Box<crate::plan::PlanResult>),
+    PutSecrets(crate::sealed::PutSecretsResult),
 }
 
 impl OperationResult {
@@ -71,6 +72,7 @@ impl OperationResult {
             OperationResult::AgentRuntime(_) => OperationKind::AgentRuntime,
             OperationResult::AgentLogs(_) => OperationKind::AgentLogs,
             OperationResult::PlanRevision(_) => OperationKind::PlanRevision,
+            OperationResult::PutSecrets(_) => OperationKind::PutSecrets,
         }
     }
 }
@@ -327,6 +329,10 @@ pub enum Step {
     Disable,
     Remove,
     AccountRemoval,
+    /// Opening the sealed secrets and storing them encrypted under the Agent's directory.
+    Secrets,
+    /// Writing the secrets' files where the running gateway reads them.
+    SecretFiles,
 }
 
 /// The recorded state of an operation id, as `operation-status` reports it.

@@ -624,3 +624,44 @@ fn secret_log_lines_print_the_held_values() {
     let held: Vec<&str> = stderr.lines().filter(|l| l.starts_with("held=")).collect();
     assert_eq!(held, ["held=value-one", "held=value-two"], "{stderr}");
 }
+
+/// hostd's own RPC client (`hostd::gateway_rpc`, what hostd uses on a host) against this
+/// gateway: it connects with the password, reloads a rotated file, and a bad file gives
+/// `UNAVAILABLE` with the reason while the held fingerprint stays the last good one.
+#[test]
+fn hostds_client_reloads_and_sees_the_refusal() {
+    use hostd::gateway_rpc::{GatewayRpc, RpcError};
+    let dir = Scratch::new("hostd-rpc");
+    dir.secret("bot", b"xoxb-hostd-one", 0o600);
+    let cfg = dir.config(&bot_config(&dir));
+    let port = free_port();
+    let _gw = start(port, &cfg, Some("pw"));
+    let timeout = Duration::from_secs(5);
+
+    let e = GatewayRpc::connect(port, "not-the-pw", timeout).unwrap_err();
+    assert!(matches!(&e, RpcError::Refused { .. }), "{e:?}");
+
+    dir.secret("bot", b"xoxb-hostd-two", 0o600);
+    let mut rpc = GatewayRpc::connect(port, "pw", timeout).unwrap();
+    let answer = rpc.request("secrets.reload", json!({})).unwrap();
+    assert_eq!(answer["ok"], true, "{answer}");
+    assert_eq!(
+        secrets_status(port)["providers"]["clawfleet-bot"]["fingerprint"],
+        fp(b"xoxb-hostd-two")
+    );
+
+    dir.secret("bot", b"xoxb-hostd-bad", 0o644);
+    let e = rpc.request("secrets.reload", json!({})).unwrap_err();
+    match &e {
+        RpcError::Refused { code, details, .. } => {
+            assert_eq!(code, "UNAVAILABLE");
+            assert!(details.is_some(), "{e:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        secrets_status(port)["providers"]["clawfleet-bot"]["fingerprint"],
+        fp(b"xoxb-hostd-two"),
+        "the gateway keeps its last good snapshot"
+    );
+}

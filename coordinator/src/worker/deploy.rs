@@ -11,6 +11,7 @@ use clawfleet_protocol::operation::{
 };
 use clawfleet_protocol::result::{OperationResult, WorkspaceOutcome};
 use clawfleet_protocol::runtime::RuntimeArgs;
+use clawfleet_protocol::sealed::PutSecretsArgs;
 use clawfleet_protocol::workspace::{WorkspaceFileMeta, WorkspaceSetup};
 use clawfleet_protocol::{FailureCode, Operation};
 
@@ -20,6 +21,15 @@ use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Namespace, Revision, RevisionStatus, WorkspaceState};
 use crate::store::Work;
 
+/// `name@version sha256:…` of each binding, for messages and logs (never a value).
+fn secret_list(secrets: &[crate::model::SecretBinding]) -> String {
+    let list: Vec<String> = secrets
+        .iter()
+        .map(|b| format!("{}@{} {}", b.name, b.version, b.fingerprint))
+        .collect();
+    list.join(", ")
+}
+
 /// One phase of a deploy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -27,6 +37,9 @@ pub(crate) enum Phase {
     Place,
     /// Stage the revision on the target; the running gateway is untouched.
     Prepare,
+    /// Replace the Agent's secrets on the target with the revision's versions, sealed to
+    /// the host's pinned key (a running gateway's files change; it reloads or restarts later).
+    Secrets,
     /// Compare-and-set the Agent's active revision to this one.
     Commit,
     /// Cut over to the revision and wait until it serves.
@@ -39,11 +52,18 @@ pub(crate) enum Phase {
 /// commit after it.
 pub(crate) fn phases(committed: bool) -> &'static [Phase] {
     if committed {
-        &[Phase::Place, Phase::Prepare, Phase::Activate, Phase::Retire]
+        &[
+            Phase::Place,
+            Phase::Prepare,
+            Phase::Secrets,
+            Phase::Activate,
+            Phase::Retire,
+        ]
     } else {
         &[
             Phase::Place,
             Phase::Prepare,
+            Phase::Secrets,
             Phase::Commit,
             Phase::Activate,
             Phase::Retire,
@@ -92,6 +112,7 @@ impl<B: Backend> Worker<B> {
             match phase {
                 Phase::Place => self.place_phase(&mut d).await?,
                 Phase::Prepare => self.prepare_phase(&mut d).await?,
+                Phase::Secrets => self.secrets_phase(&d).await?,
                 Phase::Commit => self.commit_phase(&d).await?,
                 Phase::Activate => self.activate_phase(&d).await?,
                 Phase::Retire => self.retire_phase(&d).await?,
@@ -328,6 +349,109 @@ impl<B: Backend> Worker<B> {
                 Code::InvalidHostResult,
                 format!("prepare answered {:?}", other.kind()),
             )),
+        }
+    }
+
+    /// Secrets: when the revision binds secrets (or an earlier revision did, so the host may
+    /// hold some), each bound version's value is read from the store, sealed to the target
+    /// host's pinned ssh-ed25519 key and sent in one fenced `put-secrets`, which replaces the
+    /// Agent's whole set on the host. It runs after the prepare (the Agent's account and
+    /// directory exist) and before the activation (the gateway starts with these values).
+    /// Values live only in memory that is wiped when dropped; nothing here logs one.
+    async fn secrets_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        if d.rev.secrets.is_empty() && d.revisions.iter().all(|r| r.secrets.is_empty()) {
+            return Ok(());
+        }
+        let target = d.target()?;
+        let host_key = match target {
+            Target::Host(h) => &h.host_key,
+            Target::Cluster(c) => {
+                if d.rev.secrets.is_empty() {
+                    return Ok(());
+                }
+                return Err(failed(
+                    Code::SecretsUnsupported,
+                    format!(
+                        "revision {} binds secrets ({}), and cluster {} cannot receive secrets yet",
+                        d.rev.id,
+                        secret_list(&d.rev.secrets),
+                        c.name
+                    ),
+                ));
+            }
+        };
+        let key = clawfleet_protocol::ssh_key::PublicKey::from_openssh(host_key).map_err(|e| {
+            failed(
+                Code::SecretSealFailed,
+                format!(
+                    "host {}: its pinned host_key does not parse: {e}",
+                    target.name()
+                ),
+            )
+        })?;
+        let mut sealed = Vec::with_capacity(d.rev.secrets.len());
+        for b in &d.rev.secrets {
+            let Some(value) = self
+                .store
+                .secret_value(&d.work.namespace_id, b.name.as_str(), b.version)
+                .await
+                .map_err(store_err)?
+            else {
+                return Err(failed(
+                    Code::SecretVersionGone,
+                    format!(
+                        "revision {} binds secret {} version {}, which the store no longer holds",
+                        d.rev.id, b.name, b.version
+                    ),
+                ));
+            };
+            if value.fingerprint != b.fingerprint {
+                return Err(failed(
+                    Code::SecretVersionGone,
+                    format!(
+                        "revision {} binds secret {} version {} with fingerprint {}, but the store holds {} under that version",
+                        d.rev.id, b.name, b.version, b.fingerprint, value.fingerprint
+                    ),
+                ));
+            }
+            let s = clawfleet_protocol::sealed::seal(
+                &key,
+                &d.namespace.id,
+                &d.agent_ref.id,
+                &b.name,
+                u64::from(b.version),
+                &value.value,
+            )
+            .map_err(|e| {
+                failed(
+                    Code::SecretSealFailed,
+                    format!("secret {} for host {}: {e}", b.name, target.name()),
+                )
+            })?;
+            sealed.push(s);
+        }
+        let op = Operation::PutSecrets(PutSecretsArgs {
+            namespace: d.namespace.clone(),
+            agent: d.agent_ref.clone(),
+            secrets: sealed,
+        });
+        match self.call(d.work, target, op).await? {
+            Ok(OperationResult::PutSecrets(r)) => {
+                tracing::info!(
+                    work_id = d.work.id,
+                    target = target.name(),
+                    agent = %d.agent.id,
+                    secrets = %secret_list(&d.rev.secrets),
+                    changed = r.changed,
+                    "secrets delivered"
+                );
+                Ok(())
+            }
+            Ok(other) => Err(failed(
+                Code::InvalidHostResult,
+                format!("put-secrets answered {:?}", other.kind()),
+            )),
+            Err(e) => Err(self.call_failed(d.work, e, d.committed)),
         }
     }
 
@@ -748,6 +872,13 @@ mod tests {
             let p = phases(committed);
             assert_eq!(p.first(), Some(&Phase::Place));
             assert_eq!(p.last(), Some(&Phase::Retire));
+            // Secrets reach the host after the prepare and before the commit and activation.
+            let at = |phase| p.iter().position(|x| *x == phase);
+            assert!(at(Phase::Prepare) < at(Phase::Secrets));
+            assert!(at(Phase::Secrets) < at(Phase::Activate));
+            if !committed {
+                assert!(at(Phase::Secrets) < at(Phase::Commit));
+            }
         }
     }
 }

@@ -195,6 +195,13 @@ impl EngineBackend {
         self.log.lock().unwrap().clone()
     }
 
+    /// Adds a call to [`EngineBackend::log`] that a wrapping backend answered itself.
+    #[allow(dead_code)]
+    pub fn log_call(&self, target: &str, kind: &str) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.log.lock().unwrap().push(format!("{target} {kind}"));
+    }
+
     fn inventory(&self, host: &str) -> Vec<clawfleet_protocol::result::NamespaceInventory> {
         if !self.hosts.lock().unwrap().contains_key(host) {
             return Vec::new();

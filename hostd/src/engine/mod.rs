@@ -16,6 +16,7 @@ mod reload;
 mod removal;
 mod revision;
 mod runtime;
+mod secrets;
 pub mod workspace;
 
 use std::time::{Duration, Instant};
@@ -377,6 +378,9 @@ impl<'a> Engine<'a> {
             Operation::PlanRevision(args) => self
                 .plan(ctx, args)
                 .map(|p| OperationResult::PlanRevision(Box::new(p))),
+            Operation::PutSecrets(args) => {
+                self.put_secrets(ctx, args).map(OperationResult::PutSecrets)
+            }
         }
     }
 }

@@ -33,7 +33,11 @@ const ENV_FILE_MAX: u64 = 64 * 1024;
 
 impl Engine<'_> {
     /// The Agent's paths, once its Namespace and directory are verified as this Agent's.
-    fn inspected(&self, ns: &NamespaceRef, agent: &AgentRef) -> Result<AgentPaths, Failure> {
+    pub(crate) fn inspected(
+        &self,
+        ns: &NamespaceRef,
+        agent: &AgentRef,
+    ) -> Result<AgentPaths, Failure> {
         self.verify_namespace(ns)?;
         let paths = self.layout.agent(&ns.id, &agent.id);
         if !fsutil::dir_exists(&paths.dir).map_err(fs_failure)? {

@@ -1,0 +1,312 @@
+//! Issue 29: the worker delivers an Agent's bound secrets to its host. A deploy of a revision
+//! that binds secrets sends one fenced `put-secrets` after the prepare and before the
+//! activation, each value sealed to the host's pinned ssh-ed25519 key for this Agent; the
+//! host (here a backend that holds the host's private key) opens exactly the stored value.
+//! A rotation delivers the new version; a host that cannot open a value fails the work
+//! permanently with its code; a version the store no longer holds fails it with
+//! `SECRET_VERSION_GONE`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hostd_engine;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clawfleet_protocol::Operation;
+use clawfleet_protocol::failure::{Failure, FailureCode};
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::sealed::{HostSecretKey, PutSecretsResult, SecretFingerprint};
+use clawfleet_protocol::ssh_key::PrivateKey;
+use clawfleet_protocol::ssh_key::private::{Ed25519Keypair, KeypairData};
+use coordinator::backend::{Backend, CallError, CallOptions, Target};
+use coordinator::config::WorkerSettings;
+use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::store::SharedStore;
+use coordinator::store::sqlite::SqliteStore;
+use coordinator::worker::Worker;
+use hostd_engine::EngineBackend;
+use serde_json::json;
+use zeroize::Zeroizing;
+
+const SEED: [u8; 32] = [7; 32];
+
+/// The test host's public key line, from [`SEED`].
+fn host_key_line() -> String {
+    let pair = Ed25519Keypair::from_seed(&SEED);
+    let key = PrivateKey::new(KeypairData::Ed25519(pair), "").unwrap();
+    key.public_key().to_openssh().unwrap()
+}
+
+/// What the host opened from one `put-secrets`: (name, version, value).
+type Opened = Vec<(String, u64, String)>;
+
+/// hostd's engine for everything but `put-secrets`, which this backend answers as a host
+/// holding [`SEED`] would: it opens every value (or fails as told).
+struct SecretsHost {
+    inner: EngineBackend,
+    key: HostSecretKey,
+    opened: Mutex<Vec<Opened>>,
+    refuse: Mutex<Option<FailureCode>>,
+}
+
+impl Backend for SecretsHost {
+    async fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        let target = target.into();
+        let Operation::PutSecrets(args) = &operation else {
+            return self.inner.call(target, operation, options).await;
+        };
+        // The log keeps the order of the calls.
+        self.inner
+            .log_call(target.name(), operation.kind().as_str());
+        assert!(options.fence.is_some(), "put-secrets travels fenced");
+        if let Some(code) = *self.refuse.lock().unwrap() {
+            return Err(CallError::Failed(Failure::new(code, "refused by the test")));
+        }
+        let mut set = Vec::new();
+        for s in &args.secrets {
+            let value = self
+                .key
+                .open(&args.namespace.id, &args.agent.id, s)
+                .map_err(|e| {
+                    CallError::Failed(Failure::new(
+                        FailureCode::SecretUndecryptable,
+                        e.to_string(),
+                    ))
+                })?;
+            set.push((
+                s.name.to_string(),
+                s.version,
+                String::from_utf8(value.to_vec()).unwrap(),
+            ));
+        }
+        self.opened.lock().unwrap().push(set);
+        Ok(OperationResult::PutSecrets(PutSecretsResult {
+            secrets: args.versions(),
+            changed: true,
+            delivered_to_running_gateway: false,
+        }))
+    }
+}
+
+struct World {
+    svc: Service,
+    store: SharedStore,
+    host: Arc<SecretsHost>,
+}
+
+fn settings() -> WorkerSettings {
+    WorkerSettings {
+        lease: Duration::from_millis(200),
+        backoff_initial: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(5),
+        readiness_recheck: Duration::from_millis(1),
+        readiness_recheck_max: Duration::from_millis(5),
+        max_attempts: 2,
+        ..WorkerSettings::default()
+    }
+}
+
+impl World {
+    async fn new() -> Self {
+        let sqlite = Arc::new(SqliteStore::in_memory().unwrap());
+        let store: SharedStore = sqlite;
+        let svc = Service::new(store.clone());
+        svc.enrol_host(
+            "test",
+            NewHost {
+                name: "h1".into(),
+                address: "127.0.0.1".into(),
+                port: 22,
+                host_key: host_key_line(),
+                max_agents: 4,
+                login_user: None,
+                jump: None,
+            },
+        )
+        .await
+        .unwrap();
+        svc.create_namespace(
+            "test",
+            NewNamespace {
+                id: "ns1".into(),
+                name: None,
+                hosts: vec!["h1".into()],
+                cluster: None,
+                single_tenant: false,
+            },
+            true,
+        )
+        .await
+        .unwrap();
+        let w = Self {
+            svc,
+            store,
+            host: Arc::new(SecretsHost {
+                inner: EngineBackend::new(),
+                key: HostSecretKey::from_seed(&SEED),
+                opened: Mutex::new(Vec::new()),
+                refuse: Mutex::new(None),
+            }),
+        };
+        w.set("slack-bot", "xoxb-first-value").await;
+        w.svc
+            .put_configuration(
+                "test",
+                "ns1",
+                "cfg",
+                json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}}),
+                true,
+            )
+            .await
+            .unwrap();
+        w.svc
+            .create_agent(
+                "test",
+                "ns1",
+                NewAgent {
+                    id: "a1".into(),
+                    service_principal_id: None,
+                    configuration_id: "cfg".into(),
+                    harness_auth: None,
+                    restore: None,
+                    workspace_files: Vec::new(),
+                },
+            )
+            .await
+            .unwrap();
+        w
+    }
+
+    async fn set(&self, name: &str, value: &str) {
+        self.svc
+            .put_secret(
+                "test",
+                "ns1",
+                name,
+                Zeroizing::new(value.as_bytes().to_vec()),
+            )
+            .await
+            .unwrap();
+    }
+
+    fn worker(&self) -> Worker<SecretsHost> {
+        Worker::new(self.store.clone(), self.host.clone(), settings())
+    }
+
+    async fn settle(&self) {
+        let w = self.worker();
+        for _ in 0..500 {
+            if w.run_once().await.is_none() {
+                if self.store.pending_work().await.unwrap() == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        panic!("the worker did not settle");
+    }
+
+    /// The operations sent for a1's deploys, in order (the Namespace's ensure excluded).
+    fn agent_calls(&self) -> Vec<String> {
+        self.host
+            .inner
+            .log()
+            .into_iter()
+            .filter(|l| !l.ends_with("ensure-namespace"))
+            .collect()
+    }
+
+    async fn last_attempt(&self) -> Option<(String, String)> {
+        let revisions = self.store.revisions("ns1", "a1").await.unwrap();
+        let newest = revisions.iter().max_by_key(|r| r.number)?;
+        newest
+            .last_attempt
+            .as_ref()
+            .map(|a| (a.code.clone(), a.message.clone()))
+    }
+}
+
+#[tokio::test]
+async fn a_deploy_delivers_sealed_secrets_between_prepare_and_activation() {
+    let w = World::new().await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.settle().await;
+    assert_eq!(
+        w.agent_calls(),
+        [
+            "h1 prepare-revision",
+            "h1 put-secrets",
+            "h1 activate-revision"
+        ],
+        "put-secrets comes after the prepare and before the activation"
+    );
+    assert_eq!(
+        *w.host.opened.lock().unwrap(),
+        vec![vec![(
+            "slack-bot".to_owned(),
+            1,
+            "xoxb-first-value".to_owned()
+        )]],
+        "the host opens exactly the stored value with its own key"
+    );
+    let agent = w.svc.agent("ns1", "a1").await.unwrap();
+    assert!(agent.active_revision_id.is_some(), "{agent:?}");
+
+    // A rotation: a new version, a new revision binding it, delivered the same way.
+    w.set("slack-bot", "xoxb-second-value").await;
+    w.svc
+        .deploy_secret("test", "ns1", "slack-bot")
+        .await
+        .unwrap();
+    w.settle().await;
+    let opened = w.host.opened.lock().unwrap().clone();
+    assert_eq!(
+        opened.last().unwrap(),
+        &vec![("slack-bot".to_owned(), 2, "xoxb-second-value".to_owned())]
+    );
+    let revisions = w.store.revisions("ns1", "a1").await.unwrap();
+    let newest = revisions.iter().max_by_key(|r| r.number).unwrap();
+    assert_eq!(
+        newest.secrets[0].fingerprint,
+        SecretFingerprint::of(b"xoxb-second-value")
+    );
+}
+
+#[tokio::test]
+async fn a_value_the_host_cannot_open_fails_the_deploy_before_activation() {
+    let w = World::new().await;
+    *w.host.refuse.lock().unwrap() = Some(FailureCode::SecretUndecryptable);
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.settle().await;
+    assert_eq!(
+        w.agent_calls(),
+        ["h1 prepare-revision", "h1 put-secrets"],
+        "a permanent refusal is not retried and nothing is activated"
+    );
+    let (code, message) = w.last_attempt().await.unwrap();
+    assert_eq!(code, "SECRET_UNDECRYPTABLE", "{message}");
+}
+
+#[tokio::test]
+async fn a_version_the_store_no_longer_holds_fails_with_its_code() {
+    let w = World::new().await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    // The secret is deleted behind the service's back (as a damaged or edited database
+    // would have it): the revision binds a version the store cannot give.
+    assert!(
+        w.store
+            .delete_secret("ns1", "slack-bot", "test", 0)
+            .await
+            .unwrap()
+    );
+    w.settle().await;
+    assert_eq!(w.agent_calls(), ["h1 prepare-revision"]);
+    let (code, message) = w.last_attempt().await.unwrap();
+    assert_eq!(code, "SECRET_VERSION_GONE", "{message}");
+    assert!(message.contains("slack-bot version 1"), "{message}");
+}
