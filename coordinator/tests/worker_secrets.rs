@@ -20,6 +20,7 @@ use clawfleet_protocol::ssh_key::PrivateKey;
 use clawfleet_protocol::ssh_key::private::{Ed25519Keypair, KeypairData};
 use coordinator::backend::{Backend, CallError, CallOptions, Target};
 use coordinator::config::WorkerSettings;
+use coordinator::model::{Cluster, ClusterRecord};
 use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
 use coordinator::store::SharedStore;
 use coordinator::store::sqlite::SqliteStore;
@@ -111,8 +112,15 @@ fn settings() -> WorkerSettings {
     }
 }
 
+/// A host key sshd may well hold, but that secrets cannot be sealed to (not ssh-ed25519).
+const ECDSA_HOST_KEY: &str = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBAJOF/VenQUtiatqsFWPfMkJeQhEiY5y2WdGYXcgAKjhP/nO3Q1AeJHjqoyj/adxhM55wIf/sTC/BBqwt8hNse0=";
+
 impl World {
     async fn new() -> Self {
+        Self::with_host_key(host_key_line()).await
+    }
+
+    async fn with_host_key(host_key: String) -> Self {
         let sqlite = Arc::new(SqliteStore::in_memory().unwrap());
         let store: SharedStore = sqlite;
         let svc = Service::new(store.clone());
@@ -122,7 +130,7 @@ impl World {
                 name: "h1".into(),
                 address: "127.0.0.1".into(),
                 port: 22,
-                host_key: host_key_line(),
+                host_key,
                 max_agents: 4,
                 login_user: None,
                 jump: None,
@@ -309,4 +317,110 @@ async fn a_version_the_store_no_longer_holds_fails_with_its_code() {
     let (code, message) = w.last_attempt().await.unwrap();
     assert_eq!(code, "SECRET_VERSION_GONE", "{message}");
     assert!(message.contains("slack-bot version 1"), "{message}");
+}
+
+#[tokio::test]
+async fn a_host_pinned_by_a_key_secrets_cannot_be_sealed_to_fails_before_sending() {
+    let w = World::with_host_key(ECDSA_HOST_KEY.to_owned()).await;
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.settle().await;
+    assert_eq!(
+        w.agent_calls(),
+        ["h1 prepare-revision"],
+        "nothing is sent and nothing activated when the value cannot be sealed"
+    );
+    let (code, message) = w.last_attempt().await.unwrap();
+    assert_eq!(code, "SECRET_SEAL_FAILED", "{message}");
+    assert!(
+        message.contains("slack-bot") && message.contains("h1"),
+        "{message}"
+    );
+    assert!(!message.contains("xoxb"), "{message}");
+    let agent = w.svc.agent("ns1", "a1").await.unwrap();
+    assert!(agent.active_revision_id.is_none(), "{agent:?}");
+}
+
+#[tokio::test]
+async fn a_revision_binding_secrets_is_refused_on_a_cluster_before_activation() {
+    let store: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
+    store
+        .insert_cluster(&ClusterRecord {
+            cluster: Cluster {
+                name: "c1".into(),
+                server: "https://127.0.0.1:6443".into(),
+                settings: json!({}),
+                created_at: 0,
+                last_probe: None,
+            },
+            credentials: json!({"token": "not-a-real-token"}),
+        })
+        .await
+        .unwrap();
+    let svc = Service::new(store.clone());
+    svc.create_namespace(
+        "test",
+        NewNamespace {
+            id: "ns1".into(),
+            name: None,
+            hosts: vec![],
+            cluster: Some("c1".into()),
+            single_tenant: false,
+        },
+        true,
+    )
+    .await
+    .unwrap();
+    let w = World {
+        svc,
+        store,
+        host: Arc::new(SecretsHost {
+            inner: EngineBackend::new(),
+            key: HostSecretKey::from_seed(&SEED),
+            opened: Mutex::new(Vec::new()),
+            refuse: Mutex::new(None),
+        }),
+    };
+    w.set("slack-bot", "xoxb-cluster-value").await;
+    w.svc
+        .put_configuration(
+            "test",
+            "ns1",
+            "cfg",
+            json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}}),
+            true,
+        )
+        .await
+        .unwrap();
+    w.svc
+        .create_agent(
+            "test",
+            "ns1",
+            NewAgent {
+                id: "a1".into(),
+                service_principal_id: None,
+                configuration_id: "cfg".into(),
+                harness_auth: None,
+                restore: None,
+                workspace_files: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.settle().await;
+    let calls = w.agent_calls();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.ends_with("put-secrets") || c.ends_with("activate-revision")),
+        "no value is sent to a cluster and nothing is activated: {calls:?}"
+    );
+    assert!(w.host.opened.lock().unwrap().is_empty());
+    let (code, message) = w.last_attempt().await.unwrap();
+    assert_eq!(code, "SECRETS_UNSUPPORTED", "{message}");
+    assert!(
+        message.contains("slack-bot") && message.contains("c1"),
+        "{message}"
+    );
+    assert!(!message.contains("xoxb"), "{message}");
 }
