@@ -135,6 +135,7 @@ impl Backend for SimFleet {
                         unit: None,
                     },
                     restored: None,
+                    secrets_reload: None,
                 }))
             }
             other => {

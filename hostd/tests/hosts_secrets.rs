@@ -264,3 +264,116 @@ fn secrets_reach_the_gateway_only_on_tmpfs_rotate_without_restart_and_leak_nowhe
         .unwrap();
     assert_eq!(gone.trim(), "gone", "{run_dir} outlived the stop");
 }
+
+/// A revision whose configuration refers to the `slack-bot` secret through the provider the
+/// coordinator renders for it.
+fn spec_with_secret(rev: &str, number: u64) -> RevisionSpec {
+    let mut value = configuration(None, json!({"label": "a1"})).value().clone();
+    value["secrets"] = json!({"providers": {"clawfleet-slack-bot": {
+        "source": "file", "path": GATEWAY_FILE, "mode": "singleValue"}}});
+    value["channels"] = json!({"slack": {"botToken": {
+        "source": "file", "provider": "clawfleet-slack-bot", "id": "value"}}});
+    let configuration = clawfleet_protocol::Configuration::new(value).unwrap();
+    let mut s = spec(rev, number, json!({}));
+    s.id = id(rev);
+    s.configuration_hash = configuration.hash();
+    s.configuration = configuration;
+    s
+}
+
+fn activate(r: &RevisionSpec) -> Operation {
+    Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", r)))
+}
+
+/// The fingerprint of the file bytes the test gateway holds for `slack-bot`, and whether its
+/// last reload succeeded.
+fn held(host: &TestHost, port: u16) -> (String, Option<bool>) {
+    let (code, body) = curl(host, port, "/secrets");
+    assert_eq!(code, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    (
+        doc["providers"]["clawfleet-slack-bot"]["fingerprint"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no fingerprint in {body}"))
+            .to_owned(),
+        doc["lastReload"]["ok"].as_bool(),
+    )
+}
+
+#[test]
+fn a_secrets_only_revision_reloads_the_running_gateway_without_a_restart_on_a_real_host() {
+    skip_unless_hosts!();
+    use clawfleet_protocol::result::SecretsReload;
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    let host_key = PublicKey::from_openssh(host.host_public_key().trim()).unwrap();
+    let paths = layout().agent(&id("ns1"), &id("a1"));
+    let unit = paths.unit_name.clone();
+    let fp = |v: &str| SecretFingerprint::of(v.as_bytes()).as_str().to_owned();
+    let current = || {
+        host.run_ok(&format!("readlink {}", paths.current.display()))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec_with_secret("rev-1", 1);
+    occ.ok(&host, prepare("ns1", "a1", &r1));
+    put_ok(&occ, &host, vec![sealed(&host_key, 1, "cf-rotate-v1")]);
+    let OperationResult::ActivateRevision(a1) = occ.ok(&host, activate(&r1)) else {
+        panic!("not an activate result");
+    };
+    assert!(a1.restarted && a1.secrets_reload.is_none(), "{a1:?}");
+    let port = a1.observation.port.unwrap();
+    let pid = main_pid(&host, &unit);
+    assert_eq!(held(&host, port).0, fp("cf-rotate-v1"));
+
+    // Rotation: v2 delivered, then a revision with the same configuration activated: the
+    // same process reloads and holds v2.
+    let r2 = spec_with_secret("rev-2", 2);
+    assert_eq!(r1.configuration_hash, r2.configuration_hash);
+    put_ok(&occ, &host, vec![sealed(&host_key, 2, "cf-rotate-v2")]);
+    occ.ok(&host, prepare("ns1", "a1", &r2));
+    let OperationResult::ActivateRevision(a2) = occ.ok(&host, activate(&r2)) else {
+        panic!("not an activate result");
+    };
+    assert!(!a2.restarted, "{a2:?}");
+    assert_eq!(a2.secrets_reload, Some(SecretsReload::Verified), "{a2:?}");
+    assert_eq!(a2.observation.current, Some(id("rev-2")));
+    assert_eq!(a2.observation.served, Some(id("rev-2")));
+    assert_eq!(
+        main_pid(&host, &unit),
+        pid,
+        "the rotation restarted the gateway"
+    );
+    assert_eq!(held(&host, port), (fp("cf-rotate-v2"), Some(true)));
+    // Activating it again is the no-op it always was.
+    let OperationResult::ActivateRevision(again) = occ.ok(&host, activate(&r2)) else {
+        panic!("not an activate result");
+    };
+    assert!(!again.restarted, "{again:?}");
+
+    // A value the gateway resolves to nothing (only a byte order mark, which it strips):
+    // the reload is refused, typed; the same process keeps v2 and rev-2 stays current.
+    let r3 = spec_with_secret("rev-3", 3);
+    put_ok(&occ, &host, vec![sealed(&host_key, 3, "\u{feff}")]);
+    occ.ok(&host, prepare("ns1", "a1", &r3));
+    let f = occ.fails(&host, activate(&r3));
+    assert_eq!(f.code, FailureCode::SecretReloadFailed, "{f}");
+    assert_eq!(
+        main_pid(&host, &unit),
+        pid,
+        "the failed reload restarted the gateway"
+    );
+    assert_eq!(held(&host, port), (fp("cf-rotate-v2"), Some(false)));
+    assert_eq!(
+        current(),
+        hostd::layout::AgentPaths::current_target(&id("rev-2"))
+            .display()
+            .to_string(),
+        "current must name the served revision again"
+    );
+    let (code, _) = curl(&host, port, "/readyz");
+    assert_eq!(code, 200, "the gateway stopped serving");
+}

@@ -195,6 +195,22 @@ pub struct ActivateResult {
     /// back (asked for with `restore`): it serves again, and the candidate failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<Restored>,
+    /// Present when the revision differed from the served one only in its secrets, so the
+    /// running gateway was asked to reload them instead of being restarted (`restarted` is
+    /// false): whether what it holds was checked against the delivered fingerprints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_reload: Option<SecretsReload>,
+}
+
+/// How a secrets-only activation was confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SecretsReload {
+    /// The gateway reported the fingerprints it holds, and they are the delivered ones.
+    Verified,
+    /// The gateway reloaded without a warning but reports no fingerprints (OpenClaw has no
+    /// such RPC): what it holds was not checked.
+    Unverified,
 }
 
 impl Restored {
@@ -333,6 +349,8 @@ pub enum Step {
     Secrets,
     /// Writing the secrets' files where the running gateway reads them.
     SecretFiles,
+    /// Asking the running gateway to reload its secrets and checking what it holds.
+    SecretReload,
 }
 
 /// The recorded state of an operation id, as `operation-status` reports it.

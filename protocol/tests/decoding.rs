@@ -96,6 +96,14 @@ fn every_result_round_trips() {
             unit_changed: false,
             observation: observation.clone(),
             restored: None,
+            secrets_reload: None,
+        }),
+        OperationResult::ActivateRevision(ActivateResult {
+            restarted: false,
+            unit_changed: false,
+            observation: observation.clone(),
+            restored: None,
+            secrets_reload: Some(SecretsReload::Unverified),
         }),
         OperationResult::ActivateRevision(ActivateResult {
             restarted: true,
@@ -105,6 +113,7 @@ fn every_result_round_trips() {
                 revision: clawfleet_protocol::Ident::new("rev-1").unwrap(),
                 candidate_failure: Failure::new(FailureCode::ReadinessTimeout, "not ready"),
             }),
+            secrets_reload: None,
         }),
         OperationResult::VerifyRevision(VerifyResult {
             observation: observation.clone(),

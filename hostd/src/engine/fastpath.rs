@@ -207,6 +207,7 @@ impl Engine<'_> {
             unit_changed: false,
             observation: self.observe_with(&ns.id, &agent.id, paths, Some(state)),
             restored: None,
+            secrets_reload: None,
         });
         self.answer_fenced(ctx, &ns.id, &agent.id, paths, raise, answer)
     }

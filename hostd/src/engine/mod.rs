@@ -15,6 +15,7 @@ mod provision;
 mod reload;
 mod removal;
 mod revision;
+mod rotate;
 mod runtime;
 mod secrets;
 pub mod workspace;

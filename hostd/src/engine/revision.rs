@@ -469,6 +469,20 @@ impl Engine<'_> {
                 .map_err(system_failure)?;
         }
 
+        // A revision that differs from the served one only in its secrets: the running
+        // gateway reloads them (see `rotate`).
+        if !unit_changed
+            && let Some(plan) = self.reload_plan(
+                args,
+                paths,
+                current.as_ref().map(|c| &c.revision_id),
+                &snapshot,
+                agent_marker.port,
+                ids.uid,
+            )?
+        {
+            return self.reload_secrets(ctx, args, paths, plan);
+        }
         let is_current = current.as_ref().is_some_and(|c| c.revision_id == rev.id);
         if !unit_changed && is_current {
             let state = self
@@ -487,6 +501,7 @@ impl Engine<'_> {
                     unit_changed: false,
                     observation: self.observe(&ns.id, &agent.id, paths),
                     restored: None,
+                    secrets_reload: None,
                 });
             }
             // A retry: the unit was restarted on this revision and systemd still runs it (or
@@ -508,6 +523,7 @@ impl Engine<'_> {
                     unit_changed: false,
                     observation: self.observe(&ns.id, &agent.id, paths),
                     restored,
+                    secrets_reload: None,
                 });
             }
         }
@@ -551,6 +567,7 @@ impl Engine<'_> {
             unit_changed,
             observation: self.observe(&ns.id, &agent.id, paths),
             restored,
+            secrets_reload: None,
         })
     }
 
@@ -682,7 +699,7 @@ impl Engine<'_> {
     }
 
     /// Writes `served.json` once the gateway answered `/readyz`.
-    fn record_served(
+    pub(super) fn record_served(
         &self,
         ctx: &mut Ctx<'_>,
         paths: &AgentPaths,

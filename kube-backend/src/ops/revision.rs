@@ -503,6 +503,7 @@ async fn activate_one(
         unit_changed: template_changed,
         observation: observed.observation(settings),
         restored: None,
+        secrets_reload: None,
     })
 }
 
