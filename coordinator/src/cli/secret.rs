@@ -138,11 +138,14 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
             source,
         } => {
             let v = set(c, namespace, name, source)?;
-            say(&format!(
-                "secret {name} version {} ({})",
-                v["version"],
-                v["fingerprint"].as_str().unwrap_or("-")
-            ));
+            let json_out = cli.output == super::Output::Json;
+            if !json_out {
+                say(&format!(
+                    "secret {name} version {} ({})",
+                    v["version"],
+                    v["fingerprint"].as_str().unwrap_or("-")
+                ));
+            }
             let started = c.request(
                 "POST",
                 &format!(
@@ -152,7 +155,16 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
                 ),
                 None,
             )?;
-            print(cli, &started, DEPLOY_COLUMNS);
+            if json_out {
+                // One document: the version written and what was started for it.
+                print(
+                    cli,
+                    &serde_json::json!({"secret": v, "deploys": started}),
+                    &[],
+                );
+            } else {
+                print(cli, &started, DEPLOY_COLUMNS);
+            }
         }
         SecretCmd::List { namespace } => {
             let v = c.request(
