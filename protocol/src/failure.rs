@@ -192,7 +192,7 @@ pub const MESSAGE_MAX: usize = 512;
 
 /// A failed operation as it travels back to the caller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Failure {
     pub class: FailureClass,
     pub code: FailureCode,
@@ -276,11 +276,15 @@ mod tests {
     }
 
     #[test]
-    fn failure_rejects_unknown_fields_and_codes() {
+    fn failure_reads_a_newer_hosts_fields_and_rejects_unknown_codes() {
         let ok = r#"{"class":"retryable","code":"LOCK_TIMEOUT","message":"busy"}"#;
         assert!(serde_json::from_str::<Failure>(ok).is_ok());
+        // A field a newer hostd adds (results are read tolerantly; see `result`).
         let extra = r#"{"class":"retryable","code":"LOCK_TIMEOUT","message":"busy","x":1}"#;
-        assert!(serde_json::from_str::<Failure>(extra).is_err());
+        assert_eq!(
+            serde_json::from_str::<Failure>(extra).ok(),
+            serde_json::from_str::<Failure>(ok).ok()
+        );
         let code = r#"{"class":"retryable","code":"NOPE","message":"busy"}"#;
         assert!(serde_json::from_str::<Failure>(code).is_err());
     }

@@ -44,7 +44,7 @@ impl Change {
 
 /// The answer to `plan-revision`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PlanResult {
     /// The Agent's account (user and group).
     pub account: Change,

@@ -1,4 +1,10 @@
 //! Typed results, outcomes and progress events that hostd sends back.
+//!
+//! Results are read tolerantly, operations strictly: hosts are upgraded before the coordinator
+//! (`docs/operator-guide.md`, "Upgrade"), so a newer hostd may add an optional field to an
+//! answer, and an older coordinator must still read it. Nothing in a result grants anything;
+//! an operation's arguments, which do, keep `deny_unknown_fields`
+//! (`protocol/tests/decoding.rs`, `results_from_a_newer_hostd_with_extra_fields_decode`).
 
 use serde::{Deserialize, Serialize};
 
@@ -8,7 +14,7 @@ use crate::operation::{OperationKind, RevisionNumber};
 
 /// What happened to one operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
 pub enum Outcome {
     Succeeded { result: OperationResult },
     Failed { failure: Failure },
@@ -27,7 +33,7 @@ impl Outcome {
 /// The answer to one envelope. `operation_id` is absent when the envelope could not be trusted
 /// enough to read it (for example a bad signature).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ResultMessage {
     pub operation_id: Option<OperationId>,
     pub outcome: Outcome,
@@ -79,7 +85,7 @@ impl OperationResult {
 
 /// An inclusive port range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PortRange {
     pub start: u16,
     pub end: u16,
@@ -87,7 +93,7 @@ pub struct PortRange {
 
 /// What `probe` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ProbeResult {
     pub hostd_version: String,
     pub protocol_versions: Vec<u32>,
@@ -110,7 +116,7 @@ pub struct ProbeResult {
 
 /// What `ensure-namespace` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct EnsureNamespaceResult {
     pub namespace_id: Ident,
     /// False when the Namespace was already there and verified.
@@ -119,7 +125,7 @@ pub struct EnsureNamespaceResult {
 
 /// What `delete-namespace` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct DeleteNamespaceResult {
     pub namespace_id: Ident,
     /// False when nothing of the Namespace was left on the host.
@@ -129,7 +135,7 @@ pub struct DeleteNamespaceResult {
 
 /// The systemd view of an Agent's unit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct UnitObservation {
     pub name: String,
     pub active_state: String,
@@ -141,7 +147,7 @@ pub struct UnitObservation {
 /// What a host actually runs for one Agent. Every Agent-scoped result carries it, so the
 /// coordinator always knows the served revision.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AgentObservation {
     /// The revision `current` points at.
     pub current: Option<Ident>,
@@ -156,7 +162,7 @@ pub struct AgentObservation {
 
 /// What `prepare-revision` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PrepareResult {
     /// False when a newer revision is current: nothing was written.
     pub ready: bool,
@@ -183,7 +189,7 @@ pub enum WorkspaceOutcome {
 
 /// What `activate-revision` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ActivateResult {
     /// False when the unit already ran this revision: it was served and ready (the fast
     /// path), or a retried activation waited for it again without restarting it.
@@ -229,7 +235,7 @@ impl Restored {
 
 /// A restore after a failed candidate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Restored {
     /// The revision that serves again.
     pub revision: Ident,
@@ -239,14 +245,14 @@ pub struct Restored {
 
 /// What `verify-revision` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct VerifyResult {
     pub observation: AgentObservation,
 }
 
 /// What `stop-revision` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct StopResult {
     /// True when the unit served this revision and was stopped now.
     pub stopped: bool,
@@ -255,7 +261,7 @@ pub struct StopResult {
 
 /// What `retire-revision` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RetireResult {
     pub stopped: bool,
     /// True when the snapshot existed and was removed now.
@@ -265,7 +271,7 @@ pub struct RetireResult {
 
 /// What `delete-agent` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct DeleteAgentResult {
     /// False when nothing of the Agent was left on the host.
     pub removed: bool,
@@ -273,7 +279,7 @@ pub struct DeleteAgentResult {
 
 /// One revision snapshot on a host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RevisionInventory {
     pub id: Ident,
     pub number: RevisionNumber,
@@ -281,7 +287,7 @@ pub struct RevisionInventory {
 
 /// One Agent on a host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AgentInventory {
     pub id: Ident,
     pub service_principal_id: Ident,
@@ -297,7 +303,7 @@ pub struct AgentInventory {
 
 /// One Namespace on a host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct NamespaceInventory {
     pub id: Ident,
     pub name: Ident,
@@ -306,7 +312,7 @@ pub struct NamespaceInventory {
 
 /// Something `status` found that it could not read as ours; reported, never repaired.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct InventoryProblem {
     pub path: String,
     pub message: String,
@@ -314,7 +320,7 @@ pub struct InventoryProblem {
 
 /// What `status` reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Inventory {
     pub namespaces: Vec<NamespaceInventory>,
     pub problems: Vec<InventoryProblem>,
@@ -355,7 +361,7 @@ pub enum Step {
 
 /// The recorded state of an operation id, as `operation-status` reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "state", rename_all = "kebab-case")]
 pub enum OperationState {
     /// Another session is working on it now.
     Running {
@@ -386,7 +392,7 @@ pub enum OperationState {
 
 /// What `operation-status` reports.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OperationStatusResult {
     pub operation_id: OperationId,
     pub state: OperationState,
@@ -394,7 +400,7 @@ pub struct OperationStatusResult {
 
 /// A progress event while an operation runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Progress {
     pub operation_id: OperationId,
     pub step: Step,
@@ -405,7 +411,7 @@ pub struct Progress {
 
 /// The first message hostd sends on a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Hello {
     pub hostd_version: String,
     pub protocol_versions: Vec<u32>,

@@ -161,7 +161,7 @@ pub enum ExitKind {
 
 /// The last exit of the Agent's main process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LastExit {
     pub kind: ExitKind,
     /// The exit status (`exited`) or the signal number (`killed`, `dumped`).
@@ -175,7 +175,7 @@ pub struct LastExit {
 
 /// The Agent's unit or Pod as it runs now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Workload {
     pub kind: WorkloadKind,
     pub name: String,
@@ -209,7 +209,7 @@ pub struct Workload {
 
 /// An event about the workload (Kubernetes events; hosts have none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RuntimeEvent {
     pub at: String,
     /// `Normal` or `Warning`.
@@ -231,7 +231,7 @@ pub enum LogSource {
 
 /// One log entry, redacted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LogEntry {
     /// RFC 3339 UTC with the source's precision (microseconds from journald).
     pub at: String,
@@ -251,7 +251,7 @@ impl LogEntry {
 
 /// What `agent-runtime` reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct RuntimeReport {
     pub observation: AgentObservation,
     /// `None` when no unit is loaded (or no Deployment exists).
@@ -268,7 +268,7 @@ pub struct RuntimeReport {
 
 /// One page of an Agent's log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct LogPage {
     pub entries: Vec<LogEntry>,
     /// Where the next page starts (after the last entry here); the same cursor as given when

@@ -123,7 +123,7 @@ impl PutSecretsArgs {
 
 /// The result of `put-secrets`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PutSecretsResult {
     /// The Agent's secrets on the host now, by name.
     pub secrets: Vec<SecretVersion>,

@@ -191,8 +191,43 @@ fn every_result_round_trips() {
                 clawfleet_protocol::envelope::decode_json("result", &bytes).unwrap();
             assert_eq!(back, msg);
             assert_camel_case(&serde_json::from_slice(&bytes).unwrap(), "result");
+            results_from_a_newer_hostd_with_extra_fields_decode(&msg);
         }
     }
+}
+
+/// A newer hostd adds a field to every object of an answer (hosts are upgraded first): the
+/// answer still decodes, and to what it said without the new field.
+fn results_from_a_newer_hostd_with_extra_fields_decode(msg: &ResultMessage) {
+    fn add(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.values_mut().for_each(add);
+                m.insert("fieldFromTheFuture".into(), json!({"x": 1}));
+            }
+            Value::Array(a) => a.iter_mut().for_each(add),
+            _ => {}
+        }
+    }
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.remove("fieldFromTheFuture");
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let original = serde_json::to_value(msg).unwrap();
+    let mut newer = original.clone();
+    add(&mut newer);
+    let bytes = serde_json::to_vec(&newer).unwrap();
+    let back: ResultMessage = clawfleet_protocol::envelope::decode_json("result", &bytes)
+        .unwrap_or_else(|e| panic!("a newer hostd's answer is refused: {e}\n{newer}"));
+    let mut again = serde_json::to_value(&back).unwrap();
+    strip(&mut again);
+    assert_eq!(again, original);
 }
 
 /// Every key the protocol writes is camelCase (issue 27: `after_step` was the one
