@@ -149,11 +149,13 @@ impl Coordinator {
     pub fn call(&self, host: &TestHost, operation: Operation) -> ResultMessage {
         let id = self.next_id();
         let signed = self.sign(&self.envelope(host, &id, operation));
-        let out = self.session(host, &[signed]);
+        let mut s = Session::open(self, host);
+        s.send(&signed);
+        let (out, stderr) = s.finish_with_stderr();
         results(&out)
             .into_iter()
             .next()
-            .unwrap_or_else(|| panic!("no result in {out:?}"))
+            .unwrap_or_else(|| panic!("no result in {out:?}; {stderr}"))
     }
 
     /// Like [`call`], but the operation must succeed.
@@ -181,6 +183,8 @@ pub struct Session {
     stdin: Option<ChildStdin>,
     rx: mpsc::Receiver<Message>,
     pub received: Vec<Message>,
+    /// What ssh (and hostd before its first frame) wrote to stderr, for a failure's message.
+    stderr: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Session {
@@ -189,10 +193,16 @@ impl Session {
             .ssh(host)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stdin = child.stdin.take();
+        let mut err = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text);
+            text
+        });
         let mut stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -218,6 +228,7 @@ impl Session {
             stdin,
             rx,
             received: Vec::new(),
+            stderr: Some(stderr),
         }
     }
 
@@ -250,13 +261,26 @@ impl Session {
     }
 
     /// Closes stdin and collects everything until hostd ends the session.
-    pub fn finish(mut self) -> Vec<Message> {
+    pub fn finish(self) -> Vec<Message> {
+        self.finish_with_stderr().0
+    }
+
+    /// [`Session::finish`], with what ssh wrote to stderr and how it exited.
+    pub fn finish_with_stderr(mut self) -> (Vec<Message>, String) {
         drop(self.stdin.take());
         while let Ok(m) = self.rx.recv_timeout(Duration::from_secs(180)) {
             self.received.push(m);
         }
-        let _ = self.child.wait();
-        self.received
+        let status = self.child.wait();
+        let stderr = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        (
+            self.received,
+            format!("ssh exited {status:?}; stderr: {stderr:?}"),
+        )
     }
 
     /// Cuts the session from the client side (the ssh client dies).
