@@ -1,6 +1,7 @@
 //! The no-op fast path: under the Agent lock, before anything is written, an idempotent
-//! prepare, an activate of the revision already served and a stop of an Agent that is not
-//! running the revision are recognised with reads alone (markers, snapshot hashes, the unit
+//! prepare, an activate of the revision already served, a stop of an Agent that is not
+//! running the revision and a retire of a revision the host does not hold (already retired,
+//! or never prepared here) are recognised with reads alone (markers, snapshot hashes, the unit
 //! file, one unit state) and answered as the slow path would answer them, without a durable
 //! journal write ([`Ctx::commit`] is never called), fsync, rename or systemd change.
 //!
@@ -23,7 +24,7 @@
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::Failure;
 use clawfleet_protocol::operation::{ActivateArgs, PrepareArgs, RevisionArgs};
-use clawfleet_protocol::result::{ActivateResult, PrepareResult, Step, StopResult};
+use clawfleet_protocol::result::{ActivateResult, PrepareResult, RetireResult, Step, StopResult};
 
 use super::checks::snapshot_matches;
 use super::revision::{needs_password, newer_is_current};
@@ -233,6 +234,32 @@ impl Engine<'_> {
                 stopped: false,
                 observation: self.observe(ns, agent, paths),
             }),
+        };
+        self.answer_fenced(ctx, ns, agent, paths, raise, answer)
+    }
+
+    /// A retire that removes nothing: `current` does not name the revision and its snapshot
+    /// is not on the host (retired before, or never prepared here). A retry of a retire, and
+    /// the worker's retire of superseded revisions, then cost reads alone.
+    pub(crate) fn retire_noop(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+        paths: &AgentPaths,
+    ) -> Fast<RetireResult> {
+        let (ns, agent) = (&args.namespace.id, &args.agent.id);
+        let raise = match self.fence_check(ctx, ns, agent, paths) {
+            Ok(raise) => raise,
+            Err(fast) => return fast,
+        };
+        let answer = match self.stop_plan(ctx, args, paths) {
+            Err(f) => Err(f),
+            Ok(super::revision::StopPlan::Nothing { exists: false }) => Ok(RetireResult {
+                stopped: false,
+                removed: false,
+                observation: self.observe(ns, agent, paths),
+            }),
+            Ok(_) => return Fast::Decline,
         };
         self.answer_fenced(ctx, ns, agent, paths, raise, answer)
     }

@@ -326,6 +326,7 @@ impl<'a> Engine<'a> {
                 Operation::PrepareRevision(_)
                     | Operation::ActivateRevision(_)
                     | Operation::StopRevision(_)
+                    | Operation::RetireRevision(_)
             ) {
                 ctx.commit()?;
             }

@@ -999,9 +999,16 @@ impl Engine<'_> {
     ) -> Result<RetireResult, Failure> {
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
-        let outcome = self
-            .check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)
-            .and_then(|()| self.stop_if_current(ctx, args, &paths));
+        let outcome = match self.retire_noop(ctx, args, &paths) {
+            Fast::Answer(r) => {
+                self.forget_lock_if_absent(&agent_lock, &paths);
+                return r;
+            }
+            Fast::Decline => ctx.commit().and_then(|()| {
+                self.check_fence(ctx, &args.namespace.id, &args.agent.id, &paths)?;
+                self.stop_if_current(ctx, args, &paths)
+            }),
+        };
         self.forget_lock_if_absent(&agent_lock, &paths);
         let (stopped, exists) = outcome?;
         if exists {

@@ -337,3 +337,50 @@ fn a_no_op_under_a_higher_fence_records_the_fence_and_takes_the_fast_path() {
     h.changes(prepare("ns1", "a1", "rev-3", 3), Some(10));
     assert_eq!(h.fence_of("ns1", "a1"), Some(10));
 }
+
+fn retire(n: &str, a: &str, rev: &str, number: u64) -> Operation {
+    Operation::RetireRevision(rargs(n, a, rev, number))
+}
+
+/// Issue 34: a retire of a revision the host does not hold (a retry, or a revision superseded
+/// before it reached the host) costs reads alone; one that removes a snapshot or stops the
+/// running revision still commits first, and a stale fence is refused without a write.
+#[test]
+fn retiring_a_revision_the_host_does_not_hold_writes_nothing() {
+    let h = serving();
+    h.ok_fenced(prepare("ns1", "a1", "rev-2", 2), 5);
+    // rev-2 is on the host, not current: removed, the slow way.
+    let ran = h.changes(retire("ns1", "a1", "rev-2", 2), Some(5));
+    assert!(
+        matches!(&ran.result, Ok(OperationResult::RetireRevision(r)) if r.removed && !r.stopped),
+        "{ran:?}"
+    );
+    // Again: nothing to remove, no commit, no write, no systemd call.
+    match h.noop(retire("ns1", "a1", "rev-2", 2), Some(5)) {
+        OperationResult::RetireRevision(r) => {
+            assert!(!r.removed && !r.stopped, "{r:?}");
+            assert_eq!(r.observation.current, Some(id("rev-1")), "{r:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Never prepared here, under a new claim: the fence is recorded, nothing else.
+    match h.fenced_noop(retire("ns1", "a1", "rev-7", 7), 6) {
+        OperationResult::RetireRevision(r) => assert!(!r.removed, "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.fence_of("ns1", "a1"), Some(6));
+    let stale = h.counted(retire("ns1", "a1", "rev-7", 7), Some(5));
+    assert_eq!(
+        stale.result.as_ref().map_err(|f| f.code).err(),
+        Some(FailureCode::FenceStale),
+        "{stale:?}"
+    );
+    assert!(stale.io.is_zero() && stale.commits == 0, "{stale:?}");
+    // The running revision: stopped and removed, the slow way.
+    let ran = h.changes(retire("ns1", "a1", "rev-1", 1), Some(6));
+    assert!(
+        matches!(&ran.result, Ok(OperationResult::RetireRevision(r)) if r.removed && r.stopped),
+        "{ran:?}"
+    );
+    assert!(ran.calls.iter().any(|c| c.starts_with("stop ")), "{ran:?}");
+}
