@@ -121,8 +121,7 @@ impl World {
     }
 
     async fn with_host_key(host_key: String) -> Self {
-        let sqlite = Arc::new(SqliteStore::in_memory().unwrap());
-        let store: SharedStore = sqlite;
+        let store: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
         let svc = Service::new(store.clone());
         svc.enrol_host(
             "test",
@@ -138,13 +137,44 @@ impl World {
         )
         .await
         .unwrap();
+        Self::with_namespace(store, svc, vec!["h1".into()], None).await
+    }
+
+    /// ns1 on a (fake) cluster named c1 instead of a host pool.
+    async fn on_cluster() -> Self {
+        let store: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
+        store
+            .insert_cluster(&ClusterRecord {
+                cluster: Cluster {
+                    name: "c1".into(),
+                    server: "https://127.0.0.1:6443".into(),
+                    settings: json!({}),
+                    created_at: 0,
+                    last_probe: None,
+                },
+                credentials: json!({"token": "not-a-real-token"}),
+            })
+            .await
+            .unwrap();
+        let svc = Service::new(store.clone());
+        Self::with_namespace(store, svc, vec![], Some("c1".into())).await
+    }
+
+    /// Namespace ns1 on `hosts` or `cluster`, secret slack-bot, a configuration binding it,
+    /// and Agent a1 using that configuration.
+    async fn with_namespace(
+        store: SharedStore,
+        svc: Service,
+        hosts: Vec<String>,
+        cluster: Option<String>,
+    ) -> Self {
         svc.create_namespace(
             "test",
             NewNamespace {
                 id: "ns1".into(),
                 name: None,
-                hosts: vec!["h1".into()],
-                cluster: None,
+                hosts,
+                cluster,
                 single_tenant: false,
             },
             true,
@@ -342,70 +372,7 @@ async fn a_host_pinned_by_a_key_secrets_cannot_be_sealed_to_fails_before_sending
 
 #[tokio::test]
 async fn a_revision_binding_secrets_is_refused_on_a_cluster_before_activation() {
-    let store: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
-    store
-        .insert_cluster(&ClusterRecord {
-            cluster: Cluster {
-                name: "c1".into(),
-                server: "https://127.0.0.1:6443".into(),
-                settings: json!({}),
-                created_at: 0,
-                last_probe: None,
-            },
-            credentials: json!({"token": "not-a-real-token"}),
-        })
-        .await
-        .unwrap();
-    let svc = Service::new(store.clone());
-    svc.create_namespace(
-        "test",
-        NewNamespace {
-            id: "ns1".into(),
-            name: None,
-            hosts: vec![],
-            cluster: Some("c1".into()),
-            single_tenant: false,
-        },
-        true,
-    )
-    .await
-    .unwrap();
-    let w = World {
-        svc,
-        store,
-        host: Arc::new(SecretsHost {
-            inner: EngineBackend::new(),
-            key: HostSecretKey::from_seed(&SEED),
-            opened: Mutex::new(Vec::new()),
-            refuse: Mutex::new(None),
-        }),
-    };
-    w.set("slack-bot", "xoxb-cluster-value").await;
-    w.svc
-        .put_configuration(
-            "test",
-            "ns1",
-            "cfg",
-            json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}}),
-            true,
-        )
-        .await
-        .unwrap();
-    w.svc
-        .create_agent(
-            "test",
-            "ns1",
-            NewAgent {
-                id: "a1".into(),
-                service_principal_id: None,
-                configuration_id: "cfg".into(),
-                harness_auth: None,
-                restore: None,
-                workspace_files: Vec::new(),
-            },
-        )
-        .await
-        .unwrap();
+    let w = World::on_cluster().await;
     w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle().await;
     let calls = w.agent_calls();

@@ -27,7 +27,7 @@ use clawfleet_protocol::operation::{ActivateArgs, PrepareArgs, RevisionArgs};
 use clawfleet_protocol::result::{ActivateResult, PrepareResult, RetireResult, Step, StopResult};
 
 use super::checks::snapshot_matches;
-use super::revision::{needs_password, newer_is_current};
+use super::revision::{StopPlan, needs_password, newer_is_current};
 use super::{Ctx, Engine};
 use crate::fsutil;
 use crate::layout::AgentPaths;
@@ -222,20 +222,13 @@ impl Engine<'_> {
         args: &RevisionArgs,
         paths: &AgentPaths,
     ) -> Fast<StopResult> {
-        let (ns, agent) = (&args.namespace.id, &args.agent.id);
-        let raise = match self.fence_check(ctx, ns, agent, paths) {
-            Ok(raise) => raise,
-            Err(fast) => return fast,
-        };
-        let answer = match self.stop_plan(ctx, args, paths) {
-            Err(f) => Err(f),
-            Ok(super::revision::StopPlan::Stop) => return Fast::Decline,
-            Ok(super::revision::StopPlan::Nothing { .. }) => Ok(StopResult {
+        self.stop_plan_noop(ctx, args, paths, |e, plan| match plan {
+            StopPlan::Stop => None,
+            StopPlan::Nothing { .. } => Some(StopResult {
                 stopped: false,
-                observation: self.observe(ns, agent, paths),
+                observation: e.observe(&args.namespace.id, &args.agent.id, paths),
             }),
-        };
-        self.answer_fenced(ctx, ns, agent, paths, raise, answer)
+        })
     }
 
     /// A retire that removes nothing: `current` does not name the revision and its snapshot
@@ -247,6 +240,25 @@ impl Engine<'_> {
         args: &RevisionArgs,
         paths: &AgentPaths,
     ) -> Fast<RetireResult> {
+        self.stop_plan_noop(ctx, args, paths, |e, plan| match plan {
+            StopPlan::Nothing { exists: false } => Some(RetireResult {
+                stopped: false,
+                removed: false,
+                observation: e.observe(&args.namespace.id, &args.agent.id, paths),
+            }),
+            _ => None,
+        })
+    }
+
+    /// The fence check and [`Engine::stop_plan`] shared by stop and retire: `answer` turns a
+    /// plan with nothing to do into the result, or declines (`None`).
+    fn stop_plan_noop<T>(
+        &self,
+        ctx: &mut Ctx<'_>,
+        args: &RevisionArgs,
+        paths: &AgentPaths,
+        answer: impl FnOnce(&Self, StopPlan) -> Option<T>,
+    ) -> Fast<T> {
         let (ns, agent) = (&args.namespace.id, &args.agent.id);
         let raise = match self.fence_check(ctx, ns, agent, paths) {
             Ok(raise) => raise,
@@ -254,12 +266,10 @@ impl Engine<'_> {
         };
         let answer = match self.stop_plan(ctx, args, paths) {
             Err(f) => Err(f),
-            Ok(super::revision::StopPlan::Nothing { exists: false }) => Ok(RetireResult {
-                stopped: false,
-                removed: false,
-                observation: self.observe(ns, agent, paths),
-            }),
-            Ok(_) => return Fast::Decline,
+            Ok(plan) => match answer(self, plan) {
+                Some(result) => Ok(result),
+                None => return Fast::Decline,
+            },
         };
         self.answer_fenced(ctx, ns, agent, paths, raise, answer)
     }

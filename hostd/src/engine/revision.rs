@@ -621,6 +621,17 @@ impl Engine<'_> {
         self.system
             .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
             .map_err(system_failure)?;
+        self.record_started(ctx, paths, rev)
+    }
+
+    /// `started.json`: the running unit's process serves `rev` from now on (after a restart,
+    /// or a secrets reload of a revision with the same configuration).
+    pub(super) fn record_started(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        rev: &RevisionRef,
+    ) -> Result<(), Failure> {
         let started = StartedMarker {
             schema: SCHEMA,
             revision_id: rev.id.clone(),

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
-use clawfleet_protocol::operation::{ActivateArgs, RevisionRef};
+use clawfleet_protocol::operation::ActivateArgs;
 use clawfleet_protocol::result::{ActivateResult, Step};
 use clawfleet_protocol::sealed::SecretVersion;
 use clawfleet_protocol::secret::provider_name;
@@ -39,7 +39,7 @@ use super::{Ctx, Engine, fs_failure, system_failure};
 use crate::fsutil;
 use crate::gateway_rpc::{GatewayRpc, RpcError};
 use crate::layout::AgentPaths;
-use crate::markers::{self, RevisionMarker, SCHEMA, StartedMarker};
+use crate::markers::RevisionMarker;
 use crate::secrets as at_rest;
 
 /// How long each RPC read or write may wait.
@@ -183,26 +183,6 @@ impl Engine<'_> {
                 Verified::Unverifiable => clawfleet_protocol::result::SecretsReload::Unverified,
             }),
         })
-    }
-
-    /// `started.json` for a revision the running unit now serves without a restart: its
-    /// process reads the same configuration.
-    fn record_started(
-        &self,
-        ctx: &Ctx<'_>,
-        paths: &AgentPaths,
-        rev: &RevisionRef,
-    ) -> Result<(), Failure> {
-        let started = StartedMarker {
-            schema: SCHEMA,
-            revision_id: rev.id.clone(),
-            started_at: ctx.now_unix,
-            operation_id: ctx.operation_id.clone(),
-        };
-        fsutil::write_atomic(&paths.started, &markers::to_bytes(&started), 0o600, |_| {
-            Ok(())
-        })
-        .map_err(fs_failure)
     }
 
     fn reload_and_verify(&self, paths: &AgentPaths, plan: &Reload) -> Result<Verified, Failure> {
