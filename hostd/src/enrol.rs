@@ -356,19 +356,20 @@ enum KeyEntry {
     Absent,
     /// With exactly the options enrol writes.
     Present,
-    /// With the options an earlier enrol wrote (its forced command without `--key`) on this
-    /// 1-based line, which enrol replaces.
+    /// With the options an earlier enrol wrote (its forced command without `--key`, or with
+    /// `--key <id>`, which `hostd serve` misread when the id began with `-`) on this 1-based
+    /// line, which enrol replaces.
     Earlier(usize),
 }
 
-/// Whether root's authorized_keys already has the key with exactly `options` (or `earlier`,
-/// what an earlier enrol wrote); refuses if it has the key with anything else.
+/// Whether root's authorized_keys already has the key with exactly `options` (or one of
+/// `earlier`, what earlier enrols wrote); refuses if it has the key with anything else.
 fn authorized_keys_has(
     path: &Path,
     bytes: &[u8],
     key: &Key,
     options: &str,
-    earlier: Option<&str>,
+    earlier: &[String],
 ) -> Result<KeyEntry, EnrolError> {
     let mut found = KeyEntry::Absent;
     for (number, line) in text_lines(bytes) {
@@ -387,7 +388,7 @@ fn authorized_keys_has(
         }
         if line_options == options {
             found = KeyEntry::Present;
-        } else if earlier == Some(line_options) && found == KeyEntry::Absent {
+        } else if earlier.iter().any(|e| e == line_options) && found == KeyEntry::Absent {
             found = KeyEntry::Earlier(number);
         } else {
             return Err(EnrolError::SshKeyOptionsConflict {
@@ -546,27 +547,30 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
         Some(lu) => Some(crate::login_user::set_up(lu)?),
         None => None,
     };
-    // As root, the forced command names the key (`--key <id>`), so hostd bounds sessions per
-    // coordinator key (issue 26, N12); an earlier enrol's line without it is replaced. Through
+    // As root, the forced command names the key (`--key=<id>`: an id may begin with `-`), so
+    // hostd bounds sessions per coordinator key (issue 26, N12); an earlier enrol's line
+    // without it, or with `--key <id>`, is replaced. Through
     // sudo the drop-in allows exactly `hostd serve`, so a login user's sessions are bounded
     // per login user (sudo's `SUDO_USER`) instead.
-    let (authorized_keys_path, forced_command, earlier_command, keys_mode) = match &login_user {
+    let (authorized_keys_path, forced_command, earlier_commands, keys_mode) = match &login_user {
         Some(l) => (
             l.authorized_keys.clone(),
             l.forced_command.clone(),
-            None,
+            Vec::new(),
             0o644,
         ),
-        None => (
-            req.authorized_keys.clone(),
-            format!(
-                "{} --key {}",
-                req.forced_command,
-                crate::session::LoginKeyId::of(&ssh_key.key).as_str()
-            ),
-            Some(req.forced_command.clone()),
-            0o600,
-        ),
+        None => {
+            let id = crate::session::LoginKeyId::of(&ssh_key.key);
+            (
+                req.authorized_keys.clone(),
+                format!("{} --key={}", req.forced_command, id.as_str()),
+                vec![
+                    req.forced_command.clone(),
+                    format!("{} --key {}", req.forced_command, id.as_str()),
+                ],
+                0o600,
+            )
+        }
     };
     check_forced_command(&forced_command)?;
     let req = &EnrolRequest {
@@ -577,7 +581,10 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
 
     // authorized_keys: decide.
     let options = format!("restrict,command=\"{}\"", req.forced_command);
-    let earlier_options = earlier_command.map(|c| format!("restrict,command=\"{c}\""));
+    let earlier_options: Vec<String> = earlier_commands
+        .iter()
+        .map(|c| format!("restrict,command=\"{c}\""))
+        .collect();
     let keys_before = read_existing(&req.authorized_keys, MAX_FILE_BYTES)?;
     let keys_entry = match &keys_before {
         Some((bytes, _)) => authorized_keys_has(
@@ -585,7 +592,7 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
             bytes,
             &ssh_key,
             &options,
-            earlier_options.as_deref(),
+            &earlier_options,
         )?,
         None => KeyEntry::Absent,
     };
@@ -784,7 +791,7 @@ mod tests {
         assert_eq!(
             env.keys(),
             format!(
-                "restrict,command=\"/usr/sbin/hostd serve --key {ID_A}\" {BARE_A} key-a@test\n"
+                "restrict,command=\"/usr/sbin/hostd serve --key={ID_A}\" {BARE_A} key-a@test\n"
             )
         );
         assert_eq!(
@@ -853,7 +860,7 @@ mod tests {
         assert_eq!(
             env.keys(),
             format!(
-                "{keys}\nrestrict,command=\"/usr/sbin/hostd serve --key {ID_A}\" {BARE_A} key-a@test\n"
+                "{keys}\nrestrict,command=\"/usr/sbin/hostd serve --key={ID_A}\" {BARE_A} key-a@test\n"
             )
         );
     }
@@ -872,7 +879,26 @@ mod tests {
         assert_eq!(
             env.keys(),
             format!(
-                "# keep\nrestrict,command=\"/usr/sbin/hostd serve --key {ID_A}\" {BARE_A} key-a@test\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPmQ1+8QPtNQ2yOglYcbzhbLC2X/2jhTXO08DvU+OVaB ops@x"
+                "# keep\nrestrict,command=\"/usr/sbin/hostd serve --key={ID_A}\" {BARE_A} key-a@test\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPmQ1+8QPtNQ2yOglYcbzhbLC2X/2jhTXO08DvU+OVaB ops@x"
+            )
+        );
+        assert!(!enrol(&env.req).unwrap().changed());
+    }
+
+    /// A line written as `--key <id>` (which `hostd serve` refused when the id began with
+    /// `-`: "unexpected argument '-V'") is replaced in place by `--key=<id>`.
+    #[test]
+    fn a_key_id_written_with_a_space_is_rewritten_with_an_equals_sign() {
+        let env = Env::new();
+        env.put_keys(&format!(
+            "# keep\nrestrict,command=\"/usr/sbin/hostd serve --key {ID_A}\" {BARE_A} key-a@test\n"
+        ));
+        let out = enrol(&env.req).unwrap();
+        assert_eq!(out.authorized_keys, FileChange::Updated);
+        assert_eq!(
+            env.keys(),
+            format!(
+                "# keep\nrestrict,command=\"/usr/sbin/hostd serve --key={ID_A}\" {BARE_A} key-a@test\n"
             )
         );
         assert!(!enrol(&env.req).unwrap().changed());
@@ -1069,7 +1095,7 @@ mod tests {
         req.forced_command = "/opt/hostd/bin/hostd serve --config /etc/x.toml".into();
         enrol(&req).unwrap();
         assert!(env.keys().starts_with(&format!(
-            "restrict,command=\"/opt/hostd/bin/hostd serve --config /etc/x.toml --key {ID_A}\" ssh-ed25519 "
+            "restrict,command=\"/opt/hostd/bin/hostd serve --config /etc/x.toml --key={ID_A}\" ssh-ed25519 "
         )));
         assert!(!enrol(&req).unwrap().changed());
         // The default command now conflicts with the line written above.

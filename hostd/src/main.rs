@@ -40,8 +40,9 @@ enum Command {
     /// Serve one SSH session (the forced command).
     Serve {
         /// The coordinator login key the session authenticated with, as `hostd enrol` writes
-        /// it into the key's forced command: sessions are bounded per key.
-        #[arg(long)]
+        /// it into the key's forced command: sessions are bounded per key. An id may begin
+        /// with `-` (base64url), so a value that does is still the value.
+        #[arg(long, allow_hyphen_values = true)]
         key: Option<String>,
     },
     /// Verify and execute one signed operation from a file; the signature is FILE.sig unless
@@ -425,6 +426,29 @@ fn main() -> ExitCode {
                 tracing::error!("hostd serve could not start: {e:#}");
             }
             ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// A login key id is base64url and may begin with `-`; written either way by an enrol,
+    /// it is the value of `--key` (one such id made every session exit "unexpected
+    /// argument '-V'").
+    #[test]
+    fn a_key_id_beginning_with_a_hyphen_is_the_value_of_key() {
+        for args in [
+            ["hostd", "serve", "--key", "-Vx8_a-b"],
+            ["hostd", "serve", "--key=-Vx8_a-b", "--config=/dev/null"],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            match cli.command {
+                Command::Serve { key } => assert_eq!(key.as_deref(), Some("-Vx8_a-b")),
+                other => panic!("{other:?}"),
+            }
         }
     }
 }

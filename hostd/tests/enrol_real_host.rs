@@ -115,7 +115,7 @@ fn enrol_writes_files_that_sshd_and_ssh_keygen_accept() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let key_id = stdout
         .trim()
-        .strip_prefix("forced-command-ran --key ")
+        .strip_prefix("forced-command-ran --key=")
         .unwrap_or_else(|| panic!("not the forced command: {stdout:?}"));
     assert!(
         !key_id.is_empty()

@@ -303,7 +303,7 @@ fn one_login_keys_sessions_do_not_exhaust_another_keys() {
     .unwrap();
     let keys = host.run_ok("cat /root/.ssh/authorized_keys").unwrap();
     assert_eq!(
-        keys.matches("command=\"/usr/sbin/hostd serve --key ")
+        keys.matches("command=\"/usr/sbin/hostd serve --key=")
             .count(),
         2,
         "each key's forced command names it: {keys}"

@@ -146,7 +146,7 @@ fn hostd_deb_install_enrol_deploy_upgrade_downgrade_remove_purge() {
     );
     let authorized = host.run_ok("cat /root/.ssh/authorized_keys").unwrap();
     assert!(
-        authorized.contains("command=\"/usr/sbin/hostd serve --key "),
+        authorized.contains("command=\"/usr/sbin/hostd serve --key="),
         "{authorized}"
     );
 
