@@ -1833,8 +1833,9 @@ async fn an_edited_pod_template_is_reported_and_restored_by_a_reconcile() {
         "{problems:?}"
     );
 
-    // The reconcile: the active revision again.
-    let out = call(&backend, &c, activate_op(ns, "a", "r1", 1))
+    // The reconcile: the active revision again (retried as the worker would: the deployment
+    // controller may update the edited object between the backend's read and its replace).
+    let out = call_retrying(&backend, &c, activate_op(ns, "a", "r1", 1))
         .await
         .unwrap();
     assert_eq!(served(&out).as_deref(), Some("r1"));

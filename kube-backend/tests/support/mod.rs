@@ -8,6 +8,7 @@ use clawfleet_k8s_tests::ControlPlane;
 use clawfleet_kube::{
     Cluster, ClusterSettings, KubeBackend, parse_kubeconfig, parse_kubeconfig_file,
 };
+use clawfleet_protocol::failure::FailureClass;
 use clawfleet_protocol::operation::{
     AgentArgs, AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceArgs,
     NamespaceRef, PrepareArgs, RevisionArgs, RevisionNumber, RevisionRef, RevisionSpec,
@@ -211,6 +212,26 @@ pub async fn call_within(
         }
     );
     out
+}
+
+/// [`call`], retried as the coordinator's worker retries: a retryable failure (such as a 409
+/// conflict when a controller updated the object between the backend's read and its
+/// replace) is tried again, up to three times.
+pub async fn call_retrying(
+    backend: &KubeBackend,
+    cluster: &Cluster,
+    op: Operation,
+) -> Result<OperationResult, Failure> {
+    let mut left = 3;
+    loop {
+        match call(backend, cluster, op.clone()).await {
+            Err(f) if f.class == FailureClass::Retryable && left > 0 => {
+                left -= 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            out => return out,
+        }
+    }
 }
 
 /// Prepare then activate; the time from the first request to observed readiness.
