@@ -222,15 +222,23 @@ fn idle_and_aged_sessions_are_closed() {
             session_idle_timeout: Duration::from_secs(1),
             ..fast_settings()
         });
+        // The session's last use falls inside the call, so it cannot be closed before
+        // `called + 1 s`: the checks below hold however slowly this machine runs.
+        let called = Instant::now();
         backend.call(&target, probe(), short(10)).await.unwrap();
-        let idle_since = Instant::now();
         let first = lo.starts()[0];
         // Open while idle, until the idle timeout.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(alive(first));
-        assert_eq!(backend.host_sessions(&target).0, 1);
+        let open_sessions = backend.host_sessions(&target).0;
+        let was_alive = alive(first);
+        if called.elapsed() < Duration::from_secs(1) {
+            assert!(was_alive, "closed before its idle timeout");
+            assert_eq!(open_sessions, 1);
+        } else {
+            eprintln!("this machine took over 1 s to get here: the open-while-idle check is moot");
+        }
         wait_gone(first, Duration::from_secs(5));
-        assert!(idle_since.elapsed() >= Duration::from_secs(1));
+        assert!(called.elapsed() >= Duration::from_secs(1));
         assert_eq!(backend.host_sessions(&target).0, 0);
         assert_eq!(backend.stats().sessions_retired, 1);
         backend.call(&target, probe(), short(10)).await.unwrap();
@@ -246,7 +254,10 @@ fn idle_and_aged_sessions_are_closed() {
         let opened = Instant::now();
         backend.call(&target, probe(), short(10)).await.unwrap();
         backend.call(&target, probe(), short(10)).await.unwrap();
-        assert_eq!(lo.starts().len() - before, 1);
+        // The session opens inside the first call, so it is younger than `opened.elapsed()`.
+        if opened.elapsed() < Duration::from_secs(3) {
+            assert_eq!(lo.starts().len() - before, 1);
+        }
         tokio::time::sleep(Duration::from_millis(3300).saturating_sub(opened.elapsed())).await;
         backend.call(&target, probe(), short(10)).await.unwrap();
         let stats = backend.stats();
