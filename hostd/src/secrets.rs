@@ -147,8 +147,78 @@ fn cred_path(agent_dir: &Path, name: &SecretName) -> PathBuf {
     secrets_dir(agent_dir).join(format!("{name}.cred"))
 }
 
+/// The set a changing `store` replaced, kept so a rotation the gateway refuses can put it
+/// back (`secrets/previous/`: its manifest and credentials, root-only like the set itself).
+pub const PREVIOUS_DIR: &str = "previous";
+
+fn previous_dir(agent_dir: &Path) -> PathBuf {
+    secrets_dir(agent_dir).join(PREVIOUS_DIR)
+}
+
+/// Copies the set at rest now (its credentials, then its manifest last: a copy without a
+/// manifest is no copy) into `secrets/previous/`, replacing what was there.
+fn keep_previous(agent_dir: &Path, had: &Manifest) -> Result<(), SecretsError> {
+    let dir = secrets_dir(agent_dir);
+    let previous = previous_dir(agent_dir);
+    fsutil::ensure_dir(&previous, 0o700)?;
+    fsutil::set_mode(&previous, 0o700)?;
+    fsutil::remove_file_if_present(&previous.join(MANIFEST_FILE))?;
+    for name in fsutil::list_dir(&previous)? {
+        fsutil::remove_file_if_present(&previous.join(&name))?;
+    }
+    for v in &had.secrets {
+        let file = format!("{}.cred", v.name);
+        let blob = fsutil::read_small(&dir.join(&file), CRED_MAX)?;
+        fsutil::write_atomic(&previous.join(&file), &blob, 0o600, |_| Ok(()))?;
+    }
+    let manifest = fsutil::read_small(&dir.join(MANIFEST_FILE), MANIFEST_MAX)?;
+    fsutil::write_atomic(&previous.join(MANIFEST_FILE), &manifest, 0o600, |_| Ok(()))?;
+    Ok(())
+}
+
+/// Puts the set a changing `store` replaced back in place (credentials, then the manifest,
+/// then credentials not in it removed): after a rotation the running gateway refused, so a
+/// later start reads the values it serves rather than the refused ones. `None` when no
+/// replaced set is kept.
+pub fn restore_previous(agent_dir: &Path) -> Result<Option<Manifest>, SecretsError> {
+    let dir = secrets_dir(agent_dir);
+    let previous = previous_dir(agent_dir);
+    let manifest_path = previous.join(MANIFEST_FILE);
+    if fsutil::kind(&manifest_path)? == Kind::Missing {
+        return Ok(None);
+    }
+    let bytes = fsutil::read_small(&manifest_path, MANIFEST_MAX)?;
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| SecretsError::Manifest {
+            path: manifest_path.display().to_string(),
+            message: format!("not a secrets manifest: {e}"),
+        })?;
+    for v in &manifest.secrets {
+        let file = format!("{}.cred", v.name);
+        let blob = fsutil::read_small(&previous.join(&file), CRED_MAX)?;
+        fsutil::write_atomic(&dir.join(&file), &blob, 0o600, |_| Ok(()))?;
+    }
+    fsutil::write_atomic(&dir.join(MANIFEST_FILE), &bytes, 0o600, |_| Ok(()))?;
+    remove_unlisted(&dir, &manifest)?;
+    Ok(Some(manifest))
+}
+
+/// Removes the credentials in `dir` of secrets `manifest` does not name.
+fn remove_unlisted(dir: &Path, manifest: &Manifest) -> Result<(), SecretsError> {
+    for name in fsutil::list_dir(dir)? {
+        let Some(stem) = name.strip_suffix(".cred") else {
+            continue;
+        };
+        if !manifest.secrets.iter().any(|v| v.name.as_str() == stem) {
+            fsutil::remove_file_if_present(&dir.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
 /// Keeps `values` as the Agent's whole set at rest: each sealed with `encrypt`, then the
-/// manifest, then credentials of secrets no longer in the set are removed.
+/// manifest, then credentials of secrets no longer in the set are removed. A different set
+/// already there is first kept as the previous one ([`restore_previous`]).
 pub fn store(
     agent_dir: &Path,
     values: &[(SecretVersion, Zeroizing<Vec<u8>>)],
@@ -157,6 +227,12 @@ pub fn store(
     let dir = secrets_dir(agent_dir);
     fsutil::ensure_dir(&dir, 0o700)?;
     fsutil::set_mode(&dir, 0o700)?;
+    let had = read_manifest(agent_dir)?;
+    let mut wanted: Vec<SecretVersion> = values.iter().map(|(v, _)| v.clone()).collect();
+    wanted.sort();
+    if !had.secrets.is_empty() && had.secrets != wanted {
+        keep_previous(agent_dir, &had)?;
+    }
     for (v, value) in values {
         let sealed = encrypt(&v.name, value)?;
         fsutil::write_atomic(&cred_path(agent_dir, &v.name), &sealed, 0o600, |_| Ok(()))?;
@@ -170,14 +246,7 @@ pub fn store(
         message: e.to_string(),
     })?;
     fsutil::write_atomic(&dir.join(MANIFEST_FILE), &bytes, 0o600, |_| Ok(()))?;
-    for name in fsutil::list_dir(&dir)? {
-        let Some(stem) = name.strip_suffix(".cred") else {
-            continue;
-        };
-        if !manifest.secrets.iter().any(|v| v.name.as_str() == stem) {
-            fsutil::remove_file_if_present(&dir.join(&name))?;
-        }
-    }
+    remove_unlisted(&dir, &manifest)?;
     Ok(())
 }
 
@@ -413,17 +482,47 @@ mod tests {
         assert_eq!(loaded.len(), 1);
         assert_eq!(loaded[0].0.version, 2);
         assert_eq!(loaded[0].1.as_slice(), b"uno");
-        // Nothing at rest holds the value in clear.
-        for name in names {
-            let bytes = std::fs::read(secrets_dir(dir.path()).join(name)).unwrap();
-            assert!(!bytes.windows(3).any(|w| w == b"uno"));
+        // Nothing at rest holds a value in clear, the replaced set included.
+        let previous = secrets_dir(dir.path()).join(PREVIOUS_DIR);
+        assert!(names.contains(&PREVIOUS_DIR.to_owned()), "{names:?}");
+        for path in names
+            .iter()
+            .filter(|n| n.as_str() != PREVIOUS_DIR)
+            .map(|n| secrets_dir(dir.path()).join(n))
+            .chain(
+                fsutil::list_dir(&previous)
+                    .unwrap()
+                    .into_iter()
+                    .map(|n| previous.join(n)),
+            )
+        {
+            let bytes = std::fs::read(&path).unwrap();
+            for clear in [&b"uno"[..], b"one", b"two"] {
+                assert!(!bytes.windows(3).any(|w| w == clear), "{path:?}");
+            }
         }
+        // Storing the same set again keeps the replaced one; putting it back restores the
+        // whole earlier set, the credential removed since included.
+        store(dir.path(), &[v("a", 2, b"uno")], &enc).unwrap();
+        let restored = restore_previous(dir.path()).unwrap().unwrap();
+        assert_eq!(restored.secrets.len(), 2);
+        let loaded = load(dir.path(), &dec).unwrap();
+        let values: Vec<&[u8]> = loaded.iter().map(|(_, v)| v.as_slice()).collect();
+        assert_eq!(values, [&b"one"[..], b"two"]);
         // A credential that no longer has the recorded fingerprint is refused.
         std::fs::write(cred_path(dir.path(), &SecretName::new("a").unwrap()), b"zz").unwrap();
         assert!(matches!(
             load(dir.path(), &dec),
             Err(SecretsError::Fingerprint { .. })
         ));
+    }
+
+    #[test]
+    fn nothing_to_restore_without_a_replaced_set() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(restore_previous(dir.path()).unwrap().is_none());
+        store(dir.path(), &[v("a", 1, b"one")], &enc).unwrap();
+        assert!(restore_previous(dir.path()).unwrap().is_none());
     }
 
     #[test]

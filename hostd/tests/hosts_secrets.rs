@@ -376,4 +376,31 @@ fn a_secrets_only_revision_reloads_the_running_gateway_without_a_restart_on_a_re
     );
     let (code, _) = curl(&host, port, "/readyz");
     assert_eq!(code, 200, "the gateway stopped serving");
+
+    // The refused value is not left behind: the set the gateway serves is back at rest and in
+    // its files, so a restart (a crash, a reboot) starts on v2, not on the refused value.
+    let manifest = host
+        .run_ok(&format!(
+            "cat {}/secrets/manifest.json",
+            paths.dir.display()
+        ))
+        .unwrap();
+    assert!(
+        manifest.contains(&fp("cf-rotate-v2")) && !manifest.contains(&fp("\u{feff}")),
+        "{manifest}"
+    );
+    host.run_ok(&format!("systemctl restart {unit}")).unwrap();
+    let restarted = wait_for_new_pid(&host, &unit, pid);
+    assert_ne!(restarted, pid);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while curl(&host, port, "/readyz").0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted gateway does not serve: {}",
+            host.run_ok(&format!("journalctl -u {unit} -n 20 --no-pager || true"))
+                .unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(held(&host, port).0, fp("cf-rotate-v2"));
 }

@@ -478,7 +478,7 @@ impl Engine<'_> {
                 current.as_ref().map(|c| &c.revision_id),
                 &snapshot,
                 agent_marker.port,
-                ids.uid,
+                ids,
             )?
         {
             return self.reload_secrets(ctx, args, paths, plan);

@@ -21,7 +21,9 @@
 //! `served.json` on the old revision (the observation says "not served"); the gateway runs the
 //! same configuration either way and holds the old or the new secrets, and a retried activate
 //! takes this path again. A refusal or a mismatch puts `current` back on the served revision
-//! before it is answered (the gateway keeps its last good snapshot).
+//! before it is answered (the gateway keeps its last good snapshot), and the set of secrets
+//! `put-secrets` replaced goes back at rest and into the unit's files, so a later start reads
+//! what the gateway serves.
 
 use std::time::Duration;
 
@@ -41,6 +43,7 @@ use crate::gateway_rpc::{GatewayRpc, RpcError};
 use crate::layout::AgentPaths;
 use crate::markers::RevisionMarker;
 use crate::secrets as at_rest;
+use crate::system::Ids;
 
 /// How long each RPC read or write may wait.
 const RPC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,6 +61,8 @@ pub(crate) struct Reload {
     /// The secrets `put-secrets` delivered (never empty).
     secrets: Vec<SecretVersion>,
     port: u16,
+    /// The Agent's account, which owns the files in the unit's runtime directory.
+    ids: Ids,
 }
 
 /// Whether the gateway's fingerprints were compared with the delivered ones.
@@ -84,7 +89,7 @@ impl Engine<'_> {
         current: Option<&Ident>,
         candidate: &RevisionMarker,
         port: u16,
-        uid: u32,
+        ids: Ids,
     ) -> Result<Option<Reload>, Failure> {
         let rev = &args.revision.id;
         let Some(served) = self.read_served(paths)? else {
@@ -117,13 +122,14 @@ impl Engine<'_> {
             .system
             .unit_state(&paths.unit_name)
             .map_err(system_failure)?;
-        if !state.is_active() || !self.ready_and_owned(paths, port, uid)? {
+        if !state.is_active() || !self.ready_and_owned(paths, port, ids.uid)? {
             return Ok(None);
         }
         Ok(Some(Reload {
             served: served.revision_id,
             secrets,
             port,
+            ids,
         }))
     }
 
@@ -155,7 +161,7 @@ impl Engine<'_> {
                             ),
                         )
                     })?;
-                return Err(f);
+                return Err(self.restore_served_secrets(ctx, args, paths, &plan, f));
             }
         };
         let names: Vec<String> = plan
@@ -183,6 +189,55 @@ impl Engine<'_> {
                 Verified::Unverifiable => clawfleet_protocol::result::SecretsReload::Unverified,
             }),
         })
+    }
+
+    /// After a refused reload: the set `put-secrets` replaced goes back at rest and into the
+    /// running unit's files, so a later start of the gateway reads the values it serves, not
+    /// the refused ones. Answers `failure`, with what could not be put back added to it.
+    fn restore_served_secrets(
+        &self,
+        ctx: &Ctx<'_>,
+        args: &ActivateArgs,
+        paths: &AgentPaths,
+        plan: &Reload,
+        failure: Failure,
+    ) -> Failure {
+        let restored = at_rest::restore_previous(&paths.dir).and_then(|manifest| {
+            let Some(manifest) = manifest else {
+                return Ok(None);
+            };
+            let runtime = at_rest::runtime_dir(&self.layout.run_dir, &paths.unit_name);
+            if fsutil::kind(&runtime)? == fsutil::Kind::Dir {
+                let values = at_rest::load(&paths.dir, &at_rest::creds_decrypt)?;
+                at_rest::write_files(&runtime, plan.ids, &values)?;
+            }
+            Ok(Some(manifest))
+        });
+        match restored {
+            Ok(Some(m)) => {
+                let names: Vec<String> = m
+                    .secrets
+                    .iter()
+                    .map(|v| format!("{}@{} {}", v.name, v.version, v.fingerprint))
+                    .collect();
+                tracing::info!(operation_id = %ctx.operation_id, agent = %args.agent.id, secrets = ?names, "the secrets the gateway serves are back at rest and in its files");
+                failure
+            }
+            Ok(None) => {
+                tracing::warn!(operation_id = %ctx.operation_id, agent = %args.agent.id, "no earlier set of secrets is kept: the refused values stay at rest until the next put-secrets");
+                failure
+            }
+            Err(e) => {
+                tracing::warn!(operation_id = %ctx.operation_id, agent = %args.agent.id, "cannot put the served secrets back: {e}");
+                Failure::new(
+                    failure.code,
+                    format!(
+                        "{}; putting the served secrets back at rest failed too: {e}",
+                        failure.message
+                    ),
+                )
+            }
+        }
     }
 
     fn reload_and_verify(&self, paths: &AgentPaths, plan: &Reload) -> Result<Verified, Failure> {
