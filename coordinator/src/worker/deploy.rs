@@ -86,6 +86,9 @@ struct Deploy<'w> {
     namespace: NamespaceRef,
     agent_ref: AgentRef,
     reference: RevisionRef,
+    /// How the activation took a secrets-only change: the gateway reloaded its secrets without
+    /// a restart, verified or not (absent when it restarted or nothing changed).
+    secrets_reload: Option<clawfleet_protocol::result::SecretsReload>,
 }
 
 impl Deploy<'_> {
@@ -114,13 +117,22 @@ impl<B: Backend> Worker<B> {
                 Phase::Prepare => self.prepare_phase(&mut d).await?,
                 Phase::Secrets => self.secrets_phase(&d).await?,
                 Phase::Commit => self.commit_phase(&d).await?,
-                Phase::Activate => self.activate_phase(&d).await?,
+                Phase::Activate => self.activate_phase(&mut d).await?,
                 Phase::Retire => self.retire_phase(&d).await?,
             }
         }
+        let how = match d.secrets_reload {
+            Some(clawfleet_protocol::result::SecretsReload::Verified) => {
+                " (secrets reloaded without a restart; the gateway holds their fingerprints)"
+            }
+            Some(clawfleet_protocol::result::SecretsReload::Unverified) => {
+                " (secrets reloaded without a restart; the gateway reports no fingerprints, so what it holds is not verified)"
+            }
+            None => "",
+        };
         Ok(done(
             Code::RevisionActivated,
-            format!("serving on {}", d.target()?.name()),
+            format!("serving on {}{how}", d.target()?.name()),
         ))
     }
 
@@ -195,6 +207,7 @@ impl<B: Backend> Worker<B> {
             agent_ref: Self::agent_ref(&agent)?,
             reference: Self::revision_ref(&rev)?,
             committed: agent.active_revision_id.as_deref() == Some(rev_id.as_str()),
+            secrets_reload: None,
             work,
             ns,
             agent,
@@ -580,7 +593,7 @@ impl<B: Backend> Worker<B> {
     }
 
     /// Activate: cut over and wait for readiness; on failure, learn what the target serves.
-    async fn activate_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
+    async fn activate_phase(&self, d: &mut Deploy<'_>) -> Result<(), Step> {
         let target = d.target()?;
         let mut args = clawfleet_protocol::operation::ActivateArgs::from(d.revision_args());
         args.restore = self.restore_to(d)?;
@@ -658,6 +671,7 @@ impl<B: Backend> Worker<B> {
                 Err(step)
             }
             Ok(OperationResult::ActivateRevision(a)) => {
+                d.secrets_reload = a.secrets_reload;
                 if let Some(restored) = a.restored {
                     self.observe(d.work, &d.agent, &a.observation).await;
                     return Err(self.restored(d, restored).await);
