@@ -35,6 +35,8 @@ pub struct SweepSummary {
 struct Expected {
     agent: Agent,
     open_work: bool,
+    /// The secret versions the active revision binds (`None` without an active revision).
+    secrets: Option<Vec<crate::model::SecretBinding>>,
 }
 
 /// Runs sweeps until `stop` turns true.
@@ -92,10 +94,18 @@ pub async fn sweep<B: Backend>(store: &dyn Store, backend: &B) -> Result<SweepSu
                 (None, None) => continue,
             };
             let open_work = !store.open_work(&ns.id, &agent.id).await?.is_empty();
-            expected
-                .entry(target)
-                .or_default()
-                .push(Expected { agent, open_work });
+            let secrets = match &agent.active_revision_id {
+                Some(active) if agent.desired_state == DesiredState::Running => store
+                    .revision(&ns.id, &agent.id, active)
+                    .await?
+                    .map(|r| r.secrets),
+                _ => None,
+            };
+            expected.entry(target).or_default().push(Expected {
+                agent,
+                open_work,
+                secrets,
+            });
         }
     }
     let mut summary = SweepSummary {
@@ -459,7 +469,10 @@ fn judge(
                 );
             }
             match &o.served {
-                Some(s) if s == active => (DriftState::Synced, None, format!("serving {active}")),
+                Some(s) if s == active => match secrets_differ(e, inv) {
+                    Some(why) => drift(SecretsChanged, why),
+                    None => (DriftState::Synced, None, format!("serving {active}")),
+                },
                 Some(s) => drift(
                     ServedNotActive,
                     format!("the target serves {s}, not the active revision {active}"),
@@ -474,6 +487,55 @@ fn judge(
             }
         }
     }
+}
+
+/// How the secrets the target holds for the Agent differ from those its active revision
+/// binds (names, versions, fingerprints; never values), if the target reports them.
+fn secrets_differ(e: &Expected, inv: &AgentInventory) -> Option<String> {
+    let (Some(want), Some(held)) = (&e.secrets, &inv.secrets) else {
+        return None;
+    };
+    let want: BTreeSet<(String, u64, String)> = want
+        .iter()
+        .map(|b| {
+            (
+                b.name.to_string(),
+                u64::from(b.version),
+                b.fingerprint.as_str().to_owned(),
+            )
+        })
+        .collect();
+    let held: BTreeSet<(String, u64, String)> = held
+        .iter()
+        .map(|v| {
+            (
+                v.name.to_string(),
+                v.version,
+                v.fingerprint.as_str().to_owned(),
+            )
+        })
+        .collect();
+    if want == held {
+        return None;
+    }
+    let list = |set: &BTreeSet<(String, u64, String)>| {
+        if set.is_empty() {
+            return "none".to_owned();
+        }
+        set.iter()
+            .map(|(n, v, f)| format!("{n} v{v} ({f})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Some(format!(
+        "the target holds secrets {}, and the active revision {} binds {}",
+        list(&held),
+        e.agent
+            .active_revision_id
+            .as_ref()
+            .map_or("-", |r| r.as_str()),
+        list(&want)
+    ))
 }
 
 #[cfg(test)]
@@ -506,6 +568,7 @@ mod tests {
                 created_at: 0,
             },
             open_work: false,
+            secrets: None,
         };
         let mut inv = AgentInventory {
             id: ident("a1"),
@@ -528,6 +591,7 @@ mod tests {
                 }),
             },
             unit_drift: None,
+            secrets: None,
         };
         assert_eq!(
             judge(&expected, Words::HOST, Some(&inv)).0,
@@ -538,6 +602,49 @@ mod tests {
         assert_eq!(state, DriftState::Drift);
         assert_eq!(reason, Some(DriftReason::UnitFileChanged));
         assert!(message.contains("NoNewPrivileges=yes"), "{message}");
+
+        // Issue 29: the secrets the host holds are not those the active revision binds.
+        use clawfleet_protocol::sealed::{SecretFingerprint, SecretName, SecretVersion};
+        inv.unit_drift = None;
+        let name = SecretName::new("slack-bot").unwrap();
+        let mut expected = expected;
+        expected.secrets = Some(vec![crate::model::SecretBinding {
+            name: name.clone(),
+            version: 2,
+            fingerprint: SecretFingerprint::of(b"v2"),
+        }]);
+        let held = |version: u64, value: &[u8]| {
+            Some(vec![SecretVersion {
+                name: name.clone(),
+                version,
+                fingerprint: SecretFingerprint::of(value),
+            }])
+        };
+        inv.secrets = held(2, b"v2");
+        assert_eq!(
+            judge(&expected, Words::HOST, Some(&inv)).0,
+            DriftState::Synced
+        );
+        inv.secrets = held(1, b"v1");
+        let (state, reason, message) = judge(&expected, Words::HOST, Some(&inv));
+        assert_eq!(
+            (state, reason),
+            (DriftState::Drift, Some(DriftReason::SecretsChanged))
+        );
+        assert!(
+            message.contains("slack-bot v1") && message.contains("slack-bot v2"),
+            "{message}"
+        );
+        inv.secrets = Some(Vec::new());
+        let (_, reason, message) = judge(&expected, Words::HOST, Some(&inv));
+        assert_eq!(reason, Some(DriftReason::SecretsChanged), "{message}");
+        assert!(message.contains("holds secrets none"), "{message}");
+        // A target that does not report its secrets (a hostd from before) is not judged on them.
+        inv.secrets = None;
+        assert_eq!(
+            judge(&expected, Words::HOST, Some(&inv)).0,
+            DriftState::Synced
+        );
     }
 }
 
@@ -569,6 +676,7 @@ mod problem_labels {
                     revisions: Vec::new(),
                     observation: AgentObservation::default(),
                     unit_drift: None,
+                    secrets: None,
                 }],
             }],
             problems: vec![
@@ -664,6 +772,7 @@ mod workload_tests {
                 }),
             },
             unit_drift: None,
+            secrets: None,
         };
         let mut inv = Inventory {
             namespaces: vec![NamespaceInventory {
@@ -676,6 +785,7 @@ mod workload_tests {
         let want = [Expected {
             agent,
             open_work: false,
+            secrets: None,
         }];
         let rows = compare("c1", Words::CLUSTER, &want, &inv, 0);
         assert_eq!(rows.len(), 1, "{rows:?}");
@@ -728,6 +838,7 @@ mod workload_tests {
                 }),
             },
             unit_drift: None,
+            secrets: None,
         };
         let r1 = || {
             vec![RevisionInventory {
@@ -759,6 +870,7 @@ mod workload_tests {
         .map(|(a, s)| Expected {
             agent: agent(a, s),
             open_work: false,
+            secrets: None,
         })
         .collect();
         let rows = compare("c1", Words::CLUSTER, &want, &inv, 0);

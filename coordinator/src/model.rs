@@ -505,6 +505,9 @@ text_enum! {
         /// What runs is not what clawfleet applied: a cluster Deployment's Pod template was
         /// edited (a container's image, command or args, a container added or removed).
         WorkloadChanged = "workload-changed",
+        /// The secrets the target holds for the Agent (names, versions, fingerprints) are not
+        /// those its active revision binds.
+        SecretsChanged = "secrets-changed",
     }
 }
 

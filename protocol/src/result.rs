@@ -299,6 +299,11 @@ pub struct AgentInventory {
     /// the Agent has no unit yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit_drift: Option<String>,
+    /// The secrets the target holds for the Agent (name, version, fingerprint; never a
+    /// value), as its last `put-secrets` left them; absent where the target does not report
+    /// them (a cluster, a hostd from before secrets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<Vec<crate::sealed::SecretVersion>>,
 }
 
 /// One Namespace on a host.

@@ -142,6 +142,7 @@ fn every_result_round_trips() {
                     }],
                     observation,
                     unit_drift: Some("MemoryMax=8G is not what hostd writes".into()),
+                    secrets: Some(Vec::new()),
                 }],
             }],
             problems: vec![InventoryProblem {

@@ -167,7 +167,19 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
                     ),
                 );
             }
+            let secrets = match crate::secrets::read_manifest(&paths.dir) {
+                Ok(m) => Some(m.secrets),
+                Err(e) => {
+                    problem(
+                        &mut out.problems,
+                        &crate::secrets::secrets_dir(&paths.dir),
+                        e.to_string(),
+                    );
+                    None
+                }
+            };
             ns.agents.push(AgentInventory {
+                secrets,
                 unit_drift: engine.unit_drift(&marker.namespace_id, &agent.id, &paths, am.port),
                 observation: engine.observe(&marker.namespace_id, &agent.id, &paths),
                 id: agent.id,

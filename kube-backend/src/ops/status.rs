@@ -204,6 +204,7 @@ async fn namespace_agents(
         revs.sort_by_key(|r| r.number);
         agents.push(AgentInventory {
             unit_drift: None,
+            secrets: None,
             id: agent,
             service_principal_id: sp,
             account: name,
