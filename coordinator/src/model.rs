@@ -626,16 +626,42 @@ pub struct RolloutAgent {
     pub finished_at: Option<i64>,
 }
 
-/// A rollout: one Configuration generation to many Agents of a Namespace, canary first, then
-/// waves, under one failure budget.
+/// What a rollout deploys to each of its Agents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RolloutSubject {
+    /// One Configuration generation, the same for every Agent.
+    Configuration { id: Ident, generation: u32 },
+    /// A secret's newest version (`occ secret rotate`): each Agent keeps the Configuration
+    /// generation of its newest revision and binds the newest version of every secret, so
+    /// on a host the change is secrets-only and the gateway reloads without a restart.
+    /// `version` is the newest when the rollout was created.
+    Secret { name: SecretName, version: u32 },
+}
+
+/// The secret a rollout rolls out (`secret` of [`Rollout`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSecret {
+    pub name: SecretName,
+    /// The newest version when the rollout was created: each Agent binds this or a newer one.
+    pub version: u32,
+}
+
+/// A rollout: one Configuration generation, or a secret's newest version, to many Agents of a
+/// Namespace, canary first, then waves, under one failure budget.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rollout {
     pub id: i64,
     pub namespace_id: Ident,
-    pub configuration_id: Ident,
-    /// The generation every Agent gets (the latest when the rollout was created).
-    pub configuration_generation: u32,
+    /// The Configuration every Agent gets; `null` for a secret's rollout.
+    pub configuration_id: Option<Ident>,
+    /// The generation every Agent gets (the latest when the rollout was created); `null` for a
+    /// secret's rollout.
+    pub configuration_generation: Option<u32>,
+    /// The secret whose newest version every Agent gets; absent for a Configuration's rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<RolloutSecret>,
     pub canary: u32,
     pub max_parallel: u32,
     /// Failures tolerated: one more halts the rollout.
@@ -657,6 +683,25 @@ pub struct Rollout {
 }
 
 impl Rollout {
+    /// What the rollout deploys; `None` only for a row that names neither (a corrupt store).
+    pub fn subject(&self) -> Option<RolloutSubject> {
+        match (
+            &self.secret,
+            &self.configuration_id,
+            self.configuration_generation,
+        ) {
+            (Some(s), _, _) => Some(RolloutSubject::Secret {
+                name: s.name.clone(),
+                version: s.version,
+            }),
+            (None, Some(id), Some(generation)) => Some(RolloutSubject::Configuration {
+                id: id.clone(),
+                generation,
+            }),
+            _ => None,
+        }
+    }
+
     /// Agents that failed or were restored, against the budget.
     pub fn failures(&self) -> u32 {
         self.agents.iter().filter(|a| a.state.is_failure()).count() as u32

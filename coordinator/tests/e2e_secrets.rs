@@ -1,9 +1,10 @@
 //! Issue 29 end to end on a real test host, through `occ` only: a secret written with
 //! `occ secret set` and bound in a configuration reaches the running gateway as a file (the
-//! gateway reports the fingerprint it holds); `occ secret rotate` delivers the next version to
-//! the same gateway process without a restart (its MainPID and listener stay, it reports the
-//! new fingerprint and a successful reload), and the Agent converges on the rotation's
-//! revision. Neither value is ever printed by `occ`.
+//! gateway reports the fingerprint it holds); `occ secret rotate` rolls the next version out
+//! through the rollout engine: a value the gateway cannot resolve fails the canary and halts
+//! the rollout naming it while every gateway keeps serving the old value in the same
+//! process; a good value reaches every gateway without a restart (same MainPID, the new
+//! fingerprint, a successful reload). Neither value is ever printed by `occ`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "fleet_support/mod.rs"]
@@ -85,30 +86,102 @@ fn a_secret_reaches_the_gateway_and_rotates_without_a_restart_through_occ() {
         "--file",
         &cfg.display().to_string(),
     ]);
-    fleet.occ_ok(&["agent", "create", NS, "s1", "--configuration", "s1"]);
-    let rev1 = fleet.deploy("s1");
+    let agents = ["s1", "s2"];
+    let mut revs = Vec::new();
+    for a in agents {
+        fleet.occ_ok(&["agent", "create", NS, a, "--configuration", "s1"]);
+        revs.push(fleet.deploy(a));
+    }
     fleet.wait_converged(
-        &[(
-            "s1",
-            Want::Running {
-                rev: rev1.clone(),
-                label: "s1".into(),
-            },
-        )],
+        &[
+            (
+                "s1",
+                Want::Running {
+                    rev: revs[0].clone(),
+                    label: "s1".into(),
+                },
+            ),
+            (
+                "s2",
+                Want::Running {
+                    rev: revs[1].clone(),
+                    label: "s1".into(),
+                },
+            ),
+        ],
         Instant::now(),
         Duration::from_secs(90),
     );
-    let before = held(&fleet, "s1");
-    assert_eq!(
-        before["providers"]["clawfleet-slack-bot"]["fingerprint"],
-        fingerprint(V1),
-        "the gateway does not hold version 1: {before}"
-    );
-    let pid = main_pid(&fleet, "s1");
-    assert!(pid > 0);
+    let pids: Vec<u32> = agents.iter().map(|a| main_pid(&fleet, a)).collect();
+    for a in agents {
+        let before = held(&fleet, a);
+        assert_eq!(
+            before["providers"]["clawfleet-slack-bot"]["fingerprint"],
+            fingerprint(V1),
+            "{a} does not hold version 1: {before}"
+        );
+    }
+    assert!(pids.iter().all(|p| *p > 0), "{pids:?}");
+    let served = |a: &str| fleet.api_agents()[a]["servedRevisionId"].clone();
 
-    // The rotation: a new version and a revision per Agent using it, delivered by the
-    // ordinary deploy path; the gateway reloads in place.
+    // A value the gateway cannot resolve (only a byte order mark, which it strips): the
+    // rotation's rollout fails its canary (s1, first by id), halts naming it, and s2 is never
+    // sent the value. Both gateways keep their process and serve version 1.
+    let refused = fleet.occ(&[
+        "secret",
+        "rotate",
+        NS,
+        "slack-bot",
+        "--from-file",
+        &value_file("\u{feff}"),
+        "--canary",
+        "1",
+        "--max-parallel",
+        "2",
+        "--wait",
+        "--timeout",
+        "120",
+        "--output",
+        "json",
+    ]);
+    let out = String::from_utf8_lossy(&refused.stdout).to_string();
+    let err = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert_ne!(refused.status.code(), Some(0), "{out}\n{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let rollout = &doc["rollout"];
+    assert_eq!(doc["secret"]["version"], 2, "{doc}");
+    assert_eq!(rollout["state"], "halted", "{doc}");
+    assert!(
+        rollout["message"].as_str().unwrap_or("").contains("s1"),
+        "the halt does not name the canary: {doc}"
+    );
+    assert_eq!(rollout["agents"][0]["agentId"], "s1", "{doc}");
+    assert_eq!(
+        rollout["agents"][0]["code"], "SECRET_RELOAD_FAILED",
+        "{doc}"
+    );
+    assert_eq!(rollout["agents"][1]["state"], "skipped", "{doc}");
+    assert!(err.contains("s1"), "{err}");
+    for (i, a) in agents.iter().enumerate() {
+        assert_eq!(
+            main_pid(&fleet, a),
+            pids[i],
+            "the refused value restarted {a}"
+        );
+        assert_eq!(
+            served(a),
+            revs[i].as_str(),
+            "{a} stopped serving its revision"
+        );
+        let held_now = held(&fleet, a);
+        assert_eq!(
+            held_now["providers"]["clawfleet-slack-bot"]["fingerprint"],
+            fingerprint(V1),
+            "{a} does not serve version 1 any more: {held_now}"
+        );
+    }
+
+    // A good value: canary, then the rest; each gateway reloads in place.
     let rotated = fleet.occ_json(&[
         "secret",
         "rotate",
@@ -116,39 +189,57 @@ fn a_secret_reaches_the_gateway_and_rotates_without_a_restart_through_occ() {
         "slack-bot",
         "--from-file",
         &value_file(V2),
+        "--canary",
+        "1",
+        "--max-parallel",
+        "2",
+        "--wait",
+        "--timeout",
+        "180",
     ]);
     assert!(!rotated.to_string().contains(V2), "{rotated}");
-    assert_eq!(rotated["secret"]["version"], 2, "{rotated}");
-    let started = rotated["deploys"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{rotated}"));
-    assert_eq!(started.len(), 1, "{rotated}");
-    assert_eq!(started[0]["agentId"], "s1", "{rotated}");
-    let rev2 = started[0]["revisionId"].as_str().unwrap().to_owned();
-    assert_ne!(rev2, rev1);
-    fleet.wait_converged(
-        &[(
-            "s1",
-            Want::Running {
-                rev: rev2.clone(),
-                label: "s1".into(),
-            },
-        )],
-        Instant::now(),
-        Duration::from_secs(90),
-    );
-    let after = held(&fleet, "s1");
+    assert_eq!(rotated["secret"]["version"], 3, "{rotated}");
+    assert_eq!(rotated["rollout"]["state"], "done", "{rotated}");
     assert_eq!(
-        after["providers"]["clawfleet-slack-bot"]["fingerprint"],
-        fingerprint(V2),
-        "the gateway does not hold version 2: {after}"
+        rotated["rollout"]["secret"]["name"], "slack-bot",
+        "{rotated}"
     );
-    assert_eq!(after["lastReload"]["ok"], true, "{after}");
-    assert_eq!(
-        main_pid(&fleet, "s1"),
-        pid,
-        "the rotation restarted the gateway"
-    );
+    for (i, a) in agents.iter().enumerate() {
+        let row = rotated["rollout"]["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["agentId"] == *a)
+            .unwrap_or_else(|| panic!("{a} not in {rotated}"));
+        assert_eq!(row["state"], "succeeded", "{rotated}");
+        assert!(
+            row["message"].as_str().unwrap_or("").contains(
+                "secrets reloaded without a restart; the gateway holds their fingerprints"
+            ),
+            "the coordinator does not say how the change was taken: {rotated}"
+        );
+        let rev = row["revisionId"].as_str().unwrap().to_owned();
+        assert_ne!(rev, revs[i]);
+        fleet.wait_converged(
+            &[(
+                a,
+                Want::Running {
+                    rev: rev.clone(),
+                    label: "s1".into(),
+                },
+            )],
+            Instant::now(),
+            Duration::from_secs(90),
+        );
+        let after = held(&fleet, a);
+        assert_eq!(
+            after["providers"]["clawfleet-slack-bot"]["fingerprint"],
+            fingerprint(V2),
+            "{a} does not hold the new version: {after}"
+        );
+        assert_eq!(after["lastReload"]["ok"], true, "{after}");
+        assert_eq!(main_pid(&fleet, a), pids[i], "the rotation restarted {a}");
+    }
     let info = fleet.occ_json(&["secret", "get", NS, "slack-bot"]);
     assert!(!info.to_string().contains(V2), "{info}");
     let used: Vec<&Value> = info["usedBy"]
@@ -157,7 +248,6 @@ fn a_secret_reaches_the_gateway_and_rotates_without_a_restart_through_occ() {
         .iter()
         .filter(|u| u["active"] == true)
         .collect();
-    assert_eq!(used.len(), 1, "{info}");
-    assert_eq!(used[0]["version"], 2, "{info}");
-    assert_eq!(used[0]["revisionId"], rev2.as_str(), "{info}");
+    assert_eq!(used.len(), 2, "{info}");
+    assert!(used.iter().all(|u| u["version"] == 3), "{info}");
 }

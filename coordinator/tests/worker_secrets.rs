@@ -9,6 +9,7 @@
 
 mod hostd_engine;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +22,8 @@ use clawfleet_protocol::ssh_key::private::{Ed25519Keypair, KeypairData};
 use coordinator::backend::{Backend, CallError, CallOptions, Target};
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Cluster, ClusterRecord};
-use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::model::{RolloutAgentState, RolloutSecret, RolloutState};
+use coordinator::service::{NewAgent, NewHost, NewNamespace, NewSecretRollout, Service};
 use coordinator::store::SharedStore;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::Worker;
@@ -48,6 +50,11 @@ struct SecretsHost {
     key: HostSecretKey,
     opened: Mutex<Vec<Opened>>,
     refuse: Mutex<Option<FailureCode>>,
+    /// A value the gateway refuses to resolve: activating a revision whose delivered value
+    /// is this one fails with SECRET_RELOAD_FAILED.
+    reject: Mutex<Option<String>>,
+    /// The last value delivered per Agent.
+    last_value: Mutex<HashMap<String, String>>,
 }
 
 impl Backend for SecretsHost {
@@ -58,6 +65,25 @@ impl Backend for SecretsHost {
         options: CallOptions,
     ) -> Result<OperationResult, CallError> {
         let target = target.into();
+        if let Operation::ActivateRevision(a) = &operation {
+            // As the gateway refuses a value it cannot resolve on the secrets reload: hostd
+            // answers SECRET_RELOAD_FAILED and the gateway keeps its last good value.
+            let reject = self.reject.lock().unwrap().clone();
+            let last = self
+                .last_value
+                .lock()
+                .unwrap()
+                .get(a.agent.id.as_str())
+                .cloned();
+            if reject.is_some() && reject == last {
+                self.inner
+                    .log_call(target.name(), operation.kind().as_str());
+                return Err(CallError::Failed(Failure::new(
+                    FailureCode::SecretReloadFailed,
+                    "the gateway refused the new value (test)",
+                )));
+            }
+        }
         let Operation::PutSecrets(args) = &operation else {
             return self.inner.call(target, operation, options).await;
         };
@@ -84,6 +110,12 @@ impl Backend for SecretsHost {
                 s.version,
                 String::from_utf8(value.to_vec()).unwrap(),
             ));
+        }
+        if let Some((_, _, v)) = set.last() {
+            self.last_value
+                .lock()
+                .unwrap()
+                .insert(args.agent.id.to_string(), v.clone());
         }
         self.opened.lock().unwrap().push(set);
         Ok(OperationResult::PutSecrets(PutSecretsResult {
@@ -189,6 +221,8 @@ impl World {
                 key: HostSecretKey::from_seed(&SEED),
                 opened: Mutex::new(Vec::new()),
                 refuse: Mutex::new(None),
+                reject: Mutex::new(None),
+                last_value: Mutex::new(HashMap::new()),
             }),
         };
         w.set("slack-bot", "xoxb-first-value").await;
@@ -390,4 +424,200 @@ async fn a_revision_binding_secrets_is_refused_on_a_cluster_before_activation() 
         "{message}"
     );
     assert!(!message.contains("xoxb"), "{message}");
+}
+
+impl World {
+    async fn add_agent(&self, id: &str) {
+        self.svc
+            .create_agent(
+                "test",
+                "ns1",
+                NewAgent {
+                    id: id.into(),
+                    service_principal_id: None,
+                    configuration_id: "cfg".into(),
+                    harness_auth: None,
+                    restore: None,
+                    workspace_files: Vec::new(),
+                },
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Runs the worker and the rollout scheduler until the rollout is no longer open.
+    async fn drive(&self, id: i64) -> coordinator::model::Rollout {
+        for _ in 0..200 {
+            self.settle().await;
+            self.svc.advance_rollouts().await.unwrap();
+            let r = self.svc.rollout("ns1", id).await.unwrap();
+            if !r.state.is_open() {
+                return r;
+            }
+        }
+        panic!("rollout {id} did not finish");
+    }
+
+    /// Per Agent: the served revision, its configuration generation and bound slack-bot
+    /// version.
+    async fn served(&self, agent: &str) -> (String, u32, u32) {
+        let a = self.svc.agent("ns1", agent).await.unwrap();
+        let active = a.served_revision_id.unwrap();
+        let rev = self
+            .store
+            .revisions("ns1", agent)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.id == active)
+            .unwrap();
+        (
+            active.to_string(),
+            rev.configuration_generation,
+            rev.secrets[0].version,
+        )
+    }
+}
+
+/// `occ secret rotate` goes through the rollout engine: a value the gateway refuses fails the
+/// canary, the rollout halts naming it and no other Agent gets the value; every Agent keeps
+/// its revision (on a host the gateway keeps serving its last good value). A good value then
+/// goes out canary first and in waves, each Agent keeping its Configuration generation.
+#[tokio::test]
+async fn a_rotation_is_a_rollout_and_a_refused_value_halts_it_at_the_canary() {
+    let w = World::new().await;
+    // A newer Configuration generation nobody deployed yet: a rotation must not bring it.
+    w.add_agent("a2").await;
+    w.add_agent("a3").await;
+    for a in ["a1", "a2", "a3"] {
+        w.svc.deploy("test", "ns1", a).await.unwrap();
+    }
+    w.settle().await;
+    let before: Vec<_> = served_all(&w).await;
+    w.svc
+        .put_configuration(
+            "test",
+            "ns1",
+            "cfg",
+            json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}, "ui": {"assistant": {"name": "gen2"}}}),
+            false,
+        )
+        .await
+        .unwrap();
+
+    *w.host.reject.lock().unwrap() = Some("xoxb-refused".into());
+    w.set("slack-bot", "xoxb-refused").await;
+    let r = w
+        .svc
+        .create_secret_rollout(
+            "test",
+            "ns1",
+            "slack-bot",
+            NewSecretRollout {
+                canary: Some(1),
+                max_parallel: Some(2),
+                ..NewSecretRollout::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.secret,
+        Some(RolloutSecret {
+            name: "slack-bot".parse().unwrap(),
+            version: 2
+        })
+    );
+    assert_eq!((r.configuration_id.clone(), r.waves), (None, 2));
+    let r = w.drive(r.id).await;
+    assert_eq!(r.state, RolloutState::Halted, "{r:#?}");
+    assert!(r.message.as_deref().unwrap_or("").contains("a1"), "{r:#?}");
+    let states: Vec<_> = r
+        .agents
+        .iter()
+        .map(|a| (a.agent_id.to_string(), a.state, a.code.clone()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (
+                "a1".to_owned(),
+                RolloutAgentState::Failed,
+                Some("SECRET_RELOAD_FAILED".to_owned())
+            ),
+            (
+                "a2".to_owned(),
+                RolloutAgentState::Skipped,
+                Some("ROLLOUT_HALTED".to_owned())
+            ),
+            (
+                "a3".to_owned(),
+                RolloutAgentState::Skipped,
+                Some("ROLLOUT_HALTED".to_owned())
+            ),
+        ]
+    );
+    // The canary's failed revision stays its committed one (as after any permanent activation
+    // failure, and drift says so); what serves is every Agent's old revision.
+    assert_eq!(
+        served_all(&w).await,
+        before,
+        "an Agent stopped serving its revision"
+    );
+    let refused_to: Vec<_> = w
+        .host
+        .last_value
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| v.as_str() == "xoxb-refused")
+        .map(|(a, _)| a.clone())
+        .collect();
+    assert_eq!(refused_to, ["a1"], "only the canary was sent the value");
+
+    // A good value: canary, then a2 and a3 together; generation 1 kept, version 3 bound.
+    w.set("slack-bot", "xoxb-good").await;
+    let r = w
+        .svc
+        .create_secret_rollout(
+            "test",
+            "ns1",
+            "slack-bot",
+            NewSecretRollout {
+                canary: Some(1),
+                max_parallel: Some(2),
+                ..NewSecretRollout::default()
+            },
+        )
+        .await
+        .unwrap();
+    let r = w.drive(r.id).await;
+    assert_eq!(r.state, RolloutState::Done, "{r:#?}");
+    assert!(
+        r.agents
+            .iter()
+            .all(|a| a.state == RolloutAgentState::Succeeded),
+        "{r:#?}"
+    );
+    for a in ["a1", "a2", "a3"] {
+        let (served, generation, version) = w.served(a).await;
+        let agent = w.svc.agent("ns1", a).await.unwrap();
+        assert_eq!(agent.active_revision_id.as_deref(), Some(served.as_str()));
+        assert_eq!((generation, version), (1, 3), "{a}");
+    }
+    // Nothing is behind any more: a third rotation without a new version selects no Agent.
+    let e = w
+        .svc
+        .create_secret_rollout("test", "ns1", "slack-bot", NewSecretRollout::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no running Agent"), "{e}");
+}
+
+async fn served_all(w: &World) -> Vec<(String, u32, u32)> {
+    let mut out = Vec::new();
+    for a in ["a1", "a2", "a3"] {
+        out.push(w.served(a).await);
+    }
+    out
 }

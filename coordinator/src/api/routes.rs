@@ -18,7 +18,7 @@ use crate::service::page::PageQuery;
 use crate::service::{
     AgentPatch, AuditQuery, ClusterUpdate, ConfigurationUpdate, DeployQuery, DriftQuery,
     HostUpdate, LogsQuery, NewAgent, NewCluster, NewConfiguration, NewHost, NewNamespace,
-    NewRollout, NewSecret,
+    NewRollout, NewSecret, NewSecretRollout,
 };
 use tokens::NewToken;
 
@@ -184,7 +184,10 @@ route_table! {
     Delete "/namespaces/{ns}/secrets/{name}", Namespace(Deploy), Empty, 204 => secrets::delete_secret,
         "Delete every version of a secret (409 naming the Agents while their current revisions bind it)";
     Post "/namespaces/{ns}/secrets/{name}/deploy", Namespace(Deploy), Empty, 202 => secrets::deploy_secret,
-        "Deploy a new revision, bound to the newest version, to every Agent whose current revision binds an older one";
+        "Deploy a new revision, bound to the newest version, to every Agent whose current revision binds an older one, all at once";
+    Post "/namespaces/{ns}/secrets/{name}/rollouts", Namespace(Deploy), Json<NewSecretRollout>, 201
+        => secrets::roll_out_secret,
+        "Roll the newest version out as a rollout (canary, waves, failure budget) to every running Agent whose current revision binds an older one; each keeps its Configuration generation";
 
     Post "/namespaces/{ns}/agents", Namespace(Deploy), Json<NewAgent>, 201 => agents::create_agent,
         "Create an Agent";

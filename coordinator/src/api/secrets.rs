@@ -9,7 +9,7 @@ use super::access::Caller;
 use super::extract::{NoBody, StrictJson};
 use super::{ApiResult, S, ok};
 use crate::backend::Backend;
-use crate::service::NewSecret;
+use crate::service::{NewSecret, NewSecretRollout};
 
 pub(super) async fn set_secret<B: Backend>(
     State(st): S<B>,
@@ -60,6 +60,20 @@ pub(super) async fn deploy_secret<B: Backend>(
         StatusCode::ACCEPTED,
         st.service
             .deploy_secret(&caller.token_id, &ns, &name)
+            .await?,
+    )
+}
+
+pub(super) async fn roll_out_secret<B: Backend>(
+    State(st): S<B>,
+    caller: Caller,
+    Path((ns, name)): Path<(String, String)>,
+    StrictJson(req): StrictJson<NewSecretRollout>,
+) -> ApiResult {
+    ok(
+        StatusCode::CREATED,
+        st.service
+            .create_secret_rollout(&caller.token_id, &ns, &name, req)
             .await?,
     )
 }

@@ -71,8 +71,7 @@ pub(crate) enum RolloutCmd {
 
 const ROLLOUT_COLUMNS: &[(&str, &str)] = &[
     ("ID", "id"),
-    ("CONFIGURATION", "configurationId"),
-    ("GENERATION", "configurationGeneration"),
+    ("DEPLOYS", "deploys"),
     ("STATE", "state"),
     ("WAVE", "wave"),
     ("WAVES", "waves"),
@@ -87,12 +86,31 @@ const AGENT_COLUMNS: &[(&str, &str)] = &[
     ("CODE", "code"),
 ];
 
-fn show(cli: &Cli, rollout: &Value) {
+/// A rollout for the table: `deploys` says what it deploys, a Configuration generation
+/// (`cfg@3`) or a secret's version (`secret slack-bot v4`).
+fn for_table(rollout: &Value) -> Value {
+    let mut row = rollout.clone();
+    let deploys = match (&rollout["secret"], &rollout["configurationId"]) {
+        (Value::Object(s), _) => format!(
+            "secret {} v{}",
+            s.get("name").and_then(Value::as_str).unwrap_or("-"),
+            s.get("version").unwrap_or(&Value::Null)
+        ),
+        (_, Value::String(cfg)) => format!("{cfg}@{}", rollout["configurationGeneration"]),
+        _ => "-".to_owned(),
+    };
+    if let Value::Object(m) = &mut row {
+        m.insert("deploys".to_owned(), Value::String(deploys));
+    }
+    row
+}
+
+pub(crate) fn show(cli: &Cli, rollout: &Value) {
     if cli.output == super::Output::Json {
         print(cli, rollout, &[]);
         return;
     }
-    print(cli, rollout, ROLLOUT_COLUMNS);
+    print(cli, &for_table(rollout), ROLLOUT_COLUMNS);
     say("");
     print(cli, &rollout["agents"], AGENT_COLUMNS);
 }
@@ -186,7 +204,12 @@ fn progress(r: &Value) -> String {
 
 /// Follows a rollout until it is no longer open; returns the rollout as last read and, unless
 /// every Agent serves the new revision, why not (with its exit code).
-fn wait(c: &Client, ns: &str, id: i64, timeout: u64) -> Result<(Value, Option<anyhow::Error>)> {
+pub(crate) fn wait(
+    c: &Client,
+    ns: &str,
+    id: i64,
+    timeout: u64,
+) -> Result<(Value, Option<anyhow::Error>)> {
     let start = Instant::now();
     let mut last = String::new();
     loop {
@@ -311,7 +334,17 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
         }
         RolloutCmd::List { namespace } => {
             let all = c.request("GET", &format!("/namespaces/{namespace}/rollouts"), None)?;
-            print(cli, &all, ROLLOUT_COLUMNS);
+            if cli.output == super::Output::Json {
+                print(cli, &all, &[]);
+            } else {
+                let rows: Vec<Value> = all
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(for_table)
+                    .collect();
+                print(cli, &Value::Array(rows), ROLLOUT_COLUMNS);
+            }
             Ok(())
         }
         RolloutCmd::Status { namespace, id } => {

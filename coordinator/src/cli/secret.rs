@@ -6,12 +6,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use coordinator::client::{Client, percent_encode};
-use coordinator::service::NewSecret;
+use coordinator::client::{Client, ClientError, percent_encode};
+use coordinator::codes::Code;
+use coordinator::service::{NewSecret, NewSecretRollout};
 use zeroize::Zeroizing;
 
 use super::Cli;
-use super::out::say;
+use super::out::{note, say};
 use super::table::print;
 
 /// Where a value comes from: exactly one of a file or standard input.
@@ -35,13 +36,17 @@ pub(crate) enum SecretCmd {
         #[command(flatten)]
         source: ValueSource,
     },
-    /// Write a new version and deploy it: a new revision, bound to it, for every Agent whose
-    /// current revision binds an older version (through the ordinary deploy path).
+    /// Write a new version and roll it out to every running Agent whose current revision binds
+    /// an older one: canary first, then waves of at most --max-parallel, halting once more
+    /// than --max-failures Agents failed. On a host the gateway reloads without a restart;
+    /// a value it refuses fails that Agent, which keeps serving its last good value.
     Rotate {
         namespace: String,
         name: String,
         #[command(flatten)]
         source: ValueSource,
+        #[command(flatten)]
+        rollout: RolloutArgs,
     },
     /// List a Namespace's secrets: versions, fingerprints, writers, users (never values).
     List { namespace: String },
@@ -49,6 +54,33 @@ pub(crate) enum SecretCmd {
     Get { namespace: String, name: String },
     /// Delete every version of a secret (refused while Agents' current revisions bind it).
     Delete { namespace: String, name: String },
+}
+
+/// How `rotate` rolls the new version out (as `occ rollout create`).
+#[derive(Args, Debug)]
+pub(crate) struct RolloutArgs {
+    /// Agents deployed first, as their own wave (0: none).
+    #[arg(long, default_value_t = 1)]
+    canary: u32,
+    /// Most deploys at once, and the size of every wave after the canary.
+    #[arg(long, default_value_t = 1)]
+    max_parallel: u32,
+    /// Failures (failed or restored Agents) tolerated; one more halts the rollout.
+    #[arg(long, default_value_t = 0)]
+    max_failures: u32,
+    /// Seconds to wait after each wave before the next.
+    #[arg(long, conflicts_with = "manual_promote")]
+    pause_between: Option<u32>,
+    /// Wait for `occ rollout promote` after each wave.
+    #[arg(long)]
+    manual_promote: bool,
+    /// Follow the rollout until it is done, halted or aborted (exit 0 only when it is done
+    /// and none of its Agents failed).
+    #[arg(long)]
+    wait: bool,
+    /// Give up waiting after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    timeout: u64,
 }
 
 const LIST_COLUMNS: &[(&str, &str)] = &[
@@ -65,14 +97,6 @@ const VERSION_COLUMNS: &[(&str, &str)] = &[
     ("FINGERPRINT", "fingerprint"),
     ("WRITTEN BY", "writtenBy"),
     ("WRITTEN AT", "writtenAt"),
-];
-
-const DEPLOY_COLUMNS: &[(&str, &str)] = &[
-    ("AGENT", "agentId"),
-    ("REVISION", "revisionId"),
-    ("WORK", "workId"),
-    ("CODE", "code"),
-    ("MESSAGE", "message"),
 ];
 
 const USE_COLUMNS: &[(&str, &str)] = &[
@@ -136,6 +160,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
             namespace,
             name,
             source,
+            rollout,
         } => {
             let v = set(c, namespace, name, source)?;
             let json_out = cli.output == super::Output::Json;
@@ -146,24 +171,54 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
                     v["fingerprint"].as_str().unwrap_or("-")
                 ));
             }
-            let started = c.request(
+            let body = NewSecretRollout {
+                canary: Some(rollout.canary),
+                max_parallel: Some(rollout.max_parallel),
+                max_failures: Some(rollout.max_failures),
+                pause_between_seconds: rollout.pause_between,
+                manual_promote: rollout.manual_promote,
+            };
+            let created = c.send(
                 "POST",
                 &format!(
-                    "/namespaces/{}/secrets/{}/deploy",
+                    "/namespaces/{}/secrets/{}/rollouts",
                     percent_encode(namespace),
                     percent_encode(name)
                 ),
-                None,
-            )?;
-            if json_out {
-                // One document: the version written and what was started for it.
-                print(
-                    cli,
-                    &serde_json::json!({"secret": v, "deploys": started}),
-                    &[],
-                );
+                &body,
+            );
+            let r = match created {
+                Ok(r) => r,
+                // The version is written; no running Agent binds an older one.
+                Err(ClientError::Api { code, message, .. })
+                    if code == Code::RolloutEmpty.as_str() =>
+                {
+                    if json_out {
+                        print(cli, &serde_json::json!({"secret": v, "rollout": null}), &[]);
+                    } else {
+                        say(&format!("nothing to roll out: {message}"));
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Some(id) = r["id"].as_i64() else {
+                anyhow::bail!("the rollout answer has no id");
+            };
+            let (last, failure) = if rollout.wait {
+                note(&format!("rollout {id} created"));
+                super::rollout::wait(c, namespace, id, rollout.timeout)?
             } else {
-                print(cli, &started, DEPLOY_COLUMNS);
+                (r, None)
+            };
+            if json_out {
+                // One document: the version written and its rollout.
+                print(cli, &serde_json::json!({"secret": v, "rollout": last}), &[]);
+            } else {
+                super::rollout::show(cli, &last);
+            }
+            if let Some(e) = failure {
+                return Err(e);
             }
         }
         SecretCmd::List { namespace } => {

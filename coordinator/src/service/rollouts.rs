@@ -15,7 +15,9 @@ use serde_json::json;
 
 use super::{IDENT_PATTERN, Result, Service, ServiceError, check_id, now};
 use crate::codes::Code;
-use crate::model::{DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState};
+use crate::model::{
+    DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState, RolloutSubject,
+};
 use crate::store::{RolloutInsert, RolloutRow, WorkState};
 
 /// Most Agents one rollout takes.
@@ -71,6 +73,31 @@ pub struct NewRollout {
     pub plan_token: Option<String>,
 }
 
+/// Body of `POST /namespaces/{ns}/secrets/{name}/rollouts` (`occ secret rotate`): how the
+/// secret's newest version goes out, with the settings of [`NewRollout`].
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewSecretRollout {
+    /// Agents deployed first, as wave 0 (default 1; 0: no canary wave).
+    #[serde(default)]
+    pub canary: Option<u32>,
+    /// Most deploys at once, and the size of every wave after the canary (default 1).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_parallel: Option<u32>,
+    /// Failures (failed or restored Agents) the whole rollout tolerates; one more halts it
+    /// (default 0).
+    #[serde(default)]
+    pub max_failures: Option<u32>,
+    /// Seconds to wait after each wave before the next (default 0).
+    #[serde(default)]
+    #[schemars(range(max = 86400))]
+    pub pause_between_seconds: Option<u32>,
+    /// Wait for `promote` after each wave (the canary included) instead of continuing.
+    #[serde(default)]
+    pub manual_promote: bool,
+}
+
 /// An operator's action on a rollout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RolloutAction {
@@ -112,6 +139,54 @@ fn waves(count: usize, canary: u32, max_parallel: u32) -> Vec<u32> {
             }
         })
         .collect()
+}
+
+/// A rollout's checked settings.
+struct Settings {
+    canary: u32,
+    max_parallel: u32,
+    max_failures: u32,
+    pause: u32,
+}
+
+/// Checks a rollout's settings for `count` Agents: `(canary, maxParallel, maxFailures)`, the
+/// pause between waves and manual promotion; defaults filled in.
+fn check_settings(
+    (canary, max_parallel, max_failures): (Option<u32>, Option<u32>, Option<u32>),
+    pause: Option<u32>,
+    manual_promote: bool,
+    count: usize,
+) -> Result<Settings> {
+    let max_parallel = max_parallel.unwrap_or(1);
+    if !(1..=MAX_PARALLEL).contains(&max_parallel) {
+        return Err(invalid(format!(
+            "maxParallel {max_parallel} must be 1 to {MAX_PARALLEL}"
+        )));
+    }
+    let canary = canary.unwrap_or(1);
+    if canary as usize > count {
+        return Err(invalid(format!(
+            "canary {canary} is more than the {count} Agents selected"
+        )));
+    }
+    let pause = pause.unwrap_or(0);
+    if pause > MAX_PAUSE_SECONDS {
+        return Err(invalid(format!(
+            "pauseBetweenSeconds {pause} must be at most {MAX_PAUSE_SECONDS}"
+        )));
+    }
+    if pause > 0 && manual_promote {
+        return Err(invalid(
+            "pauseBetweenSeconds and manualPromote exclude each other: either the next wave \
+             starts after the pause, or when promoted",
+        ));
+    }
+    Ok(Settings {
+        canary,
+        max_parallel,
+        max_failures: max_failures.unwrap_or(0),
+        pause,
+    })
 }
 
 impl Service {
@@ -187,36 +262,23 @@ impl Service {
                 ),
             ));
         }
-        let max_parallel = r.max_parallel.unwrap_or(1);
-        if !(1..=MAX_PARALLEL).contains(&max_parallel) {
-            return Err(invalid(format!(
-                "maxParallel {max_parallel} must be 1 to {MAX_PARALLEL}"
-            )));
-        }
-        let canary = r.canary.unwrap_or(1);
-        if canary as usize > agents.len() {
-            return Err(invalid(format!(
-                "canary {canary} is more than the {} Agents selected",
-                agents.len()
-            )));
-        }
-        let pause = r.pause_between_seconds.unwrap_or(0);
-        if pause > MAX_PAUSE_SECONDS {
-            return Err(invalid(format!(
-                "pauseBetweenSeconds {pause} must be at most {MAX_PAUSE_SECONDS}"
-            )));
-        }
-        if pause > 0 && r.manual_promote {
-            return Err(invalid(
-                "pauseBetweenSeconds and manualPromote exclude each other: either the next wave \
-                 starts after the pause, or when promoted",
-            ));
-        }
-        let max_failures = r.max_failures.unwrap_or(0);
+        let Settings {
+            canary,
+            max_parallel,
+            max_failures,
+            pause,
+        } = check_settings(
+            (r.canary, r.max_parallel, r.max_failures),
+            r.pause_between_seconds,
+            r.manual_promote,
+            agents.len(),
+        )?;
         let row = RolloutRow {
             namespace_id: ns.to_owned(),
-            configuration_id: cfg.id.to_string(),
-            configuration_generation: cfg.generation,
+            subject: RolloutSubject::Configuration {
+                id: cfg.id.clone(),
+                generation: cfg.generation,
+            },
             canary,
             max_parallel,
             max_failures,
@@ -263,6 +325,97 @@ impl Service {
             json!({"configurationId": cfg.id, "generation": cfg.generation, "agents": agents.len(),
                    "canary": canary, "maxParallel": max_parallel, "maxFailures": max_failures,
                    "pauseBetweenSeconds": pause, "manualPromote": r.manual_promote}),
+        )
+        .await?;
+        self.advance_rollout_logged(id).await;
+        self.rollout(ns, id).await
+    }
+
+    /// Rolls a secret's newest version out (`occ secret rotate`): to every running Agent
+    /// whose current revision binds an older version, by id, canary first, then waves,
+    /// under one failure budget. Each Agent gets a revision of the Configuration generation of
+    /// its newest revision bound to the newest versions: on a host a secrets-only change,
+    /// which the gateway reloads without a restart and whose fingerprints hostd verifies; a
+    /// value the gateway refuses fails that Agent (it keeps serving its last good one) and,
+    /// past the budget, halts the rollout naming it. Agents not meant to run bind the newest
+    /// version at their next deploy.
+    pub async fn create_secret_rollout(
+        &self,
+        actor: &str,
+        ns: &str,
+        name: &str,
+        r: NewSecretRollout,
+    ) -> Result<Rollout> {
+        let namespace = self.namespace(ns).await?;
+        if namespace.deleting {
+            return Err(ServiceError::conflict(
+                Code::NamespaceDeleting,
+                format!("Namespace {ns} is being deleted"),
+            ));
+        }
+        let info = self.secret(ns, name).await?;
+        let secret_name: clawfleet_protocol::SecretName = info
+            .name
+            .parse()
+            .map_err(|e| invalid(format!("secret name {:?}: {e}", info.name)))?;
+        let mut agents = Vec::new();
+        for agent in super::secrets::behind(&info) {
+            if self.agent(ns, agent).await?.desired_state == DesiredState::Running {
+                agents.push(agent.to_owned());
+            }
+        }
+        if agents.is_empty() {
+            return Err(ServiceError::invalid(
+                Code::RolloutEmpty,
+                format!(
+                    "no running Agent of Namespace {ns} binds an older version of secret {} \
+                     than version {}",
+                    info.name, info.version
+                ),
+            ));
+        }
+        let settings = check_settings(
+            (r.canary, r.max_parallel, r.max_failures),
+            r.pause_between_seconds,
+            r.manual_promote,
+            agents.len(),
+        )?;
+        let row = RolloutRow {
+            namespace_id: ns.to_owned(),
+            subject: RolloutSubject::Secret {
+                name: secret_name,
+                version: info.version,
+            },
+            canary: settings.canary,
+            max_parallel: settings.max_parallel,
+            max_failures: settings.max_failures,
+            pause_between_seconds: settings.pause,
+            manual_promote: r.manual_promote,
+            created_by: actor.to_owned(),
+            agents: agents
+                .iter()
+                .cloned()
+                .zip(waves(agents.len(), settings.canary, settings.max_parallel))
+                .collect(),
+            now: now(),
+        };
+        let id = match self.store.insert_rollout(&row).await? {
+            RolloutInsert::Created(id) => id,
+            RolloutInsert::Busy { agent, rollout } => {
+                return Err(super::in_rollout(ns, &agent, rollout));
+            }
+            RolloutInsert::AgentUnavailable(agent) => {
+                return Err(ServiceError::not_found("Agent", &agent));
+            }
+        };
+        self.audit(
+            actor,
+            "rollout.create",
+            &format!("{ns}/{id}"),
+            json!({"secret": info.name, "version": info.version, "agents": agents.len(),
+                   "canary": settings.canary, "maxParallel": settings.max_parallel,
+                   "maxFailures": settings.max_failures,
+                   "pauseBetweenSeconds": settings.pause, "manualPromote": r.manual_promote}),
         )
         .await?;
         self.advance_rollout_logged(id).await;
@@ -764,22 +917,44 @@ impl Service {
             .await;
         }
         let ns = self.namespace(&r.namespace_id).await?;
+        let (configuration_id, generation) = match r.subject() {
+            Some(RolloutSubject::Configuration { id, generation }) => (id, generation),
+            Some(RolloutSubject::Secret { .. }) => {
+                // The Agent keeps the Configuration generation of its newest revision; the
+                // new revision differs only in the secret versions it binds (the newest).
+                let revisions = self.store.revisions(&r.namespace_id, agent).await?;
+                let Some(newest) = revisions.last() else {
+                    return skip(
+                        RolloutAgentState::Failed,
+                        Code::InvalidState,
+                        "the Agent has no revision, so no Configuration generation to keep"
+                            .to_owned(),
+                    )
+                    .await;
+                };
+                (
+                    newest.configuration_id.clone(),
+                    newest.configuration_generation,
+                )
+            }
+            None => {
+                return skip(
+                    RolloutAgentState::Failed,
+                    Code::InvalidState,
+                    "the rollout names neither a Configuration nor a secret".to_owned(),
+                )
+                .await;
+            }
+        };
         let Some(cfg) = self
             .store
-            .configuration_at(
-                &r.namespace_id,
-                &r.configuration_id,
-                Some(r.configuration_generation),
-            )
+            .configuration_at(&r.namespace_id, &configuration_id, Some(generation))
             .await?
         else {
             return skip(
                 RolloutAgentState::Failed,
                 Code::UnknownConfiguration,
-                format!(
-                    "configuration {} generation {} is gone",
-                    r.configuration_id, r.configuration_generation
-                ),
+                format!("configuration {configuration_id} generation {generation} is gone"),
             )
             .await;
         };

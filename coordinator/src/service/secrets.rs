@@ -171,22 +171,7 @@ impl Service {
         name: &str,
     ) -> Result<Vec<SecretDeploy>> {
         let info = self.secret(ns, name).await?;
-        let mut agents: Vec<&str> = info
-            .used_by
-            .iter()
-            .filter(|u| u.version < info.version && (u.newest || u.active))
-            .map(|u| u.agent_id.as_str())
-            .collect();
-        // An Agent whose newest revision already binds the newest version needs nothing.
-        let current: Vec<&str> = info
-            .used_by
-            .iter()
-            .filter(|u| u.newest && u.version == info.version)
-            .map(|u| u.agent_id.as_str())
-            .collect();
-        agents.retain(|a| !current.contains(a));
-        agents.sort_unstable();
-        agents.dedup();
+        let agents = behind(&info);
         let mut out = Vec::new();
         for agent in agents {
             let a = self.agent(ns, agent).await?;
@@ -289,6 +274,28 @@ impl Service {
         render::bind_secrets(rendered).map_err(refused)?;
         Ok(bound.into_values().collect())
     }
+}
+
+/// The Agents whose active or newest revision binds an older version of the secret than its
+/// newest, and whose newest revision does not already bind the newest: those a rotation
+/// deploys to, by id.
+pub(super) fn behind(info: &SecretInfo) -> Vec<&str> {
+    let mut agents: Vec<&str> = info
+        .used_by
+        .iter()
+        .filter(|u| u.version < info.version && (u.newest || u.active))
+        .map(|u| u.agent_id.as_str())
+        .collect();
+    let current: Vec<&str> = info
+        .used_by
+        .iter()
+        .filter(|u| u.newest && u.version == info.version)
+        .map(|u| u.agent_id.as_str())
+        .collect();
+    agents.retain(|a| !current.contains(a));
+    agents.sort_unstable();
+    agents.dedup();
+    agents
 }
 
 /// The values of every secret version that any revision of the Agent binds (old versions

@@ -31,7 +31,7 @@ pub mod copy;
 pub mod database;
 pub mod postgres;
 pub mod rekey;
-mod rows;
+pub(crate) mod rows;
 pub mod seal;
 pub mod sqlite;
 

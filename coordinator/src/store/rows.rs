@@ -44,8 +44,7 @@ pub enum RolloutInsert {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RolloutRow {
     pub namespace_id: String,
-    pub configuration_id: String,
-    pub configuration_generation: u32,
+    pub subject: crate::model::RolloutSubject,
     pub canary: u32,
     pub max_parallel: u32,
     pub max_failures: u32,
@@ -314,4 +313,19 @@ pub struct Leadership {
 pub struct Pruned {
     pub work: u64,
     pub audit: u64,
+}
+
+/// A rollout's subject as its columns: configuration id and generation (`''` and 0 for a
+/// secret's rollout, migration 16), secret name and version (`NULL` for a Configuration's).
+pub(crate) fn subject_columns(
+    s: &crate::model::RolloutSubject,
+) -> (&str, u32, Option<&str>, Option<u32>) {
+    match s {
+        crate::model::RolloutSubject::Configuration { id, generation } => {
+            (id.as_str(), *generation, None, None)
+        }
+        crate::model::RolloutSubject::Secret { name, version } => {
+            ("", 0, Some(name.as_str()), Some(*version))
+        }
+    }
 }

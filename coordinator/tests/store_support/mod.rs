@@ -11,7 +11,7 @@ use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
 use clawfleet_protocol::{Ident, SecretFingerprint, SecretName, Sha256Hex};
 use coordinator::model::{
     Agent, DesiredState, DriftReason, DriftRow, DriftState, Grant, Host, RestorePolicy, Revision,
-    RevisionStatus, Role, RolloutAgentState, RolloutState, WorkspaceState,
+    RevisionStatus, Role, RolloutAgentState, RolloutState, RolloutSubject, WorkspaceState,
 };
 use coordinator::store::{
     Enqueue, NamespaceInsert, NewToken, RevisionInsert, RolloutInsert, RolloutRow, SharedStore,
@@ -1114,8 +1114,10 @@ pub async fn rollouts_own_their_agents_until_done(s: SharedStore) {
     world(&s, 3).await;
     let row = |agents: &[&str]| RolloutRow {
         namespace_id: "ns".into(),
-        configuration_id: "cfg".into(),
-        configuration_generation: 2,
+        subject: RolloutSubject::Configuration {
+            id: id("cfg"),
+            generation: 2,
+        },
         canary: 1,
         max_parallel: 2,
         max_failures: 0,
@@ -1142,6 +1144,47 @@ pub async fn rollouts_own_their_agents_until_done(s: SharedStore) {
     assert_eq!(
         s.insert_rollout(&row(&["zz"])).await.unwrap(),
         RolloutInsert::AgentUnavailable("zz".into())
+    );
+    // A secret's rollout keeps its subject: no Configuration, the secret and its version.
+    let secret = RolloutSubject::Secret {
+        name: "slack-bot".parse().unwrap(),
+        version: 3,
+    };
+    let RolloutInsert::Created(sid) = s
+        .insert_rollout(&RolloutRow {
+            subject: secret.clone(),
+            ..row(&["a3"])
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("not created")
+    };
+    let sr = s.rollout("ns", sid).await.unwrap().unwrap();
+    assert_eq!(
+        (sr.configuration_id.clone(), sr.configuration_generation),
+        (None, None)
+    );
+    assert_eq!(sr.subject(), Some(secret));
+    assert_eq!(
+        s.rollout("ns", id).await.unwrap().unwrap().subject(),
+        Some(RolloutSubject::Configuration {
+            id: "cfg".parse().unwrap(),
+            generation: 2
+        })
+    );
+    assert!(
+        s.set_rollout(
+            sid,
+            (RolloutState::Running, 0),
+            RolloutState::Aborted,
+            0,
+            None,
+            Some("test"),
+            8
+        )
+        .await
+        .unwrap()
     );
     let mut r = revision("a1");
     assert_eq!(
@@ -1207,11 +1250,12 @@ pub async fn rollouts_own_their_agents_until_done(s: SharedStore) {
             .unwrap(),
         1
     );
-    assert_eq!(s.rollouts("ns", 10).await.unwrap().len(), 1);
+    // This one and the secret's aborted one above.
+    assert_eq!(s.rollouts("ns", 10).await.unwrap().len(), 2);
     assert_eq!(s.rollouts_to_advance().await.unwrap().len(), 1);
     assert_eq!(
         s.rollout_counts().await.unwrap(),
-        vec![("paused".to_owned(), 1)]
+        vec![("aborted".to_owned(), 1), ("paused".to_owned(), 1)]
     );
 }
 
@@ -1423,8 +1467,10 @@ pub async fn fill(s: &SharedStore) {
     .unwrap();
     s.insert_rollout(&RolloutRow {
         namespace_id: "ns".into(),
-        configuration_id: "cfg".into(),
-        configuration_generation: 1,
+        subject: RolloutSubject::Configuration {
+            id: id("cfg"),
+            generation: 1,
+        },
         canary: 1,
         max_parallel: 1,
         max_failures: 0,

@@ -255,6 +255,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE revisions ADD COLUMN staged BOOLEAN NOT NULL DEFAULT TRUE;
     ",
+    // 16: as SQLite's 16: rollouts of a secret's newest version.
+    "
+    ALTER TABLE rollouts ADD COLUMN secret_name TEXT;
+    ALTER TABLE rollouts ADD COLUMN secret_version BIGINT;
+    ",
 ];
 
 /// The version the migrations bring a database to.

@@ -4,7 +4,10 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 
 use super::{Cached, NOW_MS, PostgresStore, Tx, id_col, narrow, revisions};
-use crate::model::{Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutState};
+use crate::model::{
+    Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutSecret, RolloutState,
+};
+use crate::store::rows::subject_columns;
 use crate::store::{
     Result, RevisionInsert, RolloutInsert, RolloutRow, RolloutStore, StoreError, sql_list,
 };
@@ -34,15 +37,38 @@ pub(super) async fn open_rollout_of(
     .transpose()?)
 }
 
-const ROLLOUT_COLS: &str = "id, namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures, pause_between_seconds, manual_promote, state, wave, waves, next_wave_at_ms, message, created_by, created_at, updated_at";
+const ROLLOUT_COLS: &str = "id, namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures, pause_between_seconds, manual_promote, state, wave, waves, next_wave_at_ms, message, created_by, created_at, updated_at, secret_name, secret_version";
 
 fn rollout(r: &Row) -> Result<Rollout> {
     let state: String = r.try_get(9)?;
+    // A secret's rollout names no Configuration (migration 16).
+    let secret = match r.try_get::<_, Option<String>>(17)? {
+        Some(_) => Some(RolloutSecret {
+            name: id_col(r, 17)?,
+            version: match r.try_get::<_, Option<i64>>(18)? {
+                Some(v) => narrow(v, "secret version")?,
+                None => {
+                    return Err(StoreError::Corrupt(
+                        "a rollout names a secret but no secret_version".to_owned(),
+                    ));
+                }
+            },
+        }),
+        None => None,
+    };
+    let (configuration_id, configuration_generation) = match secret {
+        Some(_) => (None, None),
+        None => (
+            Some(id_col(r, 2)?),
+            Some(narrow(r.try_get(3)?, "configuration generation")?),
+        ),
+    };
     Ok(Rollout {
         id: r.try_get(0)?,
         namespace_id: id_col(r, 1)?,
-        configuration_id: id_col(r, 2)?,
-        configuration_generation: narrow(r.try_get(3)?, "configuration generation")?,
+        configuration_id,
+        configuration_generation,
+        secret,
         canary: narrow(r.try_get(4)?, "canary")?,
         max_parallel: narrow(r.try_get(5)?, "maxParallel")?,
         max_failures: narrow(r.try_get(6)?, "maxFailures")?,
@@ -143,15 +169,19 @@ impl RolloutStore for PostgresStore {
             }
         }
         let waves = r.agents.iter().map(|(_, w)| w + 1).max().unwrap_or(0);
+        let (configuration_id, generation, secret_name, secret_version) =
+            subject_columns(&r.subject);
+        let secret_version = secret_version.map(i64::from);
         let id: i64 = tx
             .one(
                 "INSERT INTO rollouts (namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures,
-                     pause_between_seconds, manual_promote, state, wave, waves, created_by, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', 0, $9, $10, $11, $11) RETURNING id",
+                     pause_between_seconds, manual_promote, state, wave, waves, created_by, created_at, updated_at,
+                     secret_name, secret_version)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running', 0, $9, $10, $11, $11, $12, $13) RETURNING id",
                 &[
                     &r.namespace_id,
-                    &r.configuration_id,
-                    &i64::from(r.configuration_generation),
+                    &configuration_id,
+                    &i64::from(generation),
                     &i64::from(r.canary),
                     &i64::from(r.max_parallel),
                     &i64::from(r.max_failures),
@@ -160,6 +190,8 @@ impl RolloutStore for PostgresStore {
                     &i64::from(waves),
                     &r.created_by,
                     &r.now,
+                    &secret_name,
+                    &secret_version,
                 ],
             )
             .await?

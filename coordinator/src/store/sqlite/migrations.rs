@@ -291,4 +291,12 @@ pub const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE revisions ADD COLUMN staged INTEGER NOT NULL DEFAULT 1;
     ",
+    // 16: rollouts of a secret's newest version (`occ secret rotate`): each Agent keeps its
+    // Configuration generation and binds the newest version. Such a row names the secret and
+    // the version it was created for, with configuration_id '' and generation 0 (the columns
+    // stay NOT NULL; `rollout_row` reads them as no Configuration).
+    "
+    ALTER TABLE rollouts ADD COLUMN secret_name TEXT;
+    ALTER TABLE rollouts ADD COLUMN secret_version INTEGER;
+    ",
 ];

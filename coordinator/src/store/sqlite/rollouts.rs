@@ -5,7 +5,10 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::{SqliteStore, corrupt, id_col, revisions};
 use crate::clock::now_ms;
-use crate::model::{Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutState};
+use crate::model::{
+    Revision, Rollout, RolloutAgent, RolloutAgentState, RolloutSecret, RolloutState,
+};
+use crate::store::rows::subject_columns;
 use crate::store::{Result, RolloutInsert, RolloutRow, RolloutStore};
 
 /// The open states as an SQL list.
@@ -28,15 +31,28 @@ pub(super) fn open_rollout_of(c: &Connection, ns: &str, agent: &str) -> Result<O
     .optional()?)
 }
 
-const ROLLOUT_COLS: &str = "id, namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures, pause_between_seconds, manual_promote, state, wave, waves, next_wave_at_ms, message, created_by, created_at, updated_at";
+const ROLLOUT_COLS: &str = "id, namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures, pause_between_seconds, manual_promote, state, wave, waves, next_wave_at_ms, message, created_by, created_at, updated_at, secret_name, secret_version";
 
 fn rollout_row(r: &Row<'_>) -> rusqlite::Result<Rollout> {
     let state: String = r.get(9)?;
+    // A secret's rollout names no Configuration (migration 16).
+    let secret = match r.get::<_, Option<String>>(17)? {
+        Some(_) => Some(RolloutSecret {
+            name: id_col(r, 17)?,
+            version: r.get(18)?,
+        }),
+        None => None,
+    };
+    let (configuration_id, configuration_generation) = match secret {
+        Some(_) => (None, None),
+        None => (Some(id_col(r, 2)?), Some(r.get(3)?)),
+    };
     Ok(Rollout {
         id: r.get(0)?,
         namespace_id: id_col(r, 1)?,
-        configuration_id: id_col(r, 2)?,
-        configuration_generation: r.get(3)?,
+        configuration_id,
+        configuration_generation,
+        secret,
         canary: r.get(4)?,
         max_parallel: r.get(5)?,
         max_failures: r.get(6)?,
@@ -119,10 +135,11 @@ impl RolloutStore for SqliteStore {
                 }
             }
             let waves = r.agents.iter().map(|(_, w)| w + 1).max().unwrap_or(0);
+            let (configuration_id, generation, secret_name, secret_version) = subject_columns(&r.subject);
             tx.execute(
-                "INSERT INTO rollouts (namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures, pause_between_seconds, manual_promote, state, wave, waves, created_by, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', 0, ?9, ?10, ?11, ?11)",
-                params![r.namespace_id, r.configuration_id, r.configuration_generation, r.canary, r.max_parallel, r.max_failures, r.pause_between_seconds, i64::from(r.manual_promote), waves, r.created_by, r.now],
+                "INSERT INTO rollouts (namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures, pause_between_seconds, manual_promote, state, wave, waves, created_by, created_at, updated_at, secret_name, secret_version)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'running', 0, ?9, ?10, ?11, ?11, ?12, ?13)",
+                params![r.namespace_id, configuration_id, generation, r.canary, r.max_parallel, r.max_failures, r.pause_between_seconds, i64::from(r.manual_promote), waves, r.created_by, r.now, secret_name, secret_version],
             )?;
             let id = tx.last_insert_rowid();
             for (position, (agent, wave)) in r.agents.iter().enumerate() {
