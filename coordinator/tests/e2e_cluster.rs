@@ -753,6 +753,21 @@ async fn cluster_secrets_rotate_in_place_and_leak_nowhere() {
     }
     let s = secrets.get(&agent.secrets).await.unwrap();
     assert_eq!(held(&s), V2);
+    // The revision records the version and fingerprint it was deployed with, as on hosts, and
+    // so does the Secret's annotation: never the value.
+    let r2 = f
+        .api
+        .request(
+            "GET",
+            &format!("/namespaces/{KNS}/agents/s1/revisions/{rev2}"),
+            None,
+        )
+        .unwrap();
+    let fp2 = clawfleet_protocol::SecretFingerprint::of(V2.as_bytes());
+    assert_eq!(r2["secrets"][0]["version"], 2, "{r2}");
+    assert_eq!(r2["secrets"][0]["fingerprint"], fp2.as_str(), "{r2}");
+    let versions = &s.metadata.annotations.as_ref().unwrap()["clawfleet.dev/secret-versions"];
+    assert!(versions.contains(fp2.as_str()), "{versions}");
     let d = deployments.get(&agent.gateway).await.unwrap();
     assert_eq!(d.spec.template, template, "the Pod template changed");
     assert_eq!(pod_uids().await, before, "the rotation made a new Pod");
