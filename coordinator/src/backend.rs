@@ -267,4 +267,24 @@ pub trait Backend: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<String>, CallError>> + Send {
         async { Ok(Vec::new()) }
     }
+
+    /// Puts an Agent's whole set of secrets into its Secret on a cluster (an empty set
+    /// removes it), fenced by `options.fence`. The values travel in clear only over the
+    /// cluster API's TLS connection, from this process: a cluster has no host key to seal
+    /// them to. Backends without clusters refuse.
+    fn put_cluster_secrets(
+        &self,
+        target: &ClusterTarget,
+        _secrets: &clawfleet_kube::AgentSecrets,
+        _options: CallOptions,
+    ) -> impl Future<Output = Result<clawfleet_protocol::sealed::PutSecretsResult, CallError>> + Send
+    {
+        let target = target.name.clone();
+        async move {
+            Err(CallError::Unsupported {
+                target,
+                message: "this coordinator runs no Kubernetes backend".to_owned(),
+            })
+        }
+    }
 }

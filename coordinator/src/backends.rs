@@ -61,6 +61,27 @@ impl Backend for Backends {
         out
     }
 
+    async fn put_cluster_secrets(
+        &self,
+        target: &ClusterTarget,
+        secrets: &clawfleet_kube::AgentSecrets,
+        options: CallOptions,
+    ) -> Result<clawfleet_protocol::sealed::PutSecretsResult, CallError> {
+        let started = std::time::Instant::now();
+        let out = self.put_secrets_on(target, secrets, options).await;
+        let outcome = match &out {
+            Ok(_) => crate::metrics::Outcome::Ok,
+            Err(CallError::Failed(_)) => crate::metrics::Outcome::Failed,
+            Err(_) => crate::metrics::Outcome::NoAnswer,
+        };
+        crate::metrics::operation(
+            clawfleet_protocol::operation::OperationKind::PutSecrets,
+            outcome,
+            started.elapsed(),
+        );
+        out
+    }
+
     async fn missing_cluster_access(
         &self,
         target: &ClusterTarget,
@@ -74,6 +95,20 @@ impl Backend for Backends {
 }
 
 impl Backends {
+    /// [`Backend::put_cluster_secrets`] on the Kubernetes backend, timed like a call.
+    async fn put_secrets_on(
+        &self,
+        target: &ClusterTarget,
+        secrets: &clawfleet_kube::AgentSecrets,
+        options: CallOptions,
+    ) -> Result<clawfleet_protocol::sealed::PutSecretsResult, CallError> {
+        let cluster = kube_cluster(target).map_err(CallError::Failed)?;
+        self.kube
+            .put_secrets(&cluster, secrets, options.deadline, options.fence)
+            .await
+            .map_err(CallError::Failed)
+    }
+
     async fn dispatch(
         &self,
         target: Target,

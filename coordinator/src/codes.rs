@@ -95,7 +95,6 @@ codes! {
     SecretInUse = "SECRET_IN_USE", "The secret is bound by Agents' current revisions; the message names them.";
     SecretVersionGone = "SECRET_VERSION_GONE", "A revision binds a secret version the store no longer holds (deleted since); deploy again to bind a current version.";
     SecretSealFailed = "SECRET_SEAL_FAILED", "A secret cannot be sealed to the target host's pinned key (secrets are sealed only to ssh-ed25519 host keys); re-enrol the host with its ed25519 key.";
-    SecretsUnsupported = "SECRETS_UNSUPPORTED", "The revision binds secrets, and its target (a Kubernetes cluster) cannot receive them yet.";
     InvalidHarness = "INVALID_HARNESS", "The Agent's harness is not the embedded one.";
     HarnessAuthUnsupported = "HARNESS_AUTH_UNSUPPORTED", "The harness authentication method is not supported.";
     AgentExists = "AGENT_EXISTS", "An Agent of that id exists.";

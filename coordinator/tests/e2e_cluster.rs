@@ -603,3 +603,242 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     assert_eq!(code, 0, "{out}");
     fleet.kill_serve();
 }
+
+/// Every file under `dir` (recursively) whose bytes contain `needle`.
+fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file()
+                && let Ok(bytes) = std::fs::read(&p)
+                && bytes.windows(needle.len()).any(|w| w == needle)
+            {
+                out.push(p.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Issue 29 on a cluster, through `occ` only (control plane, no host): a secret set with
+/// `occ secret set` and bound in a configuration reaches the Agent's Secret on the cluster,
+/// mounted as a volume; `occ secret rotate` updates that Secret in place and the rotation's
+/// revision becomes active without a new Pod (same Pod, same Pod template). Neither
+/// value is found anywhere but in the Agent's Secret: not in the coordinator's database files,
+/// its logs, the audit table, any API answer or `occ` output, nor in any other object of the
+/// tenant namespace (ConfigMaps, the Deployment, events).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_secrets_rotate_in_place_and_leak_nowhere() {
+    if let Some(reason) = clawfleet_k8s_tests::skip_reason() {
+        println!("SKIP: {reason}");
+        return;
+    }
+    const V1: &str = "xoxb-kube-leak-first-5e7c1a";
+    const V2: &str = "xoxb-kube-leak-second-8d2f4b";
+    const KNS: &str = "team-s";
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let kubeconfig = cp.backend_kubeconfig_path().display().to_string();
+    let fleet = tokio::task::spawn_blocking(|| Fleet::start(0))
+        .await
+        .unwrap();
+    let f = &fleet;
+    let mut said = String::new();
+    said += &f.occ_ok(&[
+        "cluster",
+        "add",
+        "kwok",
+        "--kubeconfig",
+        &kubeconfig,
+        "--gateway-image",
+        IMAGE,
+    ]);
+    said += &f.occ_ok(&["namespace", "create", KNS, "--cluster", "kwok"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while f
+        .api
+        .request("GET", &format!("/namespaces/{KNS}"), None)
+        .map(|n| n["ready"] != json!(true))
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the Namespace never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let value_file = f.dir.path().join("value");
+    std::fs::write(&value_file, format!("{V1}\n")).unwrap();
+    let vf = value_file.display().to_string();
+    said += &f.occ_ok(&["secret", "set", KNS, "slack-bot", "--from-file", &vf]);
+    let doc = write_doc(
+        f,
+        "s1",
+        &json!({"channels": {"slack": {"botToken":
+            {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}}),
+    );
+    said += &f.occ_ok(&["configuration", "create", KNS, "cfg", "--file", &doc]);
+    said += &f.occ_ok(&["agent", "create", KNS, "s1", "--configuration", "cfg"]);
+    let (code, out) = occ_code(
+        f,
+        &["agent", "deploy", KNS, "s1", "--wait", "--timeout", "300"],
+    );
+    assert_eq!(code, 0, "{out}");
+    said += &out;
+
+    let tenant = tenant_namespace(&client).await.expect("a tenant namespace");
+    let agent = clawfleet_kube::names::agent(&clawfleet_protocol::Ident::new("s1").unwrap());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &tenant);
+    let held =
+        |s: &Secret| String::from_utf8(s.data.as_ref().unwrap()["slack-bot"].0.clone()).unwrap();
+    let s = secrets.get(&agent.secrets).await.unwrap();
+    assert_eq!(
+        held(&s),
+        V1,
+        "the trailing newline is dropped, the value kept"
+    );
+    let d = deployments.get(&agent.gateway).await.unwrap();
+    let template = d.spec.template.clone();
+    let pod_uids = || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.uid)
+            .collect::<Vec<_>>()
+    };
+    let before = pod_uids().await;
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // The rotation: version 2, a revision binding it, the Secret changed in place.
+    std::fs::write(&value_file, format!("{V2}\n")).unwrap();
+    let rotated = f.occ_json(&["secret", "rotate", KNS, "slack-bot", "--from-file", &vf]);
+    said += &rotated.to_string();
+    let rev2 = rotated["deploys"][0]["revisionId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{rotated}"))
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let st = f
+            .api
+            .request(
+                "GET",
+                &format!("/namespaces/{KNS}/agents/s1/deployment-status"),
+                None,
+            )
+            .unwrap();
+        if st["servedRevisionId"] == json!(rev2) && st["converged"] == json!(true) {
+            said += &st.to_string();
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rotation never converged: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let s = secrets.get(&agent.secrets).await.unwrap();
+    assert_eq!(held(&s), V2);
+    // The revision records the version and fingerprint it was deployed with, as on hosts, and
+    // so does the Secret's annotation: never the value.
+    let r2 = f
+        .api
+        .request(
+            "GET",
+            &format!("/namespaces/{KNS}/agents/s1/revisions/{rev2}"),
+            None,
+        )
+        .unwrap();
+    let fp2 = clawfleet_protocol::SecretFingerprint::of(V2.as_bytes());
+    assert_eq!(r2["secrets"][0]["version"], 2, "{r2}");
+    assert_eq!(r2["secrets"][0]["fingerprint"], fp2.as_str(), "{r2}");
+    let versions = &s.metadata.annotations.as_ref().unwrap()["clawfleet.dev/secret-versions"];
+    assert!(versions.contains(fp2.as_str()), "{versions}");
+    let d = deployments.get(&agent.gateway).await.unwrap();
+    assert_eq!(d.spec.template, template, "the Pod template changed");
+    assert_eq!(pod_uids().await, before, "the rotation made a new Pod");
+
+    // API answers and occ output: every read an operator or a tool makes.
+    for path in [
+        format!("/namespaces/{KNS}"),
+        format!("/namespaces/{KNS}/secrets"),
+        format!("/namespaces/{KNS}/secrets/slack-bot"),
+        format!("/namespaces/{KNS}/agents"),
+        format!("/namespaces/{KNS}/agents/s1"),
+        format!("/namespaces/{KNS}/agents/s1/deployment-status"),
+        format!("/namespaces/{KNS}/agents/s1/revisions"),
+        format!("/namespaces/{KNS}/configurations/cfg"),
+        "/audit?limit=1000".to_owned(),
+        "/clusters".to_owned(),
+    ] {
+        if let Ok(v) = f.api.request("GET", &path, None) {
+            said += &v.to_string();
+        }
+    }
+    said += &f.occ_ok(&["--output", "json", "agent", "runtime", KNS, "s1"]);
+    for v in [V1, V2] {
+        assert!(!said.contains(v), "a value in an API answer or occ output");
+        // The coordinator's files: its database (and WAL), its logs, its configuration.
+        let found = files_containing(f.dir.path(), v.as_bytes());
+        let found: Vec<_> = found
+            .into_iter()
+            .filter(|p| !p.ends_with("/value"))
+            .collect();
+        assert!(
+            found.is_empty(),
+            "a value in the coordinator's files: {found:?}"
+        );
+    }
+    // The audit table was read above (every event, through the API), and holds the
+    // secret's events.
+    assert!(
+        said.contains("secret.set"),
+        "no secret event in the audit answer"
+    );
+    // The cluster: only the Agent's Secret holds the value.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &tenant);
+    let mut objects =
+        serde_json::to_string(&configmaps.list(&ListParams::default()).await.unwrap()).unwrap();
+    objects +=
+        &serde_json::to_string(&deployments.list(&ListParams::default()).await.unwrap()).unwrap();
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &tenant);
+    objects += &serde_json::to_string(&events.list(&ListParams::default()).await.unwrap()).unwrap();
+    for s in secrets.list(&ListParams::default()).await.unwrap().items {
+        if s.metadata.name.as_deref() != Some(agent.secrets.as_str()) {
+            objects += &serde_json::to_string(&s).unwrap();
+        } else {
+            objects += &serde_json::to_string(&s.metadata).unwrap();
+        }
+    }
+    for v in [V1, V2] {
+        assert!(
+            !objects.contains(v),
+            "a value in a cluster object other than the Secret's data"
+        );
+    }
+
+    // Deleting the Agent deletes its Secret.
+    f.occ_ok(&["agent", "delete", KNS, "s1"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while secrets.get_opt(&agent.secrets).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the Agent's Secret stays after its deletion"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -4,7 +4,7 @@
 //! host (here a backend that holds the host's private key) opens exactly the stored value.
 //! A rotation delivers the new version; a host that cannot open a value fails the work
 //! permanently with its code; a version the store no longer holds fails it with
-//! `SECRET_VERSION_GONE`.
+//! `SECRET_VERSION_GONE`. A cluster gets the values through the cluster backend instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod hostd_engine;
@@ -19,7 +19,7 @@ use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::sealed::{HostSecretKey, PutSecretsResult, SecretFingerprint};
 use clawfleet_protocol::ssh_key::PrivateKey;
 use clawfleet_protocol::ssh_key::private::{Ed25519Keypair, KeypairData};
-use coordinator::backend::{Backend, CallError, CallOptions, Target};
+use coordinator::backend::{Backend, CallError, CallOptions, ClusterTarget, Target};
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Cluster, ClusterRecord};
 use coordinator::model::{RolloutAgentState, RolloutSecret, RolloutState};
@@ -123,6 +123,38 @@ impl Backend for SecretsHost {
             changed: true,
             delivered_to_running_gateway: false,
         }))
+    }
+
+    /// A cluster takes the values in clear (over its API's TLS connection in production):
+    /// recorded as received.
+    async fn put_cluster_secrets(
+        &self,
+        target: &ClusterTarget,
+        secrets: &clawfleet_kube::AgentSecrets,
+        options: CallOptions,
+    ) -> Result<PutSecretsResult, CallError> {
+        self.inner.log_call(&target.name, "put-cluster-secrets");
+        assert!(options.fence.is_some(), "a cluster's secrets travel fenced");
+        if let Some(code) = *self.refuse.lock().unwrap() {
+            return Err(CallError::Failed(Failure::new(code, "refused by the test")));
+        }
+        let set = secrets
+            .secrets
+            .iter()
+            .map(|s| {
+                (
+                    s.name.to_string(),
+                    s.version,
+                    String::from_utf8(s.value.to_vec()).unwrap(),
+                )
+            })
+            .collect();
+        self.opened.lock().unwrap().push(set);
+        Ok(PutSecretsResult {
+            secrets: secrets.versions(),
+            changed: true,
+            delivered_to_running_gateway: false,
+        })
     }
 }
 
@@ -404,25 +436,56 @@ async fn a_host_pinned_by_a_key_secrets_cannot_be_sealed_to_fails_before_sending
     assert!(agent.active_revision_id.is_none(), "{agent:?}");
 }
 
+/// Issue 29 (clusters): a cluster gets the Agent's values in clear through the cluster
+/// backend (the Agent's Secret), fenced, after the prepare and before the activation; nothing
+/// sealed to a host key is sent to it. (On main this was refused with SECRETS_UNSUPPORTED.)
 #[tokio::test]
-async fn a_revision_binding_secrets_is_refused_on_a_cluster_before_activation() {
+async fn a_cluster_gets_the_values_between_prepare_and_activation() {
     let w = World::on_cluster().await;
     w.svc.deploy("test", "ns1", "a1").await.unwrap();
     w.settle().await;
     let calls = w.agent_calls();
-    assert!(
-        !calls
-            .iter()
-            .any(|c| c.ends_with("put-secrets") || c.ends_with("activate-revision")),
-        "no value is sent to a cluster and nothing is activated: {calls:?}"
+    assert_eq!(
+        calls.get(..3),
+        Some(
+            &[
+                "c1 prepare-revision".to_owned(),
+                "c1 put-cluster-secrets".to_owned(),
+                "c1 activate-revision".to_owned(),
+            ][..]
+        ),
+        "{calls:?}"
     );
-    assert!(w.host.opened.lock().unwrap().is_empty());
+    assert!(
+        !calls.iter().any(|c| c.ends_with(" put-secrets")),
+        "no sealed put-secrets goes to a cluster: {calls:?}"
+    );
+    assert_eq!(
+        *w.host.opened.lock().unwrap(),
+        vec![vec![(
+            "slack-bot".to_owned(),
+            1,
+            "xoxb-first-value".to_owned()
+        )]],
+        "the cluster receives exactly the stored value"
+    );
+}
+
+/// A cluster that refuses the secrets (here: a foreign Secret at the Agent's name) fails the
+/// deploy with its code before anything is activated, and the message names no value.
+#[tokio::test]
+async fn a_cluster_refusing_the_secrets_fails_the_deploy_before_activation() {
+    let w = World::on_cluster().await;
+    *w.host.refuse.lock().unwrap() = Some(FailureCode::KubernetesOwnershipConflict);
+    w.svc.deploy("test", "ns1", "a1").await.unwrap();
+    w.settle().await;
+    let calls = w.agent_calls();
+    assert!(
+        !calls.iter().any(|c| c.ends_with("activate-revision")),
+        "nothing is activated: {calls:?}"
+    );
     let (code, message) = w.last_attempt().await.unwrap();
-    assert_eq!(code, "SECRETS_UNSUPPORTED", "{message}");
-    assert!(
-        message.contains("slack-bot") && message.contains("c1"),
-        "{message}"
-    );
+    assert_eq!(code, "KUBERNETES_OWNERSHIP_CONFLICT", "{message}");
     assert!(!message.contains("xoxb"), "{message}");
 }
 

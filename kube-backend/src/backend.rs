@@ -47,9 +47,19 @@
 //!   and waits until every Pod of the Agent is gone; keeps PVC, Secret and ConfigMaps.
 //!   Repeatable.
 //! - `retire-revision`: stop if the Deployment carries exactly this revision, then delete its
-//!   ConfigMap (uid precondition).
+//!   ConfigMap (uid precondition), unless a successor's Pods still run its template (below).
+//! - Secrets ([`KubeBackend::put_secrets`], [`crate::secrets`]): the Agent's Secret
+//!   `gw-secrets-<s>` holds exactly the bound versions (POST, or PUT with uid and
+//!   resourceVersion; an empty set deletes it), mounted read-only at `/run/clawfleet/secrets`
+//!   in a Pod whose configuration binds secrets, resolved by the gateway through the managed
+//!   exec provider `clawfleet`. An activation whose rendered configuration is exactly the one
+//!   the Pods run and binds secrets (a rotation) keeps the Pod template (the Deployment's
+//!   `clawfleet.dev/pod-revision-id` names the revision the Pods run, its
+//!   `clawfleet.dev/revision-id` the activated one): no new Pod; the Secret already changed in
+//!   place. The kept revision's ConfigMap stays until an activation moves the Pods to another
+//!   template.
 //! - `delete-agent`: checks every object of the Agent first, then deletes the Deployment,
-//!   waits for its Pods, then the Service, ConfigMaps, Secret, PVC, ServiceAccount and policy.
+//!   waits for its Pods, then the Service, ConfigMaps, Secrets (password, workspace, secrets), PVC, ServiceAccount and policy.
 //!   An object at one of the Agent's names that clawfleet never made (no managed-by label) is
 //!   left untouched and logged; a tampered object of ours refuses the whole delete.
 //! - Pod template drift: the Deployment carries a fingerprint of the template it was applied
@@ -341,6 +351,51 @@ impl KubeBackend {
         out
     }
 
+    /// Puts an Agent's whole set of secrets into its Secret on the cluster (an empty set
+    /// removes it), within `deadline`, fenced like the Agent's other changes
+    /// ([`crate::ops::secrets`]). The values go only to the API server; the result and every
+    /// log line carry names, versions and fingerprints.
+    pub async fn put_secrets(
+        &self,
+        cluster: &Cluster,
+        args: &crate::secrets::AgentSecrets,
+        deadline: Duration,
+        fence: Option<u64>,
+    ) -> Result<clawfleet_protocol::sealed::PutSecretsResult, Failure> {
+        cluster.settings.validate().map_err(|e| {
+            Failure::new(
+                FailureCode::KubernetesConfigurationInvalid,
+                format!("cluster {} settings: {e}", cluster.name),
+            )
+        })?;
+        let r = Requests {
+            cc: self.client_for(cluster)?,
+            deadline: Instant::now() + deadline,
+        };
+        let started = Instant::now();
+        let out = match ops::fence::check_agent(
+            &r,
+            &cluster.settings,
+            &args.namespace.id,
+            &args.agent.id,
+            fence,
+        )
+        .await
+        {
+            Err(f) => Err(f),
+            Ok(()) => Box::pin(ops::secrets::put(&r, &cluster.settings, args)).await,
+        };
+        match &out {
+            Ok(_) => {
+                tracing::info!(cluster = %cluster.name, op = "put-secrets", elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")
+            }
+            Err(f) => {
+                tracing::warn!(cluster = %cluster.name, op = "put-secrets", code = %f.code, message = %f.message, "operation failed")
+            }
+        }
+        out
+    }
+
     /// The permissions of [`crate::rbac`] the cluster's credentials lack, each as text
     /// naming the verb, resource and where (empty: all held). Without adopted namespaces in
     /// the settings, the managed ClusterRole's rules cluster-wide; with them, the adopted
@@ -450,12 +505,14 @@ pub(crate) async fn run(
                  does not plan deploys yet",
             ));
         }
-        // Clusters get their secrets as a per-Agent Secret volume, not as sealed files.
+        // Clusters get their secrets in clear over the API server's TLS connection, from the
+        // coordinator's own process (`KubeBackend::put_secrets`), never sealed to a host key.
         Operation::PutSecrets(_) => {
             return Err(Failure::new(
                 FailureCode::InvalidInput,
-                "unknown operation \"put-secrets\" on a Kubernetes cluster: this backend \
-                 does not deliver secrets yet",
+                "\"put-secrets\" carries values sealed to a host key, which a Kubernetes \
+                 cluster has none of; a cluster takes an Agent's secrets through \
+                 KubeBackend::put_secrets",
             ));
         }
         Operation::OperationStatus(a) => OperationResult::OperationStatus(OperationStatusResult {

@@ -75,6 +75,7 @@ pub mod kubeconfig;
 pub mod names;
 pub mod rbac;
 pub mod render;
+pub mod secrets;
 pub mod settings;
 pub mod workspace;
 
@@ -96,4 +97,5 @@ pub use kubeconfig::{
     ClusterAuth, ClusterCredentials, KubeconfigError, inline_kubeconfig_file, parse_kubeconfig,
     parse_kubeconfig_file,
 };
+pub use secrets::{AgentSecrets, SecretValue};
 pub use settings::{ClusterSettings, CpuMemory, PeerSelector, Quota, Resources, SettingsError};

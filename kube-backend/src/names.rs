@@ -23,6 +23,12 @@ pub const AGENT_ID: &str = "clawfleet.dev/agent-id";
 pub const SERVICE_PRINCIPAL_ID: &str = "clawfleet.dev/service-principal-id";
 /// Label and annotation: the revision id (ConfigMaps; the Deployment and its Pods).
 pub const REVISION_ID: &str = "clawfleet.dev/revision-id";
+/// Annotation on the Deployment: the revision its Pod template runs (its ConfigMap and
+/// serving label). It is the activated revision ([`REVISION_ID`]) unless that one differs
+/// from an earlier revision only in its secrets: then the Pods stay as they are and the
+/// Agent's Secret changes in place. Absent on Deployments from before it: the same as
+/// [`REVISION_ID`].
+pub const POD_REVISION_ID: &str = "clawfleet.dev/pod-revision-id";
 /// Annotation: the revision number.
 pub const REVISION_NUMBER: &str = "clawfleet.dev/revision-number";
 /// Annotation: the configuration hash of the revision.
@@ -139,6 +145,8 @@ pub struct AgentNames {
     pub egress: String,
     /// The initial workspace files Secret: `gw-workspace-<suffix>` (workspace.rs).
     pub workspace: String,
+    /// The Agent's secrets Secret: `gw-secrets-<suffix>` (secrets.rs).
+    pub secrets: String,
 }
 
 /// Names for an Agent.
@@ -150,6 +158,7 @@ pub fn agent(agent_id: &Ident) -> AgentNames {
         password: format!("gw-password-{suffix}"),
         egress: format!("gw-egress-{suffix}"),
         workspace: format!("gw-workspace-{suffix}"),
+        secrets: format!("gw-secrets-{suffix}"),
         suffix,
     }
 }

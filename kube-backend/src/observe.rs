@@ -27,7 +27,8 @@ use crate::settings::ClusterSettings;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Observed {
     pub(crate) deployment: Option<Deployment>,
-    /// The revision the Deployment's template carries.
+    /// The revision the Deployment carries (activated; its Pods may run an earlier
+    /// revision of the same rendered configuration, see [`pod_revision`]).
     pub(crate) current: Option<Ident>,
     pub(crate) ready: bool,
     /// Why the current revision cannot become ready, when the cluster says so.
@@ -101,6 +102,30 @@ pub(crate) fn deployment_revision(d: &Deployment) -> Result<Option<(Ident, u64)>
             ),
         )),
     }
+}
+
+/// The revision a Deployment's Pod template runs ([`names::POD_REVISION_ID`]; without it, the
+/// revision the Deployment carries).
+pub(crate) fn pod_revision(d: &Deployment) -> Result<Option<Ident>, Failure> {
+    let carried = deployment_revision(d)?.map(|(id, _)| id);
+    let Some(text) = d
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::POD_REVISION_ID))
+    else {
+        return Ok(carried);
+    };
+    let id = Ident::new(text.as_str()).map_err(|_| {
+        conflict(
+            &format!(
+                "Deployment {}",
+                d.metadata.name.as_deref().unwrap_or_default()
+            ),
+            &format!("annotation {} is not a revision id", names::POD_REVISION_ID),
+        )
+    })?;
+    Ok(carried.map(|_| id))
 }
 
 fn malformed(what: &str, detail: &str) -> Failure {
@@ -242,7 +267,10 @@ pub(crate) async fn observe(r: &Requests, t: &Tenant, agent: &Ident) -> Result<O
     let Some(current) = current else {
         return Ok(out);
     };
-    let serving = names::serving_value(&current);
+    // The Pods run the template's revision: the current one, or the earlier one a
+    // secrets-only change kept.
+    let pod_rev = pod_revision(&dep)?.unwrap_or_else(|| current.clone());
+    let serving = names::serving_value(&pod_rev);
     let pods = agent_pods(r, t, agent, Some((names::SERVING_REVISION, &serving))).await?;
     let live_pods: Vec<&Pod> = pods.iter().filter(|p| live(p)).collect();
     out.restarts = live_pods

@@ -18,6 +18,9 @@
 //!   client-address headers from one would let any Pod the policies admit assert them.
 //! - `gateway.port` stays absent (the port is the cluster setting, passed as
 //!   `OPENCLAW_GATEWAY_PORT`, as hosts pass theirs).
+//! - The coordinator's per-secret file providers become one exec provider, `clawfleet`, and
+//!   each reference `{"source": "exec", "provider": "clawfleet", "id": "<name>"}`: OpenClaw's
+//!   file provider refuses the kubelet's projected files (see [`crate::secrets`]).
 
 use std::collections::BTreeMap;
 
@@ -163,6 +166,7 @@ pub fn cluster_configuration(configuration: &Configuration) -> Result<String, Re
         }
     }
     auth.insert("mode".to_owned(), json!("password"));
+    crate::secrets::bind_for_cluster(obj)?;
     let rendered =
         Configuration::new(root).map_err(|e| refuse("", &format!("after rendering: {e}")))?;
     String::from_utf8(rendered.canonical_bytes().to_vec())
@@ -509,12 +513,43 @@ pub fn config_map(
     )
 }
 
-/// The Agent's gateway Deployment running revision `rev`; with a workspace manifest, its Pod
-/// first runs the init container that applies the files once (workspace.rs).
+/// What the Pod template of an Agent's Deployment runs, beyond the cluster settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Template<'a> {
+    /// The revision whose ConfigMap the Pods mount and whose serving label they carry: the
+    /// activated revision, or an earlier one with the same rendered configuration (a
+    /// secrets-only change keeps the Pod: the Secret changes in place).
+    pub revision: &'a RevisionRef,
+    /// Whether the Pod mounts the Agent's secrets ([`crate::secrets`]).
+    pub secrets: bool,
+}
+
+/// The Agent's gateway Deployment running revision `rev` with its own template and no
+/// secrets ([`deployment_for`]).
 pub fn deployment(
     ns: &Tenant,
     agent: &AgentRef,
     rev: &RevisionRef,
+    s: &ClusterSettings,
+    workspace: Option<&[clawfleet_protocol::workspace::WorkspaceFileMeta]>,
+) -> Result<Deployment, RenderError> {
+    let template = Template {
+        revision: rev,
+        secrets: false,
+    };
+    deployment_for(ns, agent, rev, template, s, workspace)
+}
+
+/// The Agent's gateway Deployment with revision `rev` activated and its Pods running
+/// `template`; with a workspace manifest, its Pod first runs the init container that applies
+/// the files once (workspace.rs); with secrets, the one that installs their resolver
+/// (secrets.rs). The Deployment's annotations name `rev`, [`names::POD_REVISION_ID`] the
+/// template's revision.
+pub fn deployment_for(
+    ns: &Tenant,
+    agent: &AgentRef,
+    rev: &RevisionRef,
+    template: Template<'_>,
     s: &ClusterSettings,
     workspace: Option<&[clawfleet_protocol::workspace::WorkspaceFileMeta]>,
 ) -> Result<Deployment, RenderError> {
@@ -523,17 +558,19 @@ pub fn deployment(
     for (k, v) in revision_annotations(rev) {
         meta["annotations"][k] = json!(v);
     }
-    let serving = names::serving_value(&rev.id);
+    let pod_rev = template.revision;
+    meta["annotations"][names::POD_REVISION_ID] = json!(pod_rev.id.as_str());
+    let serving = names::serving_value(&pod_rev.id);
     let pod_labels = with(
         pod_selector(&agent.id),
         &[
             (names::NAMESPACE_ID, ns.id.as_str()),
-            (names::REVISION_ID, rev.id.as_str()),
+            (names::REVISION_ID, pod_rev.id.as_str()),
             (names::SERVING_REVISION, &serving),
             (names::COMPONENT, "gateway"),
         ],
     );
-    let pod_annotations: BTreeMap<String, String> = revision_annotations(rev)
+    let pod_annotations: BTreeMap<String, String> = revision_annotations(pod_rev)
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
@@ -551,7 +588,7 @@ pub fn deployment(
             "name": n.password, "key": names::PASSWORD_KEY, "optional": false,
         } } },
     ]);
-    let container = json!({
+    let mut container = json!({
         "name": names::CONTAINER,
         "image": s.gateway_image,
         "imagePullPolicy": "IfNotPresent",
@@ -594,7 +631,7 @@ pub fn deployment(
         "containers": [container],
         "volumes": [
             { "name": "config", "configMap": {
-                "name": names::revision_config_map(&agent.id, &rev.id),
+                "name": names::revision_config_map(&agent.id, &pod_rev.id),
                 "optional": false,
                 "items": [{ "key": names::CONFIG_KEY, "path": names::CONFIG_KEY }],
             } },
@@ -602,6 +639,7 @@ pub fn deployment(
             { "name": "tmp", "emptyDir": { "sizeLimit": "256Mi" } },
         ],
     });
+    let mut init_containers = Vec::new();
     if let Some(manifest) = workspace {
         let (init, volume) = crate::workspace::init_container_and_volume(
             agent,
@@ -609,10 +647,25 @@ pub fn deployment(
             &s.gateway_image,
             &container["securityContext"],
         );
-        pod_spec["initContainers"] = json!([init]);
+        init_containers.push(init);
         if let Some(v) = pod_spec["volumes"].as_array_mut() {
             v.push(volume);
         }
+    }
+    if template.secrets {
+        let (init, mounts, volumes) =
+            crate::secrets::pod_parts(agent, &s.gateway_image, &container["securityContext"]);
+        init_containers.push(init);
+        if let Some(m) = container["volumeMounts"].as_array_mut() {
+            m.extend(mounts);
+        }
+        if let Some(v) = pod_spec["volumes"].as_array_mut() {
+            v.extend(volumes);
+        }
+        pod_spec["containers"] = json!([container]);
+    }
+    if !init_containers.is_empty() {
+        pod_spec["initContainers"] = json!(init_containers);
     }
     if !s.node_selector.is_empty() {
         pod_spec["nodeSelector"] = map(s.node_selector.clone());

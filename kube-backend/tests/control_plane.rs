@@ -1955,3 +1955,349 @@ async fn foreign_objects_at_computed_names_are_left_alone_and_deletes_complete()
         "nothing written"
     );
 }
+
+/// The host-rendered configuration of a revision binding secret `slack-bot` (what the
+/// coordinator's `bind_secrets` produces), identical for every revision carrying `marker`.
+fn secret_spec(
+    rev: &str,
+    number: u64,
+    marker: &str,
+) -> clawfleet_protocol::operation::RevisionSpec {
+    let configuration = clawfleet_protocol::Configuration::new(serde_json::json!({
+        "gateway": {
+            "mode": "local", "bind": "loopback",
+            "auth": { "mode": "password",
+                      "password": { "source": "env", "provider": "default", "id": "OPENCLAW_GATEWAY_PASSWORD" } },
+        },
+        "agents": { "defaults": { "description": marker } },
+        "channels": { "slack": { "botToken":
+            { "source": "file", "provider": "clawfleet-slack-bot", "id": "value" } } },
+        "secrets": { "providers": { "clawfleet-slack-bot":
+            { "source": "file", "path": "/run/clawfleet/secrets/slack-bot", "mode": "singleValue" } } },
+    }))
+    .unwrap();
+    let mut s = spec(rev, number);
+    s.configuration_hash = configuration.hash();
+    s.configuration = configuration;
+    s
+}
+
+fn secret_prepare(
+    ns: &str,
+    agent: &str,
+    spec: clawfleet_protocol::operation::RevisionSpec,
+) -> Operation {
+    Operation::PrepareRevision(clawfleet_protocol::operation::PrepareArgs {
+        workspace: None,
+        namespace: ns_ref(ns),
+        agent: agent_ref(agent),
+        revision: spec,
+    })
+}
+
+fn secret_activate(
+    ns: &str,
+    agent: &str,
+    spec: &clawfleet_protocol::operation::RevisionSpec,
+) -> Operation {
+    Operation::ActivateRevision(
+        clawfleet_protocol::operation::RevisionArgs {
+            namespace: ns_ref(ns),
+            agent: agent_ref(agent),
+            revision: spec.reference(),
+        }
+        .into(),
+    )
+}
+
+fn secret_set(ns: &str, agent: &str, values: &[(&str, u64, &str)]) -> clawfleet_kube::AgentSecrets {
+    clawfleet_kube::AgentSecrets {
+        namespace: ns_ref(ns),
+        agent: agent_ref(agent),
+        secrets: values
+            .iter()
+            .map(|(name, version, value)| clawfleet_kube::SecretValue {
+                name: clawfleet_protocol::SecretName::new(*name).unwrap(),
+                version: *version,
+                fingerprint: clawfleet_protocol::SecretFingerprint::of(value.as_bytes()),
+                value: zeroize::Zeroizing::new(value.as_bytes().to_vec()),
+            })
+            .collect(),
+    }
+}
+
+/// Issue 29 on a cluster: the Agent's Secret holds exactly the bound values (owned, markers,
+/// fingerprints only in its annotations); the Deployment mounts it as a volume (no env var
+/// carries a value) and the gateway resolves through the managed exec provider; a rotation
+/// updates the Secret in place and keeps the Pod (same template, same Pod); the kept
+/// revision's ConfigMap stays until the Pods move to another template; deleting the Agent
+/// deletes the Secret; a foreign Secret at the computed name is refused, untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_a_mounted_secret_rotated_in_place_without_a_new_pod() {
+    skip_unless_control_plane!();
+    let cp = start().await;
+    let client = cp.client().await.unwrap();
+    volumes(&client, 2).await;
+    let backend = KubeBackend::new();
+    let c = cluster(&cp, settings());
+    let ns = "ns-secrets";
+    call(&backend, &c, ensure_op(ns)).await.unwrap();
+    let tenant = names::tenant_namespace(&id(ns));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+    let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &tenant);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant);
+    let n = names::agent(&id("a"));
+    let first = "xoxb-cluster-first-7f3a9c";
+    let second = "xoxb-cluster-second-2b8d1e";
+
+    // Deploy revision 1 with version 1.
+    let s1 = secret_spec("rs1", 1, "same");
+    call(&backend, &c, secret_prepare(ns, "a", s1.clone()))
+        .await
+        .unwrap();
+    let put = backend
+        .put_secrets(
+            &c,
+            &secret_set(ns, "a", &[("slack-bot", 1, first)]),
+            DEADLINE,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(put.changed && !put.delivered_to_running_gateway, "{put:?}");
+    match call(&backend, &c, secret_activate(ns, "a", &s1)).await {
+        Ok(OperationResult::ActivateRevision(a)) => {
+            assert_eq!(
+                a.observation.served.as_ref().map(Ident::as_str),
+                Some("rs1")
+            );
+        }
+        other => panic!("activate: {other:?}"),
+    }
+    // The Secret: Opaque, exactly the bound key and value, owned, fingerprints only.
+    let s = secrets.get(&n.secrets).await.unwrap();
+    assert_eq!(s.type_.as_deref(), Some("Opaque"));
+    let data = s.data.clone().unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["slack-bot"]);
+    assert_eq!(data["slack-bot"].0, first.as_bytes());
+    let labels = s.metadata.labels.clone().unwrap();
+    assert_eq!(labels[names::MANAGED_BY], "clawfleet");
+    assert_eq!(labels[names::NAMESPACE_ID], ns);
+    assert_eq!(labels[names::AGENT_ID], "a");
+    let annotations = s.metadata.annotations.clone().unwrap();
+    let versions = &annotations[clawfleet_kube::secrets::VERSIONS];
+    assert!(
+        versions.contains(clawfleet_protocol::SecretFingerprint::of(first.as_bytes()).as_str()),
+        "{versions}"
+    );
+    let metadata_text = serde_json::to_string(&s.metadata).unwrap();
+    assert!(
+        !metadata_text.contains(first),
+        "a value in the metadata: {metadata_text}"
+    );
+    // The Deployment mounts it as a volume; no env var carries a value; the resolver is
+    // installed by an init container; the configuration resolves through the exec provider.
+    let d = deps.get(&n.gateway).await.unwrap();
+    let dv = serde_json::to_value(&d).unwrap();
+    let dep_text = dv.to_string();
+    assert!(!dep_text.contains(first), "a value in the Deployment");
+    let pod = &dv["spec"]["template"]["spec"];
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"]["secretName"] == n.secrets.as_str())
+        .unwrap_or_else(|| panic!("no volume of the secrets Secret: {pod:#}"));
+    assert_eq!(vol["secret"]["defaultMode"], 0o440);
+    let gw = &pod["containers"][0];
+    let mount = gw["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == vol["name"])
+        .unwrap();
+    assert_eq!(mount["mountPath"], "/run/clawfleet/secrets");
+    assert_eq!(mount["readOnly"], true);
+    assert!(gw.get("envFrom").is_none(), "{gw:#}");
+    for e in gw["env"].as_array().unwrap() {
+        let refers = e["valueFrom"]["secretKeyRef"]["name"] == n.secrets.as_str();
+        assert!(!refers, "an env var from the secrets Secret: {e}");
+    }
+    assert_eq!(pod["initContainers"][0]["name"], "install-secret-resolver");
+    let cm = cms
+        .get(&names::revision_config_map(&id("a"), &id("rs1")))
+        .await
+        .unwrap();
+    let rendered: serde_json::Value =
+        serde_json::from_str(&cm.data.unwrap()[names::CONFIG_KEY]).unwrap();
+    assert_eq!(
+        rendered["secrets"]["providers"]["clawfleet"]["source"],
+        "exec"
+    );
+    assert_eq!(
+        rendered["channels"]["slack"]["botToken"],
+        serde_json::json!({"source": "exec", "provider": "clawfleet", "id": "slack-bot"})
+    );
+    let template = d.spec.template.clone();
+    let pod_uids = |list: Vec<Pod>| -> Vec<String> {
+        list.into_iter().filter_map(|p| p.metadata.uid).collect()
+    };
+    let before = pod_uids(pods.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // Rotation: revision 2, same configuration, version 2. The Secret changes in place; the
+    // activation keeps the template and the Pod.
+    let s2 = secret_spec("rs2", 2, "same");
+    call(&backend, &c, secret_prepare(ns, "a", s2.clone()))
+        .await
+        .unwrap();
+    let rv = s.metadata.resource_version.clone();
+    let uid = s.metadata.uid.clone();
+    let put = backend
+        .put_secrets(
+            &c,
+            &secret_set(ns, "a", &[("slack-bot", 2, second)]),
+            DEADLINE,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(put.changed && put.delivered_to_running_gateway, "{put:?}");
+    let s = secrets.get(&n.secrets).await.unwrap();
+    assert_ne!(s.metadata.resource_version, rv);
+    assert_eq!(
+        s.metadata.uid, uid,
+        "the Secret was replaced, not updated in place"
+    );
+    assert_eq!(s.data.unwrap()["slack-bot"].0, second.as_bytes());
+    assert!(
+        s.metadata.annotations.unwrap()[clawfleet_kube::secrets::VERSIONS]
+            .contains(clawfleet_protocol::SecretFingerprint::of(second.as_bytes()).as_str())
+    );
+    match call(&backend, &c, secret_activate(ns, "a", &s2)).await {
+        Ok(OperationResult::ActivateRevision(a)) => {
+            assert_eq!(
+                a.observation.served.as_ref().map(Ident::as_str),
+                Some("rs2")
+            );
+            assert!(!a.restarted && !a.unit_changed, "{a:?}");
+        }
+        other => panic!("activate: {other:?}"),
+    }
+    let d = deps.get(&n.gateway).await.unwrap();
+    assert_eq!(d.spec.template, template, "the Pod template changed");
+    let replica_sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+        Api::namespaced(client.clone(), &tenant);
+    let sets = replica_sets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(sets.len(), 1, "a new ReplicaSet (pod-template-hash)");
+    let a = d.metadata.annotations.clone().unwrap();
+    assert_eq!(a[names::REVISION_ID], "rs2");
+    assert_eq!(a[names::POD_REVISION_ID], "rs1");
+    let after = pod_uids(pods.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(after, before, "a new Pod");
+    // A put of the same set writes nothing.
+    let put = backend
+        .put_secrets(
+            &c,
+            &secret_set(ns, "a", &[("slack-bot", 2, second)]),
+            DEADLINE,
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(!put.changed, "{put:?}");
+    // Retiring revision 1 keeps what the Pods run: its ConfigMap, the Service, the Pod.
+    let retired = call(
+        &backend,
+        &c,
+        Operation::RetireRevision(clawfleet_protocol::operation::RevisionArgs {
+            namespace: ns_ref(ns),
+            agent: agent_ref("a"),
+            revision: s1.reference(),
+        }),
+    )
+    .await
+    .unwrap();
+    let OperationResult::RetireRevision(r) = retired else {
+        panic!("{retired:?}")
+    };
+    assert!(!r.stopped && !r.removed, "{r:?}");
+    assert_eq!(
+        r.observation.served.as_ref().map(Ident::as_str),
+        Some("rs2")
+    );
+    let kept = names::revision_config_map(&id("a"), &id("rs1"));
+    assert!(cms.get_opt(&kept).await.unwrap().is_some());
+    assert_eq!(
+        pod_uids(pods.list(&ListParams::default()).await.unwrap().items),
+        before
+    );
+
+    // A configuration change moves the Pods to its template; the kept ConfigMap then goes.
+    let s3 = secret_spec("rs3", 3, "changed");
+    call(&backend, &c, secret_prepare(ns, "a", s3.clone()))
+        .await
+        .unwrap();
+    match call(&backend, &c, secret_activate(ns, "a", &s3)).await {
+        Ok(OperationResult::ActivateRevision(a)) => {
+            assert_eq!(
+                a.observation.served.as_ref().map(Ident::as_str),
+                Some("rs3")
+            );
+            assert!(a.restarted, "{a:?}");
+        }
+        other => panic!("activate: {other:?}"),
+    }
+    assert!(
+        cms.get_opt(&kept).await.unwrap().is_none(),
+        "the kept ConfigMap stays"
+    );
+    assert_eq!(
+        deps.get(&n.gateway)
+            .await
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap()[names::POD_REVISION_ID],
+        "rs3"
+    );
+
+    // A foreign Secret at another Agent's computed name is refused, and stays as it was.
+    let other = names::agent(&id("b")).secrets;
+    let foreign: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": other, "namespace": tenant },
+        "stringData": { "slack-bot": "not-clawfleets" },
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let refused = backend
+        .put_secrets(
+            &c,
+            &secret_set(ns, "b", &[("slack-bot", 1, first)]),
+            DEADLINE,
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code,
+        FailureCode::KubernetesOwnershipConflict,
+        "{refused}"
+    );
+    assert!(!refused.message.contains(first), "{refused}");
+    let f = secrets.get(&other).await.unwrap();
+    assert_eq!(f.data.unwrap()["slack-bot"].0, b"not-clawfleets");
+
+    // Deleting the Agent deletes its Secret.
+    call(&backend, &c, delete_agent_op(ns, "a")).await.unwrap();
+    assert!(secrets.get_opt(&n.secrets).await.unwrap().is_none());
+}

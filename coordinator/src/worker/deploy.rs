@@ -11,12 +11,12 @@ use clawfleet_protocol::operation::{
 };
 use clawfleet_protocol::result::{OperationResult, WorkspaceOutcome};
 use clawfleet_protocol::runtime::RuntimeArgs;
-use clawfleet_protocol::sealed::PutSecretsArgs;
+use clawfleet_protocol::sealed::{PutSecretsArgs, PutSecretsResult};
 use clawfleet_protocol::workspace::{WorkspaceFileMeta, WorkspaceSetup};
 use clawfleet_protocol::{FailureCode, Operation};
 
 use super::{Step, Worker, done, failed, store_err};
-use crate::backend::{Backend, CallError, Target};
+use crate::backend::{Backend, CallError, CallOptions, Target};
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Namespace, Revision, RevisionStatus, WorkspaceState};
 use crate::store::Work;
@@ -37,8 +37,9 @@ pub(crate) enum Phase {
     Place,
     /// Stage the revision on the target; the running gateway is untouched.
     Prepare,
-    /// Replace the Agent's secrets on the target with the revision's versions, sealed to
-    /// the host's pinned key (a running gateway's files change; it reloads or restarts later).
+    /// Replace the Agent's secrets on the target with the revision's versions: sealed to a
+    /// host's pinned key, or into the Agent's Secret on a cluster (a running gateway's files
+    /// change; it reloads or restarts later).
     Secrets,
     /// Compare-and-set the Agent's active revision to this one.
     Commit,
@@ -365,44 +366,21 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Secrets: when the revision binds secrets (or an earlier revision did, so the host may
-    /// hold some), each bound version's value is read from the store, sealed to the target
-    /// host's pinned ssh-ed25519 key and sent in one fenced `put-secrets`, which replaces the
-    /// Agent's whole set on the host. It runs after the prepare (the Agent's account and
-    /// directory exist) and before the activation (the gateway starts with these values).
-    /// Values live only in memory that is wiped when dropped; nothing here logs one.
+    /// Secrets: when the revision binds secrets (or an earlier revision did, so the target may
+    /// hold some), each bound version's value is read from the store and the Agent's whole set
+    /// replaced on the target in one fenced call: to a host sealed to its pinned ssh-ed25519
+    /// key (`put-secrets`); to a cluster in clear over its API's TLS connection, into the
+    /// Agent's Secret (`Backend::put_cluster_secrets`). It runs after the prepare (the Agent's
+    /// account and directory exist) and before the activation (the gateway starts with these
+    /// values; on a cluster a rotation's activation keeps the Pod, whose volume the kubelet
+    /// updates in place). Values live only in memory that is wiped when dropped; nothing here
+    /// logs one.
     async fn secrets_phase(&self, d: &Deploy<'_>) -> Result<(), Step> {
         if d.rev.secrets.is_empty() && d.revisions.iter().all(|r| r.secrets.is_empty()) {
             return Ok(());
         }
         let target = d.target()?;
-        let host_key = match target {
-            Target::Host(h) => &h.host_key,
-            Target::Cluster(c) => {
-                if d.rev.secrets.is_empty() {
-                    return Ok(());
-                }
-                return Err(failed(
-                    Code::SecretsUnsupported,
-                    format!(
-                        "revision {} binds secrets ({}), and cluster {} cannot receive secrets yet",
-                        d.rev.id,
-                        secret_list(&d.rev.secrets),
-                        c.name
-                    ),
-                ));
-            }
-        };
-        let key = clawfleet_protocol::ssh_key::PublicKey::from_openssh(host_key).map_err(|e| {
-            failed(
-                Code::SecretSealFailed,
-                format!(
-                    "host {}: its pinned host_key does not parse: {e}",
-                    target.name()
-                ),
-            )
-        })?;
-        let mut sealed = Vec::with_capacity(d.rev.secrets.len());
+        let mut values = Vec::with_capacity(d.rev.secrets.len());
         for b in &d.rev.secrets {
             let Some(value) = self
                 .store
@@ -427,6 +405,78 @@ impl<B: Backend> Worker<B> {
                     ),
                 ));
             }
+            values.push((b, value));
+        }
+        let result = match target {
+            Target::Host(h) => {
+                self.put_host_secrets(d, target, &h.host_key, values)
+                    .await?
+            }
+            Target::Cluster(c) => {
+                let set = clawfleet_kube::AgentSecrets {
+                    namespace: d.namespace.clone(),
+                    agent: d.agent_ref.clone(),
+                    secrets: values
+                        .into_iter()
+                        .map(|(b, v)| clawfleet_kube::SecretValue {
+                            name: b.name.clone(),
+                            version: u64::from(b.version),
+                            fingerprint: b.fingerprint.clone(),
+                            value: v.value,
+                        })
+                        .collect(),
+                };
+                if let Some(lease) = self.lease_of(d.work) {
+                    lease.before_call().await.map_err(|e| super::lost(&e))?;
+                }
+                let options = CallOptions {
+                    fence: d.work.fence,
+                    ..self.options()
+                };
+                match self.backend.put_cluster_secrets(c, &set, options).await {
+                    Ok(r) => Ok(r),
+                    Err(CallError::Failed(f)) if f.code == FailureCode::FenceStale => {
+                        return Err(failed(Code::ClaimLost, f.to_string()));
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match result {
+            Ok(r) => {
+                tracing::info!(
+                    work_id = d.work.id,
+                    target = target.name(),
+                    agent = %d.agent.id,
+                    secrets = %secret_list(&d.rev.secrets),
+                    changed = r.changed,
+                    "secrets delivered"
+                );
+                Ok(())
+            }
+            Err(e) => Err(self.call_failed(d.work, e, d.committed)),
+        }
+    }
+
+    /// Seals each value to the host's pinned key and sends one fenced `put-secrets`.
+    async fn put_host_secrets(
+        &self,
+        d: &Deploy<'_>,
+        target: &Target,
+        host_key: &str,
+        values: Vec<(&crate::model::SecretBinding, crate::model::SecretValue)>,
+    ) -> Result<Result<PutSecretsResult, CallError>, Step> {
+        let key = clawfleet_protocol::ssh_key::PublicKey::from_openssh(host_key).map_err(|e| {
+            failed(
+                Code::SecretSealFailed,
+                format!(
+                    "host {}: its pinned host_key does not parse: {e}",
+                    target.name()
+                ),
+            )
+        })?;
+        let mut sealed = Vec::with_capacity(values.len());
+        for (b, value) in values {
             let s = clawfleet_protocol::sealed::seal(
                 &key,
                 &d.namespace.id,
@@ -448,24 +498,16 @@ impl<B: Backend> Worker<B> {
             agent: d.agent_ref.clone(),
             secrets: sealed,
         });
-        match self.call(d.work, target, op).await? {
-            Ok(OperationResult::PutSecrets(r)) => {
-                tracing::info!(
-                    work_id = d.work.id,
-                    target = target.name(),
-                    agent = %d.agent.id,
-                    secrets = %secret_list(&d.rev.secrets),
-                    changed = r.changed,
-                    "secrets delivered"
-                );
-                Ok(())
+        Ok(match self.call(d.work, target, op).await? {
+            Ok(OperationResult::PutSecrets(r)) => Ok(r),
+            Ok(other) => {
+                return Err(failed(
+                    Code::InvalidHostResult,
+                    format!("put-secrets answered {:?}", other.kind()),
+                ));
             }
-            Ok(other) => Err(failed(
-                Code::InvalidHostResult,
-                format!("put-secrets answered {:?}", other.kind()),
-            )),
-            Err(e) => Err(self.call_failed(d.work, e, d.committed)),
-        }
+            Err(e) => Err(e),
+        })
     }
 
     /// The Agent's initial workspace files for a prepare: the manifest always (the target

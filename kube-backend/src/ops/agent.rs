@@ -78,6 +78,7 @@ pub(crate) async fn delete(
     let pvc = get_ours(r, &claims, &n.state, &m, &mut foreign).await?;
     let secret = get_ours(r, &secrets, &n.password, &m, &mut foreign).await?;
     let workspace = get_ours(r, &secrets, &n.workspace, &m, &mut foreign).await?;
+    let agent_secrets = get_ours(r, &secrets, &n.secrets, &m, &mut foreign).await?;
     let egress = get_ours(r, &policies, &n.egress, &m, &mut foreign).await?;
     for object in &foreign {
         tracing::warn!(agent = %agent, "delete-agent leaves {object} untouched: clawfleet did not make it");
@@ -165,6 +166,9 @@ pub(crate) async fn delete(
     }
     if let Some(o) = &workspace {
         removed |= secrets.delete(r, &n.workspace, &o.metadata, false).await?;
+    }
+    if let Some(o) = &agent_secrets {
+        removed |= secrets.delete(r, &n.secrets, &o.metadata, false).await?;
     }
     if let Some(o) = &pvc {
         removed |= claims.delete(r, &n.state, &o.metadata, false).await?;

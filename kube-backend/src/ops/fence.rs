@@ -90,6 +90,17 @@ pub(crate) async fn check(
     let Some((ns, agent)) = scope(op) else {
         return Ok(());
     };
+    check_agent(r, settings, ns, agent, fence).await
+}
+
+/// Checks and records `fence` for a change of one Agent (see [`check`]).
+pub(crate) async fn check_agent(
+    r: &Requests,
+    settings: &ClusterSettings,
+    ns: &Ident,
+    agent: &Ident,
+    fence: Option<u64>,
+) -> Result<(), Failure> {
     let t = settings.tenant(ns);
     let accounts: Obj<ServiceAccount> = Obj::namespaced(r, &t.name, "ServiceAccount");
     let name = names::agent(agent).gateway;

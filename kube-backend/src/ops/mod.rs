@@ -6,6 +6,7 @@ pub(crate) mod namespace;
 pub(crate) mod probe;
 pub(crate) mod revision;
 pub(crate) mod runtime;
+pub(crate) mod secrets;
 pub(crate) mod status;
 
 use std::time::Duration;

@@ -301,14 +301,14 @@ pub(crate) async fn prepare(
     })
 }
 
-/// The prepared revision's objects must all be there and ours.
+/// The prepared revision's objects must all be there and ours; its ConfigMap.
 async fn require_prepared(
     r: &Requests,
     o: &AgentObjects,
     ns: &Ident,
     agent: &AgentRef,
     rev: &RevisionRef,
-) -> Result<(), Failure> {
+) -> Result<ConfigMap, Failure> {
     let not_prepared = |what: &str| {
         Failure::new(
             FailureCode::RevisionNotPrepared,
@@ -345,7 +345,66 @@ async fn require_prepared(
         .get_owned(r, &o.names.gateway, &o.markers)
         .await?
         .ok_or_else(|| not_prepared("the Service"))?;
-    Ok(())
+    Ok(cm)
+}
+
+fn rendered_of(cm: &ConfigMap) -> Option<&str> {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(names::CONFIG_KEY))
+        .map(String::as_str)
+}
+
+/// The revision whose Pod template activating `rev` runs: the revision the live Pods run
+/// when the candidate binds secrets and its rendered `openclaw.json` is exactly theirs (a
+/// secrets-only change: the Agent's Secret already changed in place, and the Pods stay);
+/// otherwise `rev` itself. The kept revision's ConfigMap must be ours and intact.
+async fn template_revision(
+    r: &Requests,
+    o: &AgentObjects,
+    ns: &Ident,
+    agent: &Ident,
+    rev: &RevisionRef,
+    candidate: &ConfigMap,
+    live: Option<&Deployment>,
+) -> Result<RevisionRef, Failure> {
+    let Some(running) = live.map(observe::pod_revision).transpose()?.flatten() else {
+        return Ok(rev.clone());
+    };
+    let Some(rendered) = rendered_of(candidate) else {
+        return Ok(rev.clone());
+    };
+    if running == rev.id || !crate::secrets::binds_secrets(rendered) {
+        return Ok(rev.clone());
+    }
+    let name = names::revision_config_map(agent, &running);
+    let Some(kept) = o
+        .config_maps
+        .get_owned(r, &name, &Markers::revision(ns, agent, &running))
+        .await?
+    else {
+        return Ok(rev.clone());
+    };
+    let a = kept.metadata.annotations.as_ref();
+    let number = a
+        .and_then(|a| a.get(names::REVISION_NUMBER))
+        .and_then(|n| n.parse::<u64>().ok())
+        .and_then(|n| clawfleet_protocol::operation::RevisionNumber::new(n).ok());
+    let hash = a
+        .and_then(|a| a.get(names::CONFIGURATION_HASH))
+        .and_then(|h| clawfleet_protocol::ident::Sha256Hex::new(h.as_str()).ok());
+    let (Some(number), Some(configuration_hash)) = (number, hash) else {
+        return Ok(rev.clone());
+    };
+    let kept_ref = RevisionRef {
+        id: running,
+        number,
+        configuration_hash,
+    };
+    if kept.immutable != Some(true) || check_config_map(&kept, &kept_ref, Some(rendered)).is_err() {
+        return Ok(rev.clone());
+    }
+    Ok(kept_ref)
 }
 
 /// `activate-revision`. With `restore`, the candidate gets half of the time left; when it does
@@ -417,12 +476,11 @@ async fn activate_one(
     let t = settings.tenant(ns);
     let agent = &args.agent;
     let rev = &args.revision;
-    let serving = names::serving_value(&rev.id);
-    let svc_obj = render::service(&t, agent, settings, &serving).map_err(render_failure)?;
 
     require_namespace(r, &t).await?;
     let o = AgentObjects::new(r, &t, &agent.id);
-    require_prepared(r, &o, ns, agent, rev).await?;
+    let cm = require_prepared(r, &o, ns, agent, rev).await?;
+    let secrets = rendered_of(&cm).is_some_and(crate::secrets::binds_secrets);
     // With a workspace setup, the Pod applies it once before the gateway runs.
     let workspace = o
         .secrets
@@ -433,12 +491,19 @@ async fn activate_one(
         .map(crate::workspace::manifest_of)
         .transpose()
         .map_err(|m| Failure::new(FailureCode::KubernetesConfigurationInvalid, m))?;
-    let dep_obj = render::deployment(&t, agent, rev, settings, manifest.as_deref())
-        .map_err(render_failure)?;
     let dep = o
         .deployments
         .get_owned(r, &o.names.gateway, &o.markers)
         .await?;
+    let template_rev = template_revision(r, &o, ns, &agent.id, rev, &cm, dep.as_ref()).await?;
+    let template = render::Template {
+        revision: &template_rev,
+        secrets,
+    };
+    let dep_obj = render::deployment_for(&t, agent, rev, template, settings, manifest.as_deref())
+        .map_err(render_failure)?;
+    let serving = names::serving_value(&template_rev.id);
+    let svc_obj = render::service(&t, agent, settings, &serving).map_err(render_failure)?;
     let carries_candidate = over.is_some_and(|c| {
         dep.as_ref()
             .and_then(|d| deployment_revision(d).ok().flatten())
@@ -454,12 +519,13 @@ async fn activate_one(
             format!("revision {id} (number {number}) already runs"),
         ));
     }
-    let carried = dep
+    let running = dep
         .as_ref()
-        .and_then(|d| deployment_revision(d).ok().flatten())
-        .map(|(id, _)| id);
-    let restarted = carried.as_ref() != Some(&rev.id);
-    let before = dep.as_ref().and_then(|d| d.metadata.generation);
+        .and_then(|d| observe::pod_revision(d).ok().flatten());
+    let restarted = running.as_ref() != Some(&template_rev.id);
+    if template_rev.id != rev.id {
+        tracing::info!(agent = %agent.id, revision = %rev.id, pods_run = %template_rev.id, "secrets-only change: the Pods stay; the Agent's Secret changed in place");
+    }
     // A Pod template edited behind clawfleet's back (a swapped image, a replaced command, an
     // injected sidecar) is replaced, not merged: an apply keeps containers it does not list
     // and conflicts on fields another manager took. The PUT carries the uid and
@@ -477,13 +543,35 @@ async fn activate_one(
         }
         None => o.deployments.apply(r, &o.names.gateway, &dep_obj).await?,
     };
-    let template_changed = before != applied.metadata.generation;
+    // The Pod template, not the generation: a Deployment's generation also moves when only
+    // its annotations change (a secrets-only change), and no Pod is replaced then.
+    let template_changed = dep.as_ref().map(|d| &d.spec.template) != Some(&applied.spec.template);
     o.services.apply(r, &o.names.gateway, &svc_obj).await?;
     if restarted {
         tracing::info!(agent = %agent.id, revision = %rev.id, "gateway Deployment switched to the revision");
     }
     let observed = wait_ready(r, &t, &agent.id).await?;
     tracing::info!(agent = %agent.id, revision = %rev.id, "revision serving");
+    // The Pods ran a template a secrets-only change kept (its revision already retired, its
+    // ConfigMap kept for them) and now run another: that ConfigMap goes.
+    let carried = dep
+        .as_ref()
+        .and_then(|d| deployment_revision(d).ok().flatten())
+        .map(|(id, _)| id);
+    if let Some(kept) = running
+        .as_ref()
+        .filter(|k| Some(*k) != carried.as_ref() && **k != template_rev.id && **k != rev.id)
+    {
+        let name = names::revision_config_map(&agent.id, kept);
+        if let Some(cm) = o
+            .config_maps
+            .get_owned(r, &name, &Markers::revision(ns, &agent.id, kept))
+            .await?
+            && o.config_maps.delete(r, &name, &cm.metadata, false).await?
+        {
+            tracing::info!(agent = %agent.id, revision = %kept, "the ConfigMap a secrets-only change kept is retired");
+        }
+    }
     // Ready means the init container applied the files: the contents leave the cluster.
     if let (Some(s), Some(manifest)) = (&workspace, manifest)
         && crate::workspace::holds_contents(s)
@@ -597,8 +685,18 @@ enum StopScope {
     ThisOrOlder,
 }
 
+/// What [`stop_if_current`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stopped {
+    /// It deleted the Deployment.
+    deleted: bool,
+    /// A successor's Pods run this revision's template (a secrets-only change kept them):
+    /// they, their Service selector and this revision's ConfigMap stay.
+    template_kept: bool,
+}
+
 /// Deletes the Deployment if it carries this revision (or, for a stop, an older one); sets
-/// the Service inactive; waits for the Pods to go. Returns whether it deleted the Deployment.
+/// the Service inactive; waits for the Pods to go.
 async fn stop_if_current(
     r: &Requests,
     settings: &ClusterSettings,
@@ -606,7 +704,7 @@ async fn stop_if_current(
     agent_ref: &AgentRef,
     rev: &RevisionRef,
     scope: StopScope,
-) -> Result<bool, Failure> {
+) -> Result<Stopped, Failure> {
     let agent = &agent_ref.id;
     let o = AgentObjects::new(r, t, agent);
     let dep = o
@@ -631,6 +729,11 @@ async fn stop_if_current(
         (StopScope::ThisOrOlder, None) => true,
     };
     let successor = dep.is_some() && !takes(&carried);
+    let template_kept = successor
+        && match &dep {
+            Some(d) => observe::pod_revision(d)?.as_ref() == Some(&rev.id),
+            None => false,
+        };
     let mut stopped = false;
     if let Some(d) = &dep
         && !successor
@@ -657,7 +760,7 @@ async fn stop_if_current(
         })
         .cloned();
     let deselect = match scope {
-        StopScope::This => selected.as_ref() == Some(&serving),
+        StopScope::This => !template_kept && selected.as_ref() == Some(&serving),
         StopScope::ThisOrOlder => {
             !successor && selected.as_deref().is_some_and(|v| v != names::INACTIVE)
         }
@@ -676,11 +779,18 @@ async fn stop_if_current(
         StopScope::ThisOrOlder if !successor => None,
         _ => Some((names::SERVING_REVISION, serving.as_str())),
     };
+    let done = Stopped {
+        deleted: stopped,
+        template_kept,
+    };
+    if template_kept {
+        return Ok(done);
+    }
     let mut pause = Duration::from_millis(100);
     loop {
         let pods = agent_pods(r, t, agent, only).await?;
         if pods.is_empty() {
-            return Ok(stopped);
+            return Ok(done);
         }
         if !pause_within(r, pause).await {
             return Err(Failure::new(
@@ -718,7 +828,8 @@ pub(crate) async fn stop(
         &args.revision,
         StopScope::ThisOrOlder,
     )
-    .await?;
+    .await?
+    .deleted;
     Ok(StopResult {
         stopped,
         observation: observation(r, settings, &t, &args.agent.id).await?,
@@ -761,6 +872,9 @@ pub(crate) async fn retire(
     )
     .await?;
     let removed = match &cm {
+        // The successor's Pods still mount it (a secrets-only change kept them): it goes once
+        // an activation moves the Pods to another template (`activate_one`).
+        Some(_) if stopped.template_kept => false,
         Some(cm) => {
             o.config_maps
                 .delete(r, &cm_name, &cm.metadata, false)
@@ -772,7 +886,7 @@ pub(crate) async fn retire(
         tracing::info!(agent = %agent, revision = %args.revision.id, object = %label("ConfigMap", Some(&o.tenant), &cm_name), "revision retired");
     }
     Ok(RetireResult {
-        stopped,
+        stopped: stopped.deleted,
         removed,
         observation: observation(r, settings, &t, agent).await?,
     })

@@ -381,3 +381,156 @@ fn the_workload_fingerprint_names_each_foreign_edit() {
     assert!(!swapped.contains("evil"), "{swapped}");
     assert_eq!(WorkloadFingerprint::from_text("not json"), None);
 }
+
+/// Issue 29: the coordinator's per-secret file providers become the one managed exec
+/// provider on a cluster, and each reference refers to it by the secret's name; a provider
+/// clawfleet did not render is refused, naming it.
+#[test]
+fn cluster_configuration_resolves_secrets_through_the_exec_provider() {
+    let host = cfg(json!({
+        "channels": { "slack": {
+            "botToken": { "source": "file", "provider": "clawfleet-slack-bot", "id": "value" },
+            "appToken": { "source": "file", "provider": "clawfleet-slack-app", "id": "value" },
+        } },
+        "models": { "providers": { "x": { "apiKey":
+            { "source": "env", "provider": "default", "id": "X_KEY" } } } },
+        "secrets": { "providers": {
+            "clawfleet-slack-bot": { "source": "file", "path": "/run/clawfleet/secrets/slack-bot", "mode": "singleValue" },
+            "clawfleet-slack-app": { "source": "file", "path": "/run/clawfleet/secrets/slack-app", "mode": "singleValue" },
+        } },
+    }));
+    let text = cluster_configuration(&host).unwrap();
+    assert!(crate::secrets::binds_secrets(&text));
+    let out: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        out["secrets"]["providers"],
+        json!({ "clawfleet": {
+            "source": "exec", "command": "/run/clawfleet/bin/clawfleet-secrets",
+            "jsonOnly": true, "timeoutMs": 10000, "trustedDirs": ["/run/clawfleet/bin"],
+        } })
+    );
+    assert_eq!(
+        out["channels"]["slack"]["botToken"],
+        json!({"source": "exec", "provider": "clawfleet", "id": "slack-bot"})
+    );
+    assert_eq!(
+        out["channels"]["slack"]["appToken"],
+        json!({"source": "exec", "provider": "clawfleet", "id": "slack-app"})
+    );
+    assert_eq!(
+        out["models"]["providers"]["x"]["apiKey"]["source"], "env",
+        "other references stay"
+    );
+    let plain = cluster_configuration(&cfg(json!({}))).unwrap();
+    assert!(!crate::secrets::binds_secrets(&plain));
+    for bad in [
+        json!({"secrets": {"providers": {"vault": {"source": "exec", "command": "/bin/x"}}}}),
+        json!({"secrets": {"providers": {"clawfleet-a": {"source": "file", "path": "/etc/passwd", "mode": "singleValue"}}}}),
+    ] {
+        match cluster_configuration(&cfg(bad)) {
+            Err(RenderError::Refused { field, .. }) => {
+                assert!(field.starts_with("secrets.providers."), "{field}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Issue 29: a Pod whose configuration binds secrets mounts the Agent's Secret read-only as
+/// a volume (never env), and an init container installs the resolver into a memory emptyDir
+/// the gateway mounts read-only; the template's revision may differ from the activated one.
+#[test]
+fn a_pod_binding_secrets_mounts_them_and_installs_the_resolver() {
+    let older = RevisionRef {
+        id: id("rev-6"),
+        number: RevisionNumber::new(6).unwrap(),
+        configuration_hash: Sha256Hex::new("a".repeat(64)).unwrap(),
+    };
+    let template = Template {
+        revision: &older,
+        secrets: true,
+    };
+    let d = v(&deployment_for(&tn(), &agent(), &rev(), template, &settings(), None).unwrap());
+    let n = names::agent(&agent().id);
+    assert_eq!(d["metadata"]["annotations"][names::REVISION_ID], "rev-7");
+    assert_eq!(
+        d["metadata"]["annotations"][names::POD_REVISION_ID],
+        "rev-6"
+    );
+    let t = &d["spec"]["template"];
+    assert_eq!(t["metadata"]["labels"][names::REVISION_ID], "rev-6");
+    assert_eq!(
+        t["metadata"]["labels"][names::SERVING_REVISION],
+        names::serving_value(&id("rev-6"))
+    );
+    let pod = &t["spec"];
+    let volumes = pod["volumes"].as_array().unwrap();
+    assert!(volumes.iter().any(|v| v["configMap"]["name"]
+        == names::revision_config_map(&agent().id, &id("rev-6")).as_str()));
+    let secret = volumes
+        .iter()
+        .find(|v| v["name"] == crate::secrets::VOLUME)
+        .unwrap();
+    assert_eq!(secret["secret"]["secretName"], n.secrets.as_str());
+    assert_eq!(secret["secret"]["defaultMode"], 0o440);
+    let resolver = volumes
+        .iter()
+        .find(|v| v["name"] == crate::secrets::RESOLVER_VOLUME)
+        .unwrap();
+    assert_eq!(resolver["emptyDir"]["medium"], "Memory");
+    let gw = &pod["containers"][0];
+    let mounts = gw["volumeMounts"].as_array().unwrap();
+    for (name, path) in [
+        (crate::secrets::VOLUME, "/run/clawfleet/secrets"),
+        (crate::secrets::RESOLVER_VOLUME, "/run/clawfleet/bin"),
+    ] {
+        let m = mounts.iter().find(|m| m["name"] == name).unwrap();
+        assert_eq!(m["mountPath"], path);
+        assert_eq!(m["readOnly"], true);
+    }
+    assert!(gw.get("envFrom").is_none());
+    assert!(
+        !gw["env"].to_string().contains(&n.secrets),
+        "no env var refers to the secrets Secret"
+    );
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["name"], crate::secrets::INIT_CONTAINER);
+    assert_eq!(init["securityContext"], gw["securityContext"]);
+    let script = init["command"][2].as_str().unwrap();
+    assert!(script.contains("command -v node") && script.contains("chmod 500"));
+    assert!(script.contains(crate::secrets::RESOLVER_SOURCE));
+    // Without secrets: no volume, no init container.
+    let plain = v(&deployment(&tn(), &agent(), &rev(), &settings(), None).unwrap());
+    assert!(plain["spec"]["template"]["spec"]["initContainers"].is_null());
+    assert!(!plain.to_string().contains(&n.secrets));
+}
+
+/// The values never show in a secrets set's `Debug`, and the Secret's annotations carry
+/// fingerprints only.
+#[test]
+fn a_secrets_secret_holds_values_in_data_only() {
+    use crate::secrets::{AgentSecrets, SecretValue, VERSIONS};
+    let value = "xoxb-unit-value-1234";
+    let set = AgentSecrets {
+        namespace: ns_ref(),
+        agent: agent(),
+        secrets: vec![SecretValue {
+            name: clawfleet_protocol::SecretName::new("slack-bot").unwrap(),
+            version: 3,
+            fingerprint: clawfleet_protocol::SecretFingerprint::of(value.as_bytes()),
+            value: zeroize::Zeroizing::new(value.as_bytes().to_vec()),
+        }],
+    };
+    assert!(set.check().is_ok());
+    assert!(!format!("{set:?}").contains(value));
+    let s = crate::secrets::secret(&tn(), &agent(), &set).unwrap();
+    assert_eq!(s.type_.as_deref(), Some("Opaque"));
+    assert_eq!(s.data.as_ref().unwrap()["slack-bot"].0, value.as_bytes());
+    assert!(!serde_json::to_string(&s.metadata).unwrap().contains(value));
+    assert!(s.metadata.annotations.as_ref().unwrap()[VERSIONS].contains("sha256:"));
+    let mut wrong = set;
+    wrong.secrets[0].fingerprint = clawfleet_protocol::SecretFingerprint::of(b"other");
+    let (field, message) = wrong.check().unwrap_err();
+    assert_eq!(field, "secrets[0].fingerprint");
+    assert!(!message.contains(value));
+}
