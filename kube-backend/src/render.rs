@@ -4,8 +4,8 @@
 //! the unit tests below pin names, labels, selectors, securityContext and probes.
 //!
 //! Where the cluster rendering of `openclaw.json` differs from a host's, and why:
-//! - `gateway.bind` becomes `"lan"`: OpenClaw's bind mode for `0.0.0.0` (its docs,
-//!   `docs/gateway/config-gateway.md`: "`lan` (`0.0.0.0`)"; host aliases such as `"0.0.0.0"`
+//! - `gateway.bind` becomes `"lan"`: OpenClaw's bind mode for `0.0.0.0` (its gateway
+//!   configuration reference: "`lan` (`0.0.0.0`)"; host aliases such as `"0.0.0.0"`
 //!   are not accepted as bind values). In a Pod the gateway must listen on the Pod address for
 //!   its Service and for the kubelet's readiness probe; loopback would be unreachable.
 //! - Password auth is mandatory (`gateway.auth.mode: "password"`, the password from the

@@ -24,7 +24,7 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> SettingsError {
 }
 
 /// The gateway command of the reference image: the node binary running OpenClaw's entry point
-/// in the foreground (`notes/openclaw-gateway.md`).
+/// in the foreground.
 pub fn default_gateway_command() -> Vec<String> {
     ["node", "/app/openclaw.mjs", "gateway", "run"]
         .iter()

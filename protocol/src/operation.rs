@@ -45,7 +45,7 @@ pub enum Operation {
     /// What a deploy of a revision would change on the host (read-only, no lock).
     PlanRevision(crate::plan::PlanArgs),
     /// Replace the Agent's set of secrets with these values, sealed to the host key
-    /// (protocol/src/secrets.rs); a running gateway sees the new files at once.
+    /// (`sealed.rs`); a running gateway sees the new files at once.
     PutSecrets(crate::sealed::PutSecretsArgs),
 }
 

@@ -1,5 +1,4 @@
-//! Redaction of log text before it leaves a host or a cluster: the rules of "Runtime status,
-//! logs and drift" in DESIGN.md. hostd applies them to journal lines, the Kubernetes backend to
+//! Redaction of log text before it leaves a host or a cluster: the same rules everywhere. hostd applies them to journal lines, the Kubernetes backend to
 //! Pod logs, and the coordinator once more to the evidence it stores, so no path depends on
 //! another having done it.
 //!

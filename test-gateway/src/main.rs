@@ -1,5 +1,5 @@
 //! clawfleet-test-gateway: a tiny stand-in for the OpenClaw gateway that follows the same launch
-//! contract (see DESIGN.md, "Gateway launch contract"), so host-side behaviour can be tested in
+//! contract (the environment and exit codes hostd's `launch.rs` and unit expect), so host-side behaviour can be tested in
 //! seconds instead of the real gateway's 20 s start and 1 GB of memory.
 //!
 //! - `OPENCLAW_GATEWAY_PORT`, `OPENCLAW_CONFIG_PATH` (and `OPENCLAW_GATEWAY_PASSWORD` when the

@@ -23,7 +23,7 @@ const NSPAWN_REBOOT_STATUS: i32 = 133;
 
 /// Moves the launching shell into the host's own cgroups, then becomes systemd-nspawn (same pid).
 /// Without this, nspawn `--keep-unit` on a machine without systemd puts every container at
-/// `/payload` of the runner's cgroup and the second container breaks (notes/test-hosts.md §2).
+/// `/payload` of the runner's cgroup and the second container breaks.
 const LAUNCH_SCRIPT: &str = r#"for f in $CFVM_CGROUP_PROCS; do echo $$ > "$f"; done; exec "$@""#;
 
 /// Per-host choices made at boot (they need nspawn arguments).

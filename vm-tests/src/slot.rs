@@ -116,7 +116,7 @@ pub fn slot_name(n: u32) -> String {
     format!("cfvm-h{n}")
 }
 
-/// Host N = 169.254.77.(4N-2) (see notes/test-hosts.md).
+/// Host N = 169.254.77.(4N-2): a /30 per host, the runner's end at 4N-3.
 pub fn host_address(n: u32) -> Ipv4Addr {
     Ipv4Addr::new(169, 254, 77, (4 * n - 2) as u8)
 }

@@ -195,7 +195,7 @@ pub(crate) fn unmount_all_under(dir: &Path) -> Result<()> {
     }
 }
 
-/// Process state letter and start time (clock ticks since boot) from /proc/<pid>/stat.
+/// Process state letter and start time (clock ticks since boot) from `/proc/<pid>/stat`.
 pub(crate) fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // comm may contain spaces and parentheses: split after the last ')'.
@@ -251,7 +251,7 @@ pub(crate) fn wait_until(limit: Duration, step: Duration, mut done: impl FnMut()
 }
 
 /// The cgroup hierarchies a container must be placed in: the pure v2 root, or on a hybrid
-/// machine the v1 `name=systemd` tree plus the v2 `unified` tree (see notes/test-hosts.md),
+/// machine the v1 `name=systemd` tree plus the v2 `unified` tree,
 /// and the v1 `memory` and `pids` trees at this process's own cgroup in each, so that every
 /// container has memory and pids cgroups of its own (below ours: its usage still counts
 /// where ours does), which a host booted with [`crate::HostOptions::cgroup_limits`] lets its

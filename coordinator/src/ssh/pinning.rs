@@ -1,6 +1,6 @@
 //! Host key pinning: the coordinator trusts exactly the key its database pinned for a host,
 //! compared by key data in `check_server_key`. russh's known_hosts helpers are never used
-//! (they miss patterns, tab-separated lines and `@revoked`; see notes/crates.md).
+//! (they miss patterns, tab-separated lines and `@revoked`).
 
 use std::sync::{Arc, Mutex};
 

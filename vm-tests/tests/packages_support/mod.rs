@@ -137,7 +137,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// `clawfleet-agent-<32 hex>.service` and `cfa-<24 hex>` for an Agent, as DESIGN.md names them.
+/// `clawfleet-agent-<32 hex>.service` and `cfa-<24 hex>` for an Agent, as hostd's `layout.rs` names them.
 pub fn agent_names(namespace: &str, agent: &str) -> (String, String) {
     let h = sha256_hex(format!("{namespace}:{agent}").as_bytes());
     (
