@@ -1,5 +1,5 @@
 //! Test-only pauses at named points, for the fault matrix (`tests/hosts_faults.rs`): a hostd
-//! built with the `fault-hooks` feature stops at the point named in [`FAULT_FILE`], records its
+//! built with the `fault-hooks` feature stops at the point named in `FAULT_FILE`, records its
 //! pid in `<file>.paused` and waits there until the test kills it. Without the feature (every
 //! release build: `packaging/build.sh` builds hostd alone, without its dev-dependencies)
 //! [`point`] is an empty function and neither the file's name nor this logic is in the binary.

@@ -31,7 +31,7 @@ const KEEP_LOGS_FOR: Duration = Duration::from_secs(3 * 24 * 3600);
 pub struct ProcessRecord {
     pub component: String,
     pub pid: u32,
-    /// Start time in clock ticks since boot (from /proc/<pid>/stat), against pid reuse.
+    /// Start time in clock ticks since boot (from `/proc/<pid>/stat`), against pid reuse.
     pub start_ticks: Option<u64>,
 }
 

@@ -16,7 +16,7 @@ pub(crate) fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Process state letter and start time (clock ticks since boot) from /proc/<pid>/stat.
+/// Process state letter and start time (clock ticks since boot) from `/proc/<pid>/stat`.
 pub(crate) fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // comm may contain spaces and parentheses: split after the last ')'.
@@ -46,7 +46,7 @@ pub(crate) fn signal(pid: u32, start_ticks: Option<u64>, sig: Signal) {
     }
 }
 
-/// Resident set size of a process in KiB (for the memory figures), from /proc/<pid>/status.
+/// Resident set size of a process in KiB (for the memory figures), from `/proc/<pid>/status`.
 pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status

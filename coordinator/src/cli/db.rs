@@ -15,7 +15,7 @@ pub(crate) enum DbCmd {
     /// `occ serve` first; then set `database` in occ.toml to the same URL).
     Migrate {
         /// The PostgreSQL database (postgres://USER@HOST/DB?sslmode=…); the password comes
-        /// from [postgres] password_file in occ.toml or PGPASSWORD.
+        /// from `[postgres] password_file` in occ.toml or PGPASSWORD.
         #[arg(long)]
         to: String,
         /// The SQLite file to copy (default: occ.db in the configured state directory).
