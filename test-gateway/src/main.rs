@@ -11,10 +11,14 @@
 //!   resolved stops the start with status 1), `secrets.reload` swaps them over the WebSocket RPC
 //!   on the same port, and `GET /secrets` reports their fingerprints (never the values).
 //!
+//! - `clawfleet-test-gateway hold …` is not the gateway: it holds authenticated WebSocket clients
+//!   on a gateway for a benchmark and reports which of them were disconnected (`hold.rs`).
+//!
 //! std only (plus serde_json, sha1/sha2, base64ct and nix): one thread per connection, no async
 //! runtime.
 
 mod config;
+mod hold;
 mod rpc;
 mod secrets;
 mod ws;
@@ -53,6 +57,17 @@ struct State {
 fn main() -> ExitCode {
     // From main to listening: the gateway's own start, which a cutover breakdown subtracts.
     let entered = Instant::now();
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("hold") {
+        // Benchmark clients, not the gateway (see `hold.rs`).
+        return match hold::Args::parse(&argv[1..]).and_then(|a| hold::run(&a)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("clawfleet-test-gateway hold: {e}");
+                ExitCode::from(EXIT_CRASH)
+            }
+        };
+    }
     let settings = match config::load(|k| std::env::var(k).ok()) {
         Ok(s) => s,
         Err(e) => {
