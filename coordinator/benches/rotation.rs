@@ -4,11 +4,11 @@
 //! every 20 ms over the API; an Agent counts as applied when the rollout marks it succeeded
 //! (the worker saw hostd activate the revision, and hostd saw the gateway reload its secrets
 //! and hold the new fingerprints). After each round every gateway's own report is checked to
-//! hold the new fingerprint. It prints, per wave, the time from the rotate request to the
-//! wave's last Agent applied (p50, p95, max over the rounds), and how many gateways restarted
-//! over all rounds (by MainPID). WebSocket clients are not part of it: the test gateway keeps
-//! its connections across a reload by construction, so only a restart would drop them, and
-//! the MainPIDs show there was none.
+//! hold the new fingerprint. Throughout, 20 authenticated WebSocket clients per Agent are
+//! connected to its gateway (`clawfleet-test-gateway hold` on the Agent's host, as a transient
+//! unit). It prints, per wave, the time from the rotate request to the wave's last Agent
+//! applied (p50, p95, max over the rounds), how many gateways restarted over all rounds (by
+//! MainPID), and how many of the WebSocket clients were disconnected.
 //!
 //! `cargo bench -p clawfleet-coordinator --bench rotation` (root and the test-host
 //! prerequisites; otherwise it prints `SKIP: ...` and exits 0). `CLAWFLEET_BENCH_ROTATIONS`
@@ -36,11 +36,21 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
     sorted[i]
 }
 
-fn unit_name(agent: &str) -> String {
-    let id = |s: &str| clawfleet_protocol::Ident::new(s).unwrap();
+/// Authenticated WebSocket clients held on each gateway through the rounds.
+const WS_CLIENTS: u32 = 20;
+/// Its existence ends the WebSocket clients on a host.
+const STOP_FILE: &str = "/run/cf-bench-ws-stop";
+
+fn id(s: &str) -> clawfleet_protocol::Ident {
+    clawfleet_protocol::Ident::new(s).unwrap()
+}
+
+fn layout() -> hostd::layout::Layout {
     hostd::layout::Layout::new("/var/lib/clawfleet", "/etc/systemd/system")
-        .agent(&id(NS), &id(agent))
-        .unit_name
+}
+
+fn unit_name(agent: &str) -> String {
+    layout().agent(&id(NS), &id(agent)).unit_name
 }
 
 /// Each Agent's host name and port, from the API.
@@ -130,6 +140,38 @@ fn main() {
         .iter()
         .map(|a| (*a, main_pid(&fleet, &placed[*a].0, a)))
         .collect();
+    // The WebSocket clients, one transient unit per Agent on its host, held until the stop
+    // file appears (at most an hour).
+    for a in AGENTS {
+        let (host, port) = &placed[a];
+        let password_file = layout().agent(&id(NS), &id(a)).password_file;
+        fleet
+            .host(host)
+            .run_ok(&format!(
+                "rm -f {STOP_FILE} && systemd-run --quiet --collect --unit={unit} \
+                 --property=StandardOutput=file:/run/{unit}.json \
+                 {gateway} hold {port} {pw} {WS_CLIENTS} {STOP_FILE} 3600",
+                unit = ws_unit(a),
+                gateway = clawfleet_vm_tests::TEST_GATEWAY_REMOTE_PATH,
+                pw = password_file.display(),
+            ))
+            .unwrap();
+    }
+    // Connected before the first rotation: each unit prints nothing until it stops, so wait
+    // for the gateway to count the connections instead.
+    std::thread::sleep(Duration::from_secs(3));
+    for a in AGENTS {
+        let host = &placed[a].0;
+        let state = fleet
+            .host(host)
+            .run_ok(&format!("systemctl is-active {} || true", ws_unit(a)))
+            .unwrap();
+        assert_eq!(
+            state.trim(),
+            "active",
+            "the WebSocket clients of {a} are not running"
+        );
+    }
     println!(
         "rotation: 1 secret bound to {} Agents on {} hosts, {rounds} rounds, canary 1 then a wave of 5",
         AGENTS.len(),
@@ -206,6 +248,34 @@ fn main() {
         .iter()
         .filter(|a| main_pid(&fleet, &placed[**a].0, a) != pids[**a])
         .count();
+    // Stop the clients and read what each unit saw.
+    let mut connected = 0;
+    let mut disconnected = 0;
+    for host in &hosts {
+        fleet
+            .host(host)
+            .run_ok(&format!("touch {STOP_FILE}"))
+            .unwrap();
+    }
+    for a in AGENTS {
+        let host = fleet.host(&placed[a].0);
+        let unit = ws_unit(a);
+        let mut report = String::new();
+        for _ in 0..100 {
+            report = host
+                .run_ok(&format!("cat /run/{unit}.json 2>/dev/null || true"))
+                .unwrap();
+            if !report.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let r: Value = serde_json::from_str(report.trim())
+            .unwrap_or_else(|e| panic!("the WebSocket clients of {a} reported {report:?}: {e}"));
+        connected += r["connected"].as_u64().unwrap();
+        disconnected += r["disconnected"].as_u64().unwrap();
+        host.run_ok(&format!("rm -f /run/{unit}.json")).unwrap();
+    }
     for v in [&mut canary_ms, &mut wave_ms, &mut agent_ms] {
         v.sort_unstable();
     }
@@ -227,4 +297,12 @@ fn main() {
         "gateway restarts over {rounds} rounds: {restarted} of {} (MainPID changed)",
         AGENTS.len()
     );
+    println!(
+        "WebSocket clients: {connected} connected ({WS_CLIENTS} per Agent), {disconnected} disconnected"
+    );
+}
+
+/// The transient unit holding an Agent's WebSocket clients.
+fn ws_unit(agent: &str) -> String {
+    format!("cf-bench-ws-{agent}")
 }
