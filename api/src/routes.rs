@@ -1,9 +1,9 @@
 //! The route table: the one list of routes. [`ROUTES`] (and from it `/openapi.json`, see
 //! `openapi.rs`) is built here from [`crate::route_table!`]; the coordinator builds its
 //! router from the same macro (handler binding, access check, success status), checking at
-//! compile time that each handler answers the route's response type. A route therefore
-//! cannot be served without being documented, nor answer anything but what its
-//! documentation says.
+//! compile time that each handler decodes the route's request and answers its response
+//! type. A route therefore cannot be served without being documented, nor answer anything
+//! but what its documentation says.
 
 use serde_json::Value;
 

@@ -11,7 +11,8 @@
 //!
 //! The routes, their access rules, requests, success statuses and response types are the
 //! API contract's route table (`clawfleet_api::route_table!`); `routes.rs` binds each row to
-//! its handler, and a handler that does not answer its row's response type does not compile.
+//! its handler, and a handler that does not decode its row's request type or does not answer
+//! its row's response type does not compile.
 
 mod access;
 mod agents;

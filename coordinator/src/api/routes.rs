@@ -1,7 +1,7 @@
 //! The router, built from the API contract's route table (`clawfleet_api::route_table!`, the
 //! one list of routes; `clawfleet_api::ROUTES` and `/openapi.json` come from it too): each
-//! row's handler with its access check in front and its success status, and a compile-time
-//! check that the handler answers the row's response type.
+//! row's handler with its access check in front and its success status, and compile-time
+//! checks that the handler decodes the row's request type and answers its response type.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use axum::routing::MethodFilter;
 use clawfleet_api::Method;
 
 use super::access::authorize;
+use super::extract::{StrictJson, StrictQuery};
 use super::{
     ApiError, AppState, NoContent, Paged, Reply, Text, agents, clusters, hosts, namespaces, plans,
     rollouts, runtime, secrets, system, tokens,
@@ -52,8 +53,60 @@ answers!(A1, A2, A3, A4, A5);
 answers!(A1, A2, A3, A4, A5, A6);
 answers!(A1, A2, A3, A4, A5, A6, A7);
 
-/// The handler as it is, once it is known to answer `O` (the row's response type).
-fn answering<O, Args, H: Answers<Args, O>>(handler: H) -> H {
+/// The position of an extractor among a handler's arguments.
+struct At<const N: usize>;
+
+/// No extractor is required.
+struct Nothing;
+
+/// A handler's arguments (`Self`, a tuple) include the extractor `X` (at `P`).
+trait Takes<X, P> {}
+
+impl<T> Takes<(), Nothing> for T {}
+
+macro_rules! takes {
+    ($k:literal; [$($before:ident)*]; [$($after:ident)*]) => {
+        impl<X, $($before,)* $($after,)*> Takes<X, At<$k>> for ($($before,)* X, $($after,)*) {}
+    };
+}
+
+// One impl per arity (1 to 7 extractors) and position.
+takes!(0; []; []);
+takes!(0; []; [A1]);
+takes!(1; [B1]; []);
+takes!(0; []; [A1 A2]);
+takes!(1; [B1]; [A1]);
+takes!(2; [B1 B2]; []);
+takes!(0; []; [A1 A2 A3]);
+takes!(1; [B1]; [A1 A2]);
+takes!(2; [B1 B2]; [A1]);
+takes!(3; [B1 B2 B3]; []);
+takes!(0; []; [A1 A2 A3 A4]);
+takes!(1; [B1]; [A1 A2 A3]);
+takes!(2; [B1 B2]; [A1 A2]);
+takes!(3; [B1 B2 B3]; [A1]);
+takes!(4; [B1 B2 B3 B4]; []);
+takes!(0; []; [A1 A2 A3 A4 A5]);
+takes!(1; [B1]; [A1 A2 A3 A4]);
+takes!(2; [B1 B2]; [A1 A2 A3]);
+takes!(3; [B1 B2 B3]; [A1 A2]);
+takes!(4; [B1 B2 B3 B4]; [A1]);
+takes!(5; [B1 B2 B3 B4 B5]; []);
+takes!(0; []; [A1 A2 A3 A4 A5 A6]);
+takes!(1; [B1]; [A1 A2 A3 A4 A5]);
+takes!(2; [B1 B2]; [A1 A2 A3 A4]);
+takes!(3; [B1 B2 B3]; [A1 A2 A3]);
+takes!(4; [B1 B2 B3 B4]; [A1 A2]);
+takes!(5; [B1 B2 B3 B4 B5]; [A1]);
+takes!(6; [B1 B2 B3 B4 B5 B6]; []);
+
+/// The handler as it is, once it is known to answer `O` (the row's response type) and to
+/// decode `X` (the row's request: `StrictJson<T>`, `StrictQuery<T>`, or `()` for none).
+fn bind<O, X, Args, P, H>(handler: H) -> H
+where
+    H: Answers<Args, O>,
+    Args: Takes<X, P>,
+{
     handler
 }
 
@@ -65,6 +118,13 @@ async fn success<const STATUS: u16>(mut response: Response) -> Response {
         *response.status_mut() = status;
     }
     response
+}
+
+/// The extractor a handler decodes a row's request with.
+macro_rules! decodes {
+    (Empty) => { () };
+    (Json < $t:ident >) => { StrictJson<clawfleet_api::types::$t> };
+    (Query < $t:ident >) => { StrictQuery<clawfleet_api::types::$t> };
 }
 
 /// The type a handler answers for a row's response.
@@ -91,7 +151,9 @@ macro_rules! add_routes {
                     $path,
                     axum::routing::on(
                         filter(Method::$method),
-                        answering::<reply!($resp $(< $respty >)?), _, _>($module::$handler::<B>),
+                        bind::<reply!($resp $(< $respty >)?), decodes!($req $(< $reqty >)?), _, _, _>(
+                            $module::$handler::<B>,
+                        ),
                     )
                     .route_layer(axum::middleware::map_response(success::<$success>))
                     .route_layer(axum::middleware::from_fn_with_state(
