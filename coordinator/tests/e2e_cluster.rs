@@ -727,7 +727,10 @@ async fn cluster_secrets_rotate_in_place_and_leak_nowhere() {
     std::fs::write(&value_file, format!("{V2}\n")).unwrap();
     let rotated = f.occ_json(&["secret", "rotate", KNS, "slack-bot", "--from-file", &vf]);
     said += &rotated.to_string();
-    assert_eq!(rotated["rollout"]["secret"]["name"], "slack-bot", "{rotated}");
+    assert_eq!(
+        rotated["rollout"]["secret"]["name"], "slack-bot",
+        "{rotated}"
+    );
     let rev2 = rotated["rollout"]["agents"][0]["revisionId"]
         .as_str()
         .unwrap_or_else(|| panic!("{rotated}"))

@@ -1,8 +1,10 @@
 //! A bounded property-based run of schemathesis (from PyPI; `.ci/run` installs it into a
 //! directory keyed by its version and sets `CLAWFLEET_SCHEMATHESIS` to it) against the served
 //! `/openapi.json`, on loopback, with an admin token: no 5xx, every answer as the document
-//! says (status, content type, error schema), schema-invalid requests refused, routes refuse
-//! requests without the token. Prints SKIP without schemathesis (fails under CI=true).
+//! says (status, content type, headers, and its body valid against the route's response
+//! schema or the error schema: `response_schema_conformance`), schema-invalid requests
+//! refused, routes refuse requests without the token. Prints SKIP without schemathesis (fails
+//! under CI=true).
 //!
 //! `positive_data_acceptance` is left out: the API refuses schema-valid requests the schema
 //! cannot describe (an unenrolled host, a kubeconfig that does not parse, a host key that is
@@ -36,6 +38,22 @@ fn schemathesis() -> Option<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document() {
+    // Every success answer with a body has a schema that says something, so
+    // response_schema_conformance checks it (`{}` would let any body pass).
+    let doc = serde_json::to_value(coordinator::api::openapi()).unwrap();
+    for route in coordinator::api::ROUTES {
+        let ok = &doc["paths"][route.path][route.method.as_str()]["responses"]
+            [route.success.to_string()];
+        for (media, body) in ok["content"].as_object().into_iter().flatten() {
+            let schema = &body["schema"];
+            assert!(
+                schema.as_object().is_some_and(|o| !o.is_empty()) && schema["type"].is_string(),
+                "{} {} ({media}): the success schema is empty: {schema}",
+                route.method.as_str(),
+                route.path
+            );
+        }
+    }
     let Some(st) = schemathesis() else { return };
     let (store, admin) = api_support::store_with_admin().await;
     let state = Arc::new(AppState {

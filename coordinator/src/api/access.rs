@@ -1,6 +1,6 @@
-//! Who may call a route: the route table gives each route an [`Access`], [`authorize`] checks
-//! it before the handler runs, and handlers that need the caller take [`Caller`] as an
-//! extractor.
+//! Who may call a route: the route table gives each route an [`Access`] (defined by the API
+//! contract), [`authorize`] checks it before the handler runs, and handlers that need the
+//! caller take [`Caller`] as an extractor.
 
 use std::sync::Arc;
 
@@ -16,52 +16,19 @@ use crate::codes::Code;
 use crate::model::{Grant, Role};
 use crate::tokens;
 
-/// The rule a route's caller must meet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// No token needed.
-    Public,
-    /// Any valid token; the handler shows only what the token's grants cover.
-    Token,
-    /// The role in every Namespace (a `"*"` grant).
-    Global(Role),
-    /// The role in the Namespace named by the path's `{ns}`.
-    Namespace(Role),
-    /// The role in at least one Namespace; the handler checks the Namespace the body names.
-    Scoped(Role),
-}
+pub use clawfleet_api::Access;
 
-impl Access {
-    /// The role the rule needs, if any.
-    pub fn role(self) -> Option<Role> {
-        match self {
-            Access::Public | Access::Token => None,
-            Access::Global(r) | Access::Namespace(r) | Access::Scoped(r) => Some(r),
-        }
-    }
-
-    /// A short description for `/openapi.json` (`x-clawfleet-access`).
-    pub fn describe(self) -> String {
-        match self {
-            Access::Public => "none".to_owned(),
-            Access::Token => "any token".to_owned(),
-            Access::Global(r) => format!("{} in all Namespaces", r.as_str()),
-            Access::Namespace(r) => format!("{} in the Namespace {{ns}}", r.as_str()),
-            Access::Scoped(r) => format!("{} in the Namespace the body names", r.as_str()),
-        }
-    }
-
-    fn check(self, caller: &Caller, namespace: Option<&str>) -> Result<(), ApiError> {
-        match self {
-            Access::Public | Access::Token => Ok(()),
-            Access::Global(role) => caller.require("*", role),
-            Access::Namespace(role) => caller.require(namespace.unwrap_or("*"), role),
-            Access::Scoped(role) => {
-                if caller.grants.iter().any(|g| g.role >= role) {
-                    Ok(())
-                } else {
-                    caller.require("*", role)
-                }
+/// Whether the caller meets the route's rule (`namespace`: the path's `{ns}`).
+fn check(access: Access, caller: &Caller, namespace: Option<&str>) -> Result<(), ApiError> {
+    match access {
+        Access::Public | Access::Token => Ok(()),
+        Access::Global(role) => caller.require("*", role),
+        Access::Namespace(role) => caller.require(namespace.unwrap_or("*"), role),
+        Access::Scoped(role) => {
+            if caller.grants.iter().any(|g| g.role >= role) {
+                Ok(())
+            } else {
+                caller.require("*", role)
             }
         }
     }
@@ -180,7 +147,7 @@ pub(super) async fn authorize<B: Backend>(
         Err(e) => return e.into_response(),
     };
     let namespace = params.iter().find(|(k, _)| *k == "ns").map(|(_, v)| v);
-    if let Err(e) = access.check(&caller, namespace) {
+    if let Err(e) = check(access, &caller, namespace) {
         return e.into_response();
     }
     request.extensions_mut().insert(caller);

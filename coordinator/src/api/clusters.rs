@@ -2,11 +2,11 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use clawfleet_api::model::Cluster;
 
 use super::access::Caller;
 use super::extract::{StrictJson, StrictQuery};
-use super::{ApiError, ApiResult, S, ok, paged};
+use super::{ApiError, ApiResult, NoContent, Paged, Reply, S, ok, paged};
 use crate::backend::{Backend, CallOptions, ClusterTarget, Target};
 use crate::codes::Code;
 use crate::model::ClusterRecord;
@@ -15,7 +15,7 @@ use crate::service::{ClusterUpdate, NewCluster};
 
 /// Proves, before anything is stored, that the credentials reach the API server (a probe)
 /// and hold the permissions clawfleet needs; records the probe's answer in a cluster's words
-/// ([`crate::model::Cluster::probe_record`]).
+/// ([`crate::model::cluster_probe_record`]).
 async fn probe_and_check<B: Backend>(
     st: &super::AppState<B>,
     record: &mut ClusterRecord,
@@ -43,7 +43,7 @@ async fn probe_and_check<B: Backend>(
     {
         // Stored in a cluster's words (serverVersion, caFingerprint, warnings), not hostd's;
         // on an update this replaces the previous probe.
-        Ok(result) => record.cluster.last_probe = crate::model::Cluster::probe_record(&result),
+        Ok(result) => record.cluster.last_probe = crate::model::cluster_probe_record(&result),
         Err(e) => return Err(failed(&e, "probe")),
     }
     let missing = st
@@ -69,13 +69,10 @@ pub(super) async fn add_cluster<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     StrictJson(req): StrictJson<NewCluster>,
-) -> ApiResult {
+) -> ApiResult<Reply<Cluster>> {
     let mut record = st.service.validate_cluster(&req).await?;
     probe_and_check(&st, &mut record).await?;
-    ok(
-        StatusCode::CREATED,
-        st.service.store_cluster(&caller.token_id, &record).await?,
-    )
+    ok(st.service.store_cluster(&caller.token_id, &record).await?)
 }
 
 /// Replaces a cluster's credentials and settings, validated, probed and checked like a
@@ -86,38 +83,36 @@ pub(super) async fn update_cluster<B: Backend>(
     caller: Caller,
     Path(cluster): Path<String>,
     StrictJson(req): StrictJson<ClusterUpdate>,
-) -> ApiResult {
+) -> ApiResult<Reply<Cluster>> {
     let mut record = st.service.validate_cluster_update(&cluster, &req).await?;
     probe_and_check(&st, &mut record).await?;
-    ok(
-        StatusCode::OK,
-        st.service
-            .store_cluster_update(&caller.token_id, &record, req.kubeconfig.is_some())
-            .await?,
-    )
+    ok(st
+        .service
+        .store_cluster_update(&caller.token_id, &record, req.kubeconfig.is_some())
+        .await?)
 }
 
 pub(super) async fn list_clusters<B: Backend>(
     State(st): S<B>,
     StrictQuery(q): StrictQuery<PageQuery>,
-) -> ApiResult {
+) -> ApiResult<Paged<Cluster>> {
     paged(st.service.clusters_page(&q).await?)
 }
 
 pub(super) async fn get_cluster<B: Backend>(
     State(st): S<B>,
     Path(cluster): Path<String>,
-) -> ApiResult {
-    ok(StatusCode::OK, st.service.cluster(&cluster).await?)
+) -> ApiResult<Reply<Cluster>> {
+    ok(st.service.cluster(&cluster).await?)
 }
 
 pub(super) async fn delete_cluster<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     Path(cluster): Path<String>,
-) -> ApiResult {
+) -> ApiResult<NoContent> {
     st.service
         .delete_cluster(&caller.token_id, &cluster)
         .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(NoContent)
 }

@@ -1,12 +1,12 @@
 //! Enrolled hosts.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use clawfleet_api::model::Host;
+use clawfleet_api::responses::HostProbe;
 
 use super::access::Caller;
 use super::extract::{NoBody, StrictJson, StrictQuery};
-use super::{ApiError, ApiResult, S, ok, paged};
+use super::{ApiError, ApiResult, NoContent, Paged, Reply, S, ok, paged};
 use crate::backend::Backend;
 use crate::service::page::PageQuery;
 use crate::service::{HostUpdate, NewHost, ProbeError};
@@ -15,13 +15,13 @@ pub(super) async fn enrol_host<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     StrictJson(req): StrictJson<NewHost>,
-) -> ApiResult {
+) -> ApiResult<Reply<Host>> {
     let host = st
         .service
         .enrol_host_probed(&*st.backend, &caller.token_id, req, false)
         .await
         .map_err(probe_error)?;
-    ok(StatusCode::CREATED, host)
+    ok(host)
 }
 
 fn probe_error(e: ProbeError) -> ApiError {
@@ -34,12 +34,15 @@ fn probe_error(e: ProbeError) -> ApiError {
 pub(super) async fn list_hosts<B: Backend>(
     State(st): S<B>,
     StrictQuery(q): StrictQuery<PageQuery>,
-) -> ApiResult {
+) -> ApiResult<Paged<Host>> {
     paged(st.service.hosts_page(&q).await?)
 }
 
-pub(super) async fn get_host<B: Backend>(State(st): S<B>, Path(host): Path<String>) -> ApiResult {
-    ok(StatusCode::OK, st.service.host(&host).await?)
+pub(super) async fn get_host<B: Backend>(
+    State(st): S<B>,
+    Path(host): Path<String>,
+) -> ApiResult<Reply<Host>> {
+    ok(st.service.host(&host).await?)
 }
 
 pub(super) async fn update_host<B: Backend>(
@@ -47,7 +50,7 @@ pub(super) async fn update_host<B: Backend>(
     caller: Caller,
     Path(host): Path<String>,
     StrictJson(req): StrictJson<HostUpdate>,
-) -> ApiResult {
+) -> ApiResult<Reply<Host>> {
     let update = NewHost {
         name: host,
         address: req.address,
@@ -62,27 +65,27 @@ pub(super) async fn update_host<B: Backend>(
         .enrol_host_probed(&*st.backend, &caller.token_id, update, true)
         .await
         .map_err(probe_error)?;
-    ok(StatusCode::OK, host)
+    ok(host)
 }
 
 pub(super) async fn delete_host<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     Path(host): Path<String>,
-) -> ApiResult {
+) -> ApiResult<NoContent> {
     st.service.delete_host(&caller.token_id, &host).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(NoContent)
 }
 
 pub(super) async fn probe_host<B: Backend>(
     State(st): S<B>,
     Path(host): Path<String>,
     _: NoBody,
-) -> ApiResult {
-    let value = st
+) -> ApiResult<Reply<HostProbe>> {
+    let probe = st
         .service
         .probe_host(&*st.backend, &host)
         .await
         .map_err(probe_error)?;
-    ok(StatusCode::OK, value)
+    ok(probe)
 }

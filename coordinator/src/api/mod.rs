@@ -8,6 +8,11 @@
 //! `ratelimit.rs`), the route's access check (`access.rs`, from the route table in
 //! `routes.rs`), the body extractor (`extract.rs`, with the body-read timeout) and the handler
 //! (one module per resource), which calls the service layer.
+//!
+//! The routes, their access rules, requests, success statuses and response types are the
+//! API contract's route table (`clawfleet_api::route_table!`); `routes.rs` binds each row to
+//! its handler, and a handler that does not decode its row's request type or does not answer
+//! its row's response type does not compile.
 
 mod access;
 mod agents;
@@ -15,7 +20,6 @@ mod clusters;
 mod extract;
 mod hosts;
 mod namespaces;
-pub mod openapi;
 mod plans;
 mod ratelimit;
 mod rollouts;
@@ -35,8 +39,9 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-pub use routes::{Body, Method, ROUTES, Route};
+pub use clawfleet_api::{Answer, Body, Method, ROUTES, Route};
 use serde_json::json;
+pub use system::openapi;
 pub use tokens::NewToken;
 
 use crate::backend::Backend;
@@ -156,31 +161,112 @@ impl From<ServiceError> for ApiError {
     }
 }
 
-type ApiResult = Result<Response, ApiError>;
+/// A handler's outcome: its route's answer (see [`Reply`]) or an error.
+type ApiResult<T> = Result<T, ApiError>;
 
 type S<B> = State<Arc<AppState<B>>>;
 
-fn ok(status: StatusCode, value: impl serde::Serialize) -> ApiResult {
-    Ok((status, axum::Json(value)).into_response())
+/// A JSON answer of the route's response type (`Json<T>` or `List<T>` in the route table),
+/// with the route's success status (set by the router from the table).
+#[derive(Debug)]
+pub(crate) struct Reply<T> {
+    body: T,
+    /// Answers that must not be cached (a log page).
+    no_store: bool,
 }
 
-/// One page of a list: its items as a JSON array, and the next page's cursor in the
-/// `X-Next-Cursor` header when more follow.
-fn paged<T: serde::Serialize>(page: crate::service::page::Page<T>) -> ApiResult {
-    let mut response = (StatusCode::OK, axum::Json(page.items)).into_response();
-    if let Some(next) = page.next {
-        let value = axum::http::HeaderValue::from_str(&next).map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Code::InternalError,
-                format!("the next cursor is not a header value: {e}"),
-            )
-        })?;
-        response
-            .headers_mut()
-            .insert(crate::service::page::NEXT_CURSOR_HEADER, value);
+impl<T> Reply<T> {
+    pub(crate) fn new(body: T) -> Self {
+        Reply {
+            body,
+            no_store: false,
+        }
     }
-    Ok(response)
+
+    /// The same answer with `Cache-Control: no-store`.
+    pub(crate) fn no_store(mut self) -> Self {
+        self.no_store = true;
+        self
+    }
+}
+
+impl<T: serde::Serialize> IntoResponse for Reply<T> {
+    fn into_response(self) -> Response {
+        let mut r = axum::Json(self.body).into_response();
+        if self.no_store {
+            r.headers_mut().insert(
+                axum::http::header::CACHE_CONTROL,
+                axum::http::HeaderValue::from_static("no-store"),
+            );
+        }
+        r
+    }
+}
+
+/// The route's JSON answer.
+fn ok<T>(body: T) -> ApiResult<Reply<T>> {
+    Ok(Reply::new(body))
+}
+
+/// One page of a list (`Page<T>` in the route table): its items as a JSON array, and the
+/// next page's cursor in the `X-Next-Cursor` header when more follow.
+#[derive(Debug)]
+pub(crate) struct Paged<T>(crate::service::page::Page<T>);
+
+impl<T: serde::Serialize> IntoResponse for Paged<T> {
+    fn into_response(self) -> Response {
+        let Paged(page) = self;
+        let next = match page.next.map(|n| axum::http::HeaderValue::from_str(&n)) {
+            None => None,
+            Some(Ok(v)) => Some(v),
+            Some(Err(e)) => {
+                return ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    Code::InternalError,
+                    format!("the next cursor is not a header value: {e}"),
+                )
+                .into_response();
+            }
+        };
+        let mut response = axum::Json(page.items).into_response();
+        if let Some(v) = next {
+            response
+                .headers_mut()
+                .insert(crate::service::page::NEXT_CURSOR_HEADER, v);
+        }
+        response
+    }
+}
+
+fn paged<T>(page: crate::service::page::Page<T>) -> ApiResult<Paged<T>> {
+    Ok(Paged(page))
+}
+
+/// A text answer (`Text` in the route table) of the table's text content type.
+#[derive(Debug)]
+pub(crate) struct Text(String);
+
+impl IntoResponse for Text {
+    fn into_response(self) -> Response {
+        (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                clawfleet_api::routes::TEXT_CONTENT_TYPE,
+            )],
+            self.0,
+        )
+            .into_response()
+    }
+}
+
+/// No body (`NoContent` in the route table: 204).
+#[derive(Debug)]
+pub(crate) struct NoContent;
+
+impl IntoResponse for NoContent {
+    fn into_response(self) -> Response {
+        StatusCode::NO_CONTENT.into_response()
+    }
 }
 
 /// Builds the router with the default limits (tests, embedded use).

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use clawfleet_api::responses::{DeployPlan, RolloutPlan};
 
 use super::access::Caller;
 use super::extract::{NoBody, StrictJson};
 use super::ratelimit::ReadLimiter;
 use super::runtime::{call_error, spend};
-use super::{ApiResult, S, ok};
+use super::{ApiResult, Reply, S, ok};
 use crate::backend::Backend;
 use crate::service::NewRollout;
 
@@ -24,14 +24,14 @@ pub(super) async fn plan_deploy<B: Backend>(
     Extension(limiter): Extension<Arc<ReadLimiter>>,
     Path((ns, agent)): Path<(String, String)>,
     _: NoBody,
-) -> ApiResult {
+) -> ApiResult<Reply<DeployPlan>> {
     spend(&limiter, &caller)?;
     let plan = st
         .service
-        .plan_deploy(&*st.backend, &ns, &agent)
+        .deploy_plan(&*st.backend, &ns, &agent)
         .await
         .map_err(call_error)?;
-    ok(StatusCode::OK, plan)
+    ok(plan)
 }
 
 pub(super) async fn plan_rollout<B: Backend>(
@@ -40,12 +40,12 @@ pub(super) async fn plan_rollout<B: Backend>(
     Extension(limiter): Extension<Arc<ReadLimiter>>,
     Path(ns): Path<String>,
     StrictJson(req): StrictJson<NewRollout>,
-) -> ApiResult {
+) -> ApiResult<Reply<RolloutPlan>> {
     spend(&limiter, &caller)?;
     let plan = st
         .service
-        .plan_rollout(&*st.backend, &ns, &req)
+        .rollout_plan(&*st.backend, &ns, &req)
         .await
         .map_err(call_error)?;
-    ok(StatusCode::OK, plan)
+    ok(plan)
 }

@@ -2,10 +2,11 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use clawfleet_api::model::Rollout;
 
 use super::access::Caller;
 use super::extract::{NoBody, StrictJson};
-use super::{ApiError, ApiResult, S, ok};
+use super::{ApiError, ApiResult, Reply, S, ok};
 use crate::backend::Backend;
 use crate::codes::Code;
 use crate::service::{NewRollout, RolloutAction};
@@ -28,30 +29,25 @@ pub(super) async fn create_rollout<B: Backend>(
     caller: Caller,
     Path(ns): Path<String>,
     StrictJson(req): StrictJson<NewRollout>,
-) -> ApiResult {
-    ok(
-        StatusCode::CREATED,
-        st.service
-            .create_rollout(&caller.token_id, &ns, req)
-            .await?,
-    )
+) -> ApiResult<Reply<Rollout>> {
+    ok(st
+        .service
+        .create_rollout(&caller.token_id, &ns, req)
+        .await?)
 }
 
 pub(super) async fn list_rollouts<B: Backend>(
     State(st): S<B>,
     Path(ns): Path<String>,
-) -> ApiResult {
-    ok(StatusCode::OK, st.service.rollouts(&ns).await?)
+) -> ApiResult<Reply<Vec<Rollout>>> {
+    ok(st.service.rollouts(&ns).await?)
 }
 
 pub(super) async fn get_rollout<B: Backend>(
     State(st): S<B>,
     Path((ns, id)): Path<(String, String)>,
-) -> ApiResult {
-    ok(
-        StatusCode::OK,
-        st.service.rollout(&ns, rollout_id(&id)?).await?,
-    )
+) -> ApiResult<Reply<Rollout>> {
+    ok(st.service.rollout(&ns, rollout_id(&id)?).await?)
 }
 
 async fn act<B: Backend>(
@@ -60,13 +56,11 @@ async fn act<B: Backend>(
     ns: &str,
     id: &str,
     action: RolloutAction,
-) -> ApiResult {
-    ok(
-        StatusCode::OK,
-        st.service
-            .rollout_action(&caller.token_id, ns, rollout_id(id)?, action)
-            .await?,
-    )
+) -> ApiResult<Reply<Rollout>> {
+    ok(st
+        .service
+        .rollout_action(&caller.token_id, ns, rollout_id(id)?, action)
+        .await?)
 }
 
 pub(super) async fn pause_rollout<B: Backend>(
@@ -74,7 +68,7 @@ pub(super) async fn pause_rollout<B: Backend>(
     caller: Caller,
     Path((ns, id)): Path<(String, String)>,
     _: NoBody,
-) -> ApiResult {
+) -> ApiResult<Reply<Rollout>> {
     act(&st, &caller, &ns, &id, RolloutAction::Pause).await
 }
 
@@ -83,7 +77,7 @@ pub(super) async fn resume_rollout<B: Backend>(
     caller: Caller,
     Path((ns, id)): Path<(String, String)>,
     _: NoBody,
-) -> ApiResult {
+) -> ApiResult<Reply<Rollout>> {
     act(&st, &caller, &ns, &id, RolloutAction::Resume).await
 }
 
@@ -92,7 +86,7 @@ pub(super) async fn promote_rollout<B: Backend>(
     caller: Caller,
     Path((ns, id)): Path<(String, String)>,
     _: NoBody,
-) -> ApiResult {
+) -> ApiResult<Reply<Rollout>> {
     act(&st, &caller, &ns, &id, RolloutAction::Promote).await
 }
 
@@ -101,6 +95,6 @@ pub(super) async fn abort_rollout<B: Backend>(
     caller: Caller,
     Path((ns, id)): Path<(String, String)>,
     _: NoBody,
-) -> ApiResult {
+) -> ApiResult<Reply<Rollout>> {
     act(&st, &caller, &ns, &id, RolloutAction::Abort).await
 }

@@ -4,17 +4,17 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::IntoResponse;
-use axum::{Extension, Json};
+use axum::http::StatusCode;
+use clawfleet_api::model::DriftRow;
+use clawfleet_api::responses::{AgentLogPage, AgentRuntime, Reconciling};
 use clawfleet_protocol::FailureCode;
-use serde_json::json;
 
 use super::access::Caller;
 use super::extract::StrictQuery;
 use super::ratelimit::ReadLimiter;
-use super::{ApiError, ApiResult, S, ok};
+use super::{ApiError, ApiResult, Reply, S, ok};
 use crate::backend::{Backend, CallError};
 use crate::codes::Code;
 use crate::service::{LogsQuery, RuntimeError};
@@ -71,14 +71,14 @@ pub(super) async fn runtime<B: Backend>(
     caller: Caller,
     Extension(limiter): Extension<Arc<ReadLimiter>>,
     Path((ns, agent)): Path<(String, String)>,
-) -> ApiResult {
+) -> ApiResult<Reply<AgentRuntime>> {
     spend(&limiter, &caller)?;
-    let value = st
+    let runtime = st
         .service
         .agent_runtime(&*st.backend, &ns, &agent)
         .await
         .map_err(call_error)?;
-    ok(StatusCode::OK, value)
+    ok(runtime)
 }
 
 pub(super) async fn logs<B: Backend>(
@@ -87,42 +87,33 @@ pub(super) async fn logs<B: Backend>(
     Extension(limiter): Extension<Arc<ReadLimiter>>,
     Path((ns, agent)): Path<(String, String)>,
     StrictQuery(query): StrictQuery<LogsQuery>,
-) -> ApiResult {
+) -> ApiResult<Reply<AgentLogPage>> {
     spend(&limiter, &caller)?;
     let page = st
         .service
         .agent_logs(&*st.backend, &caller.token_id, &ns, &agent, &query)
         .await
         .map_err(call_error)?;
-    let mut body = serde_json::to_value(&page).unwrap_or_default();
-    if let serde_json::Value::Object(map) = &mut body {
-        map.insert("namespaceId".into(), json!(ns));
-        map.insert("agentId".into(), json!(agent));
-    }
-    let mut response = (StatusCode::OK, Json(body)).into_response();
-    response
-        .headers_mut()
-        .insert("cache-control", HeaderValue::from_static("no-store"));
-    Ok(response)
+    Ok(Reply::new(AgentLogPage::new(&ns, &agent, page)).no_store())
 }
 
 pub(super) async fn drift<B: Backend>(
     State(st): S<B>,
     StrictQuery(query): StrictQuery<crate::service::DriftQuery>,
-) -> ApiResult {
-    ok(StatusCode::OK, st.service.drift(&query).await?)
+) -> ApiResult<Reply<Vec<DriftRow>>> {
+    ok(st.service.drift(&query).await?)
 }
 
 pub(super) async fn sweep_now<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     _: super::extract::NoBody,
-) -> ApiResult {
+) -> ApiResult<Reply<Vec<DriftRow>>> {
     let rows = st
         .service
         .sweep_drift(&*st.backend, &caller.token_id)
         .await?;
-    ok(StatusCode::OK, rows)
+    ok(rows)
 }
 
 pub(super) async fn reconcile<B: Backend>(
@@ -130,10 +121,12 @@ pub(super) async fn reconcile<B: Backend>(
     caller: Caller,
     Path((ns, agent)): Path<(String, String)>,
     _: super::extract::NoBody,
-) -> ApiResult {
+) -> ApiResult<Reply<Reconciling>> {
     let (revision, work) = st.service.reconcile(&caller.token_id, &ns, &agent).await?;
-    ok(
-        StatusCode::ACCEPTED,
-        json!({"namespaceId": ns, "agentId": agent, "revisionId": revision, "workId": work}),
-    )
+    ok(Reconciling {
+        namespace_id: ns,
+        agent_id: agent,
+        revision_id: revision,
+        work_id: work,
+    })
 }

@@ -1,13 +1,13 @@
 //! Secrets of a Namespace: write-only values, readable metadata.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use clawfleet_api::model::{Rollout, SecretVersion};
+use clawfleet_api::responses::{SecretDeploy, SecretInfo};
 use zeroize::Zeroizing;
 
 use super::access::Caller;
 use super::extract::{NoBody, StrictJson};
-use super::{ApiResult, S, ok};
+use super::{ApiResult, NoContent, Reply, S, ok};
 use crate::backend::Backend;
 use crate::service::{NewSecret, NewSecretRollout};
 
@@ -16,26 +16,27 @@ pub(super) async fn set_secret<B: Backend>(
     caller: Caller,
     Path(ns): Path<String>,
     StrictJson(req): StrictJson<NewSecret>,
-) -> ApiResult {
+) -> ApiResult<Reply<SecretVersion>> {
     let NewSecret { name, value } = req;
     let value = Zeroizing::new(value.into_bytes());
-    ok(
-        StatusCode::CREATED,
-        st.service
-            .put_secret(&caller.token_id, &ns, &name, value)
-            .await?,
-    )
+    ok(st
+        .service
+        .put_secret(&caller.token_id, &ns, &name, value)
+        .await?)
 }
 
-pub(super) async fn list_secrets<B: Backend>(State(st): S<B>, Path(ns): Path<String>) -> ApiResult {
-    ok(StatusCode::OK, st.service.secrets(&ns).await?)
+pub(super) async fn list_secrets<B: Backend>(
+    State(st): S<B>,
+    Path(ns): Path<String>,
+) -> ApiResult<Reply<Vec<SecretInfo>>> {
+    ok(st.service.secrets(&ns).await?)
 }
 
 pub(super) async fn get_secret<B: Backend>(
     State(st): S<B>,
     Path((ns, name)): Path<(String, String)>,
-) -> ApiResult {
-    ok(StatusCode::OK, st.service.secret(&ns, &name).await?)
+) -> ApiResult<Reply<SecretInfo>> {
+    ok(st.service.secret(&ns, &name).await?)
 }
 
 pub(super) async fn delete_secret<B: Backend>(
@@ -43,11 +44,11 @@ pub(super) async fn delete_secret<B: Backend>(
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     _: NoBody,
-) -> ApiResult {
+) -> ApiResult<NoContent> {
     st.service
         .delete_secret(&caller.token_id, &ns, &name)
         .await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(NoContent)
 }
 
 pub(super) async fn deploy_secret<B: Backend>(
@@ -55,13 +56,11 @@ pub(super) async fn deploy_secret<B: Backend>(
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     _: NoBody,
-) -> ApiResult {
-    ok(
-        StatusCode::ACCEPTED,
-        st.service
-            .deploy_secret(&caller.token_id, &ns, &name)
-            .await?,
-    )
+) -> ApiResult<Reply<Vec<SecretDeploy>>> {
+    ok(st
+        .service
+        .deploy_secret(&caller.token_id, &ns, &name)
+        .await?)
 }
 
 pub(super) async fn roll_out_secret<B: Backend>(
@@ -69,11 +68,9 @@ pub(super) async fn roll_out_secret<B: Backend>(
     caller: Caller,
     Path((ns, name)): Path<(String, String)>,
     StrictJson(req): StrictJson<NewSecretRollout>,
-) -> ApiResult {
-    ok(
-        StatusCode::CREATED,
-        st.service
-            .create_secret_rollout(&caller.token_id, &ns, &name, req)
-            .await?,
-    )
+) -> ApiResult<Reply<Rollout>> {
+    ok(st
+        .service
+        .create_secret_rollout(&caller.token_id, &ns, &name, req)
+        .await?)
 }

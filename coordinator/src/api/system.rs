@@ -1,42 +1,55 @@
 //! Liveness, the OpenAPI document and metrics.
 
 use axum::extract::State;
-use axum::response::IntoResponse;
-use serde_json::json;
+use clawfleet_api::model::AuditEvent;
+use clawfleet_api::openapi::OpenApiDocument;
+use clawfleet_api::responses::Health;
 
-use super::{ApiResult, S};
+use super::{ApiResult, Reply, S, Text, ok};
 use crate::backend::Backend;
+use crate::codes::Code;
 
 /// How long `/healthz` waits for the database.
 const HEALTH_DATABASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// 200 while the database answers a cheap query within [`HEALTH_DATABASE_TIMEOUT`]; 503
 /// `DATABASE_UNAVAILABLE` otherwise (a coordinator that cannot reach its state cannot serve).
-pub(super) async fn healthz<B: Backend>(State(st): S<B>) -> ApiResult {
+pub(super) async fn healthz<B: Backend>(State(st): S<B>) -> ApiResult<Reply<Health>> {
     if let Err(e) = st.service.database_answers(HEALTH_DATABASE_TIMEOUT).await {
         tracing::warn!("health check: the database does not answer: {e}");
         return Err(super::ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            crate::codes::Code::DatabaseUnavailable,
+            Code::DatabaseUnavailable,
             format!("the database does not answer: {e}"),
         )
         .retry_after(1));
     }
-    Ok(axum::Json(json!({"status": "ok", "database": "ok"})).into_response())
+    ok(Health::ok())
 }
 
-pub(super) async fn openapi_document<B: Backend>(State(_): S<B>) -> ApiResult {
-    Ok(axum::Json(super::openapi::document()).into_response())
+/// `/openapi.json`, from the route table, with the coordinator's codes.
+pub fn openapi() -> OpenApiDocument {
+    let codes: Vec<(&str, &str)> = Code::ALL
+        .iter()
+        .map(|c| (c.as_str(), c.describe()))
+        .collect();
+    clawfleet_api::openapi::document(&codes)
+}
+
+pub(super) async fn openapi_document<B: Backend>(
+    State(_): S<B>,
+) -> ApiResult<Reply<OpenApiDocument>> {
+    ok(openapi())
 }
 
 pub(super) async fn audit<B: Backend>(
     State(st): S<B>,
     super::extract::StrictQuery(query): super::extract::StrictQuery<crate::service::AuditQuery>,
-) -> ApiResult {
-    Ok(axum::Json(st.service.audit_events(&query).await?).into_response())
+) -> ApiResult<Reply<Vec<AuditEvent>>> {
+    ok(st.service.audit_events(&query).await?)
 }
 
-pub(super) async fn metrics<B: Backend>(State(st): S<B>) -> ApiResult {
+pub(super) async fn metrics<B: Backend>(State(st): S<B>) -> ApiResult<Text> {
     let m = st.service.metrics().await?;
     let mut out = String::from("# TYPE clawfleet_work gauge\n");
     for (kind, state, n) in m.work {
@@ -70,5 +83,5 @@ pub(super) async fn metrics<B: Backend>(State(st): S<B>) -> ApiResult {
         out.push_str(&format!("clawfleet_rollouts{{state=\"{state}\"}} {n}\n"));
     }
     out.push_str(&crate::metrics::render());
-    Ok(([("content-type", "text/plain; version=0.0.4")], out).into_response())
+    Ok(Text(out))
 }

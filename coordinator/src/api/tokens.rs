@@ -4,29 +4,16 @@ use std::collections::HashSet;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use serde_json::json;
+use clawfleet_api::responses::CreatedToken;
 
 use super::access::Caller;
 use super::extract::StrictJson;
-use super::{ApiError, ApiResult, S, ok};
+use super::{ApiError, ApiResult, NoContent, Reply, S, ok};
 use crate::backend::Backend;
 use crate::codes::Code;
-use crate::model::Grant;
 use crate::service::TokenChangeError;
 
-/// The body of `POST /tokens`.
-#[derive(Debug, serde::Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewToken {
-    #[schemars(length(min = 1, max = 128))]
-    pub name: String,
-    #[schemars(length(min = 1))]
-    pub grants: Vec<Grant>,
-    /// Seconds since the epoch from which the token is refused (401); absent: never.
-    #[serde(default)]
-    pub expires_at: Option<i64>,
-}
+pub use clawfleet_api::requests::NewToken;
 
 fn invalid(code: Code, message: String) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, code, message)
@@ -84,7 +71,7 @@ pub(super) async fn create_token<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     StrictJson(req): StrictJson<NewToken>,
-) -> ApiResult {
+) -> ApiResult<Reply<CreatedToken>> {
     let now = crate::clock::now_seconds();
     check(&req, now)?;
     let (id, secret) = st
@@ -102,17 +89,19 @@ pub(super) async fn create_token<B: Backend>(
                 )
             }
         })?;
-    ok(
-        StatusCode::CREATED,
-        json!({"id": id, "token": secret, "grants": req.grants, "expiresAt": req.expires_at}),
-    )
+    ok(CreatedToken {
+        id,
+        token: secret,
+        grants: req.grants,
+        expires_at: req.expires_at,
+    })
 }
 
 pub(super) async fn revoke_token<B: Backend>(
     State(st): S<B>,
     caller: Caller,
     Path(id): Path<String>,
-) -> ApiResult {
+) -> ApiResult<NoContent> {
     st.service.revoke_token(&caller.token_id, &id).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(NoContent)
 }

@@ -5,41 +5,13 @@
 //! storing.
 
 use clawfleet_kube::{ClusterCredentials, ClusterSettings};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{NewCluster, Result, Service, ServiceError, check_id, now};
 use crate::codes::Code;
 use crate::model::{Cluster, ClusterRecord};
 
-/// Body of `PUT /clusters/{cluster}`: new credentials and settings for a registered cluster.
-/// `settings` replaces the stored settings whole; without `kubeconfig` the stored credentials
-/// stay. Validated, probed and checked like a registration.
-#[derive(Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ClusterUpdate {
-    /// The kubeconfig's text, everything inline (as for `POST /clusters`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubeconfig: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context: Option<String>,
-    /// Per-cluster settings (`clawfleet_kube::ClusterSettings`, camelCase).
-    #[schemars(with = "serde_json::Map<String, Value>")]
-    pub settings: Value,
-}
-
-impl std::fmt::Debug for ClusterUpdate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterUpdate")
-            .field(
-                "kubeconfig",
-                &self.kubeconfig.as_ref().map(|_| "<redacted>"),
-            )
-            .field("context", &self.context)
-            .field("settings", &self.settings)
-            .finish()
-    }
-}
+pub use clawfleet_api::requests::ClusterUpdate;
 
 fn parse_credentials(kubeconfig: &str, context: Option<&str>) -> Result<ClusterCredentials> {
     clawfleet_kube::kubeconfig::parse_kubeconfig(kubeconfig, context)
@@ -238,7 +210,7 @@ impl Service {
         self.store
             .cluster(name)
             .await?
-            .map(|r| r.cluster.shown())
+            .map(|r| crate::model::shown_cluster(r.cluster))
             .ok_or_else(|| ServiceError::not_found("cluster", name))
     }
 

@@ -3,7 +3,6 @@
 //! audit event, and queues the work that realises it. Nothing here talks to hosts.
 
 use clawfleet_protocol::Ident;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
@@ -28,6 +27,8 @@ pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, r
 pub use secrets::{NewSecret, SecretDeploy, SecretInfo, SecretUse, secret_redaction_terms};
 pub use tokens::TokenChangeError;
 pub use workspace::NewWorkspaceFile;
+
+use clawfleet_api::responses::{ConfigurationWritten, DeploymentStatus, NamespaceStatus};
 
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
@@ -101,12 +102,10 @@ impl From<crate::targets::TargetError> for ServiceError {
 
 type Result<T> = std::result::Result<T, ServiceError>;
 
-/// An `Ident` (`clawfleet_protocol::Ident`) as a JSON Schema pattern, for `/openapi.json`.
-pub const IDENT_PATTERN: &str = "^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$";
-/// A host's address: an IP address or DNS name, never an option (`-…`).
-pub const ADDRESS_PATTERN: &str = "^[A-Za-z0-9.:][A-Za-z0-9.:-]*$";
-/// A host name: an `Ident` that is also a `HostName` (no `_`).
-pub const HOST_NAME_PATTERN: &str = "^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$";
+pub use clawfleet_api::requests::{
+    AgentPatch, ConfigurationUpdate, DeployQuery, HARNESS_AUTH_RUNTIME, HarnessAuth, HostUpdate,
+    NewAgent, NewCluster, NewConfiguration, NewHost, NewNamespace,
+};
 
 /// The document as it deploys in this Namespace, or the refusal (`CONFIGURATION_REFUSED`,
 /// naming the field). On a host pool other Namespaces share, the authentication a sibling
@@ -130,228 +129,6 @@ fn check_id(field: &str, value: &str) -> Result<Ident> {
 /// nothing, so it is not found (as an unknown id is).
 fn lookup_id(kind: &'static str, value: &str) -> Result<Ident> {
     Ident::new(value).map_err(|_| ServiceError::not_found(kind, value))
-}
-
-/// Body of `POST /namespaces`: a Namespace on a host pool (`hosts`) or on one Kubernetes
-/// cluster (`cluster`), chosen at creation.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewNamespace {
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub id: String,
-    #[serde(default)]
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub name: Option<String>,
-    #[serde(default)]
-    #[schemars(inner(pattern(HOST_NAME_PATTERN)))]
-    pub hosts: Vec<String>,
-    #[serde(default)]
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub cluster: Option<String>,
-    /// The pool's hosts run this Namespace's Agents only: no other Namespace may put them in
-    /// its pool. Only then may its configurations use `gateway.auth.mode: "trusted-proxy"`
-    /// or `allowTailscale` (on a shared host any Agent could forge a proxy's headers).
-    #[serde(default)]
-    pub single_tenant: bool,
-}
-
-/// Body of `POST /hosts`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewHost {
-    #[schemars(pattern(HOST_NAME_PATTERN))]
-    pub name: String,
-    #[schemars(pattern(ADDRESS_PATTERN), length(max = 253))]
-    pub address: String,
-    #[serde(default = "default_port")]
-    pub port: u16,
-    /// The host's SSH public key (the line from `/etc/ssh/ssh_host_ed25519_key.pub`), pinned.
-    pub host_key: String,
-    #[serde(default = "default_max_agents")]
-    pub max_agents: u32,
-    /// The account to log in as where root login is forbidden (`hostd enrol --login-user`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 32))]
-    pub login_user: Option<String>,
-    /// The jump host the host is reached through.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jump: Option<crate::model::Jump>,
-}
-
-fn default_port() -> u16 {
-    22
-}
-
-fn default_max_agents() -> u32 {
-    100
-}
-
-/// Body of `POST /clusters`: a kubeconfig (its text) and the cluster's settings.
-#[derive(Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewCluster {
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub name: String,
-    /// The kubeconfig's text, with everything inline (`*-data`, `token`): a file reference
-    /// (`certificate-authority`, `client-certificate`, `client-key`, `tokenFile`) is refused,
-    /// never read on the coordinator. `occ cluster add` reads them on the operator's machine.
-    pub kubeconfig: String,
-    #[serde(default)]
-    pub context: Option<String>,
-    /// Per-cluster settings (`clawfleet_kube::ClusterSettings`, camelCase).
-    #[schemars(with = "serde_json::Map<String, Value>")]
-    pub settings: Value,
-}
-
-impl std::fmt::Debug for NewCluster {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewCluster")
-            .field("name", &self.name)
-            .field("kubeconfig", &"<redacted>")
-            .field("context", &self.context)
-            .field("settings", &self.settings)
-            .finish()
-    }
-}
-
-/// Body of `PUT /hosts/{host}`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HostUpdate {
-    #[schemars(pattern(ADDRESS_PATTERN), length(max = 253))]
-    pub address: String,
-    #[serde(default = "default_port")]
-    pub port: u16,
-    pub host_key: String,
-    #[serde(default = "default_max_agents")]
-    pub max_agents: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 32))]
-    pub login_user: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jump: Option<crate::model::Jump>,
-}
-
-/// Body of `POST /namespaces/{ns}/configurations`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewConfiguration {
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub id: String,
-    /// The native OpenClaw configuration (`openclaw.json`).
-    #[schemars(with = "serde_json::Map<String, Value>")]
-    pub document: Value,
-}
-
-/// Body of `PUT /namespaces/{ns}/configurations/{cfg}`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ConfigurationUpdate {
-    /// The native OpenClaw configuration (`openclaw.json`).
-    #[schemars(with = "serde_json::Map<String, Value>")]
-    pub document: Value,
-}
-
-/// Harness authentication: only operator-managed runtime credentials are supported.
-///
-/// Decoding reads `method` first: `runtime` takes no other field (an unknown one is an invalid
-/// body, as elsewhere), while any other method decodes whatever its other fields (a
-/// `codex_pat` with its `source`, say) so that the check refuses it as
-/// HARNESS_AUTH_UNSUPPORTED instead of as an unknown field.
-#[derive(Debug, Clone)]
-pub struct HarnessAuth {
-    pub method: String,
-}
-
-/// The only supported harness authentication method.
-pub const HARNESS_AUTH_RUNTIME: &str = "runtime";
-
-impl serde::Serialize for HarnessAuth {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap as _;
-        let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("method", &self.method)?;
-        m.end()
-    }
-}
-
-impl schemars::JsonSchema for HarnessAuth {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "HarnessAuth".into()
-    }
-
-    /// Only `{"method": "runtime"}` is deployable; other methods are decoded to be refused
-    /// with HARNESS_AUTH_UNSUPPORTED.
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "type": "object",
-            "required": ["method"],
-            "properties": {"method": {"type": "string", "enum": [HARNESS_AUTH_RUNTIME]}},
-            "additionalProperties": false,
-        })
-    }
-}
-
-impl<'de> Deserialize<'de> for HarnessAuth {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        use serde::de::Error as _;
-        let mut fields = serde_json::Map::<String, Value>::deserialize(d)?;
-        let method = match fields.remove("method") {
-            Some(Value::String(m)) => m,
-            Some(_) => return Err(D::Error::custom("method must be a string")),
-            None => return Err(D::Error::missing_field("method")),
-        };
-        if method == HARNESS_AUTH_RUNTIME
-            && let Some(key) = fields.keys().next()
-        {
-            return Err(D::Error::unknown_field(key, &["method"]));
-        }
-        Ok(HarnessAuth { method })
-    }
-}
-
-/// Body of `POST /namespaces/{ns}/agents`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewAgent {
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub id: String,
-    #[serde(default)]
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub service_principal_id: Option<String>,
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub configuration_id: String,
-    #[serde(default)]
-    pub harness_auth: Option<HarnessAuth>,
-    /// What a failed activation does: `none` (default) or `last-served`.
-    #[serde(default)]
-    pub restore: Option<crate::model::RestorePolicy>,
-    /// Files written once into the Agent's workspace before its gateway first starts (at
-    /// most 32, 64 KiB each, 128 KiB in all); never returned.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub workspace_files: Vec<NewWorkspaceFile>,
-}
-
-/// `POST …/agents/{agent}/deploy`'s query.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DeployQuery {
-    /// The token of a plan of this deploy (`POST …/plan`): refused with PLAN_STALE unless the
-    /// plan is still current.
-    #[schemars(length(min = 1, max = 64))]
-    pub plan_token: Option<String>,
-}
-
-/// Body of `PATCH /namespaces/{ns}/agents/{agent}`.
-#[derive(Debug, Clone, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AgentPatch {
-    #[schemars(pattern(IDENT_PATTERN))]
-    #[serde(default)]
-    pub configuration_id: Option<String>,
-    /// What a failed activation does from the next deploy on: `none` or `last-served`.
-    #[serde(default)]
-    pub restore: Option<crate::model::RestorePolicy>,
 }
 
 /// The service.
@@ -633,14 +410,15 @@ impl Service {
     /// A Namespace with its newest Namespace-level work item (`ensure-namespace` or
     /// `delete-namespace`: state, attempts, last code and message), so a Namespace that is not
     /// ready on its cluster or pool says why, and whether it is still being retried.
-    pub async fn namespace_status(&self, id: &str) -> Result<Value> {
-        let ns = self.namespace(id).await?;
+    pub async fn namespace_with_work(&self, id: &str) -> Result<NamespaceStatus> {
+        let namespace = self.namespace(id).await?;
         let work = self.store.namespace_work(id, 1).await?.into_iter().next();
-        let mut v = json!(ns);
-        if let Some(o) = v.as_object_mut() {
-            o.insert("work".to_owned(), json!(work));
-        }
-        Ok(v)
+        Ok(NamespaceStatus { namespace, work })
+    }
+
+    /// [`Service::namespace_with_work`] as the JSON the API answers.
+    pub async fn namespace_status(&self, id: &str) -> Result<Value> {
+        Ok(json!(self.namespace_with_work(id).await?))
     }
 
     /// Deletes an empty Namespace (409 while it has Agents).
@@ -666,7 +444,7 @@ impl Service {
         id: &str,
         document: Value,
         new: bool,
-    ) -> Result<Value> {
+    ) -> Result<ConfigurationWritten> {
         let namespace = self.namespace(ns).await?;
         check_id("id", id)?;
         // Refuse what can never be deployed now, not at deploy time.
@@ -699,7 +477,12 @@ impl Service {
             json!({"generation": generation}),
         )
         .await?;
-        Ok(json!({"namespaceId": ns, "id": id, "generation": generation, "document": document}))
+        Ok(ConfigurationWritten {
+            namespace_id: ns.to_owned(),
+            id: id.to_owned(),
+            generation,
+            document,
+        })
     }
 
     pub async fn create_agent(&self, actor: &str, ns: &str, a: NewAgent) -> Result<Agent> {
@@ -980,7 +763,7 @@ impl Service {
 
     /// Desired state, active and served revision, per-revision progress, open work, and the
     /// newest work items with their last attempts (stop and delete work included).
-    pub async fn deployment_status(&self, ns: &str, id: &str) -> Result<Value> {
+    pub async fn deployment_status(&self, ns: &str, id: &str) -> Result<DeploymentStatus> {
         let agent = self.agent(ns, id).await?;
         let revisions = self.store.revisions(ns, id).await?;
         let work = self.store.open_work(ns, id).await?;
@@ -1007,21 +790,25 @@ impl Service {
                 }
                 DesiredState::Deleted => false,
             };
-        Ok(json!({
-            "namespaceId": ns,
-            "agentId": id,
-            "desiredState": agent.desired_state,
-            "host": agent.host,
-            "port": agent.port,
-            "activeRevisionId": agent.active_revision_id,
-            "servedRevisionId": agent.served_revision_id,
-            "converged": converged,
-            "revisions": revisions,
-            "openWork": work,
-            "recentWork": recent,
-            // The newest work's last code, for tables and scripts.
-            "lastCode": recent.first().and_then(|w| w.last_attempt.as_ref()).map(|a| a.code.clone()),
-        }))
+        // The newest work's last code, for tables and scripts.
+        let last_code = recent
+            .first()
+            .and_then(|w| w.last_attempt.as_ref())
+            .map(|a| a.code.clone());
+        Ok(DeploymentStatus {
+            namespace_id: ns.to_owned(),
+            agent_id: id.to_owned(),
+            desired_state: agent.desired_state,
+            host: agent.host,
+            port: agent.port,
+            active_revision_id: agent.active_revision_id.map(String::from),
+            served_revision_id: agent.served_revision_id.map(String::from),
+            converged,
+            revisions,
+            open_work: work,
+            recent_work: recent,
+            last_code,
+        })
     }
 }
 

@@ -4,8 +4,6 @@
 //! next page). A cursor names its list and the last key of its page, so a page never repeats
 //! or skips an item that existed throughout, whatever was added or removed meanwhile.
 
-use serde::Deserialize;
-
 use super::{Result, ServiceError};
 use crate::codes::Code;
 
@@ -14,20 +12,9 @@ pub const MAX_PAGE: u32 = 1000;
 /// Items in a page when the query does not say.
 pub const DEFAULT_PAGE: u32 = 500;
 /// The header that carries the next page's cursor.
-pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
+pub use clawfleet_api::routes::NEXT_CURSOR_HEADER;
 
-/// A list route's query.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PageQuery {
-    /// Continue after the page whose answer carried this cursor (its `X-Next-Cursor`
-    /// header); without it, the first page.
-    #[schemars(length(min = 1, max = 512))]
-    pub cursor: Option<String>,
-    /// Most items in the page (1 to 1000, default 500).
-    #[schemars(range(min = 1, max = 1000))]
-    pub limit: Option<u32>,
-}
+pub use clawfleet_api::requests::PageQuery;
 
 /// Which list a cursor continues: a cursor of one list is refused by another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,9 +85,14 @@ fn decode(list: List, text: &str) -> Option<String> {
     (name == list.as_str() && !key.is_empty() && !key.contains('\n')).then(|| key.to_owned())
 }
 
-impl PageQuery {
+/// A page query checked for its list.
+pub trait PageQueryExt {
     /// The page asked for in `list`, or the refusal naming the parameter.
-    pub fn request(&self, list: List) -> Result<PageRequest> {
+    fn request(&self, list: List) -> Result<PageRequest>;
+}
+
+impl PageQueryExt for PageQuery {
+    fn request(&self, list: List) -> Result<PageRequest> {
         let limit = self.limit.unwrap_or(DEFAULT_PAGE);
         if !(1..=MAX_PAGE).contains(&limit) {
             return Err(invalid(format!(

@@ -3,6 +3,7 @@
 //! a digest of the facts the plan was computed against (each Agent's Configuration and
 //! generation, and its active revision), which `--apply-plan` requires to be still current.
 
+use clawfleet_api::responses::{AgentPlan, DeployPlan, PlannedRevision, RolloutPlan};
 use clawfleet_protocol::plan::PlanArgs;
 use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::{Ident, Operation, Sha256Hex};
@@ -78,17 +79,31 @@ impl Service {
 
     /// What `occ agent deploy --plan` shows: per target, what the next revision's deploy would
     /// change, and the plan token.
+    pub async fn deploy_plan<B: Backend>(
+        &self,
+        backend: &B,
+        ns: &str,
+        id: &str,
+    ) -> Result<DeployPlan, RuntimeError> {
+        let namespace = self.namespace(ns).await?;
+        let agent = self.agent_not_deleting(ns, id).await?;
+        let (token, cfg) = self.deploy_token(ns, &agent).await?;
+        let plan = self.plan_agent(backend, &namespace, &agent, &cfg).await?;
+        Ok(DeployPlan {
+            namespace_id: ns.to_owned(),
+            token,
+            agents: vec![plan],
+        })
+    }
+
+    /// [`Service::deploy_plan`] as the JSON the API answers.
     pub async fn plan_deploy<B: Backend>(
         &self,
         backend: &B,
         ns: &str,
         id: &str,
     ) -> Result<Value, RuntimeError> {
-        let namespace = self.namespace(ns).await?;
-        let agent = self.agent_not_deleting(ns, id).await?;
-        let (token, cfg) = self.deploy_token(ns, &agent).await?;
-        let plan = self.plan_agent(backend, &namespace, &agent, &cfg).await?;
-        Ok(json!({"namespaceId": ns, "token": token, "agents": [plan]}))
+        Ok(json!(self.deploy_plan(backend, ns, id).await?))
     }
 
     /// Consumes a current plan token: each applies once, so a second apply (the facts not
@@ -127,14 +142,24 @@ impl Service {
         self.deploy(actor, ns, id).await
     }
 
-    /// What `occ rollout create --plan` shows: the rollout as it would be created, each
-    /// Agent's plan, and the token `--apply-plan` needs.
+    /// [`Service::rollout_plan`] as the JSON the API answers.
     pub async fn plan_rollout<B: Backend>(
         &self,
         backend: &B,
         ns: &str,
         r: &NewRollout,
     ) -> Result<Value, RuntimeError> {
+        Ok(json!(self.rollout_plan(backend, ns, r).await?))
+    }
+
+    /// What `occ rollout create --plan` shows: the rollout as it would be created, each
+    /// Agent's plan, and the token `--apply-plan` needs.
+    pub async fn rollout_plan<B: Backend>(
+        &self,
+        backend: &B,
+        ns: &str,
+        r: &NewRollout,
+    ) -> Result<RolloutPlan, RuntimeError> {
         let (namespace, cfg, row) = self.validate_rollout("plan", ns, r).await?;
         if row.agents.len() > MAX_PLAN_AGENTS {
             return Err(ServiceError::invalid(
@@ -153,17 +178,17 @@ impl Service {
             let agent = self.agent_not_deleting(ns, id).await?;
             facts.push(Self::fact(&agent, &cfg));
             let mut plan = self.plan_agent(backend, &namespace, &agent, &cfg).await?;
-            plan["wave"] = json!(wave);
+            plan.wave = Some(*wave);
             agents.push(plan);
         }
-        Ok(json!({
-            "namespaceId": ns,
-            "configurationId": cfg.id,
-            "configurationGeneration": cfg.generation,
-            "waves": row.agents.iter().map(|(_, w)| w + 1).max().unwrap_or(0),
-            "token": token(ns, &facts),
-            "agents": agents,
-        }))
+        Ok(RolloutPlan {
+            namespace_id: ns.to_owned(),
+            configuration_id: cfg.id.to_string(),
+            configuration_generation: cfg.generation,
+            waves: row.agents.iter().map(|(_, w)| w + 1).max().unwrap_or(0),
+            token: token(ns, &facts),
+            agents,
+        })
     }
 
     /// The current token of a rollout about to be created over `agents`.
@@ -191,7 +216,7 @@ impl Service {
         namespace: &Namespace,
         agent: &Agent,
         cfg: &Configuration,
-    ) -> Result<Value, RuntimeError> {
+    ) -> Result<AgentPlan, RuntimeError> {
         let ns = &namespace.id;
         let mut rev = self.build_revision(namespace, &agent.id, cfg).await?;
         let revisions = self
@@ -238,20 +263,21 @@ impl Service {
             OperationResult::PlanRevision(p) => p,
             other => return Err(wrong_answer(&other).into()),
         };
-        Ok(json!({
-            "agentId": agent.id,
-            "target": target_name,
-            "placed": placed,
-            "revision": {
-                "id": rev.id,
-                "number": rev.number,
-                "configurationId": cfg.id,
-                "configurationGeneration": cfg.generation,
-                "configurationHash": rev.configuration_hash,
+        Ok(AgentPlan {
+            agent_id: agent.id.to_string(),
+            target: target_name,
+            placed,
+            revision: PlannedRevision {
+                id: rev.id.to_string(),
+                number: rev.number,
+                configuration_id: cfg.id.to_string(),
+                configuration_generation: cfg.generation,
+                configuration_hash: rev.configuration_hash.to_string(),
             },
-            "activeRevisionId": agent.active_revision_id,
-            "changes": *plan,
-        }))
+            active_revision_id: agent.active_revision_id.as_ref().map(Ident::to_string),
+            changes: *plan,
+            wave: None,
+        })
     }
 
     /// The host placement would choose now for an Agent that has none.

@@ -1,5 +1,6 @@
 //! Probing an enrolled host through the backend, recording the answer.
 
+use clawfleet_api::responses::HostProbe;
 use serde_json::Value;
 
 use super::{NewHost, Service, ServiceError};
@@ -22,7 +23,7 @@ impl Service {
         &self,
         backend: &B,
         name: &str,
-    ) -> Result<Value, ProbeError> {
+    ) -> Result<HostProbe, ProbeError> {
         let host = self.host(name).await?;
         let target = HostTarget::of(&host);
         let op = clawfleet_protocol::Operation::Probe(clawfleet_protocol::operation::ProbeArgs {});
@@ -32,7 +33,7 @@ impl Service {
             .set_host_probe(name, &value)
             .await
             .map_err(ServiceError::from)?;
-        Ok(value)
+        Ok(HostProbe(result))
     }
 
     /// Enrols a host (`replace`: re-pins an enrolled one) once hostd there, asked with a probe

@@ -1,31 +1,12 @@
 //! What the API reads: each query checks that the resources it names exist, so a missing
 //! Namespace or Agent is a 404 naming it rather than an empty answer.
 
-use super::page::{self, List, Page, PageQuery, PageRequest};
+use super::page::{self, List, Page, PageQuery, PageQueryExt, PageRequest};
 use super::{Result, Service, ServiceError};
 use crate::model::{Agent, Cluster, Configuration, Host, Namespace, Revision};
 use crate::store::TokenRow;
 
-/// `GET /audit`'s query.
-#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AuditQuery {
-    /// Most events, newest first (1 to 1000, default 100).
-    #[schemars(range(min = 1, max = 1000))]
-    pub limit: Option<u32>,
-    /// Only events of this action (`agent.logs.read`, `agent.deploy`, …).
-    #[schemars(length(min = 1, max = 64))]
-    pub action: Option<String>,
-}
-
-/// `GET /drift`'s query.
-#[derive(Debug, Clone, Default, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DriftQuery {
-    /// Only rows of this state: synced, drift, unreachable or converging.
-    #[schemars(length(min = 1, max = 16))]
-    pub state: Option<String>,
-}
+pub use clawfleet_api::requests::{AuditQuery, DriftQuery};
 
 /// The figures `/metrics` shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +199,7 @@ impl Service {
             .clusters()
             .await?
             .into_iter()
-            .map(Cluster::shown)
+            .map(crate::model::shown_cluster)
             .collect())
     }
 

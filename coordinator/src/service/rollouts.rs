@@ -10,10 +10,9 @@
 use std::time::Duration;
 
 use clawfleet_protocol::{FailureCode, Ident};
-use serde::Deserialize;
 use serde_json::json;
 
-use super::{IDENT_PATTERN, Result, Service, ServiceError, check_id, now};
+use super::{Result, Service, ServiceError, check_id, now};
 use crate::codes::Code;
 use crate::model::{
     DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState, RolloutSubject,
@@ -36,67 +35,7 @@ const ACTIVATION_FAILED: &[FailureCode] = &[
 /// How many rollouts `GET …/rollouts` lists, newest first.
 const LIST_LIMIT: u32 = 50;
 
-/// Body of `POST /namespaces/{ns}/rollouts`.
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewRollout {
-    /// The Configuration whose latest generation every selected Agent gets.
-    #[schemars(pattern(IDENT_PATTERN))]
-    pub configuration_id: String,
-    /// The Agents, in deploy order (default: every Agent of the Namespace on this
-    /// Configuration, by id). Agents on another Configuration move to this one.
-    #[serde(default)]
-    #[schemars(inner(pattern(IDENT_PATTERN)), length(min = 1, max = 10000))]
-    pub agents: Option<Vec<String>>,
-    /// Agents deployed first, as wave 0 (default 1; 0: no canary wave).
-    #[serde(default)]
-    pub canary: Option<u32>,
-    /// Most deploys at once, and the size of every wave after the canary (default 1).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = 1000))]
-    pub max_parallel: Option<u32>,
-    /// Failures (failed or restored Agents) the whole rollout tolerates; one more halts it
-    /// (default 0).
-    #[serde(default)]
-    pub max_failures: Option<u32>,
-    /// Seconds to wait after each wave before the next (default 0).
-    #[serde(default)]
-    #[schemars(range(max = 86400))]
-    pub pause_between_seconds: Option<u32>,
-    /// Wait for `promote` after each wave (the canary included) instead of continuing.
-    #[serde(default)]
-    pub manual_promote: bool,
-    /// The token of a plan of this rollout (`POST …/rollouts/plan`): the rollout is refused
-    /// with PLAN_STALE unless the plan is still current.
-    #[serde(default)]
-    #[schemars(length(max = 64))]
-    pub plan_token: Option<String>,
-}
-
-/// Body of `POST /namespaces/{ns}/secrets/{name}/rollouts` (`occ secret rotate`): how the
-/// secret's newest version goes out, with the settings of [`NewRollout`].
-#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewSecretRollout {
-    /// Agents deployed first, as wave 0 (default 1; 0: no canary wave).
-    #[serde(default)]
-    pub canary: Option<u32>,
-    /// Most deploys at once, and the size of every wave after the canary (default 1).
-    #[serde(default)]
-    #[schemars(range(min = 1, max = 1000))]
-    pub max_parallel: Option<u32>,
-    /// Failures (failed or restored Agents) the whole rollout tolerates; one more halts it
-    /// (default 0).
-    #[serde(default)]
-    pub max_failures: Option<u32>,
-    /// Seconds to wait after each wave before the next (default 0).
-    #[serde(default)]
-    #[schemars(range(max = 86400))]
-    pub pause_between_seconds: Option<u32>,
-    /// Wait for `promote` after each wave (the canary included) instead of continuing.
-    #[serde(default)]
-    pub manual_promote: bool,
-}
+pub use clawfleet_api::requests::{NewRollout, NewSecretRollout};
 
 /// An operator's action on a rollout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

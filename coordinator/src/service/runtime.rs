@@ -2,6 +2,7 @@
 //! failure evidence the worker keeps with a revision whose activation failed. Log reads are
 //! audited (who read which range of whose log).
 
+use clawfleet_api::responses::AgentRuntime;
 use clawfleet_protocol::FailureCode;
 use clawfleet_protocol::Operation;
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
@@ -10,7 +11,6 @@ use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::runtime::{
     LogCursor, LogPage, LogStart, LogsArgs, MAX_PAGE_LINES, PageLines, RuntimeArgs, RuntimeReport,
 };
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Service, ServiceError, now};
@@ -24,38 +24,19 @@ pub const DEFAULT_TAIL_LINES: u32 = 100;
 /// How long a runtime or log read may take on the target.
 const READ_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A log request, as the query string of `GET …/runtime/logs` carries it.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LogsQuery {
-    /// The newest N lines (1 to 1000). Without any of tailLines, sinceSeconds and cursor, the
-    /// newest 100.
-    #[schemars(range(min = 1, max = 1000))]
-    pub tail_lines: Option<u32>,
-    /// Only lines of the last N seconds (alone: the oldest of them first, paged by cursor).
-    #[schemars(range(min = 1))]
-    pub since_seconds: Option<u64>,
-    /// Continue after the page that returned this cursor (not with tailLines or sinceSeconds).
-    #[schemars(length(min = 1, max = 512))]
-    pub cursor: Option<String>,
-    /// The run before the current one (the unit's previous invocation, the Pod's previous
-    /// container).
-    pub previous: Option<bool>,
-    /// Most lines in the page (1 to 1000, default 1000).
-    #[schemars(range(min = 1, max = 1000))]
-    pub limit: Option<u32>,
-    /// A poll of a follow (`occ agent logs --follow`): the follow is audited when it starts
-    /// (`agent.logs.follow`), not at every poll; a poll after a minute without one starts a
-    /// new follow.
-    pub follow: Option<bool>,
-}
+pub use clawfleet_api::requests::LogsQuery;
 
 /// A follow without a poll for this long has ended; the next poll starts (and audits) a new one.
 const FOLLOW_IDLE_SECONDS: i64 = 60;
 
-impl LogsQuery {
+/// A log query checked and turned into the protocol's request.
+pub trait LogsQueryExt {
     /// The protocol's start and limit, or the refusal naming the parameter.
-    pub fn start(&self, now_unix: u64) -> Result<(LogStart, PageLines), ServiceError> {
+    fn start(&self, now_unix: u64) -> Result<(LogStart, PageLines), ServiceError>;
+}
+
+impl LogsQueryExt for LogsQuery {
+    fn start(&self, now_unix: u64) -> Result<(LogStart, PageLines), ServiceError> {
         let bad = |m: String| ServiceError::invalid(Code::InvalidLogQuery, m);
         let lines =
             |field: &str, n: u32| PageLines::new(n).map_err(|e| bad(format!("{field}: {e}")));
@@ -148,7 +129,7 @@ impl Service {
         backend: &B,
         ns: &str,
         id: &str,
-    ) -> Result<Value, RuntimeError> {
+    ) -> Result<AgentRuntime, RuntimeError> {
         let i = self.inspected(ns, id).await?;
         let target_name = i.target.name().to_owned();
         let op = Operation::AgentRuntime(RuntimeArgs {
@@ -160,13 +141,7 @@ impl Service {
             OperationResult::AgentRuntime(r) => r,
             other => return Err(wrong_answer(&other).into()),
         };
-        let mut value = serde_json::to_value(&report).unwrap_or(Value::Null);
-        if let Value::Object(map) = &mut value {
-            map.insert("namespaceId".into(), json!(ns));
-            map.insert("agentId".into(), json!(id));
-            map.insert("target".into(), json!(target_name));
-        }
-        Ok(value)
+        Ok(AgentRuntime::new(ns, id, &target_name, *report))
     }
 
     /// Whether this poll starts a follow of the Agent's log by `actor` (otherwise it continues

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 
 use clawfleet_protocol::secret::{self, SecretName};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use zeroize::Zeroizing;
 
@@ -18,73 +17,8 @@ use crate::codes::Code;
 use crate::model::{DesiredState, SecretBinding, SecretVersion};
 use crate::render;
 
-/// Body of `POST /namespaces/{ns}/secrets`: a new version of a secret. The value never comes
-/// back in any answer, log or audit event.
-#[derive(Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewSecret {
-    /// 1–48 characters of lowercase letters, digits and '-', starting with a letter and
-    /// ending with a letter or digit.
-    #[schemars(regex(pattern = r"^[a-z]([a-z0-9-]{0,46}[a-z0-9])?$"))]
-    pub name: String,
-    /// The value: 1 byte to 64 KiB of UTF-8, no NUL, not ending with a newline.
-    #[schemars(length(min = 1))]
-    pub value: String,
-}
-
-impl std::fmt::Debug for NewSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewSecret")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
-
-/// One Agent revision that binds a secret.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretUse {
-    pub agent_id: String,
-    pub revision_id: String,
-    pub version: u32,
-    /// The revision the Agent serves (its active one).
-    pub active: bool,
-    /// The Agent's newest revision (the one being deployed, when it is not the active one).
-    pub newest: bool,
-}
-
-/// A secret as the API shows it: its versions and who uses which; never a value.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretInfo {
-    pub name: String,
-    /// The newest version.
-    pub version: u32,
-    pub fingerprint: String,
-    pub written_by: String,
-    pub written_at: i64,
-    /// Every version, oldest first.
-    pub versions: Vec<SecretVersion>,
-    /// The Agents' current revisions (active and newest) that bind it.
-    pub used_by: Vec<SecretUse>,
-}
-
-/// What `POST /namespaces/{ns}/secrets/{name}/deploy` started per Agent.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretDeploy {
-    pub agent_id: String,
-    /// The new revision and the work that deploys it, when one was created.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revision_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub work_id: Option<i64>,
-    /// Why no revision was created (the Agent is in a rollout, stopped, …).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-}
+pub use clawfleet_api::requests::NewSecret;
+pub use clawfleet_api::responses::{SecretDeploy, SecretInfo, SecretUse};
 
 fn check_name(name: &str) -> Result<SecretName> {
     SecretName::new(name)

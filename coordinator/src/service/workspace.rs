@@ -4,35 +4,12 @@
 
 use base64ct::{Base64, Encoding};
 use clawfleet_protocol::workspace::{self as proto, WorkspaceFile, WorkspaceName};
-use serde::{Deserialize, Serialize};
 
 use super::{Result, Service, ServiceError};
 use crate::codes::Code;
 use crate::model::WorkspaceSetupInfo;
 
-/// One file of `workspaceFiles` in `POST /namespaces/{ns}/agents`: a name and exactly one of
-/// `content` (UTF-8 text) or `contentBase64` (any bytes).
-#[derive(Clone, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NewWorkspaceFile {
-    /// A relative path inside the workspace: 1 to 4 components of letters, digits, '.', '_'
-    /// and '-', none '.' or '..', at most 200 bytes.
-    #[schemars(length(min = 1, max = 200))]
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content_base64: Option<String>,
-}
-
-impl std::fmt::Debug for NewWorkspaceFile {
-    /// Never the content.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NewWorkspaceFile")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
+pub use clawfleet_api::requests::NewWorkspaceFile;
 
 fn invalid(message: impl Into<String>) -> ServiceError {
     ServiceError::invalid(Code::InvalidWorkspaceFile, message)

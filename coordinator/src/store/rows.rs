@@ -214,89 +214,9 @@ impl<'a> WorkEnd<'a> {
     }
 }
 
-macro_rules! text_enum {
-    ($(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal, )* }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
-        pub enum $name {
-            $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
-        }
-
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),*];
-
-            pub fn as_str(self) -> &'static str {
-                match self { $( $name::$variant => $text, )* }
-            }
-
-            pub fn parse(s: &str) -> Option<Self> {
-                match s { $( $text => Some($name::$variant), )* _ => None }
-            }
-        }
-    };
-}
-
-text_enum! {
-    /// What a work item does.
-    WorkKind {
-        EnsureNamespace = "ensure-namespace",
-        Deploy = "deploy",
-        Stop = "stop",
-        DeleteAgent = "delete-agent",
-        DeleteNamespace = "delete-namespace",
-    }
-}
-
-impl WorkKind {
-    /// Kinds that hold their whole lane (the Agent, or for Namespace-level kinds the whole
-    /// Namespace) until they finish: nothing queued after them in that lane runs first.
-    pub const BARRIERS: &'static [WorkKind] = &[
-        WorkKind::EnsureNamespace,
-        WorkKind::DeleteNamespace,
-        WorkKind::DeleteAgent,
-    ];
-}
-
-text_enum! {
-    /// Where a work item is in the queue.
-    WorkState {
-        /// Waiting for its `not_before` time and a free lane.
-        Queued = "queued",
-        /// Claimed by a worker under a lease.
-        Running = "running",
-        /// Finished; its last code says how.
-        Done = "done",
-        /// Finished without success; retrying cannot help (or the budget is spent).
-        Failed = "failed",
-    }
-}
-
-/// A work item as deployment status and `occ ... --wait` show it: what it does, where it is,
-/// and its last attempt (code, message, time in seconds), so failed stop and delete work is as
-/// visible as a failed revision.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkRecord {
-    pub id: i64,
-    pub kind: WorkKind,
-    pub revision_id: Option<String>,
-    pub state: WorkState,
-    /// Attempts that counted against the budget.
-    pub attempts: u32,
-    pub last_attempt: Option<WorkAttempt>,
-    /// Seconds since the epoch.
-    pub created_at: i64,
-}
-
-/// The last attempt at a work item.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkAttempt {
-    pub code: String,
-    pub message: String,
-    /// Seconds since the epoch.
-    pub at: i64,
-}
+// The work queue's kinds and states and the work item as the API shows it are part of the API
+// contract.
+pub use clawfleet_api::model::{WorkAttempt, WorkKind, WorkRecord, WorkState};
 
 /// The leader lease as one coordinator holds it: the singleton loops (drift sweeps, rollout
 /// scheduling, retention) run only while `is_leader`.

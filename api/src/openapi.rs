@@ -1,11 +1,44 @@
 //! `/openapi.json`, generated from the route table: every route with its path parameters,
-//! body, success status, error responses and access rule.
+//! body, success status and answer (its JSON Schema), error responses and access rule.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::access::Access;
-use super::routes::{Body, ROUTES};
-use crate::service::{HOST_NAME_PATTERN, IDENT_PATTERN};
+use crate::access::Access;
+use crate::requests::{HOST_NAME_PATTERN, IDENT_PATTERN};
+use crate::routes::{Answer, Body, ROUTES};
+
+/// One code an error answer may carry, as `x-clawfleet-codes` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CodeDoc {
+    pub code: String,
+    /// `coordinator` (its own codes) or `target` (hostd's and the Kubernetes backend's).
+    pub from: String,
+    /// What a coordinator's code means.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meaning: Option<String>,
+    /// Whether a target's failure of this code may succeed when retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+}
+
+/// The OpenAPI 3.1 document (`GET /openapi.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OpenApiDocument {
+    /// `3.1.0`.
+    pub openapi: String,
+    #[schemars(with = "Map<String, Value>")]
+    pub info: Value,
+    #[schemars(with = "Map<String, Value>")]
+    pub components: Value,
+    /// Every route by path, then method.
+    pub paths: Map<String, Value>,
+    /// Every code an error answer may carry.
+    #[serde(rename = "x-clawfleet-codes")]
+    pub codes: Vec<CodeDoc>,
+}
 
 /// What each path parameter names, and its schema.
 fn parameter(name: &str) -> (&'static str, Value) {
@@ -50,23 +83,32 @@ fn error_response(description: &str) -> Value {
     })
 }
 
-/// Every code an error answer may carry: the coordinator's own, then the protocol's (hostd and
-/// the Kubernetes backend), each with what it means.
-fn codes() -> (Vec<&'static str>, Vec<Value>) {
-    let mut names = Vec::new();
-    let mut described = Vec::new();
-    for c in crate::codes::Code::ALL {
-        names.push(c.as_str());
-        described.push(json!({"code": c.as_str(), "from": "coordinator", "meaning": c.describe()}));
-    }
+/// Every code an error answer may carry: the coordinator's own (`coordinator`: code and
+/// meaning, in its table's order), then the protocol's that are not among them.
+pub fn codes(coordinator: &[(&str, &str)]) -> Vec<CodeDoc> {
+    let mut all: Vec<CodeDoc> = coordinator
+        .iter()
+        .map(|(code, meaning)| CodeDoc {
+            code: (*code).to_owned(),
+            from: "coordinator".to_owned(),
+            meaning: Some((*meaning).to_owned()),
+            retryable: None,
+        })
+        .collect();
     for c in clawfleet_protocol::failure::FailureCode::ALL {
-        if names.contains(&c.as_str()) {
+        if all.iter().any(|d| d.code == c.as_str()) {
             continue;
         }
-        names.push(c.as_str());
-        described.push(json!({"code": c.as_str(), "from": "target", "retryable": c.default_class() == clawfleet_protocol::failure::FailureClass::Retryable}));
+        all.push(CodeDoc {
+            code: c.as_str().to_owned(),
+            from: "target".to_owned(),
+            meaning: None,
+            retryable: Some(
+                c.default_class() == clawfleet_protocol::failure::FailureClass::Retryable,
+            ),
+        });
     }
-    (names, described)
+    all
 }
 
 /// The query parameters of a query type's schema: one optional parameter per property.
@@ -100,30 +142,45 @@ fn query_parameters(schema: &Value) -> Vec<Value> {
         .collect()
 }
 
-/// The whole document.
-pub fn document() -> Value {
-    let (code_names, code_list) = codes();
+/// The success response of a route: its answer's schema and content type.
+fn success_response(answer: Answer) -> Value {
+    let schema = answer.schema();
+    let description = schema
+        .as_ref()
+        .and_then(|s| s.get("description"))
+        .and_then(Value::as_str)
+        .unwrap_or("The answer")
+        .to_owned();
+    match (answer, schema, answer.content_type()) {
+        (Answer::Page(_), Some(schema), Some(ct)) => json!({
+            "description": "One page of the list, a JSON array in the list's order",
+            "headers": {"X-Next-Cursor": {
+                "description": "The cursor of the next page (pass it as `cursor`); absent on the last page",
+                "schema": {"type": "string"}}},
+            "content": {ct: {"schema": schema}},
+        }),
+        (Answer::Text(_), Some(schema), Some(ct)) => {
+            // The media type without its parameters (`version=0.0.4`).
+            let essence = ct.split(';').next().unwrap_or(ct).trim();
+            json!({"description": "Text", "content": {essence: {"schema": schema}}})
+        }
+        (_, Some(schema), Some(ct)) => json!({
+            "description": description,
+            "content": {ct: {"schema": schema}},
+        }),
+        _ => json!({"description": "Done; no body"}),
+    }
+}
+
+/// The whole document; `coordinator_codes` are the coordinator's own codes with their
+/// meanings (see [`codes`]).
+pub fn document(coordinator_codes: &[(&str, &str)]) -> OpenApiDocument {
+    let codes = codes(coordinator_codes);
+    let code_names: Vec<&str> = codes.iter().map(|c| c.code.as_str()).collect();
     let mut paths = Map::new();
     for r in ROUTES {
         let mut responses = Map::new();
-        // A list route's query is the page query, and nothing else.
-        let paged = matches!(r.body, Body::Query(schema)
-            if schema() == super::routes::schema_of::<crate::service::page::PageQuery>());
-        let ok = if r.success == 204 {
-            json!({"description": "Done; no body"})
-        } else if paged {
-            json!({"description": "One page of the list, a JSON array in the list's order",
-                   "headers": {"X-Next-Cursor": {
-                       "description": "The cursor of the next page (pass it as `cursor`); absent on the last page",
-                       "schema": {"type": "string"}}},
-                   "content": {"application/json": {"schema": {"type": "array"}}}})
-        } else if r.path == "/metrics" {
-            json!({"description": "Prometheus text format",
-                   "content": {"text/plain": {"schema": {"type": "string"}}}})
-        } else {
-            json!({"description": "JSON", "content": {"application/json": {"schema": {}}}})
-        };
-        responses.insert(r.success.to_string(), ok);
+        responses.insert(r.success.to_string(), success_response(r.answer));
         if r.access != Access::Public {
             responses.insert(
                 "401".into(),
@@ -172,14 +229,14 @@ pub fn document() -> Value {
         let entry = paths.entry(r.path.to_owned()).or_insert_with(|| json!({}));
         entry[r.method.as_str()] = op;
     }
-    json!({
-        "openapi": "3.1.0",
-        "info": {
+    OpenApiDocument {
+        openapi: "3.1.0".to_owned(),
+        info: json!({
             "title": "clawfleet coordinator",
             "version": env!("CARGO_PKG_VERSION"),
             "description": "Timestamps (createdAt, at, expiresAt) are whole seconds since the epoch, UTC. Request bodies are strict JSON: unknown fields are refused with 400 INVALID_BODY naming the field.",
-        },
-        "components": {
+        }),
+        components: json!({
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {"Error": {
                 "type": "object",
@@ -193,10 +250,10 @@ pub fn document() -> Value {
                     },
                 }},
             }},
-        },
-        "paths": paths,
-        "x-clawfleet-codes": code_list,
-    })
+        }),
+        paths,
+        codes,
+    }
 }
 
 #[cfg(test)]
@@ -205,7 +262,7 @@ mod tests {
 
     #[test]
     fn every_route_and_path_parameter_is_documented() {
-        let doc = document();
+        let doc = serde_json::to_value(document(&[])).unwrap_or_default();
         for r in ROUTES {
             let op = &doc["paths"][r.path][r.method.as_str()];
             assert!(op.is_object(), "{} {} missing", r.method.as_str(), r.path);
@@ -238,5 +295,47 @@ mod tests {
                 r.path
             );
         }
+    }
+
+    /// Every success response with a body shows a schema that is not empty (`{}` or `true`
+    /// would let any answer pass schemathesis' response checks); only 204 has none.
+    #[test]
+    fn every_success_response_has_a_non_empty_schema() {
+        let doc = serde_json::to_value(document(&[])).unwrap_or_default();
+        for r in ROUTES {
+            let route = format!("{} {}", r.method.as_str(), r.path);
+            let ok = &doc["paths"][r.path][r.method.as_str()]["responses"][r.success.to_string()];
+            let content = ok["content"].as_object();
+            if r.success == 204 {
+                assert!(content.is_none(), "{route}: 204 with a body: {ok}");
+                continue;
+            }
+            let content = content.unwrap_or_else(|| panic!("{route}: no content: {ok}"));
+            assert_eq!(content.len(), 1, "{route}: {ok}");
+            for (media, body) in content {
+                let schema = &body["schema"];
+                assert!(
+                    schema.as_object().is_some_and(|o| !o.is_empty()),
+                    "{route} ({media}): empty schema {schema}"
+                );
+                assert!(
+                    schema["type"].is_string(),
+                    "{route}: untyped schema {schema}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn codes_list_the_coordinators_then_the_protocols_once() {
+        let all = codes(&[("NAMESPACE_NOT_EMPTY", "x"), ("MY_CODE", "y")]);
+        assert_eq!(all[0].code, "NAMESPACE_NOT_EMPTY");
+        assert_eq!(all[1].meaning.as_deref(), Some("y"));
+        let shared = all
+            .iter()
+            .filter(|c| c.code == "NAMESPACE_NOT_EMPTY")
+            .count();
+        assert_eq!(shared, 1);
+        assert!(all.iter().any(|c| c.from == "target"));
     }
 }
