@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
-use clawfleet_protocol::sealed::{MAX_SECRETS_PER_AGENT, SecretVersion};
+use clawfleet_protocol::sealed::SecretVersion;
 use clawfleet_protocol::secret::{self, SecretFingerprint, SecretName};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -143,33 +143,12 @@ pub struct AgentSecrets {
 }
 
 impl AgentSecrets {
-    /// Checks what the types cannot: at most [`MAX_SECRETS_PER_AGENT`], each name once,
+    /// Checks what the types cannot: at most [`MAX_SECRETS_PER_AGENT`](clawfleet_protocol::sealed::MAX_SECRETS_PER_AGENT), each name once,
     /// versions from 1, each value a valid secret value whose fingerprint is the stated one.
     /// The error is the field's path and a sentence, never a value.
     pub fn check(&self) -> Result<(), (String, String)> {
-        if self.secrets.len() > MAX_SECRETS_PER_AGENT {
-            return Err((
-                "secrets".to_owned(),
-                format!(
-                    "at most {MAX_SECRETS_PER_AGENT} secrets per Agent, got {}",
-                    self.secrets.len()
-                ),
-            ));
-        }
-        let mut seen = std::collections::BTreeSet::new();
+        clawfleet_protocol::sealed::check_set(self.secrets.iter().map(|s| (&s.name, s.version)))?;
         for (i, s) in self.secrets.iter().enumerate() {
-            if !seen.insert(s.name.as_str()) {
-                return Err((
-                    format!("secrets[{i}].name"),
-                    format!("secret {} is named twice", s.name),
-                ));
-            }
-            if s.version == 0 {
-                return Err((
-                    format!("secrets[{i}].version"),
-                    "a secret version starts at 1".to_owned(),
-                ));
-            }
             secret::check_value(&s.value).map_err(|e| {
                 (
                     format!("secrets[{i}].value"),

@@ -72,6 +72,39 @@ impl SealedSecret {
     }
 }
 
+/// Checks an Agent's whole set of secrets by name and version, as `put-secrets` and a
+/// cluster's Secret take it: at most [`MAX_SECRETS_PER_AGENT`], each name once, versions from
+/// 1. The error is the field's path (`secrets[i].…`) and a sentence, never a value.
+pub fn check_set<'a>(
+    set: impl ExactSizeIterator<Item = (&'a SecretName, u64)>,
+) -> Result<(), (String, String)> {
+    if set.len() > MAX_SECRETS_PER_AGENT {
+        return Err((
+            "secrets".to_owned(),
+            format!(
+                "at most {MAX_SECRETS_PER_AGENT} secrets per Agent, got {}",
+                set.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, (name, version)) in set.enumerate() {
+        if !seen.insert(name.as_str()) {
+            return Err((
+                format!("secrets[{i}].name"),
+                format!("secret {name} is named twice"),
+            ));
+        }
+        if version == 0 {
+            return Err((
+                format!("secrets[{i}].version"),
+                "a secret version starts at 1".to_owned(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Arguments of `put-secrets`: the Agent's whole set of secrets (an empty list removes them
 /// all). Fenced like every other per-Agent change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,31 +119,7 @@ impl PutSecretsArgs {
     /// Checks what serde cannot: at most [`MAX_SECRETS_PER_AGENT`], each name once, versions
     /// from 1. The error is the field's path and a sentence.
     pub fn check(&self) -> Result<(), (String, String)> {
-        if self.secrets.len() > MAX_SECRETS_PER_AGENT {
-            return Err((
-                "secrets".to_owned(),
-                format!(
-                    "at most {MAX_SECRETS_PER_AGENT} secrets per Agent, got {}",
-                    self.secrets.len()
-                ),
-            ));
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for (i, s) in self.secrets.iter().enumerate() {
-            if !seen.insert(s.name.as_str()) {
-                return Err((
-                    format!("secrets[{i}].name"),
-                    format!("secret {} is named twice", s.name),
-                ));
-            }
-            if s.version == 0 {
-                return Err((
-                    format!("secrets[{i}].version"),
-                    "a secret version starts at 1".to_owned(),
-                ));
-            }
-        }
-        Ok(())
+        check_set(self.secrets.iter().map(|s| (&s.name, s.version)))
     }
 
     /// The set's names, versions and fingerprints, by name.
