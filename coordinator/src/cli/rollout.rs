@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use coordinator::client::Client;
 use coordinator::service::NewRollout;
 use serde_json::Value;
@@ -25,21 +25,8 @@ pub(crate) enum RolloutCmd {
         /// The Agents, in deploy order (default: every Agent on the Configuration).
         #[arg(long, value_delimiter = ',')]
         agents: Option<Vec<String>>,
-        /// Agents deployed first, as their own wave (0: none).
-        #[arg(long, default_value_t = 1)]
-        canary: u32,
-        /// Most deploys at once, and the size of every wave after the canary.
-        #[arg(long, default_value_t = 1)]
-        max_parallel: u32,
-        /// Failures (failed or restored Agents) tolerated; one more halts the rollout.
-        #[arg(long, default_value_t = 0)]
-        max_failures: u32,
-        /// Seconds to wait after each wave before the next.
-        #[arg(long, conflicts_with = "manual_promote")]
-        pause_between: Option<u32>,
-        /// Wait for `occ rollout promote` after each wave.
-        #[arg(long)]
-        manual_promote: bool,
+        #[command(flatten)]
+        waves: Waves,
         /// Follow the rollout until it is done, halted or aborted (exit 0 only when it is done
         /// and none of its Agents failed or was restored).
         #[arg(long)]
@@ -67,6 +54,26 @@ pub(crate) enum RolloutCmd {
     Promote { namespace: String, id: i64 },
     /// Abort a rollout: Agents not started are skipped; the others stay as they are.
     Abort { namespace: String, id: i64 },
+}
+
+/// How a rollout goes out, for `occ rollout create` and `occ secret rotate`.
+#[derive(Args, Debug)]
+pub(crate) struct Waves {
+    /// Agents deployed first, as their own wave (0: none).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) canary: u32,
+    /// Most deploys at once, and the size of every wave after the canary.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) max_parallel: u32,
+    /// Failures (failed or restored Agents) tolerated; one more halts the rollout.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_failures: u32,
+    /// Seconds to wait after each wave before the next.
+    #[arg(long, conflicts_with = "manual_promote")]
+    pub(crate) pause_between: Option<u32>,
+    /// Wait for `occ rollout promote` after each wave.
+    #[arg(long)]
+    pub(crate) manual_promote: bool,
 }
 
 const ROLLOUT_COLUMNS: &[(&str, &str)] = &[
@@ -285,11 +292,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
             namespace,
             configuration,
             agents,
-            canary,
-            max_parallel,
-            max_failures,
-            pause_between,
-            manual_promote,
+            waves,
             wait: follow,
             timeout,
             plan,
@@ -298,11 +301,11 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
             let body = NewRollout {
                 configuration_id: configuration.clone(),
                 agents: agents.clone(),
-                canary: Some(*canary),
-                max_parallel: Some(*max_parallel),
-                max_failures: Some(*max_failures),
-                pause_between_seconds: *pause_between,
-                manual_promote: *manual_promote,
+                canary: Some(waves.canary),
+                max_parallel: Some(waves.max_parallel),
+                max_failures: Some(waves.max_failures),
+                pause_between_seconds: waves.pause_between,
+                manual_promote: waves.manual_promote,
                 plan_token: apply_plan.clone(),
             };
             if *plan {

@@ -59,21 +59,8 @@ pub(crate) enum SecretCmd {
 /// How `rotate` rolls the new version out (as `occ rollout create`).
 #[derive(Args, Debug)]
 pub(crate) struct RolloutArgs {
-    /// Agents deployed first, as their own wave (0: none).
-    #[arg(long, default_value_t = 1)]
-    canary: u32,
-    /// Most deploys at once, and the size of every wave after the canary.
-    #[arg(long, default_value_t = 1)]
-    max_parallel: u32,
-    /// Failures (failed or restored Agents) tolerated; one more halts the rollout.
-    #[arg(long, default_value_t = 0)]
-    max_failures: u32,
-    /// Seconds to wait after each wave before the next.
-    #[arg(long, conflicts_with = "manual_promote")]
-    pause_between: Option<u32>,
-    /// Wait for `occ rollout promote` after each wave.
-    #[arg(long)]
-    manual_promote: bool,
+    #[command(flatten)]
+    waves: super::rollout::Waves,
     /// Follow the rollout until it is done, halted or aborted (exit 0 only when it is done
     /// and none of its Agents failed).
     #[arg(long)]
@@ -172,11 +159,11 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
                 ));
             }
             let body = NewSecretRollout {
-                canary: Some(rollout.canary),
-                max_parallel: Some(rollout.max_parallel),
-                max_failures: Some(rollout.max_failures),
-                pause_between_seconds: rollout.pause_between,
-                manual_promote: rollout.manual_promote,
+                canary: Some(rollout.waves.canary),
+                max_parallel: Some(rollout.waves.max_parallel),
+                max_failures: Some(rollout.waves.max_failures),
+                pause_between_seconds: rollout.waves.pause_between,
+                manual_promote: rollout.waves.manual_promote,
             };
             let created = c.send(
                 "POST",

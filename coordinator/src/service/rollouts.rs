@@ -248,15 +248,7 @@ impl Service {
             row.max_failures,
             row.pause_between_seconds,
         );
-        let id = match self.store.insert_rollout(&row).await? {
-            RolloutInsert::Created(id) => id,
-            RolloutInsert::Busy { agent, rollout } => {
-                return Err(super::in_rollout(ns, &agent, rollout));
-            }
-            RolloutInsert::AgentUnavailable(agent) => {
-                return Err(ServiceError::not_found("Agent", &agent));
-            }
-        };
+        let id = self.insert_rollout(ns, &row).await?;
         self.audit(
             actor,
             "rollout.create",
@@ -338,15 +330,7 @@ impl Service {
                 .collect(),
             now: now(),
         };
-        let id = match self.store.insert_rollout(&row).await? {
-            RolloutInsert::Created(id) => id,
-            RolloutInsert::Busy { agent, rollout } => {
-                return Err(super::in_rollout(ns, &agent, rollout));
-            }
-            RolloutInsert::AgentUnavailable(agent) => {
-                return Err(ServiceError::not_found("Agent", &agent));
-            }
-        };
+        let id = self.insert_rollout(ns, &row).await?;
         self.audit(
             actor,
             "rollout.create",
@@ -359,6 +343,15 @@ impl Service {
         .await?;
         self.advance_rollout_logged(id).await;
         self.rollout(ns, id).await
+    }
+
+    /// Stores a rollout; refused when one of its Agents is in an open rollout or gone.
+    async fn insert_rollout(&self, ns: &str, row: &RolloutRow) -> Result<i64> {
+        match self.store.insert_rollout(row).await? {
+            RolloutInsert::Created(id) => Ok(id),
+            RolloutInsert::Busy { agent, rollout } => Err(super::in_rollout(ns, &agent, rollout)),
+            RolloutInsert::AgentUnavailable(agent) => Err(ServiceError::not_found("Agent", &agent)),
+        }
     }
 
     pub async fn rollout(&self, ns: &str, id: i64) -> Result<Rollout> {
