@@ -85,8 +85,9 @@ pub struct Host {
     pub fencing: Fencing,
 }
 
-/// A jump host: its address, port, pinned key and login user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+/// A jump host: its address, port, pinned key and login user. The SSH backend's pool of jump
+/// connections is keyed by it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Jump {
     #[schemars(length(min = 1, max = 253))]

@@ -4,6 +4,7 @@
 //! does not know which kind it talks to; the state-machine tests put hostd's own engine
 //! behind the same trait.
 
+use crate::model::Jump;
 use std::future::Future;
 use std::time::Duration;
 
@@ -28,21 +29,10 @@ pub struct HostTarget {
     /// `sudo -n /usr/sbin/hostd serve` as the forced command; `hostd enrol --login-user`).
     /// `None`: the backend's login user (root).
     pub login_user: Option<String>,
-    /// The jump host (bastion) the host is reached through. `None`: connect directly.
-    pub jump: Option<JumpHost>,
-}
-
-/// A jump host: the coordinator opens a direct-tcpip channel on its SSH connection to reach
-/// the hosts behind it. One connection to it is shared by all of them.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct JumpHost {
-    pub address: String,
-    pub port: u16,
-    /// The jump host's pinned key, one OpenSSH public key line.
-    pub host_key: String,
-    /// The account to log in as on the jump host (it needs only port forwarding to the
-    /// hosts). `None`: the backend's login user.
-    pub login_user: Option<String>,
+    /// The jump host (bastion) the host is reached through: the coordinator opens a
+    /// direct-tcpip channel on its SSH connection to it, one connection shared by every host
+    /// behind it (its `login_user` `None`: the backend's login user). `None`: connect directly.
+    pub jump: Option<Jump>,
 }
 
 /// Why a host target cannot be used as given.
@@ -83,12 +73,7 @@ impl HostTarget {
             port: host.port,
             host_key: host.host_key.clone(),
             login_user: host.login_user.clone(),
-            jump: host.jump.as_ref().map(|j| JumpHost {
-                address: j.address.clone(),
-                port: j.port,
-                host_key: j.host_key.clone(),
-                login_user: j.login_user.clone(),
-            }),
+            jump: host.jump.clone(),
         }
     }
 

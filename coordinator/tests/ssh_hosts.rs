@@ -17,7 +17,8 @@ use clawfleet_protocol::operation::RevisionSpec;
 use clawfleet_protocol::result::{OperationResult, OperationState, Progress, Step};
 use clawfleet_protocol::{FailureCode, OperationId};
 use clawfleet_vm_tests::{TestHost, TestHosts, skip_unless_hosts};
-use coordinator::backend::{Backend, CallError, CallOptions, HostTarget, JumpHost, ProgressSink};
+use coordinator::backend::{Backend, CallError, CallOptions, HostTarget, ProgressSink};
+use coordinator::model::Jump;
 use coordinator::ssh::{SshBackend, SshSettings};
 use serde_json::json;
 use ssh_support::*;
@@ -558,7 +559,7 @@ fn login_user_through_sudo_and_a_shared_jump_host() {
         );
     }
     assert!(ssh_banner(&t1.address().to_string()).is_some());
-    let jump_host = JumpHost {
+    let jump_host = Jump {
         address: jump.address().to_string(),
         port: 22,
         host_key: jump.host_public_key().trim().to_owned(),

@@ -18,7 +18,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::pinning::{HandlerError, PinError, PinnedKey, PinningHandler};
 use super::pool::SessionPool;
 use super::{Shared, transport};
-use crate::backend::{CallError, HostTarget, JumpHost};
+use crate::backend::{CallError, HostTarget};
+use crate::model::Jump;
 
 /// A live, authenticated connection.
 pub(crate) struct Connection {
@@ -120,7 +121,7 @@ impl Link {
     }
 
     /// The link to a jump host, shared by every host behind it.
-    pub(crate) fn jump(jump: &JumpHost, shared: &Shared) -> Self {
+    pub(crate) fn jump(jump: &Jump, shared: &Shared) -> Self {
         let address = format!("{}:{}", jump.address, jump.port);
         Self::new(
             Endpoint {

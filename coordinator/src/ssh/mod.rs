@@ -62,7 +62,8 @@ use thiserror::Error;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::backend::{Backend, CallError, CallOptions, HostTarget, JumpHost, ProgressSink, Target};
+use crate::backend::{Backend, CallError, CallOptions, HostTarget, ProgressSink, Target};
+use crate::model::Jump;
 use connection::{HostEntry, Link};
 pub use pinning::{PinError, PinnedKey};
 use session::{Lost, OpenError, OpenSession};
@@ -193,7 +194,7 @@ pub(crate) struct Shared {
     hosts_limit: Arc<Semaphore>,
     hosts: Mutex<HashMap<HostTarget, Arc<HostEntry>>>,
     /// One link per jump host, shared by the hosts behind it.
-    jumps: Mutex<HashMap<JumpHost, Arc<Link>>>,
+    jumps: Mutex<HashMap<Jump, Arc<Link>>>,
     progress: Option<ProgressSink>,
     stats: Arc<Stats>,
 }
