@@ -4,7 +4,7 @@ use clawfleet_protocol::ident::{hex, sha256};
 
 use crate::model::Grant;
 use crate::store::prelude::*;
-use crate::store::{NewToken, StoreError};
+use crate::store::{NewTokenRow, StoreError};
 
 /// The stored form of a token.
 pub fn hash(token: &str) -> String {
@@ -39,7 +39,7 @@ pub async fn create_expiring(
     let id = clawfleet_protocol::random::hex(6)?;
     let token = format!("cf_{id}_{}", clawfleet_protocol::random::hex(24)?);
     store
-        .create_token(&NewToken {
+        .create_token(&NewTokenRow {
             id: &id,
             name,
             secret_hash: &hash(&token),

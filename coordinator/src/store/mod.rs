@@ -38,7 +38,7 @@ pub mod sqlite;
 pub use crate::model::{DriftReason, DriftState};
 pub use database::Database;
 pub use rows::{
-    Claim, Enqueue, Leadership, NamespaceInsert, NewToken, Pruned, RevisionInsert, RolloutInsert,
+    Claim, Enqueue, LeaseHeld, NamespaceInsert, NewTokenRow, Pruned, RevisionInsert, RolloutInsert,
     RolloutRow, TokenRow, Work, WorkAttempt, WorkEnd, WorkKind, WorkRecord, WorkState,
 };
 
@@ -472,7 +472,7 @@ pub trait WorkQueue: Send + Sync {
 /// API tokens and their grants.
 #[async_trait]
 pub trait TokenStore: Send + Sync {
-    async fn create_token(&self, t: &NewToken<'_>) -> Result<()>;
+    async fn create_token(&self, t: &NewTokenRow<'_>) -> Result<()>;
     /// The token for a secret's hash, if it exists and is not revoked.
     async fn token_by_hash(&self, secret_hash: &str) -> Result<Option<TokenRow>>;
     /// Revokes a token; false if there was none.
@@ -645,7 +645,7 @@ pub trait SecretStore: Send + Sync {
 pub trait LeaderLease: Send + Sync {
     /// Takes or renews the lease for `holder`; the lease in force afterwards. A holder that
     /// stops renewing loses it after `lease`, and the next holder's term is higher.
-    async fn lead(&self, holder: &str, lease: Duration) -> Result<Leadership>;
+    async fn lead(&self, holder: &str, lease: Duration) -> Result<LeaseHeld>;
     /// Gives the lease up at once (a clean shutdown), so a follower takes over without
     /// waiting for it to lapse.
     async fn resign(&self, holder: &str) -> Result<()>;

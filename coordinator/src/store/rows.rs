@@ -67,7 +67,7 @@ pub struct TokenRow {
 
 /// A token to store: its id, name, the hash of its secret, its grants and optional expiry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewToken<'a> {
+pub struct NewTokenRow<'a> {
     pub id: &'a str,
     pub name: &'a str,
     pub secret_hash: &'a str,
@@ -218,10 +218,11 @@ impl<'a> WorkEnd<'a> {
 // contract.
 pub use clawfleet_api::model::{WorkAttempt, WorkKind, WorkRecord, WorkState};
 
-/// The leader lease as one coordinator holds it: the singleton loops (drift sweeps, rollout
+/// The leader lease as one coordinator sees it after `lead` (`leader::Leadership` is the
+/// running flag derived from it): the singleton loops (drift sweeps, rollout
 /// scheduling, retention) run only while `is_leader`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Leadership {
+pub struct LeaseHeld {
     pub holder: String,
     /// Bumped whenever the lease changes hands.
     pub term: i64,

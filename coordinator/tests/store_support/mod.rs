@@ -14,7 +14,7 @@ use coordinator::model::{
     RevisionStatus, Role, RolloutAgentState, RolloutState, RolloutSubject, WorkspaceState,
 };
 use coordinator::store::{
-    Enqueue, NamespaceInsert, NewToken, RevisionInsert, RolloutInsert, RolloutRow, SharedStore,
+    Enqueue, NamespaceInsert, NewTokenRow, RevisionInsert, RolloutInsert, RolloutRow, SharedStore,
     StoreError, Work, WorkEnd, WorkKind, WorkState,
 };
 use serde_json::json;
@@ -334,7 +334,7 @@ pub async fn tokens_are_found_by_hash_until_revoked(s: SharedStore) {
             role: Role::Deploy,
         },
     ];
-    s.create_token(&NewToken {
+    s.create_token(&NewTokenRow {
         id: "t1",
         name: "ci",
         secret_hash: "hash1",
@@ -353,7 +353,7 @@ pub async fn tokens_are_found_by_hash_until_revoked(s: SharedStore) {
     // A duplicate grant is refused by the database, and nothing of the token is stored.
     let dup = [grants[1].clone(), grants[1].clone()];
     assert!(
-        s.create_token(&NewToken {
+        s.create_token(&NewTokenRow {
             id: "t2",
             name: "dup",
             secret_hash: "hash2",
@@ -1435,7 +1435,7 @@ pub async fn fill(s: &SharedStore) {
         message: "ok",
     };
     s.end_work(&w.claim, activated).await.unwrap();
-    s.create_token(&NewToken {
+    s.create_token(&NewTokenRow {
         id: "t1",
         name: "ci",
         secret_hash: "h",

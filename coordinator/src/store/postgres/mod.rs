@@ -28,7 +28,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::database::{PostgresSettings, TlsMode};
 use super::seal::{self, Sealer};
-use super::{Claim, LeaderLease, Leadership, Pruned, Result, StoreError, StoreMeta};
+use super::{Claim, LeaderLease, LeaseHeld, Pruned, Result, StoreError, StoreMeta};
 
 mod agents;
 mod audit;
@@ -578,7 +578,7 @@ const LEADER: &str = "singleton";
 
 #[async_trait]
 impl LeaderLease for PostgresStore {
-    async fn lead(&self, holder: &str, lease: Duration) -> Result<Leadership> {
+    async fn lead(&self, holder: &str, lease: Duration) -> Result<LeaseHeld> {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let c = self.client().await?;
         c.exec(
@@ -599,7 +599,7 @@ impl LeaderLease for PostgresStore {
             )
             .await?;
         let h: String = row.try_get(0)?;
-        Ok(Leadership {
+        Ok(LeaseHeld {
             is_leader: h == holder,
             holder: h,
             term: row.try_get(1)?,

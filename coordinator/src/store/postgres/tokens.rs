@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::{Cached, PostgresStore};
 use crate::model::{Grant, Role};
-use crate::store::{NewToken, Result, StoreError, TokenRow, TokenStore};
+use crate::store::{NewTokenRow, Result, StoreError, TokenRow, TokenStore};
 
 #[async_trait]
 impl TokenStore for PostgresStore {
@@ -18,7 +18,7 @@ impl TokenStore for PostgresStore {
             > 0)
     }
 
-    async fn create_token(&self, t: &NewToken<'_>) -> Result<()> {
+    async fn create_token(&self, t: &NewTokenRow<'_>) -> Result<()> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         tx.exec(

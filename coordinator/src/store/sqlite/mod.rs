@@ -16,7 +16,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{Notify, Semaphore};
 
 use super::seal::{self, Sealer};
-use super::{Claim, LeaderLease, Leadership, Pruned, Result, StoreError, StoreMeta};
+use super::{Claim, LeaderLease, LeaseHeld, Pruned, Result, StoreError, StoreMeta};
 use crate::clock::now_ms;
 
 mod agents;
@@ -525,7 +525,7 @@ const LEADER: &str = "singleton";
 
 #[async_trait]
 impl LeaderLease for SqliteStore {
-    async fn lead(&self, holder: &str, lease: Duration) -> Result<Leadership> {
+    async fn lead(&self, holder: &str, lease: Duration) -> Result<LeaseHeld> {
         let now = now_ms();
         let until = now.saturating_add(lease.as_millis() as i64);
         self.transact(None, |tx| {
@@ -542,7 +542,7 @@ impl LeaderLease for SqliteStore {
                 [LEADER],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )?;
-            Ok(Leadership {
+            Ok(LeaseHeld {
                 is_leader: h == holder,
                 holder: h,
                 term,

@@ -5,7 +5,7 @@ use rusqlite::{OptionalExtension, params};
 
 use super::{SqliteStore, parse_col};
 use crate::model::{Grant, Role};
-use crate::store::{NewToken, Result, TokenRow, TokenStore};
+use crate::store::{NewTokenRow, Result, TokenRow, TokenStore};
 
 #[async_trait]
 impl TokenStore for SqliteStore {
@@ -19,7 +19,7 @@ impl TokenStore for SqliteStore {
         .await
     }
 
-    async fn create_token(&self, t: &NewToken<'_>) -> Result<()> {
+    async fn create_token(&self, t: &NewTokenRow<'_>) -> Result<()> {
         self.transact(None, |tx| {
             tx.execute(
                 "INSERT INTO tokens (id, name, secret_hash, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
