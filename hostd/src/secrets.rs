@@ -218,20 +218,27 @@ fn remove_unlisted(dir: &Path, manifest: &Manifest) -> Result<(), SecretsError> 
 
 /// Keeps `values` as the Agent's whole set at rest: each sealed with `encrypt`, then the
 /// manifest, then credentials of secrets no longer in the set are removed. A different set
-/// already there is first kept as the previous one ([`restore_previous`]).
+/// already there is first kept as the previous one ([`restore_previous`]); if it cannot be
+/// (a credential of it missing or unreadable), the new set is stored all the same, no
+/// previous set is kept, and the answer says why.
 pub fn store(
     agent_dir: &Path,
     values: &[(SecretVersion, Zeroizing<Vec<u8>>)],
     encrypt: &Encrypt,
-) -> Result<(), SecretsError> {
+) -> Result<Option<String>, SecretsError> {
     let dir = secrets_dir(agent_dir);
     fsutil::ensure_dir(&dir, 0o700)?;
     fsutil::set_mode(&dir, 0o700)?;
     let had = read_manifest(agent_dir)?;
     let mut wanted: Vec<SecretVersion> = values.iter().map(|(v, _)| v.clone()).collect();
     wanted.sort();
-    if !had.secrets.is_empty() && had.secrets != wanted {
-        keep_previous(agent_dir, &had)?;
+    let mut not_kept = None;
+    if !had.secrets.is_empty()
+        && had.secrets != wanted
+        && let Err(e) = keep_previous(agent_dir, &had)
+    {
+        fsutil::remove_file_if_present(&previous_dir(agent_dir).join(MANIFEST_FILE))?;
+        not_kept = Some(e.to_string());
     }
     for (v, value) in values {
         let sealed = encrypt(&v.name, value)?;
@@ -247,7 +254,7 @@ pub fn store(
     })?;
     fsutil::write_atomic(&dir.join(MANIFEST_FILE), &bytes, 0o600, |_| Ok(()))?;
     remove_unlisted(&dir, &manifest)?;
-    Ok(())
+    Ok(not_kept)
 }
 
 /// Writes the clear files into a runtime directory (each owned by `ids`, 0400, written under
@@ -521,8 +528,20 @@ mod tests {
     fn nothing_to_restore_without_a_replaced_set() {
         let dir = tempfile::tempdir().unwrap();
         assert!(restore_previous(dir.path()).unwrap().is_none());
-        store(dir.path(), &[v("a", 1, b"one")], &enc).unwrap();
+        assert_eq!(store(dir.path(), &[v("a", 1, b"one")], &enc).unwrap(), None);
         assert!(restore_previous(dir.path()).unwrap().is_none());
+        // A set at rest that cannot be copied (a credential gone) does not stop the new one,
+        // and leaves no previous set to put back.
+        store(dir.path(), &[v("a", 2, b"two")], &enc).unwrap();
+        assert!(restore_previous(dir.path()).unwrap().is_some());
+        std::fs::remove_file(cred_path(dir.path(), &SecretName::new("a").unwrap())).unwrap();
+        let why = store(dir.path(), &[v("a", 3, b"three")], &enc).unwrap();
+        assert!(
+            why.as_deref().is_some_and(|w| w.contains("a.cred")),
+            "{why:?}"
+        );
+        assert!(restore_previous(dir.path()).unwrap().is_none());
+        assert_eq!(load(dir.path(), &dec).unwrap()[0].1.as_slice(), b"three");
     }
 
     #[test]

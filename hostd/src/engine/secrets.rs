@@ -80,9 +80,11 @@ impl Engine<'_> {
         let wanted = args.versions();
         let had = at_rest::read_manifest(&paths.dir).map_err(secrets_failure)?;
         let changed = had.secrets != wanted;
-        if changed {
-            at_rest::store(&paths.dir, &values, &at_rest::creds_encrypt)
-                .map_err(secrets_failure)?;
+        if changed
+            && let Some(why) = at_rest::store(&paths.dir, &values, &at_rest::creds_encrypt)
+                .map_err(secrets_failure)?
+        {
+            tracing::warn!(operation_id = %ctx.operation_id, agent = %args.agent.id, "the secrets this put replaces are not kept, so a reload the gateway refuses cannot put them back: {why}");
         }
         // A running gateway reads its files from the unit's runtime directory: replace them
         // there now (no restart). A stopped unit has none; its next start writes them.
