@@ -299,7 +299,7 @@ impl<B: Backend> Worker<B> {
                 // The deploy's first observation, against the Agent as loaded: nothing to
                 // write when it says nothing new (a redeploy of a running Agent).
                 if !super::observation_unchanged(&d.agent, &p.observation) {
-                    self.observe(d.work, &d.agent, &p.observation).await;
+                    self.observe(d.work, &d.agent, &p.observation).await?;
                 }
                 // A host applied them (or had); a cluster only staged them for the Pod, and its
                 // ready activation says they were applied.
@@ -689,7 +689,7 @@ impl<B: Backend> Worker<B> {
                 if let Ok(OperationResult::VerifyRevision(v)) =
                     self.call(d.work, target, verify).await?
                 {
-                    self.observe(d.work, &d.agent, &v.observation).await;
+                    self.observe(d.work, &d.agent, &v.observation).await?;
                 }
                 let code = e.code();
                 let mut step = self.call_failed(d.work, e, true);
@@ -715,7 +715,14 @@ impl<B: Backend> Worker<B> {
             Ok(OperationResult::ActivateRevision(a)) => {
                 d.secrets_reload = a.secrets_reload;
                 if let Some(restored) = a.restored {
-                    self.observe(d.work, &d.agent, &a.observation).await;
+                    // The host already put the last served revision back: a store failure
+                    // here must not retry the item (that would run the candidate again).
+                    if let Err(e) = self.observe(d.work, &d.agent, &a.observation).await {
+                        tracing::error!(
+                            work_id = d.work.id,
+                            "the restore's observation was not stored: {e:?}"
+                        );
+                    }
                     return Err(self.restored(d, restored).await);
                 }
                 if d.rev.runtime_failure.is_some() {
@@ -775,7 +782,9 @@ impl<B: Backend> Worker<B> {
         if swapped && let Err(e) = self.set_status(d, back, RevisionStatus::Active).await {
             return e;
         }
-        let _ = self
+        // The host already put the last served revision back, so a failed audit write cannot
+        // retry the item (that would run the candidate again): it is logged as an error.
+        if let Err(e) = self
             .store
             .audit_work(
                 &d.work.claim,
@@ -792,7 +801,10 @@ impl<B: Backend> Worker<B> {
                 }),
                 crate::clock::now_seconds(),
             )
-            .await;
+            .await
+        {
+            tracing::error!(work_id = d.work.id, candidate = %d.rev.id, "the restore's audit event was not written: {e}");
+        }
         tracing::warn!(work_id = d.work.id, candidate = %d.rev.id, restored = back, "candidate failed; the last served revision serves again");
         failed(
             Code::RevisionRestored,

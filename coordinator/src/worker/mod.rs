@@ -706,10 +706,11 @@ impl<B: Backend> Worker<B> {
     /// Records what the host reports. A revision counts as served only while `current` still
     /// names it: once activation has switched `current` to a candidate that is not ready yet,
     /// the previous revision no longer runs, whatever an older `served.json` says.
-    async fn observe(&self, work: &Work, agent: &Agent, o: &AgentObservation) {
+    /// A failed write is the store's failure like any other: the item retries
+    /// (`STORE_UNAVAILABLE`) rather than carrying on with an observation it did not keep.
+    async fn observe(&self, work: &Work, agent: &Agent, o: &AgentObservation) -> Result<(), Step> {
         let served = served(o);
-        let _ = self
-            .store
+        self.store
             .set_agent_observed(
                 &work.claim,
                 &agent.namespace_id,
@@ -717,7 +718,8 @@ impl<B: Backend> Worker<B> {
                 o.port,
                 served.as_deref(),
             )
-            .await;
+            .await
+            .map_err(store_err)
     }
 
     async fn stop(&self, work: &Work) -> Result<Step, Step> {
@@ -822,7 +824,7 @@ impl<B: Backend> Worker<B> {
         });
         match self.call(work, target, op).await? {
             Ok(OperationResult::StopRevision(s)) => {
-                self.observe(work, agent, &s.observation).await;
+                self.observe(work, agent, &s.observation).await?;
                 Ok(Ok(s.observation))
             }
             Ok(_) => Ok(Err(failed(
