@@ -86,6 +86,30 @@ struct Settings {
     max_parallel: u32,
     max_failures: u32,
     pause: u32,
+    manual_promote: bool,
+}
+
+impl Settings {
+    /// The row a rollout of `subject` to `agents` (in deploy order) stores, each Agent with
+    /// its wave.
+    fn row(&self, ns: &str, subject: RolloutSubject, actor: &str, agents: &[String]) -> RolloutRow {
+        RolloutRow {
+            namespace_id: ns.to_owned(),
+            subject,
+            canary: self.canary,
+            max_parallel: self.max_parallel,
+            max_failures: self.max_failures,
+            pause_between_seconds: self.pause,
+            manual_promote: self.manual_promote,
+            created_by: actor.to_owned(),
+            agents: agents
+                .iter()
+                .cloned()
+                .zip(waves(agents.len(), self.canary, self.max_parallel))
+                .collect(),
+            now: now(),
+        }
+    }
 }
 
 /// Checks a rollout's settings for `count` Agents: `(canary, maxParallel, maxFailures)`, the
@@ -125,6 +149,7 @@ fn check_settings(
         max_parallel,
         max_failures: max_failures.unwrap_or(0),
         pause,
+        manual_promote,
     })
 }
 
@@ -201,36 +226,17 @@ impl Service {
                 ),
             ));
         }
-        let Settings {
-            canary,
-            max_parallel,
-            max_failures,
-            pause,
-        } = check_settings(
+        let settings = check_settings(
             (r.canary, r.max_parallel, r.max_failures),
             r.pause_between_seconds,
             r.manual_promote,
             agents.len(),
         )?;
-        let row = RolloutRow {
-            namespace_id: ns.to_owned(),
-            subject: RolloutSubject::Configuration {
-                id: cfg.id.clone(),
-                generation: cfg.generation,
-            },
-            canary,
-            max_parallel,
-            max_failures,
-            pause_between_seconds: pause,
-            manual_promote: r.manual_promote,
-            created_by: actor.to_owned(),
-            agents: agents
-                .iter()
-                .cloned()
-                .zip(waves(agents.len(), canary, max_parallel))
-                .collect(),
-            now: now(),
+        let subject = RolloutSubject::Configuration {
+            id: cfg.id.clone(),
+            generation: cfg.generation,
         };
+        let row = settings.row(ns, subject, actor, &agents);
         Ok((namespace, cfg, row))
     }
 
@@ -311,25 +317,11 @@ impl Service {
             r.manual_promote,
             agents.len(),
         )?;
-        let row = RolloutRow {
-            namespace_id: ns.to_owned(),
-            subject: RolloutSubject::Secret {
-                name: secret_name,
-                version: info.version,
-            },
-            canary: settings.canary,
-            max_parallel: settings.max_parallel,
-            max_failures: settings.max_failures,
-            pause_between_seconds: settings.pause,
-            manual_promote: r.manual_promote,
-            created_by: actor.to_owned(),
-            agents: agents
-                .iter()
-                .cloned()
-                .zip(waves(agents.len(), settings.canary, settings.max_parallel))
-                .collect(),
-            now: now(),
+        let subject = RolloutSubject::Secret {
+            name: secret_name,
+            version: info.version,
         };
+        let row = settings.row(ns, subject, actor, &agents);
         let id = self.insert_rollout(ns, &row).await?;
         self.audit(
             actor,
