@@ -262,6 +262,20 @@ impl KubeBackend {
         self.clients().remove(cluster_name);
     }
 
+    /// The cluster's checked settings and client, for calls that must end by `deadline`.
+    fn requests(&self, cluster: &Cluster, deadline: Duration) -> Result<Requests, Failure> {
+        cluster.settings.validate().map_err(|e| {
+            Failure::new(
+                FailureCode::KubernetesConfigurationInvalid,
+                format!("cluster {} settings: {e}", cluster.name),
+            )
+        })?;
+        Ok(Requests {
+            cc: self.client_for(cluster)?,
+            deadline: Instant::now() + deadline,
+        })
+    }
+
     fn client_for(&self, cluster: &Cluster) -> Result<ClusterClient, Failure> {
         let key = cluster.credentials.cache_key();
         if let Some((k, c)) = self.clients().get(&cluster.name)
@@ -295,16 +309,7 @@ impl KubeBackend {
         deadline: Duration,
         fence: Option<u64>,
     ) -> Result<OperationResult, Failure> {
-        cluster.settings.validate().map_err(|e| {
-            Failure::new(
-                FailureCode::KubernetesConfigurationInvalid,
-                format!("cluster {} settings: {e}", cluster.name),
-            )
-        })?;
-        let r = Requests {
-            cc: self.client_for(cluster)?,
-            deadline: Instant::now() + deadline,
-        };
+        let r = self.requests(cluster, deadline)?;
         let kind = operation.kind();
         let removes = matches!(
             operation,
@@ -362,16 +367,7 @@ impl KubeBackend {
         deadline: Duration,
         fence: Option<u64>,
     ) -> Result<clawfleet_protocol::sealed::PutSecretsResult, Failure> {
-        cluster.settings.validate().map_err(|e| {
-            Failure::new(
-                FailureCode::KubernetesConfigurationInvalid,
-                format!("cluster {} settings: {e}", cluster.name),
-            )
-        })?;
-        let r = Requests {
-            cc: self.client_for(cluster)?,
-            deadline: Instant::now() + deadline,
-        };
+        let r = self.requests(cluster, deadline)?;
         let started = Instant::now();
         let out = match ops::fence::check_agent(
             &r,
