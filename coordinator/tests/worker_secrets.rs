@@ -508,6 +508,23 @@ impl World {
             .unwrap();
     }
 
+    /// The rollout of slack-bot's newest version: a canary, then waves of 2.
+    async fn rotate_rollout(&self) -> coordinator::model::Rollout {
+        self.svc
+            .create_secret_rollout(
+                "test",
+                "ns1",
+                "slack-bot",
+                NewSecretRollout {
+                    canary: Some(1),
+                    max_parallel: Some(2),
+                    ..NewSecretRollout::default()
+                },
+            )
+            .await
+            .unwrap()
+    }
+
     /// Runs the worker and the rollout scheduler until the rollout is no longer open.
     async fn drive(&self, id: i64) -> coordinator::model::Rollout {
         for _ in 0..200 {
@@ -570,20 +587,7 @@ async fn a_rotation_is_a_rollout_and_a_refused_value_halts_it_at_the_canary() {
 
     *w.host.reject.lock().unwrap() = Some("xoxb-refused".into());
     w.set("slack-bot", "xoxb-refused").await;
-    let r = w
-        .svc
-        .create_secret_rollout(
-            "test",
-            "ns1",
-            "slack-bot",
-            NewSecretRollout {
-                canary: Some(1),
-                max_parallel: Some(2),
-                ..NewSecretRollout::default()
-            },
-        )
-        .await
-        .unwrap();
+    let r = w.rotate_rollout().await;
     assert_eq!(
         r.secret,
         Some(RolloutSecret {
@@ -640,20 +644,7 @@ async fn a_rotation_is_a_rollout_and_a_refused_value_halts_it_at_the_canary() {
 
     // A good value: canary, then a2 and a3 together; generation 1 kept, version 3 bound.
     w.set("slack-bot", "xoxb-good").await;
-    let r = w
-        .svc
-        .create_secret_rollout(
-            "test",
-            "ns1",
-            "slack-bot",
-            NewSecretRollout {
-                canary: Some(1),
-                max_parallel: Some(2),
-                ..NewSecretRollout::default()
-            },
-        )
-        .await
-        .unwrap();
+    let r = w.rotate_rollout().await;
     let r = w.drive(r.id).await;
     assert_eq!(r.state, RolloutState::Done, "{r:#?}");
     assert!(
