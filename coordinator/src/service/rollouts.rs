@@ -295,12 +295,20 @@ impl Service {
             .name
             .parse()
             .map_err(|e| invalid(format!("secret name {:?}: {e}", info.name)))?;
-        let mut agents = Vec::new();
-        for agent in super::secrets::behind(&info) {
-            if self.agent(ns, agent).await?.desired_state == DesiredState::Running {
-                agents.push(agent.to_owned());
-            }
-        }
+        // One read of the Namespace's Agents, not one per Agent behind.
+        let running: std::collections::BTreeSet<String> = self
+            .store
+            .agents(ns)
+            .await?
+            .into_iter()
+            .filter(|a| a.desired_state == DesiredState::Running)
+            .map(|a| a.id.to_string())
+            .collect();
+        let agents: Vec<String> = super::secrets::behind(&info)
+            .into_iter()
+            .filter(|a| running.contains(*a))
+            .map(str::to_owned)
+            .collect();
         if agents.is_empty() {
             return Err(ServiceError::invalid(
                 Code::RolloutEmpty,
