@@ -32,14 +32,15 @@
 //! without them its rows say why they were skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bench_http;
 #[path = "../tests/hostd_engine/mod.rs"]
 mod hostd_engine;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bench_http::Http;
 use clawfleet_pg_tests::TestPostgres;
 use coordinator::api::{AppState, router};
 use coordinator::config::{ApiSettings, WorkerSettings};
@@ -78,102 +79,6 @@ fn knob(name: &str, default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
         .unwrap_or(default)
-}
-
-// ---------------------------------------------------------------------------------------------
-// A minimal blocking HTTP/1.1 client with one keep-alive connection.
-
-/// One client's connection to the API.
-struct Http {
-    addr: SocketAddr,
-    auth: String,
-    conn: Option<BufReader<TcpStream>>,
-}
-
-impl Http {
-    fn new(addr: SocketAddr, token: &str) -> Self {
-        Self {
-            addr,
-            auth: format!("Bearer {token}"),
-            conn: None,
-        }
-    }
-
-    /// Sends one request and reads the whole answer; the status, or the transport error (the
-    /// connection is then dropped and the next request opens a new one).
-    fn request(&mut self, method: &str, path: &str) -> std::io::Result<u16> {
-        let out = self.exchange(method, path);
-        if !matches!(out, Ok((_, true))) {
-            self.conn = None;
-        }
-        out.map(|(status, _)| status)
-    }
-
-    /// The status and whether the connection stays open.
-    fn exchange(&mut self, method: &str, path: &str) -> std::io::Result<(u16, bool)> {
-        if self.conn.is_none() {
-            let s = TcpStream::connect(self.addr)?;
-            s.set_nodelay(true)?;
-            s.set_read_timeout(Some(Duration::from_secs(60)))?;
-            self.conn = Some(BufReader::new(s));
-        }
-        let conn = self
-            .conn
-            .as_mut()
-            .ok_or_else(|| std::io::Error::other("no connection"))?;
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {}\r\nauthorization: {}\r\ncontent-length: 0\r\n\r\n",
-            self.addr, self.auth
-        );
-        conn.get_mut().write_all(request.as_bytes())?;
-        let bad = |what: &str| std::io::Error::other(format!("malformed answer: {what}"));
-        let mut line = String::new();
-        conn.read_line(&mut line)?;
-        let status: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| bad("status line"))?;
-        let mut length: Option<usize> = None;
-        let mut chunked = false;
-        let mut keep = true;
-        loop {
-            line.clear();
-            if conn.read_line(&mut line)? == 0 {
-                return Err(bad("headers cut off"));
-            }
-            let header = line.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            let Some((name, value)) = header.split_once(':') else {
-                return Err(bad("header line"));
-            };
-            let value = value.trim();
-            match name.to_ascii_lowercase().as_str() {
-                "content-length" => length = value.parse().ok(),
-                "transfer-encoding" => chunked = value.eq_ignore_ascii_case("chunked"),
-                "connection" => keep = !value.eq_ignore_ascii_case("close"),
-                _ => {}
-            }
-        }
-        if chunked {
-            loop {
-                line.clear();
-                conn.read_line(&mut line)?;
-                let size = usize::from_str_radix(line.trim(), 16).map_err(|_| bad("chunk size"))?;
-                let mut skip = vec![0u8; size + 2];
-                conn.read_exact(&mut skip)?;
-                if size == 0 {
-                    break;
-                }
-            }
-        } else {
-            let mut body = vec![0u8; length.ok_or_else(|| bad("no content-length"))?];
-            conn.read_exact(&mut body)?;
-        }
-        Ok((status, keep))
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
