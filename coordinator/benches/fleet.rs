@@ -4,10 +4,13 @@
 //! really goes HTTP API → worker → SSH (one persistent russh connection per host) → hostd →
 //! systemd, with the test gateway as the workload.
 //!
-//! It also prints the fan-out figure of the fast-path issue: the 30-Agent wall time against
-//! the honest floor here, max(one host's 10 Agents alone, the run's total CPU time ÷ cores)
-//! (the test hosts share this machine's cores), with the target of at most 1.1× that floor;
-//! and the coordinator's own CPU per Agent deploy. "One host alone" is a fleet of one test
+//! It also prints the fan-out figure of the fast-path issue three ways, the 30-Agent wall time
+//! against: (a) one host's 10 Agents alone, what a fleet of separate machines would show;
+//! (b) max(one host alone, the machine's CPU time ÷ cores), since the test hosts share this
+//! machine's cores; (c) the same with `occ serve`'s own CPU taken out of the floor. The target
+//! (at most 1.1×) is about (c): the coordinator's cost is what fan-out measures, so it must
+//! count against the ratio, not raise the floor; (a) cannot reach 1.1× while three hosts share
+//! two cores. It also prints the coordinator's own CPU per Agent deploy. "One host alone" is a fleet of one test
 //! host deploying 10 Agents, run first; the hosts are identical containers on this machine,
 //! so one stands for the slowest. CPU: the machine's busy time from `/proc/stat` over the
 //! timed window (hosts, hostd, gateways, sshd and the coordinator alike), and `occ serve`'s
@@ -189,9 +192,12 @@ fn main() {
     let mut sorted = all.per_agent.clone();
     sorted.sort();
     let p90 = sorted[(sorted.len() * 9 / 10).min(sorted.len() - 1)];
+    let ratio_to = |floor: Duration| all.wall.as_secs_f64() / floor.as_secs_f64().max(1e-9);
     let cpu_floor = all.machine_cpu / cores as u32;
-    let floor = alone.wall.max(cpu_floor);
-    let ratio = all.wall.as_secs_f64() / floor.as_secs_f64().max(1e-9);
+    let hosts_cpu_floor = all.machine_cpu.saturating_sub(all.occ_cpu) / cores as u32;
+    let ratio_alone = ratio_to(alone.wall);
+    let ratio_cpu = ratio_to(alone.wall.max(cpu_floor));
+    let ratio = ratio_to(alone.wall.max(hosts_cpu_floor));
 
     let rows = [
         ("Agents / hosts", format!("{count} / {}", all.hosts)),
@@ -238,7 +244,23 @@ fn main() {
             format!("{} / {cores} = {}", secs(all.machine_cpu), secs(cpu_floor)),
         ),
         (
-            "FAN-OUT: wall / max(one host alone, CPU / cores)",
+            "machine CPU without occ serve's / cores",
+            format!(
+                "{} / {cores} = {}",
+                secs(all.machine_cpu.saturating_sub(all.occ_cpu)),
+                secs(hosts_cpu_floor)
+            ),
+        ),
+        (
+            "fan-out (a): wall / one host alone",
+            format!("{ratio_alone:.2}x (hosts share {cores} cores: no target)"),
+        ),
+        (
+            "fan-out (b): wall / max(one host alone, CPU / cores)",
+            format!("{ratio_cpu:.2}x (counts occ's CPU in the floor: no target)"),
+        ),
+        (
+            "FAN-OUT (c): wall / max(one host alone, CPU without occ's / cores)",
             format!(
                 "{ratio:.2}x (target <= 1.10x: {})",
                 if ratio <= 1.10 { "met" } else { "MISSED" }
