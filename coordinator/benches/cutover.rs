@@ -1,21 +1,31 @@
-//! Benchmark (not a timed test): revision-only cutovers on one real test host. One Agent is
-//! deployed, then `CLAWFLEET_BENCH_CUTOVERS` (default 20) more revisions of it, each through
-//! the API and the worker, the deployment status polled every 2 ms until it is served. It
-//! prints the deploy request -> served time a client sees, hostd's own `elapsed_ms` for every
-//! `activate-revision` (pointer flip, restart, readiness wait, served record) and
+//! Benchmark (not a timed test): revision-only cutovers on one real test host, on a fresh
+//! host and then on the same host aged as by long use. One Agent is deployed, then
+//! `CLAWFLEET_BENCH_CUTOVERS` (default 20) more revisions of it, each through the API and the
+//! worker, the deployment status polled every 2 ms until it is served. Then the host is aged:
+//! `CLAWFLEET_BENCH_AGED_AGENTS` (default 100) more Agents deployed beside it and its journal
+//! filled to its limit (10,000) with long-expired entries, its prune index removed as after
+//! an upgrade; and the same number of cutovers again. For each case it prints the deploy
+//! request -> served time a client sees (target ≤ 150 ms on both), hostd's own `elapsed_ms`
+//! for every `activate-revision` (pointer flip, restart, readiness wait, served record) and
 //! `prepare-revision`, and each activation cut into its parts from the host's journal.
 //!
 //! `cargo bench -p clawfleet-coordinator --bench cutover` (root and the test-host
 //! prerequisites; otherwise it prints `SKIP: ...` and exits 0).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../hostd/benches/aged_journal/mod.rs"]
+mod aged_journal;
 #[path = "../tests/fleet_support/mod.rs"]
 mod fleet;
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
-use fleet::{Fleet, NS, document, journal_field, step_durations};
+use fleet::{Fleet, NS, Want, document, journal_field, step_durations};
 use serde_json::{Value, json};
+
+/// The journal's limit (`[journal] max_entries`' default).
+const AGED_JOURNAL: usize = 10_000;
 
 fn quantile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
@@ -25,29 +35,71 @@ fn quantile(sorted: &[u64], q: f64) -> u64 {
     sorted[i]
 }
 
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
 fn main() {
     if let Some(reason) = clawfleet_vm_tests::skip_reason() {
         println!("SKIP: {reason}");
         return;
     }
-    let n: usize = std::env::var("CLAWFLEET_BENCH_CUTOVERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(20);
+    let n = knob("CLAWFLEET_BENCH_CUTOVERS", 20);
+    let aged_agents = knob("CLAWFLEET_BENCH_AGED_AGENTS", 100);
     let fleet = Fleet::start(1);
     fleet.create_agent("c1", &document("c-v0", json!({})));
     fleet.occ_ok(&["agent", "deploy", NS, "c1", "--wait", "--timeout", "120"]);
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    cutovers(&fleet, 1..=n, "a fresh host");
+
+    // The host aged: more Agents beside c1, then its journal at its limit.
+    let t = Instant::now();
+    let names: Vec<String> = (0..aged_agents).map(|i| format!("aged{i}")).collect();
+    let mut wants = Vec::new();
+    for name in &names {
+        fleet.create_agent(name, &document(&format!("{name}-v0"), json!({})));
+    }
+    for name in &names {
+        let rev = fleet.deploy_api(name);
+        wants.push((
+            name.as_str(),
+            Want::Running {
+                rev,
+                label: format!("{name}-v0"),
+            },
+        ));
+    }
+    fleet.wait_converged(&wants, t, Duration::from_secs(900));
+    let host = fleet.hosts.iter().next().unwrap();
+    let filled = aged_journal::fill_journal(host, AGED_JOURNAL);
+    println!(
+        "\naged the host in {:.0} s (untimed): {aged_agents} more Agents served, {filled} expired \
+         journal entries written (journal at {AGED_JOURNAL}), the prune index removed",
+        t.elapsed().as_secs_f64()
+    );
+    cutovers(&fleet, n + 1..=2 * n, "the same host aged (long-lived)");
+}
+
+/// Deploys the revisions `range` of c1 one after another through the API, each until served,
+/// and prints the case's figures.
+fn cutovers(fleet: &Fleet, range: std::ops::RangeInclusive<usize>, case: &str) {
+    let since = now_unix();
     // Each deploy through the API, then deployment-status polled every 2 ms until the new
     // revision is active and served: deploy request -> served as a client sees it.
     let mut served_ms = Vec::new();
-    for i in 1..=n {
+    for i in range {
         fleet.update_configuration("c1", &document(&format!("c-v{i}"), json!({})));
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         let rev = fleet.deploy_api("c1");
         loop {
             let s = fleet.status("c1").unwrap();
@@ -55,7 +107,7 @@ fn main() {
                 break;
             }
             assert!(t.elapsed().as_secs() < 120, "{rev} was never served: {s}");
-            std::thread::sleep(std::time::Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(2));
         }
         served_ms.push(t.elapsed().as_millis() as u64);
     }
@@ -82,7 +134,10 @@ fn main() {
         };
         by_op.entry(op.to_owned()).or_default().push(ms);
     }
-    println!("revision-only cutovers on one test host: {n} deploys, hostd's elapsed_ms");
+    println!(
+        "\nrevision-only cutovers on {case}: {} deploys, hostd's elapsed_ms",
+        served_ms.len()
+    );
     for (op, mut ms) in by_op {
         ms.sort_unstable();
         println!(
