@@ -16,6 +16,13 @@
 //! timed window (hosts, hostd, gateways, sshd and the coordinator alike), and `occ serve`'s
 //! own from `/proc/<pid>/stat`.
 //!
+//! Then the churn case on the same fleet: every Agent deployed `CLAWFLEET_BENCH_CHURN_ROUNDS`
+//! (default 5; 0 skips it) more times back to back, so most revisions are superseded in the
+//! queue, while a reader asks for Agents and their status. It prints how long the drain took
+//! after the last deploy was sent against the send time (target within 2×), the reads'
+//! latency meanwhile (target p99 ≤ 20 ms) and hostd's operations by kind (a superseded
+//! revision that never reached a host costs it nothing).
+//!
 //! `cargo bench -p clawfleet-coordinator --bench fleet` (root and the test-host prerequisites;
 //! otherwise it prints `SKIP: ...` and exits 0). `CLAWFLEET_BENCH_AGENTS` changes the count
 //! (the one-host baseline deploys a third of it).
@@ -27,7 +34,7 @@ mod fleet;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use fleet::{Fleet, Model, Want, document, journal_field, median, step_durations};
+use fleet::{Fleet, Model, NS, Want, document, journal_field, median, step_durations};
 use serde_json::json;
 
 fn secs(d: Duration) -> String {
@@ -78,6 +85,24 @@ struct Run {
     occ_cpu: Duration,
     /// hostd's steps over the timed run, from its success lines: (operation, step) -> µs each.
     steps: BTreeMap<(String, String), Vec<u64>>,
+    /// The churn case, when asked for.
+    churn: Option<Churn>,
+}
+
+/// The churn case: every Agent deployed `rounds` more times at once, so most revisions are
+/// superseded in the queue, while a reader asks for Agents and their status.
+struct Churn {
+    rounds: usize,
+    deploys: usize,
+    /// From the first deploy request to the last one sent.
+    send: Duration,
+    /// From the last deploy request sent to every Agent serving its last revision.
+    drain: Duration,
+    /// Read latencies meanwhile (GET Agent, GET deployment-status), sorted.
+    reads: Vec<Duration>,
+    read_errors: usize,
+    /// Operations hostd ran over the case, by kind.
+    host_ops: BTreeMap<String, usize>,
 }
 
 /// hostd's step timeline of every operation that succeeded on a host since `since` (seconds
@@ -110,7 +135,7 @@ fn hostd_steps(fleet: &Fleet, since: u64, into: &mut BTreeMap<(String, String), 
     }
 }
 
-fn run(hosts: usize, count: usize, prefix: &str) -> Run {
+fn run(hosts: usize, count: usize, prefix: &str, churn_rounds: usize) -> Run {
     let ticks = clock_ticks();
     let setup = Instant::now();
     let fleet = Fleet::start(hosts);
@@ -161,6 +186,7 @@ fn run(hosts: usize, count: usize, prefix: &str) -> Run {
     let mut steps = BTreeMap::new();
     hostd_steps(&fleet, since, &mut steps);
     let cpu = |t: u64| Duration::from_secs_f64(t as f64 / ticks);
+    let churn = (churn_rounds > 0).then(|| churn(&fleet, &agents, churn_rounds));
     Run {
         wall,
         requests,
@@ -171,6 +197,93 @@ fn run(hosts: usize, count: usize, prefix: &str) -> Run {
         machine_cpu: cpu(busy1.saturating_sub(busy0)),
         occ_cpu: cpu(occ1.saturating_sub(occ0)),
         steps,
+        churn,
+    }
+}
+
+/// The churn case on a fleet whose Agents all serve: `rounds` deploys of every Agent sent
+/// back to back (no change between them: each is a new revision), a reader thread asking for
+/// Agents and their deployment-status until every Agent serves its last revision.
+fn churn(fleet: &Fleet, agents: &[String], rounds: usize) -> Churn {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (send, drain, (reads, read_errors)) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let (mut took, mut errors) = (Vec::new(), 0);
+            let mut i = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let a = &agents[i % agents.len()];
+                let path = if i % 2 == 0 {
+                    format!("/namespaces/{NS}/agents/{a}")
+                } else {
+                    format!("/namespaces/{NS}/agents/{a}/deployment-status")
+                };
+                let t = Instant::now();
+                match fleet.api.request("GET", &path, None) {
+                    Ok(_) => took.push(t.elapsed()),
+                    Err(_) => errors += 1,
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            took.sort();
+            (took, errors)
+        });
+        let t0 = Instant::now();
+        let mut last: BTreeMap<&str, String> = BTreeMap::new();
+        for _ in 0..rounds {
+            for a in agents {
+                last.insert(a.as_str(), fleet.deploy_api(a));
+            }
+        }
+        let send = t0.elapsed();
+        let sent = Instant::now();
+        let wants: Vec<(&str, Want)> = last
+            .iter()
+            .map(|(a, rev)| {
+                (
+                    *a,
+                    Want::Running {
+                        rev: rev.clone(),
+                        label: format!("{a}-v1"),
+                    },
+                )
+            })
+            .collect();
+        let converged = fleet.wait_converged(&wants, sent, Duration::from_secs(900));
+        let drain = converged.values().max().copied().unwrap_or_default();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (send, drain, reader.join().unwrap())
+    });
+    let mut host_ops: BTreeMap<String, usize> = BTreeMap::new();
+    for host in fleet.hosts.iter() {
+        let text = host
+            .run_ok(&format!(
+                "journalctl -t hostd -o json --no-pager --since @{since}"
+            ))
+            .unwrap();
+        for e in text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        {
+            if journal_field(&e, "MESSAGE") == Some("operation received")
+                && let Some(op) = journal_field(&e, "OP")
+            {
+                *host_ops.entry(op.to_owned()).or_default() += 1;
+            }
+        }
+    }
+    Churn {
+        rounds,
+        deploys: rounds * agents.len(),
+        send,
+        drain,
+        reads,
+        read_errors,
+        host_ops,
     }
 }
 
@@ -186,8 +299,12 @@ fn main() {
         .unwrap_or(30);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // The baseline first: one host deploying its share alone.
-    let alone = run(1, count.div_ceil(3), "a");
-    let all = run(3, count, "b");
+    let churn_rounds: usize = std::env::var("CLAWFLEET_BENCH_CHURN_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let alone = run(1, count.div_ceil(3), "a", 0);
+    let all = run(3, count, "b", churn_rounds);
 
     let mut sorted = all.per_agent.clone();
     sorted.sort();
@@ -304,4 +421,37 @@ fn main() {
          asked once the Agent list (polled every 20 ms) shows it served; times are upper bounds \
          within about 25 ms."
     );
+    if let Some(c) = &all.churn {
+        let q = |p: f64| {
+            c.reads
+                .get(((c.reads.len().max(1) - 1) as f64 * p).round() as usize)
+                .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+        };
+        let ratio = c.drain.as_secs_f64() / c.send.as_secs_f64().max(1e-9);
+        println!();
+        println!(
+            "churn: {} deploys ({} rounds of every Agent, back to back, no change between \
+             them) on the same fleet while a reader asks for Agents and their status",
+            c.deploys, c.rounds
+        );
+        println!("  deploys sent in {}", secs(c.send));
+        println!(
+            "  drained (every Agent serving its last revision) {} after the last was sent: \
+             {ratio:.2}x the send time (target <= 2x: {})",
+            secs(c.drain),
+            if ratio <= 2.0 { "met" } else { "MISSED" }
+        );
+        println!(
+            "  reads meanwhile: n={} p50 {:.1} ms p99 {:.1} ms max {:.1} ms, {} failed \
+             (target p99 <= 20 ms: {}; one new HTTP connection per read, the CLI's client)",
+            c.reads.len(),
+            q(0.5),
+            q(0.99),
+            q(1.0),
+            c.read_errors,
+            if q(0.99) <= 20.0 { "met" } else { "MISSED" }
+        );
+        let ops: Vec<String> = c.host_ops.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!("  hostd operations over the case: {}", ops.join(", "));
+    }
 }
