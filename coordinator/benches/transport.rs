@@ -12,13 +12,17 @@
 //! printed side by side (median and p90, milliseconds), the transports alternating. It then
 //! prints hostd's own time per operation from the host's journal (from hostd's "operation
 //! received" to its "operation succeeded" entry, journald's receive timestamps), for
-//! operations on a long-lived hostd and on one started for the operation.
+//! operations on a long-lived hostd and on one started for the operation. Last, the same
+//! host aged as by long use (100 more Agents, its journal at its 10,000-entry limit): the
+//! persistent session's probe, idempotent prepare and fenced prepare (the worker's) again.
 //!
 //! Run: `cargo bench -p clawfleet-coordinator --bench transport` as root with the vm-tests
 //! runner packages; prints SKIP otherwise. `BENCH_ITERATIONS` (default 50) and
 //! `BENCH_WARMUP` (default 5) tune the runs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
+#[path = "../../hostd/benches/aged_journal/mod.rs"]
+mod aged_journal;
 #[path = "../tests/ssh_support/mod.rs"]
 mod ssh_support;
 
@@ -39,6 +43,10 @@ use coordinator::client::Client;
 use coordinator::ssh::SshSettings;
 use serde_json::Value;
 use ssh_support::*;
+
+/// The long-lived host's extra Agents and its journal's entries (the default limit).
+const AGED_AGENTS: usize = 100;
+const AGED_JOURNAL: usize = 10_000;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -263,6 +271,7 @@ impl Drop for Occ {
     }
 }
 
+#[derive(Clone)]
 struct Summary {
     median: Duration,
     p90: Duration,
@@ -510,6 +519,74 @@ fn main() {
             ms(transport),
             ms(hostd),
             ms(*prepare_logged),
+        );
+    }
+    // The same host aged as by long use: 100 more Agents with a revision each, then its
+    // journal at its limit with expired entries (the prune index removed, as after an
+    // upgrade). Then the persistent session's probe and idempotent prepare again, and the
+    // prepare as the worker sends it: fenced, a higher fence each time.
+    rt.block_on(async {
+        for i in 0..AGED_AGENTS {
+            persistent
+                .call(
+                    &target,
+                    prepare("bench", &format!("aged{i}"), &rev),
+                    options,
+                )
+                .await
+                .unwrap();
+        }
+    });
+    let filled = aged_journal::fill_journal(&host, AGED_JOURNAL);
+    let fresh: Vec<Option<Summary>> = results.iter().map(|(_, c)| c[0].clone()).collect();
+    let mut aged: Vec<Vec<Duration>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    let mut fence = 0;
+    for i in 0..warmup + iterations {
+        fence += 1;
+        let fenced = CallOptions {
+            fence: Some(fence),
+            ..options
+        };
+        for (k, (op, opts)) in [
+            (probe(), options),
+            (prepare("bench", "a1", &rev), options),
+            (prepare("bench", "a1", &rev), fenced),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let t = Instant::now();
+            let r = rt.block_on(persistent.call(&target, op, opts)).unwrap();
+            let took = t.elapsed();
+            check(&r);
+            if i >= warmup {
+                aged[k].push(took);
+            }
+        }
+    }
+    println!();
+    println!(
+        "long-lived host: {AGED_AGENTS} more Agents, journal filled with {filled} expired \
+         entries to {AGED_JOURNAL}; persistent session, ms (fresh host's median beside it)"
+    );
+    for (k, name) in [
+        "probe",
+        "prepare-revision (idempotent)",
+        "prepare-revision (idempotent, fenced as the worker sends it)",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = summarise(std::mem::take(&mut aged[k]));
+        let before = fresh
+            .get(k)
+            .cloned()
+            .flatten()
+            .map_or_else(|| "-".to_owned(), |f| ms(f.median));
+        println!(
+            "  {name:<62} median {:>7} p90 {:>7}  (fresh {before})",
+            ms(s.median),
+            ms(s.p90)
         );
     }
     drop(occ);
