@@ -2,7 +2,9 @@
 //! workload: the configuration the coordinator renders (mode local, loopback, password auth
 //! whose password is a SecretRef to `OPENCLAW_GATEWAY_PASSWORD`, no port: hostd passes it as
 //! `OPENCLAW_GATEWAY_PORT`), activated through hostd's hardened unit as the Agent's own account,
-//! replaced by revision 2, stopped.
+//! replaced by revision 2; then a model provider's API key delivered as a clawfleet secret
+//! (issue 29), read by the gateway at start, rotated without a restart and read back from the
+//! gateway itself; stopped.
 //!
 //! Needs root, the test-host runner packages and `npm` (the OpenClaw bundle, ~850 MB, is fetched
 //! once into the harness cache). Without npm it prints `SKIP: ...`, except under `CI=true`,
@@ -14,7 +16,11 @@ mod hosts_support;
 use std::time::{Duration, Instant};
 
 use clawfleet_protocol::operation::*;
-use clawfleet_protocol::result::{ActivateResult, OperationResult, Outcome, ResultMessage, Step};
+use clawfleet_protocol::result::{
+    ActivateResult, OperationResult, Outcome, ResultMessage, SecretsReload, Step,
+};
+use clawfleet_protocol::sealed::{PutSecretsArgs, SealedSecret, SecretName, seal};
+use clawfleet_protocol::ssh_key::PublicKey;
 use clawfleet_protocol::{Configuration, Message};
 use clawfleet_vm_tests::{HarnessConfig, HostOptions, TestHost, openclaw, skip_unless_hosts};
 use hosts_support::*;
@@ -39,6 +45,45 @@ fn rendered_gateway() -> Value {
             "password": {"source": "env", "provider": "default", "id": "OPENCLAW_GATEWAY_PASSWORD"}
         }
     })
+}
+
+/// A configuration whose model provider's API key is the clawfleet secret `model-key`, as the
+/// coordinator renders a reference to it: a single-value file provider at the secret's fixed
+/// path. The provider's base URL is a closed port on the host's loopback: nothing leaves it.
+fn with_model_key() -> Value {
+    let name = SecretName::new(SECRET).unwrap();
+    let provider = clawfleet_protocol::secret::provider_name(&name);
+    json!({
+        "gateway": rendered_gateway(),
+        "logging": {"level": "warn"},
+        "secrets": {"providers": {provider.clone(): {
+            "source": "file",
+            "path": clawfleet_protocol::secret::path(&name),
+            "mode": "singleValue"
+        }}},
+        "models": {"providers": {"acme": {
+            "baseUrl": "http://127.0.0.1:9/v1",
+            "api": "openai-completions",
+            "apiKey": {"source": "file", "provider": provider, "id": "value"},
+            "models": [{"id": "m1", "name": "M1"}]
+        }}}
+    })
+}
+
+/// The secret the scenario delivers.
+const SECRET: &str = "model-key";
+
+fn sealed(host: &TestHost, version: u64, value: &str) -> SealedSecret {
+    let key = PublicKey::from_openssh(host.host_public_key().trim()).unwrap();
+    seal(
+        &key,
+        &id(NS),
+        &id(AGENT),
+        &SecretName::new(SECRET).unwrap(),
+        version,
+        value.as_bytes(),
+    )
+    .unwrap()
 }
 
 fn revision(rev: &str, number: u64, document: Value) -> RevisionSpec {
@@ -399,9 +444,100 @@ fn real_openclaw_gateway_through_hostd() {
         other => panic!("{other:?}"),
     }
 
+    // Secrets (issue 29): the API key delivered sealed to the host key; the gateway starts
+    // with it (a changed configuration restarts it), and OpenClaw's own `secrets.resolve`
+    // shows the value it holds.
+    let run = std::process::id();
+    let (v1, v2) = (format!("sk-oc-{run}-ONE"), format!("sk-oc-{run}-TWO"));
+    let held = |pw: &str| -> String {
+        let out = host
+            .run_ok(&format!(
+                "cd /root/oc-cli && HOME=/root/oc-cli timeout 120 {} {} gateway call secrets.resolve                  --url ws://127.0.0.1:{port} --password {pw} --json --params                  '{{\"commandName\":\"clawfleet-test\",\"targetIds\":[\"models.providers.*.apiKey\"]}}'",
+                paths.node, paths.openclaw_mjs
+            ))
+            .unwrap();
+        let doc: Value = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("secrets.resolve answered no JSON ({e}): {out}"));
+        doc["assignments"][0]["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("secrets.resolve holds no API key: {doc}"))
+            .to_owned()
+    };
+    let put = |version: u64, value: &str| {
+        occ.ok(
+            &host,
+            Operation::PutSecrets(PutSecretsArgs {
+                namespace: ns(NS),
+                agent: agent(AGENT),
+                secrets: vec![sealed(&host, version, value)],
+            }),
+        )
+    };
+    let r3 = revision("rev-3", 3, with_model_key());
+    put(1, &v1);
+    occ.ok(&host, prepare(NS, AGENT, &r3));
+    let (r, _, wall) = call_long(
+        &occ,
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs(NS, AGENT, &r3))),
+    );
+    let act = activated(&host, r, &unit);
+    assert!(act.restarted, "a changed configuration restarts: {act:?}");
+    let (_, pid3, _) = unit_user(&host, &unit);
+    assert_eq!(
+        held(&password),
+        v1,
+        "the gateway does not hold the delivered key"
+    );
+    eprintln!(
+        "revision 3 (API key as a clawfleet secret): ready in {:.1}s, the gateway holds version 1",
+        wall.as_secs_f64()
+    );
+    // Rotation: version 2 delivered, then a revision with the same configuration: the same
+    // process reloads, hostd reads back what it holds (Verified), and so does the test.
+    let r4 = revision("rev-4", 4, with_model_key());
+    assert_eq!(r3.configuration_hash, r4.configuration_hash);
+    put(2, &v2);
+    occ.ok(&host, prepare(NS, AGENT, &r4));
+    let t = Instant::now();
+    let (r, _, _) = call_long(
+        &occ,
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs(NS, AGENT, &r4))),
+    );
+    let act = activated(&host, r, &unit);
+    assert!(
+        !act.restarted,
+        "the rotation restarted the gateway: {act:?}"
+    );
+    assert_eq!(
+        act.secrets_reload,
+        Some(SecretsReload::Verified),
+        "hostd could not read back what OpenClaw holds: {act:?}"
+    );
+    assert_eq!(act.observation.served, Some(id("rev-4")));
+    assert_eq!(
+        unit_user(&host, &unit).1,
+        pid3,
+        "same process after the rotation"
+    );
+    assert_eq!(held(&password), v2, "the gateway still holds the old key");
+    eprintln!(
+        "rotation without a restart: reloaded and verified in {:.1}s, same PID {pid3}",
+        t.elapsed().as_secs_f64()
+    );
+    // The key is in the gateway's tmpfs file and memory only, not in the unit's environment.
+    let env = host
+        .run_ok(&format!("tr '\\0' '\\n' < /proc/{pid3}/environ"))
+        .unwrap();
+    assert!(
+        !env.contains(&v1) && !env.contains(&v2),
+        "a key in the environment"
+    );
+
     // Stop: the gateway goes away and /readyz no longer answers.
     let t = Instant::now();
-    match occ.ok(&host, Operation::StopRevision(rargs(NS, AGENT, &r2))) {
+    match occ.ok(&host, Operation::StopRevision(rargs(NS, AGENT, &r4))) {
         OperationResult::StopRevision(s) => {
             assert!(s.stopped);
             let u = s.observation.unit.unwrap();

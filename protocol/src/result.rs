@@ -212,10 +212,13 @@ pub struct ActivateResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SecretsReload {
-    /// The gateway reported the fingerprints it holds, and they are the delivered ones.
+    /// What the gateway holds was read back (the test gateway's fingerprint report, or
+    /// OpenClaw's `secrets.resolve` at every rendered reference, hashed), and it is the
+    /// delivered secrets.
     Verified,
-    /// The gateway reloaded without a warning but reports no fingerprints (OpenClaw has no
-    /// such RPC): what it holds was not checked.
+    /// The gateway reloaded without a warning, but not every reference could be read back
+    /// (OpenClaw knows no credential surface by its path, or the reference is inactive):
+    /// what it holds there was not checked.
     Unverified,
 }
 

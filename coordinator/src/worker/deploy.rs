@@ -127,7 +127,7 @@ impl<B: Backend> Worker<B> {
                 " (secrets reloaded without a restart; the gateway holds their fingerprints)"
             }
             Some(clawfleet_protocol::result::SecretsReload::Unverified) => {
-                " (secrets reloaded without a restart; the gateway reports no fingerprints, so what it holds is not verified)"
+                " (secrets reloaded without a restart; not every reference could be read back from the gateway, so what it holds there is not verified)"
             }
             None => "",
         };

@@ -7,7 +7,9 @@
 //! only drop every WebSocket; instead `current` moves to the new revision, the gateway is asked
 //! to re-read its secrets (`secrets.reload` over its loopback RPC, with the port and managed
 //! password from hostd's own state), and what it then holds is compared with the fingerprints
-//! `put-secrets` recorded.
+//! `put-secrets` recorded: from the test gateway's fingerprint report, or, from OpenClaw, which
+//! has none, by asking `secrets.resolve` for the value each rendered reference resolved to
+//! (hashed at once and dropped; see [`verify_by_resolve`]).
 //!
 //! Taken only when all of this holds (anything else restarts as before): the unit file is
 //! unchanged, `served.json` names a revision other than the candidate whose snapshot has the
@@ -31,8 +33,8 @@ use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::ActivateArgs;
 use clawfleet_protocol::result::{ActivateResult, Step};
-use clawfleet_protocol::sealed::SecretVersion;
-use clawfleet_protocol::secret::provider_name;
+use clawfleet_protocol::sealed::{SecretFingerprint, SecretVersion};
+use clawfleet_protocol::secret::{SINGLE_VALUE_ID, provider_name};
 use serde_json::{Value, json};
 use zeroize::Zeroizing;
 
@@ -53,6 +55,10 @@ const PASSWORD_FILE_MAX: u64 = 4096;
 const PASSWORD_VAR: &str = "OPENCLAW_GATEWAY_PASSWORD=";
 /// The test gateway's report of the fingerprints it holds (OpenClaw has none).
 const STATUS_METHOD: &str = "x-clawfleet-test.secrets.status";
+/// OpenClaw's read of what its active snapshot resolved a reference to.
+const RESOLVE_METHOD: &str = "secrets.resolve";
+/// Largest snapshot configuration read for its references (the protocol's limit).
+const CONFIGURATION_MAX: u64 = clawfleet_protocol::configuration::CONFIGURATION_MAX_BYTES as u64;
 
 /// What a secrets-only activation has to reload.
 pub(crate) struct Reload {
@@ -63,16 +69,29 @@ pub(crate) struct Reload {
     port: u16,
     /// The Agent's account, which owns the files in the unit's runtime directory.
     ids: Ids,
+    /// The rendered references to clawfleet secrets in the served configuration.
+    refs: Vec<SecretRef>,
+}
+
+/// A rendered reference to a clawfleet secret in a configuration
+/// (`{"source": "file", "provider": "clawfleet-<name>", "id": "value"}`): the provider it
+/// names and the JSON path where it sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SecretRef {
+    provider: String,
+    path: Vec<String>,
 }
 
 /// Whether the gateway's fingerprints were compared with the delivered ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Verified {
     /// Every delivered secret's file fingerprint is what the gateway holds.
     Fingerprints,
-    /// The gateway has no fingerprint report (OpenClaw): it answered the reload without a
-    /// warning, and nothing more could be checked.
-    Unverifiable,
+    /// Some reference could not be checked (OpenClaw knows no credential surface by its
+    /// path, or the reference is inactive), or the configuration refers to none of the
+    /// delivered secrets: the gateway answered the reload without a warning, and every
+    /// reference that could be checked holds its delivered value. The references not checked.
+    Unverifiable(Vec<String>),
 }
 
 fn reload_failed(detail: String) -> Failure {
@@ -125,11 +144,19 @@ impl Engine<'_> {
         if !state.is_active() || !self.ready_and_owned(paths, port, ids.uid)? {
             return Ok(None);
         }
+        // The snapshot was verified against its hash just above; a configuration that does
+        // not parse has no references to check.
+        let bytes = fsutil::read_small(&dir.join("openclaw.json"), CONFIGURATION_MAX)
+            .map_err(fs_failure)?;
+        let refs = serde_json::from_slice::<Value>(&bytes)
+            .map(|config| rendered_refs(&config))
+            .unwrap_or_default();
         Ok(Some(Reload {
             served: served.revision_id,
             secrets,
             port,
             ids,
+            refs,
         }))
     }
 
@@ -169,12 +196,12 @@ impl Engine<'_> {
             .iter()
             .map(|v| format!("{}@{} {}", v.name, v.version, v.fingerprint))
             .collect();
-        match verified {
+        match &verified {
             Verified::Fingerprints => {
                 tracing::info!(operation_id = %ctx.operation_id, agent = %args.agent.id, revision = %rev.id, secrets = ?names, "secrets reloaded without a restart; the gateway holds the delivered fingerprints");
             }
-            Verified::Unverifiable => {
-                tracing::warn!(operation_id = %ctx.operation_id, agent = %args.agent.id, revision = %rev.id, secrets = ?names, "secrets reloaded without a restart; the gateway reports no fingerprints, so what it holds is NOT verified");
+            Verified::Unverifiable(unchecked) => {
+                tracing::warn!(operation_id = %ctx.operation_id, agent = %args.agent.id, revision = %rev.id, secrets = ?names, unchecked = ?unchecked, "secrets reloaded without a restart; not every reference could be read back from the gateway, so what it holds there is NOT verified");
             }
         }
         self.record_started(ctx, paths, rev)?;
@@ -186,7 +213,7 @@ impl Engine<'_> {
             restored: None,
             secrets_reload: Some(match verified {
                 Verified::Fingerprints => clawfleet_protocol::result::SecretsReload::Verified,
-                Verified::Unverifiable => clawfleet_protocol::result::SecretsReload::Unverified,
+                Verified::Unverifiable(_) => clawfleet_protocol::result::SecretsReload::Unverified,
             }),
         })
     }
@@ -277,7 +304,7 @@ impl Engine<'_> {
         let status = match rpc.request(STATUS_METHOD, json!({})) {
             Ok(status) => status,
             Err(RpcError::Refused { code, .. }) if code == "INVALID_REQUEST" => {
-                return Ok(Verified::Unverifiable);
+                return verify_by_resolve(&mut rpc, &plan.refs, &plan.secrets);
             }
             Err(e) => {
                 return Err(Failure::new(
@@ -314,6 +341,169 @@ impl Engine<'_> {
                     ),
                 )
             })
+    }
+}
+
+/// Every rendered reference in `config`, depth first, with its JSON path (object keys, and
+/// array indices as decimal).
+fn rendered_refs(config: &Value) -> Vec<SecretRef> {
+    fn walk(v: &Value, path: &mut Vec<String>, out: &mut Vec<SecretRef>) {
+        match v {
+            Value::Object(map) => {
+                if map.len() == 3
+                    && map.get("source").and_then(Value::as_str) == Some("file")
+                    && map.get("id").and_then(Value::as_str) == Some(SINGLE_VALUE_ID)
+                    && let Some(provider) = map.get("provider").and_then(Value::as_str)
+                    && provider.starts_with("clawfleet-")
+                {
+                    out.push(SecretRef {
+                        provider: provider.to_owned(),
+                        path: path.clone(),
+                    });
+                    return;
+                }
+                for (k, child) in map {
+                    path.push(k.clone());
+                    walk(child, path, out);
+                    path.pop();
+                }
+            }
+            Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    path.push(i.to_string());
+                    walk(child, path, out);
+                    path.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(config, &mut Vec::new(), &mut out);
+    out
+}
+
+/// The credential-surface ids OpenClaw may know a concrete path by, most specific first: the
+/// path itself, then with one, then two inner segments as `*` (its ids put `*` where the user
+/// chose a key: `models.providers.*.apiKey`, `channels.*.accounts.*.botToken`). Its
+/// `secrets.resolve` refuses an id it does not know, so they are tried in turn. None when a
+/// segment holds a `.` or `*` (the id could not name it).
+fn surface_ids(path: &[String]) -> Vec<String> {
+    if path.is_empty() || path.iter().any(|s| s.contains(['.', '*']) || s.is_empty()) {
+        return Vec::new();
+    }
+    let with_stars = |stars: &[usize]| {
+        path.iter()
+            .enumerate()
+            .map(|(i, s)| if stars.contains(&i) { "*" } else { s.as_str() })
+            .collect::<Vec<_>>()
+            .join(".")
+    };
+    let inner = 1..path.len().saturating_sub(1);
+    let mut ids = vec![with_stars(&[])];
+    ids.extend(inner.clone().map(|i| with_stars(&[i])));
+    for i in inner.clone() {
+        ids.extend((i + 1..inner.end).map(|j| with_stars(&[i, j])));
+    }
+    ids
+}
+
+/// What the gateway holds at one reference.
+enum Held {
+    /// The fingerprint of the value it resolved the reference to.
+    Value(SecretFingerprint),
+    /// It reports the reference inactive (its owner is turned off), or knows no credential
+    /// surface by its path: nothing to compare.
+    Unchecked,
+    /// It resolved nothing there.
+    Nothing,
+}
+
+/// Asks OpenClaw's `secrets.resolve` for the value the reference at `path` resolved to in its
+/// active snapshot, trying the credential-surface ids of [`surface_ids`], and keeps only the
+/// value's fingerprint.
+fn held_at(rpc: &mut GatewayRpc, path: &[String]) -> Result<Held, Failure> {
+    let concrete = path.join(".");
+    for id in surface_ids(path) {
+        let params = json!({
+            "commandName": "clawfleet-hostd",
+            "targetIds": [id],
+            "allowedPaths": [concrete],
+        });
+        let answer = match rpc.request(RESOLVE_METHOD, params) {
+            Ok(answer) => answer,
+            Err(RpcError::Refused { code, message, .. })
+                if code == "INVALID_REQUEST" && message.contains("unknown target id") =>
+            {
+                continue;
+            }
+            Err(e) => {
+                return Err(Failure::new(
+                    FailureCode::SecretFingerprintMismatch,
+                    format!("cannot read what the gateway holds at {concrete}: {e}"),
+                ));
+            }
+        };
+        let value = answer["assignments"].as_array().and_then(|a| {
+            a.iter()
+                .find(|x| x["path"].as_str() == Some(concrete.as_str()))
+                .and_then(|x| x["value"].as_str())
+        });
+        if let Some(v) = value {
+            return Ok(Held::Value(SecretFingerprint::of(v.as_bytes())));
+        }
+        let inactive = answer["inactiveRefPaths"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p.as_str() == Some(concrete.as_str())));
+        return Ok(if inactive {
+            Held::Unchecked
+        } else {
+            Held::Nothing
+        });
+    }
+    Ok(Held::Unchecked)
+}
+
+/// OpenClaw's check: every rendered reference to a delivered secret resolved, in the
+/// gateway's active snapshot, to the delivered value (by fingerprint). The values come over
+/// the loopback RPC authenticated with the managed password, are hashed at once and dropped.
+fn verify_by_resolve(
+    rpc: &mut GatewayRpc,
+    refs: &[SecretRef],
+    secrets: &[SecretVersion],
+) -> Result<Verified, Failure> {
+    let (mut checked, mut unchecked, mut wrong) = (0, Vec::new(), Vec::new());
+    for s in secrets {
+        let provider = provider_name(&s.name);
+        for r in refs.iter().filter(|r| r.provider == provider) {
+            let at = r.path.join(".");
+            match held_at(rpc, &r.path)? {
+                Held::Value(fp) if fp == s.fingerprint => checked += 1,
+                Held::Value(fp) => wrong.push(format!(
+                    "{} version {} ({}) at {at}: the gateway holds {fp}",
+                    s.name, s.version, s.fingerprint
+                )),
+                Held::Nothing => wrong.push(format!(
+                    "{} version {} ({}) at {at}: the gateway holds nothing",
+                    s.name, s.version, s.fingerprint
+                )),
+                Held::Unchecked => unchecked.push(at),
+            }
+        }
+    }
+    if !wrong.is_empty() {
+        return Err(Failure::new(
+            FailureCode::SecretFingerprintMismatch,
+            format!(
+                "after secrets.reload the gateway does not hold the delivered secrets: {}",
+                wrong.join("; ")
+            ),
+        ));
+    }
+    if checked > 0 && unchecked.is_empty() {
+        Ok(Verified::Fingerprints)
+    } else {
+        Ok(Verified::Unverifiable(unchecked))
     }
 }
 
@@ -355,6 +545,54 @@ mod tests {
             version: 2,
             fingerprint: SecretFingerprint::of(value),
         }
+    }
+
+    #[test]
+    fn rendered_references_are_found_with_their_paths() {
+        let config = json!({
+            "gateway": {"auth": {"password": {"source": "env", "provider": "default", "id": "X"}}},
+            "models": {"providers": {"acme": {"apiKey":
+                {"source": "file", "provider": "clawfleet-model-key", "id": "value"}}}},
+            "list": [{"token": {"source": "file", "provider": "clawfleet-bot", "id": "value"}}],
+            "other": {"source": "file", "provider": "someone-else", "id": "value"},
+            "extra": {"source": "file", "provider": "clawfleet-x", "id": "value", "more": 1},
+        });
+        let found = rendered_refs(&config);
+        let path = |p: &[&str]| p.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            found,
+            vec![
+                SecretRef {
+                    provider: "clawfleet-bot".into(),
+                    path: path(&["list", "0", "token"]),
+                },
+                SecretRef {
+                    provider: "clawfleet-model-key".into(),
+                    path: path(&["models", "providers", "acme", "apiKey"]),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn surface_ids_put_stars_on_inner_segments_most_specific_first() {
+        let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(
+            surface_ids(&p("models.providers.acme.apiKey")),
+            vec![
+                "models.providers.acme.apiKey",
+                "models.*.acme.apiKey",
+                "models.providers.*.apiKey",
+                "models.*.*.apiKey",
+            ]
+        );
+        assert!(
+            surface_ids(&p("channels.telegram.accounts.main.botToken"))
+                .contains(&"channels.telegram.accounts.*.botToken".to_owned())
+        );
+        assert_eq!(surface_ids(&p("a.b")), vec!["a.b"]);
+        assert!(surface_ids(&["a".to_owned(), "b.c".to_owned()]).is_empty());
+        assert!(surface_ids(&[]).is_empty());
     }
 
     #[test]
