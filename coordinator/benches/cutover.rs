@@ -2,7 +2,8 @@
 //! host and then on the same host aged as by long use. One Agent is deployed, then
 //! `CLAWFLEET_BENCH_CUTOVERS` (default 20) more revisions of it, each through the API and the
 //! worker, the deployment status polled every 2 ms until it is served. Then the host is aged:
-//! `CLAWFLEET_BENCH_AGED_AGENTS` (default 100) more Agents deployed beside it and its journal
+//! `CLAWFLEET_BENCH_AGED_AGENTS` (default 99, so the host runs 100, its enrolled limit) more
+//! Agents deployed beside it and its journal
 //! filled to its limit (10,000) with long-expired entries, its prune index removed as after
 //! an upgrade; and the same number of cutovers again. For each case it prints the deploy
 //! request -> served time a client sees (target ≤ 150 ms on both), hostd's own `elapsed_ms`
@@ -56,7 +57,7 @@ fn main() {
         return;
     }
     let n = knob("CLAWFLEET_BENCH_CUTOVERS", 20);
-    let aged_agents = knob("CLAWFLEET_BENCH_AGED_AGENTS", 100);
+    let aged_agents = knob("CLAWFLEET_BENCH_AGED_AGENTS", 99);
     let fleet = Fleet::start(1);
     fleet.create_agent("c1", &document("c-v0", json!({})));
     fleet.occ_ok(&["agent", "deploy", NS, "c1", "--wait", "--timeout", "120"]);
