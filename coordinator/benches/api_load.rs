@@ -33,6 +33,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bench_http;
+mod bench_setup;
 #[path = "../tests/hostd_engine/mod.rs"]
 mod hostd_engine;
 
@@ -44,8 +45,7 @@ use bench_http::Http;
 use clawfleet_pg_tests::TestPostgres;
 use coordinator::api::{AppState, router};
 use coordinator::config::{ApiSettings, WorkerSettings};
-use coordinator::model::{Grant, Role};
-use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::service::{NewAgent, NewNamespace, Service};
 use coordinator::store::SharedStore;
 use coordinator::store::database::{Database, PostgresOptions};
 use coordinator::store::postgres::PostgresStore;
@@ -54,8 +54,6 @@ use coordinator::worker::Worker;
 use hostd_engine::EngineBackend;
 use serde_json::json;
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
 /// Pool hosts, shared by every Namespace (simulated by hostd's engine, one state root each).
 const HOSTS: usize = 4;
 /// Agents per Namespace: the list route answers this many.
@@ -323,35 +321,10 @@ impl Coordinator {
 /// Hosts, Namespaces of `AGENTS_PER_NAMESPACE` Agents over them, the Agents, and an admin
 /// token; the token's secret and the Agents as (Namespace, Agent).
 async fn populate(store: &SharedStore, agents: usize) -> (String, Vec<(String, String)>) {
-    let (_, token) = coordinator::tokens::create(
-        &**store,
-        "bench",
-        &[Grant {
-            namespace: "*".into(),
-            role: Role::Admin,
-        }],
-    )
-    .await
-    .unwrap();
+    let token = bench_setup::admin_token(store).await;
     let service = Service::new(store.clone());
     let hosts: Vec<String> = (1..=HOSTS).map(|i| format!("h{i}")).collect();
-    for h in &hosts {
-        service
-            .enrol_host(
-                "bench",
-                NewHost {
-                    name: h.clone(),
-                    address: "127.0.0.1".into(),
-                    port: 22,
-                    host_key: HOST_KEY.into(),
-                    max_agents: u32::MAX,
-                    login_user: None,
-                    jump: None,
-                },
-            )
-            .await
-            .unwrap();
-    }
+    bench_setup::enrol_hosts(&service, &hosts, 22).await;
     let mut names = Vec::with_capacity(agents);
     for i in 0..agents {
         let ns = format!("ns{}", i / AGENTS_PER_NAMESPACE);

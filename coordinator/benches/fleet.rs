@@ -105,32 +105,39 @@ struct Churn {
     host_ops: BTreeMap<String, usize>,
 }
 
-/// hostd's step timeline of every operation that succeeded on a host since `since` (seconds
-/// since the epoch), each step from its start to the next one's: (operation, step) -> µs.
-fn hostd_steps(fleet: &Fleet, since: u64, into: &mut BTreeMap<(String, String), Vec<u64>>) {
+/// hostd's journal entries on every host of the fleet since `since` (seconds since the epoch).
+fn hostd_entries(fleet: &Fleet, since: u64) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
     for host in fleet.hosts.iter() {
         let text = host
             .run_ok(&format!(
                 "journalctl -t hostd -o json --no-pager --since @{since}"
             ))
             .unwrap();
-        for e in text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        {
-            if journal_field(&e, "MESSAGE") != Some("operation succeeded") {
-                continue;
-            }
-            let (Some(op), Some(steps), Some(total_us)) = (
-                journal_field(&e, "OP"),
-                journal_field(&e, "STEPS"),
-                journal_field(&e, "ELAPSED_US").and_then(|v| v.parse::<u64>().ok()),
-            ) else {
-                continue;
-            };
-            for (name, us) in step_durations(steps, total_us) {
-                into.entry((op.to_owned(), name)).or_default().push(us);
-            }
+        out.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+        );
+    }
+    out
+}
+
+/// hostd's step timeline of every operation that succeeded on a host since `since` (seconds
+/// since the epoch), each step from its start to the next one's: (operation, step) -> µs.
+fn hostd_steps(fleet: &Fleet, since: u64, into: &mut BTreeMap<(String, String), Vec<u64>>) {
+    for e in hostd_entries(fleet, since) {
+        if journal_field(&e, "MESSAGE") != Some("operation succeeded") {
+            continue;
+        }
+        let (Some(op), Some(steps), Some(total_us)) = (
+            journal_field(&e, "OP"),
+            journal_field(&e, "STEPS"),
+            journal_field(&e, "ELAPSED_US").and_then(|v| v.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        for (name, us) in step_durations(steps, total_us) {
+            into.entry((op.to_owned(), name)).or_default().push(us);
         }
     }
 }
@@ -259,21 +266,11 @@ fn churn(fleet: &Fleet, agents: &[String], rounds: usize) -> Churn {
         (send, drain, reader.join().unwrap())
     });
     let mut host_ops: BTreeMap<String, usize> = BTreeMap::new();
-    for host in fleet.hosts.iter() {
-        let text = host
-            .run_ok(&format!(
-                "journalctl -t hostd -o json --no-pager --since @{since}"
-            ))
-            .unwrap();
-        for e in text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    for e in hostd_entries(fleet, since) {
+        if journal_field(&e, "MESSAGE") == Some("operation received")
+            && let Some(op) = journal_field(&e, "OP")
         {
-            if journal_field(&e, "MESSAGE") == Some("operation received")
-                && let Some(op) = journal_field(&e, "OP")
-            {
-                *host_ops.entry(op.to_owned()).or_default() += 1;
-            }
+            *host_ops.entry(op.to_owned()).or_default() += 1;
         }
     }
     Churn {

@@ -18,6 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bench_http;
+mod bench_setup;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -26,8 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bench_http::Http;
-use coordinator::model::{Grant, Role};
-use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::service::{NewAgent, NewNamespace, Service};
 use coordinator::store::SharedStore;
 use coordinator::store::database::Database;
 use coordinator::store::sqlite::SqliteStore;
@@ -36,8 +36,6 @@ use serde_json::json;
 /// The target of the performance issue.
 const RSS_TARGET_MB: f64 = 64.0;
 const NS: &str = "fleet";
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -65,34 +63,11 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
 /// Fills the database `occ serve` will open: a token, one host, one Namespace of `agents`.
 async fn populate(db: &Path, agents: usize) -> String {
     let store: SharedStore = Arc::new(SqliteStore::open(db).unwrap());
-    let (_, token) = coordinator::tokens::create(
-        &*store,
-        "bench",
-        &[Grant {
-            namespace: "*".into(),
-            role: Role::Admin,
-        }],
-    )
-    .await
-    .unwrap();
+    let token = bench_setup::admin_token(&store).await;
     let service = Service::new(store.clone());
-    service
-        .enrol_host(
-            "bench",
-            NewHost {
-                name: "h1".into(),
-                // Nothing listens on port 1: a probe by the drift sweep fails at once and
-                // nothing leaves loopback.
-                address: "127.0.0.1".into(),
-                port: 1,
-                host_key: HOST_KEY.into(),
-                max_agents: u32::MAX,
-                login_user: None,
-                jump: None,
-            },
-        )
-        .await
-        .unwrap();
+    // Nothing listens on port 1: a probe by the drift sweep fails at once and nothing leaves
+    // loopback.
+    bench_setup::enrol_hosts(&service, &["h1".to_owned()], 1).await;
     service
         .create_namespace(
             "bench",
