@@ -200,12 +200,16 @@ impl Occ {
             ),
         )
         .unwrap();
+        // Client commands read the operator's copy of the first admin token, which `occ init`
+        // hands out once and never keeps in the state directory.
+        let token_file = dir.path().join("operator-admin.token");
         let occ = |args: &[&str]| {
             let out = Command::new(bin)
                 .arg("--config")
                 .arg(&config)
                 .args(args)
                 .env("OCC_LOG", "warn")
+                .env("OCC_TOKEN_FILE", &token_file)
                 .output()
                 .unwrap();
             assert!(
@@ -215,7 +219,6 @@ impl Occ {
             );
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
-        let token_file = dir.path().join("operator-admin.token");
         occ(&["init", "--admin-token-file", token_file.to_str().unwrap()]);
         let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
         let child = Command::new(bin)
@@ -551,7 +554,8 @@ fn main() {
         for (k, (op, opts)) in [
             (probe(), options),
             (prepare("bench", "a1", &rev), options),
-            (prepare("bench", "a1", &rev), fenced),
+            // Another Agent: once fenced, an Agent refuses unfenced operations.
+            (prepare("bench", "aged0", &rev), fenced),
         ]
         .into_iter()
         .enumerate()
