@@ -11,11 +11,13 @@
 //! | [`model`] | the resources as answers show them (Namespace, Agent, Revision, …) |
 //! | [`requests`] | request bodies and query strings |
 //! | [`responses`] | every other answer |
+//! | [`codes`] | every stable code ([`codes::AnyCode`]: the coordinator's [`codes::Code`] and the protocol's), with class, HTTP status and description |
 //! | [`openapi`] | `/openapi.json` |
 //! | [`client`] | [`client::Api`]: one typed method per route, over any [`client::Transport`] |
 
 pub mod access;
 pub mod client;
+pub mod codes;
 pub mod model;
 pub mod openapi;
 pub mod requests;

@@ -500,7 +500,7 @@ async fn secrets_are_write_only_bound_by_name_and_leak_nowhere() {
         .unwrap();
     assert_eq!(terms, vec![v1.clone(), v2.clone()]);
     let evidence = coordinator::service::runtime_failure(
-        "READINESS_TIMEOUT",
+        clawfleet_protocol::FailureCode::ReadinessTimeout.into(),
         &format!("gateway said: token {v2} rejected (old {v1})"),
         None,
         terms,

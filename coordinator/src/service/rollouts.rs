@@ -13,7 +13,7 @@ use clawfleet_protocol::{FailureCode, Ident};
 use serde_json::json;
 
 use super::{Result, Service, ServiceError, check_id, now};
-use crate::codes::Code;
+use crate::codes::{AnyCode, Code};
 use crate::model::{
     DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState, RolloutSubject,
 };
@@ -705,7 +705,10 @@ impl Service {
                     let code = evidence
                         .as_ref()
                         .and_then(|e| e["code"].as_str())
-                        .filter(|c| ACTIVATION_FAILED.iter().any(|f| f.as_str() == *c));
+                        .filter(|c| {
+                            AnyCode::parse(c)
+                                .is_some_and(|c| ACTIVATION_FAILED.iter().any(|f| c == *f))
+                        });
                     match code {
                         Some(code) => (
                             RolloutAgentState::Failed,
@@ -741,7 +744,7 @@ impl Service {
                         && agent.active_revision_id.as_deref() == a.revision_id.as_deref()
                     {
                         RolloutAgentState::Succeeded
-                    } else if code == Code::RevisionRestored.as_str() {
+                    } else if AnyCode::parse(&code) == Some(Code::RevisionRestored.into()) {
                         RolloutAgentState::Restored
                     } else {
                         RolloutAgentState::Failed

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::{Service, ServiceError, now};
 use crate::backend::{Backend, CallError, CallOptions, Target};
-use crate::codes::Code;
+use crate::codes::{AnyCode, Code};
 use crate::model::{Agent, Namespace};
 
 /// Lines a log request returns when it names no start.
@@ -195,7 +195,7 @@ impl Service {
         let (entries, code) = match &outcome {
             Ok(OperationResult::AgentLogs(p)) => (p.entries.len(), None),
             Ok(_) => (0, Some(Code::InvalidHostResult.as_str())),
-            Err(e) => (0, Some(e.code())),
+            Err(e) => (0, Some(e.code().as_str())),
         };
         let target = format!("{ns}/{id}");
         if !query.follow.unwrap_or(false) {
@@ -272,7 +272,7 @@ pub const EVIDENCE_LINES: u32 = 20;
 const EVIDENCE_LINE_MAX: usize = 512;
 
 /// Whether a failure is one an Agent's runtime explains (the gateway did not come up).
-pub fn is_runtime_failure(code: &str) -> bool {
+pub fn is_runtime_failure(code: AnyCode) -> bool {
     [
         FailureCode::ReadinessTimeout,
         FailureCode::UnitFailed,
@@ -283,23 +283,23 @@ pub fn is_runtime_failure(code: &str) -> bool {
         FailureCode::NamespacePodQuotaExceeded,
     ]
     .iter()
-    .any(|c| c.as_str() == code)
+    .any(|c| code == *c)
 }
 
 /// The bounded, redacted `runtimeFailure` of a failed activation, from the failure and what
 /// `agent-runtime` (with evidence lines) showed right after it. `secrets`: the values of the
 /// Agent's bound secrets ([`super::secret_redaction_terms`]), replaced wherever they appear.
 pub fn runtime_failure(
-    code: &str,
+    code: AnyCode,
     message: &str,
     report: Option<&RuntimeReport>,
     secrets: Vec<String>,
 ) -> Value {
-    let check = if code == FailureCode::UnitFailed.as_str() {
+    let check = if code == FailureCode::UnitFailed {
         "unit"
-    } else if code == FailureCode::ListenerNotOwned.as_str() {
+    } else if code == FailureCode::ListenerNotOwned {
         "listener"
-    } else if code != FailureCode::ReadinessTimeout.as_str() {
+    } else if code != FailureCode::ReadinessTimeout {
         // The Kubernetes backend's rollout outcomes (incomplete, unschedulable, image pull).
         "rollout"
     } else {

@@ -226,7 +226,7 @@ impl<B: Backend> Worker<B> {
             Some(cluster) if d.ns.ready => cluster,
             Some(_) => {
                 return Err(Step::Retry {
-                    code: Code::NamespaceNotReady.as_str().to_owned(),
+                    code: Code::NamespaceNotReady.into(),
                     message: "the Namespace is not ready on its cluster yet".to_owned(),
                     attempt: false,
                     delay: self.recheck(d.work),
@@ -235,7 +235,7 @@ impl<B: Backend> Worker<B> {
             None => {
                 let Some(host) = self.place(d.work, &d.ns, &d.agent).await? else {
                     return Err(Step::Retry {
-                        code: Code::NoHostAvailable.as_str().to_owned(),
+                        code: Code::NoHostAvailable.into(),
                         message: "no ready pool host has room for this Agent yet".to_owned(),
                         attempt: false,
                         delay: self.recheck(d.work),
@@ -273,13 +273,13 @@ impl<B: Backend> Worker<B> {
         });
         match self.call(d.work, d.target()?, op).await? {
             Err(e) => {
-                if e.code() == FailureCode::SnapshotMismatch.as_str() && !d.committed {
+                if e.code() == FailureCode::SnapshotMismatch && !d.committed {
                     // The target holds another revision under this number (or this id with
                     // other content): this database issued the number again, as after a
                     // restore from an older backup. The next revision is numbered above it.
                     self.raise_floor(d, d.rev.number).await?;
                 }
-                if e.code() == FailureCode::WorkspaceSetupFailed.as_str() {
+                if e.code() == FailureCode::WorkspaceSetupFailed {
                     let message = e.to_string();
                     self.store
                         .set_workspace_state(
@@ -287,7 +287,7 @@ impl<B: Backend> Worker<B> {
                             &d.work.namespace_id,
                             &d.agent.id,
                             WorkspaceState::Failed,
-                            Some((e.code(), &message)),
+                            Some((e.code().as_str(), &message)),
                             crate::clock::now_seconds(),
                         )
                         .await
@@ -615,7 +615,7 @@ impl<B: Backend> Worker<B> {
         self.set_status(d, &d.rev.id, RevisionStatus::Prepared)
             .await?;
         Err(Step::Retry {
-            code: FailureCode::RevisionIncomplete.as_str().to_owned(),
+            code: FailureCode::RevisionIncomplete.into(),
             message: "the active revision changed meanwhile; re-checking".to_owned(),
             attempt: false,
             delay: Duration::from_millis(10),
@@ -705,7 +705,7 @@ impl<B: Backend> Worker<B> {
                     let tried = d.work.attempts + 1;
                     if tried >= self.settings.max_attempts {
                         step = Step::Failed {
-                            code: code.to_owned(),
+                            code,
                             message: format!("{message} (gave up after {tried} attempts)"),
                         };
                     }

@@ -16,7 +16,7 @@ use clawfleet_protocol::{FailureCode, Operation};
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, Target};
-use crate::codes::Code;
+use crate::codes::{AnyCode, Code};
 use crate::config::WorkerSettings;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::store::{SharedStore, StoreError, Work, WorkEnd, WorkKind, WorkState};
@@ -66,12 +66,12 @@ pub fn revision_spec(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Finished; the code says how (e.g. `REVISION_ACTIVATED`).
-    Done { code: String, message: String },
+    Done { code: AnyCode, message: String },
     /// Finished without success; retrying cannot help.
-    Failed { code: String, message: String },
+    Failed { code: AnyCode, message: String },
     /// Try again later. `attempt` counts against the attempt budget.
     Retry {
-        code: String,
+        code: AnyCode,
         message: String,
         attempt: bool,
         delay: Duration,
@@ -80,14 +80,14 @@ pub enum Step {
 
 fn done(code: Code, message: impl Into<String>) -> Step {
     Step::Done {
-        code: code.as_str().to_owned(),
+        code: code.into(),
         message: message.into(),
     }
 }
 
 fn failed(code: Code, message: impl Into<String>) -> Step {
     Step::Failed {
-        code: code.as_str().to_owned(),
+        code: code.into(),
         message: message.into(),
     }
 }
@@ -111,7 +111,7 @@ fn store_err(e: StoreError) -> Step {
         _ => {}
     }
     Step::Retry {
-        code: Code::StoreUnavailable.as_str().to_owned(),
+        code: Code::StoreUnavailable.into(),
         message: e.to_string(),
         attempt: false,
         delay: Duration::from_secs(1),
@@ -385,11 +385,13 @@ impl<B: Backend> Worker<B> {
     }
 
     async fn record(&self, work: &Work, step: &Step) {
-        let (code, message) = match step {
+        let (typed, message) = match step {
             Step::Done { code, message }
             | Step::Failed { code, message }
-            | Step::Retry { code, message, .. } => (code.as_str(), message.as_str()),
+            | Step::Retry { code, message, .. } => (*code, message.as_str()),
         };
+        // The store keeps the code as its text.
+        let code = typed.as_str();
         tracing::info!(
             work = work.id,
             kind = work.kind.as_str(),
@@ -397,7 +399,7 @@ impl<B: Backend> Worker<B> {
             code,
             "{message}"
         );
-        if code == Code::ClaimLost.as_str() {
+        if typed == Code::ClaimLost {
             // Another claim owns the item: it records what happens; nothing is ours to write.
             return;
         }
@@ -452,7 +454,7 @@ impl<B: Backend> Worker<B> {
             // host while the others are: the item goes back to the queue for them, spending
             // an attempt, so a fleet where none is enrolled still ends with this code.
             return Step::Retry {
-                code: e.code().to_owned(),
+                code: e.code(),
                 message: format!(
                     "{e}: this coordinator is not enrolled on {host} (run its `occ \
                      enrol-command` line there); the item is left for another coordinator"
@@ -464,7 +466,7 @@ impl<B: Backend> Worker<B> {
         if e.is_retryable() {
             let own = progress_code(&e);
             let code = if after_commit && !own {
-                Code::RevisionFinalizationIncomplete.as_str()
+                Code::RevisionFinalizationIncomplete.into()
             } else {
                 e.code()
             };
@@ -474,13 +476,12 @@ impl<B: Backend> Worker<B> {
                 // Before the commit, host failures use the attempt budget; after it, the
                 // worker keeps finalizing until the convergence deadline. An unavailable
                 // Kubernetes API never spends attempts.
-                attempt: !after_commit
-                    && e.code() != FailureCode::KubernetesApiUnavailable.as_str(),
+                attempt: !after_commit && e.code() != FailureCode::KubernetesApiUnavailable,
                 delay: self.backoff(work.attempts),
             }
         } else {
             Step::Failed {
-                code: e.code().to_owned(),
+                code: e.code(),
                 message: e.to_string(),
             }
         }
@@ -541,7 +542,7 @@ impl<B: Backend> Worker<B> {
     fn cluster_ensure_failed(&self, work: &Work, e: CallError) -> Step {
         if !e.is_retryable() {
             return Step::Failed {
-                code: e.code().to_owned(),
+                code: e.code(),
                 message: e.to_string(),
             };
         }
@@ -549,7 +550,7 @@ impl<B: Backend> Worker<B> {
         let periods = (age.as_nanos() / self.settings.backoff_initial.as_nanos().max(1)).max(1);
         let doublings = 127 - periods.leading_zeros();
         Step::Retry {
-            code: e.code().to_owned(),
+            code: e.code(),
             message: e.to_string(),
             attempt: false,
             delay: crate::backoff::exponential(
@@ -563,14 +564,14 @@ impl<B: Backend> Worker<B> {
     fn call_failed_plain(&self, e: CallError) -> Step {
         if e.is_retryable() {
             Step::Retry {
-                code: e.code().to_owned(),
+                code: e.code(),
                 message: e.to_string(),
                 attempt: true,
                 delay: self.settings.backoff_initial,
             }
         } else {
             Step::Failed {
-                code: e.code().to_owned(),
+                code: e.code(),
                 message: e.to_string(),
             }
         }
@@ -781,7 +782,7 @@ impl<B: Backend> Worker<B> {
                 .as_ref()
                 .map_or_else(|| "a gateway".to_owned(), |c| format!("revision {c}"));
             return Ok(Step::Retry {
-                code: Code::StopIncomplete.as_str().to_owned(),
+                code: Code::StopIncomplete.into(),
                 message: format!("{} still reports {what} running", target.name()),
                 attempt: true,
                 delay: self.backoff(work.attempts),
