@@ -68,7 +68,7 @@ pub struct LeaderSettings {
 impl Default for LeaderSettings {
     fn default() -> Self {
         Self {
-            lease: crate::leader::DEFAULT_LEASE,
+            lease: crate::control::leader::DEFAULT_LEASE,
         }
     }
 }

@@ -20,9 +20,7 @@ mod workspace;
 pub use clusters::ClusterUpdate;
 pub use probe::ProbeError;
 pub use reads::{AuditQuery, DriftQuery, Metrics};
-pub use rollouts::{
-    MAX_ROLLOUT_AGENTS, NewRollout, NewSecretRollout, RolloutAction, run as run_rollouts,
-};
+pub use rollouts::{MAX_ROLLOUT_AGENTS, NewRollout, NewSecretRollout, RolloutAction};
 pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
 pub use secrets::{NewSecret, SecretDeploy, SecretInfo, SecretUse, secret_redaction_terms};
 pub use tokens::TokenChangeError;

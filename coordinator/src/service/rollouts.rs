@@ -7,8 +7,6 @@
 //! that restarts picks up where the store says, and never deploys an Agent twice (an Agent
 //! leaves `pending` in the same transaction that queues its deploy).
 
-use std::time::Duration;
-
 use clawfleet_protocol::{FailureCode, Ident};
 use serde_json::json;
 
@@ -911,30 +909,6 @@ impl Service {
             .await?;
         }
         Ok(())
-    }
-}
-
-/// Runs scheduler passes every `interval` until `stop` turns true.
-pub async fn run(
-    service: Service,
-    interval: Duration,
-    leader: crate::leader::Leadership,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stop.changed() => return,
-        }
-        if *stop.borrow() {
-            return;
-        }
-        if !leader.is_leader() {
-            continue;
-        }
-        if let Err(e) = service.advance_rollouts().await {
-            tracing::warn!("rollout pass failed: {e}");
-        }
     }
 }
 

@@ -240,7 +240,7 @@ impl Service {
         backend: &B,
         actor: &str,
     ) -> Result<Vec<crate::model::DriftRow>, ServiceError> {
-        let summary = crate::drift::sweep(&*self.store, backend).await?;
+        let summary = crate::control::drift::sweep(&*self.store, backend).await?;
         self.audit(
             actor,
             "drift.sweep",

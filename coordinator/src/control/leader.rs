@@ -28,6 +28,11 @@ impl Leadership {
         Self(rx)
     }
 
+    /// Leadership as a lease loop (or a test) reports it on `rx`.
+    pub fn from_receiver(rx: watch::Receiver<bool>) -> Self {
+        Self(rx)
+    }
+
     pub fn is_leader(&self) -> bool {
         *self.0.borrow()
     }
@@ -91,37 +96,6 @@ pub fn spawn(
         }
     });
     (task, Leadership(rx))
-}
-
-/// Removes finished work and old audit events on the leader, every `settings.interval`.
-pub async fn run_retention(
-    store: SharedStore,
-    settings: crate::config::RetentionSettings,
-    leader: Leadership,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(settings.interval) => {}
-            _ = stop.changed() => return,
-        }
-        if *stop.borrow() {
-            return;
-        }
-        if !leader.is_leader() {
-            continue;
-        }
-        match store
-            .prune(
-                settings.work.as_secs() as i64,
-                settings.audit.as_secs() as i64,
-            )
-            .await
-        {
-            Ok(p) => tracing::info!(work = p.work, audit = p.audit, "retention pass"),
-            Err(e) => tracing::warn!("retention pass failed: {e}"),
-        }
-    }
 }
 
 /// How long the leader lease lasts without renewal.
