@@ -35,8 +35,8 @@ mod tests {
     /// Codes no test produces, each with the reason; a new code must come with a test that
     /// produces it.
     const NOT_YET_TESTED: &[&str] = &[
-        // reserved: emitted only if the compiled-in `worker::HARNESS_VERSION` were not a valid
-        // `HarnessVersion` (`worker::revision_spec`), and every deploy in the tests sends it.
+        // reserved: emitted only if the compiled-in `render::HARNESS_VERSION` were not a valid
+        // `HarnessVersion` (`render::revision_spec`), and every deploy in the tests sends it.
         // An Agent names no harness of its own, and another harness selected in a
         // configuration is refused as CONFIGURATION_REFUSED when it is rendered, so no request
         // or stored state can produce it.

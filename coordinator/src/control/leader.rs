@@ -7,8 +7,6 @@
 //! than clock drift allows. Leadership is the lease row, never a session lock (those survive
 //! a partition on the database side and break behind transaction poolers).
 
-use std::time::Duration;
-
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -97,6 +95,3 @@ pub fn spawn(
     });
     (task, Leadership(rx))
 }
-
-/// How long the leader lease lasts without renewal.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);

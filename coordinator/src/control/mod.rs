@@ -1,10 +1,9 @@
-//! The leader-only loops: the drift sweep (`drift.rs`), rollout scheduling and retention.
+//! The leader-only loops: the drift sweep (`crate::drift`), rollout scheduling and retention.
 //! Of the coordinators sharing a database, only the one holding the leader lease
 //! (`leader.rs`) runs them; each is a pass run by the one runner, [`every`], which waits its
 //! interval, ends when `stop` turns true, and skips the pass while this coordinator does not
 //! lead.
 
-pub mod drift;
 pub mod leader;
 
 use std::future::Future;
@@ -59,7 +58,7 @@ pub async fn run_drift<B: Backend>(
         leader,
         stop,
         || async {
-            match drift::sweep(&*store, &*backend).await {
+            match crate::drift::sweep(&*store, &*backend).await {
                 Ok(s) => tracing::info!(
                     targets = s.targets,
                     unreachable = s.unreachable_targets,

@@ -688,7 +688,7 @@ impl<B: Backend> Worker<B> {
                 Err(done(Code::RevisionSuperseded, f.message))
             }
             Err(e) => {
-                let runtime_failure = crate::service::is_runtime_failure(e.code());
+                let runtime_failure = crate::evidence::is_runtime_failure(e.code());
                 if runtime_failure {
                     self.keep_evidence(d, &e).await;
                 }
@@ -815,7 +815,7 @@ impl<B: Backend> Worker<B> {
         let op = Operation::AgentRuntime(RuntimeArgs {
             namespace: d.namespace.clone(),
             agent: d.agent_ref.clone(),
-            evidence_lines: crate::service::EVIDENCE_LINES,
+            evidence_lines: crate::evidence::EVIDENCE_LINES,
         });
         let report = match self.call(d.work, target, op).await {
             Ok(Ok(OperationResult::AgentRuntime(r))) => Some(*r),
@@ -827,7 +827,7 @@ impl<B: Backend> Worker<B> {
         };
         // The Agent's bound secrets are redacted from the evidence by their values; without
         // them, the evidence keeps no log lines.
-        let (report, secrets) = match crate::service::secret_redaction_terms(
+        let (report, secrets) = match crate::evidence::secret_redaction_terms(
             &*self.store,
             &d.work.namespace_id,
             &d.agent.id,
@@ -838,7 +838,7 @@ impl<B: Backend> Worker<B> {
             Err(_) => (None, Vec::new()),
         };
         let evidence =
-            crate::service::runtime_failure(e.code(), &message, report.as_ref(), secrets);
+            crate::evidence::runtime_failure(e.code(), &message, report.as_ref(), secrets);
         if let Err(err) = self
             .store
             .set_runtime_failure(

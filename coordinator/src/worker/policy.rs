@@ -168,7 +168,7 @@ impl Policy<'_> {
                     code
                 };
                 let runtime =
-                    phase == Stage::Activation && crate::service::is_runtime_failure(code);
+                    phase == Stage::Activation && crate::evidence::is_runtime_failure(code);
                 let message = format!("{e} ({code})");
                 let tried = work.attempts + 1;
                 if runtime && tried >= self.settings.max_attempts {

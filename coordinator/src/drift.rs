@@ -4,7 +4,7 @@
 //! work for it is open. The sweep never repairs anything; `occ agent reconcile` re-applies the
 //! active revision on request.
 //!
-//! Only the leader runs it (`control/mod.rs`, `leader.rs`): with SQLite there is only one coordinator; on
+//! Only the leader runs it (`control/mod.rs`, `control/leader.rs`): with SQLite there is only one coordinator; on
 //! PostgreSQL, the one holding the leader lease.
 
 use std::collections::{BTreeMap, BTreeSet};
