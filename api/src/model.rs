@@ -280,13 +280,17 @@ impl Agent {
     }
 }
 
-/// The last attempt at a revision's work.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+/// The last attempt at a work item, or at a revision's work (the `lastAttempt` of a work
+/// record and of a revision): how it ended, when, and how many attempts counted against the
+/// budget by then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastAttempt {
     pub code: String,
     pub message: String,
+    /// Seconds since the epoch.
     pub at: i64,
+    /// Attempts that counted against the budget.
     pub attempts: u32,
 }
 
@@ -799,19 +803,9 @@ pub struct WorkRecord {
     pub state: WorkState,
     /// Attempts that counted against the budget.
     pub attempts: u32,
-    pub last_attempt: Option<WorkAttempt>,
+    pub last_attempt: Option<LastAttempt>,
     /// Seconds since the epoch.
     pub created_at: i64,
-}
-
-/// The last attempt at a work item.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkAttempt {
-    pub code: String,
-    pub message: String,
-    /// Seconds since the epoch.
-    pub at: i64,
 }
 
 #[cfg(test)]

@@ -268,7 +268,7 @@ pub(crate) fn wait(
 
 #[cfg(test)]
 mod tests {
-    use clawfleet_api::types::{WorkAttempt, WorkKind};
+    use clawfleet_api::types::{LastAttempt, WorkKind};
 
     use super::*;
 
@@ -279,10 +279,11 @@ mod tests {
             revision_id: Some(revision.to_owned()),
             state,
             attempts: 1,
-            last_attempt: (!code.is_empty()).then(|| WorkAttempt {
+            last_attempt: (!code.is_empty()).then(|| LastAttempt {
                 code: code.to_owned(),
                 message: "m".to_owned(),
                 at: 0,
+                attempts: 1,
             }),
             created_at: 0,
         }

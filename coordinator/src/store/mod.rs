@@ -38,8 +38,8 @@ pub mod sqlite;
 pub use crate::model::{DriftReason, DriftState};
 pub use database::Database;
 pub use rows::{
-    Claim, Enqueue, LeaseHeld, NamespaceInsert, NewTokenRow, Pruned, RevisionInsert, RolloutInsert,
-    RolloutRow, TokenRow, Work, WorkAttempt, WorkEnd, WorkKind, WorkRecord, WorkState,
+    Claim, Enqueue, LastAttempt, LeaseHeld, NamespaceInsert, NewTokenRow, Pruned, RevisionInsert,
+    RolloutInsert, RolloutRow, TokenRow, Work, WorkEnd, WorkKind, WorkRecord, WorkState,
 };
 
 /// A store failure.
