@@ -162,7 +162,7 @@ impl Client {
         if (200..300).contains(&status) {
             return Ok((
                 body_text,
-                header(head, crate::service::page::NEXT_CURSOR_HEADER),
+                header(head, clawfleet_api::routes::NEXT_CURSOR_HEADER),
             ));
         }
         let value: Value = serde_json::from_str(&body_text).unwrap_or(Value::Null);
