@@ -5,9 +5,9 @@
 use clawfleet_protocol::FailureCode;
 use clawfleet_protocol::redact::Redactor;
 use clawfleet_protocol::runtime::RuntimeReport;
-use serde_json::{Value, json};
 
 use crate::codes::AnyCode;
+use crate::model::{EvidenceLine, RuntimeFailure};
 
 /// Lines of evidence kept with a failed activation.
 pub const EVIDENCE_LINES: u32 = 20;
@@ -37,7 +37,7 @@ pub fn runtime_failure(
     message: &str,
     report: Option<&RuntimeReport>,
     secrets: Vec<String>,
-) -> Value {
+) -> RuntimeFailure {
     let check = if code == FailureCode::UnitFailed {
         "unit"
     } else if code == FailureCode::ListenerNotOwned {
@@ -49,35 +49,38 @@ pub fn runtime_failure(
         "readiness"
     };
     let mut redactor = Redactor::new(secrets);
-    let lines: Vec<Value> = report
+    let last_lines: Vec<EvidenceLine> = report
         .map(|r| r.recent_lines.as_slice())
         .unwrap_or_default()
         .iter()
         .rev()
         .take(EVIDENCE_LINES as usize)
         .rev()
-        .map(|e| {
-            json!({
-                "at": e.at,
-                "source": e.source,
-                "message": clawfleet_protocol::text::clean(&redactor.line(&e.message).text, EVIDENCE_LINE_MAX),
-            })
+        .map(|e| EvidenceLine {
+            at: e.at.clone(),
+            source: e.source,
+            message: clawfleet_protocol::text::clean(
+                &redactor.line(&e.message).text,
+                EVIDENCE_LINE_MAX,
+            ),
         })
         .collect();
     let workload = report.and_then(|r| r.workload.as_ref());
-    json!({
-        "component": "gateway",
-        "check": check,
-        "checkedAt": crate::clock::now_seconds(),
-        "code": code,
-        "message": clawfleet_protocol::text::clean(&redactor.line(message).text, EVIDENCE_LINE_MAX),
-        "activeState": workload.map(|w| w.active_state.clone()),
-        "subState": workload.map(|w| w.sub_state.clone()),
-        "restarts": workload.map(|w| w.restarts),
-        "lastExit": workload.and_then(|w| w.last_exit.clone()),
-        "events": report.map(|r| r.events.iter().take(5).cloned().collect::<Vec<_>>()).unwrap_or_default(),
-        "lastLines": lines,
-    })
+    RuntimeFailure {
+        component: "gateway".to_owned(),
+        check: check.to_owned(),
+        checked_at: crate::clock::now_seconds(),
+        code: code.as_str().to_owned(),
+        message: clawfleet_protocol::text::clean(&redactor.line(message).text, EVIDENCE_LINE_MAX),
+        active_state: workload.map(|w| w.active_state.clone()),
+        sub_state: workload.map(|w| w.sub_state.clone()),
+        restarts: workload.map(|w| w.restarts),
+        last_exit: workload.and_then(|w| w.last_exit.clone()),
+        events: report
+            .map(|r| r.events.iter().take(5).cloned().collect())
+            .unwrap_or_default(),
+        last_lines,
+    }
 }
 
 /// The values of every secret version that any revision of the Agent binds (old versions
@@ -105,4 +108,52 @@ pub async fn secret_redaction_terms(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The evidence keeps the shape the API has always shown (scripts and the end-to-end
+    /// tests read these fields by name), and evidence stored with fewer fields still reads.
+    #[test]
+    fn the_evidence_has_every_field_and_older_evidence_still_reads() {
+        let e = runtime_failure(
+            FailureCode::UnitFailed.into(),
+            "the unit failed",
+            None,
+            Vec::new(),
+        );
+        assert_eq!(
+            (e.check.as_str(), e.code.as_str()),
+            ("unit", FailureCode::UnitFailed.as_str())
+        );
+        let v = serde_json::to_value(&e).unwrap_or_default();
+        let keys: Vec<&str> = v
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            keys,
+            [
+                "activeState",
+                "check",
+                "checkedAt",
+                "code",
+                "component",
+                "events",
+                "lastExit",
+                "lastLines",
+                "message",
+                "restarts",
+                "subState"
+            ]
+        );
+        let older: RuntimeFailure = serde_json::from_value(
+            serde_json::json!({"code": FailureCode::ReadinessTimeout.as_str(), "message": "m"}),
+        )
+        .unwrap_or_default();
+        assert_eq!(older.code, FailureCode::ReadinessTimeout.as_str());
+        assert!(older.last_lines.is_empty());
+    }
 }

@@ -505,7 +505,7 @@ async fn secrets_are_write_only_bound_by_name_and_leak_nowhere() {
         None,
         terms,
     );
-    let text = evidence.to_string();
+    let text = serde_json::to_string(&evidence).unwrap();
     assert!(!text.contains(&v1) && !text.contains(&v2), "{text}");
 
     // The leak check, before and after a delete.

@@ -9,7 +9,6 @@ use clap::Args;
 use clawfleet_api::types::{AgentLogPage, DeploymentStatus, LogsQuery};
 use clawfleet_protocol::runtime::LogSource;
 use coordinator::client::{Api, Client, ClientError};
-use serde_json::Value;
 
 use super::out::say;
 use super::table::print_fields;
@@ -145,53 +144,42 @@ pub(crate) fn logs(cli: &Cli, c: &Client, ns: &str, id: &str, args: &LogsArgs) -
 }
 
 /// After `occ agent status`'s table: why the newest failed activation failed.
-///
-/// The evidence (`runtimeFailure` of a revision) is free-form JSON in the API's model (the
-/// target's words, bounded and redacted), so its fields are read by name here.
 pub(crate) fn print_failure(cli: &Cli, status: &DeploymentStatus) {
     if cli.output == Output::Json {
         return;
     }
-    let Some((rev, f)) = status.revisions.iter().rev().find_map(|r| {
-        r.runtime_failure
-            .as_ref()
-            .filter(|f| f.is_object())
-            .map(|f| (r, f))
-    }) else {
+    let Some((rev, f)) = status
+        .revisions
+        .iter()
+        .rev()
+        .find_map(|r| r.runtime_failure.as_ref().map(|f| (r, f)))
+    else {
         return;
     };
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     say("");
     say(&format!(
         "runtime failure of {} ({}, check {}): {}",
-        rev.id,
-        text(&f["code"]),
-        text(&f["check"]),
-        text(&f["message"])
+        rev.id, f.code, f.check, f.message
     ));
-    if let Some(exit) = f["lastExit"].as_object() {
+    if let Some(exit) = &f.last_exit {
         say(&format!(
             "  last exit: {} status {}{}",
-            exit.get("kind").and_then(Value::as_str).unwrap_or("?"),
-            exit.get("status").map(Value::to_string).unwrap_or_default(),
-            exit.get("reason")
-                .and_then(Value::as_str)
+            super::table::text(&exit.kind),
+            exit.status,
+            exit.reason
+                .as_ref()
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         ));
     }
-    if let (Some(state), Some(restarts)) = (f["activeState"].as_str(), f["restarts"].as_u64()) {
+    if let (Some(state), Some(restarts)) = (&f.active_state, f.restarts) {
         say(&format!(
             "  state: {state}/{} after {restarts} restarts",
-            text(&f["subState"])
+            f.sub_state.as_deref().unwrap_or_default()
         ));
     }
-    for line in f["lastLines"].as_array().into_iter().flatten() {
-        say(&format!(
-            "  {} {}",
-            text(&line["at"]),
-            text(&line["message"])
-        ));
+    for line in &f.last_lines {
+        say(&format!("  {} {}", line.at, line.message));
     }
 }
 

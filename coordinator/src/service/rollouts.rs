@@ -700,13 +700,9 @@ impl Service {
                             .and_then(|rev| rev.runtime_failure),
                         None => None,
                     };
-                    let code = evidence
-                        .as_ref()
-                        .and_then(|e| e["code"].as_str())
-                        .filter(|c| {
-                            AnyCode::parse(c)
-                                .is_some_and(|c| ACTIVATION_FAILED.iter().any(|f| c == *f))
-                        });
+                    let code = evidence.as_ref().map(|e| e.code.as_str()).filter(|c| {
+                        AnyCode::parse(c).is_some_and(|c| ACTIVATION_FAILED.iter().any(|f| c == *f))
+                    });
                     match code {
                         Some(code) => (
                             RolloutAgentState::Failed,
@@ -716,7 +712,8 @@ impl Service {
                                  retrying it (restore: none)",
                                 evidence
                                     .as_ref()
-                                    .and_then(|e| e["message"].as_str())
+                                    .map(|e| e.message.as_str())
+                                    .filter(|m| !m.is_empty())
                                     .unwrap_or(code)
                             ),
                         ),

@@ -370,7 +370,7 @@ pub trait RevisionStore: Send + Sync {
         ns: &str,
         agent: &str,
         id: &str,
-        evidence: Option<&Value>,
+        evidence: Option<&crate::model::RuntimeFailure>,
     ) -> Result<()>;
     async fn set_revision_status(
         &self,
