@@ -280,13 +280,17 @@ impl Agent {
     }
 }
 
-/// The last attempt at a revision's work.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+/// The last attempt at a work item, or at a revision's work (the `lastAttempt` of a work
+/// record and of a revision): how it ended, when, and how many attempts counted against the
+/// budget by then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LastAttempt {
     pub code: String,
     pub message: String,
+    /// Seconds since the epoch.
     pub at: i64,
+    /// Attempts that counted against the budget.
     pub attempts: u32,
 }
 
@@ -370,7 +374,7 @@ pub struct Revision {
     /// Why the revision's activation failed, as the target showed it (bounded, redacted):
     /// component, check, checkedAt, code, message, the last exit and the newest log lines.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub runtime_failure: Option<Value>,
+    pub runtime_failure: Option<RuntimeFailure>,
     #[serde(skip)]
     pub rendered: Value,
     /// The secret versions the revision was deployed with, by name (never a value).
@@ -380,6 +384,44 @@ pub struct Revision {
     /// a target has nothing there to retire.
     #[serde(skip)]
     pub staged: bool,
+}
+
+/// Why a revision's activation failed, as the target showed it right after (bounded,
+/// redacted): which check failed, the failure's code and message, the unit's or Pod's state,
+/// its last exit, events and newest log lines. Every field has a default, so evidence
+/// recorded by an older coordinator still reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RuntimeFailure {
+    /// `gateway`.
+    pub component: String,
+    /// `readiness`, `unit`, `listener` or `rollout`.
+    pub check: String,
+    /// Seconds since the epoch.
+    pub checked_at: i64,
+    pub code: String,
+    pub message: String,
+    pub active_state: Option<String>,
+    pub sub_state: Option<String>,
+    pub restarts: Option<u32>,
+    /// How the gateway's process last ended (`clawfleet_protocol::runtime::LastExit`).
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    pub last_exit: Option<clawfleet_protocol::runtime::LastExit>,
+    /// Events about the workload (`clawfleet_protocol::runtime::RuntimeEvent`).
+    #[schemars(with = "Vec<serde_json::Map<String, Value>>")]
+    pub events: Vec<clawfleet_protocol::runtime::RuntimeEvent>,
+    pub last_lines: Vec<EvidenceLine>,
+}
+
+/// One log line kept as evidence of a failed activation (redacted, bounded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EvidenceLine {
+    pub at: String,
+    /// `gateway` or `supervisor`.
+    #[schemars(with = "String")]
+    pub source: clawfleet_protocol::runtime::LogSource,
+    pub message: String,
 }
 
 /// An audit event.
@@ -799,19 +841,9 @@ pub struct WorkRecord {
     pub state: WorkState,
     /// Attempts that counted against the budget.
     pub attempts: u32,
-    pub last_attempt: Option<WorkAttempt>,
+    pub last_attempt: Option<LastAttempt>,
     /// Seconds since the epoch.
     pub created_at: i64,
-}
-
-/// The last attempt at a work item.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkAttempt {
-    pub code: String,
-    pub message: String,
-    /// Seconds since the epoch.
-    pub at: i64,
 }
 
 #[cfg(test)]

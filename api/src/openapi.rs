@@ -83,32 +83,28 @@ fn error_response(description: &str) -> Value {
     })
 }
 
-/// Every code an error answer may carry: the coordinator's own (`coordinator`: code and
-/// meaning, in its table's order), then the protocol's that are not among them.
-pub fn codes(coordinator: &[(&str, &str)]) -> Vec<CodeDoc> {
-    let mut all: Vec<CodeDoc> = coordinator
-        .iter()
-        .map(|(code, meaning)| CodeDoc {
-            code: (*code).to_owned(),
-            from: "coordinator".to_owned(),
-            meaning: Some((*meaning).to_owned()),
-            retryable: None,
-        })
-        .collect();
-    for c in clawfleet_protocol::failure::FailureCode::ALL {
-        if all.iter().any(|d| d.code == c.as_str()) {
-            continue;
-        }
-        all.push(CodeDoc {
+/// Every code an error answer may carry ([`crate::codes::AnyCode`]): the coordinator's own
+/// (`coordinator`), in its table's order, then the protocol's that are not among them
+/// (`target`, with whether a retry may succeed), each with its meaning.
+pub fn codes() -> Vec<CodeDoc> {
+    use crate::codes::AnyCode;
+    AnyCode::all()
+        .map(|c| CodeDoc {
             code: c.as_str().to_owned(),
-            from: "target".to_owned(),
-            meaning: None,
-            retryable: Some(
-                c.default_class() == clawfleet_protocol::failure::FailureClass::Retryable,
-            ),
-        });
-    }
-    all
+            from: match c {
+                AnyCode::Coordinator(_) => "coordinator",
+                AnyCode::Target(_) => "target",
+            }
+            .to_owned(),
+            meaning: Some(c.describe().to_owned()),
+            retryable: match c {
+                AnyCode::Coordinator(_) => None,
+                AnyCode::Target(f) => {
+                    Some(f.default_class() == clawfleet_protocol::failure::FailureClass::Retryable)
+                }
+            },
+        })
+        .collect()
 }
 
 /// The query parameters of a query type's schema: one optional parameter per property.
@@ -172,10 +168,9 @@ fn success_response(answer: Answer) -> Value {
     }
 }
 
-/// The whole document; `coordinator_codes` are the coordinator's own codes with their
-/// meanings (see [`codes`]).
-pub fn document(coordinator_codes: &[(&str, &str)]) -> OpenApiDocument {
-    let codes = codes(coordinator_codes);
+/// The whole document, with every code (see [`codes`]).
+pub fn document() -> OpenApiDocument {
+    let codes = codes();
     let code_names: Vec<&str> = codes.iter().map(|c| c.code.as_str()).collect();
     let mut paths = Map::new();
     for r in ROUTES {
@@ -262,7 +257,7 @@ mod tests {
 
     #[test]
     fn every_route_and_path_parameter_is_documented() {
-        let doc = serde_json::to_value(document(&[])).unwrap_or_default();
+        let doc = serde_json::to_value(document()).unwrap_or_default();
         for r in ROUTES {
             let op = &doc["paths"][r.path][r.method.as_str()];
             assert!(op.is_object(), "{} {} missing", r.method.as_str(), r.path);
@@ -301,7 +296,7 @@ mod tests {
     /// would let any answer pass schemathesis' response checks); only 204 has none.
     #[test]
     fn every_success_response_has_a_non_empty_schema() {
-        let doc = serde_json::to_value(document(&[])).unwrap_or_default();
+        let doc = serde_json::to_value(document()).unwrap_or_default();
         for r in ROUTES {
             let route = format!("{} {}", r.method.as_str(), r.path);
             let ok = &doc["paths"][r.path][r.method.as_str()]["responses"][r.success.to_string()];
@@ -328,9 +323,9 @@ mod tests {
 
     #[test]
     fn codes_list_the_coordinators_then_the_protocols_once() {
-        let all = codes(&[("NAMESPACE_NOT_EMPTY", "x"), ("MY_CODE", "y")]);
-        assert_eq!(all[0].code, "NAMESPACE_NOT_EMPTY");
-        assert_eq!(all[1].meaning.as_deref(), Some("y"));
+        let all = codes();
+        assert_eq!(all[0].code, crate::codes::Code::ALL[0].as_str());
+        assert!(all.iter().all(|c| c.meaning.is_some()));
         let shared = all
             .iter()
             .filter(|c| c.code == "NAMESPACE_NOT_EMPTY")

@@ -243,7 +243,7 @@ pub struct NewAgent {
 }
 
 /// `POST …/agents/{agent}/deploy`'s query.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeployQuery {
     /// The token of a plan of this deploy (`POST …/plan`): refused with PLAN_STALE unless the
@@ -311,7 +311,7 @@ impl std::fmt::Debug for NewSecret {
 }
 
 /// `GET /audit`'s query.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AuditQuery {
     /// Most events, newest first (1 to 1000, default 100).
@@ -323,7 +323,7 @@ pub struct AuditQuery {
 }
 
 /// `GET /drift`'s query.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DriftQuery {
     /// Only rows of this state: synced, drift, unreachable or converging.
@@ -332,7 +332,7 @@ pub struct DriftQuery {
 }
 
 /// A list route's query.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PageQuery {
     /// Continue after the page whose answer carried this cursor (its `X-Next-Cursor`
@@ -345,7 +345,7 @@ pub struct PageQuery {
 }
 
 /// A log request, as the query string of `GET …/runtime/logs` carries it.
-#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LogsQuery {
     /// The newest N lines (1 to 1000). Without any of tailLines, sinceSeconds and cursor, the

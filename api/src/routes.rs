@@ -31,6 +31,17 @@ impl Method {
             Method::Delete => "delete",
         }
     }
+
+    /// Upper case, as HTTP spells it.
+    pub fn as_http(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Patch => "PATCH",
+            Method::Delete => "DELETE",
+        }
+    }
 }
 
 /// What a route takes as its body.

@@ -8,7 +8,7 @@ use crate::model::Jump;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::codes::Code;
+use crate::codes::{AnyCode, Code};
 use clawfleet_protocol::result::{OperationResult, Progress};
 use clawfleet_protocol::{Failure, HostName, Operation};
 use thiserror::Error;
@@ -216,14 +216,14 @@ impl CallError {
         }
     }
 
-    /// A stable code for `lastAttempt.code`.
-    pub fn code(&self) -> &'static str {
+    /// The call's stable code (for `lastAttempt.code` and the API's answers).
+    pub fn code(&self) -> AnyCode {
         match self {
-            CallError::Failed(f) => f.code.as_str(),
-            CallError::Transport { .. } => Code::HostUnreachable.as_str(),
-            CallError::HostKeyMismatch { .. } => Code::HostKeyMismatch.as_str(),
-            CallError::AuthenticationRefused { .. } => Code::HostAuthRefused.as_str(),
-            CallError::Unsupported { .. } => Code::BackendUnsupported.as_str(),
+            CallError::Failed(f) => AnyCode::Target(f.code),
+            CallError::Transport { .. } => Code::HostUnreachable.into(),
+            CallError::HostKeyMismatch { .. } => Code::HostKeyMismatch.into(),
+            CallError::AuthenticationRefused { .. } => Code::HostAuthRefused.into(),
+            CallError::Unsupported { .. } => Code::BackendUnsupported.into(),
         }
     }
 }

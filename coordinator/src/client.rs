@@ -1,11 +1,16 @@
 //! A small blocking HTTP/1.1 client for the `occ` CLI (loopback or a trusted network): one
-//! request per connection, JSON in and out, bounded response size.
+//! request per connection, JSON in and out, bounded response size. It is the [`Transport`] of
+//! `clawfleet-api`'s typed client, so `occ` calls [`Api`]'s methods (one per route, built
+//! from the route table) and reads their typed answers; [`Client::request`] is left for tests
+//! that send what the typed client cannot.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::codes::Code;
+pub use clawfleet_api::client::{Api, Page, all_pages, percent_encode};
+use clawfleet_api::client::{Call, CallError, Reply, Transport};
 use serde_json::Value;
 use thiserror::Error;
 
@@ -30,6 +35,19 @@ pub enum ClientError {
     RateLimited { retry_after: u64, message: String },
     #[error("--server {0:?} must look like http://HOST:PORT")]
     BadServer(String),
+    /// The request could not be encoded, or the answer is not the route's response type.
+    #[error(transparent)]
+    Call(#[from] CallError),
+}
+
+impl Transport for Client {
+    type Error = ClientError;
+
+    fn call(&self, call: Call) -> Result<Reply, ClientError> {
+        let (body, next_cursor) =
+            self.exchange(call.method.as_http(), &call.path, call.body.as_ref())?;
+        Ok(Reply { body, next_cursor })
+    }
 }
 
 /// A client for one coordinator.
@@ -55,86 +73,46 @@ impl Client {
         })
     }
 
-    /// Sends a typed request body (one of the API's request types); returns the JSON body of
-    /// a 2xx answer.
-    pub fn send<T: serde::Serialize>(
-        &self,
-        method: &str,
-        path: &str,
-        body: &T,
-    ) -> Result<Value, ClientError> {
-        let value = serde_json::to_value(body)
-            .map_err(|e| ClientError::Malformed(format!("cannot encode the request: {e}")))?;
-        self.request(method, path, Some(&value))
-    }
-
-    /// Sends a request; returns the JSON body of a 2xx answer (Null for 204).
+    /// A raw request, for tests that send what the typed client ([`Api`]) cannot (a
+    /// malformed body, an unknown route); returns the JSON body of a 2xx answer (Null for
+    /// 204).
     pub fn request(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ClientError> {
-        self.exchange(method, path, body).map(|(value, _)| value)
+        self.get_page_of(method, path, body).map(|(value, _)| value)
     }
 
-    /// Every item of a list route, page after page (each page `page_size` items, the API's
-    /// default when `None`), as one JSON array.
-    pub fn list_all(&self, path: &str, page_size: Option<u32>) -> Result<Value, ClientError> {
-        let mut items = Vec::new();
-        let mut cursor: Option<String> = None;
-        loop {
-            let mut query = Vec::new();
-            if let Some(n) = page_size {
-                query.push(format!("limit={n}"));
-            }
-            if let Some(c) = &cursor {
-                query.push(format!("cursor={}", percent_encode(c)));
-            }
-            let sep = if path.contains('?') { '&' } else { '?' };
-            let url = if query.is_empty() {
-                path.to_owned()
-            } else {
-                format!("{path}{sep}{}", query.join("&"))
-            };
-            let (page, next) = self.exchange("GET", &url, None)?;
-            match page {
-                Value::Array(mut page) => items.append(&mut page),
-                other => {
-                    return Err(ClientError::Malformed(format!(
-                        "{path} answered {} instead of a list",
-                        match other {
-                            Value::Object(_) => "an object",
-                            _ => "something else",
-                        }
-                    )));
-                }
-            }
-            match next {
-                // A cursor that does not move on would loop forever.
-                Some(n) if cursor.as_deref() != Some(n.as_str()) => cursor = Some(n),
-                Some(_) => {
-                    return Err(ClientError::Malformed(format!(
-                        "{path} answered the same next cursor twice"
-                    )));
-                }
-                None => return Ok(Value::Array(items)),
-            }
-        }
-    }
-
-    /// One page of a list route: its items and the cursor of the next page, if more follow.
+    /// A raw GET of one page of a list route: its items and the next page's cursor, if more
+    /// follow (for tests of paging itself).
     pub fn get_page(&self, path: &str) -> Result<(Value, Option<String>), ClientError> {
-        self.exchange("GET", path, None)
+        self.get_page_of("GET", path, None)
     }
 
-    /// One request: the JSON body of a 2xx answer and its next-page cursor, if any.
-    fn exchange(
+    fn get_page_of(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
     ) -> Result<(Value, Option<String>), ClientError> {
+        let (text, next) = self.exchange(method, path, body)?;
+        let value = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        Ok((value, next))
+    }
+
+    /// One request: the body of a 2xx answer and its next-page cursor, if any.
+    fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(String, Option<String>), ClientError> {
         let connect = |source| ClientError::Connect {
             addr: self.addr.clone(),
             source,
@@ -181,17 +159,13 @@ impl Client {
         } else {
             rest.to_owned()
         };
-        let value: Value = if body_text.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&body_text).unwrap_or(Value::String(body_text.clone()))
-        };
         if (200..300).contains(&status) {
             return Ok((
-                value,
-                header(head, crate::service::page::NEXT_CURSOR_HEADER),
+                body_text,
+                header(head, clawfleet_api::routes::NEXT_CURSOR_HEADER),
             ));
         }
+        let value: Value = serde_json::from_str(&body_text).unwrap_or(Value::Null);
         let code = value["error"]["code"]
             .as_str()
             .unwrap_or(Code::HttpError.as_str())
@@ -225,20 +199,6 @@ fn header(head: &str, name: &str) -> Option<String> {
             .eq_ignore_ascii_case(name)
             .then(|| value.trim().to_owned())
     })
-}
-
-/// Percent-encoding of a query value: everything but unreserved characters (log cursors hold
-/// `;` and `=`).
-pub fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 fn dechunk(mut rest: &str) -> Result<String, ClientError> {

@@ -68,7 +68,7 @@ pub struct LeaderSettings {
 impl Default for LeaderSettings {
     fn default() -> Self {
         Self {
-            lease: crate::leader::DEFAULT_LEASE,
+            lease: DEFAULT_LEASE,
         }
     }
 }
@@ -274,6 +274,9 @@ impl Default for WorkerSettings {
 
 /// SSH settings (`[ssh]`): the SSH backend's own settings, with its defaults.
 pub use crate::ssh::SshSettings;
+
+/// How long the leader lease lasts without renewal.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]

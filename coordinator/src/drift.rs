@@ -4,7 +4,7 @@
 //! work for it is open. The sweep never repairs anything; `occ agent reconcile` re-applies the
 //! active revision on request.
 //!
-//! Only the leader runs it (`leader.rs`): with SQLite there is only one coordinator; on
+//! Only the leader runs it (`control/mod.rs`, `control/leader.rs`): with SQLite there is only one coordinator; on
 //! PostgreSQL, the one holding the leader lease.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,10 +15,9 @@ use clawfleet_protocol::result::{AgentInventory, Inventory, OperationResult};
 use clawfleet_protocol::{Ident, Operation};
 
 use crate::backend::{Backend, CallOptions, Target};
-use crate::config::DriftSettings;
 use crate::model::{Agent, DesiredState, DriftReason, DriftRow, DriftState};
+use crate::store::StoreError;
 use crate::store::prelude::*;
-use crate::store::{SharedStore, StoreError};
 
 /// How long one target may take to answer `status`.
 const STATUS_DEADLINE: Duration = Duration::from_secs(60);
@@ -37,38 +36,6 @@ struct Expected {
     open_work: bool,
     /// The secret versions the active revision binds (`None` without an active revision).
     secrets: Option<Vec<crate::model::SecretBinding>>,
-}
-
-/// Runs sweeps until `stop` turns true.
-pub async fn run<B: Backend>(
-    store: SharedStore,
-    backend: std::sync::Arc<B>,
-    settings: DriftSettings,
-    leader: crate::leader::Leadership,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        let wait = crate::backoff::jittered(settings.interval);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.changed() => return,
-        }
-        if *stop.borrow() {
-            return;
-        }
-        if !leader.is_leader() {
-            continue;
-        }
-        match sweep(&*store, &*backend).await {
-            Ok(s) => tracing::info!(
-                targets = s.targets,
-                unreachable = s.unreachable_targets,
-                states = ?s.by_state,
-                "drift sweep done"
-            ),
-            Err(e) => tracing::warn!("drift sweep failed: {e}"),
-        }
-    }
 }
 
 /// One sweep over every host and cluster.

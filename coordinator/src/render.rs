@@ -26,6 +26,7 @@
 //! `secrets.providers` the operator writes is refused.
 
 use clawfleet_protocol::SecretName;
+use clawfleet_protocol::operation::{RevisionNumber, RevisionRef};
 use clawfleet_protocol::secret;
 use serde_json::{Map, Value, json};
 use thiserror::Error;
@@ -879,6 +880,42 @@ fn render_gateway(root: &mut Map<String, Value>) -> Result<(), Refusal> {
         }
     }
     Ok(())
+}
+
+/// The harness version revisions are deployed with.
+pub const HARNESS_VERSION: &str = "2026.9.6";
+
+/// A stored revision as operations name it; the error says which stored field is not valid
+/// (`INVALID_STORED_ID`).
+pub fn revision_ref(rev: &crate::model::Revision) -> Result<RevisionRef, String> {
+    Ok(RevisionRef {
+        id: rev.id.clone(),
+        number: RevisionNumber::new(rev.number)?,
+        configuration_hash: rev.configuration_hash.clone(),
+    })
+}
+
+/// The revision as prepare (and plan) send it: its rendered document and the embedded
+/// harness. The error is the code and message of a document or harness that cannot be sent.
+pub fn revision_spec(
+    reference: &RevisionRef,
+    rendered: &Value,
+) -> Result<clawfleet_protocol::operation::RevisionSpec, (Code, String)> {
+    use clawfleet_protocol::operation::{Harness, HarnessId, HarnessMode, HarnessVersion};
+    let configuration = clawfleet_protocol::Configuration::new(rendered.clone())
+        .map_err(|e| (Code::ConfigurationRefused, e.to_string()))?;
+    Ok(clawfleet_protocol::operation::RevisionSpec {
+        id: reference.id.clone(),
+        number: reference.number,
+        harness: Harness {
+            id: HarnessId::Openclaw,
+            version: HarnessVersion::new(HARNESS_VERSION)
+                .map_err(|e| (Code::InvalidHarness, e.to_string()))?,
+            mode: HarnessMode::Embedded,
+        },
+        configuration_hash: configuration.hash(),
+        configuration,
+    })
 }
 
 #[cfg(test)]

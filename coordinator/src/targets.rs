@@ -75,14 +75,5 @@ pub async fn least_loaded(store: &dyn Store, ns: &Namespace) -> Result<Option<Ho
     Ok(least_loaded_of(store.host_loads(&ns.ready_hosts).await?))
 }
 
-/// The placement rule over (host, Agents on it) in the Namespace's order: the first with the
-/// fewest Agents among those with room.
-pub fn least_loaded_of(loads: impl IntoIterator<Item = (Host, u32)>) -> Option<Host> {
-    let mut best: Option<(u32, Host)> = None;
-    for (host, load) in loads {
-        if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
-            best = Some((load, host));
-        }
-    }
-    best.map(|(_, host)| host)
-}
+/// The placement rule (the store's, which places inside its transaction).
+pub use crate::store::least_loaded_of;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clawfleet_protocol::failure::FailureCode;
 use coordinator::api::{Access, AppState, ROUTES, router};
-use coordinator::client::{Client, ClientError};
+use coordinator::client::{Api as _, Client, ClientError, all_pages};
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Grant, Role};
 use coordinator::service::Service;
@@ -1438,16 +1438,12 @@ async fn lists_come_in_bounded_pages_continued_by_a_cursor() {
     );
     // occ's client reads every page.
     let c = api.client(Some(&api.admin));
-    let all = tokio::task::spawn_blocking(move || c.list_all("/namespaces/ns1/agents", Some(300)))
-        .await
-        .unwrap()
-        .unwrap();
-    let ids: Vec<String> = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["id"].as_str().unwrap().to_owned())
-        .collect();
+    let all =
+        tokio::task::spawn_blocking(move || all_pages(Some(300), |q| c.list_agents(["ns1"], q)))
+            .await
+            .unwrap()
+            .unwrap();
+    let ids: Vec<String> = all.iter().map(|a| a.id.to_string()).collect();
     assert_eq!(ids, expected);
     // Revisions page by number, namespaces by id.
     for _ in 0..3 {
@@ -1455,16 +1451,11 @@ async fn lists_come_in_bounded_pages_continued_by_a_cursor() {
     }
     let c = api.client(Some(&api.admin));
     let revs = tokio::task::spawn_blocking(move || {
-        c.list_all("/namespaces/ns1/agents/a00000/revisions", Some(2))
+        all_pages(Some(2), |q| c.list_revisions(["ns1", "a00000"], q))
     })
     .await
     .unwrap()
     .unwrap();
-    let numbers: Vec<u64> = revs
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["number"].as_u64().unwrap())
-        .collect();
+    let numbers: Vec<u64> = revs.iter().map(|r| r.number).collect();
     assert_eq!(numbers, vec![1, 2, 3]);
 }

@@ -500,12 +500,12 @@ async fn secrets_are_write_only_bound_by_name_and_leak_nowhere() {
         .unwrap();
     assert_eq!(terms, vec![v1.clone(), v2.clone()]);
     let evidence = coordinator::service::runtime_failure(
-        "READINESS_TIMEOUT",
+        clawfleet_protocol::FailureCode::ReadinessTimeout.into(),
         &format!("gateway said: token {v2} rejected (old {v1})"),
         None,
         terms,
     );
-    let text = evidence.to_string();
+    let text = serde_json::to_string(&evidence).unwrap();
     assert!(!text.contains(&v1) && !text.contains(&v2), "{text}");
 
     // The leak check, before and after a delete.

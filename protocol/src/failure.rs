@@ -16,11 +16,11 @@ pub enum FailureClass {
 }
 
 macro_rules! failure_codes {
-    ($( $(#[$meta:meta])* $variant:ident = $text:literal => $class:ident ),+ $(,)?) => {
+    ($( $(#[doc = $doc:literal])* $variant:ident = $text:literal => $class:ident ),+ $(,)?) => {
         /// Stable failure codes. The text form never changes once released.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
         pub enum FailureCode {
-            $( $(#[$meta])* #[serde(rename = $text)] $variant, )+
+            $( $(#[doc = $doc])* #[serde(rename = $text)] $variant, )+
         }
 
         impl FailureCode {
@@ -30,6 +30,11 @@ macro_rules! failure_codes {
             /// The stable text form, e.g. `LOCK_TIMEOUT`.
             pub fn as_str(self) -> &'static str {
                 match self { $(FailureCode::$variant => $text,)+ }
+            }
+
+            /// What the code means: its documentation above, one line.
+            pub fn describe(self) -> &'static str {
+                match self { $(FailureCode::$variant => concat!($($doc),*).trim_ascii(),)+ }
             }
 
             /// The class this code has unless a caller has a reason to say otherwise.
@@ -179,6 +184,9 @@ failure_codes! {
     KubernetesOwnershipConflict = "KUBERNETES_OWNERSHIP_CONFLICT" => Permanent,
     /// The cluster's credentials or settings, or the revision, cannot be deployed as configured.
     KubernetesConfigurationInvalid = "KUBERNETES_CONFIGURATION_INVALID" => Permanent,
+    /// A warning of a cluster's probe, not a refusal: the API server runs a Kubernetes older
+    /// than the oldest clawfleet is tested on.
+    KubernetesVersionBelowMinimum = "KUBERNETES_VERSION_BELOW_MINIMUM" => Permanent,
 }
 
 impl fmt::Display for FailureCode {

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, RawPathParams, Request, State};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -65,7 +65,6 @@ impl Caller {
             format!("Namespace {namespace}")
         };
         Err(ApiError::new(
-            StatusCode::FORBIDDEN,
             Code::Forbidden,
             format!("this token lacks the {} role for {scope}", role.as_str()),
         ))
@@ -79,7 +78,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
             // A handler asked for the caller on a route the table marks Public.
             ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
                 Code::InternalError,
                 "this route has no caller; see the coordinator log",
             )
@@ -98,8 +96,7 @@ pub(super) async fn authenticate<B: Backend>(
     headers: &HeaderMap,
     now: i64,
 ) -> Result<Caller, ApiError> {
-    let unauthorized =
-        |m: String| ApiError::new(StatusCode::UNAUTHORIZED, Code::Unauthenticated, m);
+    let unauthorized = |m: String| ApiError::new(Code::Unauthenticated, m);
     let value = headers
         .get("authorization")
         .ok_or_else(|| unauthorized("an Authorization: Bearer <token> header is required".into()))?

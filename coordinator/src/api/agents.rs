@@ -1,7 +1,6 @@
 //! Agents, their revisions, deploy and stop, deployment status and work items.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use clawfleet_api::model::{Agent, Revision, WorkRecord, WorkspaceSetupInfo};
 use clawfleet_api::responses::{AgentDeleting, Deployment, DeploymentStatus, Stopping};
 
@@ -113,7 +112,6 @@ pub(super) async fn get_work<B: Backend>(
 ) -> ApiResult<Reply<WorkRecord>> {
     let id: i64 = id.parse().map_err(|_| {
         ApiError::new(
-            StatusCode::BAD_REQUEST,
             Code::InvalidIdentifier,
             format!("work id {id:?} must be a whole number"),
         )

@@ -32,7 +32,7 @@ async fn probe_and_check<B: Backend>(
             } else {
                 StatusCode::BAD_REQUEST
             },
-            e.code(),
+            e.code().as_str(),
             format!("the cluster's {what} failed, nothing was stored: {e}"),
         )
     };
@@ -53,7 +53,6 @@ async fn probe_and_check<B: Backend>(
         .map_err(|e| failed(&e, "access check"))?;
     if !missing.is_empty() {
         return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
             Code::ClusterAccessInsufficient,
             format!(
                 "the kubeconfig's identity lacks permissions clawfleet needs, nothing was \

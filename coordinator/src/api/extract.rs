@@ -20,7 +20,6 @@ async fn bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiErro
             Ok(r) => r,
             Err(_) => {
                 return Err(ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
                     Code::RequestTimeout,
                     format!(
                         "the request body did not arrive within {} s (api.body_timeout_seconds)",
@@ -34,13 +33,11 @@ async fn bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiErro
     read.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
                 Code::BodyTooLarge,
                 format!("request bodies are limited to {} KiB", MAX_BODY / 1024),
             )
         } else {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
                 Code::InvalidBody,
                 format!("the request body could not be read: {e}"),
             )
@@ -59,7 +56,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for StrictJson<T> {
         let b = bytes(req, state).await?;
         clawfleet_protocol::envelope::decode_json("request body", &b)
             .map(StrictJson)
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, Code::InvalidBody, e.to_string()))
+            .map_err(|e| ApiError::new(Code::InvalidBody, e.to_string()))
     }
 }
 
@@ -74,7 +71,6 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
         let b = bytes(req, state).await?;
         if b.iter().any(|c| !c.is_ascii_whitespace()) {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
                 Code::UnexpectedBody,
                 "this route takes no body",
             ));
@@ -96,7 +92,6 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for StrictQuery<T>
             .map(StrictQuery)
             .map_err(|e| {
                 ApiError::new(
-                    StatusCode::BAD_REQUEST,
                     Code::InvalidQuery,
                     format!("the query parameters are invalid: {e}"),
                 )

@@ -72,9 +72,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: Code, message: impl Into<String>) -> Self {
+    /// A refusal with one of the coordinator's codes, answered with the code's HTTP status
+    /// (`clawfleet_api::codes`).
+    pub(crate) fn new(code: Code, message: impl Into<String>) -> Self {
         Self {
-            status,
+            status: StatusCode::from_u16(code.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             code: code.as_str(),
             message: message.into(),
             retry_after: None,
@@ -96,7 +99,7 @@ impl ApiError {
             } else {
                 StatusCode::CONFLICT
             },
-            e.code(),
+            e.code().as_str(),
             e.to_string(),
         )
     }
@@ -131,19 +134,12 @@ impl IntoResponse for ApiError {
 impl From<ServiceError> for ApiError {
     fn from(e: ServiceError) -> Self {
         match &e {
-            ServiceError::Invalid { code, .. } => {
-                ApiError::new(StatusCode::BAD_REQUEST, *code, e.to_string())
-            }
-            ServiceError::NotFound { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, Code::NotFound, e.to_string())
-            }
-            ServiceError::Conflict { code, .. } => {
-                ApiError::new(StatusCode::CONFLICT, *code, e.to_string())
-            }
+            ServiceError::Invalid { code, .. } => ApiError::new(*code, e.to_string()),
+            ServiceError::NotFound { .. } => ApiError::new(Code::NotFound, e.to_string()),
+            ServiceError::Conflict { code, .. } => ApiError::new(*code, e.to_string()),
             ServiceError::Store(inner) if inner.is_transient() => {
                 tracing::warn!("database unavailable: {inner}");
                 ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
                     Code::DatabaseUnavailable,
                     "the database cannot be reached right now; nothing was stored; retry",
                 )
@@ -152,7 +148,6 @@ impl From<ServiceError> for ApiError {
             ServiceError::Store(inner) => {
                 tracing::error!("store failure: {inner}");
                 ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
                     Code::StoreFailure,
                     "the state store failed; see the coordinator log",
                 )
@@ -221,7 +216,6 @@ impl<T: serde::Serialize> IntoResponse for Paged<T> {
             Some(Ok(v)) => Some(v),
             Some(Err(e)) => {
                 return ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
                     Code::InternalError,
                     format!("the next cursor is not a header value: {e}"),
                 )
@@ -281,13 +275,7 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
     ));
     let admission = Arc::new(ratelimit::Admission::new(settings));
     let routes = routes::add_routes(Router::new(), &state)
-        .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                Code::NoSuchRoute,
-                "no such route; see /openapi.json",
-            )
-        })
+        .fallback(|| async { ApiError::new(Code::NoSuchRoute, "no such route; see /openapi.json") })
         .with_state(state.clone())
         .layer(axum::Extension(limiter));
     // Layers wrap from the inside out: the last one added runs first.
@@ -320,7 +308,6 @@ async fn catch_panics(request: Request, next: Next) -> Response {
         Err(_) => {
             tracing::error!("a request handler panicked; answered 500 INTERNAL_ERROR");
             ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
                 Code::InternalError,
                 "the coordinator failed while handling this request; its log says why",
             )
@@ -349,7 +336,6 @@ async fn admit<B: Backend>(
     use ratelimit::{Class, Refusal};
     let busy = || {
         ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
             Code::ServerBusy,
             "too many requests in progress; retry shortly",
         )
@@ -378,7 +364,6 @@ async fn admit<B: Backend>(
         Err(Refusal::ServerBusy) => return busy(),
         Err(Refusal::TokenBusy) => {
             return ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
                 Code::RateLimited,
                 "this token has too many requests in progress (api.token_concurrent_requests); \
                  retry when one has been answered",
@@ -389,7 +374,6 @@ async fn admit<B: Backend>(
         Err(Refusal::TokenRate(wait)) => {
             let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             return ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
                 Code::RateLimited,
                 format!(
                     "this token made too many requests (api.token_requests_per_minute); retry in \
@@ -509,7 +493,8 @@ async fn json_errors(response: Response) -> Response {
             ),
         ),
     };
-    ApiError::new(status, code, message).into_response()
+    // The framework chose the status already; the body names the nearest code.
+    ApiError::from_target(status, code.as_str(), message).into_response()
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! Rollouts: create, list, show, and the operator's pause, resume, promote and abort.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use clawfleet_api::model::Rollout;
 
 use super::access::Caller;
@@ -17,7 +16,6 @@ fn rollout_id(text: &str) -> Result<i64, ApiError> {
         .filter(|id| *id > 0)
         .ok_or_else(|| {
             ApiError::new(
-                StatusCode::BAD_REQUEST,
                 Code::InvalidIdentifier,
                 format!("rollout id {text:?} must be a whole number from 1"),
             )

@@ -24,7 +24,6 @@ pub(super) fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiErr
     limiter.take(&caller.token_id).map_err(|wait| {
         let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
             Code::RateLimited,
             format!(
                 "this token made too many reads of hosts and clusters (runtime, logs, plans; \
@@ -42,7 +41,6 @@ pub(super) fn call_error(e: RuntimeError) -> ApiError {
             if f.code == FailureCode::InvalidInput && f.message.contains("unknown operation") =>
         {
             ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
                 Code::BackendUnsupported,
                 format!(
                     "the target does not support this operation: a host's hostd predates it \

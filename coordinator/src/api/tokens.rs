@@ -3,7 +3,6 @@
 use std::collections::HashSet;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use clawfleet_api::responses::CreatedToken;
 
 use super::access::Caller;
@@ -16,7 +15,7 @@ use crate::service::TokenChangeError;
 pub use clawfleet_api::requests::NewToken;
 
 fn invalid(code: Code, message: String) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    ApiError::new(code, message)
 }
 
 /// Checks grants and expiry before anything is stored.
@@ -83,7 +82,6 @@ pub(super) async fn create_token<B: Backend>(
             TokenChangeError::Token(e) => {
                 tracing::error!("token creation failed: {e}");
                 ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
                     Code::TokenFailure,
                     "the token could not be created; see the coordinator log",
                 )

@@ -2,12 +2,15 @@
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use coordinator::client::Client;
-use coordinator::model::RestorePolicy;
-use coordinator::service::{AgentPatch, NewAgent, NewWorkspaceFile};
+use clawfleet_api::types::{
+    AgentPatch, DeployQuery, Deployment, DeploymentStatus, NewAgent, NewWorkspaceFile,
+    RestorePolicy, Revision,
+};
+use coordinator::client::{Api, Client, all_pages};
+use serde::Serialize;
 
 use super::out::say;
-use super::table::{AGENT_COLUMNS, print};
+use super::table::{AGENT_COLUMNS, Column, col, opt, print_fields, print_one, print_rows};
 use super::wait::{WaitArgs, Waited, wait};
 use super::{Cli, Output};
 
@@ -145,51 +148,59 @@ fn read_workspace_files(files: &[(String, std::path::PathBuf)]) -> Result<Vec<Ne
         .collect()
 }
 
-/// The `workId` of an answer that queued work (what `--wait` follows).
-fn work_id(answer: &serde_json::Value, what: &str) -> Result<i64> {
-    answer["workId"]
-        .as_i64()
-        .with_context(|| format!("the {what} answer has no workId"))
-}
-
 fn parse_restore(text: &str) -> std::result::Result<RestorePolicy, String> {
     RestorePolicy::parse(text)
         .ok_or_else(|| format!("{text:?} is not a restore policy; use none or last-served"))
 }
 
-const STATUS_COLUMNS: &[(&str, &str)] = &[
-    ("AGENT", "agentId"),
-    ("DESIRED", "desiredState"),
-    ("HOST", "host"),
-    ("PORT", "port"),
-    ("ACTIVE", "activeRevisionId"),
-    ("SERVED", "servedRevisionId"),
-    ("CONVERGED", "converged"),
-    ("LAST CODE", "lastCode"),
+const STATUS_COLUMNS: &[Column<DeploymentStatus>] = &[
+    col("AGENT", |s| s.agent_id.clone()),
+    col("DESIRED", |s| s.desired_state.as_str().to_owned()),
+    col("HOST", |s| opt(&s.host)),
+    col("PORT", |s| opt(&s.port)),
+    col("ACTIVE", |s| opt(&s.active_revision_id)),
+    col("SERVED", |s| opt(&s.served_revision_id)),
+    col("CONVERGED", |s| s.converged.to_string()),
+    col("LAST CODE", |s| opt(&s.last_code)),
 ];
 
-const REVISION_COLUMNS: &[(&str, &str)] = &[
-    ("REVISION", "id"),
-    ("NUMBER", "number"),
-    ("STATUS", "status"),
-    ("HASH", "configurationHash"),
+const DEPLOYMENT_COLUMNS: &[Column<Deployment>] = &[
+    col("REVISION", |d| d.revision.id.to_string()),
+    col("NUMBER", |d| d.revision.number.to_string()),
+    col("STATUS", |d| d.revision.status.as_str().to_owned()),
+    col("HASH", |d| d.revision.configuration_hash.to_string()),
+];
+
+const REVISION_COLUMNS: &[Column<Revision>] = &[
+    col("REVISION", |r| r.id.to_string()),
+    col("NUMBER", |r| r.number.to_string()),
+    col("STATUS", |r| r.status.as_str().to_owned()),
+    col("CONFIGURATION", |r| r.configuration_id.to_string()),
+    col("GEN", |r| r.configuration_generation.to_string()),
 ];
 
 /// The deployment status after `deploy --wait` converged.
-const WAITED_STATUS_COLUMNS: &[(&str, &str)] = &[
-    ("AGENT", "agentId"),
-    ("HOST", "host"),
-    ("PORT", "port"),
-    ("ACTIVE", "activeRevisionId"),
-    ("SERVED", "servedRevisionId"),
-    ("CONVERGED", "converged"),
+const WAITED_STATUS_COLUMNS: &[Column<DeploymentStatus>] = &[
+    col("AGENT", |s| s.agent_id.clone()),
+    col("HOST", |s| opt(&s.host)),
+    col("PORT", |s| opt(&s.port)),
+    col("ACTIVE", |s| opt(&s.active_revision_id)),
+    col("SERVED", |s| opt(&s.served_revision_id)),
+    col("CONVERGED", |s| s.converged.to_string()),
+];
+
+const WORKSPACE_FILE_COLUMNS: &[Column<clawfleet_api::types::WorkspaceFileInfo>] = &[
+    col("NAME", |f| f.name.to_string()),
+    col("SIZE", |f| f.size.to_string()),
+    col("SHA256", |f| f.sha256.to_string()),
+    col("HELD", |f| f.content_held.to_string()),
 ];
 
 /// The answer of a request that queued work: the API's answer with `--output json`, else
 /// one line for people.
-fn answer(cli: &Cli, v: &serde_json::Value, line: &str) {
+fn answer<T: Serialize>(cli: &Cli, v: &T, line: &str) {
     match cli.output {
-        Output::Json => super::out::json(v),
+        Output::Json => super::out::json(&super::table::to_json(v)),
         Output::Table => say(line),
     }
 }
@@ -205,9 +216,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             workspace_files,
         } => {
             let workspace_files = read_workspace_files(workspace_files)?;
-            let v = c.send(
-                "POST",
-                &format!("/namespaces/{namespace}/agents"),
+            let v = c.create_agent(
+                [namespace],
                 &NewAgent {
                     id: id.clone(),
                     configuration_id: configuration.clone(),
@@ -217,33 +227,30 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                     workspace_files,
                 },
             )?;
-            print(cli, &v, AGENT_COLUMNS);
+            print_one(cli, &v, AGENT_COLUMNS);
         }
-        AgentCmd::List { namespace } => print(
+        AgentCmd::List { namespace } => print_rows(
             cli,
-            &c.list_all(&format!("/namespaces/{namespace}/agents"), None)?,
+            &all_pages(None, |q| c.list_agents([namespace], q))?,
             AGENT_COLUMNS,
         ),
-        AgentCmd::Get { namespace, id } => print(
-            cli,
-            &c.request("GET", &format!("/namespaces/{namespace}/agents/{id}"), None)?,
-            AGENT_COLUMNS,
-        ),
+        AgentCmd::Get { namespace, id } => {
+            print_one(cli, &c.get_agent([namespace, id])?, AGENT_COLUMNS)
+        }
         AgentCmd::Set {
             namespace,
             id,
             configuration,
             restore,
         } => {
-            let v = c.send(
-                "PATCH",
-                &format!("/namespaces/{namespace}/agents/{id}"),
+            let v = c.patch_agent(
+                [namespace, id],
                 &AgentPatch {
                     configuration_id: configuration.clone(),
                     restore: *restore,
                 },
             )?;
-            print(cli, &v, AGENT_COLUMNS);
+            print_one(cli, &v, AGENT_COLUMNS);
         }
         AgentCmd::Deploy {
             namespace,
@@ -251,12 +258,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             plan: true,
             ..
         } => {
-            let plan = c.request(
-                "POST",
-                &format!("/namespaces/{namespace}/agents/{id}/plan"),
-                None,
-            )?;
-            super::rollout::print_plan(cli, &plan);
+            let plan = c.plan_deploy([namespace, id])?;
+            super::rollout::print_plan(cli, &plan, &plan.token, &plan.agents);
         }
         AgentCmd::Deploy {
             namespace,
@@ -265,25 +268,25 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             wait: w,
             ..
         } => {
-            let mut path = format!("/namespaces/{namespace}/agents/{id}/deploy");
-            if let Some(t) = apply_plan {
-                path.push_str(&format!(
-                    "?planToken={}",
-                    coordinator::client::percent_encode(t)
-                ));
-            }
-            let rev = c.request("POST", &path, None)?;
+            let rev = c.deploy(
+                [namespace, id],
+                &DeployQuery {
+                    plan_token: apply_plan.clone(),
+                },
+            )?;
             if w.wait {
                 // Table: the revision now, the status once it converged. JSON: one document,
                 // when the wait ends (see `WaitEnd`).
                 if cli.output == Output::Table {
-                    print(cli, &rev, REVISION_COLUMNS);
+                    print_one(cli, &rev, DEPLOYMENT_COLUMNS);
                 }
-                let work = work_id(&rev, "deploy")?;
-                wait(c, namespace, id, work, Waited::Deploy, w)?
-                    .finish(cli, |status| print(cli, status, WAITED_STATUS_COLUMNS))?;
+                wait(c, namespace, id, rev.work_id, Waited::Deploy, w)?.finish(cli, |status| {
+                    if let Some(status) = status {
+                        print_one(cli, status, WAITED_STATUS_COLUMNS);
+                    }
+                })?;
             } else {
-                print(cli, &rev, REVISION_COLUMNS);
+                print_one(cli, &rev, DEPLOYMENT_COLUMNS);
             }
         }
         AgentCmd::Stop {
@@ -291,14 +294,9 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             id,
             wait: w,
         } => {
-            let v = c.request(
-                "POST",
-                &format!("/namespaces/{namespace}/agents/{id}/stop"),
-                None,
-            )?;
+            let v = c.stop([namespace, id])?;
             if w.wait {
-                let work = work_id(&v, "stop")?;
-                wait(c, namespace, id, work, Waited::Stop, w)?
+                wait(c, namespace, id, v.work_id, Waited::Stop, w)?
                     .finish(cli, |_| say(&format!("{id}: stopped")))?;
             } else {
                 answer(cli, &v, &format!("{id}: stop requested"));
@@ -309,14 +307,9 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             id,
             wait: w,
         } => {
-            let v = c.request(
-                "DELETE",
-                &format!("/namespaces/{namespace}/agents/{id}"),
-                None,
-            )?;
+            let v = c.delete_agent([namespace, id])?;
             if w.wait {
-                let work = work_id(&v, "delete")?;
-                wait(c, namespace, id, work, Waited::Delete, w)?
+                wait(c, namespace, id, v.work_id, Waited::Delete, w)?
                     .finish(cli, |_| say(&format!("{id}: deleted")))?;
             } else {
                 answer(cli, &v, &format!("{id}: deletion requested"));
@@ -327,15 +320,10 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             id,
             wait: w,
         } => {
-            let v = c.request(
-                "POST",
-                &format!("/namespaces/{namespace}/agents/{id}/reconcile"),
-                None,
-            )?;
-            let rev = v["revisionId"].as_str().unwrap_or_default().to_owned();
+            let v = c.reconcile([namespace, id])?;
+            let rev = &v.revision_id;
             if w.wait {
-                let work = work_id(&v, "reconcile")?;
-                wait(c, namespace, id, work, Waited::Deploy, w)?
+                wait(c, namespace, id, v.work_id, Waited::Deploy, w)?
                     .finish(cli, |_| say(&format!("{id}: {rev} re-applied")))?;
             } else {
                 answer(cli, &v, &format!("{id}: re-applying {rev}"));
@@ -350,55 +338,29 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             super::runtime::logs(cli, c, namespace, id, args)?;
         }
         AgentCmd::Status { namespace, id } => {
-            let status = c.request(
-                "GET",
-                &format!("/namespaces/{namespace}/agents/{id}/deployment-status"),
-                None,
-            )?;
-            print(cli, &status, STATUS_COLUMNS);
+            let status = c.deployment_status([namespace, id])?;
+            print_one(cli, &status, STATUS_COLUMNS);
             super::runtime::print_failure(cli, &status);
         }
-        AgentCmd::Revisions { namespace, id } => print(
+        AgentCmd::Revisions { namespace, id } => print_rows(
             cli,
-            &c.list_all(
-                &format!("/namespaces/{namespace}/agents/{id}/revisions"),
-                None,
-            )?,
-            &[
-                ("REVISION", "id"),
-                ("NUMBER", "number"),
-                ("STATUS", "status"),
-                ("CONFIGURATION", "configurationId"),
-                ("GEN", "configurationGeneration"),
-            ],
+            &all_pages(None, |q| c.list_revisions([namespace, id], q))?,
+            REVISION_COLUMNS,
         ),
         AgentCmd::Workspace { namespace, id } => {
-            let v = c.request(
-                "GET",
-                &format!("/namespaces/{namespace}/agents/{id}/workspace"),
-                None,
-            )?;
+            let v = c.get_workspace([namespace, id])?;
             if cli.output == Output::Json {
-                print(cli, &v, &[]);
+                print_fields(cli, &v);
             } else {
                 say(&format!(
                     "setup: {}{}",
-                    v["state"].as_str().unwrap_or("?"),
-                    v["failureCode"]
-                        .as_str()
-                        .map(|c| format!(" ({c}: {})", v["failureMessage"].as_str().unwrap_or("")))
+                    v.state.as_str(),
+                    v.failure_code
+                        .as_ref()
+                        .map(|c| format!(" ({c}: {})", v.failure_message.as_deref().unwrap_or("")))
                         .unwrap_or_default()
                 ));
-                print(
-                    cli,
-                    &v["files"],
-                    &[
-                        ("NAME", "name"),
-                        ("SIZE", "size"),
-                        ("SHA256", "sha256"),
-                        ("HELD", "contentHeld"),
-                    ],
-                );
+                super::table::table(&v.files, WORKSPACE_FILE_COLUMNS);
             }
         }
     }

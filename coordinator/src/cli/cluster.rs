@@ -4,12 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use coordinator::client::Client;
-use coordinator::service::{ClusterUpdate, NewCluster};
+use clawfleet_api::types::{Cluster, ClusterUpdate, NewCluster};
+use clawfleet_kube::ClusterProbeReport;
+use coordinator::client::{Api, Client, all_pages};
 use serde_json::json;
 
 use super::out::note;
-use super::table::{CLUSTER_COLUMNS, print};
+use super::table::{CLUSTER_COLUMNS, print_one, print_rows};
 use super::{Cli, read_json};
 
 #[derive(Subcommand, Debug)]
@@ -74,9 +75,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
             if let Some(image) = gateway_image {
                 settings["gatewayImage"] = json!(image);
             }
-            let v = c.send(
-                "POST",
-                "/clusters",
+            let v = c.add_cluster(
+                [],
                 &NewCluster {
                     name: name.clone(),
                     kubeconfig: text,
@@ -84,7 +84,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
                     settings,
                 },
             )?;
-            print(cli, &v, CLUSTER_COLUMNS);
+            print_one(cli, &v, CLUSTER_COLUMNS);
             warn_probe(name, &v);
         }
         ClusterCmd::Update {
@@ -100,31 +100,30 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ClusterCmd) -> Result<()> {
                 .transpose()?;
             let mut settings = match settings {
                 Some(p) => read_json(p)?,
-                None => c.request("GET", &format!("/clusters/{name}"), None)?["settings"].clone(),
+                None => c.get_cluster([name])?.settings,
             };
             if let Some(image) = gateway_image {
                 settings["gatewayImage"] = json!(image);
             }
-            let v = c.send(
-                "PUT",
-                &format!("/clusters/{name}"),
+            let v = c.update_cluster(
+                [name],
                 &ClusterUpdate {
                     kubeconfig: text,
                     context: context.clone(),
                     settings,
                 },
             )?;
-            print(cli, &v, CLUSTER_COLUMNS);
+            print_one(cli, &v, CLUSTER_COLUMNS);
             warn_probe(name, &v);
         }
-        ClusterCmd::List => print(cli, &c.list_all("/clusters", None)?, CLUSTER_COLUMNS),
-        ClusterCmd::Get { name } => print(
+        ClusterCmd::List => print_rows(
             cli,
-            &c.request("GET", &format!("/clusters/{name}"), None)?,
+            &all_pages(None, |q| c.list_clusters([], q))?,
             CLUSTER_COLUMNS,
         ),
+        ClusterCmd::Get { name } => print_one(cli, &c.get_cluster([name])?, CLUSTER_COLUMNS),
         ClusterCmd::Remove { name } => {
-            c.request("DELETE", &format!("/clusters/{name}"), None)?;
+            c.delete_cluster([name])?;
             println!("{name}: removed");
         }
     }
@@ -139,15 +138,26 @@ fn inline(path: &std::path::Path, context: Option<&str>) -> Result<String> {
         .with_context(|| format!("kubeconfig {}", path.display()))
 }
 
-/// The probe's warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM, in `lastProbe.warnings`, a
-/// cluster's words) are not refusals; say them, sanitised (the message comes from the API
-/// server's answer).
-fn warn_probe(name: &str, v: &serde_json::Value) {
-    for w in v["lastProbe"]["warnings"].as_array().into_iter().flatten() {
+/// The probe's warnings (e.g. KUBERNETES_VERSION_BELOW_MINIMUM, in the cluster's last probe,
+/// a [`ClusterProbeReport`] in a cluster's words) are not refusals; say them, sanitised (the
+/// message comes from the API server's answer).
+fn warn_probe(name: &str, v: &Cluster) {
+    let Some(probe) = &v.last_probe else {
+        return;
+    };
+    let report = match serde_json::from_value::<ClusterProbeReport>(probe.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            note(&format!(
+                "warning: cluster {name}: its probe is unreadable: {e}"
+            ));
+            return;
+        }
+    };
+    for w in &report.warnings {
         note(&format!(
             "warning: cluster {name}: {}: {}",
-            w["code"].as_str().unwrap_or_default(),
-            w["message"].as_str().unwrap_or_default()
+            w.code, w.message
         ));
     }
 }

@@ -4,11 +4,16 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Subcommand;
-use coordinator::client::Client;
-use coordinator::service::{ConfigurationUpdate, NewConfiguration};
+use clawfleet_api::types::{ConfigurationUpdate, ConfigurationWritten, NewConfiguration};
+use coordinator::client::{Api, Client};
 
-use super::table::print;
+use super::table::{Column, col, print_fields, print_one};
 use super::{Cli, read_json};
+
+const WRITTEN_COLUMNS: &[Column<ConfigurationWritten>] = &[
+    col("CONFIGURATION", |c| c.id.clone()),
+    col("GENERATION", |c| c.generation.to_string()),
+];
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum ConfigurationCmd {
@@ -39,47 +44,31 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &ConfigurationCmd) -> Result<()> {
             id,
             file,
         } => {
-            let v = c.send(
-                "POST",
-                &format!("/namespaces/{namespace}/configurations"),
+            let v = c.create_configuration(
+                [namespace],
                 &NewConfiguration {
                     id: id.clone(),
                     document: read_json(file)?,
                 },
             )?;
-            print(
-                cli,
-                &v,
-                &[("CONFIGURATION", "id"), ("GENERATION", "generation")],
-            );
+            print_one(cli, &v, WRITTEN_COLUMNS);
         }
         ConfigurationCmd::Update {
             namespace,
             id,
             file,
         } => {
-            let v = c.send(
-                "PUT",
-                &format!("/namespaces/{namespace}/configurations/{id}"),
+            let v = c.put_configuration(
+                [namespace, id],
                 &ConfigurationUpdate {
                     document: read_json(file)?,
                 },
             )?;
-            print(
-                cli,
-                &v,
-                &[("CONFIGURATION", "id"), ("GENERATION", "generation")],
-            );
+            print_one(cli, &v, WRITTEN_COLUMNS);
         }
-        ConfigurationCmd::Get { namespace, id } => print(
-            cli,
-            &c.request(
-                "GET",
-                &format!("/namespaces/{namespace}/configurations/{id}"),
-                None,
-            )?,
-            &[],
-        ),
+        ConfigurationCmd::Get { namespace, id } => {
+            print_fields(cli, &c.get_configuration([namespace, id])?)
+        }
     }
     Ok(())
 }

@@ -2,14 +2,28 @@
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use coordinator::client::Client;
-use coordinator::model::Jump;
-use coordinator::service::{HostUpdate, NewHost};
-use serde_json::Value;
+use clawfleet_api::types::{Host, HostProbe, HostUpdate, Jump, NewHost};
+use clawfleet_protocol::OperationResult;
+use coordinator::client::{Api, Client, all_pages};
 
 use super::Cli;
 use super::out::{note, say};
-use super::table::print;
+use super::table::{Column, col, print_fields, print_one, print_rows};
+
+const ENROLLED_COLUMNS: &[Column<Host>] = &[
+    col("HOST", |h| h.name.to_string()),
+    col("ADDRESS", |h| h.address.clone()),
+    col("FINGERPRINT", |h| h.fingerprint.clone()),
+];
+
+const LIST_COLUMNS: &[Column<Host>] = &[
+    col("HOST", |h| h.name.to_string()),
+    col("ADDRESS", |h| h.address.clone()),
+    col("PORT", |h| h.port.to_string()),
+    col("MAX", |h| h.max_agents.to_string()),
+    col("FENCING", |h| h.fencing.as_str().to_owned()),
+    col("FINGERPRINT", |h| h.fingerprint.clone()),
+];
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum HostCmd {
@@ -58,25 +72,27 @@ pub(crate) enum HostCmd {
 }
 
 /// Prints what a probe found missing, so an operator sees it at enrolment and probe time.
-fn report_probe(name: &str, probe: &Value) {
-    let missing: Vec<&str> = probe["missingTools"]
-        .as_array()
-        .map(|m| m.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    if !missing.is_empty() {
+fn report_probe(name: &str, probe: &HostProbe) {
+    let OperationResult::Probe(probe) = &probe.0 else {
+        note(&format!(
+            "warning: host {name} answered the probe with a {:?} result",
+            probe.0.kind()
+        ));
+        return;
+    };
+    if !probe.missing_tools.is_empty() {
         note(&format!(
             "warning: host {name} lacks {}; deploys there fail (GATEWAY_COMMAND_MISSING or MISSING_TOOL) until it is installed",
-            missing.join(", ")
+            probe.missing_tools.join(", ")
         ));
     }
-    let fenced = probe["protocolVersions"].as_array().is_some_and(|v| {
-        v.iter()
-            .any(|x| x.as_u64() == Some(u64::from(clawfleet_protocol::FENCED_VERSION)))
-    });
-    if !fenced {
+    if !probe
+        .protocol_versions
+        .contains(&clawfleet_protocol::FENCED_VERSION)
+    {
         note(&format!(
-            "warning: host {name} runs a hostd from before fencing (protocol versions {}); it works, unfenced: upgrade it before running several coordinators",
-            probe["protocolVersions"]
+            "warning: host {name} runs a hostd from before fencing (protocol versions [{}]); it works, unfenced: upgrade it before running several coordinators",
+            super::table::list(&probe.protocol_versions)
         ));
     }
 }
@@ -133,9 +149,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
                 _ => None,
             };
             let v = if *replace {
-                c.send(
-                    "PUT",
-                    &format!("/hosts/{name}"),
+                c.update_host(
+                    [name],
                     &HostUpdate {
                         address: address.clone(),
                         port: *port,
@@ -146,9 +161,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
                     },
                 )?
             } else {
-                c.send(
-                    "POST",
-                    "/hosts",
+                c.enrol_host(
+                    [],
                     &NewHost {
                         name: name.clone(),
                         address: address.clone(),
@@ -160,47 +174,28 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
                     },
                 )?
             };
-            print(
-                cli,
-                &v,
-                &[
-                    ("HOST", "name"),
-                    ("ADDRESS", "address"),
-                    ("FINGERPRINT", "fingerprint"),
-                ],
-            );
+            print_one(cli, &v, ENROLLED_COLUMNS);
             // Probe at once, so a host that lacks the gateway command says so now.
-            match c.request("POST", &format!("/hosts/{name}/probe"), None) {
+            match c.probe_host([name]) {
                 Ok(probe) => report_probe(name, &probe),
                 Err(e) => note(&format!(
                     "note: host {name} is enrolled, but its probe failed: {e}. If hostd is not enrolled there yet, run the `occ enrol-command` line on the host, then `occ host probe {name}`"
                 )),
             }
         }
-        HostCmd::List => print(
+        HostCmd::List => print_rows(
             cli,
-            &c.list_all("/hosts", None)?,
-            &[
-                ("HOST", "name"),
-                ("ADDRESS", "address"),
-                ("PORT", "port"),
-                ("MAX", "maxAgents"),
-                ("FENCING", "fencing"),
-                ("FINGERPRINT", "fingerprint"),
-            ],
+            &all_pages(None, |q| c.list_hosts([], q))?,
+            LIST_COLUMNS,
         ),
-        HostCmd::Get { name } => print(
-            cli,
-            &c.request("GET", &format!("/hosts/{name}"), None)?,
-            &[],
-        ),
+        HostCmd::Get { name } => print_fields(cli, &c.get_host([name])?),
         HostCmd::Remove { name } => {
-            c.request("DELETE", &format!("/hosts/{name}"), None)?;
+            c.delete_host([name])?;
             say(&format!("host {name} removed"));
         }
         HostCmd::Probe { name } => {
-            let v = c.request("POST", &format!("/hosts/{name}/probe"), None)?;
-            print(cli, &v, &[]);
+            let v = c.probe_host([name])?;
+            print_fields(cli, &v);
             report_probe(name, &v);
         }
     }

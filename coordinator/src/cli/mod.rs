@@ -1,6 +1,8 @@
 //! `occ`'s command line: one module per resource over the typed API client
-//! (`coordinator::client::Client`), which sends the API's own request types. `main.rs` only
-//! calls [`main`].
+//! (`coordinator::client::Api` on `coordinator::client::Client`: one method per route of the
+//! route table, sending the API's request types and answering its response types), so no
+//! command writes a method, a path or a JSON field name of its own. `main.rs` only calls
+//! [`main`].
 
 mod agent;
 mod cluster;
@@ -22,9 +24,29 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use coordinator::client::Client;
+use clawfleet_api::types::{AuditEvent, AuditQuery, DriftQuery, DriftRow};
+use coordinator::client::{Api, Client};
 use coordinator::config::{Config, DEFAULT_CONFIG_PATH};
 use serde_json::Value;
+use table::{Column, col, opt, raw_cell};
+
+const DRIFT_COLUMNS: &[Column<DriftRow>] = &[
+    col("TARGET", |r| r.target.clone()),
+    col("NAMESPACE", |r| r.namespace_id.clone()),
+    col("AGENT", |r| r.agent_id.clone()),
+    col("STATE", |r| r.state.as_str().to_owned()),
+    col("REASON", |r| opt(&r.reason.map(|x| x.as_str()))),
+    col("MESSAGE", |r| r.message.clone()),
+];
+
+const AUDIT_COLUMNS: &[Column<AuditEvent>] = &[
+    col("ID", |e| e.id.to_string()),
+    col("AT", |e| e.at.to_string()),
+    col("ACTOR", |e| e.actor.clone()),
+    col("ACTION", |e| e.action.clone()),
+    col("TARGET", |e| e.target.clone()),
+    col("DETAIL", |e| raw_cell(&e.detail)),
+];
 
 #[derive(Parser, Debug)]
 #[command(name = "occ", version, about = "clawfleet coordinator")]
@@ -180,59 +202,31 @@ fn run_client(cli: &Cli) -> Result<()> {
         Command::Secret(cmd) => secret::run(cli, &c, cmd),
         Command::Drift { now, state } => {
             let rows = if *now {
-                let all = c.request("POST", "/drift/sweep", None)?;
-                match state {
-                    Some(s) => Value::Array(
-                        all.as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter(|r| r["state"] == s.as_str())
-                            .cloned()
-                            .collect(),
-                    ),
-                    None => all,
+                let mut all = c.sweep_now([])?;
+                if let Some(s) = state {
+                    all.retain(|r| r.state.as_str() == s.as_str());
                 }
+                all
             } else {
-                let path = match state {
-                    Some(s) => format!("/drift?state={}", coordinator::client::percent_encode(s)),
-                    None => "/drift".to_owned(),
-                };
-                c.request("GET", &path, None)?
+                c.drift(
+                    [],
+                    &DriftQuery {
+                        state: state.clone(),
+                    },
+                )?
             };
-            table::print(
-                cli,
-                &rows,
-                &[
-                    ("TARGET", "target"),
-                    ("NAMESPACE", "namespaceId"),
-                    ("AGENT", "agentId"),
-                    ("STATE", "state"),
-                    ("REASON", "reason"),
-                    ("MESSAGE", "message"),
-                ],
-            );
+            table::print_rows(cli, &rows, DRIFT_COLUMNS);
             Ok(())
         }
         Command::Audit { limit, action } => {
-            let mut path = format!("/audit?limit={limit}");
-            if let Some(a) = action {
-                path.push_str(&format!(
-                    "&action={}",
-                    coordinator::client::percent_encode(a)
-                ));
-            }
-            table::print(
-                cli,
-                &c.request("GET", &path, None)?,
-                &[
-                    ("ID", "id"),
-                    ("AT", "at"),
-                    ("ACTOR", "actor"),
-                    ("ACTION", "action"),
-                    ("TARGET", "target"),
-                    ("DETAIL", "detail"),
-                ],
-            );
+            let events = c.audit(
+                [],
+                &AuditQuery {
+                    limit: Some(*limit),
+                    action: action.clone(),
+                },
+            )?;
+            table::print_rows(cli, &events, AUDIT_COLUMNS);
             Ok(())
         }
         Command::Init { .. } | Command::Serve | Command::PrintEnrol { .. } | Command::Db(_) => {
@@ -315,6 +309,44 @@ mod tests {
     use clap::CommandFactory;
 
     use super::{Cli, log_colours};
+
+    /// `occ` reaches the API only through the typed client generated from the route table:
+    /// no command writes a method, a path, or a raw request of its own (the client's
+    /// `request` and `get_page` are for tests).
+    #[test]
+    fn no_command_writes_a_method_a_path_or_a_raw_request() {
+        // Tests run in the package's directory.
+        let dir = std::path::Path::new("src/cli");
+        // Built from pieces so that this file does not match itself.
+        let q = "\"";
+        let mut forbidden = vec![
+            format!("{q}/"),
+            format!(".{}(", "request"),
+            format!(".{}(", "get_page"),
+        ];
+        for r in clawfleet_api::ROUTES {
+            forbidden.push(format!("{q}{}{q}", r.method.as_http()));
+        }
+        let mut found = Vec::new();
+        let mut files = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            files += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                for f in &forbidden {
+                    if line.contains(f.as_str()) {
+                        found.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(files > 10, "no CLI sources under {}", dir.display());
+        assert!(found.is_empty(), "{}", found.join("\n"));
+    }
 
     #[test]
     fn log_lines_are_coloured_only_on_a_terminal_without_no_color() {

@@ -2,11 +2,35 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use coordinator::client::Client;
-use coordinator::service::NewNamespace;
+use clawfleet_api::types::{Namespace, NamespaceStatus, NewNamespace};
+use coordinator::client::{Api, Client, all_pages};
 
 use super::Cli;
-use super::table::print;
+use super::table::{Column, col, opt, print_fields, print_one, print_rows};
+
+const CREATED_COLUMNS: &[Column<Namespace>] = &[
+    col("NAMESPACE", |n| n.id.to_string()),
+    col("HOSTS", |n| super::table::list(&n.hosts)),
+    col("CLUSTER", |n| opt(&n.cluster)),
+    col("READY", |n| n.ready.to_string()),
+];
+
+const LIST_COLUMNS: &[Column<Namespace>] = &[
+    col("NAMESPACE", |n| n.id.to_string()),
+    col("NAME", |n| n.name.to_string()),
+    col("HOSTS", |n| super::table::list(&n.hosts)),
+    col("READY", |n| n.ready.to_string()),
+    col("DELETING", |n| n.deleting.to_string()),
+];
+
+const GET_COLUMNS: &[Column<NamespaceStatus>] = &[
+    col("NAMESPACE", |n| n.namespace.id.to_string()),
+    col("HOSTS", |n| super::table::list(&n.namespace.hosts)),
+    col("READY HOSTS", |n| {
+        super::table::list(&n.namespace.ready_hosts)
+    }),
+    col("READY", |n| n.namespace.ready.to_string()),
+];
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum NamespaceCmd {
@@ -51,9 +75,8 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &NamespaceCmd) -> Result<()> {
             name,
             single_tenant,
         } => {
-            let v = c.send(
-                "POST",
-                "/namespaces",
+            let v = c.create_namespace(
+                [],
                 &NewNamespace {
                     id: id.clone(),
                     name: name.clone(),
@@ -62,48 +85,16 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &NamespaceCmd) -> Result<()> {
                     single_tenant: *single_tenant,
                 },
             )?;
-            print(
-                cli,
-                &v,
-                &[
-                    ("NAMESPACE", "id"),
-                    ("HOSTS", "hosts"),
-                    ("CLUSTER", "cluster"),
-                    ("READY", "ready"),
-                ],
-            );
+            print_one(cli, &v, CREATED_COLUMNS);
         }
-        NamespaceCmd::List => print(
+        NamespaceCmd::List => print_rows(
             cli,
-            &c.list_all("/namespaces", None)?,
-            &[
-                ("NAMESPACE", "id"),
-                ("NAME", "name"),
-                ("HOSTS", "hosts"),
-                ("READY", "ready"),
-                ("DELETING", "deleting"),
-            ],
+            &all_pages(None, |q| c.list_namespaces([], q))?,
+            LIST_COLUMNS,
         ),
-        NamespaceCmd::Get { id } => print(
-            cli,
-            &c.request("GET", &format!("/namespaces/{id}"), None)?,
-            &[
-                ("NAMESPACE", "id"),
-                ("HOSTS", "hosts"),
-                ("READY HOSTS", "readyHosts"),
-                ("READY", "ready"),
-            ],
-        ),
-        NamespaceCmd::Status { id } => print(
-            cli,
-            &c.request("GET", &format!("/namespaces/{id}"), None)?,
-            &[],
-        ),
-        NamespaceCmd::Delete { id } => print(
-            cli,
-            &c.request("DELETE", &format!("/namespaces/{id}"), None)?,
-            &[],
-        ),
+        NamespaceCmd::Get { id } => print_one(cli, &c.get_namespace([id])?, GET_COLUMNS),
+        NamespaceCmd::Status { id } => print_fields(cli, &c.get_namespace([id])?),
+        NamespaceCmd::Delete { id } => print_fields(cli, &c.delete_namespace([id])?),
     }
     Ok(())
 }

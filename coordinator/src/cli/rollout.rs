@@ -4,13 +4,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use coordinator::client::Client;
-use coordinator::service::NewRollout;
-use serde_json::Value;
+use clawfleet_api::types::{
+    AgentPlan, NewRollout, Rollout, RolloutAgent, RolloutAgentState, RolloutState,
+};
+use coordinator::client::{Api, Client};
+use serde::Serialize;
 
 use super::Cli;
 use super::out::{note, say};
-use super::table::print;
+use super::table::{Column, col, opt, print_fields, table, text};
 use super::wait::{exit, wait_failure};
 
 #[derive(Subcommand, Debug)]
@@ -76,135 +78,101 @@ pub(crate) struct Waves {
     pub(crate) manual_promote: bool,
 }
 
-const ROLLOUT_COLUMNS: &[(&str, &str)] = &[
-    ("ID", "id"),
-    ("DEPLOYS", "deploys"),
-    ("STATE", "state"),
-    ("WAVE", "wave"),
-    ("WAVES", "waves"),
-    ("MESSAGE", "message"),
+const ROLLOUT_COLUMNS: &[Column<Rollout>] = &[
+    col("ID", |r| r.id.to_string()),
+    col("DEPLOYS", deploys),
+    col("STATE", |r| r.state.as_str().to_owned()),
+    col("WAVE", |r| r.wave.to_string()),
+    col("WAVES", |r| r.waves.to_string()),
+    col("MESSAGE", |r| opt(&r.message)),
 ];
 
-const AGENT_COLUMNS: &[(&str, &str)] = &[
-    ("AGENT", "agentId"),
-    ("WAVE", "wave"),
-    ("STATE", "state"),
-    ("REVISION", "revisionId"),
-    ("CODE", "code"),
+const AGENT_COLUMNS: &[Column<RolloutAgent>] = &[
+    col("AGENT", |a| a.agent_id.to_string()),
+    col("WAVE", |a| a.wave.to_string()),
+    col("STATE", |a| a.state.as_str().to_owned()),
+    col("REVISION", |a| opt(&a.revision_id)),
+    col("CODE", |a| opt(&a.code)),
 ];
 
-/// A rollout for the table: `deploys` says what it deploys, a Configuration generation
-/// (`cfg@3`) or a secret's version (`secret slack-bot v4`).
-fn for_table(rollout: &Value) -> Value {
-    let mut row = rollout.clone();
-    let deploys = match (&rollout["secret"], &rollout["configurationId"]) {
-        (Value::Object(s), _) => format!(
-            "secret {} v{}",
-            s.get("name").and_then(Value::as_str).unwrap_or("-"),
-            s.get("version").unwrap_or(&Value::Null)
-        ),
-        (_, Value::String(cfg)) => format!("{cfg}@{}", rollout["configurationGeneration"]),
-        _ => "-".to_owned(),
-    };
-    if let Value::Object(m) = &mut row {
-        m.insert("deploys".to_owned(), Value::String(deploys));
+/// What a rollout deploys, for the table: a Configuration generation (`cfg@3`) or a
+/// secret's version (`secret slack-bot v4`).
+fn deploys(r: &Rollout) -> String {
+    match (&r.secret, &r.configuration_id) {
+        (Some(s), _) => format!("secret {} v{}", s.name, s.version),
+        (None, Some(cfg)) => format!("{cfg}@{}", opt(&r.configuration_generation)),
+        (None, None) => "-".to_owned(),
     }
-    row
 }
 
-pub(crate) fn show(cli: &Cli, rollout: &Value) {
+pub(crate) fn show(cli: &Cli, rollout: &Rollout) {
     if cli.output == super::Output::Json {
-        print(cli, rollout, &[]);
+        print_fields(cli, rollout);
         return;
     }
-    print(cli, &for_table(rollout), ROLLOUT_COLUMNS);
+    table(std::slice::from_ref(rollout), ROLLOUT_COLUMNS);
     say("");
-    print(cli, &rollout["agents"], AGENT_COLUMNS);
+    table(&rollout.agents, AGENT_COLUMNS);
 }
 
-/// A plan: per Agent, what its deploy would change on its host, then the token.
-pub(crate) fn print_plan(cli: &Cli, plan: &Value) {
+/// "yes" or "no".
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_owned()
+}
+
+const PLAN_COLUMNS: &[Column<AgentPlan>] = &[
+    col("AGENT", |a| a.agent_id.clone()),
+    col("TARGET", |a| {
+        if a.placed {
+            a.target.clone()
+        } else {
+            format!("{} (new)", a.target)
+        }
+    }),
+    col("REVISION", |a| a.revision.id.clone()),
+    col("ACCOUNT", |a| text(&a.changes.account)),
+    col("DIRECTORY", |a| text(&a.changes.agent_directory)),
+    col("PORT", |a| opt(&a.changes.port)),
+    col("SNAPSHOT", |a| text(&a.changes.snapshot)),
+    col("UNIT", |a| text(&a.changes.unit_file)),
+    col("DAEMON-RELOAD", |a| yes_no(a.changes.daemon_reload)),
+    col("RESTART", |a| yes_no(a.changes.restart)),
+    col("RESTORE", |a| opt(&a.changes.restore_available)),
+    col("REFUSAL", |a| {
+        opt(&a.changes.refusal.as_ref().map(|f| f.code.as_str()))
+    }),
+];
+
+/// A plan (`plan`, a deploy's or a rollout's, whose `token` and `agents` these are): per
+/// Agent, what its deploy would change on its host, then the token.
+pub(crate) fn print_plan<P: Serialize>(cli: &Cli, plan: &P, token: &str, agents: &[AgentPlan]) {
     if cli.output == super::Output::Json {
-        print(cli, plan, &[]);
+        print_fields(cli, plan);
         return;
     }
-    let yes_no = |v: &Value| match v.as_bool() {
-        Some(true) => "yes",
-        Some(false) => "no",
-        None => "-",
-    };
-    let rows: Vec<Value> = plan["agents"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|a| {
-            let ch = &a["changes"];
-            serde_json::json!({
-                "agent": a["agentId"],
-                "target": if a["placed"] == true {
-                    a["target"].clone()
-                } else {
-                    Value::String(format!("{} (new)", a["target"].as_str().unwrap_or("-")))
-                },
-                "revision": a["revision"]["id"],
-                "account": ch["account"],
-                "directory": ch["agentDirectory"],
-                "port": ch["port"],
-                "snapshot": ch["snapshot"],
-                "unit": ch["unitFile"],
-                "reload": yes_no(&ch["daemonReload"]),
-                "restart": yes_no(&ch["restart"]),
-                "restore": ch["restoreAvailable"],
-                "refusal": ch["refusal"]["code"],
-            })
-        })
-        .collect();
-    print(
-        cli,
-        &Value::Array(rows),
-        &[
-            ("AGENT", "agent"),
-            ("TARGET", "target"),
-            ("REVISION", "revision"),
-            ("ACCOUNT", "account"),
-            ("DIRECTORY", "directory"),
-            ("PORT", "port"),
-            ("SNAPSHOT", "snapshot"),
-            ("UNIT", "unit"),
-            ("DAEMON-RELOAD", "reload"),
-            ("RESTART", "restart"),
-            ("RESTORE", "restore"),
-            ("REFUSAL", "refusal"),
-        ],
-    );
-    for a in plan["agents"].as_array().into_iter().flatten() {
-        if let Some(m) = a["changes"]["refusal"]["message"].as_str() {
-            say(&format!(
-                "{}: would be refused: {m}",
-                a["agentId"].as_str().unwrap_or("-")
-            ));
+    table(agents, PLAN_COLUMNS);
+    for a in agents {
+        if let Some(f) = &a.changes.refusal {
+            say(&format!("{}: would be refused: {}", a.agent_id, f.message));
         }
     }
     say(&format!(
-        "plan token: {} (apply with --apply-plan; refused if anything moved meanwhile)",
-        plan["token"].as_str().unwrap_or("-")
+        "plan token: {token} (apply with --apply-plan; refused if anything moved meanwhile)"
     ));
 }
 
 /// One line of progress: state, wave, and Agents per state.
-fn progress(r: &Value) -> String {
+fn progress(r: &Rollout) -> String {
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for a in r["agents"].as_array().into_iter().flatten() {
-        *counts
-            .entry(a["state"].as_str().unwrap_or("-"))
-            .or_default() += 1;
+    for a in &r.agents {
+        *counts.entry(a.state.as_str()).or_default() += 1;
     }
     let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
     format!(
         "{} · wave {}/{} · {}",
-        r["state"].as_str().unwrap_or("-"),
-        r["wave"].as_u64().unwrap_or(0) + 1,
-        r["waves"].as_u64().unwrap_or(0),
+        r.state.as_str(),
+        r.wave + 1,
+        r.waves,
         counts.join(", ")
     )
 }
@@ -216,11 +184,11 @@ pub(crate) fn wait(
     ns: &str,
     id: i64,
     timeout: u64,
-) -> Result<(Value, Option<anyhow::Error>)> {
+) -> Result<(Rollout, Option<anyhow::Error>)> {
     let start = Instant::now();
     let mut last = String::new();
     loop {
-        let r = c.request("GET", &format!("/namespaces/{ns}/rollouts/{id}"), None)?;
+        let r = c.get_rollout([ns, &id.to_string()])?;
         let line = progress(&r);
         if line != last {
             note(&format!(
@@ -229,42 +197,46 @@ pub(crate) fn wait(
             ));
             last = line;
         }
-        let failed: Vec<String> = r["agents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|a| matches!(a["state"].as_str(), Some("failed" | "restored")))
+        let failed: Vec<String> = r
+            .agents
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a.state,
+                    RolloutAgentState::Failed | RolloutAgentState::Restored
+                )
+            })
             .map(|a| {
                 format!(
                     "{} {} ({})",
-                    a["agentId"].as_str().unwrap_or("-"),
-                    a["state"].as_str().unwrap_or("-"),
-                    a["code"].as_str().unwrap_or("-")
+                    a.agent_id,
+                    a.state.as_str(),
+                    a.code.as_deref().unwrap_or("-")
                 )
             })
             .collect();
-        let message = r["message"].as_str().unwrap_or("");
-        match r["state"].as_str() {
-            Some("done") if failed.is_empty() => return Ok((r, None)),
-            Some("done" | "halted") => {
+        let message = r.message.as_deref().unwrap_or("");
+        match r.state {
+            RolloutState::Done if failed.is_empty() => return Ok((r, None)),
+            RolloutState::Done | RolloutState::Halted => {
                 let failure = wait_failure(
                     exit::WORK_FAILED,
                     format!(
                         "rollout {id} {}: {message}; {}",
-                        r["state"].as_str().unwrap_or("-"),
+                        r.state.as_str(),
                         failed.join(", ")
                     ),
                 );
                 return Ok((r, Some(failure)));
             }
-            Some("aborted") => {
+            RolloutState::Aborted => {
                 let failure = wait_failure(
                     exit::SUPERSEDED,
                     format!("rollout {id} was aborted: {message}"),
                 );
                 return Ok((r, Some(failure)));
             }
-            _ => {}
+            RolloutState::Running | RolloutState::Paused | RolloutState::Waiting => {}
         }
         if start.elapsed() > Duration::from_secs(timeout) {
             let failure = wait_failure(
@@ -278,12 +250,7 @@ pub(crate) fn wait(
 }
 
 pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
-    let action = |ns: &str, id: i64, verb: &str| -> Result<()> {
-        let r = c.request(
-            "POST",
-            &format!("/namespaces/{ns}/rollouts/{id}/{verb}"),
-            None,
-        )?;
+    let show_it = |r: Rollout| {
         show(cli, &r);
         Ok(())
     };
@@ -309,18 +276,12 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
                 plan_token: apply_plan.clone(),
             };
             if *plan {
-                let p = c.send(
-                    "POST",
-                    &format!("/namespaces/{namespace}/rollouts/plan"),
-                    &body,
-                )?;
-                print_plan(cli, &p);
+                let p = c.plan_rollout([namespace], &body)?;
+                print_plan(cli, &p, &p.token, &p.agents);
                 return Ok(());
             }
-            let r = c.send("POST", &format!("/namespaces/{namespace}/rollouts"), &body)?;
-            let Some(id) = r["id"].as_i64() else {
-                anyhow::bail!("the rollout answer has no id");
-            };
+            let r = c.create_rollout([namespace], &body)?;
+            let id = r.id;
             if *follow {
                 note(&format!("rollout {id} created"));
                 // One rule for every `--wait`: the final state, printed when the wait ends
@@ -336,32 +297,28 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &RolloutCmd) -> Result<()> {
             Ok(())
         }
         RolloutCmd::List { namespace } => {
-            let all = c.request("GET", &format!("/namespaces/{namespace}/rollouts"), None)?;
+            let all = c.list_rollouts([namespace])?;
             if cli.output == super::Output::Json {
-                print(cli, &all, &[]);
+                print_fields(cli, &all);
             } else {
-                let rows: Vec<Value> = all
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(for_table)
-                    .collect();
-                print(cli, &Value::Array(rows), ROLLOUT_COLUMNS);
+                table(&all, ROLLOUT_COLUMNS);
             }
             Ok(())
         }
         RolloutCmd::Status { namespace, id } => {
-            let r = c.request(
-                "GET",
-                &format!("/namespaces/{namespace}/rollouts/{id}"),
-                None,
-            )?;
-            show(cli, &r);
-            Ok(())
+            show_it(c.get_rollout([namespace, &id.to_string()])?)
         }
-        RolloutCmd::Pause { namespace, id } => action(namespace, *id, "pause"),
-        RolloutCmd::Resume { namespace, id } => action(namespace, *id, "resume"),
-        RolloutCmd::Promote { namespace, id } => action(namespace, *id, "promote"),
-        RolloutCmd::Abort { namespace, id } => action(namespace, *id, "abort"),
+        RolloutCmd::Pause { namespace, id } => {
+            show_it(c.pause_rollout([namespace, &id.to_string()])?)
+        }
+        RolloutCmd::Resume { namespace, id } => {
+            show_it(c.resume_rollout([namespace, &id.to_string()])?)
+        }
+        RolloutCmd::Promote { namespace, id } => {
+            show_it(c.promote_rollout([namespace, &id.to_string()])?)
+        }
+        RolloutCmd::Abort { namespace, id } => {
+            show_it(c.abort_rollout([namespace, &id.to_string()])?)
+        }
     }
 }

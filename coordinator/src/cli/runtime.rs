@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use coordinator::client::{Client, ClientError, percent_encode};
-use serde_json::Value;
+use clawfleet_api::types::{AgentLogPage, DeploymentStatus, LogsQuery};
+use clawfleet_protocol::runtime::LogSource;
+use coordinator::client::{Api, Client, ClientError};
 
 use super::out::say;
-use super::table::print;
+use super::table::print_fields;
 use super::{Cli, Output};
 
 /// How often `--follow` asks for new lines.
@@ -58,11 +59,11 @@ fn parse_duration(text: &str) -> std::result::Result<u64, String> {
     Ok(seconds)
 }
 
-/// A GET that waits out 429s.
-fn get_patiently(c: &Client, path: &str) -> Result<Value> {
+/// A read that waits out 429s.
+fn patiently<T>(read: impl Fn() -> Result<T, ClientError>) -> Result<T> {
     let started = Instant::now();
     loop {
-        match c.request("GET", path, None) {
+        match read() {
             Err(ClientError::RateLimited { retry_after, .. })
                 if started.elapsed() < RATE_LIMIT_PATIENCE =>
             {
@@ -75,26 +76,22 @@ fn get_patiently(c: &Client, path: &str) -> Result<Value> {
 
 /// `occ agent runtime NS AGENT`.
 pub(crate) fn show(cli: &Cli, c: &Client, ns: &str, id: &str) -> Result<()> {
-    let v = get_patiently(c, &format!("/namespaces/{ns}/agents/{id}/runtime"))?;
-    print(cli, &v, &[]);
+    let v = patiently(|| c.runtime([ns, id]))?;
+    print_fields(cli, &v);
     Ok(())
 }
 
-fn print_entries(cli: &Cli, page: &Value) {
-    for e in page["entries"].as_array().into_iter().flatten() {
+fn print_entries(cli: &Cli, page: &AgentLogPage) {
+    for e in &page.entries {
         if cli.output == Output::Json {
-            super::out::json_line(e);
+            super::out::json_line(&super::table::to_json(e));
         } else {
-            let marker = if e["source"] == "supervisor" {
+            let marker = if e.source == LogSource::Supervisor {
                 " [supervisor]"
             } else {
                 ""
             };
-            say(&format!(
-                "{}{marker} {}",
-                e["at"].as_str().unwrap_or_default(),
-                e["message"].as_str().unwrap_or_default()
-            ));
+            say(&format!("{}{marker} {}", e.at, e.message));
         }
     }
 }
@@ -104,88 +101,85 @@ pub(crate) fn logs(cli: &Cli, c: &Client, ns: &str, id: &str, args: &LogsArgs) -
     if args.previous && args.follow {
         bail!("--previous reads a finished run, which has nothing more to follow; drop --follow");
     }
-    let base = format!("/namespaces/{ns}/agents/{id}/runtime/logs");
-    let previous = if args.previous { "&previous=true" } else { "" };
-    let mut query = match (args.tail, args.since) {
-        (Some(n), Some(s)) => format!("tailLines={n}&sinceSeconds={s}"),
-        (Some(n), None) => format!("tailLines={n}"),
-        (None, Some(s)) => format!("sinceSeconds={s}"),
-        (None, None) => String::new(),
+    let previous = args.previous.then_some(true);
+    let mut query = LogsQuery {
+        tail_lines: args.tail,
+        since_seconds: args.since,
+        previous,
+        ..LogsQuery::default()
     };
     let started = Instant::now();
     let mut cursor: Option<String> = None;
     loop {
-        let path = format!("{base}?{query}{previous}");
-        let page = get_patiently(c, path.replace("?&", "?").trim_end_matches('?'))
+        let page = patiently(|| c.logs([ns, id], &query))
             .with_context(|| format!("reading the log of {ns}/{id}"))?;
         print_entries(cli, &page);
-        if let Some(next) = page["cursor"].as_str() {
-            cursor = Some(next.to_owned());
+        if let Some(next) = &page.cursor {
+            cursor = Some(next.as_str().to_owned());
         }
-        let more = page["more"].as_bool().unwrap_or(false);
-        if !more && !args.follow {
+        if !page.more && !args.follow {
             return Ok(());
         }
-        if !more {
+        if !page.more {
             std::thread::sleep(FOLLOW_EVERY);
         }
         // Polls of a follow say so: the follow is audited once, not at every poll.
-        let follow = if args.follow { "&follow=true" } else { "" };
+        let follow = args.follow.then_some(true);
         query = match &cursor {
-            Some(c) => format!("cursor={}{follow}", percent_encode(c)),
+            Some(c) => LogsQuery {
+                cursor: Some(c.clone()),
+                previous,
+                follow,
+                ..LogsQuery::default()
+            },
             // Nothing logged yet: ask again for what came since following began.
-            None => format!("sinceSeconds={}{follow}", started.elapsed().as_secs() + 2),
+            None => LogsQuery {
+                since_seconds: Some(started.elapsed().as_secs() + 2),
+                previous,
+                follow,
+                ..LogsQuery::default()
+            },
         };
     }
 }
 
 /// After `occ agent status`'s table: why the newest failed activation failed.
-pub(crate) fn print_failure(cli: &Cli, status: &Value) {
+pub(crate) fn print_failure(cli: &Cli, status: &DeploymentStatus) {
     if cli.output == Output::Json {
         return;
     }
-    let Some(rev) = status["revisions"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let Some((rev, f)) = status
+        .revisions
+        .iter()
         .rev()
-        .find(|r| r["runtimeFailure"].is_object())
+        .find_map(|r| r.runtime_failure.as_ref().map(|f| (r, f)))
     else {
         return;
     };
-    let f = &rev["runtimeFailure"];
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     say("");
     say(&format!(
         "runtime failure of {} ({}, check {}): {}",
-        text(&rev["id"]),
-        text(&f["code"]),
-        text(&f["check"]),
-        text(&f["message"])
+        rev.id, f.code, f.check, f.message
     ));
-    if let Some(exit) = f["lastExit"].as_object() {
+    if let Some(exit) = &f.last_exit {
         say(&format!(
             "  last exit: {} status {}{}",
-            exit.get("kind").and_then(Value::as_str).unwrap_or("?"),
-            exit.get("status").map(Value::to_string).unwrap_or_default(),
-            exit.get("reason")
-                .and_then(Value::as_str)
+            super::table::text(&exit.kind),
+            exit.status,
+            exit.reason
+                .as_ref()
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         ));
     }
-    if let (Some(state), Some(restarts)) = (f["activeState"].as_str(), f["restarts"].as_u64()) {
+    if let (Some(state), Some(restarts)) = (&f.active_state, f.restarts) {
         say(&format!(
             "  state: {state}/{} after {restarts} restarts",
-            text(&f["subState"])
+            f.sub_state.as_deref().unwrap_or_default()
         ));
     }
-    for line in f["lastLines"].as_array().into_iter().flatten() {
-        say(&format!(
-            "  {} {}",
-            text(&line["at"]),
-            text(&line["message"])
-        ));
+    for line in &f.last_lines {
+        say(&format!("  {} {}", line.at, line.message));
     }
 }
 
@@ -205,6 +199,9 @@ mod tests {
 
     #[test]
     fn cursors_are_percent_encoded() {
-        assert_eq!(percent_encode("s=1;i=2"), "s%3D1%3Bi%3D2");
+        assert_eq!(
+            coordinator::client::percent_encode("s=1;i=2"),
+            "s%3D1%3Bi%3D2"
+        );
     }
 }

@@ -6,14 +6,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use coordinator::client::{Client, ClientError, percent_encode};
+use clawfleet_api::types::{NewSecret, NewSecretRollout, SecretInfo, SecretUse, SecretVersion};
+use coordinator::client::{Api, Client, ClientError};
 use coordinator::codes::Code;
-use coordinator::service::{NewSecret, NewSecretRollout};
 use zeroize::Zeroizing;
 
 use super::Cli;
 use super::out::{note, say};
-use super::table::print;
+use super::table::{Column, col, print_fields, print_one, print_rows, table};
 
 /// Where a value comes from: exactly one of a file or standard input.
 #[derive(Args, Debug)]
@@ -70,28 +70,28 @@ pub(crate) struct RolloutArgs {
     timeout: u64,
 }
 
-const LIST_COLUMNS: &[(&str, &str)] = &[
-    ("SECRET", "name"),
-    ("VERSION", "version"),
-    ("FINGERPRINT", "fingerprint"),
-    ("WRITTEN BY", "writtenBy"),
-    ("WRITTEN AT", "writtenAt"),
+const LIST_COLUMNS: &[Column<SecretInfo>] = &[
+    col("SECRET", |s| s.name.clone()),
+    col("VERSION", |s| s.version.to_string()),
+    col("FINGERPRINT", |s| s.fingerprint.clone()),
+    col("WRITTEN BY", |s| s.written_by.clone()),
+    col("WRITTEN AT", |s| s.written_at.to_string()),
 ];
 
-const VERSION_COLUMNS: &[(&str, &str)] = &[
-    ("SECRET", "name"),
-    ("VERSION", "version"),
-    ("FINGERPRINT", "fingerprint"),
-    ("WRITTEN BY", "writtenBy"),
-    ("WRITTEN AT", "writtenAt"),
+const VERSION_COLUMNS: &[Column<SecretVersion>] = &[
+    col("SECRET", |s| s.name.to_string()),
+    col("VERSION", |s| s.version.to_string()),
+    col("FINGERPRINT", |s| s.fingerprint.to_string()),
+    col("WRITTEN BY", |s| s.written_by.clone()),
+    col("WRITTEN AT", |s| s.written_at.to_string()),
 ];
 
-const USE_COLUMNS: &[(&str, &str)] = &[
-    ("AGENT", "agentId"),
-    ("REVISION", "revisionId"),
-    ("VERSION", "version"),
-    ("ACTIVE", "active"),
-    ("NEWEST", "newest"),
+const USE_COLUMNS: &[Column<SecretUse>] = &[
+    col("AGENT", |u| u.agent_id.clone()),
+    col("REVISION", |u| u.revision_id.clone()),
+    col("VERSION", |u| u.version.to_string()),
+    col("ACTIVE", |u| u.active.to_string()),
+    col("NEWEST", |u| u.newest.to_string()),
 ];
 
 /// The value, without one trailing newline (as OpenClaw reads a single-value file).
@@ -116,17 +116,13 @@ fn read_value(source: &ValueSource) -> Result<Zeroizing<String>> {
     Ok(Zeroizing::new(text.to_owned()))
 }
 
-fn set(c: &Client, namespace: &str, name: &str, source: &ValueSource) -> Result<serde_json::Value> {
+fn set(c: &Client, namespace: &str, name: &str, source: &ValueSource) -> Result<SecretVersion> {
     let value = read_value(source)?;
     let body = NewSecret {
         name: name.to_owned(),
         value: String::from(value.as_str()),
     };
-    let answer = c.send(
-        "POST",
-        &format!("/namespaces/{}/secrets", percent_encode(namespace)),
-        &body,
-    );
+    let answer = c.set_secret([namespace], &body);
     // The request's copy of the value goes now, not when the allocator reuses it.
     let mut body = body;
     zeroize::Zeroize::zeroize(&mut body.value);
@@ -141,7 +137,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
             source,
         } => {
             let v = set(c, namespace, name, source)?;
-            print(cli, &v, VERSION_COLUMNS);
+            print_one(cli, &v, VERSION_COLUMNS);
         }
         SecretCmd::Rotate {
             namespace,
@@ -154,8 +150,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
             if !json_out {
                 say(&format!(
                     "secret {name} version {} ({})",
-                    v["version"],
-                    v["fingerprint"].as_str().unwrap_or("-")
+                    v.version, v.fingerprint
                 ));
             }
             let body = NewSecretRollout {
@@ -165,15 +160,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
                 pause_between_seconds: rollout.waves.pause_between,
                 manual_promote: rollout.waves.manual_promote,
             };
-            let created = c.send(
-                "POST",
-                &format!(
-                    "/namespaces/{}/secrets/{}/rollouts",
-                    percent_encode(namespace),
-                    percent_encode(name)
-                ),
-                &body,
-            );
+            let created = c.roll_out_secret([namespace, name], &body);
             let r = match created {
                 Ok(r) => r,
                 // The version is written; no running Agent binds an older one.
@@ -181,7 +168,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
                     if code == Code::RolloutEmpty.as_str() =>
                 {
                     if json_out {
-                        print(cli, &serde_json::json!({"secret": v, "rollout": null}), &[]);
+                        print_fields(cli, &serde_json::json!({"secret": v, "rollout": null}));
                     } else {
                         say(&format!("nothing to roll out: {message}"));
                     }
@@ -189,9 +176,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let Some(id) = r["id"].as_i64() else {
-                anyhow::bail!("the rollout answer has no id");
-            };
+            let id = r.id;
             let (last, failure) = if rollout.wait {
                 note(&format!("rollout {id} created"));
                 super::rollout::wait(c, namespace, id, rollout.timeout)?
@@ -200,7 +185,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
             };
             if json_out {
                 // One document: the version written and its rollout.
-                print(cli, &serde_json::json!({"secret": v, "rollout": last}), &[]);
+                print_fields(cli, &serde_json::json!({"secret": v, "rollout": last}));
             } else {
                 super::rollout::show(cli, &last);
             }
@@ -209,40 +194,19 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &SecretCmd) -> Result<()> {
             }
         }
         SecretCmd::List { namespace } => {
-            let v = c.request(
-                "GET",
-                &format!("/namespaces/{}/secrets", percent_encode(namespace)),
-                None,
-            )?;
-            print(cli, &v, LIST_COLUMNS);
+            print_rows(cli, &c.list_secrets([namespace])?, LIST_COLUMNS);
         }
         SecretCmd::Get { namespace, name } => {
-            let v = c.request(
-                "GET",
-                &format!(
-                    "/namespaces/{}/secrets/{}",
-                    percent_encode(namespace),
-                    percent_encode(name)
-                ),
-                None,
-            )?;
+            let v = c.get_secret([namespace, name])?;
             if cli.output == super::Output::Json {
-                print(cli, &v, &[]);
+                print_fields(cli, &v);
             } else {
-                print(cli, &v["versions"], VERSION_COLUMNS);
-                print(cli, &v["usedBy"], USE_COLUMNS);
+                table(&v.versions, VERSION_COLUMNS);
+                table(&v.used_by, USE_COLUMNS);
             }
         }
         SecretCmd::Delete { namespace, name } => {
-            c.request(
-                "DELETE",
-                &format!(
-                    "/namespaces/{}/secrets/{}",
-                    percent_encode(namespace),
-                    percent_encode(name)
-                ),
-                None,
-            )?;
+            c.delete_secret([namespace, name])?;
             say(&format!("secret {name} deleted"));
         }
     }

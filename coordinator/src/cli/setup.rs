@@ -256,7 +256,7 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         config.worker.clone(),
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (leader_task, leadership) = coordinator::leader::spawn(
+    let (leader_task, leadership) = coordinator::control::leader::spawn(
         store.clone(),
         worker.owner.clone(),
         config.leader.clone(),
@@ -267,21 +267,21 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
             .clone()
             .run(config.worker.parallelism, stop_rx.clone()),
     );
-    let drift_task = tokio::spawn(coordinator::drift::run(
+    let drift_task = tokio::spawn(coordinator::control::run_drift(
         store.clone(),
         backend.clone(),
         config.drift.clone(),
         leadership.clone(),
         stop_rx.clone(),
     ));
-    let retention_task = tokio::spawn(coordinator::leader::run_retention(
+    let retention_task = tokio::spawn(coordinator::control::run_retention(
         store.clone(),
         config.retention.clone(),
         leadership.clone(),
         stop_rx.clone(),
     ));
     let service = Service::new(store);
-    let rollout_task = tokio::spawn(coordinator::service::run_rollouts(
+    let rollout_task = tokio::spawn(coordinator::control::run_rollouts(
         service.clone(),
         config.rollout.interval,
         leadership,

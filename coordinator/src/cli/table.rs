@@ -1,22 +1,57 @@
-//! Output of client commands: `--output json` prints the API's answer as it came; the
-//! default table prints the named columns, or for a single object without columns one
-//! `field  value` line per field, never raw JSON.
+//! Output of client commands: `--output json` prints the API's typed answer as JSON; the
+//! default table prints typed columns ([`Column`]), or for a single object without columns
+//! one `field  value` line per field, never raw JSON.
 
+use coordinator::model::{Agent, Cluster};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::out::{sanitise, say};
 use super::{Cli, Output};
 
-pub(crate) const CLUSTER_COLUMNS: &[(&str, &str)] = &[("CLUSTER", "name"), ("SERVER", "server")];
+/// A column of a table of `T`: its head, and how a row shows in it (the answer's typed
+/// fields, never JSON looked up by name).
+pub(crate) struct Column<T> {
+    pub(crate) head: &'static str,
+    pub(crate) cell: fn(&T) -> String,
+}
 
-pub(crate) const AGENT_COLUMNS: &[(&str, &str)] = &[
-    ("AGENT", "id"),
-    ("DESIRED", "desiredState"),
-    ("HOST", "host"),
-    ("PORT", "port"),
-    ("ACTIVE", "activeRevisionId"),
-    ("SERVED", "servedRevisionId"),
-    ("RESTORE", "restore"),
+/// A column of a table of `T`.
+pub(crate) const fn col<T>(head: &'static str, cell: fn(&T) -> String) -> Column<T> {
+    Column { head, cell }
+}
+
+/// An optional value as a cell: `-` when absent.
+pub(crate) fn opt<D: std::fmt::Display>(value: &Option<D>) -> String {
+    value.as_ref().map_or_else(|| "-".to_owned(), D::to_string)
+}
+
+/// A list as a cell: its items joined by commas.
+pub(crate) fn list<D: std::fmt::Display>(items: &[D]) -> String {
+    items.iter().map(D::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// A value that serializes as text (an enum of the protocol) as a cell: its text.
+pub(crate) fn text<T: Serialize>(value: &T) -> String {
+    match to_json(value) {
+        Value::String(s) => s,
+        other => raw_cell(&other),
+    }
+}
+
+pub(crate) const CLUSTER_COLUMNS: &[Column<Cluster>] = &[
+    col("CLUSTER", |c| c.name.clone()),
+    col("SERVER", |c| c.server.clone()),
+];
+
+pub(crate) const AGENT_COLUMNS: &[Column<Agent>] = &[
+    col("AGENT", |a| a.id.to_string()),
+    col("DESIRED", |a| a.desired_state.as_str().to_owned()),
+    col("HOST", |a| opt(&a.host)),
+    col("PORT", |a| opt(&a.port)),
+    col("ACTIVE", |a| opt(&a.active_revision_id)),
+    col("SERVED", |a| opt(&a.served_revision_id)),
+    col("RESTORE", |a| a.restore.as_str().to_owned()),
 ];
 
 /// One field of an answer as a table cell, sanitised (see `out.rs`).
@@ -24,7 +59,9 @@ fn cell(v: &Value) -> String {
     sanitise(&raw_cell(v)).into_owned()
 }
 
-fn raw_cell(v: &Value) -> String {
+/// A JSON field of an answer (a free-form detail) as a cell: `-` for null, a string as it
+/// is, a list joined by commas, anything else as JSON.
+pub(crate) fn raw_cell(v: &Value) -> String {
     match v {
         Value::Null => "-".to_owned(),
         Value::String(s) => s.clone(),
@@ -72,43 +109,70 @@ pub(crate) fn fields(value: &Value, path: &str, out: &mut Vec<(String, String)>)
     }
 }
 
-/// Prints an answer: JSON with `--output json`, else a table of `columns`, else field lines.
-pub(crate) fn print(cli: &Cli, value: &Value, columns: &[(&str, &str)]) {
+/// An answer as JSON (what `--output json` prints).
+pub(crate) fn to_json<T: Serialize>(value: &T) -> Value {
+    // The API's types serialize to JSON without fail (string keys, no non-finite floats).
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// Prints an answer: JSON with `--output json`, else one `field  value` line per field.
+pub(crate) fn print_fields<T: Serialize>(cli: &Cli, value: &T) {
+    let value = to_json(value);
     if cli.output == Output::Json {
-        super::out::json(value);
+        super::out::json(&value);
         return;
     }
-    if columns.is_empty() {
-        let mut out = Vec::new();
-        fields(value, "", &mut out);
-        let out: Vec<(String, String)> = out
-            .into_iter()
-            .map(|(k, v)| (sanitise(&k).into_owned(), v))
-            .collect();
-        let width = out.iter().map(|(k, _)| width_of(k)).max().unwrap_or(0);
-        for (k, v) in out {
-            say(format!("{}  {v}", pad(&k, width)).trim_end());
-        }
+    let mut out = Vec::new();
+    fields(&value, "", &mut out);
+    let out: Vec<(String, String)> = out
+        .into_iter()
+        .map(|(k, v)| (sanitise(&k).into_owned(), v))
+        .collect();
+    let width = out.iter().map(|(k, _)| width_of(k)).max().unwrap_or(0);
+    for (k, v) in out {
+        say(format!("{}  {v}", pad(&k, width)).trim_end());
+    }
+}
+
+/// Prints one answer: JSON with `--output json`, else a table of `columns` with one row.
+pub(crate) fn print_one<T: Serialize>(cli: &Cli, row: &T, columns: &[Column<T>]) {
+    if cli.output == Output::Json {
+        super::out::json(&to_json(row));
         return;
     }
-    let rows: Vec<&Value> = match value {
-        Value::Array(items) => items.iter().collect(),
-        other => vec![other],
-    };
+    table(std::slice::from_ref(row), columns);
+}
+
+/// Prints a list answer: JSON with `--output json`, else a table of `columns`.
+pub(crate) fn print_rows<T: Serialize>(cli: &Cli, rows: &[T], columns: &[Column<T>]) {
+    if cli.output == Output::Json {
+        super::out::json(&to_json(&rows));
+        return;
+    }
+    table(rows, columns);
+}
+
+/// A table of `columns`, one line per row, every cell sanitised.
+pub(crate) fn table<T>(rows: &[T], columns: &[Column<T>]) {
     let table: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| columns.iter().map(|(_, k)| cell(&r[*k])).collect())
+        .map(|r| {
+            columns
+                .iter()
+                .map(|c| sanitise(&(c.cell)(r)).into_owned())
+                .collect()
+        })
         .collect();
     let widths: Vec<usize> = columns
         .iter()
         .enumerate()
-        .map(|(i, (h, _))| {
+        .map(|(i, c)| {
             table
                 .iter()
                 .map(|r| width_of(&r[i]))
                 .max()
                 .unwrap_or(0)
-                .max(h.len())
+                .max(c.head.len())
         })
         .collect();
     let line = |cells: Vec<String>| {
@@ -121,7 +185,7 @@ pub(crate) fn print(cli: &Cli, value: &Value, columns: &[(&str, &str)]) {
             .trim_end()
             .to_owned()
     };
-    say(&line(columns.iter().map(|(h, _)| h.to_string()).collect()));
+    say(&line(columns.iter().map(|c| c.head.to_string()).collect()));
     for r in table {
         say(&line(r));
     }

@@ -2,13 +2,18 @@
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use coordinator::api::NewToken;
-use coordinator::client::Client;
-use coordinator::model::{Grant, Role};
+use clawfleet_api::types::{CreatedToken, Grant, NewToken, Role};
+use coordinator::client::{Api, Client};
 
 use super::Cli;
 use super::out::say;
-use super::table::print;
+use super::table::{Column, col, opt, print_one};
+
+const CREATED_COLUMNS: &[Column<CreatedToken>] = &[
+    col("ID", |t| t.id.clone()),
+    col("TOKEN", |t| t.token.clone()),
+    col("EXPIRES", |t| opt(&t.expires_at)),
+];
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum TokenCmd {
@@ -46,11 +51,10 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &TokenCmd) -> Result<()> {
                     role,
                 });
             }
-            print(
+            print_one(
                 cli,
-                &c.send(
-                    "POST",
-                    "/tokens",
+                &c.create_token(
+                    [],
                     &NewToken {
                         name: name.clone(),
                         grants: parsed,
@@ -58,11 +62,11 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &TokenCmd) -> Result<()> {
                             .map(|s| coordinator::clock::now_seconds() + i64::from(s)),
                     },
                 )?,
-                &[("ID", "id"), ("TOKEN", "token"), ("EXPIRES", "expiresAt")],
+                CREATED_COLUMNS,
             );
         }
         TokenCmd::Revoke { id } => {
-            c.request("DELETE", &format!("/tokens/{id}"), None)?;
+            c.revoke_token([id])?;
             say(&format!("token {id} revoked"));
         }
     }

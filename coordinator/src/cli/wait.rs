@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
-use coordinator::client::{Client, ClientError};
+use clawfleet_api::types::{DeploymentStatus, DesiredState, WorkRecord, WorkState};
+use coordinator::client::{Api, Client, ClientError};
 use coordinator::codes::Code;
 use serde_json::Value;
 
@@ -78,10 +79,11 @@ fn converged_code(what: Waited, code: &str) -> bool {
 }
 
 /// How a `--wait` ended: the work item and the deployment status it last read (`status` is
-/// null once a deleted Agent is gone), and, unless it converged, why not (with its exit code).
+/// `None` once a deleted Agent is gone), and, unless it converged, why not (with its exit
+/// code).
 pub(crate) struct WaitEnd {
-    pub(crate) work: Value,
-    pub(crate) status: Value,
+    pub(crate) work: WorkRecord,
+    pub(crate) status: Option<DeploymentStatus>,
     pub(crate) failure: Option<anyhow::Error>,
 }
 
@@ -93,11 +95,15 @@ impl WaitEnd {
 
     /// Prints the end of the wait (JSON: [`Self::document`]; table: `table`, only when it
     /// converged) and returns the failure, if any, for `main`'s exit code.
-    pub(crate) fn finish(self, cli: &super::Cli, table: impl FnOnce(&Value)) -> Result<()> {
+    pub(crate) fn finish(
+        self,
+        cli: &super::Cli,
+        table: impl FnOnce(Option<&DeploymentStatus>),
+    ) -> Result<()> {
         if cli.output == super::Output::Json {
             super::out::json(&self.document());
         } else if self.failure.is_none() {
-            table(&self.status);
+            table(self.status.as_ref());
         }
         match self.failure {
             Some(e) => Err(e),
@@ -106,18 +112,23 @@ impl WaitEnd {
     }
 }
 
+/// The last attempt's code and message of a work item (empty before its first attempt).
+fn last_attempt(work: &WorkRecord) -> (&str, &str) {
+    work.last_attempt
+        .as_ref()
+        .map_or(("", ""), |a| (a.code.as_str(), a.message.as_str()))
+}
+
 /// What one look at a work item and the Agent's status says: still open, done as asked, or
 /// ended otherwise (exit code and message).
 fn judge(
     what: Waited,
     agent: &str,
-    work: &Value,
-    status: &Value,
+    work: &WorkRecord,
+    status: Option<&DeploymentStatus>,
 ) -> Option<Result<(), (u8, String)>> {
-    let state = work["state"].as_str().unwrap_or("-");
-    let code = work["lastAttempt"]["code"].as_str().unwrap_or("");
-    let message = work["lastAttempt"]["message"].as_str().unwrap_or("");
-    let revision = work["revisionId"].as_str().unwrap_or("-");
+    let (code, message) = last_attempt(work);
+    let revision = work.revision_id.as_deref().unwrap_or("-");
     let label = match what {
         Waited::Deploy => "deploy",
         Waited::Stop => "stop",
@@ -128,10 +139,13 @@ fn judge(
     } else {
         format!("{label} of {agent}")
     };
-    let active = status["activeRevisionId"].as_str();
-    let served = status["servedRevisionId"].as_str().unwrap_or("nothing");
-    match state {
-        "done" if converged_code(what, code) => match what {
+    let active = status.and_then(|s| s.active_revision_id.as_deref());
+    let served = status
+        .and_then(|s| s.served_revision_id.as_deref())
+        .unwrap_or("nothing");
+    let desired = status.map(|s| s.desired_state);
+    match work.state {
+        WorkState::Done if converged_code(what, code) => match what {
             // Activated, but a newer deploy (or a stop) may have taken over since: exit 0 only
             // while the requested revision is still the active and served one.
             Waited::Deploy if active != Some(revision) || served != revision => Some(Err((
@@ -141,24 +155,24 @@ fn judge(
                     active.unwrap_or("nothing")
                 ),
             ))),
-            Waited::Stop if status["desiredState"] != "stopped" => Some(Err((
+            Waited::Stop if desired != Some(DesiredState::Stopped) => Some(Err((
                 exit::SUPERSEDED,
                 format!(
                     "{subject} finished, then was overtaken: the Agent is {} again ({served} serves)",
-                    status["desiredState"].as_str().unwrap_or("-")
+                    desired.map_or("-", DesiredState::as_str)
                 ),
             ))),
             _ => Some(Ok(())),
         },
-        "done" => Some(Err((
+        WorkState::Done => Some(Err((
             exit::SUPERSEDED,
             format!("{subject} was overtaken: {code} {message} ({served} serves)"),
         ))),
-        "failed" => Some(Err((
+        WorkState::Failed => Some(Err((
             exit::WORK_FAILED,
             format!("{subject} failed: {code} {message} ({served} serves)"),
         ))),
-        _ => None,
+        WorkState::Queued | WorkState::Running => None,
     }
 }
 
@@ -181,47 +195,39 @@ pub(crate) fn wait(
         Waited::Delete => "delete",
     };
     loop {
-        let work = client.request(
-            "GET",
-            &format!("/namespaces/{ns}/agents/{agent}/work/{work_id}"),
-            None,
-        )?;
-        let status = match client.request(
-            "GET",
-            &format!("/namespaces/{ns}/agents/{agent}/deployment-status"),
-            None,
-        ) {
-            Ok(s) => s,
-            Err(ClientError::Api { status: 404, .. }) if what == Waited::Delete => Value::Null,
+        let work = client.get_work([ns, agent, &work_id.to_string()])?;
+        let status = match client.deployment_status([ns, agent]) {
+            Ok(s) => Some(s),
+            Err(ClientError::Api { status: 404, .. }) if what == Waited::Delete => None,
             Err(e) => return Err(e.into()),
         };
-        let state = work["state"].as_str().unwrap_or("-");
-        let code = work["lastAttempt"]["code"].as_str().unwrap_or("");
-        let message = work["lastAttempt"]["message"].as_str().unwrap_or("");
-        let revision = work["revisionId"].as_str().unwrap_or("-");
-        let line = if status.is_null() {
-            format!("{label} {state} {code}")
-        } else {
-            let rev_status = status["revisions"]
-                .as_array()
-                .and_then(|revs| revs.iter().find(|r| r["id"] == work["revisionId"]))
-                .and_then(|r| r["status"].as_str())
-                .unwrap_or("-");
-            format!(
-                "{label}{} {state} {code} · desired {} · active {} · served {}{}",
-                if what == Waited::Deploy {
-                    format!(" {revision} ({rev_status})")
-                } else {
-                    String::new()
-                },
-                status["desiredState"].as_str().unwrap_or("-"),
-                status["activeRevisionId"].as_str().unwrap_or("-"),
-                status["servedRevisionId"].as_str().unwrap_or("-"),
-                match work["attempts"].as_u64() {
-                    Some(n) if n > 0 => format!(" · attempts {n}"),
-                    _ => String::new(),
-                },
-            )
+        let state = work.state.as_str();
+        let (code, message) = last_attempt(&work);
+        let revision = work.revision_id.as_deref().unwrap_or("-");
+        let line = match &status {
+            None => format!("{label} {state} {code}"),
+            Some(status) => {
+                let rev_status = status
+                    .revisions
+                    .iter()
+                    .find(|r| work.revision_id.as_deref() == Some(r.id.as_str()))
+                    .map_or("-", |r| r.status.as_str());
+                format!(
+                    "{label}{} {state} {code} · desired {} · active {} · served {}{}",
+                    if what == Waited::Deploy {
+                        format!(" {revision} ({rev_status})")
+                    } else {
+                        String::new()
+                    },
+                    status.desired_state.as_str(),
+                    status.active_revision_id.as_deref().unwrap_or("-"),
+                    status.served_revision_id.as_deref().unwrap_or("-"),
+                    match work.attempts {
+                        n if n > 0 => format!(" · attempts {n}"),
+                        _ => String::new(),
+                    },
+                )
+            }
         };
         if line != last {
             super::out::note(&format!(
@@ -230,7 +236,7 @@ pub(crate) fn wait(
             ));
             last = line;
         }
-        let failure = match judge(what, agent, &work, &status) {
+        let failure = match judge(what, agent, &work, status.as_ref()) {
             Some(Ok(())) => None,
             Some(Err((exit, message))) => Some(wait_failure(exit, message)),
             None if start.elapsed() > Duration::from_secs(args.timeout) => {
@@ -262,46 +268,104 @@ pub(crate) fn wait(
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use clawfleet_api::types::{LastAttempt, WorkKind};
 
     use super::*;
 
-    fn work(state: &str, code: &str, revision: &str) -> Value {
-        json!({"state": state, "revisionId": revision, "lastAttempt": {"code": code, "message": "m"}})
+    fn work(state: WorkState, code: &str, revision: &str) -> WorkRecord {
+        WorkRecord {
+            id: 1,
+            kind: WorkKind::Deploy,
+            revision_id: Some(revision.to_owned()),
+            state,
+            attempts: 1,
+            last_attempt: (!code.is_empty()).then(|| LastAttempt {
+                code: code.to_owned(),
+                message: "m".to_owned(),
+                at: 0,
+                attempts: 1,
+            }),
+            created_at: 0,
+        }
     }
 
-    fn status(desired: &str, active: Option<&str>, served: Option<&str>) -> Value {
-        json!({"desiredState": desired, "activeRevisionId": active, "servedRevisionId": served})
+    fn status(
+        desired: DesiredState,
+        active: Option<&str>,
+        served: Option<&str>,
+    ) -> DeploymentStatus {
+        DeploymentStatus {
+            namespace_id: "ns1".to_owned(),
+            agent_id: "a1".to_owned(),
+            desired_state: desired,
+            host: None,
+            port: None,
+            active_revision_id: active.map(str::to_owned),
+            served_revision_id: served.map(str::to_owned),
+            converged: false,
+            revisions: Vec::new(),
+            open_work: Vec::new(),
+            recent_work: Vec::new(),
+            last_code: None,
+        }
     }
 
     /// A deploy whose revision was activated and then overtaken by a newer one before the
     /// wait looked is not "active and served": it exits 4 (it used to exit 0).
     #[test]
     fn an_activated_revision_overtaken_before_the_wait_looked_is_superseded() {
-        let done = work("done", Code::RevisionActivated.as_str(), "rev-2-aaaaaaaa");
-        let now = status("running", Some("rev-3-bbbbbbbb"), Some("rev-3-bbbbbbbb"));
-        match judge(Waited::Deploy, "a1", &done, &now) {
+        let done = work(
+            WorkState::Done,
+            Code::RevisionActivated.as_str(),
+            "rev-2-aaaaaaaa",
+        );
+        let now = status(
+            DesiredState::Running,
+            Some("rev-3-bbbbbbbb"),
+            Some("rev-3-bbbbbbbb"),
+        );
+        match judge(Waited::Deploy, "a1", &done, Some(&now)) {
             Some(Err((code, message))) => {
                 assert_eq!(code, exit::SUPERSEDED);
                 assert!(message.contains("rev-3-bbbbbbbb is active"), "{message}");
             }
             other => panic!("{other:?}"),
         }
-        let served = status("running", Some("rev-2-aaaaaaaa"), Some("rev-2-aaaaaaaa"));
-        assert_eq!(judge(Waited::Deploy, "a1", &done, &served), Some(Ok(())));
+        let served = status(
+            DesiredState::Running,
+            Some("rev-2-aaaaaaaa"),
+            Some("rev-2-aaaaaaaa"),
+        );
+        assert_eq!(
+            judge(Waited::Deploy, "a1", &done, Some(&served)),
+            Some(Ok(()))
+        );
         // Active, but the host serves another revision: not "served" either.
-        let other = status("running", Some("rev-2-aaaaaaaa"), Some("rev-1-cccccccc"));
+        let other = status(
+            DesiredState::Running,
+            Some("rev-2-aaaaaaaa"),
+            Some("rev-1-cccccccc"),
+        );
         assert!(matches!(
-            judge(Waited::Deploy, "a1", &done, &other),
+            judge(Waited::Deploy, "a1", &done, Some(&other)),
             Some(Err((exit::SUPERSEDED, _)))
         ));
     }
 
     #[test]
     fn a_stop_overtaken_by_a_deploy_is_superseded_and_open_work_is_pending() {
-        let stopped = work("done", Code::RevisionStopped.as_str(), "rev-2-aaaaaaaa");
+        let stopped = work(
+            WorkState::Done,
+            Code::RevisionStopped.as_str(),
+            "rev-2-aaaaaaaa",
+        );
         assert_eq!(
-            judge(Waited::Stop, "a1", &stopped, &status("stopped", None, None)),
+            judge(
+                Waited::Stop,
+                "a1",
+                &stopped,
+                Some(&status(DesiredState::Stopped, None, None))
+            ),
             Some(Ok(()))
         );
         assert!(matches!(
@@ -309,19 +373,19 @@ mod tests {
                 Waited::Stop,
                 "a1",
                 &stopped,
-                &status("running", Some("rev-3-bbbbbbbb"), None)
+                Some(&status(DesiredState::Running, Some("rev-3-bbbbbbbb"), None))
             ),
             Some(Err((exit::SUPERSEDED, _)))
         ));
-        let open = work("running", "", "rev-2-aaaaaaaa");
-        assert_eq!(judge(Waited::Deploy, "a1", &open, &Value::Null), None);
+        let open = work(WorkState::Running, "", "rev-2-aaaaaaaa");
+        assert_eq!(judge(Waited::Deploy, "a1", &open, None), None);
         let failed = work(
-            "failed",
+            WorkState::Failed,
             clawfleet_protocol::FailureCode::OwnershipMismatch.as_str(),
             "rev-2-aaaaaaaa",
         );
         assert!(matches!(
-            judge(Waited::Deploy, "a1", &failed, &Value::Null),
+            judge(Waited::Deploy, "a1", &failed, None),
             Some(Err((exit::WORK_FAILED, _)))
         ));
     }

@@ -17,14 +17,15 @@ mod secrets;
 mod tokens;
 mod workspace;
 
+pub use crate::evidence::{
+    EVIDENCE_LINES, is_runtime_failure, runtime_failure, secret_redaction_terms,
+};
 pub use clusters::ClusterUpdate;
 pub use probe::ProbeError;
 pub use reads::{AuditQuery, DriftQuery, Metrics};
-pub use rollouts::{
-    MAX_ROLLOUT_AGENTS, NewRollout, NewSecretRollout, RolloutAction, run as run_rollouts,
-};
-pub use runtime::{EVIDENCE_LINES, LogsQuery, RuntimeError, is_runtime_failure, runtime_failure};
-pub use secrets::{NewSecret, SecretDeploy, SecretInfo, SecretUse, secret_redaction_terms};
+pub use rollouts::{MAX_ROLLOUT_AGENTS, NewRollout, NewSecretRollout, RolloutAction};
+pub use runtime::{LogsQuery, RuntimeError};
+pub use secrets::{NewSecret, SecretDeploy, SecretInfo, SecretUse};
 pub use tokens::TokenChangeError;
 pub use workspace::NewWorkspaceFile;
 

@@ -232,15 +232,15 @@ impl Service {
         rev.id = crate::store::revision_id(rev.number, &rev.configuration_hash)
             .map_err(ServiceError::from)?;
         let bad = |e: String| ServiceError::invalid(Code::InvalidStoredId, e);
-        let reference = crate::worker::revision_ref(&rev).map_err(bad)?;
-        let spec = crate::worker::revision_spec(&reference, &rev.rendered)
+        let reference = crate::render::revision_ref(&rev).map_err(bad)?;
+        let spec = crate::render::revision_spec(&reference, &rev.rendered)
             .map_err(|(code, message)| ServiceError::invalid(code, message))?;
         // The revision a failed activation would put back, as the worker chooses it.
         let restore = match (&agent.restore, &agent.served_revision_id) {
             (RestorePolicy::LastServed, Some(served)) => revisions
                 .iter()
                 .find(|r| &r.id == served && r.status != RevisionStatus::Retired)
-                .map(|r| crate::worker::revision_ref(r).map_err(bad))
+                .map(|r| crate::render::revision_ref(r).map_err(bad))
                 .transpose()?,
             _ => None,
         };

@@ -7,13 +7,11 @@
 //! that restarts picks up where the store says, and never deploys an Agent twice (an Agent
 //! leaves `pending` in the same transaction that queues its deploy).
 
-use std::time::Duration;
-
 use clawfleet_protocol::{FailureCode, Ident};
 use serde_json::json;
 
 use super::{Result, Service, ServiceError, check_id, now};
-use crate::codes::Code;
+use crate::codes::{AnyCode, Code};
 use crate::model::{
     DesiredState, RevisionStatus, Rollout, RolloutAgentState, RolloutState, RolloutSubject,
 };
@@ -702,10 +700,9 @@ impl Service {
                             .and_then(|rev| rev.runtime_failure),
                         None => None,
                     };
-                    let code = evidence
-                        .as_ref()
-                        .and_then(|e| e["code"].as_str())
-                        .filter(|c| ACTIVATION_FAILED.iter().any(|f| f.as_str() == *c));
+                    let code = evidence.as_ref().map(|e| e.code.as_str()).filter(|c| {
+                        AnyCode::parse(c).is_some_and(|c| ACTIVATION_FAILED.iter().any(|f| c == *f))
+                    });
                     match code {
                         Some(code) => (
                             RolloutAgentState::Failed,
@@ -715,7 +712,8 @@ impl Service {
                                  retrying it (restore: none)",
                                 evidence
                                     .as_ref()
-                                    .and_then(|e| e["message"].as_str())
+                                    .map(|e| e.message.as_str())
+                                    .filter(|m| !m.is_empty())
                                     .unwrap_or(code)
                             ),
                         ),
@@ -741,7 +739,7 @@ impl Service {
                         && agent.active_revision_id.as_deref() == a.revision_id.as_deref()
                     {
                         RolloutAgentState::Succeeded
-                    } else if code == Code::RevisionRestored.as_str() {
+                    } else if AnyCode::parse(&code) == Some(Code::RevisionRestored.into()) {
                         RolloutAgentState::Restored
                     } else {
                         RolloutAgentState::Failed
@@ -908,30 +906,6 @@ impl Service {
             .await?;
         }
         Ok(())
-    }
-}
-
-/// Runs scheduler passes every `interval` until `stop` turns true.
-pub async fn run(
-    service: Service,
-    interval: Duration,
-    leader: crate::leader::Leadership,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stop.changed() => return,
-        }
-        if *stop.borrow() {
-            return;
-        }
-        if !leader.is_leader() {
-            continue;
-        }
-        if let Err(e) = service.advance_rollouts().await {
-            tracing::warn!("rollout pass failed: {e}");
-        }
     }
 }
 

@@ -1,17 +1,16 @@
-//! Runtime inspection through the Agent's backend: `agent-runtime` and `agent-logs`, and the
-//! failure evidence the worker keeps with a revision whose activation failed. Log reads are
+//! Runtime inspection through the Agent's backend: `agent-runtime` and `agent-logs` (the
+//! failure evidence the worker keeps with a revision is `crate::evidence`). Log reads are
 //! audited (who read which range of whose log).
 
 use clawfleet_api::responses::AgentRuntime;
-use clawfleet_protocol::FailureCode;
 use clawfleet_protocol::Operation;
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
 use clawfleet_protocol::redact::Redactor;
 use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::runtime::{
-    LogCursor, LogPage, LogStart, LogsArgs, MAX_PAGE_LINES, PageLines, RuntimeArgs, RuntimeReport,
+    LogCursor, LogPage, LogStart, LogsArgs, MAX_PAGE_LINES, PageLines, RuntimeArgs,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::{Service, ServiceError, now};
 use crate::backend::{Backend, CallError, CallOptions, Target};
@@ -195,7 +194,7 @@ impl Service {
         let (entries, code) = match &outcome {
             Ok(OperationResult::AgentLogs(p)) => (p.entries.len(), None),
             Ok(_) => (0, Some(Code::InvalidHostResult.as_str())),
-            Err(e) => (0, Some(e.code())),
+            Err(e) => (0, Some(e.code().as_str())),
         };
         let target = format!("{ns}/{id}");
         if !query.follow.unwrap_or(false) {
@@ -217,7 +216,7 @@ impl Service {
             OperationResult::AgentLogs(mut page) => {
                 // Once more here: whatever the target missed does not reach the caller, and
                 // the values of the Agent's bound secrets are replaced by construction.
-                let secrets = super::secret_redaction_terms(&*self.store, ns, id)
+                let secrets = crate::evidence::secret_redaction_terms(&*self.store, ns, id)
                     .await
                     .map_err(ServiceError::from)?;
                 let mut redactor = Redactor::new(secrets);
@@ -264,77 +263,6 @@ pub(super) fn wrong_answer(other: &OperationResult) -> ServiceError {
         Code::InvalidHostResult,
         format!("the target answered {}", other.kind()),
     )
-}
-
-/// Lines of evidence kept with a failed activation.
-pub const EVIDENCE_LINES: u32 = 20;
-/// Longest evidence line kept, in characters.
-const EVIDENCE_LINE_MAX: usize = 512;
-
-/// Whether a failure is one an Agent's runtime explains (the gateway did not come up).
-pub fn is_runtime_failure(code: &str) -> bool {
-    [
-        FailureCode::ReadinessTimeout,
-        FailureCode::UnitFailed,
-        FailureCode::ListenerNotOwned,
-        FailureCode::RevisionIncomplete,
-        FailureCode::RevisionImagePullFailed,
-        FailureCode::RevisionUnschedulable,
-        FailureCode::NamespacePodQuotaExceeded,
-    ]
-    .iter()
-    .any(|c| c.as_str() == code)
-}
-
-/// The bounded, redacted `runtimeFailure` of a failed activation, from the failure and what
-/// `agent-runtime` (with evidence lines) showed right after it. `secrets`: the values of the
-/// Agent's bound secrets ([`super::secret_redaction_terms`]), replaced wherever they appear.
-pub fn runtime_failure(
-    code: &str,
-    message: &str,
-    report: Option<&RuntimeReport>,
-    secrets: Vec<String>,
-) -> Value {
-    let check = if code == FailureCode::UnitFailed.as_str() {
-        "unit"
-    } else if code == FailureCode::ListenerNotOwned.as_str() {
-        "listener"
-    } else if code != FailureCode::ReadinessTimeout.as_str() {
-        // The Kubernetes backend's rollout outcomes (incomplete, unschedulable, image pull).
-        "rollout"
-    } else {
-        "readiness"
-    };
-    let mut redactor = Redactor::new(secrets);
-    let lines: Vec<Value> = report
-        .map(|r| r.recent_lines.as_slice())
-        .unwrap_or_default()
-        .iter()
-        .rev()
-        .take(EVIDENCE_LINES as usize)
-        .rev()
-        .map(|e| {
-            json!({
-                "at": e.at,
-                "source": e.source,
-                "message": clawfleet_protocol::text::clean(&redactor.line(&e.message).text, EVIDENCE_LINE_MAX),
-            })
-        })
-        .collect();
-    let workload = report.and_then(|r| r.workload.as_ref());
-    json!({
-        "component": "gateway",
-        "check": check,
-        "checkedAt": now(),
-        "code": code,
-        "message": clawfleet_protocol::text::clean(&redactor.line(message).text, EVIDENCE_LINE_MAX),
-        "activeState": workload.map(|w| w.active_state.clone()),
-        "subState": workload.map(|w| w.sub_state.clone()),
-        "restarts": workload.map(|w| w.restarts),
-        "lastExit": workload.and_then(|w| w.last_exit.clone()),
-        "events": report.map(|r| r.events.iter().take(5).cloned().collect::<Vec<_>>()).unwrap_or_default(),
-        "lastLines": lines,
-    })
 }
 
 #[cfg(test)]

@@ -232,33 +232,6 @@ pub(super) fn behind(info: &SecretInfo) -> Vec<&str> {
     agents
 }
 
-/// The values of every secret version that any revision of the Agent binds (old versions
-/// too: the log may hold lines from before a rotation): the literal terms its log and the
-/// evidence of its failures are redacted with, so a bound secret's value never leaves in a
-/// log line, whatever the target redacted.
-pub async fn secret_redaction_terms(
-    store: &dyn crate::store::Store,
-    ns: &str,
-    agent: &str,
-) -> std::result::Result<Vec<String>, crate::store::StoreError> {
-    let mut bound: Vec<(String, u32)> = store
-        .revisions(ns, agent)
-        .await?
-        .iter()
-        .flat_map(|r| r.secrets.iter().map(|b| (b.name.to_string(), b.version)))
-        .collect();
-    bound.sort_unstable();
-    bound.dedup();
-    let mut out = Vec::with_capacity(bound.len());
-    for (name, version) in bound {
-        if let Some(v) = store.secret_value(ns, &name, version).await? {
-            // Values are UTF-8 (checked when stored).
-            out.push(String::from_utf8_lossy(&v.value).into_owned());
-        }
-    }
-    Ok(out)
-}
-
 fn refused(r: render::Refusal) -> ServiceError {
     ServiceError::invalid(Code::ConfigurationRefused, r.to_string())
 }

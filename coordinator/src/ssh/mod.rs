@@ -740,7 +740,7 @@ impl SshBackend {
         match &r {
             Ok(_) => tracing::info!(operation_id = %id, elapsed_us, "operation succeeded"),
             Err(e) => {
-                tracing::warn!(operation_id = %id, elapsed_us, code = e.code(), "operation failed: {e}")
+                tracing::warn!(operation_id = %id, elapsed_us, code = %e.code(), "operation failed: {e}")
             }
         }
         Attempt::Done(r)

@@ -38,8 +38,8 @@ pub mod sqlite;
 pub use crate::model::{DriftReason, DriftState};
 pub use database::Database;
 pub use rows::{
-    Claim, Enqueue, LeaseHeld, NamespaceInsert, NewTokenRow, Pruned, RevisionInsert, RolloutInsert,
-    RolloutRow, TokenRow, Work, WorkAttempt, WorkEnd, WorkKind, WorkRecord, WorkState,
+    Claim, Enqueue, LastAttempt, LeaseHeld, NamespaceInsert, NewTokenRow, Pruned, RevisionInsert,
+    RolloutInsert, RolloutRow, TokenRow, Work, WorkEnd, WorkKind, WorkRecord, WorkState,
 };
 
 /// A store failure.
@@ -300,7 +300,7 @@ pub trait AgentStore: Send + Sync {
         then: Option<&Enqueue>,
     ) -> Result<Option<i64>>;
     /// Places an Agent that has no host yet on the least loaded of `candidates` with room
-    /// (the rule of [`crate::targets::least_loaded_of`]: fewest Agents, then the order
+    /// (the rule of [`least_loaded_of`]: fewest Agents, then the order
     /// given), choosing and placing in one write. Returns the host the Agent is placed on
     /// afterwards; `None` while it has none (no candidate has room).
     async fn place_agent(
@@ -370,7 +370,7 @@ pub trait RevisionStore: Send + Sync {
         ns: &str,
         agent: &str,
         id: &str,
-        evidence: Option<&Value>,
+        evidence: Option<&crate::model::RuntimeFailure>,
     ) -> Result<()>;
     async fn set_revision_status(
         &self,
@@ -703,4 +703,15 @@ impl<T> Store for T where
         + StoreMeta
         + std::fmt::Debug
 {
+}
+/// The placement rule over (host, Agents on it) in the Namespace's order: the first with the
+/// fewest Agents among those with room.
+pub fn least_loaded_of(loads: impl IntoIterator<Item = (Host, u32)>) -> Option<Host> {
+    let mut best: Option<(u32, Host)> = None;
+    for (host, load) in loads {
+        if load < host.max_agents && best.as_ref().is_none_or(|(l, _)| load < *l) {
+            best = Some((load, host));
+        }
+    }
+    best.map(|(_, host)| host)
 }

@@ -216,7 +216,7 @@ impl<'a> WorkEnd<'a> {
 
 // The work queue's kinds and states and the work item as the API shows it are part of the API
 // contract.
-pub use clawfleet_api::model::{WorkAttempt, WorkKind, WorkRecord, WorkState};
+pub use clawfleet_api::model::{LastAttempt, WorkKind, WorkRecord, WorkState};
 
 /// The leader lease as one coordinator sees it after `lead` (`leader::Leadership` is the
 /// running flag derived from it): the singleton loops (drift sweeps, rollout

@@ -2,7 +2,7 @@
 //! place, prepare, commit (compare-and-set the Agent's active revision), activate, retire.
 //! An item whose revision is already committed (a retry after the commit point) skips the
 //! commit. Each phase is small and ends the item early by returning the [`Step`] it ended
-//! with; retries go through the worker's one policy (`call_failed` and the attempt budget).
+//! with; retries go through the worker's one failure policy (`policy.rs`).
 
 use std::time::Duration;
 
@@ -15,7 +15,8 @@ use clawfleet_protocol::sealed::{PutSecretsArgs, PutSecretsResult};
 use clawfleet_protocol::workspace::{WorkspaceFileMeta, WorkspaceSetup};
 use clawfleet_protocol::{FailureCode, Operation};
 
-use super::{Step, Worker, done, failed, store_err};
+use super::policy::{Policy, Stage};
+use super::{Step, Worker, done, failed};
 use crate::backend::{Backend, CallError, CallOptions, Target};
 use crate::codes::Code;
 use crate::model::{Agent, DesiredState, Namespace, Revision, RevisionStatus, WorkspaceState};
@@ -152,13 +153,21 @@ impl<B: Backend> Worker<B> {
         // connections, and a worker with many items in flight would take them all (on SQLite
         // that cost the deploy route a fifth of its requests/s). The revision itself is one
         // of the Agent's revisions.
-        let agent = self.store.agent(ns_id, agent_id).await.map_err(store_err)?;
+        let agent = self
+            .store
+            .agent(ns_id, agent_id)
+            .await
+            .map_err(Policy::store_failed)?;
         let revisions = self
             .store
             .revisions(ns_id, agent_id)
             .await
-            .map_err(store_err)?;
-        let ns = self.store.namespace(ns_id).await.map_err(store_err)?;
+            .map_err(Policy::store_failed)?;
+        let ns = self
+            .store
+            .namespace(ns_id)
+            .await
+            .map_err(Policy::store_failed)?;
         let Some(agent) = agent else {
             return Err(done(Code::AgentGone, "the Agent was deleted"));
         };
@@ -190,7 +199,7 @@ impl<B: Backend> Worker<B> {
                         RevisionStatus::Superseded,
                     )
                     .await
-                    .map_err(store_err)?;
+                    .map_err(Policy::store_failed)?;
             }
             return Err(done(Code::RevisionSuperseded, "a newer revision exists"));
         }
@@ -225,21 +234,19 @@ impl<B: Backend> Worker<B> {
         let target = match self.cluster_target(&d.ns).await? {
             Some(cluster) if d.ns.ready => cluster,
             Some(_) => {
-                return Err(Step::Retry {
-                    code: Code::NamespaceNotReady.as_str().to_owned(),
-                    message: "the Namespace is not ready on its cluster yet".to_owned(),
-                    attempt: false,
-                    delay: self.recheck(d.work),
-                });
+                return Err(self.policy().waiting(
+                    d.work,
+                    Code::NamespaceNotReady,
+                    "the Namespace is not ready on its cluster yet",
+                ));
             }
             None => {
                 let Some(host) = self.place(d.work, &d.ns, &d.agent).await? else {
-                    return Err(Step::Retry {
-                        code: Code::NoHostAvailable.as_str().to_owned(),
-                        message: "no ready pool host has room for this Agent yet".to_owned(),
-                        attempt: false,
-                        delay: self.recheck(d.work),
-                    });
+                    return Err(self.policy().waiting(
+                        d.work,
+                        Code::NoHostAvailable,
+                        "no ready pool host has room for this Agent yet",
+                    ));
                 };
                 if !d.ns.ready_hosts.iter().any(|h| host.name == *h) {
                     self.ensure_on(d.work, &d.ns, &host).await?;
@@ -263,7 +270,7 @@ impl<B: Backend> Worker<B> {
             self.store
                 .mark_revision_staged(&d.work.claim, &d.work.namespace_id, &d.agent.id, &d.rev.id)
                 .await
-                .map_err(store_err)?;
+                .map_err(Policy::store_failed)?;
         }
         let op = Operation::PrepareRevision(PrepareArgs {
             namespace: d.namespace.clone(),
@@ -273,13 +280,13 @@ impl<B: Backend> Worker<B> {
         });
         match self.call(d.work, d.target()?, op).await? {
             Err(e) => {
-                if e.code() == FailureCode::SnapshotMismatch.as_str() && !d.committed {
+                if e.code() == FailureCode::SnapshotMismatch && !d.committed {
                     // The target holds another revision under this number (or this id with
                     // other content): this database issued the number again, as after a
                     // restore from an older backup. The next revision is numbered above it.
                     self.raise_floor(d, d.rev.number).await?;
                 }
-                if e.code() == FailureCode::WorkspaceSetupFailed.as_str() {
+                if e.code() == FailureCode::WorkspaceSetupFailed {
                     let message = e.to_string();
                     self.store
                         .set_workspace_state(
@@ -287,13 +294,15 @@ impl<B: Backend> Worker<B> {
                             &d.work.namespace_id,
                             &d.agent.id,
                             WorkspaceState::Failed,
-                            Some((e.code(), &message)),
+                            Some((e.code().as_str(), &message)),
                             crate::clock::now_seconds(),
                         )
                         .await
-                        .map_err(store_err)?;
+                        .map_err(Policy::store_failed)?;
                 }
-                Err(self.call_failed(d.work, e, d.committed))
+                Err(self
+                    .policy()
+                    .call_failed(d.work, e, Stage::deploy(d.committed)))
             }
             Ok(OperationResult::PrepareRevision(p)) => {
                 // The deploy's first observation, against the Agent as loaded: nothing to
@@ -317,7 +326,7 @@ impl<B: Backend> Worker<B> {
                             crate::clock::now_seconds(),
                         )
                         .await
-                        .map_err(store_err)?;
+                        .map_err(Policy::store_failed)?;
                 }
                 if p.ready {
                     return Ok(());
@@ -333,7 +342,7 @@ impl<B: Backend> Worker<B> {
                         .store
                         .revision(&d.work.namespace_id, &d.agent.id, id)
                         .await
-                        .map_err(store_err)?
+                        .map_err(Policy::store_failed)?
                         .is_none(),
                     None => false,
                 };
@@ -386,7 +395,7 @@ impl<B: Backend> Worker<B> {
                 .store
                 .secret_value(&d.work.namespace_id, b.name.as_str(), b.version)
                 .await
-                .map_err(store_err)?
+                .map_err(Policy::store_failed)?
             else {
                 return Err(failed(
                     Code::SecretVersionGone,
@@ -454,7 +463,9 @@ impl<B: Backend> Worker<B> {
                 );
                 Ok(())
             }
-            Err(e) => Err(self.call_failed(d.work, e, d.committed)),
+            Err(e) => Err(self
+                .policy()
+                .call_failed(d.work, e, Stage::deploy(d.committed))),
         }
     }
 
@@ -518,7 +529,7 @@ impl<B: Backend> Worker<B> {
             .store
             .workspace_setup(ns, &d.agent.id)
             .await
-            .map_err(store_err)?
+            .map_err(Policy::store_failed)?
         else {
             return Ok(None);
         };
@@ -536,7 +547,7 @@ impl<B: Backend> Worker<B> {
                 self.store
                     .workspace_contents(ns, &d.agent.id)
                     .await
-                    .map_err(store_err)?,
+                    .map_err(Policy::store_failed)?,
             )
         } else {
             None
@@ -556,7 +567,7 @@ impl<B: Backend> Worker<B> {
             .store
             .workspace_setup(ns, &d.agent.id)
             .await
-            .map_err(store_err)?
+            .map_err(Policy::store_failed)?
         else {
             return Ok(());
         };
@@ -571,14 +582,14 @@ impl<B: Backend> Worker<B> {
                     crate::clock::now_seconds(),
                 )
                 .await
-                .map_err(store_err)?;
+                .map_err(Policy::store_failed)?;
         }
         if info.files.iter().any(|f| f.content_held) {
             let n = self
                 .store
                 .drop_workspace_contents(&d.work.claim, ns, &d.agent.id)
                 .await
-                .map_err(store_err)?;
+                .map_err(Policy::store_failed)?;
             tracing::info!(work_id = d.work.id, agent = %d.agent.id, files = n, "workspace file contents dropped after activation");
         }
         Ok(())
@@ -608,18 +619,16 @@ impl<B: Backend> Worker<B> {
                 &d.rev.id,
             )
             .await
-            .map_err(store_err)?;
+            .map_err(Policy::store_failed)?;
         if swapped {
             return Ok(());
         }
         self.set_status(d, &d.rev.id, RevisionStatus::Prepared)
             .await?;
-        Err(Step::Retry {
-            code: FailureCode::RevisionIncomplete.as_str().to_owned(),
-            message: "the active revision changed meanwhile; re-checking".to_owned(),
-            attempt: false,
-            delay: Duration::from_millis(10),
-        })
+        Err(Policy::moved(
+            FailureCode::RevisionIncomplete.into(),
+            "the active revision changed meanwhile; re-checking",
+        ))
     }
 
     /// The revision a failed candidate falls back to: with `restore: last-served`, the one
@@ -679,7 +688,7 @@ impl<B: Backend> Worker<B> {
                 Err(done(Code::RevisionSuperseded, f.message))
             }
             Err(e) => {
-                let runtime_failure = crate::service::is_runtime_failure(e.code());
+                let runtime_failure = crate::evidence::is_runtime_failure(e.code());
                 if runtime_failure {
                     self.keep_evidence(d, &e).await;
                 }
@@ -691,26 +700,8 @@ impl<B: Backend> Worker<B> {
                 {
                     self.observe(d.work, &d.agent, &v.observation).await?;
                 }
-                let code = e.code();
-                let mut step = self.call_failed(d.work, e, true);
-                // The candidate did not become ready and nothing was restored: that is an
-                // attempt (`worker.max_attempts`), not finalization to keep at until the
-                // convergence deadline; the last one fails with the runtime failure's code.
-                if runtime_failure
-                    && let Step::Retry {
-                        attempt, message, ..
-                    } = &mut step
-                {
-                    *attempt = true;
-                    let tried = d.work.attempts + 1;
-                    if tried >= self.settings.max_attempts {
-                        step = Step::Failed {
-                            code: code.to_owned(),
-                            message: format!("{message} (gave up after {tried} attempts)"),
-                        };
-                    }
-                }
-                Err(step)
+                // A candidate that did not become ready spends an attempt (see `Phase`).
+                Err(self.policy().call_failed(d.work, e, Stage::Activation))
             }
             Ok(OperationResult::ActivateRevision(a)) => {
                 d.secrets_reload = a.secrets_reload;
@@ -735,7 +726,7 @@ impl<B: Backend> Worker<B> {
                             None,
                         )
                         .await
-                        .map_err(store_err)?;
+                        .map_err(Policy::store_failed)?;
                 }
                 // The revision active and what the target answered, in one write.
                 self.store
@@ -748,7 +739,7 @@ impl<B: Backend> Worker<B> {
                         super::served(&a.observation).as_deref(),
                     )
                     .await
-                    .map_err(store_err)?;
+                    .map_err(Policy::store_failed)?;
                 self.drop_applied_workspace(d).await
             }
             Ok(other) => Err(failed(
@@ -777,7 +768,7 @@ impl<B: Backend> Worker<B> {
             .await
         {
             Ok(s) => s,
-            Err(e) => return store_err(e),
+            Err(e) => return Policy::store_failed(e),
         };
         if swapped && let Err(e) = self.set_status(d, back, RevisionStatus::Active).await {
             return e;
@@ -824,7 +815,7 @@ impl<B: Backend> Worker<B> {
         let op = Operation::AgentRuntime(RuntimeArgs {
             namespace: d.namespace.clone(),
             agent: d.agent_ref.clone(),
-            evidence_lines: crate::service::EVIDENCE_LINES,
+            evidence_lines: crate::evidence::EVIDENCE_LINES,
         });
         let report = match self.call(d.work, target, op).await {
             Ok(Ok(OperationResult::AgentRuntime(r))) => Some(*r),
@@ -836,7 +827,7 @@ impl<B: Backend> Worker<B> {
         };
         // The Agent's bound secrets are redacted from the evidence by their values; without
         // them, the evidence keeps no log lines.
-        let (report, secrets) = match crate::service::secret_redaction_terms(
+        let (report, secrets) = match crate::evidence::secret_redaction_terms(
             &*self.store,
             &d.work.namespace_id,
             &d.agent.id,
@@ -847,7 +838,7 @@ impl<B: Backend> Worker<B> {
             Err(_) => (None, Vec::new()),
         };
         let evidence =
-            crate::service::runtime_failure(e.code(), &message, report.as_ref(), secrets);
+            crate::evidence::runtime_failure(e.code(), &message, report.as_ref(), secrets);
         if let Err(err) = self
             .store
             .set_runtime_failure(
@@ -885,7 +876,7 @@ impl<B: Backend> Worker<B> {
                     d.rev.number,
                 )
                 .await
-                .map_err(store_err)?;
+                .map_err(Policy::store_failed)?;
             tracing::debug!(work_id = d.work.id, agent = %d.agent.id, retired = n, "revisions that never reached a target retired without a host call");
         }
         for old in older().filter(|r| r.staged) {
@@ -896,7 +887,7 @@ impl<B: Backend> Worker<B> {
             });
             match self.call(d.work, d.target()?, op).await? {
                 Ok(_) => self.set_status(d, &old.id, RevisionStatus::Retired).await?,
-                Err(e) => return Err(self.call_failed(d.work, e, true)),
+                Err(e) => return Err(self.policy().call_failed(d.work, e, Stage::AfterCommit)),
             }
         }
         Ok(())
@@ -906,7 +897,7 @@ impl<B: Backend> Worker<B> {
         self.store
             .raise_revision_floor(&d.work.claim, &d.work.namespace_id, &d.agent.id, number)
             .await
-            .map_err(store_err)
+            .map_err(Policy::store_failed)
     }
 
     async fn set_status(
@@ -924,7 +915,7 @@ impl<B: Backend> Worker<B> {
                 status,
             )
             .await
-            .map_err(store_err)
+            .map_err(Policy::store_failed)
     }
 }
 

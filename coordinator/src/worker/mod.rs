@@ -9,69 +9,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawfleet_protocol::operation::{
-    AgentArgs, AgentRef, NamespaceArgs, NamespaceRef, RevisionArgs, RevisionNumber, RevisionRef,
+    AgentArgs, AgentRef, NamespaceArgs, NamespaceRef, RevisionArgs, RevisionRef,
 };
 use clawfleet_protocol::result::{AgentObservation, OperationResult};
 use clawfleet_protocol::{FailureCode, Operation};
 use tokio::sync::{Semaphore, watch};
 
 use crate::backend::{Backend, CallError, CallOptions, Target};
-use crate::codes::Code;
+use crate::codes::{AnyCode, Code};
 use crate::config::WorkerSettings;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
-use crate::store::{SharedStore, StoreError, Work, WorkEnd, WorkKind, WorkState};
+use crate::store::{SharedStore, Work, WorkEnd, WorkKind, WorkState};
+use policy::{Policy, Stage};
 
 mod deploy;
 mod lease;
+pub mod policy;
 
 pub use lease::{Lease, LeaseLost};
 
-/// The harness version revisions are deployed with.
-pub const HARNESS_VERSION: &str = "2026.9.6";
-
-/// A stored revision as operations name it; the error says which stored field is not valid
-/// (`INVALID_STORED_ID`).
-pub fn revision_ref(rev: &Revision) -> Result<RevisionRef, String> {
-    Ok(RevisionRef {
-        id: rev.id.clone(),
-        number: RevisionNumber::new(rev.number)?,
-        configuration_hash: rev.configuration_hash.clone(),
-    })
-}
-
-/// The revision as prepare (and plan) send it: its rendered document and the embedded
-/// harness. The error is the code and message of a document or harness that cannot be sent.
-pub fn revision_spec(
-    reference: &RevisionRef,
-    rendered: &serde_json::Value,
-) -> Result<clawfleet_protocol::operation::RevisionSpec, (Code, String)> {
-    use clawfleet_protocol::operation::{Harness, HarnessId, HarnessMode, HarnessVersion};
-    let configuration = clawfleet_protocol::Configuration::new(rendered.clone())
-        .map_err(|e| (Code::ConfigurationRefused, e.to_string()))?;
-    Ok(clawfleet_protocol::operation::RevisionSpec {
-        id: reference.id.clone(),
-        number: reference.number,
-        harness: Harness {
-            id: HarnessId::Openclaw,
-            version: HarnessVersion::new(HARNESS_VERSION)
-                .map_err(|e| (Code::InvalidHarness, e.to_string()))?,
-            mode: HarnessMode::Embedded,
-        },
-        configuration_hash: configuration.hash(),
-        configuration,
-    })
-}
+pub use crate::render::{HARNESS_VERSION, revision_ref, revision_spec};
 
 /// How one pass over a work item ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Finished; the code says how (e.g. `REVISION_ACTIVATED`).
-    Done { code: String, message: String },
+    Done { code: AnyCode, message: String },
     /// Finished without success; retrying cannot help.
-    Failed { code: String, message: String },
+    Failed { code: AnyCode, message: String },
     /// Try again later. `attempt` counts against the attempt budget.
     Retry {
-        code: String,
+        code: AnyCode,
         message: String,
         attempt: bool,
         delay: Duration,
@@ -80,14 +48,14 @@ pub enum Step {
 
 fn done(code: Code, message: impl Into<String>) -> Step {
     Step::Done {
-        code: code.as_str().to_owned(),
+        code: code.into(),
         message: message.into(),
     }
 }
 
 fn failed(code: Code, message: impl Into<String>) -> Step {
     Step::Failed {
-        code: code.as_str().to_owned(),
+        code: code.into(),
         message: message.into(),
     }
 }
@@ -96,43 +64,9 @@ pub use crate::clock::now_ms;
 
 fn target_err(e: crate::targets::TargetError) -> Step {
     match e {
-        crate::targets::TargetError::Store(e) => store_err(e),
+        crate::targets::TargetError::Store(e) => Policy::store_failed(e),
         crate::targets::TargetError::Inconsistent { code, message } => failed(code, message),
     }
-}
-
-fn store_err(e: StoreError) -> Step {
-    match e {
-        // Another coordinator owns the item now: nothing more is ours to do or record.
-        StoreError::ClaimLost { .. } => return failed(Code::ClaimLost, e.to_string()),
-        // A row the store cannot decode (an id no operation can carry, edited behind the
-        // coordinator's back) does not mend itself: fail the work, naming the column.
-        StoreError::Corrupt(_) => return failed(Code::InvalidStoredId, e.to_string()),
-        _ => {}
-    }
-    Step::Retry {
-        code: Code::StoreUnavailable.as_str().to_owned(),
-        message: e.to_string(),
-        attempt: false,
-        delay: Duration::from_secs(1),
-    }
-}
-
-/// Retryable codes that say what an operator must look at (a cluster that cannot schedule,
-/// pull or admit the gateway, or whose API is down): deployment status shows them as they are
-/// rather than folding them into `REVISION_FINALIZATION_INCOMPLETE`.
-fn progress_code(e: &CallError) -> bool {
-    let CallError::Failed(f) = e else {
-        return false;
-    };
-    matches!(
-        f.code,
-        FailureCode::RevisionUnschedulable
-            | FailureCode::RevisionImagePullFailed
-            | FailureCode::NamespacePodQuotaExceeded
-            | FailureCode::RevisionIncomplete
-            | FailureCode::KubernetesApiUnavailable
-    )
 }
 
 /// Aborts a background task when dropped.
@@ -363,33 +297,19 @@ impl<B: Backend> Worker<B> {
                 result.unwrap_or_else(|s| s)
             };
         self.set_lease(&work, None);
-        let step = self.budget(&work, step);
+        let step = self.policy().budget(&work, step);
         self.record(&work, &step).await;
         step
     }
 
-    /// Applies the attempt budget: an attempt-counting retry beyond it becomes a failure.
-    fn budget(&self, work: &Work, step: Step) -> Step {
-        match step {
-            Step::Retry {
-                code,
-                message,
-                attempt: true,
-                ..
-            } if work.attempts + 1 >= self.settings.max_attempts => Step::Failed {
-                code,
-                message: format!("{message} (gave up after {} attempts)", work.attempts + 1),
-            },
-            other => other,
-        }
-    }
-
     async fn record(&self, work: &Work, step: &Step) {
-        let (code, message) = match step {
+        let (typed, message) = match step {
             Step::Done { code, message }
             | Step::Failed { code, message }
-            | Step::Retry { code, message, .. } => (code.as_str(), message.as_str()),
+            | Step::Retry { code, message, .. } => (*code, message.as_str()),
         };
+        // The store keeps the code as its text.
+        let code = typed.as_str();
         tracing::info!(
             work = work.id,
             kind = work.kind.as_str(),
@@ -397,7 +317,7 @@ impl<B: Backend> Worker<B> {
             code,
             "{message}"
         );
-        if code == Code::ClaimLost.as_str() {
+        if typed == Code::ClaimLost {
             // Another claim owns the item: it records what happens; nothing is ours to write.
             return;
         }
@@ -430,59 +350,10 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Backoff for failures: initial × 2^attempts, capped (`crate::backoff`).
-    fn backoff(&self, attempts: u32) -> Duration {
-        crate::backoff::exponential(
-            self.settings.backoff_initial,
-            self.settings.backoff_max,
-            attempts,
-        )
-    }
-
-    /// Readiness recheck interval, growing with the item's age.
-    fn recheck(&self, work: &Work) -> Duration {
-        let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
-        let grown = self.settings.readiness_recheck + age / 10;
-        grown.min(self.settings.readiness_recheck_max)
-    }
-
-    fn call_failed(&self, work: &Work, e: CallError, after_commit: bool) -> Step {
-        if let CallError::AuthenticationRefused { host } = &e {
-            // With several coordinators on one database, this one may not be enrolled on the
-            // host while the others are: the item goes back to the queue for them, spending
-            // an attempt, so a fleet where none is enrolled still ends with this code.
-            return Step::Retry {
-                code: e.code().to_owned(),
-                message: format!(
-                    "{e}: this coordinator is not enrolled on {host} (run its `occ \
-                     enrol-command` line there); the item is left for another coordinator"
-                ),
-                attempt: true,
-                delay: self.backoff(work.attempts),
-            };
-        }
-        if e.is_retryable() {
-            let own = progress_code(&e);
-            let code = if after_commit && !own {
-                Code::RevisionFinalizationIncomplete.as_str()
-            } else {
-                e.code()
-            };
-            Step::Retry {
-                code: code.to_owned(),
-                message: format!("{} ({})", e, e.code()),
-                // Before the commit, host failures use the attempt budget; after it, the
-                // worker keeps finalizing until the convergence deadline. An unavailable
-                // Kubernetes API never spends attempts.
-                attempt: !after_commit
-                    && e.code() != FailureCode::KubernetesApiUnavailable.as_str(),
-                delay: self.backoff(work.attempts),
-            }
-        } else {
-            Step::Failed {
-                code: e.code().to_owned(),
-                message: e.to_string(),
-            }
+    /// The failure policy over this worker's settings: what every failure means.
+    fn policy(&self) -> Policy<'_> {
+        Policy {
+            settings: &self.settings,
         }
     }
 
@@ -525,55 +396,12 @@ impl<B: Backend> Worker<B> {
         });
         self.call(work, &self.target(host)?, op)
             .await?
-            .map_err(|e| self.call_failed_plain(e))?;
+            .map_err(|e| self.policy().call_failed(work, e, Stage::HostNamespace))?;
         self.store
             .set_namespace_host_ready(&work.claim, &ns.id, &host.name, true)
             .await
-            .map_err(store_err)?;
+            .map_err(Policy::store_failed)?;
         Ok(())
-    }
-
-    /// A Namespace on a cluster is retried while its failure is retryable (an API outage, a
-    /// refused identity the operator may still grant rights to), with a delay that doubles
-    /// with the item's age up to `backoff_max`, for as long as it takes: no attempt budget
-    /// and no convergence deadline end it, only success, a permanent failure or the
-    /// Namespace's deletion. Its code and message are the Namespace's status meanwhile.
-    fn cluster_ensure_failed(&self, work: &Work, e: CallError) -> Step {
-        if !e.is_retryable() {
-            return Step::Failed {
-                code: e.code().to_owned(),
-                message: e.to_string(),
-            };
-        }
-        let age = Duration::from_millis((now_ms() - work.created_at).max(0) as u64);
-        let periods = (age.as_nanos() / self.settings.backoff_initial.as_nanos().max(1)).max(1);
-        let doublings = 127 - periods.leading_zeros();
-        Step::Retry {
-            code: e.code().to_owned(),
-            message: e.to_string(),
-            attempt: false,
-            delay: crate::backoff::exponential(
-                self.settings.backoff_initial,
-                self.settings.backoff_max,
-                doublings,
-            ),
-        }
-    }
-
-    fn call_failed_plain(&self, e: CallError) -> Step {
-        if e.is_retryable() {
-            Step::Retry {
-                code: e.code().to_owned(),
-                message: e.to_string(),
-                attempt: true,
-                delay: self.settings.backoff_initial,
-            }
-        } else {
-            Step::Failed {
-                code: e.code().to_owned(),
-                message: e.to_string(),
-            }
-        }
     }
 
     async fn ensure_namespace(&self, work: &Work) -> Result<Step, Step> {
@@ -581,7 +409,7 @@ impl<B: Backend> Worker<B> {
             .store
             .namespace(&work.namespace_id)
             .await
-            .map_err(store_err)?
+            .map_err(Policy::store_failed)?
         else {
             return Ok(done(Code::NamespaceGone, "the Namespace was deleted"));
         };
@@ -594,12 +422,12 @@ impl<B: Backend> Worker<B> {
                 namespace: Self::namespace_ref(&ns)?,
             });
             if let Err(e) = self.call(work, &cluster, op).await? {
-                return Ok(self.cluster_ensure_failed(work, e));
+                return Ok(self.policy().call_failed(work, e, Stage::ClusterNamespace));
             }
             self.store
                 .set_namespace_cluster_ready(&work.claim, &ns.id, true)
                 .await
-                .map_err(store_err)?;
+                .map_err(Policy::store_failed)?;
             return Ok(done(
                 Code::NamespaceReady,
                 format!("ready on {}", cluster.name()),
@@ -607,7 +435,7 @@ impl<B: Backend> Worker<B> {
         }
         let mut pending = Vec::new();
         for name in ns.hosts.iter().filter(|h| !ns.ready_hosts.contains(h)) {
-            let Some(host) = self.store.host(name).await.map_err(store_err)? else {
+            let Some(host) = self.store.host(name).await.map_err(Policy::store_failed)? else {
                 continue;
             };
             if let Err(step) = self.ensure_on(work, &ns, &host).await {
@@ -616,12 +444,11 @@ impl<B: Backend> Worker<B> {
         }
         match pending.into_iter().next() {
             None => Ok(done(Code::NamespaceReady, "ready on every pool host")),
-            Some((host, Step::Retry { code, message, .. })) => Ok(Step::Retry {
-                code,
-                message: format!("{host}: {message}"),
-                attempt: true,
-                delay: self.backoff(work.attempts),
-            }),
+            Some((host, Step::Retry { code, message, .. })) => {
+                Ok(self
+                    .policy()
+                    .not_yet(work, code, format!("{host}: {message}")))
+            }
             Some((host, Step::Failed { code, message } | Step::Done { code, message })) => {
                 Ok(Step::Failed {
                     code,
@@ -636,7 +463,7 @@ impl<B: Backend> Worker<B> {
             .store
             .namespace(&work.namespace_id)
             .await
-            .map_err(store_err)?
+            .map_err(Policy::store_failed)?
         else {
             return Ok(done(Code::NamespaceDeleted, "already gone"));
         };
@@ -644,7 +471,7 @@ impl<B: Backend> Worker<B> {
             .store
             .agents(&ns.id)
             .await
-            .map_err(store_err)?
+            .map_err(Policy::store_failed)?
             .is_empty()
         {
             return Ok(failed(
@@ -657,7 +484,7 @@ impl<B: Backend> Worker<B> {
             targets.push(cluster);
         }
         for name in &ns.hosts {
-            if let Some(host) = self.store.host(name).await.map_err(store_err)? {
+            if let Some(host) = self.store.host(name).await.map_err(Policy::store_failed)? {
                 targets.push(self.target(&host)?);
             }
         }
@@ -666,13 +493,13 @@ impl<B: Backend> Worker<B> {
                 namespace: Self::namespace_ref(&ns)?,
             });
             if let Err(e) = self.call(work, target, op).await? {
-                return Ok(self.call_failed(work, e, false));
+                return Ok(self.policy().call_failed(work, e, Stage::BeforeCommit));
             }
         }
         self.store
             .delete_namespace_row(&work.claim, &ns.id)
             .await
-            .map_err(store_err)?;
+            .map_err(Policy::store_failed)?;
         Ok(done(Code::NamespaceDeleted, "removed from every pool host"))
     }
 
@@ -684,12 +511,12 @@ impl<B: Backend> Worker<B> {
         agent: &Agent,
     ) -> Result<Option<Host>, Step> {
         if let Some(name) = &agent.host {
-            return self.store.host(name).await.map_err(store_err);
+            return self.store.host(name).await.map_err(Policy::store_failed);
         }
         self.store
             .place_agent(&work.claim, &ns.id, &agent.id, &ns.ready_hosts)
             .await
-            .map_err(store_err)
+            .map_err(Policy::store_failed)
     }
 
     fn agent_ref(agent: &Agent) -> Result<AgentRef, Step> {
@@ -719,7 +546,7 @@ impl<B: Backend> Worker<B> {
                 served.as_deref(),
             )
             .await
-            .map_err(store_err)
+            .map_err(Policy::store_failed)
     }
 
     async fn stop(&self, work: &Work) -> Result<Step, Step> {
@@ -727,7 +554,12 @@ impl<B: Backend> Worker<B> {
             return Ok(failed(Code::InvalidWork, "stop work without an Agent"));
         };
         let ns_id = &work.namespace_id;
-        let Some(agent) = self.store.agent(ns_id, agent_id).await.map_err(store_err)? else {
+        let Some(agent) = self
+            .store
+            .agent(ns_id, agent_id)
+            .await
+            .map_err(Policy::store_failed)?
+        else {
             return Ok(done(Code::AgentGone, "the Agent was deleted"));
         };
         if agent.desired_state != DesiredState::Stopped {
@@ -740,11 +572,14 @@ impl<B: Backend> Worker<B> {
             return Ok(done(Code::RevisionStopped, "nothing was running"));
         };
         let (Some(ns), Some(rev)) = (
-            self.store.namespace(ns_id).await.map_err(store_err)?,
+            self.store
+                .namespace(ns_id)
+                .await
+                .map_err(Policy::store_failed)?,
             self.store
                 .revision(ns_id, agent_id, active)
                 .await
-                .map_err(store_err)?,
+                .map_err(Policy::store_failed)?,
         ) else {
             return Ok(failed(
                 Code::InvalidState,
@@ -766,7 +601,7 @@ impl<B: Backend> Worker<B> {
                 .store
                 .revision(ns_id, agent_id, other.as_str())
                 .await
-                .map_err(store_err)?
+                .map_err(Policy::store_failed)?
                 .filter(|o| o.number < rev.number)
         {
             observed = match self.stop_one(work, &target, &ns, &agent, &older).await? {
@@ -780,18 +615,17 @@ impl<B: Backend> Worker<B> {
                 .current
                 .as_ref()
                 .map_or_else(|| "a gateway".to_owned(), |c| format!("revision {c}"));
-            return Ok(Step::Retry {
-                code: Code::StopIncomplete.as_str().to_owned(),
-                message: format!("{} still reports {what} running", target.name()),
-                attempt: true,
-                delay: self.backoff(work.attempts),
-            });
+            return Ok(self.policy().not_yet(
+                work,
+                Code::StopIncomplete,
+                format!("{} still reports {what} running", target.name()),
+            ));
         }
         // Only now that the host stopped is the active revision cleared.
         self.store
             .cas_active_revision(&work.claim, ns_id, agent_id, Some(active), None)
             .await
-            .map_err(store_err)?;
+            .map_err(Policy::store_failed)?;
         self.store
             .set_revision_status(
                 &work.claim,
@@ -801,7 +635,7 @@ impl<B: Backend> Worker<B> {
                 RevisionStatus::Stopped,
             )
             .await
-            .map_err(store_err)?;
+            .map_err(Policy::store_failed)?;
         Ok(done(
             Code::RevisionStopped,
             format!("stopped on {}", target.name()),
@@ -831,7 +665,7 @@ impl<B: Backend> Worker<B> {
                 Code::InvalidHostResult,
                 "stop-revision was answered with another operation's result",
             ))),
-            Err(e) => Ok(Err(self.call_failed(work, e, false))),
+            Err(e) => Ok(Err(self.policy().call_failed(work, e, Stage::BeforeCommit))),
         }
     }
 
@@ -840,10 +674,20 @@ impl<B: Backend> Worker<B> {
             return Ok(failed(Code::InvalidWork, "delete work without an Agent"));
         };
         let ns_id = &work.namespace_id;
-        let Some(agent) = self.store.agent(ns_id, agent_id).await.map_err(store_err)? else {
+        let Some(agent) = self
+            .store
+            .agent(ns_id, agent_id)
+            .await
+            .map_err(Policy::store_failed)?
+        else {
             return Ok(done(Code::AgentDeleted, "already gone"));
         };
-        let Some(ns) = self.store.namespace(ns_id).await.map_err(store_err)? else {
+        let Some(ns) = self
+            .store
+            .namespace(ns_id)
+            .await
+            .map_err(Policy::store_failed)?
+        else {
             return Ok(failed(
                 Code::InvalidState,
                 "the Agent's Namespace is missing",
@@ -855,13 +699,13 @@ impl<B: Backend> Worker<B> {
                 agent: Self::agent_ref(&agent)?,
             });
             if let Err(e) = self.call(work, &target, op).await? {
-                return Ok(self.call_failed(work, e, false));
+                return Ok(self.policy().call_failed(work, e, Stage::BeforeCommit));
             }
         }
         self.store
             .delete_agent_row(&work.claim, ns_id, agent_id)
             .await
-            .map_err(store_err)?;
+            .map_err(Policy::store_failed)?;
         Ok(done(Code::AgentDeleted, "removed from its host"))
     }
 }

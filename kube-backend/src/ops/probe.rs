@@ -35,7 +35,7 @@ pub(crate) async fn version(r: &Requests) -> Result<ClusterProbe, Failure> {
     let mut warnings = Vec::new();
     if major < 1 || (major == 1 && minor < MINIMUM_KUBERNETES_MINOR) {
         warnings.push(ProbeWarning {
-            code: "KUBERNETES_VERSION_BELOW_MINIMUM",
+            code: FailureCode::KubernetesVersionBelowMinimum.as_str(),
             message: format!(
                 "the API server runs {} ({major}.{minor}); clawfleet is tested on 1.{MINIMUM_KUBERNETES_MINOR} and later",
                 info.git_version

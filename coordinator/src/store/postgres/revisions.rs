@@ -1,7 +1,6 @@
 //! Immutable revisions and their progress.
 
 use async_trait::async_trait;
-use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -16,7 +15,7 @@ use crate::store::{
 
 const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets, staged";
 
-fn json(t: String) -> Result<Value> {
+fn json<T: serde::de::DeserializeOwned>(t: String) -> Result<T> {
     serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 
@@ -264,13 +263,17 @@ impl RevisionStore for PostgresStore {
         ns: &str,
         agent: &str,
         id: &str,
-        evidence: Option<&Value>,
+        evidence: Option<&crate::model::RuntimeFailure>,
     ) -> Result<()> {
+        let text = evidence
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("runtime_failure: {e}")))?;
         claimed_execute(
             self,
             claim,
             "UPDATE revisions SET runtime_failure = $4 WHERE namespace_id = $1 AND agent_id = $2 AND id = $3",
-            &[&ns, &agent, &id, &evidence.map(Value::to_string)],
+            &[&ns, &agent, &id, &text],
         )
         .await?;
         Ok(())

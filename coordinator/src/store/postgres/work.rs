@@ -17,7 +17,7 @@ use super::{Cached, NOW_MS, PostgresStore, Tx, narrow, notify};
 use crate::model::RevisionStatus;
 use crate::store::sqlite::barrier_list;
 use crate::store::{
-    Claim, Enqueue, Result, StoreError, Work, WorkAttempt, WorkEnd, WorkKind, WorkQueue,
+    Claim, Enqueue, LastAttempt, Result, StoreError, Work, WorkEnd, WorkKind, WorkQueue,
     WorkRecord, WorkState,
 };
 
@@ -86,6 +86,7 @@ fn work_record(r: &Row) -> Result<WorkRecord> {
     let state: String = r.try_get(3)?;
     let code: Option<String> = r.try_get(5)?;
     let updated_ms: i64 = r.try_get(7)?;
+    let attempts = narrow(r.try_get(4)?, "attempts")?;
     Ok(WorkRecord {
         id: r.try_get(0)?,
         kind: WorkKind::parse(&kind)
@@ -93,12 +94,13 @@ fn work_record(r: &Row) -> Result<WorkRecord> {
         revision_id: r.try_get(2)?,
         state: WorkState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("work state {state:?}")))?,
-        attempts: narrow(r.try_get(4)?, "attempts")?,
+        attempts,
         last_attempt: match code {
-            Some(code) => Some(WorkAttempt {
+            Some(code) => Some(LastAttempt {
                 code,
                 message: r.try_get::<_, Option<String>>(6)?.unwrap_or_default(),
                 at: updated_ms / 1000,
+                attempts,
             }),
             None => None,
         },

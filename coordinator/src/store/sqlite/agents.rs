@@ -161,7 +161,7 @@ impl AgentStore for SqliteStore {
             if let Some(name) = placed {
                 return super::hosts::host(tx, &name);
             }
-            let Some(host) = crate::targets::least_loaded_of(super::hosts::loads(tx, candidates)?)
+            let Some(host) = crate::store::least_loaded_of(super::hosts::loads(tx, candidates)?)
             else {
                 return Ok(None);
             };

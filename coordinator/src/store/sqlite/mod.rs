@@ -67,7 +67,7 @@ pub(super) fn corrupt(i: usize, what: String) -> rusqlite::Error {
 }
 
 /// A JSON column.
-pub(super) fn json_col(text: String) -> Result<serde_json::Value> {
+pub(super) fn json_col<T: serde::de::DeserializeOwned>(text: String) -> Result<T> {
     serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(e.to_string()))
 }
 

@@ -181,9 +181,12 @@ impl RevisionStore for SqliteStore {
         ns: &str,
         agent: &str,
         id: &str,
-        evidence: Option<&Value>,
+        evidence: Option<&crate::model::RuntimeFailure>,
     ) -> Result<()> {
-        let text = evidence.map(Value::to_string);
+        let text = evidence
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| crate::store::StoreError::Corrupt(format!("runtime_failure: {e}")))?;
         self.transact(Some(claim), |tx| {
             tx.execute(
                 "UPDATE revisions SET runtime_failure = ?4 WHERE namespace_id = ?1 AND agent_id = ?2 AND id = ?3",

@@ -12,7 +12,7 @@ use crate::clock::now_ms;
 use crate::codes::Code;
 use crate::model::RevisionStatus;
 use crate::store::{
-    Claim, Enqueue, Result, StoreError, Work, WorkAttempt, WorkEnd, WorkKind, WorkQueue,
+    Claim, Enqueue, LastAttempt, Result, StoreError, Work, WorkEnd, WorkKind, WorkQueue,
     WorkRecord, WorkState,
 };
 
@@ -114,18 +114,20 @@ fn work_record(r: &Row<'_>) -> rusqlite::Result<WorkRecord> {
     let state: String = r.get(3)?;
     let code: Option<String> = r.get(5)?;
     let updated_ms: i64 = r.get(7)?;
+    let attempts = r.get(4)?;
     Ok(WorkRecord {
         id: r.get(0)?,
         kind: WorkKind::parse(&kind).ok_or_else(|| corrupt(1, format!("work kind {kind:?}")))?,
         revision_id: r.get(2)?,
         state: WorkState::parse(&state)
             .ok_or_else(|| corrupt(3, format!("work state {state:?}")))?,
-        attempts: r.get(4)?,
+        attempts,
         last_attempt: match code {
-            Some(code) => Some(WorkAttempt {
+            Some(code) => Some(LastAttempt {
                 code,
                 message: r.get::<_, Option<String>>(6)?.unwrap_or_default(),
                 at: updated_ms / 1000,
+                attempts,
             }),
             None => None,
         },

@@ -7,8 +7,6 @@
 //! than clock drift allows. Leadership is the lease row, never a session lock (those survive
 //! a partition on the database side and break behind transaction poolers).
 
-use std::time::Duration;
-
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -25,6 +23,11 @@ impl Leadership {
         let (tx, rx) = watch::channel(true);
         // The receiver keeps the value; the sender may go.
         drop(tx);
+        Self(rx)
+    }
+
+    /// Leadership as a lease loop (or a test) reports it on `rx`.
+    pub fn from_receiver(rx: watch::Receiver<bool>) -> Self {
         Self(rx)
     }
 
@@ -92,37 +95,3 @@ pub fn spawn(
     });
     (task, Leadership(rx))
 }
-
-/// Removes finished work and old audit events on the leader, every `settings.interval`.
-pub async fn run_retention(
-    store: SharedStore,
-    settings: crate::config::RetentionSettings,
-    leader: Leadership,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(settings.interval) => {}
-            _ = stop.changed() => return,
-        }
-        if *stop.borrow() {
-            return;
-        }
-        if !leader.is_leader() {
-            continue;
-        }
-        match store
-            .prune(
-                settings.work.as_secs() as i64,
-                settings.audit.as_secs() as i64,
-            )
-            .await
-        {
-            Ok(p) => tracing::info!(work = p.work, audit = p.audit, "retention pass"),
-            Err(e) => tracing::warn!("retention pass failed: {e}"),
-        }
-    }
-}
-
-/// How long the leader lease lasts without renewal.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
