@@ -5,7 +5,8 @@
 //! - `OPENCLAW_GATEWAY_PORT`, `OPENCLAW_CONFIG_PATH` (and `OPENCLAW_GATEWAY_PASSWORD` when the
 //!   configuration asks for password auth) come from the environment; any problem with them exits
 //!   with status 78, like the real gateway, so systemd's `RestartPreventExitStatus=78` applies.
-//! - Listens on `127.0.0.1:<port>` only and serves `GET /readyz`, `GET /healthz`, `GET /info`.
+//! - Listens on `127.0.0.1:<port>` (`0.0.0.0` with `gateway.bind: "lan"`, the cluster rendering)
+//!   and serves `GET /readyz`, `GET /healthz`, `GET /info`.
 //! - Behaviour switches come from the reserved top-level key `x-clawfleet-test`.
 //! - File SecretRefs are resolved at start like OpenClaw's file provider (a ref that cannot be
 //!   resolved stops the start with status 1), `secrets.reload` swaps them over the WebSocket RPC
@@ -92,12 +93,12 @@ fn main() -> ExitCode {
             }
         };
     write_secret_log_lines(&secrets, &settings.switches.secret_log_lines);
-    let listener = match TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, settings.port)) {
+    let listener = match TcpListener::bind(SocketAddrV4::new(settings.listen, settings.port)) {
         Ok(l) => l,
         Err(e) => {
             eprintln!(
-                "clawfleet-test-gateway: cannot listen on 127.0.0.1:{}: {e}",
-                settings.port
+                "clawfleet-test-gateway: cannot listen on {}:{}: {e}",
+                settings.listen, settings.port
             );
             return ExitCode::from(EXIT_CRASH);
         }
@@ -128,7 +129,8 @@ fn main() -> ExitCode {
         settings,
     });
     eprintln!(
-        "clawfleet-test-gateway: listening on 127.0.0.1:{} config={} label={} start_us={}",
+        "clawfleet-test-gateway: listening on {}:{} config={} label={} start_us={}",
+        state.settings.listen,
         state.settings.port,
         state.settings.config_path.display(),
         state.settings.switches.label.as_deref().unwrap_or("-"),
