@@ -55,6 +55,31 @@ struct State {
     connections: rpc::Connections,
 }
 
+/// As a container's pid 1 (in a Pod) the kernel ignores SIGTERM and SIGINT unless the process
+/// handles them, and the kubelet would wait out the whole grace period before SIGKILL. Node
+/// (the real gateway) handles them, so here too: a thread waits for either and exits 0. Under
+/// systemd (not pid 1) nothing changes: the default action ends the process.
+fn exit_on_term_as_pid_1() {
+    use nix::sys::signal::{SigSet, Signal};
+    if std::process::id() != 1 {
+        return;
+    }
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    // Blocked before any other thread exists, so every thread inherits the mask.
+    if let Err(e) = set.thread_block() {
+        eprintln!("clawfleet-test-gateway: cannot block SIGTERM for its handler thread: {e}");
+        return;
+    }
+    std::thread::spawn(move || {
+        if let Ok(sig) = set.wait() {
+            eprintln!("clawfleet-test-gateway: {sig} as pid 1, exiting");
+            std::process::exit(0);
+        }
+    });
+}
+
 fn main() -> ExitCode {
     // From main to listening: the gateway's own start, which a cutover breakdown subtracts.
     let entered = Instant::now();
@@ -69,6 +94,7 @@ fn main() -> ExitCode {
             }
         };
     }
+    exit_on_term_as_pid_1();
     let settings = match config::load(|k| std::env::var(k).ok()) {
         Ok(s) => s,
         Err(e) => {
