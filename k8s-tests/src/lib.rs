@@ -21,6 +21,7 @@ mod config;
 mod control_plane;
 mod error;
 mod fake_apiserver;
+mod gateway_image;
 mod image;
 mod node;
 mod pki;
@@ -42,6 +43,9 @@ pub use control_plane::{
 };
 pub use error::{Error, Result};
 pub use fake_apiserver::{FAKE_VERSION, FakeAnswer, FakeApiserver, FakeRequest};
+pub use gateway_image::{
+    BUSYBOX, TEST_GATEWAY_PATH, TEST_GATEWAY_REPO, build_static_test_gateway, test_gateway_image,
+};
 pub use image::{BuiltImage, build_archive, minimal_rootfs};
 pub use node::{
     NODE_STORAGE_CLASS, Node, NodeRecord, PAUSE_IMAGE, REAL_NODE_LABEL, REAL_NODE_NAME, SYSCTLS,

@@ -125,6 +125,12 @@ pub fn node_missing_prerequisite(config: &HarnessConfig) -> Option<String> {
             ));
         }
     }
+    if !Path::new(crate::gateway_image::BUSYBOX).is_file() {
+        return Some(format!(
+            "{} is missing (the images' /bin/sh); apt-get install busybox-static",
+            crate::gateway_image::BUSYBOX
+        ));
+    }
     for p in ["tar", "ip"] {
         if which(p).is_none() {
             return Some(format!(
