@@ -1,0 +1,362 @@
+//! Real Pods (issue 33): the control plane plus a real node (kubelet, containerd, runc, bridge
+//! CNI; k8s-tests' `Node`), and the test gateway's image built here and imported by digest.
+//! Everything goes through `occ`, as on the kwok tier; what the kwok tier cannot show is
+//! asserted on the running container: the kubelet's HTTP readiness probe on `/readyz` (a 503
+//! first, seen in the Pod's events, then Ready), the password the gateway holds (from the
+//! Agent's Secret, through the environment), the workspace file the init container wrote
+//! (read back by the gateway's own `/info`), the read-only root and the non-root user.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "fleet_support/mod.rs"]
+pub mod fleet;
+
+use std::io::{Read, Write};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use clawfleet_k8s_tests::{
+    ControlPlane, NODE_STORAGE_CLASS, Node, REAL_NODE_LABEL, TEST_GATEWAY_PATH,
+};
+use fleet::{Fleet, document};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret};
+use kube::Api;
+use kube::api::ListParams;
+use serde_json::{Value, json};
+use sha2::Digest;
+
+const NS: &str = "pods";
+const PORT: u16 = 18789;
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// GET `path` from the gateway in its Pod (the Pod's address on the node's bridge).
+fn http_get(ip: &str, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect((ip, PORT)).expect("connect to the Pod");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    let status = body
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let payload = body.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, payload.to_owned())
+}
+
+async fn tenant_namespace(client: &kube::Client) -> String {
+    let api: Api<Namespace> = Api::all(client.clone());
+    api.list(&ListParams::default().labels("app.kubernetes.io/managed-by=clawfleet"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .find_map(|n| n.metadata.name)
+        .expect("a tenant namespace")
+}
+
+async fn running_pod(client: &kube::Client, ns: &str, agent: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("clawfleet.dev/agent-id={agent}")))
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .unwrap_or_else(|| panic!("no running Pod for {agent} in {ns}"))
+}
+
+struct Setup {
+    // Field order is drop order: the fleet, then the node, then the control plane.
+    fleet: Fleet,
+    node: Node,
+    cp: ControlPlane,
+    client: kube::Client,
+    image: String,
+}
+
+/// A control plane, a real node, the test gateway's image, `occ serve` with the cluster
+/// registered (`--settings`: the image, its command, the node-local StorageClass and the real
+/// node's label) and the Namespace ready.
+async fn setup() -> Option<Setup> {
+    if let Some(reason) = clawfleet_k8s_tests::node_skip_reason() {
+        println!("SKIP: {reason}");
+        return None;
+    }
+    let cp = ControlPlane::start().await.expect("control plane");
+    let node = Node::start(&cp).await.expect("real node");
+    let t = Instant::now();
+    let work = node.work_dir("test-gateway").unwrap();
+    let image = tokio::task::spawn_blocking(move || clawfleet_k8s_tests::test_gateway_image(&work))
+        .await
+        .unwrap()
+        .expect("the test gateway's image");
+    node.import_image(&image).unwrap();
+    eprintln!(
+        "test gateway image {} built and imported in {:.1} s",
+        image.reference,
+        t.elapsed().as_secs_f64()
+    );
+    let client = cp.client().await.unwrap();
+    let fleet = tokio::task::spawn_blocking(|| Fleet::start(0))
+        .await
+        .unwrap();
+    let settings = fleet.dir.path().join("settings.json");
+    std::fs::write(
+        &settings,
+        json!({
+            "gatewayImage": image.reference,
+            "gatewayCommand": [TEST_GATEWAY_PATH],
+            "gatewayPort": PORT,
+            "storageClass": NODE_STORAGE_CLASS,
+            "nodeSelector": { REAL_NODE_LABEL.0: REAL_NODE_LABEL.1 },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    fleet.occ_ok(&[
+        "cluster",
+        "add",
+        "real",
+        "--kubeconfig",
+        &cp.backend_kubeconfig_path().display().to_string(),
+        "--settings",
+        &settings.display().to_string(),
+    ]);
+    fleet.occ_ok(&["namespace", "create", NS, "--cluster", "real"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while fleet
+        .api
+        .request("GET", &format!("/namespaces/{NS}"), None)
+        .map(|n| n["ready"] != json!(true))
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the Namespace never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Some(Setup {
+        fleet,
+        node,
+        cp,
+        client,
+        image: image.reference,
+    })
+}
+
+fn deploy(fleet: &Fleet, agent: &str) -> (i32, String, Duration) {
+    let t = Instant::now();
+    let out = fleet.occ(&["agent", "deploy", NS, agent, "--wait", "--timeout", "120"]);
+    (out.status.code().unwrap_or(-1), text(&out), t.elapsed())
+}
+
+fn create_agent(fleet: &Fleet, agent: &str, doc: &Value, workspace: Option<&str>) {
+    let path = fleet.dir.path().join(format!("{agent}.json"));
+    std::fs::write(&path, doc.to_string()).unwrap();
+    fleet.occ_ok(&[
+        "configuration",
+        "create",
+        NS,
+        agent,
+        "--file",
+        &path.display().to_string(),
+    ]);
+    let mut args = vec!["agent", "create", NS, agent, "--configuration", agent];
+    let ws;
+    if let Some(content) = workspace {
+        let file = fleet.dir.path().join(format!("{agent}-AGENTS.md"));
+        std::fs::write(&file, content).unwrap();
+        ws = format!("AGENTS.md={}", file.display());
+        args.extend(["--workspace-file", ws.as_str()]);
+    }
+    fleet.occ_ok(&args);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_becomes_ready_by_its_real_probe_in_a_real_pod() {
+    let Some(s) = setup().await else { return };
+    let agents_md = "# real pod\nwritten by the init container\n";
+    // readyAfterMs: the kubelet's first probes get 503, so its events prove the probe is real.
+    create_agent(
+        &s.fleet,
+        "g1",
+        &document(
+            "g1-v1",
+            json!({
+                "readyAfterMs": 2500,
+                // Run once at start as the gateway's own user, reported by /info.
+                "probe": { "commands": {
+                    "write-root": "touch /written-by-the-gateway",
+                    "write-tmp": "touch /tmp/written-by-the-gateway",
+                } },
+            }),
+        ),
+        Some(agents_md),
+    );
+    let (code, out, cold) = deploy(&s.fleet, "g1");
+    assert_eq!(code, 0, "{out}");
+    create_agent(&s.fleet, "g2", &document("g2-v1", json!({})), None);
+    let (code, out, warm) = deploy(&s.fleet, "g2");
+    assert_eq!(code, 0, "{out}");
+    eprintln!(
+        "FIGURE Agent through occ to Ready on the real node: cold {:.1} s (first Pod on the node, gateway readyAfterMs 2.5 s), warm {:.1} s",
+        cold.as_secs_f64(),
+        warm.as_secs_f64()
+    );
+
+    let tenant = tenant_namespace(&s.client).await;
+    let pod = running_pod(&s.client, &tenant, "g1").await;
+    let name = pod.metadata.name.clone().unwrap();
+    let status = pod.status.clone().unwrap();
+    assert_eq!(
+        pod.spec.as_ref().and_then(|p| p.node_name.as_deref()),
+        Some(clawfleet_k8s_tests::REAL_NODE_NAME)
+    );
+    let gateway = status
+        .container_statuses
+        .as_ref()
+        .and_then(|c| c.iter().find(|c| c.name == "gateway"))
+        .expect("the gateway container's status");
+    assert!(gateway.ready, "{gateway:?}");
+    assert!(
+        gateway
+            .image_id
+            .ends_with(s.image.rsplit_once('@').unwrap().1),
+        "the Pod runs the imported image by digest: {} vs {}",
+        gateway.image_id,
+        s.image
+    );
+    let init = status
+        .init_container_statuses
+        .as_ref()
+        .and_then(|c| c.iter().find(|c| c.name == "initialize-workspace"))
+        .expect("the init container's status");
+    let done = init.state.as_ref().and_then(|s| s.terminated.as_ref());
+    assert_eq!(done.map(|t| t.exit_code), Some(0), "{init:?}");
+
+    // The kubelet's probe really asked /readyz: 503 before readyAfterMs, then Ready.
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &tenant);
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .unwrap();
+    let probe_events: Vec<String> = list
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Unhealthy"))
+        .filter_map(|e| e.message.clone())
+        .collect();
+    eprintln!("EVIDENCE Pod {name} events (Unhealthy): {probe_events:?}");
+    assert!(
+        probe_events
+            .iter()
+            .any(|m| m.contains("Readiness probe failed: HTTP probe failed with statuscode: 503")),
+        "{probe_events:?}"
+    );
+
+    // What the running gateway sees.
+    let ip = status.pod_ip.clone().unwrap();
+    let (code, readyz) = http_get(&ip, "/readyz");
+    assert_eq!(code, 200, "{readyz}");
+    let (code, info) = http_get(&ip, "/info");
+    assert_eq!(code, 200, "{info}");
+    let info: Value = serde_json::from_str(&info).unwrap();
+    eprintln!("EVIDENCE /info from inside the Pod: {info}");
+    assert_eq!(info["uid"], json!(1000), "{info}");
+    assert_eq!(info["gid"], json!(1000), "{info}");
+    // readOnlyRootFilesystem: the root refuses a write, the tmp emptyDir takes it.
+    let cmds = &info["probe"]["commands"];
+    assert_ne!(cmds["write-root"]["status"], json!(0), "{cmds}");
+    assert!(
+        cmds["write-root"]["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("Read-only file system")),
+        "{cmds}"
+    );
+    assert_eq!(cmds["write-tmp"]["status"], json!(0), "{cmds}");
+    // The Secret the Pod's environment names (secretKeyRef), read with the admin client.
+    let secret_name = pod
+        .spec
+        .as_ref()
+        .and_then(|sp| sp.containers.iter().find(|c| c.name == "gateway"))
+        .and_then(|c| c.env.as_ref())
+        .and_then(|env| env.iter().find(|e| e.name == "OPENCLAW_GATEWAY_PASSWORD"))
+        .and_then(|e| e.value_from.as_ref()?.secret_key_ref.as_ref())
+        .map(|r| r.name.clone())
+        .expect("the password comes from a Secret");
+    let secrets: Api<Secret> = Api::namespaced(s.client.clone(), &tenant);
+    let password = secrets
+        .get(&secret_name)
+        .await
+        .unwrap()
+        .data
+        .and_then(|d| d.get("OPENCLAW_GATEWAY_PASSWORD").cloned())
+        .expect("the Agent's password Secret");
+    assert_eq!(
+        info["passwordSha256"],
+        json!(sha256_hex(&password.0)),
+        "the gateway holds the Secret's password"
+    );
+    let ws = &info["workspaceAtStart"]["AGENTS.md"];
+    assert_eq!(ws["kind"], "file", "{info}");
+    assert_eq!(
+        ws["sha256"],
+        json!(sha256_hex(agents_md.as_bytes())),
+        "{info}"
+    );
+    assert_eq!(ws["mode"], "600", "{info}");
+    assert_eq!(ws["uid"], json!(1000), "{info}");
+
+    // occ sees it converged.
+    let st = s
+        .fleet
+        .api
+        .request(
+            "GET",
+            &format!("/namespaces/{NS}/agents/g1/deployment-status"),
+            None,
+        )
+        .unwrap();
+    assert_eq!(st["converged"], true, "{st}");
+
+    // Delete through occ, then the node must be left clean.
+    for a in ["g1", "g2"] {
+        s.fleet
+            .occ_ok(&["agent", "delete", NS, a, "--wait", "--timeout", "120"]);
+    }
+    let Setup {
+        mut fleet,
+        node,
+        cp,
+        ..
+    } = s;
+    fleet.kill_serve();
+    let record = node.record().clone();
+    let report = node.shutdown().await;
+    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
+    assert!(clawfleet_k8s_tests::leftovers(&record).is_empty());
+    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
+    drop(fleet);
+    cp.shutdown().unwrap();
+}
