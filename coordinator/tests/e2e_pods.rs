@@ -4,7 +4,9 @@
 //! asserted on the running container: the kubelet's HTTP readiness probe on `/readyz` (a 503
 //! first, seen in the Pod's events, then Ready), the password the gateway holds (from the
 //! Agent's Secret, through the environment), the workspace file the init container wrote
-//! (read back by the gateway's own `/info`), the read-only root and the non-root user.
+//! (read back by the gateway's own `/info`), the read-only root and the non-root user; then
+//! `occ agent logs` and `--previous` after a real crash, a crash loop's and a missing image's
+//! codes, and a configuration-only revision replacing a real Pod.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "fleet_support/mod.rs"]
@@ -356,6 +358,221 @@ async fn an_agent_becomes_ready_by_its_real_probe_in_a_real_pod() {
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
     assert!(clawfleet_k8s_tests::leftovers(&record).is_empty());
+    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
+    drop(fleet);
+    cp.shutdown().unwrap();
+}
+
+/// Polls the Agent's deployment status until `done` holds (the last status in the panic).
+async fn wait_status(
+    fleet: &Fleet,
+    agent: &str,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let s = fleet
+            .api
+            .request(
+                "GET",
+                &format!("/namespaces/{NS}/agents/{agent}/deployment-status"),
+                None,
+            )
+            .unwrap();
+        if done(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{what}: {s}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn restart_count(client: &kube::Client, ns: &str, agent: &str) -> i32 {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!("clawfleet.dev/agent-id={agent}")))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter(|c| c.name == "gateway")
+        .map(|c| c.restart_count)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_previous_crash_loop_missing_image_and_a_config_only_revision() {
+    let Some(s) = setup().await else { return };
+    // A crash loop: the gateway exits 1 right after reading its configuration, every time.
+    create_agent(
+        &s.fleet,
+        "x",
+        &document("x-v1", json!({"crashAtStart": true})),
+        None,
+    );
+    s.fleet.occ_ok(&["agent", "deploy", NS, "x"]);
+
+    // A real crash: ready, then exit 1 after 4 s; the kubelet restarts the container.
+    create_agent(
+        &s.fleet,
+        "c",
+        &document(
+            "c-v1",
+            json!({"crashAfterMs": 4000, "logLines": ["c: a line of the first run"]}),
+        ),
+        None,
+    );
+    let (code, out, _) = deploy(&s.fleet, "c");
+    assert_eq!(code, 0, "{out}");
+    let tenant = tenant_namespace(&s.client).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while restart_count(&s.client, &tenant, "c").await < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the crashing gateway was never restarted"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The previous run's log is the kubelet's file of the container that exited.
+    let prev = s.fleet.occ_ok(&["agent", "logs", NS, "c", "--previous"]);
+    assert!(prev.contains("c: a line of the first run"), "{prev}");
+    assert!(
+        prev.contains("crashAfterMs=4000 elapsed, exiting 1"),
+        "{prev}"
+    );
+    let now = s.fleet.occ_ok(&["agent", "logs", NS, "c", "--tail", "50"]);
+    assert!(now.contains("listening on 0.0.0.0:18789"), "{now}");
+    eprintln!("EVIDENCE occ agent logs --previous after a real crash:\n{prev}");
+
+    // A configuration-only revision on a real Pod: the new ConfigMap is what the gateway reads.
+    create_agent(&s.fleet, "r", &document("r-v1", json!({})), None);
+    let (code, out, _) = deploy(&s.fleet, "r");
+    assert_eq!(code, 0, "{out}");
+    let first = running_pod(&s.client, &tenant, "r").await;
+    let ip = first
+        .status
+        .as_ref()
+        .and_then(|st| st.pod_ip.clone())
+        .unwrap();
+    let (_, info) = http_get(&ip, "/info");
+    let info1: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info1["label"], "r-v1", "{info1}");
+    let path = s.fleet.dir.path().join("r-v2.json");
+    std::fs::write(&path, document("r-v2", json!({})).to_string()).unwrap();
+    s.fleet.occ_ok(&[
+        "configuration",
+        "update",
+        NS,
+        "r",
+        "--file",
+        &path.display().to_string(),
+    ]);
+    let (code, out, took) = deploy(&s.fleet, "r");
+    assert_eq!(code, 0, "{out}");
+    eprintln!(
+        "FIGURE configuration-only revision to Ready on the real node: {:.1} s",
+        took.as_secs_f64()
+    );
+    let second = running_pod(&s.client, &tenant, "r").await;
+    assert_ne!(
+        first.metadata.uid, second.metadata.uid,
+        "Recreate: a new Pod"
+    );
+    let ip = second
+        .status
+        .as_ref()
+        .and_then(|st| st.pod_ip.clone())
+        .unwrap();
+    let (_, info) = http_get(&ip, "/info");
+    let info2: Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info2["label"], "r-v2", "{info2}");
+    assert_ne!(info1["configSha256"], info2["configSha256"]);
+    assert_eq!(
+        info1["passwordSha256"], info2["passwordSha256"],
+        "the same Secret"
+    );
+
+    // The crash loop's code: never ready, so REVISION_INCOMPLETE at the deadline, with the
+    // kubelet's CrashLoopBackOff as the evidence.
+    let st = wait_status(
+        &s.fleet,
+        "x",
+        Duration::from_secs(240),
+        "REVISION_INCOMPLETE never shown",
+        |st| st["revisions"][0]["runtimeFailure"]["code"] == "REVISION_INCOMPLETE",
+    )
+    .await;
+    eprintln!("EVIDENCE crash loop status: {st}");
+    assert!(st["servedRevisionId"].is_null(), "{st}");
+    let failure = &st["revisions"][0]["runtimeFailure"];
+    assert_eq!(failure["subState"], "CrashLoopBackOff", "{st}");
+    assert_eq!(failure["lastExit"]["status"], 1, "{st}");
+    assert!(
+        failure["lastLines"]
+            .to_string()
+            .contains("crashAtStart is set, exiting 1"),
+        "{st}"
+    );
+    assert!(restart_count(&s.client, &tenant, "x").await >= 1);
+    let table = s.fleet.occ_ok(&["agent", "status", NS, "x"]);
+    assert!(table.contains("REVISION_INCOMPLETE"), "{table}");
+
+    // An image that is not there (its registry is a closed loopback port): the kubelet's
+    // ErrImagePull / ImagePullBackOff gives REVISION_IMAGE_PULL_FAILED.
+    let missing = format!("127.0.0.1:1/clawfleet/missing@sha256:{}", "0".repeat(64));
+    let settings = s.fleet.dir.path().join("settings-missing.json");
+    std::fs::write(
+        &settings,
+        json!({
+            "gatewayImage": missing,
+            "gatewayCommand": [TEST_GATEWAY_PATH],
+            "gatewayPort": PORT,
+            "storageClass": NODE_STORAGE_CLASS,
+            "nodeSelector": { REAL_NODE_LABEL.0: REAL_NODE_LABEL.1 },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    s.fleet.occ_ok(&[
+        "cluster",
+        "update",
+        "real",
+        "--settings",
+        &settings.display().to_string(),
+    ]);
+    create_agent(&s.fleet, "m", &document("m-v1", json!({})), None);
+    s.fleet.occ_ok(&["agent", "deploy", NS, "m"]);
+    let st = wait_status(
+        &s.fleet,
+        "m",
+        Duration::from_secs(120),
+        "REVISION_IMAGE_PULL_FAILED never shown",
+        |st| st["revisions"][0]["runtimeFailure"]["code"] == "REVISION_IMAGE_PULL_FAILED",
+    )
+    .await;
+    eprintln!("EVIDENCE missing image status: {st}");
+    let failure = &st["revisions"][0]["runtimeFailure"];
+    assert!(
+        ["ErrImagePull", "ImagePullBackOff"].contains(&failure["subState"].as_str().unwrap_or("")),
+        "{st}"
+    );
+    let table = s.fleet.occ_ok(&["agent", "status", NS, "m"]);
+    assert!(table.contains("REVISION_IMAGE_PULL_FAILED"), "{table}");
+
+    let Setup {
+        mut fleet,
+        node,
+        cp,
+        ..
+    } = s;
+    fleet.kill_serve();
+    let report = node.shutdown().await;
+    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
     assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
     drop(fleet);
     cp.shutdown().unwrap();
