@@ -577,3 +577,125 @@ async fn logs_previous_crash_loop_missing_image_and_a_config_only_revision() {
     drop(fleet);
     cp.shutdown().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
+    if let Some(reason) = clawfleet_vm_tests::openclaw::skip_reason() {
+        if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+            panic!("CI is set but the OpenClaw bundle cannot be fetched: {reason}");
+        }
+        println!("SKIP: {reason}");
+        return;
+    }
+    let Some(s) = setup().await else { return };
+    // The bundle the host tests use (fetched with npm once), as an image built here.
+    let t = Instant::now();
+    let image = tokio::task::spawn_blocking(|| {
+        let config = clawfleet_vm_tests::HarnessConfig::from_env().expect("vm-tests settings");
+        let bundle =
+            clawfleet_vm_tests::openclaw::ensure_cached(&config).expect("the OpenClaw bundle");
+        let k8s = clawfleet_k8s_tests::HarnessConfig::from_env().unwrap();
+        let root = k8s.bin_dir.parent().unwrap().to_path_buf();
+        clawfleet_k8s_tests::openclaw_image(&bundle.dir, &bundle.node, &bundle.openclaw_mjs, &root)
+    })
+    .await
+    .unwrap()
+    .expect("the OpenClaw image");
+    eprintln!(
+        "OpenClaw image {} built (or cached) in {:.1} s",
+        image.reference,
+        t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    s.node.import_image(&image).unwrap();
+    eprintln!(
+        "OpenClaw image imported in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let settings = s.fleet.dir.path().join("settings-openclaw.json");
+    std::fs::write(
+        &settings,
+        json!({
+            "gatewayImage": image.reference,
+            "storageClass": NODE_STORAGE_CLASS,
+            "nodeSelector": { REAL_NODE_LABEL.0: REAL_NODE_LABEL.1 },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    s.fleet.occ_ok(&[
+        "cluster",
+        "update",
+        "real",
+        "--settings",
+        &settings.display().to_string(),
+    ]);
+    // What the host tests run: no update check, no model catalogue refresh (no network).
+    let doc = json!({"update": {"checkOnStart": false}, "models": {"catalogRefresh": {"enabled": false}}});
+    create_agent(&s.fleet, "oc", &doc, None);
+    let t = Instant::now();
+    let out = s
+        .fleet
+        .occ(&["agent", "deploy", NS, "oc", "--wait", "--timeout", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!(
+        "FIGURE the real OpenClaw gateway through occ to Ready on the real node: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let tenant = tenant_namespace(&s.client).await;
+    let pod = running_pod(&s.client, &tenant, "oc").await;
+    let name = pod.metadata.name.clone().unwrap();
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|st| st.pod_ip.clone())
+        .unwrap();
+    let (code, body) = http_get(&ip, "/readyz");
+    eprintln!(
+        "EVIDENCE GET http://{ip}:{PORT}/readyz from the real OpenClaw gateway in Pod {name}: {code} {body}"
+    );
+    assert_eq!(code, 200, "{body}");
+    // The kubelet's own probe: its log at -v=3 names each success.
+    let log = std::fs::read_to_string(s.node.kubelet_log()).unwrap();
+    let probes: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Probe succeeded") && l.contains(&name) && l.contains("Readiness"))
+        .collect();
+    eprintln!(
+        "EVIDENCE kubelet probe log: {}",
+        probes.first().copied().unwrap_or("(none)")
+    );
+    assert!(
+        !probes.is_empty(),
+        "no successful readiness probe of {name} in the kubelet's log"
+    );
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &tenant);
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .unwrap();
+    for e in &list.items {
+        eprintln!(
+            "EVIDENCE event {} {}: {}",
+            e.type_.clone().unwrap_or_default(),
+            e.reason.clone().unwrap_or_default(),
+            e.message.clone().unwrap_or_default()
+        );
+    }
+    s.fleet
+        .occ_ok(&["agent", "delete", NS, "oc", "--wait", "--timeout", "120"]);
+    let Setup {
+        mut fleet,
+        node,
+        cp,
+        ..
+    } = s;
+    fleet.kill_serve();
+    let report = node.shutdown().await;
+    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
+    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
+    drop(fleet);
+    cp.shutdown().unwrap();
+}

@@ -44,7 +44,8 @@ pub use control_plane::{
 pub use error::{Error, Result};
 pub use fake_apiserver::{FAKE_VERSION, FakeAnswer, FakeApiserver, FakeRequest};
 pub use gateway_image::{
-    BUSYBOX, TEST_GATEWAY_PATH, TEST_GATEWAY_REPO, build_static_test_gateway, test_gateway_image,
+    BUSYBOX, TEST_GATEWAY_PATH, TEST_GATEWAY_REPO, build_static_test_gateway, openclaw_image,
+    test_gateway_image,
 };
 pub use image::{BuiltImage, build_archive, minimal_rootfs};
 pub use node::{

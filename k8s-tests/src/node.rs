@@ -836,8 +836,10 @@ impl Node {
             rec.node_ip().to_string().into(),
             "--node-labels".into(),
             format!("{}={}", REAL_NODE_LABEL.0, REAL_NODE_LABEL.1).into(),
+            // 3: the prober logs each successful probe ("Probe succeeded"), the evidence that
+            // a readiness probe really reached the container.
             "--v".into(),
-            "2".into(),
+            "3".into(),
         ];
         self.spawn(
             "kubelet",
@@ -1118,6 +1120,11 @@ makeIPTablesUtilChains: false
     /// The kubelet's and containerd's logs.
     pub fn logs_dir(&self) -> &Path {
         &self.record.logs_dir
+    }
+
+    /// The kubelet's log (removed with the logs at a clean teardown: read it before).
+    pub fn kubelet_log(&self) -> PathBuf {
+        self.record.logs_dir.join("kubelet.log")
     }
 
     /// Keep the logs after a clean teardown too.
