@@ -1112,6 +1112,11 @@ makeIPTablesUtilChains: false
         &self.record
     }
 
+    /// `<state>/nodes/<id>.json`.
+    pub fn record_path(&self) -> &Path {
+        &self.record_path
+    }
+
     /// From the first spawn to a Ready Node.
     pub fn started_in(&self) -> Duration {
         self.started_in

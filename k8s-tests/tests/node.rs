@@ -146,3 +146,54 @@ async fn a_pod_really_runs_and_the_node_leaves_nothing_behind() {
     }
     cp.shutdown().unwrap();
 }
+
+/// A test process killed with SIGKILL leaves its node running; the next start (here
+/// `reclaim_stale_nodes` directly) tears it down from its record, by ids, and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_owner_was_killed_is_reclaimed_by_its_record() {
+    use std::io::BufRead;
+    if let Some(reason) = node_skip_reason() {
+        eprintln!("SKIP: {reason}");
+        return;
+    }
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_k8scp"))
+        .args(["up", "--node"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let record_path = tokio::task::spawn_blocking(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if let Some((_, path)) = line.split_once("; record ") {
+                return Some(std::path::PathBuf::from(path));
+            }
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .expect("k8scp up --node printed no node record");
+    let record: clawfleet_k8s_tests::NodeRecord =
+        serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let left = leftovers(&record);
+    assert!(
+        left.iter().any(|l| l.contains("kubelet pid")),
+        "the killed owner's node should still run: {left:?}"
+    );
+    let config = clawfleet_k8s_tests::HarnessConfig::from_env().unwrap();
+    let report = clawfleet_k8s_tests::reclaim_stale_nodes(&config);
+    eprintln!("reclaimed: {report:?}");
+    assert!(report.iter().any(|r| r.contains(&record.id)), "{report:?}");
+    let left = leftovers(&record);
+    assert!(left.is_empty(), "{left:?}");
+    assert!(!record_path.exists());
+    // Its control plane goes the same way (k8scp's own reclaim).
+    clawfleet_k8s_tests::reclaim_stale(&config).unwrap();
+}
