@@ -27,6 +27,8 @@ use serde_json::{Value, json};
 use sha2::Digest;
 
 const NS: &str = "pods";
+const KEY_V1: &str = "sk-clawfleet-pods-first-5d1e";
+const KEY_V2: &str = "sk-clawfleet-pods-second-8a3c";
 const PORT: u16 = 18789;
 
 fn text(out: &Output) -> String {
@@ -682,6 +684,120 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
             e.message.clone().unwrap_or_default()
         );
     }
+
+    // A secret bound on the real Pod and rotated. The configuration references it as a model
+    // provider's key (its base URL is the Pod's own loopback; nothing calls it), so the Pod gets
+    // the secrets init container (which installs the exec resolver and needs `node` on PATH)
+    // and the Secret volume, and must still become Ready. Whether OpenClaw resolves this ref at
+    // start is its own decision (refs on inactive surfaces are skipped), so what is asserted is
+    // the delivery: a rotation changes the Secret in place, the same Pod keeps serving, and the
+    // kubelet's projection of the Secret (read on the node) holds the new value.
+    let key_file = |v: &str| {
+        let p = s.fleet.dir.path().join("model-key");
+        std::fs::write(&p, format!("{v}\n")).unwrap();
+        p.display().to_string()
+    };
+    s.fleet.occ_ok(&[
+        "secret",
+        "set",
+        NS,
+        "model-key",
+        "--from-file",
+        &key_file(KEY_V1),
+    ]);
+    let mut bound = doc.clone();
+    bound["models"]["providers"] = json!({ "loopback": {
+        "baseUrl": "http://127.0.0.1:9/v1",
+        "api": "openai-completions",
+        "apiKey": { "source": "file", "provider": "clawfleet", "id": "model-key" },
+        "models": [{ "id": "none", "name": "none" }],
+    } });
+    let path = s.fleet.dir.path().join("oc-bound.json");
+    std::fs::write(&path, bound.to_string()).unwrap();
+    s.fleet.occ_ok(&[
+        "configuration",
+        "update",
+        NS,
+        "oc",
+        "--file",
+        &path.display().to_string(),
+    ]);
+    let t = Instant::now();
+    let out = s
+        .fleet
+        .occ(&["agent", "deploy", NS, "oc", "--wait", "--timeout", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!(
+        "FIGURE OpenClaw with a bound secret (resolver init container, Secret volume) to Ready: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let before = running_pod(&s.client, &tenant, "oc").await;
+    let uid = before.metadata.uid.clone().unwrap();
+    let volumes = s
+        .node
+        .record()
+        .run_dir
+        .join("kubelet/pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~secret");
+    let projected = |want: &str| -> bool {
+        let mut stack = vec![volumes.clone()];
+        while let Some(d) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if std::fs::read_to_string(&p).is_ok_and(|c| c.contains(want)) {
+                    return true;
+                }
+            }
+        }
+        false
+    };
+    assert!(
+        projected(KEY_V1),
+        "the kubelet projected no file holding version 1"
+    );
+    let out = s.fleet.occ(&[
+        "secret",
+        "rotate",
+        NS,
+        "model-key",
+        "--from-file",
+        &key_file(KEY_V2),
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !projected(KEY_V2) {
+        assert!(
+            Instant::now() < deadline,
+            "the kubelet never projected version 2 into Pod {uid}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let after = running_pod(&s.client, &tenant, "oc").await;
+    assert_eq!(
+        after.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "a rotation keeps the Pod"
+    );
+    let ip = after
+        .status
+        .as_ref()
+        .and_then(|st| st.pod_ip.clone())
+        .unwrap();
+    let (code, body) = http_get(&ip, "/readyz");
+    assert_eq!(code, 200, "{body}");
+    eprintln!(
+        "EVIDENCE secret rotation on a real Pod: Pod {uid} kept, the kubelet's projection holds version 2, /readyz {code} {body}"
+    );
+
     s.fleet
         .occ_ok(&["agent", "delete", NS, "oc", "--wait", "--timeout", "120"]);
     let Setup {
