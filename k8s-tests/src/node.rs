@@ -279,10 +279,23 @@ fn read_sysctl(name: &str) -> Result<String> {
         .map_err(|e| Error::io("read", &p, e))
 }
 
-/// The machine's sysctl values before the first live node changed them.
+/// Directories outside the node's own that containerd 1.6 and libcni create at fixed paths
+/// (the shims' sockets, runc's default root, the CNI result cache), children first: those that
+/// did not exist before the first node are removed (when empty) after the last one.
+pub const MACHINE_DIRS: &[&str] = &[
+    "/var/lib/cni/results",
+    "/var/lib/cni",
+    "/run/containerd/s",
+    "/run/containerd/runc",
+    "/run/containerd",
+];
+
+/// The machine's sysctl values (and which [`MACHINE_DIRS`] existed) before the first live node.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 struct SysctlLedger {
     values: Vec<(String, String)>,
+    #[serde(default)]
+    dirs_before: Vec<(String, bool)>,
 }
 
 fn ledger_path(config: &HarnessConfig) -> PathBuf {
@@ -336,11 +349,18 @@ fn record_sysctls(config: &HarnessConfig) -> Result<()> {
     for s in SYSCTLS {
         values.push(((*s).to_owned(), read_sysctl(s)?));
     }
-    let json =
-        serde_json::to_vec_pretty(&SysctlLedger { values }).map_err(|e| Error::BadRecord {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+    let dirs_before = MACHINE_DIRS
+        .iter()
+        .map(|d| ((*d).to_owned(), Path::new(d).exists()))
+        .collect();
+    let ledger = SysctlLedger {
+        values,
+        dirs_before,
+    };
+    let json = serde_json::to_vec_pretty(&ledger).map_err(|e| Error::BadRecord {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
     sys::write_atomic(&path, &json, 0o644)
 }
 
@@ -368,22 +388,37 @@ fn restore_sysctls(config: &HarnessConfig, me: &str) -> Result<Vec<String>> {
             changed.push(format!("{name}: {now} -> {value}"));
         }
     }
+    for (dir, existed) in &ledger.dirs_before {
+        // Only when empty: nothing of anyone else's is ever removed.
+        if !existed && fs::remove_dir(dir).is_ok() {
+            changed.push(format!("removed the empty {dir}"));
+        }
+    }
     fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
     Ok(changed)
 }
 
 /// Sysctls that differ from the ledger while no node is live (a leftover).
-fn sysctl_leftovers(config: &HarnessConfig, me: &str, before: &[(String, String)]) -> Vec<String> {
+fn sysctl_leftovers(config: &HarnessConfig, me: &str, before: &SysctlLedger) -> Vec<String> {
     if !live_nodes(config, me).is_empty() {
         return Vec::new();
     }
-    before
+    let mut left: Vec<String> = before
+        .values
         .iter()
         .filter_map(|(name, value)| {
             let now = read_sysctl(name).ok()?;
             (&now != value).then(|| format!("sysctl {name} is {now}, was {value}"))
         })
-        .collect()
+        .collect();
+    for (dir, existed) in &before.dirs_before {
+        if !existed && Path::new(dir).exists() {
+            left.push(format!(
+                "{dir} did not exist before the first node and is still there"
+            ));
+        }
+    }
+    left
 }
 
 fn ip(args: &[&str]) -> std::result::Result<String, String> {
@@ -492,7 +527,7 @@ pub fn leftovers(rec: &NodeRecord) -> Vec<String> {
     if rec.run_dir.exists() {
         left.push(format!("directory {}", rec.run_dir.display()));
     }
-    for e in cni_cache_entries(&rec.network) {
+    for e in cni_cache_entries(rec) {
         left.push(format!("CNI cache {}", e.display()));
     }
     // Processes anywhere that still name the node's directory (a shim outside the subtree).
@@ -514,13 +549,20 @@ pub fn leftovers(rec: &NodeRecord) -> Vec<String> {
 }
 
 /// libcni's result cache (`/var/lib/cni/results/<network>-<container>-<ifname>`), which
-/// containerd 1.6 cannot move: entries of this node's network.
-fn cni_cache_entries(network: &str) -> Vec<PathBuf> {
-    let prefix = format!("{network}-");
+/// containerd 1.6 cannot move: this node's entries, those of its bridge network by name and
+/// those of containerd's own loopback network (`cni-loopback-<sandbox>-lo`, which a stopped
+/// sandbox leaves behind) by the network namespace path under the node's directory that the
+/// entry records.
+fn cni_cache_entries(rec: &NodeRecord) -> Vec<PathBuf> {
+    let prefix = format!("{}-", rec.network);
+    let needle = rec.run_dir.to_string_lossy().into_owned();
     fs::read_dir("/var/lib/cni/results")
         .map(|rd| {
             rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .filter(|e| {
+                    e.file_name().to_string_lossy().starts_with(&prefix)
+                        || fs::read_to_string(e.path()).is_ok_and(|c| c.contains(&needle))
+                })
                 .map(|e| e.path())
                 .collect()
         })
@@ -607,7 +649,7 @@ fn teardown_parts(config: &HarnessConfig, rec: &NodeRecord, stop_timeout: Durati
             problems.push(e);
         }
     }
-    for e in cni_cache_entries(&rec.network) {
+    for e in cni_cache_entries(rec) {
         if let Err(err) = fs::remove_file(&e) {
             problems.push(format!("remove {}: {err}", e.display()));
         }
@@ -644,7 +686,8 @@ pub struct TeardownReport {
     pub problems: Vec<String>,
     /// [`leftovers`] after the teardown: empty when nothing was left.
     pub leftovers: Vec<String>,
-    /// Sysctls that differ from before the first node (only checked when no node is live).
+    /// Sysctls that differ from before the first node, and [`MACHINE_DIRS`] that did not exist
+    /// then and still do (only checked when no other node is live).
     pub sysctls: Vec<String>,
 }
 
@@ -658,7 +701,7 @@ pub struct Node {
     children: Vec<Child>,
     client: kube::Client,
     provisioner: Option<tokio::task::JoinHandle<()>>,
-    sysctls_before: Vec<(String, String)>,
+    sysctls_before: SysctlLedger,
     started_in: Duration,
     keep_logs: bool,
     done: bool,
@@ -717,13 +760,16 @@ impl Node {
             let ledger: SysctlLedger = fs::read(ledger_path(&config))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())
-                .unwrap_or(SysctlLedger { values: Vec::new() });
+                .unwrap_or(SysctlLedger {
+                    values: Vec::new(),
+                    dirs_before: Vec::new(),
+                });
             let gw = format!("{}/24", record.node_ip());
             ip(&["link", "add", &record.bridge, "type", "bridge"])
                 .and_then(|_| ip(&["addr", "add", &gw, "dev", &record.bridge]))
                 .and_then(|_| ip(&["link", "set", &record.bridge, "up"]))
                 .map_err(|reason| Error::Node { reason })?;
-            Ok((record, ledger.values))
+            Ok((record, ledger))
         })?;
         let client = cp.client().await?;
         let mut node = Node {
