@@ -589,6 +589,22 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         println!("SKIP: {reason}");
         return;
     }
+    // The image (about 850 MB) is staged, archived and unpacked by containerd: say so
+    // rather than fail with ENOSPC halfway.
+    let df = std::process::Command::new("df")
+        .args(["-Pk", "/var/lib"])
+        .output()
+        .unwrap();
+    let free_gb = String::from_utf8_lossy(&df.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+        .unwrap_or(0)
+        / (1024 * 1024);
+    assert!(
+        free_gb >= 3,
+        "the real OpenClaw Pod test needs about 3 GB free under /var/lib; {free_gb} GB are"
+    );
     let Some(s) = setup().await else { return };
     // The bundle the host tests use (fetched with npm once), as an image built here.
     let t = Instant::now();
