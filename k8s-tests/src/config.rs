@@ -27,12 +27,37 @@ pub fn cache_key() -> String {
     )
 }
 
+/// The real node's pause program source (its hash keys the node directory).
+const PAUSE_SOURCES: [&[u8]; 2] = [
+    include_bytes!("../go/pause/go.mod"),
+    include_bytes!("../go/pause/main.go"),
+];
+
+/// `node-k8s1.37.2-pause<12 hex>`: the directory name build-node.sh uses for the kubelet and
+/// the pause program (the hash is of go/pause/go.mod followed by go/pause/main.go).
+pub fn node_cache_key() -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in PAUSE_SOURCES {
+        h.update(part);
+    }
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "node-k8s{}-pause{}",
+        KUBERNETES_VERSION.trim_start_matches('v'),
+        &hex[..12]
+    )
+}
+
 /// Where the harness finds binaries, keeps its state, and how long it waits.
 #[derive(Debug, Clone)]
 pub struct HarnessConfig {
     /// Directory with etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and
     /// stages/ (`CLAWFLEET_K8S_BIN_DIR`; default `<CLAWFLEET_K8S_CACHE_ROOT>/<cache_key>`).
     pub bin_dir: PathBuf,
+    /// The real node's kubelet and pause program (`CLAWFLEET_K8S_NODE_DIR`; default
+    /// `<CLAWFLEET_K8S_CACHE_ROOT>/<node_cache_key>`).
+    pub node_dir: PathBuf,
     /// Run locks, records and directories of every control plane on the machine
     /// (`CLAWFLEET_K8S_STATE_DIR`, default `/var/lib/clawfleet-k8s-tests`).
     pub state_dir: PathBuf,
@@ -52,6 +77,7 @@ impl Default for HarnessConfig {
     fn default() -> Self {
         HarnessConfig {
             bin_dir: PathBuf::from(DEFAULT_CACHE_ROOT).join(cache_key()),
+            node_dir: PathBuf::from(DEFAULT_CACHE_ROOT).join(node_cache_key()),
             state_dir: PathBuf::from("/var/lib/clawfleet-k8s-tests"),
             start_timeout: Duration::from_secs(180),
             stop_timeout: Duration::from_secs(5),
@@ -106,10 +132,15 @@ impl HarnessConfig {
         let mut c = HarnessConfig::default();
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         if let Some(v) = var("CLAWFLEET_K8S_CACHE_ROOT") {
-            c.bin_dir = absolute("CLAWFLEET_K8S_CACHE_ROOT", v)?.join(cache_key());
+            let root = absolute("CLAWFLEET_K8S_CACHE_ROOT", v)?;
+            c.bin_dir = root.join(cache_key());
+            c.node_dir = root.join(node_cache_key());
         }
         if let Some(v) = var("CLAWFLEET_K8S_BIN_DIR") {
             c.bin_dir = absolute("CLAWFLEET_K8S_BIN_DIR", v)?;
+        }
+        if let Some(v) = var("CLAWFLEET_K8S_NODE_DIR") {
+            c.node_dir = absolute("CLAWFLEET_K8S_NODE_DIR", v)?;
         }
         if let Some(v) = var("CLAWFLEET_K8S_STATE_DIR") {
             c.state_dir = absolute("CLAWFLEET_K8S_STATE_DIR", v)?;
@@ -202,6 +233,23 @@ mod tests {
         assert_eq!(
             PathBuf::from(dir.trim()),
             PathBuf::from("/nonexistent-root").join(cache_key())
+        );
+    }
+
+    #[test]
+    fn the_node_build_script_writes_where_the_harness_looks() {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("build-node.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg("--print-dir")
+            .env("CLAWFLEET_K8S_CACHE_ROOT", "/nonexistent-root")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let dir = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            PathBuf::from(dir.trim()),
+            PathBuf::from("/nonexistent-root").join(node_cache_key())
         );
     }
 

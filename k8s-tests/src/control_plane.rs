@@ -603,6 +603,14 @@ impl ControlPlane {
             let kc = kubeconfig_for(&server, &self.pki.ca.cert_pem, user, &token);
             sys::write_file(&d.join(file), kc.as_bytes(), 0o600)?;
         }
+        // The real node's kubelet (node.rs): a Node identity, so the Node authorizer applies.
+        let node_user = format!("system:node:{}", crate::node::REAL_NODE_NAME);
+        let node_token = sys::random_hex(24)?;
+        tokens.push_str(&format!(
+            "{node_token},{node_user},{node_user},\"system:nodes\"\n"
+        ));
+        let kc = kubeconfig_for(&server, &self.pki.ca.cert_pem, &node_user, &node_token);
+        sys::write_file(&d.join("node.kubeconfig"), kc.as_bytes(), 0o600)?;
         sys::write_file(&d.join("tokens.csv"), tokens.as_bytes(), 0o600)?;
         let admin = kubeconfig_for(
             &server,
@@ -772,6 +780,17 @@ impl ControlPlane {
             }
         }
         out
+    }
+
+    /// The kubeconfig of the real node's kubelet (user `system:node:clawfleet-node`, group
+    /// `system:nodes`), for [`crate::Node`].
+    pub fn node_kubeconfig_path(&self) -> PathBuf {
+        self.run_dir.join("node.kubeconfig")
+    }
+
+    /// The settings this control plane was started with.
+    pub fn harness_config(&self) -> &HarnessConfig {
+        &self.config
     }
 
     /// `https://127.0.0.1:<port>`.

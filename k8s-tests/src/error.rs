@@ -101,6 +101,12 @@ pub enum Error {
     Manifest { what: &'static str, reason: String },
 
     /// The fault-injection proxy could not be set up.
+    #[error("the real node: {reason}")]
+    Node { reason: String },
+
+    #[error("building an OCI image: {reason}")]
+    Image { reason: String },
+
     #[error("the fault-injection proxy could not start: {reason}")]
     Proxy { reason: String },
 }

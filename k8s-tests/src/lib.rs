@@ -21,6 +21,9 @@ mod config;
 mod control_plane;
 mod error;
 mod fake_apiserver;
+mod gateway_image;
+mod image;
+mod node;
 mod pki;
 mod pod_logs;
 mod proxy;
@@ -30,6 +33,7 @@ mod sys;
 
 pub use config::{
     DEFAULT_CACHE_ROOT, ETCD_VERSION, HarnessConfig, KUBERNETES_VERSION, KWOK_VERSION, cache_key,
+    node_cache_key,
 };
 pub use control_plane::{
     ADMIN_USER, BACKEND_USER, BINARIES, ControlPlane, FAIL_PULL_MARKER, KWOK_NODE_LABEL,
@@ -39,6 +43,15 @@ pub use control_plane::{
 };
 pub use error::{Error, Result};
 pub use fake_apiserver::{FAKE_VERSION, FakeAnswer, FakeApiserver, FakeRequest};
+pub use gateway_image::{
+    BUSYBOX, TEST_GATEWAY_PATH, TEST_GATEWAY_REPO, build_static_test_gateway, openclaw_image,
+    test_gateway_image,
+};
+pub use image::{BuiltImage, build_archive, minimal_rootfs};
+pub use node::{
+    NODE_STORAGE_CLASS, Node, NodeRecord, PAUSE_IMAGE, REAL_NODE_LABEL, REAL_NODE_NAME, SYSCTLS,
+    TeardownReport, leftovers, node_missing_prerequisite, reclaim_stale_nodes,
+};
 pub use pki::{APISERVER_DNS_NAMES, CertAndKey, Pki};
 pub use pod_logs::{LogStream, cri_log_line, log_timestamp};
 pub use proxy::{Fault, FaultProxy, SeenRequest};
@@ -91,6 +104,25 @@ fn missing_prerequisite() -> Option<String> {
         }
     }
     None
+}
+
+/// Why the real node (kubelet, containerd, runc, CNI) cannot run here, or `None` when it can;
+/// like [`skip_reason`], a missing prerequisite panics under `CI=true`.
+pub fn node_skip_reason() -> Option<String> {
+    if let Some(r) = skip_reason() {
+        return Some(r);
+    }
+    let reason = match HarnessConfig::from_env() {
+        Ok(c) => node_missing_prerequisite(&c),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(r) = &reason {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        if ci {
+            panic!("CI is set but the real Kubernetes node cannot run: {r}");
+        }
+    }
+    reason
 }
 
 /// Returns from the calling test with a "SKIP: ..." line when the control plane cannot run

@@ -80,7 +80,7 @@ impl Pki {
             key_pem: ca_key.serialize_pem(),
         };
         let issuer = Issuer::new(params, ca_key);
-        let apiserver = serving_cert(&issuer, "kube-apiserver", APISERVER_DNS_NAMES)?;
+        let apiserver = serving_cert(&issuer, "kube-apiserver", APISERVER_DNS_NAMES, &[])?;
         let sa = KeyPair::generate().map_err(pki_err("service-account key"))?;
         Ok(Pki {
             ca,
@@ -93,7 +93,18 @@ impl Pki {
 
     /// Another serving certificate for 127.0.0.1 (and `dns_names`) signed by this CA.
     pub fn serving_cert(&self, common_name: &str, dns_names: &[&str]) -> Result<CertAndKey> {
-        serving_cert(&self.issuer, common_name, dns_names)
+        serving_cert(&self.issuer, common_name, dns_names, &[])
+    }
+
+    /// [`Pki::serving_cert`] with more IP addresses (the real node's kubelet serves on its
+    /// bridge address).
+    pub fn serving_cert_with_ips(
+        &self,
+        common_name: &str,
+        dns_names: &[&str],
+        ips: &[IpAddr],
+    ) -> Result<CertAndKey> {
+        serving_cert(&self.issuer, common_name, dns_names, ips)
     }
 }
 
@@ -101,6 +112,7 @@ fn serving_cert(
     issuer: &Issuer<'static, KeyPair>,
     common_name: &str,
     dns_names: &[&str],
+    ips: &[IpAddr],
 ) -> Result<CertAndKey> {
     let key = KeyPair::generate().map_err(pki_err("serving key"))?;
     let names: Vec<String> = dns_names.iter().map(|s| s.to_string()).collect();
@@ -108,6 +120,9 @@ fn serving_cert(
     params
         .subject_alt_names
         .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    for ip in ips {
+        params.subject_alt_names.push(SanType::IpAddress(*ip));
+    }
     params
         .distinguished_name
         .push(DnType::CommonName, common_name);

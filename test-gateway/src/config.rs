@@ -4,6 +4,7 @@
 //! decide between "start" and "exit 78" are unit-tested without a process.
 
 use std::fmt;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
@@ -53,6 +54,9 @@ pub struct Probe {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub port: u16,
+    /// `gateway.bind`: `"loopback"` (the default) listens on 127.0.0.1, `"lan"` on 0.0.0.0 (the
+    /// cluster rendering: in a Pod the kubelet's probe and the Service reach the Pod address).
+    pub listen: Ipv4Addr,
     /// `realpath` of `OPENCLAW_CONFIG_PATH`: shows which revision directory `current` resolved to.
     pub config_path: PathBuf,
     /// Lower-case hex sha256 of the exact configuration bytes.
@@ -251,6 +255,22 @@ fn parse_probe(value: &Value) -> Result<Probe, ConfigError> {
     Ok(probe)
 }
 
+/// The address `gateway.bind` asks for, as OpenClaw names its modes: absent or `"loopback"`
+/// is 127.0.0.1, `"lan"` is 0.0.0.0; the other modes (`tailnet`, `auto`, `custom`) need
+/// interfaces this stand-in does not look for, so they are configuration errors.
+pub fn parse_bind(bytes: &[u8]) -> Result<Ipv4Addr, ConfigError> {
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| err(format!("the configuration is not valid JSON: {e}")))?;
+    match value.get("gateway").and_then(|g| g.get("bind")) {
+        None => Ok(Ipv4Addr::LOCALHOST),
+        Some(Value::String(mode)) if mode == "loopback" => Ok(Ipv4Addr::LOCALHOST),
+        Some(Value::String(mode)) if mode == "lan" => Ok(Ipv4Addr::UNSPECIFIED),
+        Some(other) => Err(err(format!(
+            "gateway.bind {other} is not supported by the test gateway (known: \"loopback\", \"lan\")"
+        ))),
+    }
+}
+
 /// Reads the whole launch contract from an environment lookup function.
 pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
     let port = parse_port(env("OPENCLAW_GATEWAY_PORT").as_deref())?;
@@ -271,6 +291,7 @@ pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigErro
     let (secrets, auth_none) = parse_secrets(&bytes, home.as_deref())?;
     Ok(Settings {
         port,
+        listen: parse_bind(&bytes)?,
         config_path,
         config_sha256: sha256_hex(&bytes),
         password_sha256: password.map(|p| sha256_hex(p.as_bytes())),
@@ -306,6 +327,21 @@ pub fn parse_secrets(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bind_modes_pick_the_listen_address() {
+        assert_eq!(parse_bind(b"{}"), Ok(Ipv4Addr::LOCALHOST));
+        assert_eq!(
+            parse_bind(br#"{"gateway":{"bind":"loopback"}}"#),
+            Ok(Ipv4Addr::LOCALHOST)
+        );
+        assert_eq!(
+            parse_bind(br#"{"gateway":{"bind":"lan"}}"#),
+            Ok(Ipv4Addr::UNSPECIFIED)
+        );
+        let e = parse_bind(br#"{"gateway":{"bind":"tailnet"}}"#).unwrap_err();
+        assert!(e.0.contains("gateway.bind"), "{e}");
+    }
 
     #[test]
     fn port_must_be_a_nonzero_u16() {

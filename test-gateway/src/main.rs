@@ -5,7 +5,8 @@
 //! - `OPENCLAW_GATEWAY_PORT`, `OPENCLAW_CONFIG_PATH` (and `OPENCLAW_GATEWAY_PASSWORD` when the
 //!   configuration asks for password auth) come from the environment; any problem with them exits
 //!   with status 78, like the real gateway, so systemd's `RestartPreventExitStatus=78` applies.
-//! - Listens on `127.0.0.1:<port>` only and serves `GET /readyz`, `GET /healthz`, `GET /info`.
+//! - Listens on `127.0.0.1:<port>` (`0.0.0.0` with `gateway.bind: "lan"`, the cluster rendering)
+//!   and serves `GET /readyz`, `GET /healthz`, `GET /info`.
 //! - Behaviour switches come from the reserved top-level key `x-clawfleet-test`.
 //! - File SecretRefs are resolved at start like OpenClaw's file provider (a ref that cannot be
 //!   resolved stops the start with status 1), `secrets.reload` swaps them over the WebSocket RPC
@@ -54,6 +55,31 @@ struct State {
     connections: rpc::Connections,
 }
 
+/// As a container's pid 1 (in a Pod) the kernel ignores SIGTERM and SIGINT unless the process
+/// handles them, and the kubelet would wait out the whole grace period before SIGKILL. Node
+/// (the real gateway) handles them, so here too: a thread waits for either and exits 0. Under
+/// systemd (not pid 1) nothing changes: the default action ends the process.
+fn exit_on_term_as_pid_1() {
+    use nix::sys::signal::{SigSet, Signal};
+    if std::process::id() != 1 {
+        return;
+    }
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    // Blocked before any other thread exists, so every thread inherits the mask.
+    if let Err(e) = set.thread_block() {
+        eprintln!("clawfleet-test-gateway: cannot block SIGTERM for its handler thread: {e}");
+        return;
+    }
+    std::thread::spawn(move || {
+        if let Ok(sig) = set.wait() {
+            eprintln!("clawfleet-test-gateway: {sig} as pid 1, exiting");
+            std::process::exit(0);
+        }
+    });
+}
+
 fn main() -> ExitCode {
     // From main to listening: the gateway's own start, which a cutover breakdown subtracts.
     let entered = Instant::now();
@@ -68,6 +94,7 @@ fn main() -> ExitCode {
             }
         };
     }
+    exit_on_term_as_pid_1();
     let settings = match config::load(|k| std::env::var(k).ok()) {
         Ok(s) => s,
         Err(e) => {
@@ -92,12 +119,12 @@ fn main() -> ExitCode {
             }
         };
     write_secret_log_lines(&secrets, &settings.switches.secret_log_lines);
-    let listener = match TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, settings.port)) {
+    let listener = match TcpListener::bind(SocketAddrV4::new(settings.listen, settings.port)) {
         Ok(l) => l,
         Err(e) => {
             eprintln!(
-                "clawfleet-test-gateway: cannot listen on 127.0.0.1:{}: {e}",
-                settings.port
+                "clawfleet-test-gateway: cannot listen on {}:{}: {e}",
+                settings.listen, settings.port
             );
             return ExitCode::from(EXIT_CRASH);
         }
@@ -128,7 +155,8 @@ fn main() -> ExitCode {
         settings,
     });
     eprintln!(
-        "clawfleet-test-gateway: listening on 127.0.0.1:{} config={} label={} start_us={}",
+        "clawfleet-test-gateway: listening on {}:{} config={} label={} start_us={}",
+        state.settings.listen,
         state.settings.port,
         state.settings.config_path.display(),
         state.settings.switches.label.as_deref().unwrap_or("-"),

@@ -1,12 +1,17 @@
 //! `k8scp`: the control-plane harness by hand.
 //!
 //! - `k8scp up`: start a control plane, print its kubeconfig path and timings, run until Ctrl-C.
+//!   `k8scp up --node` also starts a real node (kubelet, containerd, runc, CNI) and prints its
+//!   record's path; Ctrl-C stops the control plane, and the node is reclaimed by the next
+//!   `k8scp clean` or `Node::start` (its lock is free once this process is gone).
 //! - `k8scp list`: every run on the machine (live or stale) with its recorded pids.
 //! - `k8scp clean`: tear down every run whose test process is dead.
 
 use std::process::ExitCode;
 
-use clawfleet_k8s_tests::{ControlPlane, HarnessConfig, list_runs, reclaim_stale};
+use clawfleet_k8s_tests::{
+    ControlPlane, HarnessConfig, Node, list_runs, reclaim_stale, reclaim_stale_nodes,
+};
 
 fn main() -> ExitCode {
     let cmd = std::env::args().nth(1).unwrap_or_default();
@@ -18,7 +23,10 @@ fn main() -> ExitCode {
         }
     };
     match cmd.as_str() {
-        "up" => up(&config),
+        "up" => up(
+            &config,
+            std::env::args().nth(2).as_deref() == Some("--node"),
+        ),
         "list" => match list_runs(&config) {
             Ok(runs) => {
                 for (rec, live) in runs {
@@ -40,6 +48,9 @@ fn main() -> ExitCode {
         },
         "clean" => match reclaim_stale(&config) {
             Ok(r) => {
+                for line in reclaim_stale_nodes(&config) {
+                    println!("{line}");
+                }
                 println!("reclaimed {} stale control plane(s)", r.len());
                 ExitCode::SUCCESS
             }
@@ -49,13 +60,13 @@ fn main() -> ExitCode {
             }
         },
         _ => {
-            eprintln!("usage: k8scp up | list | clean");
+            eprintln!("usage: k8scp up [--node] | list | clean");
             ExitCode::from(2)
         }
     }
 }
 
-fn up(config: &HarnessConfig) -> ExitCode {
+fn up(config: &HarnessConfig, with_node: bool) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -78,6 +89,26 @@ fn up(config: &HarnessConfig) -> ExitCode {
                     cp.pod_logs_file().display(),
                     cp.pod_previous_logs_file().display()
                 );
+                let _node = if with_node {
+                    match Node::start(&cp).await {
+                        Ok(n) => {
+                            println!(
+                                "node {} up: {} in {:.1} s; record {}",
+                                n.record().id,
+                                n.ip(),
+                                n.started_in().as_secs_f64(),
+                                n.record_path().display()
+                            );
+                            Some(n)
+                        }
+                        Err(e) => {
+                            eprintln!("k8scp: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                } else {
+                    None
+                };
                 println!("Ctrl-C stops it");
                 // The signal handler tears it down and exits.
                 loop {
