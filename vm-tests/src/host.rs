@@ -43,6 +43,11 @@ pub struct HostOptions {
     /// of the test's own as the host's `/var/lib/clawfleet`. The runner path must exist and
     /// stays the test's to create and remove.
     pub binds: Vec<(PathBuf, String)>,
+    /// Boot the host as a kernel without Landlock would run it (Debian 12's 6.1, RHEL 9's
+    /// 5.14): nspawn's own seccomp allowlist, which predates Landlock, stays in force for its
+    /// three syscalls, so they fail with EPERM inside the host and hostd's launcher finds no
+    /// Landlock to confine binds with.
+    pub no_landlock: bool,
 }
 
 #[derive(Debug)]
@@ -75,6 +80,7 @@ pub struct TestHost {
     /// `--bind=` (read-write) mounts given to nspawn (runner path, host path).
     rw_binds: Vec<(PathBuf, String)>,
     cgroup_limits: bool,
+    no_landlock: bool,
     state: Mutex<State>,
     // Dropped last: the slot stays ours until teardown has finished.
     slot: Slot,
@@ -164,6 +170,7 @@ impl TestHost {
             binds,
             rw_binds: options.binds.clone(),
             cgroup_limits: options.cgroup_limits,
+            no_landlock: options.no_landlock,
             state: Mutex::new(State {
                 record,
                 child: None,
@@ -346,7 +353,13 @@ impl TestHost {
             // nspawn 252's seccomp allowlist predates Landlock and answers EPERM; a host on
             // bare metal has no such filter. hostd confines each gateway's binds with Landlock.
             // Likewise quotactl_fd (Linux 5.14), with which hostd reads and sets project quotas.
-            .arg("--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self quotactl quotactl_fd")
+            .arg(if self.no_landlock {
+                // Denied outright (EPERM), whatever this nspawn's own allowlist holds.
+                "--system-call-filter=~landlock_create_ruleset landlock_add_rule landlock_restrict_self"
+            } else {
+                "--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self"
+            })
+            .arg("--system-call-filter=quotactl quotactl_fd")
             .args(
                 self.binds
                     .iter()
