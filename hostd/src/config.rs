@@ -50,6 +50,12 @@ struct RawConfig {
     accounts: RawAccounts,
     journal: RawJournal,
     quota: RawQuota,
+    network: RawNetwork,
+}
+
+#[derive(Debug, Default)]
+struct RawNetwork {
+    hold_ms: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -352,6 +358,11 @@ impl RawConfig {
             max_inodes: quota.integer("max_inodes", 100, u64::MAX / 2)?,
         };
         quota.finish()?;
+        let mut network = top.table("network", "network.")?;
+        raw.network = RawNetwork {
+            hold_ms: network.integer("hold_ms", 100, 600_000)?,
+        };
+        network.finish()?;
         top.finish()?;
         Ok(raw)
     }
@@ -478,7 +489,13 @@ pub struct Config {
     /// Each Agent's disk and inode limits, where the state root has project quotas
     /// (`crate::quota`).
     pub quota: crate::quota::QuotaLimits,
+    /// `[network] hold_ms`: how long a connection to an Agent's port waits for its gateway
+    /// during a cutover before the front answers 503 (issue 28).
+    pub front_hold_ms: u64,
 }
+
+/// `[network] hold_ms` when unset: longer than the real gateway's 20-40 s start.
+pub const DEFAULT_FRONT_HOLD_MS: u64 = 60_000;
 
 /// `[quota] max_bytes` when unset: 10 GiB per Agent.
 pub const DEFAULT_QUOTA_MAX_BYTES: u64 = 10 * 1024 * 1024 * 1024;
@@ -671,6 +688,7 @@ impl Config {
                 max_bytes: raw.quota.max_bytes.unwrap_or(DEFAULT_QUOTA_MAX_BYTES),
                 max_inodes: raw.quota.max_inodes.unwrap_or(DEFAULT_QUOTA_MAX_INODES),
             },
+            front_hold_ms: raw.network.hold_ms.unwrap_or(DEFAULT_FRONT_HOLD_MS),
         })
     }
 }
@@ -824,11 +842,14 @@ max_entries = 100
 [quota]
 max_bytes = 1073741824
 max_inodes = 20000
+[network]
+hold_ms = 5000
 "#,
         )
         .unwrap();
         assert_eq!(c.quota.max_bytes, 1 << 30);
         assert_eq!(c.quota.max_inodes, 20_000);
+        assert_eq!(c.front_hold_ms, 5000);
         assert_eq!(
             refusal("[quota]\nmax_inodes = 5").0,
             "quota.max_inodes",

@@ -506,7 +506,20 @@ impl System for FakeSystem {
         })
     }
 
-    fn listeners(&self, port: u16) -> Result<Vec<crate::listener::Listener>, SystemError> {
+    fn netns_support(&self) -> Result<(), String> {
+        Err("the fake system has no network namespaces".into())
+    }
+
+    fn start_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
+        self.log(format!("start {unit}"));
+        Ok(())
+    }
+
+    fn listeners(
+        &self,
+        port: u16,
+        _netns: Option<&Path>,
+    ) -> Result<Vec<crate::listener::Listener>, SystemError> {
         // An active unit's gateway listens as the unit's User=.
         let units: Vec<String> = self.with(|s| {
             s.unit_ports

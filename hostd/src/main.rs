@@ -98,6 +98,32 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// An Agent's front (its port socket unit's service, in the Agent's network namespace):
+    /// joins each connection to the gateway, waiting for it during a cutover.
+    #[command(hide = true)]
+    Front {
+        /// The gateway's port on the namespace's loopback.
+        #[arg(long)]
+        port: u16,
+        /// How long a connection waits for the gateway, in milliseconds.
+        #[arg(long)]
+        hold_ms: u64,
+        /// At most this many connections at once.
+        #[arg(long, default_value_t = 4096)]
+        max_connections: usize,
+    },
+    /// The Agent's network unit: makes its network namespace (idempotent).
+    #[command(hide = true)]
+    NetnsUp {
+        #[arg(long)]
+        name: String,
+    },
+    /// The Agent's network unit on stop: removes its network namespace.
+    #[command(hide = true)]
+    NetnsDown {
+        #[arg(long)]
+        name: String,
+    },
     /// The Agent unit's `ExecStartPre=+` (as root): writes the Agent's secrets from their
     /// credentials into the unit's runtime directory, owned by the Agent's account, 0400.
     #[command(hide = true)]
@@ -346,7 +372,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Outcome::Failed { .. } => ExitCode::from(1),
             })
         }
-        Command::ExecGateway { .. } => Ok(ExitCode::from(1)),
+        Command::ExecGateway { .. }
+        | Command::Front { .. }
+        | Command::NetnsUp { .. }
+        | Command::NetnsDown { .. } => Ok(ExitCode::from(1)),
         Command::SecretFiles {
             agent_dir,
             runtime_dir,
@@ -415,6 +444,46 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         };
+    }
+    match &cli.command {
+        Command::Front {
+            port,
+            hold_ms,
+            max_connections,
+        } => {
+            let front = hostd::front::Front {
+                port: *port,
+                hold: Duration::from_millis(*hold_ms),
+                max_connections: *max_connections,
+            };
+            return match hostd::front::run(front) {
+                Ok(never) => match never {},
+                Err(e) => {
+                    eprintln!("hostd front: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        Command::NetnsUp { name } | Command::NetnsDown { name } => {
+            let up = matches!(cli.command, Command::NetnsUp { .. });
+            if !hostd::netns::is_name(name) {
+                eprintln!("hostd netns: {name:?} is not the name of an Agent's network namespace");
+                return ExitCode::from(2);
+            }
+            let done = if up {
+                hostd::netns::up(name)
+            } else {
+                hostd::netns::down(name)
+            };
+            return match done {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("hostd netns: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        _ => {}
     }
     init_logging();
     match run(cli) {

@@ -48,6 +48,12 @@ pub struct HostOptions {
     /// three syscalls, so they fail with EPERM inside the host and hostd's launcher finds no
     /// Landlock to confine binds with.
     pub no_landlock: bool,
+    /// Boot the host without `CAP_NET_ADMIN` (nspawn's default for a container that is not
+    /// given a private network of its own making): hostd can make a network namespace there
+    /// but not configure one, as on a host that refuses it namespaces. Every other host gets
+    /// the capability, as hostd has it on a real host (the container has its own network
+    /// namespace, so it reaches nothing of the runner's).
+    pub no_net_admin: bool,
 }
 
 #[derive(Debug)]
@@ -81,6 +87,7 @@ pub struct TestHost {
     rw_binds: Vec<(PathBuf, String)>,
     cgroup_limits: bool,
     no_landlock: bool,
+    no_net_admin: bool,
     state: Mutex<State>,
     // Dropped last: the slot stays ours until teardown has finished.
     slot: Slot,
@@ -171,6 +178,7 @@ impl TestHost {
             rw_binds: options.binds.clone(),
             cgroup_limits: options.cgroup_limits,
             no_landlock: options.no_landlock,
+            no_net_admin: options.no_net_admin,
             state: Mutex::new(State {
                 record,
                 child: None,
@@ -360,6 +368,8 @@ impl TestHost {
                 "--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self"
             })
             .arg("--system-call-filter=quotactl quotactl_fd")
+            // hostd configures each Agent's network namespace (issue 28).
+            .args((!self.no_net_admin).then_some("--capability=CAP_NET_ADMIN"))
             .args(
                 self.binds
                     .iter()
