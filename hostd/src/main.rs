@@ -332,6 +332,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     "quotas: {}",
                     hostd::quota::support(&config.state_root).describe()
                 );
+                println!(
+                    "network isolation: {}",
+                    hostd::engine::network_isolation(&engine)
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -224,3 +224,68 @@ fn a_sibling_cannot_take_or_answer_an_agents_port_on_a_host_without_landlock() {
         );
     }
 }
+
+fn network_isolation(occ: &Coordinator, host: &TestHost) -> String {
+    match occ.ok(host, Operation::Probe(ProbeArgs {})) {
+        OperationResult::Probe(p) => p
+            .network_isolation
+            .expect("hostd reports its network isolation"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A host that refuses hostd network namespaces (no CAP_NET_ADMIN) and Landlock: the probe
+/// and `hostd status` say exactly what is missing, and a single Namespace still deploys
+/// there, in the host's network as before (the coordinator places no second one there).
+#[test]
+fn a_host_without_namespaces_says_what_is_missing_and_still_serves_one_namespace() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd_options(
+        &occ,
+        "",
+        &HostOptions {
+            no_landlock: true,
+            no_net_admin: true,
+            ..Default::default()
+        },
+    );
+    let isolation = network_isolation(&occ, &host);
+    println!("networkIsolation: {isolation}");
+    assert!(isolation.starts_with("unavailable: "), "{isolation}");
+    assert!(isolation.contains("CAP_NET_ADMIN"), "{isolation}");
+    assert!(isolation.contains("binds not confined"), "{isolation}");
+    let status = host.run_ok("hostd status").unwrap();
+    assert!(
+        status.contains(&format!("network isolation: {isolation}")),
+        "{status}"
+    );
+
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec("rev-1", 1, json!({"label": "alone"}));
+    let p = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    activate(&occ, &host, "ns1", "a1", &r1);
+    let (code, body) = curl(&host, p, "/info");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"label\":\"alone\""), "{body}");
+    let a = layout().agent(&id("ns1"), &id("a1"));
+    let unit = host
+        .run_ok(&format!("cat {}", a.unit_file.display()))
+        .unwrap();
+    assert!(!unit.contains("NetworkNamespacePath="), "{unit}");
+    let units = host
+        .run_ok("ls /etc/systemd/system | grep -c '^clawfleet-' || true")
+        .unwrap();
+    assert_eq!(units.trim(), "1", "only the gateway's unit: {units}");
+}
+
+/// A host that allows them reports `namespaces`.
+#[test]
+fn a_host_with_namespaces_reports_them() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
+    let status = host.run_ok("hostd status").unwrap();
+    assert!(status.contains("network isolation: namespaces"), "{status}");
+}
