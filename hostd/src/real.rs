@@ -888,6 +888,10 @@ impl System for RealSystem {
         self.netns_support.get_or_init(crate::netns::probe).clone()
     }
 
+    fn netns_present(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
     fn start_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
         check_unit_name("start", unit)?;
         let name = unit.to_owned();

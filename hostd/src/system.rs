@@ -198,6 +198,8 @@ pub trait System {
     /// Whether this host can give each Agent a network namespace of its own (issue 28);
     /// the error says what is missing.
     fn netns_support(&self) -> Result<(), String>;
+    /// Whether the named network namespace at `path` is there.
+    fn netns_present(&self, path: &Path) -> bool;
     /// Starts a unit (a no-op when it is active) and waits for its job.
     fn start_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// Names of the tools hostd needs that are not installed.

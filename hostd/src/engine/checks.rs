@@ -496,7 +496,7 @@ impl Engine<'_> {
             .is_ok_and(|s| s.is_active());
         if running {
             let netns = crate::netns::path(&net.netns);
-            if !netns.exists() {
+            if !self.system.netns_present(&netns) {
                 reasons.push(format!(
                     "the Agent's network namespace {} is missing while its gateway runs",
                     netns.display()
