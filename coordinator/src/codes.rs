@@ -74,6 +74,7 @@ codes! {
     UnknownHost = "UNKNOWN_HOST", "The host is not enrolled, or the token may not choose it.";
     EmptyPool = "EMPTY_POOL", "A Namespace needs a host pool or a cluster.";
     HostDedicated = "HOST_DEDICATED", "The host is in a single-tenant pool, or a single-tenant pool names a host another Namespace uses.";
+    HostNotIsolated = "HOST_NOT_ISOLATED", "The host cannot isolate the networks of Agents of different Namespaces (its probe's networkIsolation says what is missing), and another Namespace uses it.";
     SingleTenantInvalid = "SINGLE_TENANT_INVALID", "singleTenant applies to host pools only.";
     BackendAmbiguous = "BACKEND_AMBIGUOUS", "A Namespace names both hosts and a cluster.";
     UnknownCluster = "UNKNOWN_CLUSTER", "The cluster is not registered, or the token may not choose it.";
