@@ -117,6 +117,15 @@ enum Command {
     NetnsUp {
         #[arg(long)]
         name: String,
+        /// The Agent's port (its veth pair's /30 is derived from it).
+        #[arg(long)]
+        port: Option<u16>,
+        /// A TCP port the Agent may reach on public addresses (repeatable).
+        #[arg(long = "egress-port")]
+        egress_ports: Vec<u16>,
+        /// An IPv4 CIDR the Agent may reach on any port (repeatable).
+        #[arg(long = "egress-allow")]
+        egress_allow: Vec<String>,
     },
     /// The Agent's network unit on stop: removes its network namespace.
     #[command(hide = true)]
@@ -468,16 +477,26 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::NetnsUp { name } | Command::NetnsDown { name } => {
-            let up = matches!(cli.command, Command::NetnsUp { .. });
+        Command::NetnsUp { name, .. } | Command::NetnsDown { name } => {
             if !hostd::netns::is_name(name) {
                 eprintln!("hostd netns: {name:?} is not the name of an Agent's network namespace");
                 return ExitCode::from(2);
             }
-            let done = if up {
-                hostd::netns::up(name)
-            } else {
-                hostd::netns::down(name)
+            let done = match &cli.command {
+                Command::NetnsUp {
+                    port,
+                    egress_ports,
+                    egress_allow,
+                    ..
+                } => {
+                    let egress = port.map(|port| hostd::netns::Egress {
+                        port,
+                        ports: egress_ports.clone(),
+                        allow: egress_allow.clone(),
+                    });
+                    hostd::netns::up(name, egress.as_ref())
+                }
+                _ => hostd::netns::down(name),
             };
             return match done {
                 Ok(()) => ExitCode::SUCCESS,

@@ -43,6 +43,10 @@ pub struct AgentNet {
     pub front_unit: String,
     /// How long a connection waits for the gateway during a cutover.
     pub hold_ms: u64,
+    /// TCP ports the Agent may reach on public addresses (`[network] egress_ports`).
+    pub egress_ports: Vec<u16>,
+    /// IPv4 CIDRs the Agent may reach on any port (`[network] egress_allow`).
+    pub egress_allow: Vec<String>,
 }
 
 impl AgentNet {
@@ -58,6 +62,8 @@ impl AgentNet {
             socket_unit: format!("clawfleet-front-{hash}.socket"),
             front_unit: format!("clawfleet-front-{hash}.service"),
             hold_ms,
+            egress_ports: crate::config::DEFAULT_EGRESS_PORTS.to_vec(),
+            egress_allow: Vec::new(),
         }
     }
 
@@ -80,10 +86,20 @@ Before=network-online.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart={LAUNCHER} netns-up --name {ns}
+ExecStart={LAUNCHER} netns-up --name {ns} --port {port}{egress}
 ExecStop={LAUNCHER} netns-down --name {ns}
 ",
-            ns = self.netns
+            ns = self.netns,
+            egress = self
+                .egress_ports
+                .iter()
+                .map(|p| format!(" --egress-port {p}"))
+                .chain(
+                    self.egress_allow
+                        .iter()
+                        .map(|c| format!(" --egress-allow {c}"))
+                )
+                .collect::<String>()
         );
         // FreeBind: a host without IPv6 on its loopback still gets the IPv4 socket.
         let socket = format!(
@@ -477,7 +493,7 @@ mod tests {
             assert!(is_owned_by(body, &ns, &agent), "{body}");
         }
         assert!(files[0].1.contains(&format!(
-            "ExecStart=/usr/sbin/hostd netns-up --name clawfleet-{hash}\n"
+            "ExecStart=/usr/sbin/hostd netns-up --name clawfleet-{hash} --port 18700 --egress-port 443\n"
         )));
         // localhost resolves to ::1 first on Debian: both loopbacks are the host's.
         assert!(

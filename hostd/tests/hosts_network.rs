@@ -289,3 +289,115 @@ fn a_host_with_namespaces_reports_them() {
     let status = host.run_ok("hostd status").unwrap();
     assert!(status.contains("network isolation: namespaces"), "{status}");
 }
+
+/// A stand-in for a public service, in a network namespace of the test's own on the test
+/// host (TEST-NET-2, 198.51.100.2, routed from the host): it answers `public-ok` on 443 and
+/// on 8080.
+const PUBLIC_STANDIN: &str = r#"set -e
+ip netns add cfpub
+ip link add cfpubh type veth peer name eth0 netns cfpub
+ip addr add 198.51.100.1/30 dev cfpubh
+ip link set cfpubh up
+ip -n cfpub link set lo up
+ip -n cfpub addr add 198.51.100.2/30 dev eth0
+ip -n cfpub link set eth0 up
+ip -n cfpub route add default via 198.51.100.1
+cat > /root/cf-public.pl <<'PL'
+use Socket; socket(S, PF_INET, SOCK_STREAM, 0) or die; setsockopt(S, SOL_SOCKET, SO_REUSEADDR, 1);
+bind(S, sockaddr_in($ARGV[0], INADDR_ANY)) or die "bind: $!"; listen(S, 16) or die;
+while (accept(C, S)) { syswrite(C, "public-ok\n"); close C; }
+PL
+for p in 443 8080; do systemd-run --unit cf-public-$p ip netns exec cfpub perl /root/cf-public.pl $p; done
+sleep 0.5
+"#;
+
+/// Issue 28's egress policy: from inside its unit an Agent reaches a public address on 443
+/// only; not the same address on another port, not the cloud metadata address, not an RFC
+/// 1918 address, not the host, and not its sibling (either end of the sibling's veth pair).
+#[test]
+fn an_agent_reaches_public_https_only() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
+    host.run_ok(PUBLIC_STANDIN).unwrap();
+    occ.ok(&host, ensure("ns1"));
+    occ.ok(&host, ensure("ns2"));
+    let b1 = spec("rev-1", 1, json!({"label": "sibling"}));
+    let pb = port(&occ.ok(&host, prepare("ns2", "b1", &b1)));
+    activate(&occ, &host, "ns2", "b1", &b1);
+    let sibling = hostd::netns::Egress {
+        port: pb,
+        ports: vec![443],
+        allow: vec![],
+    };
+    let (sibling_host_side, sibling_agent_side) = sibling.addresses();
+    let host_address = host.address();
+    let try_connect = |addr: String, port: u16| {
+        format!(
+            "timeout 3 bash -c 'exec 3<>/dev/tcp/{addr}/{port} && head -c 9 <&3' 2>&1; echo \" rc=$?\""
+        )
+    };
+    let probes = json!({
+        "public_443": try_connect("198.51.100.2".into(), 443),
+        "public_8080": try_connect("198.51.100.2".into(), 8080),
+        "metadata": try_connect("169.254.169.254".into(), 80),
+        "rfc1918": try_connect("10.0.0.1".into(), 443),
+        "host": try_connect(host_address.to_string(), 22),
+        "sibling_agent": try_connect(sibling_agent_side.to_string(), pb),
+        "sibling_host_side": try_connect(sibling_host_side.to_string(), pb),
+        "sibling_loopback": try_connect("127.0.0.1".into(), pb),
+    });
+    let a1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "a", "probe": {"commands": probes}}),
+    );
+    let pa = port(&occ.ok(&host, prepare("ns1", "a1", &a1)));
+    activate(&occ, &host, "ns1", "a1", &a1);
+    let (code, body) = curl(&host, pa, "/info");
+    assert_eq!(code, 200, "{body}");
+    let info: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let out = |name: &str| {
+        info["probe"]["commands"][name]["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for name in [
+        "public_443",
+        "public_8080",
+        "metadata",
+        "rfc1918",
+        "host",
+        "sibling_agent",
+        "sibling_host_side",
+        "sibling_loopback",
+    ] {
+        println!("{name}: {}", out(name).trim());
+    }
+    assert!(
+        out("public_443").starts_with("public-ok"),
+        "{}",
+        out("public_443")
+    );
+    for name in [
+        "public_8080",
+        "metadata",
+        "rfc1918",
+        "host",
+        "sibling_agent",
+        "sibling_host_side",
+        "sibling_loopback",
+    ] {
+        let o = out(name);
+        assert!(
+            !o.contains("public-ok") && !o.contains(" rc=0"),
+            "{name} was reached: {o}"
+        );
+    }
+    // The sibling still serves its own clients.
+    assert_eq!(curl(&host, pb, "/readyz").0, 200);
+    host.run_ok("systemctl stop cf-public-443 cf-public-8080; ip netns delete cfpub")
+        .unwrap();
+}

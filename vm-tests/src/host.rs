@@ -340,6 +340,32 @@ impl TestHost {
             .iter()
             .map(|d| d.join("cgroup.procs").display().to_string())
             .collect();
+        if !self.no_net_admin {
+            // nspawn mounts the container's /proc/sys read-only: forwarding in the host's
+            // own network namespace (hostd's Agent egress, issue 28) is turned on from here,
+            // as an operator's sysctl.d would on a real host.
+            let mut fwd = Command::new("ip");
+            fwd.args([
+                "netns",
+                "exec",
+                &st.record.netns,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ]);
+            let out = fwd.output().map_err(|source| Error::Spawn {
+                command: sys::describe(&fwd),
+                source,
+            })?;
+            if !out.status.success() {
+                return Err(Error::Spawn {
+                    command: sys::describe(&fwd),
+                    source: std::io::Error::other(
+                        String::from_utf8_lossy(&out.stderr).into_owned(),
+                    ),
+                });
+            }
+        }
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(LAUNCH_SCRIPT)

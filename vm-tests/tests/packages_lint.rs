@@ -79,6 +79,7 @@ fn lintian_finds_no_errors_and_the_debs_hold_what_the_guide_says() {
         "passwd",
         "systemd",
         "iproute2",
+        "nftables",
     ] {
         assert!(depends.contains(want), "{want} in {depends}");
     }
@@ -233,6 +234,7 @@ fn rpm_metadata_files_and_dependencies() {
         "shadow-utils",
         "systemd",
         "iproute",
+        "nftables",
         "/bin/sh",
     ] {
         assert!(

@@ -347,10 +347,11 @@ impl Engine<'_> {
     /// gateway in the host's network as before (its binds confined only by Landlock, where
     /// the kernel has it).
     pub(crate) fn agent_net(&self, paths: &AgentPaths) -> Option<unit::AgentNet> {
-        self.system
-            .netns_support()
-            .ok()
-            .map(|()| unit::AgentNet::for_unit(&paths.unit_name, self.config.front_hold_ms))
+        self.system.netns_support().ok().map(|()| unit::AgentNet {
+            egress_ports: self.config.egress_ports.clone(),
+            egress_allow: self.config.egress_allow.clone(),
+            ..unit::AgentNet::for_unit(&paths.unit_name, self.config.front_hold_ms)
+        })
     }
 
     /// The Agent's companion unit files (namespace, port socket, front) that differ from
