@@ -34,6 +34,8 @@ const FIRST_PAUSE: Duration = Duration::from_millis(2);
 const MAX_PAUSE: Duration = Duration::from_millis(50);
 /// One connect attempt on the loopback never takes long; this bounds a stuck one.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most bytes of a request kept to send again to the next gateway (see [`first_exchange`]).
+const REPLAY_MAX: usize = 1 << 20;
 
 /// Why the front cannot run.
 #[derive(Debug, Error)]
@@ -142,19 +144,110 @@ fn accept_loop(listener: &TcpListener, front: Front, active: &Arc<AtomicUsize>) 
     }
 }
 
-/// Connects to the gateway, waiting up to `hold` for it to listen.
-fn connect(front: Front) -> Option<TcpStream> {
-    let target = SocketAddr::from((Ipv4Addr::LOCALHOST, front.port));
-    let deadline = Instant::now() + front.hold;
+/// Connects to the gateway, waiting until `deadline` for it to listen.
+fn connect(port: u16, deadline: Instant) -> Option<TcpStream> {
+    let target = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut pause = FIRST_PAUSE;
     loop {
         match TcpStream::connect_timeout(&target, CONNECT_TIMEOUT) {
-            Ok(s) => return Some(s),
+            Ok(s) => {
+                // Small writes (WebSocket frames) go out at once.
+                let _ = s.set_nodelay(true);
+                return Some(s);
+            }
             Err(_) if Instant::now() + pause < deadline => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(MAX_PAUSE);
             }
             Err(_) => return None,
+        }
+    }
+}
+
+/// How the first exchange of a connection ended.
+enum First {
+    /// The gateway answered (its first bytes are passed on): join the two from here.
+    Joined(TcpStream),
+    /// No gateway took the connection within the hold time: the client gets a 503.
+    NoGateway,
+    /// The client went away, or a gateway dropped a request too large to send again.
+    Over,
+}
+
+/// Joins the client to a gateway until the gateway's first bytes of answer. A gateway that
+/// accepts the connection and then goes away without a byte (the old one, stopping in a
+/// cutover, with connections still in its backlog) is replaced by the next one, which gets
+/// what the client sent so far (up to [`REPLAY_MAX`]): such a request was never answered.
+fn first_exchange(client: &TcpStream, front: Front) -> First {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let deadline = Instant::now() + front.hold;
+    let Some(mut gateway) = connect(front.port, deadline) else {
+        return First::NoGateway;
+    };
+    let mut sent: Vec<u8> = Vec::new();
+    let mut replayable = true;
+    let mut client_done = false;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let (client_ready, gateway_ready) = {
+            let mut fds = vec![PollFd::new(gateway.as_fd(), PollFlags::POLLIN)];
+            if !client_done {
+                fds.push(PollFd::new(client.as_fd(), PollFlags::POLLIN));
+            }
+            if poll(&mut fds, PollTimeout::NONE).is_err() {
+                return First::Over;
+            }
+            let ready = |f: &PollFd<'_>| {
+                f.revents().is_some_and(|r| {
+                    r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+                })
+            };
+            (fds.get(1).is_some_and(ready), ready(&fds[0]))
+        };
+        if gateway_ready {
+            match (&gateway).read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    return match (&*client).write_all(&buf[..n]) {
+                        Ok(()) => First::Joined(gateway),
+                        Err(_) => First::Over,
+                    };
+                }
+                // Gone without a byte of answer.
+                _ if !replayable => return First::Over,
+                _ => {
+                    let Some(next) = connect(front.port, deadline) else {
+                        return First::NoGateway;
+                    };
+                    gateway = next;
+                    // A write that fails is the same again: seen as the next read's end.
+                    if !sent.is_empty() {
+                        let _ = (&gateway).write_all(&sent);
+                    }
+                    if client_done {
+                        let _ = gateway.shutdown(Shutdown::Write);
+                    }
+                    continue;
+                }
+            }
+        }
+        if client_ready {
+            match (&*client).read(&mut buf) {
+                Ok(0) | Err(_) => {
+                    client_done = true;
+                    let _ = gateway.shutdown(Shutdown::Write);
+                }
+                Ok(n) => {
+                    if replayable && sent.len() + n <= REPLAY_MAX {
+                        sent.extend_from_slice(&buf[..n]);
+                    } else {
+                        replayable = false;
+                        sent = Vec::new();
+                    }
+                    let _ = (&gateway).write_all(&buf[..n]);
+                }
+            }
         }
     }
 }
@@ -172,19 +265,21 @@ fn refuse(mut client: TcpStream, why: &str) {
 }
 
 fn serve(client: TcpStream, front: Front) {
-    let Some(gateway) = connect(front) else {
-        refuse(
-            client,
-            &format!(
-                "the Agent's gateway did not accept the connection within {} ms (restarting or stopped)",
-                front.hold.as_millis()
-            ),
-        );
-        return;
-    };
-    // Small writes (WebSocket frames) go out at once both ways.
     let _ = client.set_nodelay(true);
-    let _ = gateway.set_nodelay(true);
+    let gateway = match first_exchange(&client, front) {
+        First::Joined(g) => g,
+        First::NoGateway => {
+            refuse(
+                client,
+                &format!(
+                    "the Agent's gateway did not accept the connection within {} ms (restarting or stopped)",
+                    front.hold.as_millis()
+                ),
+            );
+            return;
+        }
+        First::Over => return,
+    };
     let (Ok(client2), Ok(gateway2)) = (client.try_clone(), gateway.try_clone()) else {
         return;
     };
@@ -273,5 +368,46 @@ mod tests {
     #[test]
     fn without_passed_sockets_the_front_refuses_to_run() {
         assert!(matches!(passed_listeners(), Err(FrontError::NoSockets)));
+    }
+
+    /// A gateway that takes the connection and goes away without answering (the old one,
+    /// stopping): the request goes to the next one, and the client sees only its answer.
+    #[test]
+    fn a_request_a_stopping_gateway_dropped_goes_to_the_next_one() {
+        let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = probe.local_addr().unwrap().port();
+        drop(probe);
+        let front = Front {
+            port,
+            hold: Duration::from_secs(5),
+            max_connections: 8,
+        };
+        let gateway = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+        let outside = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let outside_addr = outside.local_addr().unwrap();
+        let accepted = std::thread::spawn(move || {
+            let (c, _) = outside.accept().unwrap();
+            serve(c, front);
+        });
+        let mut client = TcpStream::connect(outside_addr).unwrap();
+        client.write_all(b"GET /x HTTP/1.1\r\n\r\n").unwrap();
+        // The old gateway reads the request and closes without a byte, then stops listening.
+        let (mut old, _) = gateway.accept().unwrap();
+        let mut got = [0u8; 19];
+        old.read_exact(&mut got).unwrap();
+        drop(old);
+        drop(gateway);
+        std::thread::sleep(Duration::from_millis(100));
+        let gateway = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+        let (mut new, _) = gateway.accept().unwrap();
+        let mut again = [0u8; 19];
+        new.read_exact(&mut again).unwrap();
+        assert_eq!(&again, b"GET /x HTTP/1.1\r\n\r\n");
+        new.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+        drop(new);
+        let mut back = String::new();
+        client.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "HTTP/1.1 200 OK\r\n\r\n");
+        accepted.join().unwrap();
     }
 }
