@@ -641,3 +641,55 @@ async fn trusted_proxy_needs_a_single_tenant_pool_whose_hosts_no_one_else_uses()
         .unwrap();
     }
 }
+
+/// Issue 28, fail closed: a host whose probe says it cannot isolate Agents' networks takes
+/// one Namespace; a second one naming it is refused with `HOST_NOT_ISOLATED` (saying what the
+/// host lacks) and nothing is stored, while a host that isolates them is shared as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_without_network_isolation_takes_one_namespace_only() {
+    let api = Api::start(short()).await;
+    let admin = api.admin.clone();
+    for h in ["h1", "h2", "h3"] {
+        api.enrol(h).await;
+    }
+    let lacking = "unavailable: hostd cannot configure a network namespace (CAP_NET_ADMIN missing?); binds not confined";
+    api.store
+        .set_host_probe("h1", &json!({"networkIsolation": lacking}))
+        .await
+        .unwrap();
+    api.store
+        .set_host_probe("h2", &json!({"networkIsolation": "namespaces"}))
+        .await
+        .unwrap();
+    let create = |id: &'static str, hosts: Value| {
+        let admin = admin.clone();
+        let api = &api;
+        async move {
+            api.call_async(
+                Some(&admin),
+                "POST",
+                "/namespaces",
+                Some(json!({"id": id, "hosts": hosts})),
+            )
+            .await
+        }
+    };
+    create("first", json!(["h1"])).await.unwrap();
+    let before = api.table_counts().await;
+    let (status, code, message) = create("second", json!(["h2", "h1"])).await.unwrap_err();
+    assert_eq!(
+        (status, code.as_str()),
+        (409, "HOST_NOT_ISOLATED"),
+        "{message}"
+    );
+    assert!(
+        message.contains("host h1")
+            && message.contains("CAP_NET_ADMIN")
+            && message.contains("first"),
+        "{message}"
+    );
+    assert_eq!(api.table_counts().await, before, "nothing stored");
+    // Hosts that isolate Agents (or were never probed) are shared as before.
+    create("second", json!(["h2", "h3"])).await.unwrap();
+    create("third", json!(["h2", "h3"])).await.unwrap();
+}

@@ -50,6 +50,14 @@ struct RawConfig {
     accounts: RawAccounts,
     journal: RawJournal,
     quota: RawQuota,
+    network: RawNetwork,
+}
+
+#[derive(Debug, Default)]
+struct RawNetwork {
+    hold_ms: Option<u64>,
+    egress_ports: Option<Vec<u64>>,
+    egress_allow: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -352,6 +360,13 @@ impl RawConfig {
             max_inodes: quota.integer("max_inodes", 100, u64::MAX / 2)?,
         };
         quota.finish()?;
+        let mut network = top.table("network", "network.")?;
+        raw.network = RawNetwork {
+            hold_ms: network.integer("hold_ms", 100, 600_000)?,
+            egress_ports: network.integers("egress_ports", 1, 65535)?,
+            egress_allow: network.strings("egress_allow")?,
+        };
+        network.finish()?;
         top.finish()?;
         Ok(raw)
     }
@@ -478,7 +493,21 @@ pub struct Config {
     /// Each Agent's disk and inode limits, where the state root has project quotas
     /// (`crate::quota`).
     pub quota: crate::quota::QuotaLimits,
+    /// `[network] hold_ms`: how long a connection to an Agent's port waits for its gateway
+    /// during a cutover before the front answers 503 (issue 28).
+    pub front_hold_ms: u64,
+    /// `[network] egress_ports`: TCP ports each Agent may reach on public addresses.
+    pub egress_ports: Vec<u16>,
+    /// `[network] egress_allow`: IPv4 CIDRs each Agent may reach on any port (an internal
+    /// proxy or model gateway), which the private ranges would otherwise deny.
+    pub egress_allow: Vec<String>,
 }
+
+/// `[network] egress_ports` when unset: HTTPS only, as the Kubernetes backend's policy.
+pub const DEFAULT_EGRESS_PORTS: [u16; 1] = [443];
+
+/// `[network] hold_ms` when unset: longer than the real gateway's 20-40 s start.
+pub const DEFAULT_FRONT_HOLD_MS: u64 = 60_000;
 
 /// `[quota] max_bytes` when unset: 10 GiB per Agent.
 pub const DEFAULT_QUOTA_MAX_BYTES: u64 = 10 * 1024 * 1024 * 1024;
@@ -638,6 +667,15 @@ impl Config {
             ));
         }
         let journal_max_entries = raw.journal.max_entries.unwrap_or(10_000);
+        let egress_allow = raw.network.egress_allow.clone().unwrap_or_default();
+        for c in &egress_allow {
+            if !valid_cidr_v4(c) {
+                return Err(invalid(
+                    "network.egress_allow",
+                    format!("{c:?} is not an IPv4 CIDR such as \"10.1.2.0/24\""),
+                ));
+            }
+        }
 
         Ok(Self {
             host_name,
@@ -671,6 +709,17 @@ impl Config {
                 max_bytes: raw.quota.max_bytes.unwrap_or(DEFAULT_QUOTA_MAX_BYTES),
                 max_inodes: raw.quota.max_inodes.unwrap_or(DEFAULT_QUOTA_MAX_INODES),
             },
+            front_hold_ms: raw.network.hold_ms.unwrap_or(DEFAULT_FRONT_HOLD_MS),
+            egress_ports: raw
+                .network
+                .egress_ports
+                .map(|v| {
+                    v.into_iter()
+                        .filter_map(|p| u16::try_from(p).ok())
+                        .collect()
+                })
+                .unwrap_or_else(|| DEFAULT_EGRESS_PORTS.to_vec()),
+            egress_allow,
         })
     }
 }
@@ -733,6 +782,15 @@ fn check_abs_path(p: &Path) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// `a.b.c.d/n` with n ≤ 32.
+fn valid_cidr_v4(s: &str) -> bool {
+    s.split_once('/').is_some_and(|(addr, len)| {
+        addr.parse::<std::net::Ipv4Addr>().is_ok()
+            && len.parse::<u8>().is_ok_and(|n| n <= 32)
+            && !len.starts_with('+')
+    })
 }
 
 fn valid_size(s: &str) -> bool {
@@ -824,11 +882,26 @@ max_entries = 100
 [quota]
 max_bytes = 1073741824
 max_inodes = 20000
+[network]
+hold_ms = 5000
+egress_ports = [443, 8443]
+egress_allow = ["10.1.2.0/24"]
 "#,
         )
         .unwrap();
         assert_eq!(c.quota.max_bytes, 1 << 30);
         assert_eq!(c.quota.max_inodes, 20_000);
+        assert_eq!(c.front_hold_ms, 5000);
+        assert_eq!(c.egress_ports, [443, 8443]);
+        assert_eq!(c.egress_allow, ["10.1.2.0/24"]);
+        assert_eq!(
+            refusal("[network]\negress_allow = [\"10.1.2.0\"]").0,
+            "network.egress_allow"
+        );
+        assert_eq!(
+            refusal("[network]\negress_ports = [0]").0,
+            "network.egress_ports"
+        );
         assert_eq!(
             refusal("[quota]\nmax_inodes = 5").0,
             "quota.max_inodes",

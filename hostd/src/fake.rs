@@ -47,6 +47,10 @@ struct State {
     /// Behaviour by revision directory name, over the port's (a candidate that fails while
     /// its predecessor works).
     revision_behaviour: BTreeMap<String, Behaviour>,
+    /// [`FakeSystem::set_netns_support`].
+    netns: bool,
+    /// [`FakeSystem::remove_netns`].
+    netns_gone: bool,
     /// The revision directory each unit was last started on (from its `current`).
     unit_revision: BTreeMap<String, String>,
 }
@@ -100,6 +104,19 @@ impl FakeSystem {
     /// Every privileged call so far, like `restart clawfleet-agent-….service`.
     pub fn calls(&self) -> Vec<String> {
         self.with(|s| s.calls.clone())
+    }
+
+    /// Behave like a host that gives each Agent a network namespace of its own (issue 28):
+    /// the gateway of a unit that joins one listens there, and its port on the host is held
+    /// by root (the Agent's socket unit).
+    pub fn set_netns_support(&self, on: bool) {
+        self.with(|s| s.netns = on);
+    }
+
+    /// Every Agent's network namespace disappears (`ip netns delete` by hand); `false`
+    /// brings them back.
+    pub fn remove_netns(&self, gone: bool) {
+        self.with(|s| s.netns_gone = gone);
     }
 
     /// Behave like a systemd that loads a new unit file when it is referenced.
@@ -506,7 +523,34 @@ impl System for FakeSystem {
         })
     }
 
-    fn listeners(&self, port: u16) -> Result<Vec<crate::listener::Listener>, SystemError> {
+    fn netns_support(&self) -> Result<(), String> {
+        if self.with(|s| s.netns) {
+            Ok(())
+        } else {
+            Err("the fake system has no network namespaces".into())
+        }
+    }
+
+    fn netns_present(&self, _path: &Path) -> bool {
+        !self.with(|s| s.netns_gone)
+    }
+
+    fn start_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
+        self.log(format!("start {unit}"));
+        self.with(|s| {
+            let u = s.units.entry(unit.to_owned()).or_default();
+            u.loaded = true;
+            u.active_state = "active".to_owned();
+            u.sub_state = "listening".to_owned();
+        });
+        Ok(())
+    }
+
+    fn listeners(
+        &self,
+        port: u16,
+        netns: Option<&Path>,
+    ) -> Result<Vec<crate::listener::Listener>, SystemError> {
         // An active unit's gateway listens as the unit's User=.
         let units: Vec<String> = self.with(|s| {
             s.unit_ports
@@ -520,6 +564,16 @@ impl System for FakeSystem {
         let mut out = Vec::new();
         for unit in units {
             let text = std::fs::read_to_string(self.unit_dir.join(&unit)).unwrap_or_default();
+            let own_netns = text.contains("\nNetworkNamespacePath=");
+            match (own_netns, netns.is_some()) {
+                // The gateway listens in its own namespace; on the host, root's socket unit.
+                (true, false) => {
+                    out.push(crate::listener::Listener { uid: 0, inode: 3 });
+                    continue;
+                }
+                (false, true) => continue,
+                _ => {}
+            }
             let user = text.lines().find_map(|l| l.strip_prefix("User="));
             if let Some(ids) = user.and_then(|u| self.with(|s| s.users.get(u).copied())) {
                 out.push(crate::listener::Listener {
@@ -528,7 +582,9 @@ impl System for FakeSystem {
                 });
             }
         }
-        if let Some(uid) = self.with(|s| s.squatters.get(&port).copied()) {
+        if netns.is_none()
+            && let Some(uid) = self.with(|s| s.squatters.get(&port).copied())
+        {
             out.push(crate::listener::Listener { uid, inode: 2 });
         }
         Ok(out)

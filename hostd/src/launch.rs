@@ -104,6 +104,11 @@ pub fn supports_net(abi: Result<i64, String>) -> Result<i64, String> {
     }
 }
 
+/// The Landlock ABI with network rules this kernel offers, or why there is none.
+pub fn net_confinement() -> Result<i64, String> {
+    supports_net(landlock_abi())
+}
+
 /// Confines this process and everything it execs to binding TCP `port` only.
 pub fn confine_bind(port: u16) -> Result<Confinement, LaunchError> {
     let abi = match supports_net(landlock_abi()) {

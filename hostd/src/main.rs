@@ -98,6 +98,41 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// An Agent's front (its port socket unit's service, in the Agent's network namespace):
+    /// joins each connection to the gateway, waiting for it during a cutover.
+    #[command(hide = true)]
+    Front {
+        /// The gateway's port on the namespace's loopback.
+        #[arg(long)]
+        port: u16,
+        /// How long a connection waits for the gateway, in milliseconds.
+        #[arg(long)]
+        hold_ms: u64,
+        /// At most this many connections at once.
+        #[arg(long, default_value_t = 4096)]
+        max_connections: usize,
+    },
+    /// The Agent's network unit: makes its network namespace (idempotent).
+    #[command(hide = true)]
+    NetnsUp {
+        #[arg(long)]
+        name: String,
+        /// The Agent's port (its veth pair's /30 is derived from it).
+        #[arg(long)]
+        port: Option<u16>,
+        /// A TCP port the Agent may reach on public addresses (repeatable).
+        #[arg(long = "egress-port")]
+        egress_ports: Vec<u16>,
+        /// An IPv4 CIDR the Agent may reach on any port (repeatable).
+        #[arg(long = "egress-allow")]
+        egress_allow: Vec<String>,
+    },
+    /// The Agent's network unit on stop: removes its network namespace.
+    #[command(hide = true)]
+    NetnsDown {
+        #[arg(long)]
+        name: String,
+    },
     /// The Agent unit's `ExecStartPre=+` (as root): writes the Agent's secrets from their
     /// credentials into the unit's runtime directory, owned by the Agent's account, 0400.
     #[command(hide = true)]
@@ -306,6 +341,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     "quotas: {}",
                     hostd::quota::support(&config.state_root).describe()
                 );
+                println!(
+                    "network isolation: {}",
+                    hostd::engine::network_isolation(&engine)
+                );
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -346,7 +385,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Outcome::Failed { .. } => ExitCode::from(1),
             })
         }
-        Command::ExecGateway { .. } => Ok(ExitCode::from(1)),
+        Command::ExecGateway { .. }
+        | Command::Front { .. }
+        | Command::NetnsUp { .. }
+        | Command::NetnsDown { .. } => Ok(ExitCode::from(1)),
         Command::SecretFiles {
             agent_dir,
             runtime_dir,
@@ -415,6 +457,56 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         };
+    }
+    match &cli.command {
+        Command::Front {
+            port,
+            hold_ms,
+            max_connections,
+        } => {
+            let front = hostd::front::Front {
+                port: *port,
+                hold: Duration::from_millis(*hold_ms),
+                max_connections: *max_connections,
+            };
+            return match hostd::front::run(front) {
+                Ok(never) => match never {},
+                Err(e) => {
+                    eprintln!("hostd front: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        Command::NetnsUp { name, .. } | Command::NetnsDown { name } => {
+            if !hostd::netns::is_name(name) {
+                eprintln!("hostd netns: {name:?} is not the name of an Agent's network namespace");
+                return ExitCode::from(2);
+            }
+            let done = match &cli.command {
+                Command::NetnsUp {
+                    port,
+                    egress_ports,
+                    egress_allow,
+                    ..
+                } => {
+                    let egress = port.map(|port| hostd::netns::Egress {
+                        port,
+                        ports: egress_ports.clone(),
+                        allow: egress_allow.clone(),
+                    });
+                    hostd::netns::up(name, egress.as_ref())
+                }
+                _ => hostd::netns::down(name),
+            };
+            return match done {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("hostd netns: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        _ => {}
     }
     init_logging();
     match run(cli) {

@@ -47,6 +47,8 @@ pub struct RealSystem {
     bus: Mutex<Option<zbus::Connection>>,
     tool_timeout: Duration,
     call_timeout: Duration,
+    /// [`System::netns_support`], probed once per process.
+    netns_support: std::sync::OnceLock<Result<(), String>>,
 }
 
 impl RealSystem {
@@ -61,6 +63,7 @@ impl RealSystem {
             bus: Mutex::new(None),
             tool_timeout: TOOL_TIMEOUT,
             call_timeout: BUS_CALL_TIMEOUT,
+            netns_support: std::sync::OnceLock::new(),
         })
     }
 
@@ -482,6 +485,31 @@ fn parse_status_line(line: &[u8]) -> Option<u16> {
 }
 
 /// One loopback `GET /readyz` under one overall deadline; the HTTP status, if one came back.
+/// The listening sockets on `port` in the calling thread's network namespace.
+fn listeners_here(port: u16) -> Result<Vec<crate::listener::Listener>, SystemError> {
+    match crate::sock_diag::listeners(port) {
+        Ok(found) => return Ok(found),
+        // A kernel without sock_diag for TCP: the slower /proc files say the same.
+        Err(e) => tracing::debug!("{e}; reading /proc/thread-self/net/tcp instead"),
+    }
+    let mut all = Vec::new();
+    // thread-self: the namespace of this thread, which may have entered an Agent's.
+    for path in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+        match std::fs::read_to_string(path) {
+            Ok(text) => all.extend(crate::listener::parse(&text, port)),
+            // No IPv6 on this host: no IPv6 listeners.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.ends_with('6') => {}
+            Err(e) => {
+                return Err(SystemError::Sockets {
+                    path: path.to_owned(),
+                    detail: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(all)
+}
+
 pub fn probe_status(port: u16, timeout: Duration) -> Option<u16> {
     let deadline = Instant::now() + timeout;
     let remaining = || {
@@ -838,27 +866,39 @@ impl System for RealSystem {
         probe_status(port, timeout) == Some(200)
     }
 
-    fn listeners(&self, port: u16) -> Result<Vec<crate::listener::Listener>, SystemError> {
-        match crate::sock_diag::listeners(port) {
-            Ok(found) => return Ok(found),
-            // A kernel without sock_diag for TCP: the slower /proc files say the same.
-            Err(e) => tracing::debug!("{e}; reading /proc/net/tcp instead"),
-        }
-        let mut all = Vec::new();
-        for path in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            match std::fs::read_to_string(path) {
-                Ok(text) => all.extend(crate::listener::parse(&text, port)),
-                // No IPv6 on this host: no IPv6 listeners.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.ends_with('6') => {}
-                Err(e) => {
-                    return Err(SystemError::Sockets {
-                        path: path.to_owned(),
+    fn listeners(
+        &self,
+        port: u16,
+        netns: Option<&Path>,
+    ) -> Result<Vec<crate::listener::Listener>, SystemError> {
+        match netns {
+            None => listeners_here(port),
+            Some(path) => {
+                crate::netns::run_in(path, move || listeners_here(port)).map_err(|e| {
+                    SystemError::Sockets {
+                        path: path.display().to_string(),
                         detail: e.to_string(),
-                    });
-                }
+                    }
+                })?
             }
         }
-        Ok(all)
+    }
+
+    fn netns_support(&self) -> Result<(), String> {
+        self.netns_support.get_or_init(crate::netns::probe).clone()
+    }
+
+    fn netns_present(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn start_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
+        check_unit_name("start", unit)?;
+        let name = unit.to_owned();
+        let result = self.run_job("start", unit, timeout, |m| async move {
+            m.start_unit(name, "replace".into()).await
+        })?;
+        job_result("start", unit, result)
     }
 
     fn unit_runtime(&self, unit: &str) -> Result<crate::system::UnitRuntime, SystemError> {

@@ -192,8 +192,16 @@ pub trait System {
     /// One `GET http://127.0.0.1:<port>/readyz` with the given timeout; true on status 200.
     /// Redirects and every other status are "not ready".
     fn probe_ready(&self, port: u16, timeout: Duration) -> bool;
-    /// The TCP sockets listening on `port` (IPv4 and IPv6), with their owners' uids.
-    fn listeners(&self, port: u16) -> Result<Vec<Listener>, SystemError>;
+    /// The TCP sockets listening on `port` (IPv4 and IPv6), with their owners' uids, in the
+    /// host's network namespace or, with `netns`, in the namespace at that path.
+    fn listeners(&self, port: u16, netns: Option<&Path>) -> Result<Vec<Listener>, SystemError>;
+    /// Whether this host can give each Agent a network namespace of its own (issue 28);
+    /// the error says what is missing.
+    fn netns_support(&self) -> Result<(), String>;
+    /// Whether the named network namespace at `path` is there.
+    fn netns_present(&self, path: &Path) -> bool;
+    /// Starts a unit (a no-op when it is active) and waits for its job.
+    fn start_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// Names of the tools hostd needs that are not installed.
     fn missing_tools(&self) -> Vec<String>;
 

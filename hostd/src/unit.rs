@@ -29,6 +29,148 @@ pub const JOURNAL_SOCKETS: [&str; 2] = [
     "/run/systemd/journal/dev-log",
 ];
 
+/// An Agent whose network is its own (issue 28): its namespace, the oneshot unit that makes
+/// it, and the socket unit and front service that hold its public port on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentNet {
+    /// The namespace's name under `/run/netns` ([`crate::netns`]).
+    pub netns: String,
+    /// `clawfleet-net-<hash>.service`: makes the namespace (at boot too) and removes it.
+    pub net_unit: String,
+    /// `clawfleet-front-<hash>.socket`: PID 1 listens on the Agent's port.
+    pub socket_unit: String,
+    /// `clawfleet-front-<hash>.service`: joins each connection to the gateway.
+    pub front_unit: String,
+    /// How long a connection waits for the gateway during a cutover.
+    pub hold_ms: u64,
+    /// TCP ports the Agent may reach on public addresses (`[network] egress_ports`).
+    pub egress_ports: Vec<u16>,
+    /// IPv4 CIDRs the Agent may reach on any port (`[network] egress_allow`).
+    pub egress_allow: Vec<String>,
+}
+
+impl AgentNet {
+    /// The names for the Agent whose gateway unit is `unit_name`.
+    pub fn for_unit(unit_name: &str, hold_ms: u64) -> AgentNet {
+        let hash = unit_name
+            .strip_prefix("clawfleet-agent-")
+            .and_then(|r| r.strip_suffix(".service"))
+            .unwrap_or(unit_name);
+        AgentNet {
+            netns: crate::netns::name_for_unit(unit_name),
+            net_unit: format!("clawfleet-net-{hash}.service"),
+            socket_unit: format!("clawfleet-front-{hash}.socket"),
+            front_unit: format!("clawfleet-front-{hash}.service"),
+            hold_ms,
+            egress_ports: crate::config::DEFAULT_EGRESS_PORTS.to_vec(),
+            egress_allow: Vec::new(),
+        }
+    }
+
+    /// The units in the order they are stopped (the gateway's unit first, before these).
+    pub fn stop_order(&self) -> [&str; 3] {
+        [&self.front_unit, &self.socket_unit, &self.net_unit]
+    }
+
+    /// The companion unit files and their text, for an Agent listening on `port`.
+    pub fn render(&self, namespace: &Ident, agent: &Ident, port: u16) -> Vec<(String, String)> {
+        let head = header(namespace, agent);
+        let netns_path = crate::netns::path(&self.netns);
+        let netns_path = netns_path.display();
+        let net = format!(
+            "{head}
+[Unit]
+Description=clawfleet Agent network
+Before=network-online.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart={LAUNCHER} netns-up --name {ns} --port {port}{egress}
+ExecStop={LAUNCHER} netns-down --name {ns}
+",
+            ns = self.netns,
+            egress = self
+                .egress_ports
+                .iter()
+                .map(|p| format!(" --egress-port {p}"))
+                .chain(
+                    self.egress_allow
+                        .iter()
+                        .map(|c| format!(" --egress-allow {c}"))
+                )
+                .collect::<String>()
+        );
+        // FreeBind: a host without IPv6 on its loopback still gets the IPv4 socket.
+        let socket = format!(
+            "{head}
+[Unit]
+Description=clawfleet Agent port
+
+[Socket]
+ListenStream=127.0.0.1:{port}
+ListenStream=[::1]:{port}
+BindIPv6Only=ipv6-only
+FreeBind=yes
+NoDelay=yes
+Backlog=4096
+Service={front}
+",
+            front = self.front_unit
+        );
+        let front = format!(
+            "{head}
+[Unit]
+Description=clawfleet Agent front
+Requires={net} {socket}
+After={net} {socket}
+
+[Service]
+Type=simple
+ExecStart={LAUNCHER} front --port {port} --hold-ms {hold}
+NetworkNamespacePath={netns_path}
+Restart=always
+RestartSec=100ms
+DynamicUser=yes
+LimitNOFILE=65536
+TasksMax=8192
+MemoryMax=256M
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+NoNewPrivileges=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+ProtectProc=invisible
+ProcSubset=pid
+RestrictNamespaces=yes
+RestrictRealtime=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RestrictAddressFamilies=AF_INET AF_INET6
+SystemCallFilter=@system-service
+SystemCallFilter=~@privileged
+SystemCallArchitectures=native
+CapabilityBoundingSet=
+AmbientCapabilities=
+",
+            net = self.net_unit,
+            socket = self.socket_unit,
+            hold = self.hold_ms
+        );
+        vec![
+            (self.net_unit.clone(), net),
+            (self.socket_unit.clone(), socket),
+            (self.front_unit.clone(), front),
+        ]
+    }
+}
+
 /// The ownership line for an Agent.
 pub fn header(namespace: &Ident, agent: &Ident) -> String {
     format!("{HEADER_PREFIX} namespace={namespace} agent={agent}")
@@ -40,6 +182,7 @@ pub fn is_owned_by(text: &str, namespace: &Ident, agent: &Ident) -> bool {
 }
 
 /// Renders the unit.
+#[allow(clippy::too_many_arguments)]
 pub fn render(
     namespace: &Ident,
     agent: &Ident,
@@ -48,6 +191,7 @@ pub fn render(
     gateway_command: &[String],
     resources: &UnitResources,
     stop_timeout_secs: u64,
+    net: Option<&AgentNet>,
 ) -> String {
     let dir = paths.dir.display();
     let mut u = String::new();
@@ -63,9 +207,22 @@ pub fn render(
     // Cutovers restart the unit; systemd's default start limit (5 in 10 s) would refuse a
     // sixth quick cutover. Crash loops are already paced by RestartSec.
     let _ = writeln!(u, "StartLimitIntervalSec=0");
+    if let Some(net) = net {
+        // Its own network namespace, and its port held by the host (issue 28).
+        let _ = writeln!(u, "Requires={}", net.net_unit);
+        let _ = writeln!(u, "Wants={}", net.socket_unit);
+        let _ = writeln!(u, "After={} {}", net.net_unit, net.socket_unit);
+    }
     let _ = writeln!(u);
     let _ = writeln!(u, "[Service]");
     let _ = writeln!(u, "Type=simple");
+    if let Some(net) = net {
+        let _ = writeln!(
+            u,
+            "NetworkNamespacePath={}",
+            crate::netns::path(&net.netns).display()
+        );
+    }
     let _ = writeln!(u, "User={}", paths.account);
     let _ = writeln!(u, "Group={}", paths.account);
     let _ = writeln!(u, "WorkingDirectory={}", paths.state.display());
@@ -221,6 +378,7 @@ mod tests {
             &cmd,
             &UnitResources::default(),
             30,
+            None,
         );
         assert!(is_owned_by(&text, &ns, &agent));
         assert!(
@@ -282,11 +440,75 @@ mod tests {
                 log_rate_limit: Some((30, 1000)),
             },
             30,
+            None,
         );
         assert!(limited.contains("MemoryMax=2G\n") && limited.contains("TasksMax=512\n"));
         assert!(
             limited.contains("LogRateLimitIntervalSec=30\nLogRateLimitBurst=1000\n"),
             "{limited}"
         );
+    }
+
+    #[test]
+    fn an_agent_with_its_own_network_joins_its_namespace_behind_a_host_held_port() {
+        let ns = Ident::new("ns").unwrap();
+        let agent = Ident::new("a1").unwrap();
+        let layout = Layout::new("/var/lib/clawfleet", "/etc/systemd/system");
+        let paths = layout.agent(&ns, &agent);
+        let net = AgentNet::for_unit(&paths.unit_name, 5000);
+        let hash = paths
+            .unit_name
+            .trim_start_matches("clawfleet-agent-")
+            .trim_end_matches(".service");
+        assert_eq!(net.netns, format!("clawfleet-{hash}"));
+        let cmd = vec!["/usr/bin/gw".to_owned()];
+        let text = render(
+            &ns,
+            &agent,
+            &paths,
+            18700,
+            &cmd,
+            &UnitResources::default(),
+            30,
+            Some(&net),
+        );
+        for needle in [
+            format!("NetworkNamespacePath=/run/netns/clawfleet-{hash}\n"),
+            format!("Requires=clawfleet-net-{hash}.service\n"),
+            format!("Wants=clawfleet-front-{hash}.socket\n"),
+        ] {
+            assert!(text.contains(&needle), "missing {needle}\n{text}");
+        }
+        let files = net.render(&ns, &agent, 18700);
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                format!("clawfleet-net-{hash}.service"),
+                format!("clawfleet-front-{hash}.socket"),
+                format!("clawfleet-front-{hash}.service"),
+            ]
+        );
+        for (_, body) in &files {
+            assert!(is_owned_by(body, &ns, &agent), "{body}");
+        }
+        assert!(files[0].1.contains(&format!(
+            "ExecStart=/usr/sbin/hostd netns-up --name clawfleet-{hash} --port 18700 --egress-port 443\n"
+        )));
+        // localhost resolves to ::1 first on Debian: both loopbacks are the host's.
+        assert!(
+            files[1]
+                .1
+                .contains("ListenStream=127.0.0.1:18700\nListenStream=[::1]:18700\n")
+        );
+        assert!(
+            files[2]
+                .1
+                .contains("ExecStart=/usr/sbin/hostd front --port 18700 --hold-ms 5000\n")
+        );
+        assert!(files[2].1.contains(&format!(
+            "NetworkNamespacePath=/run/netns/clawfleet-{hash}\n"
+        )));
+        assert!(files[2].1.contains("DynamicUser=yes\n"));
     }
 }

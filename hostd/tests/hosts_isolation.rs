@@ -238,7 +238,8 @@ fn an_agent_cannot_reach_its_sibling_from_inside_its_unit_on_a_real_host() {
 fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host() {
     skip_unless_hosts!();
     let occ = Coordinator::new();
-    let host = host_with_hostd(&occ, "");
+    // A short hold: a connection to a stopped Agent's port waits 1 s for its gateway.
+    let host = host_with_hostd(&occ, "[network]\nhold_ms = 1000\n");
     occ.ok(&host, ensure("ns1"));
     let r1 = spec("rev-1", 1, json!({"label": "a"}));
     let pa = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
@@ -247,24 +248,41 @@ fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host()
         Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
     );
     let a = layout().agent(&id("ns1"), &id("a1"));
-    let served = format!("test -e {}", a.served.display());
-    assert!(host.run(&served).unwrap().status.success());
+    let served = |a: &hostd::layout::AgentPaths| format!("test -e {}", a.served.display());
+    assert!(host.run(&served(&a)).unwrap().status.success());
     occ.ok(&host, Operation::StopRevision(rargs("ns1", "a1", &r1)));
 
-    // While A is stopped, another local user takes A's port with a gateway that answers 200.
+    // While A is stopped its port stays the host's (issue 28): another local user cannot
+    // take it, and A's clients wait for A, then get a 503, never someone else's answer.
     host.write_file("/tmp/squatter.json", b"{}", 0o644).unwrap();
-    host.run_ok(&format!(
-        "systemd-run --unit cf-squatter --uid=65534 --gid=65534 \
-         -E OPENCLAW_GATEWAY_PORT={pa} -E OPENCLAW_CONFIG_PATH=/tmp/squatter.json \
-         /usr/local/bin/clawfleet-test-gateway && \
-         for i in $(seq 50); do curl -sf http://127.0.0.1:{pa}/readyz && break; sleep 0.1; done"
-    ))
-    .unwrap();
-    assert_eq!(curl(&host, pa, "/readyz").0, 200, "the squatter answers");
+    let squat = |unit: &str, port: u16| {
+        host.run_ok(&format!(
+            "systemd-run --unit {unit} --uid=65534 --gid=65534 \
+             -E OPENCLAW_GATEWAY_PORT={port} -E OPENCLAW_CONFIG_PATH=/tmp/squatter.json \
+             /usr/local/bin/clawfleet-test-gateway && sleep 0.5"
+        ))
+        .unwrap()
+    };
+    squat("cf-squatter-a", pa);
+    let journal = host
+        .run_ok("journalctl --no-pager -o cat -u cf-squatter-a")
+        .unwrap();
+    assert!(
+        journal.contains("cannot listen on 127.0.0.1"),
+        "the squatter took a stopped Agent's port: {journal}"
+    );
+    let (code, body) = curl(&host, pa, "/readyz");
+    assert_eq!(code, 503, "a stopped Agent's port: {body}");
 
+    // A new Agent whose port someone took before its first activation: the activation
+    // fails with LISTENER_NOT_OWNED and records nothing as served.
+    let b = layout().agent(&id("ns1"), &id("a2"));
+    let pb = port(&occ.ok(&host, prepare("ns1", "a2", &r1)));
+    squat("cf-squatter-b", pb);
+    assert_eq!(curl(&host, pb, "/readyz").0, 200, "the squatter answers");
     let f = occ.fails(
         &host,
-        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a2", &r1))),
     );
     println!(
         "activation with a squatter: {} ({:?}): {}",
@@ -274,20 +292,20 @@ fn a_listener_of_another_uid_on_an_agents_port_fails_activation_on_a_real_host()
     assert!(f.is_retryable());
     assert!(f.message.contains("uid 65534"), "{f}");
     assert!(
-        !host.run(&served).unwrap().status.success(),
+        !host.run(&served(&b)).unwrap().status.success(),
         "no served.json for a squatter"
     );
 
-    // The squatter leaves; the retry serves A's own gateway.
-    host.run_ok("systemctl stop cf-squatter").unwrap();
+    // The squatter leaves; the retry serves the Agent's own gateway.
+    host.run_ok("systemctl stop cf-squatter-b").unwrap();
     occ.ok(
         &host,
-        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r1))),
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a2", &r1))),
     );
-    assert!(host.run(&served).unwrap().status.success());
-    let owner = info(&host, pa)["uid"].as_u64().unwrap();
+    assert!(host.run(&served(&b)).unwrap().status.success());
+    let owner = info(&host, pb)["uid"].as_u64().unwrap();
     let agent_uid: u64 = host
-        .run_ok(&format!("id -u {}", a.account))
+        .run_ok(&format!("id -u {}", b.account))
         .unwrap()
         .trim()
         .parse()

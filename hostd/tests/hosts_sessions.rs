@@ -113,8 +113,9 @@ fn lock_contention_times_out_and_sigkill_releases_the_lock() {
         "{waited:?}"
     );
 
-    // SIGKILL the holder's hostd (inside the test host, by its pid): the kernel drops the lock.
-    let pids = host.run_ok("pgrep -x hostd").unwrap();
+    // SIGKILL the holder's hostd session (inside the test host, by its pid; not the Agents'
+    // fronts, issue 28): the kernel drops the lock.
+    let pids = host.run_ok("pgrep -f '^/usr/sbin/hostd serve'").unwrap();
     for pid in pids.split_whitespace() {
         host.run_ok(&format!("kill -9 {pid}")).unwrap();
     }
@@ -186,7 +187,10 @@ fn a_session_cut_mid_operation_is_recorded_and_repairable() {
         other => panic!("expected an aborted record, got {other:?}"),
     }
     assert!(
-        host.run("pgrep -x hostd").unwrap().stdout.is_empty(),
+        host.run("pgrep -f '^/usr/sbin/hostd serve'")
+            .unwrap()
+            .stdout
+            .is_empty(),
         "hostd exited"
     );
     // current was flipped, served was not: a later activate repairs the cutover.

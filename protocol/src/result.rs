@@ -112,6 +112,13 @@ pub struct ProbeResult {
     /// from hostd before it reported them, and from backends without them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quotas: Option<String>,
+    /// Whether Agents of different Namespaces are isolated from each other's network:
+    /// `namespaces` (each Agent in a network namespace of its own, its port held by the
+    /// host), or `unavailable: <what is missing>`, where a host takes a single Namespace
+    /// only (hostd; absent from hostd before it reported it, and from backends where the
+    /// platform isolates Agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_isolation: Option<String>,
 }
 
 /// What `ensure-namespace` reports.

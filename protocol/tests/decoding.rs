@@ -75,6 +75,7 @@ fn every_result_round_trips() {
             max_agents: 100,
             agents: 2,
             quotas: Some("enforced".into()),
+            network_isolation: Some("namespaces".into()),
         }),
         OperationResult::EnsureNamespace(EnsureNamespaceResult {
             namespace_id: ident("ns-1"),

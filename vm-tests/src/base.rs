@@ -25,6 +25,8 @@ pub const INCLUDES: &[&str] = &[
     "dbus",
     "openssh-server",
     "iproute2",
+    // hostd's per-Agent egress policy (issue 28).
+    "nftables",
     "curl",
     "procps",
     "passwd",

@@ -43,6 +43,17 @@ pub struct HostOptions {
     /// of the test's own as the host's `/var/lib/clawfleet`. The runner path must exist and
     /// stays the test's to create and remove.
     pub binds: Vec<(PathBuf, String)>,
+    /// Boot the host as a kernel without Landlock would run it (Debian 12's 6.1, RHEL 9's
+    /// 5.14): nspawn's own seccomp allowlist, which predates Landlock, stays in force for its
+    /// three syscalls, so they fail with EPERM inside the host and hostd's launcher finds no
+    /// Landlock to confine binds with.
+    pub no_landlock: bool,
+    /// Boot the host without `CAP_NET_ADMIN` (nspawn's default for a container that is not
+    /// given a private network of its own making): hostd can make a network namespace there
+    /// but not configure one, as on a host that refuses it namespaces. Every other host gets
+    /// the capability, as hostd has it on a real host (the container has its own network
+    /// namespace, so it reaches nothing of the runner's).
+    pub no_net_admin: bool,
 }
 
 #[derive(Debug)]
@@ -75,6 +86,8 @@ pub struct TestHost {
     /// `--bind=` (read-write) mounts given to nspawn (runner path, host path).
     rw_binds: Vec<(PathBuf, String)>,
     cgroup_limits: bool,
+    no_landlock: bool,
+    no_net_admin: bool,
     state: Mutex<State>,
     // Dropped last: the slot stays ours until teardown has finished.
     slot: Slot,
@@ -164,6 +177,8 @@ impl TestHost {
             binds,
             rw_binds: options.binds.clone(),
             cgroup_limits: options.cgroup_limits,
+            no_landlock: options.no_landlock,
+            no_net_admin: options.no_net_admin,
             state: Mutex::new(State {
                 record,
                 child: None,
@@ -325,6 +340,32 @@ impl TestHost {
             .iter()
             .map(|d| d.join("cgroup.procs").display().to_string())
             .collect();
+        if !self.no_net_admin {
+            // nspawn mounts the container's /proc/sys read-only: forwarding in the host's
+            // own network namespace (hostd's Agent egress, issue 28) is turned on from here,
+            // as an operator's sysctl.d would on a real host.
+            let mut fwd = Command::new("ip");
+            fwd.args([
+                "netns",
+                "exec",
+                &st.record.netns,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ]);
+            let out = fwd.output().map_err(|source| Error::Spawn {
+                command: sys::describe(&fwd),
+                source,
+            })?;
+            if !out.status.success() {
+                return Err(Error::Spawn {
+                    command: sys::describe(&fwd),
+                    source: std::io::Error::other(
+                        String::from_utf8_lossy(&out.stderr).into_owned(),
+                    ),
+                });
+            }
+        }
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(LAUNCH_SCRIPT)
@@ -346,7 +387,15 @@ impl TestHost {
             // nspawn 252's seccomp allowlist predates Landlock and answers EPERM; a host on
             // bare metal has no such filter. hostd confines each gateway's binds with Landlock.
             // Likewise quotactl_fd (Linux 5.14), with which hostd reads and sets project quotas.
-            .arg("--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self quotactl quotactl_fd")
+            .arg(if self.no_landlock {
+                // Denied outright (EPERM), whatever this nspawn's own allowlist holds.
+                "--system-call-filter=~landlock_create_ruleset landlock_add_rule landlock_restrict_self"
+            } else {
+                "--system-call-filter=landlock_create_ruleset landlock_add_rule landlock_restrict_self"
+            })
+            .arg("--system-call-filter=quotactl quotactl_fd")
+            // hostd configures each Agent's network namespace (issue 28).
+            .args((!self.no_net_admin).then_some("--capability=CAP_NET_ADMIN"))
             .args(
                 self.binds
                     .iter()

@@ -73,7 +73,14 @@ fn lintian_finds_no_errors_and_the_debs_hold_what_the_guide_says() {
 
     // hostd
     let depends = deb_field(&pkgs.hostd_deb, "Depends");
-    for want in ["libc6 (>=", "openssh-server", "passwd", "systemd"] {
+    for want in [
+        "libc6 (>=",
+        "openssh-server",
+        "passwd",
+        "systemd",
+        "iproute2",
+        "nftables",
+    ] {
         assert!(depends.contains(want), "{want} in {depends}");
     }
     assert_eq!(deb_field(&pkgs.hostd_deb, "Package"), "clawfleet-hostd");
@@ -226,6 +233,8 @@ fn rpm_metadata_files_and_dependencies() {
         "openssh-server",
         "shadow-utils",
         "systemd",
+        "iproute",
+        "nftables",
         "/bin/sh",
     ] {
         assert!(

@@ -358,6 +358,7 @@ impl Service {
         let mut hosts = n.hosts.clone();
         hosts.sort();
         hosts.dedup();
+        self.check_isolated(&n.id, &hosts).await?;
         let inserted = self
             .store
             .insert_namespace(
@@ -382,6 +383,46 @@ impl Service {
             .namespace(&n.id)
             .await?
             .ok_or_else(|| ServiceError::not_found("Namespace", &n.id))
+    }
+
+    /// A host whose last probe says it cannot isolate Agents' networks from each other
+    /// (hostd's `networkIsolation: "unavailable: …"`, issue 28) takes one Namespace only:
+    /// refused with `HOST_NOT_ISOLATED` when another Namespace already uses it. A host never
+    /// probed, or whose hostd predates the report, is not refused.
+    async fn check_isolated(&self, id: &str, hosts: &[String]) -> Result<()> {
+        let mut others: Option<Vec<Namespace>> = None;
+        for h in hosts {
+            let Some(host) = self.store.host(h).await? else {
+                continue;
+            };
+            let Some(why) = host
+                .last_probe
+                .as_ref()
+                .and_then(|p| p["networkIsolation"].as_str())
+                .and_then(|s| s.strip_prefix("unavailable: "))
+            else {
+                continue;
+            };
+            if others.is_none() {
+                others = Some(self.store.namespaces().await?);
+            }
+            if let Some(other) = others
+                .iter()
+                .flatten()
+                .find(|o| o.id.as_str() != id && o.hosts.iter().any(|x| x == h))
+            {
+                return Err(ServiceError::conflict(
+                    Code::HostNotIsolated,
+                    format!(
+                        "host {h} cannot isolate the networks of Agents of different \
+                         Namespaces ({why}), and Namespace {} uses it: give this Namespace \
+                         other hosts, or make {h} able to (see its probe)",
+                        other.id
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn inserted(id: &str, outcome: NamespaceInsert) -> Result<()> {

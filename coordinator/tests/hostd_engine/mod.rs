@@ -80,8 +80,11 @@ impl SimHost {
         );
         let config = hostd::fake::test_config(dir.path(), &text, &["run"]).unwrap();
         let journal = Journal::open(&dir.path().join("journal"), 1000).unwrap();
+        let fake = FakeSystem::new(&config.unit_dir);
+        // Like the real test hosts: each Agent in a network namespace of its own.
+        fake.set_netns_support(true);
         Self {
-            fake: FakeSystem::new(&config.unit_dir),
+            fake,
             _dir: dir,
             config,
             journal,

@@ -441,6 +441,9 @@ impl Engine<'_> {
                 if text != want {
                     reasons.push(unit_text_diff(&text, &want));
                 }
+                if let Some(net) = self.agent_net(paths) {
+                    reasons.extend(self.network_drift(ns, agent, &net, paths, port));
+                }
             }
         }
         let dropins = self.layout.unit_dir.join(format!("{}.d", paths.unit_name));
@@ -459,6 +462,59 @@ impl Engine<'_> {
             }
         }
         (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+
+    /// What is amiss with an Agent's own network (issue 28): a companion unit file missing
+    /// or edited, the port socket not listening, or the namespace gone while the gateway
+    /// runs.
+    fn network_drift(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        net: &unit::AgentNet,
+        paths: &AgentPaths,
+        port: u16,
+    ) -> Vec<String> {
+        let mut reasons = Vec::new();
+        for (name, want) in net.render(ns, agent, port) {
+            let file = self.layout.unit_dir.join(&name);
+            match fsutil::read_small(&file, 64 * 1024) {
+                Ok(have) if have == want.as_bytes() => {}
+                Ok(have) => reasons.push(format!(
+                    "{name}: {}",
+                    unit_text_diff(&String::from_utf8_lossy(&have), &want)
+                )),
+                Err(_) => reasons.push(format!(
+                    "the Agent's unit {name} is missing ({} cannot be read)",
+                    file.display()
+                )),
+            }
+        }
+        let running = self
+            .system
+            .unit_state(&paths.unit_name)
+            .is_ok_and(|s| s.is_active());
+        if running {
+            let netns = crate::netns::path(&net.netns);
+            if !self.system.netns_present(&netns) {
+                reasons.push(format!(
+                    "the Agent's network namespace {} is missing while its gateway runs",
+                    netns.display()
+                ));
+            }
+            match self.system.unit_state(&net.socket_unit) {
+                Ok(s) if s.is_active() => {}
+                Ok(s) => reasons.push(format!(
+                    "the Agent's port socket {} is not listening ({} {})",
+                    net.socket_unit, s.active_state, s.sub_state
+                )),
+                Err(e) => reasons.push(format!(
+                    "the Agent's port socket {} cannot be read: {e}",
+                    net.socket_unit
+                )),
+            }
+        }
+        reasons
     }
 
     /// An Agent never prepared here (no directory and no account marker) is missing, not

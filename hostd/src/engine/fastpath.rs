@@ -195,6 +195,11 @@ impl Engine<'_> {
         let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
         let existing = or_decline!(self.verify_unit_file(&ns.id, &agent.id, paths));
         require!(existing.as_deref() == Some(text.as_str()));
+        // The Agent's network units (issue 28) are written with the gateway's.
+        require!(
+            or_decline!(self.companions_to_write(&ns.id, &agent.id, paths, agent_marker.port))
+                .is_empty()
+        );
         let state = or_decline!(self.system.unit_state(&paths.unit_name));
         require!(state.enabled && state.is_active());
         require!(or_decline!(self.read_served(paths)).is_some_and(|s| s.revision_id == rev.id));

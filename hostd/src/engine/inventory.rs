@@ -32,8 +32,27 @@ pub fn probe(engine: &Engine<'_>) -> ProbeResult {
         max_agents: engine.config.max_agents,
         agents: u32::try_from(agents).unwrap_or(u32::MAX),
         quotas: Some(crate::quota::support(&engine.config.state_root).describe()),
+        network_isolation: Some(network_isolation(engine)),
     }
 }
+
+/// `namespaces`, or `unavailable: <what is missing>` (and whether binds are confined by
+/// Landlock meanwhile): what the coordinator places by (issue 28).
+pub fn network_isolation(engine: &Engine<'_>) -> String {
+    match engine.system.netns_support() {
+        Ok(()) => NAMESPACES.to_owned(),
+        Err(why) => {
+            let binds = match crate::launch::net_confinement() {
+                Ok(abi) => format!("binds confined to each Agent's port by Landlock ABI {abi}"),
+                Err(no) => format!("binds not confined ({no})"),
+            };
+            format!("unavailable: {why}; {binds}")
+        }
+    }
+}
+
+/// [`network_isolation`] when each Agent has its own network namespace.
+pub const NAMESPACES: &str = "namespaces";
 
 /// The tools hostd needs that are missing, and the gateway command (its path) when it is
 /// missing or not executable by the Agent accounts.

@@ -34,7 +34,7 @@ use crate::lock::{self, LockError, LockGuard};
 use crate::markers::MarkerError;
 use crate::system::{System, SystemError};
 
-pub use inventory::{inventory, probe};
+pub use inventory::{NAMESPACES, inventory, network_isolation, probe};
 
 /// The host: configuration, layout and the privileged layer.
 pub struct Engine<'a> {

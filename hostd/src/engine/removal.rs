@@ -36,6 +36,7 @@ impl Engine<'_> {
                 .reset_failed_unit(&paths.unit_name)
                 .map_err(system_failure)?;
         }
+        self.remove_companions(ctx, paths)?;
         if had_file {
             ctx.step(Step::Disable)?;
             self.system
@@ -47,6 +48,35 @@ impl Engine<'_> {
             fsutil::remove_file_if_present(&paths.unit_file).map_err(fs_failure)?;
         }
         Ok(had_file)
+    }
+
+    /// Stops the Agent's network units (front, port socket, namespace: the namespace goes
+    /// with its unit's stop) and removes their files. Whether or not this host gives Agents
+    /// their own network now: files an earlier hostd wrote go too.
+    fn remove_companions(&self, ctx: &mut Ctx<'_>, paths: &AgentPaths) -> Result<(), Failure> {
+        let net = crate::unit::AgentNet::for_unit(&paths.unit_name, self.config.front_hold_ms);
+        let mut removed = false;
+        for name in net.stop_order() {
+            let state = self.system.unit_state(name).map_err(system_failure)?;
+            if state.loaded {
+                ctx.step(Step::Stop)?;
+                self.system
+                    .stop_unit(name, self.config.limits.unit_stop_timeout)
+                    .map_err(system_failure)?;
+                self.system
+                    .reset_failed_unit(name)
+                    .map_err(system_failure)?;
+            }
+            let file = self.layout.unit_dir.join(name);
+            if fsutil::file_exists(&file).map_err(fs_failure)? {
+                if !removed {
+                    self.mark_reload_pending(&paths.unit_name)?;
+                    removed = true;
+                }
+                fsutil::remove_file_if_present(&file).map_err(fs_failure)?;
+            }
+        }
+        Ok(())
     }
 
     /// The `before-workload-stop` hooks of an Agent about to be removed, when its gateway

@@ -339,7 +339,46 @@ impl Engine<'_> {
             &self.config.gateway_command,
             &self.config.unit,
             self.config.limits.unit_stop_timeout.as_secs().max(1),
+            self.agent_net(paths).as_ref(),
         )
+    }
+
+    /// The Agent's own network (issue 28), where this host can give it one; `None` runs the
+    /// gateway in the host's network as before (its binds confined only by Landlock, where
+    /// the kernel has it).
+    pub(crate) fn agent_net(&self, paths: &AgentPaths) -> Option<unit::AgentNet> {
+        self.system.netns_support().ok().map(|()| unit::AgentNet {
+            egress_ports: self.config.egress_ports.clone(),
+            egress_allow: self.config.egress_allow.clone(),
+            ..unit::AgentNet::for_unit(&paths.unit_name, self.config.front_hold_ms)
+        })
+    }
+
+    /// The Agent's companion unit files (namespace, port socket, front) that differ from
+    /// what hostd writes for it: (file, text). Empty without an own network.
+    pub(crate) fn companions_to_write(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        port: u16,
+    ) -> Result<Vec<(std::path::PathBuf, String)>, Failure> {
+        let Some(net) = self.agent_net(paths) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (name, text) in net.render(ns, agent, port) {
+            let file = self.layout.unit_dir.join(&name);
+            let have = if fsutil::file_exists(&file).map_err(fs_failure)? {
+                Some(fsutil::read_small(&file, 64 * 1024).map_err(fs_failure)?)
+            } else {
+                None
+            };
+            if have.as_deref() != Some(text.as_bytes()) {
+                out.push((file, text));
+            }
+        }
+        Ok(out)
     }
 
     /// Cuts over to a prepared revision and waits until the gateway is ready.
@@ -413,8 +452,9 @@ impl Engine<'_> {
 
         let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
         let existing = self.verify_unit_file(&ns.id, &agent.id, paths)?;
+        let companions = self.companions_to_write(&ns.id, &agent.id, paths, agent_marker.port)?;
         // Changed on disk, or changed by an earlier operation that stopped before a reload.
-        let differs = existing.as_deref() != Some(text.as_str());
+        let differs = existing.as_deref() != Some(text.as_str()) || !companions.is_empty();
         let owed = self.reload_pending(&paths.unit_name)?;
         let unit_changed = differs || owed;
         if unit_changed {
@@ -431,6 +471,11 @@ impl Engine<'_> {
             let ticket = if unit_changed {
                 ctx.step(Step::UnitFile)?;
                 self.mark_reload_pending(&paths.unit_name)?;
+                // The companions first: the gateway's unit names them.
+                for (file, companion) in &companions {
+                    fsutil::write_atomic(file, companion.as_bytes(), unit::FILE_MODE, |_| Ok(()))
+                        .map_err(fs_failure)?;
+                }
                 if differs {
                     fsutil::write_atomic(
                         &paths.unit_file,
@@ -444,6 +489,7 @@ impl Engine<'_> {
                 // for its reload): systemd has no older version of it, and loads this one when
                 // asked for it, where it can (systemd >= 246).
                 if existing.is_none()
+                    && companions.is_empty()
                     && !owed
                     && self
                         .system
@@ -736,20 +782,36 @@ impl Engine<'_> {
 
     /// Fails with `LISTENER_NOT_OWNED` when a socket of another uid than the Agent's account
     /// listens on its port; true when nobody else does and at least the Agent's own listener
-    /// is there.
+    /// is there. With an own network (issue 28) the gateway listens inside the Agent's
+    /// namespace, and on the host only PID 1 (root: the Agent's socket unit) may hold the
+    /// port.
     fn listener_owned(&self, paths: &AgentPaths, port: u16, uid: u32) -> Result<bool, Failure> {
-        let listeners = self.system.listeners(port).map_err(system_failure)?;
-        match listener::ownership(&listeners, uid) {
-            Ownership::Owned => Ok(true),
-            Ownership::NoListener => Ok(false),
-            Ownership::Foreign(l) => Err(Failure::new(
-                FailureCode::ListenerNotOwned,
-                format!(
-                    "the socket listening on port {port} (inode {}) belongs to uid {}, not to the Agent's account {} (uid {uid}); nothing was recorded as served",
-                    l.inode, l.uid, paths.account
-                ),
-            )),
+        let Some(net) = self.agent_net(paths) else {
+            let listeners = self.system.listeners(port, None).map_err(system_failure)?;
+            let owner = format!("the Agent's account {}", paths.account);
+            return owned_or_foreign(&listeners, port, uid, &owner, "");
+        };
+        let host = self.system.listeners(port, None).map_err(system_failure)?;
+        if !owned_or_foreign(
+            &host,
+            port,
+            0,
+            "root (the Agent's socket unit)",
+            " on the host",
+        )? {
+            return Ok(false);
         }
+        let inside = self
+            .system
+            .listeners(port, Some(&crate::netns::path(&net.netns)))
+            .map_err(system_failure)?;
+        owned_or_foreign(
+            &inside,
+            port,
+            uid,
+            &format!("the Agent's account {}", paths.account),
+            " in the Agent's network namespace",
+        )
     }
 
     /// `/readyz` answered 200 and the listener on the port is the Agent's own.
@@ -786,6 +848,16 @@ impl Engine<'_> {
     ) -> Result<Looks, Failure> {
         let limit = self.config.limits.readiness_timeout;
         let start = Instant::now();
+        // The Agent's port on the host: normally held since its first activation (and pulled
+        // in by the gateway's unit), started here again after a squatter kept it from binding.
+        if let Some(net) = self.agent_net(paths)
+            && let Err(e) = self
+                .system
+                .start_unit(&net.socket_unit, self.config.limits.unit_start_timeout)
+        {
+            // Who holds the port instead is what the listener check below reports.
+            tracing::warn!(operation_id = %ctx.operation_id, "the Agent's port socket did not start: {e}");
+        }
         let mut pause = FIRST_READINESS_PAUSE;
         let mut first_restarts: Option<u32> = None;
         let mut looks = Looks::default();
@@ -1044,6 +1116,28 @@ pub(crate) enum StopPlan {
 }
 
 /// What the hooks of one revision act on.
+/// Whether every listener on `port` belongs to `uid` (false: none listens), or
+/// `LISTENER_NOT_OWNED` naming the first that does not.
+fn owned_or_foreign(
+    listeners: &[listener::Listener],
+    port: u16,
+    uid: u32,
+    owner: &str,
+    place: &str,
+) -> Result<bool, Failure> {
+    match listener::ownership(listeners, uid) {
+        Ownership::Owned => Ok(true),
+        Ownership::NoListener => Ok(false),
+        Ownership::Foreign(l) => Err(Failure::new(
+            FailureCode::ListenerNotOwned,
+            format!(
+                "the socket listening on port {port}{place} (inode {}) belongs to uid {}, not to {owner} (uid {uid}); nothing was recorded as served",
+                l.inode, l.uid
+            ),
+        )),
+    }
+}
+
 fn hook_subject<'a>(args: &'a RevisionArgs, rev: &'a RevisionRef) -> Subject<'a> {
     Subject {
         namespace_id: args.namespace.id.as_str(),

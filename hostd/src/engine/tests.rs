@@ -2497,6 +2497,90 @@ fn status_reports_a_hand_edited_unit_file_and_drop_ins() {
     assert_eq!(drift(&h), None);
 }
 
+/// Issue 28: on a host that gives Agents their own network namespace, activation writes the
+/// namespace, port socket and front units next to the gateway's, starts the socket, and the
+/// gateway's listener counts only inside the namespace with root holding the port on the
+/// host; drift names a missing companion and a missing namespace; delete removes them.
+#[test]
+fn an_agent_with_its_own_network_gets_its_companion_units_and_their_drift() {
+    let h = Host::new();
+    h.fake.set_netns_support(true);
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.fake.clear_calls();
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let net = crate::unit::AgentNet::for_unit(&paths.unit_name, h.config.front_hold_ms);
+    let unit = std::fs::read_to_string(&paths.unit_file).unwrap();
+    assert!(
+        unit.contains(&format!(
+            "\nNetworkNamespacePath=/run/netns/{}\n",
+            net.netns
+        )),
+        "{unit}"
+    );
+    for name in [&net.net_unit, &net.socket_unit, &net.front_unit] {
+        let file = h.config.unit_dir.join(name);
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            crate::unit::is_owned_by(&text, &id("ns1"), &id("a1")),
+            "{text}"
+        );
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, crate::unit::FILE_MODE, "{name}");
+    }
+    let calls = h.fake.calls();
+    assert!(
+        calls.contains(&format!("start {}", net.socket_unit)),
+        "{calls:?}"
+    );
+    let drift = |h: &Host| match h.ok(Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => inv.namespaces[0].agents[0].unit_drift.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(drift(&h), None);
+    // A squatter on the host's side of the port is not the socket unit's root.
+    h.fake.set_squatter(18700, 1234);
+    h.ok(prepare("ns1", "a1", "r2", 2));
+    let f = h.fails(activate("ns1", "a1", "r2", 2));
+    assert_eq!(f.code, FailureCode::ListenerNotOwned, "{f}");
+    assert!(
+        f.message.contains("on the host") && f.message.contains("uid 1234"),
+        "{f}"
+    );
+    h.fake.clear_squatter(18700);
+    h.ok(activate("ns1", "a1", "r2", 2));
+
+    std::fs::remove_file(h.config.unit_dir.join(&net.front_unit)).unwrap();
+    let why = drift(&h).expect("drift reported");
+    assert!(
+        why.contains(&net.front_unit) && why.contains("missing"),
+        "{why}"
+    );
+    h.fake.remove_netns(true);
+    let why = drift(&h).expect("drift reported");
+    assert!(
+        why.contains("network namespace") && why.contains(&net.netns),
+        "{why}"
+    );
+    h.fake.remove_netns(false);
+    // The next activation writes the missing file again.
+    h.ok(activate("ns1", "a1", "r2", 2));
+    assert_eq!(drift(&h), None);
+
+    h.fake.clear_calls();
+    match h.ok(Operation::DeleteAgent(AgentArgs {
+        namespace: ns("ns1"),
+        agent: agent("a1"),
+    })) {
+        OperationResult::DeleteAgent(r) => assert!(r.removed),
+        other => panic!("{other:?}"),
+    }
+    for name in [&net.net_unit, &net.socket_unit, &net.front_unit] {
+        assert!(!h.config.unit_dir.join(name).exists(), "{name} removed");
+    }
+}
+
 /// Issue 27: the failed unit of a deleted Agent stayed in systemd's failed list. Deleting the
 /// Agent (or its Namespace) resets the unit's failed state after stopping it.
 #[test]

@@ -94,5 +94,6 @@ pub(crate) async fn probe(
         max_agents: settings.quota.pods,
         agents,
         quotas: None,
+        network_isolation: None,
     })
 }

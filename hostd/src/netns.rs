@@ -1,0 +1,431 @@
+//! Each Agent's own network namespace (issue 28). hostd names it after the Agent's unit,
+//! `clawfleet-<32 hex>`, under `/run/netns` (iproute2's place, a tmpfs: the namespace is made
+//! again at every boot by the Agent's `clawfleet-net-<hash>.service`, which runs
+//! `hostd netns-up`). The gateway unit and the Agent's front join it with systemd's
+//! `NetworkNamespacePath=`: the gateway listens on the loopback inside it, which no sibling
+//! Agent can reach or bind, on any kernel (no Landlock needed).
+//!
+//! hostd itself enters a namespace only from a thread of its own ([`run_in`]): a network
+//! namespace is a per-thread attribute, and a socket keeps the namespace it was made in.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use thiserror::Error;
+
+/// Where named network namespaces live (iproute2's convention).
+pub const RUN_DIR: &str = "/run/netns";
+
+/// Where iproute2's `ip` may be; the first that exists is used.
+const IP_PATHS: [&str; 4] = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"];
+
+/// Why a namespace could not be made, removed or entered.
+#[derive(Debug, Error)]
+pub enum NetnsError {
+    #[error("iproute2's ip is not installed (looked for {})", IP_PATHS.join(", "))]
+    NoIp,
+    #[error("`ip {args}` failed: {detail}")]
+    Ip { args: String, detail: String },
+    #[error("cannot enter the network namespace {path}: {source}")]
+    Enter {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the thread that entered the network namespace {path} ended abnormally")]
+    Thread { path: String },
+}
+
+/// The namespace name of the Agent whose unit is `unit_name`
+/// (`clawfleet-agent-<h>.service` → `clawfleet-<h>`).
+pub fn name_for_unit(unit_name: &str) -> String {
+    let hash = unit_name
+        .strip_prefix("clawfleet-agent-")
+        .and_then(|r| r.strip_suffix(".service"))
+        .unwrap_or(unit_name);
+    format!("clawfleet-{hash}")
+}
+
+/// The namespace's file.
+pub fn path(name: &str) -> PathBuf {
+    Path::new(RUN_DIR).join(name)
+}
+
+/// Whether `name` is a name [`name_for_unit`] gives: nothing else reaches `ip`.
+pub fn is_name(name: &str) -> bool {
+    name.strip_prefix("clawfleet-")
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
+fn ip_binary() -> Result<&'static str, NetnsError> {
+    IP_PATHS
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .ok_or(NetnsError::NoIp)
+}
+
+fn ip(args: &[&str]) -> Result<(), NetnsError> {
+    let out = Command::new(ip_binary()?)
+        .args(args)
+        .output()
+        .map_err(|e| NetnsError::Ip {
+            args: args.join(" "),
+            detail: e.to_string(),
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(NetnsError::Ip {
+        args: args.join(" "),
+        detail: format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
+}
+
+/// Makes the namespace (if it is not there) with its loopback up, and with `egress` its
+/// way out. Idempotent: a namespace file left without its mount (a crash half way) is
+/// removed and made again, and the egress plumbing is made anew.
+pub fn up(name: &str, egress: Option<&Egress>) -> Result<(), NetnsError> {
+    let fresh = if path(name).exists() {
+        if ip(&["-n", name, "link", "set", "lo", "up"]).is_err() {
+            ip(&["netns", "delete", name])?;
+            true
+        } else {
+            false
+        }
+    } else {
+        true
+    };
+    if fresh {
+        ip(&["netns", "add", name])?;
+        ip(&["-n", name, "link", "set", "lo", "up"])?;
+    }
+    if let Some(egress) = egress {
+        egress.plumb(name)?;
+    }
+    Ok(())
+}
+
+/// Removes the namespace and its host-side link; succeeds when they are not there.
+pub fn down(name: &str) -> Result<(), NetnsError> {
+    let host_link = host_link_name(name);
+    if Path::new("/sys/class/net").join(&host_link).exists() {
+        ip(&["link", "delete", &host_link])?;
+    }
+    if !path(name).exists() {
+        return Ok(());
+    }
+    ip(&["netns", "delete", name])
+}
+
+/// The host side of an Agent's veth pair: `cfh` and 12 hex of its hash (15 characters, the
+/// kernel's limit).
+pub fn host_link_name(name: &str) -> String {
+    let hash = name.strip_prefix("clawfleet-").unwrap_or(name);
+    format!("cfh{}", &hash[..hash.len().min(12)])
+}
+
+/// Where Agents' veth pairs take their addresses: a /30 per Agent at 4 × its port, in the
+/// shared address space (RFC 6598), which the egress policy denies as a destination.
+pub const EGRESS_NET: [u8; 4] = [100, 64, 0, 0];
+/// [`EGRESS_NET`]'s prefix length: 4 × 65,536 addresses.
+pub const EGRESS_PREFIX: u8 = 14;
+
+/// Destinations an Agent never reaches, whatever the ports allowed: private (RFC 1918),
+/// shared (RFC 6598, where the veth pairs live), loopback, link-local (the cloud metadata
+/// address 169.254.169.254 among them), this network, IETF protocol assignments, benchmarking,
+/// multicast and reserved. The Kubernetes backend's default NetworkPolicy says the same.
+pub const DENIED_V4: [&str; 10] = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/3",
+];
+
+/// An Agent's way out (issue 28): a veth pair to the host, masqueraded there, and a policy
+/// in the Agent's namespace (which the Agent, without capabilities, cannot change): TCP to
+/// `ports` on public addresses, plus `allow` (CIDRs the operator opens, on any port), and
+/// DNS to public resolvers; nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Egress {
+    /// The Agent's port: its /30 is at 4 × port in [`EGRESS_NET`].
+    pub port: u16,
+    /// TCP ports allowed to public addresses.
+    pub ports: Vec<u16>,
+    /// IPv4 CIDRs allowed on any port (checked before the denied ranges).
+    pub allow: Vec<String>,
+}
+
+impl Egress {
+    /// (host side, Agent side) addresses of the Agent's /30.
+    pub fn addresses(&self) -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
+        let base = u32::from(std::net::Ipv4Addr::from(EGRESS_NET)) + u32::from(self.port) * 4;
+        (
+            std::net::Ipv4Addr::from(base + 1),
+            std::net::Ipv4Addr::from(base + 2),
+        )
+    }
+
+    /// The Agent namespace's nftables ruleset.
+    pub fn agent_rules(&self) -> String {
+        let allow = if self.allow.is_empty() {
+            String::new()
+        } else {
+            format!("        ip daddr {{ {} }} accept\n", self.allow.join(", "))
+        };
+        let ports = self
+            .ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let tcp = if ports.is_empty() {
+            String::new()
+        } else {
+            format!("        tcp dport {{ {ports} }} accept\n")
+        };
+        format!(
+            "table inet clawfleet\ndelete table inet clawfleet\ntable inet clawfleet {{\n    chain output {{\n        type filter hook output priority filter; policy drop;\n        oifname \"lo\" accept\n        ct state established,related accept\n{allow}        ip daddr {{ {denied} }} drop\n        meta nfproto ipv6 drop\n{tcp}        udp dport 53 accept\n        tcp dport 53 accept\n    }}\n    chain input {{\n        type filter hook input priority filter; policy drop;\n        iifname \"lo\" accept\n        ct state established,related accept\n    }}\n}}\n",
+            denied = DENIED_V4.join(", ")
+        )
+    }
+
+    /// The host's nftables ruleset, shared by every Agent: masquerade what leaves from the
+    /// Agents' range, and nothing from an Agent to the host itself or to another Agent.
+    pub fn host_rules() -> String {
+        let net = format!("{}/{EGRESS_PREFIX}", std::net::Ipv4Addr::from(EGRESS_NET));
+        format!(
+            "table ip clawfleet\ndelete table ip clawfleet\ntable ip clawfleet {{\n    chain postrouting {{\n        type nat hook postrouting priority srcnat; policy accept;\n        ip saddr {net} oifname != \"cfh*\" masquerade\n    }}\n    chain forward {{\n        type filter hook forward priority filter; policy accept;\n        iifname \"cfh*\" oifname \"cfh*\" drop\n    }}\n    chain input {{\n        type filter hook input priority filter; policy accept;\n        iifname \"cfh*\" drop\n    }}\n}}\n"
+        )
+    }
+
+    /// Makes the veth pair, addresses, route and both rulesets (again, from scratch).
+    fn plumb(&self, name: &str) -> Result<(), NetnsError> {
+        let host_link = host_link_name(name);
+        if Path::new("/sys/class/net").join(&host_link).exists() {
+            ip(&["link", "delete", &host_link])?;
+        }
+        ip(&[
+            "link", "add", &host_link, "type", "veth", "peer", "name", "eth0", "netns", name,
+        ])?;
+        let (host, agent) = self.addresses();
+        ip(&["addr", "add", &format!("{host}/30"), "dev", &host_link])?;
+        ip(&["link", "set", &host_link, "up"])?;
+        ip(&[
+            "-n",
+            name,
+            "addr",
+            "add",
+            &format!("{agent}/30"),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", name, "link", "set", "eth0", "up"])?;
+        ip(&[
+            "-n",
+            name,
+            "route",
+            "replace",
+            "default",
+            "via",
+            &host.to_string(),
+        ])?;
+        // Forwarding in the host's namespace (per namespace): written only when off, so a
+        // host that turned it on itself (or where /proc/sys is read-only) is left alone.
+        let forward = "/proc/sys/net/ipv4/ip_forward";
+        if std::fs::read_to_string(forward)
+            .map(|v| v.trim() != "1")
+            .unwrap_or(true)
+        {
+            std::fs::write(forward, b"1\n").map_err(|e| NetnsError::Ip {
+                args: "sysctl net.ipv4.ip_forward=1".into(),
+                detail: e.to_string(),
+            })?;
+        }
+        nft(None, &Self::host_rules())?;
+        nft(Some(name), &self.agent_rules())
+    }
+}
+
+/// Where nftables' `nft` may be.
+const NFT_PATHS: [&str; 2] = ["/usr/sbin/nft", "/sbin/nft"];
+
+fn nft_binary() -> Result<&'static str, NetnsError> {
+    NFT_PATHS
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .ok_or_else(|| NetnsError::Ip {
+            args: "nft".into(),
+            detail: format!(
+                "nftables' nft is not installed (looked for {})",
+                NFT_PATHS.join(", ")
+            ),
+        })
+}
+
+/// Loads `rules` with `nft -f -`, in the namespace `netns` or the host's.
+fn nft(netns: Option<&str>, rules: &str) -> Result<(), NetnsError> {
+    use std::io::Write as _;
+    let nft = nft_binary()?;
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new(ip_binary()?);
+            c.args(["netns", "exec", ns, nft, "-f", "-"]);
+            c
+        }
+        None => {
+            let mut c = Command::new(nft);
+            c.args(["-f", "-"]);
+            c
+        }
+    };
+    let shown = format!("nft -f - ({})", netns.unwrap_or("host"));
+    let fail = |detail: String| NetnsError::Ip {
+        args: shown.clone(),
+        detail,
+    };
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(rules.as_bytes())
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    let out = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// Whether nftables' `nft` is installed, for the probe.
+pub fn nft_installed() -> Result<(), String> {
+    nft_binary().map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Runs `f` on a thread of its own that has entered the namespace at `path` (sockets `f`
+/// makes stay in it), and returns what `f` returned.
+pub fn run_in<T, F>(path: &Path, f: F) -> Result<T, NetnsError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let shown = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|source| NetnsError::Enter {
+        path: shown.clone(),
+        source,
+    })?;
+    let thread = std::thread::spawn(move || {
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(std::io::Error::from)?;
+        Ok::<T, std::io::Error>(f())
+    });
+    match thread.join() {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(source)) => Err(NetnsError::Enter {
+            path: shown,
+            source,
+        }),
+        Err(_) => Err(NetnsError::Thread { path: shown }),
+    }
+}
+
+/// Whether this host can give each Agent a namespace of its own: `ip` is installed and the
+/// kernel lets hostd make a network namespace. The error names what is missing.
+///
+/// It makes a namespace on a thread of its own (gone with the thread: nothing is left
+/// behind) and brings its loopback up there with `ip`, which runs in the thread's namespace.
+pub fn probe() -> Result<(), String> {
+    let ip = ip_binary().map_err(|e| e.to_string())?;
+    nft_installed()?;
+    std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+            format!("the kernel refuses hostd a network namespace (unshare: {e})")
+        })?;
+        let out = Command::new(ip)
+            .args(["link", "set", "lo", "up"])
+            .output()
+            .map_err(|e| format!("cannot run {ip}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "hostd cannot configure a network namespace (`ip link set lo up` in a new one: {}; CAP_NET_ADMIN missing?)",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    })
+    .join()
+    .map_err(|_| "the thread that tried to make a network namespace ended abnormally".to_owned())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_unit() {
+        let n = name_for_unit("clawfleet-agent-0123456789abcdef0123456789abcdef.service");
+        assert_eq!(n, "clawfleet-0123456789abcdef0123456789abcdef");
+        assert!(is_name(&n));
+        assert!(!is_name("clawfleet-xyz"));
+        assert!(!is_name("other"));
+        assert_eq!(
+            path(&n),
+            Path::new("/run/netns/clawfleet-0123456789abcdef0123456789abcdef")
+        );
+    }
+
+    #[test]
+    fn egress_addresses_and_rules() {
+        let e = Egress {
+            port: 18700,
+            ports: vec![443, 8443],
+            allow: vec!["10.1.2.0/24".into()],
+        };
+        let (host, agent) = e.addresses();
+        // 100.64.0.0 + 4 × 18700 = 100.65.36.48.
+        assert_eq!(host.to_string(), "100.65.36.49");
+        assert_eq!(agent.to_string(), "100.65.36.50");
+        let top = Egress {
+            port: 65535,
+            ..e.clone()
+        }
+        .addresses()
+        .1;
+        assert_eq!(top.to_string(), "100.67.255.254", "inside 100.64.0.0/14");
+        let rules = e.agent_rules();
+        assert!(rules.contains("policy drop;"), "{rules}");
+        assert!(rules.contains("tcp dport { 443, 8443 } accept"), "{rules}");
+        let allow = rules.find("ip daddr { 10.1.2.0/24 } accept").unwrap();
+        let deny = rules.find("169.254.0.0/16").unwrap();
+        assert!(allow < deny, "allowed CIDRs are checked first: {rules}");
+        for d in DENIED_V4 {
+            assert!(rules.contains(d), "{d}: {rules}");
+        }
+        assert_eq!(
+            host_link_name("clawfleet-0123456789abcdef0123456789abcdef"),
+            "cfh0123456789ab"
+        );
+        assert!(
+            Egress::host_rules().contains("ip saddr 100.64.0.0/14 oifname != \"cfh*\" masquerade")
+        );
+    }
+}

@@ -1,0 +1,403 @@
+//! Issue 28 on a real host whose kernel offers no Landlock (the test host's seccomp filter
+//! denies its three syscalls, as Debian 12's 6.1 kernel has none to offer): each Agent in its
+//! own network namespace, its public port held by the host. A sibling Agent in another
+//! Namespace loops on `bind()` to the victim's port on every loopback address through two
+//! cutovers, and answers whatever reaches it; the victim's clients must only ever reach the
+//! victim, and its password must never reach the sibling.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod hosts_support;
+
+use clawfleet_protocol::operation::*;
+use clawfleet_protocol::result::OperationResult;
+use clawfleet_vm_tests::{HostOptions, TestHost, skip_unless_hosts};
+use hosts_support::*;
+use serde_json::json;
+
+fn layout() -> hostd::layout::Layout {
+    hostd::layout::Layout::new("/var/lib/clawfleet", "/etc/systemd/system")
+}
+
+fn port(r: &OperationResult) -> u16 {
+    match r {
+        OperationResult::PrepareRevision(p) => p.observation.port.unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The sibling's attack: for `secs` seconds, bind and listen on `port` at 127.0.0.1, ::1,
+/// 127.0.0.2 and 0.0.0.0 (again and again until it holds each), and answer every connection
+/// that reaches one of them as `{"label":"evil"}`, logging what the client sent.
+const SQUAT: &str = r#"use strict; use warnings; use Socket qw(:all); use IO::Handle;
+my ($port, $secs, $log) = @ARGV;
+open(my $l, '>>', $log) or die "cannot open $log: $!"; $l->autoflush(1);
+print $l "start\n";
+my @addrs = (['127.0.0.1', AF_INET], ['::1', AF_INET6], ['127.0.0.2', AF_INET], ['0.0.0.0', AF_INET]);
+my %held; my $tries = 0; my $end = time + $secs;
+while (time < $end) {
+  for my $a (@addrs) {
+    my ($ip, $fam) = @$a; next if $held{$ip};
+    socket(my $s, $fam, SOCK_STREAM, 0) or next;
+    setsockopt($s, SOL_SOCKET, SO_REUSEADDR, 1);
+    my $sa = $fam == AF_INET ? pack_sockaddr_in($port, inet_aton($ip))
+                             : pack_sockaddr_in6($port, inet_pton(AF_INET6, $ip));
+    $tries++;
+    if (bind($s, $sa) && listen($s, 16)) { print $l "BOUND $ip\n"; $held{$ip} = $s; }
+  }
+  if (%held) {
+    my $rin = ''; vec($rin, fileno($_), 1) = 1 for values %held;
+    my $rout = $rin; select($rout, undef, undef, 0.01);
+    for my $ip (keys %held) {
+      my $s = $held{$ip}; next unless vec($rout, fileno($s), 1);
+      accept(my $c, $s) or next;
+      my $buf = ''; sysread($c, $buf, 4096); $buf =~ s/\r?\n/ | /g;
+      print $l "REQ $ip $buf\n";
+      syswrite($c, "HTTP/1.1 200 OK\r\nContent-Length: 17\r\nConnection: close\r\n\r\n{\"label\":\"evil\"}\n");
+      close $c;
+    }
+  } else { select(undef, undef, undef, 0.005); }
+}
+print $l "end tries=$tries\n";
+"#;
+
+/// The victim's clients: for `secs` seconds, `GET /info` with the victim's password on
+/// 127.0.0.1, [::1] and localhost in turn; one line per request: address, HTTP status (000:
+/// no answer), the label that answered.
+const CLIENTS: &str = r#"port=$1; secs=$2; pw=$3; out=$4
+: > "$out"; end=$(( $(date +%s) + secs ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  for u in 127.0.0.1 '[::1]' localhost; do
+    code=$(curl -s -g --max-time 10 -o /tmp/cf-client-body -w '%{http_code}' -H "Authorization: Bearer $pw" "http://$u:$port/info")
+    label=$(grep -o '"label":"[^"]*"' /tmp/cf-client-body 2>/dev/null | head -1)
+    echo "$u $code $label" >> "$out"
+    rm -f /tmp/cf-client-body
+  done
+done
+echo done >> "$out"
+"#;
+
+fn activate(occ: &Coordinator, host: &TestHost, n: &str, a: &str, rev: &RevisionSpec) {
+    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        occ.ok(
+            host,
+            Operation::ActivateRevision(ActivateArgs::from(rargs(n, a, rev))),
+        )
+    }));
+    if let Err(e) = done {
+        let journal = host
+            .run("journalctl -b --no-pager -o short-monotonic | tail -60")
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        println!("the host's journal:\n{journal}");
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn a_sibling_cannot_take_or_answer_an_agents_port_on_a_host_without_landlock() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd_options(
+        &occ,
+        "",
+        &HostOptions {
+            no_landlock: true,
+            ..Default::default()
+        },
+    );
+    // The host really offers no Landlock (as Debian 12's kernel).
+    let landlock = host
+        .run("perl -e 'exit(syscall(444, 0, 0, 1) < 0 ? 0 : 1)'")
+        .unwrap();
+    assert!(
+        landlock.status.success(),
+        "landlock_create_ruleset must fail on this host"
+    );
+    occ.ok(&host, ensure("ns1"));
+    occ.ok(&host, ensure("ns2"));
+
+    // The victim.
+    let v1 = spec("rev-1", 1, json!({"label": "victim-1"}));
+    let pv = port(&occ.ok(&host, prepare("ns1", "a1", &v1)));
+    activate(&occ, &host, "ns1", "a1", &v1);
+    let va = layout().agent(&id("ns1"), &id("a1"));
+    let password = host
+        .run_ok(&format!("cat {}", va.password_file.display()))
+        .unwrap()
+        .trim()
+        .strip_prefix("OPENCLAW_GATEWAY_PASSWORD=")
+        .unwrap()
+        .to_owned();
+    assert!(password.len() >= 32, "{password}");
+    let journal = host
+        .run_ok(&format!("journalctl -u {} --no-pager -o cat", va.unit_name))
+        .unwrap();
+    assert!(
+        journal.contains("binds are not confined"),
+        "the launcher found no Landlock: {journal}"
+    );
+
+    // The sibling, in another Namespace, starts its attack from inside its unit.
+    host.write_file("/usr/local/lib/cf-squat.pl", SQUAT.as_bytes(), 0o755)
+        .unwrap();
+    let sa = layout().agent(&id("ns2"), &id("b1"));
+    let squat_log = sa.state.join("squat.log");
+    let b1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "sibling", "probe": {"commands": {
+            "squat": format!("nohup perl /usr/local/lib/cf-squat.pl {pv} 45 \"$OPENCLAW_STATE_DIR/squat.log\" </dev/null >/dev/null 2>&1 & echo started"),
+        }}}),
+    );
+    let pb = port(&occ.ok(&host, prepare("ns2", "b1", &b1)));
+    activate(&occ, &host, "ns2", "b1", &b1);
+    // The probe commands run when /info is first asked.
+    assert_eq!(curl(&host, pb, "/info").0, 200);
+    host.run_ok(&format!(
+        "for i in $(seq 100); do grep -q start {} 2>/dev/null && exit 0; sleep 0.1; done; exit 1",
+        squat_log.display()
+    ))
+    .unwrap();
+
+    // The victim's clients, through two restart-class cutovers.
+    host.write_file("/root/cf-clients.sh", CLIENTS.as_bytes(), 0o700)
+        .unwrap();
+    host.run_ok(&format!(
+        "systemd-run --unit cf-clients sh /root/cf-clients.sh {pv} 25 {password} /root/cf-clients.log"
+    ))
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let v2 = spec("rev-2", 2, json!({"label": "victim-2"}));
+    occ.ok(&host, prepare("ns1", "a1", &v2));
+    activate(&occ, &host, "ns1", "a1", &v2);
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let v3 = spec("rev-3", 3, json!({"label": "victim-3"}));
+    occ.ok(&host, prepare("ns1", "a1", &v3));
+    activate(&occ, &host, "ns1", "a1", &v3);
+    host.run_ok(
+        "for i in $(seq 400); do tail -1 /root/cf-clients.log | grep -qx done && exit 0; sleep 0.1; done; exit 1",
+    )
+    .unwrap();
+    let clients = host.run_ok("cat /root/cf-clients.log").unwrap();
+    let squat = host
+        .run_ok(&format!("cat {}", squat_log.display()))
+        .unwrap();
+    println!("sibling's log:\n{squat}");
+
+    let lines: Vec<&str> = clients.lines().filter(|l| *l != "done").collect();
+    let answered = |l: &&&str| l.contains("\"label\":\"victim-");
+    let ok = lines.iter().filter(answered).count();
+    let foreign: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("\"label\":") && !answered(l))
+        .collect();
+    let failed: Vec<&&str> = lines.iter().filter(|l| !l.contains("\"label\":")).collect();
+    println!(
+        "victim's clients: {} requests, {ok} answered by the victim, {} by someone else, {} failed",
+        lines.len(),
+        foreign.len(),
+        failed.len()
+    );
+    assert!(
+        foreign.is_empty(),
+        "someone else answered on the victim's port: {foreign:?}"
+    );
+    assert!(
+        !squat.contains(&password),
+        "the victim's password reached the sibling:\n{squat}"
+    );
+    assert!(
+        !squat.lines().any(|l| l.starts_with("REQ ")),
+        "a connection reached the sibling:\n{squat}"
+    );
+    assert!(ok >= 30, "the victim served too little: {clients}");
+    assert!(
+        failed.is_empty(),
+        "requests to the victim's port failed across the cutovers: {failed:?}"
+    );
+    for addr in ["127.0.0.1", "[::1]", "localhost"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(addr) && l.contains("victim-3")),
+            "{addr} reaches the new revision: {clients}"
+        );
+    }
+}
+
+fn network_isolation(occ: &Coordinator, host: &TestHost) -> String {
+    match occ.ok(host, Operation::Probe(ProbeArgs {})) {
+        OperationResult::Probe(p) => p
+            .network_isolation
+            .expect("hostd reports its network isolation"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A host that refuses hostd network namespaces (no CAP_NET_ADMIN) and Landlock: the probe
+/// and `hostd status` say exactly what is missing, and a single Namespace still deploys
+/// there, in the host's network as before (the coordinator places no second one there).
+#[test]
+fn a_host_without_namespaces_says_what_is_missing_and_still_serves_one_namespace() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd_options(
+        &occ,
+        "",
+        &HostOptions {
+            no_landlock: true,
+            no_net_admin: true,
+            ..Default::default()
+        },
+    );
+    let isolation = network_isolation(&occ, &host);
+    println!("networkIsolation: {isolation}");
+    assert!(isolation.starts_with("unavailable: "), "{isolation}");
+    assert!(isolation.contains("CAP_NET_ADMIN"), "{isolation}");
+    assert!(isolation.contains("binds not confined"), "{isolation}");
+    let status = host.run_ok("hostd status").unwrap();
+    assert!(
+        status.contains(&format!("network isolation: {isolation}")),
+        "{status}"
+    );
+
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec("rev-1", 1, json!({"label": "alone"}));
+    let p = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    activate(&occ, &host, "ns1", "a1", &r1);
+    let (code, body) = curl(&host, p, "/info");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"label\":\"alone\""), "{body}");
+    let a = layout().agent(&id("ns1"), &id("a1"));
+    let unit = host
+        .run_ok(&format!("cat {}", a.unit_file.display()))
+        .unwrap();
+    assert!(!unit.contains("NetworkNamespacePath="), "{unit}");
+    let units = host
+        .run_ok("ls /etc/systemd/system | grep -c '^clawfleet-' || true")
+        .unwrap();
+    assert_eq!(units.trim(), "1", "only the gateway's unit: {units}");
+}
+
+/// A host that allows them reports `namespaces`.
+#[test]
+fn a_host_with_namespaces_reports_them() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
+    let status = host.run_ok("hostd status").unwrap();
+    assert!(status.contains("network isolation: namespaces"), "{status}");
+}
+
+/// A stand-in for a public service, in a network namespace of the test's own on the test
+/// host (TEST-NET-2, 198.51.100.2, routed from the host): it answers `public-ok` on 443 and
+/// on 8080.
+const PUBLIC_STANDIN: &str = r#"set -e
+ip netns add cfpub
+ip link add cfpubh type veth peer name eth0 netns cfpub
+ip addr add 198.51.100.1/30 dev cfpubh
+ip link set cfpubh up
+ip -n cfpub link set lo up
+ip -n cfpub addr add 198.51.100.2/30 dev eth0
+ip -n cfpub link set eth0 up
+ip -n cfpub route add default via 198.51.100.1
+cat > /root/cf-public.pl <<'PL'
+use Socket; socket(S, PF_INET, SOCK_STREAM, 0) or die; setsockopt(S, SOL_SOCKET, SO_REUSEADDR, 1);
+bind(S, sockaddr_in($ARGV[0], INADDR_ANY)) or die "bind: $!"; listen(S, 16) or die;
+while (accept(C, S)) { syswrite(C, "public-ok\n"); close C; }
+PL
+for p in 443 8080; do systemd-run --unit cf-public-$p ip netns exec cfpub perl /root/cf-public.pl $p; done
+sleep 0.5
+"#;
+
+/// Issue 28's egress policy: from inside its unit an Agent reaches a public address on 443
+/// only; not the same address on another port, not the cloud metadata address, not an RFC
+/// 1918 address, not the host, and not its sibling (either end of the sibling's veth pair).
+#[test]
+fn an_agent_reaches_public_https_only() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
+    host.run_ok(PUBLIC_STANDIN).unwrap();
+    occ.ok(&host, ensure("ns1"));
+    occ.ok(&host, ensure("ns2"));
+    let b1 = spec("rev-1", 1, json!({"label": "sibling"}));
+    let pb = port(&occ.ok(&host, prepare("ns2", "b1", &b1)));
+    activate(&occ, &host, "ns2", "b1", &b1);
+    let sibling = hostd::netns::Egress {
+        port: pb,
+        ports: vec![443],
+        allow: vec![],
+    };
+    let (sibling_host_side, sibling_agent_side) = sibling.addresses();
+    let host_address = host.address();
+    let try_connect = |addr: String, port: u16| {
+        format!(
+            "timeout 3 bash -c 'exec 3<>/dev/tcp/{addr}/{port} && head -c 9 <&3' 2>&1; echo \" rc=$?\""
+        )
+    };
+    let probes = json!({
+        "public_443": try_connect("198.51.100.2".into(), 443),
+        "public_8080": try_connect("198.51.100.2".into(), 8080),
+        "metadata": try_connect("169.254.169.254".into(), 80),
+        "rfc1918": try_connect("10.0.0.1".into(), 443),
+        "host": try_connect(host_address.to_string(), 22),
+        "sibling_agent": try_connect(sibling_agent_side.to_string(), pb),
+        "sibling_host_side": try_connect(sibling_host_side.to_string(), pb),
+        "sibling_loopback": try_connect("127.0.0.1".into(), pb),
+    });
+    let a1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "a", "probe": {"commands": probes}}),
+    );
+    let pa = port(&occ.ok(&host, prepare("ns1", "a1", &a1)));
+    activate(&occ, &host, "ns1", "a1", &a1);
+    let (code, body) = curl(&host, pa, "/info");
+    assert_eq!(code, 200, "{body}");
+    let info: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let out = |name: &str| {
+        info["probe"]["commands"][name]["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for name in [
+        "public_443",
+        "public_8080",
+        "metadata",
+        "rfc1918",
+        "host",
+        "sibling_agent",
+        "sibling_host_side",
+        "sibling_loopback",
+    ] {
+        println!("{name}: {}", out(name).trim());
+    }
+    assert!(
+        out("public_443").starts_with("public-ok"),
+        "{}",
+        out("public_443")
+    );
+    for name in [
+        "public_8080",
+        "metadata",
+        "rfc1918",
+        "host",
+        "sibling_agent",
+        "sibling_host_side",
+        "sibling_loopback",
+    ] {
+        let o = out(name);
+        assert!(
+            !o.contains("public-ok") && !o.contains(" rc=0"),
+            "{name} was reached: {o}"
+        );
+    }
+    // The sibling still serves its own clients.
+    assert_eq!(curl(&host, pb, "/readyz").0, 200);
+    host.run_ok("systemctl stop cf-public-443 cf-public-8080; ip netns delete cfpub")
+        .unwrap();
+}
