@@ -1,8 +1,8 @@
 //! A minimal client of the gateway's WebSocket RPC on its loopback port, for the calls hostd
 //! makes to a running Agent (`secrets.reload`, and reading back what the gateway holds).
 //!
-//! The transport is OpenClaw's (its `docs/gateway/protocol/transport.md`, `handshake.md` and
-//! `auth.md` in the openclaw npm package, and `test-gateway/README.md`): text frames of JSON; the server opens with a `connect.challenge` event;
+//! The transport is OpenClaw's (its gateway protocol documents on transport, handshake and
+//! auth, shipped in the openclaw npm package, and `test-gateway/README.md`): text frames of JSON; the server opens with a `connect.challenge` event;
 //! the client sends `connect` as `gateway-client`/`backend` with the managed password and
 //! scope `operator.admin` (a device-less loopback backend client keeps its scopes), then
 //! requests `{"type":"req","id","method","params"}` answered by `{"type":"res","id","ok",
