@@ -339,6 +339,12 @@ fn live_nodes(config: &HarnessConfig, except: &str) -> Vec<String> {
     live
 }
 
+/// How many nodes of this machine are live now (their owners hold their locks). A test that
+/// compares the machine's sysctls with its own reading needs to know it was the only one.
+pub fn live_node_count(config: &HarnessConfig) -> usize {
+    live_nodes(config, "").len()
+}
+
 /// Records the sysctls unless a live node already did (under the machine lock).
 fn record_sysctls(config: &HarnessConfig) -> Result<()> {
     let path = ledger_path(config);

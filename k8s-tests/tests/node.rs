@@ -49,6 +49,12 @@ async fn a_pod_really_runs_and_the_node_leaves_nothing_behind() {
         return;
     }
     let cp = ControlPlane::start().await.expect("control plane");
+    // Another node of the tier may run meanwhile (two at a time): its kubelet has changed the
+    // sysctls, and the teardown restores them only after the last node. The test's own reading
+    // is compared below only when this was the only node at both ends; the harness's check
+    // against the ledger of the first node (`report.sysctls`) runs always.
+    let harness = clawfleet_k8s_tests::HarnessConfig::from_env().unwrap();
+    let alone_at_start = clawfleet_k8s_tests::live_node_count(&harness) == 0;
     let before: Vec<(String, String)> = clawfleet_k8s_tests::SYSCTLS
         .iter()
         .map(|s| {
@@ -140,9 +146,16 @@ async fn a_pod_really_runs_and_the_node_leaves_nothing_behind() {
     assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
     assert!(leftovers(&record).is_empty());
     assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
-    for (name, value) in &before {
-        let now = std::fs::read_to_string(format!("/proc/sys/{name}")).unwrap();
-        assert_eq!(now.trim(), value, "sysctl {name} was not restored");
+    if alone_at_start && clawfleet_k8s_tests::live_node_count(&harness) == 0 {
+        for (name, value) in &before {
+            let now = std::fs::read_to_string(format!("/proc/sys/{name}")).unwrap();
+            assert_eq!(now.trim(), value, "sysctl {name} was not restored");
+        }
+    } else {
+        eprintln!(
+            "another node was live at this test's start or end: its sysctls are checked against \
+             the harness's ledger only"
+        );
     }
     cp.shutdown().unwrap();
 }
