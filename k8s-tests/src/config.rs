@@ -219,9 +219,9 @@ mod tests {
         assert_eq!(cache_key(), "k8s1.37.2-etcd3.6.16-kwok0.8.0");
     }
 
-    #[test]
-    fn the_build_script_writes_where_the_harness_looks() {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("build-control-plane.sh");
+    /// The directory a build script says it writes (`--print-dir`) under a given cache root.
+    fn printed_dir(script: &str) -> PathBuf {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(script);
         let out = std::process::Command::new("bash")
             .arg(&script)
             .arg("--print-dir")
@@ -229,26 +229,21 @@ mod tests {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
-        let dir = String::from_utf8(out.stdout).unwrap();
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    }
+
+    #[test]
+    fn the_build_script_writes_where_the_harness_looks() {
         assert_eq!(
-            PathBuf::from(dir.trim()),
+            printed_dir("build-control-plane.sh"),
             PathBuf::from("/nonexistent-root").join(cache_key())
         );
     }
 
     #[test]
     fn the_node_build_script_writes_where_the_harness_looks() {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("build-node.sh");
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .arg("--print-dir")
-            .env("CLAWFLEET_K8S_CACHE_ROOT", "/nonexistent-root")
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let dir = String::from_utf8(out.stdout).unwrap();
         assert_eq!(
-            PathBuf::from(dir.trim()),
+            printed_dir("build-node.sh"),
             PathBuf::from("/nonexistent-root").join(node_cache_key())
         );
     }
