@@ -3,7 +3,7 @@
 //! `127.0.0.1:PORT`, completes the gateway protocol's `connect` on each with the password of
 //! PASSWORD_FILE (the `OPENCLAW_GATEWAY_PASSWORD=` line hostd writes), then holds them until
 //! STOP_FILE exists or MAX_SECONDS pass, and prints one JSON line: how many connected, how many
-//! the gateway closed or dropped meanwhile, and their close codes. A connection that ends before
+//! the gateway closed or dropped meanwhile, and how many had each close code. A connection that ends before
 //! the stop is a disconnect a client would have seen; the client then reconnects at once (as a
 //! client told 1012 "service restart" does) and the summary says how long that took (from the
 //! drop to `hello-ok` again, p50/p95/max) and how many never got back. With a sixth argument,
@@ -173,10 +173,13 @@ pub fn run(args: &Args) -> Result<(), String> {
             Err(_) => lost_threads += 1,
         }
     }
-    let codes: Vec<Value> = seen
-        .iter()
-        .map(|d| d.code.map_or(Value::Null, |c| json!(c)))
-        .collect();
+    // How many disconnects had each close code ("none": the connection just ended).
+    let mut codes = serde_json::Map::new();
+    for d in &seen {
+        let key = d.code.map_or_else(|| "none".to_owned(), |c| c.to_string());
+        let n = codes.get(&key).and_then(Value::as_u64).unwrap_or(0);
+        codes.insert(key, json!(n + 1));
+    }
     let mut reconnect_ms: Vec<u64> = seen
         .iter()
         .filter_map(|d| d.reconnect)

@@ -20,6 +20,7 @@
 
 mod config;
 mod hold;
+mod live;
 mod rpc;
 mod secrets;
 mod ws;
@@ -53,6 +54,11 @@ struct State {
     secrets: secrets::Runtime,
     env_password: Option<String>,
     connections: rpc::Connections,
+    /// The configuration file, watched and applied live.
+    live: Arc<live::LiveConfig>,
+    /// Set on SIGTERM/SIGINT: a connection accepted from then on is closed without a byte,
+    /// so a front or proxy before it sends the request to the next gateway instead.
+    stopping: AtomicBool,
 }
 
 /// SIGTERM and SIGINT, blocked in every thread so one thread can wait for them.
@@ -86,6 +92,7 @@ fn close_sessions_on_term(state: &Arc<State>) {
     let state = Arc::clone(state);
     std::thread::spawn(move || {
         if let Ok(sig) = term_signals().wait() {
+            state.stopping.store(true, Ordering::SeqCst);
             let closed = state.connections.close_all(1012, "service restart");
             eprintln!("clawfleet-test-gateway: {sig}: closed {closed} sessions with 1012, exiting");
             std::process::exit(0);
@@ -149,7 +156,15 @@ fn main() -> ExitCode {
         .as_deref()
         .map(|d| workspace_listing(&std::path::Path::new(d).join("workspace")))
         .unwrap_or(serde_json::Value::Null);
+    let live = live::LiveConfig::new(
+        std::env::var_os("OPENCLAW_CONFIG_PATH")
+            .map_or_else(|| settings.config_path.clone(), std::path::PathBuf::from),
+        std::fs::read(&settings.config_path).unwrap_or_default(),
+    );
+    live.watch();
     let state = Arc::new(State {
+        stopping: AtomicBool::new(false),
+        live,
         workspace,
         secrets,
         connections: rpc::Connections::default(),
@@ -302,6 +317,9 @@ fn ids() -> (Option<u32>, Option<u32>) {
 }
 
 fn handle(stream: TcpStream, state: &State) {
+    if state.stopping.load(Ordering::SeqCst) {
+        return;
+    }
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     let mut reader = BufReader::new(&stream);
     let mut request_line = String::new();
@@ -374,6 +392,10 @@ fn upgrade(
         );
         return;
     };
+    // Stopping since the request came in: no 101 (see `State::stopping`).
+    if state.stopping.load(Ordering::SeqCst) {
+        return;
+    }
     let accepted = write!(
         out,
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
@@ -389,6 +411,7 @@ fn upgrade(
         env_password: state.env_password.as_deref(),
         auth_none: state.settings.auth_none,
         label: state.settings.switches.label.as_deref(),
+        live: &state.live,
         secret_log_lines: &state.settings.switches.secret_log_lines,
     };
     rpc::serve(&mut reader, stream, &ctx);
@@ -420,7 +443,10 @@ fn info(state: &State, ready: bool) -> serde_json::Value {
         "gid": state.gid,
         "port": s.port,
         "configPath": s.config_path.to_string_lossy(),
-        "configSha256": s.config_sha256,
+        // The configuration in effect: the one it started with, or one applied live since.
+        "configSha256": state.live.applied_sha256(),
+        "startConfigSha256": s.config_sha256,
+        "liveReloads": state.live.reloads(),
         "label": s.switches.label,
         "passwordSha256": s.password_sha256,
         "stateDir": s.state_dir,

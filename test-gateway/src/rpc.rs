@@ -102,6 +102,8 @@ pub struct Context<'a> {
     /// `gateway.auth.mode` is `"none"`.
     pub auth_none: bool,
     pub label: Option<&'a str>,
+    /// The configuration file and what was applied of it (`config.get`).
+    pub live: &'a crate::live::LiveConfig,
     /// The `secretLogLines` switch, written after every successful reload.
     pub secret_log_lines: &'a [String],
 }
@@ -358,6 +360,12 @@ fn answer(method: &str, grant: &Grant, ctx: &Context<'_>) -> Result<Value, Value
             }
             Ok(ctx.secrets.status_json())
         }
+        "config.get" => {
+            if !grant.allows("operator.read") {
+                return Err(missing_scope("operator.read"));
+            }
+            Ok(ctx.live.get())
+        }
         other => Err(error_shape(
             "INVALID_REQUEST",
             &format!("unknown method: {other}"),
@@ -491,12 +499,14 @@ mod tests {
     fn connect_checks_protocol_client_and_password() {
         let rt = runtime();
         let conns = Connections::default();
+        let live = crate::live::LiveConfig::new("/nonexistent".into(), b"{}".to_vec());
         let ctx = Context {
             secrets: &rt,
             connections: &conns,
             env_password: Some("pw"),
             auth_none: false,
             label: None,
+            live: &live,
             secret_log_lines: &[],
         };
         let ok = connect(
@@ -538,6 +548,7 @@ mod tests {
             env_password: Some("pw"),
             auth_none: true,
             label: None,
+            live: &live,
             secret_log_lines: &[],
         };
         assert!(connect(params("cli", "cli", json!({})), &none).is_ok());
@@ -547,12 +558,14 @@ mod tests {
     fn methods_need_their_scope() {
         let rt = runtime();
         let conns = Connections::default();
+        let live = crate::live::LiveConfig::new("/nonexistent".into(), b"{}".to_vec());
         let ctx = Context {
             secrets: &rt,
             connections: &conns,
             env_password: None,
             auth_none: false,
             label: None,
+            live: &live,
             secret_log_lines: &[],
         };
         let read = Grant {

@@ -255,7 +255,7 @@ fn a_stop_closes_sessions_with_1012_and_held_clients_reconnect() {
     assert_eq!(summary["disconnected"], 3, "{summary}");
     assert_eq!(
         summary["closeCodes"],
-        serde_json::json!([1012, 1012, 1012]),
+        serde_json::json!({"1012": 3}),
         "{summary}"
     );
     assert_eq!(summary["reconnected"], 3, "{summary}");
@@ -265,5 +265,48 @@ fn a_stop_closes_sessions_with_1012_and_held_clients_reconnect() {
     assert!(
         at.iter().all(|&t| t >= stopped_at),
         "{at:?} before the stop at {stopped_at}"
+    );
+}
+
+/// The configuration file replaced by rename (as hostd replaces `config/openclaw.json`): a
+/// change outside `gateway`, `secrets` and the switches applies without a restart; a change
+/// of the switches makes the gateway exit 0 for its supervisor to restart it.
+#[test]
+fn a_replaced_configuration_applies_live_or_restarts() {
+    let dir = Scratch::new("live");
+    let cfg = dir.config(r#"{"logging": {"level": "info"}, "x-clawfleet-test": {"label": "one"}}"#);
+    let port = free_port();
+    let mut gw = Gateway(command(Some(port), Some(&cfg)).spawn().unwrap());
+    wait_status(port, "/readyz", 200, Duration::from_secs(10));
+    let info = |port| -> serde_json::Value {
+        serde_json::from_str(&get(port, "/info").unwrap().1).unwrap()
+    };
+    let before = info(port);
+    let replace = |text: &str| {
+        let tmp = dir.0.join(".openclaw.json.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &cfg).unwrap();
+    };
+    let live = r#"{"logging": {"level": "debug"}, "x-clawfleet-test": {"label": "one"}}"#;
+    replace(live);
+    let t0 = Instant::now();
+    while info(port)["liveReloads"] != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the change was not applied: {}",
+            info(port)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = info(port);
+    assert_eq!(after["pid"], before["pid"], "no restart");
+    assert_eq!(after["configSha256"], sha2_hex(live.as_bytes()));
+    assert_eq!(after["startConfigSha256"], before["configSha256"]);
+    replace(r#"{"logging": {"level": "debug"}, "x-clawfleet-test": {"label": "two"}}"#);
+    let status = gw.0.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a change that needs a restart ends the process with 0"
     );
 }
