@@ -136,6 +136,7 @@ impl Backend for SimFleet {
                     },
                     restored: None,
                     secrets_reload: None,
+                    config_reload: None,
                 }))
             }
             other => {

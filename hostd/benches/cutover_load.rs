@@ -267,7 +267,89 @@ fn scenario(name: &str, options: &HostOptions, rate: u64, ws: u64, cutovers: u64
             "  front's added latency p50: {:.3} ms (curl through the port {front:.3} ms, straight to the gateway {direct:.3} ms)",
             front - direct
         );
+        live_changes(&occ, &host, port, &paths, ws, cutovers + 2);
     }
+}
+
+/// Config-only revisions (`HOSTD_BENCH_LIVE`, default 20, each changing `logging.level`)
+/// with the same WebSocket clients held: how many the gateway applied live, how long each
+/// activation took, whether the process changed, and how many clients were disconnected.
+fn live_changes(
+    occ: &Coordinator,
+    host: &TestHost,
+    port: u16,
+    paths: &hostd::layout::AgentPaths,
+    ws: u64,
+    first: u64,
+) {
+    let count = env_or("HOSTD_BENCH_LIVE", 20);
+    let pid = || -> serde_json::Value {
+        let out = host
+            .run_ok(&format!("curl -s http://127.0.0.1:{port}/info"))
+            .unwrap();
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()["pid"].clone()
+    };
+    // The first live-capable revision from the last restart-class one: logging joins.
+    let revision = |n: u64| {
+        let configuration = configuration(None, json!({"label": format!("rev-{}", first - 1)}));
+        let mut document = configuration.value().clone();
+        document["logging"] = json!({"level": format!("level-{n}")});
+        let configuration = clawfleet_protocol::Configuration::new(document).unwrap();
+        RevisionSpec {
+            id: id(&format!("live-{n}")),
+            number: RevisionNumber::new(n).unwrap(),
+            harness: spec("x", 1, json!({})).harness,
+            configuration_hash: configuration.hash(),
+            configuration,
+        }
+    };
+    // A restart onto a revision with `logging`, so the next ones differ only there.
+    let base = revision(first);
+    occ.ok(host, prepare("ns1", "a1", &base));
+    occ.ok(
+        host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &base))),
+    );
+    host.run_ok(&format!(
+        "rm -f /tmp/cf-hold-stop; systemd-run --unit cf-hold-live /usr/local/bin/clawfleet-test-gateway hold {port} {} {ws} /tmp/cf-hold-stop 900; sleep 2",
+        paths.password_file.display()
+    ))
+    .unwrap();
+    let pid_before = pid();
+    let mut live = 0;
+    let mut ms = Vec::new();
+    for n in first + 1..=first + count {
+        let rev = revision(n);
+        occ.ok(host, prepare("ns1", "a1", &rev));
+        let t = Instant::now();
+        match occ.ok(
+            host,
+            Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &rev))),
+        ) {
+            OperationResult::ActivateRevision(a) if !a.restarted && a.config_reload.is_some() => {
+                live += 1;
+            }
+            _ => {}
+        }
+        ms.push(t.elapsed().as_micros() as u64);
+    }
+    let pid_after = pid();
+    host.run_ok("touch /tmp/cf-hold-stop; sleep 1").unwrap();
+    let hold = host
+        .run_ok("journalctl -u cf-hold-live -o cat --no-pager | grep '^{' | tail -1")
+        .unwrap();
+    ms.sort_unstable();
+    println!(
+        "  {count} config-only revisions: {live} applied live (activation median {:.0} ms, p95 {:.0} ms), gateway process {}; {ws} WebSocket clients: {}",
+        percentile(&ms, 0.5),
+        percentile(&ms, 0.95),
+        if pid_before == pid_after {
+            "unchanged (0 restarts)"
+        } else {
+            "CHANGED (restarted)"
+        },
+        hold.trim()
+    );
 }
 
 fn unix_ms() -> u64 {

@@ -231,7 +231,8 @@ impl FakeSystem {
         let config = text
             .lines()
             .find_map(|l| l.strip_prefix("Environment=OPENCLAW_CONFIG_PATH="))?;
-        let current = Path::new(config).parent()?;
+        // `<agent dir>/config/openclaw.json`: `current` is beside `config`.
+        let current = Path::new(config).parent()?.parent()?.join("current");
         let target = std::fs::read_link(current).ok()?;
         Some(target.file_name()?.to_str()?.to_owned())
     }

@@ -18,8 +18,9 @@ use base64ct::{Base64, Encoding};
 use serde_json::{Value, json};
 use thiserror::Error;
 
-/// Largest message read from the gateway.
-pub const MESSAGE_MAX: usize = 1024 * 1024;
+/// Largest message read from the gateway: `config.get` answers with the configuration six
+/// times over (raw, parsed, resolved, ...), and a configuration may have 1 MiB.
+pub const MESSAGE_MAX: usize = 8 * 1024 * 1024;
 /// Largest HTTP upgrade response read.
 const HEADER_MAX: usize = 16 * 1024;
 /// The RPC protocol version spoken.

@@ -68,6 +68,12 @@ pub struct AgentPaths {
     pub state: PathBuf,
     pub revisions: PathBuf,
     pub current: PathBuf,
+    /// `config/openclaw.json`: the gateway's `OPENCLAW_CONFIG_PATH`, a root-owned copy of
+    /// `current`'s configuration replaced (write, fsync, rename) at every cutover. A copy and
+    /// not a path through `current`: the gateway's file watch follows the file it opened, so
+    /// only a file replaced in place is seen, and a config-only revision applies live
+    /// (engine/live.rs).
+    pub live_config: PathBuf,
     pub served: PathBuf,
     /// `started.json`: the revision the unit was last (re)started on after `current` named it.
     pub started: PathBuf,
@@ -214,6 +220,7 @@ impl Layout {
             state: dir.join("state"),
             revisions: dir.join("revisions"),
             current: dir.join("current"),
+            live_config: dir.join("config").join("openclaw.json"),
             served: dir.join("served.json"),
             started: dir.join("started.json"),
             password_file: dir.join("gateway-password.env"),

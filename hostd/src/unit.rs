@@ -234,7 +234,8 @@ pub fn render(
     );
     let _ = writeln!(
         u,
-        "Environment=OPENCLAW_CONFIG_PATH={dir}/current/openclaw.json"
+        "Environment=OPENCLAW_CONFIG_PATH={}",
+        paths.live_config.display()
     );
     let _ = writeln!(u, "Environment=OPENCLAW_GATEWAY_PORT={port}");
     let _ = writeln!(u, "Environment=OPENCLAW_DISABLE_BONJOUR=1");
@@ -392,7 +393,7 @@ mod tests {
         for needle in [
             "User=cfa-",
             "Group=cfa-",
-            "/current/openclaw.json",
+            "/config/openclaw.json\n",
             "OPENCLAW_GATEWAY_PORT=18700",
             "ProtectSystem=strict",
             "RestartPreventExitStatus=78",

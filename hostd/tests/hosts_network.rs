@@ -401,3 +401,131 @@ fn an_agent_reaches_public_https_only() {
     host.run_ok("systemctl stop cf-public-443 cf-public-8080; ip netns delete cfpub")
         .unwrap();
 }
+
+fn revision_of(rev: &str, number: u64, document: serde_json::Value) -> RevisionSpec {
+    let configuration = clawfleet_protocol::configuration::Configuration::new(document).unwrap();
+    RevisionSpec {
+        id: id(rev),
+        number: RevisionNumber::new(number).unwrap(),
+        harness: Harness {
+            id: HarnessId::Openclaw,
+            version: HarnessVersion::new("2026.9.6").unwrap(),
+            mode: HarnessMode::Embedded,
+        },
+        configuration_hash: configuration.hash(),
+        configuration,
+    }
+}
+
+fn plan(
+    occ: &Coordinator,
+    host: &TestHost,
+    rev: &RevisionSpec,
+) -> clawfleet_protocol::plan::PlanResult {
+    match occ.ok(
+        host,
+        Operation::PlanRevision(clawfleet_protocol::plan::PlanArgs {
+            namespace: ns("ns1"),
+            agent: agent("a1"),
+            revision: rev.clone(),
+            restore: None,
+        }),
+    ) {
+        OperationResult::PlanRevision(p) => *p,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 28: a revision that changes only configuration the gateway applies live (here
+/// `logging.level`) is applied by the running gateway: no restart, no WebSocket through the
+/// Agent's port disconnected, and the plan says so beforehand. A restart-class revision then
+/// closes those WebSockets with 1012, and they are back at once through the held port.
+#[test]
+fn a_config_only_revision_applies_live_and_a_restart_closes_websockets_with_1012() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    let gateway = json!({"mode": "local", "bind": "loopback",
+        "auth": {"mode": "password", "password": {"source": "env", "provider": "default", "id": "OPENCLAW_GATEWAY_PASSWORD"}}});
+    let document = |level: &str, label: &str| json!({"gateway": gateway, "logging": {"level": level}, "x-clawfleet-test": {"label": label}});
+    occ.ok(&host, ensure("ns1"));
+    let r1 = revision_of("rev-1", 1, document("info", "one"));
+    let port = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    activate(&occ, &host, "ns1", "a1", &r1);
+    let info = |host: &TestHost| -> serde_json::Value {
+        serde_json::from_str(curl(host, port, "/info").1.trim()).unwrap()
+    };
+    let pid1 = info(&host)["pid"].clone();
+    let paths = layout().agent(&id("ns1"), &id("a1"));
+    host.run_ok(&format!(
+        "systemd-run --unit cf-hold /usr/local/bin/clawfleet-test-gateway hold {port} {} 2 /tmp/cf-hold-stop 300 /tmp/cf-hold-details.json; sleep 1",
+        paths.password_file.display()
+    ))
+    .unwrap();
+
+    // Live: planned as such, applied without a restart.
+    let r2 = revision_of("rev-2", 2, document("debug", "one"));
+    let p = plan(&occ, &host, &r2);
+    assert!(p.refusal.is_none(), "{p:?}");
+    assert_eq!(
+        (p.restart, p.config_live.clone()),
+        (false, Some(vec!["logging.level".to_owned()])),
+        "{p:?}"
+    );
+    occ.ok(&host, prepare("ns1", "a1", &r2));
+    let act = match occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r2))),
+    ) {
+        OperationResult::ActivateRevision(a) => a,
+        other => panic!("{other:?}"),
+    };
+    assert!(!act.restarted, "{act:?}");
+    assert_eq!(
+        act.config_reload.as_ref().map(|c| c.changed.clone()),
+        Some(vec!["logging.level".to_owned()])
+    );
+    assert_eq!(act.observation.served, Some(id("rev-2")));
+    let now = info(&host);
+    assert_eq!(now["pid"], pid1, "the gateway was restarted");
+    assert_eq!(now["liveReloads"], 1, "{now}");
+    assert_eq!(
+        now["configSha256"].as_str(),
+        Some(r2.configuration_hash.as_str()),
+        "{now}"
+    );
+    let copy = host
+        .run_ok(&format!("cat {}", paths.live_config.display()))
+        .unwrap();
+    assert_eq!(
+        copy.as_bytes(),
+        r2.configuration.canonical_bytes(),
+        "the gateway's file"
+    );
+
+    // Restart-class: the switches changed.
+    let r3 = revision_of("rev-3", 3, document("debug", "three"));
+    let p = plan(&occ, &host, &r3);
+    assert_eq!((p.restart, p.config_live), (true, None));
+    occ.ok(&host, prepare("ns1", "a1", &r3));
+    let act = match occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r3))),
+    ) {
+        OperationResult::ActivateRevision(a) => a,
+        other => panic!("{other:?}"),
+    };
+    assert!(act.restarted && act.config_reload.is_none(), "{act:?}");
+    assert_ne!(info(&host)["pid"], pid1);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    host.run_ok("touch /tmp/cf-hold-stop; sleep 1").unwrap();
+    let summary = host
+        .run_ok("journalctl -u cf-hold -o cat --no-pager | grep '^{' | tail -1")
+        .unwrap();
+    let summary: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
+    // Two clients, one restart: two disconnects, both 1012, both back. The live change
+    // disconnected nobody.
+    assert_eq!(summary["disconnected"], 2, "{summary}");
+    assert_eq!(summary["closeCodes"], json!({"1012": 2}), "{summary}");
+    assert_eq!(summary["reconnected"], 2, "{summary}");
+}

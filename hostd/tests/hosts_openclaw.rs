@@ -242,11 +242,15 @@ fn real_openclaw_gateway_through_hostd() {
 
     occ.ok(&host, ensure(NS));
     let r1 = revision("rev-1", 1, json!({"gateway": rendered_gateway()}));
-    // Revision 2 differs harmlessly: a file log level (`logging.level`, a documented key).
+    // Revision 2 differs harmlessly: a file log level (`logging.level`, a documented key),
+    // and the Control UI's switch set to its default, a gateway setting OpenClaw applies only
+    // by a restart: a restart-class cutover.
+    let mut gateway2 = rendered_gateway();
+    gateway2["controlUi"] = json!({"enabled": true});
     let r2 = revision(
         "rev-2",
         2,
-        json!({"gateway": rendered_gateway(), "logging": {"level": "warn"}}),
+        json!({"gateway": gateway2, "logging": {"level": "warn"}}),
     );
     let port = match occ.ok(&host, prepare(NS, AGENT, &r1)) {
         OperationResult::PrepareRevision(p) => {
@@ -538,10 +542,47 @@ fn real_openclaw_gateway_through_hostd() {
         "a key in the environment"
     );
 
+    // A configuration-only change OpenClaw applies live (issue 28): hostd replaces the file
+    // the gateway watches and waits until `config.get` reports it applied; same process.
+    let mut document = with_model_key();
+    document["logging"]["level"] = json!("debug");
+    let r5 = revision("rev-5", 5, document);
+    occ.ok(&host, prepare(NS, AGENT, &r5));
+    let t = Instant::now();
+    let (r, _, _) = call_long(
+        &occ,
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs(NS, AGENT, &r5))),
+    );
+    let act = activated(&host, r, &unit);
+    if act.restarted {
+        let journal = host
+            .run_ok(&format!("journalctl --no-pager -o cat -t hostd | grep -i 'live\\|config' | tail -20; echo ---; journalctl --no-pager -o cat -u {unit} | grep -i 'reload\\|config\\|watch' | tail -30"))
+            .unwrap_or_default();
+        panic!(
+            "a live configuration change restarted OpenClaw: {act:?}\nhostd's journal:\n{journal}"
+        );
+    }
+    assert_eq!(
+        act.config_reload.map(|c| c.changed),
+        Some(vec!["logging.level".to_owned()]),
+        "OpenClaw did not confirm the change as applied"
+    );
+    assert_eq!(act.observation.served, Some(id("rev-5")));
+    assert_eq!(
+        unit_user(&host, &unit).1,
+        pid3,
+        "same process after the live change"
+    );
+    eprintln!(
+        "configuration applied live by OpenClaw and confirmed in {:.1}s, same PID {pid3}",
+        t.elapsed().as_secs_f64()
+    );
+
     // Stop: the gateway goes away; the port stays the host's (issue 28) and answers 503
     // once a connection has waited the hold time (1 s here) for a gateway.
     let t = Instant::now();
-    match occ.ok(&host, Operation::StopRevision(rargs(NS, AGENT, &r4))) {
+    match occ.ok(&host, Operation::StopRevision(rargs(NS, AGENT, &r5))) {
         OperationResult::StopRevision(s) => {
             assert!(s.stopped);
             let u = s.observation.unit.unwrap();

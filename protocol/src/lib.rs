@@ -20,6 +20,7 @@ pub mod envelope;
 pub mod failure;
 pub mod framing;
 pub mod ident;
+pub mod live_config;
 pub mod operation;
 pub mod plan;
 pub mod random;

@@ -66,6 +66,11 @@ pub struct PlanResult {
     /// Whether activation would restart the gateway (false only when it already serves this
     /// revision, or already runs it and is waiting for readiness).
     pub restart: bool,
+    /// Present when activation would apply the revision's configuration live instead of
+    /// restarting (`restart` is false then): the changed paths. The gateway must confirm it
+    /// applied them; if it does not, activation restarts it after all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_live: Option<Vec<String>>,
     /// The revision a failed activation would put back, when one was asked for and its
     /// snapshot is there and intact.
     pub restore_available: Option<Ident>,

@@ -213,6 +213,19 @@ pub struct ActivateResult {
     /// false): whether what it holds was checked against the delivered fingerprints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets_reload: Option<SecretsReload>,
+    /// Present when the revision differed from the served one only in configuration the
+    /// gateway applies live (`live_config.rs`): it read the new file without a restart
+    /// (`restarted` is false) and reported that configuration as applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_reload: Option<ConfigReload>,
+}
+
+/// A configuration applied live by the running gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigReload {
+    /// The configuration paths that changed.
+    pub changed: Vec<String>,
 }
 
 /// How a secrets-only activation was confirmed.
@@ -372,6 +385,9 @@ pub enum Step {
     SecretFiles,
     /// Asking the running gateway to reload its secrets and checking what it holds.
     SecretReload,
+    /// Replacing the running gateway's configuration file and waiting until it reports the
+    /// new configuration applied (a live configuration change).
+    ConfigReload,
 }
 
 /// The recorded state of an operation id, as `operation-status` reports it.

@@ -98,6 +98,7 @@ fn every_result_round_trips() {
             observation: observation.clone(),
             restored: None,
             secrets_reload: None,
+            config_reload: None,
         }),
         OperationResult::ActivateRevision(ActivateResult {
             restarted: false,
@@ -105,6 +106,7 @@ fn every_result_round_trips() {
             observation: observation.clone(),
             restored: None,
             secrets_reload: Some(SecretsReload::Unverified),
+            config_reload: None,
         }),
         OperationResult::ActivateRevision(ActivateResult {
             restarted: true,
@@ -115,6 +117,7 @@ fn every_result_round_trips() {
                 candidate_failure: Failure::new(FailureCode::ReadinessTimeout, "not ready"),
             }),
             secrets_reload: None,
+            config_reload: None,
         }),
         OperationResult::VerifyRevision(VerifyResult {
             observation: observation.clone(),

@@ -137,6 +137,13 @@ const PLAN_COLUMNS: &[Column<AgentPlan>] = &[
     col("UNIT", |a| text(&a.changes.unit_file)),
     col("DAEMON-RELOAD", |a| yes_no(a.changes.daemon_reload)),
     col("RESTART", |a| yes_no(a.changes.restart)),
+    // A configuration change the running gateway applies live (no restart), and where.
+    col("LIVE", |a| {
+        a.changes
+            .config_live
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |paths| paths.join(","))
+    }),
     col("RESTORE", |a| opt(&a.changes.restore_available)),
     col("REFUSAL", |a| {
         opt(&a.changes.refusal.as_ref().map(|f| f.code.as_str()))

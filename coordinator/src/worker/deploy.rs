@@ -91,6 +91,8 @@ struct Deploy<'w> {
     /// How the activation took a secrets-only change: the gateway reloaded its secrets without
     /// a restart, verified or not (absent when it restarted or nothing changed).
     secrets_reload: Option<clawfleet_protocol::result::SecretsReload>,
+    /// The paths of a configuration the running gateway applied live (no restart).
+    config_reload: Option<clawfleet_protocol::result::ConfigReload>,
 }
 
 impl Deploy<'_> {
@@ -132,9 +134,15 @@ impl<B: Backend> Worker<B> {
             }
             None => "",
         };
+        let live = d.config_reload.as_ref().map_or_else(String::new, |c| {
+            format!(
+                " (configuration applied live without a restart: {})",
+                c.changed.join(", ")
+            )
+        });
         Ok(done(
             Code::RevisionActivated,
-            format!("serving on {}{how}", d.target()?.name()),
+            format!("serving on {}{how}{live}", d.target()?.name()),
         ))
     }
 
@@ -218,6 +226,7 @@ impl<B: Backend> Worker<B> {
             reference: Self::revision_ref(&rev)?,
             committed: agent.active_revision_id.as_deref() == Some(rev_id.as_str()),
             secrets_reload: None,
+            config_reload: None,
             work,
             ns,
             agent,
@@ -705,6 +714,7 @@ impl<B: Backend> Worker<B> {
             }
             Ok(OperationResult::ActivateRevision(a)) => {
                 d.secrets_reload = a.secrets_reload;
+                d.config_reload = a.config_reload;
                 if let Some(restored) = a.restored {
                     // The host already put the last served revision back: a store failure
                     // here must not retry the item (that would run the candidate again).

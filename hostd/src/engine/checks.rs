@@ -18,7 +18,7 @@ use crate::system::Ids;
 use crate::unit;
 
 /// Largest snapshot read back for hash verification.
-const MAX_SNAPSHOT: u64 = 1024 * 1024;
+pub(super) const MAX_SNAPSHOT: u64 = 1024 * 1024;
 
 impl Engine<'_> {
     /// The Namespace exists on this host and its marker names exactly this Namespace.

@@ -214,6 +214,7 @@ impl Engine<'_> {
             observation: self.observe_with(&ns.id, &agent.id, paths, Some(state)),
             restored: None,
             secrets_reload: None,
+            config_reload: None,
         });
         self.answer_fenced(ctx, &ns.id, &agent.id, paths, raise, answer)
     }

@@ -9,6 +9,7 @@ mod fastpath;
 mod fence;
 pub mod hooks;
 mod inventory;
+mod live;
 mod namespace;
 mod plan;
 mod provision;

@@ -28,6 +28,7 @@ impl Engine<'_> {
             enable: true,
             restart: true,
             restore_available: None,
+            config_live: None,
             refusal: None,
             observation: self.observe(&args.namespace.id, &args.agent.id, &paths),
         };
@@ -171,6 +172,29 @@ impl Engine<'_> {
                 served && state.is_active() && self.ready_and_owned(paths, m.port, ids.uid)?;
             let runs = started && matches!(state.active_state.as_str(), "active" | "activating");
             plan.restart = !(serves || runs);
+        }
+        // As activate decides next: a configuration change the running gateway applies live.
+        if plan.restart
+            && !unit_changed
+            && !is_current
+            && let (Some(m), Some(ids)) = (&agent_marker, ids)
+            && let Some(live) = self.live_plan(
+                &super::live::Candidate {
+                    namespace: &ns.id,
+                    agent: &agent.id,
+                    id: &rev.id,
+                    harness: &rev.harness,
+                    needs_password: needs_password(rev.configuration.value()),
+                    configuration: rev.configuration.value(),
+                },
+                paths,
+                current.as_ref().map(|c| &c.revision_id),
+                m.port,
+                ids,
+            )
+        {
+            plan.restart = false;
+            plan.config_live = Some(live.changed);
         }
         if let Some(prev) = &args.restore
             && prev.number < rev.number

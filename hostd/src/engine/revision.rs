@@ -529,6 +529,32 @@ impl Engine<'_> {
         {
             return self.reload_secrets(ctx, args, paths, plan);
         }
+        // A revision whose configuration changed only where the gateway applies changes
+        // live: the running gateway reads it without a restart (see `live`); if it does not
+        // confirm, the restart below happens after all.
+        if !unit_changed
+            && let Some(plan) = self.live_plan(
+                &super::live::Candidate {
+                    namespace: &ns.id,
+                    agent: &agent.id,
+                    id: &rev.id,
+                    harness: &snapshot.harness,
+                    needs_password: snapshot.needs_password,
+                    configuration: &self.snapshot_configuration(paths, &rev.id)?,
+                },
+                paths,
+                current.as_ref().map(|c| &c.revision_id),
+                agent_marker.port,
+                ids,
+            )
+        {
+            match self.apply_live(ctx, args, paths, &plan) {
+                Ok(result) => return Ok(result),
+                Err(why) => {
+                    tracing::warn!(operation_id = %ctx.operation_id, agent = %agent.id, revision = %rev.id, changed = ?plan.changed, "the live configuration change was not confirmed ({why}); restarting the gateway on the revision instead");
+                }
+            }
+        }
         let is_current = current.as_ref().is_some_and(|c| c.revision_id == rev.id);
         if !unit_changed && is_current {
             let state = self
@@ -548,6 +574,7 @@ impl Engine<'_> {
                     observation: self.observe(&ns.id, &agent.id, paths),
                     restored: None,
                     secrets_reload: None,
+                    config_reload: None,
                 });
             }
             // A retry: the unit was restarted on this revision and systemd still runs it (or
@@ -570,6 +597,7 @@ impl Engine<'_> {
                     observation: self.observe(&ns.id, &agent.id, paths),
                     restored,
                     secrets_reload: None,
+                    config_reload: None,
                 });
             }
         }
@@ -614,6 +642,7 @@ impl Engine<'_> {
             observation: self.observe(&ns.id, &agent.id, paths),
             restored,
             secrets_reload: None,
+            config_reload: None,
         })
     }
 
@@ -663,11 +692,57 @@ impl Engine<'_> {
         fsutil::sync_dir(&paths.dir).map_err(fs_failure)?;
         fsutil::replace_symlink(&paths.current, &AgentPaths::current_target(&rev.id))
             .map_err(fs_failure)?;
+        self.write_live_config(paths, &rev.id)?;
         ctx.step(Step::Restart)?;
         self.system
             .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
             .map_err(system_failure)?;
         self.record_started(ctx, paths, rev)
+    }
+
+    /// A verified snapshot's configuration, parsed (`Null` when it does not parse, which no
+    /// live change matches).
+    pub(crate) fn snapshot_configuration(
+        &self,
+        paths: &AgentPaths,
+        revision: &Ident,
+    ) -> Result<Value, Failure> {
+        let bytes = fsutil::read_small(
+            &paths.revision_dir(revision).join("openclaw.json"),
+            super::checks::MAX_SNAPSHOT,
+        )
+        .map_err(fs_failure)?;
+        Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// Replaces the gateway's configuration file (`config/openclaw.json`, see
+    /// [`AgentPaths::live_config`]) with `revision`'s snapshot: written, synced and renamed over
+    /// the old one, root-owned and readable by the Agent's group like the snapshot.
+    pub(crate) fn write_live_config(
+        &self,
+        paths: &AgentPaths,
+        revision: &Ident,
+    ) -> Result<(), Failure> {
+        use std::os::unix::fs::MetadataExt;
+        let snapshot = paths.revision_dir(revision).join("openclaw.json");
+        let bytes =
+            fsutil::read_small(&snapshot, super::checks::MAX_SNAPSHOT).map_err(fs_failure)?;
+        let gid = std::fs::metadata(&snapshot)
+            .map_err(|e| fs_failure(fsutil::io_err(&snapshot)(e)))?
+            .gid();
+        let group = Ids { uid: 0, gid };
+        let chown = |p: &std::path::Path| {
+            self.system
+                .chown(p, group)
+                .map_err(|e| fsutil::FsError::Io {
+                    path: p.display().to_string(),
+                    source: std::io::Error::other(e.to_string()),
+                })
+        };
+        let dir = paths.dir.join("config");
+        fsutil::ensure_dir(&dir, 0o750).map_err(fs_failure)?;
+        chown(&dir).map_err(fs_failure)?;
+        fsutil::write_atomic(&paths.live_config, &bytes, 0o640, chown).map_err(fs_failure)
     }
 
     /// `started.json`: the running unit's process serves `rev` from now on (after a restart,

@@ -215,6 +215,7 @@ impl Engine<'_> {
                 Verified::Fingerprints => clawfleet_protocol::result::SecretsReload::Verified,
                 Verified::Unverifiable(_) => clawfleet_protocol::result::SecretsReload::Unverified,
             }),
+            config_reload: None,
         })
     }
 
@@ -318,7 +319,10 @@ impl Engine<'_> {
     }
 
     /// The managed gateway password from the Agent's password file.
-    fn managed_password(&self, paths: &AgentPaths) -> Result<Zeroizing<String>, Failure> {
+    pub(super) fn managed_password(
+        &self,
+        paths: &AgentPaths,
+    ) -> Result<Zeroizing<String>, Failure> {
         let bytes = Zeroizing::new(
             fsutil::read_small(&paths.password_file, PASSWORD_FILE_MAX).map_err(fs_failure)?,
         );

@@ -592,6 +592,7 @@ async fn activate_one(
         observation: observed.observation(settings),
         restored: None,
         secrets_reload: None,
+        config_reload: None,
     })
 }
 
