@@ -73,15 +73,22 @@ pub(crate) enum HostCmd {
 
 /// Prints what a probe found missing, so an operator sees it at enrolment and probe time.
 fn report_probe(name: &str, probe: &HostProbe) {
+    for warning in probe_warnings(name, probe) {
+        note(&warning);
+    }
+}
+
+/// The warnings of [`report_probe`], one sentence each.
+fn probe_warnings(name: &str, probe: &HostProbe) -> Vec<String> {
     let OperationResult::Probe(probe) = &probe.0 else {
-        note(&format!(
+        return vec![format!(
             "warning: host {name} answered the probe with a {:?} result",
             probe.0.kind()
-        ));
-        return;
+        )];
     };
+    let mut out = Vec::new();
     if !probe.missing_tools.is_empty() {
-        note(&format!(
+        out.push(format!(
             "warning: host {name} lacks {}; deploys there fail (GATEWAY_COMMAND_MISSING or MISSING_TOOL) until it is installed",
             probe.missing_tools.join(", ")
         ));
@@ -90,11 +97,21 @@ fn report_probe(name: &str, probe: &HostProbe) {
         .protocol_versions
         .contains(&clawfleet_protocol::FENCED_VERSION)
     {
-        note(&format!(
+        out.push(format!(
             "warning: host {name} runs a hostd from before fencing (protocol versions [{}]); it works, unfenced: upgrade it before running several coordinators",
             super::table::list(&probe.protocol_versions)
         ));
     }
+    if let Some(why) = probe
+        .network_isolation
+        .as_deref()
+        .and_then(|i| i.strip_prefix("unavailable: "))
+    {
+        out.push(format!(
+            "warning: host {name} cannot isolate the networks of Agents of different Namespaces ({why}); it takes Agents of one Namespace only (a second is refused with HOST_NOT_ISOLATED)"
+        ));
+    }
+    out
 }
 
 /// A public key given as its line, or as a path to a file holding it.
@@ -200,4 +217,49 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clawfleet_protocol::result::{PortRange, ProbeResult};
+
+    fn probe(network_isolation: Option<&str>) -> HostProbe {
+        HostProbe(OperationResult::Probe(ProbeResult {
+            hostd_version: "0.1.0".into(),
+            protocol_versions: vec![clawfleet_protocol::FENCED_VERSION],
+            system_host_name: "h".into(),
+            host_key: serde_json::from_value(serde_json::json!(
+                "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU"
+            ))
+            .expect("a fingerprint"),
+            systemd_version: None,
+            missing_tools: vec![],
+            port_range: PortRange {
+                start: 18700,
+                end: 18799,
+            },
+            max_agents: 10,
+            agents: 0,
+            quotas: None,
+            network_isolation: network_isolation.map(str::to_owned),
+        }))
+    }
+
+    #[test]
+    fn an_unisolated_host_is_named_with_what_is_missing() {
+        assert!(probe_warnings("h1", &probe(Some("namespaces"))).is_empty());
+        assert!(probe_warnings("h1", &probe(None)).is_empty());
+        let w = probe_warnings(
+            "h1",
+            &probe(Some("unavailable: no CAP_NET_ADMIN; binds not confined")),
+        );
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("host h1 cannot isolate")
+                && w[0].contains("no CAP_NET_ADMIN")
+                && w[0].contains("HOST_NOT_ISOLATED"),
+            "{w:?}"
+        );
+    }
 }
