@@ -278,8 +278,23 @@ impl ClusterClient {
     /// panic on some inputs, e.g. a token no header can carry) is caught and becomes this
     /// cluster's failure.
     pub(crate) fn new(creds: &ClusterCredentials, max_response: u64) -> Result<Self, Failure> {
+        Self::new_with(creds, max_response, Some(REQUEST_TIMEOUT))
+    }
+
+    /// A client for long-lived streams (port-forwards): the same trust and credentials, the
+    /// connect timeout kept, but no read or write timeout on the connection, which an upgraded
+    /// stream keeps: an idle gateway session must not end after [`REQUEST_TIMEOUT`].
+    pub(crate) fn new_for_streams(creds: &ClusterCredentials) -> Result<Self, Failure> {
+        Self::new_with(creds, MAX_RESPONSE_BYTES, None)
+    }
+
+    fn new_with(
+        creds: &ClusterCredentials,
+        max_response: u64,
+        io_timeout: Option<Duration>,
+    ) -> Result<Self, Failure> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Self::build(creds, max_response)
+            Self::build(creds, max_response, io_timeout)
         }))
         .unwrap_or_else(|_| {
             tracing::error!(
@@ -294,7 +309,11 @@ impl ClusterClient {
         })
     }
 
-    fn build(creds: &ClusterCredentials, max_response: u64) -> Result<Self, Failure> {
+    fn build(
+        creds: &ClusterCredentials,
+        max_response: u64,
+        io_timeout: Option<Duration>,
+    ) -> Result<Self, Failure> {
         let invalid = |what: &str| {
             Failure::new(
                 FailureCode::KubernetesConfigurationInvalid,
@@ -310,8 +329,8 @@ impl ClusterClient {
         config.accept_invalid_certs = false;
         config.default_retry = false;
         config.connect_timeout = Some(REQUEST_TIMEOUT);
-        config.read_timeout = Some(REQUEST_TIMEOUT);
-        config.write_timeout = Some(REQUEST_TIMEOUT);
+        config.read_timeout = io_timeout;
+        config.write_timeout = io_timeout;
         config.reset_reader_on_write = true;
         config.tls_server_name = creds.tls_server_name().map(str::to_owned);
         config.proxy_url = None;
