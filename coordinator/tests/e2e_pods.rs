@@ -831,3 +831,262 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
     drop(fleet);
     cp.shutdown().unwrap();
 }
+
+/// The stream the port-forward gives, as the gateway-access route uses it (issue 30, cluster
+/// path): the Agent's current Pod found from its Deployment, the API server's WebSocket
+/// port-forward with the cluster's stored (least-privilege) credentials.
+mod port_forward {
+    use std::time::{Duration, Instant};
+
+    use clawfleet_kube::{Cluster, ClusterSettings, GatewayStream, KubeBackend};
+    use clawfleet_protocol::Ident;
+    use sha2::Digest;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    pub fn cluster(kubeconfig: &std::path::Path, settings: serde_json::Value) -> Cluster {
+        Cluster {
+            name: "real".to_owned(),
+            credentials: clawfleet_kube::parse_kubeconfig_file(kubeconfig, None).unwrap(),
+            settings: ClusterSettings::from_json(settings).unwrap(),
+        }
+    }
+
+    pub async fn open(
+        backend: &KubeBackend,
+        cluster: &Cluster,
+        ns: &Ident,
+        agent: &Ident,
+    ) -> (GatewayStream, String, Duration) {
+        let t = Instant::now();
+        let conn = backend
+            .open_gateway_stream(cluster, ns, agent, Duration::from_secs(10))
+            .await
+            .unwrap();
+        (conn.stream, conn.pod, t.elapsed())
+    }
+
+    /// One HTTP/1.1 GET over the stream: status and body (Content-Length framed).
+    pub async fn http_get(s: &mut GatewayStream, path: &str) -> (u16, String) {
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: gateway\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
+                .await
+                .expect("an answer within 10 s")
+                .unwrap();
+            assert!(n > 0, "the stream ended before the answer: {buf:?}");
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+                    return (status, body[..len].to_owned());
+                }
+            }
+        }
+    }
+
+    /// The WebSocket upgrade of `path` over the stream.
+    pub async fn ws_upgrade(s: &mut GatewayStream, path: &str) {
+        s.write_all(
+            format!(
+                "GET {path} HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                 Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let b = s.read_u8().await.unwrap();
+            head.push(b);
+        }
+        let text = String::from_utf8_lossy(&head);
+        assert!(text.starts_with("HTTP/1.1 101"), "{text}");
+    }
+
+    fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mask = [0x12u8, 0x34, 0x56, 0x78];
+        let mut out = vec![0x80 | opcode];
+        match payload.len() {
+            n if n < 126 => out.push(0x80 | n as u8),
+            n if n <= 0xFFFF => {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(0x80 | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        out
+    }
+
+    /// Sends `total` pseudo-random bytes as binary frames of `chunk` bytes through the echo
+    /// WebSocket while reading the echoes: (sha256 sent, sha256 received, bytes received).
+    pub async fn echo(
+        s: GatewayStream,
+        total: usize,
+        chunk: usize,
+    ) -> (String, String, usize, Duration) {
+        let (mut rd, mut wr) = tokio::io::split(s);
+        let t = Instant::now();
+        let writer = tokio::spawn(async move {
+            let mut h = sha2::Sha256::new();
+            let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+            let mut sent = 0;
+            while sent < total {
+                let n = chunk.min(total - sent);
+                let payload: Vec<u8> = (0..n)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect();
+                h.update(&payload);
+                wr.write_all(&frame(0x2, &payload)).await.unwrap();
+                sent += n;
+            }
+            (hex(&h.finalize()), wr)
+        });
+        let mut h = sha2::Sha256::new();
+        let mut got = 0usize;
+        while got < total {
+            let mut head = [0u8; 2];
+            rd.read_exact(&mut head).await.unwrap();
+            assert_eq!(head[0], 0x82, "a binary frame with FIN");
+            let len = match head[1] & 0x7F {
+                126 => usize::from(rd.read_u16().await.unwrap()),
+                127 => usize::try_from(rd.read_u64().await.unwrap()).unwrap(),
+                n => usize::from(n),
+            };
+            let mut payload = vec![0u8; len];
+            rd.read_exact(&mut payload).await.unwrap();
+            h.update(&payload);
+            got += len;
+        }
+        let took = t.elapsed();
+        let (sent, mut wr) = writer.await.unwrap();
+        wr.write_all(&frame(0x8, &1000u16.to_be_bytes()))
+            .await
+            .unwrap();
+        (sent, hex(&h.finalize()), got, took)
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_stream_reaches_the_real_pod_through_the_port_forward() {
+    use tokio::io::AsyncReadExt as _;
+    let Some(s) = setup().await else { return };
+    create_agent(&s.fleet, "pf", &document("pf-v1", json!({})), None);
+    let (code, out, _) = deploy(&s.fleet, "pf");
+    assert_eq!(code, 0, "{out}");
+    let tenant = tenant_namespace(&s.client).await;
+    let ns_id: String = Api::<Namespace>::all(s.client.clone())
+        .get(&tenant)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .and_then(|l| l.get("clawfleet.dev/namespace-id").cloned())
+        .unwrap();
+    let ns_id = clawfleet_protocol::Ident::new(ns_id).unwrap();
+    let agent = clawfleet_protocol::Ident::new("pf").unwrap();
+    let pod = running_pod(&s.client, &tenant, "pf").await;
+    let pod_name = pod.metadata.name.clone().unwrap();
+    // What the coordinator stores: the backend identity's kubeconfig and the settings.
+    let cluster = port_forward::cluster(
+        s.cp.backend_kubeconfig_path(),
+        json!({
+            "gatewayImage": s.image,
+            "gatewayCommand": [TEST_GATEWAY_PATH],
+            "gatewayPort": PORT,
+            "storageClass": NODE_STORAGE_CLASS,
+            "nodeSelector": { REAL_NODE_LABEL.0: REAL_NODE_LABEL.1 },
+        }),
+    );
+    let backend = clawfleet_kube::KubeBackend::new();
+
+    // A plain HTTP GET of the gateway's health endpoint.
+    let (mut stream, pod_seen, opened) =
+        port_forward::open(&backend, &cluster, &ns_id, &agent).await;
+    assert_eq!(pod_seen, pod_name);
+    let t = Instant::now();
+    let (code, body) = port_forward::http_get(&mut stream, "/healthz").await;
+    eprintln!(
+        "FIGURE gateway stream to Pod {pod_seen}: opened in {:.1} ms, GET /healthz answered in {:.1} ms: {code} {body}",
+        opened.as_secs_f64() * 1e3,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "live"
+    );
+    drop(stream);
+
+    // The echo WebSocket: 64 MiB in, the same 64 MiB out.
+    let (mut stream, _, opened) = port_forward::open(&backend, &cluster, &ns_id, &agent).await;
+    port_forward::ws_upgrade(&mut stream, "/x-clawfleet-test/echo").await;
+    const TOTAL: usize = 64 * 1024 * 1024;
+    let (sent, received, got, took) = port_forward::echo(stream, TOTAL, 256 * 1024).await;
+    eprintln!(
+        "FIGURE echo through the port-forward: {got} bytes back in {:.2} s ({:.1} MB/s each way), opened in {:.1} ms",
+        took.as_secs_f64(),
+        got as f64 / took.as_secs_f64() / 1e6,
+        opened.as_secs_f64() * 1e3
+    );
+    assert_eq!(got, TOTAL);
+    assert_eq!(sent, received, "bytes in = bytes out");
+
+    // The Pod goes away under an open stream: the read ends (an error or the end), no hang.
+    let (mut stream, _, _) = port_forward::open(&backend, &cluster, &ns_id, &agent).await;
+    port_forward::ws_upgrade(&mut stream, "/x-clawfleet-test/echo").await;
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &tenant);
+    pods.delete(&pod_name, &Default::default()).await.unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let end = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut buf))
+        .await
+        .expect("the stream to a deleted Pod ends");
+    eprintln!(
+        "EVIDENCE the stream's Pod deleted: the read ended after {:.1} s with {end:?}",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(matches!(end, Ok(0) | Err(_)), "{end:?}");
+
+    s.fleet
+        .occ_ok(&["agent", "delete", NS, "pf", "--wait", "--timeout", "120"]);
+    let Setup {
+        mut fleet,
+        node,
+        cp,
+        ..
+    } = s;
+    fleet.kill_serve();
+    let report = node.shutdown().await;
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
+    drop(fleet);
+    cp.shutdown().unwrap();
+}

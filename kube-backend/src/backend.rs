@@ -223,8 +223,6 @@ impl ClusterProbeReport {
 #[derive(Debug)]
 pub struct KubeBackend {
     clients: Mutex<HashMap<String, ([u8; 32], ClusterClient)>>,
-    /// Clients for long-lived streams (no read or write timeout), per cluster.
-    stream_clients: Mutex<HashMap<String, ([u8; 32], ClusterClient)>>,
     max_response: u64,
 }
 
@@ -232,7 +230,6 @@ impl Default for KubeBackend {
     fn default() -> Self {
         Self {
             clients: Mutex::default(),
-            stream_clients: Mutex::default(),
             max_response: MAX_RESPONSE_BYTES,
         }
     }
@@ -263,30 +260,6 @@ impl KubeBackend {
     /// for changed credentials is also rebuilt on its own, the cache key being their digest).
     pub fn forget(&self, cluster_name: &str) {
         self.clients().remove(cluster_name);
-        self.stream_clients
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(cluster_name);
-    }
-
-    fn stream_client_for(&self, cluster: &Cluster) -> Result<ClusterClient, Failure> {
-        let key = cluster.credentials.cache_key();
-        let cached = |m: &Mutex<HashMap<String, ([u8; 32], ClusterClient)>>| {
-            m.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&cluster.name)
-                .filter(|(k, _)| *k == key)
-                .map(|(_, c)| c.clone())
-        };
-        if let Some(c) = cached(&self.stream_clients) {
-            return Ok(c);
-        }
-        let c = ClusterClient::new_for_streams(&cluster.credentials)?;
-        self.stream_clients
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(cluster.name.clone(), (key, c.clone()));
-        Ok(c)
     }
 
     /// Opens a byte stream to the Agent's gateway port in its current, Ready Pod through the
@@ -307,21 +280,10 @@ impl KubeBackend {
                 format!("cluster {} settings: {e}", cluster.name),
             ))
         })?;
-        let lookup = self
+        let cc = self
             .client_for(cluster)
             .map_err(GatewayStreamError::Cluster)?;
-        let streams = self
-            .stream_client_for(cluster)
-            .map_err(GatewayStreamError::Cluster)?;
-        crate::gateway_stream::open(
-            &lookup,
-            &streams,
-            &cluster.settings,
-            namespace_id,
-            agent_id,
-            timeout,
-        )
-        .await
+        crate::gateway_stream::open(&cc, &cluster.settings, namespace_id, agent_id, timeout).await
     }
 
     /// The cluster's checked settings and client, for calls that must end by `deadline`.

@@ -13,8 +13,8 @@
 //!   `get pods/portforward`, and also as `create pods/portforward` where its
 //!   `AuthorizePodWebsocketUpgradeCreatePermission` gate is on; the shipped roles grant both
 //!   ([`crate::rbac`]), and a 403 is [`GatewayStreamError::Forbidden`] naming them.
-//! - **The connection.** A client of its own per cluster with the same trust and credentials
-//!   as the operations' client but no read or write timeout (an upgraded connection keeps the
+//! - **The connection.** The cluster's second client, with the same trust and credentials as
+//!   the operations' client but no read or write timeout (an upgraded connection keeps the
 //!   connector's timeouts, and an idle gateway session must outlive them); opening is bounded
 //!   by the caller's `timeout`.
 //! - **The stream.** [`GatewayStream`] reads and writes the gateway's port. When the forward
@@ -364,11 +364,10 @@ fn forward_error(namespace: &str, pod: &str, e: &kube::Error) -> GatewayStreamEr
     }
 }
 
-/// Opens the stream: finds the Pod with `lookup` (the operations' client, with its retries),
-/// then forwards with `streams` (no idle timeout), both within `timeout`.
+/// Opens the stream: finds the Pod with the operations' client (with its retries), then
+/// forwards with the cluster's stream client (no idle timeout), both within `timeout`.
 pub(crate) async fn open(
-    lookup: &ClusterClient,
-    streams: &ClusterClient,
+    cc: &ClusterClient,
     settings: &ClusterSettings,
     namespace_id: &Ident,
     agent: &Ident,
@@ -376,13 +375,13 @@ pub(crate) async fn open(
 ) -> Result<GatewayConnection, GatewayStreamError> {
     let deadline = Instant::now() + timeout;
     let r = Requests {
-        cc: lookup.clone(),
+        cc: cc.clone(),
         deadline,
     };
     let (namespace, pod, revision_id, pod_revision_id) =
         current_pod(&r, settings, namespace_id, agent).await?;
     let port = settings.gateway_port;
-    let api: Api<Pod> = Api::namespaced(streams.client.clone(), &namespace);
+    let api: Api<Pod> = Api::namespaced(cc.stream.clone(), &namespace);
     let left = deadline.saturating_duration_since(Instant::now());
     let mut forwarder = match tokio::time::timeout(left, api.portforward(&pod, &[port])).await {
         Ok(Ok(f)) => f,
