@@ -416,6 +416,33 @@ impl KubeBackend {
         out
     }
 
+    /// Asks the Agent's running gateway to reload its secrets and verifies what it then holds
+    /// against the versions the Agent's Secret records (issue 29; `src/ops/reload.rs`):
+    /// through the API server's port-forward, repeated while the kubelet has not projected
+    /// the new Secret yet, until `deadline`. Call it after a secrets-only activation (one
+    /// whose Pods were kept); the answer is what hostd reports in `ActivateResult::secrets_reload`.
+    pub async fn reload_gateway_secrets(
+        &self,
+        cluster: &Cluster,
+        namespace_id: &clawfleet_protocol::Ident,
+        agent_id: &clawfleet_protocol::Ident,
+        deadline: Duration,
+    ) -> Result<clawfleet_protocol::result::SecretsReload, Failure> {
+        let r = self.requests(cluster, deadline)?;
+        let started = Instant::now();
+        let out =
+            ops::reload::reload_and_verify(&r, &cluster.settings, namespace_id, agent_id).await;
+        match &out {
+            Ok(v) => {
+                tracing::info!(cluster = %cluster.name, op = "reload-secrets", agent = %agent_id, result = ?v, elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")
+            }
+            Err(f) => {
+                tracing::warn!(cluster = %cluster.name, op = "reload-secrets", agent = %agent_id, code = %f.code, message = %f.message, "operation failed")
+            }
+        }
+        out
+    }
+
     /// The permissions of [`crate::rbac`] the cluster's credentials lack, each as text
     /// naming the verb, resource and where (empty: all held). Without adopted namespaces in
     /// the settings, the managed ClusterRole's rules cluster-wide; with them, the adopted

@@ -62,6 +62,10 @@
 //!     // through the API server's port-forward (gateway_stream.rs).
 //!     pub async fn open_gateway_stream(&self, cluster: &Cluster, namespace_id: &Ident,
 //!         agent_id: &Ident, timeout: Duration) -> Result<GatewayConnection, GatewayStreamError>;
+//!     // Issue 29: after a secrets-only activation, `secrets.reload` in the running gateway
+//!     // (through that stream) until it holds the recorded fingerprints (ops/reload.rs).
+//!     pub async fn reload_gateway_secrets(&self, cluster: &Cluster, namespace_id: &Ident,
+//!         agent_id: &Ident, deadline: Duration) -> Result<SecretsReload, Failure>;
 //! }
 //!
 //! // A cluster's `probe` answer in cluster words (serverVersion, caFingerprint, warnings,
@@ -75,6 +79,7 @@
 //! see [`backend`] for what each operation does and how its results map onto hostd's shapes.
 
 pub mod backend;
+pub mod gateway_rpc;
 pub mod gateway_stream;
 pub mod kubeconfig;
 pub mod names;
