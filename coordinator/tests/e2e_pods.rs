@@ -756,27 +756,39 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         .join("kubelet/pods")
         .join(&uid)
         .join("volumes/kubernetes.io~secret");
-    let projected = |want: &str| -> bool {
-        let mut stack = vec![volumes.clone()];
-        while let Some(d) = stack.pop() {
-            let Ok(rd) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            for e in rd.flatten() {
-                let p = e.path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if std::fs::read_to_string(&p).is_ok_and(|c| c.contains(want)) {
-                    return true;
-                }
-            }
-        }
-        false
-    };
+    let projected = |want: &str| projected_in(&volumes, want);
     assert!(
         projected(KEY_V1),
         "the kubelet projected no file holding version 1"
     );
+    // Issue 29 on a cluster: the rotation changes the Secret in place; then the backend asks
+    // the running gateway to reload (through the port-forward) until it holds version 2.
+    // Before that, the gateway still holds version 1 (checked first: without the reload it
+    // would stay there).
+    let ns_id: String = Api::<Namespace>::all(s.client.clone())
+        .get(&tenant)
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .and_then(|l| l.get("clawfleet.dev/namespace-id").cloned())
+        .unwrap();
+    let ns_id = clawfleet_protocol::Ident::new(ns_id).unwrap();
+    let oc = clawfleet_protocol::Ident::new("oc").unwrap();
+    let cluster = port_forward::cluster(
+        s.cp.backend_kubeconfig_path(),
+        json!({
+            "gatewayImage": image.reference,
+            "storageClass": NODE_STORAGE_CLASS,
+            "nodeSelector": { REAL_NODE_LABEL.0: REAL_NODE_LABEL.1 },
+        }),
+    );
+    let backend = clawfleet_kube::KubeBackend::new();
+    let held = backend
+        .reload_gateway_secrets(&cluster, &ns_id, &oc, Duration::from_secs(60))
+        .await;
+    eprintln!("EVIDENCE before the rotation, reload and read back: {held:?}");
+    let t_rotate = Instant::now();
     let out = s.fleet.occ(&[
         "secret",
         "rotate",
@@ -789,14 +801,39 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         "300",
     ]);
     assert!(out.status.success(), "{}", text(&out));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !projected(KEY_V2) {
-        assert!(
-            Instant::now() < deadline,
-            "the kubelet never projected version 2 into Pod {uid}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let rotated = t_rotate.elapsed();
+    // The kubelet's projection, watched on the node, while the backend reloads.
+    let t0 = Instant::now();
+    let watched = volumes.clone();
+    let watcher = tokio::spawn(async move {
+        loop {
+            if projected_in(&watched, KEY_V2) {
+                return t0.elapsed();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "the kubelet never projected version 2"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let reload = backend
+        .reload_gateway_secrets(&cluster, &ns_id, &oc, Duration::from_secs(120))
+        .await;
+    let applied = t0.elapsed();
+    let projected_after = watcher.await.unwrap();
+    eprintln!(
+        "FIGURE secret rotation on a real Pod: occ secret rotate --wait {:.1} s; then the kubelet projected version 2 after {:.1} s (kubelet syncFrequency 5 s here) and the gateway held it (secrets.reload through the port-forward, read back with secrets.resolve) after {:.1} s: {reload:?}",
+        rotated.as_secs_f64(),
+        projected_after.as_secs_f64(),
+        applied.as_secs_f64()
+    );
+    let reload = reload.expect("the gateway reloads and holds version 2");
+    assert!(
+        applied <= projected_after + Duration::from_secs(10),
+        "applied {applied:?}, projected {projected_after:?}"
+    );
+    eprintln!("EVIDENCE the gateway's reload after the rotation: {reload:?}");
     let after = running_pod(&s.client, &tenant, "oc").await;
     assert_eq!(
         after.metadata.uid.as_deref(),
@@ -830,6 +867,25 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
     assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
     drop(fleet);
     cp.shutdown().unwrap();
+}
+
+/// Whether a file under the kubelet's projection of the Pod's Secret volumes holds `want`.
+fn projected_in(volumes: &std::path::Path, want: &str) -> bool {
+    let mut stack = vec![volumes.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if std::fs::read_to_string(&p).is_ok_and(|c| c.contains(want)) {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// The stream the port-forward gives, as the gateway-access route uses it (issue 30, cluster
