@@ -262,6 +262,30 @@ impl KubeBackend {
         self.clients().remove(cluster_name);
     }
 
+    /// Opens a byte stream to the Agent's gateway port in its current, Ready Pod through the
+    /// API server's port-forward (issue 30's cluster path; [`crate::gateway_stream`]). The
+    /// answer names the Pod and the revisions for the audit record. `timeout` bounds finding
+    /// the Pod and the upgrade; the stream itself has no idle limit.
+    pub async fn open_gateway_stream(
+        &self,
+        cluster: &Cluster,
+        namespace_id: &clawfleet_protocol::Ident,
+        agent_id: &clawfleet_protocol::Ident,
+        timeout: Duration,
+    ) -> Result<crate::GatewayConnection, crate::GatewayStreamError> {
+        use crate::GatewayStreamError;
+        cluster.settings.validate().map_err(|e| {
+            GatewayStreamError::Cluster(Failure::new(
+                FailureCode::KubernetesConfigurationInvalid,
+                format!("cluster {} settings: {e}", cluster.name),
+            ))
+        })?;
+        let cc = self
+            .client_for(cluster)
+            .map_err(GatewayStreamError::Cluster)?;
+        crate::gateway_stream::open(&cc, &cluster.settings, namespace_id, agent_id, timeout).await
+    }
+
     /// The cluster's checked settings and client, for calls that must end by `deadline`.
     fn requests(&self, cluster: &Cluster, deadline: Duration) -> Result<Requests, Failure> {
         cluster.settings.validate().map_err(|e| {
@@ -387,6 +411,33 @@ impl KubeBackend {
             }
             Err(f) => {
                 tracing::warn!(cluster = %cluster.name, op = "put-secrets", code = %f.code, message = %f.message, "operation failed")
+            }
+        }
+        out
+    }
+
+    /// Asks the Agent's running gateway to reload its secrets and verifies what it then holds
+    /// against the versions the Agent's Secret records (issue 29; `src/ops/reload.rs`):
+    /// through the API server's port-forward, repeated while the kubelet has not projected
+    /// the new Secret yet, until `deadline`. Call it after a secrets-only activation (one
+    /// whose Pods were kept); the answer is what hostd reports in `ActivateResult::secrets_reload`.
+    pub async fn reload_gateway_secrets(
+        &self,
+        cluster: &Cluster,
+        namespace_id: &clawfleet_protocol::Ident,
+        agent_id: &clawfleet_protocol::Ident,
+        deadline: Duration,
+    ) -> Result<clawfleet_protocol::result::SecretsReload, Failure> {
+        let r = self.requests(cluster, deadline)?;
+        let started = Instant::now();
+        let out =
+            ops::reload::reload_and_verify(&r, &cluster.settings, namespace_id, agent_id).await;
+        match &out {
+            Ok(v) => {
+                tracing::info!(cluster = %cluster.name, op = "reload-secrets", agent = %agent_id, result = ?v, elapsed_ms = started.elapsed().as_millis() as u64, "operation succeeded")
+            }
+            Err(f) => {
+                tracing::warn!(cluster = %cluster.name, op = "reload-secrets", agent = %agent_id, code = %f.code, message = %f.message, "operation failed")
             }
         }
         out

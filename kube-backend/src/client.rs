@@ -261,6 +261,8 @@ fn too_large(e: &kube::Error) -> Option<u64> {
 #[derive(Clone)]
 pub(crate) struct ClusterClient {
     pub(crate) client: kube::Client,
+    /// The same identity without read or write timeouts, for port-forwards.
+    pub(crate) stream: kube::Client,
     pub(crate) gate: Arc<RetryGate>,
     /// Last success and connection error, to judge a 401/403 ([`crate::auth_window`]).
     pub(crate) auth: Arc<AuthRecord>,
@@ -295,6 +297,37 @@ impl ClusterClient {
     }
 
     fn build(creds: &ClusterCredentials, max_response: u64) -> Result<Self, Failure> {
+        let gate = Arc::new(RetryGate::default());
+        let built = |config| {
+            ClientBuilder::try_from(config).map_err(|e: kube::Error| {
+                Failure::new(
+                    FailureCode::KubernetesConfigurationInvalid,
+                    format!(
+                        "the stored credentials cannot build a client: {}",
+                        short(&e.to_string())
+                    ),
+                )
+            })
+        };
+        let client = built(Self::config(creds, Some(REQUEST_TIMEOUT))?)?
+            .with_layer(&RetryAfterLayer { gate: gate.clone() })
+            .with_layer(&ResponseLimitLayer {
+                limit: max_response,
+            })
+            .build();
+        // Long-lived streams (port-forwards) keep their connection's timeouts after the
+        // upgrade: an idle gateway session must not end after REQUEST_TIMEOUT.
+        let stream = built(Self::config(creds, None)?)?.build();
+        Ok(Self {
+            client,
+            stream,
+            gate,
+            auth: Arc::new(AuthRecord::default()),
+        })
+    }
+
+    /// The client configuration: exactly the stored CA and credentials, kube's retry off.
+    fn config(creds: &ClusterCredentials, io_timeout: Option<Duration>) -> Result<Config, Failure> {
         let invalid = |what: &str| {
             Failure::new(
                 FailureCode::KubernetesConfigurationInvalid,
@@ -310,8 +343,8 @@ impl ClusterClient {
         config.accept_invalid_certs = false;
         config.default_retry = false;
         config.connect_timeout = Some(REQUEST_TIMEOUT);
-        config.read_timeout = Some(REQUEST_TIMEOUT);
-        config.write_timeout = Some(REQUEST_TIMEOUT);
+        config.read_timeout = io_timeout;
+        config.write_timeout = io_timeout;
         config.reset_reader_on_write = true;
         config.tls_server_name = creds.tls_server_name().map(str::to_owned);
         config.proxy_url = None;
@@ -330,24 +363,14 @@ impl ClusterClient {
                 ..AuthInfo::default()
             },
         };
-        let gate = Arc::new(RetryGate::default());
-        let builder = ClientBuilder::try_from(config)
-            .map_err(|e| invalid(&short(&e.to_string())))?
-            .with_layer(&RetryAfterLayer { gate: gate.clone() })
-            .with_layer(&ResponseLimitLayer {
-                limit: max_response,
-            });
-        Ok(Self {
-            client: builder.build(),
-            gate,
-            auth: Arc::new(AuthRecord::default()),
-        })
+        Ok(config)
     }
 
     /// A client over any service (the request-shape tests use tower-test's mock).
     #[cfg(test)]
     pub(crate) fn from_client(client: kube::Client) -> Self {
         Self {
+            stream: client.clone(),
             client,
             gate: Arc::new(RetryGate::default()),
             auth: Arc::new(AuthRecord::default()),

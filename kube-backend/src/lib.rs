@@ -58,6 +58,14 @@
 //!     pub async fn missing_access(&self, cluster: &Cluster)    // rbac.rs; at registration
 //!         -> Result<Vec<String>, Failure>;
 //!     pub fn forget(&self, cluster_name: &str);
+//!     // Issue 30: a byte stream to the Agent's gateway port in its current, Ready Pod,
+//!     // through the API server's port-forward (gateway_stream.rs).
+//!     pub async fn open_gateway_stream(&self, cluster: &Cluster, namespace_id: &Ident,
+//!         agent_id: &Ident, timeout: Duration) -> Result<GatewayConnection, GatewayStreamError>;
+//!     // Issue 29: after a secrets-only activation, `secrets.reload` in the running gateway
+//!     // (through that stream) until it holds the recorded fingerprints (ops/reload.rs).
+//!     pub async fn reload_gateway_secrets(&self, cluster: &Cluster, namespace_id: &Ident,
+//!         agent_id: &Ident, deadline: Duration) -> Result<SecretsReload, Failure>;
 //! }
 //!
 //! // A cluster's `probe` answer in cluster words (serverVersion, caFingerprint, warnings,
@@ -71,6 +79,8 @@
 //! see [`backend`] for what each operation does and how its results map onto hostd's shapes.
 
 pub mod backend;
+pub mod gateway_rpc;
+pub mod gateway_stream;
 pub mod kubeconfig;
 pub mod names;
 pub mod rbac;
@@ -93,6 +103,7 @@ pub use backend::{
     MINIMUM_KUBERNETES_MINOR, ProbeWarning,
 };
 pub use client::MAX_RESPONSE_BYTES;
+pub use gateway_stream::{GatewayConnection, GatewayStream, GatewayStreamError};
 pub use kubeconfig::{
     ClusterAuth, ClusterCredentials, KubeconfigError, inline_kubeconfig_file, parse_kubeconfig,
     parse_kubeconfig_file,

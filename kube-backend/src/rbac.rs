@@ -56,6 +56,14 @@ const IN_NAMESPACE: &[Rule] = &[
         resources: &["pods/log"],
         verbs: &["get"],
     },
+    // The gateway stream (gateway_stream.rs): the API server authorizes a port-forward's
+    // WebSocket upgrade (a GET) as `get`, and as `create` too where the
+    // AuthorizePodWebsocketUpgradeCreatePermission gate is on (SPDY's POST is `create`).
+    Rule {
+        api_group: "",
+        resources: &["pods/portforward"],
+        verbs: &["get", "create"],
+    },
     Rule {
         api_group: "apps",
         resources: &["deployments"],

@@ -83,9 +83,55 @@ pub fn strip_one_newline(input: &[u8]) -> &[u8] {
         .unwrap_or(input)
 }
 
+/// The credential-surface ids OpenClaw may know a concrete path by, most specific first: the
+/// path itself, then with one, then two inner segments as `*` (its ids put `*` where the user
+/// chose a key: `models.providers.*.apiKey`, `channels.*.accounts.*.botToken`). Its
+/// `secrets.resolve` refuses an id it does not know, so they are tried in turn. None when a
+/// segment holds a `.` or `*` (the id could not name it).
+pub fn surface_ids(path: &[String]) -> Vec<String> {
+    if path.is_empty() || path.iter().any(|s| s.contains(['.', '*']) || s.is_empty()) {
+        return Vec::new();
+    }
+    let with_stars = |stars: &[usize]| {
+        path.iter()
+            .enumerate()
+            .map(|(i, s)| if stars.contains(&i) { "*" } else { s.as_str() })
+            .collect::<Vec<_>>()
+            .join(".")
+    };
+    let inner = 1..path.len().saturating_sub(1);
+    let mut ids = vec![with_stars(&[])];
+    ids.extend(inner.clone().map(|i| with_stars(&[i])));
+    for i in inner.clone() {
+        ids.extend((i + 1..inner.end).map(|j| with_stars(&[i, j])));
+    }
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn surface_ids_put_stars_on_inner_segments_most_specific_first() {
+        let p = |s: &str| s.split('.').map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(
+            surface_ids(&p("models.providers.acme.apiKey")),
+            vec![
+                "models.providers.acme.apiKey",
+                "models.*.acme.apiKey",
+                "models.providers.*.apiKey",
+                "models.*.*.apiKey",
+            ]
+        );
+        assert!(
+            surface_ids(&p("channels.telegram.accounts.main.botToken"))
+                .contains(&"channels.telegram.accounts.*.botToken".to_owned())
+        );
+        assert_eq!(surface_ids(&p("a.b")), vec!["a.b"]);
+        assert!(surface_ids(&["a".to_owned(), "b.c".to_owned()]).is_empty());
+        assert!(surface_ids(&[]).is_empty());
+    }
 
     #[test]
     fn names_follow_the_contract() {

@@ -352,6 +352,10 @@ fn handle(stream: TcpStream, state: &State) {
     };
     let wants_upgrade =
         header_value("upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if method == "GET" && wants_upgrade && path == ECHO_PATH {
+        echo(reader, &stream, header_value("sec-websocket-key"));
+        return;
+    }
     if method == "GET" && wants_upgrade {
         upgrade(reader, &stream, state, header_value("sec-websocket-key"));
         return;
@@ -371,6 +375,33 @@ fn handle(stream: TcpStream, state: &State) {
     );
     let mut stream = stream;
     let _ = stream.write_all(response.as_bytes());
+}
+
+/// The test-only echo WebSocket (no authentication: it only returns what it is sent).
+const ECHO_PATH: &str = "/x-clawfleet-test/echo";
+
+/// The echo WebSocket: every data frame comes back as sent ([`ws::echo`]).
+fn echo(mut reader: BufReader<&TcpStream>, stream: &TcpStream, key: Option<&str>) {
+    let mut out = stream;
+    let Some(key) = key.filter(|k| !k.is_empty()) else {
+        let _ = write!(
+            out,
+            "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        return;
+    };
+    // A byte path under test may pause longer than the request timeout.
+    let _ = stream.set_read_timeout(None);
+    if write!(
+        out,
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Accept: {}\r\n\r\n",
+        ws::accept_key(key)
+    )
+    .is_ok()
+    {
+        let _ = ws::echo(&mut reader, &mut out);
+    }
 }
 
 /// The WebSocket upgrade (any path, as the gateway's port serves its RPC on all of them), then

@@ -60,6 +60,67 @@ pub fn write_close(w: &mut impl Write, code: u16, reason: &str) -> io::Result<()
     write_frame(w, OP_CLOSE, &payload)
 }
 
+/// The largest frame [`echo`] takes.
+pub const ECHO_MAX_FRAME: u64 = 1024 * 1024;
+
+/// Echoes every data frame (text, binary, continuation) back with the same opcode and FIN bit,
+/// answers pings, and returns after a close (answered) or a broken frame (1002 / 1009): the
+/// test endpoint that checks a byte path end to end (bytes in = bytes out).
+pub fn echo(r: &mut impl Read, w: &mut impl Write) -> io::Result<()> {
+    loop {
+        let mut head = [0u8; 2];
+        r.read_exact(&mut head)?;
+        let fin = head[0] & 0x80;
+        let opcode = head[0] & 0x0F;
+        let len = match head[1] & 0x7F {
+            126 => {
+                let mut b = [0u8; 2];
+                r.read_exact(&mut b)?;
+                u64::from(u16::from_be_bytes(b))
+            }
+            127 => {
+                let mut b = [0u8; 8];
+                r.read_exact(&mut b)?;
+                u64::from_be_bytes(b)
+            }
+            n => u64::from(n),
+        };
+        if head[1] & 0x80 == 0 {
+            return write_close(w, 1002, "client frames must be masked");
+        }
+        if len > ECHO_MAX_FRAME {
+            return write_close(w, 1009, "frame too big");
+        }
+        let mut mask = [0u8; 4];
+        r.read_exact(&mut mask)?;
+        let mut payload = vec![0u8; len as usize];
+        r.read_exact(&mut payload)?;
+        for (i, b) in payload.iter_mut().enumerate() {
+            *b ^= mask[i % 4];
+        }
+        match opcode {
+            OP_PING => write_frame(w, OP_PONG, &payload)?,
+            OP_PONG => {}
+            OP_CLOSE => {
+                let code = payload
+                    .get(..2)
+                    .map(|b| u16::from_be_bytes([b[0], b[1]]))
+                    .unwrap_or(1000);
+                return write_close(w, code, "");
+            }
+            OP_TEXT | OP_BINARY | OP_CONT => {
+                // write_frame sets FIN; a fragment keeps the client's.
+                let mut frame = Vec::with_capacity(payload.len() + 10);
+                write_frame(&mut frame, opcode, &payload)?;
+                frame[0] = fin | opcode;
+                w.write_all(&frame)?;
+                w.flush()?;
+            }
+            _ => return write_close(w, 1002, "unexpected frame"),
+        }
+    }
+}
+
 /// Reads frames until a whole text message arrives, answering pings; `max_len` bounds a message.
 pub fn read_message(r: &mut impl Read, w: &mut impl Write, max_len: usize) -> io::Result<Message> {
     let mut message: Vec<u8> = Vec::new();
@@ -190,6 +251,21 @@ mod tests {
             read_message(&mut close.as_slice(), &mut out, 10).unwrap(),
             Message::Closed
         );
+    }
+
+    #[test]
+    fn echo_returns_data_frames_as_sent_and_answers_close() {
+        let mut input = masked(OP_BINARY, true, &[0, 1, 2, 255]);
+        input.extend(masked(OP_TEXT, false, b"ab"));
+        input.extend(masked(OP_CONT, true, b"c"));
+        input.extend(masked(OP_CLOSE, true, &1000u16.to_be_bytes()));
+        let mut out = Vec::new();
+        echo(&mut input.as_slice(), &mut out).unwrap();
+        let mut want = vec![0x80 | OP_BINARY, 4, 0, 1, 2, 255];
+        want.extend([OP_TEXT, 2, b'a', b'b']);
+        want.extend([0x80 | OP_CONT, 1, b'c']);
+        want.extend([0x80 | OP_CLOSE, 2, 0x03, 0xE8]);
+        assert_eq!(out, want);
     }
 
     #[test]

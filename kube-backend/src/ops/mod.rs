@@ -4,6 +4,7 @@ pub(crate) mod agent;
 pub(crate) mod fence;
 pub(crate) mod namespace;
 pub(crate) mod probe;
+pub(crate) mod reload;
 pub(crate) mod revision;
 pub(crate) mod runtime;
 pub(crate) mod secrets;

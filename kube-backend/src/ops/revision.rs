@@ -348,7 +348,7 @@ async fn require_prepared(
     Ok(cm)
 }
 
-fn rendered_of(cm: &ConfigMap) -> Option<&str> {
+pub(crate) fn rendered_of(cm: &ConfigMap) -> Option<&str> {
     cm.data
         .as_ref()
         .and_then(|d| d.get(names::CONFIG_KEY))
@@ -552,6 +552,7 @@ async fn activate_one(
     }
     let observed = wait_ready(r, &t, &agent.id).await?;
     tracing::info!(agent = %agent.id, revision = %rev.id, "revision serving");
+
     // The Pods ran a template a secrets-only change kept (its revision already retired, its
     // ConfigMap kept for them) and now run another: that ConfigMap goes.
     let carried = dep
