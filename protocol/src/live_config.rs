@@ -4,7 +4,7 @@
 //! applies each changed path by the longest matching prefix of a table: hot (a subsystem
 //! reloads), none (the next read sees it), or a restart of the gateway. The table below is
 //! the subset documented as applied without a restart *and* without ending clients'
-//! connections, in OpenClaw 2026.9.6's `docs/gateway/configuration/hot-reload.md`; a path
+//! connections, in OpenClaw 2026.9.6's documentation of config hot reload; a path
 //! no entry covers (channels, whose behaviour depends on the loaded plugin, the gateway's
 //! server, credentials and access policy, discovery, browser infrastructure) is treated as
 //! needing a restart, as the gateway itself does for unknown paths. Both backends decide
