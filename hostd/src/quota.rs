@@ -151,6 +151,21 @@ pub enum QuotaError {
     },
 }
 
+impl QuotaError {
+    /// Whether the file system or a quota is full (`ENOSPC`, `EDQUOT`): retryable once
+    /// space is freed.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            QuotaError::Open { source, .. }
+            | QuotaError::Project { source, .. }
+            | QuotaError::Limits { source, .. }
+            | QuotaError::Subvolume { source, .. }
+            | QuotaError::Qgroup { source, .. }
+            | QuotaError::Release { source, .. } => crate::fsutil::is_no_space(source),
+        }
+    }
+}
+
 fn open_dir(path: &Path) -> Result<std::fs::File, QuotaError> {
     std::fs::File::open(path).map_err(|source| QuotaError::Open {
         path: path.display().to_string(),
@@ -315,9 +330,11 @@ pub fn set_limits(dir: &Path, project: u32, limits: QuotaLimits) -> Result<(), Q
 }
 
 /// Gives the Agent's writable directories `dirs` the limits `limits` by `mechanism`: the
-/// project `project` (its uid), or the btrfs quota group `1/<project>` of their subvolumes.
+/// project `project` (its uid), or the btrfs quota group `1/<project>` of their subvolumes
+/// (set through the state root `root`).
 /// Directories that are not subvolumes on btrfs are left alone and named in the answer.
 pub fn limit_agent(
+    root: &Path,
     mechanism: Mechanism,
     dirs: &[&Path],
     project: u32,
@@ -353,15 +370,20 @@ pub fn limit_agent(
                 }
             }
             let files: Vec<&std::fs::File> = subvolumes.iter().collect();
-            btrfs::limit(&files, project, limits.max_bytes).map_err(|source| {
-                QuotaError::Qgroup {
-                    path: dirs
-                        .first()
-                        .map(|d| d.display().to_string())
-                        .unwrap_or_default(),
-                    group: btrfs::qgroup_name(btrfs::agent_qgroup(project)),
-                    source,
-                }
+            let fs = open_dir(root)?;
+            btrfs::limit(
+                std::os::fd::AsFd::as_fd(&fs),
+                &files,
+                project,
+                limits.max_bytes,
+            )
+            .map_err(|source| QuotaError::Qgroup {
+                path: dirs
+                    .first()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
+                group: btrfs::qgroup_name(btrfs::agent_qgroup(project)),
+                source,
             })?;
             Ok(if plain.is_empty() {
                 Limited::All

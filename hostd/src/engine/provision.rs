@@ -104,6 +104,7 @@ impl Engine<'_> {
             return Ok(());
         };
         let limited = crate::quota::limit_agent(
+            &self.config.state_root,
             mechanism,
             &[&paths.home, &paths.state],
             ids.uid,
@@ -111,7 +112,11 @@ impl Engine<'_> {
         )
         .map_err(|e| {
             Failure::new(
-                FailureCode::IoFailed,
+                if e.is_no_space() {
+                    FailureCode::NoSpace
+                } else {
+                    FailureCode::IoFailed
+                },
                 format!("cannot limit the Agent's disk use: {e}"),
             )
         })?;

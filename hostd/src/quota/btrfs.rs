@@ -332,30 +332,33 @@ fn tolerate(result: std::io::Result<()>, errno: libc::c_int) -> std::io::Result<
 }
 
 /// Puts the subvolumes `dirs` into the quota group `1/<uid>` (created if missing) and gives
-/// the group `max_bytes` as its referenced-bytes limit. Idempotent.
-pub(super) fn limit(dirs: &[&std::fs::File], uid: u32, max_bytes: u64) -> std::io::Result<()> {
-    let Some(first) = dirs.first() else {
+/// the group `max_bytes` as its referenced-bytes limit. Idempotent. The group calls go
+/// through `fs`, a directory outside the Agent's subvolumes (the state root): each starts a
+/// transaction that reserves metadata in the subvolume of its descriptor, which a full
+/// Agent's own would refuse with `EDQUOT`.
+pub(super) fn limit(
+    fs: BorrowedFd<'_>,
+    dirs: &[&std::fs::File],
+    uid: u32,
+    max_bytes: u64,
+) -> std::io::Result<()> {
+    if dirs.is_empty() {
         return Ok(());
-    };
+    }
+    let first = fs;
     let group = agent_qgroup(uid);
     let mut create = QgroupCreateArgs {
         create: 1,
         qgroupid: group,
     };
-    tolerate(
-        ioctl(first.as_fd(), IOC_QGROUP_CREATE, &mut create),
-        libc::EEXIST,
-    )?;
+    tolerate(ioctl(first, IOC_QGROUP_CREATE, &mut create), libc::EEXIST)?;
     for dir in dirs {
         let mut assign = QgroupAssignArgs {
             assign: 1,
             src: subvolume_id(dir.as_fd())?,
             dst: group,
         };
-        tolerate(
-            ioctl(dir.as_fd(), IOC_QGROUP_ASSIGN, &mut assign),
-            libc::EEXIST,
-        )?;
+        tolerate(ioctl(fs, IOC_QGROUP_ASSIGN, &mut assign), libc::EEXIST)?;
     }
     let mut lim = QgroupLimitArgs {
         qgroupid: group,
@@ -367,7 +370,7 @@ pub(super) fn limit(dirs: &[&std::fs::File], uid: u32, max_bytes: u64) -> std::i
             rsv_excl: 0,
         },
     };
-    ioctl(first.as_fd(), IOC_QGROUP_LIMIT, &mut lim)
+    ioctl(first, IOC_QGROUP_LIMIT, &mut lim)
 }
 
 /// The quota groups that are members of `group`.
