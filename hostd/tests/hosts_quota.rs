@@ -291,11 +291,8 @@ fn a_btrfs_state_root_limits_each_agent_by_its_quota_group() {
             .status
             .success()
     );
+    // (Checked after the attack below, which a hostd without limits fails first.)
     let off = quotas_of(&occ);
-    assert!(
-        off.starts_with("unavailable: ") && off.contains("`btrfs quota enable"),
-        "{off}"
-    );
     deploy(&occ, &host, "ns-old", "old", "old");
     assert!(
         !qgroups_enabled(&mount),
@@ -347,6 +344,10 @@ fn a_btrfs_state_root_limits_each_agent_by_its_quota_group() {
     );
     assert!(wrote.contains("rc=0"), "{wrote}");
 
+    assert!(
+        off.starts_with("unavailable: ") && off.contains("`btrfs quota enable"),
+        "{off}"
+    );
     // Which is because the filler hit its own limit, not the file system's end.
     assert!(fill.contains("Disk quota exceeded"), "{fill}");
     assert!(more.contains("Disk quota exceeded"), "{more}");

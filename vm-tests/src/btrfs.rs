@@ -96,11 +96,13 @@ impl BtrfsImage {
         }
         if let Some(device) = self.device.take() {
             sys::run(Command::new("losetup").arg("-d").arg(&device))?;
-            // Detaching is asynchronous while the device is busy: wait until it no longer
-            // backs our image.
+            // Detaching is deferred while the device is busy (the kernel releases the file
+            // system after the last mount of it, the host's included, is gone, and btrfs
+            // finishes its cleaner's work first): wait until it no longer backs our image.
             let image = self.image.display().to_string();
+            let started = std::time::Instant::now();
             let detached = sys::wait_until(
-                std::time::Duration::from_secs(10),
+                std::time::Duration::from_secs(120),
                 std::time::Duration::from_millis(100),
                 || {
                     sys::output(Command::new("losetup").args([
@@ -118,6 +120,13 @@ impl BtrfsImage {
                     .unwrap_or(false)
                 },
             );
+            let waited = started.elapsed();
+            if waited > std::time::Duration::from_secs(5) {
+                eprintln!(
+                    "clawfleet-vm-tests: loop device {device} detached after {:.1} s",
+                    waited.as_secs_f64()
+                );
+            }
             if !detached {
                 self.device = Some(device.clone());
                 return Err(Error::CommandFailed {
