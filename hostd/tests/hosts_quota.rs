@@ -329,8 +329,39 @@ fn a_btrfs_state_root_limits_each_agent_by_its_quota_group() {
 
     // The other tenant and hostd go on: a new revision, a new Namespace, status; and the
     // other Agent writes its own files.
+    // With initial workspace files: copied into its state subvolume (a rename from hostd's
+    // staging directory cannot cross into it).
     let rev2 = spec("rev-2", 2, json!({ "label": "other-2" }));
-    occ.ok(&host, prepare("ns-other", "other", &rev2));
+    let setup: Vec<clawfleet_protocol::workspace::WorkspaceFile> = ["AGENTS.md", "memory/notes.md"]
+        .iter()
+        .map(|n| clawfleet_protocol::workspace::WorkspaceFile {
+            name: clawfleet_protocol::workspace::WorkspaceName::new(*n).unwrap(),
+            content: format!("{n}\n").into_bytes(),
+        })
+        .collect();
+    occ.ok(
+        &host,
+        Operation::PrepareRevision(PrepareArgs {
+            workspace: Some(clawfleet_protocol::workspace::WorkspaceSetup {
+                manifest: setup.iter().map(|f| f.meta()).collect(),
+                files: Some(setup),
+            }),
+            namespace: ns("ns-other"),
+            agent: agent("other"),
+            revision: rev2.clone(),
+        }),
+    );
+    let applied = as_agent(
+        &host,
+        &other.state,
+        "cat workspace/AGENTS.md workspace/memory/notes.md && stat -c %U:%a workspace/memory/notes.md workspace/memory",
+    );
+    let account = layout().agent(&id("ns-other"), &id("other")).account;
+    assert_eq!(
+        applied,
+        format!("AGENTS.md\nmemory/notes.md\n{account}:600\n{account}:700\n"),
+        "the workspace is the Agent's"
+    );
     occ.ok(
         &host,
         Operation::ActivateRevision(ActivateArgs::from(rargs("ns-other", "other", &rev2))),
