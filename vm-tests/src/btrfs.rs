@@ -101,10 +101,18 @@ impl BtrfsImage {
             // finishes its cleaner's work first): wait until it no longer backs our image.
             let image = self.image.display().to_string();
             let started = std::time::Instant::now();
+            let mut reported = false;
             let detached = sys::wait_until(
-                std::time::Duration::from_secs(120),
+                std::time::Duration::from_secs(300),
                 std::time::Duration::from_millis(100),
                 || {
+                    if !reported && started.elapsed() > std::time::Duration::from_secs(5) {
+                        reported = true;
+                        eprintln!(
+                            "clawfleet-vm-tests: {device} is still busy; processes whose mount namespace still has it: {:?}",
+                            holders(&device)
+                        );
+                    }
                     sys::output(Command::new("losetup").args([
                         "--noheadings",
                         "-O",
@@ -157,6 +165,36 @@ impl BtrfsImage {
         }
         Ok(())
     }
+}
+
+/// The processes (pid, name) in whose mount namespace `device` is still mounted: what keeps
+/// the loop device busy after the runner's own mount is gone.
+fn holders(device: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let mounted = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+            .map(|m| {
+                m.lines().any(|l| {
+                    l.split(" - ").nth(1).and_then(|t| t.split(' ').nth(1)) == Some(device)
+                })
+            })
+            .unwrap_or(false);
+        if mounted {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            found.push((pid, comm.trim().to_owned()));
+        }
+    }
+    found
 }
 
 impl Drop for BtrfsImage {
