@@ -440,24 +440,33 @@ fn a_btrfs_state_root_limits_each_agent_by_its_quota_group() {
         })
         .collect();
     let rev3 = spec("rev-3", 2, json!({ "label": "filler-2" }));
-    let failure = occ.fails(
-        &host,
-        Operation::PrepareRevision(PrepareArgs {
-            workspace: Some(clawfleet_protocol::workspace::WorkspaceSetup {
-                manifest: files.iter().map(|f| f.meta()).collect(),
-                files: Some(files),
-            }),
-            namespace: ns("ns-filler"),
-            agent: agent("filler"),
-            revision: rev3,
+    let with_workspace = Operation::PrepareRevision(PrepareArgs {
+        workspace: Some(clawfleet_protocol::workspace::WorkspaceSetup {
+            manifest: files.iter().map(|f| f.meta()).collect(),
+            files: Some(files),
         }),
-    );
+        namespace: ns("ns-filler"),
+        agent: agent("filler"),
+        revision: rev3,
+    });
+    let failure = occ.fails(&host, with_workspace.clone());
     assert_eq!(
         failure.code,
         clawfleet_protocol::failure::FailureCode::NoSpace,
         "{failure:?}"
     );
     assert!(failure.is_retryable(), "{failure:?}");
+    // Retryable indeed: once the Agent freed space, the same prepare succeeds, its files
+    // whole (nothing partial from the refused attempt is in the way).
+    let freed = as_agent(&host, &filler.home, "rm -f fill && sync; echo rc=$?");
+    assert!(freed.contains("rc=0"), "{freed}");
+    occ.ok(&host, with_workspace);
+    let notes = as_agent(
+        &host,
+        &filler.state,
+        "cat workspace/notes/0.md workspace/notes/1.md | wc -c",
+    );
+    assert_eq!(notes.trim(), (2 * 60 * 1024).to_string(), "{notes}");
 
     // Deleting the filler removes its subvolumes and its group; nothing is left behind.
     occ.ok(

@@ -59,7 +59,14 @@ impl BtrfsImage {
             });
         }
         fs.device = Some(device.clone());
-        sys::run(Command::new("mount").arg(&device).arg(&fs.mount))?;
+        // No async discard: the kernel would finish discarding the freed space of the image
+        // before releasing the device.
+        sys::run(
+            Command::new("mount")
+                .args(["-o", "nodiscard"])
+                .arg(&device)
+                .arg(&fs.mount),
+        )?;
         fs.mounted = true;
         sys::run(
             Command::new("btrfs")

@@ -103,11 +103,23 @@ fn copy_in(
         Mode::from_bits_truncate(0o600),
     )
     .map_err(fail)?;
-    nix::unistd::fchown(target.as_fd(), owner.0, owner.1).map_err(fail)?;
     let mut file = fs::File::from(target);
     let io = |e: std::io::Error| fail(Errno::from_raw(e.raw_os_error().unwrap_or(libc_eio())));
-    file.write_all(&content).map_err(io)?;
-    file.sync_all().map_err(io)
+    let written = nix::unistd::fchown(file.as_fd(), owner.0, owner.1)
+        .map_err(fail)
+        .and_then(|()| file.write_all(&content).map_err(io))
+        .and_then(|()| file.sync_all().map_err(io));
+    if written.is_err() {
+        // The file is ours (O_EXCL): a partial one would make a retry (once the Agent freed
+        // space) refuse it as "other content".
+        drop(file);
+        if let Err(e) =
+            nix::unistd::unlinkat(to.as_fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+        {
+            tracing::warn!("cannot remove the partial workspace file {shown}: {e}");
+        }
+    }
+    written
 }
 
 fn libc_eio() -> i32 {
