@@ -238,6 +238,7 @@ impl Trash {
             root_dev: fstat(entry).map_err(|e| errno_err(path, e))?.st_dev,
             token,
             moved: 0,
+            entry: None,
         };
         walk.empty_root()?;
         let name = path.file_name().unwrap_or(OsStr::new(""));
@@ -281,6 +282,9 @@ struct Walk<'a> {
     /// Prefix of the names subdirectories get when moved up into the entry.
     token: String,
     moved: u64,
+    /// The trash entry, when this walk empties a btrfs subvolume found in it (`root` is the
+    /// subvolume then): subvolumes nested in it are moved up into the entry, never entered.
+    entry: Option<std::os::fd::BorrowedFd<'a>>,
 }
 
 impl Walk<'_> {
@@ -355,6 +359,13 @@ impl Walk<'_> {
             };
             let st = fstat(&fd).map_err(|e| self.err(name, e))?;
             if st.st_dev != self.root_dev {
+                // A btrfs subvolume (an Agent's home or state on a state root with btrfs
+                // quotas, or one it made) is part of the tree; a mount point is not.
+                if crate::quota::btrfs::is_subvolume(fd.as_fd())
+                    .map_err(|e| fsutil::io_err(&self.path_of(name))(e))?
+                {
+                    return self.remove_subvolume(name, fd, st.st_dev);
+                }
                 return Err(FsError::Io {
                     path: self
                         .root_path
@@ -371,6 +382,74 @@ impl Walk<'_> {
             match unlinkat(self.root, name, UnlinkatFlags::RemoveDir) {
                 Ok(()) | Err(Errno::ENOENT) => return Ok(()),
                 Err(Errno::ENOTEMPTY | Errno::EEXIST) if refills < MAX_REFILLS => refills += 1,
+                Err(e) => return Err(self.err(name, e)),
+            }
+        }
+    }
+
+    fn path_of(&self, name: &CStr) -> PathBuf {
+        self.root_path.join(OsStr::from_bytes(name.to_bytes()))
+    }
+
+    /// Removes the btrfs subvolume `name` (open as `fd`, on device `dev`), a child of the
+    /// walk's root. In the entry itself it is destroyed at once (`BTRFS_IOC_SNAP_DESTROY`,
+    /// the file system's cleaner frees its space, and its level-0 quota group goes with it);
+    /// where that is refused (it holds subvolumes of its own, or hostd lacks
+    /// `CAP_SYS_ADMIN`) it is emptied by a walk of its own, which moves nested subvolumes up
+    /// into the entry, and removed with `rmdir`, which the kernel allows for an empty
+    /// subvolume. Inside a subvolume's walk it is moved up into the entry, for the entry's
+    /// walk to remove: so at most two subvolumes are open at a time, whatever the nesting.
+    fn remove_subvolume(&mut self, name: &CStr, fd: OwnedFd, dev: u64) -> Result<(), FsError> {
+        if let Some(entry) = self.entry {
+            drop(fd);
+            return self.move_into(self.root, name, entry);
+        }
+        match crate::quota::btrfs::destroy_subvolume(self.root, name) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => return Ok(()),
+            Err(e) => {
+                tracing::debug!(subvolume = %self.path_of(name).display(), "subvolume not destroyed at once ({e}); emptying it first");
+            }
+        }
+        let path = self.path_of(name);
+        let mut inner = Walk {
+            root: fd.as_fd(),
+            root_path: &path,
+            root_dev: dev,
+            token: format!("{}-s", self.token),
+            moved: 0,
+            entry: Some(self.root),
+        };
+        inner.empty_root()?;
+        drop(fd);
+        match unlinkat(self.root, name, UnlinkatFlags::RemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(self.err(name, e)),
+        }
+    }
+
+    /// Moves `name` of `from` into `to` under a fresh name (never replacing anything there).
+    fn move_into(
+        &mut self,
+        from: std::os::fd::BorrowedFd<'_>,
+        name: &CStr,
+        to: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), FsError> {
+        loop {
+            self.moved += 1;
+            let fresh =
+                std::ffi::CString::new(format!("{}-v{}", self.token, self.moved)).map_err(|e| {
+                    fsutil::io_err(self.root_path)(io::Error::new(io::ErrorKind::InvalidInput, e))
+                })?;
+            match renameat2(
+                from,
+                name,
+                to,
+                fresh.as_c_str(),
+                RenameFlags::RENAME_NOREPLACE,
+            ) {
+                Ok(()) | Err(Errno::ENOENT) => return Ok(()),
+                Err(Errno::EEXIST) => continue,
                 Err(e) => return Err(self.err(name, e)),
             }
         }

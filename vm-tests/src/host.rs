@@ -54,6 +54,11 @@ pub struct HostOptions {
     /// the capability, as hostd has it on a real host (the container has its own network
     /// namespace, so it reaches nothing of the runner's).
     pub no_net_admin: bool,
+    /// Give the host a state root (`/var/lib/clawfleet`) on a btrfs image of this many bytes,
+    /// loop-mounted on the runner with quotas enabled ([`crate::BtrfsImage`]), made before
+    /// boot and torn down after the host is down: unmounted, loop device detached, image
+    /// deleted, each checked. [`TestHost::state_fs`] is where it is mounted on the runner.
+    pub btrfs_state_root: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -62,6 +67,8 @@ struct State {
     child: Option<Child>,
     down: bool,
     boot_time: Duration,
+    /// The btrfs state root of [`HostOptions::btrfs_state_root`].
+    state_fs: Option<crate::BtrfsImage>,
 }
 
 /// A booted Debian host (systemd PID 1, system D-Bus, sshd) in its own netns, reachable as
@@ -85,6 +92,8 @@ pub struct TestHost {
     binds: Vec<(PathBuf, String)>,
     /// `--bind=` (read-write) mounts given to nspawn (runner path, host path).
     rw_binds: Vec<(PathBuf, String)>,
+    /// Where the btrfs state root of [`HostOptions::btrfs_state_root`] is mounted.
+    state_fs_mount: Option<PathBuf>,
     cgroup_limits: bool,
     no_landlock: bool,
     no_net_admin: bool,
@@ -136,6 +145,16 @@ impl TestHost {
                 });
             }
         }
+        let mut rw_binds = options.binds.clone();
+        let state_fs = match options.btrfs_state_root {
+            Some(size) => {
+                let fs = crate::BtrfsImage::create(size)?;
+                rw_binds.push((fs.mount().to_path_buf(), "/var/lib/clawfleet".to_owned()));
+                Some(fs)
+            }
+            None => None,
+        };
+        let state_fs_mount = state_fs.as_ref().map(|fs| fs.mount().to_path_buf());
         let slot = slot::acquire(config)?;
         let record = SlotRecord::plan(config, slot.n);
         for p in [&record.run_dir, &base.rootfs] {
@@ -175,7 +194,8 @@ impl TestHost {
             fingerprint: identity.fingerprint,
             machine_id: identity.machine_id,
             binds,
-            rw_binds: options.binds.clone(),
+            rw_binds,
+            state_fs_mount,
             cgroup_limits: options.cgroup_limits,
             no_landlock: options.no_landlock,
             no_net_admin: options.no_net_admin,
@@ -184,6 +204,7 @@ impl TestHost {
                 child: None,
                 down: false,
                 boot_time: Duration::ZERO,
+                state_fs,
             }),
             slot,
         };
@@ -784,7 +805,24 @@ impl TestHost {
             let _ = fs::remove_file(&self.slot.record_path);
         }
         signals::unregister(self.slot_n);
-        result
+        // The state root's file system, once nothing of the host uses it.
+        let fs_result = match st.state_fs.as_mut() {
+            Some(state_fs) if result.is_ok() => state_fs.teardown(),
+            _ => Ok(()),
+        };
+        result.and(fs_result)
+    }
+
+    /// Where the btrfs state root of [`HostOptions::btrfs_state_root`] is mounted on the
+    /// runner.
+    pub fn state_fs(&self) -> Option<&Path> {
+        self.state_fs_mount.as_deref()
+    }
+
+    /// Tears the host down now (what drop does), reporting what failed: a test that made
+    /// resources through [`HostOptions`] asserts their removal with it.
+    pub fn shut_down(&self) -> Result<()> {
+        self.teardown()
     }
 }
 

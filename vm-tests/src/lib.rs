@@ -18,6 +18,7 @@
 //! See vm-tests/README.md for the ids recorded per host and how leftovers are reclaimed.
 
 mod base;
+mod btrfs;
 mod config;
 mod error;
 mod gateway;
@@ -29,6 +30,7 @@ mod slot;
 mod sys;
 
 pub use base::{BaseRootfs, INCLUDES, detect_mirror, ensure_base_rootfs, recipe_key};
+pub use btrfs::BtrfsImage;
 pub use config::HarnessConfig;
 pub use error::{Error, Result};
 pub use gateway::{Artifact, TEST_GATEWAY_REMOTE_PATH, cargo_build, test_gateway_binary};

@@ -73,9 +73,26 @@ fn problem(problems: &mut Vec<InventoryProblem>, path: &std::path::Path, message
     });
 }
 
+/// Why `dir`, a writable directory of an Agent on a btrfs state root with quotas, is not
+/// limited, if it is not.
+fn not_limited(dir: &std::path::Path) -> Option<String> {
+    let file = match std::fs::File::open(dir) {
+        Ok(f) => f,
+        Err(e) => return Some(format!("cannot check its disk limit: {e}")),
+    };
+    match crate::quota::btrfs::is_subvolume(std::os::fd::AsFd::as_fd(&file)) {
+        Ok(true) => None,
+        Ok(false) => Some(
+            "not a btrfs subvolume (the Agent was provisioned before quotas were enabled): its disk use is unlimited; recreate the Agent to limit it".to_owned(),
+        ),
+        Err(e) => Some(format!("cannot check its disk limit: {e}")),
+    }
+}
+
 /// The host's inventory, optionally for one Namespace.
 pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
     let mut out = Inventory::default();
+    let subvolumes = crate::quota::support(&engine.config.state_root).subvolumes();
     let ns_root = engine.layout.namespaces_dir();
     let names = match fsutil::dir_exists(&ns_root) {
         Ok(true) => fsutil::list_dir(&ns_root).unwrap_or_default(),
@@ -174,6 +191,15 @@ pub fn inventory(engine: &Engine<'_>, only: Option<&Ident>) -> Inventory {
             let account_marker = engine.layout.account_marker(&paths.account);
             if let Err(f) = engine.verify_account(&marker.namespace_id, &agent, &paths) {
                 problem(&mut out.problems, &account_marker, f.message);
+            }
+            // On btrfs with quotas, an Agent provisioned before they were enabled has plain
+            // directories, which no quota group limits (its data is never moved).
+            if subvolumes {
+                for dir in [&paths.home, &paths.state] {
+                    if let Some(why) = not_limited(dir) {
+                        problem(&mut out.problems, dir, why);
+                    }
+                }
             }
             // Every change of the Agent fails while its fence record is unreadable.
             if let Err(f) = engine.stored_fence(&marker.namespace_id, &agent.id, &paths) {

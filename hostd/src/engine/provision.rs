@@ -86,8 +86,11 @@ impl Engine<'_> {
     /// Puts the Agent's writable directories (`home`, `state`, the workspace below it) into
     /// the project of its uid with `[quota]`'s limits, where the state root's file system has
     /// project quotas (`crate::quota`); every time, so an Agent created before they were
-    /// turned on gets them at its next prepare (files it made before keep project 0). Without
-    /// project quotas nothing is limited per Agent (see the operator guide).
+    /// turned on gets them at its next prepare (files it made before keep project 0). On
+    /// btrfs with quotas, its subvolumes go into its quota group `1/<uid>` with `max_bytes`;
+    /// an Agent whose directories are plain directories (provisioned before quotas were
+    /// enabled) stays unlimited, its data never moved: logged here, listed by `status`.
+    /// Without either nothing is limited per Agent (see the operator guide).
     fn limit_disk(
         &self,
         ctx: &Ctx<'_>,
@@ -95,23 +98,44 @@ impl Engine<'_> {
         paths: &AgentPaths,
         ids: Ids,
     ) -> Result<(), Failure> {
-        if crate::quota::support(&self.config.state_root) != crate::quota::Support::Enforced {
+        let crate::quota::Support::Enforced(mechanism) =
+            crate::quota::support(&self.config.state_root)
+        else {
             return Ok(());
+        };
+        let limited = crate::quota::limit_agent(
+            &self.config.state_root,
+            mechanism,
+            &[&paths.home, &paths.state],
+            ids.uid,
+            self.config.quota,
+        )
+        .map_err(|e| {
+            Failure::new(
+                if e.is_no_space() {
+                    FailureCode::NoSpace
+                } else {
+                    FailureCode::IoFailed
+                },
+                format!("cannot limit the Agent's disk use: {e}"),
+            )
+        })?;
+        if let crate::quota::Limited::NotSubvolumes(plain) = &limited {
+            tracing::warn!(
+                operation_id = %ctx.operation_id,
+                agent = %agent.id,
+                directories = %plain.join(", "),
+                "agent directories are not btrfs subvolumes (provisioned before quotas were enabled): its disk use is not limited"
+            );
         }
-        crate::quota::limit_agent(&[&paths.home, &paths.state], ids.uid, self.config.quota)
-            .map_err(|e| {
-                Failure::new(
-                    FailureCode::IoFailed,
-                    format!("cannot limit the Agent's disk use: {e}"),
-                )
-            })?;
         tracing::debug!(
             operation_id = %ctx.operation_id,
             agent = %agent.id,
             project = ids.uid,
+            ?mechanism,
             max_bytes = self.config.quota.max_bytes,
             max_inodes = self.config.quota.max_inodes,
-            "agent directories limited by project quota"
+            "agent directories limited"
         );
         Ok(())
     }
@@ -383,6 +407,9 @@ impl Engine<'_> {
             uid: 0,
             gid: ids.gid,
         };
+        // On a btrfs state root with quotas, the writable directories are subvolumes, so
+        // that `limit_disk` can put them into the Agent's quota group.
+        let subvolumes = crate::quota::support(&self.config.state_root).subvolumes();
         fsutil::create_dir_atomic(&paths.dir, 0o750, |tmp| {
             fsutil::write_atomic(
                 &tmp.join("agent.json"),
@@ -396,7 +423,17 @@ impl Engine<'_> {
                 ("revisions", 0o750, root_group),
             ] {
                 let p = tmp.join(name);
-                fsutil::ensure_dir(&p, mode)?;
+                if subvolumes && name != "revisions" {
+                    crate::quota::create_subvolume(&p, mode).map_err(|e| fsutil::FsError::Io {
+                        path: p.display().to_string(),
+                        source: match e {
+                            crate::quota::QuotaError::Subvolume { source, .. } => source,
+                            other => std::io::Error::other(other.to_string()),
+                        },
+                    })?;
+                } else {
+                    fsutil::ensure_dir(&p, mode)?;
+                }
                 self.system
                     .chown(&p, owner)
                     .map_err(|e| fsutil::FsError::Io {

@@ -4,7 +4,7 @@
 //! account is fully gone, and a retry finds and finishes it.
 
 use clawfleet_protocol::Ident;
-use clawfleet_protocol::failure::Failure;
+use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::{AgentRef, NamespaceRef};
 use clawfleet_protocol::result::{DeleteAgentResult, DeleteNamespaceResult, Step};
 
@@ -119,6 +119,14 @@ impl Engine<'_> {
         // Checked before anything was removed; checked again here because it is cheap and the
         // account tools are the one step that cannot be undone.
         self.verify_remaining_account(marker)?;
+        // Its btrfs quota group (its subvolumes, already moved aside, go with the tree),
+        // before the uid is free for another Agent.
+        crate::quota::release_agent(&self.config.state_root, marker.uid).map_err(|e| {
+            Failure::new(
+                FailureCode::IoFailed,
+                format!("cannot remove the Agent's disk limit: {e}"),
+            )
+        })?;
         self.remove_account_and_ports(&marker.account, &marker.namespace_id, &marker.agent_id)?;
         fsutil::remove_file_if_present(&self.layout.account_marker(&marker.account))
             .map_err(fs_failure)?;

@@ -33,6 +33,99 @@ fn setup_failed(message: impl AsRef<str>) -> Failure {
     Failure::new(FailureCode::WorkspaceSetupFailed, message)
 }
 
+/// [`setup_failed`], or `NO_SPACE` (retryable once the Agent freed space in its share) when
+/// `e` says the file system or the Agent's quota is full.
+fn setup_failed_by(e: Errno, message: impl AsRef<str>) -> Failure {
+    if matches!(e, Errno::ENOSPC | Errno::EDQUOT) {
+        Failure::new(FailureCode::NoSpace, message)
+    } else {
+        setup_failed(message)
+    }
+}
+
+/// Copies the staged entry `name` of `from` (`staged` is its lstat) into `to`, where a rename
+/// cannot move it: the workspace is in another btrfs subvolume than the staging directory
+/// (the Agent's `state` on a state root with btrfs quotas). Directories are made and filled
+/// by the same merge; files are written anew (never through a link, never over anything),
+/// fsynced, and given the staged owner.
+fn copy_in(
+    from: &OwnedFd,
+    from_path: &Path,
+    to: &OwnedFd,
+    name: &str,
+    staged: &FileStat,
+    shown: &str,
+) -> Result<(), Failure> {
+    let fail = |e: Errno| {
+        setup_failed_by(
+            e,
+            format!("cannot apply workspace file {shown}: {}", errno_text(e)),
+        )
+    };
+    let owner = (
+        Some(nix::unistd::Uid::from_raw(staged.st_uid)),
+        Some(nix::unistd::Gid::from_raw(staged.st_gid)),
+    );
+    if is(staged, SFlag::S_IFDIR) {
+        nix::sys::stat::mkdirat(to.as_fd(), name, Mode::from_bits_truncate(0o700)).map_err(fail)?;
+        let sub_to = open_dir_at(to, name).map_err(fail)?;
+        nix::unistd::fchown(sub_to.as_fd(), owner.0, owner.1).map_err(fail)?;
+        let sub_from = open_dir_at(from, name).map_err(fail)?;
+        merge(
+            &sub_from,
+            &from_path.join(name),
+            &sub_to,
+            &format!("{shown}/"),
+        )?;
+        return nix::unistd::fsync(sub_to.as_fd()).map_err(fail);
+    }
+    if !is(staged, SFlag::S_IFREG) {
+        return Err(setup_failed(format!(
+            "workspace file {shown}: the staged entry is {}",
+            kind_text(staged)
+        )));
+    }
+    let mut content = Vec::new();
+    let source = openat(
+        from.as_fd(),
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(fail)?;
+    fs::File::from(source)
+        .read_to_end(&mut content)
+        .map_err(|e| fail(Errno::from_raw(e.raw_os_error().unwrap_or(libc_eio()))))?;
+    let target = openat(
+        to.as_fd(),
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map_err(fail)?;
+    let mut file = fs::File::from(target);
+    let io = |e: std::io::Error| fail(Errno::from_raw(e.raw_os_error().unwrap_or(libc_eio())));
+    let written = nix::unistd::fchown(file.as_fd(), owner.0, owner.1)
+        .map_err(fail)
+        .and_then(|()| file.write_all(&content).map_err(io))
+        .and_then(|()| file.sync_all().map_err(io));
+    if written.is_err() {
+        // The file is ours (O_EXCL): a partial one would make a retry (once the Agent freed
+        // space) refuse it as "other content".
+        drop(file);
+        if let Err(e) =
+            nix::unistd::unlinkat(to.as_fd(), name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+        {
+            tracing::warn!("cannot remove the partial workspace file {shown}: {e}");
+        }
+    }
+    written
+}
+
+fn libc_eio() -> i32 {
+    Errno::EIO as i32
+}
+
 /// A sentence for an errno that never carries a path outside the Agent's tree.
 fn errno_text(e: Errno) -> &'static str {
     match e {
@@ -176,7 +269,11 @@ impl Engine<'_> {
                 .map_or("the file system refused the write", |n| {
                     errno_text(Errno::from_raw(n))
                 });
-            setup_failed(format!("cannot stage workspace file {name}: {text}"))
+            let message = format!("cannot stage workspace file {name}: {text}");
+            match e.raw_os_error() {
+                Some(n) => setup_failed_by(Errno::from_raw(n), message),
+                None => setup_failed(message),
+            }
         };
         fs::DirBuilder::new()
             .mode(0o700)
@@ -242,14 +339,39 @@ impl Engine<'_> {
         )
         .map_err(|e| fail("the workspace", e))?;
         match lstat_at(&state, "workspace").map_err(|e| fail("the workspace", e))? {
-            None => renameat2(
+            None => match renameat2(
                 AT_FDCWD,
                 &paths.workspace_staging,
                 state.as_fd(),
                 "workspace",
                 RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(|e| fail("the workspace", e))?,
+            ) {
+                Ok(()) => {}
+                // `state` is a btrfs subvolume of its own: copied instead.
+                Err(Errno::EXDEV) => {
+                    let st = nix::sys::stat::fstat(staged.as_fd())
+                        .map_err(|e| fail("the workspace", e))?;
+                    let fail_by = |e: Errno| {
+                        setup_failed_by(e, format!("cannot apply the workspace: {}", errno_text(e)))
+                    };
+                    nix::sys::stat::mkdirat(
+                        state.as_fd(),
+                        "workspace",
+                        Mode::from_bits_truncate(0o700),
+                    )
+                    .map_err(fail_by)?;
+                    let ws = open_dir_at(&state, "workspace").map_err(fail_by)?;
+                    nix::unistd::fchown(
+                        ws.as_fd(),
+                        Some(nix::unistd::Uid::from_raw(st.st_uid)),
+                        Some(nix::unistd::Gid::from_raw(st.st_gid)),
+                    )
+                    .map_err(fail_by)?;
+                    merge(&staged, &paths.workspace_staging, &ws, "")?;
+                    nix::unistd::fsync(ws.as_fd()).map_err(fail_by)?;
+                }
+                Err(e) => return Err(fail("the workspace", e)),
+            },
             Some(st) if is(&st, SFlag::S_IFDIR) => {
                 let ws = open_dir_at(&state, "workspace").map_err(|e| fail("the workspace", e))?;
                 merge(&staged, &paths.workspace_staging, &ws, "")?;
@@ -288,14 +410,18 @@ fn merge(from: &OwnedFd, from_path: &Path, to: &OwnedFd, prefix: &str) -> Result
             .map_err(fail)?
             .ok_or_else(|| fail(Errno::ENOENT))?;
         match lstat_at(to, &name).map_err(fail)? {
-            None => renameat2(
+            None => match renameat2(
                 from.as_fd(),
                 name.as_str(),
                 to.as_fd(),
                 name.as_str(),
                 RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(fail)?,
+            ) {
+                Ok(()) => {}
+                // The workspace is a btrfs subvolume of its own: copied instead.
+                Err(Errno::EXDEV) => copy_in(from, from_path, to, &name, &staged, &shown)?,
+                Err(e) => return Err(fail(e)),
+            },
             Some(there) if is(&staged, SFlag::S_IFDIR) && is(&there, SFlag::S_IFDIR) => {
                 let sub_from = open_dir_at(from, &name).map_err(fail)?;
                 let sub_to = open_dir_at(to, &name).map_err(fail)?;
