@@ -160,6 +160,13 @@ impl EngineBackend {
         }
     }
 
+    /// Writes a line to an Agent's journal on `host`, as its gateway would.
+    #[allow(dead_code)]
+    pub fn gateway_log(&self, host: &str, ns: &str, agent: &str, message: &str) {
+        let unit = hostd::layout::unit_name(&Ident::new(ns).unwrap(), &Ident::new(agent).unwrap());
+        self.host(host).fake.log_line(&unit, message);
+    }
+
     fn host(&self, name: &str) -> Arc<SimHost> {
         let mut hosts = self.hosts.lock().unwrap();
         hosts
