@@ -184,7 +184,7 @@ fn scenario(name: &str, options: &HostOptions, rate: u64, ws: u64, cutovers: u64
     steady.sort_unstable();
 
     host.run_ok(&format!(
-        "rm -f /tmp/cf-hold-stop; systemd-run --unit cf-hold /usr/local/bin/clawfleet-test-gateway hold {port} {} {ws} /tmp/cf-hold-stop 900; sleep 2",
+        "rm -f /tmp/cf-hold-stop /tmp/cf-hold-details.json; systemd-run --unit cf-hold /usr/local/bin/clawfleet-test-gateway hold {port} {} {ws} /tmp/cf-hold-stop 900 /tmp/cf-hold-details.json; sleep 2",
         paths.password_file.display()
     ))
     .unwrap();
@@ -192,10 +192,12 @@ fn scenario(name: &str, options: &HostOptions, rate: u64, ws: u64, cutovers: u64
     let t0 = Instant::now();
     let threads = load(&host, port, rate, Arc::clone(&stop));
     let mut cut_ms = Vec::new();
+    let mut began_unix_ms = Vec::new();
     for n in 2..=cutovers + 1 {
         let rev = spec(&format!("rev-{n}"), n, json!({"label": format!("rev-{n}")}));
         occ.ok(&host, prepare("ns1", "a1", &rev));
         let t = Instant::now();
+        began_unix_ms.push(unix_ms());
         occ.ok(
             &host,
             Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &rev))),
@@ -220,6 +222,21 @@ fn scenario(name: &str, options: &HostOptions, rate: u64, ws: u64, cutovers: u64
         .run_ok("journalctl -u cf-hold -o cat --no-pager | grep '^{' | tail -1")
         .unwrap();
     cut_ms.sort_unstable();
+    // Each reconnection against the start of the cutover that caused it (the latest before
+    // it): an upper bound of "reconnected after the new gateway was ready".
+    let details = host
+        .run_ok("cat /tmp/cf-hold-details.json")
+        .unwrap_or_default();
+    let reconnected: Vec<u64> = serde_json::from_str(details.trim()).unwrap_or_default();
+    let mut after_begin: Vec<u64> = reconnected
+        .iter()
+        .filter_map(|&at| {
+            let began = began_unix_ms.iter().rev().find(|&&b| b <= at)?;
+            // In microseconds, as `percentile` takes them.
+            Some((at - began) * 1000)
+        })
+        .collect();
+    after_begin.sort_unstable();
     println!(
         "{name}: networkIsolation {isolation:?}\n  {cutovers} cutovers (median {} ms) in {:.1} s at {rate} req/s target: {} requests, {} answered 200, {} refused, {} failed otherwise ({:.0} req/s achieved)\n  steady latency p50 {:.2} ms p99 {:.2} ms\n  {ws} WebSocket clients: {}",
         cut_ms[cut_ms.len() / 2],
@@ -233,6 +250,15 @@ fn scenario(name: &str, options: &HostOptions, rate: u64, ws: u64, cutovers: u64
         percentile(&steady, 0.99),
         hold.trim()
     );
+    if !after_begin.is_empty() {
+        println!(
+            "  WebSocket reconnections after their cutover began: {} (p50 {:.0} ms, p95 {:.0} ms, max {} ms)",
+            after_begin.len(),
+            percentile(&after_begin, 0.5),
+            percentile(&after_begin, 0.95),
+            after_begin[after_begin.len() - 1] / 1000
+        );
+    }
     if isolation == hostd::engine::NAMESPACES {
         let netns = hostd::netns::name_for_unit(&paths.unit_name);
         let front = curl_p50(&host, port, None, 300);
@@ -242,6 +268,12 @@ fn scenario(name: &str, options: &HostOptions, rate: u64, ws: u64, cutovers: u64
             front - direct
         );
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn main() {

@@ -4,7 +4,11 @@
 //! PASSWORD_FILE (the `OPENCLAW_GATEWAY_PASSWORD=` line hostd writes), then holds them until
 //! STOP_FILE exists or MAX_SECONDS pass, and prints one JSON line: how many connected, how many
 //! the gateway closed or dropped meanwhile, and their close codes. A connection that ends before
-//! the stop is a disconnect a client would have seen.
+//! the stop is a disconnect a client would have seen; the client then reconnects at once (as a
+//! client told 1012 "service restart" does) and the summary says how long that took (from the
+//! drop to `hello-ok` again, p50/p95/max) and how many never got back. With a sixth argument,
+//! DETAILS_FILE, the time of every reconnection (Unix ms) is written there as a JSON array, for
+//! a benchmark to set against its cutovers.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
@@ -30,15 +34,27 @@ pub struct Args {
     clients: usize,
     stop_file: PathBuf,
     max: Duration,
+    details_file: Option<PathBuf>,
 }
 
 impl Args {
     pub fn parse(args: &[String]) -> Result<Args, String> {
-        let [port, password_file, clients, stop_file, max] = args else {
-            return Err(
-                "usage: clawfleet-test-gateway hold PORT PASSWORD_FILE CLIENTS STOP_FILE MAX_SECONDS"
-                    .to_owned(),
-            );
+        let (port, password_file, clients, stop_file, max, details_file) = match args {
+            [port, password_file, clients, stop_file, max] => {
+                (port, password_file, clients, stop_file, max, None)
+            }
+            [port, password_file, clients, stop_file, max, details] => (
+                port,
+                password_file,
+                clients,
+                stop_file,
+                max,
+                Some(PathBuf::from(details)),
+            ),
+            _ => {
+                return Err("usage: clawfleet-test-gateway hold PORT PASSWORD_FILE CLIENTS STOP_FILE MAX_SECONDS [DETAILS_FILE]"
+                    .to_owned());
+            }
         };
         let number = |name: &str, v: &str| -> Result<u64, String> {
             v.parse()
@@ -52,6 +68,7 @@ impl Args {
                 .map_err(|_| format!("CLIENTS {clients} is out of range"))?,
             stop_file: PathBuf::from(stop_file),
             max: Duration::from_secs(number("MAX_SECONDS", max)?),
+            details_file,
         })
     }
 }
@@ -62,6 +79,69 @@ enum Ending {
     Held,
     /// The gateway closed it (close code) or the connection dropped (none).
     Dropped(Option<u16>),
+}
+
+/// One disconnect a held client saw.
+struct Disconnect {
+    /// The gateway's close code, or none for a connection that just ended.
+    code: Option<u16>,
+    /// How long until `hello-ok` on a new connection; none if the client never got back.
+    reconnect: Option<Duration>,
+    reconnected_unix_ms: Option<u64>,
+}
+
+/// Holds a connected client until the stop; after each disconnect it reconnects at once,
+/// retrying every 50 ms (a refused or failed attempt) until the stop.
+fn client(
+    mut stream: TcpStream,
+    port: u16,
+    password: &str,
+    n: usize,
+    stop: &AtomicBool,
+) -> Vec<Disconnect> {
+    let mut seen = Vec::new();
+    loop {
+        let code = match hold(stream, stop) {
+            Ending::Held => return seen,
+            Ending::Dropped(code) => code,
+        };
+        let dropped = Instant::now();
+        let mut back = None;
+        while !stop.load(Ordering::SeqCst) {
+            match connect(port, password, n) {
+                Ok(s) => {
+                    back = Some(s);
+                    break;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        let reconnect = back.as_ref().map(|_| dropped.elapsed());
+        seen.push(Disconnect {
+            code,
+            reconnect,
+            reconnected_unix_ms: back.as_ref().map(|_| unix_ms()),
+        });
+        match back {
+            Some(s) => stream = s,
+            None => return seen,
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The `p` quantile (0..=1) of sorted milliseconds, or null for none.
+fn quantile(sorted: &[u64], p: f64) -> Value {
+    if sorted.is_empty() {
+        return Value::Null;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    json!(sorted[i.min(sorted.len() - 1)])
 }
 
 /// Runs the clients and prints the summary; an error means not every client connected.
@@ -75,29 +155,46 @@ pub fn run(args: &Args) -> Result<(), String> {
             .map_err(|e| format!("client {i} could not connect: {e}"))?;
         connected += 1;
         let stop = stop.clone();
-        threads.push(std::thread::spawn(move || hold(stream, &stop)));
+        let (port, password) = (args.port, password.clone());
+        threads.push(std::thread::spawn(move || {
+            client(stream, port, &password, i, &stop)
+        }));
     }
     let deadline = Instant::now() + args.max;
     while !args.stop_file.exists() && Instant::now() < deadline {
         std::thread::sleep(POLL);
     }
     stop.store(true, Ordering::SeqCst);
-    let mut dropped = 0;
-    let mut codes = Vec::new();
+    let mut seen = Vec::new();
+    let mut lost_threads = 0;
     for t in threads {
         match t.join() {
-            Ok(Ending::Held) => {}
-            Ok(Ending::Dropped(code)) => {
-                dropped += 1;
-                codes.push(code.map_or(Value::Null, |c| json!(c)));
-            }
-            Err(_) => dropped += 1,
+            Ok(d) => seen.extend(d),
+            Err(_) => lost_threads += 1,
         }
+    }
+    let codes: Vec<Value> = seen
+        .iter()
+        .map(|d| d.code.map_or(Value::Null, |c| json!(c)))
+        .collect();
+    let mut reconnect_ms: Vec<u64> = seen
+        .iter()
+        .filter_map(|d| d.reconnect)
+        .map(|r| r.as_millis() as u64)
+        .collect();
+    reconnect_ms.sort_unstable();
+    let unreconnected = seen.iter().filter(|d| d.reconnect.is_none()).count() + lost_threads;
+    if let Some(path) = &args.details_file {
+        let at: Vec<u64> = seen.iter().filter_map(|d| d.reconnected_unix_ms).collect();
+        std::fs::write(path, json!(at).to_string())
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     println!(
         "{}",
-        json!({"clients": args.clients, "connected": connected, "disconnected": dropped,
-               "closeCodes": codes})
+        json!({"clients": args.clients, "connected": connected, "disconnected": seen.len() + lost_threads,
+               "closeCodes": codes, "reconnected": reconnect_ms.len(), "unreconnected": unreconnected,
+               "reconnectMsP50": quantile(&reconnect_ms, 0.5), "reconnectMsP95": quantile(&reconnect_ms, 0.95),
+               "reconnectMsMax": reconnect_ms.last()})
     );
     Ok(())
 }

@@ -55,26 +55,39 @@ struct State {
     connections: rpc::Connections,
 }
 
-/// As a container's pid 1 (in a Pod) the kernel ignores SIGTERM and SIGINT unless the process
-/// handles them, and the kubelet would wait out the whole grace period before SIGKILL. Node
-/// (the real gateway) handles them, so here too: a thread waits for either and exits 0. Under
-/// systemd (not pid 1) nothing changes: the default action ends the process.
-fn exit_on_term_as_pid_1() {
+/// SIGTERM and SIGINT, blocked in every thread so one thread can wait for them.
+fn term_signals() -> nix::sys::signal::SigSet {
     use nix::sys::signal::{SigSet, Signal};
-    if std::process::id() != 1 {
-        return;
-    }
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
-    // Blocked before any other thread exists, so every thread inherits the mask.
-    if let Err(e) = set.thread_block() {
-        eprintln!("clawfleet-test-gateway: cannot block SIGTERM for its handler thread: {e}");
-        return;
+    set
+}
+
+/// Blocks [`term_signals`] before any other thread exists, so every thread inherits the mask
+/// and the signal waits, pending, for [`close_sessions_on_term`].
+fn block_term_signals() -> bool {
+    match term_signals().thread_block() {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("clawfleet-test-gateway: cannot block SIGTERM for its handler thread: {e}");
+            false
+        }
     }
+}
+
+/// On SIGTERM or SIGINT: every WebSocket session gets close 1012 "service restart", then the
+/// process exits 0. The real gateway does the same on a stop (OpenClaw closes even a socket
+/// that has not completed `connect` with 1012 "service restart"), so clients through a
+/// cutover see what they would see with it and reconnect at once. As a container's pid 1 (in
+/// a Pod) this is also what makes the signals count at all: the kernel ignores them for a
+/// pid 1 without a handler.
+fn close_sessions_on_term(state: &Arc<State>) {
+    let state = Arc::clone(state);
     std::thread::spawn(move || {
-        if let Ok(sig) = set.wait() {
-            eprintln!("clawfleet-test-gateway: {sig} as pid 1, exiting");
+        if let Ok(sig) = term_signals().wait() {
+            let closed = state.connections.close_all(1012, "service restart");
+            eprintln!("clawfleet-test-gateway: {sig}: closed {closed} sessions with 1012, exiting");
             std::process::exit(0);
         }
     });
@@ -94,7 +107,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    exit_on_term_as_pid_1();
+    let signals_blocked = block_term_signals();
     let settings = match config::load(|k| std::env::var(k).ok()) {
         Ok(s) => s,
         Err(e) => {
@@ -162,6 +175,9 @@ fn main() -> ExitCode {
         state.settings.switches.label.as_deref().unwrap_or("-"),
         entered.elapsed().as_micros()
     );
+    if signals_blocked {
+        close_sessions_on_term(&state);
+    }
     start_timers(&state);
     for conn in listener.incoming() {
         match conn {

@@ -195,3 +195,75 @@ fn sha2_hex(b: &[u8]) -> String {
         .map(|x| format!("{x:02x}"))
         .collect()
 }
+
+/// A stop (SIGTERM, as systemd and the kubelet send) closes every WebSocket session with 1012
+/// "service restart", as OpenClaw does, and exits 0; `hold` clients reconnect at once to the
+/// next gateway on the port and say how long that took.
+#[test]
+fn a_stop_closes_sessions_with_1012_and_held_clients_reconnect() {
+    let dir = Scratch::new("stop1012");
+    let cfg = dir.config(r#"{"gateway": {"mode": "local", "auth": {"mode": "password"}}}"#);
+    let password_file = dir.0.join("env");
+    std::fs::write(&password_file, "OPENCLAW_GATEWAY_PASSWORD=pw1012\n").unwrap();
+    let port = free_port();
+    let gateway = |cfg: &Path| {
+        let mut c = command(Some(port), Some(cfg));
+        c.env("OPENCLAW_GATEWAY_PASSWORD", "pw1012");
+        let gw = Gateway(c.spawn().unwrap());
+        wait_status(port, "/healthz", 200, Duration::from_secs(10));
+        gw
+    };
+    let mut first = gateway(&cfg);
+    let stop_file = dir.0.join("stop");
+    let details = dir.0.join("details.json");
+    let hold = Command::new(BIN)
+        .arg("hold")
+        .arg(port.to_string())
+        .arg(&password_file)
+        .arg("3")
+        .arg(&stop_file)
+        .arg("60")
+        .arg(&details)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // All three connected (hold exits with an error otherwise); give them a moment to settle.
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = first.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a stopped gateway exits 0");
+    let _second = gateway(&cfg);
+    // The clients retry every 50 ms: all three are back well within this.
+    std::thread::sleep(Duration::from_secs(1));
+    std::fs::write(&stop_file, "").unwrap();
+    let out = hold.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["disconnected"], 3, "{summary}");
+    assert_eq!(
+        summary["closeCodes"],
+        serde_json::json!([1012, 1012, 1012]),
+        "{summary}"
+    );
+    assert_eq!(summary["reconnected"], 3, "{summary}");
+    assert_eq!(summary["unreconnected"], 0, "{summary}");
+    let at: Vec<u64> = serde_json::from_slice(&std::fs::read(&details).unwrap()).unwrap();
+    assert_eq!(at.len(), 3);
+    assert!(
+        at.iter().all(|&t| t >= stopped_at),
+        "{at:?} before the stop at {stopped_at}"
+    );
+}
