@@ -689,3 +689,234 @@ async fn a_rollout_is_paused_from_the_console_and_audited() {
     let audit = f.get(&f.admin, "/console/audit?action=rollout.pause").await;
     assert!(audit.body.contains("rollout.pause"), "{}", audit.body);
 }
+
+// ---- The browser suite: the console in Debian's chromium (clawfleet-cdp). ----
+
+fn no_chromium() -> bool {
+    if clawfleet_cdp::chromium_available() {
+        return false;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "chromium is missing under CI=true (apt-get install chromium)"
+    );
+    eprintln!("SKIP: chromium is not installed (apt-get install chromium)");
+    true
+}
+
+/// Screenshots of the current page at 1440, 768 and 390 px wide, as `<name>-<width>.png`;
+/// at 390 px nothing but the tables' own scroll boxes is wider than the viewport.
+async fn shots(page: &clawfleet_cdp::Page, dir: &std::path::Path, name: &str) {
+    for (w, h) in [(1440, 900), (768, 1024), (390, 844)] {
+        page.set_viewport(w, h).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        page.screenshot(&dir.join(format!("{name}-{w}.png")))
+            .await
+            .unwrap();
+        if w == 390 {
+            let wide = page
+                .evaluate("document.documentElement.scrollWidth")
+                .await
+                .unwrap();
+            assert!(
+                wide.as_u64().unwrap() <= 390,
+                "{name}: {wide} px wide at 390"
+            );
+        }
+    }
+    page.set_viewport(1440, 900).await.unwrap();
+}
+
+async fn text_of(page: &clawfleet_cdp::Page, selector: &str) -> String {
+    page.evaluate(&format!(
+        "(document.querySelector({selector:?}) || {{textContent: ''}}).textContent"
+    ))
+    .await
+    .unwrap()
+    .as_str()
+    .unwrap_or_default()
+    .to_owned()
+}
+
+async fn wait_text(page: &clawfleet_cdp::Page, selector: &str, text: &str, secs: u64) {
+    page.wait_for(
+        &format!(
+            "(document.querySelector({selector:?}) || {{textContent: ''}}).textContent.includes({text:?})"
+        ),
+        Duration::from_secs(secs),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{selector} never showed {text:?}: {e}"));
+}
+
+/// Signs in, deploys an Agent and watches it converge live, reads a failed revision's
+/// evidence, follows a log, pauses a rollout, reads the audit, sees a host cut off turn
+/// its Agents unreachable within one drift interval; screenshots at 1440, 768 and 390 px.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_chromium() {
+    if no_chromium() {
+        return;
+    }
+    let f = Fixture::start().await;
+    f.fleet().await;
+    let dir = clawfleet_cdp::artifacts_dir(
+        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
+        "console_in_chromium",
+    )
+    .unwrap();
+    let base = format!("http://{}", f.addr);
+    let browser = clawfleet_cdp::Browser::launch().await.unwrap();
+    let page = browser.new_page(1440, 900).await.unwrap();
+
+    // Sign in: the token goes into an HttpOnly, SameSite=Strict cookie, nowhere else.
+    page.navigate(&format!("{base}/console")).await.unwrap();
+    assert!(text_of(&page, "h1").await.contains("clawfleet console"));
+    shots(&page, &dir, "sign-in").await;
+    page.fill("#token", &f.admin).await.unwrap();
+    page.click("button[type=submit]").await.unwrap();
+    page.wait_for(
+        "location.pathname === '/console' && document.title.startsWith('Fleet overview')",
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let cookies = page.cookies().await.unwrap();
+    let session = cookies.iter().find(|c| c.name == COOKIE).unwrap();
+    assert!(
+        session.http_only && session.same_site == "Strict",
+        "{session:?}"
+    );
+    assert_eq!(page.evaluate("document.cookie").await.unwrap(), "");
+    let storage = page.storage().await.unwrap().to_string();
+    assert!(!storage.contains(&f.admin), "{storage}");
+    // Keyboard: the first Tab lands on the skip link, with a visible focus ring.
+    page.press_key(clawfleet_cdp::Key::Tab).await.unwrap();
+    assert_eq!(
+        page.evaluate("document.activeElement.className")
+            .await
+            .unwrap(),
+        "skip"
+    );
+    let ring = page
+        .evaluate("getComputedStyle(document.activeElement).outlineStyle")
+        .await
+        .unwrap();
+    assert_ne!(ring, "none");
+    shots(&page, &dir, "overview").await;
+
+    // Deploy a2 from the console: the plan, then apply; the page shows it converging and
+    // then converged without a reload.
+    page.navigate(&format!("{base}/console/namespaces/ns1/agents/a2"))
+        .await
+        .unwrap();
+    page.click("form[action$='/deploy'] button").await.unwrap();
+    wait_text(&page, "main", "What the target would change", 10).await;
+    shots(&page, &dir, "deploy-plan").await;
+    page.click("form[action$='/deploy'] button.primary")
+        .await
+        .unwrap();
+    wait_text(&page, "#status", "converging", 10).await;
+    page.evaluate("window.__same = 1").await.unwrap();
+    let stop_worker = {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(f.worker.clone().run(1, rx));
+        tx
+    };
+    wait_text(&page, "#status", "active, served", 20).await;
+    assert_eq!(
+        page.evaluate("window.__same").await.unwrap(),
+        1,
+        "the page was reloaded"
+    );
+    wait_text(&page, "#runtime", "Unit", 20).await;
+    shots(&page, &dir, "agent-converged").await;
+
+    // Follow the log: lines appear as they are written, markup as text.
+    f.backend.gateway_log("h1", "ns1", "a2", "first line");
+    page.click("button[data-follow]").await.unwrap();
+    wait_text(&page, "#log", "first line", 10).await;
+    f.backend.gateway_log("h1", "ns1", "a2", PLANT);
+    wait_text(&page, "#log", "alert('planted')", 10).await;
+    assert_eq!(
+        page.evaluate("document.querySelectorAll('#log script').length")
+            .await
+            .unwrap(),
+        0
+    );
+    shots(&page, &dir, "agent-log").await;
+    page.click("button[data-follow]").await.unwrap();
+
+    // A failed revision's evidence.
+    f.backend.fail_activations_of(
+        "a1",
+        clawfleet_protocol::failure::FailureCode::ReadinessTimeout,
+    );
+    f.api(
+        "PUT",
+        "/namespaces/ns1/configurations/cfg",
+        Some(json!({"document": {"meta": {"note": "v2"}}})),
+    )
+    .await;
+    f.api("POST", "/namespaces/ns1/agents/a1/deploy", None)
+        .await;
+    page.navigate(&format!("{base}/console/namespaces/ns1/agents/a1"))
+        .await
+        .unwrap();
+    wait_text(&page, "#status", "READINESS_TIMEOUT", 30).await;
+    shots(&page, &dir, "agent-failed").await;
+
+    // A rollout, paused from its page (plan, then apply).
+    stop_worker.send(true).unwrap();
+    let r = f
+        .api(
+            "POST",
+            "/namespaces/ns1/rollouts",
+            Some(json!({"configurationId": "cfg", "agents": ["a2"], "canary": 0, "manualPromote": true})),
+        )
+        .await;
+    let id = r["id"].as_i64().unwrap();
+    page.navigate(&format!("{base}/console/namespaces/ns1/rollouts/{id}"))
+        .await
+        .unwrap();
+    page.click("form[action$='/control'] button").await.unwrap();
+    wait_text(&page, "main", "Nothing new starts", 10).await;
+    page.click("button.primary").await.unwrap();
+    wait_text(&page, "#rollout", "paused", 10).await;
+    shots(&page, &dir, "rollout-paused").await;
+
+    // The audit, filtered.
+    page.navigate(&format!("{base}/console/audit?action=rollout.pause"))
+        .await
+        .unwrap();
+    wait_text(&page, "tbody", "rollout.pause", 5).await;
+    shots(&page, &dir, "audit").await;
+
+    // A host cut off: its Agents show unreachable within one drift interval, live.
+    let interval = Duration::from_secs(3);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(coordinator::control::run_drift(
+        f.store.clone(),
+        f.backend.clone(),
+        coordinator::config::DriftSettings { interval },
+        coordinator::control::leader::Leadership::always(),
+        stop_rx,
+    ));
+    page.navigate(&format!("{base}/console/namespaces/ns1/agents/a2"))
+        .await
+        .unwrap();
+    wait_text(&page, "#status", "running", 15).await;
+    let cut = std::time::Instant::now();
+    f.backend.cut_off("h1", true);
+    wait_text(&page, "#status", "unreachable", 10).await;
+    let took = cut.elapsed();
+    // One drift interval (the runner jitters it by a tenth) and the stream's 100 ms step.
+    assert!(
+        took <= interval + interval / 10 + Duration::from_millis(500),
+        "unreachable after {took:?}"
+    );
+    assert!(!text_of(&page, "#status").await.contains("converged"));
+    shots(&page, &dir, "agent-unreachable").await;
+    stop_tx.send(true).unwrap();
+    eprintln!("console screenshots: {}", dir.display());
+    browser.close().await.unwrap();
+}

@@ -415,6 +415,13 @@ pub(crate) async fn agent_status<B: Backend>(
     let active = revisions
         .iter()
         .find(|r| Some(r.id.as_str()) == a.active_revision_id.as_deref().map(|s| s as &str));
+    // Open work first, then the newest; an open item is among the newest too.
+    let mut work: Vec<&crate::model::WorkRecord> = status.open_work.iter().collect();
+    for w in &status.recent_work {
+        if !work.iter().any(|o| o.id == w.id) {
+            work.push(w);
+        }
+    }
     Ok(html! {
         dl.facts {
             dt { "Observed" } dd { (seen_badge(observed, row))
@@ -432,14 +439,14 @@ pub(crate) async fn agent_status<B: Backend>(
         }
         @if !evidence.is_empty() {
             h2 { "Failure evidence" }
-            @for r in &evidence { (failure(r)) }
+            @for r in &evidence { (failure(r, served)) }
         }
         h2 { "Work" }
         div.scroll { table {
             thead { tr { th { "Work" } th { "Kind" } th { "State" } th { "Attempts" } th { "Last attempt" } } }
-            tbody { @for w in status.open_work.iter().chain(status.recent_work.iter()).take(10) {
+            tbody { @for w in work.iter().take(10) {
                 tr {
-                    td { (w.id) } td { (w.kind.as_str()) }
+                    td { (w.id) } td.nowrap { (w.kind.as_str()) }
                     td { @match w.state {
                         crate::model::WorkState::Queued | crate::model::WorkState::Running => { (badge(Tone::Wait, w.state.as_str())) }
                         crate::model::WorkState::Failed => { (badge(Tone::Bad, "failed")) }
@@ -473,10 +480,11 @@ pub(crate) async fn agent_status<B: Backend>(
     })
 }
 
-fn failure(r: &Revision) -> Markup {
+fn failure(r: &Revision, served: Option<&str>) -> Markup {
+    let (tone, text) = revision_tone(r, served);
     html! {
         section.card aria-label={ "Revision " (r.number) " evidence" } {
-            p { strong { "Revision " (r.number) " (" (r.id) ")" } " " (badge(Tone::Bad, r.status.as_str())) }
+            p { strong { "Revision " (r.number) " (" (r.id) ")" } " " (badge(tone, &text)) }
             @if let Some(l) = &r.last_attempt {
                 p { "Last attempt " (time(l.at)) ", " (l.attempts) " attempts: " code { (l.code) } " " (l.message) }
             }
