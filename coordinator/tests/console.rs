@@ -367,11 +367,18 @@ async fn a_forged_form_is_refused_and_changes_nothing() {
         .await;
     assert_eq!(done.status, 303, "{}", done.body);
     assert_eq!(f.desired("ns1", "a1").await, "stopped");
+    let admin_id = f
+        .store
+        .token_by_hash(&coordinator::tokens::hash(&f.admin))
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
     let audit = f.store.audit_events(50).await.unwrap();
     assert!(
         audit
             .iter()
-            .any(|e| e.action.contains("stop") && e.target.contains("a1") && e.actor != ""),
+            .any(|e| e.action.contains("stop") && e.target.contains("a1") && e.actor == admin_id),
         "{audit:?}"
     );
 }

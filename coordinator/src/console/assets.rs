@@ -3,13 +3,14 @@
 //! `console/assets/`; each is served with its SHA-256 as the `ETag` and its URL carries the
 //! same hash, so a browser may keep it for a year and still never runs a stale one.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
+use super::Console;
 use crate::backend::Backend;
 
 /// One embedded file.
@@ -61,8 +62,11 @@ pub(crate) fn href(asset: &Asset) -> String {
     format!("/console/assets/{}?v={}", asset.name, hash_of(asset))
 }
 
-/// `GET /console/assets/{name}`.
-pub(crate) async fn asset<B: Backend>(Path(name): Path<String>) -> Response {
+/// `GET /console/assets/{name}` (the state only ties the handler to its router).
+pub(crate) async fn asset<B: Backend>(
+    _: State<Arc<Console<B>>>,
+    Path(name): Path<String>,
+) -> Response {
     let Some(a) = ASSETS.iter().find(|a| a.name == name) else {
         return (StatusCode::NOT_FOUND, "no such asset").into_response();
     };

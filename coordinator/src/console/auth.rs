@@ -230,8 +230,8 @@ fn sign_in_form(message: Option<&str>) -> String {
     .into_string()
 }
 
-/// `GET /console/sign-in`.
-pub(crate) async fn sign_in_page<B: Backend>() -> Response {
+/// `GET /console/sign-in` (the state only ties the handler to its router).
+pub(crate) async fn sign_in_page<B: Backend>(_: State<Arc<Console<B>>>) -> Response {
     Html(sign_in_form(None)).into_response()
 }
 

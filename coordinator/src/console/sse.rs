@@ -91,7 +91,7 @@ pub(crate) async fn agent_events<B: Backend>(
                     }
                 }
             }
-            if step % runtime_every == 0 {
+            if step.is_multiple_of(runtime_every) {
                 let asked = crate::clock::now_seconds();
                 let answer = tokio::time::timeout(
                     console.settings.target_timeout,

@@ -300,7 +300,7 @@ pub(crate) async fn namespace<B: Backend>(
             dl.facts {
                 dt { "Placement" } dd { @if let Some(c) = &namespace.cluster { "cluster " (c) } @else { (namespace.hosts.join(", ")) } }
                 dt { "Ready" } dd { @if namespace.ready { (badge(Tone::Ok, "ready")) } @else { (badge(Tone::Wait, "waiting")) }
-                    @if !namespace.cluster.is_some() { " " span.muted { (namespace.ready_hosts.len()) " of " (namespace.hosts.len()) " hosts ready" } } }
+                    @if namespace.cluster.is_none() { " " span.muted { (namespace.ready_hosts.len()) " of " (namespace.hosts.len()) " hosts ready" } } }
             }
             h2 { "Agents" }
             form.filters method="get" action={ "/console/namespaces/" (ns) } {
@@ -406,7 +406,7 @@ pub(crate) async fn agent_status<B: Backend>(
     let observed = seen(&a, row, now, console.stale_after());
     let served = a.served_revision_id.as_deref().map(|s| s as &str);
     let mut revisions = status.revisions.clone();
-    revisions.sort_by(|x, y| y.number.cmp(&x.number));
+    revisions.sort_by_key(|r| std::cmp::Reverse(r.number));
     let evidence: Vec<&Revision> = revisions
         .iter()
         .filter(|r| r.status == RevisionStatus::Failed || r.runtime_failure.is_some())
