@@ -6,11 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api_support;
+mod console_support;
 mod hostd_engine;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use console_support::{no_chromium, shots, text_of, wait_text};
 use coordinator::api::AppState;
 use coordinator::config::{ApiSettings, WorkerSettings};
 use coordinator::console::ConsoleSettings;
@@ -699,63 +701,6 @@ async fn a_rollout_is_paused_from_the_console_and_audited() {
 
 // ---- The browser suite: the console in Debian's chromium (clawfleet-cdp). ----
 
-fn no_chromium() -> bool {
-    if clawfleet_cdp::chromium_available() {
-        return false;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "chromium is missing under CI=true (apt-get install chromium)"
-    );
-    eprintln!("SKIP: chromium is not installed (apt-get install chromium)");
-    true
-}
-
-/// Screenshots of the current page at 1440, 768 and 390 px wide, as `<name>-<width>.png`;
-/// at 390 px nothing but the tables' own scroll boxes is wider than the viewport.
-async fn shots(page: &clawfleet_cdp::Page, dir: &std::path::Path, name: &str) {
-    for (w, h) in [(1440, 900), (768, 1024), (390, 844)] {
-        page.set_viewport(w, h).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        page.screenshot(&dir.join(format!("{name}-{w}.png")))
-            .await
-            .unwrap();
-        if w == 390 {
-            let wide = page
-                .evaluate("document.documentElement.scrollWidth")
-                .await
-                .unwrap();
-            assert!(
-                wide.as_u64().unwrap() <= 390,
-                "{name}: {wide} px wide at 390"
-            );
-        }
-    }
-    page.set_viewport(1440, 900).await.unwrap();
-}
-
-async fn text_of(page: &clawfleet_cdp::Page, selector: &str) -> String {
-    page.evaluate(&format!(
-        "(document.querySelector({selector:?}) || {{textContent: ''}}).textContent"
-    ))
-    .await
-    .unwrap()
-    .as_str()
-    .unwrap_or_default()
-    .to_owned()
-}
-
-async fn wait_text(page: &clawfleet_cdp::Page, selector: &str, text: &str, secs: u64) {
-    page.wait_for(
-        &format!(
-            "(document.querySelector({selector:?}) || {{textContent: ''}}).textContent.includes({text:?})"
-        ),
-        Duration::from_secs(secs),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{selector} never showed {text:?}: {e}"));
-}
-
 /// Signs in, deploys an Agent and watches it converge live, reads a failed revision's
 /// evidence, follows a log, pauses a rollout, reads the audit, sees a host cut off turn
 /// its Agents unreachable within one drift interval; screenshots at 1440, 768 and 390 px.
@@ -777,25 +722,8 @@ async fn the_console_in_chromium() {
 
     // Sign in: the token goes into an HttpOnly, SameSite=Strict cookie, nowhere else.
     page.navigate(&format!("{base}/console")).await.unwrap();
-    assert!(text_of(&page, "h1").await.contains("clawfleet console"));
     shots(&page, &dir, "sign-in").await;
-    page.fill("#token", &f.admin).await.unwrap();
-    page.click("button[type=submit]").await.unwrap();
-    page.wait_for(
-        "location.pathname === '/console' && document.title.startsWith('Fleet overview')",
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    let cookies = page.cookies().await.unwrap();
-    let session = cookies.iter().find(|c| c.name == COOKIE).unwrap();
-    assert!(
-        session.http_only && session.same_site == "Strict",
-        "{session:?}"
-    );
-    assert_eq!(page.evaluate("document.cookie").await.unwrap(), "");
-    let storage = page.storage().await.unwrap().to_string();
-    assert!(!storage.contains(&f.admin), "{storage}");
+    console_support::sign_in(&page, &base, &f.admin).await;
     // Keyboard: the first Tab lands on the skip link, with a visible focus ring.
     page.press_key(clawfleet_cdp::Key::Tab).await.unwrap();
     assert_eq!(
