@@ -567,8 +567,16 @@ async fn a_deploy_is_planned_applied_and_seen_converging_live() {
     .await;
     assert!(before.contains("converging"), "{before}");
     f.settle().await;
-    let after = read_stream(&f.addr, &format!("{base}/events"), &cookie, "converged").await;
-    assert!(after.contains("active, served"), "{after}");
+    let after = read_stream(
+        &f.addr,
+        &format!("{base}/events"),
+        &cookie,
+        "active, served",
+    )
+    .await;
+    // Done, but no sweep observed it yet: not green.
+    assert!(after.contains("work done"), "{after}");
+    assert!(!after.contains(">converged<"), "{after}");
 }
 
 /// A failed revision's evidence (its code and message) is on the Agent's page, red, never

@@ -428,7 +428,8 @@ pub(crate) async fn agent_status<B: Backend>(
                 @if let Some(r) = row { " " span.muted { (r.message) " (" (time(r.checked_at)) ")" } } }
             dt { "Desired" } dd { (a.desired_state.as_str()) }
             dt { "Deployment" } dd {
-                @if status.converged { (badge(Tone::Ok, "converged")) }
+                @if status.converged && observed == Seen::Running { (badge(Tone::Ok, "converged")) }
+                @else if status.converged { (badge(Tone::Unknown, "work done")) " " span.muted { "not observed running now" } }
                 @else if !status.open_work.is_empty() { (badge(Tone::Wait, "converging")) }
                 @else { (badge(Tone::Bad, "not converged")) }
                 @if let Some(c) = &status.last_code { " " span.muted { "last code " code { (c) } } }
