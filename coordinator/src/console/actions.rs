@@ -85,7 +85,11 @@ pub(crate) async fn deploy<B: Backend>(
             dl.facts {
                 dt { "Target" } dd { (p.target) @if !p.placed { " (not placed yet: placement chose it)" } }
                 dt { "Active revision" } dd { (p.active_revision_id.as_deref().unwrap_or("none")) }
-                dt { "Next revision" } dd { code { (serde_json::to_string(&p.revision).unwrap_or_default()) } }
+                @let next = serde_json::to_value(&p.revision).unwrap_or_default();
+                dt { "Next revision" } dd {
+                    (next["number"]) " (" code { (next["id"].as_str().unwrap_or("")) } "): configuration "
+                    (next["configurationId"].as_str().unwrap_or("")) " generation " (next["configurationGeneration"])
+                }
             }
             h3 { "What the target would change" }
             div.scroll { table {
