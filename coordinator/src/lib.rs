@@ -10,6 +10,7 @@ pub mod client;
 pub mod clock;
 pub mod codes;
 pub mod config;
+pub mod console;
 pub mod control;
 pub mod drift;
 pub mod evidence;

@@ -19,7 +19,11 @@ use crate::tokens;
 pub use clawfleet_api::Access;
 
 /// Whether the caller meets the route's rule (`namespace`: the path's `{ns}`).
-fn check(access: Access, caller: &Caller, namespace: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check(
+    access: Access,
+    caller: &Caller,
+    namespace: Option<&str>,
+) -> Result<(), ApiError> {
     match access {
         Access::Public | Access::Token => Ok(()),
         Access::Global(role) => caller.require("*", role),
@@ -105,6 +109,17 @@ pub(super) async fn authenticate<B: Backend>(
     let token = value
         .strip_prefix("Bearer ")
         .ok_or_else(|| unauthorized("the Authorization header must be Bearer <token>".into()))?;
+    caller_of_secret(state, token, now).await
+}
+
+/// The caller a token's secret names: unknown, revoked and expired tokens are 401 (the
+/// API's bearer header and the console's session cookie both carry the secret).
+pub(crate) async fn caller_of_secret<B: Backend>(
+    state: &AppState<B>,
+    token: &str,
+    now: i64,
+) -> Result<Caller, ApiError> {
+    let unauthorized = |m: String| ApiError::new(Code::Unauthenticated, m);
     let row = state
         .service
         .token(&tokens::hash(token.trim()))

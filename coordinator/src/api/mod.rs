@@ -14,7 +14,7 @@
 //! its handler, and a handler that does not decode its row's request type or does not answer
 //! its row's response type does not compile.
 
-mod access;
+pub(crate) mod access;
 mod agents;
 mod clusters;
 mod extract;
@@ -24,7 +24,7 @@ mod plans;
 mod ratelimit;
 mod rollouts;
 pub mod routes;
-mod runtime;
+pub(crate) mod runtime;
 mod secrets;
 mod system;
 mod tokens;
@@ -82,6 +82,21 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
         }
+    }
+
+    /// The HTTP status answered.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable code answered.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// The sentence answered.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 
     /// The same error with a `Retry-After` of `seconds`.

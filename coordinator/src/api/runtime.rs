@@ -34,7 +34,7 @@ pub(super) fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiErr
     })
 }
 
-pub(super) fn call_error(e: RuntimeError) -> ApiError {
+pub(crate) fn call_error(e: RuntimeError) -> ApiError {
     match e {
         RuntimeError::Service(s) => s.into(),
         RuntimeError::Call(CallError::Failed(f))

@@ -229,6 +229,17 @@ pub(crate) async fn init(
     Ok(())
 }
 
+/// The console's settings from the configuration: its session cookie is `Secure` whenever
+/// the listener is off loopback (a TLS proxy is in front then), and a drift finding older
+/// than three drift intervals no longer counts as an observation.
+fn console_settings(config: &Config) -> coordinator::console::ConsoleSettings {
+    coordinator::console::ConsoleSettings {
+        secure_cookie: !config.listen.ip().is_loopback(),
+        stale_after: config.drift.interval * 3,
+        ..Default::default()
+    }
+}
+
 pub(crate) async fn serve(config: Config) -> Result<()> {
     let store = coordinator::store::open(&config.database, &config.encryption_key_file)
         .await
@@ -292,7 +303,10 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     tracing::info!(listen = %config.listen, "occ serving");
-    eprintln!("occ: serving the API on http://{}", config.listen);
+    eprintln!(
+        "occ: serving the API on http://{0} and the console on http://{0}/console",
+        config.listen
+    );
     let shutdown = async {
         let mut term =
             match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -306,7 +320,7 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
     };
     coordinator::api::serve(
         listener,
-        coordinator::api::router_with(state, &config.api),
+        coordinator::console::with_api(state, console_settings(&config), &config.api),
         &config.api,
         shutdown,
     )

@@ -137,6 +137,8 @@ pub struct EngineBackend {
     most_activating: AtomicUsize,
     /// Where the simulated hosts' directories go (`None`: the system's temporary directory).
     parent: Option<std::path::PathBuf>,
+    /// Hosts every call to fails with a transport error (the network to them is cut).
+    cut_off: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for EngineBackend {
@@ -158,6 +160,24 @@ impl EngineBackend {
             parent: Some(parent.to_path_buf()),
             ..Self::default()
         }
+    }
+
+    /// Cuts the network to `host` (every call fails with a transport error) or restores it.
+    #[allow(dead_code)]
+    pub fn cut_off(&self, host: &str, cut: bool) {
+        let mut hosts = self.cut_off.lock().unwrap();
+        if cut {
+            hosts.insert(host.to_owned());
+        } else {
+            hosts.remove(host);
+        }
+    }
+
+    /// Writes a line to an Agent's journal on `host`, as its gateway would.
+    #[allow(dead_code)]
+    pub fn gateway_log(&self, host: &str, ns: &str, agent: &str, message: &str) {
+        let unit = hostd::layout::unit_name(&Ident::new(ns).unwrap(), &Ident::new(agent).unwrap());
+        self.host(host).fake.log_line(&unit, message);
     }
 
     fn host(&self, name: &str) -> Arc<SimHost> {
@@ -264,6 +284,12 @@ impl Backend for EngineBackend {
             .unwrap()
             .push(format!("{name} {}", operation.kind()));
         let injected = self.inject.lock().unwrap().remove(&n);
+        if self.cut_off.lock().unwrap().contains(&name) {
+            return Err(CallError::Transport {
+                host: name,
+                message: "connection timed out (the host is cut off)".into(),
+            });
+        }
         let host = self.host(&name);
         let run = |host: Arc<SimHost>, op: Operation| async move {
             tokio::task::spawn_blocking(move || host.run(&op, options.deadline, options.fence))

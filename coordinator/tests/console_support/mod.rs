@@ -1,0 +1,91 @@
+//! What the console's browser suites share (`tests/console.rs` in process, `tests/e2e_console.rs`
+//! on a real test host): the chromium skip rule, screenshots at three widths, and waiting for
+//! a page's text.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+pub fn no_chromium() -> bool {
+    if clawfleet_cdp::chromium_available() {
+        return false;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "chromium is missing under CI=true (apt-get install chromium)"
+    );
+    eprintln!("SKIP: chromium is not installed (apt-get install chromium)");
+    true
+}
+
+/// Screenshots of the current page at 1440, 768 and 390 px wide, as `<name>-<width>.png`;
+/// at 390 px nothing but the tables' own scroll boxes is wider than the viewport.
+pub async fn shots(page: &clawfleet_cdp::Page, dir: &std::path::Path, name: &str) {
+    for (w, h) in [(1440, 900), (768, 1024), (390, 844)] {
+        page.set_viewport(w, h).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        page.screenshot(&dir.join(format!("{name}-{w}.png")))
+            .await
+            .unwrap();
+        if w == 390 {
+            let wide = page
+                .evaluate("document.documentElement.scrollWidth")
+                .await
+                .unwrap();
+            assert!(
+                wide.as_u64().unwrap() <= 390,
+                "{name}: {wide} px wide at 390"
+            );
+        }
+    }
+    page.set_viewport(1440, 900).await.unwrap();
+}
+
+pub async fn text_of(page: &clawfleet_cdp::Page, selector: &str) -> String {
+    page.evaluate(&format!(
+        "(document.querySelector({selector:?}) || {{textContent: ''}}).textContent"
+    ))
+    .await
+    .unwrap()
+    .as_str()
+    .unwrap_or_default()
+    .to_owned()
+}
+
+pub async fn wait_text(page: &clawfleet_cdp::Page, selector: &str, text: &str, secs: u64) {
+    page.wait_for(
+        &format!(
+            "(document.querySelector({selector:?}) || {{textContent: ''}}).textContent.includes({text:?})"
+        ),
+        Duration::from_secs(secs),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{selector} never showed {text:?}: {e}"));
+}
+
+/// Signs in at `base` (`http://host:port`) with `token` through the sign-in form, and checks
+/// the cookie the browser got: HttpOnly, SameSite=Strict, unreadable by the page, and the
+/// token in no storage.
+pub async fn sign_in(page: &clawfleet_cdp::Page, base: &str, token: &str) {
+    page.navigate(&format!("{base}/console")).await.unwrap();
+    assert!(text_of(page, "h1").await.contains("clawfleet console"));
+    page.fill("#token", token).await.unwrap();
+    page.click("button[type=submit]").await.unwrap();
+    page.wait_for(
+        "location.pathname === '/console' && document.title.startsWith('Fleet overview')",
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let cookies = page.cookies().await.unwrap();
+    let session = cookies
+        .iter()
+        .find(|c| c.name == coordinator::console::auth::COOKIE)
+        .unwrap();
+    assert!(
+        session.http_only && session.same_site == "Strict",
+        "{session:?}"
+    );
+    assert_eq!(page.evaluate("document.cookie").await.unwrap(), "");
+    let storage = page.storage().await.unwrap().to_string();
+    assert!(!storage.contains(token), "{storage}");
+}
