@@ -1,8 +1,10 @@
 //! The configuration file watched and applied live, as OpenClaw's `hybrid` reload mode does
 //! (issue 28): the gateway re-reads `OPENCLAW_CONFIG_PATH` when the file there is replaced,
 //! applies a change that leaves `gateway`, `secrets` and `x-clawfleet-test` (its switches)
-//! alone without a restart, and exits 0 for any other change so its supervisor restarts it
-//! (OpenClaw restarts itself then). `config.get` reports what it read and what it applied,
+//! alone without a restart, and for any other change ends its sessions with 1012 and exits 0
+//! so its supervisor restarts it (OpenClaw restarts itself then, closing its clients with
+//! 1012 too). hostd replaces the file just before it restarts the unit on such a revision, so
+//! either this or the stop's SIGTERM comes first, and clients see 1012 either way. `config.get` reports what it read and what it applied,
 //! with OpenClaw's field names (`raw`, `valid`, `configRevisionHash`, `appliedConfigHash`).
 
 use std::path::PathBuf;
@@ -81,18 +83,23 @@ impl LiveConfig {
         })
     }
 
-    /// Looks at the file every [`POLL`] from a thread of its own.
-    pub fn watch(self: &Arc<Self>) {
+    /// Looks at the file every [`POLL`] from a thread of its own; `restart` ends the process
+    /// for a change that needs a restart.
+    pub fn watch(self: &Arc<Self>, restart: impl Fn() + Send + 'static) {
         let me = Arc::clone(self);
+        // Taken now, and compared by content once: a file replaced between the start's read
+        // and this point is not missed.
+        let mut seen = self.stamp();
         std::thread::spawn(move || {
-            let mut seen = me.stamp();
+            let mut changed = true;
             loop {
+                if changed && me.reread() == Reread::Restart {
+                    restart();
+                }
                 std::thread::sleep(POLL);
                 let now = me.stamp();
-                if now != seen {
-                    seen = now;
-                    me.reread();
-                }
+                changed = now != seen;
+                seen = now;
             }
         });
     }
@@ -105,13 +112,13 @@ impl LiveConfig {
         Some((m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
     }
 
-    fn reread(&self) {
+    fn reread(&self) -> Reread {
         let Ok(raw) = std::fs::read(&self.path) else {
-            return;
+            return Reread::Kept;
         };
         let mut s = lock(&self.state);
         if raw == s.raw {
-            return;
+            return Reread::Kept;
         }
         let sha = sha256_hex(&raw);
         let parsed: Option<Value> = serde_json::from_slice(&raw).ok().filter(Value::is_object);
@@ -121,14 +128,14 @@ impl LiveConfig {
             s.raw = raw;
             s.valid = false;
             s.read_sha256 = sha;
-            return;
+            return Reread::Kept;
         };
         if let Some(key) = RESTART_KEYS
             .iter()
             .find(|k| config.get(**k) != s.applied.get(**k))
         {
-            eprintln!("clawfleet-test-gateway: config change at {key} needs a restart; exiting 0");
-            std::process::exit(0);
+            eprintln!("clawfleet-test-gateway: config change at {key} needs a restart");
+            return Reread::Restart;
         }
         s.raw = raw;
         s.valid = true;
@@ -140,5 +147,15 @@ impl LiveConfig {
             "clawfleet-test-gateway: config hot reload applied ({} so far)",
             s.reloads
         );
+        Reread::Applied
     }
+}
+
+/// What a re-read of the file did.
+#[derive(Debug, PartialEq, Eq)]
+enum Reread {
+    /// Nothing new, or a file that is not valid (the last good one stays).
+    Kept,
+    Applied,
+    Restart,
 }

@@ -161,7 +161,6 @@ fn main() -> ExitCode {
             .map_or_else(|| settings.config_path.clone(), std::path::PathBuf::from),
         std::fs::read(&settings.config_path).unwrap_or_default(),
     );
-    live.watch();
     let state = Arc::new(State {
         stopping: AtomicBool::new(false),
         live,
@@ -193,6 +192,15 @@ fn main() -> ExitCode {
     if signals_blocked {
         close_sessions_on_term(&state);
     }
+    let on_restart = Arc::clone(&state);
+    state.live.watch(move || {
+        on_restart.stopping.store(true, Ordering::SeqCst);
+        let closed = on_restart.connections.close_all(1012, "service restart");
+        eprintln!(
+            "clawfleet-test-gateway: closed {closed} sessions with 1012 for a restart, exiting 0"
+        );
+        std::process::exit(0);
+    });
     start_timers(&state);
     for conn in listener.incoming() {
         match conn {
