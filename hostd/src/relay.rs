@@ -37,6 +37,8 @@ pub use clawfleet_protocol::relay::RELAY_COMMAND;
 
 /// How long a connect to the Agent's front may take (it accepts at once: systemd listens).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Why a stream the coordinator reset ended.
+const REASON_PEER_RESET: &str = "reset by the coordinator";
 /// Frames queued for the channel before stream threads wait.
 const WRITE_QUEUE: usize = 1024;
 
@@ -400,6 +402,11 @@ impl Stream {
         self.credit.close();
         let from_gateway = to_channel.join().unwrap_or(0);
         self.forget();
+        // However it ended, the coordinator learns that the stream is gone (a reset of a
+        // stream it already reset is ignored).
+        if reason != REASON_PEER_RESET {
+            let _ = self.tx.send(RelayFrame::reset(self.id, reason));
+        }
         tracing::info!(
             stream = self.id,
             namespace = %open.namespace,
@@ -475,12 +482,11 @@ impl Stream {
                     eof = true;
                     let _ = socket.shutdown(Shutdown::Write);
                 }
-                Ok(ToGateway::Reset) => return (total, "reset by the coordinator"),
+                Ok(ToGateway::Reset) => return (total, REASON_PEER_RESET),
                 Err(RecvTimeoutError::Disconnected) => return (total, "relay ended"),
                 Err(RecvTimeoutError::Timeout) => {
                     let idle = elapsed_ms(started).saturating_sub(last.load(Ordering::Relaxed));
                     if idle >= self.idle_timeout.as_millis() as u64 {
-                        let _ = self.tx.send(RelayFrame::reset(self.id, "idle timeout"));
                         return (total, "idle timeout");
                     }
                 }
