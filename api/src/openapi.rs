@@ -309,7 +309,11 @@ mod tests {
             let ok = &doc["paths"][r.path][r.method.as_str()]["responses"][r.success.to_string()];
             let content = ok["content"].as_object();
             if r.success == 204 || r.success == 101 {
-                assert!(content.is_none(), "{route}: {} with a body: {ok}", r.success);
+                assert!(
+                    content.is_none(),
+                    "{route}: {} with a body: {ok}",
+                    r.success
+                );
                 continue;
             }
             let content = content.unwrap_or_else(|| panic!("{route}: no content: {ok}"));
