@@ -248,6 +248,27 @@ fn closes_within(s: &mut TcpStream, limit: Duration) -> Duration {
     }
 }
 
+/// The head and first bytes of the answer to a hand-written upgrade request.
+async fn raw_upgrade(server: &str, token: &str, extra: &str) -> String {
+    let server = server.trim_start_matches("http://").to_owned();
+    let (token, extra) = (token.to_owned(), extra.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&server).unwrap();
+        write!(
+            s,
+            "GET /namespaces/ns1/agents/a1/gateway-tunnel HTTP/1.1\r\nHost: {server}\r\n\
+             Authorization: Bearer {token}\r\nConnection: Upgrade\r\nUpgrade: clawfleet-gateway\r\n\
+             {extra}\r\n"
+        )
+        .unwrap();
+        let mut head = [0u8; 1024];
+        let n = s.read(&mut head).unwrap();
+        String::from_utf8_lossy(&head[..n]).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
 fn occ_binary() -> std::path::PathBuf {
     std::env::var_os("CLAWFLEET_OCC_BIN")
         .map(Into::into)
@@ -364,23 +385,7 @@ async fn roles_origin_upgrade_and_the_per_token_cap_are_enforced() {
         other => panic!("{other:?}"),
     }
     // Another site's page.
-    let server = f.server.trim_start_matches("http://").to_owned();
-    let admin = f.admin.clone();
-    let answer = tokio::task::spawn_blocking(move || {
-        let mut s = TcpStream::connect(&server).unwrap();
-        write!(
-            s,
-            "GET /namespaces/ns1/agents/a1/gateway-tunnel HTTP/1.1\r\nHost: {server}\r\n\
-             Authorization: Bearer {admin}\r\nConnection: Upgrade\r\nUpgrade: clawfleet-gateway\r\n\
-             Origin: https://evil.example\r\n\r\n"
-        )
-        .unwrap();
-        let mut head = [0u8; 512];
-        let n = s.read(&mut head).unwrap();
-        String::from_utf8_lossy(&head[..n]).into_owned()
-    })
-    .await
-    .unwrap();
+    let answer = raw_upgrade(&f.server, &f.admin, "Origin: https://evil.example\r\n").await;
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     assert!(answer.contains("ORIGIN_REFUSED"), "{answer}");
     // Three streams per token, the fourth refused, one closed gives its place back.
@@ -391,7 +396,9 @@ async fn roles_origin_upgrade_and_the_per_token_cap_are_enforced() {
     }
     let (status, message) = code(f.stream(&t).await);
     assert_eq!(status, 429, "the fourth stream: {message}");
-    assert!(message.contains("gateway_streams_per_token"), "{message}");
+    let answer = raw_upgrade(&f.server, &t, "").await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("GATEWAY_STREAM_LIMIT"), "{answer}");
     let _ = open.pop().unwrap().shutdown(std::net::Shutdown::Both);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
