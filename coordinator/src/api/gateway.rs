@@ -142,6 +142,8 @@ pub(super) async fn gateway_tunnel<B: Backend>(
     Path((ns, agent)): Path<(String, String)>,
     mut request: Request,
 ) -> ApiResult<Switching> {
+    // The Agent first: a malformed or unknown one is 400/404 whatever the headers.
+    let place = st.service.gateway_place(&ns, &agent).await?;
     let headers = request.headers();
     if !header_has(headers, header::CONNECTION, "upgrade")
         || !header_has(headers, header::UPGRADE, UPGRADE_PROTOCOL)
@@ -169,7 +171,6 @@ pub(super) async fn gateway_tunnel<B: Backend>(
             ),
         )
     })?;
-    let place = st.service.gateway_place(&ns, &agent).await?;
     let dialer = st.backend.gateway().ok_or_else(|| {
         ApiError::new(
             Code::BackendUnsupported,
