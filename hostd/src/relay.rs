@@ -507,10 +507,7 @@ fn gateway_to_channel(
 ) -> u64 {
     let mut total = 0u64;
     let mut buf = vec![0u8; MAX_PAYLOAD];
-    loop {
-        let Some(allowed) = credit.take(MAX_PAYLOAD as u64) else {
-            break;
-        };
+    while let Some(allowed) = credit.take(MAX_PAYLOAD as u64) {
         let n = match socket.read(&mut buf[..allowed as usize]) {
             Ok(0) | Err(_) => {
                 // A stream ended from the channel's side says nothing more.

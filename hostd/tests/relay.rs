@@ -3,7 +3,7 @@
 //! the others flow, the stream cap and the idle timeout hold.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
