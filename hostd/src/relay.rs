@@ -398,8 +398,9 @@ impl Stream {
         };
         let (to_gateway, reason) =
             self.channel_to_gateway(&socket, from_reader, &last, started, &ended);
-        let _ = socket.shutdown(Shutdown::Both);
+        // Ended first, so the reader that the shutdown wakes does not report an end of its own.
         self.credit.close();
+        let _ = socket.shutdown(Shutdown::Both);
         let from_gateway = to_channel.join().unwrap_or(0);
         self.forget();
         // However it ended, the coordinator learns that the stream is gone (a reset of a
