@@ -242,6 +242,7 @@ macro_rules! client_answer_type {
     (Page < $t:ident >) => { $crate::client::Page<$crate::types::$t> };
     (Text) => { ::std::string::String };
     (NoContent) => { () };
+    (Upgrade) => { $crate::client::Call };
 }
 
 /// Decodes a [`Reply`] as a row's answer.
@@ -272,10 +273,22 @@ macro_rules! client_decode {
     }};
 }
 
-/// One client method per row, by its request kind.
+/// One client method per row, by its request kind. An `Upgrade` row's method does no I/O:
+/// it answers the [`Call`] (its path), which the caller sends as an HTTP upgrade itself.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! client_method {
+    ($path:literal, Upgrade, Upgrade, $handler:ident, $summary:literal) => {
+        #[doc = $summary]
+        #[doc = ""]
+        #[doc = concat!("`", $path, "`")]
+        fn $handler(
+            &self,
+            params: [&str; $crate::client::path_params($path)],
+        ) -> ::std::result::Result<$crate::client::Call, Self::Error> {
+            Ok($crate::client::call(stringify!($handler), &params, None, None))
+        }
+    };
     ($path:literal, Empty, $resp:ident $(< $respty:ident >)?, $handler:ident, $summary:literal) => {
         #[doc = $summary]
         #[doc = ""]

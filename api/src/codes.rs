@@ -138,6 +138,10 @@ codes! {
     RolloutStateConflict = "ROLLOUT_STATE_CONFLICT" => 409 Permanent, "The rollout is not in a state that allows this (pause a running one, resume a paused one, promote one waiting, abort one not finished).";
     PlanStale = "PLAN_STALE" => 409 Permanent, "The plan token no longer matches: a Configuration generation or an Agent's active revision moved since the plan; plan again.";
     InvalidPlanToken = "INVALID_PLAN_TOKEN" => 400 Permanent, "The plan token is not one the coordinator issues (plan1- and 32 hex digits).";
+    UpgradeRequired = "UPGRADE_REQUIRED" => 426 Permanent, "The route is an HTTP upgrade: send `Connection: Upgrade` and `Upgrade: clawfleet-gateway`.";
+    OriginRefused = "ORIGIN_REFUSED" => 403 Permanent, "The request's Origin is not the coordinator's own (a page of another site may not open gateway streams).";
+    GatewayNotServing = "GATEWAY_NOT_SERVING" => 409 Permanent, "The Agent is not meant to run (stopped or being deleted) or has no active revision, so there is no gateway to reach.";
+    GatewayStreamLimit = "GATEWAY_STREAM_LIMIT" => 429 Retryable, "The token has its most gateway streams open (api.gateway_streams_per_token); close one or retry later.";
     RateLimited = "RATE_LIMITED" => 429 Retryable, "The token is over one of its limits (requests in progress, requests per minute, reads of hosts and clusters per minute); retry after the Retry-After seconds.";
     // Work outcomes.
     CallInProgress = "CALL_IN_PROGRESS" => 503 Retryable, "A host or cluster call of the work has not answered for a few seconds (a slow hostd or Kubernetes API); the message names the operation, the target and how long. The call's outcome replaces it.";
@@ -402,6 +406,7 @@ mod walk {
         "RUNTIME_DIRECTORY",
         "SSL_CERT_DIR",
         "SSL_CERT_FILE",
+        "SSH_ORIGINAL_COMMAND",
         "STATE_DIRECTORY",
         "SUDO_USER",
         "SYSTEMD_",

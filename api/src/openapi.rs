@@ -140,6 +140,13 @@ fn query_parameters(schema: &Value) -> Vec<Value> {
 
 /// The success response of a route: its answer's schema and content type.
 fn success_response(answer: Answer) -> Value {
+    if matches!(answer, Answer::Upgrade) {
+        return json!({"description": format!(
+            "Switching Protocols (send `Connection: Upgrade` and `Upgrade: {}`): from then on \
+             the connection carries the stream's bytes both ways, no HTTP",
+            crate::routes::UPGRADE_PROTOCOL
+        )});
+    }
     let schema = answer.schema();
     let description = schema
         .as_ref()
@@ -301,8 +308,12 @@ mod tests {
             let route = format!("{} {}", r.method.as_str(), r.path);
             let ok = &doc["paths"][r.path][r.method.as_str()]["responses"][r.success.to_string()];
             let content = ok["content"].as_object();
-            if r.success == 204 {
-                assert!(content.is_none(), "{route}: 204 with a body: {ok}");
+            if r.success == 204 || r.success == 101 {
+                assert!(
+                    content.is_none(),
+                    "{route}: {} with a body: {ok}",
+                    r.success
+                );
                 continue;
             }
             let content = content.unwrap_or_else(|| panic!("{route}: no content: {ok}"));

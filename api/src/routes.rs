@@ -77,7 +77,13 @@ pub enum Answer {
     Text(&'static str),
     /// No body (204).
     NoContent,
+    /// `101 Switching Protocols` to [`UPGRADE_PROTOCOL`]: from then on the connection carries
+    /// a byte stream (the Agent's gateway), no HTTP.
+    Upgrade,
 }
+
+/// The `Upgrade:` protocol of the [`Answer::Upgrade`] routes.
+pub const UPGRADE_PROTOCOL: &str = "clawfleet-gateway";
 
 impl Answer {
     /// The JSON Schema of the body, `None` without one.
@@ -85,7 +91,7 @@ impl Answer {
         match self {
             Answer::Json(s) | Answer::List(s) | Answer::Page(s) => Some(s()),
             Answer::Text(_) => Some(serde_json::json!({"type": "string"})),
-            Answer::NoContent => None,
+            Answer::NoContent | Answer::Upgrade => None,
         }
     }
 
@@ -94,7 +100,7 @@ impl Answer {
         match self {
             Answer::Json(_) | Answer::List(_) | Answer::Page(_) => Some("application/json"),
             Answer::Text(t) => Some(t),
-            Answer::NoContent => None,
+            Answer::NoContent | Answer::Upgrade => None,
         }
     }
 }
@@ -153,8 +159,9 @@ pub struct Route {
 /// ```
 ///
 /// `Access` is `Public`, `Token`, or `Global`, `Namespace`, `Scoped` with a [`Role`] in
-/// parentheses; `Request` is `Empty`, `Json<T>` or `Query<T>`; `Response` is `Json<T>`,
-/// `List<T>`, `Page<T>`, `Text` or `NoContent`. Every `T` names an item of
+/// parentheses; `Request` is `Empty`, `Json<T>`, `Query<T>` or `Upgrade` (an HTTP upgrade
+/// request, no body); `Response` is `Json<T>`, `List<T>`, `Page<T>`, `Text`, `NoContent` or
+/// `Upgrade` (101, then a byte stream). Every `T` names an item of
 /// `clawfleet_api::types`; `module::handler` names the coordinator's handler (its name is
 /// the OpenAPI operationId). The order is the order `/openapi.json` lists them.
 #[macro_export]
@@ -217,6 +224,8 @@ macro_rules! route_table {
                 => plans::plan_deploy, "What deploying the next revision would change on its target (read-only), and the plan token";
             Post "/namespaces/{ns}/agents/{agent}/stop", Namespace(Operate), Empty -> 202 Json<Stopping>
                 => agents::stop, "Stop the Agent";
+            Get "/namespaces/{ns}/agents/{agent}/gateway-tunnel", Namespace(Deploy), Upgrade -> 101 Upgrade
+                => gateway::gateway_tunnel, "A byte stream to the Agent's gateway (HTTP upgrade to clawfleet-gateway; `occ agent connect`), audited per stream, closed on token revocation, stop, delete or a new active revision";
             Post "/namespaces/{ns}/agents/{agent}/reconcile", Namespace(Operate), Empty -> 202 Json<Reconciling>
                 => runtime::reconcile, "Re-apply the active revision (an audited deployment pass of the same revision)";
             Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), Query<PageQuery> -> 200 Page<Revision>
@@ -282,6 +291,9 @@ macro_rules! request_body {
     (Empty) => {
         Body::None
     };
+    (Upgrade) => {
+        Body::None
+    };
     (Json < $t:ident >) => {
         Body::Json(schema_of::<crate::types::$t>)
     };
@@ -306,6 +318,9 @@ macro_rules! answer {
     };
     (NoContent) => {
         Answer::NoContent
+    };
+    (Upgrade) => {
+        Answer::Upgrade
     };
 }
 
@@ -359,7 +374,9 @@ mod tests {
         for r in ROUTES {
             let empty = matches!(r.answer, Answer::NoContent);
             assert_eq!(empty, r.success == 204, "{} {}", r.method.as_str(), r.path);
-            assert!((200..300).contains(&r.success), "{}", r.path);
+            let upgrade = matches!(r.answer, Answer::Upgrade);
+            assert_eq!(upgrade, r.success == 101, "{}", r.path);
+            assert!(upgrade || (200..300).contains(&r.success), "{}", r.path);
         }
     }
 
@@ -393,7 +410,7 @@ mod tests {
                     assert_eq!(schema["items"]["type"], "object", "{route}: {schema}");
                 }
                 Answer::Text(_) => assert_eq!(schema["type"], "string"),
-                Answer::NoContent => {}
+                Answer::NoContent | Answer::Upgrade => {}
             }
         }
     }

@@ -231,8 +231,38 @@ impl CallError {
 /// A progress callback (for `occ ... --wait`).
 pub type ProgressSink = std::sync::Arc<dyn Fn(&HostName, &Progress) + Send + Sync>;
 
+/// One open byte stream to an Agent's gateway: what [`GatewayDialer::open`] answers.
+pub trait GatewayIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> GatewayIo for T {}
+
+/// Opens byte streams to Agents' gateways (issue 30): on hosts through hostd's relay channel
+/// (`crate::ssh`), on clusters through the API server's port-forward to the Agent's Pod.
+/// Object safe, so the API holds it as `&dyn GatewayDialer` whatever the backend.
+pub trait GatewayDialer: Send + Sync {
+    /// A stream to the gateway of `namespace/agent` on `target`, opened for `caller` (the API
+    /// principal, logged where the stream ends). The gateway's address is the target's to
+    /// know, never the caller's to say.
+    fn open<'a>(
+        &'a self,
+        target: &'a Target,
+        namespace: &'a clawfleet_protocol::Ident,
+        agent: &'a clawfleet_protocol::Ident,
+        caller: &'a str,
+    ) -> GatewayOpen<'a>;
+}
+
+/// What [`GatewayDialer::open`] answers: the open stream, later.
+pub type GatewayOpen<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Box<dyn GatewayIo>, CallError>> + Send + 'a>>;
+
 /// Sends operations to hosts and clusters.
 pub trait Backend: Send + Sync + 'static {
+    /// The backend's gateway dialer, `None` when it opens no gateway streams.
+    fn gateway(&self) -> Option<&dyn GatewayDialer> {
+        None
+    }
+
     /// Sends one operation and waits for its result. Host implementations sign the envelope,
     /// mint its operation id, and, if the session drops after sending, learn the outcome with
     /// `operation-status` rather than guessing.

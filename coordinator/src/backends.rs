@@ -42,7 +42,41 @@ pub fn kube_cluster(target: &ClusterTarget) -> Result<Cluster, Failure> {
     })
 }
 
+impl crate::backend::GatewayDialer for Backends {
+    fn open<'a>(
+        &'a self,
+        target: &'a Target,
+        namespace: &'a clawfleet_protocol::Ident,
+        agent: &'a clawfleet_protocol::Ident,
+        caller: &'a str,
+    ) -> crate::backend::GatewayOpen<'a> {
+        Box::pin(async move {
+            match target {
+                Target::Host(_) => {
+                    crate::backend::GatewayDialer::open(
+                        &*self.ssh, target, namespace, agent, caller,
+                    )
+                    .await
+                }
+                // The cluster path: the API server's port-forward to the Agent's current Pod
+                // (kube-backend's dialer plugs in here).
+                Target::Cluster(c) => Err(CallError::Unsupported {
+                    target: c.name.to_string(),
+                    message: format!(
+                        "gateway streams to Agents on cluster {} need the Kubernetes port-forward dialer, which this coordinator build does not include",
+                        c.name
+                    ),
+                }),
+            }
+        })
+    }
+}
+
 impl Backend for Backends {
+    fn gateway(&self) -> Option<&dyn crate::backend::GatewayDialer> {
+        Some(self)
+    }
+
     async fn call(
         &self,
         target: impl Into<Target> + Send,

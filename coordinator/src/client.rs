@@ -165,29 +165,92 @@ impl Client {
                 header(head, clawfleet_api::routes::NEXT_CURSOR_HEADER),
             ));
         }
-        let value: Value = serde_json::from_str(&body_text).unwrap_or(Value::Null);
-        let code = value["error"]["code"]
-            .as_str()
-            .unwrap_or(Code::HttpError.as_str())
-            .to_owned();
-        let message = value["error"]["message"]
-            .as_str()
-            .map(str::to_owned)
-            .unwrap_or_else(|| body_text.chars().take(200).collect());
-        if status == 429 {
-            let retry_after = header(head, "retry-after")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1);
-            return Err(ClientError::RateLimited {
-                retry_after,
-                message,
-            });
+        Err(refusal(status, head, &body_text))
+    }
+
+    /// Opens an HTTP upgrade to `path` ([`clawfleet_api::routes::UPGRADE_PROTOCOL`]): the
+    /// connection, once the coordinator answered 101, carries the stream; a refusal is the
+    /// API's error like any other request's.
+    pub fn upgrade(&self, path: &str) -> Result<TcpStream, ClientError> {
+        let connect = |source| ClientError::Connect {
+            addr: self.addr.clone(),
+            source,
+        };
+        let mut stream = TcpStream::connect(&self.addr).map_err(connect)?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .map_err(connect)?;
+        let _ = stream.set_nodelay(true);
+        let mut req = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: Upgrade\r\nUpgrade: {}\r\n",
+            self.addr,
+            clawfleet_api::routes::UPGRADE_PROTOCOL
+        );
+        if let Some(t) = &self.token {
+            req.push_str(&format!("Authorization: Bearer {t}\r\n"));
         }
-        Err(ClientError::Api {
-            status,
-            code,
+        req.push_str("\r\n");
+        stream.write_all(req.as_bytes()).map_err(connect)?;
+        // The head, byte by byte: what follows it belongs to the stream.
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if head.len() > 64 * 1024 {
+                return Err(ClientError::Malformed(
+                    "the answer's head is over 64 KiB".into(),
+                ));
+            }
+            match stream.read(&mut byte).map_err(connect)? {
+                0 => return Err(ClientError::Malformed("no header end".into())),
+                _ => head.push(byte[0]),
+            }
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ClientError::Malformed("no status code".into()))?;
+        if status == 101 {
+            stream.set_read_timeout(None).map_err(connect)?;
+            return Ok(stream);
+        }
+        let length: u64 = header(&head, "content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut body = Vec::new();
+        stream
+            .take(length.min(MAX_RESPONSE))
+            .read_to_end(&mut body)
+            .map_err(connect)?;
+        Err(refusal(status, &head, &String::from_utf8_lossy(&body)))
+    }
+}
+
+/// The error of a non-2xx answer: its code and message from the API's error body.
+fn refusal(status: u16, head: &str, body_text: &str) -> ClientError {
+    let value: Value = serde_json::from_str(body_text).unwrap_or(Value::Null);
+    let code = value["error"]["code"]
+        .as_str()
+        .unwrap_or(Code::HttpError.as_str())
+        .to_owned();
+    let message = value["error"]["message"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| body_text.chars().take(200).collect());
+    if status == 429 {
+        let retry_after = header(head, "retry-after")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        return ClientError::RateLimited {
+            retry_after,
             message,
-        })
+        };
+    }
+    ClientError::Api {
+        status,
+        code,
+        message,
     }
 }
 

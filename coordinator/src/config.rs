@@ -157,6 +157,8 @@ struct RawApi {
     max_concurrent_requests: Option<usize>,
     allow_plaintext_listen: Option<bool>,
     runtime_reads_per_minute: Option<u32>,
+    gateway_streams_per_token: Option<usize>,
+    gateway_recheck_seconds: Option<u64>,
     body_timeout_seconds: Option<u64>,
     admin_reserved_requests: Option<usize>,
     token_concurrent_requests: Option<usize>,
@@ -191,6 +193,12 @@ pub struct ApiSettings {
     /// Runtime and log reads per token per minute (each reaches a host or cluster); more get
     /// 429 RATE_LIMITED with Retry-After.
     pub runtime_reads_per_minute: u32,
+    /// Gateway streams (`occ agent connect`, the gateway route) one token may have open at
+    /// once on this coordinator; more get 429 GATEWAY_STREAM_LIMIT.
+    pub gateway_streams_per_token: usize,
+    /// How often an open gateway stream re-checks its token and Agent (revoked, stopped,
+    /// deleted, new active revision close it).
+    pub gateway_recheck: Duration,
 }
 
 impl Default for ApiSettings {
@@ -206,6 +214,8 @@ impl Default for ApiSettings {
             body_timeout: Duration::from_secs(10),
             allow_plaintext_listen: false,
             runtime_reads_per_minute: 120,
+            gateway_streams_per_token: 256,
+            gateway_recheck: Duration::from_secs(30),
         }
     }
 }
@@ -506,6 +516,21 @@ impl Config {
                 a.body_timeout_seconds,
                 da.body_timeout,
             )?,
+            gateway_streams_per_token: count(
+                "api.gateway_streams_per_token",
+                a.gateway_streams_per_token,
+                65536,
+                da.gateway_streams_per_token,
+            )?,
+            gateway_recheck: match a.gateway_recheck_seconds {
+                Some(s) if !(1..=30).contains(&s) => {
+                    return Err(invalid(
+                        "api.gateway_recheck_seconds",
+                        format!("{s} is not between 1 and 30"),
+                    ));
+                }
+                v => v.map_or(da.gateway_recheck, Duration::from_secs),
+            },
             admin_reserved_requests: a
                 .admin_reserved_requests
                 .unwrap_or(da.admin_reserved_requests),

@@ -77,6 +77,8 @@ struct RawLimits {
     max_envelope_lifetime_seconds: Option<u64>,
     max_sessions: Option<u64>,
     session_idle_timeout_seconds: Option<u64>,
+    max_relay_streams: Option<u64>,
+    relay_idle_timeout_seconds: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -325,6 +327,8 @@ impl RawConfig {
                 1,
                 86_400,
             )?,
+            max_relay_streams: limits.integer("max_relay_streams", 1, 65_536)?,
+            relay_idle_timeout_seconds: limits.integer("relay_idle_timeout_seconds", 1, 86_400)?,
         };
         limits.finish()?;
         let mut unit = top.table("unit", "unit.")?;
@@ -415,6 +419,10 @@ pub struct Limits {
     /// A session that receives no frame for this long ends itself (session.rs). Above the
     /// coordinator's own idle close (120 s), which replaces an ended session transparently.
     pub session_idle_timeout: Duration,
+    /// Gateway streams one relay channel (`hostd relay`, relay.rs) carries at once.
+    pub max_relay_streams: u32,
+    /// A relayed gateway stream without a byte either way for this long is closed.
+    pub relay_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -429,6 +437,8 @@ impl Default for Limits {
             max_envelope_lifetime_seconds: 3600,
             max_sessions: 32,
             session_idle_timeout: Duration::from_secs(600),
+            max_relay_streams: 512,
+            relay_idle_timeout: Duration::from_secs(900),
         }
     }
 }
@@ -647,6 +657,12 @@ impl Config {
             session_idle_timeout: l
                 .session_idle_timeout_seconds
                 .map_or(d.session_idle_timeout, Duration::from_secs),
+            max_relay_streams: l
+                .max_relay_streams
+                .map_or(d.max_relay_streams, |n| n as u32),
+            relay_idle_timeout: l
+                .relay_idle_timeout_seconds
+                .map_or(d.relay_idle_timeout, Duration::from_secs),
         };
 
         let u = raw.unit;

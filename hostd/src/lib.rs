@@ -22,6 +22,7 @@ pub mod markers;
 pub mod netns;
 pub mod quota;
 pub mod real;
+pub mod relay;
 pub mod secrets;
 pub mod session;
 pub mod sock_diag;

@@ -45,6 +45,10 @@ enum Command {
         #[arg(long, allow_hyphen_values = true)]
         key: Option<String>,
     },
+    /// Relay gateway streams for the coordinator (what `serve` does when the session asked
+    /// for `hostd relay`).
+    #[command(hide = true)]
+    Relay,
     /// Verify and execute one signed operation from a file; the signature is FILE.sig unless
     /// --signature says otherwise. Prints the result as JSON.
     Apply {
@@ -295,6 +299,31 @@ fn print_table(inv: &Inventory) {
     }
 }
 
+/// `hostd relay`: gateway streams over this session's stdin and stdout until it closes.
+fn relay(cli: &Cli) -> Result<ExitCode> {
+    let config = load_config(cli)?;
+    let system = RealSystem::new()?;
+    let engine = Engine::new(&config, &system, host_fingerprint(&config)?);
+    let verifier = hostd::session::verifier(&config, &engine.host_key);
+    let resolver = Arc::new(hostd::relay::MarkerResolver {
+        layout: engine.layout.clone(),
+    });
+    let settings = hostd::relay::RelaySettings {
+        max_streams: config.limits.max_relay_streams,
+        idle_timeout: config.limits.relay_idle_timeout,
+    };
+    tracing::info!("relay session started");
+    hostd::relay::run(
+        verifier,
+        resolver,
+        settings,
+        std::io::stdin(),
+        std::io::stdout(),
+        hostd::session::now_unix,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
         Command::Enrol {
@@ -398,6 +427,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .with_context(|| format!("cannot write the secrets of {account}"))?;
             tracing::info!(account = %account, secrets = n, "secret files written");
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Relay => relay(&cli),
+        Command::Serve { .. }
+            if std::env::var("SSH_ORIGINAL_COMMAND").as_deref()
+                == Ok(hostd::relay::RELAY_COMMAND) =>
+        {
+            relay(&cli)
         }
         Command::Serve { key } => {
             let key = match key.as_deref() {

@@ -64,29 +64,38 @@ impl std::fmt::Debug for Responder<'_> {
     }
 }
 
+/// The verifier of this host's envelopes (and relay opens), or the failure every one of
+/// them gets while allowed_signers is unusable (`SIGNERS_FILE_INVALID`; nothing is trusted).
+pub fn verifier(
+    config: &Config,
+    host_key: &clawfleet_protocol::Fingerprint,
+) -> Result<Verifier, Failure> {
+    AllowedSigners::load(&config.allowed_signers)
+        .map(|signers| {
+            let mut v = Verifier::new(
+                signers,
+                HostIdentity {
+                    name: config.host_name.clone(),
+                    host_key: host_key.clone(),
+                },
+            );
+            v.clock_skew_seconds = config.limits.clock_skew_seconds;
+            v.max_lifetime_seconds = config.limits.max_envelope_lifetime_seconds;
+            v
+        })
+        .map_err(|e| {
+            Failure::new(
+                FailureCode::SignersFileInvalid,
+                format!("this host's allowed_signers is not usable: {e}"),
+            )
+        })
+}
+
 impl<'a> Responder<'a> {
     /// Loads allowed_signers (an invalid file makes every envelope fail with
     /// `SIGNERS_FILE_INVALID`, never trusts anything) and opens the journal.
     pub fn new(engine: &'a Engine<'a>, config: &Config) -> Result<Self, SessionError> {
-        let verifier = AllowedSigners::load(&config.allowed_signers)
-            .map(|signers| {
-                let mut v = Verifier::new(
-                    signers,
-                    HostIdentity {
-                        name: config.host_name.clone(),
-                        host_key: engine.host_key.clone(),
-                    },
-                );
-                v.clock_skew_seconds = config.limits.clock_skew_seconds;
-                v.max_lifetime_seconds = config.limits.max_envelope_lifetime_seconds;
-                v
-            })
-            .map_err(|e| {
-                Failure::new(
-                    FailureCode::SignersFileInvalid,
-                    format!("this host's allowed_signers is not usable: {e}"),
-                )
-            });
+        let verifier = verifier(config, &engine.host_key);
         crate::fsutil::ensure_dir(&config.state_root, 0o755).map_err(SessionError::Journal)?;
         let journal = Journal::open(&engine.layout.journal_dir(), config.journal_max_entries)
             .map_err(SessionError::Journal)?;

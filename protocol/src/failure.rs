@@ -164,6 +164,12 @@ failure_codes! {
     SecretReloadFailed = "SECRET_RELOAD_FAILED" => Permanent,
     /// After a reload the gateway holds another fingerprint than the one delivered.
     SecretFingerprintMismatch = "SECRET_FINGERPRINT_MISMATCH" => Retryable,
+    /// The host's gateway relay already carries its configured maximum of streams
+    /// (hostd.toml `[limits] max_relay_streams`); the stream was not opened.
+    RelayStreamLimit = "RELAY_STREAM_LIMIT" => Retryable,
+    /// The Agent's gateway did not accept a connection on its host-held port (the Agent is
+    /// stopped, or its front is missing).
+    GatewayUnreachable = "GATEWAY_UNREACHABLE" => Retryable,
     /// An unexpected internal error; the host log has details under the operation id.
     Internal = "INTERNAL" => Retryable,
     // Kubernetes backend outcomes.

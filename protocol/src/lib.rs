@@ -5,6 +5,7 @@
 //! - [`signing`]: OpenSSH SSHSIG (Ed25519) over the exact bytes that travel.
 //! - [`allowed_signers`]: the subset of OpenSSH's allowed_signers format hostd trusts.
 //! - [`framing`]: many messages over one SSH session's stdin and stdout.
+//! - [`relay`]: gateway streams over one SSH channel per host, with signed opens.
 //! - [`failure`]: class, stable code and safe message for every failure.
 //! - [`runtime`]: the read-only runtime and log operations' types; [`redact`]: their redaction.
 //! - [`sealed`]: secret values sealed to a host's key on their way there, `put-secrets`.
@@ -25,6 +26,7 @@ pub mod operation;
 pub mod plan;
 pub mod random;
 pub mod redact;
+pub mod relay;
 pub mod result;
 pub mod runtime;
 pub mod sealed;

@@ -18,6 +18,7 @@ pub(crate) mod access;
 mod agents;
 mod clusters;
 mod extract;
+mod gateway;
 mod hosts;
 mod namespaces;
 mod plans;
@@ -292,7 +293,11 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
     let routes = routes::add_routes(Router::new(), &state)
         .fallback(|| async { ApiError::new(Code::NoSuchRoute, "no such route; see /openapi.json") })
         .with_state(state.clone())
-        .layer(axum::Extension(limiter));
+        .layer(axum::Extension(limiter))
+        .layer(axum::Extension(Arc::new(gateway::GatewayStreams::new(
+            settings.gateway_streams_per_token,
+            settings.gateway_recheck,
+        ))));
     // Layers wrap from the inside out: the last one added runs first.
     routes
         .layer(axum::middleware::from_fn(catch_panics))
@@ -423,7 +428,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let live = Arc::new(());
     let mut shutdown = std::pin::pin!(shutdown);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -442,20 +448,37 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = http.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
+        // With upgrades: the gateway route hands its connection over to a gateway stream.
+        let conn = http
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        let mut stop = stop_rx.clone();
+        let live = live.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let _live = live;
+            let mut conn = std::pin::pin!(conn);
+            let ended = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
         });
     }
     drop(listener);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("requests still in progress 10 s after shutdown; closing them");
+    let _ = stop_tx.send(true);
+    // Each connection task holds a clone of `live`; wait for them to finish their requests.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while Arc::strong_count(&live) > 1 {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("requests still in progress 10 s after shutdown; closing them");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }

@@ -15,8 +15,8 @@ use clawfleet_api::Method;
 use super::access::authorize;
 use super::extract::{StrictJson, StrictQuery};
 use super::{
-    ApiError, AppState, NoContent, Paged, Reply, Text, agents, clusters, hosts, namespaces, plans,
-    rollouts, runtime, secrets, system, tokens,
+    ApiError, AppState, NoContent, Paged, Reply, Text, agents, clusters, gateway, hosts,
+    namespaces, plans, rollouts, runtime, secrets, system, tokens,
 };
 use crate::backend::Backend;
 
@@ -123,6 +123,7 @@ async fn success<const STATUS: u16>(mut response: Response) -> Response {
 /// The extractor a handler decodes a row's request with.
 macro_rules! decodes {
     (Empty) => { () };
+    (Upgrade) => { () };
     (Json < $t:ident >) => { StrictJson<clawfleet_api::types::$t> };
     (Query < $t:ident >) => { StrictQuery<clawfleet_api::types::$t> };
 }
@@ -134,6 +135,7 @@ macro_rules! reply {
     (Page < $t:ident >) => { Paged<clawfleet_api::types::$t> };
     (Text) => { Text };
     (NoContent) => { NoContent };
+    (Upgrade) => { gateway::Switching };
 }
 
 macro_rules! add_routes {

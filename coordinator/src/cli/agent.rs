@@ -105,6 +105,72 @@ pub(crate) enum AgentCmd {
     Revisions { namespace: String, id: String },
     /// The Agent's initial workspace files (names, sizes, sha256) and their setup state.
     Workspace { namespace: String, id: String },
+    /// Listen on 127.0.0.1 and tunnel each connection to the Agent's gateway through the
+    /// coordinator (needs the deploy role; every connection is one audited gateway stream).
+    Connect {
+        namespace: String,
+        id: String,
+        /// The local port (default: any free one, printed).
+        #[arg(long)]
+        local_port: Option<u16>,
+    },
+}
+
+/// `occ agent connect`: each local connection becomes one gateway stream.
+fn connect(c: &Client, namespace: &str, id: &str, local_port: Option<u16>) -> Result<()> {
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let path = c.gateway_tunnel([namespace, id])?.path;
+    let listener = TcpListener::bind(("127.0.0.1", local_port.unwrap_or(0)))
+        .with_context(|| format!("cannot listen on 127.0.0.1:{}", local_port.unwrap_or(0)))?;
+    let addr = listener
+        .local_addr()
+        .context("the listener has no address")?;
+    // One line a script can read: where to connect.
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "listening on {addr} for the gateway of Agent {namespace}/{id}"
+    )?;
+    out.flush()?;
+    drop(out);
+    for local in listener.incoming() {
+        let local = match local {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("occ agent connect: accept failed: {e}");
+                continue;
+            }
+        };
+        let c = c.clone();
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let remote = match c.upgrade(&path) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("occ agent connect: {e}");
+                    let _ = local.shutdown(Shutdown::Both);
+                    return;
+                }
+            };
+            let _ = local.set_nodelay(true);
+            let join = |mut from: TcpStream, to: TcpStream| {
+                std::thread::spawn(move || {
+                    let mut to_w = &to;
+                    let _ = std::io::copy(&mut from, &mut to_w);
+                    let _ = to.shutdown(Shutdown::Write);
+                })
+            };
+            let (Ok(local2), Ok(remote2)) = (local.try_clone(), remote.try_clone()) else {
+                return;
+            };
+            let up = join(local, remote);
+            let down = join(remote2, local2);
+            let _ = up.join();
+            let _ = down.join();
+        });
+    }
+    Ok(())
 }
 
 fn parse_workspace_file(text: &str) -> std::result::Result<(String, std::path::PathBuf), String> {
@@ -347,6 +413,13 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             &all_pages(None, |q| c.list_revisions([namespace, id], q))?,
             REVISION_COLUMNS,
         ),
+        AgentCmd::Connect {
+            namespace,
+            id,
+            local_port,
+        } => {
+            connect(c, namespace, id, *local_port)?;
+        }
         AgentCmd::Workspace { namespace, id } => {
             let v = c.get_workspace([namespace, id])?;
             if cli.output == Output::Json {

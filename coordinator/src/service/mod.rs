@@ -7,7 +7,9 @@ use serde_json::{Value, json};
 use thiserror::Error;
 
 mod clusters;
+mod gateway;
 pub mod page;
+pub use gateway::GatewayPlace;
 mod plans;
 mod probe;
 mod reads;

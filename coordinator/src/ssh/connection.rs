@@ -468,6 +468,8 @@ pub(crate) struct HostEntry {
     pub(crate) versions: Mutex<Option<Vec<u32>>>,
     active: Mutex<Active>,
     gate: tokio::sync::Mutex<()>,
+    /// The host's gateway relay channel (relay.rs), started on first use.
+    pub(crate) relay: tokio::sync::Mutex<Option<Arc<super::relay::RelayClient>>>,
 }
 
 /// Holds one host's share of the cross-host parallelism limit while a call runs.
@@ -512,6 +514,7 @@ impl HostEntry {
             versions: Mutex::new(None),
             active: Mutex::new(Active::default()),
             gate: tokio::sync::Mutex::new(()),
+            relay: tokio::sync::Mutex::new(None),
         }
     }
 

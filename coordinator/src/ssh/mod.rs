@@ -42,6 +42,7 @@
 mod connection;
 mod pinning;
 mod pool;
+mod relay;
 mod session;
 mod signer;
 
@@ -589,6 +590,55 @@ impl SshBackend {
         ))
     }
 
+    /// Opens one stream to the gateway of `namespace/agent` on `host` for `caller` (an API
+    /// principal, logged by hostd), over the host's relay channel: a session of its own on
+    /// the host's SSH connection, started on first use and shared by every stream, never
+    /// one of the operation sessions. hostd finds the Agent's port itself.
+    pub async fn open_gateway_stream(
+        &self,
+        host: &HostTarget,
+        namespace: &clawfleet_protocol::Ident,
+        agent: &clawfleet_protocol::Ident,
+        caller: &str,
+    ) -> Result<tokio::io::DuplexStream, CallError> {
+        let entry = self.entry(host)?;
+        let Some(host_key) = entry.fingerprint().cloned() else {
+            return Err(match entry.connection(&self.shared, false).await {
+                Err(e) => e,
+                Ok(_) => entry.mismatch("(unchecked)".to_owned()),
+            });
+        };
+        let name = host.name.as_str();
+        let limit = self.shared.settings.connect_timeout;
+        let relay = {
+            let mut slot = entry.relay.lock().await;
+            match slot.as_ref() {
+                Some(r) if r.is_alive() => r.clone(),
+                _ => {
+                    let conn = entry.connection(&self.shared, false).await?;
+                    let r = relay::RelayClient::start(name, &entry.label(), &conn, limit).await?;
+                    *slot = Some(r.clone());
+                    r
+                }
+            }
+        };
+        let signed = self
+            .shared
+            .signer
+            .sign_relay_open(&host.name, &host_key, namespace, agent, caller)
+            .map_err(|e| transport(name, format!("cannot sign the gateway stream's open: {e}")))?;
+        relay.open(name, &signed, limit).await
+    }
+
+    /// Gateway streams open on `host`'s relay channel (0 without one).
+    pub async fn gateway_streams(&self, host: &HostTarget) -> usize {
+        let Ok(entry) = self.entry(host) else {
+            return 0;
+        };
+        let slot = entry.relay.lock().await;
+        slot.as_ref().map_or(0, |r| r.open_streams())
+    }
+
     /// Signs and frames the envelope for one operation.
     fn frame(
         &self,
@@ -949,7 +999,36 @@ fn check_outcome(
     }
 }
 
+impl crate::backend::GatewayDialer for SshBackend {
+    fn open<'a>(
+        &'a self,
+        target: &'a Target,
+        namespace: &'a clawfleet_protocol::Ident,
+        agent: &'a clawfleet_protocol::Ident,
+        caller: &'a str,
+    ) -> crate::backend::GatewayOpen<'a> {
+        Box::pin(async move {
+            match target {
+                Target::Host(host) => {
+                    let s = self
+                        .open_gateway_stream(host, namespace, agent, caller)
+                        .await?;
+                    Ok(Box::new(s) as Box<dyn crate::backend::GatewayIo>)
+                }
+                Target::Cluster(c) => Err(CallError::Unsupported {
+                    target: c.name.to_string(),
+                    message: "this coordinator runs no Kubernetes backend".to_owned(),
+                }),
+            }
+        })
+    }
+}
+
 impl Backend for SshBackend {
+    fn gateway(&self) -> Option<&dyn crate::backend::GatewayDialer> {
+        Some(self)
+    }
+
     fn call(
         &self,
         target: impl Into<Target> + Send,

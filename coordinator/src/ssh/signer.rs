@@ -100,6 +100,36 @@ impl EnvelopeSigner {
     }
 }
 
+impl EnvelopeSigner {
+    /// Signs the open of one gateway stream to `namespace/agent` on `host` for `caller`,
+    /// valid for a minute (hostd accepts at most
+    /// [`clawfleet_protocol::relay::MAX_OPEN_LIFETIME_SECONDS`]).
+    pub(crate) fn sign_relay_open(
+        &self,
+        host: &HostName,
+        host_key: &Fingerprint,
+        namespace: &clawfleet_protocol::Ident,
+        agent: &clawfleet_protocol::Ident,
+        caller: &str,
+    ) -> Result<SignedEnvelope, clawfleet_protocol::relay::OpenSignError> {
+        let issued_at = now_unix_ms() / 1000;
+        clawfleet_protocol::relay::RelayOpen {
+            version: clawfleet_protocol::relay::RELAY_VERSION,
+            target: Target {
+                host: host.clone(),
+                host_key: host_key.clone(),
+            },
+            issuer: self.issuer.clone(),
+            issued_at,
+            expires_at: issued_at + 60,
+            namespace: namespace.clone(),
+            agent: agent.clone(),
+            caller: caller.to_owned(),
+        }
+        .sign(&self.key)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -331,7 +331,8 @@ impl Loopback {
             "ListenAddress 127.0.0.1:{port}\nHostKey {hk}\nPidFile {d}/sshd.pid\n\
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPermitRootLogin prohibit-password\n\
              PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
-             UsePAM no\nLogLevel VERBOSE\nMaxSessions 10\nMaxStartups 100:30:200\nPrintMotd no\n",
+             UsePAM no\nLogLevel VERBOSE\nMaxSessions 10\nMaxStartups 100:30:200\nPrintMotd no\n\
+             AllowTcpForwarding no\nAllowStreamLocalForwarding no\n",
             port = self.port,
             hk = host_key_file.display(),
             d = d.display(),

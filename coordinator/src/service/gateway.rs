@@ -1,0 +1,106 @@
+//! Gateway streams (issue 30): where an Agent's gateway is, whether a stream may still run,
+//! and its audit record.
+
+use clawfleet_protocol::Ident;
+use serde_json::json;
+
+use super::{Result, Service, ServiceError};
+use crate::backend::Target;
+use crate::codes::Code;
+use crate::model::DesiredState;
+
+/// Where one Agent's gateway is served, as a stream is opened to it.
+#[derive(Debug, Clone)]
+pub struct GatewayPlace {
+    pub target: Target,
+    pub namespace: Ident,
+    pub agent: Ident,
+    /// The active revision the stream was opened on: a new one closes the stream.
+    pub revision: Ident,
+}
+
+impl Service {
+    /// The Agent's target and active revision, refused unless it is meant to run.
+    pub async fn gateway_place(&self, ns: &str, id: &str) -> Result<GatewayPlace> {
+        let namespace = self.namespace(ns).await?;
+        let agent = self.agent(ns, id).await?;
+        let not_serving = |why: &str| {
+            ServiceError::conflict(
+                Code::GatewayNotServing,
+                format!("Agent {ns}/{id} {why}, so its gateway cannot be reached"),
+            )
+        };
+        if agent.desired_state != DesiredState::Running {
+            return Err(not_serving(&format!("is {}", agent.desired_state.as_str())));
+        }
+        let Some(revision) = agent.active_revision_id.clone() else {
+            return Err(not_serving("has no active revision"));
+        };
+        let target = crate::targets::agent(&*self.store, &namespace, &agent)
+            .await?
+            .ok_or_else(|| not_serving("was never placed on a host"))?;
+        Ok(GatewayPlace {
+            target,
+            namespace: namespace.id.clone(),
+            agent: agent.id.clone(),
+            revision,
+        })
+    }
+
+    /// Why an open stream must close now, `None` while it may go on: the token was revoked
+    /// or expired, or the Agent was stopped, deleted or moved to another active revision.
+    /// A store that cannot answer keeps the stream (the next check decides).
+    pub async fn gateway_stream_ends(
+        &self,
+        token_hash: &str,
+        place: &GatewayPlace,
+        now: i64,
+    ) -> Option<&'static str> {
+        match self.store.token_by_hash(token_hash).await {
+            Ok(None) => return Some("token revoked"),
+            Ok(Some(t)) if t.expires_at.is_some_and(|at| now >= at) => {
+                return Some("token expired");
+            }
+            Ok(Some(_)) | Err(_) => {}
+        }
+        match self
+            .store
+            .agent(place.namespace.as_str(), place.agent.as_str())
+            .await
+        {
+            Ok(None) => Some("agent deleted"),
+            Ok(Some(a)) if a.desired_state != DesiredState::Running => Some("agent stopped"),
+            Ok(Some(a)) if a.active_revision_id.as_ref() != Some(&place.revision) => {
+                Some("active revision changed")
+            }
+            Ok(Some(_)) | Err(_) => None,
+        }
+    }
+
+    /// The audit record of one closed stream.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn audit_gateway_stream(
+        &self,
+        actor: &str,
+        place: &GatewayPlace,
+        bytes_to_gateway: u64,
+        bytes_from_gateway: u64,
+        duration_ms: u64,
+        close_reason: &str,
+    ) -> Result<()> {
+        self.audit(
+            actor,
+            "agent.gateway-stream",
+            &format!("{}/{}", place.namespace, place.agent),
+            json!({
+                "target": place.target.name(),
+                "revision": place.revision.as_str(),
+                "bytesToGateway": bytes_to_gateway,
+                "bytesFromGateway": bytes_from_gateway,
+                "durationMs": duration_ms,
+                "closeReason": close_reason,
+            }),
+        )
+        .await
+    }
+}
