@@ -42,6 +42,25 @@ pub fn kube_cluster(target: &ClusterTarget) -> Result<Cluster, Failure> {
     })
 }
 
+/// How long finding the Agent's Pod and the port-forward's upgrade may take.
+const GATEWAY_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A port-forward that did not open, as the call's failure: the Agent not deployed is
+/// `AGENT_MISSING`; no Ready Pod or no answer `GATEWAY_UNREACHABLE` (retryable); a refusal by
+/// the API server `KUBERNETES_API_REJECTED`, naming the permission when that is what it lacks.
+fn gateway_stream_error(e: clawfleet_kube::GatewayStreamError) -> CallError {
+    use clawfleet_kube::GatewayStreamError as E;
+    let code = match &e {
+        E::Cluster(f) => return CallError::Failed(f.clone()),
+        E::NotDeployed { .. } => FailureCode::AgentMissing,
+        E::NoPod { .. } | E::NotReady { .. } | E::Unavailable { .. } => {
+            FailureCode::GatewayUnreachable
+        }
+        E::Forbidden { .. } | E::Refused { .. } => FailureCode::KubernetesApiRejected,
+    };
+    CallError::Failed(Failure::new(code, e.to_string()))
+}
+
 impl crate::backend::GatewayDialer for Backends {
     fn open<'a>(
         &'a self,
@@ -58,15 +77,18 @@ impl crate::backend::GatewayDialer for Backends {
                     )
                     .await
                 }
-                // The cluster path: the API server's port-forward to the Agent's current Pod
-                // (kube-backend's dialer plugs in here).
-                Target::Cluster(c) => Err(CallError::Unsupported {
-                    target: c.name.to_string(),
-                    message: format!(
-                        "gateway streams to Agents on cluster {} need the Kubernetes port-forward dialer, which this coordinator build does not include",
-                        c.name
-                    ),
-                }),
+                // The cluster path: the API server's port-forward to the Agent's current,
+                // Ready Pod, with the stored credentials (kube-backend/src/gateway_stream.rs).
+                Target::Cluster(c) => {
+                    let cluster = kube_cluster(c).map_err(CallError::Failed)?;
+                    let connection = self
+                        .kube
+                        .open_gateway_stream(&cluster, namespace, agent, GATEWAY_OPEN_TIMEOUT)
+                        .await
+                        .map_err(gateway_stream_error)?;
+                    tracing::info!(cluster = %c.name, %namespace, %agent, pod = %connection.pod, revision = %connection.pod_revision_id, %caller, "gateway stream opened through the port-forward");
+                    Ok(Box::new(connection.stream) as Box<dyn crate::backend::GatewayIo>)
+                }
             }
         })
     }
