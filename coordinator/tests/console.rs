@@ -114,6 +114,10 @@ fn form(pairs: &[(&str, &str)]) -> String {
 
 impl Fixture {
     async fn start() -> Self {
+        Self::start_with(ApiSettings::default()).await
+    }
+
+    async fn start_with(api_settings: ApiSettings) -> Self {
         let (store, admin) = api_support::store_with_admin().await;
         let backend = Arc::new(EngineBackend::new());
         let settings = WorkerSettings {
@@ -131,7 +135,7 @@ impl Fixture {
             log_interval: Duration::from_millis(100),
             ..ConsoleSettings::default()
         };
-        let router = coordinator::console::with_api(state, console, &ApiSettings::default());
+        let router = coordinator::console::with_api(state, console, &api_settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move { axum::serve(listener, router).await });
@@ -862,4 +866,38 @@ async fn the_console_in_chromium() {
     stop_tx.send(true).unwrap();
     eprintln!("console screenshots: {}", dir.display());
     browser.close().await.unwrap();
+}
+
+/// Issue 26's N9 on the console too: a token's rate limit counts its console pages and its
+/// API requests together, and the console answers 429 `RATE_LIMITED` beyond it.
+#[tokio::test]
+async fn a_tokens_rate_limit_counts_its_console_requests() {
+    let f = Fixture::start_with(ApiSettings {
+        token_requests_per_minute: 6,
+        ..ApiSettings::default()
+    })
+    .await;
+    let reader = f.token("*", "read").await;
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(f.get(&reader, "/console").await.status);
+    }
+    assert!(statuses.iter().take(6).all(|s| *s == 200), "{statuses:?}");
+    let refused = f.get(&reader, "/console").await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert!(refused.body.contains("RATE_LIMITED"), "{}", refused.body);
+    // The same token's API requests share the limit.
+    let auth = format!("Bearer {reader}");
+    let api = http(
+        &f.addr,
+        "GET",
+        "/namespaces",
+        &[("Authorization", auth.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(api.status, 429, "{}", api.body);
+    // Another token is not charged for it.
+    let other = f.token("*", "operate").await;
+    assert_eq!(f.get(&other, "/console").await.status, 200);
 }

@@ -22,7 +22,7 @@ mod gateway;
 mod hosts;
 mod namespaces;
 mod plans;
-mod ratelimit;
+pub(crate) mod ratelimit;
 mod rollouts;
 pub mod routes;
 pub(crate) mod runtime;
@@ -286,10 +286,40 @@ pub fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
 
 /// Builds the router from [`ROUTES`] with the configured limits.
 pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) -> Router {
+    router_parts(state, settings).0
+}
+
+/// [`router_with`], and the admission its requests go through, for the console to put its
+/// own requests through too (`crate::console::with_api`): one token's limits count both.
+pub(crate) fn router_parts<B: Backend>(
+    state: Arc<AppState<B>>,
+    settings: &ApiSettings,
+) -> (Router, Arc<ratelimit::Admission>) {
+    let admission = Arc::new(ratelimit::Admission::new(settings));
+    (routes_with(state, settings, admission.clone()), admission)
+}
+
+/// Puts `router`'s requests through `admission` ([`admit`]): the bearer token's own
+/// concurrency and rate, and its class's share.
+pub(crate) fn admitted<B: Backend>(
+    router: Router,
+    state: Arc<AppState<B>>,
+    admission: Arc<ratelimit::Admission>,
+) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(
+        (state, admission),
+        admit::<B>,
+    ))
+}
+
+fn routes_with<B: Backend>(
+    state: Arc<AppState<B>>,
+    settings: &ApiSettings,
+    admission: Arc<ratelimit::Admission>,
+) -> Router {
     let limiter = Arc::new(ratelimit::ReadLimiter::new(
         settings.runtime_reads_per_minute,
     ));
-    let admission = Arc::new(ratelimit::Admission::new(settings));
     let routes = routes::add_routes(Router::new(), &state)
         .fallback(|| async { ApiError::new(Code::NoSuchRoute, "no such route; see /openapi.json") })
         .with_state(state.clone())
@@ -299,13 +329,10 @@ pub fn router_with<B: Backend>(state: Arc<AppState<B>>, settings: &ApiSettings) 
             settings.gateway_recheck,
         ))));
     // Layers wrap from the inside out: the last one added runs first.
-    routes
+    let routes = routes
         .layer(axum::middleware::from_fn(catch_panics))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .layer(axum::middleware::from_fn_with_state(
-            (state, admission),
-            admit::<B>,
-        ))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY));
+    admitted(routes, state, admission)
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,

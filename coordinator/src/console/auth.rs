@@ -87,6 +87,18 @@ fn cookie_token(headers: &HeaderMap) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
+/// Gives a console request its session's token as a bearer token, for the API's admission to
+/// charge it to that token (`with_api`). A request that names a bearer token itself keeps it.
+pub(crate) async fn session_as_bearer(mut request: Request, next: Next) -> Response {
+    if !request.headers().contains_key(header::AUTHORIZATION)
+        && let Some(token) = cookie_token(request.headers())
+        && let Ok(value) = HeaderValue::from_str(&format!("Bearer {token}"))
+    {
+        request.headers_mut().insert(header::AUTHORIZATION, value);
+    }
+    next.run(request).await
+}
+
 /// A field of a URL-encoded form (the first of its name), if the form parses.
 pub(crate) fn form_field(body: &[u8], name: &str) -> Option<String> {
     serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)

@@ -169,14 +169,19 @@ pub fn router<B: Backend>(app: Arc<AppState<B>>, settings: ConsoleSettings) -> R
         .layer(axum::extract::DefaultBodyLimit::max(auth::MAX_FORM))
 }
 
-/// What `occ serve` serves: the console's routes and the API's (the API keeps its own
-/// admission, limits and JSON errors; the console its own session and CSRF checks).
+/// What `occ serve` serves: the console's routes and the API's. Console requests go through
+/// the API's admission with the session's token (the console its own session and CSRF
+/// checks after it), so a token's concurrency and rate limits count its console requests
+/// and its API requests together, and a console user cannot bypass them.
 pub fn with_api<B: Backend>(
     app: Arc<AppState<B>>,
     settings: ConsoleSettings,
     api: &crate::config::ApiSettings,
 ) -> Router {
-    router(app.clone(), settings).merge(crate::api::router_with(app, api))
+    let (api, admission) = crate::api::router_parts(app.clone(), api);
+    crate::api::admitted(router(app.clone(), settings), app, admission)
+        .layer(axum::middleware::from_fn(auth::session_as_bearer))
+        .merge(api)
 }
 
 /// The content security policy of every console answer: only this origin's own script and
