@@ -100,8 +100,13 @@ fn the_console_drives_a_real_host_in_chromium() {
         );
         shots(&page, &dir, "agent-failed").await;
 
-        // A rollout of a new generation to a1, paused from its page.
-        blocking(|| fleet.update_configuration("a1", &document("a1-r2", json!({}))));
+        // A rollout of a new generation to a1, paused from its page. The new revision takes
+        // 20 s to become ready, so the rollout is still running when the pause arrives (a
+        // quick one finished first and the pause was refused as it should be: 409
+        // ROLLOUT_STATE_CONFLICT, "only a running rollout pauses").
+        blocking(|| {
+            fleet.update_configuration("a1", &document("a1-r2", json!({"readyAfterMs": 20000})))
+        });
         let r = blocking(|| {
             fleet
                 .api
@@ -126,7 +131,17 @@ fn the_console_drives_a_real_host_in_chromium() {
             page.click("form[action$='/control'] button").await.unwrap();
             wait_text(&page, "main", "Nothing new starts", 10).await;
             page.click("button.primary").await.unwrap();
-            wait_text(&page, "#rollout", "paused", 10).await;
+            if let Err(e) = page
+                .wait_for(
+                    "(document.querySelector('#rollout') || {textContent: ''}).textContent.includes('paused')",
+                    std::time::Duration::from_secs(15),
+                )
+                .await
+            {
+                let url = page.evaluate("location.href").await.unwrap_or_default();
+                let text = page.evaluate("document.body.innerText").await.unwrap_or_default();
+                panic!("the rollout page never showed paused: {e}; at {url} it says: {text}");
+            }
             shots(&page, &dir, "rollout-paused").await;
         } else {
             // The one-Agent rollout finished before the page was read: it must say so.
