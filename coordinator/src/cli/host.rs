@@ -108,7 +108,8 @@ fn probe_warnings(name: &str, probe: &HostProbe) -> Vec<String> {
         .and_then(|i| i.strip_prefix("unavailable: "))
     {
         out.push(format!(
-            "warning: host {name} cannot isolate the networks of Agents of different Namespaces ({why}); it takes Agents of one Namespace only (a second is refused with HOST_NOT_ISOLATED)"
+            "warning: host {name} cannot isolate the networks of Agents of different Namespaces ({why}); it takes Agents of one Namespace only (a second is refused with {})",
+            clawfleet_api::codes::Code::HostNotIsolated.as_str()
         ));
     }
     out
@@ -258,7 +259,7 @@ mod tests {
         assert!(
             w[0].contains("host h1 cannot isolate")
                 && w[0].contains("no CAP_NET_ADMIN")
-                && w[0].contains("HOST_NOT_ISOLATED"),
+                && w[0].contains(clawfleet_api::codes::Code::HostNotIsolated.as_str()),
             "{w:?}"
         );
     }
