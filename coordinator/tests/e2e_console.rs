@@ -101,11 +101,11 @@ fn the_console_drives_a_real_host_in_chromium() {
         shots(&page, &dir, "agent-failed").await;
 
         // A rollout of a new generation to a1, paused from its page. The new revision takes
-        // 20 s to become ready, so the rollout is still running when the pause arrives (a
-        // quick one finished first and the pause was refused as it should be: 409
-        // ROLLOUT_STATE_CONFLICT, "only a running rollout pauses").
+        // 12 s to become ready (hostd waits 30 s), so the rollout is still running when the
+        // pause arrives (a quick one finished first, and the pause was refused as it should
+        // be: 409 ROLLOUT_STATE_CONFLICT, "only a running rollout pauses").
         blocking(|| {
-            fleet.update_configuration("a1", &document("a1-r2", json!({"readyAfterMs": 20000})))
+            fleet.update_configuration("a1", &document("a1-r2", json!({"readyAfterMs": 12000})))
         });
         let r = blocking(|| {
             fleet
