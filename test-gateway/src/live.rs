@@ -90,7 +90,7 @@ impl LiveConfig {
         // Taken now, and compared by content once: a file replaced between the start's read
         // and this point is not missed.
         let mut seen = self.stamp();
-        std::thread::spawn(move || {
+        let spawned = std::thread::Builder::new().spawn(move || {
             let mut changed = true;
             loop {
                 if changed && me.reread() == Reread::Restart {
@@ -102,6 +102,11 @@ impl LiveConfig {
                 seen = now;
             }
         });
+        if let Err(e) = spawned {
+            eprintln!(
+                "clawfleet-test-gateway: cannot start the configuration watch ({e}); changes apply at the next start"
+            );
+        }
     }
 
     /// What identifies the file now: a replaced file has a new inode; an edited one a new

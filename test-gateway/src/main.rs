@@ -82,22 +82,45 @@ fn block_term_signals() -> bool {
     }
 }
 
+/// The gateway's state once it is built; the signal and file-watch threads start before it
+/// (see [`close_sessions_on_term`]).
+static STATE: std::sync::OnceLock<Arc<State>> = std::sync::OnceLock::new();
+
+/// Ends every WebSocket session with 1012 "service restart" (when the state exists yet) and
+/// exits 0.
+fn close_sessions_and_exit(why: &str) -> ! {
+    if let Some(state) = STATE.get() {
+        state.stopping.store(true, Ordering::SeqCst);
+        let closed = state.connections.close_all(1012, "service restart");
+        eprintln!("clawfleet-test-gateway: {why}: closed {closed} sessions with 1012, exiting 0");
+    } else {
+        eprintln!("clawfleet-test-gateway: {why} while starting, exiting 0");
+    }
+    std::process::exit(0);
+}
+
 /// On SIGTERM or SIGINT: every WebSocket session gets close 1012 "service restart", then the
 /// process exits 0. The real gateway does the same on a stop (OpenClaw closes even a socket
 /// that has not completed `connect` with 1012 "service restart"), so clients through a
 /// cutover see what they would see with it and reconnect at once. As a container's pid 1 (in
 /// a Pod) this is also what makes the signals count at all: the kernel ignores them for a
-/// pid 1 without a handler.
-fn close_sessions_on_term(state: &Arc<State>) {
-    let state = Arc::clone(state);
-    std::thread::spawn(move || {
+/// pid 1 without a handler. The thread starts first of all, before the start's probes can
+/// use up the unit's task limit; if it cannot start, the signals are unblocked again so
+/// their default action ends the process.
+fn close_sessions_on_term() {
+    let spawned = std::thread::Builder::new().spawn(|| {
         if let Ok(sig) = term_signals().wait() {
-            state.stopping.store(true, Ordering::SeqCst);
-            let closed = state.connections.close_all(1012, "service restart");
-            eprintln!("clawfleet-test-gateway: {sig}: closed {closed} sessions with 1012, exiting");
-            std::process::exit(0);
+            close_sessions_and_exit(sig.as_ref());
         }
     });
+    if let Err(e) = spawned {
+        eprintln!(
+            "clawfleet-test-gateway: cannot start the signal thread ({e}); SIGTERM ends the process"
+        );
+        if let Err(e) = term_signals().thread_unblock() {
+            eprintln!("clawfleet-test-gateway: cannot unblock SIGTERM either: {e}");
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -114,7 +137,9 @@ fn main() -> ExitCode {
             }
         };
     }
-    let signals_blocked = block_term_signals();
+    if block_term_signals() {
+        close_sessions_on_term();
+    }
     let settings = match config::load(|k| std::env::var(k).ok()) {
         Ok(s) => s,
         Err(e) => {
@@ -150,17 +175,19 @@ fn main() -> ExitCode {
         }
     };
     let (uid, gid) = ids();
+    // Watched from before the probes run, which may use up the unit's task limit.
+    let live = live::LiveConfig::new(
+        std::env::var_os("OPENCLAW_CONFIG_PATH")
+            .map_or_else(|| settings.config_path.clone(), std::path::PathBuf::from),
+        std::fs::read(&settings.config_path).unwrap_or_default(),
+    );
+    live.watch(|| close_sessions_and_exit("a configuration change that needs a restart"));
     let probe = run_probe(&settings.switches.probe);
     let workspace = settings
         .state_dir
         .as_deref()
         .map(|d| workspace_listing(&std::path::Path::new(d).join("workspace")))
         .unwrap_or(serde_json::Value::Null);
-    let live = live::LiveConfig::new(
-        std::env::var_os("OPENCLAW_CONFIG_PATH")
-            .map_or_else(|| settings.config_path.clone(), std::path::PathBuf::from),
-        std::fs::read(&settings.config_path).unwrap_or_default(),
-    );
     let state = Arc::new(State {
         stopping: AtomicBool::new(false),
         live,
@@ -189,24 +216,20 @@ fn main() -> ExitCode {
         state.settings.switches.label.as_deref().unwrap_or("-"),
         entered.elapsed().as_micros()
     );
-    if signals_blocked {
-        close_sessions_on_term(&state);
-    }
-    let on_restart = Arc::clone(&state);
-    state.live.watch(move || {
-        on_restart.stopping.store(true, Ordering::SeqCst);
-        let closed = on_restart.connections.close_all(1012, "service restart");
-        eprintln!(
-            "clawfleet-test-gateway: closed {closed} sessions with 1012 for a restart, exiting 0"
-        );
-        std::process::exit(0);
-    });
+    // Set once; nothing else sets it.
+    STATE.get_or_init(|| Arc::clone(&state));
     start_timers(&state);
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
                 let state = Arc::clone(&state);
-                std::thread::spawn(move || handle(stream, &state));
+                // Under the unit's task limit a thread may not start: that connection is
+                // dropped (its client retries), the gateway goes on.
+                if let Err(e) = std::thread::Builder::new().spawn(move || handle(stream, &state)) {
+                    eprintln!(
+                        "clawfleet-test-gateway: cannot start a thread for a connection: {e}"
+                    );
+                }
             }
             Err(e) => eprintln!("clawfleet-test-gateway: accept failed: {e}"),
         }
