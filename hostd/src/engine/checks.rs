@@ -1,7 +1,7 @@
 //! Read-only checks of what is on the host against what an operation expects. Every check
 //! fails closed and changes nothing.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::ident::sha256;
@@ -311,6 +311,42 @@ impl Engine<'_> {
     /// `served.json`, if present and valid.
     pub(crate) fn read_served(&self, paths: &AgentPaths) -> Result<Option<ServedMarker>, Failure> {
         markers::read_optional(&paths.served, "served").map_err(marker_failure)
+    }
+
+    /// The served revision a candidate could replace without a restart (a secrets-only or a
+    /// live configuration change): `served.json` names a revision other than `candidate`,
+    /// `current` names that one or the candidate (a retry), the candidate asks for the
+    /// managed password (how hostd asks the gateway), and the served snapshot is there, with
+    /// the candidate's harness and password use. Its marker and snapshot directory.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn served_for_in_place_change(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+        candidate: &Ident,
+        current: Option<&Ident>,
+        harness: &clawfleet_protocol::operation::Harness,
+        needs_password: bool,
+    ) -> Result<Option<(RevisionMarker, PathBuf)>, Failure> {
+        let Some(served) = self.read_served(paths)? else {
+            return Ok(None);
+        };
+        if &served.revision_id == candidate || !needs_password {
+            return Ok(None);
+        }
+        if current.is_none_or(|c| c != &served.revision_id && c != candidate) {
+            return Ok(None);
+        }
+        let dir = paths.revision_dir(&served.revision_id);
+        if !fsutil::dir_exists(&dir).map_err(fs_failure)? {
+            return Ok(None);
+        }
+        let marker = self.read_snapshot(ns, agent, &dir)?;
+        if &marker.harness != harness || marker.needs_password != needs_password {
+            return Ok(None);
+        }
+        Ok(Some((marker, dir)))
     }
 
     /// `started.json`, if present and valid.

@@ -97,24 +97,18 @@ impl Engine<'_> {
         port: u16,
         ids: Ids,
     ) -> Result<Option<LivePlan>, Failure> {
-        let args_revision = candidate.id;
-        let Some(served) = self.read_served(paths)? else {
+        let Some((_, served_dir)) = self.served_for_in_place_change(
+            candidate.namespace,
+            candidate.agent,
+            paths,
+            candidate.id,
+            current,
+            candidate.harness,
+            candidate.needs_password,
+        )?
+        else {
             return Ok(None);
         };
-        if &served.revision_id == args_revision || !candidate.needs_password {
-            return Ok(None);
-        }
-        if current.is_none_or(|c| c != &served.revision_id && c != args_revision) {
-            return Ok(None);
-        }
-        let served_dir = paths.revision_dir(&served.revision_id);
-        if !fsutil::dir_exists(&served_dir).map_err(fs_failure)? {
-            return Ok(None);
-        }
-        let old = self.read_snapshot(candidate.namespace, candidate.agent, &served_dir)?;
-        if &old.harness != candidate.harness || old.needs_password != candidate.needs_password {
-            return Ok(None);
-        }
         if !fsutil::file_exists(&paths.password_file).map_err(fs_failure)? {
             return Ok(None);
         }

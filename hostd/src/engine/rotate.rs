@@ -110,27 +110,22 @@ impl Engine<'_> {
         port: u16,
         ids: Ids,
     ) -> Result<Option<Reload>, Failure> {
-        let rev = &args.revision.id;
-        let Some(served) = self.read_served(paths)? else {
+        let Some((old, dir)) = self.served_for_in_place_change(
+            &args.namespace.id,
+            &args.agent.id,
+            paths,
+            &args.revision.id,
+            current,
+            &candidate.harness,
+            candidate.needs_password,
+        )?
+        else {
             return Ok(None);
         };
-        if &served.revision_id == rev || !candidate.needs_password {
+        if old.configuration_hash != candidate.configuration_hash {
             return Ok(None);
         }
-        if current.is_none_or(|c| c != &served.revision_id && c != rev) {
-            return Ok(None);
-        }
-        let dir = paths.revision_dir(&served.revision_id);
-        if !fsutil::dir_exists(&dir).map_err(fs_failure)? {
-            return Ok(None);
-        }
-        let old = self.read_snapshot(&args.namespace.id, &args.agent.id, &dir)?;
-        if old.configuration_hash != candidate.configuration_hash
-            || old.harness != candidate.harness
-            || old.needs_password != candidate.needs_password
-        {
-            return Ok(None);
-        }
+        let served = old.revision_id;
         let secrets = at_rest::read_manifest(&paths.dir)
             .map_err(secrets_failure)?
             .secrets;
@@ -152,7 +147,7 @@ impl Engine<'_> {
             .map(|config| rendered_refs(&config))
             .unwrap_or_default();
         Ok(Some(Reload {
-            served: served.revision_id,
+            served,
             secrets,
             port,
             ids,
