@@ -56,7 +56,10 @@ pub(crate) struct Candidate<'a> {
     pub(crate) id: &'a Ident,
     pub(crate) harness: &'a clawfleet_protocol::operation::Harness,
     pub(crate) needs_password: bool,
-    pub(crate) configuration: &'a Value,
+    /// The request's configuration when planning; `None` when activating: the prepared
+    /// snapshot's is read, and only once the cheaper conditions hold, since every activation
+    /// of an unchanged unit asks.
+    pub(crate) configuration: Option<&'a Value>,
 }
 
 /// What a live activation applies.
@@ -125,7 +128,15 @@ impl Engine<'_> {
         let Ok(old_config) = serde_json::from_slice::<Value>(&old_bytes) else {
             return Ok(None);
         };
-        let Ok(changed) = live_config::live_change(&old_config, candidate.configuration) else {
+        let snapshot;
+        let new_config = match candidate.configuration {
+            Some(c) => c,
+            None => {
+                snapshot = self.snapshot_configuration(paths, candidate.id)?;
+                &snapshot
+            }
+        };
+        let Ok(changed) = live_config::live_change(&old_config, new_config) else {
             return Ok(None);
         };
         let state = self

@@ -185,7 +185,7 @@ impl Engine<'_> {
                     id: &rev.id,
                     harness: &rev.harness,
                     needs_password: needs_password(rev.configuration.value()),
-                    configuration: rev.configuration.value(),
+                    configuration: Some(rev.configuration.value()),
                 },
                 paths,
                 current.as_ref().map(|c| &c.revision_id),

@@ -540,7 +540,7 @@ impl Engine<'_> {
                     id: &rev.id,
                     harness: &snapshot.harness,
                     needs_password: snapshot.needs_password,
-                    configuration: &self.snapshot_configuration(paths, &rev.id)?,
+                    configuration: None,
                 },
                 paths,
                 current.as_ref().map(|c| &c.revision_id),
