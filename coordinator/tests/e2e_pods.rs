@@ -761,10 +761,11 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         projected(KEY_V1),
         "the kubelet projected no file holding version 1"
     );
-    // Issue 29 on a cluster: the rotation changes the Secret in place; then the backend asks
-    // the running gateway to reload (through the port-forward) until it holds version 2.
-    // Before that, the gateway still holds version 1 (checked first: without the reload it
-    // would stay there).
+    // Issue 29 on a cluster: the rotation changes the Secret in place, and its activation
+    // keeps the Pod and asks the running gateway to reload (through the port-forward) until
+    // it holds version 2, before the Deployment names the rotation's revision; `--wait`
+    // returns once that is done. Before that, the gateway still holds version 1 (checked
+    // first: without the reload it would stay there).
     let ns_id: String = Api::<Namespace>::all(s.client.clone())
         .get(&tenant)
         .await
@@ -788,21 +789,7 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         .reload_gateway_secrets(&cluster, &ns_id, &oc, Duration::from_secs(60))
         .await;
     eprintln!("EVIDENCE before the rotation, reload and read back: {held:?}");
-    let t_rotate = Instant::now();
-    let out = s.fleet.occ(&[
-        "secret",
-        "rotate",
-        NS,
-        "model-key",
-        "--from-file",
-        &key_file(KEY_V2),
-        "--wait",
-        "--timeout",
-        "300",
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let rotated = t_rotate.elapsed();
-    // The kubelet's projection, watched on the node, while the backend reloads.
+    // The kubelet's projection, watched on the node, while the rotation rolls out.
     let t0 = Instant::now();
     let watched = volumes.clone();
     let watcher = tokio::spawn(async move {
@@ -817,23 +804,44 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    let reload = backend
-        .reload_gateway_secrets(&cluster, &ns_id, &oc, Duration::from_secs(120))
-        .await;
+    let rotated = s.fleet.occ_json(&[
+        "secret",
+        "rotate",
+        NS,
+        "model-key",
+        "--from-file",
+        &key_file(KEY_V2),
+        "--wait",
+        "--timeout",
+        "300",
+    ]);
     let applied = t0.elapsed();
     let projected_after = watcher.await.unwrap();
+    let row = &rotated["rollout"]["agents"][0];
     eprintln!(
-        "FIGURE secret rotation on a real Pod: occ secret rotate --wait {:.1} s; then the kubelet projected version 2 after {:.1} s (kubelet syncFrequency 5 s here) and the gateway held it (secrets.reload through the port-forward, read back with secrets.resolve) after {:.1} s: {reload:?}",
-        rotated.as_secs_f64(),
+        "FIGURE secret rotation on a real Pod: the kubelet projected version 2 after {:.1} s (kubelet syncFrequency 5 s here); occ secret rotate --wait returned, the gateway holding it (secrets.reload through the port-forward, read back with secrets.resolve), after {:.1} s: {}",
         projected_after.as_secs_f64(),
-        applied.as_secs_f64()
+        applied.as_secs_f64(),
+        row["message"]
     );
-    let reload = reload.expect("the gateway reloads and holds version 2");
+    assert_eq!(rotated["rollout"]["state"], "done", "{rotated}");
+    assert_eq!(row["state"], "succeeded", "{rotated}");
+    assert!(
+        row["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("secrets reloaded without a restart; the gateway holds their fingerprints"),
+        "the rotation did not reload the running gateway, verified: {rotated}"
+    );
     assert!(
         applied <= projected_after + Duration::from_secs(10),
         "applied {applied:?}, projected {projected_after:?}"
     );
-    eprintln!("EVIDENCE the gateway's reload after the rotation: {reload:?}");
+    let reload = backend
+        .reload_gateway_secrets(&cluster, &ns_id, &oc, Duration::from_secs(30))
+        .await
+        .expect("the gateway holds version 2");
+    eprintln!("EVIDENCE the gateway's reload after the rotation, read back again: {reload:?}");
     let after = running_pod(&s.client, &tenant, "oc").await;
     assert_eq!(
         after.metadata.uid.as_deref(),

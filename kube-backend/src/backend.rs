@@ -419,8 +419,9 @@ impl KubeBackend {
     /// Asks the Agent's running gateway to reload its secrets and verifies what it then holds
     /// against the versions the Agent's Secret records (issue 29; `src/ops/reload.rs`):
     /// through the API server's port-forward, repeated while the kubelet has not projected
-    /// the new Secret yet, until `deadline`. Call it after a secrets-only activation (one
-    /// whose Pods were kept); the answer is what hostd reports in `ActivateResult::secrets_reload`.
+    /// the new Secret yet, until `deadline`. The activation of a secrets-only change does this
+    /// itself and answers it in `ActivateResult::secrets_reload`, as hostd does; this asks again
+    /// on its own, for a caller that wants to see what the running gateway holds now.
     pub async fn reload_gateway_secrets(
         &self,
         cluster: &Cluster,

@@ -62,8 +62,9 @@
 //!     // through the API server's port-forward (gateway_stream.rs).
 //!     pub async fn open_gateway_stream(&self, cluster: &Cluster, namespace_id: &Ident,
 //!         agent_id: &Ident, timeout: Duration) -> Result<GatewayConnection, GatewayStreamError>;
-//!     // Issue 29: after a secrets-only activation, `secrets.reload` in the running gateway
-//!     // (through that stream) until it holds the recorded fingerprints (ops/reload.rs).
+//!     // Issue 29: `secrets.reload` in the running gateway (through that stream) until it
+//!     // holds the recorded fingerprints (ops/reload.rs); a secrets-only activation does it
+//!     // itself and answers it in `ActivateResult::secrets_reload`.
 //!     pub async fn reload_gateway_secrets(&self, cluster: &Cluster, namespace_id: &Ident,
 //!         agent_id: &Ident, deadline: Duration) -> Result<SecretsReload, Failure>;
 //! }

@@ -2029,9 +2029,10 @@ fn secret_set(ns: &str, agent: &str, values: &[(&str, u64, &str)]) -> clawfleet_
 /// Issue 29 on a cluster: the Agent's Secret holds exactly the bound values (owned, markers,
 /// fingerprints only in its annotations); the Deployment mounts it as a volume (no env var
 /// carries a value) and the gateway resolves through the managed exec provider; a rotation
-/// updates the Secret in place and keeps the Pod (same template, same Pod); the kept
-/// revision's ConfigMap stays until the Pods move to another template; deleting the Agent
-/// deletes the Secret; a foreign Secret at the computed name is refused, untouched.
+/// updates the Secret in place and its activation keeps the Pod and asks the gateway to
+/// reload, through the port-forward (refused here: kwok runs no gateway), leaving the
+/// Deployment on the served revision; deleting the Agent deletes the Secret; a foreign Secret
+/// at the computed name is refused, untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_are_a_mounted_secret_rotated_in_place_without_a_new_pod() {
     skip_unless_control_plane!();
@@ -2175,16 +2176,20 @@ async fn secrets_are_a_mounted_secret_rotated_in_place_without_a_new_pod() {
         s.metadata.annotations.unwrap()[clawfleet_kube::secrets::VERSIONS]
             .contains(clawfleet_protocol::SecretFingerprint::of(second.as_bytes()).as_str())
     );
-    match call(&backend, &c, secret_activate(ns, "a", &s2)).await {
-        Ok(OperationResult::ActivateRevision(a)) => {
-            assert_eq!(
-                a.observation.served.as_ref().map(Ident::as_str),
-                Some("rs2")
-            );
-            assert!(!a.restarted && !a.unit_changed, "{a:?}");
-        }
+    // The activation keeps the template and the Pod, and first asks the running gateway,
+    // through the API server's port-forward, to reload its secrets. kwok's Pods run nothing
+    // and kwok forwards no port: the reload fails, permanently, before the Deployment names
+    // rs2 (the real-node tier, `coordinator/tests/e2e_pods.rs`, shows the reload holding).
+    let refused = match call(&backend, &c, secret_activate(ns, "a", &s2)).await {
+        Err(f) => f,
         other => panic!("activate: {other:?}"),
-    }
+    };
+    assert_eq!(refused.code, FailureCode::SecretReloadFailed, "{refused}");
+    assert!(
+        refused.message.contains("port-forward") && refused.message.contains("no forward found"),
+        "{refused}"
+    );
+    assert!(!refused.message.contains(second), "{refused}");
     let d = deps.get(&n.gateway).await.unwrap();
     assert_eq!(d.spec.template, template, "the Pod template changed");
     let replica_sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
@@ -2196,8 +2201,11 @@ async fn secrets_are_a_mounted_secret_rotated_in_place_without_a_new_pod() {
         .items;
     assert_eq!(sets.len(), 1, "a new ReplicaSet (pod-template-hash)");
     let a = d.metadata.annotations.clone().unwrap();
-    assert_eq!(a[names::REVISION_ID], "rs2");
-    assert_eq!(a[names::POD_REVISION_ID], "rs1");
+    assert_eq!(
+        a[names::REVISION_ID],
+        "rs1",
+        "the Deployment names the candidate although its gateway refused the secrets"
+    );
     let after = pod_uids(pods.list(&ListParams::default()).await.unwrap().items);
     assert_eq!(after, before, "a new Pod");
     // A put of the same set writes nothing.
@@ -2211,34 +2219,9 @@ async fn secrets_are_a_mounted_secret_rotated_in_place_without_a_new_pod() {
         .await
         .unwrap();
     assert!(!put.changed, "{put:?}");
-    // Retiring revision 1 keeps what the Pods run: its ConfigMap, the Service, the Pod.
-    let retired = call(
-        &backend,
-        &c,
-        Operation::RetireRevision(clawfleet_protocol::operation::RevisionArgs {
-            namespace: ns_ref(ns),
-            agent: agent_ref("a"),
-            revision: s1.reference(),
-        }),
-    )
-    .await
-    .unwrap();
-    let OperationResult::RetireRevision(r) = retired else {
-        panic!("{retired:?}")
-    };
-    assert!(!r.stopped && !r.removed, "{r:?}");
-    assert_eq!(
-        r.observation.served.as_ref().map(Ident::as_str),
-        Some("rs2")
-    );
-    let kept = names::revision_config_map(&id("a"), &id("rs1"));
-    assert!(cms.get_opt(&kept).await.unwrap().is_some());
-    assert_eq!(
-        pod_uids(pods.list(&ListParams::default()).await.unwrap().items),
-        before
-    );
 
-    // A configuration change moves the Pods to its template; the kept ConfigMap then goes.
+    // A configuration change moves the Pods to its template (no reload: a new Pod reads the
+    // Secret as it starts).
     let s3 = secret_spec("rs3", 3, "changed");
     call(&backend, &c, secret_prepare(ns, "a", s3.clone()))
         .await
@@ -2250,13 +2233,10 @@ async fn secrets_are_a_mounted_secret_rotated_in_place_without_a_new_pod() {
                 Some("rs3")
             );
             assert!(a.restarted, "{a:?}");
+            assert_eq!(a.secrets_reload, None, "{a:?}");
         }
         other => panic!("activate: {other:?}"),
     }
-    assert!(
-        cms.get_opt(&kept).await.unwrap().is_none(),
-        "the kept ConfigMap stays"
-    );
     assert_eq!(
         deps.get(&n.gateway)
             .await

@@ -18,7 +18,7 @@ use clawfleet_protocol::{FailureCode, Operation};
 use super::policy::{Policy, Stage};
 use super::{Step, Worker, done, failed};
 use crate::backend::{Backend, CallError, CallOptions, Target};
-use crate::codes::Code;
+use crate::codes::{AnyCode, Code};
 use crate::model::{Agent, DesiredState, Namespace, Revision, RevisionStatus, WorkspaceState};
 use crate::store::Work;
 
@@ -398,8 +398,68 @@ impl<B: Backend> Worker<B> {
             return Ok(());
         }
         let target = d.target()?;
-        let mut values = Vec::with_capacity(d.rev.secrets.len());
-        for b in &d.rev.secrets {
+        match self.deliver_secrets(d, &d.rev).await? {
+            Ok(r) => {
+                tracing::info!(
+                    work_id = d.work.id,
+                    target = target.name(),
+                    agent = %d.agent.id,
+                    secrets = %secret_list(&d.rev.secrets),
+                    changed = r.changed,
+                    "secrets delivered"
+                );
+                Ok(())
+            }
+            Err(e) => Err(self
+                .policy()
+                .call_failed(d.work, e, Stage::deploy(d.committed))),
+        }
+    }
+
+    /// After a cluster's gateway refused the new secrets of a secrets-only change (or never
+    /// came to hold them), the Agent's Secret gets the versions of the revision its Pods serve
+    /// back, so a Pod started later reads what the running gateway holds; hostd does the same
+    /// on a host before it answers. What cannot be put back is logged and left to the next
+    /// deploy of the Agent (drift reports the difference meanwhile).
+    async fn restore_cluster_secrets(&self, d: &Deploy<'_>) -> Result<(), Step> {
+        let Some(served) = d
+            .agent
+            .served_revision_id
+            .as_ref()
+            .filter(|s| **s != d.rev.id)
+            .and_then(|s| d.revisions.iter().find(|r| &r.id == s))
+        else {
+            tracing::warn!(work_id = d.work.id, agent = %d.agent.id, "no served revision on record: the refused secrets stay in the Agent's Secret until its next deploy");
+            return Ok(());
+        };
+        match self.deliver_secrets(d, served).await {
+            Ok(Ok(_)) => {
+                tracing::info!(work_id = d.work.id, agent = %d.agent.id, revision = %served.id, secrets = %secret_list(&served.secrets), "the secrets the gateway serves are back in the Agent's Secret");
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(work_id = d.work.id, agent = %d.agent.id, revision = %served.id, "cannot put the served secrets back in the Agent's Secret: {e}");
+            }
+            Err(step @ Step::Failed { .. }) if matches!(&step, Step::Failed { code, .. } if *code == AnyCode::from(Code::ClaimLost)) =>
+            {
+                return Err(step);
+            }
+            Err(step) => {
+                tracing::warn!(work_id = d.work.id, agent = %d.agent.id, revision = %served.id, "cannot put the served secrets back in the Agent's Secret: {step:?}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the values of the secret versions `rev` binds from the store and replaces the
+    /// Agent's whole set on the target with them in one fenced call.
+    async fn deliver_secrets(
+        &self,
+        d: &Deploy<'_>,
+        rev: &Revision,
+    ) -> Result<Result<PutSecretsResult, CallError>, Step> {
+        let target = d.target()?;
+        let mut values = Vec::with_capacity(rev.secrets.len());
+        for b in &rev.secrets {
             let Some(value) = self
                 .store
                 .secret_value(&d.work.namespace_id, b.name.as_str(), b.version)
@@ -410,7 +470,7 @@ impl<B: Backend> Worker<B> {
                     Code::SecretVersionGone,
                     format!(
                         "revision {} binds secret {} version {}, which the store no longer holds",
-                        d.rev.id, b.name, b.version
+                        rev.id, b.name, b.version
                     ),
                 ));
             };
@@ -419,7 +479,7 @@ impl<B: Backend> Worker<B> {
                     Code::SecretVersionGone,
                     format!(
                         "revision {} binds secret {} version {} with fingerprint {}, but the store holds {} under that version",
-                        d.rev.id, b.name, b.version, b.fingerprint, value.fingerprint
+                        rev.id, b.name, b.version, b.fingerprint, value.fingerprint
                     ),
                 ));
             }
@@ -460,22 +520,7 @@ impl<B: Backend> Worker<B> {
                 }
             }
         };
-        match result {
-            Ok(r) => {
-                tracing::info!(
-                    work_id = d.work.id,
-                    target = target.name(),
-                    agent = %d.agent.id,
-                    secrets = %secret_list(&d.rev.secrets),
-                    changed = r.changed,
-                    "secrets delivered"
-                );
-                Ok(())
-            }
-            Err(e) => Err(self
-                .policy()
-                .call_failed(d.work, e, Stage::deploy(d.committed))),
-        }
+        Ok(result)
     }
 
     /// Seals each value to the host's pinned key and sends one fenced `put-secrets`.
@@ -697,6 +742,15 @@ impl<B: Backend> Worker<B> {
                 Err(done(Code::RevisionSuperseded, f.message))
             }
             Err(e) => {
+                if matches!(target, Target::Cluster(_))
+                    && let CallError::Failed(f) = &e
+                    && matches!(
+                        f.code,
+                        FailureCode::SecretReloadFailed | FailureCode::SecretFingerprintMismatch
+                    )
+                {
+                    self.restore_cluster_secrets(d).await?;
+                }
                 let runtime_failure = crate::evidence::is_runtime_failure(e.code());
                 if runtime_failure {
                     self.keep_evidence(d, &e).await;

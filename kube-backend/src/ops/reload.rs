@@ -1,5 +1,7 @@
 //! A rotation reaching the running gateway without a new Pod (issue 29, clusters):
-//! [`crate::KubeBackend::reload_gateway_secrets`], called after a secrets-only activation.
+//! the activation of a secrets-only change ([`super::revision`]) reloads the running
+//! gateway's secrets before the Deployment names the candidate;
+//! [`crate::KubeBackend::reload_gateway_secrets`] does the same on its own.
 //!
 //! A secrets-only activation keeps the Pods ([`super::revision`]); the Agent's Secret already
 //! holds the new versions (`put_secrets`), and the kubelet projects them into the Pod's
@@ -175,10 +177,17 @@ async fn round(
                 FailureCode::KubernetesApiRejected,
                 format!("cannot reach the gateway to reload its secrets: {e}"),
             ),
-            other => Failure::new(
+            // No answer from the API server: worth another try.
+            GatewayStreamError::Unavailable { .. } => Failure::new(
                 FailureCode::KubernetesApiUnavailable,
-                format!("cannot reach the gateway to reload its secrets: {other}"),
+                format!("cannot reach the gateway to reload its secrets: {e}"),
             ),
+            // The Pods kept for the change are not there, not Ready, or refuse the forward:
+            // the gateway cannot take the new secrets (hostd answers the same when its
+            // gateway does not answer).
+            other => reload_failed(format!(
+                "cannot reach the gateway to reload its secrets: {other}"
+            )),
         })?;
     let mut rpc = GatewayRpc::connect(conn.stream, password, RPC_TIMEOUT)
         .await

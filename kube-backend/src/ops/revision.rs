@@ -496,6 +496,20 @@ async fn activate_one(
         .get_owned(r, &o.names.gateway, &o.markers)
         .await?;
     let template_rev = template_revision(r, &o, ns, &agent.id, rev, &cm, dep.as_ref()).await?;
+    // A secrets-only change keeps the Pods: their gateway reloads the new Secret (projected by
+    // the kubelet) before the Deployment names the candidate, so a refusal leaves the
+    // Deployment on the served revision, as hostd leaves `current` there.
+    let carried_now = dep
+        .as_ref()
+        .map(deployment_revision)
+        .transpose()?
+        .flatten()
+        .map(|(id, _)| id);
+    let secrets_reload = if template_rev.id != rev.id && carried_now.as_ref() != Some(&rev.id) {
+        Some(super::reload::reload_and_verify(r, settings, ns, &agent.id).await?)
+    } else {
+        None
+    };
     let template = render::Template {
         revision: &template_rev,
         secrets,
@@ -592,7 +606,7 @@ async fn activate_one(
         unit_changed: template_changed,
         observation: observed.observation(settings),
         restored: None,
-        secrets_reload: None,
+        secrets_reload,
         config_reload: None,
     })
 }
