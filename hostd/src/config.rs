@@ -58,6 +58,7 @@ struct RawNetwork {
     hold_ms: Option<u64>,
     egress_ports: Option<Vec<u64>>,
     egress_allow: Option<Vec<String>>,
+    dns: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -369,6 +370,7 @@ impl RawConfig {
             hold_ms: network.integer("hold_ms", 100, 600_000)?,
             egress_ports: network.integers("egress_ports", 1, 65535)?,
             egress_allow: network.strings("egress_allow")?,
+            dns: network.strings("dns")?,
         };
         network.finish()?;
         top.finish()?;
@@ -511,6 +513,9 @@ pub struct Config {
     /// `[network] egress_allow`: IPv4 CIDRs each Agent may reach on any port (an internal
     /// proxy or model gateway), which the private ranges would otherwise deny.
     pub egress_allow: Vec<String>,
+    /// `[network] dns`: the resolvers each Agent's `resolv.conf` names (`crate::resolv`);
+    /// empty: the host's own reachable ones.
+    pub dns: Vec<std::net::Ipv4Addr>,
 }
 
 /// `[network] egress_ports` when unset: HTTPS only, as the Kubernetes backend's policy.
@@ -692,6 +697,20 @@ impl Config {
                 ));
             }
         }
+        let mut dns = Vec::new();
+        for a in raw.network.dns.iter().flatten() {
+            match a.parse::<std::net::Ipv4Addr>() {
+                Ok(ip) if !ip.is_loopback() && !ip.is_unspecified() => dns.push(ip),
+                _ => {
+                    return Err(invalid(
+                        "network.dns",
+                        format!(
+                            "{a:?} is not an IPv4 address an Agent's network can reach, such as \"10.0.0.2\" (a loopback resolver is the host's own, out of an Agent's reach)"
+                        ),
+                    ));
+                }
+            }
+        }
 
         Ok(Self {
             host_name,
@@ -736,6 +755,7 @@ impl Config {
                 })
                 .unwrap_or_else(|| DEFAULT_EGRESS_PORTS.to_vec()),
             egress_allow,
+            dns,
         })
     }
 }
@@ -902,6 +922,7 @@ max_inodes = 20000
 hold_ms = 5000
 egress_ports = [443, 8443]
 egress_allow = ["10.1.2.0/24"]
+dns = ["10.0.0.2"]
 "#,
         )
         .unwrap();
@@ -910,6 +931,11 @@ egress_allow = ["10.1.2.0/24"]
         assert_eq!(c.front_hold_ms, 5000);
         assert_eq!(c.egress_ports, [443, 8443]);
         assert_eq!(c.egress_allow, ["10.1.2.0/24"]);
+        assert_eq!(c.dns, [std::net::Ipv4Addr::new(10, 0, 0, 2)]);
+        assert_eq!(
+            refusal("[network]\ndns = [\"127.0.0.53\"]").0,
+            "network.dns"
+        );
         assert_eq!(
             refusal("[network]\negress_allow = [\"10.1.2.0\"]").0,
             "network.egress_allow"

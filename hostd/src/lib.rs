@@ -23,6 +23,7 @@ pub mod netns;
 pub mod quota;
 pub mod real;
 pub mod relay;
+pub mod resolv;
 pub mod secrets;
 pub mod session;
 pub mod sock_diag;

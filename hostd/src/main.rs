@@ -130,6 +130,10 @@ enum Command {
         /// An IPv4 CIDR the Agent may reach on any port (repeatable).
         #[arg(long = "egress-allow")]
         egress_allow: Vec<String>,
+        /// A resolver for the Agent's `resolv.conf` (repeatable; `[network] dns`). Without
+        /// one, the host's reachable resolvers are used.
+        #[arg(long = "dns")]
+        dns: Vec<std::net::Ipv4Addr>,
     },
     /// The Agent's network unit on stop: removes its network namespace.
     #[command(hide = true)]
@@ -523,14 +527,39 @@ fn main() -> ExitCode {
                     port,
                     egress_ports,
                     egress_allow,
+                    dns,
                     ..
                 } => {
+                    let resolvers = hostd::resolv::discover(
+                        dns,
+                        std::path::Path::new(hostd::resolv::ETC_RESOLV_CONF),
+                        std::path::Path::new(hostd::resolv::RESOLVED_UPSTREAMS),
+                    );
                     let egress = port.map(|port| hostd::netns::Egress {
                         port,
                         ports: egress_ports.clone(),
                         allow: egress_allow.clone(),
+                        resolvers: resolvers.nameservers.clone(),
                     });
-                    hostd::netns::up(name, egress.as_ref())
+                    hostd::netns::up(name, egress.as_ref()).and_then(|()| {
+                        if egress.is_none() {
+                            return Ok(());
+                        }
+                        // The unit's journal says which resolvers the Agent got.
+                        if resolvers.nameservers.is_empty() {
+                            eprintln!(
+                                "hostd netns: no resolver an Agent can reach ({} names only loopback ones, and {} none): the Agent resolves no names; set [network] dns in hostd.toml",
+                                hostd::resolv::ETC_RESOLV_CONF,
+                                hostd::resolv::RESOLVED_UPSTREAMS
+                            );
+                        } else {
+                            eprintln!(
+                                "hostd netns: the Agent's resolvers, from {}: {:?}",
+                                resolvers.source, resolvers.nameservers
+                            );
+                        }
+                        hostd::netns::write_resolv_conf(name, &resolvers)
+                    })
                 }
                 _ => hostd::netns::down(name),
             };

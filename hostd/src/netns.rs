@@ -108,8 +108,34 @@ pub fn up(name: &str, egress: Option<&Egress>) -> Result<(), NetnsError> {
     Ok(())
 }
 
+/// Writes the Agent's `resolv.conf` ([`crate::resolv`]), or removes a stale one when no
+/// resolver is left for it (the gateway then sees the host's file).
+pub fn write_resolv_conf(
+    name: &str,
+    resolvers: &crate::resolv::Resolvers,
+) -> Result<(), NetnsError> {
+    let file = crate::resolv::agent_file(name);
+    let fail = |e: crate::fsutil::FsError| NetnsError::Ip {
+        args: format!("write {}", file.display()),
+        detail: e.to_string(),
+    };
+    if resolvers.nameservers.is_empty() {
+        return crate::fsutil::remove_file_if_present(&file)
+            .map(|_| ())
+            .map_err(fail);
+    }
+    crate::fsutil::ensure_dir(Path::new(crate::resolv::AGENT_DIR), 0o755).map_err(fail)?;
+    crate::fsutil::write_atomic(&file, resolvers.render().as_bytes(), 0o644, |_| Ok(()))
+        .map_err(fail)
+}
+
 /// Removes the namespace and its host-side link; succeeds when they are not there.
 pub fn down(name: &str) -> Result<(), NetnsError> {
+    let resolv = crate::resolv::agent_file(name);
+    crate::fsutil::remove_file_if_present(&resolv).map_err(|e| NetnsError::Ip {
+        args: format!("remove {}", resolv.display()),
+        detail: e.to_string(),
+    })?;
     let host_link = host_link_name(name);
     if Path::new("/sys/class/net").join(&host_link).exists() {
         ip(&["link", "delete", &host_link])?;
@@ -152,8 +178,9 @@ pub const DENIED_V4: [&str; 10] = [
 
 /// An Agent's way out (issue 28): a veth pair to the host, masqueraded there, and a policy
 /// in the Agent's namespace (which the Agent, without capabilities, cannot change): TCP to
-/// `ports` on public addresses, plus `allow` (CIDRs the operator opens, on any port), and
-/// DNS to public resolvers; nothing else.
+/// `ports` on public addresses, plus `allow` (CIDRs the operator opens, on any port), DNS to
+/// the resolvers of its `resolv.conf` ([`crate::resolv`], even on private addresses) and to
+/// public ones; nothing else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Egress {
     /// The Agent's port: its /30 is at 4 × port in [`EGRESS_NET`].
@@ -162,6 +189,9 @@ pub struct Egress {
     pub ports: Vec<u16>,
     /// IPv4 CIDRs allowed on any port (checked before the denied ranges).
     pub allow: Vec<String>,
+    /// The resolvers the Agent's `resolv.conf` names: port 53 to them is allowed (checked
+    /// before the denied ranges).
+    pub resolvers: Vec<std::net::Ipv4Addr>,
 }
 
 impl Egress {
@@ -192,8 +222,21 @@ impl Egress {
         } else {
             format!("        tcp dport {{ {ports} }} accept\n")
         };
+        let resolvers = if self.resolvers.is_empty() {
+            String::new()
+        } else {
+            let list = self
+                .resolvers
+                .iter()
+                .map(std::net::Ipv4Addr::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!(
+                "        ip daddr {{ {list} }} udp dport 53 accept\n        ip daddr {{ {list} }} tcp dport 53 accept\n"
+            )
+        };
         format!(
-            "table inet clawfleet\ndelete table inet clawfleet\ntable inet clawfleet {{\n    chain output {{\n        type filter hook output priority filter; policy drop;\n        oifname \"lo\" accept\n        ct state established,related accept\n{allow}        ip daddr {{ {denied} }} drop\n        meta nfproto ipv6 drop\n{tcp}        udp dport 53 accept\n        tcp dport 53 accept\n    }}\n    chain input {{\n        type filter hook input priority filter; policy drop;\n        iifname \"lo\" accept\n        ct state established,related accept\n    }}\n}}\n",
+            "table inet clawfleet\ndelete table inet clawfleet\ntable inet clawfleet {{\n    chain output {{\n        type filter hook output priority filter; policy drop;\n        oifname \"lo\" accept\n        ct state established,related accept\n{allow}{resolvers}        ip daddr {{ {denied} }} drop\n        meta nfproto ipv6 drop\n{tcp}        udp dport 53 accept\n        tcp dport 53 accept\n    }}\n    chain input {{\n        type filter hook input priority filter; policy drop;\n        iifname \"lo\" accept\n        ct state established,related accept\n    }}\n}}\n",
             denied = DENIED_V4.join(", ")
         )
     }
@@ -399,6 +442,7 @@ mod tests {
             port: 18700,
             ports: vec![443, 8443],
             allow: vec!["10.1.2.0/24".into()],
+            resolvers: vec![std::net::Ipv4Addr::new(10, 0, 0, 2)],
         };
         let (host, agent) = e.addresses();
         // 100.64.0.0 + 4 × 18700 = 100.65.36.48.
@@ -417,6 +461,17 @@ mod tests {
         let allow = rules.find("ip daddr { 10.1.2.0/24 } accept").unwrap();
         let deny = rules.find("169.254.0.0/16").unwrap();
         assert!(allow < deny, "allowed CIDRs are checked first: {rules}");
+        let dns = rules
+            .find("ip daddr { 10.0.0.2 } udp dport 53 accept")
+            .unwrap();
+        assert!(
+            rules.contains("ip daddr { 10.0.0.2 } tcp dport 53 accept"),
+            "{rules}"
+        );
+        assert!(
+            dns < deny,
+            "the resolvers are checked before the denied ranges: {rules}"
+        );
         for d in DENIED_V4 {
             assert!(rules.contains(d), "{d}: {rules}");
         }

@@ -47,6 +47,8 @@ pub struct AgentNet {
     pub egress_ports: Vec<u16>,
     /// IPv4 CIDRs the Agent may reach on any port (`[network] egress_allow`).
     pub egress_allow: Vec<String>,
+    /// The resolvers the Agent's `resolv.conf` names (`[network] dns`; empty: the host's).
+    pub dns: Vec<std::net::Ipv4Addr>,
 }
 
 impl AgentNet {
@@ -64,6 +66,7 @@ impl AgentNet {
             hold_ms,
             egress_ports: crate::config::DEFAULT_EGRESS_PORTS.to_vec(),
             egress_allow: Vec::new(),
+            dns: Vec::new(),
         }
     }
 
@@ -99,6 +102,7 @@ ExecStop={LAUNCHER} netns-down --name {ns}
                         .iter()
                         .map(|c| format!(" --egress-allow {c}"))
                 )
+                .chain(self.dns.iter().map(|a| format!(" --dns {a}")))
                 .collect::<String>()
         );
         // FreeBind: a host without IPv6 on its loopback still gets the IPv4 socket.
@@ -267,6 +271,15 @@ pub fn render(
     let _ = writeln!(u, "TimeoutStopSec={stop_timeout_secs}");
     let _ = writeln!(u, "UMask=0077");
     let _ = writeln!(u, "ProtectSystem=strict");
+    if let Some(net) = net {
+        // Resolvers the Agent's namespace can reach, written by its network unit
+        // (crate::resolv); optional ("-"): without one it sees the host's file.
+        let _ = writeln!(
+            u,
+            "BindReadOnlyPaths=-{}:/etc/resolv.conf",
+            crate::resolv::agent_file(&net.netns).display()
+        );
+    }
     let _ = writeln!(
         u,
         "ReadWritePaths={} {}",

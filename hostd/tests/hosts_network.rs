@@ -330,6 +330,7 @@ fn an_agent_reaches_public_https_only() {
         port: pb,
         ports: vec![443],
         allow: vec![],
+        resolvers: vec![],
     };
     let (sibling_host_side, sibling_agent_side) = sibling.addresses();
     let host_address = host.address();
@@ -399,6 +400,107 @@ fn an_agent_reaches_public_https_only() {
     // The sibling still serves its own clients.
     assert_eq!(curl(&host, pb, "/readyz").0, 200);
     host.run_ok("systemctl stop cf-public-443 cf-public-8080; ip netns delete cfpub")
+        .unwrap();
+}
+
+/// A stand-in for a cloud network's resolver on a private address (10.77.0.2, in a network
+/// namespace of the test's own on the test host): it answers every A query with 198.51.100.2
+/// and every other query with no answer.
+const RESOLVER_STANDIN: &str = r#"set -e
+ip netns add cfdns
+ip link add cfdnsh type veth peer name eth0 netns cfdns
+ip addr add 10.77.0.1/30 dev cfdnsh
+ip link set cfdnsh up
+ip -n cfdns link set lo up
+ip -n cfdns addr add 10.77.0.2/30 dev eth0
+ip -n cfdns link set eth0 up
+ip -n cfdns route add default via 10.77.0.1
+cat > /root/cf-dns.pl <<'PL'
+use Socket; socket(S, PF_INET, SOCK_DGRAM, 0) or die "socket: $!";
+bind(S, sockaddr_in(53, INADDR_ANY)) or die "bind: $!";
+while (1) {
+  my $from = recv(S, my $q, 512, 0); next unless defined $from && length($q) > 12;
+  my $i = 12; while ($i < length($q) && (my $l = ord(substr($q, $i, 1))) != 0) { $i += $l + 1 }
+  my ($qtype) = unpack("n", substr($q, $i + 1, 2)); my $n = $qtype == 1 ? 1 : 0;
+  my $r = substr($q, 0, 2) . pack("nnnnn", 0x8180, 1, $n, 0, 0) . substr($q, 12, $i + 5 - 12);
+  $r .= pack("nnnNn", 0xc00c, 1, 1, 60, 4) . inet_aton("198.51.100.2") if $n;
+  send(S, $r, 0, $from);
+}
+PL
+systemd-run --unit cf-dns ip netns exec cfdns perl /root/cf-dns.pl
+sleep 0.5
+"#;
+
+/// DNS from an Agent's namespace (issue 28): the host's `/etc/resolv.conf` names
+/// systemd-resolved's stub on its loopback (`127.0.0.53`, out of the Agent's reach) and the
+/// stub's upstream is a resolver on a private address (which the egress policy denies to
+/// everything else). The Agent's own `resolv.conf` names that upstream, keeps the host's
+/// `search` line, and its lookups are answered; it still cannot reach the resolver on another
+/// port. Before, the Agent saw the host's file and resolved nothing.
+#[test]
+fn an_agent_resolves_names_through_the_hosts_upstream_resolver() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
+    host.run_ok(RESOLVER_STANDIN).unwrap();
+    // The host's own files, as systemd-resolved leaves them (a bind mount of nspawn's first
+    // goes, so the test host's file is its own).
+    host.run_ok(
+        "umount /etc/resolv.conf 2>/dev/null || true; rm -f /etc/resolv.conf; \
+         printf 'nameserver 127.0.0.53\\noptions edns0 trust-ad\\nsearch example.test\\n' > /etc/resolv.conf; \
+         mkdir -p /run/systemd/resolve; printf 'nameserver 10.77.0.2\\n' > /run/systemd/resolve/resolv.conf",
+    )
+    .unwrap();
+    occ.ok(&host, ensure("ns1"));
+    let probes = json!({
+        "resolv": "cat /etc/resolv.conf",
+        "lookup": "getent ahostsv4 api.example.test | head -1; echo \" rc=$?\"",
+        "short": "getent ahostsv4 api | head -1",
+        "resolver_other_port": "timeout 3 bash -c 'exec 3<>/dev/tcp/10.77.0.2/22' 2>&1; echo \" rc=$?\"",
+    });
+    let a1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "a", "probe": {"commands": probes}}),
+    );
+    let pa = port(&occ.ok(&host, prepare("ns1", "a1", &a1)));
+    activate(&occ, &host, "ns1", "a1", &a1);
+    let (code, body) = curl(&host, pa, "/info");
+    assert_eq!(code, 200, "{body}");
+    let info: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let out = |name: &str| {
+        info["probe"]["commands"][name]["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for name in ["resolv", "lookup", "short", "resolver_other_port"] {
+        println!("{name}: {}", out(name).trim());
+    }
+    let resolv = out("resolv");
+    assert!(resolv.contains("nameserver 10.77.0.2\n"), "{resolv}");
+    assert!(!resolv.contains("127.0.0.53"), "{resolv}");
+    assert!(resolv.contains("search example.test\n"), "{resolv}");
+    assert!(
+        out("lookup").starts_with("198.51.100.2"),
+        "the Agent resolved nothing: {}",
+        out("lookup")
+    );
+    assert!(
+        out("short").starts_with("198.51.100.2"),
+        "the search line is not used: {}",
+        out("short")
+    );
+    assert!(
+        !out("resolver_other_port").contains(" rc=0"),
+        "the resolver was reached on another port: {}",
+        out("resolver_other_port")
+    );
+    // The host's own file is untouched.
+    let host_file = host.run_ok("cat /etc/resolv.conf").unwrap();
+    assert!(host_file.contains("nameserver 127.0.0.53"), "{host_file}");
+    host.run_ok("systemctl stop cf-dns; ip netns delete cfdns")
         .unwrap();
 }
 

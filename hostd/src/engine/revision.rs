@@ -350,6 +350,7 @@ impl Engine<'_> {
         self.system.netns_support().ok().map(|()| unit::AgentNet {
             egress_ports: self.config.egress_ports.clone(),
             egress_allow: self.config.egress_allow.clone(),
+            dns: self.config.dns.clone(),
             ..unit::AgentNet::for_unit(&paths.unit_name, self.config.front_hold_ms)
         })
     }
