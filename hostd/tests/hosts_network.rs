@@ -279,6 +279,121 @@ fn a_host_without_namespaces_says_what_is_missing_and_still_serves_one_namespace
     assert_eq!(units.trim(), "1", "only the gateway's unit: {units}");
 }
 
+/// An Agent deployed before issue 28 (in the host's network: its gateway binds the port
+/// itself) on a host that then gains network namespaces (nftables installed): it keeps
+/// serving as it is until its next revision, whose activation moves it into a namespace of
+/// its own behind a port the host holds, on the same port; clients polling throughout see
+/// only the old or the new revision answer (the cutover's own restart aside).
+#[test]
+fn a_running_agent_from_before_namespaces_moves_into_one_at_its_next_revision() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "");
+    // No nftables: hostd makes no namespaces (as before issue 28).
+    host.run_ok("mv /usr/sbin/nft /usr/sbin/nft.hidden")
+        .unwrap();
+    let isolation = network_isolation(&occ, &host);
+    assert!(isolation.starts_with("unavailable: "), "{isolation}");
+    occ.ok(&host, ensure("ns1"));
+    let r1 = spec("rev-1", 1, json!({"label": "before"}));
+    let p = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
+    activate(&occ, &host, "ns1", "a1", &r1);
+    let a = layout().agent(&id("ns1"), &id("a1"));
+    let unit = host
+        .run_ok(&format!("cat {}", a.unit_file.display()))
+        .unwrap();
+    assert!(!unit.contains("NetworkNamespacePath="), "{unit}");
+    let pid_before = host
+        .run_ok(&format!(
+            "systemctl show -p MainPID --value {}",
+            a.unit_name
+        ))
+        .unwrap();
+
+    // The host gains namespaces; the running Agent is left as it is.
+    host.run_ok("mv /usr/sbin/nft.hidden /usr/sbin/nft")
+        .unwrap();
+    assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
+    let (code, body) = curl(&host, p, "/info");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"label\":\"before\""), "{body}");
+    // A verify of the running revision changes nothing.
+    occ.ok(&host, Operation::VerifyRevision(rargs("ns1", "a1", &r1)));
+    assert_eq!(
+        host.run_ok(&format!(
+            "systemctl show -p MainPID --value {}",
+            a.unit_name
+        ))
+        .unwrap(),
+        pid_before
+    );
+
+    // Clients poll the port through the next cutover.
+    host.run_ok(&format!(
+        "cat > /root/cf-poll.sh <<'SH'\nend=$(( $(date +%s) + 25 ))\nwhile [ \"$(date +%s)\" -lt \"$end\" ]; do\n  code=$(curl -s --max-time 5 -o /tmp/cf-poll-body -w '%{{http_code}}' http://127.0.0.1:{p}/info); label=$(grep -o '\"label\":\"[^\"]*\"' /tmp/cf-poll-body 2>/dev/null | head -1); rm -f /tmp/cf-poll-body; echo \"$code $label\"\n  sleep 0.05\ndone > /root/cf-poll.out\necho done >> /root/cf-poll.out\nSH\nsystemd-run --unit cf-poll bash /root/cf-poll.sh"
+    ))
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let r2 = spec("rev-2", 2, json!({"label": "after"}));
+    let p2 = port(&occ.ok(&host, prepare("ns1", "a1", &r2)));
+    assert_eq!(p2, p, "the Agent keeps its port");
+    activate(&occ, &host, "ns1", "a1", &r2);
+    let unit = host
+        .run_ok(&format!("cat {}", a.unit_file.display()))
+        .unwrap();
+    assert!(unit.contains("NetworkNamespacePath="), "{unit}");
+    let (code, body) = curl(&host, p, "/info");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"label\":\"after\""), "{body}");
+    // The port is the host's now: PID 1 listens on it, not the gateway.
+    let listeners = host.run_ok(&format!("ss -Hltnp 'sport = :{p}'")).unwrap();
+    println!("listeners on {p}: {listeners}");
+    assert!(listeners.contains("systemd"), "{listeners}");
+    assert!(!listeners.contains("clawfleet-test"), "{listeners}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let polled = loop {
+        let out = host
+            .run_ok("cat /root/cf-poll.out 2>/dev/null || true")
+            .unwrap();
+        if out.contains("done") {
+            break out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the poller never ended"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    let lines: Vec<&str> = polled.lines().filter(|l| *l != "done").collect();
+    let ok_before = lines.iter().filter(|l| l.contains("\"before\"")).count();
+    let ok_after = lines.iter().filter(|l| l.contains("\"after\"")).count();
+    let failed = lines.len() - ok_before - ok_after;
+    let mut by_code = std::collections::BTreeMap::<String, usize>::new();
+    for l in &lines {
+        *by_code
+            .entry(l.split_whitespace().next().unwrap_or("").to_owned())
+            .or_default() += 1;
+    }
+    println!(
+        "migration: {} requests, {ok_before} answered by rev-1, {ok_after} by rev-2, {failed} not answered; by status: {by_code:?}",
+        lines.len()
+    );
+    assert!(ok_before > 0 && ok_after > 0, "{polled}");
+    // Nothing but the Agent ever answered, and every answer was a 200.
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.contains("label") || l.starts_with("200 ")),
+        "{polled}"
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("\"before\"") || l.contains("\"after\"") || !l.contains("label")),
+        "{polled}"
+    );
+}
+
 /// A host that allows them reports `namespaces`.
 #[test]
 fn a_host_with_namespaces_reports_them() {
