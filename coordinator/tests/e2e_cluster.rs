@@ -723,6 +723,56 @@ async fn cluster_secrets_rotate_in_place_and_leak_nowhere() {
     };
     let before = pod_uids().await;
     assert_eq!(before.len(), 1, "{before:?}");
+    // The cluster reports what the Agent's Secret records (versions, fingerprints): drift
+    // compares it with what the active revision binds.
+    let drift_of_s1 = |f: &Fleet| {
+        let rows = f.occ_json(&["drift", "--now"]);
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["namespaceId"] == KNS && r["agentId"] == "s1")
+            .cloned()
+            .unwrap_or_else(|| panic!("no drift row for s1: {rows}"))
+    };
+    let row = drift_of_s1(f);
+    assert_eq!(row["state"], "synced", "{row}");
+    // A Secret put back from an old backup records other versions: drift names them.
+    let recorded =
+        s.metadata.annotations.as_ref().unwrap()["clawfleet.dev/secret-versions"].clone();
+    let other_fp = clawfleet_protocol::SecretFingerprint::of(b"an older value");
+    let restored_from_backup = recorded.replace(
+        clawfleet_protocol::SecretFingerprint::of(V1.as_bytes()).as_str(),
+        other_fp.as_str(),
+    );
+    assert_ne!(restored_from_backup, recorded);
+    let patch = |versions: &str| json!({"metadata": {"annotations": {"clawfleet.dev/secret-versions": versions}}});
+    secrets
+        .patch(
+            &agent.secrets,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch(&restored_from_backup)),
+        )
+        .await
+        .unwrap();
+    let row = drift_of_s1(f);
+    println!("drift after the Secret's record changed: {row}");
+    assert_eq!(row["reason"], "secrets-changed", "{row}");
+    assert!(
+        row["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(other_fp.as_str()),
+        "{row}"
+    );
+    secrets
+        .patch(
+            &agent.secrets,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch(&recorded)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(drift_of_s1(f)["state"], "synced");
 
     let rev1 = f
         .api
@@ -823,6 +873,12 @@ async fn cluster_secrets_rotate_in_place_and_leak_nowhere() {
     let d = deployments.get(&agent.gateway).await.unwrap();
     assert_eq!(d.spec.template, template, "the Pod template changed");
     assert_eq!(pod_uids().await, before, "the rotation made a new Pod");
+    // Drift: the cluster serves the revision before the refused one.
+    let row = drift_of_s1(f);
+    said += &row.to_string();
+    assert_eq!(row["reason"], "current-changed", "{row}");
+    let message = row["message"].as_str().unwrap_or("");
+    assert!(message.contains(&rev1) && message.contains(&rev2), "{row}");
 
     // API answers and occ output: every read an operator or a tool makes.
     for path in [

@@ -323,8 +323,9 @@ pub struct AgentInventory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit_drift: Option<String>,
     /// The secrets the target holds for the Agent (name, version, fingerprint; never a
-    /// value), as its last `put-secrets` left them; absent where the target does not report
-    /// them (a cluster, a hostd from before secrets).
+    /// value), as its last `put-secrets` left them (on a cluster, as the Agent's Secret
+    /// records them); absent where the target does not report them (a hostd from before
+    /// secrets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets: Option<Vec<crate::sealed::SecretVersion>>,
 }

@@ -9,7 +9,7 @@ use clawfleet_protocol::operation::{RevisionNumber, StatusArgs};
 use clawfleet_protocol::result::{
     AgentInventory, Inventory, InventoryProblem, NamespaceInventory, RevisionInventory,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 
@@ -119,6 +119,48 @@ async fn namespace_agents(
             cms.list_metadata(&lp)
         })
         .await?;
+    // The secret versions each Agent's Secret records (metadata only: never a value), for
+    // the coordinator's drift check, as hostd reports what its last put-secrets left.
+    let secrets: Api<Secret> = Api::namespaced(r.client(), tenant);
+    let secret_list = r
+        .read(&format!("list Secrets in {tenant}"), || {
+            secrets.list_metadata(&lp)
+        })
+        .await?;
+    let mut held: BTreeMap<Ident, Vec<clawfleet_protocol::sealed::SecretVersion>> = BTreeMap::new();
+    for m in &secret_list.items {
+        let Some(agent) = id_label(&m.metadata, names::AGENT_ID) else {
+            continue;
+        };
+        let n = names::agent(&agent);
+        if m.metadata.name.as_deref() != Some(n.secrets.as_str())
+            || check_owned(
+                "Secret",
+                Some(tenant),
+                &n.secrets,
+                &m.metadata,
+                &names::Markers::agent(ns, &agent),
+            )
+            .is_err()
+        {
+            continue;
+        }
+        let versions = m
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::secrets::VERSIONS))
+            .and_then(|t| serde_json::from_str(t).ok());
+        match versions {
+            Some(v) => {
+                held.insert(agent, v);
+            }
+            None => problems.push(problem(
+                format!("namespace/{tenant}/secret/{}", n.secrets),
+                format!("annotation {} missing or invalid", crate::secrets::VERSIONS),
+            )),
+        }
+    }
     let mut revisions: BTreeMap<Ident, Vec<RevisionInventory>> = BTreeMap::new();
     for cm in &cm_list.items {
         let name = cm.metadata.name.clone().unwrap_or_default();
@@ -204,7 +246,8 @@ async fn namespace_agents(
         revs.sort_by_key(|r| r.number);
         agents.push(AgentInventory {
             unit_drift: None,
-            secrets: None,
+            // No Secret: the Agent holds none.
+            secrets: Some(held.remove(&agent).unwrap_or_default()),
             id: agent,
             service_principal_id: sp,
             account: name,
