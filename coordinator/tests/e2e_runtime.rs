@@ -406,6 +406,38 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
     assert!((1..=60).contains(&retry_after), "{retry_after}");
     // The admin token's own budget is untouched by another token's.
     fleet.occ_ok(&["agent", "runtime", NS, "a1"]);
+
+    // Issue 26: the shared host loses its quotas (the operator disables them): the next
+    // probe says so, and `occ host probe` warns that two Namespaces share a host that no
+    // longer limits their Agents; a third Namespace is refused there.
+    let mount = host.state_fs().expect("a btrfs state root").to_path_buf();
+    let out = std::process::Command::new("btrfs")
+        .args(["quota", "disable"])
+        .arg(&mount)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let probed = fleet.occ(&["host", "probe", host.name()]);
+    let said = String::from_utf8_lossy(&probed.stderr);
+    assert!(
+        probed.status.success()
+            && said.contains(&format!("host {} cannot limit", host.name()))
+            && said.contains("does not have quotas enabled")
+            && said.contains("yet Namespaces")
+            && said.contains(NS)
+            && said.contains("other"),
+        "{said}"
+    );
+    let out = fleet.occ(&["namespace", "create", "third", "--hosts", host.name()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("HOST_NOT_QUOTA_LIMITED"),
+        "{said}"
+    );
 }
 
 /// Issue 26, N6, fail closed on a real host: a test host's state root is its overlay file
