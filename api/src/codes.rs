@@ -103,6 +103,7 @@ codes! {
     EmptyPool = "EMPTY_POOL" => 400 Permanent, "A Namespace needs a host pool or a cluster.";
     HostDedicated = "HOST_DEDICATED" => 409 Permanent, "The host is in a single-tenant pool, or a single-tenant pool names a host another Namespace uses.";
     HostNotIsolated = "HOST_NOT_ISOLATED" => 409 Permanent, "The host cannot isolate the networks of Agents of different Namespaces (its probe's networkIsolation says what is missing), and another Namespace uses it.";
+    HostNotQuotaLimited = "HOST_NOT_QUOTA_LIMITED" => 409 Permanent, "The host cannot limit each Agent's disk and inode use (its probe's quotas says what is missing), and another Namespace uses it.";
     SingleTenantInvalid = "SINGLE_TENANT_INVALID" => 400 Permanent, "singleTenant applies to host pools only.";
     BackendAmbiguous = "BACKEND_AMBIGUOUS" => 400 Permanent, "A Namespace names both hosts and a cluster.";
     UnknownCluster = "UNKNOWN_CLUSTER" => 400 Permanent, "The cluster is not registered, or the token may not choose it.";

@@ -127,6 +127,57 @@ impl Host {
     }
 }
 
+/// Something a host must be able to do before Agents of several Namespaces share it, as its
+/// probe reports it: a probe field that says `unavailable: <what is missing>` when the host
+/// cannot. The coordinator refuses a second Namespace on such a host with [`Self::code`], and
+/// `occ host probe` warns about it; one Namespace (single-tenant use) keeps working. A host
+/// never probed, or whose hostd predates the field, is not refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedHostNeed {
+    /// The probe's field (`networkIsolation`, `quotas`).
+    pub field: &'static str,
+    /// What a second Namespace is refused with.
+    pub code: crate::codes::Code,
+    /// What the host cannot do, completing "host h1 …".
+    pub cannot: &'static str,
+}
+
+/// Every [`SharedHostNeed`], the one list the refusal and the warnings read: network isolation
+/// (issue 28) and per-Agent disk and inode limits (issue 26, N6: without them one tenant can
+/// fill the state root for every other).
+pub const SHARED_HOST_NEEDS: &[SharedHostNeed] = &[
+    SharedHostNeed {
+        field: "networkIsolation",
+        code: crate::codes::Code::HostNotIsolated,
+        cannot: "cannot isolate the networks of Agents of different Namespaces",
+    },
+    SharedHostNeed {
+        field: "quotas",
+        code: crate::codes::Code::HostNotQuotaLimited,
+        cannot: "cannot limit each Agent's disk and inode use (per-Agent quotas), so one \
+                 tenant's Agent could fill the disk for the others",
+    },
+];
+
+impl SharedHostNeed {
+    /// What is missing, when `probe` (a host's probe answer, as stored) says the host lacks
+    /// it.
+    pub fn missing<'a>(&self, probe: &'a Value) -> Option<&'a str> {
+        probe
+            .get(self.field)?
+            .as_str()?
+            .strip_prefix("unavailable: ")
+    }
+}
+
+/// The [`SHARED_HOST_NEEDS`] `probe` says the host lacks, each with what is missing.
+pub fn shared_host_gaps(probe: &Value) -> Vec<(SharedHostNeed, &str)> {
+    SHARED_HOST_NEEDS
+        .iter()
+        .filter_map(|n| n.missing(probe).map(|why| (*n, why)))
+        .collect()
+}
+
 /// A Kubernetes cluster registered with the coordinator, as the API shows it: never its
 /// credentials.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

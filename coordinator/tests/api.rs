@@ -383,6 +383,8 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
     )
     .await
     .unwrap();
+    // Two Namespaces share h1: it stands for a host with per-Agent quotas.
+    hostd_engine::with_enforced_quotas(&api.store, "h1").await;
     api.admin(
         "POST",
         "/namespaces",

@@ -657,8 +657,16 @@ async fn a_host_without_network_isolation_takes_one_namespace_only() {
         .set_host_probe("h1", &json!({"networkIsolation": lacking}))
         .await
         .unwrap();
+    // h2 isolates Agents and enforces quotas; h3 runs a hostd that predates both reports.
     api.store
-        .set_host_probe("h2", &json!({"networkIsolation": "namespaces"}))
+        .set_host_probe(
+            "h2",
+            &json!({"networkIsolation": "namespaces", "quotas": "enforced: project quotas"}),
+        )
+        .await
+        .unwrap();
+    api.store
+        .set_host_probe("h3", &json!({"hostdVersion": "0.1.0"}))
         .await
         .unwrap();
     let create = |id: &'static str, hosts: Value| {
@@ -692,4 +700,77 @@ async fn a_host_without_network_isolation_takes_one_namespace_only() {
     // Hosts that isolate Agents (or were never probed) are shared as before.
     create("second", json!(["h2", "h3"])).await.unwrap();
     create("third", json!(["h2", "h3"])).await.unwrap();
+}
+
+/// Issue 26, N6, fail closed: a host whose probe says it cannot limit each Agent's disk and
+/// inode use (hostd's `quotas: "unavailable: …"`) takes one Namespace; a second one naming it
+/// is refused with `HOST_NOT_QUOTA_LIMITED` (naming the host, what it lacks and the other
+/// Namespace) and nothing is stored. Its own Namespace keeps using it (a Namespace may be
+/// created on it alone, single-tenant or not), and hosts whose quotas are enforced, or which
+/// never reported them, are shared as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_without_per_agent_quotas_takes_one_namespace_only() {
+    let api = Api::start(short()).await;
+    let admin = api.admin.clone();
+    for h in ["h1", "h2", "h3", "h4"] {
+        api.enrol(h).await;
+    }
+    let lacking = "unavailable: the file system of /var/lib/clawfleet does not have project quotas turned on (ext4: `tune2fs -O quota,project` and mount with `prjquota`)";
+    for (h, quotas) in [
+        ("h1", lacking),
+        ("h2", "enforced: project quotas (bytes and inodes)"),
+        ("h4", lacking),
+    ] {
+        api.store
+            .set_host_probe(
+                h,
+                &json!({"networkIsolation": "namespaces", "quotas": quotas}),
+            )
+            .await
+            .unwrap();
+    }
+    // h3 runs a hostd that predates the report.
+    api.store
+        .set_host_probe("h3", &json!({"networkIsolation": "namespaces"}))
+        .await
+        .unwrap();
+    let create = |id: &'static str, body: Value| {
+        let admin = admin.clone();
+        let api = &api;
+        async move {
+            let mut body = body;
+            body["id"] = json!(id);
+            api.call_async(Some(&admin), "POST", "/namespaces", Some(body))
+                .await
+        }
+    };
+    create("first", json!({"hosts": ["h1"]})).await.unwrap();
+    let before = api.table_counts().await;
+    let (status, code, message) = create("second", json!({"hosts": ["h2", "h1"]}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (status, code.as_str()),
+        (409, "HOST_NOT_QUOTA_LIMITED"),
+        "{message}"
+    );
+    assert!(
+        message.contains("host h1")
+            && message.contains("disk and inode")
+            && message.contains("does not have project quotas turned on")
+            && message.contains("Namespace first"),
+        "{message}"
+    );
+    assert_eq!(api.table_counts().await, before, "nothing stored");
+    // Single-tenant use of a host without quotas works.
+    create("solo", json!({"hosts": ["h4"], "singleTenant": true}))
+        .await
+        .unwrap();
+    // Hosts that enforce quotas (or never reported them) are shared as before.
+    create("second", json!({"hosts": ["h2", "h3"]}))
+        .await
+        .unwrap();
+    create("third", json!({"hosts": ["h2", "h3"]}))
+        .await
+        .unwrap();
 }

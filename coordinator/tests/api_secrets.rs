@@ -202,6 +202,8 @@ async fn secrets_are_write_only_bound_by_name_and_leak_nowhere() {
     )
     .await
     .unwrap();
+    // Two Namespaces share h1: it stands for a host with per-Agent quotas.
+    hostd_engine::with_enforced_quotas(&api.store, "h1").await;
     for ns in ["ns1", "ns2"] {
         api.admin(
             "POST",

@@ -47,6 +47,7 @@ fn options(url: &str, password_file: &std::path::Path) -> FleetOptions {
         // other suites lapsed there once, and a lapsed lease means a legitimate second run).
         extra_toml: "[leader]\nlease_ms = 4000\n[drift]\ninterval_seconds = 2\n".to_owned(),
         lease_seconds: 15,
+        ..FleetOptions::default()
     }
 }
 

@@ -3,7 +3,9 @@
 //! running as the Agent's account), `occ agent logs` (redaction of what a gateway leaks, paging
 //! by cursor, `--previous`, NDJSON with `--output json`), the failure evidence of a crash loop
 //! in `occ agent status`, the audit of every log read, 403 for another Namespace's read token,
-//! and 429 with Retry-After once a token's read budget is spent.
+//! and 429 with Retry-After once a token's read budget is spent. Issue 26, N6: a host whose
+//! state root limits no Agent takes one Namespace only (`HOST_NOT_QUOTA_LIMITED`), and one
+//! whose state root has btrfs quota groups is shared.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "fleet_support/mod.rs"]
@@ -13,7 +15,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use coordinator::client::{Client, ClientError, percent_encode};
-use fleet::{Fleet, NS, Want, document};
+use fleet::{Fleet, FleetOptions, NS, Want, document};
 use serde_json::{Value, json};
 
 const SECRETS: [&str; 4] = [
@@ -76,8 +78,20 @@ fn wait_logged(fleet: &Fleet, agent: &str, marker: &str) {
 #[test]
 fn runtime_logs_evidence_audit_and_limits_through_occ() {
     clawfleet_vm_tests::skip_unless_hosts!();
-    let fleet = Fleet::start(1);
+    // The host is shared by two Namespaces below: its state root enforces per-Agent quotas.
+    let fleet = Fleet::start_with(FleetOptions {
+        hosts: 1,
+        btrfs_state_roots: Some(1 << 30),
+        ..FleetOptions::default()
+    });
     let host = fleet.hosts.iter().next().unwrap();
+    let quotas = fleet.occ_json(&["host", "get", host.name()])["lastProbe"]["quotas"].clone();
+    assert!(
+        quotas
+            .as_str()
+            .is_some_and(|q| q.starts_with("enforced: btrfs quota groups")),
+        "{quotas}"
+    );
 
     // A healthy gateway that logs secrets.
     fleet.create_agent(
@@ -392,4 +406,93 @@ fn runtime_logs_evidence_audit_and_limits_through_occ() {
     assert!((1..=60).contains(&retry_after), "{retry_after}");
     // The admin token's own budget is untouched by another token's.
     fleet.occ_ok(&["agent", "runtime", NS, "a1"]);
+
+    // Issue 26: the shared host loses its quotas (the operator disables them): the next
+    // probe says so, and `occ host probe` warns that two Namespaces share a host that no
+    // longer limits their Agents; a third Namespace is refused there.
+    let mount = host.state_fs().expect("a btrfs state root").to_path_buf();
+    let out = std::process::Command::new("btrfs")
+        .args(["quota", "disable"])
+        .arg(&mount)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let probed = fleet.occ(&["host", "probe", host.name()]);
+    let said = String::from_utf8_lossy(&probed.stderr);
+    assert!(
+        probed.status.success()
+            && said.contains(&format!("host {} cannot limit", host.name()))
+            && said.contains("does not have quotas enabled")
+            && said.contains("yet Namespaces")
+            && said.contains(NS)
+            && said.contains("other"),
+        "{said}"
+    );
+    let out = fleet.occ(&["namespace", "create", "third", "--hosts", host.name()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("HOST_NOT_QUOTA_LIMITED"),
+        "{said}"
+    );
+}
+
+/// Issue 26, N6, fail closed on a real host: a test host's state root is its overlay file
+/// system, on which hostd limits no Agent's disk use (`quotas: unavailable: …`, shown by
+/// `occ host get` with a warning). A second Namespace naming it is refused with
+/// `HOST_NOT_QUOTA_LIMITED`, naming the host, what it lacks and the Namespace already there,
+/// and nothing is created; the first Namespace keeps deploying there.
+#[test]
+fn a_host_without_per_agent_quotas_takes_one_namespace_only() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    let fleet = Fleet::start(1);
+    let host = fleet.hosts.iter().next().unwrap().name().to_owned();
+    let probe = fleet.occ_json(&["host", "get", &host])["lastProbe"].clone();
+    let quotas = probe["quotas"].as_str().unwrap_or_default().to_owned();
+    assert!(quotas.starts_with("unavailable: "), "{probe}");
+    assert_eq!(probe["networkIsolation"], "namespaces", "{probe}");
+    let shown = fleet.occ(&["host", "get", &host]);
+    let said = String::from_utf8_lossy(&shown.stderr);
+    assert!(
+        shown.status.success()
+            && said.contains(&format!("host {host} cannot limit each Agent's disk"))
+            && said.contains("HOST_NOT_QUOTA_LIMITED"),
+        "{said}"
+    );
+
+    let out = fleet.occ(&["namespace", "create", "other", "--hosts", &host]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a second Namespace was placed: {said}"
+    );
+    let why = quotas.trim_start_matches("unavailable: ");
+    assert!(
+        said.contains("HOST_NOT_QUOTA_LIMITED")
+            && said.contains(&format!("host {host} cannot limit"))
+            && said.contains(why)
+            && said.contains(&format!("Namespace {NS} uses it")),
+        "{said}"
+    );
+    match fleet.api.request("GET", "/namespaces/other", None) {
+        Err(ClientError::Api { status: 404, .. }) => {}
+        other => panic!("Namespace other exists: {other:?}"),
+    }
+    // The host's own Namespace deploys there as before.
+    fleet.create_agent("q1", &document("q1-r1", json!({})));
+    let rev = fleet.deploy("q1");
+    fleet.wait_converged(
+        &[(
+            "q1",
+            Want::Running {
+                rev,
+                label: "q1-r1".into(),
+            },
+        )],
+        Instant::now(),
+        Duration::from_secs(120),
+    );
 }

@@ -72,14 +72,28 @@ pub(crate) enum HostCmd {
 }
 
 /// Prints what a probe found missing, so an operator sees it at enrolment and probe time.
-fn report_probe(name: &str, probe: &HostProbe) {
-    for warning in probe_warnings(name, probe) {
+/// `sharing`: the Namespaces whose pools name the host.
+fn report_probe(name: &str, probe: &HostProbe, sharing: &[String]) {
+    for warning in probe_warnings(name, probe, sharing) {
         note(&warning);
     }
 }
 
+/// The Namespaces whose pools name `host` (none when they cannot be listed: the warnings
+/// then say only what the host lacks).
+fn sharing(c: &Client, host: &str) -> Vec<String> {
+    all_pages(None, |q| c.list_namespaces([], q))
+        .map(|all| {
+            all.into_iter()
+                .filter(|n| n.hosts.iter().any(|h| h == host))
+                .map(|n| n.id.to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The warnings of [`report_probe`], one sentence each.
-fn probe_warnings(name: &str, probe: &HostProbe) -> Vec<String> {
+fn probe_warnings(name: &str, probe: &HostProbe, sharing: &[String]) -> Vec<String> {
     let OperationResult::Probe(probe) = &probe.0 else {
         return vec![format!(
             "warning: host {name} answered the probe with a {:?} result",
@@ -102,15 +116,33 @@ fn probe_warnings(name: &str, probe: &HostProbe) -> Vec<String> {
             super::table::list(&probe.protocol_versions)
         ));
     }
-    if let Some(why) = probe
-        .network_isolation
-        .as_deref()
-        .and_then(|i| i.strip_prefix("unavailable: "))
-    {
-        out.push(format!(
-            "warning: host {name} cannot isolate the networks of Agents of different Namespaces ({why}); it takes Agents of one Namespace only (a second is refused with {})",
-            clawfleet_api::codes::Code::HostNotIsolated.as_str()
-        ));
+    out.extend(gap_warnings(
+        name,
+        &serde_json::to_value(probe).unwrap_or_default(),
+        sharing,
+    ));
+    out
+}
+
+/// What a host's probe (as stored) says it lacks to be shared by Namespaces
+/// ([`clawfleet_api::model::SHARED_HOST_NEEDS`]), one warning each; `sharing`: the Namespaces
+/// whose pools name it, which the coordinator no longer refuses when they are already there.
+fn gap_warnings(name: &str, probe: &serde_json::Value, sharing: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (need, why) in clawfleet_api::model::shared_host_gaps(probe) {
+        let code = need.code.as_str();
+        out.push(if sharing.len() > 1 {
+            format!(
+                "warning: host {name} {} ({why}), yet Namespaces {} share it: the coordinator refuses only new ones ({code}); move all but one of them to other hosts, or make {name} able to",
+                need.cannot,
+                sharing.join(", ")
+            )
+        } else {
+            format!(
+                "warning: host {name} {} ({why}); it takes Agents of one Namespace only (a second is refused with {code})",
+                need.cannot
+            )
+        });
     }
     out
 }
@@ -195,7 +227,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
             print_one(cli, &v, ENROLLED_COLUMNS);
             // Probe at once, so a host that lacks the gateway command says so now.
             match c.probe_host([name]) {
-                Ok(probe) => report_probe(name, &probe),
+                Ok(probe) => report_probe(name, &probe, &sharing(c, name)),
                 Err(e) => note(&format!(
                     "note: host {name} is enrolled, but its probe failed: {e}. If hostd is not enrolled there yet, run the `occ enrol-command` line on the host, then `occ host probe {name}`"
                 )),
@@ -206,7 +238,15 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
             &all_pages(None, |q| c.list_hosts([], q))?,
             LIST_COLUMNS,
         ),
-        HostCmd::Get { name } => print_fields(cli, &c.get_host([name])?),
+        HostCmd::Get { name } => {
+            let host = c.get_host([name])?;
+            print_fields(cli, &host);
+            if let Some(probe) = &host.last_probe {
+                for warning in gap_warnings(name, probe, &sharing(c, name)) {
+                    note(&warning);
+                }
+            }
+        }
         HostCmd::Remove { name } => {
             c.delete_host([name])?;
             say(&format!("host {name} removed"));
@@ -214,7 +254,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &HostCmd) -> Result<()> {
         HostCmd::Probe { name } => {
             let v = c.probe_host([name])?;
             print_fields(cli, &v);
-            report_probe(name, &v);
+            report_probe(name, &v, &sharing(c, name));
         }
     }
     Ok(())
@@ -226,6 +266,10 @@ mod tests {
     use clawfleet_protocol::result::{PortRange, ProbeResult};
 
     fn probe(network_isolation: Option<&str>) -> HostProbe {
+        probe_with(network_isolation, None)
+    }
+
+    fn probe_with(network_isolation: Option<&str>, quotas: Option<&str>) -> HostProbe {
         HostProbe(OperationResult::Probe(ProbeResult {
             hostd_version: "0.1.0".into(),
             protocol_versions: vec![clawfleet_protocol::FENCED_VERSION],
@@ -242,24 +286,51 @@ mod tests {
             },
             max_agents: 10,
             agents: 0,
-            quotas: None,
+            quotas: quotas.map(str::to_owned),
             network_isolation: network_isolation.map(str::to_owned),
         }))
     }
 
     #[test]
     fn an_unisolated_host_is_named_with_what_is_missing() {
-        assert!(probe_warnings("h1", &probe(Some("namespaces"))).is_empty());
-        assert!(probe_warnings("h1", &probe(None)).is_empty());
+        assert!(probe_warnings("h1", &probe(Some("namespaces")), &[]).is_empty());
+        assert!(probe_warnings("h1", &probe(None), &[]).is_empty());
         let w = probe_warnings(
             "h1",
             &probe(Some("unavailable: no CAP_NET_ADMIN; binds not confined")),
+            &[],
         );
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
             w[0].contains("host h1 cannot isolate")
                 && w[0].contains("no CAP_NET_ADMIN")
                 && w[0].contains(clawfleet_api::codes::Code::HostNotIsolated.as_str()),
+            "{w:?}"
+        );
+    }
+
+    /// Issue 26, N6: a host without per-Agent quotas is named with what is missing and the
+    /// code a second Namespace gets; a host already shared when its probe says so names the
+    /// Namespaces sharing it.
+    #[test]
+    fn a_host_without_quotas_is_named_with_what_is_missing_and_who_shares_it() {
+        let enforced = probe_with(Some("namespaces"), Some("enforced: project quotas"));
+        assert!(probe_warnings("h1", &enforced, &["a".into(), "b".into()]).is_empty());
+        let lacking = probe_with(
+            Some("namespaces"),
+            Some("unavailable: the file system of /var/lib/clawfleet has no project quotas"),
+        );
+        let w = probe_warnings("h1", &lacking, &["a".into()]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("host h1 cannot limit each Agent's disk")
+                && w[0].contains("has no project quotas")
+                && w[0].contains(clawfleet_api::codes::Code::HostNotQuotaLimited.as_str()),
+            "{w:?}"
+        );
+        let w = probe_warnings("h1", &lacking, &["a".into(), "b".into()]);
+        assert!(
+            w.len() == 1 && w[0].contains("yet Namespaces a, b share it"),
             "{w:?}"
         );
     }

@@ -360,7 +360,10 @@ impl Service {
         let mut hosts = n.hosts.clone();
         hosts.sort();
         hosts.dedup();
-        self.check_isolated(&n.id, &hosts).await?;
+        // A single-tenant pool shares no host at all: HOST_DEDICATED (below) says so.
+        if !n.single_tenant {
+            self.check_shareable(&n.id, &hosts).await?;
+        }
         let inserted = self
             .store
             .insert_namespace(
@@ -387,39 +390,47 @@ impl Service {
             .ok_or_else(|| ServiceError::not_found("Namespace", &n.id))
     }
 
-    /// A host whose last probe says it cannot isolate Agents' networks from each other
-    /// (hostd's `networkIsolation: "unavailable: …"`, issue 28) takes one Namespace only:
-    /// refused with `HOST_NOT_ISOLATED` when another Namespace already uses it. A host never
-    /// probed, or whose hostd predates the report, is not refused.
-    async fn check_isolated(&self, id: &str, hosts: &[String]) -> Result<()> {
+    /// A host whose last probe says it lacks one of [`SHARED_HOST_NEEDS`] (hostd's
+    /// `networkIsolation` or `quotas` saying `unavailable: …`, issues 28 and 26) takes one
+    /// Namespace only: refused with that need's code (`HOST_NOT_ISOLATED`,
+    /// `HOST_NOT_QUOTA_LIMITED`) when another Namespace already uses it. A host never probed,
+    /// or whose hostd predates the report, is not refused.
+    ///
+    /// [`SHARED_HOST_NEEDS`]: clawfleet_api::model::SHARED_HOST_NEEDS
+    async fn check_shareable(&self, id: &str, hosts: &[String]) -> Result<()> {
         let mut others: Option<Vec<Namespace>> = None;
         for h in hosts {
             let Some(host) = self.store.host(h).await? else {
                 continue;
             };
-            let Some(why) = host
-                .last_probe
-                .as_ref()
-                .and_then(|p| p["networkIsolation"].as_str())
-                .and_then(|s| s.strip_prefix("unavailable: "))
+            let Some(probe) = host.last_probe.as_ref() else {
+                continue;
+            };
+            let Some((need, why)) = clawfleet_api::model::shared_host_gaps(probe)
+                .into_iter()
+                .next()
             else {
                 continue;
             };
             if others.is_none() {
                 others = Some(self.store.namespaces().await?);
             }
-            if let Some(other) = others
+            let using: Vec<&Namespace> = others
                 .iter()
                 .flatten()
-                .find(|o| o.id.as_str() != id && o.hosts.iter().any(|x| x == h))
-            {
+                .filter(|o| o.id.as_str() != id && o.hosts.iter().any(|x| x == h))
+                .collect();
+            // A host of a single-tenant pool is refused as HOST_DEDICATED when inserting.
+            if using.iter().any(|o| o.single_tenant) {
+                continue;
+            }
+            if let Some(other) = using.first() {
                 return Err(ServiceError::conflict(
-                    Code::HostNotIsolated,
+                    need.code,
                     format!(
-                        "host {h} cannot isolate the networks of Agents of different \
-                         Namespaces ({why}), and Namespace {} uses it: give this Namespace \
-                         other hosts, or make {h} able to (see its probe)",
-                        other.id
+                        "host {h} {} ({why}), and Namespace {} uses it: give this Namespace \
+                         other hosts, or make {h} able to (see its probe's {})",
+                        need.cannot, other.id, need.field
                     ),
                 ));
             }

@@ -33,6 +33,7 @@ impl Service {
             .set_host_probe(name, &value)
             .await
             .map_err(ServiceError::from)?;
+        self.warn_if_shared_without(name, &value).await?;
         Ok(HostProbe(result))
     }
 
@@ -102,6 +103,41 @@ impl Service {
                 .map_err(ServiceError::from)?;
         }
         Ok(host)
+    }
+}
+
+impl Service {
+    /// A probe that says a host lacks what sharing it needs
+    /// ([`clawfleet_api::model::SHARED_HOST_NEEDS`]) while several Namespaces already use it
+    /// (it lost it after they were placed: quotas turned off, a kernel without namespaces) is
+    /// logged as a warning naming them: new Namespaces are refused there, but the ones already
+    /// placed keep running, and `occ host probe` / `occ host get` say the same.
+    async fn warn_if_shared_without(&self, name: &str, probe: &Value) -> Result<(), ServiceError> {
+        let gaps = clawfleet_api::model::shared_host_gaps(probe);
+        if gaps.is_empty() {
+            return Ok(());
+        }
+        let sharing: Vec<String> = self
+            .store
+            .namespaces()
+            .await?
+            .into_iter()
+            .filter(|n| n.hosts.iter().any(|h| h == name))
+            .map(|n| n.id.to_string())
+            .collect();
+        if sharing.len() > 1 {
+            for (need, why) in gaps {
+                tracing::warn!(
+                    host = name,
+                    code = need.code.as_str(),
+                    namespaces = %sharing.join(","),
+                    "host {name} {} ({why}), yet Namespaces {} share it",
+                    need.cannot,
+                    sharing.join(", ")
+                );
+            }
+        }
+        Ok(())
     }
 }
 

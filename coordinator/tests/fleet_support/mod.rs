@@ -60,6 +60,12 @@ pub struct FleetOptions {
     pub extra_toml: String,
     /// `[worker] lease_seconds`.
     pub lease_seconds: u32,
+    /// Give each host a state root on a loop-mounted btrfs image of this many bytes with
+    /// quotas enabled (`HostOptions::btrfs_state_root`), so hostd limits each Agent's disk use
+    /// and the coordinator lets several Namespaces share a host; `None`: the host's own
+    /// overlay file system, where hostd reports `quotas: unavailable` and a host takes one
+    /// Namespace only (`HOST_NOT_QUOTA_LIMITED`).
+    pub btrfs_state_roots: Option<u64>,
 }
 
 impl Default for FleetOptions {
@@ -71,6 +77,7 @@ impl Default for FleetOptions {
             password_file: None,
             extra_toml: String::new(),
             lease_seconds: 3,
+            btrfs_state_roots: None,
         }
     }
 }
@@ -149,7 +156,18 @@ impl Fleet {
         } else {
             (
                 build_binary("clawfleet-hostd", "hostd"),
-                TestHosts::start(n).expect("cannot start the test hosts"),
+                clawfleet_vm_tests::HarnessConfig::from_env()
+                    .and_then(|config| {
+                        TestHosts::start_with_options(
+                            &config,
+                            n,
+                            &clawfleet_vm_tests::HostOptions {
+                                btrfs_state_root: options.btrfs_state_roots,
+                                ..clawfleet_vm_tests::HostOptions::default()
+                            },
+                        )
+                    })
+                    .expect("cannot start the test hosts"),
             )
         };
         eprintln!("{n} hosts up in {:.1} s", hosts.started_in().as_secs_f64());

@@ -349,3 +349,20 @@ impl Backend for EngineBackend {
         result
     }
 }
+
+/// Records in `store` that the in-process host `host` (enrolled, so probed) enforces per-Agent
+/// disk limits, as a host whose state root has project quotas or btrfs quota groups reports
+/// it. Its real probe says `quotas: unavailable: …` (its state root is a temporary directory
+/// on the runner's file system), and a host without quotas takes one Namespace only
+/// (`HOST_NOT_QUOTA_LIMITED`, issue 26): tests that share a host between Namespaces stand for
+/// a host that has them. The rest of the probe stays hostd's own answer.
+pub async fn with_enforced_quotas(store: &coordinator::store::SharedStore, host: &str) {
+    let mut probe = store
+        .host(host)
+        .await
+        .unwrap()
+        .and_then(|h| h.last_probe)
+        .expect("the host was enrolled, so probed");
+    probe["quotas"] = serde_json::json!("enforced: project quotas (bytes and inodes)");
+    store.set_host_probe(host, &probe).await.unwrap();
+}
