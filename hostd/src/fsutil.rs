@@ -288,6 +288,33 @@ pub fn write_atomic(
     sync_dir(parent(target))
 }
 
+/// Overwrites a regular file that holds exactly `bytes.len()` bytes in place, from its first
+/// byte, and syncs its data: one `fdatasync`, no new file, no rename, no directory sync. For
+/// a fixed-size record within one 512-byte sector: a device writes a sector whole, so a power
+/// cut leaves the old record or the new one. `Ok(false)`, with nothing written, when the file
+/// is missing or has another size (write it with [`write_atomic`] then). Never follows a
+/// symlink.
+pub fn overwrite_record(path: &Path, bytes: &[u8]) -> Result<bool, FsError> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let file = match fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let meta = file.metadata().map_err(io_err(path))?;
+    if !meta.is_file() || meta.len() != bytes.len() as u64 {
+        return Ok(false);
+    }
+    file.write_all_at(bytes, 0).map_err(io_err(path))?;
+    counters::fsync();
+    file.sync_data().map_err(io_err(path))?;
+    Ok(true)
+}
+
 /// Like [`write_atomic`] (readers see the old or the new file, never a mix) but without
 /// fsync: for records whose loss in a power cut only makes them older, such as the step a
 /// running operation last reported.

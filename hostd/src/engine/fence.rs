@@ -8,7 +8,10 @@
 //! revisions and its deletion, so a stale coordinator cannot re-create an Agent a newer one
 //! removed (a re-created Agent gets higher fences from the coordinator's global counter). It is
 //! written only when the fence grows, so repeating an operation under the same claim writes
-//! nothing.
+//! nothing. The record is padded to [`RECORD_LEN`] bytes: a raise overwrites it in place with
+//! one `fdatasync` (the worker raises the fence at every claim of an Agent, so the first call
+//! of every deploy pays it), and only the first record, or one an older hostd wrote, goes
+//! through write-then-rename with its two syncs.
 //!
 //! `delete-namespace` removes every Agent of the Namespace left on the host, so its fence (the
 //! coordinator's current one) is checked against each of them, with the same rules: without
@@ -22,6 +25,21 @@ use super::{Ctx, Engine, fs_failure, marker_failure, ownership};
 use crate::fsutil;
 use crate::layout::AgentPaths;
 use crate::markers::{self, FenceMarker, SCHEMA};
+
+/// A fence record's size on disk: its JSON, then spaces, then a newline. Within one sector.
+pub(crate) const RECORD_LEN: usize = 512;
+
+/// The record's bytes, padded to [`RECORD_LEN`] (a record that would not fit is left as it
+/// is, and written by rename).
+fn record_bytes(record: &FenceMarker) -> Vec<u8> {
+    let mut bytes = markers::to_bytes(record);
+    if bytes.len() < RECORD_LEN {
+        bytes.pop();
+        bytes.resize(RECORD_LEN - 1, b' ');
+        bytes.push(b'\n');
+    }
+    bytes
+}
 
 impl Engine<'_> {
     /// Checks the operation's fence (`ctx.fence`) against the Agent's record and raises the
@@ -93,7 +111,8 @@ impl Engine<'_> {
         Ok(stored.map(|m| m.fence))
     }
 
-    /// Records `fence` as the highest seen for the Agent (atomically, fsync).
+    /// Records `fence` as the highest seen for the Agent, durably: in place over a record of
+    /// [`RECORD_LEN`] bytes, else by write-then-rename.
     pub(crate) fn raise_fence(
         &self,
         ctx: &Ctx<'_>,
@@ -109,8 +128,10 @@ impl Engine<'_> {
             agent_id: agent.clone(),
             fence,
         };
-        fsutil::write_atomic(&paths.fence, &markers::to_bytes(&record), 0o600, |_| Ok(()))
-            .map_err(fs_failure)?;
+        let bytes = record_bytes(&record);
+        if !fsutil::overwrite_record(&paths.fence, &bytes).map_err(fs_failure)? {
+            fsutil::write_atomic(&paths.fence, &bytes, 0o600, |_| Ok(())).map_err(fs_failure)?;
+        }
         tracing::info!(operation_id = %ctx.operation_id, %agent, fence, "fence raised");
         Ok(())
     }

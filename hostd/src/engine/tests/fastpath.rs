@@ -205,12 +205,22 @@ fn stopping_a_stopped_agent_writes_nothing() {
         "{ghost:?}"
     );
     assert!(ghost.calls.is_empty(), "{ghost:?}");
-    let fenced = h.fenced_noop(stop("ns1", "ghost", "rev-1", 1), 5);
+    // Its first record is a new file: written, synced, renamed into place, directory synced.
+    let fenced = h.counted(stop("ns1", "ghost", "rev-1", 1), Some(5));
     assert!(
-        matches!(&fenced, OperationResult::StopRevision(s) if !s.stopped),
+        matches!(&fenced.result, Ok(OperationResult::StopRevision(s)) if !s.stopped),
         "{fenced:?}"
     );
+    assert_eq!(
+        (fenced.commits, fenced.io.fsyncs, fenced.io.renames),
+        (0, 2, 1),
+        "{fenced:?}"
+    );
+    assert!(fenced.calls.is_empty(), "{fenced:?}");
     assert_eq!(h.fence_of("ns1", "ghost"), Some(5));
+    // Later raises overwrite it in place.
+    h.fenced_noop(stop("ns1", "ghost", "rev-1", 1), 6);
+    assert_eq!(h.fence_of("ns1", "ghost"), Some(6));
 }
 
 #[test]
@@ -266,10 +276,10 @@ impl Host {
         let ran = self.counted(op, Some(fence));
         assert_eq!(ran.commits, 0, "{kind} committed: {ran:?}");
         assert!(ran.calls.is_empty(), "{kind} changed systemd: {ran:?}");
-        // One atomic write: the pending file and the directory synced, one rename.
+        // The fence record overwritten in place: one sync, no rename.
         assert_eq!(
             (ran.io.fsyncs, ran.io.renames),
-            (2, 1),
+            (1, 0),
             "{kind} wrote more than the fence: {ran:?}"
         );
         match ran.result {

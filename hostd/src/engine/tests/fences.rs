@@ -129,7 +129,7 @@ fn an_equal_fence_is_accepted_without_writing_the_record() {
     h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(4));
     h.ok_at(activate("ns1", "a1", "rev-1", 1), Some(4));
     let after = std::fs::metadata(&record).unwrap();
-    // A write is a rename of a new file: the inode would change.
+    // A write changes the modification time (in place) or the inode (a rename).
     assert_eq!(
         (before.ino(), before.mtime(), before.mtime_nsec()),
         (after.ino(), after.mtime(), after.mtime_nsec()),
@@ -140,6 +140,62 @@ fn an_equal_fence_is_accepted_without_writing_the_record() {
         crate::fsutil::pending_leftovers(&h.layout().fences_dir()),
         Vec::<std::path::PathBuf>::new()
     );
+}
+
+/// Issue 34: the worker raises the fence at every claim, so the first call of every deploy
+/// raises it. Over a record of the fixed size that costs one sync and no rename (measured
+/// against the same idempotent prepare at an equal fence); a record an older hostd wrote (no
+/// padding) is rewritten once by rename, then in place.
+#[test]
+fn a_raise_overwrites_the_record_in_place_with_one_sync() {
+    use crate::fsutil::counters;
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(4));
+    let record = h.paths("ns1", "a1").fence;
+    let first = std::fs::metadata(&record).unwrap();
+    assert_eq!(first.len(), crate::engine::fence::RECORD_LEN as u64);
+
+    counters::reset();
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(5));
+    let raised = counters::get();
+    counters::reset();
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(5));
+    let equal = counters::get();
+    assert_eq!(
+        raised.fsyncs,
+        equal.fsyncs + 1,
+        "{raised:?} against {equal:?}"
+    );
+    assert_eq!(
+        raised.renames, equal.renames,
+        "{raised:?} against {equal:?}"
+    );
+    assert_eq!(raised.other, equal.other, "{raised:?} against {equal:?}");
+    let after = std::fs::metadata(&record).unwrap();
+    assert_eq!(
+        after.ino(),
+        first.ino(),
+        "the record was replaced, not overwritten"
+    );
+    assert_eq!(after.len(), first.len());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(5));
+
+    // A record as an older hostd wrote it: compact, no padding.
+    let old = serde_json::to_vec_pretty(&serde_json::json!({
+        "schema": 1, "namespaceId": "ns1", "agentId": "a1", "fence": 5,
+    }))
+    .unwrap();
+    std::fs::write(&record, &old).unwrap();
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(6));
+    let rewritten = std::fs::metadata(&record).unwrap();
+    assert_eq!(rewritten.len(), crate::engine::fence::RECORD_LEN as u64);
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(6));
+    h.ok_at(prepare("ns1", "a1", "rev-1", 1), Some(7));
+    assert_eq!(std::fs::metadata(&record).unwrap().ino(), rewritten.ino());
+    assert_eq!(h.recorded_fence("ns1", "a1"), Some(7));
+    // A lower fence is still refused against what was written in place.
+    assert_stale(&h.fails_at(prepare("ns1", "a1", "rev-1", 1), Some(6)), 6, 7);
 }
 
 #[test]
