@@ -17,7 +17,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use clawfleet_k8s_tests::{
-    ControlPlane, NODE_STORAGE_CLASS, Node, REAL_NODE_LABEL, TEST_GATEWAY_PATH,
+    NODE_STORAGE_CLASS, Node, REAL_NODE_LABEL, TEST_GATEWAY_PATH, Tier, TierCluster,
 };
 use fleet::{Fleet, document};
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret};
@@ -88,12 +88,17 @@ async fn running_pod(client: &kube::Client, ns: &str, agent: &str) -> Pod {
 }
 
 struct Setup {
-    // Field order is drop order: the fleet, then the node, then the control plane.
+    // Field order is drop order: the fleet, then the node and its control plane.
     fleet: Fleet,
-    node: Node,
-    cp: ControlPlane,
+    cp: TierCluster,
     client: kube::Client,
     image: String,
+}
+
+impl Setup {
+    fn node(&self) -> &Node {
+        self.cp.node().expect("the real node")
+    }
 }
 
 /// A control plane, a real node, the test gateway's image, `occ serve` with the cluster
@@ -104,20 +109,12 @@ async fn setup() -> Option<Setup> {
         println!("SKIP: {reason}");
         return None;
     }
-    let cp = ControlPlane::start().await.expect("control plane");
-    let node = Node::start(&cp).await.expect("real node");
-    let t = Instant::now();
-    let work = node.work_dir("test-gateway").unwrap();
-    let image = tokio::task::spawn_blocking(move || clawfleet_k8s_tests::test_gateway_image(&work))
+    // The control plane, the test gateway's image (built while the control plane starts),
+    // the node, the image imported.
+    let cp = TierCluster::start(Tier::RealNode)
         .await
-        .unwrap()
-        .expect("the test gateway's image");
-    node.import_image(&image).unwrap();
-    eprintln!(
-        "test gateway image {} built and imported in {:.1} s",
-        image.reference,
-        t.elapsed().as_secs_f64()
-    );
+        .expect("control plane and real node");
+    let image = cp.gateway_image("");
     let client = cp.client().await.unwrap();
     let fleet = tokio::task::spawn_blocking(|| Fleet::start(0))
         .await
@@ -126,7 +123,7 @@ async fn setup() -> Option<Setup> {
     std::fs::write(
         &settings,
         json!({
-            "gatewayImage": image.reference,
+            "gatewayImage": image,
             "gatewayCommand": [TEST_GATEWAY_PATH],
             "gatewayPort": PORT,
             "storageClass": NODE_STORAGE_CLASS,
@@ -160,10 +157,9 @@ async fn setup() -> Option<Setup> {
     }
     Some(Setup {
         fleet,
-        node,
         cp,
         client,
-        image: image.reference,
+        image,
     })
 }
 
@@ -347,22 +343,12 @@ async fn an_agent_becomes_ready_by_its_real_probe_in_a_real_pod() {
         s.fleet
             .occ_ok(&["agent", "delete", NS, a, "--wait", "--timeout", "120"]);
     }
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
+    let Setup { mut fleet, cp, .. } = s;
     fleet.kill_serve();
-    let record = node.record().clone();
-    let report = node.shutdown().await;
-    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
+    let record = cp.node().expect("the real node").record().clone();
+    cp.finish("an Agent Ready by its real probe").await.unwrap();
     assert!(clawfleet_k8s_tests::leftovers(&record).is_empty());
-    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
     drop(fleet);
-    cp.shutdown().unwrap();
 }
 
 /// Polls the Agent's deployment status until `done` holds (the last status in the panic).
@@ -625,7 +611,7 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    s.node.import_image(&image).unwrap();
+    s.node().import_image(&image).unwrap();
     eprintln!(
         "OpenClaw image imported in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -674,7 +660,7 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
     );
     assert_eq!(code, 200, "{body}");
     // The kubelet's own probe: its log at -v=3 names each success.
-    let log = std::fs::read_to_string(s.node.kubelet_log()).unwrap();
+    let log = std::fs::read_to_string(s.node().kubelet_log()).unwrap();
     let probes: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("Probe succeeded") && l.contains(&name) && l.contains("Readiness"))
@@ -1176,7 +1162,7 @@ async fn the_real_openclaw_gateway_and_a_projected_configmap_update() {
     .await
     .unwrap()
     .expect("the OpenClaw image");
-    s.node.import_image(&image).unwrap();
+    s.node().import_image(&image).unwrap();
     let settings = s.fleet.dir.path().join("settings-openclaw.json");
     std::fs::write(
         &settings,

@@ -1,0 +1,292 @@
+//! One cluster test body, two tiers: the kwok Node (fast; the fault cases) and the real node
+//! (kubelet, containerd, runc, CNI; the test gateway's image really runs). A test that can run
+//! on both starts a [`TierCluster`] for the tier it is given and takes its cluster settings from
+//! [`TierCluster::settings_json`], so the same assertions meet fake Pods on one tier and real
+//! ones on the other.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::control_plane::ControlPlane;
+use crate::error::{Error, Result};
+use crate::gateway_image::{TEST_GATEWAY_PATH, test_gateway_image};
+use crate::image::BuiltImage;
+use crate::node::{NODE_STORAGE_CLASS, Node, REAL_NODE_LABEL};
+
+/// Where a cluster test's Pods run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The control plane's kwok Node: Pods are marked Running and Ready, no container runs.
+    Kwok,
+    /// The real node ([`Node`]): the test gateway's image runs as the Agent's gateway.
+    RealNode,
+}
+
+impl Tier {
+    /// The tier's name in the figures (`kwok`, `real-node`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Kwok => "kwok",
+            Tier::RealNode => "real-node",
+        }
+    }
+
+    /// Why this tier cannot run here (see [`crate::skip_reason`] and
+    /// [`crate::node_skip_reason`]; under `CI=true` a missing prerequisite panics).
+    pub fn skip_reason(self) -> Option<String> {
+        match self {
+            Tier::Kwok => crate::skip_reason(),
+            Tier::RealNode => crate::node_skip_reason(),
+        }
+    }
+}
+
+/// What a tier's start took, printed by [`TierCluster::finish`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TierTimings {
+    /// `ControlPlane::start` alone (the image build runs beside it on the real node).
+    pub control_plane: Duration,
+    /// `Node::start` to a Ready Node (zero on the kwok tier).
+    pub node: Duration,
+    /// The test gateway's image built (beside the control plane's start; cold, a static
+    /// cargo build of the gateway) plus its import into the node's containerd.
+    pub image: Duration,
+    /// From the call of [`TierCluster::start`] until it returned.
+    pub total: Duration,
+}
+
+/// A control plane, and on [`Tier::RealNode`] a real node with the test gateway's image
+/// imported. Dereferences to its [`ControlPlane`]. Dropping it tears the node down first, then
+/// the control plane; [`TierCluster::finish`] also checks the node's teardown.
+pub struct TierCluster {
+    // Field order is drop order: the node before its control plane.
+    node: Option<Node>,
+    cp: ControlPlane,
+    tier: Tier,
+    image: Option<BuiltImage>,
+    work: Option<PathBuf>,
+    timings: TierTimings,
+    started: Instant,
+}
+
+impl TierCluster {
+    /// Starts the tier's cluster. On the real node the test gateway's image is built while
+    /// the control plane starts (a cold static build of the gateway takes longer than the
+    /// control plane), then the node starts and the image is imported by digest.
+    pub async fn start(tier: Tier) -> Result<TierCluster> {
+        let t0 = Instant::now();
+        let mut control_plane = Duration::ZERO;
+        let (cp, image, work, image_build) = match tier {
+            Tier::Kwok => (ControlPlane::start().await?, None, None, Duration::ZERO),
+            Tier::RealNode => {
+                let config = crate::config::HarnessConfig::from_env()?;
+                let images = config.state_dir.join("images");
+                remove_stale_work_dirs(&images);
+                let work = images.join(format!(
+                    "{}-{}",
+                    std::process::id(),
+                    crate::sys::random_hex(3)?
+                ));
+                crate::sys::create_dir_all(&work)?;
+                let w = work.clone();
+                let build = tokio::task::spawn_blocking(move || {
+                    let t = Instant::now();
+                    test_gateway_image(&w).map(|i| (i, t.elapsed()))
+                });
+                let cp = ControlPlane::start_with(&config).await;
+                control_plane = t0.elapsed();
+                let built = build.await.map_err(|e| Error::Image {
+                    reason: format!("the test gateway's image build did not finish: {e}"),
+                })?;
+                let cp = cp?;
+                let (image, took) = built?;
+                (cp, Some(image), Some(work), took)
+            }
+        };
+        if tier == Tier::Kwok {
+            control_plane = t0.elapsed();
+        }
+        let mut timings = TierTimings {
+            control_plane,
+            image: image_build,
+            ..TierTimings::default()
+        };
+        let mut this = TierCluster {
+            node: None,
+            cp,
+            tier,
+            image,
+            work,
+            timings,
+            started: t0,
+        };
+        if tier == Tier::RealNode {
+            let t = Instant::now();
+            let node = Node::start(&this.cp).await?;
+            timings.node = t.elapsed();
+            let t = Instant::now();
+            if let Some(image) = &this.image {
+                node.import_image(image)?;
+            }
+            timings.image += t.elapsed();
+            this.node = Some(node);
+        }
+        timings.total = t0.elapsed();
+        this.timings = timings;
+        eprintln!(
+            "FIGURE tier {} started in {:.1} s (control plane {:.1} s, node {:.1} s, test gateway image {:.1} s)",
+            tier.name(),
+            timings.total.as_secs_f64(),
+            timings.control_plane.as_secs_f64(),
+            timings.node.as_secs_f64(),
+            timings.image.as_secs_f64(),
+        );
+        Ok(this)
+    }
+
+    /// The tier this cluster was started for.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// The control plane.
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.cp
+    }
+
+    /// The real node (`None` on the kwok tier).
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+
+    /// The image the Agents' gateways run on this tier: the test gateway's, by digest, on the
+    /// real node; `kwok_image` on the kwok tier (never pulled there).
+    pub fn gateway_image(&self, kwok_image: &str) -> String {
+        match &self.image {
+            Some(i) => i.reference.clone(),
+            None => kwok_image.to_owned(),
+        }
+    }
+
+    /// What start took.
+    pub fn timings(&self) -> TierTimings {
+        self.timings
+    }
+
+    /// The cluster settings for this tier, in the JSON form `occ cluster add --settings` and
+    /// `ClusterSettings::from_json` take. On the kwok tier: `kwok_image` and `storage_class`
+    /// (the test's own class, or the backend's default when `None`). On the real node: the
+    /// test gateway's image by digest and its command, the node's StorageClass
+    /// ([`NODE_STORAGE_CLASS`]) and the node selector of [`REAL_NODE_LABEL`].
+    pub fn settings_json(&self, kwok_image: &str, storage_class: Option<&str>) -> Value {
+        match &self.image {
+            Some(image) => json!({
+                "gatewayImage": image.reference,
+                "gatewayCommand": [TEST_GATEWAY_PATH],
+                "storageClass": NODE_STORAGE_CLASS,
+                "nodeSelector": { REAL_NODE_LABEL.0: REAL_NODE_LABEL.1 },
+            }),
+            None => {
+                let mut s = json!({ "gatewayImage": kwok_image });
+                if let Some(class) = storage_class {
+                    s["storageClass"] = json!(class);
+                }
+                s
+            }
+        }
+    }
+
+    /// Ends a test that passed: prints `FIGURE tier <tier> <test>` (the start and the whole
+    /// run), tears the node down (draining its Pods), stops the control plane, and fails with
+    /// what either teardown could not do or left behind (the node's leftover check, the
+    /// sysctls).
+    pub async fn finish(mut self, test: &str) -> std::result::Result<(), String> {
+        let total = self.started.elapsed();
+        eprintln!(
+            "FIGURE tier {} {test}: {:.1} s in all, {:.1} s of it starting",
+            self.tier.name(),
+            total.as_secs_f64(),
+            self.timings.total.as_secs_f64(),
+        );
+        let mut failures = Vec::new();
+        if let Some(node) = self.node.take() {
+            let record = node.record().clone();
+            let report = node.shutdown().await;
+            eprintln!(
+                "EVIDENCE leftover check after node {}'s teardown: problems {:?}, leftovers {:?}, sysctls {:?}",
+                record.id, report.problems, report.leftovers, report.sysctls
+            );
+            failures.extend(report.problems);
+            failures.extend(report.leftovers);
+            failures.extend(report.sysctls);
+        }
+        self.remove_work();
+        if let Err(e) = self.cp.teardown() {
+            failures.push(format!("the control plane's teardown: {e}"));
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(failures.join("; "))
+        }
+    }
+
+    fn remove_work(&mut self) {
+        if let Some(w) = self.work.take()
+            && let Err(e) = std::fs::remove_dir_all(&w)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("clawfleet-k8s-tests: cannot remove {}: {e}", w.display());
+        }
+    }
+}
+
+/// Removes the image work directories (`<pid>-<hex>`) of test processes that no longer run
+/// (killed before their Drop); live ones are left alone.
+fn remove_stale_work_dirs(images: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(images) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !crate::sys::process_alive(pid, None)
+            && let Err(err) = std::fs::remove_dir_all(e.path())
+        {
+            eprintln!(
+                "clawfleet-k8s-tests: cannot remove the stale {}: {err}",
+                e.path().display()
+            );
+        }
+    }
+}
+
+impl std::ops::Deref for TierCluster {
+    type Target = ControlPlane;
+    fn deref(&self) -> &ControlPlane {
+        &self.cp
+    }
+}
+
+impl std::fmt::Debug for TierCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierCluster")
+            .field("tier", &self.tier)
+            .field("node", &self.node)
+            .field("timings", &self.timings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for TierCluster {
+    fn drop(&mut self) {
+        // The node first (its own Drop tears it down), then the image's work dir; the control
+        // plane drops after this body.
+        drop(self.node.take());
+        self.remove_work();
+    }
+}
