@@ -50,8 +50,9 @@ pub use gateway_image::{
 };
 pub use image::{BuiltImage, build_archive, minimal_rootfs};
 pub use node::{
-    NODE_STORAGE_CLASS, Node, NodeRecord, PAUSE_IMAGE, REAL_NODE_LABEL, REAL_NODE_NAME, SYSCTLS,
-    TeardownReport, leftovers, live_node_count, node_missing_prerequisite, reclaim_stale_nodes,
+    NODE_STORAGE_CLASS, Node, NodeRecord, NodeTimings, PAUSE_IMAGE, REAL_NODE_LABEL,
+    REAL_NODE_NAME, SYSCTLS, TeardownReport, leftovers, live_node_count, node_missing_prerequisite,
+    reclaim_stale_nodes,
 };
 pub use pki::{APISERVER_DNS_NAMES, CertAndKey, Pki};
 pub use pod_logs::{LogStream, cri_log_line, log_timestamp};

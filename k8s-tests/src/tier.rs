@@ -13,7 +13,7 @@ use crate::control_plane::ControlPlane;
 use crate::error::{Error, Result};
 use crate::gateway_image::{TEST_GATEWAY_PATH, test_gateway_image};
 use crate::image::BuiltImage;
-use crate::node::{NODE_STORAGE_CLASS, Node, REAL_NODE_LABEL};
+use crate::node::{NODE_STORAGE_CLASS, Node, NodeTimings, REAL_NODE_LABEL};
 
 /// Where a cluster test's Pods run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,16 +43,17 @@ impl Tier {
     }
 }
 
-/// What a tier's start took, printed by [`TierCluster::finish`].
+/// What a tier's start took, printed as it ends (`FIGURE tier ... started in`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TierTimings {
-    /// `ControlPlane::start` alone (the image build runs beside it on the real node).
+    /// `ControlPlane::start` (the node's preparation and the image build run beside it).
     pub control_plane: Duration,
-    /// `Node::start` to a Ready Node (zero on the kwok tier).
-    pub node: Duration,
-    /// The test gateway's image built (beside the control plane's start; cold, a static
-    /// cargo build of the gateway) plus its import into the node's containerd.
-    pub image: Duration,
+    /// The real node's parts: `prepare` beside the control plane, then `join`.
+    pub node: NodeTimings,
+    /// The test gateway's image built, beside the control plane (cold: a static cargo build).
+    pub image_build: Duration,
+    /// The image imported into the node's containerd.
+    pub image_import: Duration,
     /// From the call of [`TierCluster::start`] until it returned.
     pub total: Duration,
 }
@@ -76,74 +77,114 @@ impl TierCluster {
     /// the control plane starts (a cold static build of the gateway takes longer than the
     /// control plane), then the node starts and the image is imported by digest.
     pub async fn start(tier: Tier) -> Result<TierCluster> {
-        let t0 = Instant::now();
-        let mut control_plane = Duration::ZERO;
-        let (cp, image, work, image_build) = match tier {
-            Tier::Kwok => (ControlPlane::start().await?, None, None, Duration::ZERO),
-            Tier::RealNode => {
-                let config = crate::config::HarnessConfig::from_env()?;
-                let images = config.state_dir.join("images");
-                remove_stale_work_dirs(&images);
-                let work = images.join(format!(
-                    "{}-{}",
-                    std::process::id(),
-                    crate::sys::random_hex(3)?
-                ));
-                crate::sys::create_dir_all(&work)?;
-                let w = work.clone();
-                let build = tokio::task::spawn_blocking(move || {
-                    let t = Instant::now();
-                    test_gateway_image(&w).map(|i| (i, t.elapsed()))
-                });
-                let cp = ControlPlane::start_with(&config).await;
-                control_plane = t0.elapsed();
-                let built = build.await.map_err(|e| Error::Image {
-                    reason: format!("the test gateway's image build did not finish: {e}"),
-                })?;
-                let cp = cp?;
-                let (image, took) = built?;
-                (cp, Some(image), Some(work), took)
+        match tier {
+            Tier::Kwok => {
+                let t0 = Instant::now();
+                let cp = ControlPlane::start().await?;
+                let timings = TierTimings {
+                    control_plane: t0.elapsed(),
+                    total: t0.elapsed(),
+                    ..TierTimings::default()
+                };
+                Ok(Self::started(tier, cp, None, None, None, timings, t0))
             }
-        };
-        if tier == Tier::Kwok {
-            control_plane = t0.elapsed();
+            Tier::RealNode => Self::start_real_node().await,
         }
-        let mut timings = TierTimings {
+    }
+
+    /// The control plane, the node's runtime ([`Node::prepare`]) and the test gateway's image
+    /// build at once; then the image imported and the node joined (the kubelet needs the
+    /// control plane).
+    async fn start_real_node() -> Result<TierCluster> {
+        let t0 = Instant::now();
+        let config = crate::config::HarnessConfig::from_env()?;
+        let images = config.state_dir.join("images");
+        remove_stale_work_dirs(&images);
+        let work = images.join(format!(
+            "{}-{}",
+            std::process::id(),
+            crate::sys::random_hex(3)?
+        ));
+        crate::sys::create_dir_all(&work)?;
+        let w = work.clone();
+        let build = tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            test_gateway_image(&w).map(|i| (i, t.elapsed()))
+        });
+        let node_config = config.clone();
+        let prepare = tokio::spawn(async move { Node::prepare(&node_config).await });
+        let cp = ControlPlane::start_with(&config).await;
+        let control_plane = t0.elapsed();
+        let node = prepare.await.map_err(|e| Error::Node {
+            reason: format!("the node's preparation did not finish: {e}"),
+        });
+        let built = build.await.map_err(|e| Error::Image {
+            reason: format!("the test gateway's image build did not finish: {e}"),
+        });
+        let (cp, mut node) = (cp?, node??);
+        let (image, image_build) = built??;
+        let t = Instant::now();
+        node.import_image(&image)?;
+        let import = t.elapsed();
+        node.join(&cp).await?;
+        let timings = TierTimings {
             control_plane,
-            image: image_build,
-            ..TierTimings::default()
+            node: node.timings(),
+            image_build,
+            image_import: import,
+            total: t0.elapsed(),
         };
-        let mut this = TierCluster {
-            node: None,
+        Ok(Self::started(
+            Tier::RealNode,
+            cp,
+            Some(node),
+            Some(image),
+            Some(work),
+            timings,
+            t0,
+        ))
+    }
+
+    fn started(
+        tier: Tier,
+        cp: ControlPlane,
+        node: Option<Node>,
+        image: Option<BuiltImage>,
+        work: Option<PathBuf>,
+        timings: TierTimings,
+        started: Instant,
+    ) -> TierCluster {
+        eprintln!(
+            "FIGURE tier {} started in {:.1} s (at once: control plane {:.1} s, {}, test gateway image built {:.1} s; then image imported {:.1} s, {})",
+            tier.name(),
+            timings.total.as_secs_f64(),
+            timings.control_plane.as_secs_f64(),
+            match &node {
+                Some(_) => format!(
+                    "node's containerd and pause {:.1} s",
+                    timings.node.prepare.as_secs_f64()
+                ),
+                None => "no node".to_owned(),
+            },
+            timings.image_build.as_secs_f64(),
+            timings.image_import.as_secs_f64(),
+            match &node {
+                Some(_) => format!(
+                    "kubelet to Node Ready {:.1} s",
+                    timings.node.join.as_secs_f64()
+                ),
+                None => "no kubelet".to_owned(),
+            },
+        );
+        TierCluster {
+            node,
             cp,
             tier,
             image,
             work,
             timings,
-            started: t0,
-        };
-        if tier == Tier::RealNode {
-            let t = Instant::now();
-            let node = Node::start(&this.cp).await?;
-            timings.node = t.elapsed();
-            let t = Instant::now();
-            if let Some(image) = &this.image {
-                node.import_image(image)?;
-            }
-            timings.image += t.elapsed();
-            this.node = Some(node);
+            started,
         }
-        timings.total = t0.elapsed();
-        this.timings = timings;
-        eprintln!(
-            "FIGURE tier {} started in {:.1} s (control plane {:.1} s, node {:.1} s, test gateway image {:.1} s)",
-            tier.name(),
-            timings.total.as_secs_f64(),
-            timings.control_plane.as_secs_f64(),
-            timings.node.as_secs_f64(),
-            timings.image.as_secs_f64(),
-        );
-        Ok(this)
     }
 
     /// The tier this cluster was started for.
@@ -213,10 +254,15 @@ impl TierCluster {
         let mut failures = Vec::new();
         if let Some(node) = self.node.take() {
             let record = node.record().clone();
+            let t = Instant::now();
             let report = node.shutdown().await;
             eprintln!(
-                "EVIDENCE leftover check after node {}'s teardown: problems {:?}, leftovers {:?}, sysctls {:?}",
-                record.id, report.problems, report.leftovers, report.sysctls
+                "EVIDENCE leftover check after node {}'s teardown ({:.1} s with the drain): problems {:?}, leftovers {:?}, sysctls {:?}",
+                record.id,
+                t.elapsed().as_secs_f64(),
+                report.problems,
+                report.leftovers,
+                report.sysctls
             );
             failures.extend(report.problems);
             failures.extend(report.leftovers);
