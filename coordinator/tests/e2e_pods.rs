@@ -99,6 +99,15 @@ impl Setup {
     fn node(&self) -> &Node {
         self.cp.node().expect("the real node")
     }
+
+    /// Stops `occ serve`, then tears the node down (the leftover check: nothing left, the
+    /// sysctls back) and the control plane, failing the test with what was left.
+    async fn finish(self, test: &str) {
+        let Setup { mut fleet, cp, .. } = self;
+        fleet.kill_serve();
+        cp.finish(test).await.unwrap();
+        drop(fleet);
+    }
 }
 
 /// A control plane, a real node, the test gateway's image, `occ serve` with the cluster
@@ -343,12 +352,10 @@ async fn an_agent_becomes_ready_by_its_real_probe_in_a_real_pod() {
         s.fleet
             .occ_ok(&["agent", "delete", NS, a, "--wait", "--timeout", "120"]);
     }
-    let Setup { mut fleet, cp, .. } = s;
-    fleet.kill_serve();
-    let record = cp.node().expect("the real node").record().clone();
-    cp.finish("an Agent Ready by its real probe").await.unwrap();
+    let record = s.node().record().clone();
+    s.finish("an_agent_becomes_ready_by_its_real_probe_in_a_real_pod")
+        .await;
     assert!(clawfleet_k8s_tests::leftovers(&record).is_empty());
-    drop(fleet);
 }
 
 /// Polls the Agent's deployment status until `done` holds (the last status in the panic).
@@ -550,20 +557,8 @@ async fn logs_previous_crash_loop_missing_image_and_a_config_only_revision() {
     let table = s.fleet.occ_ok(&["agent", "status", NS, "m"]);
     assert!(table.contains("REVISION_IMAGE_PULL_FAILED"), "{table}");
 
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("logs_previous_crash_loop_missing_image_and_a_config_only_revision")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -736,7 +731,7 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
     let before = running_pod(&s.client, &tenant, "oc").await;
     let uid = before.metadata.uid.clone().unwrap();
     let volumes = s
-        .node
+        .node()
         .record()
         .run_dir
         .join("kubelet/pods")
@@ -839,20 +834,8 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
 
     s.fleet
         .occ_ok(&["agent", "delete", NS, "oc", "--wait", "--timeout", "120"]);
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("the_real_openclaw_gateway_becomes_ready_in_a_pod")
+        .await;
 }
 
 /// Whether a file under the kubelet's projection of the Pod's Secret volumes holds `want`.
@@ -1119,18 +1102,8 @@ async fn the_gateway_stream_reaches_the_real_pod_through_the_port_forward() {
 
     s.fleet
         .occ_ok(&["agent", "delete", NS, "pf", "--wait", "--timeout", "120"]);
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("the_gateway_stream_reaches_the_real_pod_through_the_port_forward")
+        .await;
 }
 
 /// Issue 28's Kubernetes parity question, measured: does the real OpenClaw gateway in a Pod
@@ -1385,16 +1358,6 @@ async fn the_real_openclaw_gateway_and_a_projected_configmap_update() {
 
     s.fleet
         .occ_ok(&["agent", "delete", NS, "oc", "--wait", "--timeout", "120"]);
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("the_real_openclaw_gateway_and_a_projected_configmap_update")
+        .await;
 }

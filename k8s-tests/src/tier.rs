@@ -67,7 +67,7 @@ pub struct TierCluster {
     cp: ControlPlane,
     tier: Tier,
     image: Option<BuiltImage>,
-    work: Option<PathBuf>,
+    work: Option<WorkDir>,
     timings: TierTimings,
     started: Instant,
 }
@@ -100,13 +100,13 @@ impl TierCluster {
         let config = crate::config::HarnessConfig::from_env()?;
         let images = config.state_dir.join("images");
         remove_stale_work_dirs(&images);
-        let work = images.join(format!(
+        let work = WorkDir(images.join(format!(
             "{}-{}",
             std::process::id(),
             crate::sys::random_hex(3)?
-        ));
-        crate::sys::create_dir_all(&work)?;
-        let w = work.clone();
+        )));
+        crate::sys::create_dir_all(&work.0)?;
+        let w = work.0.clone();
         let build = tokio::task::spawn_blocking(move || {
             let t = Instant::now();
             test_gateway_image(&w).map(|i| (i, t.elapsed()))
@@ -150,7 +150,7 @@ impl TierCluster {
         cp: ControlPlane,
         node: Option<Node>,
         image: Option<BuiltImage>,
-        work: Option<PathBuf>,
+        work: Option<WorkDir>,
         timings: TierTimings,
         started: Instant,
     ) -> TierCluster {
@@ -268,7 +268,7 @@ impl TierCluster {
             failures.extend(report.leftovers);
             failures.extend(report.sysctls);
         }
-        self.remove_work();
+        drop(self.work.take());
         if let Err(e) = self.cp.teardown() {
             failures.push(format!("the control plane's teardown: {e}"));
         }
@@ -278,13 +278,22 @@ impl TierCluster {
             Err(failures.join("; "))
         }
     }
+}
 
-    fn remove_work(&mut self) {
-        if let Some(w) = self.work.take()
-            && let Err(e) = std::fs::remove_dir_all(&w)
+/// The directory the test gateway's image is built in (`<state>/images/<pid>-<hex>`),
+/// removed when dropped, also when the start fails.
+#[derive(Debug)]
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            eprintln!("clawfleet-k8s-tests: cannot remove {}: {e}", w.display());
+            eprintln!(
+                "clawfleet-k8s-tests: cannot remove {}: {e}",
+                self.0.display()
+            );
         }
     }
 }
@@ -333,6 +342,6 @@ impl Drop for TierCluster {
         // The node first (its own Drop tears it down), then the image's work dir; the control
         // plane drops after this body.
         drop(self.node.take());
-        self.remove_work();
+        drop(self.work.take());
     }
 }
