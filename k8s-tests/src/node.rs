@@ -848,6 +848,19 @@ impl Node {
                 reason: format!("node {} has already joined a control plane", self.record.id),
             });
         }
+        let theirs = cp.harness_config();
+        if theirs.state_dir != self.config.state_dir || theirs.node_dir != self.config.node_dir {
+            return Err(Error::Node {
+                reason: format!(
+                    "node {} was prepared with state dir {} and node dir {}, the control plane runs with {} and {}",
+                    self.record.id,
+                    self.config.state_dir.display(),
+                    self.config.node_dir.display(),
+                    theirs.state_dir.display(),
+                    theirs.node_dir.display()
+                ),
+            });
+        }
         let t0 = Instant::now();
         self.client = Some(cp.client().await?);
         match self.boot_kubelet(cp).await {
