@@ -14,7 +14,7 @@ pub mod fleet;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use clawfleet_k8s_tests::ControlPlane;
+use clawfleet_k8s_tests::{ControlPlane, Tier, TierCluster};
 use fleet::{Fleet, NS, document};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
@@ -64,15 +64,29 @@ async fn tenant_namespace(client: &kube::Client) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_fleet_host_pool_and_cluster_through_occ() {
+    mixed_fleet(Tier::Kwok).await;
+}
+
+/// The same on the real node: the cluster's Agents are the test gateway really running in
+/// Pods (Ready by their readiness probe, the workspace written by a real init container), next
+/// to the host's. The Pod-log part (kwok serves the control plane's log files) and the codes
+/// and API faults (kwok's markers, a killed apiserver) stay on the kwok tier; e2e_pods covers
+/// real logs, a crash loop and a missing image on the real node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_fleet_host_pool_and_cluster_on_the_real_node() {
+    mixed_fleet(Tier::RealNode).await;
+}
+
+async fn mixed_fleet(tier: Tier) {
     if let Some(reason) = clawfleet_vm_tests::skip_reason() {
         println!("SKIP: {reason}");
         return;
     }
-    if let Some(reason) = clawfleet_k8s_tests::skip_reason() {
+    if let Some(reason) = tier.skip_reason() {
         println!("SKIP: {reason}");
         return;
     }
-    let cp = ControlPlane::start().await.expect("control plane");
+    let cp = TierCluster::start(tier).await.expect("the tier's cluster");
     let client = cp.client().await.unwrap();
     // clawfleet's identity holds the shipped least-privilege ClusterRole only.
     let kubeconfig = cp.backend_kubeconfig_path().display().to_string();
@@ -80,8 +94,16 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         .await
         .unwrap();
     let fleet_ref = &fleet;
+    let cluster_name = tier.name();
 
-    // Register the cluster: validated, probed, stored without credentials in any answer.
+    // Register the cluster: validated, probed, stored without credentials in any answer. On
+    // the kwok tier with `--gateway-image`, on the real node with `--settings` (the test
+    // gateway's image by digest, its command, the node's StorageClass and label).
+    let settings_file = write_doc(fleet_ref, "settings", &cp.settings_json(IMAGE, None));
+    let image_args: [&str; 2] = match tier {
+        Tier::Kwok => ["--gateway-image", IMAGE],
+        Tier::RealNode => ["--settings", &settings_file],
+    };
     let (code, out) = occ_code(
         fleet_ref,
         &[
@@ -89,11 +111,11 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
             "json",
             "cluster",
             "add",
-            "kwok",
+            cluster_name,
             "--kubeconfig",
             &kubeconfig,
-            "--gateway-image",
-            IMAGE,
+            image_args[0],
+            image_args[1],
         ],
     );
     assert_eq!(code, 0, "{out}");
@@ -103,7 +125,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
     );
     let listed = fleet_ref.occ_json(&["cluster", "list"]);
     assert!(!listed.to_string().contains(cp.backend_token()));
-    fleet_ref.occ_ok(&["namespace", "create", CLUSTER_NS, "--cluster", "kwok"]);
+    fleet_ref.occ_ok(&["namespace", "create", CLUSTER_NS, "--cluster", cluster_name]);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let ns = fleet_ref
@@ -276,79 +298,82 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         "{rt}"
     );
     assert!(rt["events"].is_array(), "{rt}");
-    // Pod logs through the API server (kwok serves them from the control plane's log files),
-    // redacted with the Agent's own password from its Secret, paged by cursor, and the
-    // previous container's log.
-    let tenant = tenant_namespace(&client).await.expect("a tenant namespace");
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
-    let password = secrets
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|s| {
-            s.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.starts_with("gw-password-"))
-        })
-        .find_map(|s| s.data?.into_values().next())
-        .map(|v| String::from_utf8(v.0).unwrap())
-        .expect("a password Secret");
-    cp.append_pod_log(&[
-        "Authorization: Bearer abcdefghijklmnop0123456789",
-        &format!("cluster password {password} leaked"),
-        "k8s line 1",
-        "k8s line 2",
-        "k8s line 3",
-    ])
-    .unwrap();
-    let out = fleet_ref.occ_ok(&["agent", "logs", CLUSTER_NS, "k1", "--tail", "100"]);
-    assert!(
-        !out.contains(&password) && !out.contains("abcdefghijklmnop0123456789"),
-        "{out}"
-    );
-    for kept in [
-        "Authorization: Bearer [REDACTED]",
-        "cluster password [REDACTED] leaked",
-        "k8s line 3",
-    ] {
-        assert!(out.contains(kept), "{kept} missing: {out}");
-    }
-    let mut seen = Vec::new();
-    let mut query = "sinceSeconds=3600&limit=2".to_owned();
-    for _ in 0..20 {
-        let page = fleet_ref
-            .api
-            .request(
-                "GET",
-                &format!("/namespaces/{CLUSTER_NS}/agents/k1/runtime/logs?{query}"),
-                None,
-            )
-            .unwrap();
-        for e in page["entries"].as_array().unwrap() {
-            seen.push(e["message"].as_str().unwrap().to_owned());
-        }
-        if page["more"] != true {
-            break;
-        }
-        let cursor = coordinator::client::percent_encode(page["cursor"].as_str().unwrap());
-        query = format!("cursor={cursor}&limit=2");
-    }
-    let k8s_lines: Vec<&String> = seen.iter().filter(|l| l.starts_with("k8s line")).collect();
-    assert_eq!(
-        k8s_lines,
-        ["k8s line 1", "k8s line 2", "k8s line 3"],
-        "{seen:?}"
-    );
-    cp.append_previous_pod_log(&["the container before the restart"])
+    // On the real node the logs are the gateway's own (e2e_pods reads them there).
+    if tier == Tier::Kwok {
+        // Pod logs through the API server (kwok serves them from the control plane's log files),
+        // redacted with the Agent's own password from its Secret, paged by cursor, and the
+        // previous container's log.
+        let tenant = tenant_namespace(&client).await.expect("a tenant namespace");
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &tenant);
+        let password = secrets
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|s| {
+                s.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("gw-password-"))
+            })
+            .find_map(|s| s.data?.into_values().next())
+            .map(|v| String::from_utf8(v.0).unwrap())
+            .expect("a password Secret");
+        cp.append_pod_log(&[
+            "Authorization: Bearer abcdefghijklmnop0123456789",
+            &format!("cluster password {password} leaked"),
+            "k8s line 1",
+            "k8s line 2",
+            "k8s line 3",
+        ])
         .unwrap();
-    let prev = fleet_ref.occ_ok(&["agent", "logs", CLUSTER_NS, "k1", "--previous"]);
-    assert!(
-        prev.contains("the container before the restart") && !prev.contains("k8s line"),
-        "{prev}"
-    );
+        let out = fleet_ref.occ_ok(&["agent", "logs", CLUSTER_NS, "k1", "--tail", "100"]);
+        assert!(
+            !out.contains(&password) && !out.contains("abcdefghijklmnop0123456789"),
+            "{out}"
+        );
+        for kept in [
+            "Authorization: Bearer [REDACTED]",
+            "cluster password [REDACTED] leaked",
+            "k8s line 3",
+        ] {
+            assert!(out.contains(kept), "{kept} missing: {out}");
+        }
+        let mut seen = Vec::new();
+        let mut query = "sinceSeconds=3600&limit=2".to_owned();
+        for _ in 0..20 {
+            let page = fleet_ref
+                .api
+                .request(
+                    "GET",
+                    &format!("/namespaces/{CLUSTER_NS}/agents/k1/runtime/logs?{query}"),
+                    None,
+                )
+                .unwrap();
+            for e in page["entries"].as_array().unwrap() {
+                seen.push(e["message"].as_str().unwrap().to_owned());
+            }
+            if page["more"] != true {
+                break;
+            }
+            let cursor = coordinator::client::percent_encode(page["cursor"].as_str().unwrap());
+            query = format!("cursor={cursor}&limit=2");
+        }
+        let k8s_lines: Vec<&String> = seen.iter().filter(|l| l.starts_with("k8s line")).collect();
+        assert_eq!(
+            k8s_lines,
+            ["k8s line 1", "k8s line 2", "k8s line 3"],
+            "{seen:?}"
+        );
+        cp.append_previous_pod_log(&["the container before the restart"])
+            .unwrap();
+        let prev = fleet_ref.occ_ok(&["agent", "logs", CLUSTER_NS, "k1", "--previous"]);
+        assert!(
+            prev.contains("the container before the restart") && !prev.contains("k8s line"),
+            "{prev}"
+        );
+    }
     // The drift sweep covers clusters too.
     let rows = fleet_ref.occ_json(&["drift", "--now"]);
     let k1 = rows
@@ -359,7 +384,7 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         .cloned()
         .unwrap_or_else(|| panic!("no drift row for k1: {rows}"));
     assert_eq!(k1["state"], "synced", "{rows}");
-    assert_eq!(k1["target"], "kwok", "{rows}");
+    assert_eq!(k1["target"], cluster_name, "{rows}");
     let cms_after = configmaps
         .list(&ListParams::default())
         .await
@@ -458,7 +483,13 @@ async fn mixed_fleet_host_pool_and_cluster_through_occ() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     // The cluster is free again: it can be forgotten.
-    fleet_ref.occ_ok(&["cluster", "remove", "kwok"]);
+    fleet_ref.occ_ok(&["cluster", "remove", cluster_name]);
+    if tier == Tier::RealNode {
+        // The codes and faults below need kwok's markers and a killable apiserver.
+        fleet.kill_serve();
+        cp.finish("mixed fleet").await.unwrap();
+        return;
+    }
 
     // Codes a cluster gives, each shown in `occ agent status`: the same control plane
     // registered once more, its settings replaced (`occ cluster update`) by ones that cannot

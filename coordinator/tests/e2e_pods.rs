@@ -17,7 +17,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use clawfleet_k8s_tests::{
-    ControlPlane, NODE_STORAGE_CLASS, Node, REAL_NODE_LABEL, TEST_GATEWAY_PATH,
+    NODE_STORAGE_CLASS, Node, REAL_NODE_LABEL, TEST_GATEWAY_PATH, Tier, TierCluster,
 };
 use fleet::{Fleet, document};
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Secret};
@@ -88,12 +88,26 @@ async fn running_pod(client: &kube::Client, ns: &str, agent: &str) -> Pod {
 }
 
 struct Setup {
-    // Field order is drop order: the fleet, then the node, then the control plane.
+    // Field order is drop order: the fleet, then the node and its control plane.
     fleet: Fleet,
-    node: Node,
-    cp: ControlPlane,
+    cp: TierCluster,
     client: kube::Client,
     image: String,
+}
+
+impl Setup {
+    fn node(&self) -> &Node {
+        self.cp.node().expect("the real node")
+    }
+
+    /// Stops `occ serve`, then tears the node down (the leftover check: nothing left, the
+    /// sysctls back) and the control plane, failing the test with what was left.
+    async fn finish(self, test: &str) {
+        let Setup { mut fleet, cp, .. } = self;
+        fleet.kill_serve();
+        cp.finish(test).await.unwrap();
+        drop(fleet);
+    }
 }
 
 /// A control plane, a real node, the test gateway's image, `occ serve` with the cluster
@@ -104,20 +118,12 @@ async fn setup() -> Option<Setup> {
         println!("SKIP: {reason}");
         return None;
     }
-    let cp = ControlPlane::start().await.expect("control plane");
-    let node = Node::start(&cp).await.expect("real node");
-    let t = Instant::now();
-    let work = node.work_dir("test-gateway").unwrap();
-    let image = tokio::task::spawn_blocking(move || clawfleet_k8s_tests::test_gateway_image(&work))
+    // The control plane, the test gateway's image (built while the control plane starts),
+    // the node, the image imported.
+    let cp = TierCluster::start(Tier::RealNode)
         .await
-        .unwrap()
-        .expect("the test gateway's image");
-    node.import_image(&image).unwrap();
-    eprintln!(
-        "test gateway image {} built and imported in {:.1} s",
-        image.reference,
-        t.elapsed().as_secs_f64()
-    );
+        .expect("control plane and real node");
+    let image = cp.gateway_image("");
     let client = cp.client().await.unwrap();
     let fleet = tokio::task::spawn_blocking(|| Fleet::start(0))
         .await
@@ -126,7 +132,7 @@ async fn setup() -> Option<Setup> {
     std::fs::write(
         &settings,
         json!({
-            "gatewayImage": image.reference,
+            "gatewayImage": image,
             "gatewayCommand": [TEST_GATEWAY_PATH],
             "gatewayPort": PORT,
             "storageClass": NODE_STORAGE_CLASS,
@@ -160,10 +166,9 @@ async fn setup() -> Option<Setup> {
     }
     Some(Setup {
         fleet,
-        node,
         cp,
         client,
-        image: image.reference,
+        image,
     })
 }
 
@@ -347,22 +352,10 @@ async fn an_agent_becomes_ready_by_its_real_probe_in_a_real_pod() {
         s.fleet
             .occ_ok(&["agent", "delete", NS, a, "--wait", "--timeout", "120"]);
     }
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let record = node.record().clone();
-    let report = node.shutdown().await;
-    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
+    let record = s.node().record().clone();
+    s.finish("an_agent_becomes_ready_by_its_real_probe_in_a_real_pod")
+        .await;
     assert!(clawfleet_k8s_tests::leftovers(&record).is_empty());
-    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
-    drop(fleet);
-    cp.shutdown().unwrap();
 }
 
 /// Polls the Agent's deployment status until `done` holds (the last status in the panic).
@@ -564,20 +557,8 @@ async fn logs_previous_crash_loop_missing_image_and_a_config_only_revision() {
     let table = s.fleet.occ_ok(&["agent", "status", NS, "m"]);
     assert!(table.contains("REVISION_IMAGE_PULL_FAILED"), "{table}");
 
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("logs_previous_crash_loop_missing_image_and_a_config_only_revision")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -625,7 +606,7 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
-    s.node.import_image(&image).unwrap();
+    s.node().import_image(&image).unwrap();
     eprintln!(
         "OpenClaw image imported in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -674,7 +655,7 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
     );
     assert_eq!(code, 200, "{body}");
     // The kubelet's own probe: its log at -v=3 names each success.
-    let log = std::fs::read_to_string(s.node.kubelet_log()).unwrap();
+    let log = std::fs::read_to_string(s.node().kubelet_log()).unwrap();
     let probes: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("Probe succeeded") && l.contains(&name) && l.contains("Readiness"))
@@ -750,7 +731,7 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
     let before = running_pod(&s.client, &tenant, "oc").await;
     let uid = before.metadata.uid.clone().unwrap();
     let volumes = s
-        .node
+        .node()
         .record()
         .run_dir
         .join("kubelet/pods")
@@ -861,20 +842,8 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
 
     s.fleet
         .occ_ok(&["agent", "delete", NS, "oc", "--wait", "--timeout", "120"]);
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    eprintln!("EVIDENCE leftover check after teardown: {report:?}");
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("the_real_openclaw_gateway_becomes_ready_in_a_pod")
+        .await;
 }
 
 /// Whether a file under the kubelet's projection of the Pod's Secret volumes holds `want`.
@@ -1141,18 +1110,8 @@ async fn the_gateway_stream_reaches_the_real_pod_through_the_port_forward() {
 
     s.fleet
         .occ_ok(&["agent", "delete", NS, "pf", "--wait", "--timeout", "120"]);
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("the_gateway_stream_reaches_the_real_pod_through_the_port_forward")
+        .await;
 }
 
 /// Issue 28's Kubernetes parity question, measured: does the real OpenClaw gateway in a Pod
@@ -1184,7 +1143,7 @@ async fn the_real_openclaw_gateway_and_a_projected_configmap_update() {
     .await
     .unwrap()
     .expect("the OpenClaw image");
-    s.node.import_image(&image).unwrap();
+    s.node().import_image(&image).unwrap();
     let settings = s.fleet.dir.path().join("settings-openclaw.json");
     std::fs::write(
         &settings,
@@ -1407,16 +1366,6 @@ async fn the_real_openclaw_gateway_and_a_projected_configmap_update() {
 
     s.fleet
         .occ_ok(&["agent", "delete", NS, "oc", "--wait", "--timeout", "120"]);
-    let Setup {
-        mut fleet,
-        node,
-        cp,
-        ..
-    } = s;
-    fleet.kill_serve();
-    let report = node.shutdown().await;
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
-    drop(fleet);
-    cp.shutdown().unwrap();
+    s.finish("the_real_openclaw_gateway_and_a_projected_configmap_update")
+        .await;
 }

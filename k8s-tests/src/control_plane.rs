@@ -983,7 +983,7 @@ impl ControlPlane {
         self.teardown()
     }
 
-    fn teardown(&mut self) -> Result<()> {
+    pub(crate) fn teardown(&mut self) -> Result<()> {
         if self.done {
             return Ok(());
         }

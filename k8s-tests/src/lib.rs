@@ -30,6 +30,7 @@ mod proxy;
 mod run;
 mod signals;
 mod sys;
+mod tier;
 
 pub use config::{
     DEFAULT_CACHE_ROOT, ETCD_VERSION, HarnessConfig, KUBERNETES_VERSION, KWOK_VERSION, cache_key,
@@ -49,13 +50,15 @@ pub use gateway_image::{
 };
 pub use image::{BuiltImage, build_archive, minimal_rootfs};
 pub use node::{
-    NODE_STORAGE_CLASS, Node, NodeRecord, PAUSE_IMAGE, REAL_NODE_LABEL, REAL_NODE_NAME, SYSCTLS,
-    TeardownReport, leftovers, live_node_count, node_missing_prerequisite, reclaim_stale_nodes,
+    NODE_STORAGE_CLASS, Node, NodeRecord, NodeTimings, PAUSE_IMAGE, REAL_NODE_LABEL,
+    REAL_NODE_NAME, SYSCTLS, TeardownReport, leftovers, live_node_count, node_missing_prerequisite,
+    reclaim_stale_nodes,
 };
 pub use pki::{APISERVER_DNS_NAMES, CertAndKey, Pki};
 pub use pod_logs::{LogStream, cri_log_line, log_timestamp};
 pub use proxy::{Fault, FaultProxy, SeenRequest};
 pub use run::{ProcessRecord, RunRecord, list_runs, reclaim_stale};
+pub use tier::{Tier, TierCluster, TierTimings};
 
 /// Why the control plane cannot run here, or `None` when it can. Under `CI=true` a missing
 /// prerequisite is a failure, not a skip: this panics with the reason, so CI can never pass by

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node as KubeNode, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -705,12 +705,35 @@ pub struct Node {
     lock_path: PathBuf,
     _lock: fs::File,
     children: Vec<Child>,
-    client: kube::Client,
+    /// Set by [`Node::join`] (the control plane's admin client).
+    client: Option<kube::Client>,
     provisioner: Option<tokio::task::JoinHandle<()>>,
     sysctls_before: SysctlLedger,
     started_in: Duration,
+    timings: NodeTimings,
     keep_logs: bool,
     done: bool,
+}
+
+/// What a node's start took, by part.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeTimings {
+    /// [`Node::prepare`]: the record, bridge, cgroups, containerd answering, pause imported
+    /// (needs no control plane, so it can run while one starts).
+    pub prepare: Duration,
+    /// [`Node::join`]: the kubelet started until its Node is Ready, the StorageClass.
+    pub join: Duration,
+}
+
+impl std::fmt::Display for NodeTimings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "containerd and pause {:.1} s, kubelet to Node Ready {:.1} s",
+            self.prepare.as_secs_f64(),
+            self.join.as_secs_f64()
+        )
+    }
 }
 
 fn write_node_record(path: &Path, rec: &NodeRecord) -> Result<()> {
@@ -722,9 +745,20 @@ fn write_node_record(path: &Path, rec: &NodeRecord) -> Result<()> {
 }
 
 impl Node {
-    /// Starts a real node for `cp` and waits until its Node is Ready.
+    /// Starts a real node for `cp` and waits until its Node is Ready ([`Node::prepare`] then
+    /// [`Node::join`]).
     pub async fn start(cp: &ControlPlane) -> Result<Node> {
-        let config = cp.harness_config().clone();
+        let mut node = Node::prepare(cp.harness_config()).await?;
+        node.join(cp).await?;
+        Ok(node)
+    }
+
+    /// The part of a start that needs no control plane, so it can run while one starts: the
+    /// record, the bridge, the directories and cgroups, containerd up and the pause image
+    /// imported (and whatever else [`Node::import_image`] adds before the join). `config` must
+    /// be the one the control plane is started with. Dropping the result tears it down.
+    pub async fn prepare(config: &HarnessConfig) -> Result<Node> {
+        let config = config.clone();
         if let Some(reason) = node_missing_prerequisite(&config) {
             return Err(Error::Node { reason });
         }
@@ -777,7 +811,6 @@ impl Node {
                 .map_err(|reason| Error::Node { reason })?;
             Ok((record, ledger))
         })?;
-        let client = cp.client().await?;
         let mut node = Node {
             keep_logs: config.keep_logs,
             config,
@@ -786,16 +819,17 @@ impl Node {
             lock_path,
             _lock: lock,
             children: Vec::new(),
-            client,
+            client: None,
             provisioner: None,
             sysctls_before,
             started_in: Duration::ZERO,
+            timings: NodeTimings::default(),
             done: false,
         };
         let t0 = Instant::now();
-        match node.boot(cp).await {
+        match node.boot_runtime().await {
             Ok(()) => {
-                node.started_in = t0.elapsed();
+                node.timings.prepare = t0.elapsed();
                 Ok(node)
             }
             Err(e) => {
@@ -805,7 +839,50 @@ impl Node {
         }
     }
 
-    async fn boot(&mut self, cp: &ControlPlane) -> Result<()> {
+    /// Joins a prepared node to `cp` (the control plane of the same [`HarnessConfig`]): the
+    /// kubelet starts with a serving certificate from the run's CA and the node's identity,
+    /// and this waits until its Node is Ready; then the node's StorageClass and provisioner.
+    pub async fn join(&mut self, cp: &ControlPlane) -> Result<()> {
+        if self.client.is_some() {
+            return Err(Error::Node {
+                reason: format!("node {} has already joined a control plane", self.record.id),
+            });
+        }
+        let theirs = cp.harness_config();
+        if theirs.state_dir != self.config.state_dir || theirs.node_dir != self.config.node_dir {
+            return Err(Error::Node {
+                reason: format!(
+                    "node {} was prepared with state dir {} and node dir {}, the control plane runs with {} and {}",
+                    self.record.id,
+                    self.config.state_dir.display(),
+                    self.config.node_dir.display(),
+                    theirs.state_dir.display(),
+                    theirs.node_dir.display()
+                ),
+            });
+        }
+        let t0 = Instant::now();
+        self.client = Some(cp.client().await?);
+        match self.boot_kubelet(cp).await {
+            Ok(()) => {
+                self.timings.join = t0.elapsed();
+                self.started_in = self.timings.prepare + self.timings.join;
+                Ok(())
+            }
+            Err(e) => {
+                self.keep_logs = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn client(&self) -> Result<kube::Client> {
+        self.client.clone().ok_or_else(|| Error::Node {
+            reason: format!("node {} has not joined a control plane", self.record.id),
+        })
+    }
+
+    async fn boot_runtime(&mut self) -> Result<()> {
         let rec = self.record.clone();
         let r = &rec.run_dir;
         for d in [
@@ -848,16 +925,6 @@ impl Node {
             conflist.to_string().as_bytes(),
             0o644,
         )?;
-        let ip: std::net::IpAddr = rec.node_ip().into();
-        let cert = cp.pki().serving_cert_with_ips(REAL_NODE_NAME, &[], &[ip])?;
-        sys::write_file(&r.join("kubelet.crt"), cert.cert_pem.as_bytes(), 0o644)?;
-        sys::write_file(&r.join("kubelet.key"), cert.key_pem.as_bytes(), 0o600)?;
-        let [kubelet_port, healthz_port] = sys::free_ports::<2>()?;
-        sys::write_file(
-            &r.join("kubelet.yaml"),
-            self.kubelet_yaml(kubelet_port, healthz_port).as_bytes(),
-            0o644,
-        )?;
         let deadline = Instant::now() + self.config.start_timeout;
 
         let containerd_args: Vec<std::ffi::OsString> =
@@ -872,6 +939,24 @@ impl Node {
         .await?;
         let pause = self.pause_image()?;
         self.import_image(&pause)?;
+        Ok(())
+    }
+
+    async fn boot_kubelet(&mut self, cp: &ControlPlane) -> Result<()> {
+        let rec = self.record.clone();
+        let r = &rec.run_dir;
+        let ip: std::net::IpAddr = rec.node_ip().into();
+        let cert = cp.pki().serving_cert_with_ips(REAL_NODE_NAME, &[], &[ip])?;
+        sys::write_file(&r.join("kubelet.crt"), cert.cert_pem.as_bytes(), 0o644)?;
+        sys::write_file(&r.join("kubelet.key"), cert.key_pem.as_bytes(), 0o600)?;
+        let [kubelet_port, healthz_port] = sys::free_ports::<2>()?;
+        sys::write_file(
+            &r.join("kubelet.yaml"),
+            self.kubelet_yaml(kubelet_port, healthz_port).as_bytes(),
+            0o644,
+        )?;
+        let deadline = Instant::now() + self.config.start_timeout;
+        let client = self.client()?;
 
         let kubelet_args: Vec<std::ffi::OsString> = vec![
             "--config".into(),
@@ -898,7 +983,7 @@ impl Node {
             &self.config.node_dir.join("kubelet"),
             &kubelet_args,
         )?;
-        let nodes: Api<KubeNode> = Api::all(self.client.clone());
+        let nodes: Api<KubeNode> = Api::all(client.clone());
         loop {
             self.check_alive()?;
             let ready = nodes
@@ -926,7 +1011,7 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        let classes: Api<StorageClass> = Api::all(client.clone());
         let class: StorageClass = serde_json::from_value(json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": { "name": NODE_STORAGE_CLASS },
@@ -946,10 +1031,7 @@ impl Node {
                 });
             }
         }
-        self.provisioner = Some(tokio::spawn(provision(
-            self.client.clone(),
-            r.join("volumes"),
-        )));
+        self.provisioner = Some(tokio::spawn(provision(client, r.join("volumes"))));
         Ok(())
     }
 
@@ -1174,6 +1256,11 @@ makeIPTablesUtilChains: false
         self.started_in
     }
 
+    /// What the start took, by part.
+    pub fn timings(&self) -> NodeTimings {
+        self.timings
+    }
+
     /// The kubelet's and containerd's logs.
     pub fn logs_dir(&self) -> &Path {
         &self.record.logs_dir
@@ -1196,26 +1283,53 @@ makeIPTablesUtilChains: false
         Ok(d)
     }
 
-    /// Deletes the Pods bound to this node and waits (up to `limit`) for the kubelet to stop
-    /// them, so their sandboxes go through CNI DEL rather than a kill.
+    /// Cordons the node (so a controller's replacement Pods stay Pending instead of starting
+    /// here again), deletes the Pods bound to it and waits (up to `limit`) for the kubelet to
+    /// stop them, so their sandboxes go through CNI DEL rather than a kill.
     pub async fn drain(&self, limit: Duration) {
-        let pods: Api<Pod> = Api::all(self.client.clone());
+        let Some(client) = self.client.clone() else {
+            return;
+        };
+        let nodes: Api<KubeNode> = Api::all(client.clone());
+        let cordon = json!({ "spec": { "unschedulable": true } });
+        if let Err(e) = nodes
+            .patch(
+                REAL_NODE_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(&cordon),
+            )
+            .await
+        {
+            eprintln!(
+                "clawfleet-k8s-tests: node {}: cannot cordon {REAL_NODE_NAME} before the drain: {e}",
+                self.record.id
+            );
+        }
+        let pods: Api<Pod> = Api::all(client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={REAL_NODE_NAME}"));
         if let Ok(list) = pods.list(&lp).await {
             for p in list.items {
                 let (Some(ns), Some(name)) = (p.metadata.namespace, p.metadata.name) else {
                     continue;
                 };
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+                let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
                 let _ = api
                     .delete(&name, &DeleteParams::default().grace_period(1))
                     .await;
             }
         }
         let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
+        loop {
             let containers = cgroup_pids(&format!("{}/kubepods", self.record.cgroup));
             if containers.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "clawfleet-k8s-tests: node {}: the drain's {} s passed with pids {containers:?} still in its Pods' cgroups; the teardown kills them",
+                    self.record.id,
+                    limit.as_secs()
+                );
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -160,6 +160,37 @@ async fn a_pod_really_runs_and_the_node_leaves_nothing_behind() {
     cp.shutdown().unwrap();
 }
 
+/// `Node::prepare` needs no control plane (it runs beside one's start): containerd runs and
+/// the bridge exists; a prepared node that never joins one is torn down with nothing left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_node_that_never_joins_leaves_nothing_behind() {
+    if let Some(reason) = node_skip_reason() {
+        eprintln!("SKIP: {reason}");
+        return;
+    }
+    let config = clawfleet_k8s_tests::HarnessConfig::from_env().unwrap();
+    let node = Node::prepare(&config).await.expect("a prepared node");
+    eprintln!("prepared: {}", node.timings());
+    assert!(node.timings().prepare > Duration::ZERO);
+    let record = node.record().clone();
+    let live = leftovers(&record);
+    for part in ["containerd pid", "bridge cfk", "directory "] {
+        assert!(
+            live.iter().any(|l| l.contains(part)),
+            "{part} not seen in {live:?}"
+        );
+    }
+    assert!(
+        !live.iter().any(|l| l.contains("kubelet pid")),
+        "a kubelet before the join: {live:?}"
+    );
+    let report = node.shutdown().await;
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
+    assert!(report.sysctls.is_empty(), "{:?}", report.sysctls);
+    assert!(leftovers(&record).is_empty());
+}
+
 /// A test process killed with SIGKILL leaves its node running; the next start (here
 /// `reclaim_stale_nodes` directly) tears it down from its record, by ids, and nothing is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,11 +48,24 @@ async fn deployment_revision(deps: &Api<Deployment>, agent: &str) -> Option<Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_on_a_real_control_plane() {
-    skip_unless_control_plane!();
-    let cp = start().await;
+    lifecycle(Tier::Kwok).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_on_the_real_node() {
+    lifecycle(Tier::RealNode).await;
+}
+
+/// Probe, Namespace, two Agents to Ready, a new revision prepared beside the serving one and
+/// activated, retire, stop twice, redeploy, status, delete an Agent, delete the Namespace. On
+/// the real node the gateways really run and become Ready by their readiness probe.
+async fn lifecycle(tier: Tier) {
+    let Some(cp) = start_tier(tier).await else {
+        return;
+    };
     let client = cp.client().await.unwrap();
-    volumes(&client, 4).await;
-    let cluster = cluster(&cp, settings());
+    tier_volumes(&cp, &client, 4).await;
+    let cluster = cluster(&cp, tier_settings(&cp));
     let backend = KubeBackend::new();
 
     // Probe.
@@ -385,6 +398,7 @@ async fn lifecycle_on_a_real_control_plane() {
         OperationResult::DeleteNamespace(d) => assert!(!d.removed),
         other => panic!("{other:?}"),
     }
+    cp.finish("lifecycle").await.unwrap();
 }
 
 fn resource_version<K: kube::Resource>(o: &K) -> String {
@@ -1458,6 +1472,26 @@ async fn an_adopted_namespace_is_claimed_checked_and_released() {
     }
 }
 
+/// The files called `name` under `dir`, at any depth.
+fn files_named(dir: &std::path::Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p);
+            } else if e.file_name() == name {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
 /// A prepare of `rev` carrying two workspace files (with their contents, or the manifest only).
 fn prepare_with_workspace(ns: &str, agent: &str, rev: &str, number: u64, held: bool) -> Operation {
     use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName, WorkspaceSetup};
@@ -1483,12 +1517,25 @@ fn prepare_with_workspace(ns: &str, agent: &str, rev: &str, number: u64, held: b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workspace_files_go_through_a_secret_and_an_init_container_and_leave_the_cluster() {
-    skip_unless_control_plane!();
-    let cp = start().await;
+    workspace_files(Tier::Kwok).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workspace_files_go_through_an_init_container_on_the_real_node() {
+    workspace_files(Tier::RealNode).await;
+}
+
+/// Workspace files staged in a Secret, written by the init container, dropped from the
+/// cluster once the Pod is Ready. On the real node the init container really runs (the
+/// gateway's readiness waits for it), and the files it wrote are read back from the volume.
+async fn workspace_files(tier: Tier) {
+    let Some(cp) = start_tier(tier).await else {
+        return;
+    };
     let client = cp.client().await.unwrap();
-    volumes(&client, 1).await;
+    tier_volumes(&cp, &client, 1).await;
     let backend = KubeBackend::new();
-    let c = cluster(&cp, settings());
+    let c = cluster(&cp, tier_settings(&cp));
     let ns = "ns-workspace";
     call(&backend, &c, ensure_op(ns)).await.unwrap();
     let tenant = names::tenant_namespace(&id(ns));
@@ -1544,6 +1591,23 @@ async fn workspace_files_go_through_a_secret_and_an_init_container_and_leave_the
         .unwrap();
     assert_eq!(vol["secret"]["items"][1]["path"], "memory/notes.md");
     assert_eq!(vol["secret"]["optional"], true);
+    // On the real node the init container really ran: the files are on the state volume.
+    if let Some(node) = cp.node() {
+        let volumes = node.record().run_dir.join("volumes");
+        let found = files_named(&volumes, "AGENTS.md");
+        assert_eq!(found.len(), 1, "AGENTS.md on the node's volumes: {found:?}");
+        assert_eq!(
+            std::fs::read(&found[0]).unwrap(),
+            b"# agents ws-content-marker\n"
+        );
+        let notes = found[0].parent().unwrap().join("memory/notes.md");
+        assert_eq!(
+            std::fs::read(&notes).unwrap(),
+            b"note\n",
+            "{}",
+            notes.display()
+        );
+    }
     // Ready: the contents leave the cluster, the manifest stays.
     let s = secrets.get(&name).await.unwrap();
     let keys: Vec<&String> = s.data.as_ref().unwrap().keys().collect();
@@ -1577,6 +1641,7 @@ async fn workspace_files_go_through_a_secret_and_an_init_container_and_leave_the
     // Deleting the Agent deletes its workspace Secret.
     call(&backend, &c, delete_agent_op(ns, "a")).await.unwrap();
     assert!(secrets.get_opt(&name).await.unwrap().is_none());
+    cp.finish("workspace files").await.unwrap();
 }
 
 /// Fencing as on hosts: the Agent's ServiceAccount keeps the highest fence; a lower one and
@@ -1782,12 +1847,24 @@ async fn a_refusal_right_after_a_connection_error_is_retried() {
 /// reconcile (the active revision activated again) restores the template exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_pod_template_is_reported_and_restored_by_a_reconcile() {
-    skip_unless_control_plane!();
-    let cp = start().await;
+    edited_pod_template(Tier::Kwok).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_pod_template_is_restored_on_the_real_node() {
+    edited_pod_template(Tier::RealNode).await;
+}
+
+/// The drift body: on the real node the edited template really rolls out (a Pod whose gateway
+/// sleeps, never Ready) and the reconcile brings a Ready gateway back.
+async fn edited_pod_template(tier: Tier) {
+    let Some(cp) = start_tier(tier).await else {
+        return;
+    };
     let client = cp.client().await.unwrap();
-    volumes(&client, 1).await;
+    tier_volumes(&cp, &client, 1).await;
     let backend = KubeBackend::new();
-    let c = cluster(&cp, settings());
+    let c = cluster(&cp, tier_settings(&cp));
     let ns = "ns-edited";
     call(&backend, &c, ensure_op(ns)).await.unwrap();
     deploy(&backend, &c, ns, "a", "r1", 1).await;
@@ -1845,13 +1922,14 @@ async fn an_edited_pod_template_is_reported_and_restored_by_a_reconcile() {
     assert_eq!(containers, vec![names::CONTAINER], "the sidecar is gone");
     assert_eq!(
         spec.containers[0].command.as_ref(),
-        Some(&settings().gateway_command),
+        Some(&c.settings.gateway_command),
         "the command is clawfleet's again"
     );
     let status = call(&backend, &c, Operation::Status(Default::default()))
         .await
         .unwrap();
     assert_eq!(workload_problems(status), Vec::<String>::new());
+    cp.finish("edited Pod template").await.unwrap();
 }
 
 /// Issue 27 item 5: objects clawfleet never made, at names clawfleet computes, neither wedge

@@ -256,3 +256,35 @@ pub async fn deploy(
     }
     t0.elapsed()
 }
+
+pub use clawfleet_k8s_tests::{Tier, TierCluster};
+
+/// The tier's cluster (the control plane, and on the real node the node with the test
+/// gateway's image), or `None` after a "SKIP: ..." line when it cannot run here (under
+/// `CI=true` that panics instead).
+pub async fn start_tier(tier: Tier) -> Option<TierCluster> {
+    if let Some(reason) = tier.skip_reason() {
+        eprintln!("SKIP: {reason}");
+        return None;
+    }
+    Some(
+        TierCluster::start(tier)
+            .await
+            .expect("the tier's cluster starts"),
+    )
+}
+
+/// [`settings`] on the kwok tier; the test gateway's image, command, StorageClass and node
+/// selector on the real node.
+pub fn tier_settings(tc: &TierCluster) -> ClusterSettings {
+    ClusterSettings::from_json(tc.settings_json(IMAGE, Some(STORAGE_CLASS)))
+        .expect("the tier's settings")
+}
+
+/// [`volumes`] on the kwok tier (no provisioner runs there); nothing on the real node, whose
+/// StorageClass the harness provisions.
+pub async fn tier_volumes(tc: &TierCluster, client: &kube::Client, n: usize) {
+    if tc.tier() == Tier::Kwok {
+        volumes(client, n).await;
+    }
+}
