@@ -347,6 +347,7 @@ mod walk {
     const PRODUCERS: &[&str] = &[
         "coordinator",
         "store",
+        "ssh-backend",
         "hostd",
         "kube-backend",
         "protocol",

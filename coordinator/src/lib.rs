@@ -1,11 +1,10 @@
 //! The clawfleet coordinator: the service over the desired state (kept by `clawfleet-store`),
-//! the deployment worker, the HTTP API, the SSH backend that pushes signed operations to hostd,
-//! and the dispatch to the Kubernetes backend for cluster Namespaces.
+//! the deployment worker, the HTTP API, and the dispatch to the SSH backend that pushes signed
+//! operations to hostd and to the Kubernetes backend for cluster Namespaces.
 
 pub mod api;
 pub mod backend;
 pub mod backends;
-pub mod backoff;
 pub mod client;
 pub mod codes;
 pub mod config;
@@ -18,13 +17,14 @@ pub mod metrics;
 pub mod model;
 pub mod render;
 pub mod service;
-pub mod ssh;
 pub mod targets;
 pub mod tokens;
 pub mod worker;
 
-// The state store is its own crate (store/); these keep `crate::store`, `crate::clock` and the
-// store's model under their old names.
+// The state store (store/) and the SSH backend (ssh-backend/) are crates of their own; these
+// keep `crate::store`, `crate::clock`, `crate::ssh` and `crate::backoff` under their old names.
+pub use clawfleet_ssh_backend as ssh;
+pub use clawfleet_ssh_backend::backoff;
 pub use clawfleet_store as store;
 pub use clawfleet_store::clock;
 

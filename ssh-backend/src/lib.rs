@@ -39,6 +39,8 @@
 //! - `cargo bench -p clawfleet-coordinator --bench transport`: latency against the peer's
 //!   transport (a new `ssh` process per operation).
 
+pub mod backend;
+pub mod backoff;
 mod connection;
 mod pinning;
 mod pool;
@@ -63,8 +65,8 @@ use thiserror::Error;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use crate::backend::{Backend, CallError, CallOptions, HostTarget, ProgressSink, Target};
-use crate::model::Jump;
+use crate::backend::{CallError, CallOptions, HostTarget, ProgressSink};
+use clawfleet_api::model::Jump;
 use connection::{HostEntry, Link};
 pub use pinning::{PinError, PinnedKey};
 use session::{Lost, OpenError, OpenSession};
@@ -335,8 +337,8 @@ impl SshBackend {
         })
     }
 
-    /// The same backend with a progress sink for every call made through [`Backend::call`].
-    /// Call this before cloning or sharing the backend.
+    /// The same backend with a progress sink for every call made through the coordinator's
+    /// `Backend::call`. Call this before cloning or sharing the backend.
     pub fn with_progress(mut self, sink: ProgressSink) -> Self {
         match Arc::get_mut(&mut self.shared) {
             Some(shared) => shared.progress = Some(sink),
@@ -996,57 +998,5 @@ fn check_outcome(
             format!("hostd answered {kind} {id} with a {} result", result.kind()),
         )),
         Outcome::Failed { failure } => Err(CallError::Failed(failure)),
-    }
-}
-
-impl crate::backend::GatewayDialer for SshBackend {
-    fn open<'a>(
-        &'a self,
-        target: &'a Target,
-        namespace: &'a clawfleet_protocol::Ident,
-        agent: &'a clawfleet_protocol::Ident,
-        caller: &'a str,
-    ) -> crate::backend::GatewayOpen<'a> {
-        Box::pin(async move {
-            match target {
-                Target::Host(host) => {
-                    let s = self
-                        .open_gateway_stream(host, namespace, agent, caller)
-                        .await?;
-                    Ok(Box::new(s) as Box<dyn crate::backend::GatewayIo>)
-                }
-                Target::Cluster(c) => Err(CallError::Unsupported {
-                    target: c.name.to_string(),
-                    message: "this coordinator runs no Kubernetes backend".to_owned(),
-                }),
-            }
-        })
-    }
-}
-
-impl Backend for SshBackend {
-    fn gateway(&self) -> Option<&dyn crate::backend::GatewayDialer> {
-        Some(self)
-    }
-
-    fn call(
-        &self,
-        target: impl Into<Target> + Send,
-        operation: Operation,
-        options: CallOptions,
-    ) -> impl Future<Output = Result<OperationResult, CallError>> + Send {
-        let target = target.into();
-        async move {
-            match target {
-                Target::Host(host) => {
-                    self.call_with_progress(&host, operation, options, None)
-                        .await
-                }
-                Target::Cluster(c) => Err(CallError::Unsupported {
-                    target: c.name,
-                    message: "the SSH backend reaches hosts only".into(),
-                }),
-            }
-        }
     }
 }

@@ -19,7 +19,7 @@ use super::pinning::{HandlerError, PinError, PinnedKey, PinningHandler};
 use super::pool::SessionPool;
 use super::{Shared, transport};
 use crate::backend::{CallError, HostTarget};
-use crate::model::Jump;
+use clawfleet_api::model::Jump;
 
 /// A live, authenticated connection.
 pub(crate) struct Connection {
