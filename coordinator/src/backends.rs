@@ -187,3 +187,56 @@ impl Backends {
         }
     }
 }
+
+/// The SSH backend alone (a coordinator without clusters, the SSH tests): hosts only.
+impl crate::backend::GatewayDialer for SshBackend {
+    fn open<'a>(
+        &'a self,
+        target: &'a Target,
+        namespace: &'a clawfleet_protocol::Ident,
+        agent: &'a clawfleet_protocol::Ident,
+        caller: &'a str,
+    ) -> crate::backend::GatewayOpen<'a> {
+        Box::pin(async move {
+            match target {
+                Target::Host(host) => {
+                    let s = self
+                        .open_gateway_stream(host, namespace, agent, caller)
+                        .await?;
+                    Ok(Box::new(s) as Box<dyn crate::backend::GatewayIo>)
+                }
+                Target::Cluster(c) => Err(CallError::Unsupported {
+                    target: c.name.to_string(),
+                    message: "this coordinator runs no Kubernetes backend".to_owned(),
+                }),
+            }
+        })
+    }
+}
+
+impl Backend for SshBackend {
+    fn gateway(&self) -> Option<&dyn crate::backend::GatewayDialer> {
+        Some(self)
+    }
+
+    fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> impl Future<Output = Result<OperationResult, CallError>> + Send {
+        let target = target.into();
+        async move {
+            match target {
+                Target::Host(host) => {
+                    self.call_with_progress(&host, operation, options, None)
+                        .await
+                }
+                Target::Cluster(c) => Err(CallError::Unsupported {
+                    target: c.name,
+                    message: "the SSH backend reaches hosts only".into(),
+                }),
+            }
+        }
+    }
+}

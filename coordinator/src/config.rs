@@ -305,7 +305,7 @@ pub struct Config {
     /// `[postgres] password_file`, for `occ db migrate --to` too.
     pub postgres_password_file: Option<PathBuf>,
     /// The key that seals cluster credentials and workspace contents in the database
-    /// (`store/seal.rs`); created by `occ init`; default `keys/encryption.key` in the state
+    /// (`store/src/seal.rs`); created by `occ init`; default `keys/encryption.key` in the state
     /// directory.
     pub encryption_key_file: PathBuf,
 }

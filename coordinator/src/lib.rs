@@ -1,13 +1,11 @@
-//! The clawfleet coordinator: desired state in SQLite, the deployment worker, the HTTP API,
-//! the SSH backend that pushes signed operations to hostd, and the dispatch to the Kubernetes
-//! backend for cluster Namespaces.
+//! The clawfleet coordinator: the service over the desired state (kept by `clawfleet-store`),
+//! the deployment worker, the HTTP API, and the dispatch to the SSH backend that pushes signed
+//! operations to hostd and to the Kubernetes backend for cluster Namespaces.
 
 pub mod api;
 pub mod backend;
 pub mod backends;
-pub mod backoff;
 pub mod client;
-pub mod clock;
 pub mod codes;
 pub mod config;
 pub mod console;
@@ -19,11 +17,16 @@ pub mod metrics;
 pub mod model;
 pub mod render;
 pub mod service;
-pub mod ssh;
-pub mod store;
 pub mod targets;
 pub mod tokens;
 pub mod worker;
+
+// The state store (store/) and the SSH backend (ssh-backend/) are crates of their own; these
+// keep `crate::store`, `crate::clock`, `crate::ssh` and `crate::backoff` under their old names.
+pub use clawfleet_ssh_backend as ssh;
+pub use clawfleet_ssh_backend::backoff;
+pub use clawfleet_store as store;
+pub use clawfleet_store::clock;
 
 /// The import graph between the crate's top-level modules has no cycle.
 ///
@@ -143,7 +146,7 @@ mod module_graph {
         let graph = graph();
         assert!(graph.len() > 15, "too few modules: {graph:?}");
         assert!(
-            graph["worker"].contains("store"),
+            graph["worker"].contains("backend"),
             "edges are not read: {graph:?}"
         );
         if let Some(c) = cycle(&graph) {

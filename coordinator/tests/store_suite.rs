@@ -1,24 +1,22 @@
-//! The store suite (`tests/store_support/mod.rs`) against every store: SQLite in memory, SQLite
+//! The store suite (`store/src/suite.rs`, the store's `suite` feature) against every store: SQLite in memory, SQLite
 //! on a file, and a real PostgreSQL server (one fresh database per case). Also what only one
 //! store has: SQLite's upgrade from an old schema, PostgreSQL's concurrent migrations,
 //! password files and TLS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod store_support;
-
 use std::sync::Arc;
 
 use clawfleet_pg_tests::{Options, TestPostgres, Tls};
+use clawfleet_store::suite::CASES;
+use clawfleet_store::suite::{
+    CREDENTIAL_SECRET, SECRET_VALUE, WORKSPACE_SECRET, put_secrets, secrets_read_back,
+};
 use coordinator::store::database::{Database, PostgresOptions, PostgresSettings};
 use coordinator::store::postgres::PostgresStore;
 use coordinator::store::prelude::*;
 use coordinator::store::seal::Sealer;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{SharedStore, StoreError};
-use store_support::CASES;
-use store_support::{
-    CREDENTIAL_SECRET, SECRET_VALUE, WORKSPACE_SECRET, put_secrets, secrets_read_back,
-};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_in_memory_passes_the_store_suite() {
@@ -188,7 +186,7 @@ async fn a_sqlite_database_copies_into_postgres_and_reads_back_the_same() {
     // Both sides under one key, as `occ db migrate` runs with the coordinator's key file.
     let key = Arc::new(Sealer::ephemeral());
     let sqlite: SharedStore = Arc::new(SqliteStore::open_sealed(&path, key.clone()).unwrap());
-    store_support::fill(&sqlite).await;
+    clawfleet_store::suite::fill(&sqlite).await;
     let settings = database_on(&pgs, "copy_target");
     let target: SharedStore = Arc::new(
         PostgresStore::connect_sealed(settings.clone(), key.clone())
@@ -203,7 +201,7 @@ async fn a_sqlite_database_copies_into_postgres_and_reads_back_the_same() {
         counts.iter().any(|(t, n)| t == "audit" && *n > 0),
         "{counts:?}"
     );
-    store_support::same_reads(&sqlite, &target).await;
+    clawfleet_store::suite::same_reads(&sqlite, &target).await;
     // Ids go on after the copied ones.
     let before = sqlite.recent_work("ns", "a1", 1).await.unwrap()[0].id;
     let next = target

@@ -14,13 +14,14 @@ mod hostd_engine;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawfleet_protocol::Operation;
+use clawfleet_protocol::envelope::{self, Envelope, Limits, PROTOCOL_VERSION};
 use clawfleet_protocol::failure::FailureCode;
 use clawfleet_protocol::operation::StatusArgs;
 use clawfleet_protocol::result::OperationResult;
+use clawfleet_protocol::{Fingerprint, HostName, Operation, OperationId, Principal};
 use coordinator::backend::{Backend, CallError, CallOptions, Target};
 use coordinator::config::WorkerSettings;
-use coordinator::model::{Cluster, ClusterRecord, RevisionStatus};
+use coordinator::model::{Cluster, ClusterRecord, RestorePolicy, RevisionStatus};
 use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{Enqueue, SharedStore, Work, WorkKind, WorkRecord, WorkState};
@@ -978,4 +979,110 @@ async fn a_stop_the_target_still_reports_running_is_not_stopped() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     let (_, step) = w.once(&worker).await;
     assert_step(&step, "done", "REVISION_STOPPED", "stopped on h1");
+}
+
+/// hostd's engine behind a hostd that predates restore: an `activate-revision` that names a
+/// revision to restore is refused as such a hostd's decoder refuses it (the envelope as the
+/// coordinator sends it, its `restore` field renamed to one this protocol does not know
+/// either, decoded as hostd decodes what it receives); one without restore runs.
+struct PredatesRestore {
+    engine: Arc<EngineBackend>,
+    refused: std::sync::Mutex<Vec<FailureCode>>,
+}
+
+impl Backend for PredatesRestore {
+    async fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        let target = target.into();
+        if let Operation::ActivateRevision(args) = &operation
+            && args.restore.is_some()
+        {
+            let now = coordinator::clock::now_seconds() as u64;
+            let sent = Envelope {
+                version: PROTOCOL_VERSION,
+                operation_id: OperationId::new("occ-test-op").unwrap(),
+                target: envelope::Target {
+                    host: HostName::new(target.name()).unwrap(),
+                    host_key: Fingerprint::new(format!("SHA256:{}", "A".repeat(43))).unwrap(),
+                },
+                issuer: Principal::new("occ").unwrap(),
+                issued_at: now,
+                expires_at: now + 60,
+                deadline_seconds: 30,
+                fence: None,
+                operation: operation.clone(),
+            };
+            let mut wire: serde_json::Value =
+                serde_json::from_slice(&sent.to_bytes().unwrap()).unwrap();
+            let args = wire["operation"].as_object_mut().unwrap();
+            let restore = args
+                .remove("restore")
+                .expect("the envelope names no restore");
+            args.insert("restoreNext".to_owned(), restore);
+            let failure = Envelope::decode(&serde_json::to_vec(&wire).unwrap(), &Limits::default())
+                .expect_err("an unknown field decoded")
+                .to_failure();
+            self.refused.lock().unwrap().push(failure.code);
+            return Err(CallError::Failed(failure));
+        }
+        self.engine.call(target, operation, options).await
+    }
+}
+
+/// A hostd that predates restore refuses an activation naming one with the typed
+/// `OPERATION_UNSUPPORTED` (not a message the coordinator would have to read): the worker
+/// activates again without restore, and the deploy converges.
+#[tokio::test]
+async fn a_hostd_that_predates_restore_is_activated_without_it() {
+    let w = World::pool(100).await;
+    let backend = Arc::new(PredatesRestore {
+        engine: w.backend.clone(),
+        refused: std::sync::Mutex::new(Vec::new()),
+    });
+    let worker = Worker::new(w.store.clone(), backend.clone(), settings());
+    w.settle(&worker).await;
+    w.svc
+        .create_agent(
+            "test",
+            "ns1",
+            NewAgent {
+                id: "a1".into(),
+                service_principal_id: None,
+                configuration_id: "cfg".into(),
+                harness_auth: None,
+                restore: Some(RestorePolicy::LastServed),
+                workspace_files: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+    let first = w.deploy("a1").await;
+    w.settle(&worker).await;
+    let agent = w.svc.agent("ns1", "a1").await.unwrap();
+    assert_eq!(agent.served_revision_id.as_deref(), Some(first.as_str()));
+    assert!(
+        backend.refused.lock().unwrap().is_empty(),
+        "nothing to restore yet"
+    );
+
+    let second = w.deploy("a1").await;
+    assert_ne!(first, second);
+    w.settle(&worker).await;
+    assert_eq!(
+        *backend.refused.lock().unwrap(),
+        vec![FailureCode::OperationUnsupported],
+        "one activation naming restore, refused"
+    );
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Done,
+        "REVISION_ACTIVATED",
+    );
+    let agent = w.svc.agent("ns1", "a1").await.unwrap();
+    assert_eq!(agent.active_revision_id.as_deref(), Some(second.as_str()));
+    assert_eq!(agent.served_revision_id.as_deref(), Some(second.as_str()));
 }

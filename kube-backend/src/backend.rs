@@ -548,7 +548,7 @@ pub(crate) async fn run(
         // BACKEND_UNSUPPORTED, as for a hostd that predates an operation.
         Operation::PlanRevision(_) => {
             return Err(Failure::new(
-                FailureCode::InvalidInput,
+                FailureCode::OperationUnsupported,
                 "unknown operation \"plan-revision\" on a Kubernetes cluster: this backend \
                  does not plan deploys yet",
             ));

@@ -102,6 +102,14 @@ pub enum DecodeError {
     },
     #[error("{what} is malformed: {message}")]
     Malformed { what: &'static str, message: String },
+    /// The operation's name, or a field of its arguments, is one this side does not know:
+    /// the sender is newer (`OPERATION_UNSUPPORTED`).
+    #[error("unsupported {what} at `{path}`: {message}")]
+    Unsupported {
+        what: &'static str,
+        path: String,
+        message: String,
+    },
 }
 
 impl DecodeError {
@@ -113,6 +121,7 @@ impl DecodeError {
             DecodeError::Invalid { .. } | DecodeError::Malformed { .. } => {
                 FailureCode::InvalidInput
             }
+            DecodeError::Unsupported { .. } => FailureCode::OperationUnsupported,
         };
         Failure::new(code, self.to_string())
     }
@@ -249,7 +258,16 @@ impl Envelope {
             } else {
                 format!("operation.{}", e.path)
             };
-            invalid(path, strip_position(&e.message))
+            let message = strip_position(&e.message);
+            if e.unknown {
+                DecodeError::Unsupported {
+                    what: "envelope",
+                    path,
+                    message,
+                }
+            } else {
+                invalid(path, message)
+            }
         })?;
         envelope.check_shape()?;
         Ok(envelope)

@@ -78,6 +78,10 @@ failure_codes! {
     InputTooLarge = "INPUT_TOO_LARGE" => Permanent,
     /// The envelope or operation does not decode: unknown field, wrong type, bad identifier.
     InvalidInput = "INVALID_INPUT" => Permanent,
+    /// The target does not know the operation, or a field of its arguments: it predates them
+    /// (the coordinator is newer; upgrade the target), or it does not offer the operation.
+    /// Nothing was done.
+    OperationUnsupported = "OPERATION_UNSUPPORTED" => Permanent,
     // Host-side outcomes.
     /// A lock could not be taken within its limit.
     LockTimeout = "LOCK_TIMEOUT" => Retryable,

@@ -138,6 +138,9 @@ pub struct OperationDecodeError {
     /// Dotted path inside the operation object (`op`, `revision.id`, ...).
     pub path: String,
     pub message: String,
+    /// The operation's name, or a field of its arguments, is one this side does not know
+    /// (the sender is newer), rather than a known one with a wrong value.
+    pub unknown: bool,
 }
 
 impl TryFrom<serde_json::Value> for Operation {
@@ -152,9 +155,14 @@ fn args<T: serde::de::DeserializeOwned>(
 ) -> Result<T, OperationDecodeError> {
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
+        let message = err.into_inner().to_string();
         OperationDecodeError {
             path: if path == "." { String::new() } else { path },
-            message: err.into_inner().to_string(),
+            // serde's `de::Error::unknown_field` is the one error that starts so: every
+            // argument struct denies unknown fields, so this is a field the sender knows
+            // and this side does not.
+            unknown: message.starts_with("unknown field `"),
+            message,
         }
     })
 }
@@ -169,6 +177,7 @@ impl Operation {
         let err = |path: &str, message: String| OperationDecodeError {
             path: path.to_owned(),
             message,
+            unknown: false,
         };
         let serde_json::Value::Object(mut map) = value else {
             return Err(err("", "must be an object with an `op` field".to_owned()));
@@ -200,13 +209,16 @@ impl Operation {
                 Operation::PutSecrets(a)
             }
             other => {
-                return Err(err(
-                    "op",
-                    format!(
-                        "unknown operation {:?}; expected one of {OPERATION_NAMES}",
-                        crate::ident::truncate_for_message(other)
-                    ),
-                ));
+                return Err(OperationDecodeError {
+                    unknown: true,
+                    ..err(
+                        "op",
+                        format!(
+                            "unknown operation {:?}; expected one of {OPERATION_NAMES}",
+                            crate::ident::truncate_for_message(other)
+                        ),
+                    )
+                });
             }
         })
     }

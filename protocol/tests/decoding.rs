@@ -26,6 +26,21 @@ fn invalid_at(value: &Value) -> (String, String) {
     }
 }
 
+/// Where and why an envelope is refused, invalid or unsupported, with the code it is answered.
+fn refused_at(value: &Value) -> (String, String, FailureCode) {
+    match decode(value) {
+        Err(e) => {
+            let code = e.to_failure().code;
+            match e {
+                DecodeError::Invalid { path, message, .. }
+                | DecodeError::Unsupported { path, message, .. } => (path, message, code),
+                other => panic!("expected an invalid or unsupported input, got {other:?}"),
+            }
+        }
+        Ok(e) => panic!("decoded: {e:?}"),
+    }
+}
+
 #[test]
 fn every_operation_round_trips_through_the_envelope() {
     for op in every_operation() {
@@ -317,18 +332,27 @@ fn unknown_fields_are_rejected_at_every_level_with_their_path() {
     for (path, mutate) in cases {
         let mut v = envelope_value(op());
         mutate(&mut v);
-        let (got_path, message) = invalid_at(&v);
+        let (got_path, message, code) = refused_at(&v);
         assert!(message.contains("unknown field"), "{path}: {message}");
         assert!(
             got_path.starts_with(path) || path == "operation",
             "expected path {path}, got {got_path}: {message}"
         );
+        // A field of the operation this side does not know is the sender being newer; one of
+        // the envelope's is invalid input (a newer envelope has a newer version).
+        let expected = if path.starts_with("operation") {
+            FailureCode::OperationUnsupported
+        } else {
+            FailureCode::InvalidInput
+        };
+        assert_eq!(code, expected, "{path}: {message}");
     }
     // Arguments of a no-argument operation.
     let mut v = envelope_value(Operation::Probe(ProbeArgs {}));
     v["operation"]["x"] = json!(1);
-    let (_, message) = invalid_at(&v);
+    let (_, message, code) = refused_at(&v);
     assert!(message.contains("unknown field"), "{message}");
+    assert_eq!(code, FailureCode::OperationUnsupported, "{message}");
 }
 
 #[test]
@@ -378,9 +402,10 @@ fn wrong_types_and_missing_fields_name_the_field() {
 fn unknown_operations_and_out_of_scope_harnesses_are_rejected() {
     let mut v = envelope_value(Operation::Probe(ProbeArgs {}));
     v["operation"]["op"] = json!("reboot-host");
-    let (path, message) = invalid_at(&v);
+    let (path, message, code) = refused_at(&v);
     assert!(path.starts_with("operation"), "{path}");
     assert!(message.contains("reboot-host"), "{message}");
+    assert_eq!(code, FailureCode::OperationUnsupported, "{message}");
 
     let mut v = envelope_value(every_operation()[3].clone());
     v["operation"]["revision"]["harness"]["mode"] = json!("dedicated");

@@ -37,9 +37,7 @@ pub(super) fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiErr
 pub(crate) fn call_error(e: RuntimeError) -> ApiError {
     match e {
         RuntimeError::Service(s) => s.into(),
-        RuntimeError::Call(CallError::Failed(f))
-            if f.code == FailureCode::InvalidInput && f.message.contains("unknown operation") =>
-        {
+        RuntimeError::Call(CallError::Failed(f)) if f.code == FailureCode::OperationUnsupported => {
             ApiError::new(
                 Code::BackendUnsupported,
                 format!(

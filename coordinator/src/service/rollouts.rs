@@ -1,7 +1,7 @@
 //! Rollouts: one Configuration generation to many Agents of a Namespace, a canary wave first,
 //! then waves of at most `maxParallel`, under one failure budget for the whole rollout.
 //!
-//! Everything a rollout is lives in the store (`store/sqlite/rollouts.rs`, `store/postgres/rollouts.rs`), and [`Service::advance_rollouts`]
+//! Everything a rollout is lives in the store (`store/src/sqlite/rollouts.rs`, `store/src/postgres/rollouts.rs`), and [`Service::advance_rollouts`]
 //! moves every open rollout one step from what is stored: it records the outcome of finished
 //! deploys, halts a rollout whose budget is spent, and starts the next Agents. A coordinator
 //! that restarts picks up where the store says, and never deploys an Agent twice (an Agent

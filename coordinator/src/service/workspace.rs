@@ -1,5 +1,5 @@
 //! Initial workspace files at Agent creation: checked here (names, limits, encoding) before
-//! anything is stored, kept privately by the store (`store/sqlite/workspace.rs`, `store/postgres/workspace.rs`), carried to the
+//! anything is stored, kept privately by the store (`store/src/sqlite/workspace.rs`, `store/src/postgres/workspace.rs`), carried to the
 //! target by the worker's prepare, and shown only as names, sizes, digests and setup state.
 
 use base64ct::{Base64, Encoding};

@@ -721,10 +721,9 @@ impl<B: Backend> Worker<B> {
             .await?;
         if sent_restore
             && let Err(CallError::Failed(f)) = &outcome
-            && f.code == FailureCode::InvalidInput
-            && f.message.contains("restore")
+            && f.code == FailureCode::OperationUnsupported
         {
-            // A hostd from before restore refuses the field: activate as it knows how.
+            // A hostd from before restore does not know the field: activate as it knows how.
             tracing::warn!(
                 work_id = d.work.id,
                 target = target.name(),
