@@ -754,6 +754,10 @@ mod tests {
         for (text, key) in [
             ("listen = \"nowhere\"", "listen"),
             ("state_dir = \"rel\"", "state_dir"),
+            (
+                "[api]\ngateway_allowed_origins = [\"console.example\"]",
+                "api.gateway_allowed_origins",
+            ),
             ("[worker]\nmax_attempts = 0", "worker.max_attempts"),
             (
                 "[worker]\nbackoff_initial_ms = 9000\nbackoff_max_ms = 10",
