@@ -669,3 +669,62 @@ async fn a_console_session_opens_the_websocket_and_a_vanishing_gateway_closes_it
     assert_eq!(d["bytesFromGateway"], want.len());
     assert!(!closes[0].to_string().contains(PASSWORD));
 }
+
+/// A new active revision closes the browser's WebSocket with 1012 at the next re-check
+/// (every second here), between two of the gateway's frames, so the Control UI reconnects to
+/// the new revision's gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_active_revision_closes_the_websocket_with_1012() {
+    let f = Fleet::start(Vec::new()).await;
+    let deploy = f.token("ns1", "deploy").await;
+    let mut s = tokio::net::TcpStream::connect(&f.addr).await.unwrap();
+    let req = format!(
+        "GET /namespaces/ns1/agents/a1/gateway/ws HTTP/1.1\r\nHost: {addr}\r\n\
+         Authorization: Bearer {deploy}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        addr = f.addr
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(&client_frame("ping")).await.unwrap();
+    // The head and both frames of the gateway, before the revision moves.
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let want_frames = [text_frame("hello"), text_frame("got")].concat();
+    while !out.ends_with(&want_frames) {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("the gateway's frames did not come")
+            .unwrap();
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&out));
+        out.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 101"));
+    f.call(
+        "PUT",
+        "/namespaces/ns1/configurations/cfg",
+        json!({"document": {"logging": {"level": "debug"}}}),
+    )
+    .await;
+    f.call("POST", "/namespaces/ns1/agents/a1/deploy", Value::Null)
+        .await;
+    f.settle().await;
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+        .await
+        .expect("the WebSocket was not closed after the new revision")
+        .unwrap();
+    assert_eq!(rest.first(), Some(&0x88), "a close frame: {rest:?}");
+    assert_eq!(u16::from_be_bytes([rest[2], rest[3]]), 1012, "{rest:?}");
+    let mut closes = Vec::new();
+    for _ in 0..100 {
+        closes = f.audit("agent.gateway-stream").await;
+        if !closes.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        closes[0]["detail"]["closeReason"],
+        "active revision changed"
+    );
+}
