@@ -243,6 +243,7 @@ macro_rules! client_answer_type {
     (Text) => { ::std::string::String };
     (NoContent) => { () };
     (Upgrade) => { $crate::client::Call };
+    (Proxy) => { $crate::client::Call };
 }
 
 /// Decodes a [`Reply`] as a row's answer.
@@ -279,6 +280,17 @@ macro_rules! client_decode {
 #[doc(hidden)]
 macro_rules! client_method {
     ($path:literal, Upgrade, Upgrade, $handler:ident, $summary:literal) => {
+        #[doc = $summary]
+        #[doc = ""]
+        #[doc = concat!("`", $path, "`")]
+        fn $handler(
+            &self,
+            params: [&str; $crate::client::path_params($path)],
+        ) -> ::std::result::Result<$crate::client::Call, Self::Error> {
+            Ok($crate::client::call(stringify!($handler), &params, None, None))
+        }
+    };
+    ($path:literal, Proxy, Proxy, $handler:ident, $summary:literal) => {
         #[doc = $summary]
         #[doc = ""]
         #[doc = concat!("`", $path, "`")]

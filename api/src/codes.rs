@@ -140,7 +140,8 @@ codes! {
     PlanStale = "PLAN_STALE" => 409 Permanent, "The plan token no longer matches: a Configuration generation or an Agent's active revision moved since the plan; plan again.";
     InvalidPlanToken = "INVALID_PLAN_TOKEN" => 400 Permanent, "The plan token is not one the coordinator issues (plan1- and 32 hex digits).";
     UpgradeRequired = "UPGRADE_REQUIRED" => 426 Permanent, "The route is an HTTP upgrade: send `Connection: Upgrade` and `Upgrade: clawfleet-gateway`.";
-    OriginRefused = "ORIGIN_REFUSED" => 403 Permanent, "The request's Origin is not the coordinator's own (a page of another site may not open gateway streams).";
+    OriginRefused = "ORIGIN_REFUSED" => 403 Permanent, "The request's Origin is neither the coordinator's own nor in api.gateway_allowed_origins (a page of another site may not open gateway streams nor send changes to a gateway); the message names the Origin.";
+    GatewayRouteFailed = "GATEWAY_ROUTE_FAILED" => 502 Retryable, "The stream to the Agent's gateway opened, but the gateway did not answer the request as HTTP (it closed, or answered garbage); the message says what happened.";
     GatewayNotServing = "GATEWAY_NOT_SERVING" => 409 Permanent, "The Agent is not meant to run (stopped or being deleted) or has no active revision, so there is no gateway to reach.";
     GatewayStreamLimit = "GATEWAY_STREAM_LIMIT" => 429 Retryable, "The token has its most gateway streams open (api.gateway_streams_per_token); close one or retry later.";
     RateLimited = "RATE_LIMITED" => 429 Retryable, "The token is over one of its limits (requests in progress, requests per minute, reads of hosts and clusters per minute); retry after the Retry-After seconds.";

@@ -61,6 +61,10 @@ fn parameter(name: &str) -> (&'static str, Value) {
             "Rollout number",
             json!({"type": "string", "pattern": "^[1-9][0-9]{0,17}$"}),
         ),
+        "path" => (
+            "The rest of the path on the Agent's gateway (slashes included; empty for its root)",
+            json!({"type": "string"}),
+        ),
         "id" => (
             "Token id",
             json!({"type": "string", "pattern": "^[0-9a-f]{1,32}$"}),
@@ -140,6 +144,9 @@ fn query_parameters(schema: &Value) -> Vec<Value> {
 
 /// The success response of a route: its answer's schema and content type.
 fn success_response(answer: Answer) -> Value {
+    if matches!(answer, Answer::Proxy) {
+        return json!({"description": "The Agent's gateway's own answer, its status, headers and body unchanged; or 101 Switching Protocols when the gateway accepts a WebSocket upgrade (the WebSocket is then closed with 1012 when the gateway goes away for a restart or a new revision)"});
+    }
     if matches!(answer, Answer::Upgrade) {
         return json!({"description": format!(
             "Switching Protocols (send `Connection: Upgrade` and `Upgrade: {}`): from then on \
@@ -308,7 +315,7 @@ mod tests {
             let route = format!("{} {}", r.method.as_str(), r.path);
             let ok = &doc["paths"][r.path][r.method.as_str()]["responses"][r.success.to_string()];
             let content = ok["content"].as_object();
-            if r.success == 204 || r.success == 101 {
+            if r.success == 204 || r.success == 101 || matches!(r.answer, Answer::Proxy) {
                 assert!(
                     content.is_none(),
                     "{route}: {} with a body: {ok}",

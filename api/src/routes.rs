@@ -54,6 +54,9 @@ pub enum Body {
     /// No body; query parameters, each a property of the type whose JSON Schema this gives
     /// (unknown parameters refused).
     Query(fn() -> Value),
+    /// Whatever the Agent's gateway takes ([`Answer::Proxy`]): the request, its query, body
+    /// and headers (but the caller's credentials) go to the gateway unchanged.
+    Proxy,
 }
 
 impl Body {
@@ -80,7 +83,15 @@ pub enum Answer {
     /// `101 Switching Protocols` to [`UPGRADE_PROTOCOL`]: from then on the connection carries
     /// a byte stream (the Agent's gateway), no HTTP.
     Upgrade,
+    /// Whatever the Agent's gateway answers (its status, headers and body unchanged), or a
+    /// WebSocket upgrade (101) the gateway accepted; the route's path ends in
+    /// [`PROXY_PATH_PARAM`], the rest of the path on the gateway.
+    Proxy,
 }
+
+/// The last path parameter of an [`Answer::Proxy`] route: the rest of the path (slashes
+/// included, possibly empty), as the gateway sees it.
+pub const PROXY_PATH_PARAM: &str = "{path}";
 
 /// The `Upgrade:` protocol of the [`Answer::Upgrade`] routes.
 pub const UPGRADE_PROTOCOL: &str = "clawfleet-gateway";
@@ -91,7 +102,7 @@ impl Answer {
         match self {
             Answer::Json(s) | Answer::List(s) | Answer::Page(s) => Some(s()),
             Answer::Text(_) => Some(serde_json::json!({"type": "string"})),
-            Answer::NoContent | Answer::Upgrade => None,
+            Answer::NoContent | Answer::Upgrade | Answer::Proxy => None,
         }
     }
 
@@ -100,7 +111,7 @@ impl Answer {
         match self {
             Answer::Json(_) | Answer::List(_) | Answer::Page(_) => Some("application/json"),
             Answer::Text(t) => Some(t),
-            Answer::NoContent | Answer::Upgrade => None,
+            Answer::NoContent | Answer::Upgrade | Answer::Proxy => None,
         }
     }
 }
@@ -160,8 +171,9 @@ pub struct Route {
 ///
 /// `Access` is `Public`, `Token`, or `Global`, `Namespace`, `Scoped` with a [`Role`] in
 /// parentheses; `Request` is `Empty`, `Json<T>`, `Query<T>` or `Upgrade` (an HTTP upgrade
-/// request, no body); `Response` is `Json<T>`, `List<T>`, `Page<T>`, `Text`, `NoContent` or
-/// `Upgrade` (101, then a byte stream). Every `T` names an item of
+/// request, no body) or `Proxy` (anything, for the Agent's gateway); `Response` is
+/// `Json<T>`, `List<T>`, `Page<T>`, `Text`, `NoContent`, `Upgrade` (101, then a byte stream)
+/// or `Proxy` (the gateway's own answer; the path ends in [`PROXY_PATH_PARAM`]). Every `T` names an item of
 /// `clawfleet_api::types`; `module::handler` names the coordinator's handler (its name is
 /// the OpenAPI operationId). The order is the order `/openapi.json` lists them.
 #[macro_export]
@@ -226,6 +238,16 @@ macro_rules! route_table {
                 => agents::stop, "Stop the Agent";
             Get "/namespaces/{ns}/agents/{agent}/gateway-tunnel", Namespace(Deploy), Upgrade -> 101 Upgrade
                 => gateway::gateway_tunnel, "A byte stream to the Agent's gateway (HTTP upgrade to clawfleet-gateway; `occ agent connect`), audited per stream, closed on token revocation, stop, delete or a new active revision";
+            Get "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
+                => gateway::gateway_get, "GET on the Agent's gateway at {path} (its Control UI in a browser signed in to the console, its HTTP API, and its WebSocket: an upgrade is relayed, audited per stream and closed with 1012 when the Agent's gateway goes away); the caller's Cookie and Authorization are removed and the gateway's own password is added, an Origin other than the coordinator's is refused";
+            Post "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
+                => gateway::gateway_post, "POST on the Agent's gateway at {path}; the caller's Cookie and Authorization are removed and the gateway's own password is added, an Origin other than the coordinator's is refused";
+            Put "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
+                => gateway::gateway_put, "PUT on the Agent's gateway at {path}; the caller's Cookie and Authorization are removed and the gateway's own password is added, an Origin other than the coordinator's is refused";
+            Patch "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
+                => gateway::gateway_patch, "PATCH on the Agent's gateway at {path}; the caller's Cookie and Authorization are removed and the gateway's own password is added, an Origin other than the coordinator's is refused";
+            Delete "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
+                => gateway::gateway_delete, "DELETE on the Agent's gateway at {path}; the caller's Cookie and Authorization are removed and the gateway's own password is added, an Origin other than the coordinator's is refused";
             Post "/namespaces/{ns}/agents/{agent}/reconcile", Namespace(Operate), Empty -> 202 Json<Reconciling>
                 => runtime::reconcile, "Re-apply the active revision (an audited deployment pass of the same revision)";
             Get "/namespaces/{ns}/agents/{agent}/revisions", Namespace(Read), Query<PageQuery> -> 200 Page<Revision>
@@ -294,6 +316,9 @@ macro_rules! request_body {
     (Upgrade) => {
         Body::None
     };
+    (Proxy) => {
+        Body::Proxy
+    };
     (Json < $t:ident >) => {
         Body::Json(schema_of::<crate::types::$t>)
     };
@@ -321,6 +346,9 @@ macro_rules! answer {
     };
     (Upgrade) => {
         Answer::Upgrade
+    };
+    (Proxy) => {
+        Answer::Proxy
     };
 }
 
@@ -364,6 +392,9 @@ mod tests {
             if r.body.is_json() {
                 assert_ne!(r.method, Method::Get, "{}", r.path);
             }
+            let proxy = matches!(r.answer, Answer::Proxy);
+            assert_eq!(proxy, matches!(r.body, Body::Proxy), "{}", r.path);
+            assert_eq!(proxy, r.path.ends_with(PROXY_PATH_PARAM), "{}", r.path);
         }
     }
 
@@ -410,7 +441,7 @@ mod tests {
                     assert_eq!(schema["items"]["type"], "object", "{route}: {schema}");
                 }
                 Answer::Text(_) => assert_eq!(schema["type"], "string"),
-                Answer::NoContent | Answer::Upgrade => {}
+                Answer::NoContent | Answer::Upgrade | Answer::Proxy => {}
             }
         }
     }

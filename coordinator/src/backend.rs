@@ -77,11 +77,71 @@ pub trait GatewayDialer: Send + Sync {
         agent: &'a clawfleet_protocol::Ident,
         caller: &'a str,
     ) -> GatewayOpen<'a>;
+
+    /// [`GatewayDialer::open`], with the gateway's own credential read by the target from
+    /// its own state (hosts: hostd's password file, answered in the relay's `Opened` frame;
+    /// clusters: the Agent's Secret), for the gateway route to add at the last hop so the
+    /// caller never learns it. Dialers that cannot tell the credential refuse.
+    fn open_with_auth<'a>(
+        &'a self,
+        target: &'a Target,
+        _namespace: &'a clawfleet_protocol::Ident,
+        _agent: &'a clawfleet_protocol::Ident,
+        _caller: &'a str,
+    ) -> GatewayOpenWithAuth<'a> {
+        Box::pin(async move {
+            Err(CallError::Unsupported {
+                target: target.name().to_owned(),
+                message: "this backend cannot tell an Agent's gateway password".to_owned(),
+            })
+        })
+    }
 }
 
 /// What [`GatewayDialer::open`] answers: the open stream, later.
 pub type GatewayOpen<'a> =
     std::pin::Pin<Box<dyn Future<Output = Result<Box<dyn GatewayIo>, CallError>> + Send + 'a>>;
+
+/// What [`GatewayDialer::open_with_auth`] answers.
+pub type GatewayOpenWithAuth<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<GatewayStream, CallError>> + Send + 'a>>;
+
+/// A stream to an Agent's gateway and the gateway's password (kept in memory for this
+/// stream only, never logged).
+pub struct GatewayStream {
+    pub io: Box<dyn GatewayIo>,
+    /// `None` when the Agent's gateway takes no password.
+    pub password: Option<GatewayPassword>,
+}
+
+impl std::fmt::Debug for GatewayStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayStream")
+            .field("password", &self.password)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An Agent's gateway password: zeroed when dropped, redacted in `Debug`.
+#[derive(Clone)]
+pub struct GatewayPassword(zeroize::Zeroizing<String>);
+
+impl GatewayPassword {
+    pub fn new(password: String) -> Self {
+        Self(zeroize::Zeroizing::new(password))
+    }
+
+    /// The password itself, for the last hop's header.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for GatewayPassword {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatewayPassword([REDACTED])")
+    }
+}
 
 /// Sends operations to hosts and clusters.
 pub trait Backend: Send + Sync + 'static {

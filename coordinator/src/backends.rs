@@ -92,6 +92,43 @@ impl crate::backend::GatewayDialer for Backends {
             }
         })
     }
+
+    fn open_with_auth<'a>(
+        &'a self,
+        target: &'a Target,
+        namespace: &'a clawfleet_protocol::Ident,
+        agent: &'a clawfleet_protocol::Ident,
+        caller: &'a str,
+    ) -> crate::backend::GatewayOpenWithAuth<'a> {
+        Box::pin(async move {
+            match target {
+                Target::Host(_) => {
+                    crate::backend::GatewayDialer::open_with_auth(
+                        &*self.ssh, target, namespace, agent, caller,
+                    )
+                    .await
+                }
+                // The password from the Agent's Secret with the stored credentials, then the
+                // port-forward as for `open`.
+                Target::Cluster(c) => {
+                    let cluster = kube_cluster(c).map_err(CallError::Failed)?;
+                    let password = self
+                        .kube
+                        .gateway_password(&cluster, namespace, agent, GATEWAY_OPEN_TIMEOUT)
+                        .await
+                        .map_err(CallError::Failed)?;
+                    let io =
+                        crate::backend::GatewayDialer::open(self, target, namespace, agent, caller)
+                            .await?;
+                    Ok(crate::backend::GatewayStream {
+                        io,
+                        password: password
+                            .map(|p| crate::backend::GatewayPassword::new(p.as_str().to_owned())),
+                    })
+                }
+            }
+        })
+    }
 }
 
 impl Backend for Backends {
@@ -204,6 +241,32 @@ impl crate::backend::GatewayDialer for SshBackend {
                         .open_gateway_stream(host, namespace, agent, caller)
                         .await?;
                     Ok(Box::new(s) as Box<dyn crate::backend::GatewayIo>)
+                }
+                Target::Cluster(c) => Err(CallError::Unsupported {
+                    target: c.name.to_string(),
+                    message: "this coordinator runs no Kubernetes backend".to_owned(),
+                }),
+            }
+        })
+    }
+
+    fn open_with_auth<'a>(
+        &'a self,
+        target: &'a Target,
+        namespace: &'a clawfleet_protocol::Ident,
+        agent: &'a clawfleet_protocol::Ident,
+        caller: &'a str,
+    ) -> crate::backend::GatewayOpenWithAuth<'a> {
+        Box::pin(async move {
+            match target {
+                Target::Host(host) => {
+                    let (s, password) = self
+                        .open_gateway_stream_with_auth(host, namespace, agent, caller)
+                        .await?;
+                    Ok(crate::backend::GatewayStream {
+                        io: Box::new(s),
+                        password: password.map(crate::backend::GatewayPassword::new),
+                    })
                 }
                 Target::Cluster(c) => Err(CallError::Unsupported {
                     target: c.name.to_string(),

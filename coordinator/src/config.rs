@@ -159,6 +159,7 @@ struct RawApi {
     runtime_reads_per_minute: Option<u32>,
     gateway_streams_per_token: Option<usize>,
     gateway_recheck_seconds: Option<u64>,
+    gateway_allowed_origins: Option<Vec<String>>,
     body_timeout_seconds: Option<u64>,
     admin_reserved_requests: Option<usize>,
     token_concurrent_requests: Option<usize>,
@@ -199,6 +200,10 @@ pub struct ApiSettings {
     /// How often an open gateway stream re-checks its token and Agent (revoked, stopped,
     /// deleted, new active revision close it).
     pub gateway_recheck: Duration,
+    /// Origins (`scheme://host[:port]`) besides the coordinator's own whose pages may use
+    /// the gateway route (its WebSocket and its state-changing requests): the console's
+    /// address behind a TLS proxy whose `Host` differs, say. Empty: the coordinator's own only.
+    pub gateway_allowed_origins: Vec<String>,
 }
 
 impl Default for ApiSettings {
@@ -216,6 +221,7 @@ impl Default for ApiSettings {
             runtime_reads_per_minute: 120,
             gateway_streams_per_token: 256,
             gateway_recheck: Duration::from_secs(30),
+            gateway_allowed_origins: Vec::new(),
         }
     }
 }
@@ -531,6 +537,22 @@ impl Config {
                 }
                 v => v.map_or(da.gateway_recheck, Duration::from_secs),
             },
+            gateway_allowed_origins: match a.gateway_allowed_origins {
+                None => da.gateway_allowed_origins.clone(),
+                Some(list) => {
+                    for o in &list {
+                        if !gateway_origin_is_valid(o) {
+                            return Err(invalid(
+                                "api.gateway_allowed_origins",
+                                format!(
+                                    "{o:?} is not an origin (http:// or https://, a host and an optional port, nothing after)"
+                                ),
+                            ));
+                        }
+                    }
+                    list
+                }
+            },
             admin_reserved_requests: a
                 .admin_reserved_requests
                 .unwrap_or(da.admin_reserved_requests),
@@ -662,9 +684,32 @@ impl Config {
     }
 }
 
+/// Whether an origin of `api.gateway_allowed_origins` is well formed: `http://` or
+/// `https://`, a host and an optional port, nothing after.
+pub fn gateway_origin_is_valid(origin: &str) -> bool {
+    let Some(rest) = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    !rest.is_empty()
+        && rest
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_origins_are_origins() {
+        assert!(gateway_origin_is_valid("https://console.example:8443"));
+        assert!(!gateway_origin_is_valid("https://console.example/"));
+        assert!(!gateway_origin_is_valid("console.example"));
+        assert!(!gateway_origin_is_valid("https://"));
+    }
 
     /// The shipped occ.toml documents only keys that exist, with their default values: with
     /// every `#key = value` and `#[section]` line uncommented it parses to the defaults.
@@ -709,6 +754,10 @@ mod tests {
         for (text, key) in [
             ("listen = \"nowhere\"", "listen"),
             ("state_dir = \"rel\"", "state_dir"),
+            (
+                "[api]\ngateway_allowed_origins = [\"console.example\"]",
+                "api.gateway_allowed_origins",
+            ),
             ("[worker]\nmax_attempts = 0", "worker.max_attempts"),
             (
                 "[worker]\nbackoff_initial_ms = 9000\nbackoff_max_ms = 10",

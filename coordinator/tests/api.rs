@@ -470,7 +470,8 @@ async fn authentication_and_authorisation_are_enforced_on_every_route() {
             .replace("{cluster}", "c1")
             .replace("{work}", "1")
             .replace("{name}", "s1")
-            .replace("{id}", "abc");
+            .replace("{id}", "abc")
+            .replace("{path}", "index.html");
         if route.access == Access::Public {
             let got = api.call(None, &method, &path, None).await;
             assert!(got.is_ok(), "{method} {path} without a token: {got:?}");

@@ -286,10 +286,7 @@ async fn sign_in_keeps_the_token_in_a_strict_http_only_cookie() {
     let cookie = ok.header("set-cookie").unwrap();
     assert_eq!(
         cookie,
-        format!(
-            "{COOKIE}={}; Path=/console; HttpOnly; SameSite=Strict",
-            f.admin
-        )
+        format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict", f.admin)
     );
     let tls = [
         ("Content-Type", "application/x-www-form-urlencoded"),

@@ -24,10 +24,11 @@ use std::time::{Duration, Instant};
 
 use clawfleet_protocol::relay::{
     INITIAL_WINDOW, MAX_PAYLOAD, RELAY_VERSION, RelayFrame, RelayFrameError, RelayHello, RelayKind,
-    RelayOpen, read_relay_frame, verify_open, write_relay_frame,
+    RelayOpen, RelayOpened, read_relay_frame, verify_open, write_relay_frame,
 };
 use clawfleet_protocol::{Failure, FailureCode, Ident, Limits, SignedEnvelope, Verifier};
 use thiserror::Error;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::layout::Layout;
 use crate::markers::{self, AgentMarker};
@@ -62,6 +63,14 @@ pub enum RelayError {
 pub trait Resolve: Send + Sync {
     /// The Agent's host-held port.
     fn port(&self, namespace: &Ident, agent: &Ident) -> Result<u16, Failure>;
+
+    /// The Agent's managed gateway password, `None` when it has none (its configuration
+    /// takes no password). Asked only by an open with `gatewayAuth`, after [`Resolve::port`].
+    fn gateway_password(
+        &self,
+        namespace: &Ident,
+        agent: &Ident,
+    ) -> Result<Option<Zeroizing<String>>, Failure>;
 }
 
 /// Reads the port from the Agent's marker (`agent.json`).
@@ -86,6 +95,18 @@ impl Resolve for MarkerResolver {
             )),
             Some(m) => Ok(m.port),
         }
+    }
+
+    fn gateway_password(
+        &self,
+        namespace: &Ident,
+        agent: &Ident,
+    ) -> Result<Option<Zeroizing<String>>, Failure> {
+        let paths = self.layout.agent(namespace, agent);
+        if !crate::fsutil::file_exists(&paths.password_file).map_err(crate::engine::fs_failure)? {
+            return Ok(None);
+        }
+        crate::engine::managed_password(&paths).map(Some)
     }
 }
 
@@ -338,6 +359,26 @@ struct Stream {
     idle_timeout: Duration,
 }
 
+/// The `Opened` payload of an open that asked for the gateway's auth: the Agent's managed
+/// password from hostd's own state ([`RelayOpened`]).
+fn opened_with_auth(open: &RelayOpen, resolver: &dyn Resolve) -> Result<Vec<u8>, Failure> {
+    let password = resolver.gateway_password(&open.namespace, &open.agent)?;
+    let body = RelayOpened {
+        gateway_password: password.as_ref().map(|p| p.as_str().to_owned()),
+    };
+    let bytes = serde_json::to_vec(&body).map_err(|e| {
+        Failure::new(
+            FailureCode::Internal,
+            format!("the relay's opened answer does not encode: {e}"),
+        )
+    })?;
+    let mut body = body;
+    if let Some(p) = body.gateway_password.as_mut() {
+        p.zeroize();
+    }
+    Ok(bytes)
+}
+
 fn elapsed_ms(start: Instant) -> u64 {
     start.elapsed().as_millis() as u64
 }
@@ -368,9 +409,23 @@ impl Stream {
             }
         };
         let _ = socket.set_nodelay(true);
+        let opened = if open.gateway_auth {
+            match opened_with_auth(&open, resolver) {
+                Ok(payload) => payload,
+                Err(failure) => {
+                    tracing::info!(stream = self.id, code = %failure.code, "relay stream refused: {}", failure.message);
+                    self.forget();
+                    let _ = socket.shutdown(Shutdown::Both);
+                    let _ = self.tx.send(refusal(self.id, &failure));
+                    return;
+                }
+            }
+        } else {
+            Vec::new()
+        };
         if self
             .tx
-            .send(RelayFrame::new(RelayKind::Opened, self.id, Vec::new()))
+            .send(RelayFrame::new(RelayKind::Opened, self.id, opened))
             .is_err()
         {
             self.forget();

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clawfleet_protocol::relay::{
-    INITIAL_WINDOW, RELAY_VERSION, RelayFrame, RelayHello, RelayKind, RelayOpen, read_relay_frame,
-    write_relay_frame,
+    INITIAL_WINDOW, RELAY_VERSION, RelayFrame, RelayHello, RelayKind, RelayOpen, RelayOpened,
+    read_relay_frame, write_relay_frame,
 };
 use clawfleet_protocol::ssh_key::{Algorithm, PrivateKey};
 use clawfleet_protocol::{
@@ -52,7 +52,18 @@ impl Resolve for Ports {
             _ => Err(Failure::new(FailureCode::AgentMissing, "no such Agent")),
         }
     }
+
+    /// `echo` has a managed password, `sink` none.
+    fn gateway_password(
+        &self,
+        _namespace: &Ident,
+        agent: &Ident,
+    ) -> Result<Option<zeroize::Zeroizing<String>>, Failure> {
+        Ok((agent.as_str() == "echo").then(|| zeroize::Zeroizing::new(ECHO_PASSWORD.into())))
+    }
 }
+
+const ECHO_PASSWORD: &str = "pw-of-echo-0123456789";
 
 fn echo_server() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -157,6 +168,7 @@ impl Harness {
             namespace: Ident::new("team-a").unwrap(),
             agent: Ident::new(agent).unwrap(),
             caller: "token:test".into(),
+            gateway_auth: false,
         }
     }
 
@@ -167,6 +179,13 @@ impl Harness {
 
     fn open(&mut self, id: u32, agent: &str) {
         let signed = self.open_body(agent).sign(&self.signer).unwrap();
+        self.send(RelayFrame::new(RelayKind::Open, id, signed.to_payload()));
+    }
+
+    fn open_with_auth(&mut self, id: u32, agent: &str) {
+        let mut body = self.open_body(agent);
+        body.gateway_auth = true;
+        let signed = body.sign(&self.signer).unwrap();
         self.send(RelayFrame::new(RelayKind::Open, id, signed.to_payload()));
     }
 
@@ -230,6 +249,27 @@ fn a_signed_open_reaches_the_agents_port_and_bytes_round_trip() {
     // Half-close: the echo server closes, hostd says Eof.
     h.send(RelayFrame::new(RelayKind::Eof, 1, vec![]));
     assert_eq!(h.next_not_credit().kind, RelayKind::Eof);
+}
+
+/// An open that asks for the gateway's auth gets the Agent's managed password (from hostd's
+/// resolver, never from the request) in its `Opened` frame; a plain open gets nothing.
+#[test]
+fn an_open_with_gateway_auth_is_answered_the_managed_password() {
+    let (mut h, _) = Harness::start(16, Duration::from_secs(60));
+    h.open(1, "echo");
+    let plain = h.next();
+    assert_eq!((plain.kind, plain.payload.len()), (RelayKind::Opened, 0));
+    h.open_with_auth(3, "echo");
+    let opened = h.next();
+    assert_eq!(opened.kind, RelayKind::Opened);
+    let body: RelayOpened = serde_json::from_slice(&opened.payload).unwrap();
+    assert_eq!(body.gateway_password.as_deref(), Some(ECHO_PASSWORD));
+    // An Agent without a managed password: opened, and null.
+    h.open_with_auth(5, "sink");
+    let opened = h.next_not_credit();
+    assert_eq!(opened.kind, RelayKind::Opened);
+    let body: RelayOpened = serde_json::from_slice(&opened.payload).unwrap();
+    assert_eq!(body.gateway_password, None);
 }
 
 #[test]

@@ -444,6 +444,20 @@ impl KubeBackend {
         out
     }
 
+    /// The Agent's managed gateway password from its password Secret, `None` when the
+    /// Agent has no such Secret or key (its configuration takes no password): for the
+    /// coordinator's gateway route to add at the last hop, never shown to its caller.
+    pub async fn gateway_password(
+        &self,
+        cluster: &Cluster,
+        namespace_id: &clawfleet_protocol::Ident,
+        agent_id: &clawfleet_protocol::Ident,
+        deadline: Duration,
+    ) -> Result<Option<zeroize::Zeroizing<String>>, Failure> {
+        let r = self.requests(cluster, deadline)?;
+        ops::reload::managed_password(&r, &cluster.settings, namespace_id, agent_id).await
+    }
+
     /// The permissions of [`crate::rbac`] the cluster's credentials lack, each as text
     /// naming the verb, resource and where (empty: all held). Without adopted namespaces in
     /// the settings, the managed ClusterRole's rules cluster-wide; with them, the adopted

@@ -275,6 +275,32 @@ pub struct RelayOpen {
     pub agent: Ident,
     /// The API principal the coordinator serves this stream for (logged by hostd).
     pub caller: String,
+    /// Whether hostd answers the Agent's managed gateway password in [`RelayOpened`], for the
+    /// coordinator to add at the last hop of a browser's request (the gateway route) so the
+    /// caller never learns it. Absent (false) from `occ agent connect`'s opens.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gateway_auth: bool,
+}
+
+/// The payload of [`RelayKind::Opened`] when the open asked for [`RelayOpen::gateway_auth`]
+/// (otherwise the payload is empty). hostd reads the password from its own state (the
+/// Agent's password file), never from the request.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RelayOpened {
+    /// The Agent's managed gateway password; `None` when its configuration uses none.
+    pub gateway_password: Option<String>,
+}
+
+impl std::fmt::Debug for RelayOpened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayOpened")
+            .field(
+                "gateway_password",
+                &self.gateway_password.as_ref().map(|_| "[REDACTED]"),
+            )
+            .finish()
+    }
 }
 
 /// Why an open could not be signed.
@@ -486,6 +512,7 @@ mod tests {
             namespace: Ident::new("team-a").unwrap(),
             agent: Ident::new("bot").unwrap(),
             caller: "token:alice".to_owned(),
+            gateway_auth: false,
         }
     }
 

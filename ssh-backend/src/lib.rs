@@ -603,6 +603,45 @@ impl SshBackend {
         agent: &clawfleet_protocol::Ident,
         caller: &str,
     ) -> Result<tokio::io::DuplexStream, CallError> {
+        self.open_relay_stream(host, namespace, agent, caller, false)
+            .await
+            .map(|(s, _)| s)
+    }
+
+    /// [`SshBackend::open_gateway_stream`], with the Agent's managed gateway password that
+    /// hostd answers from its own state (`None` when the Agent's configuration uses none),
+    /// for the gateway route to add at the last hop.
+    pub async fn open_gateway_stream_with_auth(
+        &self,
+        host: &HostTarget,
+        namespace: &clawfleet_protocol::Ident,
+        agent: &clawfleet_protocol::Ident,
+        caller: &str,
+    ) -> Result<(tokio::io::DuplexStream, Option<String>), CallError> {
+        let (stream, opened) = self
+            .open_relay_stream(host, namespace, agent, caller, true)
+            .await?;
+        let opened: clawfleet_protocol::relay::RelayOpened = serde_json::from_slice(&opened)
+            .map_err(|e| {
+                transport(
+                    host.name.as_str(),
+                    format!(
+                        "hostd's answer to the gateway stream's open is not the gateway's auth \
+                         (hostd older than the gateway route?): {e}"
+                    ),
+                )
+            })?;
+        Ok((stream, opened.gateway_password))
+    }
+
+    async fn open_relay_stream(
+        &self,
+        host: &HostTarget,
+        namespace: &clawfleet_protocol::Ident,
+        agent: &clawfleet_protocol::Ident,
+        caller: &str,
+        gateway_auth: bool,
+    ) -> Result<(tokio::io::DuplexStream, Vec<u8>), CallError> {
         let entry = self.entry(host)?;
         let Some(host_key) = entry.fingerprint().cloned() else {
             return Err(match entry.connection(&self.shared, false).await {
@@ -627,7 +666,14 @@ impl SshBackend {
         let signed = self
             .shared
             .signer
-            .sign_relay_open(&host.name, &host_key, namespace, agent, caller)
+            .sign_relay_open(
+                &host.name,
+                &host_key,
+                namespace,
+                agent,
+                caller,
+                gateway_auth,
+            )
             .map_err(|e| transport(name, format!("cannot sign the gateway stream's open: {e}")))?;
         relay.open(name, &signed, limit).await
     }

@@ -48,7 +48,8 @@ struct Entry {
     credit: Arc<Semaphore>,
     /// Bytes hostd sent that the stream has not taken yet.
     unacked: Arc<AtomicU32>,
-    opened: Option<oneshot::Sender<Result<(), Failure>>>,
+    /// hostd's answer to the open: the `Opened` payload, or its refusal.
+    opened: Option<oneshot::Sender<Result<Vec<u8>, Failure>>>,
 }
 
 type Streams = Arc<Mutex<HashMap<u32, Entry>>>;
@@ -189,13 +190,13 @@ impl RelayClient {
     }
 
     /// Opens one stream with a signed open; the caller's end of the stream once hostd
-    /// connected it to the gateway.
+    /// connected it to the gateway, and the payload of hostd's `Opened` frame.
     pub(crate) async fn open(
         &self,
         host: &str,
         signed: &SignedEnvelope,
         limit: Duration,
-    ) -> Result<DuplexStream, CallError> {
+    ) -> Result<(DuplexStream, Vec<u8>), CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if id == 0 {
             return Err(transport(
@@ -249,10 +250,13 @@ impl RelayClient {
                 ));
             }
         };
-        if let Err(failure) = answer {
-            forget();
-            return Err(CallError::Failed(failure));
-        }
+        let opened = match answer {
+            Ok(payload) => payload,
+            Err(failure) => {
+                forget();
+                return Err(CallError::Failed(failure));
+            }
+        };
         let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
         let (rd, wr) = tokio::io::split(ours);
         let up = tokio::spawn(upward(id, rd, credit, self.tx.clone()));
@@ -265,7 +269,7 @@ impl RelayClient {
             lock(&streams).remove(&id);
             let _ = tx.send(RelayFrame::reset(id, "closed")).await;
         });
-        Ok(theirs)
+        Ok((theirs, opened))
     }
 }
 
@@ -329,7 +333,7 @@ async fn read_loop<R: tokio::io::AsyncRead + Unpin>(
         match frame.kind {
             RelayKind::Opened | RelayKind::Refused => {
                 let answer = if frame.kind == RelayKind::Opened {
-                    Ok(())
+                    Ok(frame.payload)
                 } else {
                     Err(
                         serde_json::from_slice::<Failure>(&frame.payload).unwrap_or_else(|e| {

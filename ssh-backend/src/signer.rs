@@ -111,6 +111,7 @@ impl EnvelopeSigner {
         namespace: &clawfleet_protocol::Ident,
         agent: &clawfleet_protocol::Ident,
         caller: &str,
+        gateway_auth: bool,
     ) -> Result<SignedEnvelope, clawfleet_protocol::relay::OpenSignError> {
         let issued_at = now_unix_ms() / 1000;
         clawfleet_protocol::relay::RelayOpen {
@@ -125,6 +126,7 @@ impl EnvelopeSigner {
             namespace: namespace.clone(),
             agent: agent.clone(),
             caller: caller.to_owned(),
+            gateway_auth,
         }
         .sign(&self.key)
     }

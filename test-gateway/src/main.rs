@@ -6,7 +6,9 @@
 //!   configuration asks for password auth) come from the environment; any problem with them exits
 //!   with status 78, like the real gateway, so systemd's `RestartPreventExitStatus=78` applies.
 //! - Listens on `127.0.0.1:<port>` (`0.0.0.0` with `gateway.bind: "lan"`, the cluster rendering)
-//!   and serves `GET /readyz`, `GET /healthz`, `GET /info`.
+//!   and serves `GET /readyz`, `GET /healthz`, `GET /info`; for the gateway route's tests a page
+//!   (`/x-clawfleet-test/ui`) that uses the echo WebSocket (`/x-clawfleet-test/echo`), and a
+//!   report of what authenticated a request (`/x-clawfleet-test/auth`, never a value).
 //! - Behaviour switches come from the reserved top-level key `x-clawfleet-test`.
 //! - File SecretRefs are resolved at start like OpenClaw's file provider (a ref that cannot be
 //!   resolved stops the start with status 1), `secrets.reload` swaps them over the WebSocket RPC
@@ -383,6 +385,27 @@ fn handle(stream: TcpStream, state: &State) {
     };
     let wants_upgrade =
         header_value("upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if method == "GET" && path == UI_PATH {
+        let mut out = &stream;
+        let _ = write!(
+            out,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{UI_PAGE}",
+            UI_PAGE.len()
+        );
+        return;
+    }
+    if method == "GET" && path == AUTH_PATH {
+        let body = auth_report(&headers, state.env_password.as_deref()).to_string();
+        let mut out = &stream;
+        let _ = write!(
+            out,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        return;
+    }
     if method == "GET" && wants_upgrade && path == ECHO_PATH {
         echo(reader, &stream, header_value("sec-websocket-key"));
         return;
@@ -410,6 +433,47 @@ fn handle(stream: TcpStream, state: &State) {
 
 /// The test-only echo WebSocket (no authentication: it only returns what it is sent).
 const ECHO_PATH: &str = "/x-clawfleet-test/echo";
+
+/// A test-only page (the stand-in of the Control UI): it opens the echo WebSocket next to it
+/// (a relative URL, so it works below any path prefix), sends a line and shows the answer.
+const UI_PATH: &str = "/x-clawfleet-test/ui";
+
+const UI_PAGE: &str = r#"<!doctype html>
+<html><head><meta charset="utf-8"><title>test gateway</title></head>
+<body><h1>test gateway</h1><p id="out">connecting</p>
+<script>
+const u = new URL("echo", location.href);
+u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
+const ws = new WebSocket(u);
+ws.onopen = () => ws.send("hello through the route");
+ws.onmessage = (e) => { document.getElementById("out").textContent = "echo: " + e.data; };
+ws.onerror = () => { document.getElementById("out").textContent = "websocket error"; };
+</script></body></html>
+"#;
+
+/// A test-only report of what authenticated a request (never a credential's value):
+/// whether `Authorization` is `Bearer` and the gateway's password, and which of the
+/// caller's credentials reached the gateway.
+const AUTH_PATH: &str = "/x-clawfleet-test/auth";
+
+fn auth_report(headers: &[(String, String)], password: Option<&str>) -> serde_json::Value {
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let authorization = match (get("authorization"), password) {
+        (None, _) => "absent",
+        (Some(v), Some(p)) if v.strip_prefix("Bearer ") == Some(p) => "gateway-password",
+        (Some(_), _) => "other",
+    };
+    json!({
+        "authorization": authorization,
+        "cookie": get("cookie").is_some(),
+        "headers": headers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+    })
+}
 
 /// The echo WebSocket: every data frame comes back as sent ([`ws::echo`]).
 fn echo(mut reader: BufReader<&TcpStream>, stream: &TcpStream, key: Option<&str>) {

@@ -18,6 +18,23 @@ use crate::tokens;
 
 pub use clawfleet_api::Access;
 
+/// The console's session cookie (`crate::console::auth`): it holds the API token, and besides
+/// the console it authenticates the gateway route (`gateway_proxy.rs`).
+pub const SESSION_COOKIE: &str = "occ_console";
+
+/// The session cookie's value in the request, if any.
+pub(crate) fn session_cookie_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == SESSION_COOKIE)
+        .map(|(_, v)| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
 /// Whether the caller meets the route's rule (`namespace`: the path's `{ns}`).
 pub(crate) fn check(
     access: Access,

@@ -6,16 +6,17 @@
 //!   surface (its Control UI and RPC change its configuration live, run its tools, pair
 //!   devices), which is what a deploy-role token can already decide through configurations;
 //!   `operate` (stop, reconcile) and `read` are not enough.
-//! - A request with an `Origin` other than the coordinator's own is refused (a web page of
-//!   another site cannot use a browser's ambient credentials here; the API takes bearer
-//!   tokens only, never cookies).
+//! - A request with an `Origin` other than the coordinator's own (or one of
+//!   `api.gateway_allowed_origins`) is refused with `ORIGIN_REFUSED` naming it.
 //! - Nothing of the caller's request reaches the gateway: the tunnel carries the bytes the
 //!   caller sends after the upgrade, so its token and cookies stay at the coordinator.
 //! - Each stream: at most `api.gateway_streams_per_token` per token; re-checked every
 //!   `api.gateway_recheck` (≤ 30 s) and closed when its token is revoked or expires, the Agent
 //!   is stopped or deleted, or its active revision changes; one audit event
-//!   `agent.gateway-stream` when it ends (principal, Agent, revision, target, bytes each way,
-//!   duration, close reason).
+//!   `agent.gateway-connect` when it opens and one `agent.gateway-stream` when it ends
+//!   (principal, Agent, revision, target, bytes each way, duration, close reason).
+//!
+//! The HTTP and WebSocket route for browsers (`.../gateway/{path}`) is `gateway_proxy.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +31,9 @@ use clawfleet_api::routes::UPGRADE_PROTOCOL;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::access::Caller;
+pub(super) use super::gateway_proxy::{
+    gateway_delete, gateway_get, gateway_patch, gateway_post, gateway_put,
+};
 use super::{ApiError, ApiResult, S};
 use crate::backend::Backend;
 use crate::codes::Code;
@@ -58,18 +62,33 @@ pub(crate) struct GatewayStreams {
     open: Mutex<HashMap<String, usize>>,
     per_token: usize,
     recheck: Duration,
+    /// `api.gateway_allowed_origins`.
+    allowed_origins: Vec<String>,
 }
 
 impl GatewayStreams {
-    pub(crate) fn new(per_token: usize, recheck: Duration) -> Self {
+    pub(crate) fn new(per_token: usize, recheck: Duration, allowed_origins: Vec<String>) -> Self {
         Self {
             open: Mutex::new(HashMap::new()),
             per_token,
             recheck,
+            allowed_origins,
         }
     }
 
-    fn take(self: &Arc<Self>, token: &str) -> Option<StreamSlot> {
+    pub(super) fn per_token(&self) -> usize {
+        self.per_token
+    }
+
+    pub(super) fn recheck(&self) -> Duration {
+        self.recheck
+    }
+
+    pub(super) fn allowed_origins(&self) -> &[String] {
+        &self.allowed_origins
+    }
+
+    pub(super) fn take(self: &Arc<Self>, token: &str) -> Option<StreamSlot> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(token.to_owned()).or_insert(0);
         if *n >= self.per_token {
@@ -84,7 +103,7 @@ impl GatewayStreams {
 }
 
 /// One of a token's stream slots, given back when dropped.
-struct StreamSlot {
+pub(super) struct StreamSlot {
     streams: Arc<GatewayStreams>,
     token: String,
 }
@@ -101,38 +120,13 @@ impl Drop for StreamSlot {
     }
 }
 
-fn header_has(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
+pub(super) fn header_has(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
     headers
         .get_all(name)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case(token))
-}
-
-/// Refuses an `Origin` that is not `http(s)://<Host>` of this very request.
-fn check_origin(headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return Ok(());
-    };
-    let origin = origin.to_str().unwrap_or("");
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    let same = !host.is_empty()
-        && (origin == format!("http://{host}") || origin == format!("https://{host}"));
-    if same {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            Code::OriginRefused,
-            format!(
-                "Origin {:?} is not this coordinator ({host}); gateway streams are not opened for other sites",
-                origin.chars().take(100).collect::<String>()
-            ),
-        ))
-    }
 }
 
 pub(super) async fn gateway_tunnel<B: Backend>(
@@ -155,7 +149,7 @@ pub(super) async fn gateway_tunnel<B: Backend>(
             ),
         ));
     }
-    check_origin(headers)?;
+    super::gateway_proxy::check_origin(headers, &streams.allowed_origins)?;
     let token_hash = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -188,6 +182,13 @@ pub(super) async fn gateway_tunnel<B: Backend>(
         target = place.target.name(), actor = %actor,
         open_ms = started.elapsed().as_millis() as u64, "gateway stream opened"
     );
+    if let Err(e) = st
+        .service
+        .audit_gateway_connect(&actor, &place, "tunnel")
+        .await
+    {
+        tracing::error!("the audit record of a gateway stream could not be written: {e}");
+    }
     let upgrade = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
         let _slot = slot;
@@ -209,7 +210,7 @@ pub(super) async fn gateway_tunnel<B: Backend>(
         );
         if let Err(e) = st
             .service
-            .audit_gateway_stream(&actor, &place, up, down, ms, reason)
+            .audit_gateway_stream(&actor, &place, "tunnel", up, down, ms, reason)
             .await
         {
             tracing::error!("the audit record of a gateway stream could not be written: {e}");

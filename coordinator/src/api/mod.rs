@@ -19,6 +19,7 @@ mod agents;
 mod clusters;
 mod extract;
 mod gateway;
+mod gateway_proxy;
 mod hosts;
 mod namespaces;
 mod plans;
@@ -327,12 +328,17 @@ fn routes_with<B: Backend>(
         .layer(axum::Extension(Arc::new(gateway::GatewayStreams::new(
             settings.gateway_streams_per_token,
             settings.gateway_recheck,
+            settings.gateway_allowed_origins.clone(),
         ))));
     // Layers wrap from the inside out: the last one added runs first.
     let routes = routes
         .layer(axum::middleware::from_fn(catch_panics))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY));
     admitted(routes, state, admission)
+        // Before admission: a browser's console session authenticates the gateway route.
+        .layer(axum::middleware::from_fn(
+            gateway_proxy::session_for_gateway,
+        ))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
@@ -518,7 +524,9 @@ pub const MAX_BODY: usize = 1024 * 1024;
 /// `{"error": {"code", "message"}}`.
 async fn json_errors(response: Response) -> Response {
     let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) {
+    if !(status.is_client_error() || status.is_server_error())
+        || gateway_proxy::is_pass_through(&response)
+    {
         return response;
     }
     let is_json = response

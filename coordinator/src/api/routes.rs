@@ -15,8 +15,8 @@ use clawfleet_api::Method;
 use super::access::authorize;
 use super::extract::{StrictJson, StrictQuery};
 use super::{
-    ApiError, AppState, NoContent, Paged, Reply, Text, agents, clusters, gateway, hosts,
-    namespaces, plans, rollouts, runtime, secrets, system, tokens,
+    ApiError, AppState, NoContent, Paged, Reply, Text, agents, clusters, gateway, gateway_proxy,
+    hosts, namespaces, plans, rollouts, runtime, secrets, system, tokens,
 };
 use crate::backend::Backend;
 
@@ -110,9 +110,20 @@ where
     handler
 }
 
+/// The router's paths of a table path: itself, but for a gateway route (ending in
+/// `{path}`, the rest of the path with its slashes) the prefix with a wildcard and the
+/// prefix alone (the gateway's root).
+fn axum_paths(path: &'static str) -> Vec<String> {
+    match path.strip_suffix(clawfleet_api::routes::PROXY_PATH_PARAM) {
+        Some(prefix) => vec![format!("{prefix}{{*path}}"), prefix.to_owned()],
+        None => vec![path.to_owned()],
+    }
+}
+
 /// Gives a successful answer the route's success status from the table.
 async fn success<const STATUS: u16>(mut response: Response) -> Response {
     if response.status().is_success()
+        && !gateway_proxy::is_pass_through(&response)
         && let Ok(status) = StatusCode::from_u16(STATUS)
     {
         *response.status_mut() = status;
@@ -124,6 +135,7 @@ async fn success<const STATUS: u16>(mut response: Response) -> Response {
 macro_rules! decodes {
     (Empty) => { () };
     (Upgrade) => { () };
+    (Proxy) => { () };
     (Json < $t:ident >) => { StrictJson<clawfleet_api::types::$t> };
     (Query < $t:ident >) => { StrictQuery<clawfleet_api::types::$t> };
 }
@@ -136,6 +148,7 @@ macro_rules! reply {
     (Text) => { Text };
     (NoContent) => { NoContent };
     (Upgrade) => { gateway::Switching };
+    (Proxy) => { gateway_proxy::Proxied };
 }
 
 macro_rules! add_routes {
@@ -149,9 +162,7 @@ macro_rules! add_routes {
             state: &Arc<AppState<B>>,
         ) -> Router<Arc<AppState<B>>> {
             $(
-                router = router.route(
-                    $path,
-                    axum::routing::on(
+                let method_router = axum::routing::on(
                         filter(Method::$method),
                         bind::<reply!($resp $(< $respty >)?), decodes!($req $(< $reqty >)?), _, _, _>(
                             $module::$handler::<B>,
@@ -164,8 +175,10 @@ macro_rules! add_routes {
                             clawfleet_api::Access::$access $((clawfleet_api::Role::$role))?,
                         ),
                         authorize::<B>,
-                    )),
-                );
+                    ));
+                for path in axum_paths($path) {
+                    router = router.route(&path, method_router.clone());
+                }
             )*
             router
         }

@@ -2,7 +2,9 @@
 //!
 //! The session is the API token itself, in a cookie the page's script cannot read
 //! (`HttpOnly`), that no other site's request carries (`SameSite=Strict`), sent only over
-//! HTTPS behind a TLS proxy (`Secure`), and scoped to `/console`. Every request looks the
+//! HTTPS behind a TLS proxy (`Secure`). Its path is `/`: besides `/console` it authenticates
+//! the Agents' gateway route (`/namespaces/{ns}/agents/{agent}/gateway/...`, see
+//! `api/gateway_proxy.rs`, which never passes it on); every other API route ignores cookies. Every request looks the
 //! token up again, so a revoked or expired token ends its session at once. Every POST but
 //! the sign-in carries a CSRF token derived from the session's token (a forged form from
 //! elsewhere cannot know it) and, when the browser sends an `Origin`, must come from this
@@ -26,7 +28,7 @@ use crate::api::access::{caller_of_secret, check};
 use crate::backend::Backend;
 
 /// The session cookie's name.
-pub const COOKIE: &str = "occ_console";
+pub use crate::api::access::SESSION_COOKIE as COOKIE;
 
 /// The largest form the console accepts.
 pub const MAX_FORM: usize = 16 * 1024;
@@ -76,15 +78,7 @@ fn same(a: &str, b: &str) -> bool {
 
 /// The session cookie's value in the request, if any.
 fn cookie_token(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
-        .map(|(_, v)| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
+    crate::api::access::session_cookie_token(headers)
 }
 
 /// Gives a console request its session's token as a bearer token, for the API's admission to
@@ -121,9 +115,20 @@ fn secure<B: Backend>(console: &Console<B>, headers: &HeaderMap) -> bool {
 pub fn cookie(token: Option<&str>, secure: bool) -> String {
     let secure = if secure { "; Secure" } else { "" };
     match token {
-        Some(t) => format!("{COOKIE}={t}; Path=/console; HttpOnly; SameSite=Strict{secure}"),
-        None => format!("{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
+        Some(t) => format!("{COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict{secure}"),
+        None => format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
     }
+}
+
+/// Clears a session cookie of an earlier release (scoped to `/console`), which would
+/// otherwise shadow the current one on console pages.
+fn clear_legacy_cookie(r: &mut Response) {
+    r.headers_mut().append(
+        header::SET_COOKIE,
+        HeaderValue::from_static(
+            "occ_console=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0",
+        ),
+    );
 }
 
 fn refused(status: StatusCode, code: crate::codes::Code, message: impl Into<String>) -> Response {
@@ -175,6 +180,7 @@ pub(crate) async fn authorize<B: Backend>(
             if let Ok(v) = HeaderValue::from_str(&cookie(None, false)) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
+            clear_legacy_cookie(&mut r);
             r
         } else {
             refused(StatusCode::UNAUTHORIZED, Code::Unauthenticated, message)
@@ -275,6 +281,7 @@ pub(crate) async fn sign_in<B: Backend>(
             match HeaderValue::from_str(&cookie(Some(&token), secure(&console, &headers))) {
                 Ok(v) => {
                     r.headers_mut().insert(header::SET_COOKIE, v);
+                    clear_legacy_cookie(&mut r);
                     r
                 }
                 Err(_) => refuse(StatusCode::UNAUTHORIZED, "token: that is not a token"),
@@ -296,6 +303,7 @@ pub(crate) async fn sign_out<B: Backend>(
     if let Ok(v) = HeaderValue::from_str(&cookie(None, secure(&console, &headers))) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
+    clear_legacy_cookie(&mut r);
     r
 }
 
@@ -306,10 +314,7 @@ mod tests {
     #[test]
     fn the_cookie_is_http_only_strict_and_scoped() {
         let c = cookie(Some("abc"), false);
-        assert_eq!(
-            c,
-            "occ_console=abc; Path=/console; HttpOnly; SameSite=Strict"
-        );
+        assert_eq!(c, "occ_console=abc; Path=/; HttpOnly; SameSite=Strict");
         assert!(cookie(Some("abc"), true).ends_with("; Secure"));
         assert!(cookie(None, false).contains("Max-Age=0"));
     }

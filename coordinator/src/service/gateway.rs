@@ -77,12 +77,60 @@ impl Service {
         }
     }
 
+    /// The audit record of one stream as it opens (`via`: `tunnel` for `occ agent connect`,
+    /// `websocket` for the gateway route).
+    pub async fn audit_gateway_connect(
+        &self,
+        actor: &str,
+        place: &GatewayPlace,
+        via: &str,
+    ) -> Result<()> {
+        self.audit(
+            actor,
+            "agent.gateway-connect",
+            &format!("{}/{}", place.namespace, place.agent),
+            json!({
+                "target": place.target.name(),
+                "revision": place.revision.as_str(),
+                "via": via,
+            }),
+        )
+        .await
+    }
+
+    /// The audit record of one request through the gateway route that may change something
+    /// (any method but GET, HEAD and OPTIONS): its method, path (no query) and the gateway's
+    /// status.
+    pub async fn audit_gateway_request(
+        &self,
+        actor: &str,
+        place: &GatewayPlace,
+        method: &str,
+        path: &str,
+        status: u16,
+    ) -> Result<()> {
+        self.audit(
+            actor,
+            "agent.gateway-request",
+            &format!("{}/{}", place.namespace, place.agent),
+            json!({
+                "target": place.target.name(),
+                "revision": place.revision.as_str(),
+                "method": method,
+                "path": path.chars().take(512).collect::<String>(),
+                "status": status,
+            }),
+        )
+        .await
+    }
+
     /// The audit record of one closed stream.
     #[allow(clippy::too_many_arguments)]
     pub async fn audit_gateway_stream(
         &self,
         actor: &str,
         place: &GatewayPlace,
+        via: &str,
         bytes_to_gateway: u64,
         bytes_from_gateway: u64,
         duration_ms: u64,
@@ -95,6 +143,7 @@ impl Service {
             json!({
                 "target": place.target.name(),
                 "revision": place.revision.as_str(),
+                "via": via,
                 "bytesToGateway": bytes_to_gateway,
                 "bytesFromGateway": bytes_from_gateway,
                 "durationMs": duration_ms,

@@ -36,6 +36,7 @@ use crate::markers::MarkerError;
 use crate::system::{System, SystemError};
 
 pub use inventory::{NAMESPACES, inventory, network_isolation, probe};
+pub(crate) use rotate::managed_password;
 
 /// The host: configuration, layout and the privileged layer.
 pub struct Engine<'a> {

@@ -318,6 +318,15 @@ impl Engine<'_> {
         &self,
         paths: &AgentPaths,
     ) -> Result<Zeroizing<String>, Failure> {
+        managed_password(paths)
+    }
+}
+
+/// The managed gateway password from the Agent's password file (the line
+/// `OPENCLAW_GATEWAY_PASSWORD=<password>` hostd writes); also the relay's, for the gateway
+/// route's last hop.
+pub(crate) fn managed_password(paths: &AgentPaths) -> Result<Zeroizing<String>, Failure> {
+    {
         let bytes = Zeroizing::new(
             fsutil::read_small(&paths.password_file, PASSWORD_FILE_MAX).map_err(fs_failure)?,
         );

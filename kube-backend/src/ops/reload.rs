@@ -370,6 +370,39 @@ pub(crate) async fn reload_and_verify(
     }
 }
 
+/// The Agent's managed gateway password from its password Secret (owned by the Agent),
+/// `None` when there is no such Secret or key.
+pub(crate) async fn managed_password(
+    r: &Requests,
+    settings: &ClusterSettings,
+    namespace_id: &Ident,
+    agent: &Ident,
+) -> Result<Option<Zeroizing<String>>, Failure> {
+    let t = settings.tenant(namespace_id);
+    let n = names::agent(agent);
+    let markers = Markers::agent(&t.id, agent);
+    let objs: Obj<Secret> = Obj::namespaced(r, &t.name, "Secret");
+    let bytes = objs
+        .get_owned(r, &n.password, &markers)
+        .await?
+        .and_then(|s| s.data?.remove(names::PASSWORD_KEY));
+    match bytes {
+        None => Ok(None),
+        Some(b) => String::from_utf8(b.0)
+            .map(|p| Some(Zeroizing::new(p)))
+            .map_err(|_| {
+                Failure::new(
+                    FailureCode::KubernetesConfigurationInvalid,
+                    format!(
+                        "Secret {} holds a {} that is not UTF-8",
+                        n.password,
+                        names::PASSWORD_KEY
+                    ),
+                )
+            }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
