@@ -286,6 +286,8 @@ impl Fleet {
             json!({"name": "h1", "address": "127.0.0.1", "hostKey": HOST_KEY}),
         )
         .await;
+        // Two Namespaces share h1: it stands for a host with per-Agent quotas.
+        hostd_engine::with_enforced_quotas(&f.store, "h1").await;
         for ns in ["ns1", "ns2"] {
             f.call("POST", "/namespaces", json!({"id": ns, "hosts": ["h1"]}))
                 .await;
