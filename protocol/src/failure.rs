@@ -219,6 +219,22 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// Whether the target does not know the operation or one of its argument fields: the
+    /// typed [`FailureCode::OperationUnsupported`], or what a hostd built before that code
+    /// answered, `INVALID_INPUT` naming an unknown operation or an unknown field. Peers of
+    /// two versions meet during every upgrade (the coordinator first, hosts from their mirror
+    /// later); this is the one place their text is read.
+    pub fn is_unsupported(&self) -> bool {
+        match self.code {
+            FailureCode::OperationUnsupported => true,
+            FailureCode::InvalidInput => {
+                self.message.contains("unknown operation ")
+                    || self.message.contains("unknown field `")
+            }
+            _ => false,
+        }
+    }
+
     /// A failure with the code's default class. The message is cleaned of control characters
     /// and shortened to [`MESSAGE_MAX`] characters.
     pub fn new(code: FailureCode, message: impl AsRef<str>) -> Self {
@@ -259,6 +275,24 @@ fn clean_message(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hostd built before OPERATION_UNSUPPORTED still counts as not knowing what it was
+    /// sent (its refusals of an unknown operation and an unknown field, as it wrote them).
+    #[test]
+    fn unsupported_covers_the_typed_code_and_older_hostds_refusals() {
+        assert!(Failure::new(FailureCode::OperationUnsupported, "x").is_unsupported());
+        for older in [
+            "operation.op: unknown operation \"agent-runtime\"; expected one of probe, status",
+            "operation.restore: unknown field `restore`, expected one of `namespace`, `agent`, `revision`",
+        ] {
+            assert!(
+                Failure::new(FailureCode::InvalidInput, older).is_unsupported(),
+                "{older}"
+            );
+        }
+        assert!(!Failure::new(FailureCode::InvalidInput, "port 0 is not allowed").is_unsupported());
+        assert!(!Failure::new(FailureCode::LockTimeout, "unknown field `x`").is_unsupported());
+    }
 
     #[test]
     fn codes_round_trip_as_text() {

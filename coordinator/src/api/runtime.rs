@@ -37,16 +37,14 @@ pub(super) fn spend(limiter: &ReadLimiter, caller: &Caller) -> Result<(), ApiErr
 pub(crate) fn call_error(e: RuntimeError) -> ApiError {
     match e {
         RuntimeError::Service(s) => s.into(),
-        RuntimeError::Call(CallError::Failed(f)) if f.code == FailureCode::OperationUnsupported => {
-            ApiError::new(
-                Code::BackendUnsupported,
-                format!(
-                    "the target does not support this operation: a host's hostd predates it \
+        RuntimeError::Call(CallError::Failed(f)) if f.is_unsupported() => ApiError::new(
+            Code::BackendUnsupported,
+            format!(
+                "the target does not support this operation: a host's hostd predates it \
                      (upgrade hostd there), or the backend does not offer it ({})",
-                    f.message
-                ),
-            )
-        }
+                f.message
+            ),
+        ),
         RuntimeError::Call(CallError::Failed(f)) => {
             let status = match f.code {
                 FailureCode::AgentMissing | FailureCode::PreviousRunMissing => {

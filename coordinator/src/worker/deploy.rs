@@ -721,7 +721,7 @@ impl<B: Backend> Worker<B> {
             .await?;
         if sent_restore
             && let Err(CallError::Failed(f)) = &outcome
-            && f.code == FailureCode::OperationUnsupported
+            && f.is_unsupported()
         {
             // A hostd from before restore does not know the field: activate as it knows how.
             tracing::warn!(
