@@ -839,6 +839,61 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
     eprintln!(
         "EVIDENCE secret rotation on a real Pod: Pod {uid} kept, the kubelet's projection holds version 2, /readyz {code} {body}"
     );
+    // The Pods still run the template of the revision before the rotation, whose ConfigMap
+    // is kept for them; a configuration change moves them to a new Pod, and it goes.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(s.client.clone(), &tenant);
+    let gateway = clawfleet_kube::names::agent(&oc).gateway;
+    let annotations = deployments
+        .get(&gateway)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    let kept = annotations[clawfleet_kube::names::POD_REVISION_ID].clone();
+    assert_ne!(
+        annotations[clawfleet_kube::names::REVISION_ID],
+        kept,
+        "the rotation's revision runs the template of the one before"
+    );
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(s.client.clone(), &tenant);
+    let kept_cm = clawfleet_kube::names::revision_config_map(
+        &oc,
+        &clawfleet_protocol::Ident::new(kept.as_str()).unwrap(),
+    );
+    assert!(
+        config_maps.get_opt(&kept_cm).await.unwrap().is_some(),
+        "the ConfigMap the Pods mount went"
+    );
+    bound["models"]["providers"]["loopback"]["models"][0]["name"] = json!("none, renamed");
+    std::fs::write(&path, bound.to_string()).unwrap();
+    s.fleet.occ_ok(&[
+        "configuration",
+        "update",
+        NS,
+        "oc",
+        "--file",
+        &path.display().to_string(),
+    ]);
+    let out = s
+        .fleet
+        .occ(&["agent", "deploy", NS, "oc", "--wait", "--timeout", "300"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let moved = running_pod(&s.client, &tenant, "oc").await;
+    assert_ne!(
+        moved.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "no new Pod"
+    );
+    assert!(
+        config_maps.get_opt(&kept_cm).await.unwrap().is_none(),
+        "the kept ConfigMap {kept_cm} stays after the Pods moved on"
+    );
+    eprintln!(
+        "EVIDENCE after a configuration change: new Pod, the kept ConfigMap {kept_cm} deleted"
+    );
 
     s.fleet
         .occ_ok(&["agent", "delete", NS, "oc", "--wait", "--timeout", "120"]);
