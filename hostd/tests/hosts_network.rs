@@ -405,19 +405,37 @@ fn a_host_with_namespaces_reports_them() {
     assert!(status.contains("network isolation: namespaces"), "{status}");
 }
 
+/// Shell that makes the test's own network namespace `ns` on the test host, reached from the
+/// host over the veth `<ns>h` at `<net>.1`, the namespace's end at `<net>.2` (a /30), its
+/// default route back through the host; then `serve` runs.
+fn standin(ns: &str, net: &str, serve: &str) -> String {
+    format!(
+        "set -e\nip netns add {ns}\nip link add {ns}h type veth peer name eth0 netns {ns}\n\
+         ip addr add {net}.1/30 dev {ns}h\nip link set {ns}h up\nip -n {ns} link set lo up\n\
+         ip -n {ns} addr add {net}.2/30 dev eth0\nip -n {ns} link set eth0 up\n\
+         ip -n {ns} route add default via {net}.1\n{serve}"
+    )
+}
+
+/// What the test gateway's probe command `name` printed, from its `/info` answer.
+fn probe_output(info: &serde_json::Value, name: &str) -> String {
+    info["probe"]["commands"][name]["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The `/info` answer of the gateway on `port`.
+fn info_of(host: &TestHost, port: u16) -> serde_json::Value {
+    let (code, body) = curl(host, port, "/info");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
 /// A stand-in for a public service, in a network namespace of the test's own on the test
 /// host (TEST-NET-2, 198.51.100.2, routed from the host): it answers `public-ok` on 443 and
 /// on 8080.
-const PUBLIC_STANDIN: &str = r#"set -e
-ip netns add cfpub
-ip link add cfpubh type veth peer name eth0 netns cfpub
-ip addr add 198.51.100.1/30 dev cfpubh
-ip link set cfpubh up
-ip -n cfpub link set lo up
-ip -n cfpub addr add 198.51.100.2/30 dev eth0
-ip -n cfpub link set eth0 up
-ip -n cfpub route add default via 198.51.100.1
-cat > /root/cf-public.pl <<'PL'
+const PUBLIC_STANDIN: &str = r#"cat > /root/cf-public.pl <<'PL'
 use Socket; socket(S, PF_INET, SOCK_STREAM, 0) or die; setsockopt(S, SOL_SOCKET, SO_REUSEADDR, 1);
 bind(S, sockaddr_in($ARGV[0], INADDR_ANY)) or die "bind: $!"; listen(S, 16) or die;
 while (accept(C, S)) { syswrite(C, "public-ok\n"); close C; }
@@ -435,7 +453,8 @@ fn an_agent_reaches_public_https_only() {
     let occ = Coordinator::new();
     let host = host_with_hostd(&occ, "");
     assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
-    host.run_ok(PUBLIC_STANDIN).unwrap();
+    host.run_ok(&standin("cfpub", "198.51.100", PUBLIC_STANDIN))
+        .unwrap();
     occ.ok(&host, ensure("ns1"));
     occ.ok(&host, ensure("ns2"));
     let b1 = spec("rev-1", 1, json!({"label": "sibling"}));
@@ -471,15 +490,8 @@ fn an_agent_reaches_public_https_only() {
     );
     let pa = port(&occ.ok(&host, prepare("ns1", "a1", &a1)));
     activate(&occ, &host, "ns1", "a1", &a1);
-    let (code, body) = curl(&host, pa, "/info");
-    assert_eq!(code, 200, "{body}");
-    let info: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let out = |name: &str| {
-        info["probe"]["commands"][name]["stdout"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let info = info_of(&host, pa);
+    let out = |name: &str| probe_output(&info, name);
     for name in [
         "public_443",
         "public_8080",
@@ -521,16 +533,7 @@ fn an_agent_reaches_public_https_only() {
 /// A stand-in for a cloud network's resolver on a private address (10.77.0.2, in a network
 /// namespace of the test's own on the test host): it answers every A query with 198.51.100.2
 /// and every other query with no answer.
-const RESOLVER_STANDIN: &str = r#"set -e
-ip netns add cfdns
-ip link add cfdnsh type veth peer name eth0 netns cfdns
-ip addr add 10.77.0.1/30 dev cfdnsh
-ip link set cfdnsh up
-ip -n cfdns link set lo up
-ip -n cfdns addr add 10.77.0.2/30 dev eth0
-ip -n cfdns link set eth0 up
-ip -n cfdns route add default via 10.77.0.1
-cat > /root/cf-dns.pl <<'PL'
+const RESOLVER_STANDIN: &str = r#"cat > /root/cf-dns.pl <<'PL'
 use Socket; socket(S, PF_INET, SOCK_DGRAM, 0) or die "socket: $!";
 bind(S, sockaddr_in(53, INADDR_ANY)) or die "bind: $!";
 while (1) {
@@ -558,7 +561,8 @@ fn an_agent_resolves_names_through_the_hosts_upstream_resolver() {
     let occ = Coordinator::new();
     let host = host_with_hostd(&occ, "");
     assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
-    host.run_ok(RESOLVER_STANDIN).unwrap();
+    host.run_ok(&standin("cfdns", "10.77.0", RESOLVER_STANDIN))
+        .unwrap();
     // The host's own files, as systemd-resolved leaves them (a bind mount of nspawn's first
     // goes, so the test host's file is its own).
     host.run_ok(
@@ -581,15 +585,8 @@ fn an_agent_resolves_names_through_the_hosts_upstream_resolver() {
     );
     let pa = port(&occ.ok(&host, prepare("ns1", "a1", &a1)));
     activate(&occ, &host, "ns1", "a1", &a1);
-    let (code, body) = curl(&host, pa, "/info");
-    assert_eq!(code, 200, "{body}");
-    let info: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let out = |name: &str| {
-        info["probe"]["commands"][name]["stdout"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let info = info_of(&host, pa);
+    let out = |name: &str| probe_output(&info, name);
     for name in ["resolv", "lookup", "short", "resolver_other_port"] {
         println!("{name}: {}", out(name).trim());
     }
