@@ -6,13 +6,14 @@
 //! stream move bytes between the pipe and the channel: upward only as far as hostd's credit
 //! allows, downward granting credit as the bytes are taken. The channel's reader never waits
 //! for a stream (what hostd may send is bounded by the credit granted), so a stalled client
-//! holds back its own stream only. A ping every [`PING_EVERY`] detects a dead relay; a dead
-//! relay resets its streams and the next open starts a new one.
+//! holds back its own stream only. A ping every [`PING_EVERY`] detects a dead relay: one that
+//! answered none for [`PONG_LIMIT`] is closed, its streams reset (their users see the stream
+//! end instead of waiting on a silent host), and the next open starts a new one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clawfleet_protocol::relay::{
     HEADER_LEN, INITIAL_WINDOW, MAX_PAYLOAD, RELAY_COMMAND, RELAY_VERSION, RelayFrame, RelayHello,
@@ -21,6 +22,7 @@ use clawfleet_protocol::relay::{
 use clawfleet_protocol::{Failure, FailureCode, SignedEnvelope};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::connection::Connection;
 use super::transport;
@@ -148,13 +150,29 @@ impl RelayClient {
                 ),
             )));
         }
+        tracing::info!(
+            host,
+            connection = conn.id,
+            max_streams = hello.max_streams,
+            "relay channel started"
+        );
+        Ok(Arc::new(Self::run(conn.id, rd, wr, hello)))
+    }
+
+    /// Runs the relay over a channel whose hello was read: its writer, its reader and its
+    /// keepalive, which closes the channel when hostd stops answering pings.
+    fn run<R, W>(connection_id: u64, rd: R, wr: W, hello: RelayHello) -> Self
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let streams: Streams = Arc::new(Mutex::new(HashMap::new()));
         let dead = Arc::new(AtomicBool::new(false));
         let last_pong = Arc::new(AtomicU64::new(0));
         let born = Instant::now();
-        tokio::spawn(write_loop(rx, wr, dead.clone()));
-        tokio::spawn(read_loop(
+        let writer = tokio::spawn(write_loop(rx, wr, dead.clone()));
+        let reader = tokio::spawn(read_loop(
             rd,
             streams.clone(),
             tx.clone(),
@@ -162,21 +180,22 @@ impl RelayClient {
             last_pong.clone(),
             born,
         ));
-        tokio::spawn(keepalive(tx.clone(), dead.clone(), last_pong, born));
-        tracing::info!(
-            host,
-            connection = conn.id,
-            max_streams = hello.max_streams,
-            "relay channel started"
-        );
-        Ok(Arc::new(Self {
-            connection_id: conn.id,
+        tokio::spawn(keepalive(
+            tx.clone(),
+            dead.clone(),
+            last_pong,
+            born,
+            streams.clone(),
+            [reader.abort_handle(), writer.abort_handle()],
+        ));
+        Self {
+            connection_id,
             tx,
             streams,
             next_id: AtomicU32::new(1),
             dead,
             hello,
-        }))
+        }
     }
 
     /// Whether the relay can still carry streams.
@@ -392,12 +411,18 @@ async fn read_loop<R: tokio::io::AsyncRead + Unpin>(
     };
     dead.store(true, Ordering::SeqCst);
     tracing::info!("relay channel ended: {why}");
-    for (_, mut e) in lock(&streams).drain() {
+    end_streams(&streams, &why);
+}
+
+/// Ends every stream of a relay that ended: an open still waiting gets `SESSION_CLOSED`, an
+/// open stream its reset (its user reads the end).
+fn end_streams(streams: &Streams, why: &str) {
+    for (_, mut e) in lock(streams).drain() {
         if let Some(tx) = e.opened.take() {
-            let _ = tx.send(Err(Failure::new(FailureCode::SessionClosed, &why)));
+            let _ = tx.send(Err(Failure::new(FailureCode::SessionClosed, why)));
         }
         e.credit.close();
-        let _ = e.down.send(Down::Reset(why.clone()));
+        let _ = e.down.send(Down::Reset(why.to_owned()));
     }
 }
 
@@ -406,6 +431,8 @@ async fn keepalive(
     dead: Arc<AtomicBool>,
     last_pong: Arc<AtomicU64>,
     born: Instant,
+    streams: Streams,
+    channel: [tokio::task::AbortHandle; 2],
 ) {
     let mut tick = tokio::time::interval(PING_EVERY);
     tick.tick().await;
@@ -416,12 +443,18 @@ async fn keepalive(
         }
         let now = born.elapsed().as_millis() as u64;
         if now.saturating_sub(last_pong.load(Ordering::Relaxed)) > PONG_LIMIT.as_millis() as u64 {
-            tracing::warn!(
-                "the relay channel answered no ping for {} s; closing it",
+            let why = format!(
+                "the relay channel answered no ping for {} s",
                 PONG_LIMIT.as_secs()
             );
+            tracing::warn!("{why}; closing it");
             dead.store(true, Ordering::SeqCst);
-            // Dropping the writer's queue ends the channel.
+            // The reader would wait on the silent host, the writer on the stream tasks:
+            // stopping both drops the channel's halves, which closes it.
+            for task in &channel {
+                task.abort();
+            }
+            end_streams(&streams, &why);
             return;
         }
         if tx
@@ -510,5 +543,85 @@ async fn downward<W: tokio::io::AsyncWrite + Unpin>(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use clawfleet_protocol::ssh_key::{
+        Algorithm, PrivateKey, getrandom::SysRng, rand_core::UnwrapErr,
+    };
+
+    /// A host that answers the relay's pings, then goes silent (a hung `hostd relay`, a link
+    /// that drops packets): after [`PONG_LIMIT`] the relay is dead, its open stream ends for
+    /// its user instead of waiting, and the channel is closed (the host reads its end). On
+    /// paused time, so the test takes no 45 s.
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_that_answers_no_ping_is_closed_and_its_streams_end() {
+        let (ours, hosts) = tokio::io::duplex(1 << 20);
+        let (rd, wr) = tokio::io::split(ours);
+        let relay = RelayClient::run(
+            1,
+            rd,
+            wr,
+            RelayHello {
+                version: RELAY_VERSION,
+                max_streams: 8,
+                window: INITIAL_WINDOW,
+                idle_timeout_seconds: 3600,
+            },
+        );
+        let (mut host_rd, mut host_wr) = tokio::io::split(hosts);
+        let answer_pings = Arc::new(AtomicBool::new(true));
+        let host = {
+            let answer_pings = answer_pings.clone();
+            tokio::spawn(async move {
+                // Answer the open, and pings while told to; return when the channel ends.
+                let mut buf = Vec::new();
+                while let Ok(Some(f)) = read_frame(&mut host_rd).await {
+                    let reply = match f.kind {
+                        RelayKind::Open => {
+                            Some(RelayFrame::new(RelayKind::Opened, f.stream, vec![]))
+                        }
+                        RelayKind::Ping if answer_pings.load(Ordering::SeqCst) => {
+                            Some(RelayFrame::new(RelayKind::Pong, 0, f.payload))
+                        }
+                        _ => None,
+                    };
+                    if let Some(r) = reply {
+                        buf.clear();
+                        r.encode_into(&mut buf).unwrap();
+                        host_wr.write_all(&buf).await.unwrap();
+                    }
+                }
+            })
+        };
+        let key = PrivateKey::random(&mut UnwrapErr(SysRng), Algorithm::Ed25519).unwrap();
+        let signed = SignedEnvelope::sign_bytes(b"open".to_vec(), &key).unwrap();
+        let (mut stream, _) = relay
+            .open("h1", &signed, Duration::from_secs(5))
+            .await
+            .unwrap();
+        // Answered pings keep it alive well past the limit.
+        tokio::time::sleep(PONG_LIMIT * 2).await;
+        assert!(relay.is_alive());
+        assert_eq!(relay.open_streams(), 1);
+        // Silence.
+        answer_pings.store(false, Ordering::SeqCst);
+        tokio::time::sleep(PONG_LIMIT + PING_EVERY * 2).await;
+        assert!(!relay.is_alive(), "a silent relay is still counted alive");
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), stream.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the stream did not end: {read:?}"
+        );
+        assert_eq!(relay.open_streams(), 0);
+        tokio::time::timeout(Duration::from_secs(1), host)
+            .await
+            .expect("the channel was not closed")
+            .unwrap();
     }
 }
