@@ -206,7 +206,14 @@ pub fn secret(ns: &Tenant, agent: &AgentRef, set: &AgentSecrets) -> Result<Secre
 /// The versions a secrets Secret says it holds; `None` when the annotation is missing or not
 /// clawfleet's.
 pub fn versions_of(s: &Secret) -> Option<Vec<SecretVersion>> {
-    let text = s.metadata.annotations.as_ref()?.get(VERSIONS)?;
+    recorded_versions(&s.metadata)
+}
+
+/// [`versions_of`] from a Secret's metadata alone (a metadata-only list has no `Secret`).
+pub fn recorded_versions(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<Vec<SecretVersion>> {
+    let text = meta.annotations.as_ref()?.get(VERSIONS)?;
     serde_json::from_str(text).ok()
 }
 

@@ -439,8 +439,8 @@ impl<B: Backend> Worker<B> {
             Ok(Err(e)) => {
                 tracing::warn!(work_id = d.work.id, agent = %d.agent.id, revision = %served.id, "cannot put the served secrets back in the Agent's Secret: {e}");
             }
-            Err(step @ Step::Failed { .. }) if matches!(&step, Step::Failed { code, .. } if *code == AnyCode::from(Code::ClaimLost)) =>
-            {
+            // The claim is gone: the new claimer decides; nothing more is written here.
+            Err(step @ Step::Failed { code, .. }) if code == AnyCode::from(Code::ClaimLost) => {
                 return Err(step);
             }
             Err(step) => {

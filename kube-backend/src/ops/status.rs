@@ -145,13 +145,7 @@ async fn namespace_agents(
         {
             continue;
         }
-        let versions = m
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(crate::secrets::VERSIONS))
-            .and_then(|t| serde_json::from_str(t).ok());
-        match versions {
+        match crate::secrets::recorded_versions(&m.metadata) {
             Some(v) => {
                 held.insert(agent, v);
             }
