@@ -23,7 +23,11 @@ pub fn before_call(kind: &str) {
     }
     let pid = std::process::id();
     tracing::warn!(op = kind, pid, "fault hook: stopping before the call");
-    let _ = std::process::Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
-        .status();
+    // Raised on this thread, not sent to the process (`kill -STOP <pid>`): a process-directed
+    // signal is taken by whichever thread the kernel picks, and on a loaded machine this one
+    // went on and sent the call before the stop took hold. A thread-directed SIGSTOP stops
+    // the process before this thread returns from the raise.
+    if let Err(e) = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP) {
+        tracing::error!(op = kind, "fault hook: cannot stop: {e}");
+    }
 }
