@@ -1,4 +1,4 @@
-//! Test-only stops at named points, for the fencing test (`tests/e2e_ha.rs`): an `occ` built
+//! Test-only stops at named points, for the fencing test (`tests/e2e/ha.rs`): an `occ` built
 //! with the `fault-hooks` feature, run with `OCC_FAULT_STOP_BEFORE=<operation kind>`, stops
 //! itself (SIGSTOP) right before it sends the first operation of that kind, after renewing its
 //! lease, as a coordinator paused at the worst moment would. The test continues it with

@@ -29,12 +29,12 @@
 //!   on a new session.
 //!
 //! Tests and benchmark (as root; each prints `SKIP: …` otherwise, and fails under `CI=true`):
-//! - `cargo test -p clawfleet-coordinator --test ssh_loopback`: a private OpenSSH sshd on
+//! - `cargo test -p clawfleet-coordinator --test ssh loopback::`: a private OpenSSH sshd on
 //!   127.0.0.1 with the real hostd (built with cargo on first use, or `$CLAWFLEET_HOSTD_BIN`)
 //!   as the forced command: session reuse, the pool's bound, idle and aged sessions, sessions
 //!   killed between and during operations, pinning, refused login keys, reconnects, fast
 //!   failures, lost results recovered through `operation-status`.
-//! - `cargo test -p clawfleet-coordinator --test ssh_hosts`: real test hosts (vm-tests),
+//! - `cargo test -p clawfleet-coordinator --test ssh hosts::`: real test hosts (vm-tests),
 //!   including a login user through sudo and a jump host.
 //! - `cargo bench -p clawfleet-coordinator --bench transport`: latency against the peer's
 //!   transport (a new `ssh` process per operation).

@@ -4,7 +4,7 @@
 //! [`sqlite`] (the embedded default, one coordinator) and [`postgres`] (several coordinators
 //! on one database). Both run the same versioned migrations and pass one test suite
 //! (`store/src/suite.rs`, built with the `suite` feature, run by
-//! `coordinator/tests/store_suite.rs`).
+//! `coordinator/tests/in_process/store_suite.rs`).
 //!
 //! Every method is one atomic change or one consistent read. Writes that the worker makes on
 //! behalf of a claimed work item name the [`Claim`], and the store refuses them with

@@ -1,5 +1,5 @@
 //! The store's behaviour, written once against the `Store` trait and run against every
-//! implementation (`coordinator/tests/store_suite.rs`): SQLite in memory and on a file, and a
+//! implementation (`coordinator/tests/in_process/store_suite.rs`): SQLite in memory and on a file, and a
 //! real PostgreSQL server. Each case starts from an empty, migrated store. Test code, built
 //! only with the `suite` feature.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]

@@ -1,0 +1,174 @@
+//! Issue 30 end to end: an Agent's gateway page in Debian's chromium through the coordinator's
+//! gateway route, against a real `occ serve` driving a real test host (systemd-nspawn, hostd
+//! with its `restrict` key, the test gateway with password auth). Sign in to the console;
+//! open `.../agents/a1/gateway/x-clawfleet-test/ui` (the test gateway's stand-in of the
+//! Control UI), whose script's WebSocket echoes through the route and hostd's relay; the
+//! gateway reports that it got its own password and no cookie; the password is nowhere in
+//! the browser (cookies, local and session storage, the page, every network event: request
+//! and response headers, WebSocket frames). A screenshot goes to
+//! `CLAWFLEET_ARTIFACT_DIR/e2e_gateway_route`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::console_support;
+use crate::fleet_support as fleet;
+
+use std::time::{Duration, Instant};
+
+use console_support::{no_chromium, sign_in, wait_text};
+use fleet::{Fleet, FleetOptions, NS, Want, document};
+use serde_json::{Value, json};
+
+#[test]
+fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_password() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    if no_chromium() {
+        return;
+    }
+    let fleet = Fleet::start_with(FleetOptions {
+        hosts: 1,
+        ..FleetOptions::default()
+    });
+    let token = std::fs::read_to_string(fleet.dir.path().join("operator-admin.token"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let mut doc = document("a1-r1", json!({}));
+    doc["gateway"] = json!({"auth": {"mode": "password"}});
+    fleet.create_agent("a1", &doc);
+    let rev = fleet.deploy("a1");
+    fleet.wait_converged(
+        &[(
+            "a1",
+            Want::Running {
+                rev,
+                label: "a1-r1".into(),
+            },
+        )],
+        Instant::now(),
+        Duration::from_secs(120),
+    );
+    // The managed password hostd generated, read on the host itself.
+    let host = fleet.host(&fleet.host_names()[0]);
+    let line = host
+        .run_ok("find / -xdev -name gateway-password.env -exec cat {} +")
+        .unwrap();
+    let password = line
+        .trim()
+        .strip_prefix("OPENCLAW_GATEWAY_PASSWORD=")
+        .unwrap_or_else(|| panic!("no managed password on the host: {line:?}"))
+        .to_owned();
+    assert!(password.len() >= 32, "{password}");
+
+    let base = format!("http://127.0.0.1:{}", fleet.port);
+    let gateway = format!("{base}/namespaces/{NS}/agents/a1/gateway");
+    let dir = clawfleet_cdp::artifacts_dir(
+        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
+        "e2e_gateway_route",
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let browser = clawfleet_cdp::Browser::launch().await.unwrap();
+        let page = browser.new_page(1280, 800).await.unwrap();
+        sign_in(&page, &base, &token).await;
+
+        // The page loads through the route, and its WebSocket echoes through it.
+        page.navigate(&format!("{gateway}/x-clawfleet-test/ui"))
+            .await
+            .unwrap();
+        wait_text(&page, "#out", "echo: hello through the route", 30).await;
+        page.screenshot(&dir.join("gateway-ui.png")).await.unwrap();
+        let frames: Vec<Value> = page
+            .network_events()
+            .into_iter()
+            .filter(|e| e.method == "Network.webSocketFrameReceived")
+            .map(|e| e.params)
+            .collect();
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.pointer("/response/payloadData")
+                    == Some(&json!("hello through the route"))),
+            "no echoed frame in the network log: {frames:?}"
+        );
+
+        // What reached the gateway: its own password, no cookie.
+        page.navigate(&format!("{gateway}/x-clawfleet-test/auth"))
+            .await
+            .unwrap();
+        let body = page
+            .evaluate("document.body.innerText")
+            .await
+            .unwrap()
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let report: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("the gateway's report is not JSON ({e}): {body}"));
+        assert_eq!(report["authorization"], "gateway-password", "{report}");
+        assert_eq!(report["cookie"], false, "{report}");
+
+        // The password is nowhere in the browser.
+        let cookies = browser.all_cookies().await.unwrap();
+        for c in &cookies {
+            assert!(!c.value.contains(&password), "cookie {} holds it", c.name);
+        }
+        let storage = page.storage().await.unwrap().to_string();
+        assert!(!storage.contains(&password), "storage holds it");
+        let html = page
+            .evaluate("document.documentElement.outerHTML")
+            .await
+            .unwrap()
+            .to_string();
+        assert!(!html.contains(&password), "the page holds it");
+        let events = page.network_events();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.method == "Network.requestWillBeSentExtraInfo"),
+            "the network log has no request headers to check"
+        );
+        for e in &events {
+            let text = e.params.to_string();
+            assert!(
+                !text.contains(&password),
+                "the network event {} holds the password",
+                e.method
+            );
+        }
+        browser.close().await.unwrap();
+    });
+    // Connect and close of the page's WebSocket are audited.
+    let audit = |action: &str| -> Vec<Value> {
+        fleet
+            .api
+            .request("GET", &format!("/audit?action={action}"), None)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        audit("agent.gateway-connect")
+            .iter()
+            .any(|r| r["detail"]["via"] == "websocket" && r["target"] == format!("{NS}/a1")),
+        "no connect record"
+    );
+    let mut closed = Vec::new();
+    for _ in 0..100 {
+        closed = audit("agent.gateway-stream");
+        if !closed.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        closed.iter().any(|r| r["detail"]["via"] == "websocket"),
+        "no close record: {closed:?}"
+    );
+    assert!(!format!("{closed:?}").contains(&password));
+}
