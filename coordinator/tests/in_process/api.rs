@@ -26,8 +26,7 @@ fn rev_num(id: Option<&str>) -> Option<u64> {
     id.and_then(coordinator::model::Revision::number_of)
 }
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 struct Api {
     server: String,

@@ -26,8 +26,7 @@ use coordinator::worker::Worker;
 use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 /// hostd's engine; once `predates_runtime` is set, a hostd older than the runtime reads: it
 /// refuses `agent-runtime` and `agent-logs` as an envelope whose operation it cannot decode.

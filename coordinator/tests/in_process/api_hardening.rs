@@ -21,8 +21,7 @@ use coordinator::store::SharedStore;
 use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 struct Api {
     addr: String,

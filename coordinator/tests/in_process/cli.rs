@@ -15,8 +15,7 @@ use coordinator::config::ApiSettings;
 use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 /// What an untrusted string may carry: a terminal title change, a screen clear, a colour, a
 /// bidi override that shows `exe.txt` as `txt.exe`, a zero-width space and a line separator.

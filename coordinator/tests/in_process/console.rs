@@ -24,8 +24,7 @@ use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 /// Markup planted where the console shows text.
 const PLANT: &str = "<script>alert('planted')</script>";

@@ -26,8 +26,7 @@ use coordinator::config::ApiSettings;
 use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 /// hostd's engine for operations; an echo gateway for streams, recording each open.
 struct EchoBackend {

@@ -29,8 +29,7 @@ use hostd_engine::EngineBackend;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 /// The Agent's managed gateway password, as its host would tell it.
 const PASSWORD: &str = "gw-pw-7f3a9c1e5b2d4f60";

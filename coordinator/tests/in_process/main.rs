@@ -27,3 +27,5 @@ mod store_suite;
 mod worker_codes;
 mod worker_secrets;
 mod worker_state_machine;
+
+mod fixtures;

@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 use clawfleet_protocol::failure::FailureCode;
 use coordinator::config::WorkerSettings;
 use coordinator::model::{Rollout, RolloutAgentState, RolloutState};
-use coordinator::service::{
-    NewAgent, NewHost, NewNamespace, NewRollout, RolloutAction, Service, ServiceError,
-};
+use coordinator::service::{NewRollout, RolloutAction, Service, ServiceError};
 use coordinator::store::SharedStore;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::Worker;
@@ -29,8 +27,6 @@ fn rev_num(id: Option<&str>) -> Option<u64> {
     id.and_then(coordinator::model::Revision::number_of)
 }
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
 const NS: &str = "ns1";
 
 fn settings() -> WorkerSettings {
@@ -65,45 +61,9 @@ impl World {
             s
         };
         let svc = Service::new(store.clone());
-        let names: Vec<String> = (1..=3).map(|i| format!("h{i}")).collect();
-        for h in &names {
-            svc.enrol_host(
-                "test",
-                NewHost {
-                    name: h.clone(),
-                    address: "127.0.0.1".into(),
-                    port: 22,
-                    host_key: HOST_KEY.into(),
-                    max_agents: 100,
-                    login_user: None,
-                    jump: None,
-                },
-            )
-            .await
-            .unwrap();
-        }
-        svc.create_namespace(
-            "test",
-            NewNamespace {
-                id: NS.into(),
-                name: None,
-                hosts: names,
-                cluster: None,
-                single_tenant: false,
-            },
-            true,
-        )
-        .await
-        .unwrap();
-        svc.put_configuration(
-            "test",
-            NS,
-            "cfg",
-            json!({"logging": {"level": "info"}}),
-            true,
-        )
-        .await
-        .unwrap();
+        let names = crate::fixtures::enrol_hosts(&svc, 3).await;
+        crate::fixtures::namespace(&svc, NS, names, None).await;
+        crate::fixtures::configuration(&svc, NS, json!({"logging": {"level": "info"}})).await;
         let (stop, _) = tokio::sync::watch::channel(false);
         let mut w = Self {
             svc,
@@ -114,21 +74,7 @@ impl World {
         };
         w.start_worker();
         for a in agents(n) {
-            w.svc
-                .create_agent(
-                    "test",
-                    NS,
-                    NewAgent {
-                        id: a.clone(),
-                        service_principal_id: None,
-                        configuration_id: "cfg".into(),
-                        harness_auth: None,
-                        restore: None,
-                        workspace_files: Vec::new(),
-                    },
-                )
-                .await
-                .unwrap();
+            crate::fixtures::agent(&w.svc, NS, &a).await;
             w.svc.deploy("test", NS, &a).await.unwrap();
         }
         w.until("every Agent serves rev-1", async || {

@@ -21,16 +21,15 @@ use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::{Fingerprint, HostName, Operation, OperationId, Principal};
 use coordinator::backend::{Backend, CallError, CallOptions, Target};
 use coordinator::config::WorkerSettings;
-use coordinator::model::{Cluster, ClusterRecord, RestorePolicy, RevisionStatus};
-use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::model::{RestorePolicy, RevisionStatus};
+use coordinator::service::{NewAgent, NewHost, Service};
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{Enqueue, SharedStore, Work, WorkKind, WorkRecord, WorkState};
 use coordinator::worker::{Step, Worker};
 use hostd_engine::{EngineBackend, Inject};
 use serde_json::json;
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 fn settings() -> WorkerSettings {
     WorkerSettings {
@@ -44,15 +43,7 @@ fn settings() -> WorkerSettings {
 }
 
 fn host(name: &str, max_agents: u32) -> NewHost {
-    NewHost {
-        name: name.into(),
-        address: "127.0.0.1".into(),
-        port: 22,
-        host_key: HOST_KEY.into(),
-        max_agents,
-        login_user: None,
-        jump: None,
-    }
+    crate::fixtures::host(name, HOST_KEY, max_agents)
 }
 
 struct World {
@@ -89,42 +80,14 @@ impl World {
     /// Namespace ns1 on a (fake) cluster c1, configuration cfg; ensure work queued.
     async fn on_cluster() -> Self {
         let w = Self::empty();
-        w.store
-            .insert_cluster(&ClusterRecord {
-                cluster: Cluster {
-                    name: "c1".into(),
-                    server: "https://127.0.0.1:6443".into(),
-                    settings: json!({}),
-                    created_at: 0,
-                    last_probe: None,
-                },
-                credentials: json!({"token": "not-a-real-token"}),
-            })
-            .await
-            .unwrap();
+        crate::fixtures::fake_cluster(&w.store).await;
         w.namespace(vec![], Some("c1".into())).await;
         w
     }
 
     async fn namespace(&self, hosts: Vec<String>, cluster: Option<String>) {
-        self.svc
-            .create_namespace(
-                "test",
-                NewNamespace {
-                    id: "ns1".into(),
-                    name: None,
-                    hosts,
-                    cluster,
-                    single_tenant: false,
-                },
-                true,
-            )
-            .await
-            .unwrap();
-        self.svc
-            .put_configuration("test", "ns1", "cfg", json!({}), true)
-            .await
-            .unwrap();
+        crate::fixtures::namespace(&self.svc, "ns1", hosts, cluster).await;
+        crate::fixtures::configuration(&self.svc, "ns1", json!({})).await;
     }
 
     fn worker(&self) -> Worker<EngineBackend> {
@@ -136,21 +99,7 @@ impl World {
     }
 
     async fn agent(&self, id: &str) {
-        self.svc
-            .create_agent(
-                "test",
-                "ns1",
-                NewAgent {
-                    id: id.into(),
-                    service_principal_id: None,
-                    configuration_id: "cfg".into(),
-                    harness_auth: None,
-                    restore: None,
-                    workspace_files: Vec::new(),
-                },
-            )
-            .await
-            .unwrap();
+        crate::fixtures::agent(&self.svc, "ns1", id).await;
     }
 
     /// Deploys the Agent; the new revision's id.

@@ -21,9 +21,8 @@ use clawfleet_protocol::ssh_key::PrivateKey;
 use clawfleet_protocol::ssh_key::private::{Ed25519Keypair, KeypairData};
 use coordinator::backend::{Backend, CallError, CallOptions, ClusterTarget, Target};
 use coordinator::config::WorkerSettings;
-use coordinator::model::{Cluster, ClusterRecord};
 use coordinator::model::{RolloutAgentState, RolloutSecret, RolloutState};
-use coordinator::service::{NewAgent, NewHost, NewNamespace, NewSecretRollout, Service};
+use coordinator::service::{NewSecretRollout, Service};
 use coordinator::store::SharedStore;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::Worker;
@@ -187,39 +186,16 @@ impl World {
     async fn with_host_key(host_key: String) -> Self {
         let store: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
         let svc = Service::new(store.clone());
-        svc.enrol_host(
-            "test",
-            NewHost {
-                name: "h1".into(),
-                address: "127.0.0.1".into(),
-                port: 22,
-                host_key,
-                max_agents: 4,
-                login_user: None,
-                jump: None,
-            },
-        )
-        .await
-        .unwrap();
+        svc.enrol_host("test", crate::fixtures::host("h1", &host_key, 4))
+            .await
+            .unwrap();
         Self::with_namespace(store, svc, vec!["h1".into()], None).await
     }
 
     /// ns1 on a (fake) cluster named c1 instead of a host pool.
     async fn on_cluster() -> Self {
         let store: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
-        store
-            .insert_cluster(&ClusterRecord {
-                cluster: Cluster {
-                    name: "c1".into(),
-                    server: "https://127.0.0.1:6443".into(),
-                    settings: json!({}),
-                    created_at: 0,
-                    last_probe: None,
-                },
-                credentials: json!({"token": "not-a-real-token"}),
-            })
-            .await
-            .unwrap();
+        crate::fixtures::fake_cluster(&store).await;
         let svc = Service::new(store.clone());
         Self::with_namespace(store, svc, vec![], Some("c1".into())).await
     }
@@ -232,19 +208,6 @@ impl World {
         hosts: Vec<String>,
         cluster: Option<String>,
     ) -> Self {
-        svc.create_namespace(
-            "test",
-            NewNamespace {
-                id: "ns1".into(),
-                name: None,
-                hosts,
-                cluster,
-                single_tenant: false,
-            },
-            true,
-        )
-        .await
-        .unwrap();
         let w = Self {
             svc,
             store,
@@ -257,32 +220,15 @@ impl World {
                 last_value: Mutex::new(HashMap::new()),
             }),
         };
+        crate::fixtures::namespace(&w.svc, "ns1", hosts, cluster).await;
         w.set("slack-bot", "xoxb-first-value").await;
-        w.svc
-            .put_configuration(
-                "test",
-                "ns1",
-                "cfg",
-                json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}}),
-                true,
-            )
-            .await
-            .unwrap();
-        w.svc
-            .create_agent(
-                "test",
-                "ns1",
-                NewAgent {
-                    id: "a1".into(),
-                    service_principal_id: None,
-                    configuration_id: "cfg".into(),
-                    harness_auth: None,
-                    restore: None,
-                    workspace_files: Vec::new(),
-                },
-            )
-            .await
-            .unwrap();
+        crate::fixtures::configuration(
+            &w.svc,
+            "ns1",
+            json!({"channels": {"slack": {"botToken": {"source": "file", "provider": "clawfleet", "id": "slack-bot"}}}}),
+        )
+        .await;
+        crate::fixtures::agent(&w.svc, "ns1", "a1").await;
         w
     }
 
@@ -491,21 +437,7 @@ async fn a_cluster_refusing_the_secrets_fails_the_deploy_before_activation() {
 
 impl World {
     async fn add_agent(&self, id: &str) {
-        self.svc
-            .create_agent(
-                "test",
-                "ns1",
-                NewAgent {
-                    id: id.into(),
-                    service_principal_id: None,
-                    configuration_id: "cfg".into(),
-                    harness_auth: None,
-                    restore: None,
-                    workspace_files: Vec::new(),
-                },
-            )
-            .await
-            .unwrap();
+        crate::fixtures::agent(&self.svc, "ns1", id).await;
     }
 
     /// The rollout of slack-bot's newest version: a canary, then waves of 2.

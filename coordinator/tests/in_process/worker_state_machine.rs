@@ -11,8 +11,8 @@ use std::time::Duration;
 use clawfleet_protocol::Ident;
 use clawfleet_protocol::failure::FailureCode;
 use coordinator::config::WorkerSettings;
-use coordinator::model::{Cluster, ClusterRecord, DesiredState, RevisionStatus};
-use coordinator::service::{NewAgent, NewHost, NewNamespace, Service};
+use coordinator::model::{DesiredState, RevisionStatus};
+use coordinator::service::Service;
 use coordinator::store::SharedStore;
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::worker::{Step, Worker};
@@ -24,8 +24,7 @@ fn rev_num(id: Option<&str>) -> Option<u64> {
     id.and_then(coordinator::model::Revision::number_of)
 }
 
-const HOST_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGtlzZ3MFfuteL1oS3yr1Yx72/TNBkiGm1NN+JwrXN+M";
+use crate::fixtures::HOST_KEY;
 
 fn settings() -> WorkerSettings {
     WorkerSettings {
@@ -52,45 +51,9 @@ impl World {
     /// `hosts` pool hosts and Namespace ns1 with Configuration cfg, on `store`.
     async fn on(store: SharedStore, hosts: usize) -> Self {
         let svc = Service::new(store.clone());
-        let names: Vec<String> = (1..=hosts).map(|i| format!("h{i}")).collect();
-        for n in &names {
-            svc.enrol_host(
-                "test",
-                NewHost {
-                    name: n.clone(),
-                    address: "127.0.0.1".into(),
-                    port: 22,
-                    host_key: HOST_KEY.into(),
-                    max_agents: 100,
-                    login_user: None,
-                    jump: None,
-                },
-            )
-            .await
-            .unwrap();
-        }
-        svc.create_namespace(
-            "test",
-            NewNamespace {
-                id: "ns1".into(),
-                name: None,
-                hosts: names,
-                cluster: None,
-                single_tenant: false,
-            },
-            true,
-        )
-        .await
-        .unwrap();
-        svc.put_configuration(
-            "test",
-            "ns1",
-            "cfg",
-            json!({"logging": {"level": "info"}}),
-            true,
-        )
-        .await
-        .unwrap();
+        let names = crate::fixtures::enrol_hosts(&svc, hosts).await;
+        crate::fixtures::namespace(&svc, "ns1", names, None).await;
+        crate::fixtures::configuration(&svc, "ns1", json!({"logging": {"level": "info"}})).await;
         Self {
             svc,
             store,
@@ -104,36 +67,10 @@ impl World {
             let s: SharedStore = Arc::new(SqliteStore::in_memory().unwrap());
             s
         };
-        store
-            .insert_cluster(&ClusterRecord {
-                cluster: Cluster {
-                    name: "c1".into(),
-                    server: "https://127.0.0.1:6443".into(),
-                    settings: json!({}),
-                    created_at: 0,
-                    last_probe: None,
-                },
-                credentials: json!({"token": "not-a-real-token"}),
-            })
-            .await
-            .unwrap();
+        crate::fixtures::fake_cluster(&store).await;
         let svc = Service::new(store.clone());
-        svc.create_namespace(
-            "test",
-            NewNamespace {
-                id: "ns1".into(),
-                name: None,
-                hosts: vec![],
-                cluster: Some("c1".into()),
-                single_tenant: false,
-            },
-            true,
-        )
-        .await
-        .unwrap();
-        svc.put_configuration("test", "ns1", "cfg", json!({}), true)
-            .await
-            .unwrap();
+        crate::fixtures::namespace(&svc, "ns1", vec![], Some("c1".into())).await;
+        crate::fixtures::configuration(&svc, "ns1", json!({})).await;
         Self {
             svc,
             store,
@@ -146,21 +83,7 @@ impl World {
     }
 
     async fn agent(&self, id: &str) {
-        self.svc
-            .create_agent(
-                "test",
-                "ns1",
-                NewAgent {
-                    id: id.into(),
-                    service_principal_id: None,
-                    configuration_id: "cfg".into(),
-                    harness_auth: None,
-                    restore: None,
-                    workspace_files: Vec::new(),
-                },
-            )
-            .await
-            .unwrap();
+        crate::fixtures::agent(&self.svc, "ns1", id).await;
     }
 
     /// Runs the worker until no work is left (or a bound is hit); returns every step.
