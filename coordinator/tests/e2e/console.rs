@@ -30,10 +30,7 @@ fn the_console_drives_a_real_host_in_chromium() {
         hosts: 1,
         ..FleetOptions::default()
     });
-    let token = std::fs::read_to_string(fleet.dir.path().join("operator-admin.token"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let token = fleet.admin_token();
     fleet.create_agent(
         "a1",
         &document("a1-r1", json!({"logLines": ["first line", PLANT]})),

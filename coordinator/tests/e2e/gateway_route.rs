@@ -28,10 +28,7 @@ fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_passwor
         hosts: 1,
         ..FleetOptions::default()
     });
-    let token = std::fs::read_to_string(fleet.dir.path().join("operator-admin.token"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let token = fleet.admin_token();
     let mut doc = document("a1-r1", json!({}));
     doc["gateway"] = json!({"auth": {"mode": "password"}});
     fleet.create_agent("a1", &doc);

@@ -307,6 +307,14 @@ impl Fleet {
 
     /// `occ --config <cfg> <args>` with the operator's admin token, not yet started (for a
     /// command that runs beside the test, such as a log follow).
+    /// The operator's copy of the first admin token (what `occ init` handed out).
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("operator-admin.token"))
+            .expect("occ init wrote no admin token")
+            .trim()
+            .to_owned()
+    }
+
     pub fn occ_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(&self.occ_bin);
         command
