@@ -28,6 +28,9 @@
 //!   the browser's WebSocket is closed with 1012 (service restart) so the Control UI
 //!   reconnects; a stop or delete closes it with 1001, a revoked or expired token with 1008.
 //!   A close is only ever written between two of the gateway's frames.
+//! - `.../gateway` without its trailing slash is a 308 to `.../gateway/`
+//!   (`add_gateway_root_redirects` in `routes.rs`): the Control UI's relative links must
+//!   resolve under the gateway's path.
 //! - Plain requests other than GET, HEAD and OPTIONS are audited (`agent.gateway-request`:
 //!   method, path, status); reads are logged only.
 

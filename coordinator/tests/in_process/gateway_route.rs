@@ -363,6 +363,24 @@ async fn the_gateway_gets_its_password_never_the_callers_credentials_and_answers
         .await;
     assert_eq!(root.status, 200, "{root:?}");
     assert_eq!(f.seen().last().unwrap().1, "/");
+    // Without its trailing slash, the gateway's root is a redirect to it (the Control UI's
+    // relative links resolve against the gateway's path), the query kept, nothing opened.
+    let opened = f.seen().len();
+    let bare = f
+        .raw(
+            "GET",
+            "/namespaces/ns1/agents/a1/gateway?session=main",
+            &[format!("Authorization: Bearer {deploy}")],
+            "",
+        )
+        .await;
+    assert_eq!(bare.status, 308, "{bare:?}");
+    assert_eq!(
+        bare.header("location").as_deref(),
+        Some("/namespaces/ns1/agents/a1/gateway/?session=main"),
+        "{bare:?}"
+    );
+    assert_eq!(f.seen().len(), opened, "a redirect reaches no gateway");
     let missing = f
         .raw(
             "GET",
