@@ -532,10 +532,14 @@ pub(crate) async fn agent<B: Backend>(
                     form method="post" action={ (base) "/stop" } { (csrf_field(&session)) button.danger type="submit" { "Stop…" } }
                 }
             }
-            // Gateway access is a tunnel for native clients so far (issue 30); the browser
-            // route it would open does not exist yet, so the page names the command.
+            // The gateway route takes the console's session cookie (`api/gateway_proxy.rs`)
+            // and asks for deploy in the Namespace, as the tunnel does: only then the link.
             @if caller.may(&ns, Role::Deploy) {
-                p { "Gateway: " code { "occ agent connect " (ns) " " (agent) } " opens a local port to it." }
+                p {
+                    a href={ "/namespaces/" (ns) "/agents/" (agent) "/gateway/" } target="_blank" rel="noopener noreferrer" { "Open the gateway" }
+                    " (its Control UI, through this coordinator), or "
+                    code { "occ agent connect " (ns) " " (agent) } " for a local port."
+                }
             }
             p.live { "Status: " span id="status-live" { "as served" } }
             div id="status" data-sse={ (base) "/events" } data-sse-status="status-live" { (status) }

@@ -73,6 +73,24 @@ fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_passwor
         let page = browser.new_page(1280, 800).await.unwrap();
         sign_in(&page, &base, &token).await;
 
+        // The console's link to the gateway, and the gateway's root without its slash,
+        // which the browser is redirected from to the root with it.
+        page.navigate(&format!("{base}/console/namespaces/{NS}/agents/a1"))
+            .await
+            .unwrap();
+        let href = page
+            .evaluate("document.querySelector('a[href$=\"/gateway/\"]')?.href ?? null")
+            .await
+            .unwrap();
+        assert_eq!(
+            href,
+            json!(format!("{gateway}/")),
+            "the console's gateway link"
+        );
+        page.navigate(&gateway).await.unwrap();
+        let at = page.evaluate("location.pathname").await.unwrap();
+        assert_eq!(at, json!(format!("/namespaces/{NS}/agents/a1/gateway/")));
+
         // The page loads through the route, and its WebSocket echoes through it.
         page.navigate(&format!("{gateway}/x-clawfleet-test/ui"))
             .await
