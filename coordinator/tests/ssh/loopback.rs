@@ -26,14 +26,15 @@ fn short(deadline_s: u64) -> CallOptions {
 
 #[test]
 fn probe_and_status_reuse_one_session() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         let started = Instant::now();
         for i in 0..20 {
@@ -76,14 +77,15 @@ fn probe_and_status_reuse_one_session() {
 
 #[test]
 fn concurrent_calls_share_the_connection() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     let pool = backend.settings().max_sessions_per_host;
     runtime().block_on(async {
         // 8 at once, then 20 at once (more than the per-host session limit of 8 and
@@ -270,14 +272,15 @@ fn idle_and_aged_sessions_are_closed() {
 
 #[test]
 fn a_session_killed_between_operations_is_replaced() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         backend
             .call(&target, ensure("k1"), short(10))
@@ -313,14 +316,15 @@ fn a_session_killed_between_operations_is_replaced() {
 
 #[test]
 fn an_envelope_written_into_a_dead_session_is_sent_again_once() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         backend.call(&target, probe(), short(10)).await.unwrap();
         let hostd = lo.starts()[0];
@@ -355,14 +359,15 @@ fn an_envelope_written_into_a_dead_session_is_sent_again_once() {
 
 #[test]
 fn a_session_killed_mid_operation_is_recovered_with_operation_status() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         backend.call(&target, probe(), short(10)).await.unwrap();
         // ensure-namespace waits 5 s in its hook; its hostd is killed meanwhile.
@@ -426,14 +431,15 @@ fn a_session_killed_mid_operation_is_recovered_with_operation_status() {
 
 #[test]
 fn changed_or_missing_host_key_is_refused() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        mut lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let mut lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         backend.call(&target, probe(), short(10)).await.unwrap();
         lo.stop_sshd();
@@ -496,14 +502,15 @@ fn unauthorised_login_key_is_refused() {
 
 #[test]
 fn reconnects_after_sshd_is_killed_and_restarted() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        mut lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let mut lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         backend.call(&target, probe(), short(10)).await.unwrap();
         lo.stop_sshd();
@@ -572,14 +579,15 @@ fn unreachable_host_fails_fast_with_backoff() {
 
 #[test]
 fn a_lost_result_is_recovered_with_operation_status() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         // hostd executes ensure-namespace and records success, but the result never
         // reaches the coordinator: operation-status returns the recorded result.
@@ -623,14 +631,15 @@ fn a_lost_result_is_recovered_with_operation_status() {
 
 #[test]
 fn an_envelope_that_never_arrived_is_a_transport_error() {
-    if loopback_skip() {
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(fast_settings())
+    else {
         return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
-    let backend = keys.backend(fast_settings());
-    let target = lo.target();
+    };
     runtime().block_on(async {
         lo.arm("swallow");
         match backend.call(&target, ensure("gone"), short(10)).await {
@@ -650,18 +659,19 @@ fn an_envelope_that_never_arrived_is_a_transport_error() {
 
 #[test]
 fn a_silent_session_times_out_after_deadline_plus_grace_then_asks() {
-    if loopback_skip() {
-        return;
-    }
-    init_tracing();
-    let keys = Keys::new();
-    let lo = Loopback::start(&keys);
     let settings = SshSettings {
         transport_grace: Duration::from_secs(1),
         ..fast_settings()
     };
-    let backend = keys.backend(settings);
-    let target = lo.target();
+    let Some(Started {
+        keys: _keys,
+        lo,
+        backend,
+        target,
+    }) = start(settings)
+    else {
+        return;
+    };
     runtime().block_on(async {
         lo.arm("hold");
         let t = Instant::now();

@@ -132,6 +132,34 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// What a loopback test starts from: hostd behind a private sshd, and a backend with
+/// `settings` that trusts its host key. The keys must outlive the test (they are its files).
+pub struct Started {
+    pub keys: Keys,
+    pub lo: Loopback,
+    pub backend: SshBackend,
+    pub target: HostTarget,
+}
+
+/// [`Started`], with tracing on; `None` when the test must skip ([`loopback_skip`] said
+/// why).
+pub fn start(settings: SshSettings) -> Option<Started> {
+    if loopback_skip() {
+        return None;
+    }
+    init_tracing();
+    let keys = Keys::new();
+    let lo = Loopback::start(&keys);
+    let backend = keys.backend(settings);
+    let target = lo.target();
+    Some(Started {
+        keys,
+        lo,
+        backend,
+        target,
+    })
+}
+
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
