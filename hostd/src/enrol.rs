@@ -550,13 +550,17 @@ pub fn enrol(req: &EnrolRequest) -> Result<EnrolOutcome, EnrolError> {
     // As root, the forced command names the key (`--key=<id>`: an id may begin with `-`), so
     // hostd bounds sessions per coordinator key (issue 26, N12); an earlier enrol's line
     // without it, or with `--key <id>`, is replaced. Through
-    // sudo the drop-in allows exactly `hostd serve`, so a login user's sessions are bounded
-    // per login user (sudo's `SUDO_USER`) instead.
+    // sudo the drop-in allows exactly `hostd serve` and `hostd relay`, so a login user's
+    // sessions are bounded per login user (sudo's `SUDO_USER`) instead; an earlier enrol's
+    // line that forced `serve` alone is replaced.
     let (authorized_keys_path, forced_command, earlier_commands, keys_mode) = match &login_user {
         Some(l) => (
             l.authorized_keys.clone(),
             l.forced_command.clone(),
-            Vec::new(),
+            req.login_user
+                .iter()
+                .map(|lu| lu.earlier_forced_command())
+                .collect(),
             0o644,
         ),
         None => {

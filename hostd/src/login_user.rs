@@ -1,8 +1,9 @@
 //! `hostd enrol --login-user NAME`, for hosts that forbid root login over SSH: the
 //! coordinator logs in as a dedicated system user whose key is forced to run
-//! `sudo -n /usr/sbin/hostd serve`, and a sudoers drop-in lets that user run exactly that
-//! command as root and nothing else. Root login stays the default; without `--login-user`
-//! nothing here runs.
+//! `sudo -n /usr/sbin/hostd serve` (or `... relay` when the coordinator asked for the relay
+//! channel, see [`LoginUserRequest::forced_command`]), and a sudoers drop-in lets that user
+//! run exactly those two commands as root and nothing else. Root login stays the default;
+//! without `--login-user` nothing here runs.
 //!
 //! Everything the user could change is root's: its home, `~/.ssh` and `authorized_keys` are
 //! root-owned and not writable by it, and it has no password (`*`, not locked, so sshd's key
@@ -16,6 +17,8 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
+
+use clawfleet_protocol::relay::RELAY_COMMAND;
 
 use crate::enrol::FileChange;
 use crate::system::SystemError;
@@ -57,8 +60,23 @@ impl LoginUserRequest {
         }
     }
 
-    /// The command the login key is forced to run.
+    /// The command the login key is forced to run: `sudo -n hostd relay` when the
+    /// coordinator asked for the relay channel ([`RELAY_COMMAND`], which sshd passes in
+    /// `SSH_ORIGINAL_COMMAND`), `sudo -n hostd serve` for anything else. The choice is made
+    /// here, before sudo, because sudo clears the environment: `hostd serve` as root can no
+    /// longer see what was asked. `/bin/sh` runs it whatever the user's shell; `case` does
+    /// not split or expand the asked command, which never reaches a command line.
     pub fn forced_command(&self) -> String {
+        let (sudo, hostd) = (self.sudo.display(), self.hostd.display());
+        format!(
+            "/bin/sh -c 'case $SSH_ORIGINAL_COMMAND in {relay}) exec {sudo} -n {hostd} relay;; *) exec {sudo} -n {hostd} serve;; esac'",
+            relay = RELAY_COMMAND.replace(' ', "[[:space:]]")
+        )
+    }
+
+    /// The forced command an enrol before the relay channel wrote (`serve` only): a line
+    /// with it is this enrol's to replace.
+    pub fn earlier_forced_command(&self) -> String {
         format!("{} -n {} serve", self.sudo.display(), self.hostd.display())
     }
 
@@ -68,9 +86,23 @@ impl LoginUserRequest {
             .join(format!("clawfleet-hostd-{}", self.name))
     }
 
-    /// The drop-in's text: the user may run `hostd serve` as root without a password, and
-    /// nothing else (a command with arguments in sudoers matches only those arguments).
+    /// The drop-in's text: the user may run `hostd serve` and `hostd relay` as root without
+    /// a password, and nothing else (a command with arguments in sudoers matches only those
+    /// arguments).
     pub fn sudoers_text(&self) -> String {
+        format!(
+            "# Written by `hostd enrol --login-user {name}`: {name} may run exactly\n\
+             # `{hostd} serve` and `{hostd} relay` as root (the forced command of the\n\
+             # coordinator's key), nothing else.\n\
+             {name} ALL=(root) NOPASSWD: {hostd} serve, {hostd} relay\n",
+            name = self.name,
+            hostd = self.hostd.display()
+        )
+    }
+
+    /// The drop-in an enrol before the relay channel wrote (`serve` only): this enrol's to
+    /// replace.
+    fn earlier_sudoers_text(&self) -> String {
         format!(
             "# Written by `hostd enrol --login-user {name}`: {name} may run exactly\n\
              # `{hostd} serve` as root (the forced command of the coordinator's key), nothing else.\n\
@@ -165,6 +197,7 @@ pub fn set_up(req: &LoginUserRequest) -> Result<LoginUserOutcome, LoginUserError
     let text = req.sudoers_text();
     let sudoers_change = match fs::read(&sudoers) {
         Ok(existing) if existing == text.as_bytes() => FileChange::Unchanged,
+        Ok(existing) if existing == req.earlier_sudoers_text().as_bytes() => FileChange::Updated,
         Ok(_) => {
             return Err(LoginUserError::SudoersConflict {
                 path: sudoers.display().to_string(),
@@ -201,7 +234,7 @@ pub fn set_up(req: &LoginUserRequest) -> Result<LoginUserOutcome, LoginUserError
         None => (req.home_base.join(&req.name), FileChange::Created),
     };
     // The drop-in, checked before anything changes.
-    if sudoers_change == FileChange::Created {
+    if sudoers_change != FileChange::Unchanged {
         check_sudoers(req, &text)?;
     }
     if user_change == FileChange::Created {
@@ -236,7 +269,7 @@ pub fn set_up(req: &LoginUserRequest) -> Result<LoginUserOutcome, LoginUserError
         std::os::unix::fs::lchown(&dir, Some(0), Some(0)).map_err(write_err(&dir))?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).map_err(write_err(&dir))?;
     }
-    if sudoers_change == FileChange::Created {
+    if sudoers_change != FileChange::Unchanged {
         install_sudoers(&sudoers, &text)?;
     }
     Ok(LoginUserOutcome {
@@ -323,18 +356,19 @@ mod tests {
     }
 
     #[test]
-    fn the_drop_in_allows_exactly_hostd_serve_and_the_key_runs_it_through_sudo() {
+    fn the_drop_in_allows_exactly_serve_and_relay_and_the_key_runs_them_through_sudo() {
         let req = LoginUserRequest::new("clawfleet");
         assert_eq!(
             req.forced_command(),
-            "/usr/bin/sudo -n /usr/sbin/hostd serve"
+            "/bin/sh -c 'case $SSH_ORIGINAL_COMMAND in hostd[[:space:]]relay) exec /usr/bin/sudo -n /usr/sbin/hostd relay;; *) exec /usr/bin/sudo -n /usr/sbin/hostd serve;; esac'"
         );
         let text = req.sudoers_text();
         let rules: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
         assert_eq!(
             rules,
-            ["clawfleet ALL=(root) NOPASSWD: /usr/sbin/hostd serve"]
+            ["clawfleet ALL=(root) NOPASSWD: /usr/sbin/hostd serve, /usr/sbin/hostd relay"]
         );
+        assert_ne!(req.earlier_sudoers_text(), text);
         assert_eq!(
             req.sudoers_file(),
             Path::new("/etc/sudoers.d/clawfleet-hostd-clawfleet")

@@ -86,7 +86,7 @@ fn a_login_user_runs_hostd_serve_through_sudo_and_nothing_else_on_a_real_host() 
     assert_eq!(first["loginUser"]["sudoers"], "created");
     assert_eq!(
         first["loginUser"]["forcedCommand"],
-        "/usr/bin/sudo -n /usr/sbin/hostd serve"
+        hostd::login_user::LoginUserRequest::new(USER).forced_command()
     );
     assert_eq!(first["hostKeyFingerprint"], host.host_key_fingerprint());
     let second = enrol(&host);
@@ -155,6 +155,7 @@ fn a_login_user_runs_hostd_serve_through_sudo_and_nothing_else_on_a_real_host() 
         "sudo -n /usr/sbin/hostd apply /etc/passwd",
         "sudo -n /bin/sh -c id",
         "sudo -n -u nobody /usr/sbin/hostd serve",
+        "sudo -n /usr/sbin/hostd relay --config /tmp/occ-login.pub",
     ] {
         let out = host
             .run(&format!("su -s /bin/sh {USER} -c '{cmd}' </dev/null"))
@@ -176,7 +177,21 @@ fn a_login_user_runs_hostd_serve_through_sudo_and_nothing_else_on_a_real_host() 
         .map(str::trim)
         .filter(|l| l.starts_with('('))
         .collect();
-    assert_eq!(allowed, ["(root) NOPASSWD: /usr/sbin/hostd serve"]);
+    assert_eq!(
+        allowed,
+        ["(root) NOPASSWD: /usr/sbin/hostd serve, /usr/sbin/hostd relay"]
+    );
+
+    // The relay channel, asked for as the coordinator asks (`hostd relay`): hostd relay's
+    // greeting, through sudo, as root.
+    let relay = ssh(&occ, &host, &[], &["hostd", "relay"]);
+    let stdout = String::from_utf8_lossy(&relay.stdout);
+    println!("ssh {USER}@host 'hostd relay' -> {stdout:?}");
+    assert!(
+        stdout.contains("idleTimeoutSeconds") && !stdout.contains("hostdVersion"),
+        "not hostd relay's greeting: {stdout} {}",
+        String::from_utf8_lossy(&relay.stderr)
+    );
 
     // Over ssh with the key: another command still gets hostd's hello (the forced command),
     // never a shell; a forward is refused.
@@ -198,6 +213,50 @@ fn a_login_user_runs_hostd_serve_through_sudo_and_nothing_else_on_a_real_host() 
     assert!(
         !String::from_utf8_lossy(&forward.stdout).starts_with("SSH-"),
         "reached sshd through a forward: {stderr}"
+    );
+
+    // A host enrolled before the relay channel (the drop-in and the forced command allowed
+    // `serve` alone): enrolling again replaces both, and the relay channel opens.
+    let earlier = hostd::login_user::LoginUserRequest::new(USER);
+    host.write_file(
+        &dropin,
+        format!(
+            "# Written by `hostd enrol --login-user {USER}`: {USER} may run exactly\n\
+             # `/usr/sbin/hostd serve` as root (the forced command of the coordinator's key), nothing else.\n\
+             {USER} ALL=(root) NOPASSWD: /usr/sbin/hostd serve\n"
+        )
+        .as_bytes(),
+        0o440,
+    )
+    .unwrap();
+    let keys_file = format!("/var/lib/clawfleet-login/{USER}/.ssh/authorized_keys");
+    host.write_file(
+        &keys_file,
+        format!(
+            "restrict,command=\"{}\" {}\n",
+            earlier.earlier_forced_command(),
+            occ.login_public().trim()
+        )
+        .as_bytes(),
+        0o644,
+    )
+    .unwrap();
+    let before_relay = ssh(&occ, &host, &[], &["hostd", "relay"]);
+    assert!(
+        String::from_utf8_lossy(&before_relay.stdout).contains("hostdVersion"),
+        "an earlier enrol's forced command runs serve whatever is asked"
+    );
+    let again = enrol(&host);
+    println!("enrol over an earlier one: {again}");
+    assert_eq!(again["loginUser"]["sudoers"], "updated", "{again}");
+    assert_eq!(again["authorizedKeys"], "updated", "{again}");
+    let keys = host.run_ok(&format!("cat {keys_file}")).unwrap();
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    let relay = ssh(&occ, &host, &[], &["hostd", "relay"]);
+    assert!(
+        String::from_utf8_lossy(&relay.stdout).contains("idleTimeoutSeconds"),
+        "{}",
+        String::from_utf8_lossy(&relay.stderr)
     );
 
     // Root login stays the default: the harness's root key still logs in.

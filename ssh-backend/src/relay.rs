@@ -136,7 +136,7 @@ impl RelayClient {
                 return Err(transport(
                     host,
                     format!(
-                        "hostd on {label} ended the relay channel at once (a hostd without `hostd relay`, or a login user whose sudo drops SSH_ORIGINAL_COMMAND)"
+                        "hostd on {label} ended the relay channel at once (a hostd without `hostd relay`, or a login user enrolled by an older hostd: run `hostd enrol --login-user` on the host again)"
                     ),
                 ));
             }

@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 
 use clawfleet_protocol::operation::RevisionSpec;
 use clawfleet_protocol::result::{OperationResult, OperationState, Progress, Step};
-use clawfleet_protocol::{FailureCode, OperationId};
+use clawfleet_protocol::{FailureCode, Ident, OperationId};
 use clawfleet_vm_tests::{TestHost, TestHosts, skip_unless_hosts};
 use coordinator::backend::{Backend, CallError, CallOptions, HostTarget, ProgressSink};
 use coordinator::model::Jump;
 use coordinator::ssh::{SshBackend, SshSettings};
 use serde_json::json;
 use ssh_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 fn opts() -> CallOptions {
@@ -613,6 +614,26 @@ fn login_user_through_sudo_and_a_shared_jump_host() {
         assert_eq!(stats.jump_connections_opened, 1, "{stats:?}");
         assert_eq!(stats.connections_opened, 2, "{stats:?}");
         assert_eq!(stats.sessions_opened, 2, "{stats:?}");
+        // The relay channel through the login user (its forced command runs `hostd relay`
+        // through sudo when asked), behind the jump host: the gateway answers.
+        let mut stream = backend
+            .open_gateway_stream(
+                &target1,
+                &Ident::new("ns1").unwrap(),
+                &Ident::new("a1").unwrap(),
+                "token:test",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("a relay stream through the login user: {e}"));
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        drop(stream);
 
         // The hosts saw the coordinator come from the jump host, as the login user, and
         // sudo started hostd once per session.

@@ -911,10 +911,14 @@ pub fn add_login_user(host: &clawfleet_vm_tests::TestHost, user: &str, keys: &Ke
             .replace('/', "\\/"),
     ))
     .unwrap();
+    // The forced command and drop-in `hostd enrol --login-user` writes (serve, and relay
+    // when the coordinator asks for the relay channel).
+    let request = hostd::login_user::LoginUserRequest::new(user);
     host.write_file(
         &format!("/home/{user}/.ssh/authorized_keys"),
         format!(
-            "restrict,command=\"sudo -n /usr/sbin/hostd serve\" {}\n",
+            "restrict,command=\"{}\" {}\n",
+            request.forced_command(),
             keys.login_public()
         )
         .as_bytes(),
@@ -923,7 +927,7 @@ pub fn add_login_user(host: &clawfleet_vm_tests::TestHost, user: &str, keys: &Ke
     .unwrap();
     host.write_file(
         "/etc/sudoers.d/clawfleet-hostd",
-        format!("{user} ALL=(root) NOPASSWD: /usr/sbin/hostd serve\n").as_bytes(),
+        request.sudoers_text().as_bytes(),
         0o440,
     )
     .unwrap();
