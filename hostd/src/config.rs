@@ -421,7 +421,8 @@ pub struct Limits {
     /// A session that receives no frame for this long ends itself (session.rs). Above the
     /// coordinator's own idle close (120 s), which replaces an ended session transparently.
     pub session_idle_timeout: Duration,
-    /// Gateway streams one relay channel (`hostd relay`, relay.rs) carries at once.
+    /// Gateway streams the host carries at once, all relay channels (`hostd relay`,
+    /// relay.rs) together.
     pub max_relay_streams: u32,
     /// A relayed gateway stream without a byte either way for this long is closed.
     pub relay_idle_timeout: Duration,

@@ -181,6 +181,12 @@ impl Layout {
         self.root.join("sessions")
     }
 
+    /// Gateway stream slots (`crate::relay`): `<n>.lock`, one held per open stream of every
+    /// `hostd relay` channel, so `[limits] max_relay_streams` bounds the host, not a channel.
+    pub fn relay_slots_dir(&self) -> PathBuf {
+        self.root.join("relay-streams")
+    }
+
     /// The uid high-water mark (`crate::uids`).
     pub fn uids_file(&self) -> PathBuf {
         self.root.join("uids.json")

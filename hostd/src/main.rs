@@ -315,6 +315,7 @@ fn relay(cli: &Cli) -> Result<ExitCode> {
     let settings = hostd::relay::RelaySettings {
         max_streams: config.limits.max_relay_streams,
         idle_timeout: config.limits.relay_idle_timeout,
+        slots: Some(engine.layout.relay_slots_dir()),
     };
     tracing::info!("relay session started");
     hostd::relay::run(

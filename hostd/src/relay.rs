@@ -12,7 +12,10 @@
 //! stream's inbound bytes are bounded by the credit it granted), one writes frames to the
 //! channel, and two per stream (gateway → channel respecting the peer's credit; channel →
 //! gateway granting credit as bytes are written). A stream without a byte either way for
-//! the idle timeout is reset; at most `max_streams` are open at once.
+//! the idle timeout is reset; at most `max_streams` are open at once on the host, all relay
+//! channels together: each open stream holds one of that many slot files
+//! ([`RelaySettings::slots`], a kernel `flock` released however the process ends), so a
+//! coordinator that opens many channels (or several coordinators) cannot multiply the cap.
 
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -46,8 +49,12 @@ const WRITE_QUEUE: usize = 1024;
 /// The relay's limits.
 #[derive(Debug, Clone)]
 pub struct RelaySettings {
-    /// Streams open at once on this channel; more are refused with `RELAY_STREAM_LIMIT`.
+    /// Streams open at once on this host (on this channel without `slots`); more are
+    /// refused with `RELAY_STREAM_LIMIT`.
     pub max_streams: u32,
+    /// The directory of the host's stream slots (`Layout::relay_slots_dir`), shared by every
+    /// relay channel; `None` bounds this channel alone (tests).
+    pub slots: Option<std::path::PathBuf>,
     /// A stream without a byte either way for this long is reset.
     pub idle_timeout: Duration,
 }
@@ -162,6 +169,8 @@ impl Credit {
 /// The reader's handle on one stream.
 struct StreamHandle {
     to_gateway: Sender<ToGateway>,
+    /// The host-wide slot the stream holds while it is open (released when dropped).
+    _slot: Option<crate::session::SessionSlot>,
     /// Bytes received and not yet written to the gateway (bounded by the window).
     unacked: Arc<AtomicU32>,
     credit: Arc<Credit>,
@@ -259,13 +268,38 @@ fn dispatch(
                 let f = Failure::new(
                     FailureCode::RelayStreamLimit,
                     format!(
-                        "this host's relay already carries {} streams ([limits] max_relay_streams)",
+                        "this relay channel already carries {} streams ([limits] max_relay_streams)",
                         settings.max_streams
                     ),
                 );
                 let _ = tx.send(refusal(id, &f));
                 return;
             }
+            let slot = match &settings.slots {
+                None => None,
+                Some(dir) => match crate::session::take_slot_from(dir, settings.max_streams, id) {
+                    Ok(Some(slot)) => Some(slot),
+                    Ok(None) => {
+                        let f = Failure::new(
+                            FailureCode::RelayStreamLimit,
+                            format!(
+                                "this host already carries {} gateway streams on all its relay channels together ([limits] max_relay_streams)",
+                                settings.max_streams
+                            ),
+                        );
+                        let _ = tx.send(refusal(id, &f));
+                        return;
+                    }
+                    Err(e) => {
+                        let f = Failure::new(
+                            FailureCode::Internal,
+                            format!("cannot take a gateway stream slot: {e}"),
+                        );
+                        let _ = tx.send(refusal(id, &f));
+                        return;
+                    }
+                },
+            };
             let (to_gateway, from_reader) = std::sync::mpsc::channel();
             let credit = Arc::new(Credit {
                 state: Mutex::new((u64::from(INITIAL_WINDOW), false)),
@@ -276,6 +310,7 @@ fn dispatch(
                 id,
                 StreamHandle {
                     to_gateway,
+                    _slot: slot,
                     unacked: unacked.clone(),
                     credit: credit.clone(),
                 },

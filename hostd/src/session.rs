@@ -449,11 +449,22 @@ pub struct SessionSlot {
 
 /// Takes a free slot of `max` in `dir`; `None` when all are held.
 pub fn take_slot(dir: &Path, max: u32) -> Result<Option<SessionSlot>, crate::fsutil::FsError> {
+    take_slot_from(dir, max, 0)
+}
+
+/// [`take_slot`], trying the slots from `first` on (and then from 0): a caller that takes
+/// many slots at once starts where it last stopped instead of trying every held one again.
+pub fn take_slot_from(
+    dir: &Path,
+    max: u32,
+    first: u32,
+) -> Result<Option<SessionSlot>, crate::fsutil::FsError> {
     if let Some(parent) = dir.parent() {
         crate::fsutil::ensure_dir(parent, 0o700)?;
     }
     crate::fsutil::ensure_dir(dir, 0o700)?;
-    for n in 0..max {
+    let first = if max == 0 { 0 } else { first % max };
+    for n in (first..max).chain(0..first) {
         let path = dir.join(format!("{n}.lock"));
         let file = std::fs::OpenOptions::new()
             .create(true)

@@ -103,6 +103,16 @@ struct Harness {
 
 impl Harness {
     fn start(max_streams: u32, idle: Duration) -> (Self, RelayHello) {
+        Self::start_with(max_streams, idle, None)
+    }
+
+    /// A relay channel whose streams take the host's slots in `slots` (as `hostd relay`
+    /// does with `Layout::relay_slots_dir`).
+    fn start_with(
+        max_streams: u32,
+        idle: Duration,
+        slots: Option<std::path::PathBuf>,
+    ) -> (Self, RelayHello) {
         let signer = key();
         let host = HostIdentity {
             name: HostName::new("host-a").unwrap(),
@@ -126,6 +136,7 @@ impl Harness {
                 RelaySettings {
                     max_streams,
                     idle_timeout: idle,
+                    slots,
                 },
                 input,
                 theirs,
@@ -315,6 +326,44 @@ fn the_stream_cap_refuses_and_a_closed_stream_frees_its_place() {
     std::thread::sleep(Duration::from_millis(200));
     h.open(4, "echo");
     assert_eq!(h.next_not_credit().kind, RelayKind::Opened);
+}
+
+/// The cap is the host's: two relay channels (two `hostd relay` processes, say two
+/// coordinators) share it through the slot files, and a stream that ends gives its slot back
+/// to whichever channel asks next.
+#[test]
+fn the_stream_cap_holds_across_channels() {
+    let slots = tempfile::tempdir().unwrap();
+    let dir = slots.path().join("relay-streams");
+    let (mut a, hello) = Harness::start_with(2, Duration::from_secs(60), Some(dir.clone()));
+    assert_eq!(hello.max_streams, 2);
+    let (mut b, _) = Harness::start_with(2, Duration::from_secs(60), Some(dir.clone()));
+    a.open(1, "echo");
+    assert_eq!(a.next().kind, RelayKind::Opened);
+    b.open(1, "echo");
+    assert_eq!(b.next().kind, RelayKind::Opened);
+    // Each channel holds one stream of its own two: the host holds two of its two.
+    a.open(2, "echo");
+    let refused = a.next();
+    assert_eq!(refusal_code(&refused), FailureCode::RelayStreamLimit);
+    let message = serde_json::from_slice::<Failure>(&refused.payload)
+        .unwrap()
+        .message;
+    assert!(message.contains("all its relay channels"), "{message}");
+    b.open(2, "echo");
+    assert_eq!(refusal_code(&b.next()), FailureCode::RelayStreamLimit);
+    // b's stream ends: its slot goes to a.
+    b.send(RelayFrame::reset(1, "done"));
+    std::thread::sleep(Duration::from_millis(200));
+    a.open(3, "echo");
+    assert_eq!(a.next_not_credit().kind, RelayKind::Opened);
+    // A channel that ends gives back every slot its streams held.
+    a.chan.shutdown(std::net::Shutdown::Both).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    b.open(3, "echo");
+    assert_eq!(b.next_not_credit().kind, RelayKind::Opened);
+    b.open(4, "echo");
+    assert_eq!(b.next_not_credit().kind, RelayKind::Opened);
 }
 
 #[test]
