@@ -28,9 +28,10 @@
 //!   the browser's WebSocket is closed with 1012 (service restart) so the Control UI
 //!   reconnects; a stop or delete closes it with 1001, a revoked or expired token with 1008.
 //!   A close is only ever written between two of the gateway's frames.
-//! - `.../gateway` without its trailing slash is a 308 to `.../gateway/`
-//!   (`add_gateway_root_redirects` in `routes.rs`): the Control UI's relative links must
-//!   resolve under the gateway's path.
+//! - `.../gateway` without its trailing slash is the gateway's root too: the Control UI
+//!   opens its WebSocket there (the page's path without its last slash). A plain GET or HEAD
+//!   of it is answered 308 to `.../gateway/` instead, so the page's relative links resolve
+//!   under the gateway's path.
 //! - Plain requests other than GET, HEAD and OPTIONS are audited (`agent.gateway-request`:
 //!   method, path, status); reads are logged only.
 
@@ -90,7 +91,8 @@ const HOP_BY_HOP: &[&str] = &[
 const CREDENTIALS: &[header::HeaderName] = &[header::COOKIE, header::AUTHORIZATION];
 
 /// Whether `path` is one of the table's gateway routes (`Answer::Proxy` rows): the row's
-/// segments up to `{path}`, each `{param}` one non-empty segment, then `/` and anything.
+/// segments up to `{path}`, each `{param}` one non-empty segment, then nothing (the root
+/// without its slash) or `/` and anything.
 pub(crate) fn is_gateway_route(path: &str) -> bool {
     clawfleet_api::ROUTES
         .iter()
@@ -115,7 +117,7 @@ pub(crate) fn is_gateway_route(path: &str) -> bool {
                 }
                 rest = tail;
             }
-            rest.starts_with('/')
+            rest.is_empty() || rest.starts_with('/')
         })
 }
 
@@ -129,6 +131,20 @@ fn upstream_target(uri: &axum::http::Uri) -> String {
         Some(q) => format!("/{rest}?{q}"),
         None => format!("/{rest}"),
     }
+}
+
+/// `308` from the gateway's root without its slash to the root, the query kept: the
+/// gateway's own answer would resolve the page's relative links against the Agent's path.
+fn to_root(uri: &axum::http::Uri) -> Proxied {
+    let location = match uri.query() {
+        Some(q) => format!("{}/?{q}", uri.path()),
+        None => format!("{}/", uri.path()),
+    };
+    // The path and query came in as a valid URI; with a slash added they still are.
+    Proxied(match HeaderValue::from_str(&location) {
+        Ok(v) => (StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, v)]).into_response(),
+        Err(_) => StatusCode::BAD_REQUEST.into_response(),
+    })
 }
 
 /// Refuses an `Origin` that is neither the coordinator's own (`http(s)://` and this
@@ -223,6 +239,13 @@ async fn proxy<B: Backend>(
     let place = st.service.gateway_place(ns, agent).await?;
     let websocket = is_websocket_upgrade(request.headers());
     let method = request.method().clone();
+    if !websocket
+        && matches!(method, Method::GET | Method::HEAD)
+        && !params.contains_key("path")
+        && !request.uri().path().ends_with('/')
+    {
+        return Ok(to_root(request.uri()));
+    }
     let reads = matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
     if websocket || !reads {
         check_origin(request.headers(), streams.allowed_origins())?;

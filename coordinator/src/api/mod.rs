@@ -321,7 +321,7 @@ fn routes_with<B: Backend>(
     let limiter = Arc::new(ratelimit::ReadLimiter::new(
         settings.runtime_reads_per_minute,
     ));
-    let routes = routes::add_gateway_root_redirects(routes::add_routes(Router::new(), &state))
+    let routes = routes::add_routes(Router::new(), &state)
         .fallback(|| async { ApiError::new(Code::NoSuchRoute, "no such route; see /openapi.json") })
         .with_state(state.clone())
         .layer(axum::Extension(limiter))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::MethodFilter;
 use clawfleet_api::Method;
 
@@ -111,52 +111,18 @@ where
 }
 
 /// The router's paths of a table path: itself, but for a gateway route (ending in
-/// `{path}`, the rest of the path with its slashes) the prefix with a wildcard and the
-/// prefix alone (the gateway's root).
+/// `{path}`, the rest of the path with its slashes) the prefix with a wildcard, the prefix
+/// alone (the gateway's root), and the prefix without its last slash: the Control UI opens
+/// its WebSocket there, and a browser given that address is redirected to the root
+/// (`gateway_proxy`).
 fn axum_paths(path: &'static str) -> Vec<String> {
     match path.strip_suffix(clawfleet_api::routes::PROXY_PATH_PARAM) {
-        Some(prefix) => vec![format!("{prefix}{{*path}}"), prefix.to_owned()],
+        Some(prefix) => vec![
+            format!("{prefix}{{*path}}"),
+            prefix.to_owned(),
+            prefix.trim_end_matches('/').to_owned(),
+        ],
         None => vec![path.to_owned()],
-    }
-}
-
-/// The gateway's root without its trailing slash (`.../gateway`), for each gateway route of
-/// the table: a browser given that address would resolve the Control UI's relative links
-/// against the Agent's path instead of the gateway's, so it is sent to `.../gateway/` (308,
-/// the query kept). The redirect reads nothing and says nothing the address did not.
-pub(super) fn add_gateway_root_redirects<S: Clone + Send + Sync + 'static>(
-    mut router: Router<S>,
-) -> Router<S> {
-    let roots: std::collections::BTreeSet<&str> = clawfleet_api::routes::ROUTES
-        .iter()
-        .filter_map(|r| r.path.strip_suffix(clawfleet_api::routes::PROXY_PATH_PARAM))
-        .filter_map(|prefix| prefix.strip_suffix('/'))
-        .collect();
-    for root in roots {
-        router = router.route(root, axum::routing::get(to_gateway_root));
-    }
-    router
-}
-
-/// `308` to the request's path with a slash added, its query kept.
-async fn to_gateway_root(uri: axum::http::Uri) -> Response {
-    let location = match uri.query() {
-        Some(q) => format!("{}/?{q}", uri.path()),
-        None => format!("{}/", uri.path()),
-    };
-    match axum::http::HeaderValue::from_str(&location) {
-        Ok(v) => (
-            StatusCode::PERMANENT_REDIRECT,
-            [(axum::http::header::LOCATION, v)],
-        )
-            .into_response(),
-        // The path and query came in as a valid URI, so this cannot happen; if it did, the
-        // address is answered as the router answers any it does not know.
-        Err(_) => ApiError::new(
-            crate::codes::Code::NoSuchRoute,
-            "no such route; see /openapi.json",
-        )
-        .into_response(),
     }
 }
 

@@ -381,6 +381,36 @@ async fn the_gateway_gets_its_password_never_the_callers_credentials_and_answers
         "{bare:?}"
     );
     assert_eq!(f.seen().len(), opened, "a redirect reaches no gateway");
+    // A WebSocket there is the gateway's root (the Control UI opens it at the page's path
+    // without its last slash), with the console's session cookie as anywhere on the route.
+    let mut s = tokio::net::TcpStream::connect(&f.addr).await.unwrap();
+    let req = format!(
+        "GET /namespaces/ns1/agents/a1/gateway HTTP/1.1\r\nHost: {addr}\r\n\
+         Origin: http://{addr}\r\nCookie: occ_console={deploy}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        addr = f.addr
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut byte))
+            .await
+            .expect("no answer to the upgrade")
+            .unwrap();
+        assert_eq!(
+            n,
+            1,
+            "closed before its head: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert_eq!(f.seen().last().unwrap().1, "/");
+    drop(s);
     let missing = f
         .raw(
             "GET",
