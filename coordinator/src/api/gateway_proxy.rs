@@ -294,6 +294,16 @@ async fn proxy<B: Backend>(
             headers.remove(*name);
         }
     }
+    // A WebSocket's first message carries the gateway's password too (`gateway_connect`):
+    // kept for that, and the frames left uncompressed so it can be read.
+    let connect_password = if websocket {
+        stream.password.clone()
+    } else {
+        None
+    };
+    if connect_password.is_some() {
+        headers.remove(header::SEC_WEBSOCKET_EXTENSIONS);
+    }
     if let Some(password) = &stream.password {
         let mut v = HeaderValue::from_str(&format!("Bearer {}", password.expose()))
             .map_err(|_| bad_gateway(&place, "has a password that is no header value", ""))?;
@@ -357,6 +367,7 @@ async fn proxy<B: Backend>(
                             &st,
                             hyper_util::rt::TokioIo::new(c),
                             hyper_util::rt::TokioIo::new(g),
+                            connect_password,
                             &token_hash,
                             &place,
                             recheck,
@@ -482,12 +493,14 @@ fn close_code(reason: &str) -> Option<u16> {
 }
 
 /// Copies both ways until either side ends or a re-check says the WebSocket must close;
-/// closes the caller's WebSocket with [`close_code`] when the coordinator ends it. Answers the
-/// close reason and the bytes to and from the gateway.
+/// closes the caller's WebSocket with [`close_code`] when the coordinator ends it. With the
+/// gateway's `password`, the caller's first frame goes through `gateway_connect` first.
+/// Answers the close reason and the bytes to and from the gateway.
 async fn run_websocket<B: Backend>(
     st: &super::AppState<B>,
     client: impl AsyncRead + AsyncWrite + Unpin,
     gateway: impl AsyncRead + AsyncWrite + Unpin,
+    password: Option<crate::backend::GatewayPassword>,
     token_hash: &str,
     place: &GatewayPlace,
     recheck: std::time::Duration,
@@ -499,6 +512,16 @@ async fn run_websocket<B: Backend>(
     let mut tracker = FrameTracker::default();
     let reason = {
         let to_gateway = async {
+            if let Some(password) = password {
+                let first = super::gateway_connect::first_frame(&mut cr, &password).await?;
+                drop(password);
+                if first.is_empty() {
+                    gw.shutdown().await?;
+                    return Ok::<(), std::io::Error>(());
+                }
+                gw.write_all(&first).await?;
+                up.fetch_add(first.len() as u64, Ordering::Relaxed);
+            }
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 let n = cr.read(&mut buf).await?;
@@ -584,7 +607,7 @@ mod tests {
     fn the_table_names_the_gateway_routes() {
         assert!(is_gateway_route("/namespaces/a/agents/b/gateway/"));
         assert!(is_gateway_route("/namespaces/a/agents/b/gateway/x/y.js"));
-        assert!(!is_gateway_route("/namespaces/a/agents/b/gateway"));
+        assert!(is_gateway_route("/namespaces/a/agents/b/gateway"));
         assert!(!is_gateway_route("/namespaces/a/agents/b/gateway-tunnel"));
         assert!(!is_gateway_route("/namespaces/a/agents/b/runtime"));
         assert!(!is_gateway_route("/namespaces//agents/b/gateway/"));

@@ -19,6 +19,7 @@ mod agents;
 mod clusters;
 mod extract;
 mod gateway;
+mod gateway_connect;
 mod gateway_proxy;
 mod hosts;
 mod namespaces;

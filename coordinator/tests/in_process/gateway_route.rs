@@ -49,7 +49,9 @@ struct GatewayBackend {
 }
 
 /// The gateway: `GET /missing` is a plain-text 404, `POST /things` 201, a WebSocket upgrade
-/// sends "hello", answers each frame with "got", and (when `vanish`) then drops the
+/// sends "hello", answers each frame with "got" (but a `connect` request that carries the
+/// gateway's password, as OpenClaw's gateway wants it, with "connect-ok"), and (when
+/// `vanish`) then drops the
 /// connection as a restarting gateway would; anything else 200 with the names of the headers
 /// it got (never their values).
 async fn gateway(
@@ -87,7 +89,12 @@ async fn gateway(
                 if n == 0 {
                     return;
                 }
-                io.write_all(&text_frame("got")).await.unwrap();
+                let answer = if connect_has_password(&buf[..n]) {
+                    "connect-ok"
+                } else {
+                    "got"
+                };
+                io.write_all(&text_frame(answer)).await.unwrap();
                 if vanish.load(Ordering::SeqCst) {
                     // Gone without a close frame, as a gateway that restarts.
                     return;
@@ -117,6 +124,36 @@ async fn gateway(
         .header("x-gateway", "yes")
         .body(axum::body::Body::from(body))
         .unwrap())
+}
+
+/// Whether `frame` (one whole masked client frame of under 126 bytes, or with a 16-bit
+/// length) is OpenClaw's `connect` request with the gateway's password and no token.
+fn connect_has_password(frame: &[u8]) -> bool {
+    if frame.len() < 6 || frame[1] & 0x80 == 0 {
+        return false;
+    }
+    let (len, at) = match frame[1] & 0x7f {
+        126 if frame.len() >= 8 => (usize::from(u16::from_be_bytes([frame[2], frame[3]])), 4),
+        n if n < 126 => (usize::from(n), 2),
+        _ => return false,
+    };
+    let Some(mask) = frame.get(at..at + 4) else {
+        return false;
+    };
+    let Some(payload) = frame.get(at + 4..at + 4 + len) else {
+        return false;
+    };
+    let text: Vec<u8> = payload
+        .iter()
+        .enumerate()
+        .map(|(i, b)| b ^ mask[i % 4])
+        .collect();
+    let Ok(v) = serde_json::from_slice::<Value>(&text) else {
+        return false;
+    };
+    v["method"] == "connect"
+        && v["params"]["auth"]["password"] == PASSWORD
+        && v["params"]["auth"].get("token").is_none()
 }
 
 /// An unmasked text frame (as a server sends).
@@ -705,5 +742,60 @@ async fn a_new_active_revision_closes_the_websocket_with_1012() {
     assert_eq!(
         closes[0]["detail"]["closeReason"],
         "active revision changed"
+    );
+}
+
+/// OpenClaw's gateway takes its password in the WebSocket's first message, the `connect`
+/// request, not in a header: the coordinator gives it there, replacing a token the caller
+/// typed, and the caller never sees it. The caller's offer of compression is not passed on,
+/// so that frame can be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_connect_request_gets_the_gateways_password_and_the_caller_never_sees_it() {
+    let f = Fleet::start(Vec::new()).await;
+    let deploy = f.token("ns1", "deploy").await;
+    let mut s = tokio::net::TcpStream::connect(&f.addr).await.unwrap();
+    let req = format!(
+        "GET /namespaces/ns1/agents/a1/gateway HTTP/1.1\r\nHost: {addr}\r\n\
+         Origin: http://{addr}\r\nCookie: occ_console={deploy}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        addr = f.addr
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let connect = json!({"type": "req", "id": "1", "method": "connect",
+                         "params": {"auth": {"token": "typed-by-the-caller"}}});
+    s.write_all(&client_frame(&connect.to_string()))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut want = [text_frame("hello"), text_frame("connect-ok")].concat();
+    for second in [false, true] {
+        if second {
+            // A later frame that looks the same passes untouched.
+            s.write_all(&client_frame(&connect.to_string()))
+                .await
+                .unwrap();
+            want.extend(text_frame("got"));
+        }
+        while !got.windows(want.len()).any(|w| w == want.as_slice()) {
+            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+                .await
+                .expect("the gateway's answer within 10 s")
+                .unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    assert!(
+        !got.windows(PASSWORD.len())
+            .any(|w| w == PASSWORD.as_bytes())
+    );
+    let (_, target, headers) = f.seen().last().unwrap().clone();
+    assert_eq!(target, "/");
+    assert!(
+        headers.get("sec-websocket-extensions").is_none(),
+        "{headers:?}"
     );
 }
