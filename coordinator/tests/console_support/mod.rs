@@ -1,4 +1,4 @@
-//! What the console's browser suites share (`tests/in_process/console.rs` in process, `tests/e2e_console.rs`
+//! What the console's browser suites share (`tests/in_process/console.rs` in process, `tests/e2e/console.rs`
 //! on a real test host): the chromium skip rule, screenshots at three widths, and waiting for
 //! a page's text.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]

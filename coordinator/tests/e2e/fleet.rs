@@ -6,7 +6,7 @@
 //! on every host (`hostd status --json` and the test gateway's `/info`) must equal the desired
 //! state held by the coordinator.
 //!
-//! The [`fleet`] helpers live in `fleet_support/`, shared with `e2e_defects.rs` and `benches/fleet.rs`.
+//! The [`fleet`] helpers live in `fleet_support/`, shared with `tests/e2e/defects.rs` and `benches/fleet.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::fleet_support as fleet;

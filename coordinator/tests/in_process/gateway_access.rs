@@ -4,7 +4,7 @@
 //! refused, the per-token cap holds, a revoked token's stream and a stopped Agent's stream
 //! close within the re-check interval, and every stream has its audit record.
 //!
-//! The same streams over a real SSH relay to hostd are `ssh_relay.rs`.
+//! The same streams over a real SSH relay to hostd are `tests/ssh/relay.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::api_support::{self, Served};

@@ -6,7 +6,7 @@
 //! WebSockets and changes; a console session opens the WebSocket, and a gateway that goes
 //! away closes it with 1012; connect and close are audited.
 //!
-//! The same route in headless Chromium over a real test host is `e2e_gateway_route.rs`.
+//! The same route in headless Chromium over a real test host is `tests/e2e/gateway_route.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::api_support::{self, Served};
