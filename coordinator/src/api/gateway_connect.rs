@@ -16,56 +16,27 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use zeroize::Zeroizing;
 
+use super::ws_frame::{Header, header};
 use crate::backend::GatewayPassword;
 
 /// The largest first frame the coordinator reads to look at (a `connect` request is a few
 /// KiB: client info, device identity and signature).
 pub(crate) const MAX_FIRST_FRAME: usize = 64 * 1024;
 
-/// A frame's parts, as far as they matter here.
+/// A whole frame: its header and its payload.
 struct Frame<'a> {
-    fin: bool,
-    opcode: u8,
-    mask: Option<[u8; 4]>,
+    header: Header,
     payload: &'a [u8],
 }
 
 /// The first frame in `buf` and its length on the wire, once it is all there.
 fn parse(buf: &[u8]) -> Option<(Frame<'_>, usize)> {
-    let (&b0, rest) = buf.split_first()?;
-    let (&b1, mut rest) = rest.split_first()?;
-    let len = match b1 & 0x7f {
-        126 => {
-            let (n, r) = rest.split_at_checked(2)?;
-            rest = r;
-            u64::from(u16::from_be_bytes([n[0], n[1]]))
-        }
-        127 => {
-            let (n, r) = rest.split_at_checked(8)?;
-            rest = r;
-            u64::from_be_bytes(n.try_into().ok()?)
-        }
-        n => u64::from(n),
-    };
-    let mask = if b1 & 0x80 != 0 {
-        let (m, r) = rest.split_at_checked(4)?;
-        rest = r;
-        Some([m[0], m[1], m[2], m[3]])
-    } else {
-        None
-    };
-    let len = usize::try_from(len).ok()?;
-    let payload = rest.get(..len)?;
-    let header = buf.len() - rest.len();
-    Some((
-        Frame {
-            fin: b0 & 0x80 != 0,
-            opcode: b0 & 0x0f,
-            mask,
-            payload,
-        },
-        header + len,
-    ))
+    let header = header(buf)?;
+    let end = header
+        .header_len
+        .checked_add(usize::try_from(header.payload_len).ok()?)?;
+    let payload = buf.get(header.header_len..end)?;
+    Some((Frame { header, payload }, end))
 }
 
 fn apply_mask(bytes: &mut [u8], mask: [u8; 4]) {
@@ -100,8 +71,8 @@ fn text_frame(payload: &[u8], mask: [u8; 4]) -> Zeroizing<Vec<u8>> {
 /// text frame holding the gateway's `connect` request; `None` for anything else.
 fn with_password(buf: &[u8], password: &str, mask: [u8; 4]) -> Option<(Zeroizing<Vec<u8>>, usize)> {
     let (frame, used) = parse(buf)?;
-    let client_mask = frame.mask?;
-    if !frame.fin || frame.opcode != 0x1 {
+    let client_mask = frame.header.mask?;
+    if !frame.header.fin || frame.header.opcode != 0x1 {
         return None;
     }
     let mut text = Zeroizing::new(frame.payload.to_vec());
@@ -168,9 +139,9 @@ mod tests {
     fn unmasked_payload(frame: &[u8]) -> Value {
         let (f, used) = parse(frame).unwrap();
         assert_eq!(used, frame.len());
-        assert!(f.fin && f.opcode == 1);
+        assert!(f.header.fin && f.header.opcode == 1);
         let mut p = f.payload.to_vec();
-        apply_mask(&mut p, f.mask.unwrap());
+        apply_mask(&mut p, f.header.mask.unwrap());
         serde_json::from_slice(&p).unwrap()
     }
 
@@ -258,7 +229,7 @@ mod tests {
         let out = first_frame(&mut a, &password).await.unwrap();
         drop(a);
         let (f, used) = parse(&out).unwrap();
-        assert!(f.fin);
+        assert!(f.header.fin);
         assert_eq!(
             unmasked_payload(&out[..used])["params"]["auth"]["password"],
             "managed"

@@ -445,26 +445,7 @@ impl FrameTracker {
 
     /// The payload length and opcode once the header is complete.
     fn complete_header(&self) -> Option<(u64, u8)> {
-        let h = &self.header;
-        if h.len() < 2 {
-            return None;
-        }
-        let masked = h[1] & 0x80 != 0;
-        let (ext, len7) = match h[1] & 0x7f {
-            126 => (2, None),
-            127 => (8, None),
-            n => (0, Some(u64::from(n))),
-        };
-        let need = 2 + ext + if masked { 4 } else { 0 };
-        if h.len() < need {
-            return None;
-        }
-        let len = len7.unwrap_or_else(|| {
-            h[2..2 + ext]
-                .iter()
-                .fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
-        });
-        Some((len, h[0] & 0x0f))
+        super::ws_frame::header(&self.header).map(|h| (h.payload_len, h.opcode))
     }
 
     fn between_frames(&self) -> bool {

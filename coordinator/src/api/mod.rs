@@ -31,6 +31,7 @@ pub(crate) mod runtime;
 mod secrets;
 mod system;
 mod tokens;
+mod ws_frame;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
