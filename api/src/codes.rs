@@ -143,6 +143,7 @@ codes! {
     OriginRefused = "ORIGIN_REFUSED" => 403 Permanent, "The request's Origin is neither the coordinator's own nor in api.gateway_allowed_origins (a page of another site may not open gateway streams nor send changes to a gateway); the message names the Origin.";
     GatewayRouteFailed = "GATEWAY_ROUTE_FAILED" => 502 Retryable, "The stream to the Agent's gateway opened, but the gateway did not answer the request as HTTP (it closed, or answered garbage); the message says what happened.";
     GatewayNotServing = "GATEWAY_NOT_SERVING" => 409 Permanent, "The Agent is not meant to run (stopped or being deleted) or has no active revision, so there is no gateway to reach.";
+    ControlUiNotDeployed = "CONTROL_UI_NOT_DEPLOYED" => 409 Permanent, "The Agent's active revision does not serve its Control UI at the coordinator's .../ui/ path: it was rendered before the coordinator set gateway.controlUi.basePath (deploy a new revision), or its configuration turns the Control UI off (gateway.controlUi.enabled: false).";
     GatewayStreamLimit = "GATEWAY_STREAM_LIMIT" => 429 Retryable, "The token has its most gateway streams open (api.gateway_streams_per_token); close one or retry later.";
     RateLimited = "RATE_LIMITED" => 429 Retryable, "The token is over one of its limits (requests in progress, requests per minute, reads of hosts and clusters per minute); retry after the Retry-After seconds.";
     // Work outcomes.

@@ -93,6 +93,15 @@ pub enum Answer {
 /// included, possibly empty), as the gateway sees it.
 pub const PROXY_PATH_PARAM: &str = "{path}";
 
+/// Where the coordinator serves an Agent's Control UI: the path of the table's
+/// `.../agents/{agent}/ui/{path}` row without its `/{path}`. The gateway is told it as its
+/// `gateway.controlUi.basePath` and gets that row's requests with their whole path, so the
+/// absolute links the Control UI writes into its page (`<basePath>/assets/...`) and its
+/// WebSocket (the page's path) come back through that row.
+pub fn control_ui_path(ns: &str, agent: &str) -> String {
+    format!("/namespaces/{ns}/agents/{agent}/ui")
+}
+
 /// The `Upgrade:` protocol of the [`Answer::Upgrade`] routes.
 pub const UPGRADE_PROTOCOL: &str = "clawfleet-gateway";
 
@@ -240,6 +249,8 @@ macro_rules! route_table {
                 => gateway::gateway_tunnel, "A byte stream to the Agent's gateway (HTTP upgrade to clawfleet-gateway; `occ agent connect`), audited per stream, closed on token revocation, stop, delete or a new active revision";
             Get "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
                 => gateway::gateway_get, "GET on the Agent's gateway at {path} (its Control UI in a browser signed in to the console, its HTTP API, and its WebSocket: an upgrade is relayed, audited per stream and closed with 1012 when the Agent's gateway goes away); the caller's Cookie and Authorization are removed and the gateway's own password is added, an Origin other than the coordinator's is refused";
+            Get "/namespaces/{ns}/agents/{agent}/ui/{path}", Namespace(Deploy), Proxy -> 200 Proxy
+                => gateway::control_ui_get, "The Agent's OpenClaw Control UI in a browser signed in to the console, and its WebSocket: the gateway serves it at this path (its gateway.controlUi.basePath, set by the coordinator), so the whole path is passed on; credentials and Origin as for the gateway route";
             Post "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
                 => gateway::gateway_post, "POST on the Agent's gateway at {path}; the caller's Cookie and Authorization are removed and the gateway's own password is added, an Origin other than the coordinator's is refused";
             Put "/namespaces/{ns}/agents/{agent}/gateway/{path}", Namespace(Deploy), Proxy -> 200 Proxy
@@ -375,6 +386,17 @@ route_table!(routes);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_control_ui_path_is_a_proxy_row_of_the_table() {
+        let row = format!("{}/{PROXY_PATH_PARAM}", control_ui_path("{ns}", "{agent}"));
+        assert!(
+            ROUTES
+                .iter()
+                .any(|r| r.path == row && matches!(r.answer, Answer::Proxy)),
+            "no proxy row {row}"
+        );
+    }
 
     #[test]
     fn every_route_is_unique_and_its_access_fits_its_path() {

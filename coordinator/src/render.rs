@@ -249,10 +249,11 @@ pub const SECTIONS: &[Section] = &[
         "gateway",
         Rendered,
         "clawfleet sets mode \"local\", bind \"loopback\" and password auth through the managed \
-         OPENCLAW_GATEWAY_PASSWORD (or keeps trusted-proxy); refused: gateway.port (the host \
-         assigns it), other modes and binds, auth fields other than mode, password, \
-         allowTailscale, identityScopes, rateLimit and trustedProxy, literal passwords, and \
-         gateway.tls.enabled",
+         OPENCLAW_GATEWAY_PASSWORD (or keeps trusted-proxy), and controlUi.basePath to the \
+         coordinator's .../agents/{agent}/ui path; refused: gateway.port (the host assigns \
+         it), other modes and binds, auth fields other than mode, password, allowTailscale, \
+         identityScopes, rateLimit and trustedProxy, literal passwords, \
+         gateway.controlUi.basePath, and gateway.tls.enabled",
     ),
     row(
         "cloudWorkers",
@@ -845,6 +846,18 @@ fn render_gateway(root: &mut Map<String, Value>) -> Result<(), Refusal> {
             "native TLS on the gateway listener is not supported",
         ));
     }
+    if let Some(ui) = gw.get("controlUi") {
+        let ui = ui
+            .as_object()
+            .ok_or_else(|| refuse("gateway.controlUi", "must be an object"))?;
+        if ui.contains_key("basePath") {
+            return Err(refuse(
+                "gateway.controlUi.basePath",
+                "the coordinator serves the Control UI at .../agents/{agent}/ui/ and sets its \
+                 path; remove gateway.controlUi.basePath",
+            ));
+        }
+    }
     gw.insert("mode".to_owned(), json!("local"));
     gw.insert("bind".to_owned(), json!("loopback"));
     let auth = gw
@@ -879,6 +892,22 @@ fn render_gateway(root: &mut Map<String, Value>) -> Result<(), Refusal> {
             ));
         }
     }
+    Ok(())
+}
+
+/// Tells a rendered document's gateway where the coordinator serves its Control UI
+/// ([`clawfleet_api::routes::control_ui_path`]): the gateway writes that path into the
+/// page's links, which then resolve through the coordinator. Part of the revision (its
+/// hash), as every path the gateway is given; [`render`] refuses one in the document.
+pub fn serve_control_ui_at(rendered: &mut Value, path: &str) -> Result<(), Refusal> {
+    let root = object(rendered, "configuration")?;
+    let gateway = root
+        .entry("gateway")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let ui = object(gateway, "gateway")?
+        .entry("controlUi")
+        .or_insert_with(|| Value::Object(Map::new()));
+    object(ui, "gateway.controlUi")?.insert("basePath".to_owned(), json!(path));
     Ok(())
 }
 
@@ -1017,6 +1046,11 @@ mod tests {
                 json!({"gateway": {"auth": {"password": "hunter2"}}}),
                 "gateway.auth.password",
             ),
+            (
+                json!({"gateway": {"controlUi": {"basePath": "/x"}}}),
+                "gateway.controlUi.basePath",
+            ),
+            (json!({"gateway": {"controlUi": true}}), "gateway.controlUi"),
             (json!({"agents": {"list": []}}), "agents.list"),
             (
                 json!({"agents": {"entries": {"other": {}}}}),

@@ -32,7 +32,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::access::Caller;
 pub(super) use super::gateway_proxy::{
-    gateway_delete, gateway_get, gateway_patch, gateway_post, gateway_put,
+    control_ui_get, gateway_delete, gateway_get, gateway_patch, gateway_post, gateway_put,
 };
 use super::{ApiError, ApiResult, S};
 use crate::backend::Backend;

@@ -28,10 +28,17 @@
 //!   the browser's WebSocket is closed with 1012 (service restart) so the Control UI
 //!   reconnects; a stop or delete closes it with 1001, a revoked or expired token with 1008.
 //!   A close is only ever written between two of the gateway's frames.
-//! - `.../gateway` without its trailing slash is the gateway's root too: the Control UI
-//!   opens its WebSocket there (the page's path without its last slash). A plain GET or HEAD
-//!   of it is answered 308 to `.../gateway/` instead, so the page's relative links resolve
-//!   under the gateway's path.
+//! - `.../agents/{agent}/ui/{path}` is the Control UI's own route ([`Mount::ControlUi`]):
+//!   GET only, the same rules, but the gateway sees the whole path. Each revision tells its
+//!   gateway that path as `gateway.controlUi.basePath` (`crate::render::serve_control_ui_at`),
+//!   and the gateway writes it into the page's absolute links (`<basePath>/assets/...`), which
+//!   a stripped prefix would send to the coordinator's root. The gateway's API stays at its
+//!   root, on the gateway route. A revision built without that path is refused
+//!   (`CONTROL_UI_NOT_DEPLOYED`) rather than answered with a page whose links all miss.
+//! - `.../gateway` and `.../ui` without their trailing slash are roots too: the Control UI
+//!   opens its WebSocket at the page's path without its last slash. A plain GET or HEAD
+//!   of one is answered 308 to the root with the slash instead, so the page's relative links
+//!   resolve under it.
 //! - Plain requests other than GET, HEAD and OPTIONS are audited (`agent.gateway-request`:
 //!   method, path, status); reads are logged only.
 
@@ -121,15 +128,29 @@ pub(crate) fn is_gateway_route(path: &str) -> bool {
         })
 }
 
-/// The path and query the gateway sees: what follows `/gateway` in the request's own
-/// (still percent-encoded) path, and its query, as sent.
-fn upstream_target(uri: &axum::http::Uri) -> String {
+/// Which of the two proxy routes a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mount {
+    /// `.../gateway/{path}`: the gateway sees `/{path}` (its API, its own root).
+    Gateway,
+    /// `.../ui/{path}`: the gateway sees the whole path, which is its Control UI's
+    /// `basePath` (`clawfleet_api::routes::control_ui_path`).
+    ControlUi,
+}
+
+/// The path and query the gateway sees, from the request's own (still percent-encoded) path
+/// and its query, as sent: on the gateway route what follows `/gateway`, on the Control UI
+/// route all of it.
+fn upstream_target(uri: &axum::http::Uri, mount: Mount) -> String {
     let path = uri.path();
-    // `/namespaces/{ns}/agents/{agent}/gateway` is five segments.
-    let rest = path.splitn(7, '/').nth(6).unwrap_or("");
+    let path = match mount {
+        // `/namespaces/{ns}/agents/{agent}/gateway` is five segments.
+        Mount::Gateway => format!("/{}", path.splitn(7, '/').nth(6).unwrap_or("")),
+        Mount::ControlUi => path.to_owned(),
+    };
     match uri.query() {
-        Some(q) => format!("/{rest}?{q}"),
-        None => format!("/{rest}"),
+        Some(q) => format!("{path}?{q}"),
+        None => path,
     }
 }
 
@@ -214,9 +235,21 @@ macro_rules! method_handlers {
             params: Path<HashMap<String, String>>,
             request: Request,
         ) -> ApiResult<Proxied> {
-            proxy(st, caller, streams, params, request).await
+            proxy(st, caller, streams, params, request, Mount::Gateway).await
         }
     )*};
+}
+
+/// GET on the Control UI route (the module's documentation): the gateway route's rules,
+/// the whole path passed on, and only while the active revision serves the Control UI there.
+pub(super) async fn control_ui_get<B: Backend>(
+    st: S<B>,
+    caller: Caller,
+    streams: Extension<Arc<GatewayStreams>>,
+    params: Path<HashMap<String, String>>,
+    request: Request,
+) -> ApiResult<Proxied> {
+    proxy(st, caller, streams, params, request, Mount::ControlUi).await
 }
 
 method_handlers!(
@@ -233,10 +266,14 @@ async fn proxy<B: Backend>(
     Extension(streams): Extension<Arc<GatewayStreams>>,
     Path(params): Path<HashMap<String, String>>,
     mut request: Request,
+    mount: Mount,
 ) -> ApiResult<Proxied> {
     let ns = params.get("ns").map(String::as_str).unwrap_or("");
     let agent = params.get("agent").map(String::as_str).unwrap_or("");
-    let place = st.service.gateway_place(ns, agent).await?;
+    let place = match mount {
+        Mount::Gateway => st.service.gateway_place(ns, agent).await?,
+        Mount::ControlUi => st.service.control_ui_place(ns, agent).await?,
+    };
     let websocket = is_websocket_upgrade(request.headers());
     let method = request.method().clone();
     if !websocket
@@ -270,7 +307,7 @@ async fn proxy<B: Backend>(
         )
     })?;
     let actor = format!("token:{}", caller.token_id);
-    let target = upstream_target(request.uri());
+    let target = upstream_target(request.uri(), mount);
     let started = Instant::now();
     let stream = dialer
         .open_with_auth(&place.target, &place.namespace, &place.agent, &actor)
@@ -589,6 +626,8 @@ mod tests {
         assert!(is_gateway_route("/namespaces/a/agents/b/gateway/"));
         assert!(is_gateway_route("/namespaces/a/agents/b/gateway/x/y.js"));
         assert!(is_gateway_route("/namespaces/a/agents/b/gateway"));
+        assert!(is_gateway_route("/namespaces/a/agents/b/ui/assets/x.js"));
+        assert!(is_gateway_route("/namespaces/a/agents/b/ui"));
         assert!(!is_gateway_route("/namespaces/a/agents/b/gateway-tunnel"));
         assert!(!is_gateway_route("/namespaces/a/agents/b/runtime"));
         assert!(!is_gateway_route("/namespaces//agents/b/gateway/"));
@@ -600,11 +639,24 @@ mod tests {
         let uri: axum::http::Uri = "/namespaces/a/agents/b/gateway/x%2Fy/z?q=1&r=%20"
             .parse()
             .unwrap_or_default();
-        assert_eq!(upstream_target(&uri), "/x%2Fy/z?q=1&r=%20");
+        assert_eq!(upstream_target(&uri, Mount::Gateway), "/x%2Fy/z?q=1&r=%20");
         let root: axum::http::Uri = "/namespaces/a/agents/b/gateway/"
             .parse()
             .unwrap_or_default();
-        assert_eq!(upstream_target(&root), "/");
+        assert_eq!(upstream_target(&root, Mount::Gateway), "/");
+        // The Control UI's own path is its basePath: passed on whole.
+        let ui: axum::http::Uri = "/namespaces/a/agents/b/ui/assets/x.js?v=1"
+            .parse()
+            .unwrap_or_default();
+        assert_eq!(
+            upstream_target(&ui, Mount::ControlUi),
+            "/namespaces/a/agents/b/ui/assets/x.js?v=1"
+        );
+        let bare: axum::http::Uri = "/namespaces/a/agents/b/ui".parse().unwrap_or_default();
+        assert_eq!(
+            upstream_target(&bare, Mount::ControlUi),
+            "/namespaces/a/agents/b/ui"
+        );
     }
 
     #[test]

@@ -536,8 +536,10 @@ pub(crate) async fn agent<B: Backend>(
             // and asks for deploy in the Namespace, as the tunnel does: only then the link.
             @if caller.may(&ns, Role::Deploy) {
                 p {
-                    a href={ "/namespaces/" (ns) "/agents/" (agent) "/gateway/" } target="_blank" rel="noopener noreferrer" { "Open the gateway" }
-                    " (its Control UI, through this coordinator), or "
+                    a href={ (clawfleet_api::routes::control_ui_path(&ns, &agent)) "/" } target="_blank" rel="noopener noreferrer" { "Open the Control UI" }
+                    " (the gateway's own console, through this coordinator; its API is at "
+                    a href={ "/namespaces/" (ns) "/agents/" (agent) "/gateway/" } target="_blank" rel="noopener noreferrer" { code { "…/gateway/" } }
+                    "), or "
                     code { "occ agent connect " (ns) " " (agent) } " for a local port."
                 }
             }

@@ -47,6 +47,40 @@ impl Service {
         })
     }
 
+    /// [`Service::gateway_place`] for the Control UI route: refused unless the active
+    /// revision serves the Control UI at the coordinator's path for it (its
+    /// `gateway.controlUi.basePath`, set when the revision was built, and not turned off).
+    /// A revision from before the coordinator set the path would answer a page whose links
+    /// all miss; the refusal says to deploy instead.
+    pub async fn control_ui_place(&self, ns: &str, id: &str) -> Result<GatewayPlace> {
+        let place = self.gateway_place(ns, id).await?;
+        let revision = self
+            .store
+            .revision(ns, id, place.revision.as_str())
+            .await?
+            .ok_or_else(|| ServiceError::not_found("revision", place.revision.as_str()))?;
+        let ui = &revision.rendered["gateway"]["controlUi"];
+        let path = clawfleet_api::routes::control_ui_path(ns, id);
+        let refused = |why: String| {
+            ServiceError::conflict(
+                Code::ControlUiNotDeployed,
+                format!("Agent {ns}/{id}'s active revision {} {why}", place.revision),
+            )
+        };
+        if ui["enabled"] == serde_json::Value::Bool(false) {
+            return Err(refused(
+                "turns its Control UI off (gateway.controlUi.enabled: false)".to_owned(),
+            ));
+        }
+        if ui["basePath"].as_str() != Some(path.as_str()) {
+            return Err(refused(format!(
+                "does not serve its Control UI at {path}/ (it was built before the coordinator \
+                 set gateway.controlUi.basePath); deploy a new revision to open it here"
+            )));
+        }
+        Ok(place)
+    }
+
     /// Why an open stream must close now, `None` while it may go on: the token was revoked
     /// or expired, or the Agent was stopped, deleted or moved to another active revision.
     /// A store that cannot answer keeps the stream (the next check decides).

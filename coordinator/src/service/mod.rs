@@ -693,6 +693,11 @@ impl Service {
         cfg: &crate::model::Configuration,
     ) -> Result<Revision> {
         let mut rendered = rendered_for(ns, &cfg.document)?;
+        render::serve_control_ui_at(
+            &mut rendered,
+            &clawfleet_api::routes::control_ui_path(ns.id.as_str(), agent.as_str()),
+        )
+        .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))?;
         let secrets = self.bind_secrets(&ns.id, &mut rendered).await?;
         let canonical = clawfleet_protocol::Configuration::new(rendered.clone())
             .map_err(|e| ServiceError::invalid(Code::ConfigurationRefused, e.to_string()))?;

@@ -187,3 +187,193 @@ fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_passwor
     );
     assert!(!format!("{closed:?}").contains(&password));
 }
+
+/// The real OpenClaw gateway's Control UI through the coordinator (issue 30's first
+/// acceptance item): a real host runs OpenClaw (the cached bundle) deployed with `occ`; the
+/// console's "Open the Control UI" link loads its page in chromium, every script and
+/// stylesheet through the route (the gateway was told the route's path as its
+/// `gateway.controlUi.basePath`), and the page's own WebSocket connects (the coordinator
+/// gives the gateway's password in its `connect` request) and gets answers to its RPCs.
+/// The password is nowhere in the browser. A screenshot goes to
+/// `CLAWFLEET_ARTIFACT_DIR/e2e_gateway_route/control-ui.png`.
+#[test]
+fn the_real_control_ui_loads_and_talks_to_its_gateway_through_the_route() {
+    clawfleet_vm_tests::skip_unless_hosts!();
+    if no_chromium() {
+        return;
+    }
+    if let Some(reason) = clawfleet_vm_tests::openclaw::skip_reason() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("CI=true: the real Control UI test must run, but {reason}");
+        }
+        eprintln!("SKIP: {reason}");
+        return;
+    }
+    let harness = clawfleet_vm_tests::HarnessConfig::from_env().unwrap();
+    clawfleet_vm_tests::openclaw::ensure_cached(&harness).unwrap();
+    let fleet = Fleet::start_with(FleetOptions {
+        hosts: 1,
+        openclaw: true,
+        ..FleetOptions::default()
+    });
+    let token = fleet.admin_token();
+    fleet.create_agent("a1", &json!({"gateway": {"auth": {"mode": "password"}}}));
+    let rev = fleet.deploy("a1");
+    let t = Instant::now();
+    loop {
+        let s = fleet.status("a1").unwrap();
+        if s["activeRevisionId"] == json!(rev) && s["servedRevisionId"] == json!(rev) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(240),
+            "OpenClaw did not come up: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("OpenClaw serving in {:.1} s", t.elapsed().as_secs_f64());
+    let host = fleet.host(&fleet.host_names()[0]);
+    let line = host
+        .run_ok("find / -xdev -name gateway-password.env -exec cat {} +")
+        .unwrap();
+    let password = line
+        .trim()
+        .strip_prefix("OPENCLAW_GATEWAY_PASSWORD=")
+        .unwrap_or_else(|| panic!("no managed password on the host: {line:?}"))
+        .to_owned();
+
+    let base = format!("http://127.0.0.1:{}", fleet.port);
+    let ui = format!("{base}/namespaces/{NS}/agents/a1/ui/");
+    let dir = clawfleet_cdp::artifacts_dir(
+        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
+        "e2e_gateway_route",
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let browser = clawfleet_cdp::Browser::launch().await.unwrap();
+        let page = browser.new_page(1280, 800).await.unwrap();
+        sign_in(&page, &base, &token).await;
+        page.navigate(&format!("{base}/console/namespaces/{NS}/agents/a1"))
+            .await
+            .unwrap();
+        let href = page
+            .evaluate("document.querySelector('a[href$=\"/ui/\"]')?.href ?? null")
+            .await
+            .unwrap();
+        assert_eq!(href, json!(ui), "the console's Control UI link");
+        page.navigate(&ui).await.unwrap();
+
+        // The page's WebSocket: the gateway's hello, then answers to the page's requests.
+        let received = |page: &clawfleet_cdp::Page| -> Vec<Value> {
+            page.network_events()
+                .into_iter()
+                .filter(|e| e.method == "Network.webSocketFrameReceived")
+                .filter_map(|e| {
+                    let text = e
+                        .params
+                        .pointer("/response/payloadData")?
+                        .as_str()?
+                        .to_owned();
+                    serde_json::from_str::<Value>(&text).ok()
+                })
+                .collect()
+        };
+        let t = Instant::now();
+        loop {
+            let frames = received(&page);
+            let hello = frames.iter().any(|f| {
+                f["type"] == "res" && f["ok"] == true && f["payload"]["type"] == "hello-ok"
+            });
+            let answered = frames
+                .iter()
+                .filter(|f| f["type"] == "res" && f["ok"] == true)
+                .count();
+            if hello && answered >= 2 {
+                eprintln!(
+                    "Control UI connected and answered ({answered} RPCs) in {:.1} s",
+                    t.elapsed().as_secs_f64()
+                );
+                break;
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                page.screenshot(&dir.join("control-ui-failed.png"))
+                    .await
+                    .unwrap();
+                let sent: Vec<String> = page
+                    .network_events()
+                    .into_iter()
+                    .filter(|e| {
+                        e.method.starts_with("Network.webSocket")
+                            || e.method == "Network.responseReceived"
+                    })
+                    .map(|e| {
+                        format!("{} {}", e.method, e.params)
+                            .chars()
+                            .take(400)
+                            .collect()
+                    })
+                    .collect();
+                panic!(
+                    "the Control UI did not connect through the route:\n{}",
+                    sent.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // The page renders what the RPCs answered; then the picture.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        page.screenshot(&dir.join("control-ui.png")).await.unwrap();
+        let text = page.evaluate("document.body.innerText").await.unwrap();
+        eprintln!(
+            "the Control UI shows: {}",
+            text.to_string().chars().take(300).collect::<String>()
+        );
+        // Every script and stylesheet came through the route.
+        let responses: Vec<(String, i64)> = page
+            .network_events()
+            .into_iter()
+            .filter(|e| e.method == "Network.responseReceived")
+            .map(|e| {
+                (
+                    e.params["response"]["url"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned(),
+                    e.params["response"]["status"].as_i64().unwrap_or(0),
+                )
+            })
+            .collect();
+        let console = format!("{base}/console/");
+        let assets: Vec<&(String, i64)> = responses
+            .iter()
+            .filter(|(u, _)| u.contains("/assets/") && !u.starts_with(&console))
+            .collect();
+        assert!(!assets.is_empty(), "no assets loaded: {responses:?}");
+        for (url, status) in &assets {
+            assert!(
+                url.starts_with(&format!("{ui}assets/")) && *status == 200,
+                "{url} answered {status}"
+            );
+        }
+
+        // The password is nowhere in the browser.
+        for c in browser.all_cookies().await.unwrap() {
+            assert!(!c.value.contains(&password), "cookie {} holds it", c.name);
+        }
+        let storage = page.storage().await.unwrap().to_string();
+        assert!(!storage.contains(&password), "storage holds it");
+        for e in page.network_events() {
+            assert!(
+                !e.params.to_string().contains(&password),
+                "the network event {} holds the password",
+                e.method
+            );
+        }
+        browser.close().await.unwrap();
+    });
+}

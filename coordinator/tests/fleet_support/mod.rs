@@ -66,6 +66,9 @@ pub struct FleetOptions {
     /// overlay file system, where hostd reports `quotas: unavailable` and a host takes one
     /// Namespace only (`HOST_NOT_QUOTA_LIMITED`).
     pub btrfs_state_roots: Option<u64>,
+    /// Run the real OpenClaw gateway (the cached bundle, bound into each host) instead of
+    /// the test gateway; Agents then need a document OpenClaw takes, not [`document`]'s.
+    pub openclaw: bool,
 }
 
 impl Default for FleetOptions {
@@ -78,6 +81,7 @@ impl Default for FleetOptions {
             extra_toml: String::new(),
             lease_seconds: 3,
             btrfs_state_roots: None,
+            openclaw: false,
         }
     }
 }
@@ -163,6 +167,7 @@ impl Fleet {
                             n,
                             &clawfleet_vm_tests::HostOptions {
                                 btrfs_state_root: options.btrfs_state_roots,
+                                openclaw: options.openclaw,
                                 ..clawfleet_vm_tests::HostOptions::default()
                             },
                         )
@@ -176,12 +181,29 @@ impl Fleet {
                 let hostd = &hostd;
                 s.spawn(move || {
                     h.install_hostd(hostd).expect("cannot install hostd");
-                    let gateway = h
-                        .install_test_gateway()
-                        .expect("cannot install the test gateway");
+                    // The gateway's launch words, and how long its readiness may take.
+                    let (command, limits) = if options.openclaw {
+                        let paths = h.install_openclaw().expect("cannot install OpenClaw");
+                        let words = [
+                            paths.node.as_str(),
+                            paths.openclaw_mjs.as_str(),
+                            "gateway",
+                            "run",
+                        ];
+                        let command = words.map(|w| format!("\"{w}\"")).join(", ");
+                        (
+                            command,
+                            "readiness_timeout_ms = 120000\nunit_stop_timeout_ms = 60000",
+                        )
+                    } else {
+                        let gateway = h
+                            .install_test_gateway()
+                            .expect("cannot install the test gateway");
+                        (format!("\"{gateway}\""), "readiness_timeout_ms = 30000")
+                    };
                     let toml = format!(
-                        "host_name = \"{}\"\ngateway_command = [\"{gateway}\"]\n\
-                         [limits]\nreadiness_timeout_ms = 30000\nlock_timeout_ms = 5000\n",
+                        "host_name = \"{}\"\ngateway_command = [{command}]\n\
+                         [limits]\n{limits}\nlock_timeout_ms = 5000\n",
                         h.name()
                     );
                     h.write_file("/etc/clawfleet/hostd.toml", toml.as_bytes(), 0o644)

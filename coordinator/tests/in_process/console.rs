@@ -394,13 +394,14 @@ async fn a_read_token_sees_no_actions_and_gets_403() {
     let reader = f.token("ns1", "read").await;
     let page = f.get(&reader, "/console/namespaces/ns1/agents/a1").await;
     assert_eq!(page.status, 200, "{}", page.body);
-    // The gateway link too: the route asks for deploy in the Namespace.
+    // The gateway and Control UI links too: the routes ask for deploy in the Namespace.
     let gateway = "href=\"/namespaces/ns1/agents/a1/gateway/\"";
-    for action in ["/deploy\"", "/stop\"", "/reconcile\"", gateway] {
+    let ui = "href=\"/namespaces/ns1/agents/a1/ui/\"";
+    for action in ["/deploy\"", "/stop\"", "/reconcile\"", gateway, ui] {
         assert!(!page.body.contains(action), "{action} shown to a reader");
     }
     let admin_page = f.get(&f.admin, "/console/namespaces/ns1/agents/a1").await;
-    for action in ["/deploy\"", "/stop\"", "/reconcile\"", gateway] {
+    for action in ["/deploy\"", "/stop\"", "/reconcile\"", gateway, ui] {
         assert!(
             admin_page.body.contains(action),
             "{action} not shown to an admin"

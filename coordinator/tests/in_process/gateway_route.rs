@@ -799,3 +799,119 @@ async fn the_connect_request_gets_the_gateways_password_and_the_caller_never_see
         "{headers:?}"
     );
 }
+
+/// The Control UI's route, `.../agents/{agent}/ui/{path}`: each revision tells its gateway
+/// that path as `gateway.controlUi.basePath`, and the route passes the whole path on (the
+/// gateway writes it into the page's absolute links), with the gateway route's rules: the
+/// gateway's password, no caller credential, deploy in the Namespace. A document may not set
+/// the path itself; a revision that turns the Control UI off is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_ui_route_passes_its_whole_path_to_a_gateway_told_it_as_its_base_path() {
+    let f = Fleet::start(Vec::new()).await;
+    let deploy = f.token("ns1", "deploy").await;
+    // The revision's gateway was told the path: the route checks it before it opens.
+    let a = f
+        .raw(
+            "GET",
+            "/namespaces/ns1/agents/a1/ui/assets/index.js?v=1",
+            &[
+                format!("Authorization: Bearer {deploy}"),
+                "Cookie: occ_console=other-session".into(),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let seen = f.seen();
+    let (method, target, headers) = seen.last().unwrap();
+    assert_eq!(
+        (method.as_str(), target.as_str()),
+        ("GET", "/namespaces/ns1/agents/a1/ui/assets/index.js?v=1"),
+        "the gateway gets the whole path, its basePath included"
+    );
+    assert!(headers.get("cookie").is_none(), "{headers:?}");
+    assert_eq!(
+        headers.get("authorization").unwrap(),
+        &format!("Bearer {PASSWORD}")
+    );
+    // The root without its slash: a redirect for a page, nothing opened.
+    let opened = f.seen().len();
+    let bare = f
+        .raw(
+            "GET",
+            "/namespaces/ns1/agents/a1/ui",
+            &[format!("Authorization: Bearer {deploy}")],
+            "",
+        )
+        .await;
+    assert_eq!(bare.status, 308, "{bare:?}");
+    assert_eq!(
+        bare.header("location").as_deref(),
+        Some("/namespaces/ns1/agents/a1/ui/")
+    );
+    assert_eq!(f.seen().len(), opened);
+    // A reader may not; another Namespace's deployer may not.
+    for token in [f.token("ns1", "read").await, f.token("ns2", "deploy").await] {
+        let r = f
+            .raw(
+                "GET",
+                "/namespaces/ns1/agents/a1/ui/",
+                &[format!("Authorization: Bearer {token}")],
+                "",
+            )
+            .await;
+        assert_eq!(r.status, 403, "{r:?}");
+    }
+    assert_eq!(f.seen().len(), opened);
+
+    // The path is the coordinator's to set.
+    let refused = f
+        .raw(
+            "PUT",
+            "/namespaces/ns1/configurations/cfg",
+            &[
+                format!("Authorization: Bearer {}", f.admin),
+                "Content-Type: application/json".into(),
+            ],
+            &json!({"document": {"gateway": {"controlUi": {"basePath": "/elsewhere"}}}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.code(), "CONFIGURATION_REFUSED", "{refused:?}");
+    assert!(
+        refused.body.contains("gateway.controlUi.basePath"),
+        "{refused:?}"
+    );
+    // A revision with the Control UI turned off: refused by name, the gateway route still
+    // reaches the gateway.
+    f.call(
+        "PUT",
+        "/namespaces/ns1/configurations/cfg",
+        json!({"document": {"gateway": {"controlUi": {"enabled": false}}}}),
+    )
+    .await;
+    f.call("POST", "/namespaces/ns1/agents/a1/deploy", Value::Null)
+        .await;
+    f.settle().await;
+    let off = f
+        .raw(
+            "GET",
+            "/namespaces/ns1/agents/a1/ui/",
+            &[format!("Authorization: Bearer {deploy}")],
+            "",
+        )
+        .await;
+    assert_eq!(off.status, 409, "{off:?}");
+    assert_eq!(off.code(), "CONTROL_UI_NOT_DEPLOYED", "{off:?}");
+    assert!(off.body.contains("gateway.controlUi.enabled"), "{off:?}");
+    let api = f
+        .raw(
+            "GET",
+            "/namespaces/ns1/agents/a1/gateway/",
+            &[format!("Authorization: Bearer {deploy}")],
+            "",
+        )
+        .await;
+    assert_eq!(api.status, 200, "{api:?}");
+}
