@@ -702,6 +702,38 @@ impl TestHost {
         self.write_file(remote_path, &bytes, mode)
     }
 
+    /// Configures sshd as hardened sites do (a STIG's `AllowTcpForwarding no`, and every
+    /// other forwarding off: `DisableForwarding yes`), reloads it, and checks that the
+    /// running configuration says so. What the coordinator needs of a host must then work
+    /// without any forwarding (its gateway relay is a command of hostd's, not a forward).
+    pub fn forbid_forwarding(&self) -> Result<()> {
+        let conf = "/etc/ssh/sshd_config.d/10-clawfleet-vm-tests-no-forwarding.conf";
+        self.write_file(
+            conf,
+            b"# written by clawfleet-vm-tests: forwarding off, as hardened sites set it\n\
+              AllowTcpForwarding no\nAllowStreamLocalForwarding no\nDisableForwarding yes\n\
+              PermitTunnel no\nX11Forwarding no\nAllowAgentForwarding no\n",
+            0o644,
+        )?;
+        let effective = self.run_ok("sshd -t && systemctl reload ssh && sshd -T")?;
+        let off = effective
+            .lines()
+            .any(|l| l.trim() == "allowtcpforwarding no")
+            && effective
+                .lines()
+                .any(|l| l.trim() == "disableforwarding yes");
+        if off {
+            Ok(())
+        } else {
+            Err(Error::Remote {
+                name: self.name.clone(),
+                command: "sshd -T".to_owned(),
+                status: "forwarding still on".to_owned(),
+                stderr: sys::tail(&effective, 20),
+            })
+        }
+    }
+
     /// Installs a hostd build as `/usr/sbin/hostd` (the .deb once packaging exists).
     pub fn install_hostd(&self, binary: &Path) -> Result<()> {
         self.install_file(binary, "/usr/sbin/hostd", 0o755)

@@ -194,7 +194,8 @@ fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_passwor
 /// stylesheet through the route (the gateway was told the route's path as its
 /// `gateway.controlUi.basePath`), and the page's own WebSocket connects (the coordinator
 /// gives the gateway's password in its `connect` request) and gets answers to its RPCs.
-/// The password is nowhere in the browser. A screenshot goes to
+/// The host's sshd forbids forwarding, hostd's key is `restrict`ed; the password is nowhere
+/// in the browser. A screenshot goes to
 /// `CLAWFLEET_ARTIFACT_DIR/e2e_gateway_route/control-ui.png`.
 #[test]
 fn the_real_control_ui_loads_and_talks_to_its_gateway_through_the_route() {
@@ -241,6 +242,19 @@ fn the_real_control_ui_loads_and_talks_to_its_gateway_through_the_route() {
         .strip_prefix("OPENCLAW_GATEWAY_PASSWORD=")
         .unwrap_or_else(|| panic!("no managed password on the host: {line:?}"))
         .to_owned();
+    // The host forbids every forwarding (`Fleet` sets `AllowTcpForwarding no` on its hosts):
+    // what follows goes through hostd's relay, never through an ssh forward.
+    let forward = host
+        .ssh_command()
+        .args(["-W", "127.0.0.1:22"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&forward.stderr);
+    assert!(
+        !forward.status.success() && said.contains("forwarding failed"),
+        "the host allowed a forward: {said}"
+    );
 
     let base = format!("http://127.0.0.1:{}", fleet.port);
     let ui = format!("{base}/namespaces/{NS}/agents/a1/ui/");

@@ -86,7 +86,8 @@ impl Default for FleetOptions {
     }
 }
 
-/// Three (or n) hosts, the coordinator(s) and their state.
+/// Three (or n) hosts, the coordinator(s) and their state. The hosts' sshd forbids
+/// forwarding ([`clawfleet_vm_tests::TestHost::forbid_forwarding`]), as on a STIG host.
 pub struct Fleet {
     servers: Vec<Option<Child>>,
     serve_runs: Vec<u32>,
@@ -180,6 +181,10 @@ impl Fleet {
             for h in hosts.iter() {
                 let hostd = &hostd;
                 s.spawn(move || {
+                    // Forwarding off, as on a STIG host: nothing the coordinator does
+                    // through a host (operations, gateway streams) may need it.
+                    h.forbid_forwarding()
+                        .expect("cannot turn sshd's forwarding off");
                     h.install_hostd(hostd).expect("cannot install hostd");
                     // The gateway's launch words, and how long its readiness may take.
                     let (command, limits) = if options.openclaw {
