@@ -10,6 +10,7 @@ mod console;
 mod defects;
 mod fleet;
 mod gateway_route;
+mod gateway_tunnel;
 mod ha;
 mod hooks;
 mod plan;
