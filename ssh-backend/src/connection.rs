@@ -103,6 +103,19 @@ impl Link {
             nodelay: true,
             ..Default::default()
         };
+        // AES-GCM first: with the CPU's AES instructions ring's AES-GCM moves gateway streams
+        // faster than its ChaCha20-Poly1305 (OpenSSH's own first choice, kept second for
+        // hosts without AES-GCM). Both are AEAD; the rest of russh's list follows unchanged.
+        let mut ciphers = vec![russh::cipher::AES_256_GCM];
+        ciphers.extend(
+            config
+                .preferred
+                .cipher
+                .iter()
+                .copied()
+                .filter(|c| *c != russh::cipher::AES_256_GCM),
+        );
+        config.preferred.cipher = std::borrow::Cow::Owned(ciphers);
         // Negotiate exactly the pinned key's algorithm, as OpenSSH does for known hosts.
         if let Ok(p) = &endpoint.pinned {
             let algorithm = p.key().algorithm();
