@@ -6,7 +6,9 @@
 //! - stream open (open → first byte from the gateway) p50/p95,
 //! - added round trip (64-byte ping-pong) p50/p95,
 //! - MB/s of one stream (echoed, so each direction carries it),
-//! - `probe` p50/p99 on the same SSH connection, idle and while 256 relay streams pump data.
+//! - `probe` p50/p99 on the same SSH connection, idle and beside 256 relay streams (at an
+//!   interactive pace, and flat out), and beside 256 flat-out direct TCP connections: the
+//!   share of the flat-out figure that is the machine's two cores, not the relay.
 //!
 //! The gateway is a loopback stand-in that sends one byte on accept, then echoes.
 //! Run: `cargo bench -p clawfleet-coordinator --bench gateway_relay` as root with
@@ -289,30 +291,42 @@ fn main() {
             }
         };
         let idle = probes(200).await;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut pumps = Vec::new();
-        for _ in 0..256 {
-            let mut s = open_one().await.unwrap();
-            let stop = stop.clone();
-            pumps.push(tokio::spawn(async move {
-                let mut b = [0u8; 1];
-                s.read_exact(&mut b).await.unwrap();
-                let chunk = vec![3u8; 16 * 1024];
-                let mut back = vec![0u8; 16 * 1024];
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    if s.write_all(&chunk).await.is_err() {
-                        return;
-                    }
-                    if s.read_exact(&mut back).await.is_err() {
-                        return;
-                    }
+        // The same probes beside 256 streams: at an interactive pace (1 KiB each way every
+        // 100 ms, a busy Control UI), flat out, and, as the floor of what two cores allow,
+        // 256 flat-out direct TCP connections that never touch SSH (the same CPU contention
+        // with no relay in the path).
+        let mut busy = Vec::new();
+        for (name, pace, relay) in [
+            (
+                "256 relay streams at an interactive pace",
+                Some(Duration::from_millis(100)),
+                true,
+            ),
+            ("256 relay streams flat out", None, true),
+            ("256 direct TCP streams flat out (no SSH)", None, false),
+        ] {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut pumps = Vec::new();
+            for i in 0..256u32 {
+                let stop = stop.clone();
+                // Paced clients spread over the period, as independent clients are.
+                let offset = pace.map(|p| p * i / 256).unwrap_or_default();
+                if relay {
+                    let s = open_one().await.unwrap();
+                    pumps.push(tokio::spawn(pump(s, stop, pace, offset)));
+                } else {
+                    let s = tokio::net::TcpStream::connect(("127.0.0.1", gw))
+                        .await
+                        .unwrap();
+                    pumps.push(tokio::spawn(pump(s, stop, pace, offset)));
                 }
-            }));
-        }
-        let busy = probes(200).await;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        for p in pumps {
-            let _ = p.await;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            busy.push((name, probes(200).await));
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for p in pumps {
+                let _ = p.await;
+            }
         }
         (open, rtt, mbs, idle, busy)
     });
@@ -334,12 +348,47 @@ fn main() {
     row("direct TCP", d_open, d_rtt, d_mbs);
     row("ssh -L", s_open, s_rtt, s_mbs);
     row("hostd relay", r_open, r_rtt, r_mbs);
-    let (mut idle, mut busy) = (idle, busy);
+    let mut idle = idle;
+    let (idle50, idle99) = (pct(&mut idle, 0.5), pct(&mut idle, 0.99));
+    println!("probe on the relay's SSH connection (200 each):");
     println!(
-        "probe on the same connection: idle p50 {:.2} ms p99 {:.2} ms; beside 256 busy relay streams p50 {:.2} ms p99 {:.2} ms",
-        pct(&mut idle, 0.5),
-        pct(&mut idle, 0.99),
-        pct(&mut busy, 0.5),
-        pct(&mut busy, 0.99)
+        "  {:<44} p50 {idle50:>6.2} ms  p99 {idle99:>6.2} ms",
+        "idle"
     );
+    for (name, mut v) in busy {
+        let p99 = pct(&mut v, 0.99);
+        println!(
+            "  {name:<44} p50 {:>6.2} ms  p99 {p99:>6.2} ms  ({:+.0}% of idle p99)",
+            pct(&mut v, 0.5),
+            (p99 / idle99 - 1.0) * 100.0
+        );
+    }
+}
+
+/// Keeps a gateway stream busy until `stop`: 16 KiB out and back without pause, or, from
+/// `offset` on, 1 KiB out and back every `pace`.
+async fn pump<S>(
+    mut s: S,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pace: Option<Duration>,
+    offset: Duration,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut b = [0u8; 1];
+    if s.read_exact(&mut b).await.is_err() {
+        return;
+    }
+    tokio::time::sleep(offset).await;
+    let len = if pace.is_some() { 1024 } else { 16 * 1024 };
+    let chunk = vec![3u8; len];
+    let mut back = vec![0u8; len];
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if s.write_all(&chunk).await.is_err() || s.read_exact(&mut back).await.is_err() {
+            return;
+        }
+        if let Some(p) = pace {
+            tokio::time::sleep(p).await;
+        }
+    }
 }
