@@ -20,6 +20,7 @@ pub mod lock;
 pub mod login_user;
 pub mod markers;
 pub mod netns;
+pub mod priority;
 pub mod quota;
 pub mod real;
 pub mod relay;

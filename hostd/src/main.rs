@@ -305,6 +305,10 @@ fn print_table(inv: &Inventory) {
 
 /// `hostd relay`: gateway streams over this session's stdin and stdout until it closes.
 fn relay(cli: &Cli) -> Result<ExitCode> {
+    // Before any thread starts, so all of the relay's inherit it.
+    if let Err(e) = hostd::priority::set_nice(hostd::priority::RELAY_NICE) {
+        tracing::warn!("the relay keeps its CPU priority (setpriority: {e})");
+    }
     let config = load_config(cli)?;
     let system = RealSystem::new()?;
     let engine = Engine::new(&config, &system, host_fingerprint(&config)?);
