@@ -46,6 +46,27 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// GET `path` from the coordinator on loopback `port`, with `token`: the status and body.
+fn coordinator_get(port: u16, token: &str, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to occ");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .unwrap();
+    let mut bytes = Vec::new();
+    s.read_to_end(&mut bytes).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let payload = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, payload.to_owned())
+}
+
 /// GET `path` from the gateway in its Pod (the Pod's address on the node's bridge).
 fn http_get(ip: &str, path: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect((ip, PORT)).expect("connect to the Pod");
@@ -654,6 +675,24 @@ async fn the_real_openclaw_gateway_becomes_ready_in_a_pod() {
         "EVIDENCE GET http://{ip}:{PORT}/readyz from the real OpenClaw gateway in Pod {name}: {code} {body}"
     );
     assert_eq!(code, 200, "{body}");
+    // Its Control UI through the coordinator's route (issue 30), on the cluster path: the
+    // API server's port-forward to the Pod, the whole path passed on, and the gateway told
+    // that path as its basePath, so the page's links point back through the route.
+    let token = s.fleet.admin_token();
+    let ui = format!("/namespaces/{NS}/agents/oc/ui/");
+    let (code, page) = coordinator_get(s.fleet.port, &token, &ui);
+    assert_eq!(code, 200, "{page}");
+    let asset = page
+        .split('"')
+        .find(|a| a.starts_with(&format!("{ui}assets/")) && a.ends_with(".js"))
+        .unwrap_or_else(|| panic!("no script under {ui}assets/ in the Control UI's page: {page}"))
+        .to_owned();
+    let (code, script) = coordinator_get(s.fleet.port, &token, &asset);
+    eprintln!(
+        "EVIDENCE the Control UI through the route on the cluster: {ui} and {asset} ({} bytes): {code}",
+        script.len()
+    );
+    assert_eq!(code, 200);
     // The kubelet's own probe: its log at -v=3 names each success.
     let log = std::fs::read_to_string(s.node().kubelet_log()).unwrap();
     let probes: Vec<&str> = log
