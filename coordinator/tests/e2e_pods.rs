@@ -46,13 +46,17 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// GET `path` from the coordinator on loopback `port`, with `token`: the status and body.
-fn coordinator_get(port: u16, token: &str, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to occ");
+/// GET `path` over HTTP/1.0 from `host:port`, with `token` as its bearer token when given:
+/// the status and the body.
+fn get(host: &str, port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect((host, port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\r\n"
+        "GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\n{auth}\r\n"
     )
     .unwrap();
     let mut bytes = Vec::new();
@@ -69,18 +73,12 @@ fn coordinator_get(port: u16, token: &str, path: &str) -> (u16, String) {
 
 /// GET `path` from the gateway in its Pod (the Pod's address on the node's bridge).
 fn http_get(ip: &str, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect((ip, PORT)).expect("connect to the Pod");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    let status = body
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let payload = body.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, payload.to_owned())
+    get(ip, PORT, path, None)
+}
+
+/// GET `path` from the coordinator on loopback `port`, with `token`.
+fn coordinator_get(port: u16, token: &str, path: &str) -> (u16, String) {
+    get("127.0.0.1", port, path, Some(token))
 }
 
 async fn tenant_namespace(client: &kube::Client) -> String {

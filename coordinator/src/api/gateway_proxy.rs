@@ -226,8 +226,9 @@ fn bad_gateway(place: &GatewayPlace, what: &str, e: impl std::fmt::Display) -> A
 }
 
 macro_rules! method_handlers {
-    ($($name:ident),*) => {$(
-        /// One method of the gateway route (the module's documentation).
+    ($($mount:ident: $name:ident),*) => {$(
+        /// One method of the gateway route or the Control UI route (the module's
+        /// documentation).
         pub(super) async fn $name<B: Backend>(
             st: S<B>,
             caller: Caller,
@@ -235,29 +236,18 @@ macro_rules! method_handlers {
             params: Path<HashMap<String, String>>,
             request: Request,
         ) -> ApiResult<Proxied> {
-            proxy(st, caller, streams, params, request, Mount::Gateway).await
+            proxy(st, caller, streams, params, request, Mount::$mount).await
         }
     )*};
 }
 
-/// GET on the Control UI route (the module's documentation): the gateway route's rules,
-/// the whole path passed on, and only while the active revision serves the Control UI there.
-pub(super) async fn control_ui_get<B: Backend>(
-    st: S<B>,
-    caller: Caller,
-    streams: Extension<Arc<GatewayStreams>>,
-    params: Path<HashMap<String, String>>,
-    request: Request,
-) -> ApiResult<Proxied> {
-    proxy(st, caller, streams, params, request, Mount::ControlUi).await
-}
-
 method_handlers!(
-    gateway_get,
-    gateway_post,
-    gateway_put,
-    gateway_patch,
-    gateway_delete
+    Gateway: gateway_get,
+    Gateway: gateway_post,
+    Gateway: gateway_put,
+    Gateway: gateway_patch,
+    Gateway: gateway_delete,
+    ControlUi: control_ui_get
 );
 
 async fn proxy<B: Backend>(

@@ -1,6 +1,7 @@
 //! What the console's browser suites share (`tests/in_process/console.rs` in process, `tests/e2e/console.rs`
-//! on a real test host): the chromium skip rule, screenshots at three widths, and waiting for
-//! a page's text.
+//! on a real test host, and the gateway route's browser tests): the chromium skip rule,
+//! screenshots at three widths and where they go, waiting for a page's text, and checking
+//! that a secret never reached the browser.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
@@ -88,4 +89,45 @@ pub async fn sign_in(page: &clawfleet_cdp::Page, base: &str, token: &str) {
     assert_eq!(page.evaluate("document.cookie").await.unwrap(), "");
     let storage = page.storage().await.unwrap().to_string();
     assert!(!storage.contains(token), "{storage}");
+}
+
+/// The directory a browser test keeps its screenshots in: `name` under
+/// `CLAWFLEET_ARTIFACT_DIR`, else under the test target's temporary directory.
+pub fn artifacts(name: &str) -> std::path::PathBuf {
+    clawfleet_cdp::artifacts_dir(
+        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
+        name,
+    )
+    .unwrap()
+}
+
+/// A runtime for a synchronous test that drives a browser.
+pub fn browser_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Asserts that `secret` is in none of the browser's cookies, `page`'s local and session
+/// storage, and none of `page`'s network events (request and response headers, WebSocket
+/// frames).
+pub async fn assert_not_in_browser(
+    browser: &clawfleet_cdp::Browser,
+    page: &clawfleet_cdp::Page,
+    secret: &str,
+) {
+    for c in browser.all_cookies().await.unwrap() {
+        assert!(!c.value.contains(secret), "cookie {} holds it", c.name);
+    }
+    let storage = page.storage().await.unwrap().to_string();
+    assert!(!storage.contains(secret), "storage holds it");
+    for e in page.network_events() {
+        assert!(
+            !e.params.to_string().contains(secret),
+            "the network event {} holds it",
+            e.method
+        );
+    }
 }

@@ -37,16 +37,8 @@ fn the_console_drives_a_real_host_in_chromium() {
     );
     fleet.create_agent("a2", &document("a2-r1", json!({"neverReady": true})));
     let base = format!("http://127.0.0.1:{}", fleet.port);
-    let dir = clawfleet_cdp::artifacts_dir(
-        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
-        "e2e_console",
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let dir = console_support::artifacts("e2e_console");
+    let rt = console_support::browser_runtime();
     rt.block_on(async {
         let browser = clawfleet_cdp::Browser::launch().await.unwrap();
         let page = browser.new_page(1440, 900).await.unwrap();

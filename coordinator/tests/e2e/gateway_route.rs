@@ -14,9 +14,25 @@ use crate::fleet_support as fleet;
 
 use std::time::{Duration, Instant};
 
-use console_support::{no_chromium, sign_in, wait_text};
+use console_support::{
+    artifacts, assert_not_in_browser, browser_runtime, no_chromium, sign_in, wait_text,
+};
 use fleet::{Fleet, FleetOptions, NS, Want, document};
 use serde_json::{Value, json};
+
+/// The managed gateway password hostd generated for the host's one Agent, read on the host.
+fn managed_password(host: &clawfleet_vm_tests::TestHost) -> String {
+    let line = host
+        .run_ok("find / -xdev -name gateway-password.env -exec cat {} +")
+        .unwrap();
+    let password = line
+        .trim()
+        .strip_prefix("OPENCLAW_GATEWAY_PASSWORD=")
+        .unwrap_or_else(|| panic!("no managed password on the host: {line:?}"))
+        .to_owned();
+    assert!(password.len() >= 32, "{password}");
+    password
+}
 
 #[test]
 fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_password() {
@@ -46,28 +62,12 @@ fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_passwor
     );
     // The managed password hostd generated, read on the host itself.
     let host = fleet.host(&fleet.host_names()[0]);
-    let line = host
-        .run_ok("find / -xdev -name gateway-password.env -exec cat {} +")
-        .unwrap();
-    let password = line
-        .trim()
-        .strip_prefix("OPENCLAW_GATEWAY_PASSWORD=")
-        .unwrap_or_else(|| panic!("no managed password on the host: {line:?}"))
-        .to_owned();
-    assert!(password.len() >= 32, "{password}");
+    let password = managed_password(host);
 
     let base = format!("http://127.0.0.1:{}", fleet.port);
     let gateway = format!("{base}/namespaces/{NS}/agents/a1/gateway");
-    let dir = clawfleet_cdp::artifacts_dir(
-        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
-        "e2e_gateway_route",
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let dir = artifacts("e2e_gateway_route");
+    let rt = browser_runtime();
     rt.block_on(async {
         let browser = clawfleet_cdp::Browser::launch().await.unwrap();
         let page = browser.new_page(1280, 800).await.unwrap();
@@ -128,33 +128,19 @@ fn the_gateway_page_and_its_websocket_work_in_chromium_and_never_see_the_passwor
         assert_eq!(report["cookie"], false, "{report}");
 
         // The password is nowhere in the browser.
-        let cookies = browser.all_cookies().await.unwrap();
-        for c in &cookies {
-            assert!(!c.value.contains(&password), "cookie {} holds it", c.name);
-        }
-        let storage = page.storage().await.unwrap().to_string();
-        assert!(!storage.contains(&password), "storage holds it");
+        assert_not_in_browser(&browser, &page, &password).await;
         let html = page
             .evaluate("document.documentElement.outerHTML")
             .await
             .unwrap()
             .to_string();
         assert!(!html.contains(&password), "the page holds it");
-        let events = page.network_events();
         assert!(
-            events
+            page.network_events()
                 .iter()
                 .any(|e| e.method == "Network.requestWillBeSentExtraInfo"),
             "the network log has no request headers to check"
         );
-        for e in &events {
-            let text = e.params.to_string();
-            assert!(
-                !text.contains(&password),
-                "the network event {} holds the password",
-                e.method
-            );
-        }
         browser.close().await.unwrap();
     });
     // Connect and close of the page's WebSocket are audited.
@@ -234,14 +220,7 @@ fn the_real_control_ui_loads_and_talks_to_its_gateway_through_the_route() {
     }
     eprintln!("OpenClaw serving in {:.1} s", t.elapsed().as_secs_f64());
     let host = fleet.host(&fleet.host_names()[0]);
-    let line = host
-        .run_ok("find / -xdev -name gateway-password.env -exec cat {} +")
-        .unwrap();
-    let password = line
-        .trim()
-        .strip_prefix("OPENCLAW_GATEWAY_PASSWORD=")
-        .unwrap_or_else(|| panic!("no managed password on the host: {line:?}"))
-        .to_owned();
+    let password = managed_password(host);
     // The host forbids every forwarding (`Fleet` sets `AllowTcpForwarding no` on its hosts):
     // what follows goes through hostd's relay, never through an ssh forward.
     let forward = host
@@ -258,16 +237,8 @@ fn the_real_control_ui_loads_and_talks_to_its_gateway_through_the_route() {
 
     let base = format!("http://127.0.0.1:{}", fleet.port);
     let ui = format!("{base}/namespaces/{NS}/agents/a1/ui/");
-    let dir = clawfleet_cdp::artifacts_dir(
-        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
-        "e2e_gateway_route",
-    )
-    .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let dir = artifacts("e2e_gateway_route");
+    let rt = browser_runtime();
     rt.block_on(async {
         let browser = clawfleet_cdp::Browser::launch().await.unwrap();
         let page = browser.new_page(1280, 800).await.unwrap();
@@ -376,18 +347,7 @@ fn the_real_control_ui_loads_and_talks_to_its_gateway_through_the_route() {
         }
 
         // The password is nowhere in the browser.
-        for c in browser.all_cookies().await.unwrap() {
-            assert!(!c.value.contains(&password), "cookie {} holds it", c.name);
-        }
-        let storage = page.storage().await.unwrap().to_string();
-        assert!(!storage.contains(&password), "storage holds it");
-        for e in page.network_events() {
-            assert!(
-                !e.params.to_string().contains(&password),
-                "the network event {} holds the password",
-                e.method
-            );
-        }
+        assert_not_in_browser(&browser, &page, &password).await;
         browser.close().await.unwrap();
     });
 }

@@ -722,11 +722,7 @@ async fn the_console_in_chromium() {
     }
     let f = Fixture::start().await;
     f.fleet().await;
-    let dir = clawfleet_cdp::artifacts_dir(
-        &std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts"),
-        "console_in_chromium",
-    )
-    .unwrap();
+    let dir = console_support::artifacts("console_in_chromium");
     let base = format!("http://{}", f.addr);
     let browser = clawfleet_cdp::Browser::launch().await.unwrap();
     let page = browser.new_page(1440, 900).await.unwrap();
