@@ -59,24 +59,12 @@ impl Service {
             .revision(ns, id, place.revision.as_str())
             .await?
             .ok_or_else(|| ServiceError::not_found("revision", place.revision.as_str()))?;
-        let ui = &revision.rendered["gateway"]["controlUi"];
         let path = clawfleet_api::routes::control_ui_path(ns, id);
-        let refused = |why: String| {
-            ServiceError::conflict(
+        if let Some(why) = control_ui_refusal(&revision.rendered, &path) {
+            return Err(ServiceError::conflict(
                 Code::ControlUiNotDeployed,
                 format!("Agent {ns}/{id}'s active revision {} {why}", place.revision),
-            )
-        };
-        if ui["enabled"] == serde_json::Value::Bool(false) {
-            return Err(refused(
-                "turns its Control UI off (gateway.controlUi.enabled: false)".to_owned(),
             ));
-        }
-        if ui["basePath"].as_str() != Some(path.as_str()) {
-            return Err(refused(format!(
-                "does not serve its Control UI at {path}/ (it was built before the coordinator \
-                 set gateway.controlUi.basePath); deploy a new revision to open it here"
-            )));
         }
         Ok(place)
     }
@@ -185,5 +173,47 @@ impl Service {
             }),
         )
         .await
+    }
+}
+
+/// Why a revision's rendered document does not serve the Control UI at `path`, or `None`
+/// when it does: turned off, or built without that basePath (before the coordinator set it).
+fn control_ui_refusal(rendered: &serde_json::Value, path: &str) -> Option<String> {
+    let ui = &rendered["gateway"]["controlUi"];
+    if ui["enabled"] == serde_json::Value::Bool(false) {
+        return Some("turns its Control UI off (gateway.controlUi.enabled: false)".to_owned());
+    }
+    if ui["basePath"].as_str() != Some(path) {
+        return Some(format!(
+            "does not serve its Control UI at {path}/ (it was built before the coordinator \
+             set gateway.controlUi.basePath); deploy a new revision to open it here"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_revision_serves_the_control_ui_only_at_its_own_path_and_when_on() {
+        let path = "/namespaces/ns1/agents/a1/ui";
+        let at = |ui: serde_json::Value| json!({"gateway": {"mode": "local", "controlUi": ui}});
+        assert_eq!(
+            control_ui_refusal(&at(json!({"basePath": path})), path),
+            None
+        );
+        // Rendered before the coordinator set the path: no controlUi, or another path.
+        let old = control_ui_refusal(&json!({"gateway": {"mode": "local"}}), path);
+        assert!(old.is_some_and(|w| w.contains("deploy a new revision")));
+        let other = control_ui_refusal(
+            &at(json!({"basePath": "/namespaces/ns1/agents/a2/ui"})),
+            path,
+        );
+        assert!(other.is_some_and(|w| w.contains(path)));
+        let off = control_ui_refusal(&at(json!({"basePath": path, "enabled": false})), path);
+        assert!(off.is_some_and(|w| w.contains("enabled: false")));
     }
 }
