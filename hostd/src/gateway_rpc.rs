@@ -191,21 +191,7 @@ impl GatewayRpc {
     fn write_frame(&mut self, opcode: u8, payload: &[u8]) -> Result<(), RpcError> {
         let mut mask = [0u8; 4];
         clawfleet_protocol::random::fill(&mut mask).map_err(|e| self.protocol(e.to_string()))?;
-        let mut out = zeroize::Zeroizing::new(Vec::with_capacity(payload.len() + 14));
-        out.push(0x80 | opcode);
-        match payload.len() {
-            n if n < 126 => out.push(0x80 | n as u8),
-            n if n <= usize::from(u16::MAX) => {
-                out.push(0x80 | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(0x80 | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        out.extend_from_slice(&mask);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        let out = clawfleet_protocol::websocket::client_frame(opcode, payload, mask);
         self.writer.write_all(&out).map_err(|e| self.io(e))
     }
 

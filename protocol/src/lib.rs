@@ -11,6 +11,7 @@
 //! - [`sealed`]: secret values sealed to a host's key on their way there, `put-secrets`.
 //! - [`secret`]: secrets' names, values, fingerprints and how configurations refer to them.
 //! - [`workspace`]: initial workspace files, their names and limits.
+//! - [`websocket`]: a WebSocket client's masked frame, for the clients of a gateway.
 //! - [`atomic_file`]: files replaced whole or created once (temporary, fsync, rename), for
 //!   hostd and the coordinator alike.
 
@@ -34,6 +35,7 @@ pub mod secret;
 pub mod signing;
 pub mod text;
 pub mod time;
+pub mod websocket;
 pub mod workspace;
 
 pub use allowed_signers::AllowedSigners;

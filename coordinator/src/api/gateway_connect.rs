@@ -47,24 +47,7 @@ fn apply_mask(bytes: &mut [u8], mask: [u8; 4]) {
 
 /// A client's text frame (FIN, masked with `mask`) carrying `payload`.
 fn text_frame(payload: &[u8], mask: [u8; 4]) -> Zeroizing<Vec<u8>> {
-    let mut f = Zeroizing::new(Vec::with_capacity(payload.len() + 14));
-    f.push(0x81);
-    match payload.len() {
-        n if n < 126 => f.push(0x80 | n as u8),
-        n if n <= usize::from(u16::MAX) => {
-            f.push(0x80 | 126);
-            f.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            f.push(0x80 | 127);
-            f.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    f.extend_from_slice(&mask);
-    let start = f.len();
-    f.extend_from_slice(payload);
-    apply_mask(&mut f[start..], mask);
-    f
+    clawfleet_protocol::websocket::client_frame(0x1, payload, mask)
 }
 
 /// The frame at the start of `buf`, with the password given, when it is a whole, masked
