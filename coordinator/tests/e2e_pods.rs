@@ -1043,22 +1043,8 @@ mod port_forward {
     }
 
     fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-        let mask = [0x12u8, 0x34, 0x56, 0x78];
-        let mut out = vec![0x80 | opcode];
-        match payload.len() {
-            n if n < 126 => out.push(0x80 | n as u8),
-            n if n <= 0xFFFF => {
-                out.push(0x80 | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(0x80 | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        out.extend_from_slice(&mask);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-        out
+        clawfleet_protocol::websocket::client_frame(opcode, payload, [0x12, 0x34, 0x56, 0x78])
+            .to_vec()
     }
 
     /// Sends `total` pseudo-random bytes as binary frames of `chunk` bytes through the echo

@@ -79,14 +79,9 @@ fn payload(i: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A masked binary frame (the client's side), 64-bit length form.
+/// A masked binary frame (the client's side).
 fn masked_frame(payload: &[u8]) -> Vec<u8> {
-    let key = [0x5a, 0x17, 0xc3, 0x80];
-    let mut out = vec![0x82, 0x80 | 127];
-    out.extend((payload.len() as u64).to_be_bytes());
-    out.extend(key);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
-    out
+    clawfleet_protocol::websocket::client_frame(0x2, payload, [0x5a, 0x17, 0xc3, 0x80]).to_vec()
 }
 
 /// Reads one unmasked frame from the gateway; returns its payload.

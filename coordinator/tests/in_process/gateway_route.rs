@@ -165,11 +165,7 @@ fn text_frame(text: &str) -> Vec<u8> {
 
 /// A masked text frame (as a client sends).
 fn client_frame(text: &str) -> Vec<u8> {
-    let mask = [1u8, 2, 3, 4];
-    let mut f = vec![0x81, 0x80 | text.len() as u8];
-    f.extend_from_slice(&mask);
-    f.extend(text.bytes().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    f
+    clawfleet_protocol::websocket::client_frame(0x1, text.as_bytes(), [1, 2, 3, 4]).to_vec()
 }
 
 impl GatewayBackend {
