@@ -99,6 +99,7 @@ pub fn up(name: &str, egress: Option<&Egress>) -> Result<(), NetnsError> {
         true
     };
     if fresh {
+        hold_run_dir()?;
         ip(&["netns", "add", name])?;
         ip(&["-n", name, "link", "set", "lo", "up"])?;
     }
@@ -106,6 +107,49 @@ pub fn up(name: &str, egress: Option<&Egress>) -> Result<(), NetnsError> {
         egress.plumb(name)?;
     }
     Ok(())
+}
+
+/// Makes [`RUN_DIR`] a mount point in a peer group of its own before the first namespace is
+/// bound there, so that each namespace is one entry in the host's mount table.
+///
+/// Left to itself, iproute2 bind-mounts `/run/netns` onto itself as a peer of `/run` (shared
+/// under systemd) and every namespace it binds there propagates back to `/run` below it: two
+/// entries per Agent. systemd reads the whole table for each hardened unit it starts, so
+/// every gateway start grew with the number of Agents on the host (85 ms for the Agent
+/// unit's sandbox with no other Agent, 223 ms beside 100). Made private then shared again,
+/// the mount leaves `/run`'s group and starts one of its own: namespaces bound there still
+/// reach the mount namespaces of units started later (and their removal too), not `/run`.
+///
+/// A `/run/netns` that is already a mount point (made by iproute2 before this hostd, or by
+/// anything else) is left as it is: regrouping it would strand the copies under `/run`, which
+/// would keep removed namespaces alive. The next boot starts afresh.
+fn hold_run_dir() -> Result<(), NetnsError> {
+    use nix::mount::{MsFlags, mount};
+    let fail = |what: &str, detail: String| NetnsError::Ip {
+        args: format!("{what} {RUN_DIR}"),
+        detail,
+    };
+    let table = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| fail("read /proc/self/mountinfo for", e.to_string()))?;
+    if is_mount_point(&table, RUN_DIR) {
+        return Ok(());
+    }
+    crate::fsutil::ensure_dir(Path::new(RUN_DIR), 0o755)
+        .map_err(|e| fail("make", e.to_string()))?;
+    let none: Option<&str> = None;
+    mount(Some(RUN_DIR), RUN_DIR, none, MsFlags::MS_BIND, none)
+        .map_err(|e| fail("bind-mount onto itself", e.to_string()))?;
+    mount(none, RUN_DIR, none, MsFlags::MS_PRIVATE, none)
+        .map_err(|e| fail("make private", e.to_string()))?;
+    mount(none, RUN_DIR, none, MsFlags::MS_SHARED, none)
+        .map_err(|e| fail("make shared", e.to_string()))
+}
+
+/// Whether `/proc/self/mountinfo`'s `table` has a mount at `dir` (its fifth field).
+fn is_mount_point(table: &str, dir: &str) -> bool {
+    table
+        .lines()
+        .any(|line| line.split(' ').nth(4) == Some(dir))
 }
 
 /// Writes the Agent's `resolv.conf` ([`crate::resolv`]), or removes a stale one when no
@@ -434,6 +478,22 @@ mod tests {
             path(&n),
             Path::new("/run/netns/clawfleet-0123456789abcdef0123456789abcdef")
         );
+    }
+
+    #[test]
+    fn mount_points_are_read_from_the_fifth_field() {
+        let table = "24 1 0:22 / /run rw,nosuid shared:5 - tmpfs tmpfs rw\n\
+                     80 24 0:22 /netns /run/netns rw shared:40 - tmpfs tmpfs rw\n";
+        assert!(is_mount_point(table, "/run/netns"));
+        assert!(is_mount_point(table, "/run"));
+        assert!(
+            !is_mount_point(table, "/netns"),
+            "the fourth field is the root, not the mount point"
+        );
+        assert!(!is_mount_point(
+            "24 1 0:22 / /run rw - tmpfs tmpfs rw\n",
+            "/run/netns"
+        ));
     }
 
     #[test]

@@ -394,7 +394,9 @@ fn a_running_agent_from_before_namespaces_moves_into_one_at_its_next_revision() 
     );
 }
 
-/// A host that allows them reports `namespaces`.
+/// A host that allows them reports `namespaces`, and holds each Agent's namespace as one
+/// entry of its mount table: iproute2 left to itself puts two there (one under `/run`), and
+/// systemd reads the whole table at every gateway start (hostd/src/netns.rs).
 #[test]
 fn a_host_with_namespaces_reports_them() {
     skip_unless_hosts!();
@@ -403,6 +405,22 @@ fn a_host_with_namespaces_reports_them() {
     assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
     let status = host.run_ok("hostd status").unwrap();
     assert!(status.contains("network isolation: namespaces"), "{status}");
+
+    occ.ok(&host, ensure("ns1"));
+    for agent in ["a1", "a2", "a3"] {
+        let rev = spec("rev-1", 1, json!({ "label": agent }));
+        occ.ok(&host, prepare("ns1", agent, &rev));
+        activate(&occ, &host, "ns1", agent, &rev);
+    }
+    let table = host.run_ok("cat /proc/self/mountinfo").unwrap();
+    let under = |dir: &str| {
+        table
+            .lines()
+            .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(dir)))
+            .count()
+    };
+    assert_eq!(under("/run/netns/"), 3, "one entry per Agent:\n{table}");
+    assert_eq!(under("/run/netns"), 4, "and /run/netns once:\n{table}");
 }
 
 /// Shell that makes the test's own network namespace `ns` on the test host, reached from the
