@@ -128,6 +128,7 @@ fn prepare(a: &str, rev: &str, n: u64) -> Operation {
         namespace: ns(),
         agent: agent(a),
         revision: spec(rev, n),
+        egress: None,
     })
 }
 

@@ -661,6 +661,7 @@ fn plan(
             agent: agent("a1"),
             revision: rev.clone(),
             restore: None,
+            egress: None,
         }),
     ) {
         OperationResult::PlanRevision(p) => *p,

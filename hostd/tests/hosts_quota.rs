@@ -349,6 +349,7 @@ fn a_btrfs_state_root_limits_each_agent_by_its_quota_group() {
             namespace: ns("ns-other"),
             agent: agent("other"),
             revision: rev2.clone(),
+            egress: None,
         }),
     );
     let applied = as_agent(
@@ -448,6 +449,7 @@ fn a_btrfs_state_root_limits_each_agent_by_its_quota_group() {
         namespace: ns("ns-filler"),
         agent: agent("filler"),
         revision: rev3,
+        egress: None,
     });
     let failure = occ.fails(&host, with_workspace.clone());
     assert_eq!(

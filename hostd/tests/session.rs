@@ -171,6 +171,7 @@ fn prepare() -> Operation {
             configuration_hash: configuration.hash(),
             configuration,
         },
+        egress: None,
     })
 }
 

@@ -284,6 +284,7 @@ fn prepare_op() -> Operation {
             configuration_hash: configuration.hash(),
             configuration,
         },
+        egress: None,
     })
 }
 

@@ -2070,6 +2070,7 @@ fn secret_prepare(
         namespace: ns_ref(ns),
         agent: agent_ref(agent),
         revision: spec,
+        egress: None,
     })
 }
 

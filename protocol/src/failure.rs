@@ -115,6 +115,10 @@ failure_codes! {
     HostConfigInvalid = "HOST_CONFIG_INVALID" => Permanent,
     /// A tool hostd needs is missing on the host.
     MissingTool = "MISSING_TOOL" => Permanent,
+    /// The Agent's egress settings ask for a port or range its host's pool (`hostd.toml`
+    /// `[network]`) or its cluster does not allow: an Agent may only narrow them. Nothing was
+    /// changed; the message names the entry.
+    EgressNotAllowed = "EGRESS_NOT_ALLOWED" => Permanent,
     /// The configured gateway command (hostd.toml `gateway_command`, first word) does not
     /// exist on the host or is not executable by the Agent accounts; nothing was created.
     GatewayCommandMissing = "GATEWAY_COMMAND_MISSING" => Permanent,

@@ -11,6 +11,7 @@
 //! - [`sealed`]: secret values sealed to a host's key on their way there, `put-secrets`.
 //! - [`secret`]: secrets' names, values, fingerprints and how configurations refer to them.
 //! - [`workspace`]: initial workspace files, their names and limits.
+//! - [`egress`]: an Agent's own egress settings, a narrowing of its target's.
 //! - [`websocket`]: a WebSocket client's masked frame, for the clients of a gateway.
 //! - [`atomic_file`]: files replaced whole or created once (temporary, fsync, rename), for
 //!   hostd and the coordinator alike.
@@ -18,6 +19,7 @@
 pub mod allowed_signers;
 pub mod atomic_file;
 pub mod configuration;
+pub mod egress;
 pub mod envelope;
 pub mod failure;
 pub mod framing;

@@ -462,6 +462,10 @@ pub struct PrepareArgs {
     /// before the gateway first starts (protocol/src/workspace.rs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<crate::workspace::WorkspaceSetup>,
+    /// The Agent's own egress settings, a narrowing of its target's (protocol/src/egress.rs);
+    /// none: the target's. They take effect when the revision is activated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::Egress>,
 }
 
 /// Arguments of `activate-revision`, `verify-revision`, `stop-revision`, `retire-revision`.

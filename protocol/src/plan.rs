@@ -19,6 +19,9 @@ pub struct PlanArgs {
     pub revision: RevisionSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RevisionRef>,
+    /// The Agent's own egress settings, as the prepare would carry them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::Egress>,
 }
 
 /// What happens to one thing the deploy needs.

@@ -286,6 +286,7 @@ impl<B: Backend> Worker<B> {
             agent: d.agent_ref.clone(),
             revision: spec,
             workspace,
+            egress: None,
         });
         match self.call(d.work, d.target()?, op).await? {
             Err(e) => {

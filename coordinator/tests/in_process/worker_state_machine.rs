@@ -511,6 +511,7 @@ async fn a_re_prepare_with_another_number_is_refused_as_hostd_refuses_it() {
                 configuration_hash: configuration.hash(),
                 configuration: configuration.clone(),
             },
+            egress: None,
         })
     };
     let opts = CallOptions::default();

@@ -674,6 +674,7 @@ pub fn prepare(n: &str, a: &str, rev: &RevisionSpec) -> Operation {
         namespace: ns(n),
         agent: agent(a),
         revision: rev.clone(),
+        egress: None,
     })
 }
 

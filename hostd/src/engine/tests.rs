@@ -138,6 +138,7 @@ fn prepare(n: &str, a: &str, rev: &str, number: u64) -> Operation {
         namespace: ns(n),
         agent: agent(a),
         revision: spec(rev, number),
+        egress: None,
     })
 }
 
@@ -420,6 +421,7 @@ fn snapshots_are_immutable() {
         namespace: ns("ns1"),
         agent: agent("a1"),
         revision: other,
+        egress: None,
     }));
     assert_eq!(f.code, FailureCode::SnapshotMismatch);
     // Tampered bytes on disk.
@@ -1667,6 +1669,7 @@ fn plan_of(
         agent: agent(a),
         revision: spec(rev, number),
         restore: restore.map(|(r, k)| spec(r, k).reference()),
+        egress: None,
     });
     match h.ok(op) {
         OperationResult::PlanRevision(p) => *p,
@@ -1861,6 +1864,7 @@ fn prepare_with(
         namespace: ns("ns1"),
         agent: agent("a1"),
         revision: spec(rev, number),
+        egress: None,
     })
 }
 
@@ -1915,6 +1919,7 @@ fn a_refused_workspace_set_leaves_nothing_behind() {
             namespace: ns("ns1"),
             agent: agent("a1"),
             revision: spec("r1", 1),
+            egress: None,
         });
         let f = match h.run_fenced(op, Some(5)) {
             Ok(r) => panic!("{what}: accepted: {r:?}"),

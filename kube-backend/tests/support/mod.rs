@@ -162,6 +162,7 @@ pub fn prepare_op(ns: &str, agent: &str, rev: &str, number: u64) -> Operation {
         namespace: ns_ref(ns),
         agent: agent_ref(agent),
         revision: spec(rev, number),
+        egress: None,
     })
 }
 

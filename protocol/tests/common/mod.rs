@@ -80,6 +80,7 @@ pub fn every_operation() -> Vec<Operation> {
             namespace: namespace(),
             agent: agent(),
             revision: spec,
+            egress: None,
         }),
         Operation::ActivateRevision(ActivateArgs::from(rargs.clone())),
         Operation::VerifyRevision(rargs.clone()),

@@ -445,6 +445,7 @@ fn a_refused_plan_reports_the_agent_as_it_is() {
         agent: agent("a1"),
         revision: spec("rev-1", 1),
         restore: None,
+        egress: None,
     })) {
         OperationResult::PlanRevision(p) => *p,
         other => panic!("{other:?}"),
