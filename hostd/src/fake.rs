@@ -536,6 +536,14 @@ impl System for FakeSystem {
         !self.with(|s| s.netns_gone)
     }
 
+    fn reload_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
+        self.log(format!("reload {unit}"));
+        if self.injected("reload") {
+            return Err(fail("reload", unit));
+        }
+        Ok(())
+    }
+
     fn start_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
         self.log(format!("start {unit}"));
         self.with(|s| {

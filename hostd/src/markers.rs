@@ -175,6 +175,10 @@ pub struct RevisionMarker {
     pub harness: Harness,
     /// Whether the configuration asks for the managed gateway password.
     pub needs_password: bool,
+    /// The Agent's own egress settings the revision was prepared with (protocol/src/egress.rs):
+    /// its network units are rendered with them when it is activated. Absent: the pool's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<clawfleet_protocol::egress::Egress>,
 }
 
 /// `served.json`: the revision last confirmed ready.

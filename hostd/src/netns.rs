@@ -294,23 +294,30 @@ impl Egress {
         )
     }
 
-    /// Makes the veth pair, addresses, route and both rulesets (again, from scratch).
+    /// Makes the veth pair, addresses, route and both rulesets; run again (the network
+    /// unit's reload, after the Agent's egress changed), it keeps a whole pair and its
+    /// connections and loads the rulesets anew. Half a pair (a crash between the two ends) is
+    /// made again.
     fn plumb(&self, name: &str) -> Result<(), NetnsError> {
         let host_link = host_link_name(name);
-        if Path::new("/sys/class/net").join(&host_link).exists() {
+        let host_end = ip(&["link", "show", "dev", &host_link]).is_ok();
+        let agent_end = ip(&["-n", name, "link", "show", "dev", "eth0"]).is_ok();
+        if host_end && !agent_end {
             ip(&["link", "delete", &host_link])?;
         }
-        ip(&[
-            "link", "add", &host_link, "type", "veth", "peer", "name", "eth0", "netns", name,
-        ])?;
+        if !(host_end && agent_end) {
+            ip(&[
+                "link", "add", &host_link, "type", "veth", "peer", "name", "eth0", "netns", name,
+            ])?;
+        }
         let (host, agent) = self.addresses();
-        ip(&["addr", "add", &format!("{host}/30"), "dev", &host_link])?;
+        ip(&["addr", "replace", &format!("{host}/30"), "dev", &host_link])?;
         ip(&["link", "set", &host_link, "up"])?;
         ip(&[
             "-n",
             name,
             "addr",
-            "add",
+            "replace",
             &format!("{agent}/30"),
             "dev",
             "eth0",

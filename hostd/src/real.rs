@@ -777,6 +777,15 @@ impl System for RealSystem {
         job_result("restart", unit, result)
     }
 
+    fn reload_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
+        check_unit_name("reload", unit)?;
+        let name = unit.to_owned();
+        let result = self.run_job("reload", unit, timeout, |m| async move {
+            m.reload_unit(name, "replace".into()).await
+        })?;
+        job_result("reload", unit, result)
+    }
+
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
         check_unit_name("stop", unit)?;
         let name = unit.to_owned();

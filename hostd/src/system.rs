@@ -177,6 +177,9 @@ pub trait System {
     fn restart_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// Stops a unit and waits for its job; succeeds if the unit was not loaded or not running.
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
+    /// ReloadUnit: runs the unit's `ExecReload=` (the Agent's network unit applies its egress
+    /// again without removing the namespace).
+    fn reload_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// Forgets a unit's failed state (`ResetFailedUnit`), so a removed Agent's unit leaves
     /// systemd's failed list; succeeds if systemd does not know the unit.
     fn reset_failed_unit(&self, unit: &str) -> Result<(), SystemError>;

@@ -90,6 +90,7 @@ Before=network-online.target
 Type=oneshot
 RemainAfterExit=yes
 ExecStart={LAUNCHER} netns-up --name {ns} --port {port}{egress}
+ExecReload={LAUNCHER} netns-up --name {ns} --port {port}{egress}
 ExecStop={LAUNCHER} netns-down --name {ns}
 ",
             ns = self.netns,

@@ -548,6 +548,94 @@ fn an_agent_reaches_public_https_only() {
         .unwrap();
 }
 
+/// Issue 28's per-Agent egress: on a pool that allows 443 and 8080, an Agent narrowed to 8080
+/// reaches the public stand-in there only; asking for a port the pool does not allow is
+/// refused with EGRESS_NOT_ALLOWED; its next revision without settings gets the pool's again,
+/// applied to the running namespace by reloading its network unit.
+#[test]
+fn an_agents_own_egress_narrows_the_pools() {
+    skip_unless_hosts!();
+    let occ = Coordinator::new();
+    let host = host_with_hostd(&occ, "[network]\negress_ports = [443, 8080]\n");
+    assert_eq!(network_isolation(&occ, &host), hostd::engine::NAMESPACES);
+    host.run_ok(&standin("cfpub", "198.51.100", PUBLIC_STANDIN))
+        .unwrap();
+    occ.ok(&host, ensure("ns1"));
+    let try_connect = |port: u16| {
+        format!(
+            "timeout 3 bash -c 'exec 3<>/dev/tcp/198.51.100.2/{port} && head -c 9 <&3' 2>&1; echo \" rc=$?\""
+        )
+    };
+    let probes = json!({ "p443": try_connect(443), "p8080": try_connect(8080) });
+    let with =
+        |rev: &RevisionSpec, egress: Option<clawfleet_protocol::egress::Egress>| match prepare(
+            "ns1", "a1", rev,
+        ) {
+            Operation::PrepareRevision(args) => {
+                Operation::PrepareRevision(PrepareArgs { egress, ..args })
+            }
+            other => other,
+        };
+    let r1 = spec(
+        "rev-1",
+        1,
+        json!({"label": "a", "probe": {"commands": probes}}),
+    );
+    let f = occ.fails(
+        &host,
+        with(
+            &r1,
+            Some(clawfleet_protocol::egress::Egress {
+                ports: Some(vec![22]),
+                allow: None,
+            }),
+        ),
+    );
+    assert_eq!(
+        f.code,
+        clawfleet_protocol::failure::FailureCode::EgressNotAllowed,
+        "{f}"
+    );
+    assert!(f.message.contains("egress.ports[0] is 22"), "{f}");
+
+    let pa = port(&occ.ok(
+        &host,
+        with(
+            &r1,
+            Some(clawfleet_protocol::egress::Egress {
+                ports: Some(vec![8080]),
+                allow: None,
+            }),
+        ),
+    ));
+    activate(&occ, &host, "ns1", "a1", &r1);
+    let info = info_of(&host, pa);
+    let (p443, p8080) = (probe_output(&info, "p443"), probe_output(&info, "p8080"));
+    println!("narrowed: 443: {} / 8080: {}", p443.trim(), p8080.trim());
+    assert!(p8080.starts_with("public-ok"), "{p8080}");
+    assert!(
+        !p443.contains("public-ok") && !p443.contains(" rc=0"),
+        "{p443}"
+    );
+
+    let r2 = spec(
+        "rev-2",
+        2,
+        json!({"label": "b", "probe": {"commands": probes}}),
+    );
+    occ.ok(&host, with(&r2, None));
+    activate(&occ, &host, "ns1", "a1", &r2);
+    let info = info_of(&host, pa);
+    let (p443, p8080) = (probe_output(&info, "p443"), probe_output(&info, "p8080"));
+    println!("the pool's: 443: {} / 8080: {}", p443.trim(), p8080.trim());
+    assert!(
+        p443.starts_with("public-ok") && p8080.starts_with("public-ok"),
+        "{p443} / {p8080}"
+    );
+    host.run_ok("systemctl stop cf-public-443 cf-public-8080; ip netns delete cfpub")
+        .unwrap();
+}
+
 /// A stand-in for a cloud network's resolver on a private address (10.77.0.2, in a network
 /// namespace of the test's own on the test host): it answers every A query with 198.51.100.2
 /// and every other query with no answer.

@@ -221,6 +221,29 @@ impl Egress {
     }
 }
 
+impl Egress {
+    /// What the Agent gets under a ceiling that may have shrunk since [`Egress::within`]
+    /// passed (an operator narrowed the pool): its own entries that the ceiling still allows,
+    /// never more. Unset lists are the ceiling's.
+    pub fn clipped(&self, ports: &[u16], allow: &[String]) -> (Vec<u16>, Vec<String>) {
+        let own_ports = match &self.ports {
+            None => ports.to_vec(),
+            Some(own) => own.iter().copied().filter(|p| ports.contains(p)).collect(),
+        };
+        let own_allow = match &self.allow {
+            None => allow.to_vec(),
+            Some(own) => {
+                let outer: Vec<Cidr> = allow.iter().filter_map(|c| Cidr::parse(c)).collect();
+                own.iter()
+                    .filter(|c| Cidr::parse(c).is_some_and(|i| outer.iter().any(|o| i.inside(o))))
+                    .cloned()
+                    .collect()
+            }
+        };
+        (own_ports, own_allow)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +361,23 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("it allows none"), "{e}");
+    }
+
+    #[test]
+    fn a_shrunk_ceiling_clips_what_was_allowed() {
+        let e = Egress {
+            ports: Some(vec![443, 8443]),
+            allow: Some(vec!["10.1.2.0/24".into(), "192.168.1.0/24".into()]),
+        };
+        assert_eq!(
+            e.clipped(&[443], &["192.168.0.0/16".to_owned()]),
+            (vec![443], vec!["192.168.1.0/24".to_owned()])
+        );
+        assert_eq!(e.clipped(&[], &[]), (vec![], vec![]));
+        assert_eq!(
+            Egress::default().clipped(&[443], &["10.0.0.0/8".to_owned()]),
+            (vec![443], vec!["10.0.0.0/8".to_owned()])
+        );
     }
 
     #[test]

@@ -477,7 +477,8 @@ impl Engine<'_> {
                 if text != want {
                     reasons.push(unit_text_diff(&text, &want));
                 }
-                if let Some(net) = self.agent_net(paths) {
+                let egress = self.current_egress(ns, agent, paths);
+                if let Some(net) = self.agent_net_with(paths, egress.as_ref()) {
                     reasons.extend(self.network_drift(ns, agent, &net, paths, port));
                 }
             }
@@ -694,6 +695,7 @@ mod tests {
                 mode: HarnessMode::Embedded,
             },
             needs_password: false,
+            egress: None,
         };
         let asked = |id: &str, number: u64, h: char| RevisionRef {
             id: Ident::new(id).unwrap(),

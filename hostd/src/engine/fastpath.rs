@@ -131,6 +131,8 @@ impl Engine<'_> {
         if exists {
             let m = or_decline!(self.read_snapshot(&ns.id, &agent.id, &snapshot_dir));
             or_decline!(snapshot_matches(&m, &rev.reference()));
+            // New egress settings for the same revision are written by the slow path.
+            require!(m.egress == args.egress);
         }
         if or_decline!(newer_is_current(current.as_ref(), &rev.id, rev.number)) {
             let answer = Ok(PrepareResult {
@@ -197,8 +199,14 @@ impl Engine<'_> {
         require!(existing.as_deref() == Some(text.as_str()));
         // The Agent's network units (issue 28) are written with the gateway's.
         require!(
-            or_decline!(self.companions_to_write(&ns.id, &agent.id, paths, agent_marker.port))
-                .is_empty()
+            or_decline!(self.companions_to_write(
+                &ns.id,
+                &agent.id,
+                paths,
+                agent_marker.port,
+                snapshot.egress.as_ref()
+            ))
+            .is_empty()
         );
         let state = or_decline!(self.system.unit_state(&paths.unit_name));
         require!(state.enabled && state.is_active());

@@ -85,6 +85,7 @@ impl Engine<'_> {
         let agent = &args.agent;
         let rev = &args.revision;
         // Prepare's checks, in prepare's order.
+        self.check_egress(args.egress.as_ref())?;
         self.verify_namespace(ns)?;
         self.check_gateway_command()?;
         let existing_unit = self.verify_unit_file(&ns.id, &agent.id, paths)?;
@@ -134,7 +135,17 @@ impl Engine<'_> {
         // Activate's decisions.
         let unit_changed = match (&agent_marker, &existing_unit) {
             (Some(m), Some(text)) => {
-                let changed = *text != self.unit_text(&ns.id, &agent.id, paths, m.port);
+                // The Agent's network units too: new egress settings rewrite its net unit.
+                let changed = *text != self.unit_text(&ns.id, &agent.id, paths, m.port)
+                    || !self
+                        .companions_to_write(
+                            &ns.id,
+                            &agent.id,
+                            paths,
+                            m.port,
+                            args.egress.as_ref(),
+                        )?
+                        .is_empty();
                 plan.unit_file = if changed {
                     Change::Replace
                 } else {

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use clawfleet_protocol::Ident;
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::{
     ActivateArgs, PrepareArgs, RevisionArgs, RevisionNumber, RevisionRef,
@@ -192,6 +193,7 @@ impl Engine<'_> {
                 Failure::new(FailureCode::InvalidInput, format!("at `workspace`: {m}"))
             })?;
         }
+        self.check_egress(args.egress.as_ref())?;
         let paths = self.layout.agent(&args.namespace.id, &args.agent.id);
         let agent_lock = self.agent_lock(ctx, &paths.lock)?;
         let result = match self.prepare_noop(ctx, args, &paths) {
@@ -263,6 +265,7 @@ impl Engine<'_> {
                 configuration_hash: rev.configuration_hash.clone(),
                 harness: rev.harness.clone(),
                 needs_password: needs_pw,
+                egress: args.egress.clone(),
             };
             let root_group = Ids {
                 uid: 0,
@@ -301,6 +304,22 @@ impl Engine<'_> {
                     "snapshot landed under another name",
                 ));
             }
+        }
+        if let Some(m) = existing.as_ref().filter(|m| m.egress != args.egress) {
+            // The same revision, prepared again after the Agent's egress settings changed:
+            // its marker takes the new ones (the snapshot's configuration stays as it is).
+            ctx.step(Step::Snapshot)?;
+            let marker = RevisionMarker {
+                egress: args.egress.clone(),
+                ..m.clone()
+            };
+            fsutil::write_atomic(
+                &snapshot_dir.join("revision.json"),
+                &markers::to_bytes(&marker),
+                0o600,
+                |_| Ok(()),
+            )
+            .map_err(fs_failure)?;
         }
         let workspace = match &args.workspace {
             Some(setup) => Some(self.setup_workspace(ctx, paths, ids, setup)?),
@@ -347,12 +366,95 @@ impl Engine<'_> {
     /// gateway in the host's network as before (its binds confined only by Landlock, where
     /// the kernel has it).
     pub(crate) fn agent_net(&self, paths: &AgentPaths) -> Option<unit::AgentNet> {
+        self.agent_net_with(paths, None)
+    }
+
+    /// [`Self::agent_net`] for a revision prepared with the Agent's own `egress`: never
+    /// wider than the pool's, even after an operator narrowed it since the prepare.
+    pub(crate) fn agent_net_with(
+        &self,
+        paths: &AgentPaths,
+        egress: Option<&Egress>,
+    ) -> Option<unit::AgentNet> {
+        let (egress_ports, egress_allow) = match egress {
+            None => (
+                self.config.egress_ports.clone(),
+                self.config.egress_allow.clone(),
+            ),
+            Some(e) => e.clipped(&self.config.egress_ports, &self.config.egress_allow),
+        };
         self.system.netns_support().ok().map(|()| unit::AgentNet {
-            egress_ports: self.config.egress_ports.clone(),
-            egress_allow: self.config.egress_allow.clone(),
+            egress_ports,
+            egress_allow,
             dns: self.config.dns.clone(),
             ..unit::AgentNet::for_unit(&paths.unit_name, self.config.front_hold_ms)
         })
+    }
+
+    /// Refuses the Agent's own egress settings when they ask for more than the pool allows,
+    /// or when this host cannot confine an Agent's egress at all (no namespaces): a narrowing
+    /// it cannot honour is not silently dropped.
+    pub(crate) fn check_egress(&self, egress: Option<&Egress>) -> Result<(), Failure> {
+        let Some(e) = egress else {
+            return Ok(());
+        };
+        if let Err(why) = self.system.netns_support() {
+            return Err(Failure::new(
+                FailureCode::EgressNotAllowed,
+                format!(
+                    "the Agent has its own egress settings, but this host cannot confine an Agent's egress ({why})"
+                ),
+            ));
+        }
+        e.within(&self.config.egress_ports, &self.config.egress_allow)
+            .map(|_| ())
+            .map_err(|why| {
+                Failure::new(
+                    FailureCode::EgressNotAllowed,
+                    format!("{why} (hostd.toml [network] egress_ports and egress_allow)"),
+                )
+            })
+    }
+
+    /// The egress settings of the revision `current` names (what its network units were
+    /// rendered with); none when there is no readable one.
+    pub(crate) fn current_egress(
+        &self,
+        ns: &Ident,
+        agent: &Ident,
+        paths: &AgentPaths,
+    ) -> Option<Egress> {
+        let target = std::fs::read_link(&paths.current).ok()?;
+        let dir = paths.dir.join(target);
+        self.read_snapshot(ns, agent, &dir).ok()?.egress
+    }
+
+    /// A running Agent whose network unit was just rewritten (its egress changed) applies it
+    /// again in place: systemd runs the unit's `ExecReload=` (`hostd netns-up`), which keeps
+    /// the namespace and loads the new rules. Not running: its next start applies them.
+    fn reapply_network(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        written: &[(std::path::PathBuf, String)],
+    ) -> Result<(), Failure> {
+        let Some(net) = self.agent_net(paths) else {
+            return Ok(());
+        };
+        if !written.iter().any(|(f, _)| f.ends_with(&net.net_unit)) {
+            return Ok(());
+        }
+        let state = self
+            .system
+            .unit_state(&net.net_unit)
+            .map_err(system_failure)?;
+        if !state.is_active() {
+            return Ok(());
+        }
+        tracing::info!(operation_id = %ctx.operation_id, unit = %net.net_unit, "applying the Agent's changed network settings");
+        self.system
+            .reload_unit(&net.net_unit, self.config.limits.unit_start_timeout)
+            .map_err(system_failure)
     }
 
     /// The Agent's companion unit files (namespace, port socket, front) that differ from
@@ -363,8 +465,9 @@ impl Engine<'_> {
         agent: &Ident,
         paths: &AgentPaths,
         port: u16,
+        egress: Option<&Egress>,
     ) -> Result<Vec<(std::path::PathBuf, String)>, Failure> {
-        let Some(net) = self.agent_net(paths) else {
+        let Some(net) = self.agent_net_with(paths, egress) else {
             return Ok(Vec::new());
         };
         let mut out = Vec::new();
@@ -453,7 +556,13 @@ impl Engine<'_> {
 
         let text = self.unit_text(&ns.id, &agent.id, paths, agent_marker.port);
         let existing = self.verify_unit_file(&ns.id, &agent.id, paths)?;
-        let companions = self.companions_to_write(&ns.id, &agent.id, paths, agent_marker.port)?;
+        let companions = self.companions_to_write(
+            &ns.id,
+            &agent.id,
+            paths,
+            agent_marker.port,
+            snapshot.egress.as_ref(),
+        )?;
         // Changed on disk, or changed by an earlier operation that stopped before a reload.
         let differs = existing.as_deref() != Some(text.as_str()) || !companions.is_empty();
         let owed = self.reload_pending(&paths.unit_name)?;
@@ -510,6 +619,7 @@ impl Engine<'_> {
                 self.daemon_reload(ctx, &host, ticket)?;
                 self.clear_reload_pending(&paths.unit_name)?;
             }
+            self.reapply_network(ctx, paths, &companions)?;
             ctx.step(Step::Enable)?;
             self.system
                 .enable_unit(&paths.unit_name)

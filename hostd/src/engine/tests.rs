@@ -2586,6 +2586,145 @@ fn an_agent_with_its_own_network_gets_its_companion_units_and_their_drift() {
     }
 }
 
+fn prepare_with_egress(
+    n: &str,
+    a: &str,
+    rev: &str,
+    number: u64,
+    egress: Option<clawfleet_protocol::egress::Egress>,
+) -> Operation {
+    match prepare(n, a, rev, number) {
+        Operation::PrepareRevision(args) => {
+            Operation::PrepareRevision(PrepareArgs { egress, ..args })
+        }
+        other => other,
+    }
+}
+
+/// Issue 28: an Agent's own egress settings narrow the pool's. Asking for more than the pool
+/// allows is refused with EGRESS_NOT_ALLOWED before anything is created; a narrowing is
+/// rendered into the Agent's network unit at activation, which reloads the running unit; the
+/// same revision prepared again with other settings takes them; a plan shows the rewrite;
+/// drift compares with the settings of the revision served.
+#[test]
+fn an_agents_egress_narrows_the_pools_and_is_applied_at_activation() {
+    use clawfleet_protocol::egress::Egress;
+    let h = Host::with_config(
+        "[network]\negress_ports = [443, 8443]\negress_allow = [\"10.1.0.0/16\"]",
+    );
+    h.fake.set_netns_support(true);
+    h.ok(ensure("ns1"));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let wider = Egress {
+        ports: Some(vec![443, 22]),
+        allow: None,
+    };
+    let f = h.fails(prepare_with_egress("ns1", "a1", "r1", 1, Some(wider)));
+    assert_eq!(f.code, FailureCode::EgressNotAllowed, "{f}");
+    assert!(f.message.contains("egress.ports[1] is 22"), "{f}");
+    assert!(!paths.dir.exists(), "nothing created");
+    let f = h.fails(prepare_with_egress(
+        "ns1",
+        "a1",
+        "r1",
+        1,
+        Some(Egress {
+            ports: None,
+            allow: Some(vec!["169.254.169.254/32".into()]),
+        }),
+    ));
+    assert_eq!(f.code, FailureCode::EgressNotAllowed, "{f}");
+
+    let narrow = Egress {
+        ports: Some(vec![8443]),
+        allow: Some(vec!["10.1.2.0/24".into()]),
+    };
+    h.ok(prepare_with_egress(
+        "ns1",
+        "a1",
+        "r1",
+        1,
+        Some(narrow.clone()),
+    ));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let net = crate::unit::AgentNet::for_unit(&paths.unit_name, h.config.front_hold_ms);
+    let net_file = h.config.unit_dir.join(&net.net_unit);
+    let text = std::fs::read_to_string(&net_file).unwrap();
+    assert!(
+        text.contains(" --egress-port 8443 --egress-allow 10.1.2.0/24\n")
+            && !text.contains("--egress-port 443 "),
+        "{text}"
+    );
+    let drift = |h: &Host| match h.ok(Operation::Status(StatusArgs::default())) {
+        OperationResult::Status(inv) => inv.namespaces[0].agents[0].unit_drift.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        drift(&h),
+        None,
+        "drift reads the served revision's settings"
+    );
+
+    // The same revision again, with the pool's settings: the net unit is rewritten and the
+    // running unit reloaded.
+    h.fake
+        .start_unit(&net.net_unit, Duration::from_secs(1))
+        .unwrap();
+    let plan = match h.ok(Operation::PlanRevision(
+        clawfleet_protocol::plan::PlanArgs {
+            namespace: ns("ns1"),
+            agent: agent("a1"),
+            revision: spec("r1", 1),
+            restore: None,
+            egress: None,
+        },
+    )) {
+        OperationResult::PlanRevision(p) => *p,
+        other => panic!("{other:?}"),
+    };
+    assert!(plan.daemon_reload && plan.refusal.is_none(), "{plan:?}");
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.fake.clear_calls();
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let text = std::fs::read_to_string(&net_file).unwrap();
+    assert!(
+        text.contains(" --egress-port 443 --egress-port 8443 --egress-allow 10.1.0.0/16\n"),
+        "{text}"
+    );
+    let calls = h.fake.calls();
+    assert!(
+        calls.contains(&format!("reload {}", net.net_unit)),
+        "{calls:?}"
+    );
+    assert_eq!(drift(&h), None);
+    // Unchanged: no reload.
+    h.fake.clear_calls();
+    h.ok(activate("ns1", "a1", "r1", 1));
+    assert!(!h.fake.calls().iter().any(|c| c.starts_with("reload")));
+}
+
+/// Issue 28: an Agent with egress settings on a host that cannot give it a namespace is
+/// refused, not silently left with the host's network.
+#[test]
+fn egress_settings_are_refused_where_the_host_cannot_confine_egress() {
+    let h = Host::new();
+    h.fake.set_netns_support(false);
+    h.ok(ensure("ns1"));
+    let f = h.fails(prepare_with_egress(
+        "ns1",
+        "a1",
+        "r1",
+        1,
+        Some(clawfleet_protocol::egress::Egress {
+            ports: Some(vec![]),
+            allow: None,
+        }),
+    ));
+    assert_eq!(f.code, FailureCode::EgressNotAllowed, "{f}");
+    assert!(f.message.contains("cannot confine"), "{f}");
+    h.ok(prepare("ns1", "a1", "r1", 1));
+}
+
 /// Issue 27: the failed unit of a deleted Agent stayed in systemd's failed list. Deleting the
 /// Agent (or its Namespace) resets the unit's failed state after stopping it.
 #[test]
