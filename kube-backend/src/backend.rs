@@ -559,8 +559,10 @@ pub(crate) async fn run(
             OperationResult::AgentLogs(Box::pin(ops::runtime::logs(r, settings, &a)).await?)
         }
         // Plans are answered by host pools only for now; the coordinator shows this as 501
-        // BACKEND_UNSUPPORTED, as for a hostd that predates an operation.
-        Operation::PlanRevision(_) => {
+        // BACKEND_UNSUPPORTED, as for a hostd that predates an operation. Egress settings the
+        // cluster would refuse are refused first, as the prepare would refuse them.
+        Operation::PlanRevision(a) => {
+            ops::revision::egress_ports(a.egress.as_ref())?;
             return Err(Failure::new(
                 FailureCode::OperationUnsupported,
                 "unknown operation \"plan-revision\" on a Kubernetes cluster: this backend \

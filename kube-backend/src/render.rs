@@ -417,24 +417,42 @@ pub fn password_secret(
     )
 }
 
-/// Egress of the Agent's Pods: HTTPS to public addresses only (model providers, channels).
-pub fn egress_policy(ns: &Tenant, agent: &AgentRef) -> Result<NetworkPolicy, RenderError> {
+/// The cluster's ceiling for an Agent's egress (protocol/src/egress.rs): TCP ports to public
+/// addresses, and no other range. An Agent's own settings may only narrow it.
+pub const EGRESS_PORTS: &[u16] = &[443];
+
+/// Egress of the Agent's Pods: TCP on `ports` (the cluster's [`EGRESS_PORTS`], or the Agent's
+/// narrowing of them) to public addresses only (model providers, channels). With no port the
+/// policy has no egress rule: the Pods reach nothing but what the Namespace's DNS policy
+/// allows.
+pub fn egress_policy(
+    ns: &Tenant,
+    agent: &AgentRef,
+    ports: &[u16],
+) -> Result<NetworkPolicy, RenderError> {
+    let mut spec = json!({
+        "podSelector": { "matchLabels": map(pod_selector(&agent.id)) },
+        "policyTypes": ["Egress"],
+    });
+    if !ports.is_empty() {
+        let ports: Vec<Value> = ports
+            .iter()
+            .map(|p| json!({ "protocol": "TCP", "port": p }))
+            .collect();
+        spec["egress"] = json!([{
+            "to": [{ "ipBlock": { "cidr": "0.0.0.0/0", "except": [
+                "10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12",
+                "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8",
+            ] } }],
+            "ports": ports,
+        }]);
+    }
     typed(
         "NetworkPolicy",
         json!({
             "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": agent_meta(ns, agent, &names::agent(&agent.id).egress),
-            "spec": {
-                "podSelector": { "matchLabels": map(pod_selector(&agent.id)) },
-                "policyTypes": ["Egress"],
-                "egress": [{
-                    "to": [{ "ipBlock": { "cidr": "0.0.0.0/0", "except": [
-                        "10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12",
-                        "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8",
-                    ] } }],
-                    "ports": [{ "protocol": "TCP", "port": 443 }],
-                }],
-            },
+            "spec": spec,
         }),
     )
 }

@@ -7,6 +7,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::failure::FailureCode;
 use clawfleet_protocol::operation::{AgentRef, NamespaceArgs, NamespaceRef, PrepareArgs};
 use clawfleet_protocol::operation::{Harness, HarnessId, HarnessMode, HarnessVersion};
@@ -264,6 +265,10 @@ fn test_credentials() -> crate::ClusterCredentials {
 }
 
 fn prepare_op() -> Operation {
+    prepare_with(None)
+}
+
+fn prepare_with(egress: Option<Egress>) -> Operation {
     let configuration =
         Configuration::new(json!({ "gateway": { "auth": { "mode": "password" } } })).unwrap();
     Operation::PrepareRevision(PrepareArgs {
@@ -284,8 +289,130 @@ fn prepare_op() -> Operation {
             configuration_hash: configuration.hash(),
             configuration,
         },
-        egress: None,
+        egress,
     })
+}
+
+/// A prepare (or plan) whose egress asks for a port or range beyond the cluster's (TCP 443 to
+/// public addresses) is EGRESS_NOT_ALLOWED, naming the entry, before any request.
+#[tokio::test]
+async fn egress_beyond_the_clusters_is_refused_before_any_request() {
+    for (egress, says) in [
+        (
+            Egress {
+                ports: Some(vec![443, 22]),
+                allow: None,
+            },
+            "egress.ports[1] is 22",
+        ),
+        (
+            Egress {
+                ports: None,
+                allow: Some(vec!["10.0.0.0/8".into()]),
+            },
+            "egress.allow[0] is 10.0.0.0/8",
+        ),
+    ] {
+        let (r, seen) = mock(Box::new(echo));
+        let f = crate::backend::run(
+            &r,
+            "c",
+            &test_credentials(),
+            &settings(),
+            prepare_with(Some(egress.clone())),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(f.code, FailureCode::EgressNotAllowed, "{f}");
+        assert!(!f.is_retryable(), "{f}");
+        assert!(f.message.contains(says), "{f}");
+        assert!(seen.lock().unwrap().is_empty(), "a request was made");
+        let Operation::PrepareRevision(args) = prepare_with(Some(egress)) else {
+            unreachable!("a prepare")
+        };
+        let plan = Operation::PlanRevision(clawfleet_protocol::plan::PlanArgs {
+            namespace: args.namespace,
+            agent: args.agent,
+            revision: args.revision,
+            restore: None,
+            egress: args.egress,
+        });
+        let f = crate::backend::run(&r, "c", &test_credentials(), &settings(), plan)
+            .await
+            .unwrap_err();
+        assert_eq!(f.code, FailureCode::EgressNotAllowed, "{f}");
+        assert!(seen.lock().unwrap().is_empty(), "a request was made");
+    }
+}
+
+/// The egress policy a prepare applies: the Agent's ports (443 or none), or the cluster's.
+#[tokio::test]
+async fn prepare_applies_the_agents_egress_policy() {
+    let ns_obj = serde_json::to_value(render::namespace(&ns_ref()).unwrap()).unwrap();
+    let deny =
+        serde_json::to_value(render::default_deny(&names::Tenant::managed(&id("ns-1"))).unwrap())
+            .unwrap();
+    let tenant = names::tenant_namespace(&id("ns-1"));
+    let policy = names::agent(&id("agent-1")).egress;
+    for (egress, rule) in [
+        (None, Some(json!([{ "protocol": "TCP", "port": 443 }]))),
+        (
+            Some(Egress {
+                ports: Some(vec![443]),
+                allow: Some(vec![]),
+            }),
+            Some(json!([{ "protocol": "TCP", "port": 443 }])),
+        ),
+        (
+            Some(Egress {
+                ports: Some(vec![]),
+                allow: None,
+            }),
+            None,
+        ),
+    ] {
+        let (ns_obj, deny, tenant) = (ns_obj.clone(), deny.clone(), tenant.clone());
+        let (r, seen) = mock(Box::new(move |s| {
+            if s.method != "GET" {
+                return echo(s);
+            }
+            if s.uri.starts_with(&format!("/api/v1/namespaces/{tenant}?"))
+                || s.uri == format!("/api/v1/namespaces/{tenant}")
+            {
+                (200, ns_obj.clone())
+            } else if s.uri.contains(names::DEFAULT_DENY) {
+                (200, deny.clone())
+            } else {
+                status(404, "NotFound")
+            }
+        }));
+        // What follows the writes (reading the Pods back) is not this test's concern.
+        let _ = crate::backend::run(
+            &r,
+            "c",
+            &test_credentials(),
+            &settings(),
+            prepare_with(egress.clone()),
+        )
+        .await;
+        let seen = seen.lock().unwrap().clone();
+        let applied = seen
+            .iter()
+            .find(|s| s.method == "PATCH" && s.uri.contains(&format!("networkpolicies/{policy}")))
+            .unwrap_or_else(|| panic!("{egress:?}: no egress policy applied: {seen:?}"));
+        assert_eq!(applied.body["spec"]["policyTypes"], json!(["Egress"]));
+        match &rule {
+            Some(ports) => assert_eq!(
+                &applied.body["spec"]["egress"][0]["ports"], ports,
+                "{egress:?}"
+            ),
+            None => assert!(
+                applied.body["spec"].get("egress").is_none(),
+                "{egress:?}: {}",
+                applied.body
+            ),
+        }
+    }
 }
 
 #[tokio::test]

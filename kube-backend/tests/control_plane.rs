@@ -59,6 +59,70 @@ async fn lifecycle_on_the_real_node() {
 /// Probe, Namespace, two Agents to Ready, a new revision prepared beside the serving one and
 /// activated, retire, stop twice, redeploy, status, delete an Agent, delete the Namespace. On
 /// the real node the gateways really run and become Ready by their readiness probe.
+/// Issue 28 on the real server: prepares of agent-1's served revision carrying its own egress.
+/// No port leaves its policy without an egress rule (the server drops the rule the apply no
+/// longer names); none puts TCP 443 back; a port beyond the cluster's is EGRESS_NOT_ALLOWED
+/// (permanent) and changes nothing.
+async fn egress_narrowed_and_refused(
+    backend: &KubeBackend,
+    cluster: &clawfleet_kube::Cluster,
+    policies: &Api<NetworkPolicy>,
+    ns: &str,
+) {
+    use clawfleet_protocol::egress::Egress;
+    let name = names::agent(&id("agent-1")).egress;
+    let rules = |p: NetworkPolicy| p.spec.unwrap().egress.unwrap_or_default();
+    let ports = |p: NetworkPolicy| -> Vec<String> {
+        rules(p)
+            .iter()
+            .flat_map(|r| r.ports.clone().unwrap_or_default())
+            .map(|p| format!("{:?}/{:?}", p.protocol, p.port))
+            .collect()
+    };
+    let https = vec![format!(
+        "{:?}/{:?}",
+        Some("TCP"),
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(443))
+    )];
+    assert_eq!(ports(policies.get(&name).await.unwrap()), https);
+    let none = Egress {
+        ports: Some(vec![]),
+        allow: Some(vec![]),
+    };
+    call(
+        backend,
+        cluster,
+        prepare_with_egress(ns, "agent-1", "rev-1a", 1, Some(none)),
+    )
+    .await
+    .unwrap();
+    let p = policies.get(&name).await.unwrap();
+    assert_eq!(
+        p.spec.as_ref().unwrap().policy_types.as_deref(),
+        Some(&["Egress".to_owned()][..])
+    );
+    assert!(rules(p).is_empty(), "no egress rule");
+    let wider = Egress {
+        ports: Some(vec![443, 8443]),
+        allow: None,
+    };
+    let f = call(
+        backend,
+        cluster,
+        prepare_with_egress(ns, "agent-1", "rev-1a", 1, Some(wider)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(f.code, FailureCode::EgressNotAllowed, "{f}");
+    assert_eq!(f.class, FailureClass::Permanent, "{f}");
+    assert!(f.message.contains("egress.ports[1] is 8443"), "{f}");
+    assert!(rules(policies.get(&name).await.unwrap()).is_empty());
+    call(backend, cluster, prepare_op(ns, "agent-1", "rev-1a", 1))
+        .await
+        .unwrap();
+    assert_eq!(ports(policies.get(&name).await.unwrap()), https);
+}
+
 async fn lifecycle(tier: Tier) {
     let Some(cp) = start_tier(tier).await else {
         return;
@@ -135,6 +199,7 @@ async fn lifecycle(tier: Tier) {
         t1.as_secs_f64(),
         t2.as_secs_f64()
     );
+    egress_narrowed_and_refused(&backend, &cluster, &policies, ns).await;
     let deps: Api<Deployment> = Api::namespaced(client.clone(), &tenant);
     let svcs: Api<Service> = Api::namespaced(client.clone(), &tenant);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &tenant);

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use clawfleet_protocol::Ident;
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::{
     ActivateArgs, AgentRef, PrepareArgs, RevisionArgs, RevisionRef,
@@ -138,6 +139,19 @@ async fn observation(
         .observation(settings))
 }
 
+/// The TCP ports the Agent's egress policy opens: the cluster's ([`render::EGRESS_PORTS`],
+/// no other range), narrowed by the Agent's own settings; a port or range the cluster does not
+/// allow is `EGRESS_NOT_ALLOWED`, naming the entry.
+pub(crate) fn egress_ports(egress: Option<&Egress>) -> Result<Vec<u16>, Failure> {
+    match egress {
+        None => Ok(render::EGRESS_PORTS.to_vec()),
+        Some(e) => e
+            .within(render::EGRESS_PORTS, &[])
+            .map(|(ports, _)| ports)
+            .map_err(|err| Failure::new(FailureCode::EgressNotAllowed, err.to_string())),
+    }
+}
+
 /// `prepare-revision`.
 pub(crate) async fn prepare(
     r: &Requests,
@@ -165,7 +179,8 @@ pub(crate) async fn prepare(
     let cm = render::config_map(&t, agent, &reference, &rendered).map_err(render_failure)?;
     let sa = render::service_account(&t, agent).map_err(render_failure)?;
     let pvc = render::state_claim(&t, agent, settings).map_err(render_failure)?;
-    let egress = render::egress_policy(&t, agent).map_err(render_failure)?;
+    let ports = egress_ports(args.egress.as_ref())?;
+    let egress = render::egress_policy(&t, agent, &ports).map_err(render_failure)?;
     let svc = render::service(&t, agent, settings, names::INACTIVE).map_err(render_failure)?;
     let manifest = args.workspace.as_ref().map(|w| w.manifest.as_slice());
     render::deployment(&t, agent, &reference, settings, manifest).map_err(render_failure)?;

@@ -261,7 +261,7 @@ fn per_agent_objects() {
     assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
     let secret = v(&password_secret(&tn(), &agent(), "pw").unwrap());
     assert_eq!(secret["stringData"]["OPENCLAW_GATEWAY_PASSWORD"], "pw");
-    let eg = v(&egress_policy(&tn(), &agent()).unwrap());
+    let eg = v(&egress_policy(&tn(), &agent(), EGRESS_PORTS).unwrap());
     assert_eq!(eg["spec"]["egress"][0]["ports"][0]["port"], 443);
     assert_eq!(
         eg["spec"]["podSelector"]["matchLabels"][names::AGENT_ID],
@@ -274,6 +274,62 @@ fn per_agent_objects() {
     assert_eq!(
         cm["metadata"]["annotations"][names::CONFIGURATION_HASH],
         "a".repeat(64)
+    );
+}
+
+/// The cluster's own egress policy is the one every Agent without settings of its own got
+/// before issue 28, to the byte.
+#[test]
+fn the_default_egress_policy_is_unchanged() {
+    let got =
+        serde_json::to_string(&egress_policy(&tn(), &agent(), EGRESS_PORTS).unwrap()).unwrap();
+    let meta = agent_meta(&tn(), &agent(), &names::agent(&agent().id).egress);
+    let before: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": meta,
+        "spec": {
+            "podSelector": { "matchLabels": map(pod_selector(&agent().id)) },
+            "policyTypes": ["Egress"],
+            "egress": [{
+                "to": [{ "ipBlock": { "cidr": "0.0.0.0/0", "except": [
+                    "10.0.0.0/8", "100.64.0.0/10", "172.16.0.0/12",
+                    "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8",
+                ] } }],
+                "ports": [{ "protocol": "TCP", "port": 443 }],
+            }],
+        },
+    }))
+    .unwrap();
+    assert_eq!(got, serde_json::to_string(&before).unwrap());
+    assert!(
+        got.contains(r#""ports":[{"port":443,"protocol":"TCP"}]"#),
+        "{got}"
+    );
+}
+
+/// An Agent's narrowing: the ports it keeps, each a TCP rule to public addresses; none at all
+/// leaves a policy without an egress rule (only DNS, by the Namespace's policy).
+#[test]
+fn an_agents_egress_policy_opens_only_its_ports() {
+    let two = v(&egress_policy(&tn(), &agent(), &[443, 8443]).unwrap());
+    assert_eq!(
+        two["spec"]["egress"][0]["ports"],
+        json!([{ "protocol": "TCP", "port": 443 }, { "protocol": "TCP", "port": 8443 }])
+    );
+    assert_eq!(
+        two["spec"]["egress"][0]["to"][0]["ipBlock"]["cidr"],
+        "0.0.0.0/0"
+    );
+    let none = v(&egress_policy(&tn(), &agent(), &[]).unwrap());
+    assert_eq!(none["spec"]["policyTypes"], json!(["Egress"]));
+    assert!(none["spec"].get("egress").is_none(), "{none}");
+    assert_eq!(
+        none["spec"]["podSelector"]["matchLabels"][names::AGENT_ID],
+        "Agent_One.x"
+    );
+    assert_eq!(
+        none["metadata"]["name"],
+        names::agent(&agent().id).egress.as_str()
     );
 }
 

@@ -8,6 +8,7 @@ use clawfleet_k8s_tests::ControlPlane;
 use clawfleet_kube::{
     Cluster, ClusterSettings, KubeBackend, parse_kubeconfig, parse_kubeconfig_file,
 };
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::failure::FailureClass;
 use clawfleet_protocol::operation::{
     AgentArgs, AgentRef, Harness, HarnessId, HarnessMode, HarnessVersion, NamespaceArgs,
@@ -157,12 +158,23 @@ pub fn delete_ns_op(ns: &str) -> Operation {
 }
 
 pub fn prepare_op(ns: &str, agent: &str, rev: &str, number: u64) -> Operation {
+    prepare_with_egress(ns, agent, rev, number, None)
+}
+
+/// `prepare-revision` carrying the Agent's own egress settings.
+pub fn prepare_with_egress(
+    ns: &str,
+    agent: &str,
+    rev: &str,
+    number: u64,
+    egress: Option<Egress>,
+) -> Operation {
     Operation::PrepareRevision(PrepareArgs {
         workspace: None,
         namespace: ns_ref(ns),
         agent: agent_ref(agent),
         revision: spec(rev, number),
-        egress: None,
+        egress,
     })
 }
 
