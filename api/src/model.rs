@@ -2,6 +2,7 @@
 //! Protocol newtypes (`Ident`, `HostName`, `Sha256Hex`, …) travel as their text and are
 //! described as strings.
 
+use clawfleet_protocol::egress::{Egress, MAX_ENTRIES};
 use clawfleet_protocol::{HostName, Ident, SecretFingerprint, SecretName, Sha256Hex};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -315,6 +316,11 @@ pub struct Agent {
     /// What happens when a candidate does not become ready.
     pub restore: RestorePolicy,
     pub created_at: i64,
+    /// The Agent's own egress settings, a narrowing of its target's policy (each list left
+    /// out is the target's); absent when it has none. A deploy sends them with its prepare.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<EgressSchema>")]
+    pub egress: Option<Egress>,
 }
 
 impl Agent {
@@ -328,6 +334,46 @@ impl Agent {
         self.served_revision_id
             .as_deref()
             .filter(|served| *served != candidate)
+    }
+}
+
+/// How the OpenAPI document describes an Agent's `egress`. The value itself is
+/// [`Egress`] (protocol/src/egress.rs), whose decoding checks the shape and names the entry;
+/// this only writes the same rules down as a schema.
+#[derive(Debug)]
+pub struct EgressSchema;
+
+/// An IPv4 CIDR as `a.b.c.d/n`; [`Egress`]'s decoding also refuses a prefix above 32 and
+/// bits set past it.
+pub const CIDR_PATTERN: &str = r"^((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])/[0-9]{1,2}$";
+
+impl schemars::JsonSchema for EgressSchema {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Egress".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "description": "What the Agent may reach, a narrowing of its target's policy (a host pool's hostd.toml [network], a cluster's TCP 443 to public addresses): each list left out (or null) is the target's, an empty list is none. An entry the target does not allow fails the deploy with EGRESS_NOT_ALLOWED.",
+            "properties": {
+                "ports": {
+                    "type": ["array", "null"],
+                    "description": "TCP ports to public addresses.",
+                    "items": {"type": "integer", "minimum": 1, "maximum": 65535},
+                    "maxItems": MAX_ENTRIES,
+                    "uniqueItems": true,
+                },
+                "allow": {
+                    "type": ["array", "null"],
+                    "description": "IPv4 CIDRs (no bits set past the prefix) reachable on any port, each inside one the target allows.",
+                    "items": {"type": "string", "pattern": CIDR_PATTERN},
+                    "maxItems": MAX_ENTRIES,
+                    "uniqueItems": true,
+                },
+            },
+            "additionalProperties": false,
+        })
     }
 }
 
@@ -899,7 +945,53 @@ pub struct WorkRecord {
 
 #[cfg(test)]
 mod tests {
-    use super::Revision;
+    use super::{Egress, EgressSchema, MAX_ENTRIES, Revision};
+    use schemars::JsonSchema as _;
+
+    /// The schema names exactly the fields the protocol's type carries, with its limit.
+    #[test]
+    fn the_egress_schema_describes_the_protocols_type() {
+        let full = Egress {
+            ports: Some(vec![443]),
+            allow: Some(vec!["10.0.0.0/8".into()]),
+        };
+        let carried = serde_json::to_value(&full).unwrap_or_default();
+        let schema = EgressSchema::json_schema(&mut schemars::SchemaGenerator::default());
+        let schema = schema.as_value();
+        let keys = |v: &serde_json::Value| -> Vec<String> {
+            v.as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(keys(&schema["properties"]), keys(&carried));
+        for field in keys(&carried) {
+            assert_eq!(
+                schema["properties"][&field]["maxItems"], MAX_ENTRIES,
+                "{field}"
+            );
+        }
+        assert_eq!(schema["additionalProperties"], false);
+        // As requests and the Agent show it: inline, and optional.
+        for (what, doc) in [
+            (
+                "NewAgent",
+                crate::routes::schema_of::<crate::requests::NewAgent>(),
+            ),
+            (
+                "AgentPatch",
+                crate::routes::schema_of::<crate::requests::AgentPatch>(),
+            ),
+            ("Agent", crate::routes::response_schema_of::<super::Agent>()),
+        ] {
+            let egress = &doc["properties"]["egress"];
+            assert!(
+                egress.to_string().contains("uniqueItems"),
+                "{what}: {egress}"
+            );
+            let required = doc["required"].as_array().cloned().unwrap_or_default();
+            assert!(!required.contains(&"egress".into()), "{what}: {doc}");
+        }
+    }
 
     #[test]
     fn a_revision_id_names_its_number_and_content() {

@@ -240,6 +240,10 @@ pub struct NewAgent {
     /// most 32, 64 KiB each, 128 KiB in all); never returned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workspace_files: Vec<NewWorkspaceFile>,
+    /// The Agent's own egress settings, a narrowing of its target's (default: the target's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<crate::model::EgressSchema>")]
+    pub egress: Option<clawfleet_protocol::egress::Egress>,
 }
 
 /// `POST …/agents/{agent}/deploy`'s query.
@@ -262,6 +266,11 @@ pub struct AgentPatch {
     /// What a failed activation does from the next deploy on: `none` or `last-served`.
     #[serde(default)]
     pub restore: Option<crate::model::RestorePolicy>,
+    /// The Agent's own egress settings from the next deploy on, replacing its current ones;
+    /// `{}` drops them (the target's policy applies), and leaving the field out keeps them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<crate::model::EgressSchema>")]
+    pub egress: Option<clawfleet_protocol::egress::Egress>,
 }
 
 /// One file of `workspaceFiles` in `POST /namespaces/{ns}/agents`: a name and exactly one of

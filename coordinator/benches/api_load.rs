@@ -360,6 +360,7 @@ async fn populate(store: &SharedStore, agents: usize) -> (String, Vec<(String, S
                     harness_auth: None,
                     restore: None,
                     workspace_files: Vec::new(),
+                    egress: None,
                 },
             )
             .await

@@ -92,6 +92,7 @@ async fn populate(store: &SharedStore, agents: usize, hosts: usize) -> String {
                         harness_auth: None,
                         restore: None,
                         workspace_files: Vec::new(),
+                        egress: None,
                     },
                 )
                 .await

@@ -406,6 +406,7 @@ async fn populate(
                             harness_auth: None,
                             restore: None,
                             workspace_files: Vec::new(),
+                            egress: None,
                         },
                     )
                     .await

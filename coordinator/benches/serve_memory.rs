@@ -98,6 +98,7 @@ async fn populate(db: &Path, agents: usize) -> String {
                     harness_auth: None,
                     restore: None,
                     workspace_files: Vec::new(),
+                    egress: None,
                 },
             )
             .await

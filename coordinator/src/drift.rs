@@ -533,6 +533,7 @@ mod tests {
                 served_revision_id: Some(ident("r1")),
                 restore: RestorePolicy::None,
                 created_at: 0,
+                egress: None,
             },
             open_work: false,
             secrets: None,
@@ -717,6 +718,7 @@ mod workload_tests {
             served_revision_id: Some(id("r1")),
             restore: RestorePolicy::None,
             created_at: 0,
+            egress: None,
         };
         let serving = AgentInventory {
             id: id("a1"),
@@ -786,6 +788,7 @@ mod workload_tests {
             served_revision_id: Some(id("r1")),
             restore: RestorePolicy::None,
             created_at: 0,
+            egress: None,
         };
         let observed = |id_: &str, revisions: Vec<RevisionInventory>, state: &str| AgentInventory {
             id: id(id_),

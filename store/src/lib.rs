@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use clawfleet_protocol::{Ident, SecretName};
 use serde_json::Value;
@@ -150,6 +151,21 @@ pub(crate) fn jump_text(h: &Host) -> Result<Option<String>> {
 pub(crate) fn jump_of(text: Option<String>) -> Result<Option<model::Jump>> {
     text.map(|t| {
         serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("hosts.jump: {e}")))
+    })
+    .transpose()
+}
+
+/// An Agent's egress settings as both stores keep them: JSON text, NULL for none.
+pub(crate) fn egress_text(egress: Option<&Egress>) -> Result<Option<String>> {
+    egress
+        .map(|e| serde_json::to_string(e).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .transpose()
+}
+
+/// The egress settings read back from [`egress_text`]'s column (decoding checks them again).
+pub(crate) fn egress_of(text: Option<String>) -> Result<Option<Egress>> {
+    text.map(|t| {
+        serde_json::from_str(&t).map_err(|e| StoreError::Corrupt(format!("agents.egress: {e}")))
     })
     .transpose()
 }
@@ -294,6 +310,8 @@ pub trait AgentStore: Send + Sync {
     /// that order: one page of the list, read by key.
     async fn agents_after(&self, ns: &str, after: Option<&str>, limit: u32) -> Result<Vec<Agent>>;
     async fn set_agent_restore(&self, ns: &str, id: &str, restore: RestorePolicy) -> Result<()>;
+    /// Sets the Agent's own egress settings (`None`: its target's).
+    async fn set_agent_egress(&self, ns: &str, id: &str, egress: Option<&Egress>) -> Result<()>;
     async fn set_agent_configuration(
         &self,
         ns: &str,

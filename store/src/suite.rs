@@ -16,6 +16,7 @@ use crate::{
     Enqueue, NamespaceInsert, NewTokenRow, RevisionInsert, RolloutInsert, RolloutRow, SharedStore,
     StoreError, Work, WorkEnd, WorkKind, WorkState,
 };
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::workspace::{WorkspaceFile, WorkspaceName};
 use clawfleet_protocol::{Ident, SecretFingerprint, SecretName, Sha256Hex};
 use serde_json::json;
@@ -53,6 +54,7 @@ cases!(
     row_counts_cover_every_table,
     secrets_are_versioned_sealed_and_deleted,
     unstaged_revisions_retire_in_one_write_and_agents_page_by_id,
+    agents_keep_their_egress_and_restore_policy,
 );
 
 const KEY: &str =
@@ -92,6 +94,7 @@ fn agent(agent: &str) -> Agent {
         served_revision_id: None,
         restore: RestorePolicy::None,
         created_at: 1,
+        egress: None,
     }
 }
 
@@ -846,6 +849,65 @@ pub async fn unstaged_revisions_retire_in_one_write_and_agents_page_by_id(s: Sha
     );
 }
 
+/// An Agent's egress settings as created, replaced and dropped, read back by every read of
+/// Agents; the restore policy beside them.
+pub async fn agents_keep_their_egress_and_restore_policy(s: SharedStore) {
+    world(&s, 1).await;
+    let narrow = Egress {
+        ports: Some(vec![443, 8443]),
+        allow: Some(vec!["10.1.2.0/24".into()]),
+    };
+    let mut e1 = agent("e1");
+    e1.egress = Some(narrow.clone());
+    assert!(s.insert_agent(&e1, &[], 1).await.unwrap());
+    assert_eq!(s.agent("ns", "e1").await.unwrap(), Some(e1.clone()));
+    assert_eq!(s.agent("ns", "a1").await.unwrap().unwrap().egress, None);
+    let listed = s.agents("ns").await.unwrap();
+    assert_eq!(
+        listed.iter().map(|a| a.egress.clone()).collect::<Vec<_>>(),
+        vec![None, Some(narrow.clone())]
+    );
+    assert_eq!(
+        s.agents_after("ns", Some("a1"), 5).await.unwrap()[0].egress,
+        Some(narrow)
+    );
+    // Replaced, then set to no ports and no ranges, then dropped.
+    let only_ports = Egress {
+        ports: Some(vec![443]),
+        allow: None,
+    };
+    s.set_agent_egress("ns", "e1", Some(&only_ports))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.agent("ns", "e1").await.unwrap().unwrap().egress,
+        Some(only_ports)
+    );
+    let nothing = Egress {
+        ports: Some(vec![]),
+        allow: Some(vec![]),
+    };
+    s.set_agent_egress("ns", "e1", Some(&nothing))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.agent("ns", "e1").await.unwrap().unwrap().egress,
+        Some(nothing)
+    );
+    s.set_agent_egress("ns", "e1", None).await.unwrap();
+    assert_eq!(s.agent("ns", "e1").await.unwrap().unwrap().egress, None);
+    s.set_agent_restore("ns", "e1", RestorePolicy::LastServed)
+        .await
+        .unwrap();
+    let got = s.agent("ns", "e1").await.unwrap().unwrap();
+    assert_eq!((got.restore, got.egress), (RestorePolicy::LastServed, None));
+    // Setting an Agent that does not exist changes nothing.
+    s.set_agent_egress("ns", "nope", Some(&Egress::default()))
+        .await
+        .unwrap();
+    assert_eq!(s.agent("ns", "nope").await.unwrap(), None);
+}
+
 pub async fn a_commit_settles_older_revisions_queued_deploys(s: SharedStore) {
     world(&s, 1).await;
     let claim = || s.claim_work("c", Duration::from_secs(30));
@@ -1389,7 +1451,12 @@ pub async fn fill(s: &SharedStore) {
     s.put_configuration("ns", "cfg", &json!({"gateway": {"mode": "local"}}), true, 2)
         .await
         .unwrap();
-    s.insert_agent(&agent("w"), &[file("AGENTS.md", "hello")], 3)
+    let mut narrowed = agent("w");
+    narrowed.egress = Some(Egress {
+        ports: Some(vec![443]),
+        allow: Some(vec!["10.9.0.0/16".into()]),
+    });
+    s.insert_agent(&narrowed, &[file("AGENTS.md", "hello")], 3)
         .await
         .unwrap();
     let v = s

@@ -1,11 +1,12 @@
 //! `occ agent`: Agents, their deploys, stops, deletes, status and revisions.
 
 use anyhow::{Context, Result};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use clawfleet_api::types::{
     AgentPatch, DeployQuery, Deployment, DeploymentStatus, NewAgent, NewWorkspaceFile,
     RestorePolicy, Revision,
 };
+use clawfleet_protocol::egress::Egress;
 use coordinator::client::{Api, Client, all_pages};
 use serde::Serialize;
 
@@ -34,21 +35,38 @@ pub(crate) enum AgentCmd {
         /// NAME in the Agent's workspace before its gateway first starts.
         #[arg(long = "workspace-file", value_name = "NAME=PATH", value_parser = parse_workspace_file)]
         workspace_files: Vec<(String, std::path::PathBuf)>,
+        #[command(flatten)]
+        egress: EgressArgs,
     },
     /// List a Namespace's Agents.
     List { namespace: String },
     /// Show an Agent: desired state, host or cluster, active and served revision.
     Get { namespace: String, id: String },
-    /// Change the Agent's Configuration or restore policy (deploy afterwards).
+    /// Change the Agent's Configuration, restore policy or egress settings (deploy
+    /// afterwards).
+    ///
+    /// The egress flags replace the Agent's egress settings from its next deploy on; a list
+    /// not given is its target's.
     Set {
         namespace: String,
         id: String,
         /// The Configuration the Agent runs from its next deploy on.
-        #[arg(long, required_unless_present = "restore")]
+        #[arg(long, required_unless_present_any = [
+            "restore", "egress_ports", "no_egress_ports", "egress_allow", "no_egress_allow",
+            "target_egress",
+        ])]
         configuration: Option<String>,
         /// What a failed activation does from the next deploy on: none or last-served.
         #[arg(long, value_parser = parse_restore)]
         restore: Option<RestorePolicy>,
+        #[command(flatten)]
+        egress: EgressArgs,
+        /// Drop the Agent's own egress settings: its target's policy applies from its next
+        /// deploy on.
+        #[arg(long, conflicts_with_all = [
+            "egress_ports", "no_egress_ports", "egress_allow", "no_egress_allow",
+        ])]
+        target_egress: bool,
     },
     /// Deploy a new revision of the Agent's Configuration (or, with --plan, show what it would
     /// change on the host without changing anything).
@@ -114,6 +132,71 @@ pub(crate) enum AgentCmd {
         #[arg(long)]
         local_port: Option<u16>,
     },
+}
+
+/// An Agent's own egress settings, a narrowing of its target's policy (a host pool's
+/// `[network]` in hostd.toml, a cluster's TCP 443 to public addresses).
+#[derive(Args, Debug)]
+pub(crate) struct EgressArgs {
+    /// A TCP port the Agent may reach on public addresses (repeatable; each one its target
+    /// allows). Without it or --no-egress-ports: the target's ports.
+    #[arg(
+        long = "egress-port",
+        value_name = "PORT",
+        conflicts_with = "no_egress_ports"
+    )]
+    egress_ports: Vec<u16>,
+    /// No port to public addresses.
+    #[arg(long)]
+    no_egress_ports: bool,
+    /// An IPv4 CIDR the Agent may reach on any port (repeatable; each inside one its target
+    /// allows). Without it or --no-egress-allow: the target's ranges.
+    #[arg(
+        long = "egress-allow",
+        value_name = "CIDR",
+        conflicts_with = "no_egress_allow"
+    )]
+    egress_allow: Vec<String>,
+    /// No range beyond the public ports.
+    #[arg(long)]
+    no_egress_allow: bool,
+}
+
+impl EgressArgs {
+    /// The settings the flags name, or `None` when no egress flag was given.
+    fn egress(&self) -> Option<Egress> {
+        fn list<T: Clone>(given: &[T], none: bool) -> Option<Vec<T>> {
+            (none || !given.is_empty()).then(|| given.to_vec())
+        }
+        let e = Egress {
+            ports: list(&self.egress_ports, self.no_egress_ports),
+            allow: list(&self.egress_allow, self.no_egress_allow),
+        };
+        (e != Egress::default()).then_some(e)
+    }
+}
+
+/// An Agent's egress settings as one cell: `-` for its target's.
+pub(crate) fn egress_cell(egress: Option<&Egress>) -> String {
+    let Some(e) = egress else {
+        return "-".to_owned();
+    };
+    let list = |v: Option<String>| v.unwrap_or_else(|| "target's".to_owned());
+    let ports = e.ports.as_ref().map(|p| {
+        if p.is_empty() {
+            "none".to_owned()
+        } else {
+            p.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+        }
+    });
+    let allow = e.allow.as_ref().map(|a| {
+        if a.is_empty() {
+            "none".to_owned()
+        } else {
+            a.join(",")
+        }
+    });
+    format!("ports {}; allow {}", list(ports), list(allow))
 }
 
 /// `occ agent connect`: each local connection becomes one gateway stream.
@@ -280,6 +363,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             service_principal,
             restore,
             workspace_files,
+            egress,
         } => {
             let workspace_files = read_workspace_files(workspace_files)?;
             let v = c.create_agent(
@@ -291,6 +375,7 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
                     harness_auth: None,
                     restore: *restore,
                     workspace_files,
+                    egress: egress.egress(),
                 },
             )?;
             print_one(cli, &v, AGENT_COLUMNS);
@@ -308,12 +393,20 @@ pub(crate) fn run(cli: &Cli, c: &Client, cmd: &AgentCmd) -> Result<()> {
             id,
             configuration,
             restore,
+            egress,
+            target_egress,
         } => {
+            let egress = if *target_egress {
+                Some(Egress::default())
+            } else {
+                egress.egress()
+            };
             let v = c.patch_agent(
                 [namespace, id],
                 &AgentPatch {
                     configuration_id: configuration.clone(),
                     restore: *restore,
+                    egress,
                 },
             )?;
             print_one(cli, &v, AGENT_COLUMNS);

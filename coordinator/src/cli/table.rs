@@ -52,6 +52,7 @@ pub(crate) const AGENT_COLUMNS: &[Column<Agent>] = &[
     col("ACTIVE", |a| opt(&a.active_revision_id)),
     col("SERVED", |a| opt(&a.served_revision_id)),
     col("RESTORE", |a| a.restore.as_str().to_owned()),
+    col("EGRESS", |a| super::agent::egress_cell(a.egress.as_ref())),
 ];
 
 /// One field of an answer as a table cell, sanitised (see `out.rs`).

@@ -3,6 +3,7 @@
 //! audit event, and queues the work that realises it. Nothing here talks to hosts.
 
 use clawfleet_protocol::Ident;
+use clawfleet_protocol::egress::Egress;
 use serde_json::{Value, json};
 use thiserror::Error;
 
@@ -118,6 +119,15 @@ fn rendered_for(ns: &Namespace, document: &Value) -> Result<Value> {
     render::render(document)
         .and_then(|r| render::check_tenancy(&r, shared_pool).map(|()| r))
         .map_err(|r| ServiceError::invalid(Code::ConfigurationRefused, r.to_string()))
+}
+
+/// An Agent's own egress settings as kept: checked again (the API's decoding already did),
+/// and `{}`, which sets no list, kept as none (its target's policy).
+fn own_egress(egress: Option<Egress>) -> Result<Option<Egress>> {
+    let Some(e) = egress else { return Ok(None) };
+    e.check()
+        .map_err(|err| ServiceError::invalid(Code::InvalidBody, err.to_string()))?;
+    Ok((e != Egress::default()).then_some(e))
 }
 
 /// An id from a request, checked once and typed from here down: the store keeps it typed and
@@ -579,6 +589,7 @@ impl Service {
             ));
         }
         let files = workspace::validate(&a.workspace_files)?;
+        let egress = own_egress(a.egress)?;
         let agent = Agent {
             namespace_id: namespace.id.clone(),
             id,
@@ -591,6 +602,7 @@ impl Service {
             served_revision_id: None,
             restore: a.restore.unwrap_or(crate::model::RestorePolicy::None),
             created_at: now(),
+            egress,
         };
         if !self.store.insert_agent(&agent, &files, now()).await? {
             return Err(ServiceError::conflict(
@@ -599,7 +611,7 @@ impl Service {
             ));
         }
         // Names and sizes only: the audit never holds a file's content.
-        let details = if files.is_empty() {
+        let mut details = if files.is_empty() {
             json!({})
         } else {
             json!({"workspaceFiles": files.iter().map(|f| {
@@ -607,6 +619,9 @@ impl Service {
                 json!({"name": m.name.as_str(), "size": m.size, "sha256": m.sha256.as_str()})
             }).collect::<Vec<_>>()})
         };
+        if let Some(e) = &agent.egress {
+            details["egress"] = json!(e);
+        }
         self.audit(actor, "agent.create", &format!("{ns}/{}", a.id), details)
             .await?;
         self.agent(ns, &a.id).await
@@ -627,6 +642,8 @@ impl Service {
         p: AgentPatch,
     ) -> Result<Agent> {
         let agent = self.agent(ns, id).await?;
+        // Checked before anything is written; `Some(None)` drops the Agent's own settings.
+        let egress = p.egress.clone().map(|e| own_egress(Some(e))).transpose()?;
         if let Some(cfg) = &p.configuration_id {
             if let Some(rollout) = self.store.open_rollout_of(ns, id).await? {
                 return Err(in_rollout(ns, id, rollout));
@@ -648,11 +665,14 @@ impl Service {
         if let Some(restore) = p.restore {
             self.store.set_agent_restore(ns, id, restore).await?;
         }
+        if let Some(egress) = &egress {
+            self.store.set_agent_egress(ns, id, egress.as_ref()).await?;
+        }
         self.audit(
             actor,
             "agent.update",
             &format!("{ns}/{id}"),
-            json!({"configurationId": p.configuration_id, "restore": p.restore}),
+            json!({"configurationId": p.configuration_id, "restore": p.restore, "egress": p.egress}),
         )
         .await?;
         self.agent(ns, id).await

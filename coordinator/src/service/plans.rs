@@ -258,7 +258,7 @@ impl Service {
             agent: agent_ref,
             revision: spec,
             restore,
-            egress: None,
+            egress: agent.egress.clone(),
         });
         let plan = match backend.call(target, op, read_options()).await? {
             OperationResult::PlanRevision(p) => p,

@@ -286,7 +286,7 @@ impl<B: Backend> Worker<B> {
             agent: d.agent_ref.clone(),
             revision: spec,
             workspace,
-            egress: None,
+            egress: d.agent.egress.clone(),
         });
         match self.call(d.work, d.target()?, op).await? {
             Err(e) => {

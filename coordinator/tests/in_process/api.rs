@@ -871,6 +871,212 @@ impl Api {
     }
 }
 
+impl Api {
+    /// A request the API must refuse: its status, code and message.
+    async fn refusal(&self, method: &str, path: &str, body: Value) -> (u16, String, String) {
+        let c = self.client(Some(&self.admin));
+        let (method, path) = (method.to_owned(), path.to_owned());
+        match tokio::task::spawn_blocking(move || c.request(&method, &path, Some(&body)))
+            .await
+            .unwrap()
+        {
+            Err(ClientError::Api {
+                status,
+                code,
+                message,
+            }) => (status, code, message),
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    async fn egress_of(&self, agent: &str) -> Value {
+        let a = self
+            .admin("GET", &format!("/namespaces/ns1/agents/{agent}"), None)
+            .await
+            .unwrap();
+        a.get("egress").cloned().unwrap_or(Value::Null)
+    }
+}
+
+/// Issue 28: an Agent's own egress settings through the API. Created and returned by GET;
+/// a bad entry is a 400 INVALID_BODY naming it, with nothing stored; PATCH replaces them,
+/// keeps them when it names no `egress`, drops them with `{}`; each change is audited. `occ
+/// agent create`/`set` set them and `occ agent get` shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_egress_is_stored_returned_replaced_and_refused_naming_the_entry() {
+    let api = Api::start().await;
+    api.pool_and_agent().await;
+    assert_eq!(api.egress_of("a1").await, Value::Null, "none unless set");
+
+    let narrow = json!({"ports": [443], "allow": ["10.1.2.0/24"]});
+    let created = api
+        .admin(
+            "POST",
+            "/namespaces/ns1/agents",
+            Some(json!({"id": "e1", "configurationId": "cfg", "egress": narrow})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created["egress"], narrow);
+    assert_eq!(api.egress_of("e1").await, narrow);
+    let audit = api.store.audit_events(1).await.unwrap();
+    assert_eq!(
+        (audit[0].action.as_str(), &audit[0].detail["egress"]),
+        ("agent.create", &narrow)
+    );
+    // `{}` sets no list of its own: the same as none.
+    api.admin(
+        "POST",
+        "/namespaces/ns1/agents",
+        Some(json!({"id": "e2", "configurationId": "cfg", "egress": {}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api.egress_of("e2").await, Value::Null);
+
+    for (method, path, body, says) in [
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "e3", "configurationId": "cfg", "egress": {"ports": [443, 443]}}),
+            "egress.ports[1] repeats 443",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "e3", "configurationId": "cfg", "egress": {"ports": [0]}}),
+            "egress.ports[0] is 0",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "e3", "configurationId": "cfg", "egress": {"allow": ["10.1.2.3/24"]}}),
+            "egress.allow[0] is \"10.1.2.3/24\", not an IPv4 CIDR",
+        ),
+        (
+            "POST",
+            "/namespaces/ns1/agents",
+            json!({"id": "e3", "configurationId": "cfg", "egress": {"hosts": ["x"]}}),
+            "unknown field `hosts`",
+        ),
+        (
+            "PATCH",
+            "/namespaces/ns1/agents/e1",
+            json!({"restore": "last-served", "egress": {"allow": ["10.0.0.0/8", "10.0.0.0/8"]}}),
+            "egress.allow[1] repeats 10.0.0.0/8",
+        ),
+        (
+            "PATCH",
+            "/namespaces/ns1/agents/e1",
+            json!({"egress": {"ports": [65536]}}),
+            "65536",
+        ),
+    ] {
+        let before = api.snapshot().await;
+        let (status, code, message) = api.refusal(method, path, body.clone()).await;
+        assert_eq!((status, code.as_str()), (400, "INVALID_BODY"), "{body}");
+        assert!(message.contains(says), "{body}: {message}");
+        assert!(
+            message.starts_with("invalid request body at `egress"),
+            "names the field: {message}"
+        );
+        assert_eq!(
+            api.snapshot().await,
+            before,
+            "{method} {path} {body} stored something"
+        );
+    }
+    assert_eq!(
+        api.egress_of("e1").await,
+        narrow,
+        "unchanged by the refusals"
+    );
+
+    // Replaced, kept by a patch that does not name it, dropped by `{}`.
+    let patched = api
+        .admin(
+            "PATCH",
+            "/namespaces/ns1/agents/e1",
+            Some(json!({"egress": {"ports": []}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched["egress"], json!({"ports": []}));
+    api.admin(
+        "PATCH",
+        "/namespaces/ns1/agents/e1",
+        Some(json!({"restore": "last-served"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api.egress_of("e1").await, json!({"ports": []}));
+    let reset = api
+        .admin(
+            "PATCH",
+            "/namespaces/ns1/agents/e1",
+            Some(json!({"egress": {}})),
+        )
+        .await
+        .unwrap();
+    assert!(reset.get("egress").is_none_or(Value::is_null), "{reset}");
+    assert_eq!(reset["restore"], "last-served");
+    let audit = api.store.audit_events(1).await.unwrap();
+    assert_eq!(
+        (audit[0].action.as_str(), &audit[0].detail["egress"]),
+        ("agent.update", &json!({}))
+    );
+
+    // occ: create with flags, show, replace, refuse, reset.
+    let (code, out) = api
+        .occ(&[
+            "agent",
+            "create",
+            "ns1",
+            "c1",
+            "--configuration",
+            "cfg",
+            "--egress-port",
+            "443",
+            "--no-egress-allow",
+        ])
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        api.egress_of("c1").await,
+        json!({"ports": [443], "allow": []})
+    );
+    let (code, out) = api.occ(&["agent", "get", "ns1", "c1"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ports 443; allow none"), "{out}");
+    let (code, out) = api
+        .occ(&["agent", "set", "ns1", "c1", "--egress-allow", "10.0.0.0/8"])
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(api.egress_of("c1").await, json!({"allow": ["10.0.0.0/8"]}));
+    let (code, out) = api
+        .occ(&["agent", "set", "ns1", "c1", "--egress-port", "0"])
+        .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("egress.ports[0] is 0"), "{out}");
+    let (code, out) = api
+        .occ(&[
+            "agent",
+            "set",
+            "ns1",
+            "c1",
+            "--target-egress",
+            "--egress-port",
+            "443",
+        ])
+        .await;
+    assert_eq!(code, 2, "flags that contradict each other: {out}");
+    let (code, out) = api
+        .occ(&["agent", "set", "ns1", "c1", "--target-egress"])
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(api.egress_of("c1").await, Value::Null);
+}
+
 /// Concurrent deploys of one Agent: every request gets its own revision number, and none
 /// ends in a 5xx (the number used to be read outside the insert's transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1372,6 +1578,7 @@ async fn lists_come_in_bounded_pages_continued_by_a_cursor() {
                 harness_auth: None,
                 restore: None,
                 workspace_files: Vec::new(),
+                egress: None,
             },
         )
         .await

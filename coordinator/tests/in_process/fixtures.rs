@@ -72,6 +72,7 @@ pub async fn agent(svc: &Service, ns: &str, id: &str) {
             harness_auth: None,
             restore: None,
             workspace_files: Vec::new(),
+            egress: None,
         },
     )
     .await

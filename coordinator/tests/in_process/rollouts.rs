@@ -210,6 +210,7 @@ async fn a_canary_that_never_becomes_ready_halts_the_rollout_and_nothing_else_mo
                 coordinator::service::AgentPatch {
                     configuration_id: Some("cfg".into()),
                     restore: None,
+                    egress: None,
                 },
             )
             .await

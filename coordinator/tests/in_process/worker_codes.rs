@@ -14,15 +14,16 @@ use crate::hostd_engine;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::envelope::{self, Envelope, Limits, PROTOCOL_VERSION};
-use clawfleet_protocol::failure::FailureCode;
+use clawfleet_protocol::failure::{Failure, FailureCode};
 use clawfleet_protocol::operation::StatusArgs;
 use clawfleet_protocol::result::OperationResult;
 use clawfleet_protocol::{Fingerprint, HostName, Operation, OperationId, Principal};
 use coordinator::backend::{Backend, CallError, CallOptions, Target};
 use coordinator::config::WorkerSettings;
 use coordinator::model::{RestorePolicy, RevisionStatus};
-use coordinator::service::{NewAgent, NewHost, Service};
+use coordinator::service::{AgentPatch, NewAgent, NewHost, Service};
 use coordinator::store::sqlite::SqliteStore;
 use coordinator::store::{Enqueue, SharedStore, Work, WorkKind, WorkRecord, WorkState};
 use coordinator::worker::{Step, Worker};
@@ -1005,6 +1006,7 @@ async fn a_hostd_that_predates_restore_is_activated_without_it() {
                 harness_auth: None,
                 restore: Some(RestorePolicy::LastServed),
                 workspace_files: Vec::new(),
+                egress: None,
             },
         )
         .await
@@ -1034,4 +1036,141 @@ async fn a_hostd_that_predates_restore_is_activated_without_it() {
     let agent = w.svc.agent("ns1", "a1").await.unwrap();
     assert_eq!(agent.active_revision_id.as_deref(), Some(second.as_str()));
     assert_eq!(agent.served_revision_id.as_deref(), Some(second.as_str()));
+}
+
+/// A target whose policy is TCP 443 to public addresses and no other range (a cluster's, or a
+/// pool's default hostd.toml): it records the egress of every prepare and refuses one that
+/// asks for more with EGRESS_NOT_ALLOWED, as hostd and the Kubernetes backend do; anything
+/// else is hostd's engine.
+struct EgressCeiling {
+    engine: Arc<EngineBackend>,
+    prepared: std::sync::Mutex<Vec<Option<Egress>>>,
+}
+
+impl Backend for EgressCeiling {
+    async fn call(
+        &self,
+        target: impl Into<Target> + Send,
+        operation: Operation,
+        options: CallOptions,
+    ) -> Result<OperationResult, CallError> {
+        if let Operation::PrepareRevision(args) = &operation {
+            self.prepared.lock().unwrap().push(args.egress.clone());
+            if let Some(Err(e)) = args.egress.as_ref().map(|e| e.within(&[443], &[])) {
+                return Err(CallError::Failed(Failure::new(
+                    FailureCode::EgressNotAllowed,
+                    e.to_string(),
+                )));
+            }
+        }
+        self.engine.call(target, operation, options).await
+    }
+}
+
+/// Issue 28: a deploy's prepare carries the Agent's egress settings as they are when it runs
+/// (set at creation, replaced, dropped); a target's EGRESS_NOT_ALLOWED (permanent) fails the
+/// deploy at once with that code and the target's sentence in the work item, the revision
+/// and the deployment status, without a second prepare, and the active revision stays.
+#[tokio::test]
+async fn a_deploy_carries_the_agents_egress_and_a_refusal_fails_it_once() {
+    let w = World::pool(100).await;
+    let backend = Arc::new(EgressCeiling {
+        engine: w.backend.clone(),
+        prepared: std::sync::Mutex::new(Vec::new()),
+    });
+    let worker = Worker::new(w.store.clone(), backend.clone(), settings());
+    w.settle(&worker).await;
+    let narrow = Egress {
+        ports: Some(vec![443]),
+        allow: Some(vec![]),
+    };
+    w.svc
+        .create_agent(
+            "test",
+            "ns1",
+            NewAgent {
+                id: "a1".into(),
+                service_principal_id: None,
+                configuration_id: "cfg".into(),
+                harness_auth: None,
+                restore: None,
+                workspace_files: Vec::new(),
+                egress: Some(narrow.clone()),
+            },
+        )
+        .await
+        .unwrap();
+    let first = w.deploy("a1").await;
+    w.settle(&worker).await;
+    assert_eq!(
+        *backend.prepared.lock().unwrap(),
+        vec![Some(narrow.clone())]
+    );
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Done,
+        "REVISION_ACTIVATED",
+    );
+
+    // Wider than the target allows: refused once, permanent.
+    let patch = |egress: Egress| AgentPatch {
+        configuration_id: None,
+        restore: None,
+        egress: Some(egress),
+    };
+    let wider = Egress {
+        ports: Some(vec![22]),
+        allow: None,
+    };
+    w.svc
+        .patch_agent("test", "ns1", "a1", patch(wider.clone()))
+        .await
+        .unwrap();
+    let refused = w.deploy("a1").await;
+    let (_, step) = w.once(&worker).await;
+    assert_step(
+        &step,
+        "failed",
+        "EGRESS_NOT_ALLOWED",
+        "egress.ports[0] is 22",
+    );
+    w.settle(&worker).await;
+    assert_eq!(
+        backend.prepared.lock().unwrap()[1..],
+        [Some(wider)],
+        "one prepare, not retried"
+    );
+    let work = w.last_work("a1").await;
+    assert_recorded(&work, WorkState::Failed, "EGRESS_NOT_ALLOWED");
+    let attempt = work.last_attempt.as_ref().unwrap();
+    assert!(
+        attempt.message.contains("egress.ports[0] is 22"),
+        "{attempt:?}"
+    );
+    let rev = w.revision("a1", &refused).await;
+    assert_eq!(rev.status, RevisionStatus::Failed, "{rev:?}");
+    assert_eq!(
+        rev.last_attempt.as_ref().map(|a| a.code.as_str()),
+        Some("EGRESS_NOT_ALLOWED")
+    );
+    let status = w.svc.deployment_status("ns1", "a1").await.unwrap();
+    assert_eq!(status.last_code.as_deref(), Some("EGRESS_NOT_ALLOWED"));
+    assert_eq!(status.active_revision_id.as_deref(), Some(first.as_str()));
+
+    // Dropped (`{}`): the next prepare carries none, and the deploy converges.
+    w.svc
+        .patch_agent("test", "ns1", "a1", patch(Egress::default()))
+        .await
+        .unwrap();
+    let third = w.deploy("a1").await;
+    w.settle(&worker).await;
+    assert_eq!(backend.prepared.lock().unwrap().last(), Some(&None));
+    assert_recorded(
+        &w.last_work("a1").await,
+        WorkState::Done,
+        "REVISION_ACTIVATED",
+    );
+    let agent = w.svc.agent("ns1", "a1").await.unwrap();
+    assert_eq!(agent.active_revision_id.as_deref(), Some(third.as_str()));
+    assert_eq!(agent.egress, None);
 }

@@ -1,6 +1,7 @@
 //! Agents: desired state, placement, the active revision and what the target reports.
 
 use async_trait::async_trait;
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use tokio_postgres::Row;
 
@@ -11,7 +12,7 @@ use super::{
 use crate::model::{Agent, DesiredState, Host, RestorePolicy};
 use crate::{AgentStore, Claim, Enqueue, Result, StoreError};
 
-const AGENT_COLS: &str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at, restore";
+const AGENT_COLS: &str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at, restore, egress";
 
 pub(super) fn agent(r: &Row) -> Result<Agent> {
     let desired: String = r.try_get(4)?;
@@ -33,18 +34,20 @@ pub(super) fn agent(r: &Row) -> Result<Agent> {
         restore: RestorePolicy::parse(&restore)
             .ok_or_else(|| StoreError::Corrupt(format!("restore policy {restore:?}")))?,
         created_at: r.try_get(9)?,
+        egress: crate::egress_of(r.try_get(11)?)?,
     })
 }
 
 #[async_trait]
 impl AgentStore for PostgresStore {
     async fn insert_agent(&self, a: &Agent, files: &[WorkspaceFile], now: i64) -> Result<bool> {
+        let egress = crate::egress_text(a.egress.as_ref())?;
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let inserted = tx
             .exec(
-                "INSERT INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (namespace_id, id) DO NOTHING",
+                "INSERT INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore, egress)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (namespace_id, id) DO NOTHING",
                 &[
                     &a.namespace_id.as_str(),
                     &a.id.as_str(),
@@ -53,6 +56,7 @@ impl AgentStore for PostgresStore {
                     &a.desired_state.as_str(),
                     &a.created_at,
                     &a.restore.as_str(),
+                    &egress,
                 ],
             )
             .await?
@@ -108,6 +112,17 @@ impl AgentStore for PostgresStore {
         c.exec(
             "UPDATE agents SET restore = $3 WHERE namespace_id = $1 AND id = $2",
             &[&ns, &id, &restore.as_str()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn set_agent_egress(&self, ns: &str, id: &str, egress: Option<&Egress>) -> Result<()> {
+        let egress = crate::egress_text(egress)?;
+        let c = self.client().await?;
+        c.exec(
+            "UPDATE agents SET egress = $3 WHERE namespace_id = $1 AND id = $2",
+            &[&ns, &id, &egress],
         )
         .await?;
         Ok(())

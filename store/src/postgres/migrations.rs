@@ -260,6 +260,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE rollouts ADD COLUMN secret_name TEXT;
     ALTER TABLE rollouts ADD COLUMN secret_version BIGINT;
     ",
+    // 17: as SQLite's 17: an Agent's own egress settings.
+    "
+    ALTER TABLE agents ADD COLUMN egress TEXT;
+    ",
 ];
 
 /// The version the migrations bring a database to.

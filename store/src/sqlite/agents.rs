@@ -1,6 +1,7 @@
 //! Agents: desired state, placement, the active revision and what the target reports.
 
 use async_trait::async_trait;
+use clawfleet_protocol::egress::Egress;
 use clawfleet_protocol::workspace::WorkspaceFile;
 use rusqlite::{OptionalExtension, Row, params};
 
@@ -8,9 +9,13 @@ use super::{SqliteStore, id_col, opt_id_col, parse_col, work, workspace};
 use crate::model::{Agent, DesiredState, Host, RestorePolicy};
 use crate::{AgentStore, Claim, Enqueue, Result};
 
-const AGENT_COLS: &str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at, restore";
+const AGENT_COLS: &str = "namespace_id, id, service_principal_id, configuration_id, desired_state, host_name, port, active_revision_id, served_revision_id, created_at, restore, egress";
 
-fn agent_row(r: &Row<'_>) -> rusqlite::Result<(Agent, String, String)> {
+/// An Agent's row, with its desired state, restore policy and egress as stored (checked by
+/// [`finish_agent`]).
+type AgentRow = (Agent, String, String, Option<String>);
+
+fn agent_row(r: &Row<'_>) -> rusqlite::Result<AgentRow> {
     Ok((
         Agent {
             namespace_id: id_col(r, 0)?,
@@ -24,15 +29,18 @@ fn agent_row(r: &Row<'_>) -> rusqlite::Result<(Agent, String, String)> {
             served_revision_id: opt_id_col(r, 8)?,
             restore: RestorePolicy::None,
             created_at: r.get(9)?,
+            egress: None,
         },
         r.get(4)?,
         r.get(10)?,
+        r.get(11)?,
     ))
 }
 
-fn finish_agent((mut a, desired, restore): (Agent, String, String)) -> Result<Agent> {
+fn finish_agent((mut a, desired, restore, egress): AgentRow) -> Result<Agent> {
     a.desired_state = parse_col(&desired, "desired state", DesiredState::parse)?;
     a.restore = parse_col(&restore, "restore policy", RestorePolicy::parse)?;
+    a.egress = crate::egress_of(egress)?;
     Ok(a)
 }
 
@@ -43,11 +51,12 @@ pub(super) const SET_OBSERVED: &str = "UPDATE agents SET port = COALESCE(?3, por
 #[async_trait]
 impl AgentStore for SqliteStore {
     async fn insert_agent(&self, a: &Agent, files: &[WorkspaceFile], now: i64) -> Result<bool> {
+        let egress = crate::egress_text(a.egress.as_ref())?;
         self.transact(None, |tx| {
             let inserted = tx.execute(
-                "INSERT OR IGNORE INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![a.namespace_id.as_str(), a.id.as_str(), a.service_principal_id.as_str(), a.configuration_id.as_str(), a.desired_state.as_str(), a.created_at, a.restore.as_str()],
+                "INSERT OR IGNORE INTO agents (namespace_id, id, service_principal_id, configuration_id, desired_state, created_at, restore, egress)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![a.namespace_id.as_str(), a.id.as_str(), a.service_principal_id.as_str(), a.configuration_id.as_str(), a.desired_state.as_str(), a.created_at, a.restore.as_str(), egress],
             )? > 0;
             if inserted && !files.is_empty() {
                 workspace::insert_files(tx, &self.sealer, a, files, now)?;
@@ -98,6 +107,18 @@ impl AgentStore for SqliteStore {
             tx.execute(
                 "UPDATE agents SET restore = ?3 WHERE namespace_id = ?1 AND id = ?2",
                 params![ns, id, restore.as_str()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_agent_egress(&self, ns: &str, id: &str, egress: Option<&Egress>) -> Result<()> {
+        let egress = crate::egress_text(egress)?;
+        self.transact(None, |tx| {
+            tx.execute(
+                "UPDATE agents SET egress = ?3 WHERE namespace_id = ?1 AND id = ?2",
+                params![ns, id, egress],
             )?;
             Ok(())
         })

@@ -299,4 +299,9 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE rollouts ADD COLUMN secret_name TEXT;
     ALTER TABLE rollouts ADD COLUMN secret_version INTEGER;
     ",
+    // 17: an Agent's own egress settings (issue 28): `clawfleet_protocol::egress::Egress` as
+    // JSON, NULL for none (its target's policy).
+    "
+    ALTER TABLE agents ADD COLUMN egress TEXT;
+    ",
 ];
