@@ -1174,3 +1174,47 @@ async fn a_deploy_carries_the_agents_egress_and_a_refusal_fails_it_once() {
     assert_eq!(agent.active_revision_id.as_deref(), Some(third.as_str()));
     assert_eq!(agent.egress, None);
 }
+
+/// The same refusal from hostd's own engine (the pool's default `[network] egress_ports`,
+/// 443, and no range): the deploy fails after one prepare with hostd's sentence, which names
+/// the entry and where the pool's policy is set.
+#[tokio::test]
+async fn hostd_refusing_an_agents_egress_fails_the_deploy_without_a_retry() {
+    let w = World::pool(100).await;
+    let worker = w.worker();
+    w.settle(&worker).await;
+    w.svc
+        .create_agent(
+            "test",
+            "ns1",
+            NewAgent {
+                id: "a1".into(),
+                service_principal_id: None,
+                configuration_id: "cfg".into(),
+                harness_auth: None,
+                restore: None,
+                workspace_files: Vec::new(),
+                egress: Some(Egress {
+                    ports: None,
+                    allow: Some(vec!["10.1.0.0/16".into()]),
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    let refused = w.deploy("a1").await;
+    w.settle(&worker).await;
+    assert_eq!(w.prepares(), 1, "not retried: {:?}", w.backend.log());
+    let work = w.last_work("a1").await;
+    assert_recorded(&work, WorkState::Failed, "EGRESS_NOT_ALLOWED");
+    let message = &work.last_attempt.as_ref().unwrap().message;
+    assert!(
+        message.contains("egress.allow[0] is 10.1.0.0/16") && message.contains("hostd.toml"),
+        "{message}"
+    );
+    let rev = w.revision("a1", &refused).await;
+    assert_eq!(rev.status, RevisionStatus::Failed, "{rev:?}");
+    let status = w.svc.deployment_status("ns1", "a1").await.unwrap();
+    assert_eq!(status.last_code.as_deref(), Some("EGRESS_NOT_ALLOWED"));
+    assert_eq!(status.active_revision_id, None);
+}
