@@ -19,9 +19,19 @@ const TOKEN_PREFIX: &str = "plan1-";
 /// Most Agents one rollout plan asks about (one target call each, within one API request).
 pub const MAX_PLAN_AGENTS: usize = 200;
 
+/// What a plan's token digests for one Agent ([`Service::fact`]).
+type Fact = (
+    String,
+    String,
+    u32,
+    Option<String>,
+    Option<clawfleet_protocol::egress::Egress>,
+);
+
 /// The token of a plan: a digest of, per Agent in order, its id, the Configuration and
-/// generation it would get, and its active revision.
-fn token(ns: &str, facts: &[(String, String, u32, Option<String>)]) -> String {
+/// generation it would get, its active revision and its egress settings (which the plan's
+/// prepare carries).
+fn token(ns: &str, facts: &[Fact]) -> String {
     let text = json!({"namespace": ns, "agents": facts}).to_string();
     let digest = clawfleet_protocol::ident::sha256(text.as_bytes());
     let hex = Sha256Hex::from_digest(&digest).to_string();
@@ -44,8 +54,8 @@ fn check_token(given: &str, current: &str, what: &str) -> Result<(), ServiceErro
         return Err(ServiceError::conflict(
             Code::PlanStale,
             format!(
-                "the plan of {what} is stale: a Configuration generation or an active revision \
-                 moved since it was computed; plan again"
+                "the plan of {what} is stale: a Configuration generation, an active revision \
+                 or an Agent's egress settings moved since it was computed; plan again"
             ),
         ));
     }
@@ -53,13 +63,15 @@ fn check_token(given: &str, current: &str, what: &str) -> Result<(), ServiceErro
 }
 
 impl Service {
-    /// `(agent, configuration, generation, active revision)` of an Agent about to get `cfg`.
-    fn fact(agent: &Agent, cfg: &Configuration) -> (String, String, u32, Option<String>) {
+    /// `(agent, configuration, generation, active revision, egress)` of an Agent about to
+    /// get `cfg`.
+    fn fact(agent: &Agent, cfg: &Configuration) -> Fact {
         (
             agent.id.to_string(),
             cfg.id.to_string(),
             cfg.generation,
             agent.active_revision_id.as_ref().map(Ident::to_string),
+            agent.egress.clone(),
         )
     }
 
@@ -305,6 +317,7 @@ mod tests {
                 "cfg".to_owned(),
                 generation,
                 active.map(str::to_owned),
+                None,
             )]
         };
         let t = token("ns", &facts(2, Some("rev-1")));
@@ -315,6 +328,19 @@ mod tests {
             token("ns", &facts(2, Some("rev-2"))),
             token("ns", &facts(2, None)),
             token("other", &facts(2, Some("rev-1"))),
+            token(
+                "ns",
+                &[(
+                    "a1".to_owned(),
+                    "cfg".to_owned(),
+                    2,
+                    Some("rev-1".to_owned()),
+                    Some(clawfleet_protocol::egress::Egress {
+                        ports: Some(vec![]),
+                        allow: None,
+                    }),
+                )],
+            ),
         ] {
             assert_ne!(t, other);
             assert!(

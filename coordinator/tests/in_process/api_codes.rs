@@ -639,6 +639,44 @@ async fn a_plan_token_applies_once() {
     );
 }
 
+/// The Agent's egress settings go into the plan's prepare (a changed net unit, a restart),
+/// so a plan computed before they changed is stale: 409 `PLAN_STALE`, nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_is_stale_once_the_agents_egress_changed() {
+    let api = Api::start().await;
+    api.pool().await;
+    api.agent("a1").await.unwrap();
+    let plan = api
+        .admin("POST", "/namespaces/ns1/agents/a1/plan", None)
+        .await
+        .unwrap();
+    let token = plan["token"].as_str().unwrap().to_owned();
+    api.admin(
+        "PATCH",
+        "/namespaces/ns1/agents/a1",
+        Some(serde_json::json!({"egress": {"ports": []}})),
+    )
+    .await
+    .unwrap();
+    let apply = format!("/namespaces/ns1/agents/a1/deploy?planToken={token}");
+    let (status, code, message) = api.refused("POST", &apply, None).await;
+    assert_eq!((status, code.as_str()), (409, "PLAN_STALE"), "{message}");
+    assert!(message.contains("egress"), "{message}");
+    assert!(api.store.revisions("ns1", "a1").await.unwrap().is_empty());
+    let plan = api
+        .admin("POST", "/namespaces/ns1/agents/a1/plan", None)
+        .await
+        .unwrap();
+    let token = plan["token"].as_str().unwrap().to_owned();
+    api.admin(
+        "POST",
+        &format!("/namespaces/ns1/agents/a1/deploy?planToken={token}"),
+        None,
+    )
+    .await
+    .unwrap();
+}
+
 /// `occ agent logs --follow` polls once a second, and each poll was an audit event. Now polls
 /// that say `follow=true` are one `agent.logs.follow` event when the follow starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
