@@ -8,6 +8,7 @@ mod fleet_support;
 
 mod console;
 mod defects;
+mod egress;
 mod fleet;
 mod gateway_route;
 mod gateway_tunnel;
