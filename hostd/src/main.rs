@@ -432,9 +432,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             runtime_dir,
             account,
         } => {
-            let n = hostd::secrets::materialise(agent_dir, runtime_dir, account)
+            let (n, kept) = hostd::secrets::materialise(agent_dir, runtime_dir, account)
                 .with_context(|| format!("cannot write the secrets of {account}"))?;
-            tracing::info!(account = %account, secrets = n, "secret files written");
+            tracing::info!(account = %account, secrets = n, kept, "secret files written");
             Ok(ExitCode::SUCCESS)
         }
         Command::Relay => relay(&cli),

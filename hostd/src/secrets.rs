@@ -10,10 +10,11 @@
 //!   travels to and from `systemd-creds` over pipes, never in an argument or a file.
 //! - **In clear** only on tmpfs: the unit's `RuntimeDirectory=` (`/run/clawfleet-agent-<32
 //!   hex>`, created by systemd owned by the Agent's account, removed by systemd whenever the
-//!   unit stops, automatic restarts included), bound read-only at
+//!   unit stops and kept across its restarts), bound read-only at
 //!   [`DIRECTORY`](clawfleet_protocol::secret::DIRECTORY) inside the unit; one file per secret, owned by the Agent's
 //!   account, mode 0400, written under a temporary name and renamed. The unit's
-//!   `ExecStartPre=+hostd secret-files …` writes them at every start (from the credentials);
+//!   `ExecStartPre=+hostd secret-files …` writes them at every start (from the credentials,
+//!   or from the files a restart kept, when their fingerprints still match: [`materialise`]);
 //!   `put-secrets` writes them into a running unit's directory directly, so a rotation needs
 //!   no restart.
 //!
@@ -109,6 +110,9 @@ pub fn unit_lines(unit_name: &str, agent_dir: &Path, account: &str) -> Vec<Strin
     vec![
         format!("RuntimeDirectory={stem}"),
         "RuntimeDirectoryMode=0700".to_owned(),
+        // Kept across restarts (cutovers, crash restarts), removed at every stop: a restart
+        // writes only what changed (`materialise`).
+        "RuntimeDirectoryPreserve=restart".to_owned(),
         format!(
             "BindReadOnlyPaths={RUN_DIR}/{stem}:{}",
             clawfleet_protocol::secret::DIRECTORY
@@ -293,9 +297,22 @@ pub fn write_files(
 /// Reads every secret of the manifest back from its credential, checking its fingerprint.
 /// A credential replaced while it was read (a `put-secrets` racing a restart) is read again.
 pub fn load(agent_dir: &Path, decrypt: &Decrypt) -> Result<Vec<Opened>, SecretsError> {
+    load_keeping(agent_dir, decrypt, &|_| None).map(|(values, _)| values)
+}
+
+/// What a restarted unit's runtime directory still holds of one secret, if anything.
+pub type Kept<'a> = dyn Fn(&SecretVersion) -> Option<Zeroizing<Vec<u8>>> + 'a;
+
+/// [`load`], taking each value from `kept` instead of its credential when `kept` has one
+/// with the manifest's fingerprint; also returns how many were taken from `kept`.
+pub fn load_keeping(
+    agent_dir: &Path,
+    decrypt: &Decrypt,
+    kept: &Kept<'_>,
+) -> Result<(Vec<Opened>, usize), SecretsError> {
     let mut last = None;
     for _ in 0..5 {
-        match load_once(agent_dir, decrypt) {
+        match load_once(agent_dir, decrypt, kept) {
             Err(SecretsError::Fingerprint { name }) => {
                 last = Some(name);
                 std::thread::sleep(Duration::from_millis(100));
@@ -308,10 +325,20 @@ pub fn load(agent_dir: &Path, decrypt: &Decrypt) -> Result<Vec<Opened>, SecretsE
     })
 }
 
-fn load_once(agent_dir: &Path, decrypt: &Decrypt) -> Result<Vec<Opened>, SecretsError> {
+fn load_once(
+    agent_dir: &Path,
+    decrypt: &Decrypt,
+    kept: &Kept<'_>,
+) -> Result<(Vec<Opened>, usize), SecretsError> {
     let manifest = read_manifest(agent_dir)?;
     let mut out = Vec::with_capacity(manifest.secrets.len());
+    let mut reused = 0;
     for v in manifest.secrets {
+        if let Some(value) = kept(&v).filter(|k| SecretFingerprint::of(k) == v.fingerprint) {
+            reused += 1;
+            out.push((v, value));
+            continue;
+        }
         let blob = fsutil::read_small(&cred_path(agent_dir, &v.name), CRED_MAX)?;
         let value = decrypt(&v.name, &blob)?;
         if SecretFingerprint::of(&value) != v.fingerprint {
@@ -321,7 +348,7 @@ fn load_once(agent_dir: &Path, decrypt: &Decrypt) -> Result<Vec<Opened>, Secrets
         }
         out.push((v, value));
     }
-    Ok(out)
+    Ok((out, reused))
 }
 
 fn find_creds() -> Option<PathBuf> {
@@ -421,13 +448,37 @@ pub fn creds_decrypt(name: &SecretName, blob: &[u8]) -> Result<Zeroizing<Vec<u8>
     run_creds("decrypt", name, blob)
 }
 
-/// `hostd secret-files`: the unit's `ExecStartPre=+`. Writes the Agent's secrets from their
-/// credentials into the unit's runtime directory, owned by its account.
+/// A secret's file in a runtime directory the Agent's account owns (and so may have changed):
+/// read only if it is a regular file no larger than a value (never through a link, never
+/// blocking on a FIFO planted there); anything else is not kept.
+pub fn read_kept(runtime_dir: &Path, name: &SecretName) -> Option<Zeroizing<Vec<u8>>> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(runtime_dir.join(name.as_str()))
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() > VALUE_MAX as u64 {
+        return None;
+    }
+    let mut value = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
+    file.take(VALUE_MAX as u64 + 1)
+        .read_to_end(&mut value)
+        .ok()?;
+    (value.len() <= VALUE_MAX).then_some(value)
+}
+
+/// `hostd secret-files`: the unit's `ExecStartPre=+`. Writes the Agent's secrets into the
+/// unit's runtime directory, owned by its account: each from its credential, or, across a
+/// restart (the directory is kept, `RuntimeDirectoryPreserve=restart`), from the file already
+/// there when it still has the manifest's fingerprint, which spares a `systemd-creds` run per
+/// secret at every cutover. Returns (written, of which kept).
 pub fn materialise(
     agent_dir: &Path,
     runtime_dir: &Path,
     account: &str,
-) -> Result<usize, SecretsError> {
+) -> Result<(usize, usize), SecretsError> {
     let user = nix::unistd::User::from_name(account)
         .map_err(|e| SecretsError::Account {
             account: account.to_owned(),
@@ -437,7 +488,9 @@ pub fn materialise(
             account: account.to_owned(),
             detail: "no such user".to_owned(),
         })?;
-    let values = load(agent_dir, &creds_decrypt)?;
+    let (values, kept) = load_keeping(agent_dir, &creds_decrypt, &|v| {
+        read_kept(runtime_dir, &v.name)
+    })?;
     write_files(
         runtime_dir,
         Ids {
@@ -446,7 +499,7 @@ pub fn materialise(
         },
         &values,
     )?;
-    Ok(values.len())
+    Ok((values.len(), kept))
 }
 
 /// The private host key's path: the public key's path without `.pub`.
@@ -476,6 +529,75 @@ mod tests {
 
     fn dec(_: &SecretName, v: &[u8]) -> Result<Zeroizing<Vec<u8>>, SecretsError> {
         Ok(Zeroizing::new(v.iter().map(|b| b ^ 0x5a).collect()))
+    }
+
+    /// A restart keeps the runtime directory: values still there with the manifest's
+    /// fingerprint are taken as they are, and only the others are decrypted; a link, a FIFO
+    /// or a changed value the Agent left there is not taken.
+    #[test]
+    fn a_restart_decrypts_only_what_the_runtime_directory_lacks() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = tempfile::tempdir().unwrap();
+        store(
+            dir.path(),
+            &[
+                v("a", 1, b"one"),
+                v("b", 1, b"two"),
+                v("c", 1, b"three"),
+                v("d", 1, b"four"),
+            ],
+            &enc,
+        )
+        .unwrap();
+        let decrypted = std::rc::Rc::new(std::cell::Cell::new(0));
+        let calls = decrypted.clone();
+        let counting = move |n: &SecretName, b: &[u8]| {
+            calls.set(calls.get() + 1);
+            dec(n, b)
+        };
+        let kept = |v: &SecretVersion| read_kept(run.path(), &v.name);
+        // The first start: nothing there, every value decrypted.
+        let (values, reused) = load_keeping(dir.path(), &counting, &kept).unwrap();
+        assert_eq!((values.len(), reused, decrypted.get()), (4, 0, 4));
+        for (v, value) in &values {
+            std::fs::write(run.path().join(v.name.as_str()), value.as_slice()).unwrap();
+        }
+        // A restart with everything in place: nothing decrypted.
+        decrypted.set(0);
+        let (values, reused) = load_keeping(dir.path(), &counting, &kept).unwrap();
+        assert_eq!((values.len(), reused, decrypted.get()), (4, 4, 0));
+        // Changed by the Agent, a link, a FIFO: each decrypted again, the right value kept.
+        std::fs::write(run.path().join("a"), b"evil").unwrap();
+        std::fs::remove_file(run.path().join("b")).unwrap();
+        std::os::unix::fs::symlink(run.path().join("c"), run.path().join("b")).unwrap();
+        std::fs::remove_file(run.path().join("c")).unwrap();
+        nix::unistd::mkfifo(&run.path().join("c"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        decrypted.set(0);
+        let (values, reused) = load_keeping(dir.path(), &counting, &kept).unwrap();
+        assert_eq!((values.len(), reused, decrypted.get()), (4, 1, 3));
+        let got: Vec<&[u8]> = values.iter().map(|(_, v)| v.as_slice()).collect();
+        assert_eq!(got, [&b"one"[..], b"two", b"three", b"four"]);
+        // A new version of one: decrypted, the others kept.
+        store(
+            dir.path(),
+            &[
+                v("a", 1, b"one"),
+                v("b", 1, b"two"),
+                v("c", 1, b"three"),
+                v("d", 2, b"FOUR"),
+            ],
+            &enc,
+        )
+        .unwrap();
+        for (name, value) in [("a", &b"one"[..]), ("b", b"two"), ("c", b"three")] {
+            let path = run.path().join(name);
+            std::fs::remove_file(&path).unwrap();
+            std::fs::write(&path, value).unwrap();
+        }
+        decrypted.set(0);
+        let (values, reused) = load_keeping(dir.path(), &counting, &kept).unwrap();
+        assert_eq!((reused, decrypted.get()), (3, 1));
+        assert_eq!(values[3].1.as_slice(), b"FOUR");
     }
 
     #[test]

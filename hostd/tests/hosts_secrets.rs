@@ -1,6 +1,6 @@
 //! Secrets on a real host (issue 29): sealed to the host key, kept with systemd-creds, in
-//! clear only on tmpfs at the gateway's fixed path, rotated without a restart, written again
-//! after a systemd-initiated restart, gone when the Agent stops, and nowhere else.
+//! clear only on tmpfs at the gateway's fixed path, rotated without a restart, kept (and not
+//! decrypted again) across a systemd-initiated restart, gone when the Agent stops, and nowhere else.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod hosts_support;
@@ -159,11 +159,19 @@ fn secrets_reach_the_gateway_only_on_tmpfs_rotate_without_restart_and_leak_nowhe
     );
     expect_seen(&host, pid, uid, &v2);
 
-    // A systemd-initiated restart (the gateway crashed): the directory is made anew and
-    // the file written again before the gateway starts.
+    // A systemd-initiated restart (the gateway crashed): the directory is kept
+    // (`RuntimeDirectoryPreserve=restart`) and the file, still the manifest's value, is taken
+    // as it is instead of being decrypted again, then written before the gateway starts.
     host.run_ok(&format!("kill -9 {pid}")).unwrap();
     let pid2 = wait_for_new_pid(&host, &unit, pid);
     expect_seen(&host, pid2, uid, &v2);
+    let written = host
+        .run_ok("journalctl --no-pager -o json -t hostd --grep 'secret files written' | tail -1")
+        .unwrap();
+    assert!(
+        written.contains("\"F_KEPT\":\"1\"") && written.contains("\"F_SECRETS\":\"1\""),
+        "the restart took the secret from its file: {written}"
+    );
 
     // A value sealed to another key (or for another Agent) does not open: refused with its
     // code, nothing changed.
