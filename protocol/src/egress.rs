@@ -28,6 +28,26 @@ pub struct Egress {
     pub allow: Option<Vec<String>>,
 }
 
+/// How people read the settings (`occ agent get`, the console): `ports 443,8443; allow
+/// target's`, `none` for an empty list.
+impl std::fmt::Display for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn list<T: ToString>(v: Option<&Vec<T>>) -> String {
+            match v {
+                None => "target's".to_owned(),
+                Some(v) if v.is_empty() => "none".to_owned(),
+                Some(v) => v.iter().map(T::to_string).collect::<Vec<_>>().join(","),
+            }
+        }
+        write!(
+            f,
+            "ports {}; allow {}",
+            list(self.ports.as_ref()),
+            list(self.allow.as_ref())
+        )
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawEgress {
@@ -378,6 +398,20 @@ mod tests {
             Egress::default().clipped(&[443], &["10.0.0.0/8".to_owned()]),
             (vec![443], vec!["10.0.0.0/8".to_owned()])
         );
+    }
+
+    #[test]
+    fn settings_read_as_text() {
+        let e = Egress {
+            ports: Some(vec![443, 8443]),
+            allow: None,
+        };
+        assert_eq!(e.to_string(), "ports 443,8443; allow target's");
+        let e = Egress {
+            ports: Some(vec![]),
+            allow: Some(vec!["10.1.2.0/24".into()]),
+        };
+        assert_eq!(e.to_string(), "ports none; allow 10.1.2.0/24");
     }
 
     #[test]

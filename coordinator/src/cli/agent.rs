@@ -178,25 +178,7 @@ impl EgressArgs {
 
 /// An Agent's egress settings as one cell: `-` for its target's.
 pub(crate) fn egress_cell(egress: Option<&Egress>) -> String {
-    let Some(e) = egress else {
-        return "-".to_owned();
-    };
-    let list = |v: Option<String>| v.unwrap_or_else(|| "target's".to_owned());
-    let ports = e.ports.as_ref().map(|p| {
-        if p.is_empty() {
-            "none".to_owned()
-        } else {
-            p.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
-        }
-    });
-    let allow = e.allow.as_ref().map(|a| {
-        if a.is_empty() {
-            "none".to_owned()
-        } else {
-            a.join(",")
-        }
-    });
-    format!("ports {}; allow {}", list(ports), list(allow))
+    egress.map_or_else(|| "-".to_owned(), Egress::to_string)
 }
 
 /// `occ agent connect`: each local connection becomes one gateway stream.

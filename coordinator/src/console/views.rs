@@ -432,6 +432,10 @@ pub(crate) async fn agent_status<B: Backend>(
             dt { "Target" } dd { (a.host.as_deref().unwrap_or("not placed")) @if let Some(p) = a.port { " port " (p) } }
             dt { "Active revision" } dd { (a.active_revision_id.as_deref().map(|s| s as &str).unwrap_or("none")) }
             dt { "Served revision" } dd { (served.unwrap_or("none reported by the target")) }
+            dt { "Egress" } dd { @match &a.egress {
+                Some(e) => { (e.to_string()) " " span.muted { "(its own, within the target's policy)" } }
+                None => { "the target's policy" }
+            } }
         }
         @if !evidence.is_empty() {
             h2 { "Failure evidence" }

@@ -400,7 +400,28 @@ async fn a_read_token_sees_no_actions_and_gets_403() {
     for action in ["/deploy\"", "/stop\"", "/reconcile\"", gateway, ui] {
         assert!(!page.body.contains(action), "{action} shown to a reader");
     }
+    assert!(
+        page.body.contains("the target&#39;s policy") || page.body.contains("the target's policy"),
+        "{}",
+        page.body
+    );
+    f.store
+        .set_agent_egress(
+            "ns1",
+            "a1",
+            Some(&clawfleet_protocol::egress::Egress {
+                ports: Some(vec![]),
+                allow: None,
+            }),
+        )
+        .await
+        .unwrap();
     let admin_page = f.get(&f.admin, "/console/namespaces/ns1/agents/a1").await;
+    assert!(
+        admin_page.body.contains("ports none; allow target"),
+        "{}",
+        admin_page.body
+    );
     for action in ["/deploy\"", "/stop\"", "/reconcile\"", gateway, ui] {
         assert!(
             admin_page.body.contains(action),
