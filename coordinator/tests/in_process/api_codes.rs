@@ -613,6 +613,19 @@ async fn plans_over_the_token_budget_are_429_and_do_not_reach_the_host() {
     );
 }
 
+/// The token of a fresh plan of the Agent's next deploy.
+async fn plan_token(api: &Api, agent: &str) -> String {
+    let plan = api
+        .admin(
+            "POST",
+            &format!("/namespaces/ns1/agents/{agent}/plan"),
+            None,
+        )
+        .await
+        .unwrap();
+    plan["token"].as_str().unwrap().to_owned()
+}
+
 /// A plan token applies once: a second deploy with it, before the first one's work moved any
 /// fact the token digests, was accepted too (two deploys from one reviewed plan). Now the
 /// store consumes the token atomically and the second apply is 409 `PLAN_STALE`.
@@ -621,11 +634,7 @@ async fn a_plan_token_applies_once() {
     let api = Api::start().await;
     api.pool().await;
     api.agent("a1").await.unwrap();
-    let plan = api
-        .admin("POST", "/namespaces/ns1/agents/a1/plan", None)
-        .await
-        .unwrap();
-    let token = plan["token"].as_str().unwrap().to_owned();
+    let token = plan_token(&api, "a1").await;
     let apply = format!("/namespaces/ns1/agents/a1/deploy?planToken={token}");
     api.admin("POST", &apply, None).await.unwrap();
     let revisions = api.store.revisions("ns1", "a1").await.unwrap().len();
@@ -646,11 +655,7 @@ async fn a_plan_is_stale_once_the_agents_egress_changed() {
     let api = Api::start().await;
     api.pool().await;
     api.agent("a1").await.unwrap();
-    let plan = api
-        .admin("POST", "/namespaces/ns1/agents/a1/plan", None)
-        .await
-        .unwrap();
-    let token = plan["token"].as_str().unwrap().to_owned();
+    let token = plan_token(&api, "a1").await;
     api.admin(
         "PATCH",
         "/namespaces/ns1/agents/a1",
@@ -663,11 +668,7 @@ async fn a_plan_is_stale_once_the_agents_egress_changed() {
     assert_eq!((status, code.as_str()), (409, "PLAN_STALE"), "{message}");
     assert!(message.contains("egress"), "{message}");
     assert!(api.store.revisions("ns1", "a1").await.unwrap().is_empty());
-    let plan = api
-        .admin("POST", "/namespaces/ns1/agents/a1/plan", None)
-        .await
-        .unwrap();
-    let token = plan["token"].as_str().unwrap().to_owned();
+    let token = plan_token(&api, "a1").await;
     api.admin(
         "POST",
         &format!("/namespaces/ns1/agents/a1/deploy?planToken={token}"),

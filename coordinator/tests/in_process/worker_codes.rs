@@ -103,6 +103,26 @@ impl World {
         crate::fixtures::agent(&self.svc, "ns1", id).await;
     }
 
+    /// An Agent on `cfg` with its own restore policy and egress settings.
+    async fn agent_with(&self, id: &str, restore: Option<RestorePolicy>, egress: Option<Egress>) {
+        self.svc
+            .create_agent(
+                "test",
+                "ns1",
+                NewAgent {
+                    id: id.into(),
+                    service_principal_id: None,
+                    configuration_id: "cfg".into(),
+                    harness_auth: None,
+                    restore,
+                    workspace_files: Vec::new(),
+                    egress,
+                },
+            )
+            .await
+            .unwrap();
+    }
+
     /// Deploys the Agent; the new revision's id.
     async fn deploy(&self, agent: &str) -> String {
         self.svc
@@ -995,22 +1015,8 @@ async fn a_hostd_that_predates_restore_is_activated_without_it() {
     });
     let worker = Worker::new(w.store.clone(), backend.clone(), settings());
     w.settle(&worker).await;
-    w.svc
-        .create_agent(
-            "test",
-            "ns1",
-            NewAgent {
-                id: "a1".into(),
-                service_principal_id: None,
-                configuration_id: "cfg".into(),
-                harness_auth: None,
-                restore: Some(RestorePolicy::LastServed),
-                workspace_files: Vec::new(),
-                egress: None,
-            },
-        )
-        .await
-        .unwrap();
+    w.agent_with("a1", Some(RestorePolicy::LastServed), None)
+        .await;
     let first = w.deploy("a1").await;
     w.settle(&worker).await;
     let agent = w.svc.agent("ns1", "a1").await.unwrap();
@@ -1084,22 +1090,7 @@ async fn a_deploy_carries_the_agents_egress_and_a_refusal_fails_it_once() {
         ports: Some(vec![443]),
         allow: Some(vec![]),
     };
-    w.svc
-        .create_agent(
-            "test",
-            "ns1",
-            NewAgent {
-                id: "a1".into(),
-                service_principal_id: None,
-                configuration_id: "cfg".into(),
-                harness_auth: None,
-                restore: None,
-                workspace_files: Vec::new(),
-                egress: Some(narrow.clone()),
-            },
-        )
-        .await
-        .unwrap();
+    w.agent_with("a1", None, Some(narrow.clone())).await;
     let first = w.deploy("a1").await;
     w.settle(&worker).await;
     assert_eq!(
@@ -1183,25 +1174,15 @@ async fn hostd_refusing_an_agents_egress_fails_the_deploy_without_a_retry() {
     let w = World::pool(100).await;
     let worker = w.worker();
     w.settle(&worker).await;
-    w.svc
-        .create_agent(
-            "test",
-            "ns1",
-            NewAgent {
-                id: "a1".into(),
-                service_principal_id: None,
-                configuration_id: "cfg".into(),
-                harness_auth: None,
-                restore: None,
-                workspace_files: Vec::new(),
-                egress: Some(Egress {
-                    ports: None,
-                    allow: Some(vec!["10.1.0.0/16".into()]),
-                }),
-            },
-        )
-        .await
-        .unwrap();
+    w.agent_with(
+        "a1",
+        None,
+        Some(Egress {
+            ports: None,
+            allow: Some(vec!["10.1.0.0/16".into()]),
+        }),
+    )
+    .await;
     let refused = w.deploy("a1").await;
     w.settle(&worker).await;
     assert_eq!(w.prepares(), 1, "not retried: {:?}", w.backend.log());
