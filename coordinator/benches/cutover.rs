@@ -10,6 +10,10 @@
 //! for every `activate-revision` (pointer flip, restart, readiness wait, served record) and
 //! `prepare-revision`, and each activation cut into its parts from the host's journal.
 //!
+//! The Agent has `CLAWFLEET_BENCH_SECRETS` (default 4, at most 4) secrets bound in its
+//! configuration, as an Agent with model and channel credentials has: each start of its unit
+//! writes them into its runtime directory (hostd/src/secrets.rs).
+//!
 //! `cargo bench -p clawfleet-coordinator --bench cutover` (root and the test-host
 //! prerequisites; otherwise it prints `SKIP: ...` and exits 0).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -58,10 +62,25 @@ fn main() {
     }
     let n = knob("CLAWFLEET_BENCH_CUTOVERS", 20);
     let aged_agents = knob("CLAWFLEET_BENCH_AGED_AGENTS", 99);
+    let secrets = knob("CLAWFLEET_BENCH_SECRETS", 4).min(SECRET_PATHS.len());
     let fleet = Fleet::start(1);
-    fleet.create_agent("c1", &document("c-v0", json!({})));
+    let values = tempfile::tempdir().unwrap();
+    for (i, _) in SECRET_PATHS.iter().enumerate().take(secrets) {
+        let file = values.path().join(format!("s{i}"));
+        std::fs::write(&file, format!("sk-bench-{i}-0123456789abcdef")).unwrap();
+        fleet.occ_ok(&[
+            "secret",
+            "set",
+            NS,
+            &format!("cred-{i}"),
+            "--from-file",
+            &file.display().to_string(),
+        ]);
+    }
+    println!("the Agent has {secrets} secrets bound in its configuration");
+    fleet.create_agent("c1", &c1_document("c-v0", secrets));
     fleet.occ_ok(&["agent", "deploy", NS, "c1", "--wait", "--timeout", "120"]);
-    cutovers(&fleet, 1..=n, "a fresh host");
+    cutovers(&fleet, 1..=n, secrets, "a fresh host");
 
     // The host aged: more Agents beside c1, then its journal at its limit.
     let t = Instant::now();
@@ -88,18 +107,42 @@ fn main() {
          journal entries written (journal at {AGED_JOURNAL}), the prune index removed",
         t.elapsed().as_secs_f64()
     );
-    cutovers(&fleet, n + 1..=2 * n, "the same host aged (long-lived)");
+    cutovers(
+        &fleet,
+        n + 1..=2 * n,
+        secrets,
+        "the same host aged (long-lived)",
+    );
+}
+
+/// Where the Agent's configuration refers to its secrets (channel credentials).
+const SECRET_PATHS: [(&str, &str); 4] = [
+    ("slack", "botToken"),
+    ("slack", "appToken"),
+    ("discord", "token"),
+    ("telegram", "botToken"),
+];
+
+/// c1's document: `label`, and the first `secrets` of [`SECRET_PATHS`] bound to
+/// `cred-<i>`.
+fn c1_document(label: &str, secrets: usize) -> Value {
+    let mut doc = document(label, json!({}));
+    for (i, (channel, field)) in SECRET_PATHS.iter().enumerate().take(secrets) {
+        doc["channels"][channel][field] =
+            json!({"source": "file", "provider": "clawfleet", "id": format!("cred-{i}")});
+    }
+    doc
 }
 
 /// Deploys the revisions `range` of c1 one after another through the API, each until served,
 /// and prints the case's figures.
-fn cutovers(fleet: &Fleet, range: std::ops::RangeInclusive<usize>, case: &str) {
+fn cutovers(fleet: &Fleet, range: std::ops::RangeInclusive<usize>, secrets: usize, case: &str) {
     let since = now_unix();
     // Each deploy through the API, then deployment-status polled every 2 ms until the new
     // revision is active and served: deploy request -> served as a client sees it.
     let mut served_ms = Vec::new();
     for i in range {
-        fleet.update_configuration("c1", &document(&format!("c-v{i}"), json!({})));
+        fleet.update_configuration("c1", &c1_document(&format!("c-v{i}"), secrets));
         let t = Instant::now();
         let rev = fleet.deploy_api("c1");
         loop {
