@@ -113,7 +113,7 @@ impl FakeSystem {
         self.with(|s| s.netns = on);
     }
 
-    /// Every Agent's network namespace disappears (`ip netns delete` by hand); `false`
+    /// Every Agent's network namespace disappears (its net unit stopped by hand); `false`
     /// brings them back.
     pub fn remove_netns(&self, gone: bool) {
         self.with(|s| s.netns_gone = gone);
@@ -413,6 +413,9 @@ impl System for FakeSystem {
         if self.injected("restart") {
             return Err(fail("restart", unit));
         }
+        if unit.starts_with("clawfleet-net-") || unit.starts_with("clawfleet-front-") {
+            return self.start_unit(unit, _timeout);
+        }
         let Some(port) = self.port_of(unit) else {
             return Err(fail("restart", unit));
         };
@@ -532,7 +535,7 @@ impl System for FakeSystem {
         }
     }
 
-    fn netns_present(&self, _path: &Path) -> bool {
+    fn netns_held(&self, _net_unit: &str) -> bool {
         !self.with(|s| s.netns_gone)
     }
 
@@ -558,7 +561,7 @@ impl System for FakeSystem {
     fn listeners(
         &self,
         port: u16,
-        netns: Option<&Path>,
+        netns: Option<&str>,
     ) -> Result<Vec<crate::listener::Listener>, SystemError> {
         // An active unit's gateway listens as the unit's User=.
         let units: Vec<String> = self.with(|s| {
@@ -573,7 +576,7 @@ impl System for FakeSystem {
         let mut out = Vec::new();
         for unit in units {
             let text = std::fs::read_to_string(self.unit_dir.join(&unit)).unwrap_or_default();
-            let own_netns = text.contains("\nNetworkNamespacePath=");
+            let own_netns = text.contains("\nJoinsNamespaceOf=");
             match (own_netns, netns.is_some()) {
                 // The gateway listens in its own namespace; on the host, root's socket unit.
                 (true, false) => {

@@ -2,8 +2,8 @@
 //!
 //! systemd (PID 1, as root) listens on `127.0.0.1:<port>` and `[::1]:<port>` in the host's
 //! network namespace (the Agent's `clawfleet-front-<hash>.socket`) and hands the listening
-//! sockets to this process, which runs in the Agent's own namespace
-//! (`NetworkNamespacePath=`) as a dynamic user with nothing else. Each accepted connection is
+//! sockets to this process, which runs in the Agent's own namespace (`JoinsNamespaceOf=` its
+//! network unit) as a dynamic user with nothing else. Each accepted connection is
 //! joined to the gateway's loopback listener there, `127.0.0.1:<port>`; while the gateway
 //! restarts (a cutover) the connect is retried for up to the hold time, so clients wait
 //! instead of being refused, and after it the client gets a `503` naming the wait. Bytes are

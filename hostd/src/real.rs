@@ -878,17 +878,20 @@ impl System for RealSystem {
     fn listeners(
         &self,
         port: u16,
-        netns: Option<&Path>,
+        unit: Option<&str>,
     ) -> Result<Vec<crate::listener::Listener>, SystemError> {
-        match netns {
-            None => listeners_here(port),
-            Some(path) => {
-                crate::netns::run_in(path, move || listeners_here(port)).map_err(|e| {
-                    SystemError::Sockets {
-                        path: path.display().to_string(),
-                        detail: e.to_string(),
-                    }
-                })?
+        let Some(unit) = unit else {
+            return listeners_here(port);
+        };
+        let fail = |e: crate::netns::NetnsError| SystemError::Sockets {
+            path: format!("the network namespace of {unit}"),
+            detail: e.to_string(),
+        };
+        match crate::netns::of_unit(unit).map_err(fail)? {
+            None => Ok(Vec::new()),
+            Some(file) => {
+                crate::netns::run_in_file(file, unit.to_owned(), move || listeners_here(port))
+                    .map_err(fail)?
             }
         }
     }
@@ -897,8 +900,8 @@ impl System for RealSystem {
         self.netns_support.get_or_init(crate::netns::probe).clone()
     }
 
-    fn netns_present(&self, path: &Path) -> bool {
-        path.exists()
+    fn netns_held(&self, net_unit: &str) -> bool {
+        self.unit_state(net_unit).is_ok_and(|s| s.is_active())
     }
 
     fn start_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {

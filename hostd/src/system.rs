@@ -196,13 +196,15 @@ pub trait System {
     /// Redirects and every other status are "not ready".
     fn probe_ready(&self, port: u16, timeout: Duration) -> bool;
     /// The TCP sockets listening on `port` (IPv4 and IPv6), with their owners' uids, in the
-    /// host's network namespace or, with `netns`, in the namespace at that path.
-    fn listeners(&self, port: u16, netns: Option<&Path>) -> Result<Vec<Listener>, SystemError>;
+    /// host's network namespace or, with `unit`, in the network namespace of that unit's
+    /// running processes (none when nothing of it runs).
+    fn listeners(&self, port: u16, unit: Option<&str>) -> Result<Vec<Listener>, SystemError>;
     /// Whether this host can give each Agent a network namespace of its own (issue 28);
     /// the error says what is missing.
     fn netns_support(&self) -> Result<(), String>;
-    /// Whether the named network namespace at `path` is there.
-    fn netns_present(&self, path: &Path) -> bool;
+    /// Whether the Agent's network namespace is there: systemd holds it while its network
+    /// unit `net_unit` is active.
+    fn netns_held(&self, net_unit: &str) -> bool;
     /// Starts a unit (a no-op when it is active) and waits for its job.
     fn start_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// Names of the tools hostd needs that are not installed.

@@ -33,7 +33,8 @@ pub const JOURNAL_SOCKETS: [&str; 2] = [
 /// it, and the socket unit and front service that hold its public port on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentNet {
-    /// The namespace's name under `/run/netns` ([`crate::netns`]).
+    /// The namespace's name: its `resolv.conf` and host-side link are named after it
+    /// ([`crate::netns`]; systemd holds the namespace itself, unnamed).
     pub netns: String,
     /// `clawfleet-net-<hash>.service`: makes the namespace (at boot too) and removes it.
     pub net_unit: String,
@@ -78,8 +79,6 @@ impl AgentNet {
     /// The companion unit files and their text, for an Agent listening on `port`.
     pub fn render(&self, namespace: &Ident, agent: &Ident, port: u16) -> Vec<(String, String)> {
         let head = header(namespace, agent);
-        let netns_path = crate::netns::path(&self.netns);
-        let netns_path = netns_path.display();
         let net = format!(
             "{head}
 [Unit]
@@ -89,6 +88,8 @@ Before=network-online.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+PrivateNetwork=yes
+PrivateTmp=yes
 ExecStart={LAUNCHER} netns-up --name {ns} --port {port}{egress}
 ExecReload={LAUNCHER} netns-up --name {ns} --port {port}{egress}
 ExecStop={LAUNCHER} netns-down --name {ns}
@@ -129,11 +130,12 @@ Service={front}
 Description=clawfleet Agent front
 Requires={net} {socket}
 After={net} {socket}
+JoinsNamespaceOf={net}
 
 [Service]
 Type=simple
 ExecStart={LAUNCHER} front --port {port} --hold-ms {hold}
-NetworkNamespacePath={netns_path}
+PrivateNetwork=yes
 Restart=always
 RestartSec=100ms
 DynamicUser=yes
@@ -213,20 +215,18 @@ pub fn render(
     // sixth quick cutover. Crash loops are already paced by RestartSec.
     let _ = writeln!(u, "StartLimitIntervalSec=0");
     if let Some(net) = net {
-        // Its own network namespace, and its port held by the host (issue 28).
+        // Its own network namespace, held by systemd for its network unit (crate::netns),
+        // and its port held by the host (issue 28).
         let _ = writeln!(u, "Requires={}", net.net_unit);
         let _ = writeln!(u, "Wants={}", net.socket_unit);
         let _ = writeln!(u, "After={} {}", net.net_unit, net.socket_unit);
+        let _ = writeln!(u, "JoinsNamespaceOf={}", net.net_unit);
     }
     let _ = writeln!(u);
     let _ = writeln!(u, "[Service]");
     let _ = writeln!(u, "Type=simple");
-    if let Some(net) = net {
-        let _ = writeln!(
-            u,
-            "NetworkNamespacePath={}",
-            crate::netns::path(&net.netns).display()
-        );
+    if net.is_some() {
+        let _ = writeln!(u, "PrivateNetwork=yes");
     }
     let _ = writeln!(u, "User={}", paths.account);
     let _ = writeln!(u, "Group={}", paths.account);
@@ -488,7 +488,8 @@ mod tests {
             Some(&net),
         );
         for needle in [
-            format!("NetworkNamespacePath=/run/netns/clawfleet-{hash}\n"),
+            format!("JoinsNamespaceOf=clawfleet-net-{hash}.service\n"),
+            "PrivateNetwork=yes\n".to_owned(),
             format!("Requires=clawfleet-net-{hash}.service\n"),
             format!("Wants=clawfleet-front-{hash}.socket\n"),
         ] {
@@ -521,9 +522,24 @@ mod tests {
                 .1
                 .contains("ExecStart=/usr/sbin/hostd front --port 18700 --hold-ms 5000\n")
         );
-        assert!(files[2].1.contains(&format!(
-            "NetworkNamespacePath=/run/netns/clawfleet-{hash}\n"
-        )));
+        // systemd holds the namespace for the net unit; no mount of it anywhere.
+        assert!(
+            files[0].1.contains("\nPrivateNetwork=yes\n"),
+            "{}",
+            files[0].1
+        );
+        assert!(
+            files[2]
+                .1
+                .contains(&format!("JoinsNamespaceOf=clawfleet-net-{hash}.service\n"))
+                && files[2].1.contains("\nPrivateNetwork=yes\n"),
+            "{}",
+            files[2].1
+        );
+        for (_, body) in &files {
+            assert!(!body.contains("/run/netns"), "{body}");
+        }
+        assert!(!text.contains("/run/netns"), "{text}");
         assert!(files[2].1.contains("DynamicUser=yes\n"));
     }
 }

@@ -272,7 +272,7 @@ fn a_host_without_namespaces_says_what_is_missing_and_still_serves_one_namespace
     let unit = host
         .run_ok(&format!("cat {}", a.unit_file.display()))
         .unwrap();
-    assert!(!unit.contains("NetworkNamespacePath="), "{unit}");
+    assert!(!unit.contains("JoinsNamespaceOf="), "{unit}");
     let units = host
         .run_ok("ls /etc/systemd/system | grep -c '^clawfleet-' || true")
         .unwrap();
@@ -302,7 +302,7 @@ fn a_running_agent_from_before_namespaces_moves_into_one_at_its_next_revision() 
     let unit = host
         .run_ok(&format!("cat {}", a.unit_file.display()))
         .unwrap();
-    assert!(!unit.contains("NetworkNamespacePath="), "{unit}");
+    assert!(!unit.contains("JoinsNamespaceOf="), "{unit}");
     let pid_before = host
         .run_ok(&format!(
             "systemctl show -p MainPID --value {}",
@@ -341,7 +341,7 @@ fn a_running_agent_from_before_namespaces_moves_into_one_at_its_next_revision() 
     let unit = host
         .run_ok(&format!("cat {}", a.unit_file.display()))
         .unwrap();
-    assert!(unit.contains("NetworkNamespacePath="), "{unit}");
+    assert!(unit.contains("JoinsNamespaceOf="), "{unit}");
     let (code, body) = curl(&host, p, "/info");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"label\":\"after\""), "{body}");
@@ -394,9 +394,10 @@ fn a_running_agent_from_before_namespaces_moves_into_one_at_its_next_revision() 
     );
 }
 
-/// A host that allows them reports `namespaces`, and holds each Agent's namespace as one
-/// entry of its mount table: iproute2 left to itself puts two there (one under `/run`), and
-/// systemd reads the whole table at every gateway start (hostd/src/netns.rs).
+/// A host that allows them reports `namespaces`, and its mount table does not grow with its
+/// Agents: systemd holds each Agent's namespace, where a namespace bound under `/run/netns` was
+/// one or two entries, and systemd reads the whole table at every gateway start
+/// (hostd/src/netns.rs).
 #[test]
 fn a_host_with_namespaces_reports_them() {
     skip_unless_hosts!();
@@ -406,6 +407,7 @@ fn a_host_with_namespaces_reports_them() {
     let status = host.run_ok("hostd status").unwrap();
     assert!(status.contains("network isolation: namespaces"), "{status}");
 
+    let before = host.run_ok("wc -l < /proc/self/mountinfo").unwrap();
     occ.ok(&host, ensure("ns1"));
     for agent in ["a1", "a2", "a3"] {
         let rev = spec("rev-1", 1, json!({ "label": agent }));
@@ -419,8 +421,26 @@ fn a_host_with_namespaces_reports_them() {
             .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(dir)))
             .count()
     };
-    assert_eq!(under("/run/netns/"), 3, "one entry per Agent:\n{table}");
-    assert_eq!(under("/run/netns"), 4, "and /run/netns once:\n{table}");
+    assert_eq!(under("/run/netns"), 0, "no namespace bound:\n{table}");
+    assert_eq!(
+        table.lines().count().to_string(),
+        before.trim(),
+        "three Agents added no mount:\n{table}"
+    );
+    // Each serves in a namespace of its own, not the host's.
+    let host_ns = host.run_ok("readlink /proc/1/ns/net").unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for agent in ["a1", "a2", "a3"] {
+        let unit = layout().agent(&id("ns1"), &id(agent)).unit_name;
+        let ns = host
+            .run_ok(&format!(
+                "readlink /proc/$(systemctl show -P MainPID {unit})/ns/net"
+            ))
+            .unwrap();
+        assert_ne!(ns, host_ns, "{agent} runs in the host's namespace");
+        seen.insert(ns);
+    }
+    assert_eq!(seen.len(), 3, "{seen:?}");
 }
 
 /// Shell that makes the test's own network namespace `ns` on the test host, reached from the

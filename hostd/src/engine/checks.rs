@@ -532,11 +532,10 @@ impl Engine<'_> {
             .unit_state(&paths.unit_name)
             .is_ok_and(|s| s.is_active());
         if running {
-            let netns = crate::netns::path(&net.netns);
-            if !self.system.netns_present(&netns) {
+            if !self.system.netns_held(&net.net_unit) {
                 reasons.push(format!(
-                    "the Agent's network namespace {} is missing while its gateway runs",
-                    netns.display()
+                    "the Agent's network namespace {} is missing while its gateway runs (its unit {} is not active)",
+                    net.netns, net.net_unit
                 ));
             }
             match self.system.unit_state(&net.socket_unit) {

@@ -429,14 +429,28 @@ impl Engine<'_> {
         self.read_snapshot(ns, agent, &dir).ok()?.egress
     }
 
+    /// Whether the Agent's network unit on disk is from before systemd held its namespace
+    /// (no `PrivateNetwork=yes`): its namespace is bound under `/run/netns`, and moving it
+    /// takes a restart of the unit.
+    fn net_unit_from_before(&self, paths: &AgentPaths) -> bool {
+        let Some(net) = self.agent_net(paths) else {
+            return false;
+        };
+        fsutil::read_small(&self.layout.unit_dir.join(&net.net_unit), 64 * 1024)
+            .is_ok_and(|t| !String::from_utf8_lossy(&t).contains("\nPrivateNetwork=yes\n"))
+    }
+
     /// A running Agent whose network unit was just rewritten (its egress changed) applies it
     /// again in place: systemd runs the unit's `ExecReload=` (`hostd netns-up`), which keeps
-    /// the namespace and loads the new rules. Not running: its next start applies them.
+    /// the namespace and loads the new rules. Not running: its next start applies them. A
+    /// unit `from_before` systemd held the namespace is restarted instead: its old namespace
+    /// goes, systemd makes the new one, and restarts the front and gateway that require it.
     fn reapply_network(
         &self,
         ctx: &Ctx<'_>,
         paths: &AgentPaths,
         written: &[(std::path::PathBuf, String)],
+        from_before: bool,
     ) -> Result<(), Failure> {
         let Some(net) = self.agent_net(paths) else {
             return Ok(());
@@ -450,6 +464,13 @@ impl Engine<'_> {
             .map_err(system_failure)?;
         if !state.is_active() {
             return Ok(());
+        }
+        if from_before {
+            tracing::info!(operation_id = %ctx.operation_id, unit = %net.net_unit, "moving the Agent into a namespace systemd holds");
+            return self
+                .system
+                .restart_unit(&net.net_unit, self.config.limits.unit_start_timeout)
+                .map_err(system_failure);
         }
         tracing::info!(operation_id = %ctx.operation_id, unit = %net.net_unit, "applying the Agent's changed network settings");
         self.system
@@ -567,6 +588,7 @@ impl Engine<'_> {
         let differs = existing.as_deref() != Some(text.as_str()) || !companions.is_empty();
         let owed = self.reload_pending(&paths.unit_name)?;
         let unit_changed = differs || owed;
+        let net_from_before = self.net_unit_from_before(paths);
         if unit_changed {
             // A new unit file means a restart: refuse before writing it.
             self.check_gateway_command()?;
@@ -619,7 +641,7 @@ impl Engine<'_> {
                 self.daemon_reload(ctx, &host, ticket)?;
                 self.clear_reload_pending(&paths.unit_name)?;
             }
-            self.reapply_network(ctx, paths, &companions)?;
+            self.reapply_network(ctx, paths, &companions, net_from_before)?;
             ctx.step(Step::Enable)?;
             self.system
                 .enable_unit(&paths.unit_name)
@@ -972,11 +994,11 @@ impl Engine<'_> {
     /// namespace, and on the host only PID 1 (root: the Agent's socket unit) may hold the
     /// port.
     fn listener_owned(&self, paths: &AgentPaths, port: u16, uid: u32) -> Result<bool, Failure> {
-        let Some(net) = self.agent_net(paths) else {
+        if self.agent_net(paths).is_none() {
             let listeners = self.system.listeners(port, None).map_err(system_failure)?;
             let owner = format!("the Agent's account {}", paths.account);
             return owned_or_foreign(&listeners, port, uid, &owner, "");
-        };
+        }
         let host = self.system.listeners(port, None).map_err(system_failure)?;
         if !owned_or_foreign(
             &host,
@@ -989,7 +1011,7 @@ impl Engine<'_> {
         }
         let inside = self
             .system
-            .listeners(port, Some(&crate::netns::path(&net.netns)))
+            .listeners(port, Some(&paths.unit_name))
             .map_err(system_failure)?;
         owned_or_foreign(
             &inside,

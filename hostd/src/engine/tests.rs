@@ -2518,10 +2518,8 @@ fn an_agent_with_its_own_network_gets_its_companion_units_and_their_drift() {
     let net = crate::unit::AgentNet::for_unit(&paths.unit_name, h.config.front_hold_ms);
     let unit = std::fs::read_to_string(&paths.unit_file).unwrap();
     assert!(
-        unit.contains(&format!(
-            "\nNetworkNamespacePath=/run/netns/{}\n",
-            net.netns
-        )),
+        unit.contains(&format!("\nJoinsNamespaceOf={}\n", net.net_unit))
+            && unit.contains("\nPrivateNetwork=yes\n"),
         "{unit}"
     );
     for name in [&net.net_unit, &net.socket_unit, &net.front_unit] {
@@ -2701,6 +2699,43 @@ fn an_agents_egress_narrows_the_pools_and_is_applied_at_activation() {
     h.fake.clear_calls();
     h.ok(activate("ns1", "a1", "r1", 1));
     assert!(!h.fake.calls().iter().any(|c| c.starts_with("reload")));
+}
+
+/// An Agent whose network unit is from before systemd held its namespace (no
+/// `PrivateNetwork=yes`; the namespace bound under /run/netns) moves at its next activation:
+/// its net unit is restarted, not reloaded (a reload would run the new netns-up in the host's
+/// namespace, which it refuses).
+#[test]
+fn an_agent_from_before_systemd_held_namespaces_moves_by_a_restart() {
+    let h = Host::new();
+    h.fake.set_netns_support(true);
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "r1", 1));
+    h.ok(activate("ns1", "a1", "r1", 1));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let net = crate::unit::AgentNet::for_unit(&paths.unit_name, h.config.front_hold_ms);
+    let file = h.config.unit_dir.join(&net.net_unit);
+    let old = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("PrivateNetwork=yes\n", "");
+    std::fs::write(&file, old).unwrap();
+    h.fake
+        .start_unit(&net.net_unit, Duration::from_secs(1))
+        .unwrap();
+    h.ok(prepare("ns1", "a1", "r2", 2));
+    h.fake.clear_calls();
+    h.ok(activate("ns1", "a1", "r2", 2));
+    let calls = h.fake.calls();
+    assert!(
+        calls.contains(&format!("restart {}", net.net_unit)),
+        "{calls:?}"
+    );
+    assert!(!calls.iter().any(|c| c.starts_with("reload")), "{calls:?}");
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .contains("\nPrivateNetwork=yes\n")
+    );
 }
 
 /// Issue 28: an Agent with egress settings on a host that cannot give it a namespace is
