@@ -202,43 +202,33 @@ impl Egress {
                 v.join(", ")
             }
         };
-        let own_ports = match &self.ports {
-            None => ports.to_vec(),
-            Some(own) => {
-                for (index, p) in own.iter().enumerate() {
-                    if !ports.contains(p) {
-                        return Err(EgressError::PortNotAllowed {
-                            index,
-                            port: *p,
-                            allowed: shown(ports.iter().map(u16::to_string).collect()),
-                        });
-                    }
-                }
-                own.clone()
-            }
-        };
-        let own_allow = match &self.allow {
-            None => allow.to_vec(),
-            Some(own) => {
-                let outer: Vec<Cidr> = allow.iter().filter_map(|c| Cidr::parse(c)).collect();
-                for (index, c) in own.iter().enumerate() {
-                    let inner = Cidr::parse(c).ok_or_else(|| EgressError::NotCidr {
-                        index,
-                        value: c.clone(),
-                    })?;
-                    if !outer.iter().any(|o| inner.inside(o)) {
-                        return Err(EgressError::CidrNotAllowed {
-                            index,
-                            cidr: c.clone(),
-                            allowed: shown(allow.to_vec()),
-                        });
-                    }
-                }
-                own.clone()
-            }
-        };
+        // Allowed is what the clip keeps: the first own entry it dropped is refused.
+        let (own_ports, own_allow) = self.clipped(ports, allow);
+        if let Some(own) = &self.ports
+            && let Some(index) = first_dropped(own, &own_ports)
+        {
+            return Err(EgressError::PortNotAllowed {
+                index,
+                port: own[index],
+                allowed: shown(ports.iter().map(u16::to_string).collect()),
+            });
+        }
+        if let Some(own) = &self.allow
+            && let Some(index) = first_dropped(own, &own_allow)
+        {
+            return Err(EgressError::CidrNotAllowed {
+                index,
+                cidr: own[index].clone(),
+                allowed: shown(allow.to_vec()),
+            });
+        }
         Ok((own_ports, own_allow))
     }
+}
+
+/// The index of the first of `own` that `kept` (what a clip kept of it) lacks.
+fn first_dropped<T: PartialEq>(own: &[T], kept: &[T]) -> Option<usize> {
+    own.iter().position(|e| !kept.contains(e))
 }
 
 impl Egress {
