@@ -80,18 +80,24 @@ fn ip_binary() -> Result<&'static str, NetnsError> {
 }
 
 fn ip(args: &[&str]) -> Result<(), NetnsError> {
-    let out = Command::new(ip_binary()?)
+    run(ip_binary()?, args, &args.join(" "))
+}
+
+/// Runs `program` with `args`; a failure names it as `ip {shown}` ([`NetnsError::Ip`]) with
+/// what it printed.
+fn run(program: &str, args: &[&str], shown: &str) -> Result<(), NetnsError> {
+    let out = Command::new(program)
         .args(args)
         .output()
         .map_err(|e| NetnsError::Ip {
-            args: args.join(" "),
+            args: shown.to_owned(),
             detail: e.to_string(),
         })?;
     if out.status.success() {
         return Ok(());
     }
     Err(NetnsError::Ip {
-        args: args.join(" "),
+        args: shown.to_owned(),
         detail: format!(
             "{}: {}",
             out.status,
@@ -115,16 +121,18 @@ pub fn up(name: &str, egress: Option<&Egress>) -> Result<(), NetnsError> {
 
 /// Whether this thread is in the host's network namespace (PID 1's).
 fn in_host_namespace() -> Result<bool, NetnsError> {
+    Ok(ns_id(Path::new("/proc/thread-self/ns/net"))? == ns_id(Path::new(HOST_NETNS))?)
+}
+
+/// What identifies the namespace a `/proc/…/ns/net` file (or a link to one) is.
+fn ns_id(path: &Path) -> Result<(u64, u64), NetnsError> {
     use std::os::unix::fs::MetadataExt as _;
-    let ino = |p: &str| {
-        std::fs::metadata(p)
-            .map(|m| (m.dev(), m.ino()))
-            .map_err(|source| NetnsError::Enter {
-                path: p.to_owned(),
-                source,
-            })
-    };
-    Ok(ino("/proc/thread-self/ns/net")? == ino(HOST_NETNS)?)
+    std::fs::metadata(path)
+        .map(|m| (m.dev(), m.ino()))
+        .map_err(|source| NetnsError::Enter {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
 /// Writes the Agent's `resolv.conf` ([`crate::resolv`]), or removes a stale one when no
@@ -168,24 +176,11 @@ pub fn down(name: &str) -> Result<(), NetnsError> {
         // The unit runs in a mount namespace of its own (PrivateTmp=), whose unmounts do not
         // reach the host's: the old binding is removed in PID 1's.
         let ip = ip_binary()?;
-        let args = ["--mount=/proc/1/ns/mnt", "--", ip, "netns", "delete", name];
-        let out = Command::new("nsenter")
-            .args(args)
-            .output()
-            .map_err(|e| NetnsError::Ip {
-                args: format!("nsenter {}", args.join(" ")),
-                detail: e.to_string(),
-            })?;
-        if !out.status.success() {
-            return Err(NetnsError::Ip {
-                args: format!("nsenter {}", args.join(" ")),
-                detail: format!(
-                    "{}: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            });
-        }
+        run(
+            "nsenter",
+            &["--mount=/proc/1/ns/mnt", "--", ip, "netns", "delete", name],
+            &format!("netns delete {name} (in PID 1's mount namespace, through nsenter)"),
+        )?;
     }
     Ok(())
 }
@@ -316,13 +311,10 @@ impl Egress {
             if agent_end {
                 ip(&["link", "delete", "eth0"])?;
             }
-            let stale = host_link.clone();
-            in_host(move || {
-                if ip(&["link", "show", "dev", &stale]).is_ok() {
-                    ip(&["link", "delete", &stale])?;
-                }
-                Ok(())
-            })?;
+            if host_end {
+                let stale = host_link.clone();
+                in_host(move || ip(&["link", "delete", &stale]))?;
+            }
             ip(&[
                 "link", "add", &host_link, "type", "veth", "peer", "name", "eth0",
             ])?;
@@ -413,12 +405,7 @@ pub fn nft_installed() -> Result<(), String> {
 /// the file is the unit's namespace even if the process ended since.
 pub fn of_unit(unit: &str) -> Result<Option<std::fs::File>, NetnsError> {
     use std::os::unix::fs::MetadataExt as _;
-    let host = std::fs::metadata(HOST_NETNS)
-        .map(|m| (m.dev(), m.ino()))
-        .map_err(|source| NetnsError::Enter {
-            path: HOST_NETNS.to_owned(),
-            source,
-        })?;
+    let host = ns_id(Path::new(HOST_NETNS))?;
     let member = format!("/system.slice/{unit}");
     for procs in [
         format!("/sys/fs/cgroup/system.slice/{unit}/cgroup.procs"),
