@@ -265,7 +265,8 @@ impl Engine<'_> {
     ) -> Result<RevisionMarker, Failure> {
         fsutil::expect_kind(dir, Kind::Dir).map_err(fs_failure)?;
         let marker: RevisionMarker =
-            markers::read(&dir.join("revision.json"), "revision").map_err(marker_failure)?;
+            markers::read(&dir.join(super::revision::REVISION_MARKER), "revision")
+                .map_err(marker_failure)?;
         if &marker.namespace_id != ns || &marker.agent_id != agent {
             return Err(ownership(format!(
                 "{} belongs to Agent {}/{}",

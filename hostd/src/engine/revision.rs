@@ -27,6 +27,22 @@ use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker, StartedMarker};
 use crate::system::Ids;
 use crate::unit;
 
+/// A snapshot's marker, in its directory `dir`.
+pub(crate) const REVISION_MARKER: &str = "revision.json";
+
+/// Writes `marker` into the snapshot directory `dir` (root's only).
+fn write_revision_marker(
+    dir: &std::path::Path,
+    marker: &RevisionMarker,
+) -> Result<(), fsutil::FsError> {
+    fsutil::write_atomic(
+        &dir.join(REVISION_MARKER),
+        &markers::to_bytes(marker),
+        0o600,
+        |_| Ok(()),
+    )
+}
+
 /// The pause after the first readiness probe; each later pause doubles, up to
 /// [`FAST_READINESS_PAUSE`] while the wait is younger than [`FAST_READINESS_WINDOW`], then up
 /// to [`MAX_READINESS_PAUSE`].
@@ -286,12 +302,7 @@ impl Engine<'_> {
                     0o640,
                     chown,
                 )?;
-                fsutil::write_atomic(
-                    &tmp.join("revision.json"),
-                    &markers::to_bytes(&marker),
-                    0o600,
-                    |_| Ok(()),
-                )?;
+                write_revision_marker(tmp, &marker)?;
                 chown(tmp)
             })
             .map_err(fs_failure)?;
@@ -313,13 +324,7 @@ impl Engine<'_> {
                 egress: args.egress.clone(),
                 ..m.clone()
             };
-            fsutil::write_atomic(
-                &snapshot_dir.join("revision.json"),
-                &markers::to_bytes(&marker),
-                0o600,
-                |_| Ok(()),
-            )
-            .map_err(fs_failure)?;
+            write_revision_marker(&snapshot_dir, &marker).map_err(fs_failure)?;
         }
         let workspace = match &args.workspace {
             Some(setup) => Some(self.setup_workspace(ctx, paths, ids, setup)?),
@@ -588,7 +593,8 @@ impl Engine<'_> {
         let differs = existing.as_deref() != Some(text.as_str()) || !companions.is_empty();
         let owed = self.reload_pending(&paths.unit_name)?;
         let unit_changed = differs || owed;
-        let net_from_before = self.net_unit_from_before(paths);
+        // Read before the companions are written, and only when they will be.
+        let net_from_before = !companions.is_empty() && self.net_unit_from_before(paths);
         if unit_changed {
             // A new unit file means a restart: refuse before writing it.
             self.check_gateway_command()?;
