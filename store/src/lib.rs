@@ -460,10 +460,16 @@ pub trait RevisionStore: Send + Sync {
 pub trait WorkQueue: Send + Sync {
     /// Queues work on its own (a reconcile of an existing revision); its id.
     async fn enqueue(&self, work: &Enqueue) -> Result<i64>;
-    /// Claims the next runnable item under a lease: queued and due, or running with a lapsed
-    /// lease (its worker died or lost the database). A fresh claim token, and for
-    /// Agent-scoped work the Agent's fence bumped, in the same transaction.
-    async fn claim_work(&self, owner: &str, lease: Duration) -> Result<Option<Work>>;
+    /// Claims up to `max` runnable items under a lease, in queue order, in one transaction:
+    /// queued and due, or running with a lapsed lease (its worker died or lost the
+    /// database). Each gets a fresh claim token, and for Agent-scoped work the Agent's fence
+    /// is bumped, in the same transaction; no two claimed items share a lane. Fewer than
+    /// `max` (or none) when no more are runnable now.
+    async fn claim_batch(&self, owner: &str, lease: Duration, max: usize) -> Result<Vec<Work>>;
+    /// Claims the next runnable item, as [`WorkQueue::claim_batch`] claims one.
+    async fn claim_work(&self, owner: &str, lease: Duration) -> Result<Option<Work>> {
+        Ok(self.claim_batch(owner, lease, 1).await?.pop())
+    }
     /// Extends the claim's lease; false if another claim replaced it.
     async fn renew_lease(&self, claim: &Claim, lease: Duration) -> Result<bool>;
     /// Finishes the item or puts it back; false (nothing written) if the claim was replaced.

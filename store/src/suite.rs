@@ -40,6 +40,7 @@ cases!(
     configurations_count_generations,
     revisions_are_numbered_inside_the_transaction_even_when_concurrent,
     claims_respect_lanes_and_barriers,
+    a_batch_claim_takes_one_item_per_lane_in_queue_order,
     runnable_work_behind_a_long_busy_lane_is_claimed,
     a_replaced_claim_can_write_nothing,
     a_commit_settles_older_revisions_queued_deploys,
@@ -546,6 +547,67 @@ pub async fn claims_respect_lanes_and_barriers(s: SharedStore) {
     assert_eq!((rec.state, rec.attempts), (WorkState::Queued, 1));
     assert_eq!(rec.last_attempt.unwrap().code, "HOST_UNREACHABLE");
     assert!(s.claim_work("w", lease).await.unwrap().is_none());
+}
+
+/// One claim of several items takes them in queue order, never two of one lane, nor
+/// anything of a Namespace behind its barrier, and never more than asked for.
+pub async fn a_batch_claim_takes_one_item_per_lane_in_queue_order(s: SharedStore) {
+    world(&s, 4).await;
+    let lease = Duration::from_secs(30);
+    let mut ids = Vec::new();
+    for a in ["a1", "a1", "a2", "a3"] {
+        let mut r = revision(a);
+        s.create_revision(&mut r).await.unwrap();
+        ids.push(r.id.to_string());
+    }
+    assert!(s.claim_batch("w", lease, 0).await.unwrap().is_empty());
+    let batch = s.claim_batch("w", lease, 10).await.unwrap();
+    let got: Vec<_> = batch
+        .iter()
+        .map(|w| (w.agent_id.clone().unwrap(), w.revision_id.clone().unwrap()))
+        .collect();
+    let want: Vec<_> = [(0, "a1"), (2, "a2"), (3, "a3")]
+        .iter()
+        .map(|(i, a)| (a.to_string(), ids[*i].clone()))
+        .collect();
+    assert_eq!(got, want, "a1's second deploy waits behind its first");
+    let fences: HashSet<_> = batch.iter().map(|w| w.fence.unwrap()).collect();
+    assert_eq!(fences.len(), 3, "each Agent's fence raised: {fences:?}");
+    assert!(s.claim_batch("w", lease, 10).await.unwrap().is_empty());
+    assert!(s.end_work(&batch[0].claim, done()).await.unwrap());
+    let next = s.claim_batch("w", lease, 10).await.unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].revision_id.as_deref(), Some(ids[1].as_str()));
+    for w in batch[1..].iter().chain(&next) {
+        assert!(s.end_work(&w.claim, done()).await.unwrap());
+    }
+    // A Namespace-level barrier queued between Agents' deploys holds everything behind it,
+    // and a batch stops at `max`.
+    let mut r = revision("a1");
+    s.create_revision(&mut r).await.unwrap();
+    let ensure = s
+        .enqueue(&Enqueue::namespace(WorkKind::EnsureNamespace, "ns"))
+        .await
+        .unwrap();
+    for a in ["a2", "a3", "a4"] {
+        let mut r = revision(a);
+        s.create_revision(&mut r).await.unwrap();
+    }
+    let batch = s.claim_batch("w", lease, 10).await.unwrap();
+    assert_eq!(
+        batch.len(),
+        1,
+        "the barrier waits for a1's deploy: {batch:?}"
+    );
+    assert!(s.end_work(&batch[0].claim, done()).await.unwrap());
+    let batch = s.claim_batch("w", lease, 10).await.unwrap();
+    assert_eq!(batch.iter().map(|w| w.id).collect::<Vec<_>>(), [ensure]);
+    assert!(s.end_work(&batch[0].claim, done()).await.unwrap());
+    let batch = s.claim_batch("w", lease, 2).await.unwrap();
+    assert_eq!(batch.len(), 2, "no more than asked for");
+    let rest = s.claim_batch("w", lease, 2).await.unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(s.pending_work().await.unwrap(), 3);
 }
 
 /// More blocked items at the head of the queue than a claim reads at once (PostgreSQL reads
@@ -1058,27 +1120,34 @@ pub async fn concurrent_claimers_never_share_a_lane_and_claim_each_item_once(s: 
         let (s, running, claimed) = (s.clone(), running.clone(), claimed.clone());
         tasks.push(tokio::spawn(async move {
             let mut idle = 0;
+            // Claimers of one item and of batches of two and three, side by side.
+            let max = c % 3 + 1;
             while idle < 20 {
-                match s
-                    .claim_work(&format!("c{c}"), Duration::from_secs(30))
+                let batch = s
+                    .claim_batch(&format!("c{c}"), Duration::from_secs(30), max)
                     .await
-                    .unwrap()
-                {
-                    Some(w) => {
-                        idle = 0;
-                        let lane = w.agent_id.clone().unwrap();
-                        if let Some(other) = running.lock().unwrap().insert(lane.clone(), w.id) {
-                            panic!("{lane}: {} claimed while {other} runs", w.id);
-                        }
-                        claimed.lock().unwrap().push(w.id);
-                        tokio::time::sleep(Duration::from_millis(3)).await;
-                        running.lock().unwrap().remove(&lane);
-                        assert!(s.end_work(&w.claim, done()).await.unwrap());
+                    .unwrap();
+                if batch.is_empty() {
+                    idle += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                idle = 0;
+                assert!(batch.len() <= max);
+                for w in &batch {
+                    let lane = w.agent_id.clone().unwrap();
+                    if let Some(other) = running.lock().unwrap().insert(lane.clone(), w.id) {
+                        panic!("{lane}: {} claimed while {other} runs", w.id);
                     }
-                    None => {
-                        idle += 1;
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
+                    claimed.lock().unwrap().push(w.id);
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                for w in &batch {
+                    running
+                        .lock()
+                        .unwrap()
+                        .remove(w.agent_id.as_deref().unwrap());
+                    assert!(s.end_work(&w.claim, done()).await.unwrap());
                 }
             }
         }));
