@@ -69,6 +69,10 @@ fn target_err(e: crate::targets::TargetError) -> Step {
     }
 }
 
+/// Most items one claim takes: the free slots are filled by one transaction, which holds the
+/// claimed Namespaces' claim locks until it commits, so it is kept short.
+const CLAIM_BATCH: usize = 8;
+
 /// Aborts a background task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -129,25 +133,39 @@ impl<B: Backend> Worker<B> {
             let Ok(permit) = slots.clone().acquire_owned().await else {
                 return;
             };
+            // Every free slot is filled by one claim (one transaction for the batch).
+            let mut permits = vec![permit];
+            while permits.len() < CLAIM_BATCH {
+                match slots.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
             let asked = tokio::time::Instant::now();
+            let wanted = permits.len();
             match self
                 .store
-                .claim_work(&self.owner, self.settings.lease)
+                .claim_batch(&self.owner, self.settings.lease, wanted)
                 .await
             {
-                Ok(Some(work)) => {
-                    let me = self.clone();
-                    tokio::spawn(async move {
-                        me.process(work, asked).await;
-                        drop(permit);
-                        // A finished item may free its lane for queued work.
-                        me.store.wake_worker();
-                    });
-                    continue;
+                Ok(batch) => {
+                    let full = batch.len() == wanted;
+                    for (work, permit) in batch.into_iter().zip(permits) {
+                        let me = self.clone();
+                        tokio::spawn(async move {
+                            me.process(work, asked).await;
+                            drop(permit);
+                            // A finished item may free its lane for queued work.
+                            me.store.wake_worker();
+                        });
+                    }
+                    // Slots left unfilled mean nothing more is runnable now: wait.
+                    if full {
+                        continue;
+                    }
                 }
-                Ok(None) => drop(permit),
                 Err(e) => {
-                    drop(permit);
+                    drop(permits);
                     tracing::error!("cannot claim work: {e}");
                 }
             }
