@@ -538,3 +538,57 @@ async fn healthz_says_when_postgres_is_down() {
     }
     panic!("healthz stayed down after the restart: {last:?}");
 }
+
+/// Waits for `store`'s queue-change signal for up to `limit`; whether it came.
+async fn woken(store: &PostgresStore, limit: std::time::Duration) -> bool {
+    tokio::time::timeout(limit, store.work_changed())
+        .await
+        .is_ok()
+}
+
+/// An item's end wakes the other coordinators on the database only when queued work of its
+/// lane waited on it: every listening coordinator wakes for each notification, and an end
+/// that frees nothing has nothing for them to claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_an_end_wakes_other_coordinators_only_when_its_lane_has_queued_work() {
+    use coordinator::store::{Enqueue, WorkEnd, WorkState};
+    use std::time::Duration;
+    clawfleet_pg_tests::skip_unless_postgres!();
+    let pg = TestPostgres::start().unwrap();
+    let settings = database_on(&pg, "wake");
+    let a = PostgresStore::connect(settings.clone()).await.unwrap();
+    let b = PostgresStore::connect(settings).await.unwrap();
+    // b listens: an enqueue by a reaches it. Then no signal is left over.
+    a.enqueue(&Enqueue::deploy("ns", "a1", "r1")).await.unwrap();
+    assert!(
+        woken(&b, Duration::from_secs(10)).await,
+        "b never heard a's enqueue"
+    );
+    a.enqueue(&Enqueue::deploy("ns", "a1", "r2")).await.unwrap();
+    a.enqueue(&Enqueue::deploy("ns", "a2", "r1")).await.unwrap();
+    while woken(&b, Duration::from_millis(300)).await {}
+    let lease = Duration::from_secs(30);
+    let batch = a.claim_batch("a", lease, 10).await.unwrap();
+    let lanes: Vec<_> = batch.iter().map(|w| w.revision_id.clone()).collect();
+    assert_eq!(lanes.len(), 2, "{lanes:?}");
+    let done = || WorkEnd::Finished {
+        state: WorkState::Done,
+        code: "OK",
+        message: "",
+    };
+    // a2's lane has nothing queued (a1's queued deploy is another lane): nobody is woken.
+    assert!(a.end_work(&batch[1].claim, done()).await.unwrap());
+    assert!(
+        !woken(&b, Duration::from_millis(700)).await,
+        "an end that freed no queued work woke another coordinator"
+    );
+    // a1's second deploy waited on its first: its end wakes b, which claims it.
+    assert!(a.end_work(&batch[0].claim, done()).await.unwrap());
+    assert!(
+        woken(&b, Duration::from_secs(10)).await,
+        "b was not woken for a1's queued deploy"
+    );
+    let next = b.claim_batch("b", lease, 10).await.unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].revision_id.as_deref(), Some("r2"));
+}

@@ -374,8 +374,9 @@ impl WorkQueue for PostgresStore {
         let end = end.row();
         // One statement: the claim check (the item's row locked), the revision's attempt
         // (counted as the item counts it, so the two counts never differ), the item's end,
-        // and the notification (a finished item may free its lane for queued work, here or
-        // elsewhere). Data-modifying WITH clauses run once each, to completion.
+        // and the notification when queued work of the item's lane waited on it (here or in
+        // another coordinator; nothing else waits on an end, and every listening coordinator
+        // would wake for each). Data-modifying WITH clauses run once each, to completion.
         let c = self.client().await?;
         let row = c
             .one(
@@ -396,7 +397,12 @@ impl WorkQueue for PostgresStore {
                            attempts = w.attempts + $6, updated_at = {NOW_MS}
                        FROM claim c WHERE w.id = c.id
                        RETURNING 1)
-                     SELECT (SELECT count(*) FROM ended), pg_notify($10, '')::text"
+                     SELECT (SELECT count(*) FROM ended),
+                       CASE WHEN EXISTS (
+                         SELECT 1 FROM work q, claim c
+                         WHERE q.namespace_id = c.namespace_id AND q.state = 'queued' AND q.id != c.id
+                           AND (q.agent_id IS NOT DISTINCT FROM c.agent_id OR q.agent_id IS NULL OR c.agent_id IS NULL))
+                       THEN pg_notify($10, '')::text END"
                 ),
                 &[
                     &claim.work,
