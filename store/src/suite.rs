@@ -370,10 +370,26 @@ pub async fn tokens_are_found_by_hash_until_revoked(s: SharedStore) {
         .is_err()
     );
     assert!(s.token_by_hash("hash2").await.unwrap().is_none());
+    // A token without grants is found, with none.
+    s.create_token(&NewTokenRow {
+        id: "t3",
+        name: "bare",
+        secret_hash: "hash3",
+        grants: &[],
+        created_at: 3,
+        expires_at: None,
+    })
+    .await
+    .unwrap();
+    let t = s.token_by_hash("hash3").await.unwrap().unwrap();
+    assert_eq!(
+        (t.id.as_str(), t.expires_at, t.grants.len()),
+        ("t3", None, 0)
+    );
     assert!(s.revoke_token("t1").await.unwrap());
     assert!(!s.revoke_token("t1").await.unwrap());
     assert!(s.token_by_hash("hash1").await.unwrap().is_none());
-    assert_eq!(s.token_count().await.unwrap(), 1);
+    assert_eq!(s.token_count().await.unwrap(), 2);
 }
 
 pub async fn configurations_count_generations(s: SharedStore) {

@@ -38,37 +38,39 @@ impl TokenStore for PostgresStore {
     }
 
     async fn token_by_hash(&self, secret_hash: &str) -> Result<Option<TokenRow>> {
+        // The token and its grants in one statement: every API request asks this first, so a
+        // second round trip would be a second statement per request (a read route's half).
+        // A row per grant; one row without a grant for a token that has none.
         let c = self.client().await?;
-        let Some(row) = c
-            .opt(
-                "SELECT id, expires_at FROM tokens WHERE secret_hash = $1 AND NOT revoked",
+        let rows = c
+            .rows(
+                "SELECT t.id, t.expires_at, g.namespace, g.role FROM tokens t
+                 LEFT JOIN token_grants g ON g.token_id = t.id
+                 WHERE t.secret_hash = $1 AND NOT t.revoked",
                 &[&secret_hash],
             )
-            .await?
-        else {
+            .await?;
+        let Some(first) = rows.first() else {
             return Ok(None);
         };
-        let id: String = row.try_get(0)?;
-        let grants = c
-            .rows(
-                "SELECT namespace, role FROM token_grants WHERE token_id = $1",
-                &[&id],
-            )
-            .await?
-            .iter()
-            .map(|r| {
-                let role: String = r.try_get(1)?;
-                Ok(Grant {
-                    namespace: r.try_get(0)?,
-                    role: Role::parse(&role)
-                        .ok_or_else(|| StoreError::Corrupt(format!("token role {role:?}")))?,
-                })
-            })
-            .collect::<Result<_>>()?;
+        let mut grants = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let (Some(namespace), Some(role)) = (
+                r.try_get::<_, Option<String>>(2)?,
+                r.try_get::<_, Option<String>>(3)?,
+            ) else {
+                continue;
+            };
+            grants.push(Grant {
+                namespace,
+                role: Role::parse(&role)
+                    .ok_or_else(|| StoreError::Corrupt(format!("token role {role:?}")))?,
+            });
+        }
         Ok(Some(TokenRow {
-            id,
+            id: first.try_get(0)?,
             grants,
-            expires_at: row.try_get(1)?,
+            expires_at: first.try_get(1)?,
         }))
     }
 
