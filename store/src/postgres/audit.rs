@@ -13,12 +13,24 @@ pub(super) async fn insert(
     detail: &Value,
     now: i64,
 ) -> Result<()> {
-    tx.exec(
-        "INSERT INTO audit (at, actor, action, target, detail) VALUES ($1, $2, $3, $4, $5)",
-        &[&now, &actor, &action, &target, &detail.to_string()],
-    )
-    .await?;
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| insert_sql(1));
+    tx.exec(&SQL, &[&now, &actor, &action, &target, &detail.to_string()])
+        .await?;
     Ok(())
+}
+
+/// The statement of [`insert`], its five parameters numbered from `first`, so a larger
+/// statement can carry it as a clause.
+pub(super) fn insert_sql(first: usize) -> String {
+    let p = |i: usize| first + i;
+    format!(
+        "INSERT INTO audit (at, actor, action, target, detail) VALUES (${}, ${}, ${}, ${}, ${})",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4)
+    )
 }
 
 #[async_trait]

@@ -52,7 +52,7 @@ pub use migrations::latest as latest_version;
 pub(super) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
 /// The notification channel of queue changes.
-const CHANNEL: &str = "clawfleet_work";
+pub(super) const CHANNEL: &str = "clawfleet_work";
 
 /// The advisory lock key of migrations ("clawfleet" in ASCII, as a number).
 const MIGRATION_LOCK: i64 = 0x636c_6177_666c_6565;
@@ -266,8 +266,14 @@ pub(super) fn claim_cte(work: usize, token: usize) -> String {
 
 /// Announces a queue change to every coordinator, when the transaction commits.
 pub(super) async fn notify(tx: &Tx<'_>) -> Result<()> {
-    tx.exec("SELECT pg_notify($1, '')", &[&CHANNEL]).await?;
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| notify_sql(1));
+    tx.exec(&SQL, &[&CHANNEL]).await?;
     Ok(())
+}
+
+/// The statement of [`notify`], the channel its parameter `$channel`.
+pub(super) fn notify_sql(channel: usize) -> String {
+    format!("SELECT pg_notify(${channel}, '')")
 }
 
 /// Aborts the listener when the store goes.

@@ -8,9 +8,7 @@ use super::{
     Cached, NOW_MS, PostgresStore, Tx, claim_cte, claimed_execute, id_col, narrow, rollouts, work,
 };
 use crate::model::{LastAttempt, Revision, RevisionStatus};
-use crate::{
-    Claim, Enqueue, Result, RevisionInsert, RevisionStore, StoreError, WorkKind, WorkState,
-};
+use crate::{Claim, Result, RevisionInsert, RevisionStore, StoreError, WorkKind, WorkState};
 use clawfleet_api::codes::Code;
 
 const REV_COLS: &str = "namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, last_code, last_message, last_at, attempts, created_at, runtime_failure, secrets, staged";
@@ -55,12 +53,16 @@ fn revision(r: &Row) -> Result<Revision> {
 /// Returns the work's id, or the open rollout that owns the Agent (then the caller must not
 /// commit).
 ///
-/// Statements that do not need each other's answers go out together (tokio-postgres
-/// pipelines the requests of futures polled at once, and the server runs them in order): the
-/// rollout check, the row lock with the revision floor, and the highest number (read after
-/// the lock, by a statement of its own so it sees a concurrent deploy that committed while
-/// this one waited); then the revision, its work and the notification. Three round trips
-/// instead of seven.
+/// Three statements in two round trips (a deploy request's cost on the database is mostly
+/// per statement):
+/// - [`LOCK_AGENT`], the row lock answering the revision floor, the work item's id asked for
+///   ahead and the rollout check, with the highest number pipelined after it (tokio-postgres
+///   pipelines the requests of futures polled at once, and the server runs them in order).
+///   The number is a statement of its own so it sees a deploy of the Agent that committed
+///   while this one waited for the lock: a statement's subqueries keep the snapshot it
+///   started with.
+/// - [`INSERT_DEPLOY`]: the revision, its work, the audit record and the announcement.
+///
 /// `owner` is the rollout deploying this revision, which the check must not refuse.
 pub(super) async fn insert_revision(
     tx: &Tx<'_>,
@@ -68,33 +70,30 @@ pub(super) async fn insert_revision(
     owner: Option<i64>,
     audit: Option<(&str, i64)>,
 ) -> Result<RevisionInsert> {
-    let open_rollout = async {
-        match owner {
-            Some(_) => Ok(None),
-            None => rollouts::open_rollout_of(tx, &r.namespace_id, &r.agent_id).await,
-        }
-    };
     let agent_key: [&(dyn ToSql + Sync); 2] = [&r.namespace_id.as_str(), &r.agent_id.as_str()];
-    // What the inserts depend on in one round trip (the work item's id asked for ahead), then
-    // the inserts, the announcement and the audit record in another.
-    let (rollout, floor, last, work_id) = futures::try_join!(
-        open_rollout,
-        tx.opt(
-            "UPDATE agents SET desired_state = 'running' WHERE namespace_id = $1 AND id = $2
-             RETURNING revision_floor",
-            &agent_key,
-        ),
+    let (locked, last) = futures::try_join!(
+        tx.opt(&LOCK_AGENT[usize::from(owner.is_none())], &agent_key),
         tx.one(
             "SELECT COALESCE(MAX(number), 0) FROM revisions WHERE namespace_id = $1 AND agent_id = $2",
             &agent_key,
         ),
-        tx.one(work::NEXT_ID, &[]),
     )?;
+    let (floor, work_id, rollout): (i64, i64, Option<i64>) = match locked {
+        Some(row) => (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?),
+        // No such Agent: asked one by one as before, and the insert below names what is
+        // missing.
+        None => {
+            let rollout = match owner {
+                Some(_) => None,
+                None => rollouts::open_rollout_of(tx, &r.namespace_id, &r.agent_id).await?,
+            };
+            (0, tx.one(work::NEXT_ID, &[]).await?.try_get(0)?, rollout)
+        }
+    };
     if let Some(rollout) = rollout {
         // The caller does not commit: the row lock and the desired state are rolled back.
         return Ok(RevisionInsert::InRollout(rollout));
     }
-    let floor: i64 = floor.map(|row| row.try_get(0)).transpose()?.unwrap_or(0);
     let last: i64 = last.try_get::<_, i64>(0)?.max(floor);
     r.number = narrow(last + 1, "revision number")?;
     r.id = crate::revision_id(r.number, &r.configuration_hash)?;
@@ -105,40 +104,69 @@ pub(super) async fn insert_revision(
     let rendered = r.rendered.to_string();
     let status = r.status.as_str();
     let secrets = crate::secrets_text(&r.secrets)?;
-    let row: [&(dyn ToSql + Sync); 11] = [
-        &r.namespace_id.as_str(),
-        &r.agent_id.as_str(),
-        &r.id.as_str(),
+    let kind = WorkKind::Deploy.as_str();
+    let channel = super::CHANNEL;
+    let (ns, agent, id) = (r.namespace_id.as_str(), r.agent_id.as_str(), r.id.as_str());
+    let (configuration, hash) = (r.configuration_id.as_str(), r.configuration_hash.as_str());
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+        &ns,
+        &agent,
+        &id,
         &number,
-        &r.configuration_id.as_str(),
+        &configuration,
         &generation,
-        &r.configuration_hash.as_str(),
+        &hash,
         &rendered,
         &status,
         &r.created_at,
         &secrets,
+        &work_id,
+        &kind,
+        &channel,
     ];
-    let work_id: i64 = work_id.try_get(0)?;
-    let work = Enqueue::deploy(&r.namespace_id, &r.agent_id, &r.id);
-    let audited = async {
-        let Some((actor, now)) = audit else {
-            return Ok(());
-        };
+    let audited = audit.map(|(actor, now)| {
         let (action, target, detail) = crate::deploy_audit(r, work_id);
-        super::audit::insert(tx, (actor, action, &target), &detail, now).await
-    };
-    futures::try_join!(
-        tx.exec(
-            "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets, staged)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE)",
-            &row,
-        ),
-        work::insert_as(tx, work_id, &work),
-        super::notify(tx),
-        audited,
-    )?;
+        (actor, now, action, target, detail.to_string())
+    });
+    if let Some((actor, now, action, target, detail)) = &audited {
+        params.extend_from_slice(&[now, actor, action, target, detail]);
+    }
+    tx.one(&INSERT_DEPLOY[usize::from(audited.is_some())], &params)
+        .await?;
     Ok(RevisionInsert::Queued(work_id))
 }
+
+/// The first statement of a deploy (Namespace `$1`, Agent `$2`): desired becomes running under
+/// the Agent's row lock, answering the revision floor, the deploy work's id, and the open
+/// rollout that owns the Agent (index 1; index 0, for a rollout's own deploy, asks none).
+static LOCK_AGENT: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    let lock = format!(
+        "UPDATE agents SET desired_state = 'running' WHERE namespace_id = $1 AND id = $2
+         RETURNING revision_floor, {}",
+        work::next_id!()
+    );
+    [
+        format!("{lock}, NULL::bigint"),
+        format!("{lock}, ({})", rollouts::open_rollout_sql()),
+    ]
+});
+
+/// The rest of a deploy as one statement: the revision (`$1`–`$11`), its deploy work (id
+/// `$12`, kind `$13`), the announcement (channel `$14`) and, at index 1, the audit record
+/// (`$15`–`$19`). Data-modifying WITH clauses all run, whether or not the query reads them;
+/// the work's reference to its revision is checked at the end of the statement.
+static INSERT_DEPLOY: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    let revision = "INSERT INTO revisions (namespace_id, agent_id, id, number, configuration_id, configuration_generation, configuration_hash, rendered, status, created_at, secrets, staged)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE)";
+    let work = work::insert_as_sql([12, 13, 1, 2, 3]);
+    let notify = super::notify_sql(14);
+    let plain = format!("WITH revision AS ({revision}), work AS ({work}) {notify}");
+    let audited = format!(
+        "WITH revision AS ({revision}), work AS ({work}), audit AS ({}) {notify}",
+        super::audit::insert_sql(15)
+    );
+    [plain, audited]
+});
 
 /// The commit point as one statement (parameters: Namespace, Agent, expected, candidate,
 /// the claim's work id and token, then the settled work's state, code and message):

@@ -23,18 +23,21 @@ pub(super) async fn open_rollout_of(
     ns: &str,
     agent: &str,
 ) -> Result<Option<i64>> {
-    Ok(c.opt(
-        &format!(
-            "SELECT r.id FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
-             WHERE a.namespace_id = $1 AND a.agent_id = $2 AND r.state IN {}
-               AND a.state IN ('pending', 'deploying') LIMIT 1",
-            open_list()
-        ),
-        &[&ns, &agent],
+    Ok(c.opt(&open_rollout_sql(), &[&ns, &agent])
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?)
+}
+
+/// The query of [`open_rollout_of`] (Namespace `$1`, Agent `$2`), also asked as a scalar
+/// subquery by a deploy's first statement.
+pub(super) fn open_rollout_sql() -> String {
+    format!(
+        "SELECT r.id FROM rollout_agents a JOIN rollouts r ON r.id = a.rollout_id
+         WHERE a.namespace_id = $1 AND a.agent_id = $2 AND r.state IN {}
+           AND a.state IN ('pending', 'deploying') LIMIT 1",
+        open_list()
     )
-    .await?
-    .map(|r| r.try_get(0))
-    .transpose()?)
 }
 
 const ROLLOUT_COLS: &str = "id, namespace_id, configuration_id, configuration_generation, canary, max_parallel, max_failures, pause_between_seconds, manual_promote, state, wave, waves, next_wave_at_ms, message, created_by, created_at, updated_at, secret_name, secret_version";

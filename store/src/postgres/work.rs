@@ -8,6 +8,7 @@
 //! 14 ms per claim with 3,000 items queued). Times are the database's milliseconds.
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -56,21 +57,28 @@ pub(super) async fn enqueue(tx: &Tx<'_>, w: &Enqueue) -> Result<i64> {
     Ok(id)
 }
 
-/// The id the next inserted item can take ([`insert_as`]), asked for ahead so the insert can
-/// go out together with statements that name it.
-pub(super) const NEXT_ID: &str = "SELECT nextval(pg_get_serial_sequence('work', 'id'))";
+/// The expression that allocates a work item's id, for [`NEXT_ID`] and statements that ask
+/// for one among other answers.
+macro_rules! next_id {
+    () => {
+        "nextval(pg_get_serial_sequence('work', 'id'))"
+    };
+}
+pub(super) use next_id;
 
-/// Inserts one item under `id` (from [`NEXT_ID`]) inside `tx` without announcing it.
-pub(super) async fn insert_as(tx: &Tx<'_>, id: i64, w: &Enqueue) -> Result<()> {
-    tx.exec(
-        &format!(
-            "INSERT INTO work (id, kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, 'queued', {NOW_MS}, {NOW_MS}, {NOW_MS})"
-        ),
-        &[&id, &w.kind.as_str(), &w.namespace_id, &w.agent_id, &w.revision_id],
+/// The id the next inserted item can take ([`insert_as_sql`]), asked for ahead so the insert
+/// can go out together with statements that name it.
+pub(super) const NEXT_ID: &str = concat!("SELECT ", next_id!());
+
+/// A statement that inserts one item under an id from [`NEXT_ID`], without announcing it; its
+/// parameters (id, kind, Namespace, Agent, revision) numbered `p`, for a larger statement to
+/// carry as a clause.
+pub(super) fn insert_as_sql(p: [usize; 5]) -> String {
+    let [id, kind, ns, agent, revision] = p;
+    format!(
+        "INSERT INTO work (id, kind, namespace_id, agent_id, revision_id, state, not_before, created_at, updated_at)
+         VALUES (${id}, ${kind}, ${ns}, ${agent}, ${revision}, 'queued', {NOW_MS}, {NOW_MS}, {NOW_MS})"
     )
-    .await?;
-    Ok(())
 }
 
 /// Inserts one item inside `tx` without announcing it (the caller notifies); its id.
@@ -144,7 +152,7 @@ fn lane_free(now: &str) -> String {
 /// after the Namespace's advisory lock was taken, so its snapshot sees every claim committed
 /// before that. The clock is read once; every row is found by its key (no joins for the
 /// planner to get wrong). Data-modifying WITH clauses run once each, to completion.
-static TAKE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+static TAKE: LazyLock<String> = LazyLock::new(|| {
     let now = "(SELECT now FROM t)";
     format!(
         "WITH t AS MATERIALIZED (SELECT {NOW_MS} AS now),
