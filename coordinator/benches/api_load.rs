@@ -28,8 +28,10 @@
 //! (deploy requests, one per Agent; default 1000), `CLAWFLEET_BENCH_READS` (read requests in
 //! all; default 6000), `CLAWFLEET_BENCH_CLIENTS` (default 8), `CLAWFLEET_BENCH_STORES`
 //! (`sqlite,postgres` by default), `CLAWFLEET_BENCH_DRAIN_SECONDS` (how long to wait, after
-//! the reads, for the worker to finish the backlog; 15). PostgreSQL needs root and Debian's postgresql package;
-//! without them its rows say why they were skipped.
+//! the reads, for the worker to finish the backlog; 15), `CLAWFLEET_BENCH_YIELD_PARALLELISM`
+//! (the worker's items at once while the API is busy; `worker.yield_parallelism`'s default,
+//! and 16 never yields). PostgreSQL needs root and Debian's postgresql package; without them
+//! its rows say why they were skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bench_http;
@@ -69,6 +71,17 @@ const P99_TARGET_MS: f64 = 20.0;
 fn sim_hosts_dir() -> Option<&'static std::path::Path> {
     let shm = std::path::Path::new("/dev/shm");
     shm.is_dir().then_some(shm)
+}
+
+/// `CLAWFLEET_BENCH_YIELD_PARALLELISM`: the worker's `yield_parallelism` (its default unless
+/// given; `16`, its parallelism, never yields, as before the worker yielded to the API).
+fn yield_parallelism() -> usize {
+    let d = WorkerSettings::default();
+    std::env::var("CLAWFLEET_BENCH_YIELD_PARALLELISM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| (1..=d.parallelism).contains(n))
+        .unwrap_or(d.yield_parallelism)
 }
 
 fn knob(name: &str, default: usize) -> usize {
@@ -209,16 +222,21 @@ impl Coordinator {
             None => EngineBackend::new(),
         });
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let settings = WorkerSettings::default();
-        let worker = Arc::new(Worker::new(
-            store.clone(),
-            backend.clone(),
-            settings.clone(),
-        ));
+        let settings = WorkerSettings {
+            yield_parallelism: yield_parallelism(),
+            ..WorkerSettings::default()
+        };
+        // Wired as `occ serve` wires them: the worker yields to the API's requests.
+        let foreground = coordinator::foreground::Foreground::default();
+        let worker = Arc::new(
+            Worker::new(store.clone(), backend.clone(), settings.clone())
+                .yielding_to(foreground.clone()),
+        );
         rt.spawn(worker.run(settings.parallelism, stop_rx.clone()));
         let state = Arc::new(AppState {
             service: Service::new(store.clone()),
             backend: backend.clone(),
+            foreground,
         });
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -563,8 +581,10 @@ fn main() {
     println!(
         "api_load: {agents} deploy requests (one per Agent, {AGENTS_PER_NAMESPACE} Agents per \
          Namespace over {HOSTS} hosts of hostd's in-process engine), then {reads} reads, \
-         {clients} concurrent HTTP clients (keep-alive), worker running (parallelism {})",
-        WorkerSettings::default().parallelism
+         {clients} concurrent HTTP clients (keep-alive), worker running (parallelism {}, {} \
+         while the API is busy)",
+        WorkerSettings::default().parallelism,
+        yield_parallelism()
     );
     let mut rows = Vec::new();
     let mut notes = Vec::new();

@@ -222,6 +222,7 @@ fn main() {
         setup.elapsed().as_secs_f64()
     );
     let state = Arc::new(AppState {
+        foreground: Default::default(),
         service: Service::new(store.clone()),
         backend: Arc::new(EngineBackend::new()),
     });

@@ -239,6 +239,7 @@ struct RawWorker {
     poll_ms: Option<u64>,
     operation_deadline_seconds: Option<u32>,
     parallelism: Option<usize>,
+    yield_parallelism: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -265,6 +266,9 @@ pub struct WorkerSettings {
     pub operation_deadline_seconds: u32,
     /// Work items in progress at once (each Agent's items stay in order).
     pub parallelism: usize,
+    /// Work items in progress at once while API requests are being answered (at most
+    /// `parallelism`): background work yields the rest to them (`crate::foreground`).
+    pub yield_parallelism: usize,
     /// How long a host or cluster call may go unanswered before the work notes it as
     /// `CALL_IN_PROGRESS`, so status names the step in flight during a hang.
     pub slow_call: Duration,
@@ -283,6 +287,7 @@ impl Default for WorkerSettings {
             poll: Duration::from_millis(250),
             operation_deadline_seconds: 190,
             parallelism: 16,
+            yield_parallelism: 4,
             slow_call: Duration::from_secs(3),
         }
     }
@@ -439,7 +444,24 @@ impl Config {
                 }
                 v => v.unwrap_or(d.parallelism),
             },
+            yield_parallelism: d.yield_parallelism,
             slow_call: d.slow_call,
+        };
+        let worker = WorkerSettings {
+            yield_parallelism: match w.yield_parallelism {
+                Some(v) if v == 0 || v > worker.parallelism => {
+                    return Err(invalid(
+                        "worker.yield_parallelism",
+                        format!(
+                            "must be between 1 and worker.parallelism ({})",
+                            worker.parallelism
+                        ),
+                    ));
+                }
+                Some(v) => v,
+                None => d.yield_parallelism.min(worker.parallelism),
+            },
+            ..worker
         };
         if worker.backoff_initial > worker.backoff_max {
             return Err(invalid(
@@ -784,6 +806,14 @@ mod tests {
             ("listen = \"192.0.2.1:7300\"", "listen"),
             ("[worker]\nparallelism = 0", "worker.parallelism"),
             (
+                "[worker]\nyield_parallelism = 0",
+                "worker.yield_parallelism",
+            ),
+            (
+                "[worker]\nparallelism = 4\nyield_parallelism = 5",
+                "worker.yield_parallelism",
+            ),
+            (
                 "[api]\nmax_concurrent_requests = 0",
                 "api.max_concurrent_requests",
             ),
@@ -824,6 +854,12 @@ mod tests {
         .unwrap();
         assert!(c.api.allow_plaintext_listen);
         assert_eq!(c.worker.parallelism, 16);
+        assert_eq!(c.worker.yield_parallelism, 4);
+        // The default yield share never exceeds a smaller parallelism; a given one is kept.
+        let small = Config::parse("[worker]\nparallelism = 1", "occ.toml").unwrap();
+        assert_eq!(small.worker.yield_parallelism, 1);
+        let given = Config::parse("[worker]\nyield_parallelism = 16", "occ.toml").unwrap();
+        assert_eq!(given.worker.yield_parallelism, 16);
         assert!(matches!(
             Config::parse("bogus = 1", "x"),
             Err(ConfigError::Syntax { .. })

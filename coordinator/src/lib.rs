@@ -13,6 +13,7 @@ pub mod control;
 pub mod drift;
 pub mod evidence;
 pub mod fault;
+pub mod foreground;
 pub mod metrics;
 pub mod model;
 pub mod render;

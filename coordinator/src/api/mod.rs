@@ -57,6 +57,8 @@ use crate::service::{Service, ServiceError};
 pub struct AppState<B: Backend> {
     pub service: Service,
     pub backend: Arc<B>,
+    /// Admitted requests of valid tokens in progress, for the worker to yield to.
+    pub foreground: crate::foreground::Foreground,
 }
 
 impl<B: Backend> std::fmt::Debug for AppState<B> {
@@ -414,6 +416,7 @@ async fn admit<B: Backend>(
         Some(Ok(caller)) => Class::Token(&caller.token_id),
         _ => Class::Unauthenticated,
     };
+    let counted = !matches!(class, Class::Unauthenticated);
     let admitted = match admission.admit(class) {
         Ok(a) => a,
         Err(Refusal::ServerBusy) => return busy(),
@@ -448,7 +451,11 @@ async fn admit<B: Backend>(
         at: tokio::time::Instant::now() + admission.body_timeout,
         seconds: admission.body_timeout.as_secs(),
     });
+    // Background work yields to requests of valid tokens only: nobody unauthenticated can
+    // slow convergence down.
+    let in_progress = counted.then(|| state.foreground.enter());
     let response = next.run(request).await;
+    drop(in_progress);
     drop(admitted);
     response
 }

@@ -261,11 +261,12 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         )?),
         kube: Arc::new(clawfleet_kube::KubeBackend::new()),
     });
-    let worker = Arc::new(Worker::new(
-        store.clone(),
-        backend.clone(),
-        config.worker.clone(),
-    ));
+    // The API's requests in progress, which the worker yields to.
+    let foreground = coordinator::foreground::Foreground::default();
+    let worker = Arc::new(
+        Worker::new(store.clone(), backend.clone(), config.worker.clone())
+            .yielding_to(foreground.clone()),
+    );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (leader_task, leadership) = coordinator::control::leader::spawn(
         store.clone(),
@@ -298,7 +299,11 @@ pub(crate) async fn serve(config: Config) -> Result<()> {
         leadership,
         stop_rx,
     ));
-    let state = Arc::new(AppState { service, backend });
+    let state = Arc::new(AppState {
+        service,
+        backend,
+        foreground,
+    });
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -18,6 +18,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::backend::{Backend, CallError, CallOptions, Target};
 use crate::codes::{AnyCode, Code};
 use crate::config::WorkerSettings;
+use crate::foreground::Foreground;
 use crate::model::{Agent, DesiredState, Host, Namespace, Revision, RevisionStatus};
 use crate::store::{SharedStore, Work, WorkEnd, WorkKind, WorkState};
 use policy::{Policy, Stage};
@@ -90,6 +91,8 @@ pub struct Worker<B: Backend> {
     pub owner: String,
     /// The lease of every item in progress here, by work id.
     leases: std::sync::Mutex<HashMap<i64, Lease>>,
+    /// The API requests this worker yields to ([`Worker::yielding_to`]).
+    foreground: Option<Foreground>,
 }
 
 impl<B: Backend> std::fmt::Debug for Worker<B> {
@@ -120,12 +123,34 @@ impl<B: Backend> Worker<B> {
             backend,
             settings,
             leases: std::sync::Mutex::new(HashMap::new()),
+            foreground: None,
         }
     }
 
+    /// This worker, running at most `settings.yield_parallelism` items while `foreground`
+    /// is busy (`occ serve` gives it its API's gauge). Without it, it never yields.
+    #[must_use]
+    pub fn yielding_to(mut self, foreground: Foreground) -> Self {
+        self.foreground = Some(foreground);
+        self
+    }
+
+    /// How many more items may start now, `running` being in progress: the free share, in
+    /// batches of at most [`CLAIM_BATCH`].
+    fn may_start(&self, parallel: usize, running: usize) -> usize {
+        let share = match &self.foreground {
+            Some(f) if f.busy() => self.settings.yield_parallelism.clamp(1, parallel),
+            _ => parallel,
+        };
+        share.saturating_sub(running).min(CLAIM_BATCH)
+    }
+
     /// Runs until `shutdown` turns true, with up to `parallel` items in flight.
+    /// While the API is busy ([`Worker::yielding_to`]) only the yield share of them starts;
+    /// items already running go on.
     pub async fn run(self: Arc<Self>, parallel: usize, mut shutdown: watch::Receiver<bool>) {
-        let slots = Arc::new(Semaphore::new(parallel.max(1)));
+        let parallel = parallel.max(1);
+        let slots = Arc::new(Semaphore::new(parallel));
         loop {
             if *shutdown.borrow() {
                 return;
@@ -133,9 +158,22 @@ impl<B: Backend> Worker<B> {
             let Ok(permit) = slots.clone().acquire_owned().await else {
                 return;
             };
-            // Every free slot is filled by one claim (one transaction for the batch).
+            let running = parallel.saturating_sub(slots.available_permits() + 1);
+            let wanted = self.may_start(parallel, running);
+            if wanted == 0 {
+                // The API is busy and the yield share is in use: look again when an item
+                // ends, or when the API may have gone idle.
+                drop(permit);
+                tokio::select! {
+                    _ = tokio::time::sleep(crate::foreground::GRACE) => {}
+                    _ = self.store.work_changed() => {}
+                    _ = shutdown.changed() => {}
+                }
+                continue;
+            }
+            // The free share is filled by one claim (one transaction for the batch).
             let mut permits = vec![permit];
-            while permits.len() < CLAIM_BATCH {
+            while permits.len() < wanted {
                 match slots.clone().try_acquire_owned() {
                     Ok(p) => permits.push(p),
                     Err(_) => break,

@@ -67,6 +67,7 @@ impl<B: Backend + 'static> Served<B> {
         };
         let worker = Arc::new(Worker::new(store.clone(), backend.clone(), settings));
         let state = Arc::new(AppState {
+            foreground: Default::default(),
             service: Service::new(store.clone()),
             backend: backend.clone(),
         });

@@ -34,6 +34,7 @@ struct Api {
     admin: String,
     worker: Arc<Worker<EngineBackend>>,
     backend: Arc<EngineBackend>,
+    foreground: coordinator::foreground::Foreground,
 }
 
 impl Api {
@@ -47,7 +48,9 @@ impl Api {
         };
         let worker = Arc::new(Worker::new(store.clone(), backend.clone(), settings));
         let state_backend = backend.clone();
+        let foreground = coordinator::foreground::Foreground::default();
         let state = Arc::new(AppState {
+            foreground: foreground.clone(),
             service: Service::new(store.clone()),
             backend,
         });
@@ -60,6 +63,7 @@ impl Api {
             admin,
             worker,
             backend: state_backend,
+            foreground,
         }
     }
 
@@ -370,6 +374,33 @@ async fn happy_path_through_every_resource() {
     ] {
         assert!(actions.contains(&a.to_owned()), "missing audit {a}");
     }
+}
+
+/// The worker yields to requests of valid tokens only: a request without a token, or with one
+/// the store does not know, never counts as the API being busy.
+#[tokio::test]
+async fn only_requests_of_valid_tokens_count_for_the_worker_to_yield_to() {
+    let api = Api::start().await;
+    assert_eq!(api.foreground.entered(), 0);
+    assert_eq!(
+        api.call(None, "GET", "/hosts", None).await.unwrap_err().0,
+        401
+    );
+    let bogus = Some("ocf_not-a-token");
+    assert_eq!(
+        api.call(bogus, "GET", "/hosts", None).await.unwrap_err().0,
+        401
+    );
+    assert_eq!(
+        api.foreground.entered(),
+        0,
+        "unauthenticated requests counted"
+    );
+    api.admin("GET", "/hosts", None).await.unwrap();
+    assert_eq!(api.foreground.entered(), 1);
+    // Answered: nothing is in progress once the grace has passed.
+    tokio::time::sleep(coordinator::foreground::GRACE * 2).await;
+    assert!(!api.foreground.busy());
 }
 
 #[tokio::test]

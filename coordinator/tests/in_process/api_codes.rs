@@ -131,6 +131,7 @@ impl Api {
             },
         );
         let state = Arc::new(AppState {
+            foreground: Default::default(),
             service: Service::new(store.clone()),
             backend: targets.clone(),
         });

@@ -33,6 +33,7 @@ impl Api {
     async fn start(settings: ApiSettings) -> Self {
         let (store, admin) = api_support::store_with_admin().await;
         let state = Arc::new(AppState {
+            foreground: Default::default(),
             service: Service::new(store.clone()),
             backend: Arc::new(EngineBackend::new()),
         });

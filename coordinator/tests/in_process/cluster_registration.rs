@@ -75,6 +75,7 @@ impl Api {
     async fn start_with(backend: impl Backend) -> Self {
         let (store, admin) = api_support::store_with_admin().await;
         let state = Arc::new(AppState {
+            foreground: Default::default(),
             service: Service::new(store.clone()),
             backend: Arc::new(backend),
         });

@@ -126,6 +126,7 @@ impl Fixture {
         };
         let worker = Arc::new(Worker::new(store.clone(), backend.clone(), settings));
         let state = Arc::new(AppState {
+            foreground: Default::default(),
             service: Service::new(store.clone()),
             backend: backend.clone(),
         });

@@ -57,6 +57,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_outside_the_document()
     let Some(st) = schemathesis() else { return };
     let (store, admin) = api_support::store_with_admin().await;
     let state = Arc::new(AppState {
+        foreground: Default::default(),
         service: Service::new(store.clone()),
         backend: Arc::new(EngineBackend::new()),
     });

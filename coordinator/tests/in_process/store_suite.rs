@@ -495,6 +495,7 @@ async fn healthz_says_when_postgres_is_down() {
     let pg = TestPostgres::start().unwrap();
     let store = postgres_store(&pg, "health").await;
     let state = Arc::new(coordinator::api::AppState {
+        foreground: Default::default(),
         service: coordinator::service::Service::new(store),
         backend: Arc::new(NoTargets),
     });

@@ -650,3 +650,72 @@ async fn a_restored_database_never_reissues_an_id_and_numbers_above_the_host() {
         );
     }
 }
+
+/// Runs `worker` (8 items at once, 2 while `foreground` is busy) until every deploy queued
+/// now has ended (at most 120 s: a bound for a loaded machine, not a timing claim); the most
+/// activations that ran at once meanwhile.
+async fn drain_yielding(w: &World, foreground: &coordinator::foreground::Foreground) -> usize {
+    let worker = Arc::new(
+        Worker::new(
+            w.store.clone(),
+            w.backend.clone(),
+            WorkerSettings {
+                parallelism: 8,
+                yield_parallelism: 2,
+                ..settings()
+            },
+        )
+        .yielding_to(foreground.clone()),
+    );
+    w.backend.reset_concurrency();
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(worker.run(8, rx));
+    let start = std::time::Instant::now();
+    while w.store.pending_work().await.unwrap() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the deploys did not drain"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.send(true).unwrap();
+    task.abort();
+    let _ = task.await;
+    w.backend.most_concurrent_activations()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn while_api_requests_are_in_progress_the_worker_runs_only_its_yield_share() {
+    let w = World::new(12).await;
+    let agents: Vec<String> = (0..12).map(|i| format!("a{i}")).collect();
+    for a in &agents {
+        w.agent(a).await;
+        w.svc.deploy("test", "ns1", a).await.unwrap();
+    }
+    let foreground = coordinator::foreground::Foreground::default();
+    // An API request in progress all along: 12 Agents' deploys, 2 at a time.
+    let request = foreground.enter();
+    let most = drain_yielding(&w, &foreground).await;
+    assert!(
+        most <= 2,
+        "{most} activations at once while the API was busy"
+    );
+    for a in &agents {
+        let agent = w.store.agent("ns1", a).await.unwrap().unwrap();
+        assert_eq!(rev_num(agent.served_revision_id.as_deref()), Some(1), "{a}");
+    }
+    // The API idle: the worker takes its whole parallelism back.
+    drop(request);
+    for a in &agents {
+        w.svc.deploy("test", "ns1", a).await.unwrap();
+    }
+    let most = drain_yielding(&w, &foreground).await;
+    assert!(
+        most > 2,
+        "only {most} activations at once with the API idle"
+    );
+    for a in &agents {
+        let agent = w.store.agent("ns1", a).await.unwrap().unwrap();
+        assert_eq!(rev_num(agent.served_revision_id.as_deref()), Some(2), "{a}");
+    }
+}

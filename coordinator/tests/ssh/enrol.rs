@@ -31,6 +31,7 @@ fn enrol_refuses_a_name_hostd_does_not_answer_to() {
     let (server, admin, store) = rt.block_on(async {
         let (store, admin) = api_support::store_with_admin().await;
         let state = Arc::new(AppState {
+            foreground: Default::default(),
             service: Service::new(store.clone()),
             backend: Arc::new(keys.backend(fast_settings())),
         });
