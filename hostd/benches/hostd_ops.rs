@@ -530,7 +530,7 @@ fn hostd_memory(host: &TestHost) -> Memory {
     let out = host
         .run_ok(
             "for p in $(pgrep -x hostd); do \
-               if tr '\\0' ' ' < /proc/$p/cmdline | grep -q ' serve'; then \
+               if tr '\\0' ' ' < /proc/$p/cmdline | awk '{exit !($2 == \"serve\")}'; then \
                  echo \"$p $(awk '/^VmHWM:/{h=$2} /^VmRSS:/{r=$2} END{print h, r}' /proc/$p/status)\"; \
                fi; done",
         )

@@ -449,6 +449,47 @@ impl System for FakeSystem {
         Ok(())
     }
 
+    fn relaunch_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
+        self.log(format!("relaunch {unit}"));
+        let refuse = |detail: &str| SystemError::Relaunch {
+            unit: unit.to_owned(),
+            detail: detail.to_owned(),
+        };
+        if self.injected("relaunch") {
+            return Err(refuse("injected failure"));
+        }
+        if !self.unit_state(unit)?.is_active() {
+            return Err(refuse("nothing runs"));
+        }
+        let Some(port) = self.port_of(unit) else {
+            return Err(refuse("no port"));
+        };
+        // The same unit run (no "Started", the same invocation): only the gateway is new, and
+        // the launcher says so in the unit's journal.
+        let revision = self.current_revision_of(unit);
+        self.with(|s| {
+            let run = s.invocations.get(unit).copied().unwrap_or(0);
+            let line = format!(
+                "{} (pid {})",
+                crate::supervise::RELAUNCHED,
+                5000 + s.journal.len()
+            );
+            push_entry(s, unit, &line, false, run);
+            match revision {
+                Some(r) => s.unit_revision.insert(unit.to_owned(), r),
+                None => s.unit_revision.remove(unit),
+            };
+            let behaviour = s.behaviour_of(unit, port);
+            let u = s.units.entry(unit.to_owned()).or_default();
+            if matches!(behaviour, Behaviour::ExitConfig) {
+                u.active_state = "failed".to_owned();
+                u.sub_state = "failed".to_owned();
+                u.exec_main_status = 78;
+            }
+        });
+        Ok(())
+    }
+
     fn stop_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
         self.log(format!("stop {unit}"));
         self.with(|s| {
@@ -649,12 +690,18 @@ impl System for FakeSystem {
             s.journal
                 .iter()
                 .filter(|(u, r)| {
+                    let (from, until) = query.span.unwrap_or((None, None));
                     u == &query.unit
                         && (!query.supervisor_only || r.from_supervisor)
                         && query
                             .invocation
                             .as_ref()
                             .is_none_or(|i| r.invocation.as_ref() == Some(i))
+                        && query
+                            .message_prefix
+                            .is_none_or(|p| r.message.starts_with(p))
+                        && from.is_none_or(|f| r.realtime_usec >= f)
+                        && until.is_none_or(|t| r.realtime_usec < t)
                 })
                 .map(|(_, r)| r.clone())
                 .collect()

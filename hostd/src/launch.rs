@@ -1,6 +1,7 @@
 //! `hostd exec-gateway --port P -- COMMAND...`: the first word of every Agent unit's
 //! `ExecStart=`. It confines the gateway to binding only its own TCP port, then execs the
-//! gateway command in its place (same pid, same sandbox, nothing of hostd left running).
+//! gateway command in its place, or, with `--supervise` (what units run), runs it as a child
+//! and stays to relaunch it in place (`crate::supervise`).
 //!
 //! The confinement is a Landlock ruleset (Linux 6.7+, Landlock ABI 4) that handles
 //! `LANDLOCK_ACCESS_NET_BIND_TCP` with one rule for the Agent's port: a compromised gateway
@@ -57,6 +58,11 @@ pub enum LaunchError {
     #[error("cannot confine binds to port {port}: {call} failed: {source}")]
     Confine {
         port: u16,
+        call: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the launcher cannot supervise the gateway: {call} failed: {source}")]
+    Supervise {
         call: &'static str,
         source: std::io::Error,
     },
@@ -275,6 +281,18 @@ pub fn refuse_subvolumes() -> Result<bool, std::io::Error> {
 /// with `command`. Returns only on error.
 pub fn exec_gateway(port: u16, command: &[String]) -> Result<Infallible, LaunchError> {
     let (program, args) = command.split_first().ok_or(LaunchError::NoCommand)?;
+    confine(port)?;
+    let source = std::process::Command::new(program).args(args).exec();
+    Err(LaunchError::Exec {
+        command: program.clone(),
+        source,
+    })
+}
+
+/// Confines this process, and everything it starts from now on, to binding `port` only and
+/// refuses it btrfs subvolume creation (a warning on stderr where the kernel cannot confine
+/// binds).
+pub fn confine(port: u16) -> Result<(), LaunchError> {
     refuse_subvolumes().map_err(|source| LaunchError::Confine {
         port,
         call: "seccomp (refusing btrfs subvolume creation)",
@@ -287,11 +305,7 @@ pub fn exec_gateway(port: u16, command: &[String]) -> Result<Infallible, LaunchE
              systemd's SocketBindAllow= applies only where systemd has its BPF framework"
         ),
     }
-    let source = std::process::Command::new(program).args(args).exec();
-    Err(LaunchError::Exec {
-        command: program.clone(),
-        source,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

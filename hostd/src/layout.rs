@@ -59,6 +59,11 @@ pub struct Layout {
     pub run_dir: PathBuf,
 }
 
+/// The Agent directory's environment files, in the order the unit loads them
+/// (`EnvironmentFile=`): the gateway password, the operator's own file, what start hooks
+/// returned. [`AgentPaths::env_files`] and `crate::start_env` name them from here.
+pub const ENV_FILES: [&str; 3] = ["gateway-password.env", "env", "launch.env"];
+
 /// Paths of one Agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentPaths {
@@ -99,6 +104,11 @@ pub struct AgentPaths {
 }
 
 impl AgentPaths {
+    /// The environment files, in the unit's order ([`ENV_FILES`]).
+    pub fn env_files(&self) -> [&Path; 3] {
+        [&self.password_file, &self.operator_env, &self.launch_env]
+    }
+
     /// The snapshot directory of a revision.
     pub fn revision_dir(&self, revision: &Ident) -> PathBuf {
         self.revisions.join(dir_name(revision))
@@ -229,9 +239,9 @@ impl Layout {
             live_config: dir.join("config").join("openclaw.json"),
             served: dir.join("served.json"),
             started: dir.join("started.json"),
-            password_file: dir.join("gateway-password.env"),
-            operator_env: dir.join("env"),
-            launch_env: dir.join("launch.env"),
+            password_file: dir.join(ENV_FILES[0]),
+            operator_env: dir.join(ENV_FILES[1]),
+            launch_env: dir.join(ENV_FILES[2]),
             workspace: dir.join("state").join("workspace"),
             workspace_request: dir.join(WORKSPACE_REQUEST_FILE),
             workspace_applied: dir.join(WORKSPACE_APPLIED_FILE),

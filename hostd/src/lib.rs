@@ -28,6 +28,8 @@ pub mod resolv;
 pub mod secrets;
 pub mod session;
 pub mod sock_diag;
+pub mod start_env;
+pub mod supervise;
 pub mod system;
 pub mod trash;
 pub mod uids;

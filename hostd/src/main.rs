@@ -98,6 +98,14 @@ enum Command {
         /// only once its completion marker exists.
         #[arg(long)]
         agent_dir: Option<PathBuf>,
+        /// Stay as the unit's main process and run the gateway as a child, relaunching it
+        /// in place on SIGHUP (hostd/src/supervise.rs), instead of becoming the gateway.
+        #[arg(long)]
+        supervise: bool,
+        /// With --supervise: how long a relaunch waits for the old gateway to stop before
+        /// killing it (the unit's TimeoutStopSec=).
+        #[arg(long, default_value_t = 90, value_name = "SECONDS")]
+        stop_timeout_secs: u64,
         /// The gateway command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -435,6 +443,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let (n, kept) = hostd::secrets::materialise(agent_dir, runtime_dir, account)
                 .with_context(|| format!("cannot write the secrets of {account}"))?;
             tracing::info!(account = %account, secrets = n, kept, "secret files written");
+            // What this start's environment files hold, for a later relaunch in place
+            // (hostd/src/start_env.rs). Without the record the next cutover restarts the
+            // unit, so a failure here only costs time.
+            if let Err(e) = hostd::start_env::record(agent_dir) {
+                tracing::warn!(account = %account, "the environment of this start is not recorded ({e}); the next cutover restarts the unit");
+                if let Err(e) = hostd::start_env::forget(agent_dir) {
+                    tracing::warn!(account = %account, "an older record of the environment cannot be removed either ({e})");
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Relay => relay(&cli),
@@ -478,12 +495,54 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// `exec-gateway --supervise`: runs as the Agent inside its unit, like `exec-gateway`, but
+/// stays and runs the gateway as a child (hostd/src/supervise.rs); ends as the gateway ended.
+fn supervise_gateway(
+    port: u16,
+    agent_dir: Option<&std::path::Path>,
+    stop_timeout_secs: u64,
+    command: &[String],
+) -> ExitCode {
+    use hostd::supervise;
+    if let Err(e) = supervise::block_signals().and_then(|()| hostd::launch::confine(port)) {
+        eprintln!("hostd exec-gateway: {e}");
+        return ExitCode::from(1);
+    }
+    let guard = || match agent_dir {
+        Some(dir) => hostd::engine::workspace::guard(dir, 0),
+        None => Ok(()),
+    };
+    let s = supervise::Supervised {
+        command,
+        stop_timeout: Duration::from_secs(stop_timeout_secs),
+        guard: &guard,
+    };
+    match supervise::run(&s) {
+        Ok(end) => ExitCode::from(supervise::end_like(end)),
+        Err(e) => {
+            eprintln!("hostd exec-gateway: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::ExecGateway {
         port,
         agent_dir,
+        supervise: true,
+        stop_timeout_secs,
         command,
+    } = &cli.command
+    {
+        return supervise_gateway(*port, agent_dir.as_deref(), *stop_timeout_secs, command);
+    }
+    if let Command::ExecGateway {
+        port,
+        agent_dir,
+        command,
+        ..
     } = &cli.command
     {
         // Runs as the Agent inside its unit: no configuration, no journal connection; it

@@ -786,6 +786,70 @@ impl System for RealSystem {
         job_result("reload", unit, result)
     }
 
+    fn relaunch_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
+        check_unit_name("relaunch", unit)?;
+        let refuse = |detail: String| SystemError::Relaunch {
+            unit: unit.to_owned(),
+            detail,
+        };
+        let name = unit.to_owned();
+        let (main, cgroup) = self.bus_call(
+            |conn| async move {
+                let manager = manager(&conn).await?;
+                let path = manager.get_unit(name).await?;
+                let service = ServiceSnapshot::read(&conn, path).await?;
+                Ok((
+                    service.get::<u32>("MainPID")?,
+                    service.get::<&str>("ControlGroup")?.to_owned(),
+                ))
+            },
+            |e| Err(systemd_error("relaunch", unit, e)),
+            || bus_timeout(self.call_timeout),
+        )?;
+        if main == 0 || !is_supervising_launcher(main) {
+            return Err(refuse(format!(
+                "its main process ({main}) is not hostd's supervising launcher"
+            )));
+        }
+        let procs = cgroup_procs_path(&cgroup);
+        let before: Vec<u32> = read_pids(&procs)
+            .map_err(|e| refuse(format!("cannot read {}: {e}", procs.display())))?
+            .into_iter()
+            .filter(|p| *p != main)
+            .collect();
+        if before.is_empty() {
+            // The launcher has not started the gateway yet (nor blocked its signals).
+            return Err(refuse("no gateway runs under its launcher yet".to_owned()));
+        }
+        let name = unit.to_owned();
+        self.bus_call(
+            |conn| async move {
+                let manager = manager(&conn).await?;
+                manager
+                    .kill_unit(name, "main".to_owned(), nix::libc::SIGHUP)
+                    .await
+            },
+            |e| Err(systemd_error("relaunch", unit, e)),
+            || bus_timeout(self.call_timeout),
+        )?;
+        // The old gateway's processes are gone once none of them is in the unit any more.
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = read_pids(&procs)
+                .map_err(|e| refuse(format!("cannot read {}: {e}", procs.display())))?;
+            if !before.iter().any(|p| now.contains(p)) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(SystemError::JobTimeout {
+                    unit: unit.to_owned(),
+                    seconds: whole_seconds(timeout),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
         check_unit_name("stop", unit)?;
         let name = unit.to_owned();
@@ -942,8 +1006,13 @@ impl System for RealSystem {
                 // systemd answers u64::MAX for what it does not track; an older systemd
                 // lacks some properties altogether (MemoryPeak before 254).
                 let tracked = |name: &str| service.get::<u64>(name).ok().filter(|v| *v != u64::MAX);
+                let main_pid: u32 = service.get("MainPID")?;
+                let (gateway_pid, gateway_start_usec) =
+                    supervised_gateway(main_pid).unwrap_or_default();
                 Ok(crate::system::UnitRuntime {
-                    main_pid: service.get("MainPID")?,
+                    main_pid,
+                    gateway_pid,
+                    gateway_start_usec,
                     exec_main_code: service.get("ExecMainCode")?,
                     exec_main_start_usec: service.get("ExecMainStartTimestamp")?,
                     exec_main_exit_usec: service.get("ExecMainExitTimestamp")?,
@@ -1030,6 +1099,64 @@ impl ServiceSnapshot {
             zbus::Error::Failure(format!("systemd reported {name} with an unexpected type"))
         })
     }
+}
+
+/// `cgroup.procs` of a unit's `ControlGroup` (cgroup v2, mounted at `/sys/fs/cgroup`).
+fn cgroup_procs_path(cgroup: &str) -> PathBuf {
+    Path::new("/sys/fs/cgroup")
+        .join(cgroup.trim_start_matches('/'))
+        .join("cgroup.procs")
+}
+
+fn read_pids(procs: &Path) -> std::io::Result<Vec<u32>> {
+    Ok(std::fs::read_to_string(procs)?
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect())
+}
+
+/// Whether `pid` runs `hostd exec-gateway --supervise` (crate::supervise), not the gateway
+/// itself (a unit started before the launcher stayed).
+fn is_supervising_launcher(pid: u32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    // Only the launcher's own options, before the gateway command's `--`.
+    let own = args.iter().take_while(|a| **a != b"--");
+    args.get(1) == Some(&&b"exec-gateway"[..]) && own.clone().any(|a| *a == b"--supervise")
+}
+
+/// The gateway a supervising launcher runs (its first child) and when it started, in
+/// microseconds since the epoch.
+fn supervised_gateway(main: u32) -> Option<(u32, u64)> {
+    if main == 0 || !is_supervising_launcher(main) {
+        return None;
+    }
+    let children = std::fs::read_to_string(format!("/proc/{main}/task/{main}/children")).ok()?;
+    let pid: u32 = children.split_whitespace().next()?.parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime, clock ticks after boot), counted after the command's ')'.
+    let ticks: u64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .filter(|v| *v > 0)?;
+    Some((pid, boot * 1_000_000 + ticks * 1_000_000 / hz))
 }
 
 /// Seconds for messages, rounded up so a sub-second limit never reads "0 s".

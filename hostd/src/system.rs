@@ -71,6 +71,11 @@ pub struct UnitRuntime {
     pub tasks_current: Option<u64>,
     /// `InvocationID` as 32 hex digits, empty when the unit never ran since it was loaded.
     pub invocation_id: String,
+    /// The gateway when the main process is its supervising launcher (crate::supervise): its
+    /// pid and start (microseconds since the epoch); 0 when the main process is the gateway
+    /// itself or nothing runs.
+    pub gateway_pid: u32,
+    pub gateway_start_usec: u64,
 }
 
 /// Which entries of a unit's journal to read.
@@ -84,6 +89,11 @@ pub struct JournalQuery {
     pub start: JournalStart,
     /// Newest first.
     pub reverse: bool,
+    /// Only entries whose message starts with this text (journalctl's `--grep`).
+    pub message_prefix: Option<&'static str>,
+    /// Only entries written from the first (included) to the second (excluded) realtime,
+    /// microseconds since the epoch: one gateway run within a unit run (crate::supervise).
+    pub span: Option<(Option<u64>, Option<u64>)>,
 }
 
 /// Where a journal read starts.
@@ -135,6 +145,8 @@ pub enum SystemError {
         unit: String,
         detail: String,
     },
+    #[error("the gateway of {unit} cannot be relaunched in place: {detail}")]
+    Relaunch { unit: String, detail: String },
     #[error("systemd cannot be reached over D-Bus: {0}")]
     Bus(String),
     #[error("the systemd job for {unit} did not finish within {seconds} s")]
@@ -175,6 +187,11 @@ pub trait System {
     /// Restarts (or starts) a unit and waits for its job to finish, subscribing to
     /// `JobRemoved` before the job is queued. A job result other than `done` is an error.
     fn restart_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
+    /// Asks the unit's supervising launcher (its main process, crate::supervise) to relaunch
+    /// its gateway in place (SIGHUP through `KillUnit`), then waits until every other process
+    /// the unit ran before is gone, so that what answers afterwards is the new gateway. Fails
+    /// before any signal when the main process is not such a launcher or runs nothing yet.
+    fn relaunch_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// Stops a unit and waits for its job; succeeds if the unit was not loaded or not running.
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// ReloadUnit: runs the unit's `ExecReload=` (the Agent's network unit applies its egress

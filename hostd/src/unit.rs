@@ -1,5 +1,6 @@
 //! The systemd unit of one Agent. Its text depends only on the Agent (never on the revision),
-//! so a revision cutover is a pointer flip plus `RestartUnit`, with no daemon-reload.
+//! so a revision cutover is a pointer flip plus a relaunch of the gateway inside the running
+//! unit (`crate::supervise`) or a `RestartUnit`, with no daemon-reload.
 
 use std::fmt::Write;
 
@@ -244,13 +245,14 @@ pub fn render(
     );
     let _ = writeln!(u, "Environment=OPENCLAW_GATEWAY_PORT={port}");
     let _ = writeln!(u, "Environment=OPENCLAW_DISABLE_BONJOUR=1");
-    // Optional ("-"): present only when a revision's configuration uses password auth.
-    let _ = writeln!(u, "EnvironmentFile=-{}", paths.password_file.display());
-    // The operator's own credentials; hostd never writes this file and reads it only to redact
-    // its values from the Agent's logs (engine/runtime.rs).
-    let _ = writeln!(u, "EnvironmentFile=-{}", paths.operator_env.display());
-    // What the operator's before-workload-start hooks returned (engine/hooks.rs).
-    let _ = writeln!(u, "EnvironmentFile=-{}", paths.launch_env.display());
+    // Optional ("-") each (crate::layout::ENV_FILES, in this order): the gateway password,
+    // present only when a revision's configuration uses password auth; the operator's own
+    // credentials, which hostd never writes and reads only to redact their values from the
+    // Agent's logs (engine/runtime.rs); what the operator's before-workload-start hooks
+    // returned (engine/hooks.rs). crate::start_env records what a start read.
+    for file in paths.env_files() {
+        let _ = writeln!(u, "EnvironmentFile=-{}", file.display());
+    }
     // Secrets: in clear only in the unit's runtime directory (tmpfs, removed by systemd
     // whenever the unit stops), written there before every start by hostd as root, and seen
     // by the gateway read-only at the fixed path (crate::secrets).
@@ -258,11 +260,12 @@ pub fn render(
         let _ = writeln!(u, "{line}");
     }
     // The launcher confines binds to the Agent's port (Landlock), refuses to start while a
-    // requested workspace setup has not completed (engine/workspace.rs), then execs the
-    // gateway.
+    // requested workspace setup has not completed (engine/workspace.rs), then runs the
+    // gateway as its child and stays, so that a cutover relaunches the gateway inside this
+    // sandbox instead of restarting the unit (crate::supervise).
     let _ = writeln!(
         u,
-        "ExecStart={LAUNCHER} exec-gateway --port {port} --agent-dir {dir} -- {}",
+        "ExecStart={LAUNCHER} exec-gateway --supervise --stop-timeout-secs {stop_timeout_secs} --port {port} --agent-dir {dir} -- {}",
         gateway_command.join(" ")
     );
     let _ = writeln!(u, "Restart=always");
@@ -398,7 +401,7 @@ mod tests {
         assert!(is_owned_by(&text, &ns, &agent));
         assert!(
             text.contains(&format!(
-                "ExecStart=/usr/sbin/hostd exec-gateway --port 18700 --agent-dir {} -- /usr/bin/gw run\n",
+                "ExecStart=/usr/sbin/hostd exec-gateway --supervise --stop-timeout-secs 30 --port 18700 --agent-dir {} -- /usr/bin/gw run\n",
                 paths.dir.display()
             )),
             "{text}"

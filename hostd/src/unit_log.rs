@@ -39,20 +39,45 @@ pub fn arguments(query: &JournalQuery) -> Result<Vec<String>, SystemError> {
         "--output-fields=MESSAGE,_PID,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,EXIT_CODE,EXIT_STATUS,_LINE_BREAK"
             .to_owned(),
     ];
-    match &query.start {
-        JournalStart::Head => {}
-        JournalStart::Tail { n, since } => {
+    let (span_from, span_until) = query.span.unwrap_or((None, None));
+    // The later of the start's own "since" and the span's start, in microseconds.
+    let since = |seconds: Option<u64>| -> Option<u64> {
+        let from_start = seconds.map(|s| s.saturating_mul(1_000_000));
+        from_start.max(span_from)
+    };
+    let at = |usec: u64| format!("@{}.{:06}", usec / 1_000_000, usec % 1_000_000);
+    let since_usec = match &query.start {
+        JournalStart::Head => since(None),
+        JournalStart::Tail { n, since: s } => {
             args.push(format!("--lines={n}"));
-            if let Some(since) = since {
-                args.push(format!("--since=@{since}"));
-            }
+            since(*s)
         }
-        JournalStart::Since(since) => args.push(format!("--since=@{since}")),
+        JournalStart::Since(s) => since(Some(*s)),
         JournalStart::After(cursor) => {
             clawfleet_protocol::runtime::LogCursor::new(cursor.clone())
                 .map_err(|detail| SystemError::JournalCursor { detail })?;
             args.push(format!("--after-cursor={cursor}"));
+            since(None)
         }
+    };
+    if let Some(usec) = since_usec {
+        args.push(format!("--since={}", at(usec)));
+    }
+    // journalctl's --until includes its time; the span's end does not.
+    if let Some(until) = span_until {
+        args.push(format!("--until={}", at(until.saturating_sub(1))));
+    }
+    if let Some(prefix) = query.message_prefix {
+        if !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b' ' | b'-' | b':'))
+        {
+            return Err(SystemError::Journal {
+                detail: format!("{prefix:?} is not a plain message prefix"),
+            });
+        }
+        args.push(format!("--grep=^{prefix}"));
+        args.push("--case-sensitive=true".to_owned());
     }
     if query.reverse {
         args.push("--reverse".to_owned());
@@ -426,6 +451,8 @@ mod tests {
             supervisor_only: false,
             start: JournalStart::Tail { n: 5, since: None },
             reverse: false,
+            message_prefix: None,
+            span: None,
         };
         assert!(arguments(&q("sshd.service", None)).is_err());
         let unit = "clawfleet-agent-0123456789abcdef0123456789abcdef.service";
@@ -437,6 +464,32 @@ mod tests {
             ..q(unit, None)
         };
         assert!(arguments(&bad_cursor).is_err());
+        // One gateway run: from its start (included) to the next one's (excluded), the
+        // later of two starts winning.
+        let run = JournalQuery {
+            start: JournalStart::Tail {
+                n: 5,
+                since: Some(1_700_000_000),
+            },
+            span: Some((Some(1_700_000_001_000_002), Some(1_700_000_009_500_000))),
+            message_prefix: Some("hostd exec-gateway: relaunched"),
+            ..q(unit, None)
+        };
+        let args = arguments(&run).unwrap();
+        for want in [
+            "--lines=5",
+            "--since=@1700000001.000002",
+            "--until=@1700000009.499999",
+            "--grep=^hostd exec-gateway: relaunched",
+            "--case-sensitive=true",
+        ] {
+            assert!(args.contains(&want.to_owned()), "{want} in {args:?}");
+        }
+        let bad_prefix = JournalQuery {
+            message_prefix: Some("a.*"),
+            ..q(unit, None)
+        };
+        assert!(arguments(&bad_prefix).is_err());
     }
 
     /// The redaction corpus through hostd's log path: each case as journalctl's export

@@ -155,7 +155,7 @@ fn facts(host: &TestHost, n: &str, a: &str) -> BTreeMap<String, String> {
          echo pending=$(find . -name '*.pending-*' | wc -l); \
          echo run_files=$(ls journal 2>/dev/null | grep -c '\\.run$'); \
          echo hostd=$(for p in $(pgrep -x hostd); do \
-             tr '\\0' ' ' < /proc/$p/cmdline | grep -q '^/usr/sbin/hostd front ' || echo $p; \
+             tr '\\0' ' ' < /proc/$p/cmdline | grep -qE '^/usr/sbin/hostd (front|exec-gateway) ' || echo $p; \
          done | wc -l)",
         dir = p.dir.display(),
         acct = p.account,
@@ -182,8 +182,9 @@ fn assert_clean(f: &BTreeMap<String, String>, what: &str) {
         assert_eq!(f[k], want, "{what}: {k} ({f:?})");
     }
     // Only the ssh session running this check: no hostd left running.
-    // Agents' fronts (`hostd front`, issue 28) are daemons of their own; no operation's
-    // hostd may be left.
+    // Agents' fronts (`hostd front`, issue 28) are daemons of their own, and so are the
+    // launchers that run each gateway (`hostd exec-gateway --supervise`, src/supervise.rs);
+    // no operation's hostd may be left.
     assert_eq!(f["hostd"], "0", "{what}: a hostd process is left ({f:?})");
 }
 

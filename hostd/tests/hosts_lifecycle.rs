@@ -25,6 +25,27 @@ fn port(r: &OperationResult) -> u16 {
     }
 }
 
+/// The unit's run: its main process and invocation (both change only when systemd starts it).
+fn unit_run(host: &clawfleet_vm_tests::TestHost, unit: &str) -> (String, String) {
+    let out = host
+        .run_ok(&format!(
+            "systemctl show -P MainPID {unit}; systemctl show -P InvocationID {unit}"
+        ))
+        .unwrap();
+    let mut lines = out.lines().map(|l| l.trim().to_owned());
+    (
+        lines.next().unwrap_or_default(),
+        lines.next().unwrap_or_default(),
+    )
+}
+
+/// The pid of the gateway answering on `port` (the test gateway's `/info`).
+fn gateway_pid(host: &clawfleet_vm_tests::TestHost, port: u16) -> String {
+    let (_, info) = curl(host, port, "/info");
+    let info: serde_json::Value = serde_json::from_str(info.trim()).unwrap();
+    info["pid"].to_string()
+}
+
 #[test]
 fn two_agents_full_lifecycle_on_a_real_host() {
     skip_unless_hosts!();
@@ -149,7 +170,11 @@ fn two_agents_full_lifecycle_on_a_real_host() {
     ))
     .unwrap();
 
-    // Replace a1 with revision 2: a revision-only cutover, no daemon-reload.
+    // Replace a1 with revision 2: a revision-only cutover, no daemon-reload, and no restart
+    // of the unit either: its launcher relaunches the gateway inside the same unit run
+    // (hostd/src/supervise.rs).
+    let run_before = unit_run(&host, &a.unit_name);
+    let gateway_before = gateway_pid(&host, p1);
     let unit_before = host
         .run_ok(&format!("stat -c %i:%Y {}", a.unit_file.display()))
         .unwrap();
@@ -188,6 +213,66 @@ fn two_agents_full_lifecycle_on_a_real_host() {
     );
     let (_, info) = curl(&host, p1, "/info");
     assert!(info.contains("a1-rev-2"), "{info}");
+    assert_eq!(
+        unit_run(&host, &a.unit_name),
+        run_before,
+        "the unit was restarted, not its gateway relaunched"
+    );
+    let gateway_after = gateway_pid(&host, p1);
+    assert_ne!(
+        gateway_after, gateway_before,
+        "the gateway was not relaunched"
+    );
+    assert_eq!(
+        host.run_ok(&format!("ps -o ppid= -p {gateway_after}"))
+            .unwrap()
+            .trim(),
+        run_before.0,
+        "the new gateway is not the launcher's child"
+    );
+    assert!(
+        host.run(&format!("kill -0 {gateway_before}"))
+            .unwrap()
+            .status
+            .code()
+            != Some(0),
+        "the old gateway outlived the relaunch"
+    );
+    // What systemd reads only at a start changed (the operator's env file): the next
+    // cutover restarts the unit, and the gateway sees the new value.
+    host.run_ok(&format!("echo CF_OPERATOR_VALUE=v2 > {adir}/env"))
+        .unwrap();
+    let r3 = spec("rev-3", 3, json!({"label": "a1-rev-3"}));
+    occ.ok(&host, prepare("ns1", "a1", &r3));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r3))),
+    );
+    let run_restarted = unit_run(&host, &a.unit_name);
+    assert_ne!(
+        run_restarted.1, run_before.1,
+        "a changed env file needs a restart"
+    );
+    let (_, info) = curl(&host, p1, "/info");
+    assert!(info.contains("a1-rev-3"), "{info}");
+    let env = host
+        .run_ok(&format!(
+            "tr '\\0' '\\n' < /proc/{}/environ",
+            gateway_pid(&host, p1)
+        ))
+        .unwrap();
+    assert!(env.contains("CF_OPERATOR_VALUE=v2"), "{env}");
+    // And the cutover after that, with nothing new to read, is in place again.
+    let r4 = spec("rev-4", 4, json!({"label": "a1-rev-4"}));
+    occ.ok(&host, prepare("ns1", "a1", &r4));
+    occ.ok(
+        &host,
+        Operation::ActivateRevision(ActivateArgs::from(rargs("ns1", "a1", &r4))),
+    );
+    assert_eq!(unit_run(&host, &a.unit_name), run_restarted);
+    let (_, info) = curl(&host, p1, "/info");
+    assert!(info.contains("a1-rev-4"), "{info}");
+    let r2 = r4;
     // Activating again is a no-op (fast path).
     match occ.ok(
         &host,
@@ -229,7 +314,7 @@ fn two_agents_full_lifecycle_on_a_real_host() {
     // Status from the host itself.
     let table = host.run_ok("hostd status").unwrap();
     assert!(
-        table.contains("a1") && table.contains("rev-2") && table.contains("active/running"),
+        table.contains("a1") && table.contains("rev-4") && table.contains("active/running"),
         "{table}"
     );
     let json: serde_json::Value =

@@ -160,7 +160,8 @@ fn activated(host: &TestHost, r: ResultMessage, unit: &str) -> ActivateResult {
     }
 }
 
-/// `(User, MainPID)` of the unit per systemd, and the user `ps` sees running that PID.
+/// The unit's `User=` per systemd, its gateway's pid (its launcher's child), and the user
+/// `ps` sees running that PID.
 fn unit_user(host: &TestHost, unit: &str) -> (String, u32, String) {
     let show = host
         .run_ok(&format!("systemctl show -p User,MainPID {unit}"))
@@ -172,8 +173,10 @@ fn unit_user(host: &TestHost, unit: &str) -> (String, u32, String) {
             .trim()
             .to_owned()
     };
-    let pid: u32 = field("MainPID").parse().unwrap();
-    assert_ne!(pid, 0, "the unit has no main process: {show}");
+    let main: u32 = field("MainPID").parse().unwrap();
+    assert_ne!(main, 0, "the unit has no main process: {show}");
+    let pid = unit_gateway_pid(host, unit);
+    assert_ne!(pid, 0, "the unit's launcher runs no gateway: {show}");
     // Wide column: `ps` prints a numeric uid when a 28-character name does not fit.
     let ps_user = host
         .run_ok(&format!("ps -o user:64= -p {pid}"))
@@ -326,7 +329,8 @@ fn real_openclaw_gateway_through_hostd() {
         .unwrap();
     assert!(
         unit_text.contains(&format!(
-            "ExecStart=/usr/sbin/hostd exec-gateway --port {port} --agent-dir {dir} -- {}\n",
+            // unit_stop_timeout_ms above.
+            "ExecStart=/usr/sbin/hostd exec-gateway --supervise --stop-timeout-secs 60 --port {port} --agent-dir {dir} -- {}\n",
             paths.exec_start()
         )),
         "{unit_text}"

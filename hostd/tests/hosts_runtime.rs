@@ -241,7 +241,7 @@ fn runtime_logs_redaction_paging_and_previous_run_on_a_real_host() {
     );
     assert_eq!(f.code, FailureCode::LogCursorInvalid, "{f}");
 
-    // A restart onto rev-2: --previous reads run one only.
+    // A cutover onto rev-2, in place (hostd/src/supervise.rs): --previous reads run one only.
     let r2 = spec(
         "rev-2",
         2,
@@ -268,11 +268,13 @@ fn runtime_logs_redaction_paging_and_previous_run_on_a_real_host() {
         "{prev_text:?}"
     );
     assert!(prev.invocation_id.is_some());
+    // The same unit run: the gateway's run before is the span up to the launcher's relaunch
+    // line in it.
     let rt2 = runtime(&occ, &host, "a1", 0);
-    assert_ne!(
+    assert_eq!(
         rt2.workload.unwrap().invocation_id,
         prev.invocation_id,
-        "the current run is another invocation"
+        "the cutover restarted the unit instead of relaunching its gateway in place"
     );
 }
 

@@ -49,12 +49,9 @@ fn put_ok(occ: &Coordinator, host: &TestHost, secrets: Vec<SealedSecret>) -> Put
     }
 }
 
+/// The gateway's pid (its launcher's child).
 fn main_pid(host: &TestHost, unit: &str) -> u32 {
-    host.run_ok(&format!("systemctl show -p MainPID --value {unit}"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    unit_gateway_pid(host, unit)
 }
 
 /// `uid mode type fstype sha256` of the secret file as the gateway's process sees it (in its

@@ -86,6 +86,18 @@ fn unit_property(fleet: &Fleet, property: &str) -> String {
     .to_owned()
 }
 
+/// The Agent's gateway: the child of its launcher, the unit's main process
+/// (hostd/src/supervise.rs).
+fn gateway_pid(fleet: &Fleet) -> String {
+    let main = unit_property(fleet, "MainPID");
+    on_host(
+        fleet,
+        &format!("cut -d' ' -f1 /proc/{main}/task/{main}/children"),
+    )
+    .trim()
+    .to_owned()
+}
+
 #[test]
 fn coordinator_defects_on_a_real_host() {
     if let Some(reason) = clawfleet_vm_tests::skip_reason() {
@@ -235,7 +247,7 @@ fn coordinator_defects_on_a_real_host() {
         .unwrap()["status"]
         .clone();
     assert_eq!(candidate_status, "activating", "{failed_once}");
-    let pid = unit_property(&fleet, "MainPID");
+    let pid = gateway_pid(&fleet);
     let restarts = unit_property(&fleet, "NRestarts");
     // Retries after the commit spend no attempt (the counter stays), so a retry pass is seen
     // as a new time of the candidate's lastAttempt (each pass waits out the 2 s readiness).
@@ -266,7 +278,7 @@ fn coordinator_defects_on_a_real_host() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(
-        unit_property(&fleet, "MainPID"),
+        gateway_pid(&fleet),
         pid,
         "a retry of the activation restarted the unchanged gateway"
     );

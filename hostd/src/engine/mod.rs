@@ -209,9 +209,10 @@ pub(crate) fn system_failure(e: SystemError) -> Failure {
         SystemError::Chown { .. } | SystemError::Sockets { .. } => FailureCode::IoFailed,
         SystemError::Journal { .. } => FailureCode::JournalUnavailable,
         SystemError::JournalCursor { .. } => FailureCode::LogCursorInvalid,
-        SystemError::Systemd { .. } | SystemError::Bus(_) | SystemError::JobTimeout { .. } => {
-            FailureCode::SystemdUnavailable
-        }
+        SystemError::Systemd { .. }
+        | SystemError::Bus(_)
+        | SystemError::JobTimeout { .. }
+        | SystemError::Relaunch { .. } => FailureCode::SystemdUnavailable,
     };
     Failure::new(code, e.to_string())
 }

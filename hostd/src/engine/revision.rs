@@ -24,6 +24,7 @@ use crate::fsutil;
 use crate::layout::{AgentPaths, dir_name};
 use crate::listener::{self, Ownership};
 use crate::markers::{self, RevisionMarker, SCHEMA, ServedMarker, StartedMarker};
+use crate::secrets as at_rest;
 use crate::system::Ids;
 use crate::unit;
 
@@ -765,7 +766,11 @@ impl Engine<'_> {
                 false
             }
         };
-        let outcome = self.cut_over_and_wait(ctx, args, paths, agent_marker.port, ids.uid);
+        // An unchanged unit runs the launcher that stays: its gateway can be relaunched in
+        // place (`relaunch_in_place`).
+        let in_place = (!unit_changed).then_some(ids);
+        let outcome =
+            self.cut_over_and_wait(ctx, args, paths, agent_marker.port, ids.uid, in_place);
         // Compensation: the start hooks ran and the candidate does not serve (and nothing
         // was restored in its place), so the stop hooks undo what they set up, once.
         if hooks_ran
@@ -793,6 +798,7 @@ impl Engine<'_> {
         paths: &AgentPaths,
         port: u16,
         uid: u32,
+        in_place: Option<Ids>,
     ) -> Result<Option<Restored>, Failure> {
         let rev = &args.revision;
         ctx.step(Step::PointerFlip)?;
@@ -802,7 +808,7 @@ impl Engine<'_> {
         if args.restore.is_some() {
             ctx.detach();
         }
-        match self.cut_over(ctx, paths, rev) {
+        match self.cut_over(ctx, paths, rev, in_place) {
             Ok(()) => {
                 ctx.step(Step::Readiness)?;
                 self.ready_or_restore(ctx, args, paths, port, uid)
@@ -816,13 +822,16 @@ impl Engine<'_> {
         }
     }
 
-    /// Points `current` at `rev` and restarts the unit: from the first write until readiness
-    /// nothing is served, whatever happens to this process.
+    /// Points `current` at `rev` and restarts the unit, or, with `in_place` (the Agent's ids)
+    /// where nothing a start reads changed, relaunches its gateway within the running unit:
+    /// from the first write until readiness nothing is served, whatever happens to this
+    /// process.
     fn cut_over(
         &self,
         ctx: &mut Ctx<'_>,
         paths: &AgentPaths,
         rev: &RevisionRef,
+        in_place: Option<Ids>,
     ) -> Result<(), Failure> {
         self.sweep_pending(&paths.dir);
         // Durably forget what served before, then move `current`.
@@ -833,10 +842,64 @@ impl Engine<'_> {
             .map_err(fs_failure)?;
         self.write_live_config(paths, &rev.id)?;
         ctx.step(Step::Restart)?;
-        self.system
-            .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
-            .map_err(system_failure)?;
+        let relaunched = in_place.is_some_and(|ids| self.relaunch_in_place(ctx, paths, rev, ids));
+        if !relaunched {
+            self.system
+                .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
+                .map_err(system_failure)?;
+        }
         self.record_started(ctx, paths, rev)
+    }
+
+    /// Relaunches the gateway inside its running unit (`System::relaunch_unit`), keeping the
+    /// sandbox systemd built at the unit's start: no stop and start jobs, no `ExecStartPre=`
+    /// (issue 34's cutover overhead). Only where a restart would give the gateway nothing
+    /// else: the unit runs, its environment files hold what its start read
+    /// (`crate::start_env`), and its runtime directory is there to take the secrets, written
+    /// here as the unit's `ExecStartPre=` would. False, with the reason logged, when the unit
+    /// is to be restarted instead (also when the relaunch itself failed).
+    fn relaunch_in_place(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        rev: &RevisionRef,
+        ids: Ids,
+    ) -> bool {
+        let attempt = || -> Result<(), String> {
+            let state = self
+                .system
+                .unit_state(&paths.unit_name)
+                .map_err(|e| e.to_string())?;
+            if (state.active_state.as_str(), state.sub_state.as_str()) != ("active", "running") {
+                return Err(format!(
+                    "the unit is {}/{}",
+                    state.active_state, state.sub_state
+                ));
+            }
+            if !crate::start_env::unchanged(&paths.dir).map_err(|e| e.to_string())? {
+                return Err("its environment files are not what its start read".to_owned());
+            }
+            let runtime = at_rest::runtime_dir(&self.layout.run_dir, &paths.unit_name);
+            if fsutil::kind(&runtime).map_err(|e| e.to_string())? != fsutil::Kind::Dir {
+                return Err("its runtime directory is missing".to_owned());
+            }
+            let (values, _) = at_rest::load_keeping(&paths.dir, &at_rest::creds_decrypt, &|v| {
+                at_rest::read_kept(&runtime, &v.name)
+            })
+            .map_err(|e| e.to_string())?;
+            at_rest::write_files(&runtime, ids, &values).map_err(|e| e.to_string())?;
+            tracing::info!(operation_id = %ctx.operation_id, revision = %rev.id, "relaunching the gateway in place");
+            self.system
+                .relaunch_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
+                .map_err(|e| e.to_string())
+        };
+        match attempt() {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::info!(operation_id = %ctx.operation_id, revision = %rev.id, "restarting the unit, not relaunching in place: {why}");
+                false
+            }
+        }
     }
 
     /// A verified snapshot's configuration, parsed (`Null` when it does not parse, which no
@@ -955,7 +1018,8 @@ impl Engine<'_> {
         let restore = (|| {
             self.verify_snapshot(&args.namespace.id, &args.agent.id, paths, prev)?;
             ctx.step(Step::PointerFlip)?;
-            self.cut_over(ctx, paths, prev)?;
+            // A restart, never in place: the candidate may have left anything behind.
+            self.cut_over(ctx, paths, prev, None)?;
             ctx.step(Step::Readiness)?;
             self.wait_ready(ctx, paths, port, uid)?.log(ctx);
             self.record_served(ctx, paths, prev)

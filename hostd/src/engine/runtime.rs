@@ -28,8 +28,15 @@ const PREVIOUS_SCAN_MAX: usize = 10_000;
 /// Most supervisor entries scanned, newest first, for the last exit.
 const EXIT_SCAN_MAX: usize = 200;
 
+/// One run of the gateway: a unit run (its invocation), or the part of one between two
+/// relaunches (`span`, realtime microseconds, see `JournalQuery::span`).
+struct GatewayRun {
+    invocation: String,
+    span: Option<(Option<u64>, Option<u64>)>,
+}
+
 /// Largest env file read for its secret values.
-const ENV_FILE_MAX: u64 = 64 * 1024;
+use crate::start_env::ENV_FILE_MAX;
 
 impl Engine<'_> {
     /// The Agent's paths, once its Namespace and directory are verified as this Agent's.
@@ -95,6 +102,13 @@ impl Engine<'_> {
 
     fn workload(&self, paths: &AgentPaths, run: &UnitRuntime) -> Workload {
         let at = |usec: u64| (usec > 0).then(|| format_rfc3339_micros(usec));
+        // The gateway's process: under a supervising launcher (crate::supervise) its child,
+        // which a cutover relaunches within the same unit run.
+        let (gateway_pid, started_usec) = if run.gateway_pid > 0 {
+            (run.gateway_pid, run.gateway_start_usec)
+        } else {
+            (run.main_pid, run.exec_main_start_usec)
+        };
         let kind = match run.exec_main_code {
             1 => Some(ExitKind::Exited),
             2 => Some(ExitKind::Killed),
@@ -107,13 +121,11 @@ impl Engine<'_> {
             active_state: run.state.active_state.clone(),
             sub_state: run.state.sub_state.clone(),
             restarts: run.state.n_restarts,
-            main_pid: (run.main_pid > 0).then_some(run.main_pid),
-            main_uid: (run.main_pid > 0)
-                .then(|| self.system.process_uid(run.main_pid))
+            main_pid: (gateway_pid > 0).then_some(gateway_pid),
+            main_uid: (gateway_pid > 0)
+                .then(|| self.system.process_uid(gateway_pid))
                 .flatten(),
-            started_at: (run.main_pid > 0)
-                .then(|| at(run.exec_main_start_usec))
-                .flatten(),
+            started_at: (gateway_pid > 0).then(|| at(started_usec)).flatten(),
             last_exit: kind.map(|kind| LastExit {
                 kind,
                 status: run.state.exec_main_status,
@@ -143,6 +155,8 @@ impl Engine<'_> {
             supervisor_only: true,
             start: JournalStart::Head,
             reverse: true,
+            message_prefix: None,
+            span: None,
         };
         let mut found = None;
         let mut seen = 0usize;
@@ -207,10 +221,11 @@ impl Engine<'_> {
         previous: bool,
         limit: PageLines,
     ) -> Result<LogPage, Failure> {
-        let invocation = if previous {
-            Some(self.previous_run(ctx, paths)?)
+        let (invocation, span) = if previous {
+            let run = self.previous_run(ctx, paths)?;
+            (Some(run.invocation), run.span)
         } else {
-            None
+            (None, None)
         };
         let (journal_start, tail, limit) = match start {
             LogStart::Tail { lines, since_unix } => (
@@ -234,6 +249,8 @@ impl Engine<'_> {
             supervisor_only: false,
             start: journal_start,
             reverse: false,
+            message_prefix: None,
+            span,
         };
         let mut page = PageBuilder::new(limit, tail);
         if let LogStart::After { cursor } = start {
@@ -258,29 +275,77 @@ impl Engine<'_> {
         Ok(page.finish(invocation))
     }
 
-    /// The invocation id of the run before the unit's current (or last) one, from systemd's
-    /// own messages about the unit, newest first.
-    fn previous_run(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Result<String, Failure> {
+    /// The gateway's run before its current (or last) one. A cutover in place relaunches
+    /// the gateway within the unit's run (crate::supervise), so that is the span between the
+    /// launcher's last two relaunch lines in the unit's current run, when it has one;
+    /// otherwise the unit's run before, from systemd's own messages about the unit, newest
+    /// first, from its last relaunch line on if it has any.
+    fn previous_run(&self, ctx: &Ctx<'_>, paths: &AgentPaths) -> Result<GatewayRun, Failure> {
         let current = self
             .system
             .unit_runtime(&paths.unit_name)
             .map_err(system_failure)?
             .invocation_id;
+        if !current.is_empty() {
+            let relaunches = self.relaunches(ctx, paths, &current, 2)?;
+            if let Some(&newest) = relaunches.first() {
+                return Ok(GatewayRun {
+                    invocation: current,
+                    span: Some((relaunches.get(1).copied(), Some(newest))),
+                });
+            }
+        }
         let found = self.newest_supervisor_entry(ctx, paths, PREVIOUS_SCAN_MAX, |record| {
             record
                 .invocation
                 .clone()
                 .filter(|id| !id.is_empty() && *id != current)
         })?;
-        found.ok_or_else(|| {
-            Failure::new(
-                FailureCode::PreviousRunMissing,
-                format!(
-                    "the journal holds no run of {} before the current one",
-                    paths.unit_name
-                ),
-            )
-        })
+        if let Some(invocation) = found {
+            let last = self.relaunches(ctx, paths, &invocation, 1)?;
+            return Ok(GatewayRun {
+                span: last.first().map(|from| (Some(*from), None)),
+                invocation,
+            });
+        }
+        Err(Failure::new(
+            FailureCode::PreviousRunMissing,
+            format!(
+                "the journal holds no run of {} before the current one",
+                paths.unit_name
+            ),
+        ))
+    }
+
+    /// When the launcher relaunched the gateway within the unit's run `invocation`, newest
+    /// first, at most `max` (realtime microseconds of its lines).
+    fn relaunches(
+        &self,
+        ctx: &Ctx<'_>,
+        paths: &AgentPaths,
+        invocation: &str,
+        max: usize,
+    ) -> Result<Vec<u64>, Failure> {
+        let query = JournalQuery {
+            unit: paths.unit_name.clone(),
+            invocation: Some(invocation.to_owned()),
+            supervisor_only: false,
+            start: JournalStart::Head,
+            reverse: true,
+            message_prefix: Some(crate::supervise::RELAUNCHED),
+            span: None,
+        };
+        let mut found = Vec::new();
+        self.system
+            .read_journal(&query, ctx.deadline, &mut |record| {
+                // Only the launcher's own line, not systemd's about the unit.
+                if !record.from_supervisor {
+                    found.push(record.realtime_usec);
+                }
+                found.len() < max
+            })
+            .map_err(system_failure)?;
+        Ok(found)
     }
 
     /// The Agent's literal secrets: its gateway password, the values of its operator env
@@ -290,7 +355,7 @@ impl Engine<'_> {
     /// cannot be read fails the read: no page leaves without its redaction.
     fn agent_secrets(&self, paths: &AgentPaths) -> Result<Vec<String>, Failure> {
         let mut secrets = Vec::new();
-        for file in [&paths.password_file, &paths.operator_env, &paths.launch_env] {
+        for file in paths.env_files() {
             if matches!(
                 fsutil::kind(file).map_err(fs_failure)?,
                 fsutil::Kind::Missing
@@ -303,7 +368,7 @@ impl Engine<'_> {
                     format!("the log is not read without its redaction: {e}"),
                 )
             })?;
-            let all = file != &paths.launch_env;
+            let all = file != paths.launch_env;
             secrets.extend(
                 crate::unit_log::env_file(&String::from_utf8_lossy(&bytes))
                     .into_iter()

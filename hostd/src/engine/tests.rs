@@ -45,15 +45,20 @@ impl Host {
     }
 
     fn engine(&self) -> Engine<'_> {
-        Engine::new(
+        let mut engine = Engine::new(
             &self.config,
             &self.fake as &dyn System,
             Fingerprint::new(format!("SHA256:{}", "A".repeat(43))).unwrap(),
-        )
+        );
+        engine.layout.run_dir = self.layout().run_dir;
+        engine
     }
 
+    /// The host's layout, its units' runtime directories in its own temporary directory.
     fn layout(&self) -> Layout {
-        Layout::new(&self.config.state_root, &self.config.unit_dir)
+        let mut layout = Layout::new(&self.config.state_root, &self.config.unit_dir);
+        layout.run_dir = self._dir.path().join("run");
+        layout
     }
 
     fn run(&self, op: Operation) -> Result<OperationResult, Failure> {
@@ -335,6 +340,66 @@ fn full_lifecycle_over_the_fake() {
         other => panic!("{other:?}"),
     }
     assert!(!h.layout().namespace_dir(&id("ns1")).exists());
+}
+
+/// Issue 34 (cutover overhead): a revision cutover whose unit file and environment files
+/// are what the running unit started with relaunches the gateway inside the unit instead of
+/// restarting it; anything a start would read anew, or a relaunch that fails, restarts it.
+#[test]
+fn a_cutover_relaunches_the_gateway_in_place_only_when_a_restart_would_give_it_nothing_new() {
+    let h = Host::new();
+    h.ok(ensure("ns1"));
+    h.ok(prepare("ns1", "a1", "rev-1", 1));
+    h.ok(activate("ns1", "a1", "rev-1", 1));
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    let unit = paths.unit_name.clone();
+    // What the unit's ExecStartPre= does at every start (`hostd secret-files`).
+    let started = || {
+        std::fs::create_dir_all(crate::secrets::runtime_dir(&h.layout().run_dir, &unit)).unwrap();
+        crate::start_env::record(&paths.dir).unwrap();
+    };
+    let cutover = |rev: &str, n: u64| {
+        h.ok(prepare("ns1", "a1", rev, n));
+        h.fake.clear_calls();
+        match h.ok(activate("ns1", "a1", rev, n)) {
+            OperationResult::ActivateRevision(r) => {
+                assert!(r.restarted && !r.unit_changed, "{r:?}");
+                assert_eq!(r.observation.served, Some(id(rev)), "{r:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let calls = h.fake.calls();
+        (
+            calls.contains(&format!("relaunch {unit}")),
+            calls.contains(&format!("restart {unit}")),
+        )
+    };
+
+    // No record of what the running unit's start read (a unit from before, or a failed
+    // record): a restart.
+    assert_eq!(cutover("rev-2", 2), (false, true));
+    started();
+    assert_eq!(cutover("rev-3", 3), (true, false), "in place");
+    assert_eq!(
+        std::fs::read_link(&paths.current).unwrap(),
+        AgentPaths::current_target(&id("rev-3"))
+    );
+    assert_eq!(cutover("rev-4", 4), (true, false), "in place again");
+
+    // The operator's env file changed since the start: systemd must read it, so a restart.
+    std::fs::write(&paths.operator_env, "MODEL_KEY=k2\n").unwrap();
+    assert_eq!(cutover("rev-5", 5), (false, true));
+    started();
+    assert_eq!(cutover("rev-6", 6), (true, false));
+
+    // A relaunch that fails (the launcher is gone, a bus error): the unit is restarted.
+    h.fake.fail_next("relaunch");
+    assert_eq!(cutover("rev-7", 7), (true, true));
+
+    // A stopped unit is started, never relaunched.
+    started();
+    h.ok(Operation::StopRevision(rargs("ns1", "a1", "rev-7", 7)));
+    assert_eq!(cutover("rev-8", 8), (false, true));
 }
 
 #[test]
@@ -1508,6 +1573,63 @@ fn previous_reads_the_run_before_a_restart() {
         "{msgs:?}"
     );
     assert!(p.invocation_id.is_some());
+}
+
+/// A cutover in place is no new unit run, yet the gateway's run before is still the one it
+/// replaced: the span between the launcher's relaunch lines, in the same unit run.
+#[test]
+fn previous_reads_the_gateway_run_before_a_relaunch_in_place() {
+    use clawfleet_protocol::runtime::{LogStart, LogsArgs, PageLines};
+    let h = Host::new();
+    let unit = running_agent(&h, "a1");
+    let paths = h.layout().agent(&id("ns1"), &id("a1"));
+    // What the unit's ExecStartPre= does at every start.
+    std::fs::create_dir_all(crate::secrets::runtime_dir(&h.layout().run_dir, &unit)).unwrap();
+    crate::start_env::record(&paths.dir).unwrap();
+    let logs = |start: LogStart| {
+        let p = page(
+            h.run(Operation::AgentLogs(LogsArgs {
+                namespace: ns("ns1"),
+                agent: agent("a1"),
+                start,
+                previous: true,
+                limit: PageLines::max(),
+            }))
+            .unwrap(),
+        );
+        p.entries
+            .iter()
+            .map(|e| e.message.clone())
+            .filter(|m| m.ends_with(" run"))
+            .collect::<Vec<_>>()
+    };
+    let cutover = |rev: &str, n: u64| {
+        h.ok(prepare("ns1", "a1", rev, n));
+        h.fake.clear_calls();
+        h.ok(activate("ns1", "a1", rev, n));
+        assert!(h.fake.calls().contains(&format!("relaunch {unit}")));
+    };
+    h.fake.log_line(&unit, "first run");
+    cutover("rev-2", 2);
+    h.fake.log_line(&unit, "second run");
+    assert_eq!(logs(LogStart::Since { since_unix: 0 }), ["first run"]);
+    cutover("rev-3", 3);
+    h.fake.log_line(&unit, "third run");
+    assert_eq!(logs(LogStart::Since { since_unix: 0 }), ["second run"]);
+    assert_eq!(
+        logs(LogStart::Tail {
+            lines: PageLines::new(5).unwrap(),
+            since_unix: None
+        }),
+        ["second run"]
+    );
+    // After a restart (a new unit run), the previous run is the last gateway of the unit's
+    // run before: the third, not the three of them.
+    std::fs::write(&paths.operator_env, "K=v\n").unwrap();
+    h.ok(prepare("ns1", "a1", "rev-4", 4));
+    h.ok(activate("ns1", "a1", "rev-4", 4));
+    h.fake.log_line(&unit, "fourth run");
+    assert_eq!(logs(LogStart::Since { since_unix: 0 }), ["third run"]);
 }
 
 #[test]

@@ -455,6 +455,20 @@ pub fn configure_and_enrol(host: &TestHost, coordinator: &Coordinator, extra_con
     assert_eq!(before, after, "a second enrol changes nothing");
 }
 
+/// The pid of an Agent unit's gateway: the child of its launcher, which stays as the unit's
+/// main process (hostd/src/supervise.rs); 0 when nothing runs.
+#[allow(dead_code)]
+pub fn unit_gateway_pid(host: &TestHost, unit: &str) -> u32 {
+    host.run_ok(&format!(
+        "m=$(systemctl show -P MainPID {unit}); \
+         if [ \"$m\" != 0 ]; then cut -d' ' -f1 /proc/$m/task/$m/children 2>/dev/null; fi"
+    ))
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap_or(0)
+}
+
 /// `curl` inside the host.
 pub fn curl(host: &TestHost, port: u16, path: &str) -> (u16, String) {
     let out = host

@@ -1,0 +1,303 @@
+//! `hostd exec-gateway --supervise`: the launcher stays as the Agent unit's main process and
+//! runs the gateway as its child, so that a revision cutover relaunches the gateway inside the
+//! sandbox systemd already built, instead of restarting the unit (issue 34: a restart's stop
+//! and start jobs, its `ExecStartPre=` and the sandbox's set-up were most of a cutover).
+//!
+//! The protocol with hostd (`System::relaunch_unit`, engine/revision.rs):
+//! - SIGHUP (systemd's `KillUnit` of the main process) asks for a relaunch: the gateway's
+//!   process group gets SIGTERM, then SIGKILL after the stop timeout, every descendant left
+//!   SIGKILL; then the gateway starts again from the same command, in the
+//!   same environment and confinement (hostd relaunches only when the unit's environment
+//!   files are what systemd read at its start, `crate::start_env`).
+//! - SIGTERM or SIGINT (the unit's stop) goes to the gateway's process group; the launcher
+//!   waits for it.
+//! - When the gateway ends by itself, or after a stop, the launcher ends the same way (the
+//!   same exit status, or the same signal), so `Restart=`, `RestartPreventExitStatus=` and
+//!   `ExecMainStatus` mean what they meant when the gateway was the main process.
+//!
+//! The four signals are blocked before anything else and taken with `sigtimedwait`, never in
+//! a handler; the gateway starts with an empty mask (std's `Command` resets it). hostd sends a
+//! relaunch only once a process runs beside the launcher, that is once the mask is set.
+//!
+//! Unsafe code: `sigtimedwait` and `raise`, which nix does not offer with a timeout.
+#![allow(unsafe_code)]
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::libc;
+use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::launch::LaunchError;
+
+/// The first words of the launcher's line between two gateways in the unit's journal: the
+/// boundary of a gateway run within one unit run, which `agent-logs --previous` reads
+/// (engine/runtime.rs).
+pub const RELAUNCHED: &str = "hostd exec-gateway: relaunched the gateway in place";
+
+/// The signals the launcher takes synchronously.
+const HANDLED: [Signal; 4] = [
+    Signal::SIGHUP,
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGCHLD,
+];
+
+/// How the gateway (and so the launcher) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// It exited with this status.
+    Exited(i32),
+    /// A signal ended it.
+    Signalled(Signal),
+    /// The workspace guard refused a start (`EX_CONFIG`, the unit's
+    /// `RestartPreventExitStatus=`).
+    Refused,
+}
+
+/// What a supervised launch needs.
+pub struct Supervised<'a> {
+    /// The gateway command and its arguments.
+    pub command: &'a [String],
+    /// How long a relaunch waits for the old gateway before SIGKILL (the unit's
+    /// `TimeoutStopSec=`).
+    pub stop_timeout: Duration,
+    /// Checked before every start: `Err` (a sentence) refuses the start
+    /// (engine/workspace.rs's guard).
+    pub guard: &'a dyn Fn() -> Result<(), String>,
+}
+
+impl std::fmt::Debug for Supervised<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervised")
+            .field("command", &self.command)
+            .field("stop_timeout", &self.stop_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn handled() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in HANDLED {
+        set.add(s);
+    }
+    set
+}
+
+/// Blocks the launcher's signals; call first, before confinement or anything that can take
+/// time, so that none of them kills the launcher by its default action.
+pub fn block_signals() -> Result<(), LaunchError> {
+    signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled()), None).map_err(|e| {
+        LaunchError::Supervise {
+            call: "sigprocmask",
+            source: e.into(),
+        }
+    })
+}
+
+/// The next of the blocked signals, or `None` once `timeout` passes (`None`: wait for ever).
+fn next_signal(set: &SigSet, timeout: Option<Duration>) -> Option<Signal> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+    });
+    loop {
+        let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+        // SAFETY: `set` is a valid sigset; no siginfo wanted; `ts_ptr` is null or points at a
+        // live timespec.
+        let rc = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), ts_ptr) };
+        if rc >= 0 {
+            return Signal::try_from(rc).ok();
+        }
+        match Errno::last() {
+            Errno::EINTR => continue,
+            // EAGAIN: the timeout passed.
+            _ => return None,
+        }
+    }
+}
+
+/// Reaps every ended child; `Some` with the gateway's end once `gateway` is among them.
+fn reap(gateway: Pid) -> Option<End> {
+    let mut ended = None;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == gateway => ended = Some(End::Exited(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == gateway => {
+                ended = Some(End::Signalled(sig));
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return ended,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The launcher's children now: the gateway, and what it left behind, which a subreaper
+/// inherits (`/proc/<pid>/task/<pid>/children`; the launcher is single-threaded).
+fn children() -> Option<Vec<i32>> {
+    let me = std::process::id();
+    let text = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).ok()?;
+    Some(
+        text.split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect(),
+    )
+}
+
+/// SIGKILLs every descendant until none is left (or `deadline`): a gateway's helpers must not
+/// outlive it into the next one. Each killed child's own children are reparented here (the
+/// launcher is a subreaper) and killed in the next round. Only descendants: never a process
+/// the launcher did not start, wherever it runs.
+fn kill_leftovers(deadline: Instant) {
+    loop {
+        let _ = reap(Pid::from_raw(0));
+        let Some(left) = children() else {
+            return;
+        };
+        if left.is_empty() || Instant::now() >= deadline {
+            return;
+        }
+        for pid in left {
+            // Gone meanwhile: nothing more to do for it.
+            let _ = signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Starts the gateway in a process group of its own.
+fn start(s: &Supervised<'_>) -> Result<Pid, LaunchError> {
+    let (program, args) = s.command.split_first().ok_or(LaunchError::NoCommand)?;
+    let child = Command::new(program)
+        .args(args)
+        .process_group(0)
+        .spawn()
+        .map_err(|source| LaunchError::Exec {
+            command: program.clone(),
+            source,
+        })?;
+    let pid = i32::try_from(child.id()).map_err(|_| LaunchError::Supervise {
+        call: "spawn",
+        source: std::io::Error::other("the gateway's pid is out of range"),
+    })?;
+    // The launcher reaps it with waitpid; dropping the handle does not wait.
+    drop(child);
+    Ok(Pid::from_raw(pid))
+}
+
+/// Waits for the gateway to end, up to `timeout`; `None` when it is still running.
+fn wait_end(set: &SigSet, gateway: Pid, timeout: Duration, stop: &mut bool) -> Option<End> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(end) = reap(gateway) {
+            return Some(end);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        // SIGCHLD: reaped above; SIGHUP: the relaunch under way already answers it.
+        if let Some(Signal::SIGTERM | Signal::SIGINT) = next_signal(set, Some(left)) {
+            *stop = true;
+            let _ = signal::killpg(gateway, Signal::SIGTERM);
+        }
+    }
+}
+
+/// Stops the gateway for a relaunch or a stop: SIGTERM to its group, SIGKILL after the
+/// timeout, then whatever of the unit is left. Returns how it ended.
+fn stop_gateway(s: &Supervised<'_>, set: &SigSet, gateway: Pid, stop: &mut bool) -> End {
+    // Its group may be gone already (it ended on its own just now); the wait says.
+    let _ = signal::killpg(gateway, Signal::SIGTERM);
+    let end = match wait_end(set, gateway, s.stop_timeout, stop) {
+        Some(end) => end,
+        None => {
+            eprintln!(
+                "hostd exec-gateway: the gateway did not stop within {} s; killing it",
+                s.stop_timeout.as_secs()
+            );
+            let _ = signal::killpg(gateway, Signal::SIGKILL);
+            wait_end(set, gateway, Duration::from_secs(5), stop)
+                .unwrap_or(End::Signalled(Signal::SIGKILL))
+        }
+    };
+    kill_leftovers(Instant::now() + s.stop_timeout);
+    end
+}
+
+/// Runs the gateway until it ends or the unit stops, relaunching it on SIGHUP. The caller has
+/// blocked the signals ([`block_signals`]) and confined this process (inherited by every
+/// gateway it starts). Returns how the last gateway ended.
+pub fn run(s: &Supervised<'_>) -> Result<End, LaunchError> {
+    let set = handled();
+    // Helpers the gateway leaves behind are reparented here, not to PID 1, so a relaunch can
+    // end them. SAFETY: plain prctl with constant arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(LaunchError::Supervise {
+            call: "prctl(PR_SET_CHILD_SUBREAPER)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let mut generation: u64 = 0;
+    loop {
+        if let Err(why) = (s.guard)() {
+            eprintln!("hostd exec-gateway: {why}");
+            return Ok(End::Refused);
+        }
+        let gateway = start(s)?;
+        generation += 1;
+        if generation > 1 {
+            eprintln!("{RELAUNCHED} (pid {gateway}, start {generation})");
+        }
+        let mut stop = false;
+        loop {
+            match next_signal(&set, None) {
+                Some(Signal::SIGCHLD) => {
+                    if let Some(end) = reap(gateway) {
+                        kill_leftovers(Instant::now() + s.stop_timeout);
+                        return Ok(end);
+                    }
+                }
+                Some(Signal::SIGTERM | Signal::SIGINT) => {
+                    stop = true;
+                    return Ok(stop_gateway(s, &set, gateway, &mut stop));
+                }
+                Some(Signal::SIGHUP) => {
+                    eprintln!("hostd exec-gateway: relaunching the gateway (pid {gateway})");
+                    let end = stop_gateway(s, &set, gateway, &mut stop);
+                    if stop {
+                        return Ok(end);
+                    }
+                    break;
+                }
+                // Only a failing sigtimedwait answers nothing without a timeout: do not spin.
+                None => std::thread::sleep(Duration::from_millis(10)),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Ends this process the way the gateway ended: its exit status, or its signal (raised with
+/// the default action, unblocked). Returns the exit status to use should the signal not end
+/// it (one whose default action is to continue).
+pub fn end_like(end: End) -> u8 {
+    match end {
+        End::Exited(code) => u8::try_from(code).unwrap_or(1),
+        End::Refused => 78,
+        End::Signalled(sig) => {
+            // SAFETY: resetting a disposition to its default.
+            let _ = unsafe { signal::signal(sig, signal::SigHandler::SigDfl) };
+            let mut one = SigSet::empty();
+            one.add(sig);
+            let _ = signal::pthread_sigmask(SigmaskHow::SIG_UNBLOCK, Some(&one), None);
+            // SAFETY: raising a signal at this thread.
+            let _ = unsafe { libc::raise(sig as libc::c_int) };
+            128u8.saturating_add(sig as u8)
+        }
+    }
+}

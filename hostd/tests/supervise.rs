@@ -1,0 +1,185 @@
+//! `hostd exec-gateway --supervise` as a process (hostd/src/supervise.rs), without systemd: a
+//! relaunch replaces the gateway and ends everything it left behind while the launcher stays;
+//! the launcher ends the way its gateway ended. No root needed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A gateway stand-in: records its pid (and its helper's, one that ignores SIGTERM in a
+/// session of its own, so only the launcher's sweep of descendants can end it), then runs
+/// until SIGTERM, which it answers with `on_term`.
+fn gateway_script(dir: &Path, on_term: &str) -> String {
+    format!(
+        "setsid sh -c 'trap \"\" TERM; echo $$ >> {d}/helpers; while :; do sleep 0.05; done' & \
+         echo $$ >> {d}/pids; trap '{on_term}' TERM; while :; do sleep 0.05; done",
+        d = dir.display()
+    )
+}
+
+fn launcher(stop_timeout_secs: u64, script: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_hostd"))
+        .args([
+            "exec-gateway",
+            "--supervise",
+            "--stop-timeout-secs",
+            &stop_timeout_secs.to_string(),
+            "--port",
+            "40999",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+        ])
+        .spawn()
+        .unwrap()
+}
+
+/// Ends, by their own ids, whatever a failed test left running: the launcher and every
+/// gateway and helper it recorded.
+struct Cleanup<'a>(&'a Path, u32);
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        let recorded = lines(&self.0.join("pids"))
+            .into_iter()
+            .chain(lines(&self.0.join("helpers")));
+        for pid in recorded.chain([self.1 as i32]) {
+            if alive(pid) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+fn lines(path: &Path) -> Vec<i32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie still answers kill(0); its state says it is gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the launcher did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_relaunch_replaces_the_gateway_and_its_leftovers_and_the_launcher_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut l = launcher(5, &gateway_script(d, "exit 0"));
+    let _cleanup = Cleanup(d, l.id());
+    let launcher_pid = Pid::from_raw(l.id() as i32);
+    wait_for("the first gateway and its helper", || {
+        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
+    });
+    let (first, helper) = (lines(&d.join("pids"))[0], lines(&d.join("helpers"))[0]);
+
+    kill(launcher_pid, Signal::SIGHUP).unwrap();
+    wait_for("the second gateway", || lines(&d.join("pids")).len() == 2);
+    let second = lines(&d.join("pids"))[1];
+    assert_ne!(first, second);
+    wait_for("the first gateway to be gone", || !alive(first));
+    assert!(!alive(helper), "the first gateway's helper outlived it");
+    assert!(alive(second), "the new gateway runs");
+    assert!(l.try_wait().unwrap().is_none(), "the launcher stays");
+
+    // A second relaunch works the same way.
+    kill(launcher_pid, Signal::SIGHUP).unwrap();
+    wait_for("the third gateway", || lines(&d.join("pids")).len() == 3);
+    wait_for("the second gateway to be gone", || !alive(second));
+
+    // The unit's stop: the gateway gets SIGTERM and exits 0; so does the launcher, and
+    // nothing of the gateway is left.
+    let helpers = lines(&d.join("helpers"));
+    kill(launcher_pid, Signal::SIGTERM).unwrap();
+    let status = wait_exit(&mut l);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    for pid in lines(&d.join("pids")).into_iter().chain(helpers) {
+        wait_for("every gateway process to be gone", || !alive(pid));
+    }
+}
+
+#[test]
+fn the_launcher_ends_as_its_gateway_ended() {
+    // Exits by itself with EX_CONFIG: the launcher too (the unit's RestartPreventExitStatus).
+    let mut l = launcher(5, "exit 78");
+    assert_eq!(wait_exit(&mut l).code(), Some(78));
+
+    // Killed by a signal: the launcher ends by the same signal.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut l = launcher(5, &gateway_script(d, "exit 0"));
+    let _cleanup = Cleanup(d, l.id());
+    wait_for("the gateway", || lines(&d.join("pids")).len() == 1);
+    let gateway = lines(&d.join("pids"))[0];
+    kill(Pid::from_raw(gateway), Signal::SIGKILL).unwrap();
+    let status = wait_exit(&mut l);
+    assert_eq!(status.signal(), Some(libc_sigkill()), "{status:?}");
+    let helper = lines(&d.join("helpers"))[0];
+    wait_for("its helper to be gone", || !alive(helper));
+}
+
+#[test]
+fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut l = launcher(1, &gateway_script(d, ""));
+    let _cleanup = Cleanup(d, l.id());
+    wait_for("the gateway", || lines(&d.join("pids")).len() == 1);
+    let first = lines(&d.join("pids"))[0];
+    let asked = Instant::now();
+    kill(Pid::from_raw(l.id() as i32), Signal::SIGHUP).unwrap();
+    wait_for("the second gateway", || lines(&d.join("pids")).len() == 2);
+    assert!(
+        asked.elapsed() >= Duration::from_millis(900),
+        "the relaunch did not wait for the stop timeout: {:?}",
+        asked.elapsed()
+    );
+    assert!(!alive(first));
+    // The stop waits as long, then kills the gateway; the launcher ends by its SIGKILL.
+    kill(Pid::from_raw(l.id() as i32), Signal::SIGTERM).unwrap();
+    let status = wait_exit(&mut l);
+    assert_eq!(status.signal(), Some(libc_sigkill()), "{status:?}");
+    for pid in lines(&d.join("pids"))
+        .into_iter()
+        .chain(lines(&d.join("helpers")))
+    {
+        wait_for("every gateway process to be gone", || !alive(pid));
+    }
+}
+
+fn libc_sigkill() -> i32 {
+    Signal::SIGKILL as i32
+}
