@@ -8,7 +8,9 @@
 //! an upgrade; and the same number of cutovers again. For each case it prints the deploy
 //! request -> served time a client sees (target ≤ 150 ms on both), hostd's own `elapsed_ms`
 //! for every `activate-revision` (pointer flip, restart, readiness wait, served record) and
-//! `prepare-revision`, and each activation cut into its parts from the host's journal.
+//! `prepare-revision`, and each activation cut into its parts from the host's journal: a
+//! relaunch of the gateway inside its running unit (hostd/src/supervise.rs) or, where the
+//! unit must start anew, a restart (the rows say which, and how many of each).
 //!
 //! The Agent has `CLAWFLEET_BENCH_SECRETS` (default 4, at most 4) secrets bound in its
 //! configuration, as an Agent with model and channel credentials has: each start of its unit
@@ -201,6 +203,42 @@ fn cutovers(fleet: &Fleet, range: std::ops::RangeInclusive<usize>, secrets: usiz
         .run_ok(&format!("journalctl -o json --no-pager --since @{since}"))
         .unwrap();
     breakdown(&all);
+    launcher_memory(host);
+}
+
+/// What the launchers that stay beside each gateway (hostd/src/supervise.rs) cost: the
+/// median of their RSS and of their private memory (what one more Agent adds; the binary's
+/// text is shared), from `/proc/<pid>/smaps_rollup`.
+fn launcher_memory(host: &clawfleet_vm_tests::TestHost) {
+    let out = host
+        .run_ok(
+            "for p in $(pgrep -x hostd); do \
+               if tr '\\0' ' ' < /proc/$p/cmdline | grep -q '^/usr/sbin/hostd exec-gateway --supervise '; then \
+                 awk '/^Rss:/{r=$2} /^Private_Clean:/{c=$2} /^Private_Dirty:/{d=$2} END{print r, c+d}' /proc/$p/smaps_rollup; \
+               fi; done",
+        )
+        .unwrap();
+    let rows: Vec<(u64, u64)> = out
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().map(|v| v.parse::<u64>().ok());
+            Some((w.next()??, w.next()??))
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("  launchers: none found");
+        return;
+    }
+    let mut rss: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    let mut private: Vec<u64> = rows.iter().map(|r| r.1).collect();
+    rss.sort_unstable();
+    private.sort_unstable();
+    println!(
+        "  launchers that stay (one per running Agent): n={} median RSS {} kB, median private {} kB",
+        rows.len(),
+        quantile(&rss, 0.5),
+        quantile(&private, 0.5)
+    );
 }
 
 /// One journal entry: its time (µs since the epoch) and the fields the breakdown reads.
@@ -306,21 +344,10 @@ fn breakdown(text: &str) {
                 }
             }
         }
-        let stopping = first_after(t0, t9, &|e| {
-            agent_unit(e) && e.message.starts_with("Stopping")
-        });
-        let stopped = first_after(t0, t9, &|e| {
-            agent_unit(e) && e.message.starts_with("Stopped")
-        });
-        let started = first_after(t0, t9, &|e| {
-            agent_unit(e) && e.message.starts_with("Started")
-        });
         let listening = entries.iter().find(|e| {
             e.at >= t0 && e.at <= t9 && agent_unit(e) && e.message.contains("listening on")
         });
-        let (Some(stopping), Some(stopped), Some(started), Some(listening)) =
-            (stopping, stopped, started, listening)
-        else {
+        let Some(listening) = listening else {
             continue;
         };
         let own_us: u64 = listening
@@ -330,22 +357,59 @@ fn breakdown(text: &str) {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         let ms = |a: u64, b: u64| b.saturating_sub(a) / 1000;
+        // In place (hostd/src/supervise.rs): hostd asks, the launcher stops the old gateway
+        // and starts the new one, within the running unit.
+        let asked = entries
+            .iter()
+            .find(|e| {
+                e.operation.as_ref() == Some(id) && e.message == "relaunching the gateway in place"
+            })
+            .map(|e| e.at);
+        let relaunched = first_after(t0, t9, &|e| {
+            agent_unit(e) && e.message.contains("relaunched the gateway in place")
+        });
+        // A restart: systemd's stop and start jobs around a new unit run.
+        let stopping = first_after(t0, t9, &|e| {
+            agent_unit(e) && e.message.starts_with("Stopping")
+        });
+        let stopped = first_after(t0, t9, &|e| {
+            agent_unit(e) && e.message.starts_with("Stopped")
+        });
+        let started = first_after(t0, t9, &|e| {
+            agent_unit(e) && e.message.starts_with("Started")
+        });
+        let issued = if let (Some(asked), Some(relaunched)) = (asked, relaunched) {
+            parts
+                .entry("2r launcher: old gateway stopped, new one started (in place)")
+                .or_default()
+                .push(ms(asked, relaunched));
+            parts
+                .entry("4r the new gateway's start, to listening (in place)")
+                .or_default()
+                .push(ms(relaunched, listening.at));
+            asked
+        } else if let (Some(stopping), Some(stopped), Some(started)) = (stopping, stopped, started)
+        {
+            parts
+                .entry("2 systemd: old gateway stopped (restart)")
+                .or_default()
+                .push(ms(stopping, stopped));
+            parts
+                .entry("3 systemd: new process started (fork) (restart)")
+                .or_default()
+                .push(ms(stopped, started));
+            parts
+                .entry("4 exec, sandbox set-up and gateway start, to listening (restart)")
+                .or_default()
+                .push(ms(started, listening.at));
+            stopping
+        } else {
+            continue;
+        };
         parts
-            .entry("1 hostd: received -> restart issued (verify, hooks, pointer flip)")
+            .entry("1 hostd: received -> relaunch or restart asked (verify, hooks, pointer flip)")
             .or_default()
-            .push(ms(t0, stopping));
-        parts
-            .entry("2 systemd: old gateway stopped")
-            .or_default()
-            .push(ms(stopping, stopped));
-        parts
-            .entry("3 systemd: new process started (fork)")
-            .or_default()
-            .push(ms(stopped, started));
-        parts
-            .entry("4 exec, sandbox set-up and gateway start, to listening")
-            .or_default()
-            .push(ms(started, listening.at));
+            .push(ms(t0, issued));
         parts
             .entry("5 hostd: listening -> answered (readiness seen, served record)")
             .or_default()
