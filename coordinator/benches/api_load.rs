@@ -29,8 +29,8 @@
 //! all; default 6000), `CLAWFLEET_BENCH_CLIENTS` (default 8), `CLAWFLEET_BENCH_STORES`
 //! (`sqlite,postgres` by default), `CLAWFLEET_BENCH_DRAIN_SECONDS` (how long to wait, after
 //! the reads, for the worker to finish the backlog; 15), `CLAWFLEET_BENCH_YIELD_PARALLELISM`
-//! (the worker's items at once while the API is busy; `worker.yield_parallelism`'s default,
-//! and 16 never yields). PostgreSQL needs root and Debian's postgresql package; without them
+//! (the worker's items at once while the API is busy; `worker.yield_parallelism`'s default
+//! for each store, and 16 never yields). PostgreSQL needs root and Debian's postgresql package; without them
 //! its rows say why they were skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -73,15 +73,21 @@ fn sim_hosts_dir() -> Option<&'static std::path::Path> {
     shm.is_dir().then_some(shm)
 }
 
-/// `CLAWFLEET_BENCH_YIELD_PARALLELISM`: the worker's `yield_parallelism` (its default unless
-/// given; `16`, its parallelism, never yields, as before the worker yielded to the API).
-fn yield_parallelism() -> usize {
+/// `CLAWFLEET_BENCH_YIELD_PARALLELISM`: the worker's `yield_parallelism` (the store's default
+/// unless given; `16`, its parallelism, never yields, as before the worker yielded to the
+/// API).
+fn yield_parallelism(sqlite: bool) -> usize {
     let d = WorkerSettings::default();
+    let default = if sqlite {
+        coordinator::config::YIELD_PARALLELISM_SQLITE
+    } else {
+        coordinator::config::YIELD_PARALLELISM_POSTGRES
+    };
     std::env::var("CLAWFLEET_BENCH_YIELD_PARALLELISM")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|n| (1..=d.parallelism).contains(n))
-        .unwrap_or(d.yield_parallelism)
+        .unwrap_or(default)
 }
 
 fn knob(name: &str, default: usize) -> usize {
@@ -223,7 +229,7 @@ impl Coordinator {
         });
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let settings = WorkerSettings {
-            yield_parallelism: yield_parallelism(),
+            yield_parallelism: yield_parallelism(sqlite.is_some()),
             ..WorkerSettings::default()
         };
         // Wired as `occ serve` wires them: the worker yields to the API's requests.
@@ -581,10 +587,11 @@ fn main() {
     println!(
         "api_load: {agents} deploy requests (one per Agent, {AGENTS_PER_NAMESPACE} Agents per \
          Namespace over {HOSTS} hosts of hostd's in-process engine), then {reads} reads, \
-         {clients} concurrent HTTP clients (keep-alive), worker running (parallelism {}, {} \
-         while the API is busy)",
+         {clients} concurrent HTTP clients (keep-alive), worker running (parallelism {}; \
+         while the API is busy {} on SQLite, {} on PostgreSQL)",
         WorkerSettings::default().parallelism,
-        yield_parallelism()
+        yield_parallelism(true),
+        yield_parallelism(false)
     );
     let mut rows = Vec::new();
     let mut notes = Vec::new();

@@ -287,9 +287,29 @@ impl Default for WorkerSettings {
             poll: Duration::from_millis(250),
             operation_deadline_seconds: 190,
             parallelism: 16,
-            yield_parallelism: 4,
+            yield_parallelism: YIELD_PARALLELISM_POSTGRES,
             slow_call: Duration::from_secs(3),
         }
+    }
+}
+
+/// `worker.yield_parallelism`'s default on PostgreSQL (and of [`WorkerSettings::default`]):
+/// the share at which both the deploy API's rate and the churn case's drain kept their
+/// targets in `coordinator/benches/api_load.rs` on a 2-core machine (a larger share slows
+/// the API, a smaller one the drain).
+pub const YIELD_PARALLELISM_POSTGRES: usize = 3;
+/// `worker.yield_parallelism`'s default on SQLite, larger than PostgreSQL's: there the API
+/// and the worker write through one connection in one process, and at a small share the
+/// worker fell further behind during a burst of deploys than it caught up after (the churn
+/// case of the same bench, which measures both stores at their defaults).
+pub const YIELD_PARALLELISM_SQLITE: usize = 8;
+
+/// `worker.yield_parallelism` when it is not set (before it is bounded by
+/// `worker.parallelism`).
+pub fn default_yield_parallelism(database: &Database) -> usize {
+    match database {
+        Database::Sqlite(_) => YIELD_PARALLELISM_SQLITE,
+        Database::Postgres(_) => YIELD_PARALLELISM_POSTGRES,
     }
 }
 
@@ -447,21 +467,18 @@ impl Config {
             yield_parallelism: d.yield_parallelism,
             slow_call: d.slow_call,
         };
-        let worker = WorkerSettings {
-            yield_parallelism: match w.yield_parallelism {
-                Some(v) if v == 0 || v > worker.parallelism => {
-                    return Err(invalid(
-                        "worker.yield_parallelism",
-                        format!(
-                            "must be between 1 and worker.parallelism ({})",
-                            worker.parallelism
-                        ),
-                    ));
-                }
-                Some(v) => v,
-                None => d.yield_parallelism.min(worker.parallelism),
-            },
-            ..worker
+        // Checked here; its default depends on the store, known below.
+        let yield_given = match w.yield_parallelism {
+            Some(v) if v == 0 || v > worker.parallelism => {
+                return Err(invalid(
+                    "worker.yield_parallelism",
+                    format!(
+                        "must be between 1 and worker.parallelism ({})",
+                        worker.parallelism
+                    ),
+                ));
+            }
+            v => v,
         };
         if worker.backoff_initial > worker.backoff_max {
             return Err(invalid(
@@ -657,6 +674,11 @@ impl Config {
                 std::env::var("PGPASSWORD").ok(),
             )
             .map_err(|m| invalid("database", m))?,
+        };
+        let worker = WorkerSettings {
+            yield_parallelism: yield_given
+                .unwrap_or_else(|| default_yield_parallelism(&database).min(worker.parallelism)),
+            ..worker
         };
         let leader = LeaderSettings {
             lease: match raw.leader.unwrap_or_default().lease_ms {
@@ -854,8 +876,16 @@ mod tests {
         .unwrap();
         assert!(c.api.allow_plaintext_listen);
         assert_eq!(c.worker.parallelism, 16);
-        assert_eq!(c.worker.yield_parallelism, 4);
-        // The default yield share never exceeds a smaller parallelism; a given one is kept.
+        // The default yield share is the store's: SQLite here (no `database`), PostgreSQL
+        // with one; a given one is kept on either.
+        assert_eq!(c.worker.yield_parallelism, YIELD_PARALLELISM_SQLITE);
+        let pg = "database = \"postgres://occ@db.example/occ?sslmode=require\"\n";
+        let on_pg = Config::parse(pg, "occ.toml").unwrap();
+        assert_eq!(on_pg.worker.yield_parallelism, YIELD_PARALLELISM_POSTGRES);
+        let given =
+            Config::parse(&format!("{pg}[worker]\nyield_parallelism = 16"), "occ.toml").unwrap();
+        assert_eq!(given.worker.yield_parallelism, 16);
+        // The default yield share never exceeds a smaller parallelism.
         let small = Config::parse("[worker]\nparallelism = 1", "occ.toml").unwrap();
         assert_eq!(small.worker.yield_parallelism, 1);
         let given = Config::parse("[worker]\nyield_parallelism = 16", "occ.toml").unwrap();
