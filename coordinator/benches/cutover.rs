@@ -286,6 +286,9 @@ fn entries(text: &str) -> Vec<Entry> {
 /// gateway's own time from `main` to listening, `start_us`). The overhead is everything but
 /// that own start: what clawfleet, systemd and the sandbox add to a cutover.
 fn breakdown(text: &str) {
+    fn add(parts: &mut BTreeMap<&'static str, Vec<u64>>, part: &'static str, ms: u64) {
+        parts.entry(part).or_default().push(ms);
+    }
     let entries = entries(text);
     let first_after = |from: u64, to: u64, f: &dyn Fn(&Entry) -> bool| {
         entries
@@ -379,53 +382,59 @@ fn breakdown(text: &str) {
             agent_unit(e) && e.message.starts_with("Started")
         });
         let issued = if let (Some(asked), Some(relaunched)) = (asked, relaunched) {
-            parts
-                .entry("2r launcher: old gateway stopped, new one started (in place)")
-                .or_default()
-                .push(ms(asked, relaunched));
-            parts
-                .entry("4r the new gateway's start, to listening (in place)")
-                .or_default()
-                .push(ms(relaunched, listening.at));
+            add(
+                &mut parts,
+                "2r launcher: old gateway stopped, new one started (in place)",
+                ms(asked, relaunched),
+            );
+            add(
+                &mut parts,
+                "4r the new gateway's start, to listening (in place)",
+                ms(relaunched, listening.at),
+            );
             asked
         } else if let (Some(stopping), Some(stopped), Some(started)) = (stopping, stopped, started)
         {
-            parts
-                .entry("2 systemd: old gateway stopped (restart)")
-                .or_default()
-                .push(ms(stopping, stopped));
-            parts
-                .entry("3 systemd: new process started (fork) (restart)")
-                .or_default()
-                .push(ms(stopped, started));
-            parts
-                .entry("4 exec, sandbox set-up and gateway start, to listening (restart)")
-                .or_default()
-                .push(ms(started, listening.at));
+            add(
+                &mut parts,
+                "2 systemd: old gateway stopped (restart)",
+                ms(stopping, stopped),
+            );
+            add(
+                &mut parts,
+                "3 systemd: new process started (fork) (restart)",
+                ms(stopped, started),
+            );
+            add(
+                &mut parts,
+                "4 exec, sandbox set-up and gateway start, to listening (restart)",
+                ms(started, listening.at),
+            );
             stopping
         } else {
             continue;
         };
-        parts
-            .entry("1 hostd: received -> relaunch or restart asked (verify, hooks, pointer flip)")
-            .or_default()
-            .push(ms(t0, issued));
-        parts
-            .entry("5 hostd: listening -> answered (readiness seen, served record)")
-            .or_default()
-            .push(ms(listening.at, t9));
-        parts
-            .entry("6 the gateway's own start (main -> listening)")
-            .or_default()
-            .push(own_us / 1000);
-        parts
-            .entry("7 total (received -> answered)")
-            .or_default()
-            .push(ms(t0, t9));
-        parts
-            .entry("8 overhead: total minus the gateway's own start")
-            .or_default()
-            .push(ms(t0, t9).saturating_sub(own_us / 1000));
+        add(
+            &mut parts,
+            "1 hostd: received -> relaunch or restart asked (verify, hooks, pointer flip)",
+            ms(t0, issued),
+        );
+        add(
+            &mut parts,
+            "5 hostd: listening -> answered (readiness seen, served record)",
+            ms(listening.at, t9),
+        );
+        add(
+            &mut parts,
+            "6 the gateway's own start (main -> listening)",
+            own_us / 1000,
+        );
+        add(&mut parts, "7 total (received -> answered)", ms(t0, t9));
+        add(
+            &mut parts,
+            "8 overhead: total minus the gateway's own start",
+            ms(t0, t9).saturating_sub(own_us / 1000),
+        );
     }
     if parts.is_empty() {
         println!("cutover breakdown: no activation with all its journal entries found");

@@ -57,6 +57,14 @@ impl Drop for Cleanup<'_> {
     }
 }
 
+/// A launcher running [`gateway_script`] with `on_term`, its records in `dir`; ended by
+/// [`Cleanup`] whatever the test's outcome.
+fn supervised<'a>(dir: &'a Path, stop_timeout_secs: u64, on_term: &str) -> (Child, Cleanup<'a>) {
+    let l = launcher(stop_timeout_secs, &gateway_script(dir, on_term));
+    let id = l.id();
+    (l, Cleanup(dir, id))
+}
+
 fn lines(path: &Path) -> Vec<i32> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -98,8 +106,7 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 fn a_relaunch_replaces_the_gateway_and_its_leftovers_and_the_launcher_stays() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut l = launcher(5, &gateway_script(d, "exit 0"));
-    let _cleanup = Cleanup(d, l.id());
+    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
     let launcher_pid = Pid::from_raw(l.id() as i32);
     wait_for("the first gateway and its helper", || {
         lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
@@ -140,8 +147,7 @@ fn the_launcher_ends_as_its_gateway_ended() {
     // Killed by a signal: the launcher ends by the same signal.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut l = launcher(5, &gateway_script(d, "exit 0"));
-    let _cleanup = Cleanup(d, l.id());
+    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
     wait_for("the gateway", || lines(&d.join("pids")).len() == 1);
     let gateway = lines(&d.join("pids"))[0];
     kill(Pid::from_raw(gateway), Signal::SIGKILL).unwrap();
@@ -155,8 +161,7 @@ fn the_launcher_ends_as_its_gateway_ended() {
 fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut l = launcher(1, &gateway_script(d, ""));
-    let _cleanup = Cleanup(d, l.id());
+    let (mut l, _cleanup) = supervised(d, 1, "");
     wait_for("the gateway", || lines(&d.join("pids")).len() == 1);
     let first = lines(&d.join("pids"))[0];
     let asked = Instant::now();

@@ -348,11 +348,8 @@ fn full_lifecycle_over_the_fake() {
 #[test]
 fn a_cutover_relaunches_the_gateway_in_place_only_when_a_restart_would_give_it_nothing_new() {
     let h = Host::new();
-    h.ok(ensure("ns1"));
-    h.ok(prepare("ns1", "a1", "rev-1", 1));
-    h.ok(activate("ns1", "a1", "rev-1", 1));
+    let unit = running_agent(&h, "a1");
     let paths = h.layout().agent(&id("ns1"), &id("a1"));
-    let unit = paths.unit_name.clone();
     // What the unit's ExecStartPre= does at every start (`hostd secret-files`).
     let started = || {
         std::fs::create_dir_all(crate::secrets::runtime_dir(&h.layout().run_dir, &unit)).unwrap();
