@@ -148,7 +148,10 @@ fn the_launcher_ends_as_its_gateway_ended() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (mut l, _cleanup) = supervised(d, 5, "exit 0");
-    wait_for("the gateway", || lines(&d.join("pids")).len() == 1);
+    // Both recorded: the helper writes its pid on its own time.
+    wait_for("the gateway and its helper", || {
+        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
+    });
     let gateway = lines(&d.join("pids"))[0];
     kill(Pid::from_raw(gateway), Signal::SIGKILL).unwrap();
     let status = wait_exit(&mut l);
@@ -162,7 +165,9 @@ fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (mut l, _cleanup) = supervised(d, 1, "");
-    wait_for("the gateway", || lines(&d.join("pids")).len() == 1);
+    wait_for("the gateway and its helper", || {
+        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
+    });
     let first = lines(&d.join("pids"))[0];
     let asked = Instant::now();
     kill(Pid::from_raw(l.id() as i32), Signal::SIGHUP).unwrap();
