@@ -488,17 +488,27 @@ pub fn materialise(
             account: account.to_owned(),
             detail: "no such user".to_owned(),
         })?;
-    let (values, kept) = load_keeping(agent_dir, &creds_decrypt, &|v| {
-        read_kept(runtime_dir, &v.name)
-    })?;
-    write_files(
+    materialise_for(
+        agent_dir,
         runtime_dir,
         Ids {
             uid: user.uid.as_raw(),
             gid: user.gid.as_raw(),
         },
-        &values,
-    )?;
+    )
+}
+
+/// [`materialise`] for an account whose ids are known (hostd's relaunch in place writes what
+/// the unit's `ExecStartPre=` would, engine/revision.rs).
+pub fn materialise_for(
+    agent_dir: &Path,
+    runtime_dir: &Path,
+    ids: Ids,
+) -> Result<(usize, usize), SecretsError> {
+    let (values, kept) = load_keeping(agent_dir, &creds_decrypt, &|v| {
+        read_kept(runtime_dir, &v.name)
+    })?;
+    write_files(runtime_dir, ids, &values)?;
     Ok((values.len(), kept))
 }
 

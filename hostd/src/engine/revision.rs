@@ -883,11 +883,7 @@ impl Engine<'_> {
             if fsutil::kind(&runtime).map_err(|e| e.to_string())? != fsutil::Kind::Dir {
                 return Err("its runtime directory is missing".to_owned());
             }
-            let (values, _) = at_rest::load_keeping(&paths.dir, &at_rest::creds_decrypt, &|v| {
-                at_rest::read_kept(&runtime, &v.name)
-            })
-            .map_err(|e| e.to_string())?;
-            at_rest::write_files(&runtime, ids, &values).map_err(|e| e.to_string())?;
+            at_rest::materialise_for(&paths.dir, &runtime, ids).map_err(|e| e.to_string())?;
             tracing::info!(operation_id = %ctx.operation_id, revision = %rev.id, "relaunching the gateway in place");
             self.system
                 .relaunch_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
