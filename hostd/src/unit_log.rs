@@ -174,7 +174,9 @@ pub fn read(
     };
     let mut reader = BufReader::with_capacity(64 * 1024, stdout);
     let mut stopped_early = false;
+    let mut any = false;
     let parsed = parse_export(&mut reader, &mut |record| {
+        any = true;
         let go_on = visit(record);
         stopped_early |= !go_on;
         go_on
@@ -199,6 +201,8 @@ pub fn read(
     parsed?;
     match status {
         Ok(s) if s.success() || stopped_early => Ok(()),
+        // journalctl --grep ends with status 1, and says nothing, when no entry matched.
+        Ok(s) if no_match(query, s.code(), any, &stderr) => Ok(()),
         Ok(_) if stderr.contains("cursor") => Err(SystemError::JournalCursor {
             detail: clawfleet_protocol::text::clean(&stderr, 200),
         }),
@@ -212,6 +216,12 @@ pub fn read(
             detail: format!("cannot wait for journalctl: {e}"),
         }),
     }
+}
+
+/// Whether journalctl's exit is its answer to a `--grep` that matched nothing (status 1, no
+/// entry and nothing on stderr), not a failure.
+fn no_match(query: &JournalQuery, code: Option<i32>, any_entry: bool, stderr: &str) -> bool {
+    query.message_prefix.is_some() && code == Some(1) && !any_entry && stderr.is_empty()
 }
 
 /// A value read with at most `max` bytes kept.
@@ -490,6 +500,49 @@ mod tests {
             ..q(unit, None)
         };
         assert!(arguments(&bad_prefix).is_err());
+    }
+
+    /// journalctl ends with status 1 and prints nothing when `--grep` matches no entry
+    /// (systemd 252 does): for a query by message prefix that is an empty answer, and for any
+    /// other query, or with something on stderr, a failure.
+    #[test]
+    fn a_grep_that_matches_nothing_is_an_empty_answer_not_a_failure() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            path
+        };
+        let silent = script("silent", "exit 1");
+        let loud = script("loud", "echo 'Failed to open journal' >&2; exit 1");
+        let unit = "clawfleet-agent-0123456789abcdef0123456789abcdef.service";
+        let plain = JournalQuery {
+            unit: unit.to_owned(),
+            invocation: None,
+            supervisor_only: false,
+            start: JournalStart::Head,
+            reverse: true,
+            message_prefix: None,
+            span: None,
+        };
+        let by_prefix = JournalQuery {
+            message_prefix: Some(crate::supervise::RELAUNCHED),
+            ..plain.clone()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = 0;
+        read(&silent, &by_prefix, deadline, &mut |_| {
+            seen += 1;
+            true
+        })
+        .unwrap();
+        assert_eq!(seen, 0);
+        let e = read(&silent, &plain, deadline, &mut |_| true).unwrap_err();
+        assert!(e.to_string().contains("exited with"), "{e}");
+        let e = read(&loud, &by_prefix, deadline, &mut |_| true).unwrap_err();
+        assert!(e.to_string().contains("Failed to open journal"), "{e}");
     }
 
     /// The redaction corpus through hostd's log path: each case as journalctl's export

@@ -272,10 +272,44 @@ fn runtime_logs_redaction_paging_and_previous_run_on_a_real_host() {
     // line in it.
     let rt2 = runtime(&occ, &host, "a1", 0);
     assert_eq!(
-        rt2.workload.unwrap().invocation_id,
+        rt2.workload.as_ref().unwrap().invocation_id,
         prev.invocation_id,
         "the cutover restarted the unit instead of relaunching its gateway in place"
     );
+
+    // A restart of the unit (an operator's `systemctl restart`): its new run has no relaunch
+    // line, so --previous reads the unit's run before from its last relaunch line on, run
+    // two only.
+    let unit = rt2.workload.unwrap().name;
+    host.run_ok(&format!("systemctl restart {unit}")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while runtime(&occ, &host, "a1", 0)
+        .workload
+        .unwrap()
+        .invocation_id
+        == prev.invocation_id
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "systemctl restart did not start a new run of {unit}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let prev2 = page(
+        &occ,
+        &host,
+        logs_op("a1", LogStart::Since { since_unix: 0 }, true, 1000),
+    );
+    let prev2_text = gateway_lines(&prev2);
+    assert!(
+        prev2_text.iter().any(|l| l.contains("this is run two")),
+        "{prev2_text:?}"
+    );
+    assert!(
+        !prev2_text.iter().any(|l| l.contains("run one")),
+        "{prev2_text:?}"
+    );
+    assert_eq!(prev2.invocation_id, prev.invocation_id);
 }
 
 /// The Agent's own secrets never show in `agent-logs` on a real host: the values of its
