@@ -369,7 +369,9 @@ fn breakdown(text: &str) {
             })
             .map(|e| e.at);
         let relaunched = first_after(t0, t9, &|e| {
-            agent_unit(e) && e.message.contains("relaunched the gateway in place")
+            agent_unit(e)
+                && e.message
+                    .contains("exec-gateway: relaunching the gateway in place")
         });
         // A restart: systemd's stop and start jobs around a new unit run.
         let stopping = first_after(t0, t9, &|e| {

@@ -37,7 +37,7 @@ use crate::launch::LaunchError;
 /// The first words of the launcher's line between two gateways in the unit's journal: the
 /// boundary of a gateway run within one unit run, which `agent-logs --previous` reads
 /// (engine/runtime.rs).
-pub const RELAUNCHED: &str = "hostd exec-gateway: relaunched the gateway in place";
+pub const RELAUNCHED: &str = "hostd exec-gateway: relaunching the gateway in place";
 
 /// The signals the launcher takes synchronously.
 const HANDLED: [Signal; 4] = [
@@ -248,11 +248,14 @@ pub fn run(s: &Supervised<'_>) -> Result<End, LaunchError> {
             eprintln!("hostd exec-gateway: {why}");
             return Ok(End::Refused);
         }
-        let gateway = start(s)?;
         generation += 1;
+        // Before the new gateway exists, so that every line of the old run is journaled
+        // before this one and every line of the new run after it, through the one stream
+        // the launcher and its gateways share.
         if generation > 1 {
-            eprintln!("{RELAUNCHED} (pid {gateway}, start {generation})");
+            eprintln!("{RELAUNCHED} (start {generation})");
         }
+        let gateway = start(s)?;
         let mut stop = false;
         loop {
             match next_signal(&set, None) {
