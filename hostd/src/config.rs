@@ -691,11 +691,8 @@ impl Config {
         let journal_max_entries = raw.journal.max_entries.unwrap_or(10_000);
         let egress_allow = raw.network.egress_allow.clone().unwrap_or_default();
         for c in &egress_allow {
-            if !valid_cidr_v4(c) {
-                return Err(invalid(
-                    "network.egress_allow",
-                    format!("{c:?} is not an IPv4 CIDR such as \"10.1.2.0/24\""),
-                ));
+            if let Err(why) = c.parse::<clawfleet_protocol::egress::Cidr>() {
+                return Err(invalid("network.egress_allow", why));
             }
         }
         let mut dns = Vec::new();
@@ -821,15 +818,6 @@ fn check_abs_path(p: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `a.b.c.d/n` with n ≤ 32.
-fn valid_cidr_v4(s: &str) -> bool {
-    s.split_once('/').is_some_and(|(addr, len)| {
-        addr.parse::<std::net::Ipv4Addr>().is_ok()
-            && len.parse::<u8>().is_ok_and(|n| n <= 32)
-            && !len.starts_with('+')
-    })
-}
-
 fn valid_size(s: &str) -> bool {
     if s == "infinity" {
         return true;
@@ -941,6 +929,10 @@ dns = ["10.0.0.2"]
             refusal("[network]\negress_allow = [\"10.1.2.0\"]").0,
             "network.egress_allow"
         );
+        // Host bits set: refused with the network it would be, not cut to it silently.
+        let (key, why) = refusal("[network]\negress_allow = [\"10.1.2.5/24\"]");
+        assert_eq!(key, "network.egress_allow");
+        assert!(why.contains("\"10.1.2.0/24\""), "{why}");
         assert_eq!(
             refusal("[network]\negress_ports = [0]").0,
             "network.egress_ports"

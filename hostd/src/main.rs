@@ -137,7 +137,7 @@ enum Command {
         egress_ports: Vec<u16>,
         /// An IPv4 CIDR the Agent may reach on any port (repeatable).
         #[arg(long = "egress-allow")]
-        egress_allow: Vec<String>,
+        egress_allow: Vec<clawfleet_protocol::egress::Cidr>,
         /// A resolver for the Agent's `resolv.conf` (repeatable; `[network] dns`). Without
         /// one, the host's reachable resolvers are used.
         #[arg(long = "dns")]

@@ -236,7 +236,7 @@ pub struct Egress {
     /// TCP ports allowed to public addresses.
     pub ports: Vec<u16>,
     /// IPv4 CIDRs allowed on any port (checked before the denied ranges).
-    pub allow: Vec<String>,
+    pub allow: Vec<clawfleet_protocol::egress::Cidr>,
     /// The resolvers the Agent's `resolv.conf` names: port 53 to them is allowed (checked
     /// before the denied ranges).
     pub resolvers: Vec<std::net::Ipv4Addr>,
@@ -257,7 +257,13 @@ impl Egress {
         let allow = if self.allow.is_empty() {
             String::new()
         } else {
-            format!("        ip daddr {{ {} }} accept\n", self.allow.join(", "))
+            let list = self
+                .allow
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!("        ip daddr {{ {list} }} accept\n")
         };
         let ports = self
             .ports
@@ -519,7 +525,7 @@ mod tests {
         let e = Egress {
             port: 18700,
             ports: vec![443, 8443],
-            allow: vec!["10.1.2.0/24".into()],
+            allow: vec!["10.1.2.0/24".parse().unwrap()],
             resolvers: vec![std::net::Ipv4Addr::new(10, 0, 0, 2)],
         };
         let (host, agent) = e.addresses();

@@ -137,6 +137,36 @@ impl Cidr {
     }
 }
 
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    /// As [`Cidr::parse`], with an error that says what is wrong.
+    fn from_str(s: &str) -> Result<Cidr, String> {
+        if let Some(c) = Cidr::parse(s) {
+            return Ok(c);
+        }
+        let shape = s.split_once('/').and_then(|(addr, len)| {
+            let addr: Ipv4Addr = addr.parse().ok()?;
+            let len: u8 = (len.len() <= 2 && len.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| len.parse().ok())??;
+            (len <= 32).then_some((addr, len))
+        });
+        Err(match shape {
+            Some((addr, len)) => format!(
+                "{s:?} has address bits set past its /{len} prefix: the network is \"{}/{len}\"",
+                Ipv4Addr::from(u32::from(addr) & Cidr::mask(len))
+            ),
+            None => format!("{s:?} is not an IPv4 CIDR such as \"10.1.2.0/24\""),
+        })
+    }
+}
+
 impl Egress {
     /// The shape: at most [`MAX_ENTRIES`] of each, no port 0, no repeats, CIDRs canonical.
     pub fn check(&self) -> Result<(), EgressError> {
@@ -413,5 +443,26 @@ mod tests {
         assert!(c("1.2.3.4/32").inside(&c("0.0.0.0/0")));
         assert!(Cidr::parse("0.0.0.0/0").is_some());
         assert!(Cidr::parse("1.2.3.4/+8").is_none());
+        // Parsed from text with a reason, shown back canonical.
+        assert_eq!(
+            "10.1.2.0/24".parse::<Cidr>().map(|c| c.to_string()),
+            Ok("10.1.2.0/24".to_owned())
+        );
+        let e = "10.1.2.5/24".parse::<Cidr>().unwrap_err();
+        assert!(
+            e.contains("past its /24 prefix") && e.contains("\"10.1.2.0/24\""),
+            "{e}"
+        );
+        for bad in [
+            "10.1.2.0",
+            "10.1.2.0/33",
+            "10.1.2/24",
+            "10.1.2.0/+8",
+            "x/8",
+            "",
+        ] {
+            let e = bad.parse::<Cidr>().unwrap_err();
+            assert!(e.contains("is not an IPv4 CIDR"), "{bad}: {e}");
+        }
     }
 }
