@@ -4,6 +4,7 @@
 //! allowed_signers and identity, and realises them: per-Agent accounts, immutable revision
 //! snapshots, the `current` pointer, and one hardened systemd unit per Agent.
 
+pub mod cgroup;
 pub mod config;
 pub mod engine;
 pub mod enrol;

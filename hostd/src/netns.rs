@@ -412,28 +412,25 @@ pub fn nft_installed() -> Result<(), String> {
 pub fn of_unit(unit: &str) -> Result<Option<std::fs::File>, NetnsError> {
     use std::os::unix::fs::MetadataExt as _;
     let host = ns_id(Path::new(HOST_NETNS))?;
-    let member = format!("/system.slice/{unit}");
-    for procs in [
-        format!("/sys/fs/cgroup/system.slice/{unit}/cgroup.procs"),
-        format!("/sys/fs/cgroup/systemd/system.slice/{unit}/cgroup.procs"),
-    ] {
-        let Ok(text) = std::fs::read_to_string(&procs) else {
+    let member = crate::cgroup::of_service(unit);
+    let Some(procs) = crate::cgroup::procs_path(Path::new(crate::cgroup::ROOT), &member) else {
+        return Ok(None);
+    };
+    let Ok(pids) = crate::cgroup::read_pids(&procs) else {
+        return Ok(None);
+    };
+    for pid in pids {
+        let Ok(file) = std::fs::File::open(format!("/proc/{pid}/ns/net")) else {
             continue;
         };
-        for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
-            let Ok(file) = std::fs::File::open(format!("/proc/{pid}/ns/net")) else {
-                continue;
-            };
-            let Ok(meta) = file.metadata() else {
-                continue;
-            };
-            let still = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-                .is_ok_and(|c| c.lines().any(|l| l.ends_with(&member)));
-            if still && (meta.dev(), meta.ino()) != host {
-                return Ok(Some(file));
-            }
+        let Ok(meta) = file.metadata() else {
+            continue;
+        };
+        let still = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&member)));
+        if still && (meta.dev(), meta.ino()) != host {
+            return Ok(Some(file));
         }
-        return Ok(None);
     }
     Ok(None)
 }

@@ -811,8 +811,9 @@ impl System for RealSystem {
                 "its main process ({main}) is not hostd's supervising launcher"
             )));
         }
-        let procs = cgroup_procs_path(&cgroup);
-        let before: Vec<u32> = read_pids(&procs)
+        let procs = crate::cgroup::procs_path(Path::new(crate::cgroup::ROOT), &cgroup)
+            .ok_or_else(|| refuse(format!("no cgroup hierarchy lists its group {cgroup:?}")))?;
+        let before: Vec<u32> = crate::cgroup::read_pids(&procs)
             .map_err(|e| refuse(format!("cannot read {}: {e}", procs.display())))?
             .into_iter()
             .filter(|p| *p != main)
@@ -835,7 +836,7 @@ impl System for RealSystem {
         // The old gateway's processes are gone once none of them is in the unit any more.
         let deadline = Instant::now() + timeout;
         loop {
-            let now = read_pids(&procs)
+            let now = crate::cgroup::read_pids(&procs)
                 .map_err(|e| refuse(format!("cannot read {}: {e}", procs.display())))?;
             if !before.iter().any(|p| now.contains(p)) {
                 return Ok(());
@@ -1099,20 +1100,6 @@ impl ServiceSnapshot {
             zbus::Error::Failure(format!("systemd reported {name} with an unexpected type"))
         })
     }
-}
-
-/// `cgroup.procs` of a unit's `ControlGroup` (cgroup v2, mounted at `/sys/fs/cgroup`).
-fn cgroup_procs_path(cgroup: &str) -> PathBuf {
-    Path::new("/sys/fs/cgroup")
-        .join(cgroup.trim_start_matches('/'))
-        .join("cgroup.procs")
-}
-
-fn read_pids(procs: &Path) -> std::io::Result<Vec<u32>> {
-    Ok(std::fs::read_to_string(procs)?
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect())
 }
 
 /// Whether `pid` runs `hostd exec-gateway --supervise` (crate::supervise), not the gateway
