@@ -36,6 +36,22 @@ pub fn of_service(unit: &str) -> String {
     format!("/system.slice/{unit}")
 }
 
+/// A process's control group from its `/proc/<pid>/cgroup`: the unified hierarchy's (`0::`)
+/// or, on a legacy host (whose `0::` line, if any, names the root), systemd's named one's;
+/// `None` when both name the root group.
+pub fn own_group(proc_cgroup: &str) -> Option<&str> {
+    let not_root = |g: &&str| !g.is_empty() && *g != "/";
+    let lines = || proc_cgroup.lines();
+    lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .filter(not_root)
+        .or_else(|| {
+            lines()
+                .find_map(|l| l.split_once(":name=systemd:").map(|(_, g)| g))
+                .filter(not_root)
+        })
+}
+
 /// The pids listed in a `cgroup.procs` file.
 pub fn read_pids(procs: &Path) -> std::io::Result<Vec<u32>> {
     Ok(std::fs::read_to_string(procs)?
@@ -86,6 +102,29 @@ mod tests {
             assert_eq!(found, root.path().join(want).join("cgroup.procs"));
             assert_eq!(read_pids(&found).unwrap(), [12, 34]);
         }
+        // A process's own group, on each layout (hybrid: the unified line is empty of
+        // controllers but names the group too).
+        assert_eq!(
+            own_group("0::/system.slice/a.service\n"),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(
+            own_group(
+                "12:memory:/system.slice/a.service\n1:name=systemd:/system.slice/a.service\n"
+            ),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(
+            own_group("1:name=systemd:/system.slice/a.service\n0::/system.slice/a.service\n"),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(
+            own_group("1:name=systemd:/system.slice/a.service\n0::/\n"),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(own_group("1:name=systemd:/\n0::/\n"), None);
+        assert_eq!(own_group("0::/\n"), None);
+        assert_eq!(own_group(""), None);
         let root = layout(&["systemd/system.slice/other.service"]);
         assert_eq!(procs_path(root.path(), &cg), None);
         for bad in ["", "/", "/system.slice/../x", "/a//b", "/./x"] {

@@ -137,13 +137,41 @@ fn reap(gateway: Pid) -> Option<End> {
 }
 
 /// The launcher's children now: the gateway, and what it left behind, which a subreaper
-/// inherits (`/proc/<pid>/task/<pid>/children`; the launcher is single-threaded).
+/// inherits (`/proc/<pid>/task/<pid>/children`; the launcher is single-threaded). A kernel
+/// built without that file (`CONFIG_PROC_CHILDREN`) gives the other processes of the
+/// launcher's own cgroup instead, which are the unit's: all of them its descendants.
 fn children() -> Option<Vec<i32>> {
     let me = std::process::id();
-    let text = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).ok()?;
+    if let Ok(text) = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")) {
+        return Some(
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+        );
+    }
+    others_in_own_cgroup()
+}
+
+/// The other processes of this process's cgroup.
+fn others_in_own_cgroup() -> Option<Vec<i32>> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    others_in_cgroup(
+        std::path::Path::new(crate::cgroup::ROOT),
+        &own,
+        std::process::id(),
+    )
+}
+
+/// The processes other than `me` in the cgroup that `proc_cgroup` (`me`'s
+/// `/proc/<pid>/cgroup`) names, under the cgroup mount `root`.
+fn others_in_cgroup(root: &std::path::Path, proc_cgroup: &str, me: u32) -> Option<Vec<i32>> {
+    let procs = crate::cgroup::procs_path(root, crate::cgroup::own_group(proc_cgroup)?)?;
     Some(
-        text.split_whitespace()
-            .filter_map(|p| p.parse().ok())
+        crate::cgroup::read_pids(&procs)
+            .ok()?
+            .into_iter()
+            .filter(|p| *p != me)
+            .filter_map(|p| i32::try_from(p).ok())
             .collect(),
     )
 }
@@ -302,5 +330,40 @@ pub fn end_like(end: End) -> u8 {
             let _ = unsafe { libc::raise(sig as libc::c_int) };
             128u8.saturating_add(sig as u8)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without `/proc/<pid>/task/<pid>/children`, a relaunch finds what to end in the
+    /// launcher's cgroup, on a unified or a legacy layout: every other process, never the
+    /// launcher; nothing at all when the launcher is in the root group.
+    #[test]
+    fn the_cgroup_lists_every_process_but_the_launcher() {
+        let root = tempfile::tempdir().unwrap();
+        for dir in ["system.slice/a.service", "systemd/system.slice/b.service"] {
+            let dir = root.path().join(dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("cgroup.procs"), "7\n8\n9\n").unwrap();
+        }
+        assert_eq!(
+            others_in_cgroup(root.path(), "0::/system.slice/a.service\n", 8),
+            Some(vec![7, 9])
+        );
+        assert_eq!(
+            others_in_cgroup(
+                root.path(),
+                "1:name=systemd:/system.slice/b.service\n0::/\n",
+                7
+            ),
+            Some(vec![8, 9])
+        );
+        assert_eq!(others_in_cgroup(root.path(), "0::/\n", 7), None);
+        assert_eq!(
+            others_in_cgroup(root.path(), "0::/system.slice/c.service\n", 7),
+            None
+        );
     }
 }
