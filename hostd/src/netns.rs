@@ -254,37 +254,28 @@ impl Egress {
 
     /// The Agent namespace's nftables ruleset.
     pub fn agent_rules(&self) -> String {
-        let allow = if self.allow.is_empty() {
-            String::new()
-        } else {
-            let list = self
-                .allow
+        // An nftables set's elements.
+        fn set<T: std::fmt::Display>(items: &[T]) -> String {
+            items
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
-                .join(", ");
-            format!("        ip daddr {{ {list} }} accept\n")
-        };
-        let ports = self
-            .ports
-            .iter()
-            .map(u16::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        let tcp = if ports.is_empty() {
+                .join(", ")
+        }
+        let allow = if self.allow.is_empty() {
             String::new()
         } else {
-            format!("        tcp dport {{ {ports} }} accept\n")
+            format!("        ip daddr {{ {} }} accept\n", set(&self.allow))
+        };
+        let tcp = if self.ports.is_empty() {
+            String::new()
+        } else {
+            format!("        tcp dport {{ {} }} accept\n", set(&self.ports))
         };
         let resolvers = if self.resolvers.is_empty() {
             String::new()
         } else {
-            let list = self
-                .resolvers
-                .iter()
-                .map(std::net::Ipv4Addr::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
+            let list = set(&self.resolvers);
             format!(
                 "        ip daddr {{ {list} }} udp dport 53 accept\n        ip daddr {{ {list} }} tcp dport 53 accept\n"
             )
