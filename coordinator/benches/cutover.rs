@@ -361,7 +361,7 @@ fn breakdown(text: &str) {
             .unwrap_or(0);
         let ms = |a: u64, b: u64| b.saturating_sub(a) / 1000;
         // In place (hostd/src/supervise.rs): hostd asks, the launcher stops the old gateway
-        // and starts the new one, within the running unit.
+        // and writes its relaunch line, then starts the new one, within the running unit.
         let asked = entries
             .iter()
             .find(|e| {
@@ -386,12 +386,12 @@ fn breakdown(text: &str) {
         let issued = if let (Some(asked), Some(relaunched)) = (asked, relaunched) {
             add(
                 &mut parts,
-                "2r launcher: old gateway stopped, new one started (in place)",
+                "2r launcher: old gateway stopped (in place)",
                 ms(asked, relaunched),
             );
             add(
                 &mut parts,
-                "4r the new gateway's start, to listening (in place)",
+                "4r the new gateway spawned, started, listening (in place)",
                 ms(relaunched, listening.at),
             );
             asked
