@@ -114,16 +114,20 @@ pub struct Cidr {
 impl Cidr {
     /// Parses `a.b.c.d/n` (n ≤ 32, decimal, no sign) with no bits set past the prefix.
     pub fn parse(s: &str) -> Option<Cidr> {
+        let (addr, len) = Self::shape(s)?;
+        (u32::from(addr) & !Self::mask(len) == 0).then_some(Cidr { addr, len })
+    }
+
+    /// The address and prefix length of `a.b.c.d/n` (n ≤ 32, decimal, no sign), whatever
+    /// bits the address has past the prefix.
+    fn shape(s: &str) -> Option<(Ipv4Addr, u8)> {
         let (addr, len) = s.split_once('/')?;
         if len.is_empty() || len.len() > 2 || !len.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
         let len: u8 = len.parse().ok()?;
         let addr: Ipv4Addr = addr.parse().ok()?;
-        if len > 32 || u32::from(addr) & !Self::mask(len) != 0 {
-            return None;
-        }
-        Some(Cidr { addr, len })
+        (len <= 32).then_some((addr, len))
     }
 
     fn mask(len: u8) -> u32 {
@@ -151,13 +155,7 @@ impl std::str::FromStr for Cidr {
         if let Some(c) = Cidr::parse(s) {
             return Ok(c);
         }
-        let shape = s.split_once('/').and_then(|(addr, len)| {
-            let addr: Ipv4Addr = addr.parse().ok()?;
-            let len: u8 = (len.len() <= 2 && len.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| len.parse().ok())??;
-            (len <= 32).then_some((addr, len))
-        });
-        Err(match shape {
+        Err(match Cidr::shape(s) {
             Some((addr, len)) => format!(
                 "{s:?} has address bits set past its /{len} prefix: the network is \"{}/{len}\"",
                 Ipv4Addr::from(u32::from(addr) & Cidr::mask(len))
