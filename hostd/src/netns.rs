@@ -418,7 +418,7 @@ pub fn of_unit(unit: &str) -> Result<Option<std::fs::File>, NetnsError> {
             continue;
         };
         let still = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .is_ok_and(|c| c.lines().any(|l| l.ends_with(&member)));
+            .is_ok_and(|c| crate::cgroup::own_group(&c) == Some(member.as_str()));
         if still && (meta.dev(), meta.ino()) != host {
             return Ok(Some(file));
         }
