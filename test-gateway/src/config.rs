@@ -35,6 +35,10 @@ pub struct Switches {
     pub log_lines: Vec<String>,
     /// This many bytes of numbered filler lines written to stderr at start (log volume tests).
     pub log_bytes: u64,
+    /// How often the configuration file is looked at (milliseconds, 1 to 10000; unset: the
+    /// watch's default). A short period makes the gateway see a replaced file at once, as a
+    /// file-system watch does.
+    pub config_poll_ms: Option<u64>,
     /// Lines written to stderr after the secrets resolve, at start and after every successful
     /// `secrets.reload`; `${SECRET:<source>:<provider>:<id>}` becomes the value the gateway now
     /// holds for that ref (for the redaction tests: a gateway that prints its secrets).
@@ -176,6 +180,14 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
                 )
             }
             "label" => s.label = Some(value.as_str().ok_or_else(|| bad("a string"))?.to_owned()),
+            "configPollMs" => {
+                s.config_poll_ms = Some(
+                    value
+                        .as_u64()
+                        .filter(|ms| (1..=10_000).contains(ms))
+                        .ok_or_else(|| bad("an integer between 1 and 10000"))?,
+                )
+            }
             "probe" => s.probe = parse_probe(value)?,
             "logLines" => {
                 s.log_lines = value
@@ -197,8 +209,8 @@ fn parse_switches(map: &Map<String, Value>) -> Result<Switches, ConfigError> {
             other => {
                 return Err(err(format!(
                     "unknown switch {SWITCHES_KEY}.{other} (known: readyAfterMs, neverReady, \
-                     crashAtStart, crashAfterMs, label, probe, logLines, logBytes, \
-                     secretLogLines)"
+                     crashAtStart, crashAfterMs, label, configPollMs, probe, logLines, \
+                     logBytes, secretLogLines)"
                 )));
             }
         }
@@ -381,7 +393,7 @@ mod tests {
     #[test]
     fn switches_are_parsed() {
         let cfg = br#"{"x-clawfleet-test":{"readyAfterMs":250,"neverReady":true,
-            "crashAtStart":false,"crashAfterMs":900,"label":"rev-7","logLines":["a","b"],
+            "crashAtStart":false,"crashAfterMs":900,"label":"rev-7","configPollMs":1,"logLines":["a","b"],
             "logBytes":10,"secretLogLines":["s ${SECRET:file:p:value}"]}}"#;
         let s = parse_config(cfg, false).unwrap();
         assert_eq!(
@@ -392,6 +404,7 @@ mod tests {
                 crash_at_start: false,
                 crash_after_ms: Some(900),
                 label: Some("rev-7".into()),
+                config_poll_ms: Some(1),
                 probe: Probe::default(),
                 log_lines: vec!["a".into(), "b".into()],
                 log_bytes: 10,
@@ -433,6 +446,11 @@ mod tests {
         assert!(parse_config(br#"{"x-clawfleet-test":{"readyAfterMs":-1}}"#, false).is_err());
         assert!(parse_config(br#"{"x-clawfleet-test":{"neverReady":"yes"}}"#, false).is_err());
         assert!(parse_config(br#"{"x-clawfleet-test":{"label":5}}"#, false).is_err());
+        for poll in ["0", "10001", "1.5", "\"1\""] {
+            let cfg = format!(r#"{{"x-clawfleet-test":{{"configPollMs":{poll}}}}}"#);
+            let e = parse_config(cfg.as_bytes(), false).unwrap_err();
+            assert!(e.0.contains("configPollMs"), "{poll}: {e}");
+        }
         assert!(parse_config(br#"{"x-clawfleet-test":[]}"#, false).is_err());
     }
 

@@ -15,8 +15,9 @@ use serde_json::{Value, json};
 
 use crate::config::sha256_hex;
 
-/// How often the file is looked at. One `stat` per tick.
-const POLL: Duration = Duration::from_millis(100);
+/// How often the file is looked at unless the configuration says (`configPollMs`). One
+/// `stat` per tick.
+pub const POLL: Duration = Duration::from_millis(100);
 /// The top-level keys whose change needs a restart here.
 const RESTART_KEYS: &[&str] = &["gateway", "secrets", "x-clawfleet-test"];
 
@@ -83,9 +84,9 @@ impl LiveConfig {
         })
     }
 
-    /// Looks at the file every [`POLL`] from a thread of its own; `restart` ends the process
+    /// Looks at the file every `poll` from a thread of its own; `restart` ends the process
     /// for a change that needs a restart.
-    pub fn watch(self: &Arc<Self>, restart: impl Fn() + Send + 'static) {
+    pub fn watch(self: &Arc<Self>, poll: Duration, restart: impl Fn() + Send + 'static) {
         let me = Arc::clone(self);
         // Taken now, and compared by content once: a file replaced between the start's read
         // and this point is not missed.
@@ -96,7 +97,7 @@ impl LiveConfig {
                 if changed && me.reread() == Reread::Restart {
                     restart();
                 }
-                std::thread::sleep(POLL);
+                std::thread::sleep(poll);
                 let now = me.stamp();
                 changed = now != seen;
                 seen = now;

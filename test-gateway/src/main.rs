@@ -183,7 +183,13 @@ fn main() -> ExitCode {
             .map_or_else(|| settings.config_path.clone(), std::path::PathBuf::from),
         std::fs::read(&settings.config_path).unwrap_or_default(),
     );
-    live.watch(|| close_sessions_and_exit("a configuration change that needs a restart"));
+    let poll = settings
+        .switches
+        .config_poll_ms
+        .map_or(live::POLL, Duration::from_millis);
+    live.watch(poll, || {
+        close_sessions_and_exit("a configuration change that needs a restart")
+    });
     let probe = run_probe(&settings.switches.probe);
     let workspace = settings
         .state_dir
