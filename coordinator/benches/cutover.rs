@@ -360,8 +360,9 @@ fn breakdown(text: &str) {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
         let ms = |a: u64, b: u64| b.saturating_sub(a) / 1000;
-        // In place (hostd/src/supervise.rs): hostd asks, the launcher stops the old gateway
-        // and writes its relaunch line, then starts the new one, within the running unit.
+        // In place (hostd/src/supervise.rs): hostd asks, the launcher stops the old gateway,
+        // hostd writes the new configuration and asks for the start, the launcher writes its
+        // relaunch line and starts the new one, within the running unit.
         let asked = entries
             .iter()
             .find(|e| {
@@ -386,7 +387,7 @@ fn breakdown(text: &str) {
         let issued = if let (Some(asked), Some(relaunched)) = (asked, relaunched) {
             add(
                 &mut parts,
-                "2r launcher: old gateway stopped (in place)",
+                "2r old gateway stopped, configuration written, start asked (in place)",
                 ms(asked, relaunched),
             );
             add(

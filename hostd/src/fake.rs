@@ -53,6 +53,11 @@ struct State {
     netns_gone: bool,
     /// The revision directory each unit was last started on (from its `current`).
     unit_revision: BTreeMap<String, String>,
+    /// Units whose gateway a relaunch stopped, by the launcher's pid, until it starts again.
+    relaunching: BTreeMap<String, u32>,
+    /// What each unit's live configuration file held when a relaunch last stopped its
+    /// gateway: the last the old gateway could see.
+    config_at_relaunch_stop: BTreeMap<String, String>,
 }
 
 impl State {
@@ -235,6 +240,20 @@ impl FakeSystem {
         let current = Path::new(config).parent()?.parent()?.join("current");
         let target = std::fs::read_link(current).ok()?;
         Some(target.file_name()?.to_str()?.to_owned())
+    }
+
+    /// What a unit's live configuration file (its `OPENCLAW_CONFIG_PATH`) holds now.
+    fn live_config_of(&self, unit: &str) -> Option<String> {
+        let text = std::fs::read_to_string(self.unit_dir.join(unit)).ok()?;
+        let config = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Environment=OPENCLAW_CONFIG_PATH="))?;
+        std::fs::read_to_string(config).ok()
+    }
+
+    /// What a unit's live configuration file held when a relaunch last stopped its gateway.
+    pub fn config_at_relaunch_stop(&self, unit: &str) -> Option<String> {
+        self.with(|s| s.config_at_relaunch_stop.get(unit).cloned())
     }
 
     /// How many restart jobs a unit got so far.
@@ -449,7 +468,7 @@ impl System for FakeSystem {
         Ok(())
     }
 
-    fn relaunch_unit(&self, unit: &str, _timeout: Duration) -> Result<(), SystemError> {
+    fn stop_for_relaunch(&self, unit: &str, _timeout: Duration) -> Result<u32, SystemError> {
         self.log(format!("relaunch {unit}"));
         let refuse = |detail: &str| SystemError::Relaunch {
             unit: unit.to_owned(),
@@ -461,6 +480,30 @@ impl System for FakeSystem {
         if !self.unit_state(unit)?.is_active() {
             return Err(refuse("nothing runs"));
         }
+        if self.port_of(unit).is_none() {
+            return Err(refuse("no port"));
+        }
+        let seen = self.live_config_of(unit).unwrap_or_default();
+        Ok(self.with(|s| {
+            let launcher = 4000 + s.invocations.get(unit).copied().unwrap_or(0);
+            s.relaunching.insert(unit.to_owned(), launcher);
+            s.config_at_relaunch_stop.insert(unit.to_owned(), seen);
+            launcher
+        }))
+    }
+
+    fn start_relaunched(&self, unit: &str, launcher: u32) -> Result<(), SystemError> {
+        self.log(format!("relaunch-start {unit}"));
+        let refuse = |detail: &str| SystemError::Relaunch {
+            unit: unit.to_owned(),
+            detail: detail.to_owned(),
+        };
+        if self.injected("relaunch-start") {
+            return Err(refuse("injected failure"));
+        }
+        if self.with(|s| s.relaunching.remove(unit)) != Some(launcher) {
+            return Err(refuse("not stopped for a relaunch by this launcher"));
+        }
         let Some(port) = self.port_of(unit) else {
             return Err(refuse("no port"));
         };
@@ -470,9 +513,9 @@ impl System for FakeSystem {
         self.with(|s| {
             let run = s.invocations.get(unit).copied().unwrap_or(0);
             let line = format!(
-                "{} (pid {})",
+                "{} (start {})",
                 crate::supervise::RELAUNCHED,
-                5000 + s.journal.len()
+                2 + s.journal.len()
             );
             push_entry(s, unit, &line, false, run);
             match revision {

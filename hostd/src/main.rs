@@ -23,6 +23,7 @@ use hostd::engine::{Engine, inventory};
 use hostd::enrol::{EnrolRequest, enrol};
 use hostd::real::RealSystem;
 use hostd::session::{Responder, read_envelope_files, serve_while};
+use hostd::supervise;
 
 #[derive(Parser, Debug)]
 #[command(name = "hostd", version, about = "clawfleet host helper")]
@@ -106,6 +107,10 @@ enum Command {
         /// killing it (the unit's TimeoutStopSec=).
         #[arg(long, default_value_t = 90, value_name = "SECONDS")]
         stop_timeout_secs: u64,
+        /// With --supervise: how long a relaunch waits, once the old gateway is gone, for
+        /// hostd's signal to start the new one (SIGUSR1) before it starts it anyway.
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+        start_wait_secs: u64,
         /// The gateway command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -500,10 +505,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn supervise_gateway(
     port: u16,
     agent_dir: Option<&std::path::Path>,
-    stop_timeout_secs: u64,
+    waits: supervise::Waits,
     command: &[String],
 ) -> ExitCode {
-    use hostd::supervise;
     if let Err(e) = supervise::block_signals().and_then(|()| hostd::launch::confine(port)) {
         eprintln!("hostd exec-gateway: {e}");
         return ExitCode::from(1);
@@ -514,7 +518,7 @@ fn supervise_gateway(
     };
     let s = supervise::Supervised {
         command,
-        stop_timeout: Duration::from_secs(stop_timeout_secs),
+        waits,
         guard: &guard,
     };
     match supervise::run(&s) {
@@ -533,10 +537,15 @@ fn main() -> ExitCode {
         agent_dir,
         supervise: true,
         stop_timeout_secs,
+        start_wait_secs,
         command,
     } = &cli.command
     {
-        return supervise_gateway(*port, agent_dir.as_deref(), *stop_timeout_secs, command);
+        let waits = supervise::Waits {
+            stop: Duration::from_secs(*stop_timeout_secs),
+            start: Duration::from_secs(*start_wait_secs),
+        };
+        return supervise_gateway(*port, agent_dir.as_deref(), waits, command);
     }
     if let Command::ExecGateway {
         port,

@@ -193,6 +193,39 @@ impl RealSystem {
             }
         }
     }
+
+    /// A unit's `MainPID` and `ControlGroup`, for a relaunch in place.
+    fn main_and_group(&self, unit: &str) -> Result<(u32, String), SystemError> {
+        let name = unit.to_owned();
+        self.bus_call(
+            |conn| async move {
+                let manager = manager(&conn).await?;
+                let path = manager.get_unit(name).await?;
+                let service = ServiceSnapshot::read(&conn, path).await?;
+                Ok((
+                    service.get::<u32>("MainPID")?,
+                    service.get::<&str>("ControlGroup")?.to_owned(),
+                ))
+            },
+            |e| Err(systemd_error("relaunch", unit, e)),
+            || bus_timeout(self.call_timeout),
+        )
+    }
+
+    /// Sends `signal` to a unit's main process (`KillUnit` with `main`).
+    fn kill_main(&self, unit: &str, signal: nix::sys::signal::Signal) -> Result<(), SystemError> {
+        let name = unit.to_owned();
+        self.bus_call(
+            |conn| async move {
+                let manager = manager(&conn).await?;
+                manager
+                    .kill_unit(name, "main".to_owned(), signal as i32)
+                    .await
+            },
+            |e| Err(systemd_error("relaunch", unit, e)),
+            || bus_timeout(self.call_timeout),
+        )
+    }
 }
 
 /// Why waiting for a job ended without a result.
@@ -786,26 +819,13 @@ impl System for RealSystem {
         job_result("reload", unit, result)
     }
 
-    fn relaunch_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {
+    fn stop_for_relaunch(&self, unit: &str, timeout: Duration) -> Result<u32, SystemError> {
         check_unit_name("relaunch", unit)?;
         let refuse = |detail: String| SystemError::Relaunch {
             unit: unit.to_owned(),
             detail,
         };
-        let name = unit.to_owned();
-        let (main, cgroup) = self.bus_call(
-            |conn| async move {
-                let manager = manager(&conn).await?;
-                let path = manager.get_unit(name).await?;
-                let service = ServiceSnapshot::read(&conn, path).await?;
-                Ok((
-                    service.get::<u32>("MainPID")?,
-                    service.get::<&str>("ControlGroup")?.to_owned(),
-                ))
-            },
-            |e| Err(systemd_error("relaunch", unit, e)),
-            || bus_timeout(self.call_timeout),
-        )?;
+        let (main, cgroup) = self.main_and_group(unit)?;
         if main == 0 || !is_supervising_launcher(main) {
             return Err(refuse(format!(
                 "its main process ({main}) is not hostd's supervising launcher"
@@ -822,24 +842,14 @@ impl System for RealSystem {
             // The launcher has not started the gateway yet (nor blocked its signals).
             return Err(refuse("no gateway runs under its launcher yet".to_owned()));
         }
-        let name = unit.to_owned();
-        self.bus_call(
-            |conn| async move {
-                let manager = manager(&conn).await?;
-                manager
-                    .kill_unit(name, "main".to_owned(), nix::libc::SIGHUP)
-                    .await
-            },
-            |e| Err(systemd_error("relaunch", unit, e)),
-            || bus_timeout(self.call_timeout),
-        )?;
+        self.kill_main(unit, nix::sys::signal::Signal::SIGHUP)?;
         // The old gateway's processes are gone once none of them is in the unit any more.
         let deadline = Instant::now() + timeout;
         loop {
             let now = crate::cgroup::read_pids(&procs)
                 .map_err(|e| refuse(format!("cannot read {}: {e}", procs.display())))?;
             if !before.iter().any(|p| now.contains(p)) {
-                return Ok(());
+                return Ok(main);
             }
             if Instant::now() >= deadline {
                 return Err(SystemError::JobTimeout {
@@ -849,6 +859,20 @@ impl System for RealSystem {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    fn start_relaunched(&self, unit: &str, launcher: u32) -> Result<(), SystemError> {
+        check_unit_name("relaunch", unit)?;
+        let (main, _) = self.main_and_group(unit)?;
+        if main != launcher {
+            return Err(SystemError::Relaunch {
+                unit: unit.to_owned(),
+                detail: format!(
+                    "its main process is {main} now, not the launcher {launcher} that stopped its gateway"
+                ),
+            });
+        }
+        self.kill_main(unit, crate::supervise::START)
     }
 
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError> {

@@ -3,19 +3,26 @@
 //! sandbox systemd already built, instead of restarting the unit (issue 34: a restart's stop
 //! and start jobs, its `ExecStartPre=` and the sandbox's set-up were most of a cutover).
 //!
-//! The protocol with hostd (`System::relaunch_unit`, engine/revision.rs):
-//! - SIGHUP (systemd's `KillUnit` of the main process) asks for a relaunch: the gateway's
+//! The protocol with hostd (`System::stop_for_relaunch` and `System::start_relaunched`,
+//! engine/revision.rs):
+//! - SIGHUP (systemd's `KillUnit` of the main process) stops the gateway for a relaunch: its
 //!   process group gets SIGTERM, then SIGKILL after the stop timeout, every descendant left
-//!   SIGKILL; then the gateway starts again from the same command, in the
-//!   same environment and confinement (hostd relaunches only when the unit's environment
-//!   files are what systemd read at its start, `crate::start_env`).
+//!   SIGKILL.
+//! - Then the launcher waits for [`START`] (SIGUSR1) and starts the gateway again, from the
+//!   same command, in the same environment and confinement (hostd relaunches only when the
+//!   unit's environment files are what systemd read at its start, `crate::start_env`).
+//!   Between the two, hostd puts the new revision's configuration in place where no gateway
+//!   runs to see it change: a gateway that watches its file (OpenClaw does) would take the
+//!   change for a restart of its own and end, the unit with it, before the relaunch. Without
+//!   [`START`] within the start wait (hostd ended mid-cutover), the launcher starts the
+//!   gateway anyway.
 //! - SIGTERM or SIGINT (the unit's stop) goes to the gateway's process group; the launcher
 //!   waits for it.
 //! - When the gateway ends by itself, or after a stop, the launcher ends the same way (the
 //!   same exit status, or the same signal), so `Restart=`, `RestartPreventExitStatus=` and
 //!   `ExecMainStatus` mean what they meant when the gateway was the main process.
 //!
-//! The four signals are blocked before anything else and taken with `sigtimedwait`, never in
+//! The five signals are blocked before anything else and taken with `sigtimedwait`, never in
 //! a handler; the gateway starts with an empty mask (std's `Command` resets it). hostd sends a
 //! relaunch only once a process runs beside the launcher, that is once the mask is set.
 //!
@@ -39,8 +46,13 @@ use crate::launch::LaunchError;
 /// (engine/runtime.rs).
 pub const RELAUNCHED: &str = "hostd exec-gateway: relaunching the gateway in place";
 
-/// The signals the launcher takes synchronously.
-const HANDLED: [Signal; 4] = [
+/// Starts the gateway again after a relaunch's stop: hostd sends it once the new revision's
+/// configuration is in place.
+pub const START: Signal = Signal::SIGUSR1;
+
+/// The signals the launcher takes while a gateway runs or stops. [`START`] is not among them:
+/// it stays pending until the launcher waits for it.
+const RUNNING: [Signal; 4] = [
     Signal::SIGHUP,
     Signal::SIGTERM,
     Signal::SIGINT,
@@ -59,13 +71,21 @@ pub enum End {
     Refused,
 }
 
+/// How long the launcher waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waits {
+    /// For the gateway to stop before SIGKILL (the unit's `TimeoutStopSec=`).
+    pub stop: Duration,
+    /// For [`START`] once a relaunch stopped the old gateway, before starting the new one
+    /// anyway.
+    pub start: Duration,
+}
+
 /// What a supervised launch needs.
 pub struct Supervised<'a> {
     /// The gateway command and its arguments.
     pub command: &'a [String],
-    /// How long a relaunch waits for the old gateway before SIGKILL (the unit's
-    /// `TimeoutStopSec=`).
-    pub stop_timeout: Duration,
+    pub waits: Waits,
     /// Checked before every start: `Err` (a sentence) refuses the start
     /// (engine/workspace.rs's guard).
     pub guard: &'a dyn Fn() -> Result<(), String>,
@@ -75,23 +95,26 @@ impl std::fmt::Debug for Supervised<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Supervised")
             .field("command", &self.command)
-            .field("stop_timeout", &self.stop_timeout)
+            .field("waits", &self.waits)
             .finish_non_exhaustive()
     }
 }
 
-fn handled() -> SigSet {
+fn set_of(signals: &[Signal]) -> SigSet {
     let mut set = SigSet::empty();
-    for s in HANDLED {
-        set.add(s);
+    for s in signals {
+        set.add(*s);
     }
     set
 }
 
-/// Blocks the launcher's signals; call first, before confinement or anything that can take
-/// time, so that none of them kills the launcher by its default action.
+/// Blocks the launcher's signals ([`RUNNING`] and [`START`]); call first, before confinement
+/// or anything that can take time, so that none of them kills the launcher by its default
+/// action.
 pub fn block_signals() -> Result<(), LaunchError> {
-    signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&handled()), None).map_err(|e| {
+    let mut all = set_of(&RUNNING);
+    all.add(START);
+    signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&all), None).map_err(|e| {
         LaunchError::Supervise {
             call: "sigprocmask",
             source: e.into(),
@@ -241,27 +264,70 @@ fn wait_end(set: &SigSet, gateway: Pid, timeout: Duration, stop: &mut bool) -> O
 fn stop_gateway(s: &Supervised<'_>, set: &SigSet, gateway: Pid, stop: &mut bool) -> End {
     // Its group may be gone already (it ended on its own just now); the wait says.
     let _ = signal::killpg(gateway, Signal::SIGTERM);
-    let end = match wait_end(set, gateway, s.stop_timeout, stop) {
+    let end = match wait_end(set, gateway, s.waits.stop, stop) {
         Some(end) => end,
         None => {
             eprintln!(
                 "hostd exec-gateway: the gateway did not stop within {} s; killing it",
-                s.stop_timeout.as_secs()
+                s.waits.stop.as_secs()
             );
             let _ = signal::killpg(gateway, Signal::SIGKILL);
             wait_end(set, gateway, Duration::from_secs(5), stop)
                 .unwrap_or(End::Signalled(Signal::SIGKILL))
         }
     };
-    kill_leftovers(Instant::now() + s.stop_timeout);
+    kill_leftovers(Instant::now() + s.waits.stop);
     end
+}
+
+/// Forgets a [`START`] still pending: one from before this relaunch (sent too late for an
+/// earlier one), since hostd sends this relaunch's only once the old gateway is gone.
+fn discard_start() {
+    let only = set_of(&[START]);
+    while next_signal(&only, Some(Duration::ZERO)).is_some() {}
+}
+
+/// After a relaunch's stop: waits for [`START`], the unit's stop (`*stop` set), or the start
+/// wait to pass, reaping what ends meanwhile. Another SIGHUP is the relaunch under way.
+fn wait_start(s: &Supervised<'_>, stop: &mut bool) {
+    let set = set_of(&[
+        START,
+        Signal::SIGHUP,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGCHLD,
+    ]);
+    let deadline = Instant::now() + s.waits.start;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            eprintln!(
+                "hostd exec-gateway: hostd did not ask for the gateway's start within {} s; starting it",
+                s.waits.start.as_secs()
+            );
+            return;
+        }
+        match next_signal(&set, Some(left)) {
+            Some(sig) if sig == START => return,
+            Some(Signal::SIGTERM | Signal::SIGINT) => {
+                *stop = true;
+                return;
+            }
+            Some(Signal::SIGCHLD) => {
+                let _ = reap(Pid::from_raw(0));
+            }
+            Some(Signal::SIGHUP) => {}
+            // The wait passed (looked at above), or sigtimedwait failed: do not spin.
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
 }
 
 /// Runs the gateway until it ends or the unit stops, relaunching it on SIGHUP. The caller has
 /// blocked the signals ([`block_signals`]) and confined this process (inherited by every
 /// gateway it starts). Returns how the last gateway ended.
 pub fn run(s: &Supervised<'_>) -> Result<End, LaunchError> {
-    let set = handled();
+    let set = set_of(&RUNNING);
     // Helpers the gateway leaves behind are reparented here, not to PID 1, so a relaunch can
     // end them. SAFETY: plain prctl with constant arguments.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
@@ -289,7 +355,7 @@ pub fn run(s: &Supervised<'_>) -> Result<End, LaunchError> {
             match next_signal(&set, None) {
                 Some(Signal::SIGCHLD) => {
                     if let Some(end) = reap(gateway) {
-                        kill_leftovers(Instant::now() + s.stop_timeout);
+                        kill_leftovers(Instant::now() + s.waits.stop);
                         return Ok(end);
                     }
                 }
@@ -298,8 +364,14 @@ pub fn run(s: &Supervised<'_>) -> Result<End, LaunchError> {
                     return Ok(stop_gateway(s, &set, gateway, &mut stop));
                 }
                 Some(Signal::SIGHUP) => {
-                    eprintln!("hostd exec-gateway: relaunching the gateway (pid {gateway})");
+                    discard_start();
+                    eprintln!(
+                        "hostd exec-gateway: stopping the gateway (pid {gateway}) for a relaunch"
+                    );
                     let end = stop_gateway(s, &set, gateway, &mut stop);
+                    if !stop {
+                        wait_start(s, &mut stop);
+                    }
                     if stop {
                         return Ok(end);
                     }

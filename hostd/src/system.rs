@@ -187,11 +187,17 @@ pub trait System {
     /// Restarts (or starts) a unit and waits for its job to finish, subscribing to
     /// `JobRemoved` before the job is queued. A job result other than `done` is an error.
     fn restart_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
-    /// Asks the unit's supervising launcher (its main process, crate::supervise) to relaunch
-    /// its gateway in place (SIGHUP through `KillUnit`), then waits until every other process
-    /// the unit ran before is gone, so that what answers afterwards is the new gateway. Fails
-    /// before any signal when the main process is not such a launcher or runs nothing yet.
-    fn relaunch_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
+    /// The first half of a relaunch in place: asks the unit's supervising launcher (its main
+    /// process, crate::supervise) to stop its gateway (SIGHUP through `KillUnit`), then waits
+    /// until every other process the unit ran before is gone. The launcher then waits for
+    /// [`System::start_relaunched`] before it starts the gateway again. Returns the launcher's
+    /// pid. Fails before any signal when the main process is not such a launcher or runs
+    /// nothing yet.
+    fn stop_for_relaunch(&self, unit: &str, timeout: Duration) -> Result<u32, SystemError>;
+    /// The second half: asks `launcher`, which [`System::stop_for_relaunch`] answered, to
+    /// start the gateway (`crate::supervise::START` through `KillUnit`). Fails, sending
+    /// nothing, when the unit's main process is another one now.
+    fn start_relaunched(&self, unit: &str, launcher: u32) -> Result<(), SystemError>;
     /// Stops a unit and waits for its job; succeeds if the unit was not loaded or not running.
     fn stop_unit(&self, unit: &str, timeout: Duration) -> Result<(), SystemError>;
     /// ReloadUnit: runs the unit's `ExecReload=` (the Agent's network unit applies its egress

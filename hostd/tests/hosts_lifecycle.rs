@@ -64,7 +64,10 @@ fn two_agents_full_lifecycle_on_a_real_host() {
 
     occ.ok(&host, ensure("ns1"));
     occ.ok(&host, ensure("ns2"));
-    let r1 = spec("rev-1", 1, json!({"label": "a1-rev-1"}));
+    // a1's gateway looks at its configuration file every millisecond, as a file-system watch
+    // would: one that saw a cutover's new configuration before its relaunch would restart
+    // itself, and the unit with it.
+    let r1 = spec("rev-1", 1, json!({"label": "a1-rev-1", "configPollMs": 1}));
     let b1 = spec("rev-1", 1, json!({"label": "b1-rev-1"}));
     let p1 = port(&occ.ok(&host, prepare("ns1", "a1", &r1)));
     let p2 = port(&occ.ok(&host, prepare("ns2", "b1", &b1)));
@@ -178,7 +181,7 @@ fn two_agents_full_lifecycle_on_a_real_host() {
     let unit_before = host
         .run_ok(&format!("stat -c %i:%Y {}", a.unit_file.display()))
         .unwrap();
-    let r2 = spec("rev-2", 2, json!({"label": "a1-rev-2"}));
+    let r2 = spec("rev-2", 2, json!({"label": "a1-rev-2", "configPollMs": 1}));
     occ.ok(&host, prepare("ns1", "a1", &r2));
     let (_, still) = curl(&host, p1, "/info");
     assert!(

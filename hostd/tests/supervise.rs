@@ -1,6 +1,7 @@
 //! `hostd exec-gateway --supervise` as a process (hostd/src/supervise.rs), without systemd: a
-//! relaunch replaces the gateway and ends everything it left behind while the launcher stays;
-//! the launcher ends the way its gateway ended. No root needed.
+//! relaunch replaces the gateway and ends everything it left behind while the launcher stays,
+//! starting the new gateway only when asked; the launcher ends the way its gateway ended. No
+//! root needed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::process::ExitStatusExt;
@@ -22,6 +23,9 @@ fn gateway_script(dir: &Path, on_term: &str) -> String {
     )
 }
 
+/// How long the launchers here wait for the start after a relaunch's stop.
+const START_WAIT_SECS: u64 = 2;
+
 fn launcher(stop_timeout_secs: u64, script: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_hostd"))
         .args([
@@ -29,6 +33,8 @@ fn launcher(stop_timeout_secs: u64, script: &str) -> Child {
             "--supervise",
             "--stop-timeout-secs",
             &stop_timeout_secs.to_string(),
+            "--start-wait-secs",
+            &START_WAIT_SECS.to_string(),
             "--port",
             "40999",
             "--",
@@ -113,19 +119,17 @@ fn a_relaunch_replaces_the_gateway_and_its_leftovers_and_the_launcher_stays() {
     });
     let (first, helper) = (lines(&d.join("pids"))[0], lines(&d.join("helpers"))[0]);
 
-    kill(launcher_pid, Signal::SIGHUP).unwrap();
+    relaunch(launcher_pid, first);
     wait_for("the second gateway", || lines(&d.join("pids")).len() == 2);
     let second = lines(&d.join("pids"))[1];
     assert_ne!(first, second);
-    wait_for("the first gateway to be gone", || !alive(first));
     assert!(!alive(helper), "the first gateway's helper outlived it");
     assert!(alive(second), "the new gateway runs");
     assert!(l.try_wait().unwrap().is_none(), "the launcher stays");
 
     // A second relaunch works the same way.
-    kill(launcher_pid, Signal::SIGHUP).unwrap();
+    relaunch(launcher_pid, second);
     wait_for("the third gateway", || lines(&d.join("pids")).len() == 3);
-    wait_for("the second gateway to be gone", || !alive(second));
 
     // The unit's stop: the gateway gets SIGTERM and exits 0; so does the launcher, and
     // nothing of the gateway is left.
@@ -170,14 +174,13 @@ fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
     });
     let first = lines(&d.join("pids"))[0];
     let asked = Instant::now();
-    kill(Pid::from_raw(l.id() as i32), Signal::SIGHUP).unwrap();
-    wait_for("the second gateway", || lines(&d.join("pids")).len() == 2);
+    relaunch(Pid::from_raw(l.id() as i32), first);
     assert!(
         asked.elapsed() >= Duration::from_millis(900),
         "the relaunch did not wait for the stop timeout: {:?}",
         asked.elapsed()
     );
-    assert!(!alive(first));
+    wait_for("the second gateway", || lines(&d.join("pids")).len() == 2);
     // The stop waits as long, then kills the gateway; the launcher ends by its SIGKILL.
     kill(Pid::from_raw(l.id() as i32), Signal::SIGTERM).unwrap();
     let status = wait_exit(&mut l);
@@ -190,6 +193,91 @@ fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
     }
 }
 
+/// A relaunch as hostd does it: SIGHUP, then, once the old gateway is gone, SIGUSR1.
+fn relaunch(launcher: Pid, old: i32) {
+    kill(launcher, Signal::SIGHUP).unwrap();
+    wait_for("the old gateway to be gone", || !alive(old));
+    kill(launcher, Signal::SIGUSR1).unwrap();
+}
+
 fn libc_sigkill() -> i32 {
     Signal::SIGKILL as i32
+}
+
+/// Between a relaunch's stop and hostd's SIGUSR1 no gateway runs (hostd puts the new
+/// configuration in place then); a SIGUSR1 left from before does not start one early; without
+/// SIGUSR1 the launcher starts the gateway once its start wait passes.
+#[test]
+fn a_relaunch_starts_the_new_gateway_only_when_asked_or_after_the_start_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
+    let launcher_pid = Pid::from_raw(l.id() as i32);
+    wait_for("the first gateway and its helper", || {
+        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
+    });
+    let first = lines(&d.join("pids"))[0];
+
+    // A late SIGUSR1 from an earlier relaunch, pending before this one.
+    kill(launcher_pid, Signal::SIGUSR1).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        alive(l.id() as i32),
+        "SIGUSR1 outside a relaunch ended the launcher"
+    );
+    kill(launcher_pid, Signal::SIGHUP).unwrap();
+    wait_for("the old gateway to be gone", || !alive(first));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        lines(&d.join("pids")).len(),
+        1,
+        "a gateway started before hostd asked for it"
+    );
+    kill(launcher_pid, Signal::SIGUSR1).unwrap();
+    wait_for("the second gateway and its helper", || {
+        lines(&d.join("pids")).len() == 2 && lines(&d.join("helpers")).len() == 2
+    });
+    let second = lines(&d.join("pids"))[1];
+
+    // hostd gone after the stop: the start wait passes and the gateway starts anyway.
+    kill(launcher_pid, Signal::SIGHUP).unwrap();
+    let stopped = Instant::now();
+    wait_for("the second gateway to be gone", || !alive(second));
+    wait_for("the third gateway", || lines(&d.join("pids")).len() == 3);
+    let waited = stopped.elapsed();
+    assert!(
+        waited >= Duration::from_secs(START_WAIT_SECS) - Duration::from_millis(100),
+        "started after {waited:?}, before the start wait passed"
+    );
+
+    // Nothing of the gateways outlives the unit's stop.
+    wait_for("the third gateway's helper", || {
+        lines(&d.join("helpers")).len() == 3
+    });
+    kill(launcher_pid, Signal::SIGTERM).unwrap();
+    assert_eq!(wait_exit(&mut l).code(), Some(0));
+    for pid in lines(&d.join("pids"))
+        .into_iter()
+        .chain(lines(&d.join("helpers")))
+    {
+        wait_for("every gateway process to be gone", || !alive(pid));
+    }
+}
+
+/// The unit's stop while the launcher waits for the start ends the launcher, without a new
+/// gateway.
+#[test]
+fn a_stop_during_the_start_wait_ends_the_launcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
+    let launcher_pid = Pid::from_raw(l.id() as i32);
+    wait_for("the first gateway", || lines(&d.join("pids")).len() == 1);
+    let first = lines(&d.join("pids"))[0];
+    kill(launcher_pid, Signal::SIGHUP).unwrap();
+    wait_for("the old gateway to be gone", || !alive(first));
+    kill(launcher_pid, Signal::SIGTERM).unwrap();
+    let status = wait_exit(&mut l);
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert_eq!(lines(&d.join("pids")).len(), 1, "a new gateway started");
 }

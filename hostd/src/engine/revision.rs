@@ -767,7 +767,7 @@ impl Engine<'_> {
             }
         };
         // An unchanged unit runs the launcher that stays: its gateway can be relaunched in
-        // place (`relaunch_in_place`).
+        // place (`stop_for_relaunch`).
         let in_place = (!unit_changed).then_some(ids);
         let outcome =
             self.cut_over_and_wait(ctx, args, paths, agent_marker.port, ids.uid, in_place);
@@ -840,32 +840,49 @@ impl Engine<'_> {
         fsutil::sync_dir(&paths.dir).map_err(fs_failure)?;
         fsutil::replace_symlink(&paths.current, &AgentPaths::current_target(&rev.id))
             .map_err(fs_failure)?;
-        self.write_live_config(paths, &rev.id)?;
         ctx.step(Step::Restart)?;
-        let relaunched = in_place.is_some_and(|ids| self.relaunch_in_place(ctx, paths, rev, ids));
-        if !relaunched {
-            self.system
-                .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
-                .map_err(system_failure)?;
+        match in_place.and_then(|ids| self.stop_for_relaunch(ctx, paths, rev, ids)) {
+            Some(launcher) => {
+                // The old gateway is gone: only the new one sees this configuration, so no
+                // gateway takes its change for a restart of its own (crate::supervise).
+                let written = self.write_live_config(paths, &rev.id);
+                if let Err(e) = self.system.start_relaunched(&paths.unit_name, launcher) {
+                    tracing::warn!(operation_id = %ctx.operation_id, revision = %rev.id, "the launcher was not asked to start the gateway ({e}); restarting the unit");
+                    self.system
+                        .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
+                        .map_err(system_failure)?;
+                }
+                written?;
+            }
+            None => {
+                // Replaced just before the restart: a gateway that watches the file and
+                // restarts itself on it, or the stop's SIGTERM, comes first; either way the
+                // next gateway reads it.
+                self.write_live_config(paths, &rev.id)?;
+                self.system
+                    .restart_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
+                    .map_err(system_failure)?;
+            }
         }
         self.record_started(ctx, paths, rev)
     }
 
-    /// Relaunches the gateway inside its running unit (`System::relaunch_unit`), keeping the
-    /// sandbox systemd built at the unit's start: no stop and start jobs, no `ExecStartPre=`
-    /// (issue 34's cutover overhead). Only where a restart would give the gateway nothing
-    /// else: the unit runs, its environment files hold what its start read
-    /// (`crate::start_env`), and its runtime directory is there to take the secrets, written
-    /// here as the unit's `ExecStartPre=` would. False, with the reason logged, when the unit
-    /// is to be restarted instead (also when the relaunch itself failed).
-    fn relaunch_in_place(
+    /// The first half of a relaunch of the gateway inside its running unit
+    /// (`System::stop_for_relaunch`), keeping the sandbox systemd built at the unit's start:
+    /// no stop and start jobs, no `ExecStartPre=` (issue 34's cutover overhead). Only where a
+    /// restart would give the gateway nothing else: the unit runs, its environment files hold
+    /// what its start read (`crate::start_env`), and its runtime directory is there to take
+    /// the secrets, written here as the unit's `ExecStartPre=` would. The launcher's pid once
+    /// the old gateway is gone; `None`, with the reason logged, when the unit is to be
+    /// restarted instead (also when the stop itself failed).
+    fn stop_for_relaunch(
         &self,
         ctx: &Ctx<'_>,
         paths: &AgentPaths,
         rev: &RevisionRef,
         ids: Ids,
-    ) -> bool {
-        let attempt = || -> Result<(), String> {
+    ) -> Option<u32> {
+        let attempt = || -> Result<u32, String> {
             let state = self
                 .system
                 .unit_state(&paths.unit_name)
@@ -886,14 +903,14 @@ impl Engine<'_> {
             at_rest::materialise_for(&paths.dir, &runtime, ids).map_err(|e| e.to_string())?;
             tracing::info!(operation_id = %ctx.operation_id, revision = %rev.id, "relaunching the gateway in place");
             self.system
-                .relaunch_unit(&paths.unit_name, self.config.limits.unit_start_timeout)
+                .stop_for_relaunch(&paths.unit_name, self.config.limits.unit_start_timeout)
                 .map_err(|e| e.to_string())
         };
         match attempt() {
-            Ok(()) => true,
+            Ok(launcher) => Some(launcher),
             Err(why) => {
                 tracing::info!(operation_id = %ctx.operation_id, revision = %rev.id, "restarting the unit, not relaunching in place: {why}");
-                false
+                None
             }
         }
     }

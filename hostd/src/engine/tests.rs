@@ -371,6 +371,10 @@ fn a_cutover_relaunches_the_gateway_in_place_only_when_a_restart_would_give_it_n
             calls.contains(&format!("restart {unit}")),
         )
     };
+    let label = |config: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(config).unwrap();
+        v["x-clawfleet-test"]["label"].as_str().unwrap().to_owned()
+    };
 
     // No record of what the running unit's start read (a unit from before, or a failed
     // record): a restart.
@@ -381,7 +385,24 @@ fn a_cutover_relaunches_the_gateway_in_place_only_when_a_restart_would_give_it_n
         std::fs::read_link(&paths.current).unwrap(),
         AgentPaths::current_target(&id("rev-3"))
     );
+    // The new configuration appears only once the old gateway is gone (a gateway that
+    // watches its file would take it for a restart of its own), and before the new one starts.
+    assert_eq!(
+        label(&h.fake.config_at_relaunch_stop(&unit).unwrap()),
+        "rev-2"
+    );
+    assert_eq!(
+        label(&std::fs::read_to_string(&paths.live_config).unwrap()),
+        "rev-3"
+    );
+    let calls = h.fake.calls();
+    let at = |c: &str| calls.iter().position(|x| *x == format!("{c} {unit}"));
+    assert!(at("relaunch") < at("relaunch-start"), "{calls:?}");
     assert_eq!(cutover("rev-4", 4), (true, false), "in place again");
+    assert_eq!(
+        label(&h.fake.config_at_relaunch_stop(&unit).unwrap()),
+        "rev-3"
+    );
 
     // The operator's env file changed since the start: systemd must read it, so a restart.
     std::fs::write(&paths.operator_env, "MODEL_KEY=k2\n").unwrap();
@@ -392,11 +413,20 @@ fn a_cutover_relaunches_the_gateway_in_place_only_when_a_restart_would_give_it_n
     // A relaunch that fails (the launcher is gone, a bus error): the unit is restarted.
     h.fake.fail_next("relaunch");
     assert_eq!(cutover("rev-7", 7), (true, true));
+    // So is one whose launcher cannot be asked to start the new gateway; the unit's start
+    // reads the new configuration.
+    started();
+    h.fake.fail_next("relaunch-start");
+    assert_eq!(cutover("rev-7b", 8), (true, true));
+    assert_eq!(
+        label(&std::fs::read_to_string(&paths.live_config).unwrap()),
+        "rev-7b"
+    );
 
     // A stopped unit is started, never relaunched.
     started();
-    h.ok(Operation::StopRevision(rargs("ns1", "a1", "rev-7", 7)));
-    assert_eq!(cutover("rev-8", 8), (false, true));
+    h.ok(Operation::StopRevision(rargs("ns1", "a1", "rev-7b", 8)));
+    assert_eq!(cutover("rev-8", 9), (false, true));
 }
 
 #[test]
