@@ -299,6 +299,13 @@ impl FakeSystem {
     }
 }
 
+fn relaunch_refused(unit: &str, detail: &str) -> SystemError {
+    SystemError::Relaunch {
+        unit: unit.to_owned(),
+        detail: detail.to_owned(),
+    }
+}
+
 /// A stable 32-hex invocation id for run `n` of a unit.
 fn invocation_id(unit: &str, n: u32) -> String {
     let key = format!("{unit}#{n}");
@@ -470,10 +477,7 @@ impl System for FakeSystem {
 
     fn stop_for_relaunch(&self, unit: &str, _timeout: Duration) -> Result<u32, SystemError> {
         self.log(format!("relaunch {unit}"));
-        let refuse = |detail: &str| SystemError::Relaunch {
-            unit: unit.to_owned(),
-            detail: detail.to_owned(),
-        };
+        let refuse = |detail: &str| relaunch_refused(unit, detail);
         if self.injected("relaunch") {
             return Err(refuse("injected failure"));
         }
@@ -494,10 +498,7 @@ impl System for FakeSystem {
 
     fn start_relaunched(&self, unit: &str, launcher: u32) -> Result<(), SystemError> {
         self.log(format!("relaunch-start {unit}"));
-        let refuse = |detail: &str| SystemError::Relaunch {
-            unit: unit.to_owned(),
-            detail: detail.to_owned(),
-        };
+        let refuse = |detail: &str| relaunch_refused(unit, detail);
         if self.injected("relaunch-start") {
             return Err(refuse("injected failure"));
         }

@@ -87,6 +87,24 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `n` gateways and their `n` helpers have recorded their pids (a helper writes
+/// its own on its own time).
+fn wait_for_gateways(d: &Path, n: usize) {
+    wait_for(&format!("{n} gateways and their helpers"), || {
+        lines(&d.join("pids")).len() == n && lines(&d.join("helpers")).len() == n
+    });
+}
+
+/// Waits until no gateway or helper recorded in `d` runs.
+fn wait_all_gone(d: &Path) {
+    for pid in lines(&d.join("pids"))
+        .into_iter()
+        .chain(lines(&d.join("helpers")))
+    {
+        wait_for("every gateway process to be gone", || !alive(pid));
+    }
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie still answers kill(0); its state says it is gone.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -114,9 +132,7 @@ fn a_relaunch_replaces_the_gateway_and_its_leftovers_and_the_launcher_stays() {
     let d = dir.path();
     let (mut l, _cleanup) = supervised(d, 5, "exit 0");
     let launcher_pid = Pid::from_raw(l.id() as i32);
-    wait_for("the first gateway and its helper", || {
-        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
-    });
+    wait_for_gateways(d, 1);
     let (first, helper) = (lines(&d.join("pids"))[0], lines(&d.join("helpers"))[0]);
 
     relaunch(launcher_pid, first);
@@ -133,13 +149,10 @@ fn a_relaunch_replaces_the_gateway_and_its_leftovers_and_the_launcher_stays() {
 
     // The unit's stop: the gateway gets SIGTERM and exits 0; so does the launcher, and
     // nothing of the gateway is left.
-    let helpers = lines(&d.join("helpers"));
     kill(launcher_pid, Signal::SIGTERM).unwrap();
     let status = wait_exit(&mut l);
     assert_eq!(status.code(), Some(0), "{status:?}");
-    for pid in lines(&d.join("pids")).into_iter().chain(helpers) {
-        wait_for("every gateway process to be gone", || !alive(pid));
-    }
+    wait_all_gone(d);
 }
 
 #[test]
@@ -153,9 +166,7 @@ fn the_launcher_ends_as_its_gateway_ended() {
     let d = dir.path();
     let (mut l, _cleanup) = supervised(d, 5, "exit 0");
     // Both recorded: the helper writes its pid on its own time.
-    wait_for("the gateway and its helper", || {
-        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
-    });
+    wait_for_gateways(d, 1);
     let gateway = lines(&d.join("pids"))[0];
     kill(Pid::from_raw(gateway), Signal::SIGKILL).unwrap();
     let status = wait_exit(&mut l);
@@ -169,9 +180,7 @@ fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (mut l, _cleanup) = supervised(d, 1, "");
-    wait_for("the gateway and its helper", || {
-        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
-    });
+    wait_for_gateways(d, 1);
     let first = lines(&d.join("pids"))[0];
     let asked = Instant::now();
     relaunch(Pid::from_raw(l.id() as i32), first);
@@ -185,12 +194,7 @@ fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
     kill(Pid::from_raw(l.id() as i32), Signal::SIGTERM).unwrap();
     let status = wait_exit(&mut l);
     assert_eq!(status.signal(), Some(libc_sigkill()), "{status:?}");
-    for pid in lines(&d.join("pids"))
-        .into_iter()
-        .chain(lines(&d.join("helpers")))
-    {
-        wait_for("every gateway process to be gone", || !alive(pid));
-    }
+    wait_all_gone(d);
 }
 
 /// A relaunch as hostd does it: SIGHUP, then, once the old gateway is gone, SIGUSR1.
@@ -213,9 +217,7 @@ fn a_relaunch_starts_the_new_gateway_only_when_asked_or_after_the_start_wait() {
     let d = dir.path();
     let (mut l, _cleanup) = supervised(d, 5, "exit 0");
     let launcher_pid = Pid::from_raw(l.id() as i32);
-    wait_for("the first gateway and its helper", || {
-        lines(&d.join("pids")).len() == 1 && lines(&d.join("helpers")).len() == 1
-    });
+    wait_for_gateways(d, 1);
     let first = lines(&d.join("pids"))[0];
 
     // A late SIGUSR1 from an earlier relaunch, pending before this one.
@@ -234,9 +236,7 @@ fn a_relaunch_starts_the_new_gateway_only_when_asked_or_after_the_start_wait() {
         "a gateway started before hostd asked for it"
     );
     kill(launcher_pid, Signal::SIGUSR1).unwrap();
-    wait_for("the second gateway and its helper", || {
-        lines(&d.join("pids")).len() == 2 && lines(&d.join("helpers")).len() == 2
-    });
+    wait_for_gateways(d, 2);
     let second = lines(&d.join("pids"))[1];
 
     // hostd gone after the stop: the start wait passes and the gateway starts anyway.
@@ -251,17 +251,10 @@ fn a_relaunch_starts_the_new_gateway_only_when_asked_or_after_the_start_wait() {
     );
 
     // Nothing of the gateways outlives the unit's stop.
-    wait_for("the third gateway's helper", || {
-        lines(&d.join("helpers")).len() == 3
-    });
+    wait_for_gateways(d, 3);
     kill(launcher_pid, Signal::SIGTERM).unwrap();
     assert_eq!(wait_exit(&mut l).code(), Some(0));
-    for pid in lines(&d.join("pids"))
-        .into_iter()
-        .chain(lines(&d.join("helpers")))
-    {
-        wait_for("every gateway process to be gone", || !alive(pid));
-    }
+    wait_all_gone(d);
 }
 
 /// The unit's stop while the launcher waits for the start ends the launcher, without a new
@@ -272,7 +265,7 @@ fn a_stop_during_the_start_wait_ends_the_launcher() {
     let d = dir.path();
     let (mut l, _cleanup) = supervised(d, 5, "exit 0");
     let launcher_pid = Pid::from_raw(l.id() as i32);
-    wait_for("the first gateway", || lines(&d.join("pids")).len() == 1);
+    wait_for_gateways(d, 1);
     let first = lines(&d.join("pids"))[0];
     kill(launcher_pid, Signal::SIGHUP).unwrap();
     wait_for("the old gateway to be gone", || !alive(first));
