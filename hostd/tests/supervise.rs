@@ -64,11 +64,18 @@ impl Drop for Cleanup<'_> {
 }
 
 /// A launcher running [`gateway_script`] with `on_term`, its records in `dir`; ended by
-/// [`Cleanup`] whatever the test's outcome.
-fn supervised<'a>(dir: &'a Path, stop_timeout_secs: u64, on_term: &str) -> (Child, Cleanup<'a>) {
+/// [`Cleanup`] whatever the test's outcome. Returns once its first gateway and that gateway's
+/// helper run, with the first gateway's pid.
+fn supervised<'a>(
+    dir: &'a Path,
+    stop_timeout_secs: u64,
+    on_term: &str,
+) -> (Child, Cleanup<'a>, i32) {
     let l = launcher(stop_timeout_secs, &gateway_script(dir, on_term));
-    let id = l.id();
-    (l, Cleanup(dir, id))
+    let cleanup = Cleanup(dir, l.id());
+    wait_for_gateways(dir, 1);
+    let first = lines(&dir.join("pids"))[0];
+    (l, cleanup, first)
 }
 
 fn lines(path: &Path) -> Vec<i32> {
@@ -130,10 +137,9 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 fn a_relaunch_replaces_the_gateway_and_its_leftovers_and_the_launcher_stays() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
+    let (mut l, _cleanup, first) = supervised(d, 5, "exit 0");
     let launcher_pid = Pid::from_raw(l.id() as i32);
-    wait_for_gateways(d, 1);
-    let (first, helper) = (lines(&d.join("pids"))[0], lines(&d.join("helpers"))[0]);
+    let helper = lines(&d.join("helpers"))[0];
 
     relaunch(launcher_pid, first);
     wait_for("the second gateway", || lines(&d.join("pids")).len() == 2);
@@ -164,10 +170,8 @@ fn the_launcher_ends_as_its_gateway_ended() {
     // Killed by a signal: the launcher ends by the same signal.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
     // Both recorded: the helper writes its pid on its own time.
-    wait_for_gateways(d, 1);
-    let gateway = lines(&d.join("pids"))[0];
+    let (mut l, _cleanup, gateway) = supervised(d, 5, "exit 0");
     kill(Pid::from_raw(gateway), Signal::SIGKILL).unwrap();
     let status = wait_exit(&mut l);
     assert_eq!(status.signal(), Some(libc_sigkill()), "{status:?}");
@@ -179,9 +183,7 @@ fn the_launcher_ends_as_its_gateway_ended() {
 fn a_gateway_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (mut l, _cleanup) = supervised(d, 1, "");
-    wait_for_gateways(d, 1);
-    let first = lines(&d.join("pids"))[0];
+    let (mut l, _cleanup, first) = supervised(d, 1, "");
     let asked = Instant::now();
     relaunch(Pid::from_raw(l.id() as i32), first);
     assert!(
@@ -215,10 +217,8 @@ fn libc_sigkill() -> i32 {
 fn a_relaunch_starts_the_new_gateway_only_when_asked_or_after_the_start_wait() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
+    let (mut l, _cleanup, first) = supervised(d, 5, "exit 0");
     let launcher_pid = Pid::from_raw(l.id() as i32);
-    wait_for_gateways(d, 1);
-    let first = lines(&d.join("pids"))[0];
 
     // A late SIGUSR1 from an earlier relaunch, pending before this one.
     kill(launcher_pid, Signal::SIGUSR1).unwrap();
@@ -263,10 +263,8 @@ fn a_relaunch_starts_the_new_gateway_only_when_asked_or_after_the_start_wait() {
 fn a_stop_during_the_start_wait_ends_the_launcher() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (mut l, _cleanup) = supervised(d, 5, "exit 0");
+    let (mut l, _cleanup, first) = supervised(d, 5, "exit 0");
     let launcher_pid = Pid::from_raw(l.id() as i32);
-    wait_for_gateways(d, 1);
-    let first = lines(&d.join("pids"))[0];
     kill(launcher_pid, Signal::SIGHUP).unwrap();
     wait_for("the old gateway to be gone", || !alive(first));
     kill(launcher_pid, Signal::SIGTERM).unwrap();
